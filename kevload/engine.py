@@ -1,0 +1,233 @@
+"""asyncio scheduling: closed-loop concurrency levels, probes among companions, records to disk."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import platform
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from kevload import __version__
+from kevload.client import Client, Outcome, build_body
+from kevload.compare import reduce_records, summarize
+from kevload.scenario import Probe, Scenario
+from kevload.store import (
+    RECORDS,
+    RUN,
+    SUMMARY,
+    Record,
+    RecordWriter,
+    new_run_id,
+    read_json,
+    read_records,
+    redact,
+    write_json,
+)
+from kevload.workload import CompanionPicker, companions_for
+
+# How long in-flight requests may finish after a stop was asked for before they are cancelled.
+STOP_GRACE_S = 2.0
+# Abort a run whose errors make its evidence worthless: at least this many errors and a share over the limit.
+_ABORT_MIN_ERRORS = 20
+
+
+@dataclass(frozen=True)
+class RunResult:
+    run_dir: Path
+    run_id: str
+    state: str  # complete | interrupted | aborted
+    records: int
+    summary: dict[str, Any]
+
+
+async def run_scenario(scenario: Scenario, run_dir: Path | None = None, *,
+                       on_record: Callable[[Record], None] | None = None,
+                       stop: asyncio.Event | None = None) -> RunResult:
+    """Run every probe at every level, writing records as they finish; returns once the summary is on disk."""
+    api_key = scenario.api_key()
+    base_dir = Path(scenario.source).parent if scenario.source else None
+    # Built before anything is sent or written, so a bad companion file fails the run up front.
+    pools = [companions_for(probe, scenario.load, base_dir=base_dir) for probe in scenario.probes]
+    run_id = new_run_id()
+    run_dir = run_dir or Path("results") / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    secrets = [s for s in [api_key, *_sensitive_header_values(scenario.target.headers)] if s]
+    meta = _run_meta(scenario, run_id, secrets)
+    write_json(run_dir / RUN, meta)
+    stop = stop or asyncio.Event()
+    runner = _Runner(scenario, run_id, stop, on_record)
+    with RecordWriter(run_dir / RECORDS) as writer:
+        runner.writer = writer
+        async with Client(scenario.target, api_key) as client:
+            runner.client = client
+            try:
+                for index, probe in enumerate(scenario.probes):
+                    picker = CompanionPicker(pools[index], seed=scenario.load.seed + index)
+                    for level in scenario.load.concurrency:
+                        if stop.is_set() or runner.aborted:
+                            break
+                        await runner.level(probe, level, picker)
+            finally:
+                state = "aborted" if runner.aborted else "interrupted" if stop.is_set() else "complete"
+                summary = finish_run(run_dir, state=state, meta=meta)
+    return RunResult(run_dir=run_dir, run_id=run_id, state=state, records=writer.count, summary=summary)
+
+
+def finish_run(run_dir: Path, *, state: str | None = None, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """(Re)compute ``summary.json`` from the records on disk and, if given, record the end state in ``run.json``."""
+    meta = meta if meta is not None else read_json(run_dir / RUN)
+    max_error_share = meta["load"]["max_error_share"]
+    summary = summarize(reduce_records(read_records(run_dir / RECORDS)), max_error_share=max_error_share)
+    summary["run_id"] = meta.get("run_id")
+    summary["scenario"] = meta.get("scenario_name")
+    summary["state"] = state or meta.get("state")
+    write_json(run_dir / SUMMARY, summary)
+    if state is not None:
+        meta = {**meta, "state": state, "ended_at": _now_iso(), "records": summary["requests"]}
+        write_json(run_dir / RUN, meta)
+    return summary
+
+
+class _Runner:
+    """State shared by the workers of one run: the client, writer, counters and stop flags."""
+
+    def __init__(self, scenario: Scenario, run_id: str, stop: asyncio.Event,
+                 on_record: Callable[[Record], None] | None):
+        self.scenario = scenario
+        self.load = scenario.load
+        self.run_id = run_id
+        self.stop = stop
+        self.on_record = on_record
+        self.client: Client
+        self.writer: RecordWriter
+        self.seq = 0
+        self.in_flight = 0
+        self.errors = 0
+        self.done = 0
+        self.aborted = False
+
+    async def level(self, probe: Probe, level: int, picker: CompanionPicker) -> None:
+        for i in range(self.load.warmup):
+            await self._one(probe, "warmup", probe.id, level, i)
+        probe_workers = level if self.load.mode == "single" or not picker else 1
+        remaining = iter(range(self.load.samples))
+        probes_done = asyncio.Event()
+
+        async def probe_worker() -> None:
+            for sample in remaining:
+                if self._halted():
+                    return
+                if self.load.mode == "needle":
+                    # Vary where the probe lands among requests the server is already running.
+                    await asyncio.sleep(picker.jitter(0.05))
+                await self._one(probe, "probe", probe.id, level, sample)
+
+        async def companion_worker() -> None:
+            sample = 0
+            while not probes_done.is_set() and not self._halted():
+                companion = picker.next()
+                await self._one(companion.item, "companion", companion.item.id, level, sample)
+                sample += 1
+
+        companions = [asyncio.create_task(companion_worker()) for _ in range(level - probe_workers)]
+        probes = [asyncio.create_task(probe_worker()) for _ in range(probe_workers)]
+        try:
+            await self._gather_until_stopped(probes)
+        finally:
+            probes_done.set()
+            # Companions only shape the batch; once the probes are done, their unfinished requests are no evidence.
+            for task in companions:
+                task.cancel()
+            await asyncio.gather(*companions, return_exceptions=True)
+
+    async def _gather_until_stopped(self, tasks: list[asyncio.Task]) -> None:
+        """Wait for the workers; on a stop, give their in-flight requests a short grace, then cancel."""
+        stop_wait = asyncio.create_task(self.stop.wait())
+        pending = set(tasks)
+        try:
+            while pending and not self.stop.is_set():
+                done, pending = await asyncio.wait(pending | {stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+                pending.discard(stop_wait)
+                for task in done - {stop_wait}:
+                    task.result()  # a worker's bug surfaces here rather than vanishing
+            if pending:
+                await asyncio.wait(pending, timeout=STOP_GRACE_S)
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+        finally:
+            stop_wait.cancel()
+
+    def _halted(self) -> bool:
+        return self.stop.is_set() or self.aborted
+
+    async def _one(self, item: Probe, role: str, name: str, level: int, sample: int) -> None:
+        seq = self.seq
+        self.seq += 1
+        nonce = f"kevload-{self.run_id}-{seq}" if self.load.nonce else None
+        body = build_body(self.scenario.target, item, self.scenario.params, stream=self.load.stream, nonce=nonce)
+        in_flight = self.in_flight
+        self.in_flight += 1
+        try:
+            outcome = await self.client.send(body)
+        finally:
+            self.in_flight -= 1
+        record = _record(self.run_id, seq, name, role, self.load.mode, level, sample, in_flight, outcome, body)
+        self.writer.write(record)
+        self.done += 1
+        if outcome.status != "ok":
+            self.errors += 1
+            if self.errors >= _ABORT_MIN_ERRORS and self.errors / self.done > self.load.max_error_share:
+                self.aborted = True
+        if self.on_record is not None:
+            self.on_record(record)
+
+
+def _record(run_id: str, seq: int, name: str, role: str, mode: str, level: int, sample: int, in_flight: int,
+            outcome: Outcome, body: dict[str, Any]) -> Record:
+    ok = outcome.status == "ok"
+    output = outcome.output
+    params = {k: v for k, v in body.items() if k not in ("messages", "prompt")}
+    return Record(
+        run_id=run_id, seq=seq, probe=name, role=role, mode=mode, concurrency=level, sample=sample,
+        in_flight=in_flight, status=outcome.status, output=output,
+        sha256=hashlib.sha256(output.encode()).hexdigest() if ok and output is not None else None,
+        finish_reason=outcome.finish_reason, prompt_tokens=outcome.prompt_tokens,
+        completion_tokens=outcome.completion_tokens, token_ids=outcome.token_ids, tokens=outcome.tokens,
+        logprobs=outcome.logprobs, system_fingerprint=outcome.system_fingerprint, t_scheduled=None,
+        t_send=outcome.t_send, t_first_byte=outcome.t_first_byte, t_first_token=outcome.t_first_token,
+        t_last_byte=outcome.t_last_byte, chunks=outcome.chunks, max_gap=outcome.max_gap, error=outcome.error,
+        retries=0, params=params,
+    )
+
+
+def _run_meta(scenario: Scenario, run_id: str, secrets: list[str]) -> dict[str, Any]:
+    return {
+        "run_id": run_id,
+        "kevload_version": __version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "scenario_name": scenario.name,
+        "scenario_source": scenario.source,
+        "scenario": redact(scenario.raw, secrets),
+        "load": asdict(scenario.load),
+        "target": redact({"base_url": scenario.target.base_url, "model": scenario.target.model,
+                          "api": scenario.target.api}, secrets),
+        "started_at": _now_iso(),
+        "clock": {"perf_counter": time.perf_counter(), "unix": time.time()},
+        "state": "running",
+    }
+
+
+def _sensitive_header_values(headers: dict[str, str]) -> list[str]:
+    redacted = redact({"headers": headers}, [])["headers"]
+    return [value for name, value in headers.items() if redacted[name] == "***"]
+
+
+def _now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")

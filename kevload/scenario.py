@@ -1,0 +1,295 @@
+"""Scenario files (TOML) into validated, frozen dataclasses; every error names file, key and expectation."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+MODES = ("single", "mixed", "prefix", "needle")
+APIS = ("chat", "completions")
+
+
+class ScenarioError(ValueError):
+    """A scenario (file or --set override) is not what kevload expects; the text says where and why."""
+
+
+@dataclass(frozen=True)
+class Target:
+    base_url: str
+    model: str
+    api: str = "chat"
+    timeout: float = 60.0
+    api_key_env: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Probe:
+    id: str
+    prompt: str | None = None
+    messages: tuple[dict[str, str], ...] | None = None
+    max_tokens: int = 64
+
+    @property
+    def text(self) -> str:
+        """The part of the input that companions may share a prefix with: the last message's content."""
+        if self.prompt is not None:
+            return self.prompt
+        assert self.messages is not None
+        return self.messages[-1]["content"]
+
+
+@dataclass(frozen=True)
+class Load:
+    mode: str = "single"
+    concurrency: tuple[int, ...] = (1,)
+    samples: int = 8
+    stream: bool = False
+    nonce: bool = True
+    max_error_share: float = 0.1
+    companions: str = "builtin"
+    prefix_lengths: tuple[int, ...] = (16, 64, 256, 1024)
+    needle_length: int = 2000
+    warmup: int = 0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    source: str
+    target: Target
+    probes: tuple[Probe, ...]
+    params: dict[str, Any]
+    load: Load
+    raw: dict[str, Any]
+
+    def api_key(self) -> str | None:
+        """The key from the environment; only ever held in memory."""
+        if self.target.api_key_env is None:
+            return None
+        key = os.environ.get(self.target.api_key_env)
+        if not key:
+            raise ScenarioError(
+                f"{self.source}: target.api_key_env: environment variable {self.target.api_key_env} is not set"
+            )
+        return key
+
+
+def load_scenario(path: str | Path, overrides: list[str] = ()) -> Scenario:
+    """Read, override and validate a scenario file."""
+    path = Path(path)
+    source = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ScenarioError(f"{source}: no such scenario file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError(f"{source}: cannot read scenario file: {exc}") from None
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"{source}: not valid TOML: {exc}") from None
+    for override in overrides:
+        apply_override(raw, override, source)
+    return scenario_from_dict(raw, source=source, name=raw.get("name", path.stem))
+
+
+def apply_override(raw: dict[str, Any], override: str, source: str = "--set") -> None:
+    """Apply one ``KEY=VALUE`` (VALUE read as TOML, a bare word taken as a string) to ``raw``."""
+    key, sep, value_text = override.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ScenarioError(f"--set {override!r}: expected KEY=VALUE, e.g. --set 'load.concurrency=[1,4]'")
+    try:
+        value = tomllib.loads(f"v = {value_text}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = value_text
+    parts = key.split(".")
+    node = raw
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ScenarioError(f"--set {key}: {part} is not a table")
+        node = child
+    node[parts[-1]] = value
+
+
+def scenario_from_dict(raw: dict[str, Any], *, source: str, name: str = "scenario") -> Scenario:
+    """Validate an already parsed scenario; the loader and programmatic callers share this."""
+    v = _Validator(source)
+    v.known(raw, "", {"name", "target", "probes", "params", "load"})
+    target_raw = v.table(raw, "target", required=True)
+    target = v.build(Target, target_raw, "target", _TARGET_RULES)
+    _check_url(v, target.base_url)
+    v.choice(target.api, "target.api", APIS)
+    if target.timeout <= 0:
+        v.fail("target.timeout", "a number of seconds > 0", target.timeout)
+
+    probes_raw = raw.get("probes")
+    if not isinstance(probes_raw, list) or not probes_raw:
+        v.fail("probes", "at least one [[probes]] table", probes_raw)
+    probes = tuple(_probe(v, item, f"probes[{i}]") for i, item in enumerate(probes_raw))
+    ids = [p.id for p in probes]
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        v.fail("probes.id", "unique ids", duplicates)
+
+    params = v.table(raw, "params")
+    for reserved in ("model", "prompt", "messages", "stream"):
+        if reserved in params:
+            v.fail(f"params.{reserved}", f"no {reserved} here (it is set by target/probes/load)", params[reserved])
+
+    load = v.build(Load, v.table(raw, "load"), "load", _LOAD_RULES)
+    v.choice(load.mode, "load.mode", MODES)
+    if not load.concurrency or any(c < 1 for c in load.concurrency):
+        v.fail("load.concurrency", "a non-empty list of integers >= 1", list(load.concurrency))
+    if load.samples < 1:
+        v.fail("load.samples", "an integer >= 1", load.samples)
+    if not 0 <= load.max_error_share <= 1:
+        v.fail("load.max_error_share", "a share between 0 and 1", load.max_error_share)
+    if load.warmup < 0:
+        v.fail("load.warmup", "an integer >= 0", load.warmup)
+    if any(n < 1 for n in load.prefix_lengths):
+        v.fail("load.prefix_lengths", "a list of integers >= 1", list(load.prefix_lengths))
+    load = replace(load, concurrency=tuple(sorted(set(load.concurrency))))
+    return Scenario(name=str(name), source=source, target=target, probes=probes, params=params, load=load, raw=raw)
+
+
+_TARGET_RULES: dict[str, tuple[type | tuple[type, ...], bool]] = {
+    "base_url": (str, True),
+    "model": (str, True),
+    "api": (str, False),
+    "timeout": ((int, float), False),
+    "api_key_env": (str, False),
+    "headers": (dict, False),
+}
+
+_LOAD_RULES: dict[str, tuple[type | tuple[type, ...], bool]] = {
+    "mode": (str, False),
+    "concurrency": (list, False),
+    "samples": (int, False),
+    "stream": (bool, False),
+    "nonce": (bool, False),
+    "max_error_share": ((int, float), False),
+    "companions": (str, False),
+    "prefix_lengths": (list, False),
+    "needle_length": (int, False),
+    "warmup": (int, False),
+    "seed": (int, False),
+}
+
+_LIST_OF_INT = {"load.concurrency", "load.prefix_lengths"}
+
+
+def _probe(v: _Validator, item: Any, where: str) -> Probe:
+    if not isinstance(item, dict):
+        v.fail(where, "a table with id and prompt or messages", item)
+    v.known(item, where, {"id", "prompt", "messages", "max_tokens"})
+    pid = item.get("id")
+    if not isinstance(pid, str) or not pid:
+        v.fail(f"{where}.id", "a non-empty string", pid)
+    has_prompt, has_messages = "prompt" in item, "messages" in item
+    if has_prompt == has_messages:
+        v.fail(where, "exactly one of prompt or messages", sorted(k for k in item if k in ("prompt", "messages")))
+    messages = None
+    if has_prompt and not isinstance(item["prompt"], str):
+        v.fail(f"{where}.prompt", "a string", item["prompt"])
+    if has_messages:
+        messages = _messages(v, item["messages"], f"{where}.messages")
+    max_tokens = item.get("max_tokens", 64)
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        v.fail(f"{where}.max_tokens", "an integer >= 1", max_tokens)
+    return Probe(id=pid, prompt=item.get("prompt"), messages=messages, max_tokens=max_tokens)
+
+
+def _messages(v: _Validator, value: Any, where: str) -> tuple[dict[str, str], ...]:
+    if not isinstance(value, list) or not value:
+        v.fail(where, "a non-empty list of {role, content} tables", value)
+    for i, message in enumerate(value):
+        if not (isinstance(message, dict) and isinstance(message.get("role"), str)
+                and isinstance(message.get("content"), str)):
+            v.fail(f"{where}[{i}]", "a table with string role and content", message)
+    return tuple(dict(m) for m in value)
+
+
+def _check_url(v: _Validator, url: str) -> None:
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        v.fail("target.base_url", "an http:// or https:// URL such as http://127.0.0.1:8000/v1", url)
+
+
+class _Validator:
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, key: str, expected: str, got: Any) -> None:
+        raise ScenarioError(f"{self.source}: {key}: expected {expected}, got {_show(got)}")
+
+    def known(self, table: dict[str, Any], where: str, allowed: set[str]) -> None:
+        for key in table:
+            if key not in allowed:
+                full = f"{where}.{key}" if where else key
+                hint = difflib.get_close_matches(key, sorted(allowed), n=1)
+                maybe = f" (did you mean {hint[0]}?)" if hint else ""
+                raise ScenarioError(
+                    f"{self.source}: {full}: unknown key{maybe}; expected one of {', '.join(sorted(allowed))}"
+                )
+
+    def table(self, raw: dict[str, Any], key: str, required: bool = False) -> dict[str, Any]:
+        value = raw.get(key)
+        if value is None:
+            if required:
+                self.fail(key, f"a [{key}] table", None)
+            return {}
+        if not isinstance(value, dict):
+            self.fail(key, f"a [{key}] table", value)
+        return value
+
+    def choice(self, value: str, key: str, choices: tuple[str, ...]) -> None:
+        if value not in choices:
+            hint = difflib.get_close_matches(value, choices, n=1)
+            maybe = f" (did you mean {hint[0]}?)" if hint else ""
+            self.fail(key, f"one of {', '.join(choices)}{maybe}", value)
+
+    def build(self, cls: type, table: dict[str, Any], where: str,
+              rules: dict[str, tuple[type | tuple[type, ...], bool]]):
+        self.known(table, where, set(rules))
+        values: dict[str, Any] = {}
+        for key, (kind, required) in rules.items():
+            full = f"{where}.{key}"
+            if key not in table:
+                if required:
+                    self.fail(full, f"a {_kind_name(kind)}", None)
+                continue
+            value = table[key]
+            bad_bool = isinstance(value, bool) and kind is not bool
+            if bad_bool or not isinstance(value, kind):
+                self.fail(full, f"a {_kind_name(kind)}", value)
+            if full in _LIST_OF_INT:
+                if not all(isinstance(x, int) and not isinstance(x, bool) for x in value):
+                    self.fail(full, "a list of integers", value)
+                value = tuple(value)
+            if key == "headers" and not all(isinstance(x, str) for x in value.values()):
+                self.fail(full, "a table of string values", value)
+            values[key] = float(value) if kind == (int, float) else value
+        return cls(**values)
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    names = {str: "string", int: "integer", bool: "boolean (true/false)", list: "list", dict: "table"}
+    if isinstance(kind, tuple):
+        return "number"
+    return names[kind]
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

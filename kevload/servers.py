@@ -1,0 +1,139 @@
+"""Start and stop a server under test as its own process group, and wait until it answers."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class ServerError(RuntimeError):
+    """The server did not come up; the message carries the end of its log."""
+
+
+@dataclass
+class ServerProcess:
+    """A started server. ``stop`` ends its whole process group, children included."""
+
+    argv: list[str]
+    pid: int
+    log_path: Path
+    _popen: subprocess.Popen | None = None
+
+    def alive(self) -> bool:
+        if self._popen is not None:
+            return self._popen.poll() is None
+        return pid_alive(self.pid)
+
+    def stop(self, grace: float = 10.0) -> None:
+        stop_group(self.pid, grace)
+        if self._popen is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._popen.wait(timeout=1)
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def start_server(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> ServerProcess:
+    """Launch ``argv`` in a new session (so one signal reaches every process it spawns), logging to a file."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                 env=env, start_new_session=True)
+    return ServerProcess(argv=argv, pid=popen.pid, log_path=log_path, _popen=popen)
+
+
+def wait_ready(server: ServerProcess, url: str, *, timeout: float,
+               extra_check: Callable[[], None] | None = None) -> None:
+    """Poll ``url`` until it answers 200; fail fast if the process dies. Stops the server on failure."""
+    deadline = time.monotonic() + timeout
+    last = "no answer yet"
+    try:
+        while time.monotonic() < deadline:
+            if not server.alive():
+                raise ServerError(f"server exited while starting ({' '.join(server.argv[:3])} …):\n{server.log_tail()}")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    healthy = response.status == 200
+                    last = f"HTTP {response.status}"
+            except urllib.error.HTTPError as exc:
+                healthy, last = False, f"HTTP {exc.code}"
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
+                healthy, last = False, str(exc)
+            if healthy:
+                if extra_check is not None:
+                    try:
+                        extra_check()
+                    except Exception as exc:
+                        raise ServerError(f"server at {url} is up but its first request failed ({exc}):\n"
+                                          f"{server.log_tail()}") from None
+                return
+            time.sleep(0.25)
+        raise ServerError(f"server not ready at {url} after {timeout:.0f} s ({last}):\n{server.log_tail()}")
+    except BaseException:
+        server.stop()
+        raise
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie still "exists"; it is not running.
+    with contextlib.suppress(OSError):
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    return True
+
+
+def stop_group(pid: int, grace: float = 10.0) -> None:
+    """SIGTERM the process group, then SIGKILL whatever is left after ``grace`` seconds."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 2.0)):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if not _group_alive(pid):
+                return
+            time.sleep(0.05)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    # killpg(0) succeeds while zombies remain; look for a member that is really running.
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False

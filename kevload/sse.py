@@ -1,0 +1,67 @@
+"""Incremental Server-Sent Events parser: bytes in as they arrive, complete ``data`` payloads out."""
+
+from __future__ import annotations
+
+
+class SSEError(ValueError):
+    """The byte stream is not a readable event stream (for example, not UTF-8)."""
+
+
+class SSEParser:
+    """Feed raw chunks in any split; get back the data of each finished event.
+
+    Follows the WHATWG rules that matter for OpenAI-style streams: lines end in LF, CRLF or CR;
+    lines starting with ':' are comments (keep-alives); several ``data:`` lines in one event are
+    joined with LF; an event ends at a blank line. Other fields (event, id, retry) are ignored.
+    """
+
+    __slots__ = ("_buffer", "_data", "_pending_cr")
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._data: list[str] | None = None
+        self._pending_cr = False
+
+    def feed(self, chunk: bytes) -> list[str]:
+        if self._pending_cr and chunk.startswith(b"\n"):
+            chunk = chunk[1:]
+        self._pending_cr = False
+        buffer = self._buffer + chunk if self._buffer else chunk
+        if b"\r" in buffer:
+            # A CR at the very end may be the first half of a CRLF split across reads.
+            self._pending_cr = buffer.endswith(b"\r")
+            buffer = buffer.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = buffer.split(b"\n")
+        self._buffer = lines.pop()
+        events: list[str] = []
+        for line in lines:
+            self._line(line, events)
+        return events
+
+    def close(self) -> list[str]:
+        """End of stream: an event not closed by a blank line is dropped, as the spec says."""
+        self._buffer = b""
+        self._data = None
+        return []
+
+    def _line(self, line: bytes, events: list[str]) -> None:
+        if not line:
+            if self._data is not None:
+                events.append("\n".join(self._data))
+                self._data = None
+            return
+        if line[0] == 0x3A:  # ':' comment / keep-alive
+            return
+        name, sep, value = line.partition(b":")
+        if name != b"data":
+            return
+        if sep and value.startswith(b" "):
+            value = value[1:]
+        try:
+            text = value.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise SSEError(f"event data is not UTF-8: {exc}") from None
+        if self._data is None:
+            self._data = [text]
+        else:
+            self._data.append(text)

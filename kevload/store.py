@@ -1,0 +1,147 @@
+"""Run directories: ``run.json`` (secrets redacted), ``records.jsonl`` (one flushed line per request), summaries."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets as _secrets
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+RECORDS = "records.jsonl"
+RUN = "run.json"
+SUMMARY = "summary.json"
+
+_SENSITIVE_HEADER = re.compile(r"authorization|api[-_]?key|token|secret|cookie|password", re.IGNORECASE)
+
+
+class RunDirError(ValueError):
+    """A path given as a run directory does not hold a kevload run."""
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One finished request, as written to ``records.jsonl``. Times are ``time.perf_counter`` seconds."""
+
+    run_id: str
+    seq: int
+    probe: str
+    role: str
+    mode: str
+    concurrency: int
+    sample: int
+    in_flight: int
+    status: str
+    output: str | None
+    sha256: str | None
+    finish_reason: str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    token_ids: list[int] | None
+    tokens: list[str] | None
+    logprobs: list[float] | None
+    system_fingerprint: str | None
+    t_scheduled: float | None
+    t_send: float
+    t_first_byte: float | None
+    t_first_token: float | None
+    t_last_byte: float
+    chunks: int
+    max_gap: float | None
+    error: str | None
+    retries: int
+    params: dict[str, Any]
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + _secrets.token_hex(3)
+
+
+def default_run_dir(run_id: str) -> Path:
+    return Path("results") / run_id
+
+
+class RecordWriter:
+    """Appends one JSON line per record with a single unbuffered write, so a killed process
+    leaves every finished record on disk and at most one torn line at the end."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.count = 0
+
+    def write(self, record: Record | dict[str, Any]) -> None:
+        os.write(self._fd, orjson.dumps(record) + b"\n")
+        self.count += 1
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_records(path: Path) -> Iterator[dict[str, Any]]:
+    """Stream records back; a torn final line (a run killed mid-write) is skipped, any other bad line is an error."""
+    with path.open("rb") as handle:
+        pending: bytes | None = None
+        for number, line in enumerate(handle, 1):
+            if pending is not None:
+                raise RunDirError(f"{path}:{number - 1}: not a JSON record")
+            try:
+                yield orjson.loads(line)
+            except orjson.JSONDecodeError:
+                pending = line
+        # A bad line only at the very end is what a kill during a write leaves behind.
+
+
+def write_json(path: Path, doc: Any) -> None:
+    """Write atomically: a reader sees the old file or the new one, never half of it."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise RunDirError(f"{path}: not found") from None
+    except orjson.JSONDecodeError as exc:
+        raise RunDirError(f"{path}: not valid JSON: {exc}") from None
+
+
+def open_run_dir(path: Path) -> Path:
+    if not (path / RECORDS).is_file():
+        raise RunDirError(f"{path}: not a kevload run directory (no {RECORDS})")
+    return path
+
+
+def redact(value: Any, secrets: list[str]) -> Any:
+    """A copy with sensitive header values masked and every known secret string replaced by ***."""
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if key == "headers" and isinstance(item, dict):
+                out[key] = {name: "***" if _SENSITIVE_HEADER.search(name) else redact(text, secrets)
+                            for name, text in item.items()}
+            else:
+                out[key] = redact(item, secrets)
+        return out
+    if isinstance(value, list):
+        return [redact(item, secrets) for item in value]
+    if isinstance(value, str):
+        for secret in secrets:
+            if secret:
+                value = value.replace(secret, "***")
+    return value

@@ -1,0 +1,96 @@
+"""Build-once directories under the user cache: complete or absent, never half-made."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+MARKER = "kevload-complete.json"
+
+
+class ProvisionError(RuntimeError):
+    """A target could not be built or installed; the message says which step failed."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("KEVLOAD_CACHE", Path.home() / ".cache" / "kevload"))
+
+
+def is_complete(path: Path) -> bool:
+    return (path / MARKER).is_file()
+
+
+def build_once(dest: Path, build: Callable[[Path], dict], *, log: Callable[[str], None]) -> Path:
+    """Return ``dest``, building it first with ``build(dest)`` unless a complete copy exists.
+
+    The marker file is written only after ``build`` returned, so an interrupted or failed build is
+    never mistaken for a usable one: it is removed and redone. Building in place (not in a staging
+    dir renamed later) matters for virtualenvs, whose scripts hold absolute paths. A file lock
+    keeps two kevload processes from building the same thing at once.
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(dest.parent / f".{dest.name}.lock"):
+        if is_complete(dest):
+            return dest
+        if dest.exists():
+            log(f"removing incomplete {dest}")
+            shutil.rmtree(dest)
+        dest.mkdir()
+        try:
+            facts = build(dest)
+        except BaseException:
+            shutil.rmtree(dest, ignore_errors=True)
+            raise
+        (dest / MARKER).write_text(json.dumps(facts, indent=2, sort_keys=True))
+    return dest
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def pip_download(requirement: str, sha256: str, into: Path, *, sdist: bool, log: Callable[[str], None]) -> Path:
+    """Fetch one distribution file from the package index and check its pinned hash."""
+    into.mkdir(parents=True, exist_ok=True)
+    args = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(into), requirement]
+    args[5:5] = ["--no-binary", ":all:"] if sdist else ["--only-binary", ":all:"]
+    run_logged(args, log=log, what=f"download {requirement}")
+    files = [p for p in into.iterdir() if p.is_file()]
+    if len(files) != 1:
+        raise ProvisionError(f"download {requirement}: expected one file, got {[p.name for p in files]}")
+    actual = sha256_file(files[0])
+    if actual != sha256:
+        raise ProvisionError(f"download {requirement}: sha256 {actual} does not match pinned {sha256}")
+    return files[0]
+
+
+def run_logged(args: list[str], *, log: Callable[[str], None], what: str, cwd: Path | None = None,
+               env: dict[str, str] | None = None) -> None:
+    """Run a build step; on failure raise with the tail of its output, which is where the reason is."""
+    log(f"{what} …")
+    proc = subprocess.run(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stdout.splitlines()[-25:])
+        raise ProvisionError(f"{what} failed (exit {proc.returncode}):\n{tail}")
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with path.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

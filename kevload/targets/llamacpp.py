@@ -1,0 +1,63 @@
+"""llama.cpp's ``llama-server``, built once from the sources vendored in llama-cpp-python's sdist."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+
+from kevload.targets.cache import ProvisionError, build_once, cache_root, pip_download, run_logged
+
+VERSION = "0.3.36"
+SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+_VENDOR = f"llama_cpp_python-{VERSION}/vendor/llama.cpp/"
+
+# CPU only, one static binary, nothing fetched at build time (no curl, no prebuilt web UI).
+_CMAKE_FLAGS = [
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_BUILD_SERVER=ON",
+    "-DLLAMA_BUILD_TOOLS=ON",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DGGML_NATIVE=ON",
+]
+
+
+def server_binary(log: Callable[[str], None] = print) -> Path:
+    """Path to a working ``llama-server``, building it on first use (about 11 minutes on 2 cores)."""
+    dest = cache_root() / "targets" / "llamacpp" / VERSION
+    build_once(dest, lambda staging: _build(staging, log), log=log)
+    return dest / "bin" / "llama-server"
+
+
+def _build(staging: Path, log: Callable[[str], None]) -> dict:
+    if shutil.which("cmake") is None:
+        raise ProvisionError("cmake is not installed (Debian: apt-get install cmake build-essential)")
+    sdist = pip_download(f"llama-cpp-python=={VERSION}", SDIST_SHA256, staging / "download", sdist=True, log=log)
+    src = staging / "src"
+    log("extracting vendor/llama.cpp …")
+    with tarfile.open(sdist) as archive:
+        members = []
+        for member in archive.getmembers():
+            if member.name.startswith(_VENDOR):
+                member.name = member.name[len(_VENDOR):]
+                members.append(member)
+        archive.extractall(src, members=members, filter="data")
+    build = staging / "build"
+    jobs = str(os.cpu_count() or 2)
+    run_logged(["cmake", "-S", str(src), "-B", str(build), *_CMAKE_FLAGS], log=log, what="cmake configure")
+    run_logged(["cmake", "--build", str(build), "--target", "llama-server", "-j", jobs], log=log,
+               what=f"build llama-server with {jobs} jobs (about 11 minutes on 2 cores)")
+    (staging / "bin").mkdir()
+    shutil.copy2(build / "bin" / "llama-server", staging / "bin" / "llama-server")
+    shutil.rmtree(build)
+    shutil.rmtree(src)
+    shutil.rmtree(staging / "download")
+    return {"target": "llamacpp", "version": VERSION, "sdist_sha256": SDIST_SHA256}

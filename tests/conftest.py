@@ -1,0 +1,59 @@
+"""Shared fixtures: the fake server, scenario files and a CLI runner."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from kevload.cli import main
+from tests.fakeserver import Behaviour, FakeServer
+
+
+@pytest.fixture
+def server():
+    with FakeServer(Behaviour()) as fake:
+        yield fake
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {toml_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return repr(value)
+
+
+def write_scenario(path: Path, url: str, *, probes: list[dict] | None = None, params: dict | None = None,
+                   target: dict | None = None, **load: Any) -> Path:
+    """A scenario file for ``url``; keyword arguments go to [load]."""
+    probes = probes or [{"id": "p1", "prompt": "Say something.", "max_tokens": 16}]
+    target = {"base_url": url, "model": "fake", "timeout": 5, **(target or {})}
+    lines = ["[target]"] + [f"{k} = {toml_value(v)}" for k, v in target.items()]
+    lines += ["", "[params]"] + [f"{k} = {toml_value(v)}" for k, v in (params or {"temperature": 0}).items()]
+    lines += ["", "[load]"] + [f"{k} = {toml_value(v)}" for k, v in
+                               {"concurrency": [1, 4], "samples": 8, **load}.items()]
+    for probe in probes:
+        lines += ["", "[[probes]]"] + [f"{k} = {toml_value(v)}" for k, v in probe.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run_cli(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+def load_summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def cells_by_level(summary: dict, probe: str = "p1", role: str = "probe") -> dict[int, dict]:
+    return {c["concurrency"]: c for c in summary["cells"] if c["probe"] == probe and c["role"] == role}

@@ -1,0 +1,243 @@
+"""An OpenAI-compatible test server with known behaviour: ground truth for kevload's detectors.
+
+Every answer is a deterministic function of the prompt, unless the test turns on one source of
+nondeterminism (sampling without a seed, crowding, mixed batches, a cold cache) or a fault. The
+server runs on 127.0.0.1 on a random port, in a thread with its own event loop, so synchronous
+tests and kevload's own event loop can both use it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import random
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
+         "quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
+
+
+@dataclass
+class Behaviour:
+    """What the server does; tests set these fields before (or between) runs."""
+
+    latency: float = 0.02           # seconds each request is held, so concurrent requests overlap
+    words: int = 12
+    sampling: bool = False          # temperature > 0 without a seed gives random outputs
+    seed_honoured: bool = True      # a fixed seed makes sampling repeatable
+    greedy_at_zero: bool = True     # temperature 0 is greedy (False: still samples)
+    drift_at: int | None = None     # outputs vary once this many requests overlap
+    drift_when_mixed: bool = False  # outputs vary when overlapping requests have different prompts
+    batched_variant: bool = False   # crowding gives one fixed other output instead of random ones
+    cold_differs: bool = False      # the first answer to a prompt differs from later (cached) ones
+    cache_switch: bool = True       # cache_prompt=false in the request turns the cache effect off
+    always_drift: bool = False      # drift even serially, with all randomness fixed
+    reject_fields: tuple[str, ...] = ()  # 400 if the request has one of these fields
+    diverge_at_word: int = 5
+    ttft: float = 0.0               # extra delay before the first byte
+    chunk_delay: float = 0.0        # delay between streamed chunks
+    faults: list[str | None] = field(default_factory=list)  # one entry per request, in arrival order
+    stall: float = 30.0             # how long a stall fault stalls
+    send_done: bool = True
+
+
+class FakeServer:
+    def __init__(self, behaviour: Behaviour | None = None):
+        self.behaviour = behaviour or Behaviour()
+        self.requests: list[dict[str, Any]] = []
+        self.injected: dict[str, int] = {}
+        self.seen_prompts: set[str] = set()
+        self._active: dict[int, dict[str, Any]] = {}
+        self._next_id = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> FakeServer:
+        ready = threading.Event()
+
+        def serve() -> None:
+            self._loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self._loop)
+            self._loop.run_until_complete(self._start())
+            ready.set()
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=serve, daemon=True)
+        self._thread.start()
+        if not ready.wait(10):
+            raise RuntimeError("fake server did not start")
+        return self
+
+    def stop(self) -> None:
+        if self._loop is None:
+            return
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop = None
+
+    def __enter__(self) -> FakeServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    async def _shutdown(self) -> None:
+        # Handlers still stalling (fault injection) are cancelled, not left to be destroyed pending.
+        me = asyncio.current_task()
+        for task in asyncio.all_tasks():
+            if task is not me:
+                task.cancel()
+        await self._runner.cleanup()
+
+    async def _start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._handle)
+        app.router.add_post("/v1/completions", self._handle)
+        app.router.add_get("/health", _health)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]
+
+    # --- request handling ---
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        b = self.behaviour
+        body = await request.json()
+        self.requests.append(body)
+        index = len(self.requests) - 1
+        fault = b.faults[index] if index < len(b.faults) else None
+        if fault:
+            self.injected[fault] = self.injected.get(fault, 0) + 1
+        for name in b.reject_fields:
+            if name in body:
+                return web.json_response({"error": {"message": f"unknown field {name}"}}, status=400)
+        chat = request.path.endswith("/chat/completions")
+        prompt = body["messages"][-1]["content"] if chat else body["prompt"]
+        me = self._next_id
+        self._next_id += 1
+        state = {"prompt": prompt, "max_overlap": 1, "prompts": {prompt}}
+        self._active[me] = state
+        for other in self._active.values():
+            other["max_overlap"] = max(other["max_overlap"], len(self._active))
+            other["prompts"].add(prompt)
+            state["prompts"].add(other["prompt"])
+        try:
+            if fault in ("http_500", "http_503", "http_429"):
+                headers = {"Retry-After": "0"} if fault == "http_429" else {}
+                return web.json_response({"error": "injected"}, status=int(fault[5:]), headers=headers)
+            if fault == "stall_first_byte":
+                await asyncio.sleep(b.stall)
+            if fault == "reset_before":
+                request.transport.abort()
+                raise ConnectionResetError
+            await asyncio.sleep(b.latency + b.ttft)
+        finally:
+            self._active.pop(me, None)
+        text = self._answer(body, prompt, state)
+        if body.get("stream"):
+            return await self._stream(request, body, text, chat, fault)
+        return self._whole(body, text, chat, fault)
+
+    def _answer(self, body: dict[str, Any], prompt: str, state: dict[str, Any]) -> str:
+        b = self.behaviour
+        temperature = body.get("temperature", 1.0)
+        seed = body.get("seed")
+        key = hashlib.sha256(prompt.encode()).digest()
+        rng = random.Random(key)
+        words = [rng.choice(WORDS) for _ in range(b.words)]
+        noisy: random.Random | None = None
+        sampled = temperature > 0 or not b.greedy_at_zero
+        if b.sampling and sampled:
+            noisy = random.Random(f"{key.hex()}-{seed}") if seed is not None and b.seed_honoured else random.Random()
+        crowded = b.drift_at is not None and state["max_overlap"] >= b.drift_at
+        mixed = b.drift_when_mixed and len(state["prompts"]) > 1
+        cold = b.cold_differs and prompt not in self.seen_prompts and (
+            body.get("cache_prompt", True) or not b.cache_switch)
+        self.seen_prompts.add(prompt)
+        if crowded and b.batched_variant:
+            words[b.diverge_at_word] = "batched"
+        elif noisy is None and (crowded or mixed or b.always_drift):
+            noisy = random.Random()
+        if noisy is not None:
+            words[b.diverge_at_word:] = [noisy.choice(WORDS) for _ in words[b.diverge_at_word:]]
+        if cold:
+            words[b.diverge_at_word] = "coldstart"
+        return " ".join(words)
+
+    def _whole(self, body: dict[str, Any], text: str, chat: bool, fault: str | None) -> web.Response:
+        if fault == "wrong_content_type":
+            return web.Response(text="<html>oops</html>", content_type="text/html")
+        if fault == "malformed":
+            return web.Response(text='{"choices": [', content_type="application/json")
+        if fault == "empty_choices":
+            return web.json_response({"choices": []})
+        choice = {"index": 0, "finish_reason": "stop"}
+        choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+        tokens = text.split(" ")
+        return web.json_response({
+            "id": "x", "object": "chat.completion", "model": body.get("model"),
+            "choices": [choice], "system_fingerprint": "fake-1",
+            "usage": {"prompt_tokens": 7, "completion_tokens": len(tokens), "total_tokens": 7 + len(tokens)},
+        })
+
+    async def _stream(self, request: web.Request, body: dict[str, Any], text: str, chat: bool,
+                      fault: str | None) -> web.StreamResponse:
+        b = self.behaviour
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        if fault == "wrong_content_type":
+            response.content_type = "text/plain"
+        await response.prepare(request)
+        pieces = [w if i == 0 else " " + w for i, w in enumerate(text.split(" "))]
+        await response.write(b": keep-alive\n\n")
+        for i, piece in enumerate(pieces):
+            if i == 3 and fault == "stall_mid_stream":
+                await asyncio.sleep(b.stall)
+            if i == 3 and fault == "reset_mid_stream":
+                request.transport.abort()
+                return response
+            if i == 3 and fault == "truncated":
+                await response.write_eof()
+                return response
+            if i == 3 and fault == "malformed":
+                await response.write(b"data: {not json\n\n")
+            delta = {"content": piece} if chat else None
+            choice = {"index": 0, "delta": delta} if chat else {"index": 0, "text": piece}
+            await self._event(response, {"choices": [choice], "system_fingerprint": "fake-1"}, fault)
+            if b.chunk_delay:
+                await asyncio.sleep(b.chunk_delay)
+        final = {"index": 0, "finish_reason": "stop"}
+        final.update({"delta": {}} if chat else {"text": ""})
+        await self._event(response, {"choices": [final]}, fault)
+        usage = {"prompt_tokens": 7, "completion_tokens": len(pieces), "total_tokens": 7 + len(pieces)}
+        await self._event(response, {"choices": [], "usage": usage}, fault)
+        if b.send_done:
+            await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    async def _event(self, response: web.StreamResponse, doc: dict[str, Any], fault: str | None) -> None:
+        data = f"data: {json.dumps(doc)}\n\n".encode()
+        if fault == "trickle":
+            for i in range(len(data)):
+                await response.write(data[i:i + 1])
+        else:
+            await response.write(data)
+
+
+
+async def _health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})

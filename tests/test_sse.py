@@ -1,0 +1,59 @@
+"""SSE edge cases: events split anywhere, CRLF, multi-line data, comments, [DONE]."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kevload.sse import SSEError, SSEParser
+
+STREAM = (
+    b": keep-alive\r\n\r\n"
+    b'data: {"a": 1}\r\n\r\n'
+    b"event: message\nid: 7\ndata: line one\ndata: line two\n\n"
+    b"data:no-space\r\rdata: [DONE]\n\n"
+)
+EXPECTED = ['{"a": 1}', "line one\nline two", "no-space", "[DONE]"]
+
+
+def feed_all(chunks):
+    parser = SSEParser()
+    events = []
+    for chunk in chunks:
+        events += parser.feed(chunk)
+    return events + parser.close()
+
+
+def test_whole_stream():
+    assert feed_all([STREAM]) == EXPECTED
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 7, 13])
+def test_split_into_fixed_reads(size):
+    chunks = [STREAM[i:i + size] for i in range(0, len(STREAM), size)]
+    assert feed_all(chunks) == EXPECTED
+
+
+@given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=20))
+def test_split_anywhere(cuts):
+    points = sorted(set(cuts))
+    chunks = [STREAM[a:b] for a, b in zip([0, *points], [*points, len(STREAM)], strict=True)]
+    assert feed_all(chunks) == EXPECTED
+
+
+def test_unterminated_event_is_dropped():
+    assert feed_all([b'data: {"partial": true}']) == []
+
+
+def test_comment_only_stream_has_no_events():
+    assert feed_all([b": ping\n\n: ping\n\n"]) == []
+
+
+@given(st.lists(st.binary(max_size=64), max_size=10))
+def test_never_crashes_except_with_its_own_error(chunks):
+    try:
+        events = feed_all(chunks)
+    except SSEError:
+        return
+    assert all(isinstance(e, str) for e in events)
