@@ -14,6 +14,7 @@ from kevload.engine import finish_run, run_scenario
 from kevload.report import FORMATS, render, verdict_line
 from kevload.scenario import ScenarioError, load_scenario
 from kevload.store import RunDirError, open_run_dir, read_json
+from kevload.targets import NAMES, TargetSettings
 from kevload.targets.cache import ProvisionError
 
 EXIT_OK, EXIT_DRIFT, EXIT_USAGE, EXIT_TARGET = 0, 1, 2, 3
@@ -99,3 +100,95 @@ def _guard(action):
         return action()
     except (ScenarioError, RunDirError, ProvisionError) as exc:
         raise UserError(str(exc)) from None
+
+
+@main.group()
+def target() -> None:
+    """Built-in real targets on 127.0.0.1: llama.cpp's llama-server and transformers serve."""
+
+
+def _target_options(func):
+    options = [
+        click.option("--slots", type=click.IntRange(min=1), default=4, show_default=True,
+                     help="Parallel slots (llama.cpp --parallel)."),
+        click.option("--ctx-size", type=click.IntRange(min=64), help="Context size (llama.cpp; default 2048 × slots)."),
+        click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: all cores)."),
+        click.option("--batching/--no-batching", default=True, show_default=True,
+                     help="Continuous batching on or off."),
+        click.option("--cache-prompt/--no-cache-prompt", default=True, show_default=True,
+                     help="Prompt (KV) cache reuse (llama.cpp)."),
+        click.option("--dtype", default="bfloat16", show_default=True, help="Weights dtype (transformers)."),
+        click.option("--seed", type=int, help="Server-wide default seed."),
+        click.option("--gguf", type=click.Path(dir_okay=False, exists=True), help="Your own GGUF model file."),
+        click.option("--port", type=click.IntRange(1, 65535), help="Port (default: a free one)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+@target.command("start")
+@click.argument("name", type=click.Choice(NAMES))
+@_target_options
+def target_start(name: str, **options) -> None:
+    """Build/install NAME once, start it and print its base URL as the last line."""
+    from kevload.targets import ServerError, save_state, start_target, status_target
+
+    current = status_target(name)
+    if current and current["running"]:
+        raise UserError(f"{name} is already running at {current['url']} (pid {current['pid']}); "
+                        f"`kevload target stop {name}` first")
+    settings = TargetSettings.from_options(options)
+    try:
+        running = _guard(lambda: start_target(name, settings, log=lambda m: click.echo(m, err=True)))
+    except ServerError as exc:
+        click.echo(f"kevload: error: {exc}", err=True)
+        sys.exit(EXIT_TARGET)
+    save_state(running)
+    click.echo(f"{name} pid {running.pid}, log {running.log_path}", err=True)
+    click.echo(running.url)
+
+
+@target.command("stop")
+@click.argument("name", type=click.Choice(NAMES))
+def target_stop(name: str) -> None:
+    """Stop NAME's whole process group."""
+    from kevload.targets import forget_state, status_target, stop_target
+
+    current = status_target(name)
+    if current is None:
+        click.echo(f"{name} is not running")
+        return
+    stop_target(current["pid"])
+    forget_state(name)
+    click.echo(f"{name} stopped (pid {current['pid']})")
+
+
+@target.command("status")
+@click.argument("name", type=click.Choice(NAMES))
+def target_status(name: str) -> None:
+    """Pid, port, model and settings of NAME, if it was started here."""
+    from kevload.targets import status_target
+
+    current = status_target(name)
+    if current is None or not current["running"]:
+        click.echo(f"{name}: not running")
+        sys.exit(EXIT_TARGET)
+    settings = ", ".join(f"{k}={v}" for k, v in current["settings"].items() if v not in (None, [], ()))
+    click.echo(f"{name}: running, pid {current['pid']}, port {current['port']}, url {current['url']}\n"
+               f"model: {current['model']}\nsettings: {settings}\nlog: {current['log_path']}")
+
+
+@main.command()
+@click.option("--targets", default="llamacpp,transformers", show_default=True,
+              help="Comma-separated built-in targets to run the demo against.")
+@click.option("--samples", type=click.IntRange(min=2), default=8, show_default=True)
+def demo(targets: str, samples: int) -> None:
+    """The guide's first three steps against the built-in real targets, matrices side by side."""
+    from kevload.demo import run_demo
+
+    names = [t.strip() for t in targets.split(",") if t.strip()]
+    bad = [n for n in names if n not in NAMES]
+    if bad:
+        raise UserError(f"--targets: unknown target {bad[0]!r}; expected some of {', '.join(NAMES)}")
+    sys.exit(_guard(lambda: run_demo(names, samples=samples, console=Console())))

@@ -192,6 +192,7 @@ def _cell_summary(probe: str, role: str, mode: str, level: int, ref_level: int, 
         "drift_rate_upper_95": round(drift_upper_bound(ok), 6) if ok and not drift else None,
         "first_divergence_chars": None,
         "first_divergence_tokens": None,
+        "first_divergence_words": None,
         "modal_sha256": modal,
         "output_tokens": cell.output_tokens,
         "duration_s": round(cell.t_end - cell.t_start, 6) if ok + sum(cell.errors.values()) else None,
@@ -208,6 +209,9 @@ def _cell_summary(probe: str, role: str, mode: str, level: int, ref_level: int, 
             if ref_tokens and digest in cell.tokens:
                 toks.append(common_prefix_length(ref_tokens, cell.tokens[digest]))
         out["first_divergence_chars"] = min(chars) if chars else None
+        out["last_divergence_chars"] = max(chars) if chars else None
+        # Words: a token-like position for servers that return no token ids (transformers serve).
+        out["first_divergence_words"] = min(len(ref_text[:n].split()) for n in chars) if chars else None
         out["first_divergence_tokens"] = min(toks) if toks else None
         out["divergent_example"] = cell.texts[min((d for d in cell.counts if d != serial_modal),
                                                   key=lambda d: cell.first_seen[d])][:300]

@@ -10,7 +10,26 @@ import pytest
 from click.testing import CliRunner
 
 from kevload.cli import main
+from kevload.servers import pid_alive
+from kevload.targets.cache import cache_root
 from tests.fakeserver import Behaviour, FakeServer
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_stray_target_processes():
+    """After the whole session no server started from kevload's cache may still run, pass or fail."""
+    yield
+    strays = []
+    root = str(cache_root() / "targets")
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if root in cmdline and pid_alive(int(entry.name)):
+                strays.append(f"{entry.name}: {cmdline[:120]}")
+    assert not strays, "target processes left running:\n" + "\n".join(strays)
 
 
 @pytest.fixture

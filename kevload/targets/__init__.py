@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -14,15 +15,15 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from kevload.servers import ServerError, ServerProcess, free_port, pid_alive, start_server, stop_group, wait_ready
+from kevload.servers import ServerError, free_port, pid_alive, start_server, stop_group, wait_ready
 from kevload.targets.cache import ProvisionError, cache_root
 from kevload.targets.model import MODEL_NAME, default_gguf
 
 NAMES = ("llamacpp", "transformers")
 HOST = "127.0.0.1"
 
-__all__ = ["NAMES", "RunningTarget", "TargetSettings", "local_target", "running_target", "start_target",
-           "status_target", "stop_target", "ProvisionError", "ServerError"]
+__all__ = ["NAMES", "ProvisionError", "RunningTarget", "ServerError", "TargetSettings", "forget_state",
+           "local_target", "running_target", "save_state", "start_target", "status_target", "stop_target"]
 
 
 @dataclass(frozen=True)
@@ -102,8 +103,6 @@ def running_target(name: str, log: Callable[[str], None] = print, **options: Any
 @contextlib.asynccontextmanager
 async def local_target(name: str, log: Callable[[str], None] = print, **options: Any) -> AsyncIterator[str]:
     """``async with local_target("llamacpp", slots=4) as url``: a base URL while the block runs."""
-    import asyncio
-
     target = await asyncio.to_thread(start_target, name, TargetSettings.from_options(options), log=log)
     try:
         yield target.url

@@ -1,0 +1,129 @@
+"""`kevload demo`: the guide's steps 1–3 against the built-in real targets, shown side by side."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.columns import Columns
+from rich.console import Console
+from rich.table import Table
+
+from kevload.engine import run_scenario
+from kevload.report import cell_text
+from kevload.scenario import load_scenario
+from kevload.stats import drift_upper_bound
+from kevload.targets import TargetSettings, start_target, stop_target
+
+SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "demo.toml"
+LABELS = {"llamacpp": "llama.cpp", "transformers": "transformers"}
+
+FIXED = "{temperature = 0, top_p = 1, seed = 1234}"
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    overrides: tuple[str, ...]
+    fixed: bool
+
+
+STEPS = (
+    Step("1 baseline (T=0.8, no seed)", ("params={temperature = 0.8, top_p = 0.95}", "load.concurrency=[1]"), False),
+    Step("2 fixed params, single", (f"params={FIXED}", 'load.mode="single"'), True),
+    Step("3 fixed params, mixed", (f"params={FIXED}", 'load.mode="mixed"'), True),
+)
+
+
+def run_demo(names: list[str], *, samples: int, console: Console, out: Path | None = None) -> int:
+    out = out or Path("results") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+    results: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for name in names:
+        console.print(f"[bold]{LABELS[name]}[/bold]: starting (the first start builds or installs it) …")
+        results[name] = _run_target(name, samples, out, console)
+    console.print(Columns([_table(name, steps) for name, steps in results.items()], padding=(0, 4)))
+    for name, steps in results.items():
+        console.print(headline(LABELS[name], steps))
+    console.print(f"runs: {out}/ (re-read any with `kevload report DIR`)")
+    failed = any(s["verdict"] == "target_failed" for steps in results.values() for _, s in steps)
+    return 3 if failed else 0
+
+
+def headline(label: str, steps: list[tuple[str, dict[str, Any]]]) -> str:
+    """One line saying what the matrices show, with the sample size behind the claim."""
+    fixed = [(name, s) for name, s in steps if not name.startswith("1 ") and "batching off" not in name]
+    cells = [c for _, s in fixed for c in s["cells"] if c["role"] == "probe"]
+    baseline = next((s for name, s in steps if name.startswith("1 ")), None)
+    base_distinct = baseline and max(c["distinct"] for c in baseline["cells"] if c["role"] == "probe")
+    sampling = f"T=0.8 without seed: {base_distinct} distinct in serial calls; " if baseline else ""
+    if any(s["verdict"] == "target_failed" for _, s in steps):
+        return f"{label}: target failed ({', '.join(f'{k}: {v}' for k, v in steps[-1][1]['errors_by_type'].items())})"
+    drift = [c for c in cells if c["drift"]]
+    if not drift:
+        n = min(c["ok"] for c in cells)
+        return (f"{label}: {sampling}fixed params stable under batching "
+                f"(n={sum(c['ok'] for c in cells)}, {n} per cell: drift rate < {drift_upper_bound(n):.0%} per cell)")
+    first = min(drift, key=lambda c: c["first_divergence_chars"] if c["first_divergence_chars"] is not None else 0)
+    where = (f"outputs leave the serial one between char {first['first_divergence_chars']} and "
+             f"{max(c['last_divergence_chars'] or 0 for c in drift)}"
+             if first["first_divergence_chars"] is not None else "serial outputs already differ")
+    levels = sorted({c["concurrency"] for c in drift})
+    off = next((s for name, s in steps if "batching off" in name), None)
+    after = ""
+    if off is not None:
+        after = "; batching off: " + ("stable" if off["verdict"] == "deterministic" else "still drifts")
+    return (f"{label}: {sampling}fixed params drift once batched (c={','.join(map(str, levels))}: up to "
+            f"{max(c['distinct'] for c in drift)} distinct in {first['ok']}), {where}{after}")
+
+
+def _run_target(name: str, samples: int, out: Path, console: Console) -> list[tuple[str, dict[str, Any]]]:
+    log = lambda message: console.print(f"  {message}", style="dim")  # noqa: E731
+    done: list[tuple[str, dict[str, Any]]] = []
+    target = start_target(name, TargetSettings(slots=4), log=log)
+    try:
+        for i, step in enumerate(STEPS):
+            done.append((step.name, _run_step(target.url, target.model, step.overrides, samples,
+                                              out / f"{name}-step{i + 1}", console)))
+    finally:
+        stop_target(target)
+    drifted = [step for step, (_, s) in zip(STEPS, done, strict=True) if step.fixed and s["verdict"] != "deterministic"]
+    if drifted:
+        # The guide's next move for crosstalk: turn batching off and run the same step again.
+        step = drifted[-1]
+        console.print(f"  {LABELS[name]} drifted; rerunning '{step.name}' with batching off …")
+        target = start_target(name, TargetSettings(slots=4, batching=False), log=log)
+        try:
+            done.append((f"{step.name[0]} … batching off",
+                         _run_step(target.url, target.model, step.overrides, samples, out / f"{name}-nobatch",
+                                   console)))
+        finally:
+            stop_target(target)
+    return done
+
+
+def _run_step(url: str, model: str, overrides: tuple[str, ...], samples: int, run_dir: Path,
+              console: Console) -> dict[str, Any]:
+    scenario = load_scenario(SCENARIO, [f'target.base_url="{url}"', f'target.model="{model}"',
+                                        f"load.samples={samples}", *overrides])
+    console.print(f"  running {run_dir.name} …", style="dim")
+    return asyncio.run(run_scenario(scenario, run_dir)).summary
+
+
+def _table(name: str, steps: list[tuple[str, dict[str, Any]]]) -> Table:
+    levels = sorted({c["concurrency"] for _, s in steps for c in s["cells"] if c["role"] == "probe"})
+    table = Table(title=f"{LABELS[name]}: distinct outputs", title_justify="left")
+    table.add_column("step")
+    for level in levels:
+        table.add_column(f"c={level}", justify="right")
+    for step_name, summary in steps:
+        by_level = {c["concurrency"]: c for c in summary["cells"] if c["role"] == "probe"}
+        texts = []
+        for level in levels:
+            cell = by_level.get(level)
+            style = "red" if cell and cell["drift"] else "green"
+            texts.append(f"[{style}]{cell_text(cell)}[/{style}]" if cell else "")
+        table.add_row(step_name, *texts)
+    return table
