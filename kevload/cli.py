@@ -192,3 +192,143 @@ def demo(targets: str, samples: int) -> None:
     if bad:
         raise UserError(f"--targets: unknown target {bad[0]!r}; expected some of {', '.join(NAMES)}")
     sys.exit(_guard(lambda: run_demo(names, samples=samples, console=Console())))
+
+
+@main.command("diagnose")
+@click.option("--url", required=True, help="Base URL, e.g. http://127.0.0.1:8000/v1.")
+@click.option("--model", required=True)
+@click.option("--prompt", help="The input that misbehaves.")
+@click.option("--messages", "messages_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="JSON file with a chat messages list, instead of --prompt.")
+@click.option("--params", "params_json", default="{}", help="Current request params as JSON (what production sends).")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=48, show_default=True)
+@click.option("--samples", type=click.IntRange(min=2), default=6, show_default=True, help="Samples per step.")
+@click.option("--max-concurrency", type=click.IntRange(min=2), default=4, show_default=True)
+@click.option("--api", type=click.Choice(["chat", "completions"]), default="chat", show_default=True)
+@click.option("--timeout", type=click.FloatRange(min=0.1), default=60.0, show_default=True)
+@click.option("--api-key-env", help="Environment variable holding the API key.")
+@click.option("--online", type=click.Path(dir_okay=False, exists=True, path_type=Path), help="Live inputs (JSONL).")
+@click.option("--train", type=click.Path(dir_okay=False, exists=True, path_type=Path), help="Training set (JSONL).")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), help="Write the diagnosis here.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Directory for the step runs.")
+@click.option("--all", "run_all", is_flag=True, help="Run every step even after a cause is found.")
+def diagnose_command(url, model, prompt, messages_file, params_json, max_tokens, samples, max_concurrency, api,
+                     timeout, api_key_env, online, train, json_out, out, run_all) -> None:
+    """Walk the guide's steps against a server and say which layer the problem is in."""
+    import orjson
+
+    from kevload.diagnose import DiagnoseOptions, check_options, diagnose
+    from kevload.report import diagnosis_text
+    from kevload.scenario import Probe
+
+    if (prompt is None) == (messages_file is None):
+        raise UserError("give exactly one of --prompt TEXT or --messages FILE")
+    if (online is None) != (train is None):
+        raise UserError("--online and --train go together")
+    try:
+        params = orjson.loads(params_json)
+    except orjson.JSONDecodeError as exc:
+        raise UserError(f"--params: expected a JSON object, got {params_json!r} ({exc})") from None
+    if not isinstance(params, dict):
+        raise UserError(f"--params: expected a JSON object, got {params_json!r}")
+    messages = None
+    if messages_file is not None:
+        messages = _guard(lambda: _read_messages(messages_file))
+    probe = Probe(id="probe", prompt=prompt, messages=messages, max_tokens=max_tokens)
+    options = DiagnoseOptions(url=url, model=model, probe=probe, params=params, api=api, samples=samples,
+                              max_concurrency=max_concurrency, timeout=timeout, api_key_env=api_key_env,
+                              run_all=run_all, online=online, train=train, out=out)
+    _guard(lambda: check_options(options))
+    result, signum = _guard(lambda: aio.run(lambda stop: diagnose(options, log=lambda m: stderr.print(m))))
+    click.echo(diagnosis_text(result.to_json()))
+    if json_out is not None:
+        json_out.write_bytes(orjson.dumps(result.to_json(), option=orjson.OPT_INDENT_2))
+    if signum is not None:
+        sys.exit(aio.EXIT_FOR_SIGNAL[signum])
+    if result.target_failed:
+        sys.exit(EXIT_TARGET)
+    sys.exit(EXIT_OK if result.verdict == "stable" else EXIT_DRIFT)
+
+
+def _read_messages(path: Path) -> tuple[dict, ...]:
+    import orjson
+
+    try:
+        messages = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise ScenarioError(f"{path}: --messages: expected a JSON list of {{role, content}} objects ({exc})") from None
+    if not (isinstance(messages, list) and messages and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages)):
+        raise ScenarioError(f"{path}: --messages: expected a JSON list of {{role, content}} objects")
+    return tuple(messages)
+
+
+@main.command("coverage")
+@click.argument("online", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("train", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), help="Write the report here.")
+@click.option("--flag", "flag_out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write each online input with its boundary-sample reasons (JSONL).")
+def coverage_command(online: Path, train: Path, json_out: Path | None, flag_out: Path | None) -> None:
+    """Compare live inputs (ONLINE.jsonl) with the training set (TRAIN.jsonl): lengths, keywords, labels."""
+    import orjson
+
+    from kevload.coverage import compare, flag_file, scan
+    from kevload.report import coverage_text
+
+    online_side = _guard(lambda: scan(online))
+    train_side = _guard(lambda: scan(train))
+    result = compare(online_side, train_side)
+    if flag_out is not None:
+        result["flagged"] = _guard(lambda: flag_file(online, train_side, flag_out))
+    click.echo(coverage_text(result))
+    if json_out is not None:
+        json_out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+
+
+@main.group()
+def cases() -> None:
+    """Case sets: the guide's regression suite of stable and unstable inputs."""
+
+
+@cases.command("build")
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path))
+def cases_build(run_dirs: tuple[Path, ...], output: Path) -> None:
+    """Append one case per probe and setting from RUN_DIRS; existing cases are never dropped or rewritten."""
+    from kevload.cases import build_cases
+
+    added, kept = _guard(lambda: build_cases(list(run_dirs), output))
+    click.echo(f"{output}: {added} cases added, {kept} kept")
+
+
+@cases.command("rerun")
+@click.argument("cases_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--url", required=True)
+@click.option("--model", required=True)
+@click.option("--times", type=click.IntRange(min=2), default=5, show_default=True)
+@click.option("--api", type=click.Choice(["chat", "completions"]), default="chat", show_default=True)
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Directory for the rerun runs.")
+def cases_rerun(cases_file: Path, url: str, model: str, times: int, api: str, output: Path, out: Path | None) -> None:
+    """Rerun every case; exit 1 if a stable case became unstable (a regression)."""
+    import orjson
+
+    from kevload.cases import read_cases, rerun_cases, transitions
+
+    items = _guard(lambda: read_cases(cases_file))
+    results, signum = _guard(lambda: aio.run(lambda stop: rerun_cases(
+        items, url=url, model=model, times=times, api=api, out=out, log=lambda m: stderr.print(m))))
+    with output.open("wb") as handle:
+        for r in results:
+            handle.write(orjson.dumps(r) + b"\n")
+    moves = transitions(results)
+    for key, ids in moves.items():
+        click.echo(f"{key}: {len(ids)}" + (f" ({', '.join(ids)})" if ids and key != "unchanged" else ""))
+    for r in results:
+        if "matches_expected" in r:
+            click.echo(f"{r['id']}: {'matches' if r['matches_expected'] else 'does not match'} expected")
+    if signum is not None:
+        sys.exit(aio.EXIT_FOR_SIGNAL[signum])
+    sys.exit(EXIT_DRIFT if moves["stable→unstable"] else EXIT_OK)

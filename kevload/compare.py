@@ -12,7 +12,7 @@ import numpy as np
 
 from kevload.stats import LatencyHistogram, drift_upper_bound
 
-CellKey = tuple[str, str, str, int]  # probe, role, mode, concurrency
+CellKey = tuple[str, str, str, int, float | None]  # probe, role, mode, concurrency, rate (open loop)
 
 
 @dataclass
@@ -67,7 +67,7 @@ class Reduction:
     def add(self, record: dict[str, Any]) -> None:
         if record.get("role") == "warmup":
             return
-        key = (record["probe"], record["role"], record["mode"], record["concurrency"])
+        key = (record["probe"], record["role"], record["mode"], record["concurrency"], record.get("rate"))
         cell = self.cells.get(key)
         if cell is None:
             cell = self.cells[key] = CellAccumulator()
@@ -85,15 +85,15 @@ def reduce_records(records: Iterable[dict[str, Any]]) -> Reduction:
 def summarize(reduction: Reduction, *, max_error_share: float = 1.0) -> dict[str, Any]:
     """The summary document: ``cells`` (one per probe × role × mode × level), ``matrix`` and ``verdict``."""
     cells: list[dict[str, Any]] = []
-    groups: dict[tuple[str, str, str], list[int]] = {}
-    for probe, role, mode, level in reduction.cells:
-        groups.setdefault((probe, role, mode), []).append(level)
+    groups: dict[tuple[str, str, str], list[tuple[int, float | None]]] = {}
+    for probe, role, mode, level, rate in reduction.cells:
+        groups.setdefault((probe, role, mode), []).append((level, rate))
     for (probe, role, mode), levels in sorted(groups.items(), key=lambda g: (g[0][1] != "probe", g[0])):
-        levels.sort()
-        reference = reduction.cells[(probe, role, mode, levels[0])]
+        levels.sort(key=_level_order)
+        reference = reduction.cells[(probe, role, mode, *levels[0])]
         serial_modal = _modal(reference)
         for level in levels:
-            cell = reduction.cells[(probe, role, mode, level)]
+            cell = reduction.cells[(probe, role, mode, *level)]
             cells.append(_cell_summary(probe, role, mode, level, levels[0], cell, reference, serial_modal))
     total_ok = sum(c["ok"] for c in cells)
     total_errors = sum(sum(c["errors"].values()) for c in cells)
@@ -115,7 +115,7 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0) -> dict[str
         "error_share": round(error_share, 6),
         "max_error_share": max_error_share,
         "errors_by_type": _merge_counts(c["errors"] for c in cells),
-        "drift_cells": [f"{c['probe']}@{c['mode']}/c{c['concurrency']}" for c in drift],
+        "drift_cells": [f"{c['probe']}@{c['mode']}/{level_label(c)}" for c in drift],
         "matrix": distinct_matrix(probe_cells),
         "cells": cells,
     }
@@ -124,13 +124,13 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0) -> dict[str
 def distinct_matrix(cells: list[dict[str, Any]]) -> dict[str, Any]:
     """Probes × levels of distinct-output counts (-1 where a cell has no ok sample), as nested lists."""
     rows = sorted({(c["probe"], c["mode"]) for c in cells})
-    levels = sorted({c["concurrency"] for c in cells})
+    levels = sorted({level_label(c) for c in cells}, key=lambda label: _label_order(label, cells))
     distinct = np.full((len(rows), len(levels)), -1, dtype=np.int64)
     drift = np.zeros((len(rows), len(levels)), dtype=bool)
     row_of = {r: i for i, r in enumerate(rows)}
     col_of = {lv: j for j, lv in enumerate(levels)}
     for c in cells:
-        i, j = row_of[(c["probe"], c["mode"])], col_of[c["concurrency"]]
+        i, j = row_of[(c["probe"], c["mode"])], col_of[level_label(c)]
         distinct[i, j] = c["distinct"] if c["ok"] else -1
         drift[i, j] = bool(c["drift"])
     return {
@@ -162,8 +162,27 @@ def common_prefix_length(a: str | list, b: str | list) -> int:
     return int(diff[0]) if diff.size else n
 
 
-def _cell_summary(probe: str, role: str, mode: str, level: int, ref_level: int, cell: CellAccumulator,
-                  reference: CellAccumulator, serial_modal: str | None) -> dict[str, Any]:
+def level_label(cell: dict[str, Any]) -> str:
+    """``c=4`` for a closed-loop level, ``r=5/s`` for an open-loop rate."""
+    return f"r={cell['rate']:g}/s" if cell.get("rate") is not None else f"c={cell['concurrency']}"
+
+
+def level_sort_key(cell: dict[str, Any]) -> tuple[int, float]:
+    return _level_order((cell["concurrency"], cell.get("rate")))
+
+
+def _level_order(level: tuple[int, float | None]) -> tuple[int, float]:
+    concurrency, rate = level
+    return (0, concurrency) if rate is None else (1, rate)
+
+
+def _label_order(label: str, cells: list[dict[str, Any]]) -> tuple[int, float]:
+    return next(level_sort_key(c) for c in cells if level_label(c) == label)
+
+
+def _cell_summary(probe: str, role: str, mode: str, level: tuple[int, float | None],
+                  ref_level: tuple[int, float | None], cell: CellAccumulator, reference: CellAccumulator,
+                  serial_modal: str | None) -> dict[str, Any]:
     ok = cell.ok
     counts = np.fromiter(cell.counts.values(), dtype=np.int64, count=len(cell.counts))
     modal = _modal(cell)
@@ -176,8 +195,9 @@ def _cell_summary(probe: str, role: str, mode: str, level: int, ref_level: int, 
         "probe": probe,
         "role": role,
         "mode": mode,
-        "concurrency": level,
-        "reference_level": ref_level,
+        "concurrency": level[0],
+        "rate": level[1],
+        "reference_level": level_label({"concurrency": ref_level[0], "rate": ref_level[1]}),
         "ok": ok,
         "errors": dict(sorted(cell.errors.items())),
         "distinct": len(cell.counts),
@@ -232,6 +252,9 @@ def _modal(cell: CellAccumulator) -> str | None:
 def _latencies(record: dict[str, Any]) -> list[tuple[str, float]]:
     t_send, t_last = record["t_send"], record["t_last_byte"]
     out = [("e2e", t_last - t_send)]
+    if record.get("t_scheduled") is not None:
+        # How late the client sent it: the client, not the server, is the limit when this grows.
+        out.append(("lateness", t_send - record["t_scheduled"]))
     t_first = record.get("t_first_token")
     if t_first is not None:
         out.append(("ttft", t_first - t_send))

@@ -12,9 +12,10 @@ from rich.columns import Columns
 from rich.console import Console
 from rich.table import Table
 
+from kevload.diagnose import DiagnoseOptions, diagnose
 from kevload.engine import run_scenario
 from kevload.report import cell_text
-from kevload.scenario import load_scenario
+from kevload.scenario import Probe, load_scenario
 from kevload.stats import drift_upper_bound
 from kevload.targets import TargetSettings, start_target, stop_target
 
@@ -22,6 +23,8 @@ SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "demo.toml"
 LABELS = {"llamacpp": "llama.cpp", "transformers": "transformers"}
 
 FIXED = "{temperature = 0, top_p = 1, seed = 1234}"
+PRODUCTION = {"temperature": 0.8, "top_p": 0.95}
+DEMO_PROBE = Probe(id="story", prompt="Write a short story about a robot learning to paint.", max_tokens=32)
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,13 @@ def _run_target(name: str, samples: int, out: Path, console: Console) -> list[tu
         for i, step in enumerate(STEPS):
             done.append((step.name, _run_step(target.url, target.model, step.overrides, samples,
                                               out / f"{name}-step{i + 1}", console)))
+        console.print("  diagnose (the guide's steps as one command) …", style="dim")
+        options = DiagnoseOptions(url=target.url, model=target.model, probe=DEMO_PROBE, params=PRODUCTION,
+                                  samples=3, max_concurrency=4, timeout=120, run_all=True,
+                                  out=out / f"{name}-diagnose")
+        diagnosis = asyncio.run(diagnose(options, log=lambda m: None))
+        causes = "; ".join(f"{c['verdict']} ({c['reason']})" for c in diagnosis.causes) or diagnosis.reason
+        console.print(f"  {LABELS[name]} diagnose --all: {diagnosis.verdict}; causes found: {causes}")
     finally:
         stop_target(target)
     drifted = [step for step, (_, s) in zip(STEPS, done, strict=True) if step.fixed and s["verdict"] != "deterministic"]

@@ -8,6 +8,8 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
+from kevload.compare import level_label, level_sort_key
+
 FORMATS = ("table", "json", "markdown")
 
 
@@ -17,8 +19,10 @@ def render(summary: dict[str, Any], fmt: str, console: Console | None = None) ->
         return orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode()
     if fmt == "markdown":
         return markdown(summary)
-    (console or Console()).print(table(summary))
-    (console or Console()).print(verdict_line(summary))
+    console = console or Console()
+    console.print(table(summary))
+    console.print(latency_table(summary))
+    console.print(verdict_line(summary))
     return None
 
 
@@ -36,11 +40,11 @@ def cell_text(cell: dict[str, Any] | None) -> str:
 
 def table(summary: dict[str, Any]) -> Table:
     cells = _probe_cells(summary)
-    levels = sorted({c["concurrency"] for c in cells})
-    grid = Table(title="distinct outputs per probe × concurrency", title_justify="left")
+    levels = _levels(cells)
+    grid = Table(title="distinct outputs per probe × level", title_justify="left")
     grid.add_column("probe (mode)")
     for level in levels:
-        grid.add_column(f"c={level}", justify="right")
+        grid.add_column(level, justify="right")
     grid.add_column("n/cell", justify="right")
     grid.add_column("e2e p50 (c=max)", justify="right")
     grid.add_column("errors", justify="right")
@@ -51,12 +55,37 @@ def table(summary: dict[str, Any]) -> Table:
             text = cell_text(cell)
             style = "red" if cell and cell["drift"] else "green" if cell and cell["ok"] else "yellow"
             texts.append(f"[{style}]{text}[/{style}]")
-        top = row[max(row)]
+        top = max(row.values(), key=level_sort_key)
         p50 = top.get("latency", {}).get("e2e", {}).get("p50")
         errors = sum(sum(c["errors"].values()) for c in row.values())
         grid.add_row(f"{probe} ({mode})", *texts, str(min(c["ok"] for c in row.values())),
                      f"{p50 * 1000:.0f} ms" if p50 is not None else "-", str(errors))
     return grid
+
+
+def latency_table(summary: dict[str, Any]) -> Table:
+    """Latency and throughput per probe × level, in milliseconds: the "is it fast" half of a run."""
+    grid = Table(title="latency (ms, p50 / p99) and throughput", title_justify="left")
+    for name in ("probe (mode)", "level", "n", "ttft", "itl", "tpot", "e2e", "tok/s", "req/s", "late p99"):
+        grid.add_column(name, justify="left" if name.startswith("probe") else "right")
+    for c in sorted(_probe_cells(summary), key=lambda c: (c["probe"], c["mode"], level_sort_key(c))):
+        lat = c.get("latency", {})
+        late = lat.get("lateness", {}).get("p99")
+        grid.add_row(f"{c['probe']} ({c['mode']})", level_label(c), str(c["ok"]),
+                     *(_p50_p99(lat.get(k)) for k in ("ttft", "itl", "tpot", "e2e")),
+                     _fmt(c.get("output_tokens_per_s")), _fmt(c.get("requests_per_s")),
+                     f"{late * 1000:.2f}" if late is not None else "-")
+    return grid
+
+
+def _p50_p99(stats: dict[str, float] | None) -> str:
+    if not stats or not stats.get("n"):
+        return "-"
+    return f"{stats['p50'] * 1000:.0f} / {stats['p99'] * 1000:.0f}"
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
 
 def verdict_line(summary: dict[str, Any]) -> str:
@@ -78,14 +107,14 @@ def verdict_line(summary: dict[str, Any]) -> str:
             else "serial outputs already differ"
         if c["first_divergence_tokens"] is not None:
             where += f" / token {c['first_divergence_tokens']}"
-        parts.append(f"{c['probe']} ({c['mode']}) c={c['concurrency']}: {c['distinct']} distinct in {c['ok']}, {where}")
+        parts.append(f"{c['probe']} ({c['mode']}) {level_label(c)}: {c['distinct']} distinct in {c['ok']}, {where}")
     return "nondeterministic: " + "; ".join(parts)
 
 
 def markdown(summary: dict[str, Any]) -> str:
     cells = _probe_cells(summary)
-    levels = sorted({c["concurrency"] for c in cells})
-    lines = ["| probe (mode) | " + " | ".join(f"c={lv}" for lv in levels) + " | n/cell |",
+    levels = _levels(cells)
+    lines = ["| probe (mode) | " + " | ".join(levels) + " | n/cell |",
              "| --- | " + " | ".join("---:" for _ in levels) + " | ---: |"]
     for (probe, mode), row in _rows(cells).items():
         texts = [cell_text(row.get(level)).replace("DRIFT", "**DRIFT**") for level in levels]
@@ -101,9 +130,68 @@ def _probe_cells(summary: dict[str, Any]) -> list[dict[str, Any]]:
 def _rows(cells: list[dict[str, Any]]) -> dict[tuple[str, str], dict[int, dict[str, Any]]]:
     rows: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
     for c in cells:
-        rows.setdefault((c["probe"], c["mode"]), {})[c["concurrency"]] = c
+        rows.setdefault((c["probe"], c["mode"]), {})[level_label(c)] = c
     return rows
+
+
+def _levels(cells: list[dict[str, Any]]) -> list[str]:
+    return [level_label(c) for c in sorted({level_label(c): c for c in cells}.values(), key=level_sort_key)]
 
 
 def _counts(counts: dict[str, int]) -> str:
     return ", ".join(f"{k}: {v}" for k, v in counts.items()) or "none"
+
+
+def diagnosis_text(diagnosis: dict[str, Any]) -> str:
+    """The diagnosis as a person reads it: each step's evidence, the findings, the verdict and what to try next."""
+    lines = []
+    for step in diagnosis["steps"]:
+        if "distinct" not in step:
+            lines.append(f"  {step['title']}: {'outside' if step.get('outside') else 'inside'} "
+                         f"({'; '.join(step.get('reasons', [])) or 'no boundary signs'})")
+            continue
+        bound = f", drift < {step['drift_rate_upper_95']:.0%} (95%)" if step.get("drift_rate_upper_95") else ""
+        errors = f", errors {_counts(step['errors'])}" if step["errors"] else ""
+        drift = f", drift at {', '.join(step['drift_cells'])}" if step["drift_cells"] else ""
+        lines.append(f"  {step['title']}: {step['distinct']} distinct, n={step['ok']}{bound}{errors}{drift}")
+    findings = ", ".join(f"{k}={_tri(v)}" for k, v in diagnosis["findings"].items())
+    dropped = diagnosis.get("dropped_fields") or []
+    lines.append(f"  findings: {findings}")
+    if dropped:
+        lines.append(f"  fields the server rejected (dropped): {', '.join(dropped)}")
+    lines.append(f"verdict: {diagnosis['verdict']} — {diagnosis['reason']}")
+    for cause in diagnosis.get("causes", [])[1:]:
+        lines.append(f"also found: {cause['verdict']} — {cause['reason']}")
+    lines.append(f"next: {diagnosis['next']}")
+    return "\n".join(lines)
+
+
+def _tri(value: Any) -> str:
+    return {True: "yes", False: "no", None: "unknown"}.get(value, str(value))
+
+
+def coverage_text(result: dict[str, Any]) -> str:
+    on, tr = result["online"], result["train"]
+    lines = [f"{'':24}{'online':>12}{'train':>12}", f"{'count':24}{on['count']:>12}{tr['count']:>12}"]
+    for key in ("min", "p50", "p90", "p99", "max"):
+        lines.append(f"{'length ' + key:24}{_num(on['length'][key]):>12}{_num(tr['length'][key]):>12}")
+    share = result["outside_length_range_share"]
+    lines.append(f"online outside training length range: {share:.1%}" if share is not None else "")
+    lines.append("top keywords online: " + ", ".join(k["keyword"] for k in on["top_keywords"][:10]))
+    lines.append("top keywords train:  " + ", ".join(k["keyword"] for k in tr["top_keywords"][:10]))
+    rare = result["online_keywords_rare_in_train"]
+    lines.append("frequent online, rare or missing in training: " + (", ".join(
+        f"{r['keyword']} ({r['online_share']:.0%} vs {r['train_share']:.0%})" for r in rare[:10]) or "none"))
+    labels = result["labels"]
+    if labels["psi"] is not None:
+        lines.append(f"labels: PSI {labels['psi']:.3f}, Jensen-Shannon {labels['js_divergence']:.3f}; online "
+                     + ", ".join(f"{k} {v:.0%}" for k, v in labels["online"].items()) + "; train "
+                     + ", ".join(f"{k} {v:.0%}" for k, v in labels["train"].items()))
+    if "flagged" in result:
+        lines.append(f"boundary samples flagged: {result['flagged']} of {on['count']}")
+    lines.append("(statistics are clues, not proof)")
+    return "\n".join(line for line in lines if line)
+
+
+def _num(value: Any) -> str:
+    return "-" if value is None else str(value)

@@ -57,7 +57,7 @@ def test_drift_only_when_crowded(tmp_path, server):
     serial = cells[1]
     assert cells[4]["first_divergence_chars"] >= len(" ".join(["x"] * 5))
     assert serial["first_divergence_chars"] is None
-    assert summary["drift_cells"] == ["p1@single/c4"]
+    assert summary["drift_cells"] == ["p1@single/c=4"]
 
 
 def test_level_agreeing_with_itself_but_not_serial_is_drift(tmp_path, server):

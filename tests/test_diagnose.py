@@ -1,0 +1,127 @@
+"""`kevload diagnose` reaches each verdict on a server built to have exactly that problem."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_cli
+
+
+def diagnose(tmp_path, server, *extra, params='{"temperature": 0.8}'):
+    out = tmp_path / "diag.json"
+    code, output = run_cli("diagnose", "--url", server.url, "--model", "fake", "--prompt", "Tell me a fact.",
+                           "--params", params, "--samples", "6", "--json", out, "--out", tmp_path / "runs", *extra)
+    return code, output, json.loads(out.read_text())
+
+
+def test_stable(tmp_path, server):
+    code, output, d = diagnose(tmp_path, server)
+    assert code == 0, output
+    assert d["verdict"] == "stable"
+    assert {s["step"] for s in d["steps"]} >= {"baseline", "fixed", "cache", "concurrency_single",
+                                               "concurrency_mixed"}
+    assert all(s["distinct"] == 1 for s in d["steps"] if "distinct" in s)
+    assert "--samples 299" in output  # what a 1 % bound would need
+    assert d["findings"]["cache_effect"] is False
+    assert d["findings"]["greedy_at_temperature_0"] is True
+
+
+def test_sampling_with_honoured_seed(tmp_path, server):
+    server.behaviour.sampling = True
+    code, _, d = diagnose(tmp_path, server)
+    assert code == 1
+    assert d["verdict"] == "sampling"
+    assert d["findings"]["seed_honoured"] is True
+    assert "seed" in d["next"]
+    steps = {s["step"]: s for s in d["steps"]}
+    assert steps["baseline"]["distinct"] > 1 and steps["fixed"]["distinct"] == 1
+    assert "concurrency_single" not in steps  # cause found: later steps skipped without --all
+    assert all(path.startswith(str(tmp_path)) for path in d["runs"])
+
+
+def test_seed_not_honoured(tmp_path, server):
+    server.behaviour.sampling = True
+    server.behaviour.seed_honoured = False
+    code, _, d = diagnose(tmp_path, server, "--all")
+    assert code == 1
+    assert d["findings"]["seed_honoured"] is False
+    assert d["findings"]["greedy_at_temperature_0"] is True
+    assert "concurrency_mixed" in {s["step"] for s in d["steps"]}  # --all runs every step
+
+
+def test_temperature_zero_still_sampling(tmp_path, server):
+    server.behaviour.sampling = True
+    server.behaviour.greedy_at_zero = False
+    _, _, d = diagnose(tmp_path, server, "--all")
+    assert d["findings"]["greedy_at_temperature_0"] is False
+
+
+def test_crosstalk(tmp_path, server):
+    server.behaviour.drift_at = 2
+    server.behaviour.latency = 0.1
+    code, _, d = diagnose(tmp_path, server, params='{"temperature": 0}')
+    assert code == 1
+    assert d["verdict"] == "crosstalk"
+    assert "batch" in d["next"]
+    steps = {s["step"]: s for s in d["steps"]}
+    assert steps["fixed"]["distinct"] == 1 and steps["concurrency_single"]["drift"]
+
+
+def test_cache(tmp_path, server):
+    server.behaviour.cold_differs = True
+    code, _, d = diagnose(tmp_path, server, params='{"temperature": 0}')
+    assert code == 1
+    assert d["verdict"] == "cache"
+    assert d["findings"]["cache_effect"] is True
+    assert d["findings"]["cache_off_converges"] is True
+    assert "cach" in d["next"]
+
+
+def test_server_nondeterministic(tmp_path, server):
+    server.behaviour.always_drift = True
+    code, _, d = diagnose(tmp_path, server, params='{"temperature": 0}')
+    assert code == 1
+    assert d["verdict"] == "server_nondeterministic"
+    assert d["findings"]["cache_effect"] is False
+
+
+def test_rejected_field_is_dropped_and_reported(tmp_path, server):
+    server.behaviour.reject_fields = ("top_k",)
+    code, output, d = diagnose(tmp_path, server)
+    assert code == 0, output
+    assert d["dropped_fields"] == ["top_k"]
+    assert "top_k" not in next(s for s in d["steps"] if s["step"] == "fixed")["params"]
+    assert "rejected (dropped): top_k" in output
+
+
+def test_data_verdict(tmp_path, server):
+    train = tmp_path / "train.jsonl"
+    train.write_text("\n".join(json.dumps({"input": f"weather report number {i} for today"}) for i in range(20)))
+    online = tmp_path / "online.jsonl"
+    online.write_text(json.dumps({"input": "Tell me a fact."}) + "\n")
+    code, output, d = diagnose(tmp_path, server, "--online", online, "--train", train)
+    assert code == 1, output
+    assert d["verdict"] == "data"
+    data = next(s for s in d["steps"] if s["step"] == "data")
+    assert data["outside"] and any("length" in r for r in data["reasons"])
+
+
+def test_inconclusive_when_target_fails(tmp_path, server):
+    server.behaviour.faults = ["http_500"] * 200
+    code, _, d = diagnose(tmp_path, server)
+    assert code == 3
+    assert d["verdict"] == "inconclusive"
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--params", "[1]"], "--params: expected a JSON object"),
+    (["--prompt", "x", "--messages", "m.json"], "exactly one of --prompt"),
+])
+def test_bad_usage(tmp_path, args, expected):
+    base = ["diagnose", "--url", "http://127.0.0.1:9/v1", "--model", "m"]
+    if "--prompt" not in args:
+        base += ["--prompt", "x"]
+    code, output = run_cli(*base, *args)
+    assert code == 2 and expected in output
