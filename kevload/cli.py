@@ -49,7 +49,7 @@ def run(scenario: Path, overrides: tuple[str, ...], out: Path | None, quiet: boo
     """Run SCENARIO and print the uniqueness matrix. Exit 0 stable, 1 drift, 2 bad input, 3 target failed."""
     sc = _guard(lambda: load_scenario(scenario, list(overrides)))
     _guard(sc.api_key)
-    total = len(sc.probes) * len(sc.load.concurrency) * sc.load.samples
+    total = len(sc.probes) * len(sc.load.rate or sc.load.concurrency) * sc.load.samples
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=stderr, disable=quiet, transient=True)
     with progress:
@@ -57,7 +57,8 @@ def run(scenario: Path, overrides: tuple[str, ...], out: Path | None, quiet: boo
 
         def on_record(record) -> None:
             if record.role == "probe":
-                progress.update(task, advance=1, description=f"{record.probe} c={record.concurrency}")
+                level = f"r={record.rate:g}/s" if record.rate is not None else f"c={record.concurrency}"
+                progress.update(task, advance=1, description=f"{record.probe} {level}")
 
         result, signum = _guard(lambda: aio.run(lambda stop: run_scenario(sc, out, on_record=on_record, stop=stop)))
     _print_summary(result.summary, quiet)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import platform
+import random
 import sys
 import time
 from collections.abc import Callable
@@ -68,7 +69,12 @@ async def run_scenario(scenario: Scenario, run_dir: Path | None = None, *,
             try:
                 for index, probe in enumerate(scenario.probes):
                     picker = CompanionPicker(pools[index], seed=scenario.load.seed + index)
-                    for level in scenario.load.concurrency:
+                    if scenario.load.rate:
+                        for rate in scenario.load.rate:
+                            if stop.is_set() or runner.aborted:
+                                break
+                            await runner.rate_level(probe, rate, picker)
+                    for level in () if scenario.load.rate else scenario.load.concurrency:
                         if stop.is_set() or runner.aborted:
                             break
                         await runner.level(probe, level, picker)
@@ -145,6 +151,51 @@ class _Runner:
                 task.cancel()
             await asyncio.gather(*companions, return_exceptions=True)
 
+    async def rate_level(self, probe: Probe, rate: float, picker: CompanionPicker) -> None:
+        """Open loop: send on an absolute schedule (constant or Poisson) whatever the server's speed.
+
+        The schedule is kept against a fixed start time, so one late send does not shift every later
+        one; each record keeps its scheduled time, and lateness is reported per cell.
+        """
+        load = self.load
+        gaps = random.Random(load.seed)
+        probe_every = 1 if load.mode == "single" or not picker else 4
+        cap = asyncio.Semaphore(load.max_in_flight) if load.max_in_flight else None
+        level = load.max_in_flight
+        start = time.perf_counter() + 0.005
+        offset, arrivals, probes_sent, warmups = 0.0, 0, 0, load.warmup
+        tasks: set[asyncio.Task] = set()
+
+        async def send(item: Probe, role: str, sample: int, scheduled: float) -> None:
+            try:
+                await self._one(item, role, item.id, level, sample, t_scheduled=scheduled, rate=rate)
+            finally:
+                if cap is not None:
+                    cap.release()
+
+        while not self._halted():
+            if (offset >= load.duration) if load.duration else (probes_sent >= load.samples):
+                break
+            scheduled = start + offset
+            await _sleep_until(scheduled)
+            if cap is not None:
+                await cap.acquire()
+            if warmups:
+                warmups -= 1
+                item, role, sample = probe, "warmup", -1
+            elif arrivals % probe_every == 0:
+                item, role, sample = probe, "probe", probes_sent
+                probes_sent += 1
+            else:
+                item, role, sample = picker.next().item, "companion", arrivals
+            if role != "warmup":
+                arrivals += 1
+            task = asyncio.create_task(send(item, role, sample, scheduled))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            offset += gaps.expovariate(rate) if load.arrival == "poisson" else 1.0 / rate
+        await self._gather_until_stopped(list(tasks))
+
     async def _gather_until_stopped(self, tasks: list[asyncio.Task]) -> None:
         """Wait for the workers; on a stop, give their in-flight requests a short grace, then cancel."""
         stop_wait = asyncio.create_task(self.stop.wait())
@@ -166,7 +217,8 @@ class _Runner:
     def _halted(self) -> bool:
         return self.stop.is_set() or self.aborted
 
-    async def _one(self, item: Probe, role: str, name: str, level: int, sample: int) -> None:
+    async def _one(self, item: Probe, role: str, name: str, level: int, sample: int, *,
+                   t_scheduled: float | None = None, rate: float | None = None) -> None:
         seq = self.seq
         self.seq += 1
         nonce = f"kevload-{self.run_id}-{seq}" if self.load.nonce else None
@@ -177,7 +229,8 @@ class _Runner:
             outcome = await self.client.send(body)
         finally:
             self.in_flight -= 1
-        record = _record(self.run_id, seq, name, role, self.load.mode, level, sample, in_flight, outcome, body)
+        record = _record(self.run_id, seq, name, role, self.load.mode, level, rate, sample, in_flight, outcome,
+                         body, t_scheduled)
         self.writer.write(record)
         self.done += 1
         if outcome.status != "ok":
@@ -188,22 +241,31 @@ class _Runner:
             self.on_record(record)
 
 
-def _record(run_id: str, seq: int, name: str, role: str, mode: str, level: int, sample: int, in_flight: int,
-            outcome: Outcome, body: dict[str, Any]) -> Record:
+def _record(run_id: str, seq: int, name: str, role: str, mode: str, level: int, rate: float | None, sample: int,
+            in_flight: int, outcome: Outcome, body: dict[str, Any], t_scheduled: float | None) -> Record:
     ok = outcome.status == "ok"
     output = outcome.output
     params = {k: v for k, v in body.items() if k not in ("messages", "prompt")}
     return Record(
-        run_id=run_id, seq=seq, probe=name, role=role, mode=mode, concurrency=level, sample=sample,
+        run_id=run_id, seq=seq, probe=name, role=role, mode=mode, concurrency=level, rate=rate, sample=sample,
         in_flight=in_flight, status=outcome.status, output=output,
         sha256=hashlib.sha256(output.encode()).hexdigest() if ok and output is not None else None,
         finish_reason=outcome.finish_reason, prompt_tokens=outcome.prompt_tokens,
         completion_tokens=outcome.completion_tokens, token_ids=outcome.token_ids, tokens=outcome.tokens,
-        logprobs=outcome.logprobs, system_fingerprint=outcome.system_fingerprint, t_scheduled=None,
+        logprobs=outcome.logprobs, system_fingerprint=outcome.system_fingerprint, t_scheduled=t_scheduled,
         t_send=outcome.t_send, t_first_byte=outcome.t_first_byte, t_first_token=outcome.t_first_token,
         t_last_byte=outcome.t_last_byte, chunks=outcome.chunks, max_gap=outcome.max_gap, error=outcome.error,
         retries=0, params=params,
     )
+
+
+async def _sleep_until(deadline: float) -> None:
+    """Sleep on the timer, then yield in a short spin for the last half millisecond: timers are coarse."""
+    delay = deadline - time.perf_counter()
+    if delay > 0.0005:
+        await asyncio.sleep(delay - 0.0005)
+    while time.perf_counter() < deadline:
+        await asyncio.sleep(0)
 
 
 def _run_meta(scenario: Scenario, run_id: str, secrets: list[str]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 MODES = ("single", "mixed", "prefix", "needle")
+ARRIVALS = ("constant", "poisson")
 APIS = ("chat", "completions")
 
 
@@ -57,6 +58,10 @@ class Load:
     needle_length: int = 2000
     warmup: int = 0
     seed: int = 0
+    rate: tuple[float, ...] = ()   # open loop: requests/s levels, instead of closed-loop concurrency
+    arrival: str = "constant"      # constant | poisson
+    max_in_flight: int = 0         # open loop cap on requests in flight (0: none)
+    duration: float = 0.0          # open loop: seconds per level (0: until the samples are sent)
 
 
 @dataclass(frozen=True)
@@ -155,9 +160,14 @@ def scenario_from_dict(raw: dict[str, Any], *, source: str, name: str = "scenari
         v.fail("load.max_error_share", "a share between 0 and 1", load.max_error_share)
     if load.warmup < 0:
         v.fail("load.warmup", "an integer >= 0", load.warmup)
+    v.choice(load.arrival, "load.arrival", ARRIVALS)
+    if load.max_in_flight < 0:
+        v.fail("load.max_in_flight", "an integer >= 0 (0: no cap)", load.max_in_flight)
+    if load.duration < 0:
+        v.fail("load.duration", "seconds >= 0 (0: until the samples are sent)", load.duration)
     if any(n < 1 for n in load.prefix_lengths):
         v.fail("load.prefix_lengths", "a list of integers >= 1", list(load.prefix_lengths))
-    load = replace(load, concurrency=tuple(sorted(set(load.concurrency))))
+    load = replace(load, concurrency=tuple(sorted(set(load.concurrency))), rate=tuple(sorted(set(load.rate))))
     return Scenario(name=str(name), source=source, target=target, probes=probes, params=params, load=load, raw=raw)
 
 
@@ -182,9 +192,14 @@ _LOAD_RULES: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "needle_length": (int, False),
     "warmup": (int, False),
     "seed": (int, False),
+    "rate": (list, False),
+    "arrival": (str, False),
+    "max_in_flight": (int, False),
+    "duration": ((int, float), False),
 }
 
 _LIST_OF_INT = {"load.concurrency", "load.prefix_lengths"}
+_LIST_OF_NUMBER = {"load.rate"}
 
 
 def _probe(v: _Validator, item: Any, where: str) -> Probe:
@@ -275,6 +290,10 @@ class _Validator:
                 if not all(isinstance(x, int) and not isinstance(x, bool) for x in value):
                     self.fail(full, "a list of integers", value)
                 value = tuple(value)
+            if full in _LIST_OF_NUMBER:
+                if not all(isinstance(x, int | float) and not isinstance(x, bool) and x > 0 for x in value):
+                    self.fail(full, "a list of numbers > 0 (requests per second)", value)
+                value = tuple(float(x) for x in value)
             if key == "headers" and not all(isinstance(x, str) for x in value.values()):
                 self.fail(full, "a table of string values", value)
             values[key] = float(value) if kind == (int, float) else value

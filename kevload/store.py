@@ -34,6 +34,7 @@ class Record:
     role: str
     mode: str
     concurrency: int
+    rate: float | None
     sample: int
     in_flight: int
     status: str
