@@ -45,10 +45,19 @@ def main() -> None:
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Run directory (default results/<run-id>).")
 @click.option("--quiet", is_flag=True, help="No progress bar and no table; only the verdict line.")
-def run(scenario: Path, overrides: tuple[str, ...], out: Path | None, quiet: bool) -> None:
+@click.option("--baseline", type=click.Path(exists=True, path_type=Path),
+              help="An earlier run dir or summary.json: new drift, unseen outputs or slower latency exit 1.")
+@click.option("--max-latency-regression", type=click.FloatRange(min=0), default=0.2, show_default=True,
+              help="With --baseline: allowed relative growth of p50 e2e/TTFT latency.")
+@click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), help="Write JUnit XML here.")
+def run(scenario: Path, overrides: tuple[str, ...], out: Path | None, quiet: bool, baseline: Path | None,
+        max_latency_regression: float, junit: Path | None) -> None:
     """Run SCENARIO and print the uniqueness matrix. Exit 0 stable, 1 drift, 2 bad input, 3 target failed."""
+    from kevload.baseline import compare_to_baseline, load_baseline
+
     sc = _guard(lambda: load_scenario(scenario, list(overrides)))
     _guard(sc.api_key)
+    reference = _guard(lambda: load_baseline(baseline)) if baseline is not None else None
     total = len(sc.probes) * len(sc.load.rate or sc.load.concurrency) * sc.load.samples
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=stderr, disable=quiet, transient=True)
@@ -63,9 +72,23 @@ def run(scenario: Path, overrides: tuple[str, ...], out: Path | None, quiet: boo
         result, signum = _guard(lambda: aio.run(lambda stop: run_scenario(sc, out, on_record=on_record, stop=stop)))
     _print_summary(result.summary, quiet)
     stderr.print(f"records: {result.run_dir / 'records.jsonl'} ({result.records} requests, {result.state})")
+    if junit is not None:
+        from kevload.report import junit_xml
+
+        junit.write_text(junit_xml(result.summary), encoding="utf-8")
     if signum is not None:
         sys.exit(aio.EXIT_FOR_SIGNAL[signum])
-    sys.exit(_EXIT_FOR_VERDICT[result.summary["verdict"]])
+    code = _EXIT_FOR_VERDICT[result.summary["verdict"]]
+    if reference is not None and code != EXIT_TARGET:
+        changes = compare_to_baseline(result.summary, reference, max_latency_regression=max_latency_regression)
+        for change in changes:
+            click.echo(f"{'REGRESSION' if change.regression else 'improved'} {change.kind} {change.cell}: "
+                       f"{change.detail}")
+        regressions = [c for c in changes if c.regression]
+        click.echo(f"against baseline {baseline}: {len(regressions)} regression(s)")
+        # Drift the baseline had too is no news for a nightly job; only changes decide the exit code.
+        code = EXIT_DRIFT if regressions else EXIT_OK
+    sys.exit(code)
 
 
 @main.command()

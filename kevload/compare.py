@@ -214,6 +214,8 @@ def _cell_summary(probe: str, role: str, mode: str, level: tuple[int, float | No
         "first_divergence_tokens": None,
         "first_divergence_words": None,
         "modal_sha256": modal,
+        # Kept so a later run can ask "was this output ever seen?" without the old records.
+        "output_hashes": sorted(cell.counts, key=lambda h: -cell.counts[h])[:256],
         "output_tokens": cell.output_tokens,
         "duration_s": round(cell.t_end - cell.t_start, 6) if ok + sum(cell.errors.values()) else None,
         "latency": {name: hist.summary() for name, hist in sorted(cell.latency.items())},

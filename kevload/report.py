@@ -195,3 +195,32 @@ def coverage_text(result: dict[str, Any]) -> str:
 
 def _num(value: Any) -> str:
     return "-" if value is None else str(value)
+
+
+def junit_xml(summary: dict[str, Any], suite: str = "kevload") -> str:
+    """JUnit XML, one testcase per probe × level; drift or no ok sample is a failure."""
+    from xml.etree import ElementTree as ET
+
+    cells = _probe_cells(summary)
+    failures = sum(1 for c in cells if c["drift"] or c["ok"] == 0)
+    seconds = sum(c.get("duration_s") or 0 for c in cells)
+    root = ET.Element("testsuites", name=suite, tests=str(len(cells)), failures=str(failures), errors="0",
+                      time=f"{seconds:.3f}")
+    group = ET.SubElement(root, "testsuite", name=summary.get("scenario") or suite, tests=str(len(cells)),
+                          failures=str(failures), errors="0", skipped="0", time=f"{seconds:.3f}")
+    for c in cells:
+        case = ET.SubElement(group, "testcase", classname=f"{suite}.{c['probe']}.{c['mode']}",
+                             name=level_label(c), time=f"{c.get('duration_s') or 0:.3f}")
+        if c["ok"] == 0:
+            ET.SubElement(case, "failure", message="no ok sample", type="target_failed").text = (
+                f"errors: {_counts(c['errors'])}")
+        elif c["drift"]:
+            text = (f"{c['distinct']} distinct outputs in {c['ok']} samples; first divergence at char "
+                    f"{c['first_divergence_chars']}, token {c['first_divergence_tokens']}; "
+                    f"{c['divergent_requests']} requests differ from the serial output")
+            ET.SubElement(case, "failure", message=f"{c['distinct']} distinct outputs in {c['ok']}",
+                          type="nondeterminism").text = text
+        else:
+            ET.SubElement(case, "system-out").text = (
+                f"1 output in {c['ok']} samples; drift rate < {c['drift_rate_upper_95']:.2%} at 95% confidence")
+    return ET.tostring(root, encoding="unicode", xml_declaration=True)

@@ -1,0 +1,75 @@
+"""Nightly use: baselines catch change in both directions, JUnit XML is valid and says what drifted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import xmlschema
+
+from tests.conftest import run_cli, write_scenario
+
+SCHEMA = xmlschema.XMLSchema(Path(__file__).parent / "data" / "junit.xsd")
+
+
+def nightly(tmp_path, server, name, *extra):
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 4], samples=8)
+    return run_cli("run", scenario, "--out", tmp_path / name, "--quiet", *extra)
+
+
+def test_unchanged_server_no_false_alarm(tmp_path, server):
+    assert nightly(tmp_path, server, "good")[0] == 0
+    code, output = nightly(tmp_path, server, "again", "--baseline", tmp_path / "good")
+    assert code == 0, output
+    assert "0 regression(s)" in output and "REGRESSION" not in output
+
+
+def test_new_drift_and_unseen_outputs_are_regressions(tmp_path, server):
+    assert nightly(tmp_path, server, "good")[0] == 0
+    server.behaviour.drift_at = 3
+    server.behaviour.latency = 0.1
+    code, output = nightly(tmp_path, server, "bad", "--baseline", tmp_path / "good" / "summary.json")
+    assert code == 1
+    assert "REGRESSION new_drift p1@single/c=4" in output
+    assert "REGRESSION unseen_output p1@single/c=4" in output
+    assert "REGRESSION new_drift p1@single/c=1" not in output
+    # The other direction: last night drifted, tonight does not. Improvement, exit 0.
+    server.behaviour.drift_at = None
+    code, output = nightly(tmp_path, server, "fixed", "--baseline", tmp_path / "bad")
+    assert code == 0, output
+    assert "improved fixed p1@single/c=4" in output
+
+
+def test_changed_model_gives_unseen_outputs(tmp_path, server):
+    nightly(tmp_path, server, "good")
+    server.behaviour.words = 13  # another "model": every output is new
+    code, output = nightly(tmp_path, server, "new", "--baseline", tmp_path / "good")
+    assert code == 1
+    assert output.count("REGRESSION unseen_output") == 2
+
+
+def test_latency_regression(tmp_path, server):
+    server.behaviour.latency = 0.02
+    nightly(tmp_path, server, "fast")
+    server.behaviour.latency = 0.08
+    code, output = nightly(tmp_path, server, "slow", "--baseline", tmp_path / "fast",
+                           "--max-latency-regression", "0.5")
+    assert code == 1
+    assert "REGRESSION latency p1@single/c=1: e2e p50" in output
+    code, _ = nightly(tmp_path, server, "slow2", "--baseline", tmp_path / "fast", "--max-latency-regression", "10")
+    assert code == 0
+
+
+def test_junit_xml_is_valid_and_names_the_drift(tmp_path, server):
+    server.behaviour.drift_at = 3
+    server.behaviour.latency = 0.1
+    nightly(tmp_path, server, "run", "--junit", tmp_path / "junit.xml")
+    xml = (tmp_path / "junit.xml").read_text()
+    SCHEMA.validate(xml)
+    doc = SCHEMA.to_dict(xml)
+    cases = doc["testsuite"][0]["testcase"]
+    assert [c["@name"] for c in cases] == ["c=1", "c=4"]
+    assert "failure" not in cases[0]
+    failure = cases[1]["failure"][0]
+    assert failure["@type"] == "nondeterminism"
+    assert "in 8 samples; first divergence at char" in failure["$"]
+    assert doc["@failures"] == 1
