@@ -356,3 +356,39 @@ def cases_rerun(cases_file: Path, url: str, model: str, times: int, api: str, ou
     if signum is not None:
         sys.exit(aio.EXIT_FOR_SIGNAL[signum])
     sys.exit(EXIT_DRIFT if moves["stable→unstable"] else EXIT_OK)
+
+
+@main.command("sweep")
+@click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--server-cmd", help="Command that starts the server; {NAME} placeholders come from --grid, {port} "
+              "is a free port (and then becomes target.base_url).")
+@click.option("--target", "builtin", type=click.Choice(NAMES), help="Sweep a built-in target's settings instead.")
+@click.option("--grid", "grids", multiple=True, required=True, metavar="NAME=V1,V2",
+              help="An axis: a server placeholder/setting (slots=1,2,4) or a scenario key (load.mode=single,mixed).")
+@click.option("--ready-url", help="Readiness URL (default http://127.0.0.1:{port}/health).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Scenario override, as for run.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Sweep directory.")
+def sweep_command(scenario, server_cmd, builtin, grids, ready_url, overrides, out) -> None:
+    """Run SCENARIO for every setting in the grid and print one matrix: settings × levels."""
+    import time as _time
+
+    from kevload.servers import ServerError
+    from kevload.sweep import Grid, run_sweep, sweep_markdown
+
+    grid = _guard(lambda: Grid.parse(list(grids)))
+    if grid.server and (server_cmd is None) == (builtin is None):
+        raise UserError("server axes in --grid need exactly one of --server-cmd or --target")
+    out = out or Path("results") / f"sweep-{_time.strftime('%Y%m%d-%H%M%S')}"
+    try:
+        sweep, signum = _guard(lambda: aio.run(lambda stop: run_sweep(
+            scenario, list(overrides), grid, out=out, server_cmd=server_cmd, builtin=builtin, ready_url=ready_url,
+            stop=stop, log=lambda m: stderr.print(m))))
+    except ServerError as exc:
+        click.echo(f"kevload: error: {exc}", err=True)
+        sys.exit(EXIT_TARGET)
+    click.echo(sweep_markdown(sweep))
+    stderr.print(f"sweep: {out}/sweep.json, {out}/sweep.md")
+    if signum is not None:
+        sys.exit(aio.EXIT_FOR_SIGNAL[signum])
+    verdicts = {row["verdict"] for row in sweep["rows"]}
+    sys.exit(EXIT_TARGET if "target_failed" in verdicts else EXIT_DRIFT if "nondeterministic" in verdicts else EXIT_OK)

@@ -108,7 +108,7 @@ class FakeServer:
         app.router.add_get("/health", _health)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]
 
@@ -241,3 +241,25 @@ class FakeServer:
 
 async def _health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
+
+
+def main() -> None:
+    """Run the fake server as its own process, for sweeps that restart the server between settings."""
+    import argparse
+    import signal
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--drift-at", type=int)
+    args = parser.parse_args()
+    server = FakeServer(Behaviour(drift_at=args.drift_at, latency=0.1))
+    server.port = args.port
+    server.start()
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    stopped.wait()
+    server.stop()
+
+
+if __name__ == "__main__":
+    main()

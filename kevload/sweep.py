@@ -1,0 +1,164 @@
+"""`kevload sweep`: one scenario across server settings (restarting the server) and scenario keys."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import shlex
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kevload.compare import level_label, level_sort_key
+from kevload.engine import run_scenario
+from kevload.scenario import ScenarioError, load_scenario
+from kevload.servers import free_port, start_server, stop_group, wait_ready
+from kevload.store import write_json
+
+
+@dataclass(frozen=True)
+class Grid:
+    server: dict[str, list[Any]]    # placeholders in --server-cmd, or built-in target settings
+    scenario: dict[str, list[Any]]  # dotted scenario keys, swept without restarting anything
+
+    @classmethod
+    def parse(cls, specs: list[str]) -> Grid:
+        server: dict[str, list[Any]] = {}
+        scenario: dict[str, list[Any]] = {}
+        for spec in specs:
+            name, sep, values = spec.partition("=")
+            name = name.strip()
+            if not sep or not name or not values.strip():
+                raise ScenarioError(f"--grid {spec!r}: expected NAME=V1,V2 "
+                                    "(e.g. slots=1,2,4 or load.mode=single,mixed)")
+            if name in server or name in scenario:
+                raise ScenarioError(f"--grid {name}: given twice")
+            (scenario if "." in name else server)[name] = [_value(v.strip()) for v in values.split(",") if v.strip()]
+        return cls(server=server, scenario=scenario)
+
+
+def combinations(axes: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    names = list(axes)
+    return [dict(zip(names, values, strict=True)) for values in itertools.product(*(axes[n] for n in names))]
+
+
+def label(setting: dict[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in setting.items()) or "as-is"
+
+
+async def run_sweep(scenario_path: Path, overrides: list[str], grid: Grid, *, out: Path,
+                    server_cmd: str | None = None, builtin: str | None = None, ready_url: str | None = None,
+                    stop: asyncio.Event | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run every server setting × scenario setting; the server is stopped after each, however it ends."""
+    stop = stop or asyncio.Event()
+    load_scenario(scenario_path, overrides)  # bad scenario or overrides fail before any server starts
+    for combo in combinations(grid.scenario):
+        load_scenario(scenario_path, overrides + _sets(combo))
+    rows: list[dict[str, Any]] = []
+    for server_setting in combinations(grid.server):
+        if stop.is_set():
+            break
+        log(f"server {label(server_setting)}: starting …")
+        handle = await asyncio.to_thread(_start, server_setting, server_cmd, builtin, ready_url, out, log)
+        try:
+            for combo in combinations(grid.scenario):
+                if stop.is_set():
+                    break
+                name = label({**server_setting, **combo})
+                scenario = load_scenario(scenario_path, overrides + handle["sets"] + _sets(combo))
+                log(f"  running {name} …")
+                result = await run_scenario(scenario, out / _dirname(name), stop=stop)
+                rows.append({"setting": name, "server": server_setting, "scenario": combo,
+                             "run": str(result.run_dir), "verdict": result.summary["verdict"],
+                             "cells": [_cell(c) for c in result.summary["cells"] if c["role"] == "probe"]})
+        finally:
+            await asyncio.to_thread(handle["stop"])
+    sweep = {"grid": {"server": grid.server, "scenario": grid.scenario}, "rows": rows,
+             "levels": _levels(rows), "complete": not stop.is_set()}
+    write_json(out / "sweep.json", sweep)
+    (out / "sweep.md").write_text(sweep_markdown(sweep), encoding="utf-8")
+    return sweep
+
+
+def sweep_markdown(sweep: dict[str, Any]) -> str:
+    levels = sweep["levels"]
+    lines = ["| setting | probe (mode) | " + " | ".join(levels) + " |",
+             "| --- | --- | " + " | ".join("---:" for _ in levels) + " |"]
+    for row in sweep["rows"]:
+        for probe, cells in _by_probe(row).items():
+            texts = [sweep_cell_text(cells.get(level)) for level in levels]
+            lines.append(f"| {row['setting']} | {probe} | " + " | ".join(texts) + " |")
+    return "\n".join(lines) + "\n\ncells: distinct outputs (DRIFT when they differ from serial) · requests/s\n"
+
+
+def sweep_cell_text(cell: dict[str, Any] | None) -> str:
+    if cell is None:
+        return "-"
+    mark = " DRIFT" if cell["drift"] else ""
+    rps = f" · {cell['requests_per_s']:.1f}/s" if cell.get("requests_per_s") else ""
+    return f"{cell['distinct']}{mark}{rps}"
+
+
+def _by_probe(row: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for cell in row["cells"]:
+        out.setdefault(f"{cell['probe']} ({cell['mode']})", {})[cell["level"]] = cell
+    return out
+
+
+def _cell(c: dict[str, Any]) -> dict[str, Any]:
+    keep = ("probe", "mode", "concurrency", "rate", "ok", "distinct", "drift", "first_divergence_chars",
+            "requests_per_s", "output_tokens_per_s", "errors", "latency")
+    return {**{k: c.get(k) for k in keep}, "level": level_label(c)}
+
+
+def _levels(rows: list[dict[str, Any]]) -> list[str]:
+    cells = {c["level"]: c for row in rows for c in row["cells"]}
+    return [lv for lv, _ in sorted(cells.items(), key=lambda kv: level_sort_key(kv[1]))]
+
+
+def _start(setting: dict[str, Any], server_cmd: str | None, builtin: str | None, ready_url: str | None,
+           out: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    if builtin is not None:
+        from kevload.targets import TargetSettings, start_target, stop_target
+
+        target = start_target(builtin, TargetSettings.from_options(setting), log=log)
+        return {"sets": [f'target.base_url="{target.url}"', f'target.model="{target.model}"'],
+                "stop": lambda: stop_target(target)}
+    if server_cmd is None:
+        return {"sets": [], "stop": lambda: None}  # only scenario keys are swept: the target stays as it is
+    port = free_port()
+    try:
+        argv = shlex.split(server_cmd.format(port=port, **setting))
+    except KeyError as exc:
+        raise ScenarioError(f"--server-cmd: placeholder {exc} has no --grid axis (and is not {{port}})") from None
+    server = start_server(argv, out / f"server-{_dirname(label(setting))}.log")
+    url = (ready_url or "http://127.0.0.1:{port}/health").format(port=port, **setting)
+    wait_ready(server, url, timeout=300)  # stops the server itself if it never gets ready
+    sets = [f'target.base_url="http://127.0.0.1:{port}/v1"'] if "{port}" in server_cmd else []
+    return {"sets": sets, "stop": lambda: stop_group(server.pid)}
+
+
+def _sets(combo: dict[str, Any]) -> list[str]:
+    return [f"{key}={_toml(value)}" for key, value in combo.items()]
+
+
+def _value(text: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return str(value)
+
+
+def _dirname(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_.=" else "_" for ch in name)
