@@ -17,10 +17,11 @@ $(STAMP): setup.cfg pyproject.toml
 
 install: $(STAMP)
 
-# cmake and a C++ compiler build llama.cpp's server once (cached under ~/.cache/kevload).
+# cmake and a C++ compiler build llama.cpp's server once (cached under ~/.cache/kevload);
+# chromium renders the HTML report in its test.
 system-deps:
-	@command -v cmake >/dev/null && command -v g++ >/dev/null || \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake g++ make >/dev/null)
+	@command -v cmake >/dev/null && command -v g++ >/dev/null && command -v chromium >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake g++ make chromium >/dev/null)
 
 lint: install
 	$(BIN)/ruff check kevload tests bench

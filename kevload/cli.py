@@ -13,7 +13,7 @@ from kevload import __version__, aio
 from kevload.engine import finish_run, run_scenario
 from kevload.report import FORMATS, render, verdict_line
 from kevload.scenario import ScenarioError, load_scenario
-from kevload.store import RunDirError, open_run_dir, read_json
+from kevload.store import RunDirError, open_run_dir, read_json, read_records
 from kevload.targets import NAMES, TargetSettings
 from kevload.targets.cache import ProvisionError
 
@@ -96,10 +96,18 @@ def run(scenario: Path, overrides: tuple[str, ...], out: Path | None, quiet: boo
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write to a file.")
 def report(run_dir: Path, fmt: str, output: Path | None) -> None:
-    """Recompute a run's summary from its records (no server needed) and render it."""
+    """Recompute a run's summary from its records (no server needed) and render it; sweeps too (html, json)."""
+    if (run_dir / "sweep.json").is_file() and not (run_dir / "records.jsonl").is_file():
+        _report_sweep(run_dir, fmt, output)
+        return
     _guard(lambda: open_run_dir(run_dir))
-    summary = _guard(lambda: finish_run(run_dir, meta=read_json(run_dir / "run.json")))
-    if output is None:
+    meta = _guard(lambda: read_json(run_dir / "run.json"))
+    summary = _guard(lambda: finish_run(run_dir, meta=meta))
+    if fmt == "html":
+        from kevload.html import run_report
+
+        _emit(run_report(summary, meta, read_records(run_dir / "records.jsonl")), output)
+    elif output is None:
         text = render(summary, fmt, Console())
         if text is not None:
             click.echo(text)
@@ -109,6 +117,26 @@ def report(run_dir: Path, fmt: str, output: Path | None) -> None:
             if text is not None:
                 handle.write(text + "\n")
     sys.exit(_EXIT_FOR_VERDICT[summary["verdict"]])
+
+
+def _report_sweep(sweep_dir: Path, fmt: str, output: Path | None) -> None:
+    import orjson
+
+    from kevload.html import sweep_report
+    from kevload.sweep import sweep_markdown
+
+    sweep = _guard(lambda: read_json(sweep_dir / "sweep.json"))
+    renderers = {"html": sweep_report, "markdown": sweep_markdown,
+                 "json": lambda s: orjson.dumps(s, option=orjson.OPT_INDENT_2).decode(), "table": sweep_markdown}
+    _emit(renderers[fmt](sweep), output)
+
+
+def _emit(text: str, output: Path | None) -> None:
+    if output is None:
+        click.echo(text)
+    else:
+        output.write_text(text, encoding="utf-8")
+        stderr.print(f"wrote {output}")
 
 
 def _print_summary(summary: dict, quiet: bool) -> None:

@@ -171,6 +171,11 @@ def level_sort_key(cell: dict[str, Any]) -> tuple[int, float]:
     return _level_order((cell["concurrency"], cell.get("rate")))
 
 
+def levels_of(cells: list[dict[str, Any]]) -> list[str]:
+    """The distinct level labels of ``cells`` in matrix order: closed-loop levels, then rates."""
+    return [level_label(c) for c in sorted({level_label(c): c for c in cells}.values(), key=level_sort_key)]
+
+
 def _level_order(level: tuple[int, float | None]) -> tuple[int, float]:
     concurrency, rate = level
     return (0, concurrency) if rate is None else (1, rate)
@@ -258,7 +263,8 @@ def _latencies(record: dict[str, Any]) -> list[tuple[str, float]]:
         # How late the client sent it: the client, not the server, is the limit when this grows.
         out.append(("lateness", t_send - record["t_scheduled"]))
     t_first = record.get("t_first_token")
-    if t_first is not None:
+    # Without streaming the first token arrives with the last: TTFT and TPOT would only restate e2e.
+    if t_first is not None and record.get("chunks"):
         out.append(("ttft", t_first - t_send))
         tokens = record.get("completion_tokens") or record.get("chunks") or 0
         if tokens > 1:

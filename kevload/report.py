@@ -8,9 +8,9 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from kevload.compare import level_label, level_sort_key
+from kevload.compare import level_label, level_sort_key, levels_of
 
-FORMATS = ("table", "json", "markdown")
+FORMATS = ("table", "json", "markdown", "html")
 
 
 def render(summary: dict[str, Any], fmt: str, console: Console | None = None) -> str | None:
@@ -40,7 +40,7 @@ def cell_text(cell: dict[str, Any] | None) -> str:
 
 def table(summary: dict[str, Any]) -> Table:
     cells = _probe_cells(summary)
-    levels = _levels(cells)
+    levels = levels_of(cells)
     grid = Table(title="distinct outputs per probe × level", title_justify="left")
     grid.add_column("probe (mode)")
     for level in levels:
@@ -113,7 +113,7 @@ def verdict_line(summary: dict[str, Any]) -> str:
 
 def markdown(summary: dict[str, Any]) -> str:
     cells = _probe_cells(summary)
-    levels = _levels(cells)
+    levels = levels_of(cells)
     lines = ["| probe (mode) | " + " | ".join(levels) + " | n/cell |",
              "| --- | " + " | ".join("---:" for _ in levels) + " | ---: |"]
     for (probe, mode), row in _rows(cells).items():
@@ -133,9 +133,6 @@ def _rows(cells: list[dict[str, Any]]) -> dict[tuple[str, str], dict[int, dict[s
         rows.setdefault((c["probe"], c["mode"]), {})[level_label(c)] = c
     return rows
 
-
-def _levels(cells: list[dict[str, Any]]) -> list[str]:
-    return [level_label(c) for c in sorted({level_label(c): c for c in cells}.values(), key=level_sort_key)]
 
 
 def _counts(counts: dict[str, int]) -> str:

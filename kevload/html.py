@@ -1,0 +1,173 @@
+"""One self-contained HTML report (inline CSS and SVG, nothing fetched) for a run or a sweep."""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from kevload.compare import common_prefix_length, level_label, level_sort_key, levels_of
+from kevload.report import verdict_line
+
+STABLE = "#2e7d32"
+DRIFT = "#c62828"
+EMPTY = "#9e9e9e"
+
+_CSS = """
+body{font:14px/1.45 system-ui,sans-serif;margin:24px;color:#212121;max-width:1200px}
+h1{font-size:22px} h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;margin:8px 0} td,th{padding:6px 10px;border:1px solid #ddd;text-align:right}
+th:first-child,td:first-child{text-align:left}
+#heatmap td.cell{color:#fff;font-weight:600;min-width:64px;text-align:center}
+.verdict{font-size:16px;padding:8px 12px;background:#f5f5f5;border-left:4px solid #555}
+pre{background:#f7f7f7;padding:10px;overflow:auto;font-size:12px}
+mark{background:#ffcdd2} .legend span{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px}
+"""
+
+
+def run_report(summary: dict[str, Any], meta: dict[str, Any], records: Iterable[dict[str, Any]]) -> str:
+    cells = [c for c in summary["cells"] if c["role"] == "probe"]
+    rows = {}
+    for c in cells:
+        rows.setdefault(f"{c['probe']} ({c['mode']})", {})[level_label(c)] = c
+    body = [
+        f"<h1>kevload run {_e(meta.get('run_id'))}: {_e(meta.get('scenario_name'))}</h1>",
+        f"<p>target {_e(meta.get('target', {}).get('base_url'))} · model {_e(meta.get('target', {}).get('model'))}"
+        f" · {_e(meta.get('started_at'))} – {_e(meta.get('ended_at'))} · state {_e(meta.get('state'))}</p>",
+        f"<p class=verdict>{_e(verdict_line(summary))}</p>",
+        "<h2>Distinct outputs per probe × level</h2>", _heatmap(rows, levels_of(cells)),
+        "<h2>Latency by level</h2>", _latency(cells),
+        "<h2>Where outputs first diverge</h2>", _divergence(cells),
+        "<h2>Errors over time</h2>", _timeline(records),
+        "<h2>Run parameters</h2>", f"<pre>{_e(json.dumps(meta.get('scenario'), indent=2, ensure_ascii=False))}</pre>",
+    ]
+    return _page(f"kevload {meta.get('run_id')}", body)
+
+
+def sweep_report(sweep: dict[str, Any]) -> str:
+    rows = {}
+    for row in sweep["rows"]:
+        for cell in row["cells"]:
+            rows.setdefault(f"{row['setting']} · {cell['probe']} ({cell['mode']})", {})[cell["level"]] = cell
+    throughput = ["<table><tr><th>setting</th>" + "".join(f"<th>{_e(lv)} req/s</th>" for lv in sweep["levels"])
+                  + "</tr>"]
+    for name, by_level in rows.items():
+        throughput.append(f"<tr><td>{_e(name)}</td>" + "".join(
+            f"<td>{_num(by_level.get(lv, {}).get('requests_per_s'))}</td>" for lv in sweep["levels"]) + "</tr>")
+    throughput.append("</table>")
+    body = ["<h1>kevload sweep</h1>", f"<pre>{_e(json.dumps(sweep['grid'], indent=2))}</pre>",
+            "<h2>Distinct outputs per setting × level</h2>", _heatmap(rows, sweep["levels"]),
+            "<h2>Throughput</h2>", "".join(throughput)]
+    return _page("kevload sweep", body)
+
+
+def _heatmap(rows: dict[str, dict[str, dict[str, Any]]], levels: list[str]) -> str:
+    out = ["<table id=heatmap><tr><th>probe</th>" + "".join(f"<th>{_e(lv)}</th>" for lv in levels) + "</tr>"]
+    for name, by_level in rows.items():
+        out.append(f"<tr><td>{_e(name)}</td>")
+        for level in levels:
+            cell = by_level.get(level)
+            if cell is None or not cell.get("ok"):
+                out.append(f'<td class=cell style="background:{EMPTY}">–</td>')
+                continue
+            colour = DRIFT if cell["drift"] else STABLE
+            title = f"{cell['distinct']} distinct in {cell['ok']}"
+            out.append(f'<td class=cell style="background:{colour}" title="{_e(title)}">{cell["distinct"]}'
+                       f'{" ≠" if cell["drift"] and cell["distinct"] == 1 else ""}</td>')
+        out.append("</tr>")
+    out.append(f"</table><p class=legend>cell: distinct outputs · <span style='background:{STABLE}'></span>one "
+               f"output, same as serial <span style='background:{DRIFT}'></span>drift "
+               f"<span style='background:{EMPTY}'></span>no ok sample</p>")
+    return "".join(out)
+
+
+def _latency(cells: list[dict[str, Any]]) -> str:
+    metrics = ("ttft", "itl", "tpot", "e2e")
+    out = ["<table><tr><th>probe / level</th>" + "".join(f"<th>{m} p50</th><th>{m} p99</th>" for m in metrics)
+           + "<th>tok/s</th><th>req/s</th></tr>"]
+    top = max((c.get("latency", {}).get("e2e", {}).get("p99") or 0 for c in cells), default=0) or 1
+    bars = []
+    for i, c in enumerate(sorted(cells, key=lambda c: (c["probe"], c["mode"], level_sort_key(c)))):
+        lat = c.get("latency", {})
+        out.append(f"<tr><td>{_e(c['probe'])} ({_e(c['mode'])}) {_e(level_label(c))}</td>")
+        for m in metrics:
+            stats = lat.get(m) or {}
+            out.append(f"<td>{_ms(stats.get('p50'))}</td><td>{_ms(stats.get('p99'))}</td>")
+        out.append(f"<td>{_num(c.get('output_tokens_per_s'))}</td><td>{_num(c.get('requests_per_s'))}</td></tr>")
+        e2e = lat.get("e2e") or {}
+        y = 10 + i * 22
+        for value, colour, offset in ((e2e.get("p99"), "#90caf9", 0), (e2e.get("p50"), "#1565c0", 0)):
+            if value:
+                bars.append(f'<rect x="{220 + offset}" y="{y}" width="{600 * value / top:.1f}" height="16" '
+                            f'fill="{colour}"/>')
+        bars.append(f'<text x="4" y="{y + 12}" font-size="12">{_e(c["probe"])} {_e(level_label(c))}</text>')
+    out.append("</table>")
+    height = 20 + 22 * len(cells)
+    out.append(f'<svg width="860" height="{height}" role="img" aria-label="e2e latency p50 and p99">{"".join(bars)}'
+               f'<text x="220" y="{height - 2}" font-size="11">e2e p50 (dark) and p99 (light), '
+               f'max {top * 1000:.0f} ms</text></svg>')
+    return "".join(out)
+
+
+def _divergence(cells: list[dict[str, Any]]) -> str:
+    drifted = [c for c in cells if c["drift"] and c.get("serial_example") is not None]
+    if not drifted:
+        return "<p>No output differed from the serial reference.</p>"
+    out = []
+    for c in drifted:
+        serial, other = c["serial_example"], c["divergent_example"]
+        at = common_prefix_length(serial, other)
+        token = c["first_divergence_tokens"]
+        out.append(f"<h3>{_e(c['probe'])} ({_e(c['mode'])}) {_e(level_label(c))}: {c['distinct']} distinct in "
+                   f"{c['ok']}, first divergence at char {c['first_divergence_chars']}"
+                   f"{'' if token is None else f', token {token}'}"
+                   f"</h3><pre>serial:    {_e(serial[:at])}<mark>{_e(serial[at:])}</mark>\n"
+                   f"divergent: {_e(other[:at])}<mark>{_e(other[at:])}</mark></pre>")
+    return "".join(out)
+
+
+def _timeline(records: Iterable[dict[str, Any]]) -> str:
+    bins: dict[int, list[int]] = {}
+    for r in records:
+        if r.get("role") == "warmup":
+            continue
+        second = int(r["t_last_byte"])
+        counts = bins.setdefault(second, [0, 0])
+        counts[0 if r["status"] == "ok" else 1] += 1
+    if not bins:
+        return "<p>No requests.</p>"
+    first = min(bins)
+    width = max(bins) - first + 1
+    peak = max(sum(v) for v in bins.values())
+    bar_w = max(2.0, min(40.0, 800 / width))
+    shapes = []
+    for second, (ok, bad) in sorted(bins.items()):
+        x = 40 + (second - first) * bar_w
+        ok_h, bad_h = 150 * ok / peak, 150 * bad / peak
+        shapes.append(f'<rect x="{x:.1f}" y="{160 - ok_h - bad_h:.1f}" width="{bar_w - 1:.1f}" height="{ok_h:.1f}" '
+                      f'fill="#81c784"/><rect x="{x:.1f}" y="{160 - bad_h:.1f}" width="{bar_w - 1:.1f}" '
+                      f'height="{bad_h:.1f}" fill="{DRIFT}"/>')
+    errors = sum(v[1] for v in bins.values())
+    svg_width = max(700, int(60 + width * bar_w))
+    return (f'<svg width="{svg_width}" height="180" role="img" aria-label="requests per second">'
+            f'{"".join(shapes)}<text x="40" y="176" font-size="11">requests finished per second: ok (green), '
+            f'errors (red); {errors} errors in {width} s, peak {peak}/s</text></svg>')
+
+
+
+def _page(title: str, body: list[str]) -> str:
+    return (f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{_e(title)}</title>"
+            f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>\n")
+
+
+def _e(value: Any) -> str:
+    return html.escape("" if value is None else str(value))
+
+
+def _ms(seconds: float | None) -> str:
+    return "–" if seconds is None else f"{seconds * 1000:.1f}"
+
+
+def _num(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1f}"
