@@ -39,7 +39,10 @@ def main() -> None:
 
 
 @main.command()
-@click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path), required=False)
+@click.option("--resume", type=click.Path(file_okay=False, path_type=Path),
+              help="Finish the samples an interrupted run did not get to, with its own scenario.")
+@click.option("--retries", type=click.IntRange(min=0), help="Retry 429/503 up to N times (Retry-After honoured).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a scenario key; VALUE is TOML (e.g. --set 'load.concurrency=[1,4]').")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
@@ -50,12 +53,22 @@ def main() -> None:
 @click.option("--max-latency-regression", type=click.FloatRange(min=0), default=0.2, show_default=True,
               help="With --baseline: allowed relative growth of p50 e2e/TTFT latency.")
 @click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), help="Write JUnit XML here.")
-def run(scenario: Path, overrides: tuple[str, ...], out: Path | None, quiet: bool, baseline: Path | None,
-        max_latency_regression: float, junit: Path | None) -> None:
+def run(scenario: Path | None, resume: Path | None, retries: int | None, overrides: tuple[str, ...],
+        out: Path | None, quiet: bool, baseline: Path | None, max_latency_regression: float,
+        junit: Path | None) -> None:
     """Run SCENARIO and print the uniqueness matrix. Exit 0 stable, 1 drift, 2 bad input, 3 target failed."""
     from kevload.baseline import compare_to_baseline, load_baseline
 
-    sc = _guard(lambda: load_scenario(scenario, list(overrides)))
+    overrides = (*overrides, f"load.retries={retries}") if retries is not None else overrides
+    if resume is not None:
+        if scenario is not None or out is not None:
+            raise UserError("--resume RUN_DIR takes the scenario and directory of that run; give no SCENARIO or --out")
+        sc = _guard(lambda: _resumable(resume, list(overrides)))
+        out = resume
+    elif scenario is None:
+        raise UserError("missing SCENARIO (or --resume RUN_DIR)")
+    else:
+        sc = _guard(lambda: load_scenario(scenario, list(overrides)))
     _guard(sc.api_key)
     reference = _guard(lambda: load_baseline(baseline)) if baseline is not None else None
     total = len(sc.probes) * len(sc.load.rate or sc.load.concurrency) * sc.load.samples
@@ -69,7 +82,8 @@ def run(scenario: Path, overrides: tuple[str, ...], out: Path | None, quiet: boo
                 level = f"r={record.rate:g}/s" if record.rate is not None else f"c={record.concurrency}"
                 progress.update(task, advance=1, description=f"{record.probe} {level}")
 
-        result, signum = _guard(lambda: aio.run(lambda stop: run_scenario(sc, out, on_record=on_record, stop=stop)))
+        result, signum = _guard(lambda: aio.run(lambda stop: run_scenario(
+            sc, out, on_record=on_record, stop=stop, resume=resume is not None)))
     _print_summary(result.summary, quiet)
     stderr.print(f"records: {result.run_dir / 'records.jsonl'} ({result.records} requests, {result.state})")
     if junit is not None:
@@ -137,6 +151,21 @@ def _emit(text: str, output: Path | None) -> None:
     else:
         output.write_text(text, encoding="utf-8")
         stderr.print(f"wrote {output}")
+
+
+def _resumable(run_dir: Path, overrides: list[str]):
+    from kevload.scenario import apply_override, scenario_from_dict
+
+    open_run_dir(run_dir)
+    meta = read_json(run_dir / "run.json")
+    raw = meta["scenario"]
+    if "***" in str(raw.get("target", {}).get("headers", {})):
+        raise ScenarioError(f"{run_dir}/run.json: target.headers: secret header values are not stored; "
+                            "rerun the scenario file instead")
+    for override in overrides:
+        apply_override(raw, override)
+    return scenario_from_dict(raw, source=meta.get("scenario_source") or str(run_dir / "run.json"),
+                              name=meta.get("scenario_name", "resumed"))
 
 
 def _print_summary(summary: dict, quiet: bool) -> None:

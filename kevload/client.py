@@ -35,6 +35,7 @@ class Outcome:
     chunks: int = 0
     max_gap: float | None = None
     http_status: int | None = None
+    retry_after: float | None = None
     error: str | None = None
 
 
@@ -96,6 +97,7 @@ class Client:
                     text = (await response.read())[:400].decode("utf-8", "replace")
                     return Outcome(status=f"http_{response.status}", t_send=t_send, t_first_byte=t_first_byte,
                                    t_last_byte=time.perf_counter(), http_status=response.status,
+                                   retry_after=_retry_after(response.headers.get("Retry-After")),
                                    error=self._scrub(text.strip()) or response.reason)
                 if stream:
                     return await _read_stream(response, self.target.api, t_send, t_first_byte)
@@ -206,6 +208,14 @@ async def _read_stream(response: aiohttp.ClientResponse, api: str, t_send: float
     return acc.outcome(status="ok", output="".join(parts), finish_reason=finish_reason, t_send=t_send,
                        t_first_byte=t_first_byte, t_first_token=t_first_token or t_last, t_last_byte=t_last,
                        chunks=chunks, max_gap=max_gap if chunks > 1 else None)
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Retry-After in seconds (the HTTP-date form is rare from inference servers and is ignored)."""
+    try:
+        return max(float(value), 0.0) if value is not None else None
+    except ValueError:
+        return None
 
 
 def _first_choice(doc: Any) -> dict[str, Any] | None:

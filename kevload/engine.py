@@ -33,6 +33,8 @@ from kevload.workload import CompanionPicker, companions_for
 
 # How long in-flight requests may finish after a stop was asked for before they are cancelled.
 STOP_GRACE_S = 2.0
+RETRYABLE = ("http_429", "http_503")
+_BACKOFF_S, _BACKOFF_MAX_S = 0.2, 10.0
 # Abort a run whose errors make its evidence worthless: at least this many errors and a share over the limit.
 _ABORT_MIN_ERRORS = 20
 
@@ -48,20 +50,39 @@ class RunResult:
 
 async def run_scenario(scenario: Scenario, run_dir: Path | None = None, *,
                        on_record: Callable[[Record], None] | None = None,
-                       stop: asyncio.Event | None = None) -> RunResult:
-    """Run every probe at every level, writing records as they finish; returns once the summary is on disk."""
+                       stop: asyncio.Event | None = None, resume: bool = False) -> RunResult:
+    """Run every probe at every level, writing records as they finish; returns once the summary is on disk.
+
+    With ``resume`` the run directory's records are kept and only the probe samples missing from
+    each level are sent, appended under the same run id.
+    """
     api_key = scenario.api_key()
     base_dir = Path(scenario.source).parent if scenario.source else None
     # Built before anything is sent or written, so a bad companion file fails the run up front.
     pools = [companions_for(probe, scenario.load, base_dir=base_dir) for probe in scenario.probes]
-    run_id = new_run_id()
-    run_dir = run_dir or Path("results") / run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
     secrets = [s for s in [api_key, *_sensitive_header_values(scenario.target.headers)] if s]
-    meta = _run_meta(scenario, run_id, secrets)
+    done: dict[tuple[str, int, float | None], int] = {}
+    next_seq = 0
+    if resume:
+        assert run_dir is not None
+        meta = read_json(run_dir / RUN)
+        run_id = meta["run_id"]
+        for r in read_records(run_dir / RECORDS):
+            next_seq = max(next_seq, r["seq"] + 1)
+            if r["role"] == "probe":
+                key = (r["probe"], r["concurrency"], r.get("rate"))
+                done[key] = done.get(key, 0) + 1
+        meta = {**meta, "state": "running", "resumed_at": [*meta.get("resumed_at", []), _now_iso()]}
+    else:
+        run_id = new_run_id()
+        run_dir = run_dir or Path("results") / run_id
+        run_dir.mkdir(parents=True, exist_ok=True)
+        meta = _run_meta(scenario, run_id, secrets)
     write_json(run_dir / RUN, meta)
     stop = stop or asyncio.Event()
     runner = _Runner(scenario, run_id, stop, on_record)
+    runner.seq = next_seq
+    runner.already = done
     with RecordWriter(run_dir / RECORDS) as writer:
         runner.writer = writer
         async with Client(scenario.target, api_key) as client:
@@ -112,16 +133,20 @@ class _Runner:
         self.client: Client
         self.writer: RecordWriter
         self.seq = 0
+        self.already: dict[tuple[str, int, float | None], int] = {}  # probe samples a resumed run has
         self.in_flight = 0
         self.errors = 0
         self.done = 0
         self.aborted = False
 
     async def level(self, probe: Probe, level: int, picker: CompanionPicker) -> None:
+        first = self.already.get((probe.id, level, None), 0)
+        if first >= self.load.samples:
+            return
         for i in range(self.load.warmup):
             await self._one(probe, "warmup", probe.id, level, i)
         probe_workers = level if self.load.mode == "single" or not picker else 1
-        remaining = iter(range(self.load.samples))
+        remaining = iter(range(first, self.load.samples))
         probes_done = asyncio.Event()
 
         async def probe_worker() -> None:
@@ -163,7 +188,10 @@ class _Runner:
         cap = asyncio.Semaphore(load.max_in_flight) if load.max_in_flight else None
         level = load.max_in_flight
         start = time.perf_counter() + 0.005
-        offset, arrivals, probes_sent, warmups = 0.0, 0, 0, load.warmup
+        probes_sent = self.already.get((probe.id, level, rate), 0)
+        if probes_sent >= load.samples and not load.duration:
+            return
+        offset, arrivals, warmups = 0.0, 0, load.warmup
         tasks: set[asyncio.Task] = set()
 
         async def send(item: Probe, role: str, sample: int, scheduled: float) -> None:
@@ -225,12 +253,19 @@ class _Runner:
         body = build_body(self.scenario.target, item, self.scenario.params, stream=self.load.stream, nonce=nonce)
         in_flight = self.in_flight
         self.in_flight += 1
+        retries = 0
         try:
             outcome = await self.client.send(body)
+            while outcome.status in RETRYABLE and retries < self.load.retries and not self.stop.is_set():
+                # Honour the server's Retry-After; otherwise back off exponentially.
+                wait = outcome.retry_after if outcome.retry_after is not None else _BACKOFF_S * 2 ** retries
+                await asyncio.sleep(min(wait, _BACKOFF_MAX_S))
+                retries += 1
+                outcome = await self.client.send(body)
         finally:
             self.in_flight -= 1
         record = _record(self.run_id, seq, name, role, self.load.mode, level, rate, sample, in_flight, outcome,
-                         body, t_scheduled)
+                         body, t_scheduled, retries)
         self.writer.write(record)
         self.done += 1
         if outcome.status != "ok":
@@ -242,7 +277,8 @@ class _Runner:
 
 
 def _record(run_id: str, seq: int, name: str, role: str, mode: str, level: int, rate: float | None, sample: int,
-            in_flight: int, outcome: Outcome, body: dict[str, Any], t_scheduled: float | None) -> Record:
+            in_flight: int, outcome: Outcome, body: dict[str, Any], t_scheduled: float | None,
+            retries: int) -> Record:
     ok = outcome.status == "ok"
     output = outcome.output
     params = {k: v for k, v in body.items() if k not in ("messages", "prompt")}
@@ -255,7 +291,7 @@ def _record(run_id: str, seq: int, name: str, role: str, mode: str, level: int, 
         logprobs=outcome.logprobs, system_fingerprint=outcome.system_fingerprint, t_scheduled=t_scheduled,
         t_send=outcome.t_send, t_first_byte=outcome.t_first_byte, t_first_token=outcome.t_first_token,
         t_last_byte=outcome.t_last_byte, chunks=outcome.chunks, max_gap=outcome.max_gap, error=outcome.error,
-        retries=0, params=params,
+        retries=retries, params=params,
     )
 
 

@@ -62,6 +62,7 @@ class Load:
     arrival: str = "constant"      # constant | poisson
     max_in_flight: int = 0         # open loop cap on requests in flight (0: none)
     duration: float = 0.0          # open loop: seconds per level (0: until the samples are sent)
+    retries: int = 0               # retries of 429/503 (none by default: a retry hides evidence)
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,8 @@ def scenario_from_dict(raw: dict[str, Any], *, source: str, name: str = "scenari
     v.choice(load.arrival, "load.arrival", ARRIVALS)
     if load.max_in_flight < 0:
         v.fail("load.max_in_flight", "an integer >= 0 (0: no cap)", load.max_in_flight)
+    if load.retries < 0:
+        v.fail("load.retries", "an integer >= 0", load.retries)
     if load.duration < 0:
         v.fail("load.duration", "seconds >= 0 (0: until the samples are sent)", load.duration)
     if any(n < 1 for n in load.prefix_lengths):
@@ -196,6 +199,7 @@ _LOAD_RULES: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "arrival": (str, False),
     "max_in_flight": (int, False),
     "duration": ((int, float), False),
+    "retries": (int, False),
 }
 
 _LIST_OF_INT = {"load.concurrency", "load.prefix_lengths"}

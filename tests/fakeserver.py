@@ -13,6 +13,7 @@ import hashlib
 import json
 import random
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,12 +45,14 @@ class Behaviour:
     faults: list[str | None] = field(default_factory=list)  # one entry per request, in arrival order
     stall: float = 30.0             # how long a stall fault stalls
     send_done: bool = True
+    retry_after: str = "0"          # the Retry-After a 429 carries
 
 
 class FakeServer:
     def __init__(self, behaviour: Behaviour | None = None):
         self.behaviour = behaviour or Behaviour()
         self.requests: list[dict[str, Any]] = []
+        self.arrivals: list[float] = []
         self.injected: dict[str, int] = {}
         self.seen_prompts: set[str] = set()
         self._active: dict[int, dict[str, Any]] = {}
@@ -118,6 +121,7 @@ class FakeServer:
         b = self.behaviour
         body = await request.json()
         self.requests.append(body)
+        self.arrivals.append(time.monotonic())
         index = len(self.requests) - 1
         fault = b.faults[index] if index < len(b.faults) else None
         if fault:
@@ -136,8 +140,11 @@ class FakeServer:
             other["prompts"].add(prompt)
             state["prompts"].add(other["prompt"])
         try:
+            if fault == "echo_auth":
+                # Some gateways echo the request headers in their errors; the key must still not leak.
+                return web.json_response({"error": f"bad key {request.headers.get('Authorization')}"}, status=401)
             if fault in ("http_500", "http_503", "http_429"):
-                headers = {"Retry-After": "0"} if fault == "http_429" else {}
+                headers = {"Retry-After": b.retry_after} if fault == "http_429" else {}
                 return web.json_response({"error": "injected"}, status=int(fault[5:]), headers=headers)
             if fault == "stall_first_byte":
                 await asyncio.sleep(b.stall)
