@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
 
+from kevload import http1
 from kevload.scenario import Probe, Target
 from kevload.sse import SSEError, SSEParser
 
@@ -60,7 +64,11 @@ def build_body(target: Target, item: Probe, params: dict[str, Any], *, stream: b
 
 
 class Client:
-    """An aiohttp session on one connector, shared by every request of a run."""
+    """One connection pool shared by every request of a run.
+
+    Plain-http targets use kevload's lean HTTP/1.1 client (``http1``); https targets, or any
+    target when ``KEVLOAD_HTTP=aiohttp`` is set, use an aiohttp session.
+    """
 
     def __init__(self, target: Target, api_key: str | None, *, limit: int = 0):
         self.target = target
@@ -72,8 +80,16 @@ class Client:
         self._headers = headers
         self._limit = limit
         self._session: aiohttp.ClientSession | None = None
+        self._pool: http1.Pool | None = None
+        parts = urlsplit(self.url)
+        self._lean = parts.scheme == "http" and os.environ.get("KEVLOAD_HTTP", "lean") != "aiohttp"
+        self._path = parts.path + (f"?{parts.query}" if parts.query else "")
+        self._raw_headers = b"".join(f"{k}: {v}\r\n".encode("latin-1") for k, v in headers.items())
 
     async def __aenter__(self) -> Client:
+        if self._lean:
+            self._pool = http1.Pool(self.url, self.target.timeout)
+            return self
         connector = aiohttp.TCPConnector(limit=self._limit, ttl_dns_cache=None, force_close=False)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.target.timeout, sock_read=self.target.timeout)
         self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, headers=self._headers,
@@ -84,35 +100,51 @@ class Client:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
     async def send(self, body: dict[str, Any]) -> Outcome:
-        assert self._session is not None, "use Client as an async context manager"
+        assert self._session is not None or self._pool is not None, "use Client as an async context manager"
         payload = orjson.dumps(body)
         stream = bool(body.get("stream"))
         t_send = time.perf_counter()
         try:
+            if self._pool is not None:
+                response = await self._pool.post(self._path, self._raw_headers, payload)
+                try:
+                    return await self._answer(response.status, response.reason, response.headers, response.read,
+                                              response.chunks, stream, t_send)
+                finally:
+                    response.close()
             async with self._session.post(self.url, data=payload) as response:
-                t_first_byte = time.perf_counter()
-                if response.status != 200:
-                    text = (await response.read())[:400].decode("utf-8", "replace")
-                    return Outcome(status=f"http_{response.status}", t_send=t_send, t_first_byte=t_first_byte,
-                                   t_last_byte=time.perf_counter(), http_status=response.status,
-                                   retry_after=_retry_after(response.headers.get("Retry-After")),
-                                   error=self._scrub(text.strip()) or response.reason)
-                if stream:
-                    return await _read_stream(response, self.target.api, t_send, t_first_byte)
-                return await _read_whole(response, self.target.api, t_send, t_first_byte)
-        except (TimeoutError, aiohttp.ServerTimeoutError):
+                return await self._answer(response.status, response.reason, response.headers, response.read,
+                                          response.content.iter_any, stream, t_send)
+        except (TimeoutError, aiohttp.ServerTimeoutError, http1.ReadTimeout):
             return self._failed("timeout", t_send, f"no byte for {self.target.timeout:g} s")
-        except aiohttp.ClientConnectorError as exc:
+        except (aiohttp.ClientConnectorError, http1.ConnectFailed) as exc:
             return self._failed("connect", t_send, str(exc))
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError,
-                ConnectionResetError) as exc:
+                ConnectionResetError, http1.ConnectionReset) as exc:
             return self._failed("reset", t_send, f"{type(exc).__name__}: {exc}")
-        except aiohttp.ClientResponseError as exc:
-            return self._failed("malformed", t_send, f"{type(exc).__name__}: {exc.message}")
+        except (aiohttp.ClientResponseError, http1.BadResponse) as exc:
+            return self._failed("malformed", t_send, f"{type(exc).__name__}: {getattr(exc, 'message', exc)}")
         except aiohttp.ClientError as exc:
             return self._failed("reset", t_send, f"{type(exc).__name__}: {exc}")
+
+    async def _answer(self, status: int, reason: str, headers: Mapping[str, str], read: Callable[[], Awaitable[bytes]],
+                      chunks: Callable[[], AsyncIterator[bytes]], stream: bool, t_send: float) -> Outcome:
+        t_first_byte = time.perf_counter()
+        if status != 200:
+            text = (await read())[:400].decode("utf-8", "replace")
+            return Outcome(status=f"http_{status}", t_send=t_send, t_first_byte=t_first_byte,
+                           t_last_byte=time.perf_counter(), http_status=status,
+                           retry_after=_retry_after(headers.get("retry-after")),
+                           error=self._scrub(text.strip()) or reason)
+        content_type = headers.get("content-type", "")
+        if stream:
+            return await _read_stream(chunks(), read, content_type, self.target.api, t_send, t_first_byte)
+        return await _read_whole(await read(), content_type, self.target.api, t_send, t_first_byte)
 
     def _failed(self, status: str, t_send: float, error: str) -> Outcome:
         return Outcome(status=status, t_send=t_send, t_last_byte=time.perf_counter(), error=self._scrub(error))
@@ -123,15 +155,14 @@ class Client:
         return text
 
 
-async def _read_whole(response: aiohttp.ClientResponse, api: str, t_send: float, t_first_byte: float) -> Outcome:
-    raw = await response.read()
+async def _read_whole(raw: bytes, content_type: str, api: str, t_send: float, t_first_byte: float) -> Outcome:
     t_last = time.perf_counter()
 
     def bad(why: str) -> Outcome:
         return Outcome(status="malformed", t_send=t_send, t_first_byte=t_first_byte, t_last_byte=t_last, error=why)
 
-    if "json" not in response.headers.get("Content-Type", ""):
-        return bad(f"content type {response.headers.get('Content-Type')!r}, expected application/json")
+    if "json" not in content_type:
+        return bad(f"content type {content_type!r}, expected application/json")
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -148,10 +179,10 @@ async def _read_whole(response: aiohttp.ClientResponse, api: str, t_send: float,
                        t_first_byte=t_first_byte, t_first_token=t_last, t_last_byte=t_last)
 
 
-async def _read_stream(response: aiohttp.ClientResponse, api: str, t_send: float, t_first_byte: float) -> Outcome:
-    content_type = response.headers.get("Content-Type", "")
+async def _read_stream(body: AsyncIterator[bytes], read: Callable[[], Awaitable[bytes]], content_type: str,
+                       api: str, t_send: float, t_first_byte: float) -> Outcome:
     if "text/event-stream" not in content_type:
-        await response.read()
+        await read()
         return Outcome(status="malformed", t_send=t_send, t_first_byte=t_first_byte, t_last_byte=time.perf_counter(),
                        error=f"content type {content_type!r}, expected text/event-stream")
     parser = SSEParser()
@@ -163,7 +194,7 @@ async def _read_stream(response: aiohttp.ClientResponse, api: str, t_send: float
     max_gap = 0.0
     chunks = 0
     try:
-        async for raw in response.content.iter_any():
+        async for raw in body:
             now = time.perf_counter()
             for data in parser.feed(raw):
                 if data == "[DONE]":

@@ -32,8 +32,15 @@ STREAM_FAULT_STATUS = {
 }
 
 
+@pytest.fixture(params=["lean", "aiohttp"])
+def backend(request, monkeypatch):
+    """Both HTTP clients: kevload's own for http://, aiohttp for https:// (forced here on http)."""
+    monkeypatch.setenv("KEVLOAD_HTTP", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("stream", [False, True])
-def test_each_fault_is_typed_and_counted(tmp_path, server, stream):
+def test_each_fault_is_typed_and_counted(tmp_path, server, stream, backend):
     table = STREAM_FAULT_STATUS if stream else FAULT_STATUS
     faults = [None, *table, "trickle", None]
     server.behaviour.faults = faults
@@ -54,7 +61,7 @@ def test_each_fault_is_typed_and_counted(tmp_path, server, stream):
     assert statuses[0] == "ok" and statuses[-2:] == ["ok", "ok"]
 
 
-def test_unreachable_target_exits_3(tmp_path):
+def test_unreachable_target_exits_3(tmp_path, backend):
     url = f"http://127.0.0.1:{free_port()}/v1"
     scenario = write_scenario(tmp_path / "s.toml", url, concurrency=[1], samples=3)
     code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")

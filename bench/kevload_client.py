@@ -1,0 +1,62 @@
+"""kevload driven as a user would drive it (a scenario, a run directory, every record written),
+reporting its own throughput and its RSS along the way."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import uvloop
+
+from kevload.engine import run_scenario
+from kevload.scenario import scenario_from_dict
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * 4096 / 2**20
+
+
+async def main(base_url: str, concurrency: int, requests: int, stream: bool, rate: float | None,
+               rss_at: int) -> dict:
+    load = {"concurrency": [concurrency], "samples": requests, "stream": stream, "max_error_share": 0.01}
+    if rate:
+        load.update(rate=[rate], concurrency=[1])
+    raw = {"target": {"base_url": base_url, "model": "bench", "timeout": 10}, "params": {"temperature": 0},
+           "load": load, "probes": [{"id": "bench", "prompt": "hi", "max_tokens": 20}]}
+    scenario = scenario_from_dict(raw, source="bench")
+    marks: dict[str, float] = {}
+    count = 0
+
+    def on_record(record) -> None:
+        nonlocal count
+        count += 1
+        if count == rss_at:
+            marks["rss_at_mark_mb"] = rss_mb()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        result = await run_scenario(scenario, Path(tmp) / "run", on_record=on_record)
+        seconds = time.perf_counter() - start
+        lines = sum(1 for _ in open(Path(tmp) / "run" / "records.jsonl", "rb"))
+    cell = result.summary["cells"][0]
+    return {"requests": result.summary["requests"], "ok": result.summary["ok"], "seconds": seconds,
+            "records_written": lines, "distinct": cell["distinct"], "rss_end_mb": rss_mb(),
+            "lateness": cell["latency"].get("lateness"), **marks}
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("base_url")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=10000)
+    parser.add_argument("--stream", action="store_true")
+    parser.add_argument("--rate", type=float)
+    parser.add_argument("--rss-at", type=int, default=20000)
+    args = parser.parse_args()
+    out = uvloop.run(main(args.base_url, args.concurrency, args.requests, args.stream, args.rate, args.rss_at))
+    print(json.dumps(out))
