@@ -18,10 +18,12 @@ $(STAMP): setup.cfg pyproject.toml
 install: $(STAMP)
 
 # cmake and a C++ compiler build llama.cpp's server once (cached under ~/.cache/kevload);
-# chromium renders the HTML report in its test.
+# chromium renders the HTML report in its test; nginx and wrk are the bench's zero-cost server and limit.
 system-deps:
-	@command -v cmake >/dev/null && command -v g++ >/dev/null && command -v chromium >/dev/null || \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake g++ make chromium >/dev/null)
+	@command -v cmake >/dev/null && command -v g++ >/dev/null && command -v chromium >/dev/null && \
+	  command -v nginx >/dev/null && command -v wrk >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    cmake g++ make chromium nginx wrk >/dev/null)
 
 lint: install
 	$(BIN)/ruff check kevload tests bench
@@ -36,7 +38,13 @@ test-fast: install
 demo: install system-deps
 	$(BIN)/python -m kevload demo
 
-bench: install
+GUIDELLM := $(HOME)/.cache/kevload/bench/guidellm
+
+# GuideLLM in its own virtualenv, compared on the same endpoint; its tokenizer is the local model.
+bench: install system-deps
+	test -x $(GUIDELLM)/bin/guidellm || ($(PYTHON) -m venv $(GUIDELLM) && \
+	  $(GUIDELLM)/bin/pip install --quiet --disable-pip-version-check guidellm==0.8.1)
+	$(BIN)/python -c 'from kevload.targets.transformers_serve import model_dir; model_dir()'
 	$(BIN)/python bench/run.py
 
 clean:

@@ -4,7 +4,6 @@ reporting its own throughput and its RSS along the way."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import tempfile
 import time
@@ -42,7 +41,8 @@ async def main(base_url: str, concurrency: int, requests: int, stream: bool, rat
         start = time.perf_counter()
         result = await run_scenario(scenario, Path(tmp) / "run", on_record=on_record)
         seconds = time.perf_counter() - start
-        lines = sum(1 for _ in open(Path(tmp) / "run" / "records.jsonl", "rb"))
+        with open(Path(tmp) / "run" / "records.jsonl", "rb") as records:
+            lines = sum(1 for _ in records)
     cell = result.summary["cells"][0]
     return {"requests": result.summary["requests"], "ok": result.summary["ok"], "seconds": seconds,
             "records_written": lines, "distinct": cell["distinct"], "rss_end_mb": rss_mb(),

@@ -1,0 +1,334 @@
+"""`make bench`: kevload's own overhead, measured side by side against a plain client and wrk.
+
+Everything runs on 127.0.0.1 against nginx answering canned completions (a zero-cost server).
+Client and server share this machine's cores, so every figure is a ratio measured in the same
+run, alternating the clients (A B A B …), with absolute numbers for context.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(ROOT))
+
+from kevload.servers import free_port, start_server, stop_group, wait_ready  # noqa: E402
+
+GUIDELLM_VENV = Path(os.environ.get("KEVLOAD_CACHE", Path.home() / ".cache" / "kevload")) / "bench" / "guidellm"
+WRK_LUA = (
+    'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+    'wrk.body = \'{"model": "bench", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 20}\'\n'
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=20000)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--skip-long", action="store_true", help="skip the 200k-request and 1M-record runs")
+    args = parser.parse_args(argv)
+    with Endpoint() as endpoint:
+        results = {
+            "machine": _machine(),
+            "concurrency": args.concurrency,
+            "requests": args.requests,
+            "throughput": throughput(endpoint, args),
+            "schedule": schedule(endpoint),
+        }
+        if not args.skip_long:
+            results["flat_memory"] = flat_memory(endpoint)
+    if not args.skip_long:
+        results["comparator"] = comparator()
+    print_table(results)
+    out = ROOT / "results" / "bench"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{time.strftime('%Y-%m-%d')}.json"
+    path.write_text(json.dumps(results, indent=2))
+    print(f"\nwritten: {path.relative_to(ROOT)}")
+    return 0
+
+
+class Endpoint:
+    """nginx with the canned endpoint, on a free port, stopped however the bench ends."""
+
+    def __enter__(self) -> Endpoint:
+        nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+        if not Path(nginx).exists():
+            raise SystemExit("bench: nginx is not installed (Debian: apt-get install nginx wrk)")
+        self.dir = Path(tempfile.mkdtemp(prefix="kevload-bench-"))
+        self.port = free_port()
+        conf = (
+            (BENCH / "nginx.conf.template")
+            .read_text()
+            .replace("{prefix}", str(self.dir))
+            .replace("{port}", str(self.port))
+        )
+        (self.dir / "nginx.conf").write_text(conf)
+        self.server = start_server(
+            [nginx, "-c", str(self.dir / "nginx.conf"), "-p", str(self.dir), "-g", "daemon off;"],
+            self.dir / "nginx.log",
+        )
+        wait_ready(self.server, f"http://127.0.0.1:{self.port}/health", timeout=20)
+        self.plain = f"http://127.0.0.1:{self.port}/plain/v1"
+        self.sse = f"http://127.0.0.1:{self.port}/sse/v1"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        stop_group(self.server.pid)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def measured(argv: list[str], env: dict[str, str] | None = None) -> tuple[str, float, float, float]:
+    """Run a client process; its stdout, wall seconds, CPU seconds (user+sys) and peak RSS in MB."""
+    with tempfile.TemporaryFile() as errors:
+        start = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errors, env=env)
+        out = proc.stdout.read()
+        # wait4 gives this one child's own CPU time and peak RSS.
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - start
+        if proc.returncode != 0:
+            errors.seek(0)
+            raise RuntimeError(
+                f"{Path(argv[1] if len(argv) > 1 else argv[0]).name} failed ({proc.returncode}): "
+                f"{errors.read().decode(errors='replace')[-800:]}"
+            )
+    return out.decode(), wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
+
+
+def run_reference(url: str, n: int, c: int, stream: bool) -> dict:
+    argv = [
+        sys.executable,
+        str(BENCH / "reference_client.py"),
+        f"{url}/chat/completions",
+        "--requests",
+        str(n),
+        "--concurrency",
+        str(c),
+    ] + (["--stream"] if stream else [])
+    out, wall, cpu, rss = measured(argv)
+    doc = json.loads(out)
+    return {
+        "rps": doc["requests"] / doc["seconds"],
+        "cpu_per_1000": 1000 * cpu / doc["requests"],
+        "rss_mb": rss,
+        "requests": doc["requests"],
+    }
+
+
+def run_kevload(url: str, n: int, c: int, stream: bool, extra: list[str] = ()) -> dict:
+    argv = [
+        sys.executable,
+        str(BENCH / "kevload_client.py"),
+        url,
+        "--requests",
+        str(n),
+        "--concurrency",
+        str(c),
+        *extra,
+    ] + (["--stream"] if stream else [])
+    out, wall, cpu, rss = measured(argv, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    doc = json.loads(out)
+    assert doc["records_written"] == doc["requests"] == doc["ok"], doc  # every request hashed and written
+    return {
+        "rps": doc["requests"] / doc["seconds"],
+        "cpu_per_1000": 1000 * cpu / doc["requests"],
+        "rss_mb": rss,
+        "requests": doc["requests"],
+        "raw": doc,
+    }
+
+
+def run_wrk(url: str, c: int, seconds: int = 4) -> dict:
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        return {"error": "wrk not installed"}
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+        script.write(WRK_LUA)
+    out, wall, cpu, rss = measured(
+        [wrk, "-t1", f"-c{c}", f"-d{seconds}s", "-s", script.name, f"{url}/chat/completions"]
+    )
+    os.unlink(script.name)
+    rps = float(next(line.split()[1] for line in out.splitlines() if line.startswith("Requests/sec")))
+    return {"rps": rps, "cpu_per_1000": 1000 * cpu / (rps * seconds), "rss_mb": rss}
+
+
+def run_guidellm(url: str, n: int, c: int) -> dict:
+    binary = GUIDELLM_VENV / "bin" / "guidellm"
+    if not binary.exists():
+        return {"error": f"not installed at {GUIDELLM_VENV} (make bench installs it)"}
+    models = sorted((GUIDELLM_VENV.parent.parent / "models").glob("hf-*"))
+    if not models:
+        return {"error": "needs a local tokenizer: run `make demo` once (it converts the model)"}
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "guidellm.json"
+        argv = [
+            str(binary),
+            "run",
+            "--backend",
+            f"kind=openai_http,target={url.removesuffix('/v1')},model={models[0]}",
+            "--profile",
+            f"kind=concurrent,streams={c}",
+            "--constraint",
+            f"kind=max_requests,count={n}",
+            "--data",
+            "kind=synthetic_text,prompt_tokens=16,output_tokens=20",
+            "--disable-console",
+            "--output",
+            f"kind=json,path={report}",
+        ]
+        try:
+            _, wall, cpu, rss = measured(argv, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        except RuntimeError as exc:
+            return {"error": str(exc)[-300:]}
+        doc = json.loads(report.read_text())["benchmarks"][0]
+    return {"rps": n / doc["duration"], "cpu_per_1000": 1000 * cpu / n, "rss_mb": rss}
+
+
+def throughput(endpoint: Endpoint, args: argparse.Namespace) -> dict:
+    rows: dict[str, dict[str, list[dict]]] = {}
+    for stream in (False, True):
+        mode = "stream" if stream else "non-stream"
+        url = endpoint.sse if stream else endpoint.plain
+        for _ in range(args.repeats):
+            # Alternate, so drift in machine load hits every client alike.
+            for name, run in (
+                ("wrk", lambda u=url: run_wrk(u, args.concurrency)),
+                ("reference", lambda u=url, s=stream: run_reference(u, args.requests, args.concurrency, s)),
+                ("kevload", lambda u=url, s=stream: run_kevload(u, args.requests, args.concurrency, s)),
+                ("guidellm", lambda u=url: run_guidellm(u, min(args.requests, 3000), args.concurrency)),
+            ):
+                rows.setdefault(mode, {}).setdefault(name, []).append(run())
+    return {mode: {name: _stats(samples) for name, samples in by_client.items()} for mode, by_client in rows.items()}
+
+
+def schedule(endpoint: Endpoint, rate: float = 500.0, n: int = 5000, repeats: int = 3) -> dict:
+    p99s, p50s, maxes = [], [], []
+    for _ in range(repeats):
+        doc = run_kevload(endpoint.plain, n, 1, False, ["--rate", str(rate)])["raw"]
+        late = doc["lateness"]
+        p50s.append(late["p50"])
+        p99s.append(late["p99"])
+        maxes.append(late["max"])
+    return {
+        "rate": rate,
+        "requests": n,
+        "repeats": repeats,
+        "lateness_p50_ms": _ms(p50s),
+        "lateness_p99_ms": _ms(p99s),
+        "lateness_max_ms": _ms(maxes),
+    }
+
+
+def flat_memory(endpoint: Endpoint, n: int = 200000, mark: int = 20000) -> dict:
+    doc = run_kevload(endpoint.plain, n, 64, False, ["--rss-at", str(mark)])["raw"]
+    return {
+        "requests": doc["requests"],
+        "records_written": doc["records_written"],
+        "rss_at_20k_mb": doc["rss_at_mark_mb"],
+        "rss_end_mb": doc["rss_end_mb"],
+        "growth": doc["rss_end_mb"] / doc["rss_at_mark_mb"] - 1,
+    }
+
+
+def comparator(n: int = 1_000_000) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        records = Path(tmp) / "records.jsonl"
+        subprocess.run(
+            [sys.executable, str(BENCH / "make_records.py"), str(records), str(n)],
+            check=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        out, wall, cpu, rss = measured(
+            [sys.executable, str(BENCH / "reduce_records.py"), str(records)],
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+    return {"records": n, **json.loads(out), "rss_peak_mb": rss}
+
+
+def print_table(results: dict) -> None:
+    print(
+        f"\nkevload bench — client and server share {results['machine']['cores']} cores; "
+        f"concurrency {results['concurrency']}, {results['requests']} requests a run; median (min–max)"
+    )
+    header = (
+        f"{'mode':11} {'client':10} {'req/s':>24} {'× reference':>12} {'× wrk':>8} {'CPU s/1k req':>13} {'peak RSS':>9}"
+    )
+    print(header)
+    print("-" * len(header))
+    for mode, by_client in results["throughput"].items():
+        ref = by_client["reference"].get("rps_median")
+        wrk = by_client.get("wrk", {}).get("rps_median")
+        for name, s in by_client.items():
+            if "error" in s:
+                print(f"{mode:11} {name:10} {'— ' + s['error'][:70]}")
+                continue
+            span = f"{s['rps_median']:,.0f} ({s['rps_min']:,.0f}–{s['rps_max']:,.0f})"
+            ratio = f"{s['rps_median'] / ref:.2f}" if ref else "-"
+            vs_wrk = f"{s['rps_median'] / wrk:.3f}" if wrk else "-"
+            rss = f"{s['rss_mb']:.0f} MB" if s.get("rss_mb") else "-"
+            print(f"{mode:11} {name:10} {span:>24} {ratio:>12} {vs_wrk:>8} {s['cpu_per_1000']:>13.3f} {rss:>9}")
+    sch = results["schedule"]
+    print(
+        f"\nschedule at {sch['rate']:.0f} req/s ({sch['requests']} requests × {sch['repeats']}): lateness p50 "
+        f"{sch['lateness_p50_ms']['median']:.3f} ms, p99 {sch['lateness_p99_ms']['median']:.3f} ms "
+        f"(runs {sch['lateness_p99_ms']['min']:.3f}–{sch['lateness_p99_ms']['max']:.3f}), "
+        f"max {sch['lateness_max_ms']['median']:.3f} ms"
+    )
+    if "flat_memory" in results:
+        m = results["flat_memory"]
+        print(
+            f"memory over {m['requests']:,} requests: RSS {m['rss_at_20k_mb']:.1f} MB at 20,000, "
+            f"{m['rss_end_mb']:.1f} MB at the end ({m['growth']:+.1%}); {m['records_written']:,} records written"
+        )
+    if "comparator" in results:
+        c = results["comparator"]
+        print(
+            f"comparator: {c['records']:,} records reduced to matrices in {c['seconds']:.2f} s, "
+            f"peak RSS {c['rss_peak_mb']:.0f} MB"
+        )
+
+
+def _stats(samples: list[dict]) -> dict:
+    errors = [s["error"] for s in samples if "error" in s]
+    if errors:
+        return {"error": errors[0]}
+    rps = [s["rps"] for s in samples]
+    rss = [s["rss_mb"] for s in samples if s.get("rss_mb")]
+    return {
+        "rps_median": statistics.median(rps),
+        "rps_min": min(rps),
+        "rps_max": max(rps),
+        "runs": len(rps),
+        "cpu_per_1000": statistics.median(s["cpu_per_1000"] for s in samples),
+        "rss_mb": max(rss) if rss else None,
+    }
+
+
+def _ms(values: list[float]) -> dict:
+    return {"median": 1000 * statistics.median(values), "min": 1000 * min(values), "max": 1000 * max(values)}
+
+
+def _machine() -> dict:
+    return {
+        "cores": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "kernel": os.uname().release,
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

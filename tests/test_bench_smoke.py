@@ -1,0 +1,20 @@
+"""The bench in miniature: a gross regression (kevload slower than the plain reference client) fails.
+
+Absolute times are never asserted: only the ratio, measured side by side in the same run.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from bench.run import Endpoint, run_kevload, run_reference
+
+
+def test_kevload_is_not_slower_than_the_reference_client():
+    ratios = []
+    with Endpoint() as endpoint:
+        for _ in range(3):
+            reference = run_reference(endpoint.plain, 4000, 64, stream=False)
+            kevload = run_kevload(endpoint.plain, 4000, 64, stream=False)
+            ratios.append(kevload["rps"] / reference["rps"])
+    assert statistics.median(ratios) >= 1.0, f"kevload / reference req/s: {ratios}"
