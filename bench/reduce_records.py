@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import json
+import resource
 import sys
 import time
 from pathlib import Path
 
-from kevload.compare import reduce_records, summarize
-from kevload.store import read_records
+from kevload.compare import reduce_file, summarize
 
 start = time.perf_counter()
-summary = summarize(reduce_records(read_records(Path(sys.argv[1]))))
+summary = summarize(reduce_file(Path(sys.argv[1])))
 seconds = time.perf_counter() - start
-print(json.dumps({"seconds": seconds, "cells": len(summary["cells"]), "requests": summary["requests"]}))
+
+def hwm_mb() -> float:
+    with open("/proc/self/status") as handle:
+        return next(int(line.split()[1]) for line in handle if line.startswith("VmHWM")) / 1024
+
+
+# The reader's own peak plus the largest worker's (children report theirs through getrusage).
+workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+print(json.dumps({"seconds": seconds, "cells": len(summary["cells"]), "requests": summary["requests"],
+                  "rss_peak_mb": hwm_mb(), "worker_rss_peak_mb": workers}))

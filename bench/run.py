@@ -90,22 +90,38 @@ class Endpoint:
 
 
 def measured(argv: list[str], env: dict[str, str] | None = None) -> tuple[str, float, float, float]:
-    """Run a client process; its stdout, wall seconds, CPU seconds (user+sys) and peak RSS in MB."""
-    with tempfile.TemporaryFile() as errors:
+    """Run a client process; its stdout, wall seconds, CPU seconds (user+sys) and peak RSS in MB.
+
+    CPU comes from wait4 (this child alone). Peak RSS is the child's VmHWM, sampled while it runs:
+    wait4's ru_maxrss would count the memory of this (forking) bench process too.
+    """
+    with tempfile.TemporaryFile() as errors, tempfile.TemporaryFile() as output:
         start = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errors, env=env)
-        out = proc.stdout.read()
-        # wait4 gives this one child's own CPU time and peak RSS.
-        _, status, usage = os.wait4(proc.pid, 0)
+        proc = subprocess.Popen(argv, stdout=output, stderr=errors, env=env)
+        peak = 0.0
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            peak = max(peak, _vm_hwm_mb(proc.pid))
+            time.sleep(0.02)
         proc.returncode = os.waitstatus_to_exitcode(status)
         wall = time.perf_counter() - start
         if proc.returncode != 0:
             errors.seek(0)
-            raise RuntimeError(
-                f"{Path(argv[1] if len(argv) > 1 else argv[0]).name} failed ({proc.returncode}): "
-                f"{errors.read().decode(errors='replace')[-800:]}"
-            )
-    return out.decode(), wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
+            raise RuntimeError(f"{Path(argv[1] if len(argv) > 1 else argv[0]).name} failed ({proc.returncode}): "
+                               f"{errors.read().decode(errors='replace')[-800:]}")
+        output.seek(0)
+        out = output.read().decode()
+    return out, wall, usage.ru_utime + usage.ru_stime, peak
+
+
+def _vm_hwm_mb(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            return next(int(line.split()[1]) for line in handle if line.startswith("VmHWM")) / 1024
+    except (OSError, StopIteration):
+        return 0.0
 
 
 def run_reference(url: str, n: int, c: int, stream: bool) -> dict:
@@ -255,7 +271,7 @@ def comparator(n: int = 1_000_000) -> dict:
             [sys.executable, str(BENCH / "reduce_records.py"), str(records)],
             env={**os.environ, "PYTHONPATH": str(ROOT)},
         )
-    return {"records": n, **json.loads(out), "rss_peak_mb": rss}
+    return {"records": n, **json.loads(out)}
 
 
 def print_table(results: dict) -> None:

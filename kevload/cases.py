@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from kevload.engine import run_scenario
-from kevload.scenario import ScenarioError, scenario_from_dict
+from kevload.scenario import ScenarioError, iter_jsonl, scenario_from_dict
 from kevload.store import RUN, SUMMARY, open_run_dir, read_json, read_records
 
 CASE_FIELDS = ("id", "input", "params", "outputs", "expected", "verdict", "note")
@@ -69,17 +69,7 @@ def cases_from_run(run_dir: Path) -> list[dict[str, Any]]:
 
 def read_cases(path: Path) -> list[dict[str, Any]]:
     cases = []
-    try:
-        lines = path.read_bytes().splitlines()
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read case set: {exc.strerror}") from None
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            case = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            raise ScenarioError(f"{path}:{number}: expected one JSON case a line") from None
+    for number, case in iter_jsonl(path, "case set"):
         missing = [f for f in ("id", "input", "params", "verdict") if not isinstance(case, dict) or f not in case]
         if missing:
             raise ScenarioError(f"{path}:{number}: case lacks {', '.join(missing)}")

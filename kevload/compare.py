@@ -4,14 +4,23 @@ serial reference, first divergence and the drift-rate bound a clean cell support
 from __future__ import annotations
 
 import math
+import multiprocessing
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 
 from kevload.stats import LatencyHistogram, drift_upper_bound
+from kevload.store import RunDirError, read_records
 
+# Below this a records file is read in-process: forking costs more than it saves.
+_PARALLEL_BYTES = 32 << 20
+
+LATENCY_NAMES = ("e2e", "ttft", "tpot", "itl", "lateness")
 CellKey = tuple[str, str, str, int, float | None]  # probe, role, mode, concurrency, rate (open loop)
 
 
@@ -24,14 +33,19 @@ class CellAccumulator:
     texts: dict[str, str] = field(default_factory=dict)
     tokens: dict[str, list] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)
-    latency: dict[str, LatencyHistogram] = field(default_factory=dict)
+    latency: dict[str, LatencyHistogram] = field(
+        default_factory=lambda: {name: LatencyHistogram() for name in LATENCY_NAMES})
     output_tokens: int = 0
     t_start: float = math.inf
     t_end: float = -math.inf
 
     def add(self, record: dict[str, Any]) -> None:
-        self.t_start = min(self.t_start, record["t_send"])
-        self.t_end = max(self.t_end, record["t_last_byte"])
+        # The comparator's hot loop (a million records in seconds): plain comparisons, no helpers.
+        t_send, t_last = record["t_send"], record["t_last_byte"]
+        if t_send < self.t_start:
+            self.t_start = t_send
+        if t_last > self.t_end:
+            self.t_end = t_last
         status = record["status"]
         if status != "ok":
             self.errors[status] = self.errors.get(status, 0) + 1
@@ -47,12 +61,40 @@ class CellAccumulator:
                 self.tokens[digest] = toks
         else:
             self.counts[digest] = count + 1
-        self.output_tokens += record.get("completion_tokens") or 0
-        for name, value in _latencies(record):
-            hist = self.latency.get(name)
-            if hist is None:
-                hist = self.latency[name] = LatencyHistogram()
-            hist.add(value)
+        tokens = record.get("completion_tokens") or 0
+        self.output_tokens += tokens
+        latency = self.latency
+        latency["e2e"].add(t_last - t_send)
+        scheduled = record.get("t_scheduled")
+        if scheduled is not None:
+            # How late the client sent it: the client, not the server, is the limit when this grows.
+            latency["lateness"].add(t_send - scheduled)
+        t_first = record.get("t_first_token")
+        chunks = record.get("chunks") or 0
+        # Without streaming the first token arrives with the last: TTFT and TPOT would only restate e2e.
+        if t_first is not None and chunks:
+            latency["ttft"].add(t_first - t_send)
+            if (tokens or chunks) > 1:
+                latency["tpot"].add((t_last - t_first) / ((tokens or chunks) - 1))
+            if chunks > 1:
+                latency["itl"].add((t_last - t_first) / (chunks - 1))
+
+    def merge(self, other: CellAccumulator) -> None:
+        """Fold another part of the same cell in (the parallel reader splits files)."""
+        for digest, n in other.counts.items():
+            self.counts[digest] = self.counts.get(digest, 0) + n
+            if digest not in self.first_seen or other.first_seen[digest] < self.first_seen[digest]:
+                self.first_seen[digest] = other.first_seen[digest]
+                self.texts[digest] = other.texts[digest]
+        for digest, toks in other.tokens.items():
+            self.tokens.setdefault(digest, toks)
+        for status, n in other.errors.items():
+            self.errors[status] = self.errors.get(status, 0) + n
+        for name, hist in other.latency.items():
+            self.latency[name].merge(hist)
+        self.output_tokens += other.output_tokens
+        self.t_start = min(self.t_start, other.t_start)
+        self.t_end = max(self.t_end, other.t_end)
 
     @property
     def ok(self) -> int:
@@ -73,6 +115,30 @@ class Reduction:
             cell = self.cells[key] = CellAccumulator()
         cell.add(record)
         self.records += 1
+
+    def merge(self, other: Reduction) -> None:
+        for key, cell in other.cells.items():
+            if key in self.cells:
+                self.cells[key].merge(cell)
+            else:
+                self.cells[key] = cell
+        self.records += other.records
+
+
+def reduce_file(path: Path, workers: int | None = None) -> Reduction:
+    """Reduce a records file; large files are split at line boundaries and read by parallel processes."""
+    workers = workers or os.cpu_count() or 1
+    size = path.stat().st_size
+    if workers < 2 or size < _PARALLEL_BYTES:
+        return reduce_records(read_records(path))
+    cuts = _line_cuts(path, size, workers)
+    ranges = [(str(path), start, end, end == size) for start, end in zip(cuts, cuts[1:], strict=False)]
+    with multiprocessing.get_context("fork").Pool(len(ranges)) as pool:
+        parts = pool.starmap(_reduce_range, ranges)
+    total = parts[0]
+    for part in parts[1:]:
+        total.merge(part)
+    return total
 
 
 def reduce_records(records: Iterable[dict[str, Any]]) -> Reduction:
@@ -223,7 +289,7 @@ def _cell_summary(probe: str, role: str, mode: str, level: tuple[int, float | No
         "output_hashes": sorted(cell.counts, key=lambda h: -cell.counts[h])[:256],
         "output_tokens": cell.output_tokens,
         "duration_s": round(cell.t_end - cell.t_start, 6) if ok + sum(cell.errors.values()) else None,
-        "latency": {name: hist.summary() for name, hist in sorted(cell.latency.items())},
+        "latency": {name: hist.summary() for name, hist in sorted(cell.latency.items()) if hist.n_total},
     }
     if drift and serial_modal is not None:
         ref_text = reference.texts[serial_modal]
@@ -256,23 +322,34 @@ def _modal(cell: CellAccumulator) -> str | None:
     return max(cell.counts, key=lambda h: (cell.counts[h], -cell.first_seen[h]))
 
 
-def _latencies(record: dict[str, Any]) -> list[tuple[str, float]]:
-    t_send, t_last = record["t_send"], record["t_last_byte"]
-    out = [("e2e", t_last - t_send)]
-    if record.get("t_scheduled") is not None:
-        # How late the client sent it: the client, not the server, is the limit when this grows.
-        out.append(("lateness", t_send - record["t_scheduled"]))
-    t_first = record.get("t_first_token")
-    # Without streaming the first token arrives with the last: TTFT and TPOT would only restate e2e.
-    if t_first is not None and record.get("chunks"):
-        out.append(("ttft", t_first - t_send))
-        tokens = record.get("completion_tokens") or record.get("chunks") or 0
-        if tokens > 1:
-            out.append(("tpot", (t_last - t_first) / (tokens - 1)))
-        chunks = record.get("chunks") or 0
-        if chunks > 1:
-            out.append(("itl", (t_last - t_first) / (chunks - 1)))
-    return out
+def _line_cuts(path: Path, size: int, parts: int) -> list[int]:
+    """Byte offsets that split the file into ``parts`` pieces, each starting at a line."""
+    cuts = [0]
+    with path.open("rb") as handle:
+        for i in range(1, parts):
+            handle.seek(size * i // parts)
+            handle.readline()
+            position = handle.tell()
+            if cuts[-1] < position < size:
+                cuts.append(position)
+    return cuts + [size]
+
+
+def _reduce_range(path: str, start: int, end: int, is_last: bool) -> Reduction:
+    reduction = Reduction()
+    with open(path, "rb") as handle:
+        handle.seek(start)
+        position = start
+        while position < end:
+            line = handle.readline()
+            position += len(line)
+            try:
+                reduction.add(orjson.loads(line))
+            except orjson.JSONDecodeError:
+                # Only the file's very last line may be torn (a run killed mid-write).
+                if not (is_last and position >= end):
+                    raise RunDirError(f"{path}: a record near byte {position} is not JSON") from None
+    return reduction
 
 
 def _merge_counts(items: Iterable[dict[str, int]]) -> dict[str, int]:

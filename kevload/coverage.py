@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from kevload.scenario import ScenarioError
+from kevload.scenario import ScenarioError, iter_jsonl
 
 _LATIN = re.compile(r"[a-z][a-z0-9'_-]+")
 _CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
@@ -69,23 +69,12 @@ def keywords(text: str) -> list[str]:
 
 def read_inputs(path: Path) -> Iterator[tuple[str, str | None]]:
     """(input text, label) per line: ``input`` or ``messages`` (the last message's content), optional ``label``."""
-    try:
-        handle = path.open("rb")
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read: {exc.strerror}") from None
-    with handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                doc = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                raise ScenarioError(f"{path}:{number}: expected one JSON object a line (JSONL)") from None
-            text = _text_of(doc)
-            if text is None:
-                raise ScenarioError(f"{path}:{number}: expected an object with input (string) or messages (list)")
-            label = doc.get("label")
-            yield text, None if label is None else str(label)
+    for number, doc in iter_jsonl(path, "coverage input"):
+        text = _text_of(doc)
+        if text is None:
+            raise ScenarioError(f"{path}:{number}: expected an object with input (string) or messages (list)")
+        label = doc.get("label")
+        yield text, None if label is None else str(label)
 
 
 def scan(path: Path) -> Side:

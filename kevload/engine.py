@@ -15,7 +15,7 @@ from typing import Any
 
 from kevload import __version__
 from kevload.client import Client, Outcome, build_body
-from kevload.compare import reduce_records, summarize
+from kevload.compare import reduce_file, summarize
 from kevload.scenario import Probe, Scenario
 from kevload.store import (
     RECORDS,
@@ -109,7 +109,7 @@ def finish_run(run_dir: Path, *, state: str | None = None, meta: dict[str, Any] 
     """(Re)compute ``summary.json`` from the records on disk and, if given, record the end state in ``run.json``."""
     meta = meta if meta is not None else read_json(run_dir / RUN)
     max_error_share = meta["load"]["max_error_share"]
-    summary = summarize(reduce_records(read_records(run_dir / RECORDS)), max_error_share=max_error_share)
+    summary = summarize(reduce_file(run_dir / RECORDS), max_error_share=max_error_share)
     summary["run_id"] = meta.get("run_id")
     summary["scenario"] = meta.get("scenario_name")
     summary["state"] = state or meta.get("state")

@@ -5,10 +5,13 @@ from __future__ import annotations
 import difflib
 import os
 import tomllib
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
+
+import orjson
 
 MODES = ("single", "mixed", "prefix", "needle")
 ARRIVALS = ("constant", "poisson")
@@ -85,6 +88,25 @@ class Scenario:
                 f"{self.source}: target.api_key_env: environment variable {self.target.api_key_env} is not set"
             )
         return key
+
+
+def iter_jsonl(path: Path, what: str) -> Iterator[tuple[int, Any]]:
+    """(line number, object) for each non-blank line of a user's JSONL file, streamed.
+
+    Errors name the file and line; ``what`` says which input it is (e.g. "load.companions").
+    """
+    try:
+        handle = path.open("rb")
+    except OSError as exc:
+        raise ScenarioError(f"{path}: {what}: cannot read: {exc.strerror}") from None
+    with handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                yield number, orjson.loads(line)
+            except orjson.JSONDecodeError:
+                raise ScenarioError(f"{path}:{number}: {what}: expected one JSON object a line (JSONL)") from None
 
 
 def load_scenario(path: str | Path, overrides: list[str] = ()) -> Scenario:

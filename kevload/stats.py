@@ -12,6 +12,7 @@ _LOW = 1e-6
 _GROWTH = 1.005
 _BINS = int(math.log(1.1e4 / _LOW) / math.log(_GROWTH)) + 2
 _LOG_GROWTH = math.log(_GROWTH)
+_BATCH = 4096
 
 
 def drift_upper_bound(n: int, confidence: float = 0.95) -> float:
@@ -27,32 +28,34 @@ def samples_for_bound(rate: float, confidence: float = 0.95) -> int:
 
 
 class LatencyHistogram:
-    """Counts latencies (seconds) in fixed log bins; exact min, max and mean, quantiles to 0.5 %."""
+    """Counts latencies (seconds) in fixed log bins; exact min, max and mean, quantiles to 0.5 %.
 
-    __slots__ = ("_counts", "n", "total", "low", "high")
+    Values are buffered and binned in batches with numpy: one Python list append per value
+    instead of a log and a numpy scalar update, which kept the comparator from 1M records/3 s.
+    """
+
+    __slots__ = ("_counts", "_pending", "n", "total", "low", "high")
 
     def __init__(self) -> None:
         self._counts = np.zeros(_BINS, dtype=np.int64)
+        self._pending: list[float] = []
         self.n = 0
         self.total = 0.0
         self.low = math.inf
         self.high = -math.inf
 
     def add(self, value: float) -> None:
-        value = max(value, 0.0)
-        self._counts[_bin(value)] += 1
-        self.n += 1
-        self.total += value
-        if value < self.low:
-            self.low = value
-        if value > self.high:
-            self.high = value
+        self._pending.append(value)
+        if len(self._pending) >= _BATCH:
+            self._flush()
 
     def quantile(self, q: float) -> float:
         """The ``q`` quantile (0–1): the geometric centre of the bin holding it, clamped to [min, max]."""
+        self._flush()
         return self._quantile(np.cumsum(self._counts), q) if self.n else math.nan
 
     def summary(self) -> dict[str, float]:
+        self._flush()
         if self.n == 0:
             return {"n": 0}
         cumulative = np.cumsum(self._counts)
@@ -63,14 +66,34 @@ class LatencyHistogram:
         out["mean"] = round(self.total / self.n, 6)
         return out
 
+    @property
+    def n_total(self) -> int:
+        return self.n + len(self._pending)
+
+    def merge(self, other: LatencyHistogram) -> None:
+        self._flush()
+        other._flush()
+        self._counts += other._counts
+        self.n += other.n
+        self.total += other.total
+        self.low = min(self.low, other.low)
+        self.high = max(self.high, other.high)
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        values = np.maximum(np.asarray(self._pending, dtype=np.float64), 0.0)
+        self._pending.clear()
+        with np.errstate(divide="ignore"):
+            index = np.where(values <= _LOW, 0, np.log(np.maximum(values, _LOW) / _LOW) / _LOG_GROWTH + 1)
+        self._counts += np.bincount(np.minimum(index.astype(np.int64), _BINS - 1), minlength=_BINS)
+        self.n += len(values)
+        self.total += float(values.sum())
+        self.low = min(self.low, float(values.min()))
+        self.high = max(self.high, float(values.max()))
+
     def _quantile(self, cumulative: np.ndarray, q: float) -> float:
         rank = max(1, math.ceil(q * self.n))
         index = int(np.searchsorted(cumulative, rank))
         centre = _LOW * _GROWTH ** (index - 0.5) if index > 0 else _LOW
         return min(max(centre, self.low), self.high)
-
-
-def _bin(value: float) -> int:
-    if value <= _LOW:
-        return 0
-    return min(int(math.log(value / _LOW) / _LOG_GROWTH) + 1, _BINS - 1)

@@ -7,9 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import orjson
-
-from kevload.scenario import Load, Probe, ScenarioError
+from kevload.scenario import Load, Probe, ScenarioError, iter_jsonl
 
 # Different kinds and lengths on purpose: batch composition (lengths, padding, kernels chosen)
 # is what makes batched inference drift, so companions should vary it as much as possible.
@@ -83,17 +81,7 @@ class CompanionPicker:
 def load_companion_file(path: Path) -> list[Probe]:
     """Companions from JSONL: one object a line with ``prompt`` or ``messages``, optional ``id``, ``max_tokens``."""
     items = []
-    try:
-        lines = path.read_bytes().splitlines()
-    except OSError as exc:
-        raise ScenarioError(f"{path}: load.companions: cannot read companion file: {exc.strerror}") from None
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            doc = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            raise ScenarioError(f"{path}:{number}: load.companions: expected one JSON object a line (JSONL)") from None
+    for number, doc in iter_jsonl(path, "load.companions"):
         ok_doc = isinstance(doc, dict) and (isinstance(doc.get("prompt"), str) or isinstance(doc.get("messages"), list))
         if not ok_doc:
             raise ScenarioError(f"{path}:{number}: load.companions: expected an object with prompt or messages")

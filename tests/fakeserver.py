@@ -258,8 +258,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--drift-at", type=int)
+    parser.add_argument("--latency", type=float, default=0.1)
     args = parser.parse_args()
-    server = FakeServer(Behaviour(drift_at=args.drift_at, latency=0.1))
+    server = FakeServer(Behaviour(drift_at=args.drift_at, latency=args.latency))
     server.port = args.port
     server.start()
     stopped = threading.Event()

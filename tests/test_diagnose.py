@@ -125,3 +125,20 @@ def test_bad_usage(tmp_path, args, expected):
         base += ["--prompt", "x"]
     code, output = run_cli(*base, *args)
     assert code == 2 and expected in output
+
+
+def test_messages_file(tmp_path, server):
+    messages = tmp_path / "m.json"
+    messages.write_text(json.dumps([{"role": "system", "content": "Be brief."},
+                                    {"role": "user", "content": "Tell me a fact."}]))
+    out = tmp_path / "d.json"
+    code, output = run_cli("diagnose", "--url", server.url, "--model", "fake", "--messages", messages,
+                           "--samples", "3", "--json", out, "--out", tmp_path / "runs")
+    assert code == 0, output
+    assert json.loads(out.read_text())["verdict"] == "stable"
+    assert all(body["messages"][0]["content"] == "Be brief." for body in server.requests if "messages" in body
+               and len(body["messages"]) == 2)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"role": "user"}')
+    code, output = run_cli("diagnose", "--url", server.url, "--model", "fake", "--messages", bad)
+    assert code == 2 and "bad.json: --messages: expected a JSON list" in output
