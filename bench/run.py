@@ -313,7 +313,8 @@ def print_table(results: dict) -> None:
         c = results["comparator"]
         print(
             f"comparator: {c['records']:,} records reduced to matrices in {c['seconds']:.2f} s, "
-            f"peak RSS {c['rss_peak_mb']:.0f} MB"
+            f"peak RSS {c['rss_peak_mb']:.0f} MB + {c['worker_rss_peak_mb']:.0f} MB per reader process "
+            f"({os.cpu_count()} readers)"
         )
 
 

@@ -33,15 +33,15 @@ _CMAKE_FLAGS = [
 def server_binary(log: Callable[[str], None] = print) -> Path:
     """Path to a working ``llama-server``, building it on first use (about 11 minutes on 2 cores)."""
     dest = cache_root() / "targets" / "llamacpp" / VERSION
-    build_once(dest, lambda staging: _build(staging, log), log=log)
+    build_once(dest, lambda root: _build(root, log), log=log)
     return dest / "bin" / "llama-server"
 
 
-def _build(staging: Path, log: Callable[[str], None]) -> dict:
+def _build(root: Path, log: Callable[[str], None]) -> dict:
     if shutil.which("cmake") is None:
         raise ProvisionError("cmake is not installed (Debian: apt-get install cmake build-essential)")
-    sdist = pip_download(f"llama-cpp-python=={VERSION}", SDIST_SHA256, staging / "download", sdist=True, log=log)
-    src = staging / "src"
+    sdist = pip_download(f"llama-cpp-python=={VERSION}", SDIST_SHA256, root / "download", sdist=True, log=log)
+    src = root / "src"
     log("extracting vendor/llama.cpp …")
     with tarfile.open(sdist) as archive:
         members = []
@@ -50,14 +50,14 @@ def _build(staging: Path, log: Callable[[str], None]) -> dict:
                 member.name = member.name[len(_VENDOR):]
                 members.append(member)
         archive.extractall(src, members=members, filter="data")
-    build = staging / "build"
+    build = root / "build"
     jobs = str(os.cpu_count() or 2)
     run_logged(["cmake", "-S", str(src), "-B", str(build), *_CMAKE_FLAGS], log=log, what="cmake configure")
     run_logged(["cmake", "--build", str(build), "--target", "llama-server", "-j", jobs], log=log,
                what=f"build llama-server with {jobs} jobs (about 11 minutes on 2 cores)")
-    (staging / "bin").mkdir()
-    shutil.copy2(build / "bin" / "llama-server", staging / "bin" / "llama-server")
+    (root / "bin").mkdir()
+    shutil.copy2(build / "bin" / "llama-server", root / "bin" / "llama-server")
     shutil.rmtree(build)
     shutil.rmtree(src)
-    shutil.rmtree(staging / "download")
+    shutil.rmtree(root / "download")
     return {"target": "llamacpp", "version": VERSION, "sdist_sha256": SDIST_SHA256}

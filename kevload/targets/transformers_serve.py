@@ -35,7 +35,7 @@ tokenizer.save_pretrained(out)
 def environment(log: Callable[[str], None] = print) -> Path:
     """The virtualenv with transformers and torch, installed on first use."""
     dest = cache_root() / "targets" / "transformers" / f"{VERSION}-torch{TORCH}"
-    build_once(dest, lambda staging: _install(staging, log), log=log)
+    build_once(dest, lambda root: _install(root, log), log=log)
     return dest
 
 
@@ -48,12 +48,12 @@ def model_dir(gguf: Path | None = None, log: Callable[[str], None] = print) -> P
     gguf = gguf or default_gguf()
     env = environment(log)
     dest = cache_root() / "models" / f"hf-{gguf_identity(gguf)}"
-    build_once(dest, lambda staging: _convert(env, gguf, staging, log), log=log)
+    build_once(dest, lambda root: _convert(env, gguf, root, log), log=log)
     return dest
 
 
-def _install(staging: Path, log: Callable[[str], None]) -> dict:
-    venv = staging / "venv"
+def _install(root: Path, log: Callable[[str], None]) -> dict:
+    venv = root / "venv"
     run_logged([sys.executable, "-m", "venv", str(venv)], log=log, what="create transformers virtualenv")
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     run_logged(pip + _REQUIREMENTS, log=log, what=f"install transformers {VERSION} and torch {TORCH} (CPU)")
@@ -64,9 +64,9 @@ def _install(staging: Path, log: Callable[[str], None]) -> dict:
     return {"target": "transformers", "version": VERSION, "torch": TORCH}
 
 
-def _convert(env: Path, gguf: Path, staging: Path, log: Callable[[str], None]) -> dict:
-    run_logged([str(python_in(env)), "-c", _CONVERT, str(gguf.parent), gguf.name, str(staging)], log=log,
+def _convert(env: Path, gguf: Path, root: Path, log: Callable[[str], None]) -> dict:
+    run_logged([str(python_in(env)), "-c", _CONVERT, str(gguf.parent), gguf.name, str(root)], log=log,
                what=f"convert {gguf.name} to a transformers model", env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    if not (staging / "config.json").is_file():
+    if not (root / "config.json").is_file():
         raise ProvisionError(f"conversion of {gguf} wrote no config.json")
     return {"gguf": str(gguf), "identity": gguf_identity(gguf)}
