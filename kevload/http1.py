@@ -270,12 +270,7 @@ class _Connection(asyncio.Protocol):
                 self._head(bytes(buf[:end]))
                 del buf[:end + 4]
             elif state == self._LENGTH:
-                take = min(self.remaining, len(buf))
-                self.body.append(bytes(buf[:take]))
-                del buf[:take]
-                self.remaining -= take
-                if self.remaining == 0:
-                    self.state = self._DONE
+                self._take_body(self._DONE)
             elif state == self._CHUNK_SIZE:
                 end = buf.find(b"\r\n")
                 if end < 0:
@@ -288,12 +283,7 @@ class _Connection(asyncio.Protocol):
                 del buf[:end + 2]
                 self.state = self._CHUNK_DATA if self.remaining else self._TRAILER
             elif state == self._CHUNK_DATA:
-                take = min(self.remaining, len(buf))
-                self.body.append(bytes(buf[:take]))
-                del buf[:take]
-                self.remaining -= take
-                if self.remaining == 0:
-                    self.state = self._CHUNK_END
+                self._take_body(self._CHUNK_END)
             elif state == self._CHUNK_END:
                 if len(buf) < 2:
                     return
@@ -315,6 +305,16 @@ class _Connection(asyncio.Protocol):
                 # Bytes after a complete response: the connection is out of step, never reuse it.
                 self.keep_alive = False
                 buf.clear()
+
+    def _take_body(self, then: int) -> None:
+        """Move up to ``remaining`` body bytes from the buffer to the body; switch to ``then`` when done."""
+        buf = self.buffer
+        take = min(self.remaining, len(buf))
+        self.body.append(bytes(buf[:take]))
+        del buf[:take]
+        self.remaining -= take
+        if self.remaining == 0:
+            self.state = then
 
     def _head(self, raw: bytes) -> None:
         lines = raw.split(b"\r\n")
