@@ -15,8 +15,7 @@ import orjson
 from kevload import http1
 from kevload.scenario import Probe, Target
 from kevload.sse import SSEError, SSEParser
-
-ERROR_TYPES = ("timeout", "connect", "reset", "truncated", "malformed")
+from kevload.store import secret_header_values
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +72,8 @@ class Client:
     def __init__(self, target: Target, api_key: str | None, *, limit: int = 0):
         self.target = target
         self.url = target.base_url.rstrip("/") + ("/chat/completions" if target.api == "chat" else "/completions")
-        self._secrets = [api_key] if api_key else []
+        # Error texts can echo request headers back (some gateways do): scrub every credential.
+        self._secrets = [s for s in [api_key, *secret_header_values(target.headers)] if s]
         headers = {"Content-Type": "application/json", **target.headers}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"

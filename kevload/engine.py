@@ -27,6 +27,7 @@ from kevload.store import (
     read_json,
     read_records,
     redact,
+    secret_header_values,
     write_json,
 )
 from kevload.workload import CompanionPicker, companions_for
@@ -60,7 +61,7 @@ async def run_scenario(scenario: Scenario, run_dir: Path | None = None, *,
     base_dir = Path(scenario.source).parent if scenario.source else None
     # Built before anything is sent or written, so a bad companion file fails the run up front.
     pools = [companions_for(probe, scenario.load, base_dir=base_dir) for probe in scenario.probes]
-    secrets = [s for s in [api_key, *_sensitive_header_values(scenario.target.headers)] if s]
+    secrets = [s for s in [api_key, *secret_header_values(scenario.target.headers)] if s]
     done: dict[tuple[str, int, float | None], int] = {}
     next_seq = 0
     if resume:
@@ -88,17 +89,15 @@ async def run_scenario(scenario: Scenario, run_dir: Path | None = None, *,
         async with Client(scenario.target, api_key) as client:
             runner.client = client
             try:
+                # Open-loop rates replace the closed-loop concurrency levels when they are given.
+                levels = [(runner.rate_level, rate) for rate in scenario.load.rate] or \
+                    [(runner.level, level) for level in scenario.load.concurrency]
                 for index, probe in enumerate(scenario.probes):
                     picker = CompanionPicker(pools[index], seed=scenario.load.seed + index)
-                    if scenario.load.rate:
-                        for rate in scenario.load.rate:
-                            if stop.is_set() or runner.aborted:
-                                break
-                            await runner.rate_level(probe, rate, picker)
-                    for level in () if scenario.load.rate else scenario.load.concurrency:
+                    for run_level, level in levels:
                         if stop.is_set() or runner.aborted:
                             break
-                        await runner.level(probe, level, picker)
+                        await run_level(probe, level, picker)
             finally:
                 state = "aborted" if runner.aborted else "interrupted" if stop.is_set() else "complete"
                 summary = finish_run(run_dir, state=state, meta=meta)
@@ -320,11 +319,6 @@ def _run_meta(scenario: Scenario, run_id: str, secrets: list[str]) -> dict[str, 
         "clock": {"perf_counter": time.perf_counter(), "unix": time.time()},
         "state": "running",
     }
-
-
-def _sensitive_header_values(headers: dict[str, str]) -> list[str]:
-    redacted = redact({"headers": headers}, [])["headers"]
-    return [value for name, value in headers.items() if redacted[name] == "***"]
 
 
 def _now_iso() -> str:

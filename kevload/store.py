@@ -128,6 +128,11 @@ def open_run_dir(path: Path) -> Path:
     return path
 
 
+def secret_header_values(headers: dict[str, str]) -> list[str]:
+    """Values of headers whose names say they carry credentials: scrubbed wherever they might appear."""
+    return [value for name, value in headers.items() if _SENSITIVE_HEADER.search(name) and value]
+
+
 def redact(value: Any, secrets: list[str]) -> Any:
     """A copy with sensitive header values masked and every known secret string replaced by ***."""
     if isinstance(value, dict):

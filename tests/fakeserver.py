@@ -142,7 +142,8 @@ class FakeServer:
         try:
             if fault == "echo_auth":
                 # Some gateways echo the request headers in their errors; the key must still not leak.
-                return web.json_response({"error": f"bad key {request.headers.get('Authorization')}"}, status=401)
+                echoed = f"{request.headers.get('Authorization')} {request.headers.get('X-Api-Key')}"
+                return web.json_response({"error": f"bad key {echoed}"}, status=401)
             if fault in ("http_500", "http_503", "http_429"):
                 headers = {"Retry-After": b.retry_after} if fault == "http_429" else {}
                 return web.json_response({"error": "injected"}, status=int(fault[5:]), headers=headers)

@@ -15,6 +15,7 @@ from kevload.store import read_records
 from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
 
 SECRET = "sk-kevload-test-7f3a9c1e55d24b"
+HEADER_SECRET = "hdr-kevload-test-91ab77c0"
 
 
 def test_counts_equal_what_the_server_injected(tmp_path, server):
@@ -98,7 +99,7 @@ def test_secret_never_lands_anywhere(tmp_path, server, monkeypatch):
     monkeypatch.setenv("KEVLOAD_SECRET_KEY", SECRET)
     server.behaviour.faults = ["echo_auth", None, None]
     scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=3, max_error_share=1.0,
-                              target={"api_key_env": "KEVLOAD_SECRET_KEY"})
+                              target={"api_key_env": "KEVLOAD_SECRET_KEY", "headers": {"X-Api-Key": HEADER_SECRET}})
     out = tmp_path / "run"
     printed = [run_cli("run", scenario, "--out", out)[1]]
     assert server.requests and f"Bearer {SECRET}" not in json.dumps(server.requests)  # key goes in a header only
@@ -110,6 +111,7 @@ def test_secret_never_lands_anywhere(tmp_path, server, monkeypatch):
     assert errors and "***" in errors[0]  # the echoed key was scrubbed, the evidence kept
     for path in [*out.rglob("*"), *(tmp_path / "junit-run").rglob("*")]:
         if path.is_file():
-            assert SECRET not in path.read_text(errors="replace"), path
+            text = path.read_text(errors="replace")
+            assert SECRET not in text and HEADER_SECRET not in text, path
     for text in printed:
-        assert SECRET not in text
+        assert SECRET not in text and HEADER_SECRET not in text
