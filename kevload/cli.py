@@ -90,8 +90,7 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
         from kevload.report import junit_xml
 
         junit.write_text(junit_xml(result.summary), encoding="utf-8")
-    if signum is not None:
-        sys.exit(aio.EXIT_FOR_SIGNAL[signum])
+    _exit_if_signalled(signum)
     code = _EXIT_FOR_VERDICT[result.summary["verdict"]]
     if reference is not None and code != EXIT_TARGET:
         changes = compare_to_baseline(result.summary, reference, max_latency_regression=max_latency_regression)
@@ -173,6 +172,12 @@ def _print_summary(summary: dict, quiet: bool) -> None:
         click.echo(verdict_line(summary))
     else:
         render(summary, "table", Console())
+
+
+def _exit_if_signalled(signum: int | None) -> None:
+    """A run stopped by SIGINT/SIGTERM exits 130/143 once what it collected is written."""
+    if signum is not None:
+        sys.exit(aio.EXIT_FOR_SIGNAL[signum])
 
 
 def _guard(action):
@@ -324,8 +329,7 @@ def diagnose_command(url, model, prompt, messages_file, params_json, max_tokens,
     click.echo(diagnosis_text(result.to_json()))
     if json_out is not None:
         json_out.write_bytes(orjson.dumps(result.to_json(), option=orjson.OPT_INDENT_2))
-    if signum is not None:
-        sys.exit(aio.EXIT_FOR_SIGNAL[signum])
+    _exit_if_signalled(signum)
     if result.target_failed:
         sys.exit(EXIT_TARGET)
     sys.exit(EXIT_OK if result.verdict == "stable" else EXIT_DRIFT)
@@ -410,8 +414,7 @@ def cases_rerun(cases_file: Path, url: str, model: str, times: int, api: str, ou
     for r in results:
         if "matches_expected" in r:
             click.echo(f"{r['id']}: {'matches' if r['matches_expected'] else 'does not match'} expected")
-    if signum is not None:
-        sys.exit(aio.EXIT_FOR_SIGNAL[signum])
+    _exit_if_signalled(signum)
     sys.exit(EXIT_DRIFT if moves["stable→unstable"] else EXIT_OK)
 
 
@@ -445,7 +448,6 @@ def sweep_command(scenario, server_cmd, builtin, grids, ready_url, overrides, ou
         sys.exit(EXIT_TARGET)
     click.echo(sweep_markdown(sweep))
     stderr.print(f"sweep: {out}/sweep.json, {out}/sweep.md")
-    if signum is not None:
-        sys.exit(aio.EXIT_FOR_SIGNAL[signum])
+    _exit_if_signalled(signum)
     verdicts = {row["verdict"] for row in sweep["rows"]}
     sys.exit(EXIT_TARGET if "target_failed" in verdicts else EXIT_DRIFT if "nondeterministic" in verdicts else EXIT_OK)
