@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -53,9 +54,11 @@ def main() -> None:
 @click.option("--max-latency-regression", type=click.FloatRange(min=0), default=0.2, show_default=True,
               help="With --baseline: allowed relative growth of p50 e2e/TTFT latency.")
 @click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), help="Write JUnit XML here.")
+@click.option("--metrics", type=click.Path(dir_okay=False, path_type=Path), callback=lambda _c, _p, v: _metrics_path(v),
+              help="Write the cells as Prometheus text here (node_exporter textfile collector, Pushgateway).")
 def run(scenario: Path | None, resume: Path | None, retries: int | None, overrides: tuple[str, ...],
         out: Path | None, quiet: bool, baseline: Path | None, max_latency_regression: float,
-        junit: Path | None) -> None:
+        junit: Path | None, metrics: Path | None) -> None:
     """Run SCENARIO and print the uniqueness matrix. Exit 0 stable, 1 drift, 2 bad input, 3 target failed."""
     from kevload.baseline import compare_to_baseline, load_baseline
 
@@ -90,6 +93,8 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
         from kevload.report import junit_xml
 
         junit.write_text(junit_xml(result.summary), encoding="utf-8")
+    if metrics is not None:
+        _write_metrics(metrics, result.summary, result.run_dir)
     _exit_if_signalled(signum)
     code = _EXIT_FOR_VERDICT[result.summary["verdict"]]
     if reference is not None and code != EXIT_TARGET:
@@ -108,9 +113,13 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write to a file.")
-def report(run_dir: Path, fmt: str, output: Path | None) -> None:
+@click.option("--metrics", type=click.Path(dir_okay=False, path_type=Path), callback=lambda _c, _p, v: _metrics_path(v),
+              help="Also write the cells as Prometheus text here.")
+def report(run_dir: Path, fmt: str, output: Path | None, metrics: Path | None) -> None:
     """Recompute a run's summary from its records (no server needed) and render it; sweeps too (html, json)."""
     if (run_dir / "sweep.json").is_file() and not (run_dir / "records.jsonl").is_file():
+        if metrics is not None:
+            raise UserError(f"--metrics: {run_dir} is a sweep; give one of its run directories")
         _report_sweep(run_dir, fmt, output)
         return
     _guard(lambda: open_run_dir(run_dir))
@@ -129,6 +138,8 @@ def report(run_dir: Path, fmt: str, output: Path | None) -> None:
             text = render(summary, fmt, Console(file=handle, width=120))
             if text is not None:
                 handle.write(text + "\n")
+    if metrics is not None:
+        _write_metrics(metrics, summary, run_dir)
     sys.exit(_EXIT_FOR_VERDICT[summary["verdict"]])
 
 
@@ -150,6 +161,23 @@ def _emit(text: str, output: Path | None) -> None:
     else:
         output.write_text(text, encoding="utf-8")
         stderr.print(f"wrote {output}")
+
+
+def _metrics_path(path: Path | None) -> Path | None:
+    """Checked before anything runs: a nightly job should not learn of a typo in the path after hours of load."""
+    if path is not None and not (path.parent.is_dir() and os.access(path.parent, os.W_OK)):
+        raise UserError(f"--metrics {path}: expected a file in an existing, writable directory")
+    return path
+
+
+def _write_metrics(path: Path, summary: dict, run_dir: Path) -> None:
+    from kevload.metrics import write_metrics
+
+    try:
+        write_metrics(path, summary, _guard(lambda: read_json(run_dir / "run.json")))
+    except OSError as exc:
+        raise UserError(f"--metrics {path}: cannot write ({exc.strerror or exc})") from None
+    stderr.print(f"metrics: {path}")
 
 
 def _resumable(run_dir: Path, overrides: list[str]):

@@ -1,0 +1,177 @@
+"""A run's cells as Prometheus text exposition (version 0.0.4), for node_exporter's textfile collector and
+Pushgateway, so nightly determinism results land on the same Grafana boards as the servers.
+
+Every value is a gauge or a summary: a run is a finished batch job, its counts describe that run and
+never grow afterwards, so counters (monotonic over a process's life) would misdescribe them. The
+file ends with ``# EOF``: a comment to the Prometheus text parsers (Go's expfmt, prometheus_client's)
+and the terminator OpenMetrics parsers require, so both read the same file.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from kevload.compare import level_label
+
+# Listed so a board can show the verdicts a run did not reach as 0 (one series per verdict, a state set).
+VERDICTS = ("deterministic", "nondeterministic", "target_failed")
+
+# summary.json latency stats → the quantile label they answer; the maximum is the 1-quantile.
+QUANTILES = (("p50", "0.5"), ("p90", "0.9"), ("p99", "0.99"), ("max", "1"))
+
+
+@dataclass(frozen=True)
+class Field:
+    """One summary field and the metric it becomes; absent or null in the summary → no series."""
+
+    key: str
+    name: str
+    help: str
+    label: str | None = None  # the field is a {label value: number} mapping: one series per entry
+
+
+CELL_FIELDS = (
+    Field("distinct", "kevload_cell_distinct_outputs", "Distinct outputs among the cell's ok requests."),
+    Field("drift", "kevload_cell_drift", "1 if the cell's outputs drift from the serial reference, else 0."),
+    Field("drift_rate", "kevload_cell_drift_rate_ratio",
+          "Share of the cell's ok requests whose output differs from the serial reference (not at the reference "
+          "level)."),
+    Field("drift_rate_upper_95", "kevload_cell_drift_rate_upper_95_ratio",
+          "Upper 95% confidence bound on the drift rate of a cell without drift."),
+    Field("latent_drift", "kevload_cell_latent_drift",
+          "1 if outputs have the serial text but different logprobs, else 0."),
+    Field("divergence_kinds", "kevload_cell_divergent_outputs",
+          "Divergent outputs by how they leave the serial reference (token, length, finish).", label="kind"),
+    Field("ok", "kevload_cell_ok_requests", "Requests in the cell that returned an output."),
+    Field("errors", "kevload_cell_error_requests", "Failed requests in the cell, by status.", label="status"),
+    Field("reconnects", "kevload_cell_reconnects",
+          "Requests resent once on a fresh connection after the reused one closed."),
+    Field("requests_per_s", "kevload_cell_requests_per_second", "Requests finished per second in the cell."),
+    Field("output_tokens_per_s", "kevload_cell_output_tokens_per_second", "Output tokens per second in the cell."),
+    Field("goodput", "kevload_cell_goodput_requests_per_second",
+          "Ok requests per second that met every SLO bound."),
+    Field("slo_attainment", "kevload_cell_slo_attainment_ratio", "Share of ok requests that met every SLO bound."),
+)
+
+# summary.json ``latency`` keys → summary-type metrics with a ``quantile`` label.
+LATENCY_FIELDS = (
+    Field("e2e", "kevload_cell_e2e_latency_seconds", "End-to-end request latency."),
+    Field("ttft", "kevload_cell_time_to_first_token_seconds", "Time to first token (streaming)."),
+    Field("itl", "kevload_cell_inter_token_latency_seconds", "Inter-token latency (streaming)."),
+    Field("tpot", "kevload_cell_time_per_output_token_seconds", "Time per output token after the first (streaming)."),
+    Field("lateness", "kevload_cell_send_lateness_seconds",
+          "How late the client sent against the open-loop schedule; grows when the client is the limit."),
+)
+
+RUN_FIELDS = (
+    Field("requests", "kevload_run_requests", "Requests the run counted, companions included."),
+    Field("errors", "kevload_run_error_requests", "Failed requests in the run, companions included."),
+    Field("error_share", "kevload_run_error_ratio", "Share of the run's requests that failed."),
+)
+
+RUN_VERDICT = Field("verdict", "kevload_run_verdict", "1 for the run's verdict, 0 for the others.")
+RUN_END = Field("ended_at", "kevload_run_end_timestamp_seconds", "When the run ended, Unix time (run.json).")
+
+CELL_LABELS = ("scenario", "probe", "mode", "level", "run_id")
+
+
+def metrics_text(summary: dict[str, Any], meta: dict[str, Any]) -> str:
+    """The exposition text for a summary (summary.json) and its run.json; probe cells only."""
+    run = {"scenario": summary.get("scenario") or "", "run_id": summary.get("run_id") or ""}
+    cells = [(_cell_labels(c, run), c) for c in summary["cells"] if c["role"] == "probe"]
+    lines: list[str] = []
+    for field in CELL_FIELDS:
+        _family(lines, field, "gauge", _field_samples(field, cells))
+    for field in LATENCY_FIELDS:
+        _family(lines, field, "summary", _latency_samples(field, cells))
+    verdicts = (*VERDICTS, *([summary["verdict"]] if summary["verdict"] not in VERDICTS else []))
+    _family(lines, RUN_VERDICT, "gauge", ((("", {**run, "verdict": v}), summary["verdict"] == v) for v in verdicts))
+    for field in RUN_FIELDS:
+        _family(lines, field, "gauge", _field_samples(field, [(run, summary)]))
+    ended = meta.get(RUN_END.key)
+    _family(lines, RUN_END, "gauge", [(("", run), datetime.fromisoformat(ended).timestamp())] if ended else [])
+    return "\n".join(lines + ["# EOF", ""])
+
+
+def write_metrics(path: Path, summary: dict[str, Any], meta: dict[str, Any]) -> None:
+    """Write atomically: the textfile collector may read at any moment and must never see half a file.
+
+    The temporary file sits beside the target (a rename is atomic only within one file system) and
+    does not end in ``.prom``, so the collector never picks it up; it is created with the umask's
+    mode, not mkstemp's 0600, because node_exporter usually runs as another user.
+    """
+    text = metrics_text(summary, meta).encode()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def escape_label(value: str) -> str:
+    """Label value escaping of the text format: backslash, double quote and newline."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def format_value(value: float | int | bool) -> str:
+    """Integers (and booleans) as integers; floats with repr, which round-trips every digit. Summaries hold
+    no infinities or NaN (JSON cannot carry them), so the format's own spellings of those are not needed."""
+    if isinstance(value, bool | int):
+        return str(int(value))
+    return repr(float(value))
+
+
+Sample = tuple[tuple[str, dict[str, str]], float | int | bool]  # ((name suffix, labels), value)
+
+
+def _family(lines: list[str], field: Field, kind: str, samples: Iterable[Sample]) -> None:
+    """HELP, TYPE and the samples of one family, contiguous as both formats require; nothing if no sample."""
+    body = [f"{field.name}{suffix}{{{_labels(labels)}}} {format_value(value)}"
+            for (suffix, labels), value in samples]
+    if body:
+        help_text = field.help.replace("\\", "\\\\").replace("\n", "\\n")
+        lines += [f"# HELP {field.name} {help_text}", f"# TYPE {field.name} {kind}", *body]
+
+
+def _field_samples(field: Field, cells: list[tuple[dict[str, str], dict[str, Any]]]) -> Iterator[Sample]:
+    for labels, cell in cells:
+        value = cell.get(field.key)
+        if value is None:
+            continue
+        if field.label is None:
+            yield ("", labels), value
+        else:
+            for label_value, count in value.items():
+                yield ("", {**labels, field.label: str(label_value)}), count
+
+
+def _latency_samples(field: Field, cells: list[tuple[dict[str, str], dict[str, Any]]]) -> Iterator[Sample]:
+    for labels, cell in cells:
+        stats = cell.get("latency", {}).get(field.key)
+        if not stats or not stats.get("n"):
+            continue
+        for key, quantile in QUANTILES:
+            yield ("", {**labels, "quantile": quantile}), stats[key]
+        # The summary keeps the mean, not the sum; mean × n restores it to the mean's 1 µs rounding.
+        yield ("_sum", labels), round(stats["mean"] * stats["n"], 6)
+        yield ("_count", labels), stats["n"]
+
+
+def _cell_labels(cell: dict[str, Any], run: dict[str, str]) -> dict[str, str]:
+    values = {**run, "probe": cell["probe"], "mode": cell["mode"], "level": level_label(cell)}
+    return {name: values[name] for name in CELL_LABELS}
+
+
+def _labels(labels: dict[str, str]) -> str:
+    return ",".join(f'{name}="{escape_label(value)}"' for name, value in labels.items())
