@@ -27,11 +27,12 @@ VERDICTS = ("stable", "sampling", "crosstalk", "cache", "server_nondeterministic
 # Field → value that removes its randomness; only the ones the server accepts are kept.
 FIXING_FIELDS: dict[str, Any] = {"temperature": 0, "top_p": 1, "top_k": 1, "seed": 1234, "do_sample": False}
 SEEDS = (1234, 987654, 55555)
-SAMPLING_TEMPERATURE = 0.8  # the seed findings sample at least this hot
+SAMPLING_TEMPERATURE = 0.8  # what the randomness findings sample at when the user's temperature is 0
 _MIN_OK = 3  # fewer ok samples than this in a step and nothing can be concluded from it
 _TARGET_BOUND = 0.01
 # Steps that must all have run before "no cause found" may be called stable.
 _CONFIG_STEPS = ("baseline", "fixed", "cache", "concurrency_single", "concurrency_mixed")
+_SEED_HELPS_NOT = "Fixing the seed will not help on this server"
 
 
 @dataclass(frozen=True)
@@ -137,12 +138,13 @@ class Findings:
 
     seed_honoured: bool | None = None
     greedy_at_temperature_0: bool | None = None
+    temperature_honoured: bool | None = None
     cache_effect: bool | None = None
     cache_off_converges: bool | None = None
 
     def to_json(self) -> dict[str, bool | None]:
         doc = {"seed_honoured": self.seed_honoured, "greedy_at_temperature_0": self.greedy_at_temperature_0,
-               "cache_effect": self.cache_effect}
+               "temperature_honoured": self.temperature_honoured, "cache_effect": self.cache_effect}
         if self.cache_off_converges is not None:
             doc["cache_off_converges"] = self.cache_off_converges
         return doc
@@ -161,6 +163,7 @@ class Diagnosis:
     runs: tuple[str, ...] = ()
     causes: tuple[dict[str, str], ...] = ()  # every cause found, in the guide's order
     dropped_fields: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # findings a user should hear about whatever the verdict
     target_failed: bool = False
     done: bool = False  # no further step can change the verdict (measuring stops here)
 
@@ -168,7 +171,7 @@ class Diagnosis:
         return {"verdict": self.verdict, "reason": self.reason, "next": self.next_step,
                 "steps": [s.to_json() for s in self.steps], "findings": self.findings.to_json(),
                 "runs": list(self.runs), "causes": [dict(c) for c in self.causes],
-                "dropped_fields": list(self.dropped_fields)}
+                "dropped_fields": list(self.dropped_fields), "notes": list(self.notes)}
 
 
 def findings(evidence: Evidence) -> Findings:
@@ -178,6 +181,7 @@ def findings(evidence: Evidence) -> Findings:
     return Findings(
         seed_honoured=_seed_honoured(evidence),
         greedy_at_temperature_0=None if greedy is None else not greedy,
+        temperature_honoured=_varies(evidence.step("temperature")),
         cache_effect=_cache_effect(evidence.step("cache")),
         cache_off_converges=None if cache_off is None else not cache_off,
     )
@@ -205,11 +209,13 @@ def decide(evidence: Evidence, run_all: bool = False) -> Diagnosis:
             next_step = "run the remaining steps"
         else:
             verdict, (reason, next_step) = "stable", _stable(evidence)
+        if verdict != "inconclusive" and found.temperature_honoured and found.seed_honoured is not True:
+            next_step += f". {_SEED_HELPS_NOT}: {_seed_why_not(evidence)}"
     return Diagnosis(
         verdict=verdict, reason=reason, next_step=next_step, findings=found,
         steps=evidence.steps + ((evidence.data,) if evidence.data is not None else ()),
         runs=evidence.runs, causes=tuple(causes), dropped_fields=evidence.dropped_fields,
-        target_failed=any(s.target_failed for s in evidence.steps),
+        notes=tuple(_notes(evidence, found)), target_failed=any(s.target_failed for s in evidence.steps),
         done=unusable is not None or (bool(causes) and not run_all),
     )
 
@@ -313,7 +319,20 @@ def _sampling_next(found: Findings) -> str:
               else "send the fixed step's params (temperature 0 alone still samples on this server)")
     if found.seed_honoured:
         return f"fix the seed (this server honours it) or {greedy}"
+    if found.temperature_honoured:
+        return greedy  # decide() adds why the seed will not help
     return f"fix the seed (and check it is honoured) or {greedy}"
+
+
+def _seed_why_not(evidence: Evidence) -> str:
+    if "seed" in evidence.dropped_fields:
+        return "it rejects the seed field"
+    repeat = evidence.step("seed_repeat")
+    if repeat is not None and repeat.ok >= 2 and repeat.distinct > 1:
+        return f"one seed repeated gave {repeat.distinct} outputs in {repeat.ok} calls"
+    if repeat is not None and repeat.different_seeds_distinct is not None:
+        return "different seeds gave the same output, so the seed has no visible effect"
+    return "whether it honours a seed could not be measured (too few ok answers)"
 
 
 def _stable(evidence: Evidence) -> tuple[str, str]:
@@ -323,6 +342,14 @@ def _stable(evidence: Evidence) -> tuple[str, str]:
     return (f"one output in every step (n={n} per cell: drift rate < {drift_upper_bound(n):.0%} at 95% confidence)",
             f"for a bound below {_TARGET_BOUND:.0%} per cell run {need} samples per cell (--samples {need}), "
             f"{max(need - n, 0)} more than now")
+
+
+def _notes(evidence: Evidence, found: Findings) -> Iterable[str]:
+    step = evidence.step("temperature")
+    if found.temperature_honoured is False and step is not None:
+        yield (f"the server ignores temperature: at temperature {step.params['temperature']} without a seed it "
+               f"gave one output in {step.ok} calls (always greedy, or a temperature too low to vary) — "
+               f"whoever sends temperature > 0 to sample is not sampling")
 
 
 def _counts(counts: Mapping[str, int]) -> str:
@@ -416,6 +443,9 @@ class _Diagnoser:
                                       {**base, "temperature": 0}, [1], n))
         if "seed" not in self.evidence.dropped_fields:
             await self._seed_steps(base, max(user_temperature, SAMPLING_TEMPERATURE), n)
+        temperature = user_temperature if user_temperature > 0 else SAMPLING_TEMPERATURE
+        self._add(await self._measure("temperature", f"2c temperature {temperature} without seed (sampling?)",
+                                      {**base, "temperature": temperature}, [1], n))
 
     async def _seed_steps(self, base: dict[str, Any], temperature: float, n: int) -> None:
         same = await self._measure("seed_repeat", "2b one fixed seed repeated at temperature > 0",

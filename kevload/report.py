@@ -156,6 +156,7 @@ def diagnosis_text(diagnosis: dict[str, Any]) -> str:
     lines.append(f"  findings: {findings}")
     if dropped:
         lines.append(f"  fields the server rejected (dropped): {', '.join(dropped)}")
+    lines.extend(f"  note: {note}" for note in diagnosis.get("notes", []))
     lines.append(f"verdict: {diagnosis['verdict']} — {diagnosis['reason']}")
     for cause in diagnosis.get("causes", [])[1:]:
         lines.append(f"also found: {cause['verdict']} — {cause['reason']}")

@@ -17,6 +17,8 @@ from kevload.diagnose import (
     samples_needed,
 )
 
+SEED_SENTENCE = "Fixing the seed will not help on this server"
+
 
 def step(key: str, distinct: int = 1, ok: int = 6, **kw) -> StepResult:
     kw.setdefault("samples", max(ok, 1))
@@ -30,6 +32,7 @@ CLEAN = {
     "fixed": step("fixed"),
     "greedy": step("greedy", ok=3),
     "seed_repeat": step("seed_repeat", ok=3, different_seeds_distinct=3),
+    "temperature": step("temperature", distinct=3, ok=3, params={"temperature": 0.8}),
     "cache": step("cache", ok=4, compared_rounds=3, cold_differs_rounds=0, warm_unstable_rounds=0),
     "concurrency_single": step("concurrency_single", levels=(1, 2, 4)),
     "concurrency_mixed": step("concurrency_mixed", levels=(1, 2, 4), mode="mixed"),
@@ -127,6 +130,7 @@ def test_inconclusive_says_how_many_more_samples(weak, reason, next_step):
         d = decide(evidence(**{weak.key: weak}), run_all)
         assert d.verdict == "inconclusive" and d.done and not d.causes
         assert reason in d.reason and next_step in d.next_step
+        assert SEED_SENTENCE not in d.next_step
 
 
 def test_target_failed_in_any_step_is_inconclusive():
@@ -148,6 +152,9 @@ def test_samples_needed(ok, samples, needed):
     ({"greedy": step("greedy", distinct=2, ok=3)}, "greedy_at_temperature_0", False),
     ({"greedy": step("greedy", ok=1)}, "greedy_at_temperature_0", None),
     ({"drop": ("greedy",)}, "greedy_at_temperature_0", None),
+    ({}, "temperature_honoured", True),
+    ({"temperature": step("temperature", ok=3)}, "temperature_honoured", False),
+    ({"temperature": step("temperature", distinct=1, ok=1)}, "temperature_honoured", None),
     ({}, "seed_honoured", True),
     ({"dropped_fields": ("seed",), "drop": ("seed_repeat",)}, "seed_honoured", False),
     ({"seed_repeat": step("seed_repeat", distinct=3, ok=3)}, "seed_honoured", False),
@@ -167,20 +174,61 @@ def test_findings(changes, name, value):
 
 def test_findings_json_keeps_its_keys_and_adds_cache_off_only_when_measured():
     assert list(findings(evidence()).to_json()) == ["seed_honoured", "greedy_at_temperature_0",
-                                                     "cache_effect"]
+                                                     "temperature_honoured", "cache_effect"]
     measured = evidence(cache=COLD_DIFFERS, cache_off=replace(CLEAN["cache"], key="cache_off"))
     assert findings(measured).to_json()["cache_off_converges"] is True
 
 
+# --- what the next step says about seeds, and the temperature note ---
+
+SEED_NOT_HONOURED = step("seed_repeat", distinct=3, ok=3)
+SEED_NO_EFFECT = step("seed_repeat", ok=3, different_seeds_distinct=1)
+
+
+@pytest.mark.parametrize(("changes", "why"), [
+    ({"seed_repeat": SEED_NOT_HONOURED}, "one seed repeated gave 3 outputs in 3 calls"),
+    ({"dropped_fields": ("seed",), "drop": ("seed_repeat",)}, "it rejects the seed field"),
+    ({"seed_repeat": SEED_NO_EFFECT}, "the seed has no visible effect"),
+    ({"seed_repeat": step("seed_repeat", ok=1, errors={"timeout": 2})}, "could not be measured"),
+])
+def test_seed_will_not_help_when_not_honoured_or_unknown(changes, why):
+    assert findings(evidence(**changes)).seed_honoured is not True
+    for extra in ({}, {"baseline": SAMPLING}, {"concurrency_single": CROSSTALK}):
+        d = decide(evidence(**changes, **extra))
+        assert f"{SEED_SENTENCE}: " in d.next_step and why in d.next_step, d.verdict
+    sampling = decide(evidence(**changes, baseline=SAMPLING))
+    assert sampling.next_step.startswith("set temperature 0.") and "fix the seed" not in sampling.next_step
+
+
+def test_seed_sentence_absent_when_seed_honoured_or_temperature_ignored():
+    honoured = decide(evidence(baseline=SAMPLING))
+    assert findings(evidence()).seed_honoured is True
+    assert SEED_SENTENCE not in honoured.next_step and "fix the seed (this server honours it)" in honoured.next_step
+    # Temperature ignored: nothing samples, so the seed question does not arise.
+    ignored = decide(evidence(seed_repeat=SEED_NOT_HONOURED, temperature=step("temperature", ok=3,
+                                                                              params={"temperature": 0.8})))
+    assert SEED_SENTENCE not in ignored.next_step
+
+
 def test_sampling_next_names_the_seed_only_where_it_is_honoured():
     assert "fix the seed (this server honours it)" in decide(evidence(baseline=SAMPLING)).next_step
-    unknown = decide(evidence(baseline=SAMPLING, seed_repeat=step("seed_repeat", distinct=3, ok=3)))
-    assert "fix the seed (and check it is honoured)" in unknown.next_step
+    # Temperature not measured: whether a seed would help is left open, and said so.
+    unknown = decide(evidence(baseline=SAMPLING, seed_repeat=SEED_NOT_HONOURED, drop=("temperature",)))
+    assert "fix the seed (and check it is honoured)" in unknown.next_step and SEED_SENTENCE not in unknown.next_step
 
 
 def test_sampling_next_when_temperature_zero_still_samples():
     d = decide(evidence(baseline=SAMPLING, greedy=step("greedy", distinct=2, ok=3)))
     assert "temperature 0 alone still samples" in d.next_step
+
+
+def test_ignored_temperature_is_noted():
+    d = decide(evidence(temperature=step("temperature", ok=3, params={"temperature": 0.8})))
+    assert d.verdict == "stable" and d.findings.temperature_honoured is False
+    assert len(d.notes) == 1 and "ignores temperature" in d.notes[0] and "0.8" in d.notes[0]
+    assert "one output in 3 calls" in d.notes[0]
+    assert decide(evidence()).notes == ()
+    assert d.to_json()["notes"] == list(d.notes)
 
 
 def test_stable_says_its_bound_and_what_a_tighter_one_needs():
