@@ -164,6 +164,9 @@ class Diagnosis:
     causes: tuple[dict[str, str], ...] = ()  # every cause found, in the guide's order
     dropped_fields: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()  # findings a user should hear about whatever the verdict
+    # What a stable verdict rests on: "text" (output hashes compared); a later change sets
+    # "logprobs_bitwise" once per-token logprobs were compared bitwise too.
+    evidence: str = "text"
     target_failed: bool = False
     done: bool = False  # no further step can change the verdict (measuring stops here)
 
@@ -171,7 +174,7 @@ class Diagnosis:
         return {"verdict": self.verdict, "reason": self.reason, "next": self.next_step,
                 "steps": [s.to_json() for s in self.steps], "findings": self.findings.to_json(),
                 "runs": list(self.runs), "causes": [dict(c) for c in self.causes],
-                "dropped_fields": list(self.dropped_fields), "notes": list(self.notes)}
+                "dropped_fields": list(self.dropped_fields), "notes": list(self.notes), "evidence": self.evidence}
 
 
 def findings(evidence: Evidence) -> Findings:

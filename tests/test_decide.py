@@ -231,8 +231,9 @@ def test_ignored_temperature_is_noted():
     assert d.to_json()["notes"] == list(d.notes)
 
 
-def test_stable_says_its_bound_and_what_a_tighter_one_needs():
+def test_stable_rests_on_text_for_now():
     d = decide(evidence())
+    assert d.evidence == "text" and d.to_json()["evidence"] == "text"
     assert "n=6 per cell" in d.reason and "--samples 299" in d.next_step and "293 more" in d.next_step
 
 
@@ -264,3 +265,12 @@ def test_differing_calls():
 ])
 def test_cold_warm_counts(rows, counts):
     assert cold_warm_counts(rows) == counts
+
+
+def test_text_output_says_what_a_stable_verdict_rests_on():
+    from kevload.report import diagnosis_text
+
+    doc = decide(evidence()).to_json()
+    assert "evidence: output text compared (hashes), not logprobs" in diagnosis_text(doc)
+    assert "evidence: per-token logprobs bitwise equal" in diagnosis_text({**doc, "evidence": "logprobs_bitwise"})
+    assert "evidence:" not in diagnosis_text(decide(evidence(concurrency_single=CROSSTALK)).to_json())

@@ -20,6 +20,7 @@ def test_stable(tmp_path, server):
     code, output, d = diagnose(tmp_path, server)
     assert code == 0, output
     assert d["verdict"] == "stable"
+    assert d["evidence"] == "text" and "evidence: output text compared" in output
     assert {s["step"] for s in d["steps"]} >= {"baseline", "fixed", "cache", "concurrency_single",
                                                "concurrency_mixed"}
     assert all(s["distinct"] == 1 for s in d["steps"] if "distinct" in s)
