@@ -242,8 +242,10 @@ def _seed_honoured(evidence: Evidence) -> bool | None:
         return False
     repeat = evidence.step("seed_repeat")
     varies = _varies(repeat)
-    if varies is None or varies:
-        return None if varies is None else False
+    if varies is None:
+        return None
+    if varies:
+        return False
     # Repeats agree; if different seeds agree too, the seed has no visible effect: unmeasurable here.
     return True if (repeat.different_seeds_distinct or 0) > 1 else None
 
@@ -446,6 +448,7 @@ class _Diagnoser:
                                       {**base, "temperature": 0}, [1], n))
         if "seed" not in self.evidence.dropped_fields:
             await self._seed_steps(base, max(user_temperature, SAMPLING_TEMPERATURE), n)
+        # The seed findings sample hot to see a seed's effect; this one asks about the user's own temperature.
         temperature = user_temperature if user_temperature > 0 else SAMPLING_TEMPERATURE
         self._add(await self._measure("temperature", f"2c temperature {temperature} without seed (sampling?)",
                                       {**base, "temperature": temperature}, [1], n))
