@@ -1,11 +1,18 @@
-"""`kevload diagnose`: the guide's five steps as stored runs, ending in one verdict with its evidence."""
+"""`kevload diagnose`: the guide's steps as stored runs, ending in one verdict with its evidence.
+
+Measuring is apart from deciding: `_Diagnoser` sends the requests and reduces each step's run to a
+`StepResult`, collected in an `Evidence`; `findings` and `decide` are pure functions of that
+evidence and hold the guide's decision tree, so every verdict, finding and ordering can be checked
+without a server.
+"""
 
 from __future__ import annotations
 
+import math
 import secrets
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +22,17 @@ from kevload.scenario import Probe, Scenario, scenario_from_dict
 from kevload.stats import drift_upper_bound, samples_for_bound
 from kevload.store import read_records
 
+# In the guide's order: the first cause found is the verdict, later ones are listed as also found.
 VERDICTS = ("stable", "sampling", "crosstalk", "cache", "server_nondeterministic", "data", "inconclusive")
 # Field → value that removes its randomness; only the ones the server accepts are kept.
 FIXING_FIELDS: dict[str, Any] = {"temperature": 0, "top_p": 1, "top_k": 1, "seed": 1234, "do_sample": False}
 SEEDS = (1234, 987654, 55555)
+SAMPLING_TEMPERATURE = 0.8  # what the randomness findings sample at when the user's temperature is 0
 _MIN_OK = 3  # fewer ok samples than this in a step and nothing can be concluded from it
 _TARGET_BOUND = 0.01
+# Steps that must all have run before "no cause found" may be called stable.
+_CONFIG_STEPS = ("baseline", "fixed", "cache", "concurrency_single", "concurrency_mixed")
+_SEED_HELPS_NOT = "Fixing the seed will not help on this server"
 
 
 @dataclass(frozen=True)
@@ -40,28 +52,321 @@ class DiagnoseOptions:
     out: Path | None = None
 
 
-@dataclass
-class Diagnosis:
-    verdict: str = "inconclusive"
-    reason: str = ""
-    next_step: str = ""
-    steps: list[dict[str, Any]] = field(default_factory=list)
-    findings: dict[str, Any] = field(default_factory=lambda: {
-        "seed_honoured": None, "greedy_at_temperature_0": None, "cache_effect": None})
-    runs: list[str] = field(default_factory=list)
-    causes: list[dict[str, str]] = field(default_factory=list)  # every cause found, in the guide's order
-    dropped_fields: list[str] = field(default_factory=list)
+# --- what the steps measure ---
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One step's run, reduced to what the decision needs and the report shows."""
+
+    key: str
+    title: str
+    params: Mapping[str, Any]
+    levels: tuple[int, ...]
+    samples: int
+    ok: int  # ok probe samples in the weakest probe cell
+    distinct: int  # distinct probe outputs in the most varied probe cell
+    errors: Mapping[str, int] = field(default_factory=dict)
+    drift_cells: tuple[str, ...] = ()
+    run: str = ""
+    mode: str = "single"
     target_failed: bool = False
+    # Measured by some steps only (None elsewhere).
+    differing_calls: tuple[int, ...] | None = None  # baseline: calls that differ from the most common output
+    distinct_after_first: int | None = None  # baseline: distinct outputs once the first (cold) call is left out
+    different_seeds_distinct: int | None = None  # seed_repeat: distinct outputs over SEEDS, one call each
+    compared_rounds: int | None = None  # cache steps: fresh prompts with a cold and at least one warm answer
+    cold_differs_rounds: int | None = None  # … whose warm answers agree and the cold one differs from them
+    warm_unstable_rounds: int | None = None  # … whose warm answers disagree among themselves
+
+    @property
+    def drift(self) -> bool:
+        return bool(self.drift_cells)
+
+    @property
+    def bound(self) -> float | None:
+        """95 % upper bound on the drift rate; None once drift is seen or nothing came back ok."""
+        return None if self.drift_cells or not self.ok else round(drift_upper_bound(self.ok), 4)
 
     def to_json(self) -> dict[str, Any]:
-        return {"verdict": self.verdict, "reason": self.reason, "next": self.next_step, "steps": self.steps,
-                "findings": self.findings, "runs": self.runs, "causes": self.causes,
-                "dropped_fields": self.dropped_fields}
+        doc = {"step": self.key, "title": self.title, "params": dict(self.params), "mode": self.mode,
+               "levels": list(self.levels), "samples": self.samples, "ok": self.ok, "errors": dict(self.errors),
+               "distinct": self.distinct, "drift": self.drift, "drift_cells": list(self.drift_cells),
+               "drift_rate_upper_95": self.bound, "run": self.run}
+        extras = {"differing_calls": self.differing_calls, "distinct_after_first": self.distinct_after_first,
+                  "different_seeds_distinct": self.different_seeds_distinct,
+                  "compared_rounds": self.compared_rounds, "cold_differs_rounds": self.cold_differs_rounds,
+                  "warm_unstable_rounds": self.warm_unstable_rounds}
+        doc.update({k: list(v) if isinstance(v, tuple) else v for k, v in extras.items() if v is not None})
+        return doc
+
+
+@dataclass(frozen=True)
+class DataResult:
+    """Step 5: where the probe lies against the training set (kevload.coverage.probe_coverage's answer)."""
+
+    coverage: Mapping[str, Any]
+
+    @property
+    def outside(self) -> bool:
+        return bool(self.coverage["outside"])
+
+    @property
+    def reasons(self) -> list[str]:
+        return list(self.coverage["reasons"])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": "data", "title": "5 training-data coverage", **self.coverage}
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything measured so far, in the order it was measured."""
+
+    steps: tuple[StepResult, ...] = ()
+    dropped_fields: tuple[str, ...] = ()  # fixing fields the server rejected
+    runs: tuple[str, ...] = ()  # every run directory, the seed runs that are no step included
+    data: DataResult | None = None
+
+    def step(self, key: str) -> StepResult | None:
+        return next((s for s in self.steps if s.key == key), None)
+
+
+@dataclass(frozen=True)
+class Findings:
+    """Facts about the server that hold whatever the verdict; None where they could not be measured."""
+
+    seed_honoured: bool | None = None
+    greedy_at_temperature_0: bool | None = None
+    temperature_honoured: bool | None = None
+    cache_effect: bool | None = None
+    cache_off_converges: bool | None = None
+
+    def to_json(self) -> dict[str, bool | None]:
+        doc = {"seed_honoured": self.seed_honoured, "greedy_at_temperature_0": self.greedy_at_temperature_0,
+               "temperature_honoured": self.temperature_honoured, "cache_effect": self.cache_effect}
+        if self.cache_off_converges is not None:
+            doc["cache_off_converges"] = self.cache_off_converges
+        return doc
+
+
+# --- deciding ---
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    verdict: str
+    reason: str
+    next_step: str
+    findings: Findings = Findings()
+    steps: tuple[StepResult | DataResult, ...] = ()
+    runs: tuple[str, ...] = ()
+    causes: tuple[dict[str, str], ...] = ()  # every cause found, in the guide's order
+    dropped_fields: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # findings a user should hear about whatever the verdict
+    # What a stable verdict rests on: "text" (output hashes compared); a later change sets
+    # "logprobs_bitwise" once per-token logprobs were compared bitwise too.
+    evidence: str = "text"
+    target_failed: bool = False
+    done: bool = False  # no further step can change the verdict (measuring stops here)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "reason": self.reason, "next": self.next_step,
+                "steps": [s.to_json() for s in self.steps], "findings": self.findings.to_json(),
+                "runs": list(self.runs), "causes": [dict(c) for c in self.causes],
+                "dropped_fields": list(self.dropped_fields), "notes": list(self.notes), "evidence": self.evidence}
+
+
+def findings(evidence: Evidence) -> Findings:
+    """The findings the randomness and cache steps measured."""
+    greedy = _varies(evidence.step("greedy"))
+    cache_off = _cache_effect(evidence.step("cache_off"))
+    return Findings(
+        seed_honoured=_seed_honoured(evidence),
+        greedy_at_temperature_0=None if greedy is None else not greedy,
+        temperature_honoured=_varies(evidence.step("temperature")),
+        cache_effect=_cache_effect(evidence.step("cache")),
+        cache_off_converges=None if cache_off is None else not cache_off,
+    )
+
+
+def decide(evidence: Evidence, run_all: bool = False) -> Diagnosis:
+    """The guide's decision tree over what was measured so far.
+
+    Causes are looked for in the guide's order (sampling; cache or a nondeterministic server;
+    crosstalk; data); the first is the verdict. ``done`` says measuring may stop: the evidence is
+    unusable, or a cause is found and ``run_all`` is off.
+    """
+    found = findings(evidence)
+    unusable = _unusable(evidence)
+    causes: list[dict[str, str]] = []
+    if unusable is not None:
+        verdict, (reason, next_step) = "inconclusive", unusable
+    else:
+        causes = _causes(evidence, found)
+        missing = [k for k in _CONFIG_STEPS if evidence.step(k) is None]
+        if causes:
+            verdict, reason, next_step = causes[0]["verdict"], causes[0]["reason"], causes[0]["next"]
+        elif missing:
+            verdict, reason = "inconclusive", f"no cause found yet; not measured: {', '.join(missing)}"
+            next_step = "run the remaining steps"
+        else:
+            verdict, (reason, next_step) = "stable", _stable(evidence)
+        if verdict != "inconclusive" and found.temperature_honoured and found.seed_honoured is not True:
+            next_step += f". {_SEED_HELPS_NOT}: {_seed_why_not(evidence)}"
+    return Diagnosis(
+        verdict=verdict, reason=reason, next_step=next_step, findings=found,
+        steps=evidence.steps + ((evidence.data,) if evidence.data is not None else ()),
+        runs=evidence.runs, causes=tuple(causes), dropped_fields=evidence.dropped_fields,
+        notes=tuple(_notes(evidence, found)), target_failed=any(s.target_failed for s in evidence.steps),
+        done=unusable is not None or (bool(causes) and not run_all),
+    )
+
+
+def samples_needed(ok: int, samples: int, want: int = _MIN_OK) -> int | None:
+    """Samples per step for ``want`` ok ones at the success share seen (ok of samples); None if none was ok."""
+    if ok <= 0:
+        return None
+    return max(math.ceil(want * samples / ok), samples)
+
+
+def _varies(step: StepResult | None) -> bool | None:
+    """Did repeating the step's request give more than one output? None with fewer than two ok answers."""
+    if step is None or step.ok < 2:
+        return None
+    return step.distinct > 1
+
+
+def _seed_honoured(evidence: Evidence) -> bool | None:
+    if "seed" in evidence.dropped_fields:
+        return False
+    repeat = evidence.step("seed_repeat")
+    varies = _varies(repeat)
+    if varies is None:
+        return None
+    if varies:
+        return False
+    # Repeats agree; if different seeds agree too, the seed has no visible effect: unmeasurable here.
+    return True if (repeat.different_seeds_distinct or 0) > 1 else None
+
+
+def _cache_effect(step: StepResult | None) -> bool | None:
+    if step is None or not step.compared_rounds:
+        return None
+    cold, warm = step.cold_differs_rounds or 0, step.warm_unstable_rounds or 0
+    # A cold answer that differs only as often as warm answers disagree anyway is noise, not the cache.
+    return cold > 0 and cold >= warm
+
+
+def _unusable(evidence: Evidence) -> tuple[str, str] | None:
+    """(reason, next step) when too many errors or too few samples leave nothing to conclude."""
+    failed = next((s for s in evidence.steps if s.target_failed), None)
+    if failed is not None:
+        errors = _counts(failed.errors)
+        return (f"the target failed in step {failed.key} ({failed.ok} ok of {failed.samples}, errors {errors})",
+                f"fix the errors ({errors}) and rerun")
+    weak = [s for s in (evidence.step("baseline"), evidence.step("fixed")) if s is not None and s.ok < _MIN_OK]
+    if not weak:
+        return None
+    step = min(weak, key=lambda s: s.ok)
+    need = samples_needed(step.ok, step.samples)
+    reason = f"too few samples: {step.ok} ok of {step.samples} in step {step.key}, {_MIN_OK} at least are needed"
+    if need is None:
+        return reason, f"fix the errors ({_counts(step.errors)}): no call succeeded"
+    return reason, (f"raise --samples to {need} ({need - step.samples} more per step)"
+                    + (f" or fix the errors ({_counts(step.errors)})" if step.errors else ""))
+
+
+def _causes(evidence: Evidence, found: Findings) -> list[dict[str, str]]:
+    baseline, fixed, cache = evidence.step("baseline"), evidence.step("fixed"), evidence.step("cache")
+    causes: list[dict[str, str]] = []
+    # Variation only in the very first call is the cache's signature, not sampling's: the cache step decides.
+    if baseline is not None and fixed is not None and (baseline.distinct_after_first or 0) > 1 \
+            and fixed.distinct == 1:
+        causes.append(_cause("sampling", "outputs vary with the current params and converge once every "
+                             "randomness field is fixed", _sampling_next(found)))
+    # With fixed params drifting serially, only the cache step tells a cache from a nondeterministic server.
+    if cache is not None and fixed is not None:
+        if fixed.distinct > 1 and found.cache_effect:
+            causes.append(_cause("cache", "fixed-param serial outputs vary and the cold answer differs from "
+                                 "warm ones", _CACHE_NEXT))
+        elif fixed.distinct > 1:
+            causes.append(_cause("server_nondeterministic", "outputs vary serially with every randomness field "
+                                 "fixed and no cache effect", "the server itself is nondeterministic: check its "
+                                 "deterministic-inference settings, kernels and version"))
+        elif found.cache_effect:
+            causes.append(_cause("cache", "the first (cold) answer to a prompt differs from the warm ones",
+                                 _CACHE_NEXT))
+    concurrent = [s for s in (evidence.step("concurrency_single"), evidence.step("concurrency_mixed")) if s]
+    where = [cell for s in concurrent for cell in s.drift_cells]
+    # Crosstalk needs a stable serial reference: a server drifting serially drifts at every level.
+    if where and fixed is not None and fixed.distinct == 1:
+        causes.append(_cause("crosstalk", f"fixed params are stable serially but drift concurrently "
+                             f"({', '.join(where)})", "lower the max batch size or turn continuous batching off "
+                             "(and the prefix cache), then rerun this diagnosis"))
+    # Data is the cause only when the config layer is clean.
+    if evidence.data is not None and evidence.data.outside and not causes:
+        causes.append(_cause("data", "the config layer is clean but the probe lies outside the training "
+                             "distribution (" + "; ".join(evidence.data.reasons) + ")",
+                             "compare the live inputs with the training set (kevload coverage) and add such cases"))
+    return causes
+
+
+_CACHE_NEXT = "disable prompt caching (cache_prompt=false / the server's prefix cache)"
+
+
+def _cause(verdict: str, reason: str, next_step: str) -> dict[str, str]:
+    return {"verdict": verdict, "reason": reason, "next": next_step}
+
+
+def _sampling_next(found: Findings) -> str:
+    greedy = ("set temperature 0" if found.greedy_at_temperature_0 is not False
+              else "send the fixed step's params (temperature 0 alone still samples on this server)")
+    if found.seed_honoured:
+        return f"fix the seed (this server honours it) or {greedy}"
+    if found.temperature_honoured:
+        return greedy  # decide() adds why the seed will not help
+    return f"fix the seed (and check it is honoured) or {greedy}"
+
+
+def _seed_why_not(evidence: Evidence) -> str:
+    if "seed" in evidence.dropped_fields:
+        return "it rejects the seed field"
+    repeat = evidence.step("seed_repeat")
+    if repeat is not None and repeat.ok >= 2 and repeat.distinct > 1:
+        return f"one seed repeated gave {repeat.distinct} outputs in {repeat.ok} calls"
+    if repeat is not None and repeat.different_seeds_distinct is not None:
+        return "different seeds gave the same output, so the seed has no visible effect"
+    return "whether it honours a seed could not be measured (too few ok answers)"
+
+
+def _stable(evidence: Evidence) -> tuple[str, str]:
+    checked = [s for s in evidence.steps if s.key in ("fixed", "concurrency_single", "concurrency_mixed")]
+    n = min((s.ok for s in checked), default=0)
+    need = samples_for_bound(_TARGET_BOUND)
+    return (f"one output in every step (n={n} per cell: drift rate < {drift_upper_bound(n):.0%} at 95% confidence)",
+            f"for a bound below {_TARGET_BOUND:.0%} per cell run {need} samples per cell (--samples {need}), "
+            f"{max(need - n, 0)} more than now")
+
+
+def _notes(evidence: Evidence, found: Findings) -> Iterable[str]:
+    step = evidence.step("temperature")
+    if found.temperature_honoured is False and step is not None:
+        yield (f"the server ignores temperature: at temperature {step.params['temperature']} without a seed it "
+               f"gave one output in {step.ok} calls (always greedy, or a temperature too low to vary) — "
+               f"whoever sends temperature > 0 to sample is not sampling")
+
+
+def _counts(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in counts.items()) or "none"
+
+
+# --- measuring ---
 
 
 def check_options(options: DiagnoseOptions) -> None:
     """Fail before sending anything if the URL or the key variable is wrong (ScenarioError)."""
-    _Diagnoser(options, lambda message: None)._scenario({}, [1], 1).api_key()
+    _scenario(options, {}, [1], 1).api_key()
 
 
 async def diagnose(options: DiagnoseOptions, log: Callable[[str], None] = print) -> Diagnosis:
@@ -69,235 +374,195 @@ async def diagnose(options: DiagnoseOptions, log: Callable[[str], None] = print)
 
 
 class _Diagnoser:
+    """Runs the steps, each an ordinary run on disk, and asks `decide` where it needs to know whether to stop."""
+
     def __init__(self, options: DiagnoseOptions, log: Callable[[str], None]):
         self.o = options
         self.log = log
-        self.d = Diagnosis()
+        self.evidence = Evidence()
         self.out = options.out or Path("results") / f"diagnose-{time.strftime('%Y%m%d-%H%M%S')}"
 
+    def decide(self) -> Diagnosis:
+        return decide(self.evidence, self.o.run_all)
+
     async def run(self) -> Diagnosis:
-        o, d = self.o, self.d
-        baseline = await self._step("baseline", "1 repeat baseline (current params, serial, nonce on)",
-                                    o.params, [1], o.samples)
+        o = self.o
+        self._add(await self._measure("baseline", "1 repeat baseline (current params, serial, nonce on)",
+                                      o.params, [1], o.samples))
         fixed_params = await self._fixed_params()
-        fixed = await self._step("fixed", "2 randomness fixed (serial)", fixed_params, [1], o.samples)
+        self._add(await self._measure("fixed", "2 randomness fixed (serial)", fixed_params, [1], o.samples))
         await self._randomness_findings()
-        if self._unusable(baseline, fixed):
-            return d
-        # Variation only in the very first call is the cache's signature, not sampling's: the cache step decides.
-        if baseline["distinct_after_first"] > 1 and fixed["distinct"] == 1:
-            self._found("sampling", "outputs vary with the current params and converge once every randomness "
-                        "field is fixed", "fix the seed (and check it is honoured) or set temperature 0")
-            if not o.run_all:
-                return self._finish()
+        if self.decide().done:
+            return self.decide()
         await self._cache_step(fixed_params)
-        if fixed["distinct"] > 1:
-            if d.findings["cache_effect"]:
-                self._found("cache", "fixed-param serial outputs vary and the cold answer differs from warm ones",
-                            "disable prompt caching (cache_prompt=false / the server's prefix cache)")
-            else:
-                self._found("server_nondeterministic", "outputs vary serially with every randomness field fixed "
-                            "and no cache effect", "the server itself is nondeterministic: check its "
-                            "deterministic-inference settings, kernels and version")
-            if not o.run_all:
-                return self._finish()
-        elif d.findings["cache_effect"]:
-            self._found("cache", "the first (cold) answer to a prompt differs from the warm ones",
-                        "disable prompt caching (cache_prompt=false / the server's prefix cache)")
-            if not o.run_all:
-                return self._finish()
+        if self.decide().done:
+            return self.decide()
         await self._concurrency_step(fixed_params)
-        await self._data_step()
-        return self._finish()
+        if self.decide().done:
+            return self.decide()
+        self._data_step()
+        return self.decide()
 
     # --- steps ---
 
-    async def _step(self, key: str, title: str, params: dict[str, Any], levels: list[int], samples: int, *,
-                    mode: str = "single", probes: list[Probe] | None = None) -> dict[str, Any]:
+    async def _measure(self, key: str, title: str, params: dict[str, Any], levels: list[int], samples: int, *,
+                       mode: str = "single", probes: list[Probe] | None = None) -> StepResult:
         self.log(f"{title} …")
         summary, run_dir = await self._run(key, params, levels, samples, mode=mode, probes=probes)
         probe_cells = [c for c in summary["cells"] if c["role"] == "probe"]
-        ok = min((c["ok"] for c in probe_cells), default=0)
-        step = {
-            "step": key, "title": title, "params": params, "mode": mode, "levels": levels,
-            "samples": samples, "ok": ok, "errors": summary["errors_by_type"],
-            "distinct": max((c["distinct"] for c in probe_cells), default=0),
-            "drift": bool(summary["drift_cells"]), "drift_cells": summary["drift_cells"],
-            "drift_rate_upper_95": None if summary["drift_cells"] or not ok else round(drift_upper_bound(ok), 4),
-            "run": str(run_dir),
-        }
-        if summary["verdict"] == "target_failed":
-            self.d.target_failed = True
+        step = StepResult(
+            key=key, title=title, params=params, mode=mode, levels=tuple(levels), samples=samples,
+            ok=min((c["ok"] for c in probe_cells), default=0),
+            distinct=max((c["distinct"] for c in probe_cells), default=0),
+            errors=summary["errors_by_type"], drift_cells=tuple(summary["drift_cells"]), run=str(run_dir),
+            target_failed=summary["verdict"] == "target_failed")
         if key == "baseline":
-            step["differing_calls"], step["distinct_after_first"] = self._differing_calls(run_dir)
-        self.d.steps.append(step)
+            differing, after_first = differing_calls(_ok_probe_hashes(run_dir))
+            step = replace(step, differing_calls=differing, distinct_after_first=after_first)
         return step
+
+    def _add(self, step: StepResult) -> None:
+        self.evidence = replace(self.evidence, steps=self.evidence.steps + (step,))
 
     async def _fixed_params(self) -> dict[str, Any]:
         """The user's params with every randomness field fixed, minus the fields the server rejects."""
         fixed = {**self.o.params, **FIXING_FIELDS}
-        scenario = self._scenario({}, [1], 1)
+        scenario = _scenario(self.o, {}, [1], 1)
         probe = Probe(id="fieldcheck", prompt="hi", max_tokens=1)
+        dropped = []
         async with Client(scenario.target, scenario.api_key()) as client:
             for name, value in FIXING_FIELDS.items():
                 body = build_body(scenario.target, probe, {name: value}, stream=False, nonce=None)
                 outcome = await client.send(body)
                 if outcome.status.startswith("http_4"):
-                    self.d.dropped_fields.append(name)
+                    dropped.append(name)
                     self.log(f"  the server rejects {name!r} ({outcome.status}): dropped")
-        return {k: v for k, v in fixed.items() if k not in self.d.dropped_fields}
+        self.evidence = replace(self.evidence, dropped_fields=tuple(dropped))
+        return {k: v for k, v in fixed.items() if k not in dropped}
 
     async def _randomness_findings(self) -> None:
         n = max(self.o.samples // 2, 2)
         base = {k: v for k, v in self.o.params.items() if k not in FIXING_FIELDS}
-        greedy = await self._step("greedy", "2a temperature 0 without seed (greedy?)", {**base, "temperature": 0},
-                                  [1], n)
-        if greedy["ok"] >= 2:
-            self.d.findings["greedy_at_temperature_0"] = greedy["distinct"] == 1
-        if "seed" in self.d.dropped_fields:
-            self.d.findings["seed_honoured"] = False
-            return
-        temperature = max(float(self.o.params.get("temperature", 0) or 0), 0.8)
-        same = await self._step("seed_repeat", "2b one fixed seed repeated at temperature > 0",
-                                {**base, "temperature": temperature, "seed": SEEDS[0]}, [1], n)
-        if same["ok"] < 2:
-            return
-        if same["distinct"] > 1:
-            self.d.findings["seed_honoured"] = False
-            return
-        seeded_outputs = set()
-        for seed in SEEDS:
-            summary, run_dir = await self._run(f"seed_{seed}", {**base, "temperature": temperature, "seed": seed},
-                                               [1], 1)
-            seeded_outputs |= {r["sha256"] for r in read_records(run_dir / "records.jsonl") if r["status"] == "ok"}
-        # Repeats agree; if different seeds also agree, the seed has no visible effect: unmeasurable here.
-        self.d.findings["seed_honoured"] = True if len(seeded_outputs) > 1 else None
-        self.d.steps[-1]["different_seeds_distinct"] = len(seeded_outputs)
+        user_temperature = float(self.o.params.get("temperature", 0) or 0)
+        self._add(await self._measure("greedy", "2a temperature 0 without seed (greedy?)",
+                                      {**base, "temperature": 0}, [1], n))
+        if "seed" not in self.evidence.dropped_fields:
+            await self._seed_steps(base, max(user_temperature, SAMPLING_TEMPERATURE), n)
+        # The seed findings sample hot to see a seed's effect; this one asks about the user's own temperature.
+        temperature = user_temperature if user_temperature > 0 else SAMPLING_TEMPERATURE
+        self._add(await self._measure("temperature", f"2c temperature {temperature} without seed (sampling?)",
+                                      {**base, "temperature": temperature}, [1], n))
+
+    async def _seed_steps(self, base: dict[str, Any], temperature: float, n: int) -> None:
+        same = await self._measure("seed_repeat", "2b one fixed seed repeated at temperature > 0",
+                                   {**base, "temperature": temperature, "seed": SEEDS[0]}, [1], n)
+        if same.ok >= 2 and same.distinct == 1:
+            # Repeats agree: one call per other seed tells an honoured seed from one without effect.
+            outputs: set[str] = set()
+            for seed in SEEDS:
+                _, run_dir = await self._run(f"seed_{seed}", {**base, "temperature": temperature, "seed": seed},
+                                             [1], 1)
+                outputs |= {sha for _, _, sha in _ok_probe_hashes(run_dir)}
+            same = replace(same, different_seeds_distinct=len(outputs))
+        self._add(same)
 
     async def _cache_step(self, fixed_params: dict[str, Any]) -> None:
-        rounds, warm = 3, 3
-        effect = await self._cold_warm("cache", "3 cache: cold vs warm answers to fresh prompts", fixed_params,
-                                       rounds, warm)
-        self.d.findings["cache_effect"] = effect
-        if effect and "cache_prompt" not in fixed_params:
-            off = await self._cold_warm("cache_off", "3a cache: same with cache_prompt=false",
-                                        {**fixed_params, "cache_prompt": False}, rounds, warm)
-            self.d.findings["cache_off_converges"] = off is False
+        await self._cold_warm("cache", "3 cache: cold vs warm answers to fresh prompts", fixed_params)
+        if findings(self.evidence).cache_effect and "cache_prompt" not in fixed_params:
+            await self._cold_warm("cache_off", "3a cache: same with cache_prompt=false",
+                                  {**fixed_params, "cache_prompt": False})
 
-    async def _cold_warm(self, key: str, title: str, params: dict[str, Any], rounds: int, warm: int) -> bool | None:
+    async def _cold_warm(self, key: str, title: str, params: dict[str, Any], rounds: int = 3, warm: int = 3) -> None:
         # A fresh marker per round keeps the prompt out of any cache; the first answer is the cold one.
         probes = [_variant(self.o.probe, f"[{secrets.token_hex(4)}] ") for _ in range(rounds)]
-        step = await self._step(key, title, params, [1], 1 + warm, probes=probes)
-        if step["step"] != key:
-            return None
-        rows: dict[str, list[tuple[int, str]]] = {}
-        for r in read_records(Path(step["run"]) / "records.jsonl"):
-            if r["status"] == "ok" and r["role"] == "probe":
-                rows.setdefault(r["probe"], []).append((r["sample"], r["sha256"]))
-        cold_differs, warm_unstable = 0, 0
-        for samples in rows.values():
-            samples.sort()
-            if len(samples) < 2:
-                continue
-            warm_set = {h for _, h in samples[1:]}
-            if len(warm_set) > 1:
-                warm_unstable += 1
-            elif samples[0][1] not in warm_set:
-                cold_differs += 1
-        step["cold_differs_rounds"] = cold_differs
-        step["warm_unstable_rounds"] = warm_unstable
-        if not rows:
-            return None
-        return cold_differs > 0 and cold_differs >= warm_unstable
+        step = await self._measure(key, title, params, [1], 1 + warm, probes=probes)
+        compared, cold_differs, warm_unstable = cold_warm_counts(_ok_probe_hashes(Path(step.run)))
+        self._add(replace(step, compared_rounds=compared, cold_differs_rounds=cold_differs,
+                          warm_unstable_rounds=warm_unstable))
 
     async def _concurrency_step(self, fixed_params: dict[str, Any]) -> None:
         levels = _levels(self.o.max_concurrency)
-        single = await self._step("concurrency_single", f"4 concurrency {levels}, single", fixed_params, levels,
-                                  self.o.samples)
-        mixed = await self._step("concurrency_mixed", f"4 concurrency {levels}, mixed with companions",
-                                 fixed_params, levels, self.o.samples, mode="mixed")
-        if single["drift"] or mixed["drift"]:
-            where = ", ".join(single["drift_cells"] + mixed["drift_cells"])
-            self._found("crosstalk", f"fixed params are stable serially but drift concurrently ({where})",
-                        "lower the max batch size or turn continuous batching off (and the prefix cache), then "
-                        "rerun this diagnosis")
+        self._add(await self._measure("concurrency_single", f"4 concurrency {levels}, single", fixed_params,
+                                      levels, self.o.samples))
+        self._add(await self._measure("concurrency_mixed", f"4 concurrency {levels}, mixed with companions",
+                                      fixed_params, levels, self.o.samples, mode="mixed"))
 
-    async def _data_step(self) -> None:
+    def _data_step(self) -> None:
         if self.o.online is None or self.o.train is None:
             return
         from kevload.coverage import probe_coverage
 
         self.log("5 data: is the probe inside the training distribution? …")
         result = probe_coverage(self.o.probe.text, self.o.online, self.o.train)
-        self.d.steps.append({"step": "data", "title": "5 training-data coverage", **result})
-        if result["outside"] and not self._cause_found():
-            self._found("data", "the config layer is clean but the probe lies outside the training distribution ("
-                        + "; ".join(result["reasons"]) + ")",
-                        "compare the live inputs with the training set (kevload coverage) and add such cases")
-
-    # --- helpers ---
-
-    def _unusable(self, *steps: dict[str, Any]) -> bool:
-        if self.d.target_failed or any(s["ok"] < _MIN_OK for s in steps):
-            have = min(s["ok"] for s in steps)
-            self.d.verdict = "inconclusive"
-            self.d.reason = (f"too many errors or too few samples: {have} ok in the weakest step, "
-                             f"{_MIN_OK} at least are needed")
-            self.d.next_step = f"fix the errors ({self.d.steps[0]['errors']}) or raise --samples by {_MIN_OK - have}"
-            return True
-        return False
-
-    def _found(self, verdict: str, reason: str, next_step: str) -> None:
-        self.d.causes.append({"verdict": verdict, "reason": reason, "next": next_step})
-        if not self._cause_found():
-            self.d.verdict, self.d.reason, self.d.next_step = verdict, reason, next_step
-
-    def _cause_found(self) -> bool:
-        return self.d.verdict not in ("inconclusive", "stable")
-
-    def _finish(self) -> Diagnosis:
-        if not self._cause_found():
-            checked = [s for s in self.d.steps if s["step"] in ("fixed", "concurrency_single", "concurrency_mixed")]
-            n = min((s["ok"] for s in checked), default=0)
-            need = samples_for_bound(_TARGET_BOUND)
-            self.d.verdict = "stable"
-            self.d.reason = (f"one output in every step (n={n} per cell: drift rate < {drift_upper_bound(n):.0%} "
-                             f"at 95% confidence)")
-            self.d.next_step = (f"for a bound below {_TARGET_BOUND:.0%} per cell run {need} samples per cell "
-                                f"(--samples {need}), {max(need - n, 0)} more than now")
-        return self.d
-
-    def _differing_calls(self, run_dir: Path) -> tuple[list[int], int]:
-        """Which calls (by sample index) differ from the most common output, and distinct outputs after call 0."""
-        rows = [r for r in read_records(run_dir / "records.jsonl") if r["status"] == "ok" and r["role"] == "probe"]
-        counts: dict[str, int] = {}
-        for r in rows:
-            counts[r["sha256"]] = counts.get(r["sha256"], 0) + 1
-        if not counts:
-            return [], 0
-        modal = max(counts, key=counts.get)
-        later = {r["sha256"] for r in rows if r["sample"] > 0}
-        return [r["sample"] for r in rows if r["sha256"] != modal], len(later)
-
-    def _scenario(self, params: dict[str, Any], levels: list[int], samples: int, *, mode: str = "single",
-                  probes: list[Probe] | None = None) -> Scenario:
-        target = {"base_url": self.o.url, "model": self.o.model, "api": self.o.api, "timeout": self.o.timeout}
-        if self.o.api_key_env:
-            target["api_key_env"] = self.o.api_key_env
-        raw = {
-            "target": target,
-            "params": params,
-            "load": {"mode": mode, "concurrency": levels, "samples": samples, "max_error_share": 0.2},
-            "probes": [_probe_table(p) for p in (probes or [self.o.probe])],
-        }
-        return scenario_from_dict(raw, source="diagnose", name="diagnose")
+        self.evidence = replace(self.evidence, data=DataResult(result))
 
     async def _run(self, key: str, params: dict[str, Any], levels: list[int], samples: int, *,
                    mode: str = "single", probes: list[Probe] | None = None) -> tuple[dict[str, Any], Path]:
         run_dir = self.out / key
-        result = await run_scenario(self._scenario(params, levels, samples, mode=mode, probes=probes), run_dir)
-        self.d.runs.append(str(run_dir))
+        scenario = _scenario(self.o, params, levels, samples, mode=mode, probes=probes)
+        result = await run_scenario(scenario, run_dir)
+        self.evidence = replace(self.evidence, runs=self.evidence.runs + (str(run_dir),))
         return result.summary, run_dir
+
+
+# --- reductions of a step's records (pure) ---
+
+
+def differing_calls(rows: Iterable[tuple[str, int, str]]) -> tuple[tuple[int, ...], int]:
+    """Calls (by sample index) whose output differs from the most common one, and distinct outputs after call 0.
+
+    ``rows`` are (probe, sample, sha256) of the ok probe answers of one serial run.
+    """
+    rows = list(rows)
+    counts: dict[str, int] = {}
+    for _, _, sha in rows:
+        counts[sha] = counts.get(sha, 0) + 1
+    if not counts:
+        return (), 0
+    modal = max(counts, key=counts.get)
+    later = {sha for _, sample, sha in rows if sample > 0}
+    return tuple(sample for _, sample, sha in rows if sha != modal), len(later)
+
+
+def cold_warm_counts(rows: Iterable[tuple[str, int, str]]) -> tuple[int, int, int]:
+    """(rounds compared, rounds whose cold answer differs from agreeing warm ones, rounds whose warm answers disagree).
+
+    ``rows`` are (probe, sample, sha256); each probe is one fresh prompt, sample 0 its cold answer.
+    """
+    by_probe: dict[str, list[tuple[int, str]]] = {}
+    for probe, sample, sha in rows:
+        by_probe.setdefault(probe, []).append((sample, sha))
+    compared = cold_differs = warm_unstable = 0
+    for answers in by_probe.values():
+        answers.sort()
+        if len(answers) < 2 or answers[0][0] != 0:
+            continue
+        compared += 1
+        warm = {sha for _, sha in answers[1:]}
+        if len(warm) > 1:
+            warm_unstable += 1
+        elif answers[0][1] not in warm:
+            cold_differs += 1
+    return compared, cold_differs, warm_unstable
+
+
+def _ok_probe_hashes(run_dir: Path) -> list[tuple[str, int, str]]:
+    return [(r["probe"], r["sample"], r["sha256"]) for r in read_records(run_dir / "records.jsonl")
+            if r["status"] == "ok" and r["role"] == "probe"]
+
+
+def _scenario(options: DiagnoseOptions, params: dict[str, Any], levels: list[int], samples: int, *,
+              mode: str = "single", probes: list[Probe] | None = None) -> Scenario:
+    target = {"base_url": options.url, "model": options.model, "api": options.api, "timeout": options.timeout}
+    if options.api_key_env:
+        target["api_key_env"] = options.api_key_env
+    raw = {
+        "target": target,
+        "params": params,
+        "load": {"mode": mode, "concurrency": levels, "samples": samples, "max_error_share": 0.2},
+        "probes": [_probe_table(p) for p in (probes or [options.probe])],
+    }
+    return scenario_from_dict(raw, source="diagnose", name="diagnose")
 
 
 def _levels(max_concurrency: int) -> list[int]:
@@ -322,4 +587,3 @@ def _probe_table(probe: Probe) -> dict[str, Any]:
     else:
         table["messages"] = [dict(m) for m in probe.messages]
     return table
-

@@ -156,11 +156,19 @@ def diagnosis_text(diagnosis: dict[str, Any]) -> str:
     lines.append(f"  findings: {findings}")
     if dropped:
         lines.append(f"  fields the server rejected (dropped): {', '.join(dropped)}")
+    lines.extend(f"  note: {note}" for note in diagnosis.get("notes", []))
     lines.append(f"verdict: {diagnosis['verdict']} — {diagnosis['reason']}")
+    if diagnosis["verdict"] == "stable":
+        lines.append(f"evidence: {_EVIDENCE.get(diagnosis.get('evidence', 'text'), diagnosis.get('evidence'))}")
     for cause in diagnosis.get("causes", [])[1:]:
         lines.append(f"also found: {cause['verdict']} — {cause['reason']}")
     lines.append(f"next: {diagnosis['next']}")
     return "\n".join(lines)
+
+
+# What a stable verdict rests on, in words.
+_EVIDENCE = {"text": "output text compared (hashes), not logprobs",
+             "logprobs_bitwise": "per-token logprobs bitwise equal, as well as the text"}
 
 
 def _tri(value: Any) -> str:

@@ -32,6 +32,7 @@ class Behaviour:
     sampling: bool = False          # temperature > 0 without a seed gives random outputs
     seed_honoured: bool = True      # a fixed seed makes sampling repeatable
     greedy_at_zero: bool = True     # temperature 0 is greedy (False: still samples)
+    ignore_temperature: bool = False  # every answer greedy, whatever temperature and seed say
     drift_at: int | None = None     # outputs vary once this many requests overlap
     drift_when_mixed: bool = False  # outputs vary when overlapping requests have different prompts
     batched_variant: bool = False   # crowding gives one fixed other output instead of random ones
@@ -168,7 +169,7 @@ class FakeServer:
         rng = random.Random(key)
         words = [rng.choice(WORDS) for _ in range(b.words)]
         noisy: random.Random | None = None
-        sampled = temperature > 0 or not b.greedy_at_zero
+        sampled = (temperature > 0 or not b.greedy_at_zero) and not b.ignore_temperature
         if b.sampling and sampled:
             noisy = random.Random(f"{key.hex()}-{seed}") if seed is not None and b.seed_honoured else random.Random()
         crowded = b.drift_at is not None and state["max_overlap"] >= b.drift_at

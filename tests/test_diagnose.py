@@ -20,6 +20,7 @@ def test_stable(tmp_path, server):
     code, output, d = diagnose(tmp_path, server)
     assert code == 0, output
     assert d["verdict"] == "stable"
+    assert d["evidence"] == "text" and "evidence: output text compared" in output
     assert {s["step"] for s in d["steps"]} >= {"baseline", "fixed", "cache", "concurrency_single",
                                                "concurrency_mixed"}
     assert all(s["distinct"] == 1 for s in d["steps"] if "distinct" in s)
@@ -35,6 +36,8 @@ def test_sampling_with_honoured_seed(tmp_path, server):
     assert d["verdict"] == "sampling"
     assert d["findings"]["seed_honoured"] is True
     assert "seed" in d["next"]
+    assert "will not help" not in d["next"]  # the seed is honoured here: fixing it does help
+    assert d["findings"]["temperature_honoured"] is True
     steps = {s["step"]: s for s in d["steps"]}
     assert steps["baseline"]["distinct"] > 1 and steps["fixed"]["distinct"] == 1
     assert "concurrency_single" not in steps  # cause found: later steps skipped without --all
@@ -49,6 +52,32 @@ def test_seed_not_honoured(tmp_path, server):
     assert d["findings"]["seed_honoured"] is False
     assert d["findings"]["greedy_at_temperature_0"] is True
     assert "concurrency_mixed" in {s["step"] for s in d["steps"]}  # --all runs every step
+    assert d["verdict"] == "sampling"
+    assert "Fixing the seed will not help on this server" in d["next"]
+
+
+def test_temperature_ignored_is_named(tmp_path, server):
+    # Sampling would vary the outputs, but the server answers greedily whatever temperature says.
+    server.behaviour.sampling = True
+    server.behaviour.ignore_temperature = True
+    code, output, d = diagnose(tmp_path, server)
+    assert code == 0, output
+    assert d["verdict"] == "stable"
+    assert d["findings"]["temperature_honoured"] is False
+    assert "note: the server ignores temperature: at temperature 0.8 without a seed" in output
+    assert d["notes"] and "not sampling" in d["notes"][0]
+    assert "will not help" not in d["next"]
+    steps = {s["step"]: s for s in d["steps"]}
+    assert steps["temperature"]["params"] == {"temperature": 0.8} and steps["temperature"]["distinct"] == 1
+
+
+def test_temperature_step_uses_the_users_temperature(tmp_path, server):
+    server.behaviour.sampling = True
+    _, output, d = diagnose(tmp_path, server, params='{"temperature": 0.3, "top_p": 0.9}')
+    steps = {s["step"]: s for s in d["steps"]}
+    assert steps["temperature"]["params"] == {"temperature": 0.3}  # no seed, no other fixing field
+    assert d["findings"]["temperature_honoured"] is True
+    assert "note:" not in output
 
 
 def test_temperature_zero_still_sampling(tmp_path, server):
