@@ -204,6 +204,22 @@ def test_tool_calls_are_compared(tmp_path, server, backend, streamed, vary):
     assert records[0]["output"] == "" and records[0]["finish_reason"] == "tool_calls"
 
 
+@pytest.mark.parametrize("n", [2, 0, "2"])
+def test_n_other_than_one_is_refused(tmp_path, server, n):
+    scenario = write_scenario(tmp_path / "s.toml", server.url, params={"temperature": 0, "n": n})
+    code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
+    assert code == 2
+    assert len(output.strip().splitlines()) == 1 and "params.n: expected 1" in output
+    assert not server.requests
+
+
+def test_n_of_one_is_fine(tmp_path, server):
+    scenario = write_scenario(tmp_path / "s.toml", server.url, params={"temperature": 0, "n": 1},
+                              concurrency=[1], samples=2)
+    code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
+    assert code == 0, output
+
+
 WHOLE_FAILURES = {"finish_abort": "aborted", "finish_error": "server_error", "error_object": "server_error"}
 STREAM_FAILURES = {**WHOLE_FAILURES, "error_event": "server_error", "error_event_bare": "server_error"}
 
