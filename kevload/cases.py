@@ -11,7 +11,7 @@ import orjson
 
 from kevload.engine import run_scenario
 from kevload.scenario import ScenarioError, iter_jsonl, scenario_from_dict
-from kevload.store import RUN, SUMMARY, open_run_dir, read_json, read_records
+from kevload.store import RUN, SUMMARY, answer_text, open_run_dir, read_json, read_records
 
 CASE_FIELDS = ("id", "input", "params", "outputs", "expected", "verdict", "note")
 
@@ -45,7 +45,8 @@ def cases_from_run(run_dir: Path) -> list[dict[str, Any]]:
     for r in read_records(run_dir / "records.jsonl"):
         if r["role"] == "probe" and r["status"] == "ok":
             cell = outputs.setdefault((r["probe"], r["concurrency"]), {})
-            cell[r["output"]] = cell.get(r["output"], 0) + 1
+            text = answer_text(r["output"], r.get("reasoning"), r.get("tool_calls"))
+            cell[text] = cell.get(text, 0) + 1
     cells = [c for c in summary["cells"] if c["role"] == "probe" and c["probe"] in probes]
     cases = []
     for c in cells:
@@ -96,7 +97,8 @@ async def rerun_cases(cases: list[dict[str, Any]], *, url: str, model: str, time
         run_dir = out / case["id"]
         result = await run_scenario(scenario_from_dict(raw, source=f"case {case['id']}"), run_dir)
         cell = next(c for c in result.summary["cells"] if c["role"] == "probe")
-        texts = {r["output"] for r in read_records(run_dir / "records.jsonl") if r["status"] == "ok"}
+        texts = {answer_text(r["output"], r.get("reasoning"), r.get("tool_calls"))
+                 for r in read_records(run_dir / "records.jsonl") if r["status"] == "ok"}
         after = {**case, "rerun_uniq": cell["distinct"], "rerun_ok": cell["ok"],
                  "verdict_after": "stable" if cell["distinct"] == 1 else "unstable", "rerun_dir": str(run_dir)}
         if case.get("expected") is not None:

@@ -40,6 +40,9 @@ class Outcome:
     http_status: int | None = None
     retry_after: float | None = None
     error: str | None = None
+    # The rest of the answer besides ``output`` (the content); ``store.answer_text`` joins them for comparison.
+    reasoning: str | None = None
+    tool_calls: list[dict[str, str]] | None = None
 
 
 def build_body(target: Target, item: Probe, params: dict[str, Any], *, stream: bool,
@@ -155,28 +158,42 @@ class Client:
         return text
 
 
+# finish_reason values by which the server says it gave up on the answer: failures, never compared.
+# Every other value (stop, length, tool_calls, eos_token, content_filter, …) ends a real answer.
+_FAILED_FINISH = {"abort": "aborted", "aborted": "aborted", "cancelled": "aborted", "canceled": "aborted",
+                  "error": "server_error"}
+
+
+class _Malformed(ValueError):
+    """The response is not a readable OpenAI-style answer."""
+
+
 async def _read_whole(raw: bytes, content_type: str, api: str, t_send: float, t_first_byte: float) -> Outcome:
     t_last = time.perf_counter()
 
-    def bad(why: str) -> Outcome:
-        return Outcome(status="malformed", t_send=t_send, t_first_byte=t_first_byte, t_last_byte=t_last, error=why)
+    def failed(status: str, why: str) -> Outcome:
+        return Outcome(status=status, t_send=t_send, t_first_byte=t_first_byte, t_last_byte=t_last, error=why)
 
     if "json" not in content_type:
-        return bad(f"content type {content_type!r}, expected application/json")
+        return failed("malformed", f"content type {content_type!r}, expected application/json")
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        return bad(f"body is not JSON: {exc}")
+        return failed("malformed", f"body is not JSON: {exc}")
+    if _is_error(doc):
+        return failed("server_error", f"error object: {_error_text(doc)}")
     choice = _first_choice(doc)
     if choice is None:
-        return bad("no choices in the response")
-    text = _choice_text(choice, api, delta=False)
-    if text is None:
-        return bad("the choice has no text")
+        return failed("malformed", "no choices in the response")
     acc = _Accumulator()
+    try:
+        acc.take_message(choice, api)
+        finish_reason = _finish_reason(choice)
+    except _Malformed as exc:
+        return failed("malformed", str(exc))
     acc.take_extras(doc, choice)
-    return acc.outcome(status="ok", output=text, finish_reason=choice.get("finish_reason"), t_send=t_send,
-                       t_first_byte=t_first_byte, t_first_token=t_last, t_last_byte=t_last)
+    return acc.finish(finish_reason, complete=True, t_send=t_send, t_first_byte=t_first_byte, t_first_token=t_last,
+                      t_last_byte=t_last)
 
 
 async def _read_stream(body: AsyncIterator[bytes], read: Callable[[], Awaitable[bytes]], content_type: str,
@@ -187,58 +204,54 @@ async def _read_stream(body: AsyncIterator[bytes], read: Callable[[], Awaitable[
                        error=f"content type {content_type!r}, expected text/event-stream")
     parser = SSEParser()
     acc = _Accumulator()
-    parts: list[str] = []
     finish_reason = None
     done = False
     t_first_token = t_prev = None
     max_gap = 0.0
     chunks = 0
+
+    def failed(status: str, why: str, now: float) -> Outcome:
+        return Outcome(status=status, t_send=t_send, t_first_byte=t_first_byte, t_last_byte=now, error=why)
+
     try:
         async for raw in body:
             now = time.perf_counter()
-            for data in parser.feed(raw):
+            for event, data in parser.feed(raw):
+                if event == "error":
+                    # However the server words it (with an "error" key or not), this event ends the answer.
+                    return failed("server_error", f"error event: {data[:200]!r}", now)
+                if not data:
+                    continue  # an event without data (a named keep-alive) carries nothing
                 if data == "[DONE]":
                     done = True
                     continue
                 try:
                     doc = orjson.loads(data)
                 except orjson.JSONDecodeError as exc:
-                    return Outcome(status="malformed", t_send=t_send, t_first_byte=t_first_byte, t_last_byte=now,
-                                   error=f"event is not JSON: {exc}: {data[:80]!r}")
+                    return failed("malformed", f"event is not JSON: {exc}: {data[:80]!r}", now)
                 if not isinstance(doc, dict):
-                    return Outcome(status="malformed", t_send=t_send, t_first_byte=t_first_byte, t_last_byte=now,
-                                   error=f"event is not a JSON object: {data[:80]!r}")
-                if "error" in doc and not doc.get("choices"):
-                    return Outcome(status="malformed", t_send=t_send, t_first_byte=t_first_byte, t_last_byte=now,
-                                   error=f"error event: {str(doc['error'])[:200]}")
+                    return failed("malformed", f"event is not a JSON object: {data[:80]!r}", now)
+                if _is_error(doc):
+                    return failed("server_error", f"error event: {_error_text(doc)}", now)
                 choice = _first_choice(doc)
                 acc.take_extras(doc, choice)
                 if choice is None:
                     continue
-                piece = _choice_text(choice, api, delta=True)
-                if piece:
-                    parts.append(piece)
+                if acc.take_delta(choice, api):
                     chunks += 1
                     if t_first_token is None:
                         t_first_token = now
                     else:
                         max_gap = max(max_gap, now - t_prev)
                     t_prev = now
-                if choice.get("finish_reason"):
-                    finish_reason = choice["finish_reason"]
-    except SSEError as exc:
-        return Outcome(status="malformed", t_send=t_send, t_first_byte=t_first_byte, t_last_byte=time.perf_counter(),
-                       error=str(exc))
+                finish_reason = _finish_reason(choice) or finish_reason
+    except (SSEError, _Malformed) as exc:
+        return failed("malformed", str(exc), time.perf_counter())
     t_last = time.perf_counter()
     parser.close()
-    # Either end marker proves the stream finished: some servers (transformers serve) never send [DONE].
-    if finish_reason is None and not done:
-        return Outcome(status="truncated", t_send=t_send, t_first_byte=t_first_byte, t_first_token=t_first_token,
-                       t_last_byte=t_last, output="".join(parts), chunks=chunks,
-                       error="stream ended without a finish_reason or [DONE]")
-    return acc.outcome(status="ok", output="".join(parts), finish_reason=finish_reason, t_send=t_send,
-                       t_first_byte=t_first_byte, t_first_token=t_first_token or t_last, t_last_byte=t_last,
-                       chunks=chunks, max_gap=max_gap if chunks > 1 else None)
+    return acc.finish(finish_reason, complete=done, t_send=t_send, t_first_byte=t_first_byte,
+                      t_first_token=t_first_token or t_last, t_last_byte=t_last, chunks=chunks,
+                      max_gap=max_gap if chunks > 1 else None)
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -249,37 +262,144 @@ def _retry_after(value: str | None) -> float | None:
         return None
 
 
+def _is_error(doc: Any) -> bool:
+    """An error object in place of an answer: ``{"error": …}`` (OpenAI, SGLang) or ``{"object": "error"}`` (vLLM)."""
+    return isinstance(doc, dict) and ("error" in doc or doc.get("object") == "error") and not doc.get("choices")
+
+
+def _error_text(doc: dict[str, Any]) -> str:
+    error = doc.get("error", doc)
+    if isinstance(error, dict) and "message" in error:
+        error = error["message"]
+    return str(error)[:200]
+
+
 def _first_choice(doc: Any) -> dict[str, Any] | None:
+    """Choice 0: a server that sends other choices too (``n`` is refused at load) cannot mix them into it."""
     if not isinstance(doc, dict):
         return None
     choices = doc.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-        return choices[0]
+    if isinstance(choices, list):
+        for choice in choices:
+            if isinstance(choice, dict) and choice.get("index", 0) == 0:
+                return choice
     return None
 
 
-def _choice_text(choice: dict[str, Any], api: str, *, delta: bool) -> str | None:
-    if api == "completions" or "text" in choice:
-        text = choice.get("text")
-    else:
-        message = choice.get("delta" if delta else "message") or {}
-        text = message.get("content") if isinstance(message, dict) else None
-        if text is None and delta:
-            return ""
-    return text if isinstance(text, str) else None
+def _finish_reason(choice: dict[str, Any]) -> str | None:
+    reason = choice.get("finish_reason")
+    if reason is not None and not isinstance(reason, str):
+        raise _Malformed(f"finish_reason is not a string: {str(reason)[:80]!r}")
+    return reason or None
+
+
+def _text_field(where: dict[str, Any], key: str) -> str | None:
+    value = where.get(key)
+    if value is not None and not isinstance(value, str):
+        raise _Malformed(f"{key} is not a string: {str(value)[:80]!r}")
+    return value
+
+
+def _reasoning(where: dict[str, Any]) -> str | None:
+    # vLLM and SGLang call it reasoning_content; newer vLLM, Ollama and OpenRouter call it reasoning.
+    # A server that fills both fills them with the same text, so one of them is the reasoning.
+    return _text_field(where, "reasoning_content") or _text_field(where, "reasoning")
+
+
+def _arguments(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, dict | list):
+        # Arguments sent as a JSON object rather than a string: compared in one canonical spelling.
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+    raise _Malformed(f"tool call arguments are not a string: {str(value)[:80]!r}")
+
+
+def _tool_call_parts(calls: Any) -> list[tuple[int | None, str | None, str | None]]:
+    """(index, name, arguments) of each tool call or tool-call delta; the call ``id`` is left out
+    because servers make it up afresh for every request."""
+    if calls is None:
+        return []
+    if not isinstance(calls, list):
+        raise _Malformed(f"tool_calls is not a list: {str(calls)[:80]!r}")
+    parts = []
+    for call in calls:
+        function = (call.get("function") or {}) if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            raise _Malformed(f"tool call is not an object with a function: {str(call)[:80]!r}")
+        index = call.get("index")
+        parts.append((index if isinstance(index, int) else None, _text_field(function, "name"),
+                      _arguments(function.get("arguments"))))
+    return parts
 
 
 class _Accumulator:
-    """Collects what servers return besides the text: usage, fingerprint, token ids, logprobs."""
+    """Collects the whole answer (content, reasoning, tool calls) from one message or many stream deltas,
+    and what servers return besides it: usage, fingerprint, token ids, logprobs."""
 
-    __slots__ = ("usage", "fingerprint", "token_ids", "logprobs", "tokens")
+    __slots__ = ("content", "reasoning", "calls", "usage", "fingerprint", "token_ids", "logprobs", "tokens")
 
     def __init__(self) -> None:
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: dict[int, list[Any]] = {}  # index -> [name, argument pieces]
         self.usage: dict[str, Any] | None = None
         self.fingerprint: str | None = None
         self.token_ids: list[int] | None = None
         self.logprobs: list[float] | None = None
         self.tokens: list[str] | None = None
+
+    def take_message(self, choice: dict[str, Any], api: str) -> None:
+        """A whole (non-streamed) choice."""
+        if api == "completions" or "text" in choice:
+            self.content.append(_text_field(choice, "text") or "")
+            return
+        message = choice.get("message")
+        if not isinstance(message, dict):
+            raise _Malformed(f"the choice has no message object: {str(message)[:80]!r}")
+        self.content.append(_text_field(message, "content") or "")
+        self.reasoning.append(_reasoning(message) or "")
+        for position, (_, name, arguments) in enumerate(_tool_call_parts(message.get("tool_calls"))):
+            self.calls[position] = [name or "", [arguments or ""]]
+
+    def take_delta(self, choice: dict[str, Any], api: str) -> bool:
+        """One stream chunk's choice; True when it carried a piece of the answer."""
+        if api == "completions" or "text" in choice:
+            piece = choice.get("text")
+            if isinstance(piece, str) and piece:
+                self.content.append(piece)
+                return True
+            return False
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            return False
+        # The stream's hot path: most deltas carry only content, so the rest is looked up only when present.
+        carried = False
+        content = delta.get("content")
+        if content:
+            if not isinstance(content, str):
+                raise _Malformed(f"content is not a string: {str(content)[:80]!r}")
+            self.content.append(content)
+            carried = True
+        if "reasoning_content" in delta or "reasoning" in delta:
+            reasoning = _reasoning(delta)
+            if reasoning:
+                self.reasoning.append(reasoning)
+                carried = True
+        if "tool_calls" not in delta:
+            return carried
+        for index, name, arguments in _tool_call_parts(delta["tool_calls"]):
+            # Deltas of one call share its index: the name comes once, the arguments in pieces. Without
+            # an index, a delta naming a function starts the next call and any other continues the last.
+            if index is None:
+                index = (max(self.calls) + bool(name)) if self.calls else 0
+            call = self.calls.setdefault(index, ["", []])
+            if name and not call[0]:
+                call[0] = name
+            if arguments:
+                call[1].append(arguments)
+            carried = carried or bool(name or arguments)
+        return carried
 
     def take_extras(self, doc: dict[str, Any], choice: dict[str, Any] | None) -> None:
         if isinstance(doc.get("usage"), dict):
@@ -305,8 +425,26 @@ class _Accumulator:
         self.tokens = (self.tokens or []) + [str(t) for t in tokens]
         self.logprobs = (self.logprobs or []) + [float(x) if isinstance(x, (int, float)) else None for x in logprobs]
 
-    def outcome(self, **fields: Any) -> Outcome:
+    def finish(self, finish_reason: str | None, *, complete: bool, **fields: Any) -> Outcome:
+        """The outcome once the response ended: ``ok`` only for a finished, successful answer.
+
+        ``complete``: the body was read whole, or a stream sent ``[DONE]``.
+        """
+        output = "".join(self.content)
+        reasoning = "".join(self.reasoning) or None
+        tool_calls = [{"name": name, "arguments": "".join(pieces)}
+                      for _, (name, pieces) in sorted(self.calls.items())] or None
+        if finish_reason in _FAILED_FINISH:
+            status, error = _FAILED_FINISH[finish_reason], f"finish_reason {finish_reason!r}"
+        elif finish_reason is None and not complete:
+            status, error = "truncated", "stream ended without a finish_reason or [DONE]"
+        elif finish_reason is None and not (output or reasoning or tool_calls):
+            # An empty answer is a real answer only when the server says how it ended.
+            status, error = "malformed", "no content, reasoning or tool calls, and no finish_reason"
+        else:
+            status, error = "ok", None
         usage = self.usage or {}
-        return Outcome(prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens"),
-                       token_ids=self.token_ids, logprobs=self.logprobs, tokens=self.tokens,
-                       system_fingerprint=self.fingerprint, **fields)
+        return Outcome(status=status, error=error, output=output, reasoning=reasoning, tool_calls=tool_calls,
+                       finish_reason=finish_reason, prompt_tokens=usage.get("prompt_tokens"),
+                       completion_tokens=usage.get("completion_tokens"), token_ids=self.token_ids,
+                       logprobs=self.logprobs, tokens=self.tokens, system_fingerprint=self.fingerprint, **fields)

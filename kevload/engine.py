@@ -23,6 +23,7 @@ from kevload.store import (
     SUMMARY,
     Record,
     RecordWriter,
+    answer_text,
     new_run_id,
     read_json,
     read_records,
@@ -284,13 +285,14 @@ def _record(run_id: str, seq: int, name: str, role: str, mode: str, level: int, 
     return Record(
         run_id=run_id, seq=seq, probe=name, role=role, mode=mode, concurrency=level, rate=rate, sample=sample,
         in_flight=in_flight, status=outcome.status, output=output,
-        sha256=hashlib.sha256(output.encode()).hexdigest() if ok and output is not None else None,
+        sha256=hashlib.sha256(answer_text(output, outcome.reasoning, outcome.tool_calls).encode()).hexdigest()
+        if ok and output is not None else None,
         finish_reason=outcome.finish_reason, prompt_tokens=outcome.prompt_tokens,
         completion_tokens=outcome.completion_tokens, token_ids=outcome.token_ids, tokens=outcome.tokens,
         logprobs=outcome.logprobs, system_fingerprint=outcome.system_fingerprint, t_scheduled=t_scheduled,
         t_send=outcome.t_send, t_first_byte=outcome.t_first_byte, t_first_token=outcome.t_first_token,
         t_last_byte=outcome.t_last_byte, chunks=outcome.chunks, max_gap=outcome.max_gap, error=outcome.error,
-        retries=retries, params=params,
+        retries=retries, params=params, reasoning=outcome.reasoning, tool_calls=outcome.tool_calls,
     )
 
 

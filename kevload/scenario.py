@@ -172,6 +172,10 @@ def scenario_from_dict(raw: dict[str, Any], *, source: str, name: str = "scenari
     for reserved in ("model", "prompt", "messages", "stream"):
         if reserved in params:
             v.fail(f"params.{reserved}", f"no {reserved} here (it is set by target/probes/load)", params[reserved])
+    if "n" in params and (type(params["n"]) is not int or params["n"] != 1):
+        # Several choices in one response are several answers; kevload compares one per request.
+        v.fail("params.n", "1 or no n (one answer per request is compared; ask for more load.samples instead)",
+               params["n"])
 
     load = v.build(Load, v.table(raw, "load"), "load", _LOAD_RULES)
     v.choice(load.mode, "load.mode", MODES)

@@ -57,6 +57,28 @@ class Record:
     error: str | None
     retries: int
     params: dict[str, Any]
+    # Last and defaulted, so records written before these fields existed still build a Record.
+    reasoning: str | None = None
+    tool_calls: list[dict[str, str]] | None = None
+
+
+def answer_text(output: str | None, reasoning: str | None = None,
+                tool_calls: list[dict[str, str]] | None = None) -> str:
+    """The one text that is compared (hashed into ``sha256``, shown at divergence points): the whole answer.
+
+    Exactly the content when there is no reasoning and no tool call, so plain answers hash as they
+    always did. Otherwise the reasoning comes first in ``<reasoning>`` tags, then the content, then
+    each tool call as ``<tool_call name="…">arguments</tool_call>``: a divergence inside the content
+    keeps its position after the reasoning block, and two answers that differ only in which field
+    carries a text still hash differently (short of a model writing these tag lines itself).
+    """
+    if not reasoning and not tool_calls:
+        return output or ""
+    parts = [f"<reasoning>\n{reasoning}\n</reasoning>\n"] if reasoning else []
+    parts.append(output or "")
+    for call in tool_calls or ():
+        parts.append(f'\n<tool_call name="{call["name"]}">\n{call["arguments"]}\n</tool_call>')
+    return "".join(parts)
 
 
 def new_run_id() -> str:

@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import json
 import random
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -47,6 +48,12 @@ class Behaviour:
     stall: float = 30.0             # how long a stall fault stalls
     send_done: bool = True
     retry_after: str = "0"          # the Retry-After a 429 carries
+    # Chat answers as reasoning models give them (vLLM/SGLang): a reasoning text in this field
+    # ("reasoning_content" or "reasoning") beside the content; tool calls instead of content.
+    reasoning_field: str | None = None
+    reasoning_varies: bool = False  # the reasoning differs on every request, the content does not
+    tool_calls: int = 0             # answer with this many tool calls (content null), arguments from the words
+    tool_args_vary: bool = False    # the tool calls' arguments differ on every request
 
 
 class FakeServer:
@@ -194,8 +201,21 @@ class FakeServer:
             return web.Response(text='{"choices": [', content_type="application/json")
         if fault == "empty_choices":
             return web.json_response({"choices": []})
-        choice = {"index": 0, "finish_reason": "stop"}
-        choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+        if fault == "error_object":
+            return web.json_response({"error": {"message": "injected", "code": 500}})
+        choice = {"index": 0, "finish_reason": _finish(fault, self.behaviour)}
+        if chat:
+            b = self.behaviour
+            message = {"role": "assistant", "content": None if b.tool_calls else text}
+            if b.reasoning_field:
+                message[b.reasoning_field] = _reasoning_text(text, b)
+            if b.tool_calls:
+                message["tool_calls"] = [{"id": f"call-{secrets.token_hex(4)}", "type": "function",
+                                          "function": {"name": name, "arguments": arguments}}
+                                         for name, arguments in _tool_calls(text, b)]
+            choice["message"] = message
+        else:
+            choice["text"] = text
         tokens = text.split(" ")
         return web.json_response({
             "id": "x", "object": "chat.completion", "model": body.get("model"),
@@ -212,7 +232,11 @@ class FakeServer:
         await response.prepare(request)
         pieces = [w if i == 0 else " " + w for i, w in enumerate(text.split(" "))]
         await response.write(b": keep-alive\n\n")
-        for i, piece in enumerate(pieces):
+        if chat and b.reasoning_field:
+            reasoning = _reasoning_text(text, b)
+            for piece in (reasoning[:9], reasoning[9:20], reasoning[20:]):
+                await self._event(response, {"choices": [{"index": 0, "delta": {b.reasoning_field: piece}}]}, fault)
+        for i, piece in enumerate(pieces if not (chat and b.tool_calls) else ()):
             if i == 3 and fault == "stall_mid_stream":
                 await asyncio.sleep(b.stall)
             if i == 3 and fault == "reset_mid_stream":
@@ -223,12 +247,29 @@ class FakeServer:
                 return response
             if i == 3 and fault == "malformed":
                 await response.write(b"data: {not json\n\n")
+            if i == 3 and fault == "error_event":
+                await response.write(b'event: error\ndata: {"error": {"message": "injected"}}\n\n')
+            if i == 3 and fault == "error_event_bare":
+                # No "error" key and a normal end after it: only the event type says the answer failed.
+                await response.write(b'event: error\ndata: {"message": "engine crashed"}\n\n')
+            if i == 3 and fault == "error_object":
+                await response.write(b'data: {"error": {"message": "injected", "code": 500}}\n\n')
             delta = {"content": piece} if chat else None
             choice = {"index": 0, "delta": delta} if chat else {"index": 0, "text": piece}
             await self._event(response, {"choices": [choice], "system_fingerprint": "fake-1"}, fault)
             if b.chunk_delay:
                 await asyncio.sleep(b.chunk_delay)
-        final = {"index": 0, "finish_reason": "stop"}
+        if chat and b.tool_calls:
+            for index, (name, arguments) in enumerate(_tool_calls(text, b)):
+                # As vLLM streams them: the first delta has id and name, then the arguments in pieces.
+                head = {"index": index, "id": f"call-{secrets.token_hex(4)}", "type": "function",
+                        "function": {"name": name, "arguments": ""}}
+                deltas = [head] + [{"index": index, "function": {"arguments": arguments[k:k + 7]}}
+                                   for k in range(0, len(arguments), 7)]
+                for delta in deltas:
+                    await self._event(response, {"choices": [{"index": 0, "delta": {"tool_calls": [delta]}}]},
+                                      fault)
+        final = {"index": 0, "finish_reason": _finish(fault, b)}
         final.update({"delta": {}} if chat else {"text": ""})
         await self._event(response, {"choices": [final]}, fault)
         usage = {"prompt_tokens": 7, "completion_tokens": len(pieces), "total_tokens": 7 + len(pieces)}
@@ -246,6 +287,25 @@ class FakeServer:
         else:
             await response.write(data)
 
+
+
+def _finish(fault: str | None, b: Behaviour) -> str:
+    return {"finish_abort": "abort", "finish_error": "error"}.get(fault or "", "tool_calls" if b.tool_calls else "stop")
+
+
+def _reasoning_text(text: str, b: Behaviour) -> str:
+    noise = f" (attempt {secrets.token_hex(4)})" if b.reasoning_varies else ""
+    return f"The user wants words; I will answer {text.split(' ')[0]}{noise}."
+
+
+def _tool_calls(text: str, b: Behaviour) -> list[tuple[str, str]]:
+    calls = []
+    for k in range(b.tool_calls):
+        args = {"query": text, "page": k}
+        if b.tool_args_vary:
+            args["nonce"] = secrets.token_hex(4)
+        calls.append((f"lookup_{k}", json.dumps(args)))
+    return calls
 
 
 async def _health(request: web.Request) -> web.Response:

@@ -1,4 +1,4 @@
-"""SSE edge cases: events split anywhere, CRLF, multi-line data, comments, [DONE]."""
+"""SSE edge cases: events split anywhere, CRLF, multi-line data, comments, event types, [DONE]."""
 
 from __future__ import annotations
 
@@ -12,9 +12,13 @@ STREAM = (
     b": keep-alive\r\n\r\n"
     b'data: {"a": 1}\r\n\r\n'
     b"event: message\nid: 7\ndata: line one\ndata: line two\n\n"
-    b"data:no-space\r\rdata: [DONE]\n\n"
+    b"data:no-space\r\r"
+    b"event: error\r\ndata: {\"error\": \"boom\"}\r\n\r\n"
+    b"event:error\n\n"
+    b"data: [DONE]\n\n"
 )
-EXPECTED = ['{"a": 1}', "line one\nline two", "no-space", "[DONE]"]
+EXPECTED = [("message", '{"a": 1}'), ("message", "line one\nline two"), ("message", "no-space"),
+            ("error", '{"error": "boom"}'), ("error", ""), ("message", "[DONE]")]
 
 
 def feed_all(chunks):
@@ -56,4 +60,13 @@ def test_never_crashes_except_with_its_own_error(chunks):
         events = feed_all(chunks)
     except SSEError:
         return
-    assert all(isinstance(e, str) for e in events)
+    assert all(isinstance(name, str) and isinstance(data, str) for name, data in events)
+
+
+def test_event_type_belongs_to_its_event_only():
+    events = feed_all([b"event: error\ndata: x\n\ndata: y\n\n"])
+    assert events == [("error", "x"), ("message", "y")]
+
+
+def test_empty_event_field_means_message():
+    assert feed_all([b"event:\ndata: z\n\n"]) == [("message", "z")]
