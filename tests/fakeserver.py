@@ -46,6 +46,7 @@ class Behaviour:
     stall: float = 30.0             # how long a stall fault stalls
     send_done: bool = True
     retry_after: str = "0"          # the Retry-After a 429 carries
+    version: str = ""               # a "model version": another version answers every prompt differently
 
 
 class FakeServer:
@@ -164,7 +165,7 @@ class FakeServer:
         b = self.behaviour
         temperature = body.get("temperature", 1.0)
         seed = body.get("seed")
-        key = hashlib.sha256(prompt.encode()).digest()
+        key = hashlib.sha256((b.version + prompt).encode()).digest()
         rng = random.Random(key)
         words = [rng.choice(WORDS) for _ in range(b.words)]
         noisy: random.Random | None = None
