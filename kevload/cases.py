@@ -19,6 +19,7 @@ from urllib.parse import urlparse
 
 import orjson
 
+from kevload.compare import level_sort_key
 from kevload.engine import run_scenario
 from kevload.scenario import ScenarioError, iter_jsonl, scenario_from_dict
 from kevload.store import RUN, SUMMARY, new_run_id, open_run_dir, read_json, read_records
@@ -101,6 +102,8 @@ def cases_from_run(run_dir: Path, *, target_name: str | None = None) -> list[dic
         case_input = probe.get("prompt", probe.get("messages"))
         case_params = {**params, "max_tokens": probe.get("max_tokens", 64), "mode": c["mode"],
                        "concurrency": c["concurrency"]}
+        if c.get("rate") is not None:
+            case_params["rate"] = c["rate"]
         load = case_load(meta, c, index_of[c["probe"]])
         texts = outputs.get((c["probe"], c["concurrency"], c.get("rate")), Counter())
         identity = {k: v for k, v in load.items() if k != "samples"}
@@ -167,12 +170,16 @@ def rerun_load(case: dict[str, Any], times: int) -> tuple[dict[str, Any], dict[s
     params = dict(case["params"])
     mode = params.pop("mode", "single")
     level = int(params.pop("concurrency", 1))
-    recorded = case.get("load") or {"mode": mode, "concurrency": level}
+    rate = params.pop("rate", None)
+    recorded = case.get("load") or {"mode": mode, "concurrency": level, "rate": rate}
     load = {k: v for k, v in recorded.items() if k not in ("samples", "rate", "concurrency")}
-    load.update(concurrency=[int(recorded.get("concurrency", level))], samples=times, max_error_share=0.5)
+    load.update(samples=times, max_error_share=0.5)
     if recorded.get("rate") is not None:
+        # An open-loop level is its rate (its concurrency is the in-flight cap, kept in max_in_flight).
         # With Poisson arrivals the seed also draws the gaps; a case keeps the seed its companions used.
         load["rate"] = [recorded["rate"]]
+    else:
+        load["concurrency"] = [int(recorded.get("concurrency", level))]
     return params, load
 
 
@@ -196,7 +203,7 @@ async def rerun_cases(cases: list[dict[str, Any]], *, url: str, model: str, time
         probe["prompt" if isinstance(case["input"], str) else "messages"] = case["input"]
         raw = {"target": {"base_url": url, "model": model, "api": api, "timeout": timeout}, "params": params,
                "load": load, "probes": [probe]}
-        rerun = {"mode": load.get("mode", "single"), "concurrency": load["concurrency"][0],
+        rerun = {"mode": load.get("mode", "single"), "concurrency": load.get("concurrency", [None])[0],
                  "rate": load["rate"][0] if "rate" in load else None, "samples": times,
                  **{k: load[k] for k in ("seed", "companions", "prefix_lengths", "needle_length") if k in load},
                  "params": {**params, "max_tokens": max_tokens}}
@@ -278,15 +285,22 @@ def _counted(texts: Counter) -> list[dict[str, Any]]:
 
 
 def _note(cell: dict[str, Any], row: list[dict[str, Any]]) -> str:
-    unstable = sorted(c["concurrency"] for c in row if c["drift"])
-    levels = sorted(c["concurrency"] for c in row)
+    """The guide's note: at which levels (concurrency, or rate for open-loop runs) the probe drifted."""
+    open_loop = cell.get("rate") is not None
+    noun = "rate" if open_loop else "concurrency"
+    levels = sorted(row, key=level_sort_key)
+    unstable = [c for c in levels if c["drift"]]
+
+    def named(cells: list[dict[str, Any]]) -> str:
+        return ", ".join(f"{c['rate']:g}/s" if open_loop else str(c["concurrency"]) for c in cells)
+
     if not unstable:
-        return f"stable at concurrency {', '.join(map(str, levels))} (n={cell['ok']})"
+        return f"stable at {noun} {named(levels)} (n={cell['ok']})"
     if unstable == levels:
-        return "unstable at every concurrency level, serial included"
-    if unstable == [lv for lv in levels if lv >= unstable[0]]:
-        return f"unstable only at concurrency ≥ {unstable[0]}"
-    return f"unstable at concurrency {', '.join(map(str, unstable))}"
+        return f"unstable at every {noun} level" + ("" if open_loop else ", serial included")
+    if unstable == levels[levels.index(unstable[0]):]:
+        return f"unstable only at {noun} ≥ {named(unstable[:1])}"
+    return f"unstable at {noun} {named(unstable)}"
 
 
 def _digest(parts: Any) -> str:

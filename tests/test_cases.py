@@ -206,3 +206,29 @@ def test_rerun_target_filter_names_an_unknown_target(tmp_path, server):
     code, output = run_cli("cases", "rerun", cases, "--url", server.url, "--model", "fake", "-o", tmp_path / "a",
                            "--target-name", "nope")
     assert code == 2 and "no case of target 'nope'" in output
+
+
+def test_open_loop_case_is_rerun_at_its_rate(tmp_path, server):
+    scenario = write_scenario(tmp_path / "s.toml", server.url, rate=[20], samples=3, concurrency=[1])
+    assert run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")[0] == 0
+    cases_path = tmp_path / "cases.jsonl"
+    run_cli("cases", "build", tmp_path / "run", "-o", cases_path)
+    (case,) = read(cases_path)
+    assert case["load"]["rate"] == 20 and case["load"]["arrival"] == "constant"
+    assert case["note"] == "stable at rate 20/s (n=3)"
+    code, output, rows = rerun(cases_path, server, tmp_path)
+    assert code == 0 and f"{case['id']}: mode=single r=20/s samples=4" in output, output
+    assert json.loads((Path(rows[case["id"]]["rerun_dir"]) / "run.json").read_text())["load"]["rate"] == [20.0]
+
+
+def test_a_case_in_the_guides_own_format(tmp_path, server):
+    """The guide's template (outputs as plain strings, concurrency in params) reruns and is compared too."""
+    cases_path = tmp_path / "kev_cases.jsonl"
+    cases_path.write_text(json.dumps({
+        "id": "s001", "input": "同一段固定输入", "params": {"temperature": 0, "top_p": 1, "seed": 42, "concurrency": 2},
+        "outputs": ["第一次输出"], "expected": None, "verdict": "stable", "note": "",
+    }, ensure_ascii=False) + "\n")
+    code, output, rows = rerun(cases_path, server, tmp_path)
+    assert code == 1 and "changed: 1 (s001)" in output
+    assert rows["s001"]["rerun"]["concurrency"] == 2 and rows["s001"]["matches_recorded"] is False
+    assert server.requests[-1]["seed"] == 42
