@@ -24,7 +24,6 @@ from kevload.engine import run_scenario
 from kevload.scenario import ScenarioError, iter_jsonl, scenario_from_dict
 from kevload.store import RUN, SUMMARY, new_run_id, open_run_dir, read_json, read_records
 
-CASE_FIELDS = ("id", "input", "params", "outputs", "expected", "verdict", "note")
 TRANSITIONS = ("unstable→stable", "stable→unstable", "changed", "no answer", "unchanged")
 # Which load keys shape the batch around the probe in each mode; the others do not change the case.
 _MODE_KEYS = {"single": (), "mixed": ("seed", "companions"), "prefix": ("seed", "prefix_lengths"),
