@@ -1,71 +1,151 @@
-"""The guide's step 5: case sets built from runs, rerun after every change, compared before/after."""
+"""The guide's step 5: case sets built from runs, rerun after every change, compared before/after.
+
+A case belongs to one target (server and model): the same input and params asked of another
+server, or of another model, is another case. Its identity is a digest of the target, the input,
+the params and the load it ran under (mode, concurrency, companions), so `build` can say which
+cases it already has. `rerun` reproduces that load and compares the answers with the recorded ones.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import os
 import time
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import orjson
 
+from kevload.compare import level_sort_key
 from kevload.engine import run_scenario
 from kevload.scenario import ScenarioError, iter_jsonl, scenario_from_dict
-from kevload.store import RUN, SUMMARY, answer_text, open_run_dir, read_json, read_records
+from kevload.store import RUN, SUMMARY, new_run_id, open_run_dir, read_json, read_records, record_answer
 
-CASE_FIELDS = ("id", "input", "params", "outputs", "expected", "verdict", "note")
+TRANSITIONS = ("unstable→stable", "stable→unstable", "changed", "no answer", "unchanged")
+# Which load keys shape the batch around the probe in each mode; the others do not change the case.
+_MODE_KEYS = {"single": (), "mixed": ("seed", "companions"), "prefix": ("seed", "prefix_lengths"),
+              "needle": ("seed", "needle_length")}
 
 
-def build_cases(run_dirs: list[Path], cases_path: Path) -> tuple[int, int]:
+@dataclass(frozen=True)
+class Skip:
+    """A case `build` did not add, and why."""
+
+    id: str
+    run: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class BuildReport:
+    new: int
+    kept: int
+    skipped: tuple[Skip, ...]
+
+
+def build_cases(run_dirs: list[Path], cases_path: Path, *, target_name: str | None = None) -> BuildReport:
     """Append one case per probe × level of each run; cases already in the file are never touched.
 
-    Returns (added, kept).
+    A case that is already in the file, or that an earlier run in ``run_dirs`` gave, is skipped and
+    reported with the reason, never dropped in silence.
     """
     existing = read_cases(cases_path) if cases_path.exists() else []
-    known = {case["id"] for case in existing}
-    added = []
+    source_of = {case["id"]: case.get("source_run", str(cases_path)) for case in existing}
+    in_file = set(source_of)
+    added, skipped = [], []
     for run_dir in run_dirs:
-        for case in cases_from_run(open_run_dir(run_dir)):
-            if case["id"] not in known:
-                known.add(case["id"])
+        for case in cases_from_run(open_run_dir(run_dir), target_name=target_name):
+            if not case["outputs"]:
+                skipped.append(Skip(case["id"], str(run_dir), "no ok answer in the run"))
+            elif case["id"] in source_of:
+                where = f"already in {cases_path}" if case["id"] in in_file else "given earlier in this build"
+                skipped.append(Skip(case["id"], str(run_dir), f"same target, model, input, params and load as the "
+                                    f"case from {source_of[case['id']]} ({where})"))
+            else:
+                source_of[case["id"]] = str(run_dir)
                 added.append(case)
     with cases_path.open("ab") as handle:
         for case in added:
             handle.write(orjson.dumps(case) + b"\n")
-    return len(added), len(existing)
+    return BuildReport(new=len(added), kept=len(existing), skipped=tuple(skipped))
 
 
-def cases_from_run(run_dir: Path) -> list[dict[str, Any]]:
+def target_name_of(base_url: str) -> str:
+    """The server part of a case's identity: host and port (the path and any credentials left out)."""
+    parsed = urlparse(base_url)
+    host = parsed.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    return f"{host}:{parsed.port or (443 if parsed.scheme == 'https' else 80)}"
+
+
+def cases_from_run(run_dir: Path, *, target_name: str | None = None) -> list[dict[str, Any]]:
     meta = read_json(run_dir / RUN)
     summary = read_json(run_dir / SUMMARY)
     scenario = meta["scenario"]
-    probes = {p["id"]: p for p in scenario.get("probes", [])}
+    probe_list = scenario.get("probes", [])
+    index_of = {p["id"]: i for i, p in enumerate(probe_list)}
     params = scenario.get("params", {})
-    outputs: dict[tuple[str, int], dict[str, int]] = {}
+    target = {"name": target_name or target_name_of(meta["target"]["base_url"]), "model": meta["target"]["model"]}
+    recorded_at = meta.get("ended_at") or meta.get("started_at")
+    outputs: dict[tuple[str, int, float | None], Counter] = {}
     for r in read_records(run_dir / "records.jsonl"):
         if r["role"] == "probe" and r["status"] == "ok":
-            cell = outputs.setdefault((r["probe"], r["concurrency"]), {})
-            text = answer_text(r["output"], r.get("reasoning"), r.get("tool_calls"))
-            cell[text] = cell.get(text, 0) + 1
-    cells = [c for c in summary["cells"] if c["role"] == "probe" and c["probe"] in probes]
+            outputs.setdefault((r["probe"], r["concurrency"], r.get("rate")), Counter())[
+                record_answer(r)] += 1
+    cells = [c for c in summary["cells"] if c["role"] == "probe" and c["probe"] in index_of]
     cases = []
     for c in cells:
-        probe = probes[c["probe"]]
+        probe = probe_list[index_of[c["probe"]]]
         case_input = probe.get("prompt", probe.get("messages"))
         case_params = {**params, "max_tokens": probe.get("max_tokens", 64), "mode": c["mode"],
                        "concurrency": c["concurrency"]}
-        texts = outputs.get((c["probe"], c["concurrency"]), {})
+        if c.get("rate") is not None:
+            case_params["rate"] = c["rate"]
+        load = case_load(meta, c, index_of[c["probe"]])
+        texts = outputs.get((c["probe"], c["concurrency"], c.get("rate")), Counter())
+        identity = {k: v for k, v in load.items() if k != "samples"}
         cases.append({
-            "id": f"{c['probe']}-{_digest(case_input, case_params)}",
+            "id": f"{c['probe']}-{_digest([target, case_input, case_params, identity])}",
             "input": case_input,
             "params": case_params,
-            "outputs": [{"text": t, "count": n} for t, n in sorted(texts.items(), key=lambda kv: -kv[1])],
+            "outputs": _counted(texts),
             "expected": None,
             "verdict": "unstable" if c["drift"] else "stable",
             "note": _note(c, [x for x in cells if x["probe"] == c["probe"] and x["mode"] == c["mode"]]),
+            "target": target,
+            "load": load,
             "source_run": str(run_dir),
+            "recorded_at": recorded_at,
         })
     return cases
+
+
+def case_load(meta: dict[str, Any], cell: dict[str, Any], probe_index: int) -> dict[str, Any]:
+    """What a rerun needs to send the probe among the same requests as the run did."""
+    run_load = meta["load"]
+    mode = cell["mode"]
+    load: dict[str, Any] = {"mode": mode, "concurrency": cell["concurrency"], "samples": cell["ok"],
+                            "stream": run_load.get("stream", False)}
+    if cell.get("rate") is not None:
+        load.update(rate=cell["rate"], arrival=run_load.get("arrival", "constant"),
+                    max_in_flight=run_load.get("max_in_flight", 0))
+    for key in _MODE_KEYS[mode]:
+        load[key] = run_load[key]
+    if "seed" in load:
+        # The engine seeds each probe's companion picker with seed + the probe's index; a rerun sends
+        # the case as the only probe (index 0), so the offset moves into the seed.
+        load["seed"] += probe_index
+    if "companions" in load and load["companions"] != "builtin":
+        path = Path(load["companions"])
+        if not path.is_absolute():
+            path = Path(meta.get("scenario_source") or ".").parent / path
+        load["companions"] = str(path.resolve())
+    if "prefix_lengths" in load:
+        load["prefix_lengths"] = list(load["prefix_lengths"])
+    return load
 
 
 def read_cases(path: Path) -> list[dict[str, Any]]:
@@ -74,59 +154,154 @@ def read_cases(path: Path) -> list[dict[str, Any]]:
         missing = [f for f in ("id", "input", "params", "verdict") if not isinstance(case, dict) or f not in case]
         if missing:
             raise ScenarioError(f"{path}:{number}: case lacks {', '.join(missing)}")
+        if not isinstance(case["params"], dict) or not isinstance(case.get("load", {}), dict):
+            raise ScenarioError(f"{path}:{number}: case {case['id']}: params and load: expected JSON objects")
         cases.append(case)
     return cases
 
 
+def recorded_texts(case: dict[str, Any]) -> set[str]:
+    """The outputs a case recorded: kevload's ``{text, count}`` objects or the guide's plain strings."""
+    return {o["text"] if isinstance(o, dict) else o for o in case.get("outputs") or []}
+
+
+def rerun_load(case: dict[str, Any], times: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(request params, scenario [load] table) to rerun a case as it was run; older cases lack ``load``."""
+    params = dict(case["params"])
+    mode = params.pop("mode", "single")
+    level = int(params.pop("concurrency", 1))
+    rate = params.pop("rate", None)
+    recorded = case.get("load") or {"mode": mode, "concurrency": level, "rate": rate}
+    load = {k: v for k, v in recorded.items() if k not in ("samples", "rate", "concurrency")}
+    load.update(samples=times, max_error_share=0.5)
+    if recorded.get("rate") is not None:
+        # An open-loop level is its rate (its concurrency is the in-flight cap, kept in max_in_flight).
+        # With Poisson arrivals the seed also draws the gaps; a case keeps the seed its companions used.
+        load["rate"] = [recorded["rate"]]
+    else:
+        load["concurrency"] = [int(recorded.get("concurrency", level))]
+    return params, load
+
+
 async def rerun_cases(cases: list[dict[str, Any]], *, url: str, model: str, times: int, api: str = "chat",
-                      timeout: float = 60.0, out: Path | None = None, log=print) -> list[dict[str, Any]]:
-    """Rerun each case ``times`` times at its recorded params and concurrency; returns cases with the results."""
-    out = out or Path("results") / f"cases-rerun-{time.strftime('%Y%m%d-%H%M%S')}"
+                      timeout: float = 60.0, out: Path | None = None, stop=None,
+                      log=print) -> list[dict[str, Any]]:
+    """Rerun each case ``times`` times under its recorded load; returns the cases with the results.
+
+    Each rerun writes ``OUT/cases-rerun-<run id>/<case id>/`` (OUT defaults to ``results``): a fresh
+    directory, so a second rerun into the same OUT never mixes its records with the first one's.
+    A case the stop event interrupted is left out: its answers are incomplete evidence.
+    """
+    out = (out or Path("results")) / f"cases-rerun-{new_run_id()}"
     results = []
     for case in cases:
-        params = dict(case["params"])
-        level = int(params.pop("concurrency", 1))
-        mode = params.pop("mode", "single")
+        if stop is not None and stop.is_set():
+            break
+        params, load = rerun_load(case, times)
         max_tokens = params.pop("max_tokens", 64)
         probe = {"id": "case", "max_tokens": max_tokens}
         probe["prompt" if isinstance(case["input"], str) else "messages"] = case["input"]
         raw = {"target": {"base_url": url, "model": model, "api": api, "timeout": timeout}, "params": params,
-               "load": {"mode": mode, "concurrency": [level], "samples": times, "max_error_share": 0.5},
-               "probes": [probe]}
-        log(f"rerun {case['id']} (c={level}, {mode}) …")
+               "load": load, "probes": [probe]}
+        rerun = {"mode": load.get("mode", "single"), "concurrency": load.get("concurrency", [None])[0],
+                 "rate": load["rate"][0] if "rate" in load else None, "samples": times,
+                 **{k: load[k] for k in ("seed", "companions", "prefix_lengths", "needle_length") if k in load},
+                 "params": {**params, "max_tokens": max_tokens}}
+        log(f"rerun {case['id']} ({describe_load(rerun)}) …")
         run_dir = out / case["id"]
-        result = await run_scenario(scenario_from_dict(raw, source=f"case {case['id']}"), run_dir)
+        result = await run_scenario(scenario_from_dict(raw, source=f"case {case['id']}"), run_dir, stop=stop)
+        if result.state == "interrupted":
+            break
         cell = next(c for c in result.summary["cells"] if c["role"] == "probe")
-        texts = {answer_text(r["output"], r.get("reasoning"), r.get("tool_calls"))
-                 for r in read_records(run_dir / "records.jsonl") if r["status"] == "ok"}
-        after = {**case, "rerun_uniq": cell["distinct"], "rerun_ok": cell["ok"],
-                 "verdict_after": "stable" if cell["distinct"] == 1 else "unstable", "rerun_dir": str(run_dir)}
+        texts = Counter(record_answer(r) for r in read_records(run_dir / "records.jsonl")
+                        if r["role"] == "probe" and r["status"] == "ok")
+        recorded = recorded_texts(case)
+        after = {**case, "rerun": rerun, "rerun_uniq": len(texts), "rerun_ok": cell["ok"],
+                 "rerun_outputs": _counted(texts),
+                 "verdict_after": "no_answer" if not texts else "stable" if len(texts) == 1 else "unstable",
+                 "matches_recorded": set(texts) <= recorded if texts and recorded else None,
+                 "rerun_dir": str(run_dir)}
         if case.get("expected") is not None:
-            after["matches_expected"] = texts == {case["expected"]}
+            after["matches_expected"] = set(texts) == {case["expected"]}
+        after["transition"] = transition(after)
         results.append(after)
     return results
 
 
+def transition(result: dict[str, Any]) -> str:
+    """How a case moved: a stable case that now answers something else, stably, has ``changed``."""
+    before, after = result["verdict"], result["verdict_after"]
+    if after == "no_answer":
+        return "no answer"
+    if before == after == "stable" and result["matches_recorded"] is False:
+        return "changed"
+    return "unchanged" if before == after else f"{before}→{after}"
+
+
 def transitions(results: list[dict[str, Any]]) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {"unstable→stable": [], "stable→unstable": [], "unchanged": []}
+    out: dict[str, list[str]] = {key: [] for key in TRANSITIONS}
     for r in results:
-        before, after = r["verdict"], r["verdict_after"]
-        key = "unchanged" if before == after else f"{before}→{after}"
-        out[key].append(r["id"])
+        out[r["transition"]].append(r["id"])
     return out
 
 
+def accept_changes(cases_path: Path, results: list[dict[str, Any]], *, now: str | None = None) -> list[str]:
+    """Record the rerun answers of the ``changed`` cases as their outputs; the old ones move to ``history``.
+
+    The file is rewritten through a temporary file and a rename, so a crash leaves the old file whole.
+    Returns the ids of the cases updated.
+    """
+    now = now or time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    changed = {r["id"]: r for r in results if r["transition"] == "changed"}
+    if not changed:
+        return []
+    cases = read_cases(cases_path)
+    for case in cases:
+        result = changed.get(case["id"])
+        if result is None:
+            continue
+        old = {"outputs": case.get("outputs"), "recorded_at": case.get("recorded_at"), "replaced_at": now,
+               "replaced_by": result["rerun_dir"]}
+        case["history"] = [*case.get("history", []), old]
+        case["outputs"] = result["rerun_outputs"]
+        case["recorded_at"] = now
+    tmp = cases_path.with_name(cases_path.name + ".tmp")
+    tmp.write_bytes(b"".join(orjson.dumps(case) + b"\n" for case in cases))
+    os.replace(tmp, cases_path)
+    return sorted(changed)
+
+
+def describe_load(rerun: dict[str, Any]) -> str:
+    """One line: what a case's rerun sent (mode, level, companions seed, samples, params)."""
+    level = f"r={rerun['rate']:g}/s" if rerun.get("rate") is not None else f"c={rerun['concurrency']}"
+    extra = "".join(f" {k}={rerun[k]}" for k in ("seed", "companions", "prefix_lengths", "needle_length")
+                    if k in rerun)
+    return (f"mode={rerun['mode']} {level}{extra} samples={rerun['samples']} "
+            f"params={orjson.dumps(rerun['params'], option=orjson.OPT_SORT_KEYS).decode()}")
+
+
+def _counted(texts: Counter) -> list[dict[str, Any]]:
+    return [{"text": t, "count": n} for t, n in sorted(texts.items(), key=lambda kv: (-kv[1], kv[0]))]
+
+
 def _note(cell: dict[str, Any], row: list[dict[str, Any]]) -> str:
-    unstable = sorted(c["concurrency"] for c in row if c["drift"])
-    levels = sorted(c["concurrency"] for c in row)
+    """The guide's note: at which levels (concurrency, or rate for open-loop runs) the probe drifted."""
+    open_loop = cell.get("rate") is not None
+    noun = "rate" if open_loop else "concurrency"
+    levels = sorted(row, key=level_sort_key)
+    unstable = [c for c in levels if c["drift"]]
+
+    def named(cells: list[dict[str, Any]]) -> str:
+        return ", ".join(f"{c['rate']:g}/s" if open_loop else str(c["concurrency"]) for c in cells)
+
     if not unstable:
-        return f"stable at concurrency {', '.join(map(str, levels))} (n={cell['ok']})"
+        return f"stable at {noun} {named(levels)} (n={cell['ok']})"
     if unstable == levels:
-        return "unstable at every concurrency level, serial included"
-    if unstable == [lv for lv in levels if lv >= unstable[0]]:
-        return f"unstable only at concurrency ≥ {unstable[0]}"
-    return f"unstable at concurrency {', '.join(map(str, unstable))}"
+        return f"unstable at every {noun} level" + ("" if open_loop else ", serial included")
+    if unstable == levels[levels.index(unstable[0]):]:
+        return f"unstable only at {noun} ≥ {named(unstable[:1])}"
+    return f"unstable at {noun} {named(unstable)}"
 
 
-def _digest(case_input: Any, params: dict[str, Any]) -> str:
-    return hashlib.sha256(orjson.dumps([case_input, params], option=orjson.OPT_SORT_KEYS)).hexdigest()[:10]
+def _digest(parts: Any) -> str:
+    return hashlib.sha256(orjson.dumps(parts, option=orjson.OPT_SORT_KEYS)).hexdigest()[:10]

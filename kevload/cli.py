@@ -383,18 +383,21 @@ def _read_messages(path: Path) -> tuple[dict, ...]:
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), help="Write the report here.")
 @click.option("--flag", "flag_out", type=click.Path(dir_okay=False, path_type=Path),
               help="Write each online input with its boundary-sample reasons (JSONL).")
-def coverage_command(online: Path, train: Path, json_out: Path | None, flag_out: Path | None) -> None:
+@click.option("--max-bad", type=click.IntRange(min=0), default=10, show_default=True,
+              help="Bad lines (not JSON, torn, no input) skipped per file before the file is refused (exit 2).")
+def coverage_command(online: Path, train: Path, json_out: Path | None, flag_out: Path | None, max_bad: int) -> None:
     """Compare live inputs (ONLINE.jsonl) with the training set (TRAIN.jsonl): lengths, keywords, labels."""
     import orjson
 
-    from kevload.coverage import compare, flag_file, scan
+    from kevload.coverage import compare, flag_file, scan, segmenter
     from kevload.report import coverage_text
 
-    online_side = _guard(lambda: scan(online))
-    train_side = _guard(lambda: scan(train))
+    seg = segmenter()
+    online_side = _guard(lambda: scan(online, max_bad=max_bad, seg=seg))
+    train_side = _guard(lambda: scan(train, max_bad=max_bad, seg=seg))
     result = compare(online_side, train_side)
     if flag_out is not None:
-        result["flagged"] = _guard(lambda: flag_file(online, train_side, flag_out))
+        result["flagged"] = _guard(lambda: flag_file(online, train_side, flag_out, max_bad=max_bad))
     click.echo(coverage_text(result))
     if json_out is not None:
         json_out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
@@ -408,12 +411,16 @@ def cases() -> None:
 @cases.command("build")
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(file_okay=False, path_type=Path))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path))
-def cases_build(run_dirs: tuple[Path, ...], output: Path) -> None:
+@click.option("--target-name", help="Name the server these runs ran against (default: the base URL's host:port); "
+              "give the same name in every environment whose URLs differ.")
+def cases_build(run_dirs: tuple[Path, ...], output: Path, target_name: str | None) -> None:
     """Append one case per probe and setting from RUN_DIRS; existing cases are never dropped or rewritten."""
     from kevload.cases import build_cases
 
-    added, kept = _guard(lambda: build_cases(list(run_dirs), output))
-    click.echo(f"{output}: {added} cases added, {kept} kept")
+    built = _guard(lambda: build_cases(list(run_dirs), output, target_name=target_name))
+    click.echo(f"{output}: {built.new} new, {built.kept} kept, {len(built.skipped)} skipped")
+    for skip in built.skipped:
+        click.echo(f"  skipped {skip.id} from {skip.run}: {skip.reason}")
 
 
 @cases.command("rerun")
@@ -422,28 +429,53 @@ def cases_build(run_dirs: tuple[Path, ...], output: Path) -> None:
 @click.option("--model", required=True)
 @click.option("--times", type=click.IntRange(min=2), default=5, show_default=True)
 @click.option("--api", type=click.Choice(["chat", "completions"]), default="chat", show_default=True)
+@click.option("--target-name", help="Rerun only the cases of this target (as `cases build` named it).")
+@click.option("--accept-changes", "accept", is_flag=True,
+              help="Record the new answers of changed cases as their outputs (the old ones stay in history).")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Directory for the rerun runs.")
-def cases_rerun(cases_file: Path, url: str, model: str, times: int, api: str, output: Path, out: Path | None) -> None:
-    """Rerun every case; exit 1 if a stable case became unstable (a regression)."""
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Parent directory of the rerun runs (default results): each rerun makes OUT/cases-rerun-<id>/.")
+def cases_rerun(cases_file: Path, url: str, model: str, times: int, api: str, target_name: str | None,
+                accept: bool, output: Path, out: Path | None) -> None:
+    """Rerun every case under its recorded load and compare with its recorded outputs.
+
+    Exit 1 if a stable case became unstable, a stable case now answers something else (`changed`,
+    unless --accept-changes) or an `expected` output is not met; 3 if a case got no answer.
+    """
     import orjson
 
-    from kevload.cases import read_cases, rerun_cases, transitions
+    from kevload.cases import accept_changes, describe_load, read_cases, rerun_cases, transitions
 
     items = _guard(lambda: read_cases(cases_file))
+    if target_name is not None:
+        items = [c for c in items if (c.get("target") or {}).get("name") == target_name]
+        if not items:
+            raise UserError(f"{cases_file}: no case of target {target_name!r}")
     results, signum = _guard(lambda: aio.run(lambda stop: rerun_cases(
-        items, url=url, model=model, times=times, api=api, out=out, log=lambda m: stderr.print(m))))
+        items, url=url, model=model, times=times, api=api, out=out, stop=stop, log=lambda m: stderr.print(m))))
     with output.open("wb") as handle:
         for r in results:
             handle.write(orjson.dumps(r) + b"\n")
+    for r in results:
+        recorded = {True: "matches recorded", False: "NOT among recorded outputs", None: "nothing recorded"}
+        click.echo(f"{r['id']}: {describe_load(r['rerun'])} → {r['rerun_uniq']} distinct of {r['rerun_ok']}, "
+                   f"{r['verdict']}→{r['verdict_after']}, {recorded[r['matches_recorded']]}")
     moves = transitions(results)
     for key, ids in moves.items():
         click.echo(f"{key}: {len(ids)}" + (f" ({', '.join(ids)})" if ids and key != "unchanged" else ""))
+    mismatched = [r["id"] for r in results if r.get("matches_expected") is False]
     for r in results:
         if "matches_expected" in r:
             click.echo(f"{r['id']}: {'matches' if r['matches_expected'] else 'does not match'} expected")
+    if accept and moves["changed"]:
+        updated = _guard(lambda: accept_changes(cases_file, results))
+        click.echo(f"{cases_file}: accepted the new answers of {len(updated)} changed case(s); "
+                   "the old outputs are kept in their history")
     _exit_if_signalled(signum)
-    sys.exit(EXIT_DRIFT if moves["stable→unstable"] else EXIT_OK)
+    if moves["no answer"]:
+        sys.exit(EXIT_TARGET)
+    changed = moves["changed"] and not accept
+    sys.exit(EXIT_DRIFT if moves["stable→unstable"] or changed or mismatched else EXIT_OK)
 
 
 @main.command("sweep")

@@ -15,7 +15,7 @@ import numpy as np
 import orjson
 
 from kevload.stats import LatencyHistogram, drift_upper_bound
-from kevload.store import RunDirError, answer_text, read_records
+from kevload.store import RunDirError, read_records, record_answer
 
 # Below this a records file is read in-process: forking costs more than it saves.
 _PARALLEL_BYTES = 32 << 20
@@ -55,7 +55,7 @@ class CellAccumulator:
         if count is None:
             self.counts[digest] = 1
             self.first_seen[digest] = record["seq"]
-            self.texts[digest] = answer_text(record["output"], record.get("reasoning"), record.get("tool_calls"))
+            self.texts[digest] = record_answer(record)
             toks = record.get("token_ids") or record.get("tokens")
             if toks:
                 self.tokens[digest] = toks

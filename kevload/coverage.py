@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from kevload.scenario import ScenarioError, iter_jsonl
+from kevload.scenario import ScenarioError
 
 _LATIN = re.compile(r"[a-z][a-z0-9'_-]+")
 _CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
@@ -24,21 +25,74 @@ STOPWORDS = frozenset(
 _TOP = 20
 _RARE_FACTOR = 5.0   # a keyword counts as "rare in training" below 1/5 of its online share
 _MIN_SHARE = 0.01    # ...and only keywords in at least 1 % of online inputs are considered
+# Production logs have a torn last line (the writer was still writing) or a few broken ones; a file
+# that is mostly broken is the wrong file, and the statistics of what is left would mislead.
+DEFAULT_MAX_BAD = 10
+
+
+@dataclass(frozen=True)
+class Segmenter:
+    """How a run of CJK characters becomes keywords: jieba's words, or character bigrams without it."""
+
+    name: str
+    cut: Callable[[str], list[str]]
+
+
+def _bigrams(run: str) -> list[str]:
+    return [run[i:i + 2] for i in range(len(run) - 1)]
+
+
+BIGRAMS = Segmenter("bigram", _bigrams)
+
+
+def segmenter() -> Segmenter:
+    """jieba when it is installed (``pip install kevload[zh]``), character bigrams otherwise."""
+    try:
+        import jieba
+    except ImportError:
+        return BIGRAMS
+    jieba.setLogLevel(logging.WARNING)  # its dictionary loading talks on stderr otherwise
+
+    def words(run: str) -> list[str]:
+        # One-character words are mostly particles (的, 了, 是); they say nothing about the domain.
+        return [w for w in jieba.lcut(run) if len(w) > 1]
+
+    return Segmenter("jieba", words)
+
+
+@dataclass(frozen=True)
+class BadLine:
+    where: str   # file:line
+    reason: str
+
+
+@dataclass
+class Skipped:
+    """Lines of one file that were not an input, counted; the first one named."""
+
+    count: int = 0
+    first: BadLine | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"count": self.count, "first": None if self.first is None else self.first.where,
+                "first_reason": None if self.first is None else self.first.reason}
 
 
 @dataclass
 class Side:
     """Streaming statistics for one JSONL file; memory grows with distinct lengths, keywords and labels."""
 
+    segmenter: Segmenter = BIGRAMS
     count: int = 0
     lengths: Counter = field(default_factory=Counter)
     keywords: Counter = field(default_factory=Counter)  # document frequency
     labels: Counter = field(default_factory=Counter)
+    skipped: Skipped = field(default_factory=Skipped)
 
     def add(self, text: str, label: str | None) -> None:
         self.count += 1
         self.lengths[len(text)] += 1
-        self.keywords.update(set(keywords(text)))
+        self.keywords.update(set(keywords(text, self.segmenter)))
         if label is not None:
             self.labels[label] += 1
 
@@ -56,30 +110,54 @@ class Side:
         return {"min": int(values[0]), "p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": int(values[-1])}
 
 
-def keywords(text: str) -> list[str]:
-    """Latin-script words (lowercased, stopwords out) and CJK character bigrams (a lone character stands alone)."""
+def keywords(text: str, seg: Segmenter = BIGRAMS) -> list[str]:
+    """Latin-script words (lowercased, stopwords out) and CJK words from ``seg`` (a lone character stands alone)."""
     words = [w for w in _LATIN.findall(text.lower()) if w not in STOPWORDS]
     for run in _CJK.findall(text):
         if len(run) == 1:
             words.append(run)
         else:
-            words.extend(run[i:i + 2] for i in range(len(run) - 1))
+            words.extend(seg.cut(run))
     return words
 
 
-def read_inputs(path: Path) -> Iterator[tuple[str, str | None]]:
-    """(input text, label) per line: ``input`` or ``messages`` (the last message's content), optional ``label``."""
-    for number, doc in iter_jsonl(path, "coverage input"):
-        text = _text_of(doc)
-        if text is None:
-            raise ScenarioError(f"{path}:{number}: expected an object with input (string) or messages (list)")
-        label = doc.get("label")
-        yield text, None if label is None else str(label)
+def read_inputs(path: Path, *, max_bad: int = DEFAULT_MAX_BAD,
+                skipped: Skipped | None = None) -> Iterator[tuple[str, str | None]]:
+    """(input text, label) per line: ``input`` or ``messages`` (the last message's content), optional ``label``.
+
+    A line that is not such an object is skipped and counted in ``skipped``; past ``max_bad`` of them
+    the file is refused (ScenarioError naming the first one).
+    """
+    skipped = skipped if skipped is not None else Skipped()
+    try:
+        handle = path.open("rb")
+    except OSError as exc:
+        raise ScenarioError(f"{path}: coverage input: cannot read: {exc.strerror}") from None
+    with handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                doc = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                doc, reason = None, "not JSON" if line.endswith(b"\n") else "torn last line (no newline at the end)"
+            else:
+                reason = "expected an object with input (string) or messages (list)"
+            text = _text_of(doc)
+            if text is None:
+                skipped.count += 1
+                skipped.first = skipped.first or BadLine(f"{path}:{number}", reason)
+                if skipped.count > max_bad:
+                    raise ScenarioError(f"{path}: more than {max_bad} bad lines (--max-bad); the first, "
+                                        f"{skipped.first.where}: {skipped.first.reason}")
+                continue
+            label = doc.get("label")
+            yield text, None if label is None else str(label)
 
 
-def scan(path: Path) -> Side:
-    side = Side()
-    for text, label in read_inputs(path):
+def scan(path: Path, *, max_bad: int = DEFAULT_MAX_BAD, seg: Segmenter = BIGRAMS) -> Side:
+    side = Side(segmenter=seg)
+    for text, label in read_inputs(path, max_bad=max_bad, skipped=side.skipped):
         side.add(text, label)
     return side
 
@@ -92,6 +170,7 @@ def compare(online: Side, train: Side) -> dict[str, Any]:
         outside = sum(n for length, n in online.lengths.items()
                       if length < train_len["min"] or length > train_len["max"])
     return {
+        "segmenter": online.segmenter.name,
         "online": _side_summary(online),
         "train": _side_summary(train),
         "outside_length_range_share": round(outside / online.count, 6) if online.count else None,
@@ -140,7 +219,7 @@ def boundary_reasons(text: str, label: str | None, train: Side, train_len: dict[
     reasons = []
     if train.count and (len(text) < train_len["min"] or len(text) > train_len["max"]):
         reasons.append(f"length {len(text)} outside training range {train_len['min']}..{train_len['max']}")
-    unseen = sorted({w for w in keywords(text) if w not in train.keywords})
+    unseen = sorted({w for w in keywords(text, train.segmenter) if w not in train.keywords})
     if unseen:
         reasons.append("keywords unseen in training: " + ", ".join(unseen[:8]))
     if label is not None and train.labels and label not in train.labels:
@@ -148,12 +227,12 @@ def boundary_reasons(text: str, label: str | None, train: Side, train_len: dict[
     return reasons
 
 
-def flag_file(online_path: Path, train: Side, out: Path) -> int:
+def flag_file(online_path: Path, train: Side, out: Path, *, max_bad: int = DEFAULT_MAX_BAD) -> int:
     """Write every online input with its boundary reasons; returns how many have at least one."""
     train_len = train.length_stats()
     flagged = 0
     with out.open("wb") as handle:
-        for text, label in read_inputs(online_path):
+        for text, label in read_inputs(online_path, max_bad=max_bad):
             reasons = boundary_reasons(text, label, train, train_len)
             flagged += bool(reasons)
             handle.write(orjson.dumps({"input": text, "label": label, "boundary": bool(reasons),
@@ -163,15 +242,16 @@ def flag_file(online_path: Path, train: Side, out: Path) -> int:
 
 def probe_coverage(probe_text: str, online_path: Path, train_path: Path) -> dict[str, Any]:
     """Diagnose's data step: is this one input inside the training distribution?"""
-    train = scan(train_path)
+    seg = segmenter()
+    train = scan(train_path, seg=seg)
     reasons = boundary_reasons(probe_text, None, train, train.length_stats())
-    report = compare(scan(online_path), train)
+    report = compare(scan(online_path, seg=seg), train)
     return {"outside": bool(reasons), "reasons": reasons, "train_length": report["train"]["length"],
             "online_keywords_rare_in_train": report["online_keywords_rare_in_train"][:5]}
 
 
 def _side_summary(side: Side) -> dict[str, Any]:
-    return {"count": side.count, "length": side.length_stats(),
+    return {"count": side.count, "skipped_lines": side.skipped.to_json(), "length": side.length_stats(),
             "top_keywords": [{"keyword": w, "share": round(n / side.count, 6)} for w, n in
                              sorted(side.keywords.items(), key=lambda kv: (-kv[1], kv[0]))[:_TOP]]}
 

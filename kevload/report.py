@@ -178,10 +178,17 @@ def _tri(value: Any) -> str:
 def coverage_text(result: dict[str, Any]) -> str:
     on, tr = result["online"], result["train"]
     lines = [f"{'':24}{'online':>12}{'train':>12}", f"{'count':24}{on['count']:>12}{tr['count']:>12}"]
+    for name, side in (("online", on), ("train", tr)):
+        skipped = side["skipped_lines"]
+        if skipped["count"]:
+            lines.append(f"{name}: {skipped['count']} bad line(s) skipped; the first, {skipped['first']}: "
+                         f"{skipped['first_reason']}")
     for key in ("min", "p50", "p90", "p99", "max"):
         lines.append(f"{'length ' + key:24}{_num(on['length'][key]):>12}{_num(tr['length'][key]):>12}")
     share = result["outside_length_range_share"]
     lines.append(f"online outside training length range: {share:.1%}" if share is not None else "")
+    lines.append("keywords: " + ("jieba word segmentation" if result["segmenter"] == "jieba" else
+                                 "CJK character bigrams (install kevload[zh] for jieba words)"))
     lines.append("top keywords online: " + ", ".join(k["keyword"] for k in on["top_keywords"][:10]))
     lines.append("top keywords train:  " + ", ".join(k["keyword"] for k in tr["top_keywords"][:10]))
     rare = result["online_keywords_rare_in_train"]

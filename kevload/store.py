@@ -81,6 +81,11 @@ def answer_text(output: str | None, reasoning: str | None = None,
     return "".join(parts)
 
 
+def record_answer(record: dict[str, Any]) -> str:
+    """``answer_text`` of a record read back from ``records.jsonl``."""
+    return answer_text(record["output"], record.get("reasoning"), record.get("tool_calls"))
+
+
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + _secrets.token_hex(3)
 

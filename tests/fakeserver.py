@@ -54,6 +54,7 @@ class Behaviour:
     reasoning_varies: bool = False  # the reasoning differs on every request, the content does not
     tool_calls: int = 0             # answer with this many tool calls (content null), arguments from the words
     tool_args_vary: bool = False    # the tool calls' arguments differ on every request
+    version: str = ""               # a "model version": another version answers every prompt differently
 
 
 class FakeServer:
@@ -172,7 +173,7 @@ class FakeServer:
         b = self.behaviour
         temperature = body.get("temperature", 1.0)
         seed = body.get("seed")
-        key = hashlib.sha256(prompt.encode()).digest()
+        key = hashlib.sha256((b.version + prompt).encode()).digest()
         rng = random.Random(key)
         words = [rng.choice(WORDS) for _ in range(b.words)]
         noisy: random.Random | None = None

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
-from kevload.coverage import keywords, label_shift
+from kevload.coverage import keywords, label_shift, segmenter
 from tests.conftest import run_cli
 
 TRAIN = [
@@ -83,5 +84,55 @@ def test_bad_line_names_file_and_line(tmp_path, files):
     online, _ = files
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"input": "ok"}\n{"nothing": 1}\n')
-    code, output = run_cli("coverage", online, bad)
-    assert code == 2 and "bad.jsonl:2" in output
+    code, output = run_cli("coverage", online, bad, "--max-bad", "0")
+    assert code == 2 and "bad.jsonl:2" in output and "more than 0 bad lines" in output
+
+
+def test_production_log_with_bad_and_torn_lines(tmp_path, files):
+    """A few broken lines and a torn last line are skipped and counted; the statistics cover the rest."""
+    _, train = files
+    log = tmp_path / "online.jsonl"
+    good = [json.dumps(x, ensure_ascii=False) for x in ONLINE]
+    log.write_bytes("\n".join([good[0], "{not json", good[1], '["a list"]', good[2], '{"input": "cut of']).encode())
+    code, output = run_cli("coverage", log, train, "--json", tmp_path / "c.json", "--flag", tmp_path / "f.jsonl")
+    assert code == 0, output
+    report = json.loads((tmp_path / "c.json").read_text())
+    assert report["online"]["count"] == 3 and report["online"]["length"]["max"] == 43
+    assert report["online"]["skipped_lines"] == {"count": 3, "first": f"{log}:2", "first_reason": "not JSON"}
+    assert report["train"]["skipped_lines"]["count"] == 0
+    assert f"online: 3 bad line(s) skipped; the first, {log}:2: not JSON" in output
+    assert len((tmp_path / "f.jsonl").read_text().splitlines()) == 3
+
+    torn = tmp_path / "torn.jsonl"
+    torn.write_bytes(("\n".join(good) + '\n{"input": "half').encode())
+    run_cli("coverage", torn, train, "--json", tmp_path / "t.json")
+    skipped = json.loads((tmp_path / "t.json").read_text())["online"]["skipped_lines"]
+    assert skipped == {"count": 1, "first": f"{torn}:4", "first_reason": "torn last line (no newline at the end)"}
+
+    # Above --max-bad the file is refused, the first bad line named.
+    code, output = run_cli("coverage", log, train, "--max-bad", "2")
+    assert code == 2 and f"more than 2 bad lines (--max-bad); the first, {log}:2: not JSON" in output
+
+
+def test_bigrams_without_jieba(tmp_path, files, monkeypatch):
+    monkeypatch.setitem(sys.modules, "jieba", None)  # `import jieba` raises ImportError
+    assert segmenter().name == "bigram"
+    online, train = files
+    code, output = run_cli("coverage", online, train, "--json", tmp_path / "c.json")
+    report = json.loads((tmp_path / "c.json").read_text())
+    assert report["segmenter"] == "bigram" and "keywords: CJK character bigrams" in output
+    rare = {r["keyword"] for r in report["online_keywords_rare_in_train"]}
+    assert {"款进", "进度", "度查", "查询"} <= rare
+
+
+def test_jieba_words_when_installed(tmp_path, files):
+    pytest.importorskip("jieba")
+    seg = segmenter()
+    assert seg.name == "jieba"
+    assert keywords("退款进度查询", seg) == ["退款", "进度", "查询"]
+    online, train = files
+    code, output = run_cli("coverage", online, train, "--json", tmp_path / "c.json")
+    report = json.loads((tmp_path / "c.json").read_text())
+    assert report["segmenter"] == "jieba" and "keywords: jieba word segmentation" in output
+    rare = {r["keyword"] for r in report["online_keywords_rare_in_train"]}
+    assert {"进度", "查询"} <= rare and "款进" not in rare and "退款" not in rare
