@@ -4,6 +4,7 @@ reporting its own throughput and its RSS along the way."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import tempfile
 import time
@@ -46,7 +47,12 @@ async def main(base_url: str, concurrency: int, requests: int, stream: bool, rat
     cell = result.summary["cells"][0]
     return {"requests": result.summary["requests"], "ok": result.summary["ok"], "seconds": seconds,
             "records_written": lines, "distinct": cell["distinct"], "rss_end_mb": rss_mb(),
-            "lateness": cell["latency"].get("lateness"), **marks}
+            "lateness": cell["latency"].get("lateness"), "loop": loop_name(), **marks}
+
+
+def loop_name() -> str:
+    """``uvloop`` or ``asyncio``: the loop this client really ran on, for the bench to check."""
+    return type(asyncio.get_running_loop()).__module__.split(".")[0]
 
 
 if __name__ == "__main__":
@@ -57,6 +63,8 @@ if __name__ == "__main__":
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--rate", type=float)
     parser.add_argument("--rss-at", type=int, default=20000)
+    parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
     args = parser.parse_args()
-    out = uvloop.run(main(args.base_url, args.concurrency, args.requests, args.stream, args.rate, args.rss_at))
+    run = uvloop.run if args.loop == "uvloop" else asyncio.run
+    out = run(main(args.base_url, args.concurrency, args.requests, args.stream, args.rate, args.rss_at))
     print(json.dumps(out))

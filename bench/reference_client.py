@@ -1,5 +1,6 @@
 """The plain reference client: one aiohttp session, a semaphore, gather — the style of vLLM's and
-Thinking Machines' scripts. Deliberately nothing clever; kevload is measured against it."""
+Thinking Machines' scripts. Deliberately nothing clever; kevload is measured against it, on the same
+event loop (``--loop``, uvloop by default as kevload's CLI runs), so the loop is not what is measured."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import time
 
 import aiohttp
+import uvloop
 
 
 async def main(url: str, concurrency: int, requests: int, stream: bool) -> dict:
@@ -33,7 +35,12 @@ async def main(url: str, concurrency: int, requests: int, stream: bool) -> dict:
         start = time.perf_counter()
         await asyncio.gather(*(one(session) for _ in range(requests)))
         seconds = time.perf_counter() - start
-    return {"requests": len(outputs), "seconds": seconds, "distinct": len(set(outputs))}
+    return {"requests": len(outputs), "seconds": seconds, "distinct": len(set(outputs)), "loop": loop_name()}
+
+
+def loop_name() -> str:
+    """``uvloop`` or ``asyncio``: the loop this client really ran on, for the bench to check."""
+    return type(asyncio.get_running_loop()).__module__.split(".")[0]
 
 
 if __name__ == "__main__":
@@ -42,5 +49,7 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--requests", type=int, default=10000)
     parser.add_argument("--stream", action="store_true")
+    parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(main(args.url, args.concurrency, args.requests, args.stream))))
+    run = uvloop.run if args.loop == "uvloop" else asyncio.run
+    print(json.dumps(run(main(args.url, args.concurrency, args.requests, args.stream))))

@@ -124,7 +124,7 @@ def _vm_hwm_mb(pid: int) -> float:
         return 0.0
 
 
-def run_reference(url: str, n: int, c: int, stream: bool) -> dict:
+def run_reference(url: str, n: int, c: int, stream: bool, loop: str = "uvloop") -> dict:
     argv = [
         sys.executable,
         str(BENCH / "reference_client.py"),
@@ -133,10 +133,13 @@ def run_reference(url: str, n: int, c: int, stream: bool) -> dict:
         str(n),
         "--concurrency",
         str(c),
+        "--loop",
+        loop,
     ] + (["--stream"] if stream else [])
     out, wall, cpu, rss = measured(argv)
     doc = json.loads(out)
     return {
+        "loop": doc["loop"],
         "rps": doc["requests"] / doc["seconds"],
         "cpu_per_1000": 1000 * cpu / doc["requests"],
         "rss_mb": rss,
@@ -144,7 +147,7 @@ def run_reference(url: str, n: int, c: int, stream: bool) -> dict:
     }
 
 
-def run_kevload(url: str, n: int, c: int, stream: bool, extra: list[str] = ()) -> dict:
+def run_kevload(url: str, n: int, c: int, stream: bool, extra: list[str] = (), loop: str = "uvloop") -> dict:
     argv = [
         sys.executable,
         str(BENCH / "kevload_client.py"),
@@ -153,12 +156,15 @@ def run_kevload(url: str, n: int, c: int, stream: bool, extra: list[str] = ()) -
         str(n),
         "--concurrency",
         str(c),
+        "--loop",
+        loop,
         *extra,
     ] + (["--stream"] if stream else [])
     out, wall, cpu, rss = measured(argv, env={**os.environ, "PYTHONPATH": str(ROOT)})
     doc = json.loads(out)
     assert doc["records_written"] == doc["requests"] == doc["ok"], doc  # every request hashed and written
     return {
+        "loop": doc["loop"],
         "rps": doc["requests"] / doc["seconds"],
         "cpu_per_1000": 1000 * cpu / doc["requests"],
         "rss_mb": rss,

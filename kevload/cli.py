@@ -19,7 +19,9 @@ from kevload.targets import NAMES, TargetSettings
 from kevload.targets.cache import ProvisionError
 
 EXIT_OK, EXIT_DRIFT, EXIT_USAGE, EXIT_TARGET = 0, 1, 2, 3
-_EXIT_FOR_VERDICT = {"deterministic": EXIT_OK, "nondeterministic": EXIT_DRIFT, "target_failed": EXIT_TARGET}
+# inconclusive (a probe cell has fewer ok samples than asked) is no pass: the target did not give the evidence.
+_EXIT_FOR_VERDICT = {"deterministic": EXIT_OK, "nondeterministic": EXIT_DRIFT, "target_failed": EXIT_TARGET,
+                     "inconclusive": EXIT_TARGET}
 
 stderr = Console(stderr=True)
 
@@ -59,7 +61,8 @@ def main() -> None:
 def run(scenario: Path | None, resume: Path | None, retries: int | None, overrides: tuple[str, ...],
         out: Path | None, quiet: bool, baseline: Path | None, max_latency_regression: float,
         junit: Path | None, metrics: Path | None) -> None:
-    """Run SCENARIO and print the uniqueness matrix. Exit 0 stable, 1 drift, 2 bad input, 3 target failed."""
+    """Run SCENARIO and print the uniqueness matrix. Exit 0 stable, 1 drift, 2 bad input, 3 target failed
+    (or inconclusive: a cell with fewer ok probe samples than asked)."""
     from kevload.baseline import compare_to_baseline, load_baseline
 
     overrides = (*overrides, f"load.retries={retries}") if retries is not None else overrides
@@ -510,4 +513,5 @@ def sweep_command(scenario, server_cmd, builtin, grids, ready_url, overrides, ou
     stderr.print(f"sweep: {out}/sweep.json, {out}/sweep.md")
     _exit_if_signalled(signum)
     verdicts = {row["verdict"] for row in sweep["rows"]}
-    sys.exit(EXIT_TARGET if "target_failed" in verdicts else EXIT_DRIFT if "nondeterministic" in verdicts else EXIT_OK)
+    sys.exit(EXIT_TARGET if verdicts & {"target_failed", "inconclusive"}
+             else EXIT_DRIFT if "nondeterministic" in verdicts else EXIT_OK)

@@ -1,5 +1,10 @@
 """Reduce records into per-probe × concurrency uniqueness cells: distinct outputs, drift against the
-serial reference, first divergence and the drift-rate bound a clean cell supports."""
+serial reference, first divergence, what kind of divergence it is and the drift-rate bound a clean cell
+supports.
+
+An output is its text (``sha256``) together with its ``finish_reason``: the same text ended for a
+different reason (``stop`` against ``length``) is a different answer, a divergence of kind ``finish``.
+"""
 
 from __future__ import annotations
 
@@ -21,18 +26,24 @@ from kevload.store import RunDirError, read_records, record_answer
 _PARALLEL_BYTES = 32 << 20
 
 LATENCY_NAMES = ("e2e", "ttft", "tpot", "itl", "lateness")
+VERDICTS = ("deterministic", "nondeterministic", "inconclusive", "target_failed")
 CellKey = tuple[str, str, str, int, float | None]  # probe, role, mode, concurrency, rate (open loop)
+OutputKey = tuple[str, str | None]  # sha256 of the text, finish_reason
+DIVERGENCE_KINDS = ("token", "length", "finish")
+# Characters of context kept on each side of a divergence point for the examples in the summary.
+_EXAMPLE_CONTEXT = 150
 
 
 @dataclass
 class CellAccumulator:
     """Everything one cell needs, growing with distinct outputs, not with requests."""
 
-    counts: dict[str, int] = field(default_factory=dict)
-    first_seen: dict[str, int] = field(default_factory=dict)
-    texts: dict[str, str] = field(default_factory=dict)
-    tokens: dict[str, list] = field(default_factory=dict)
+    counts: dict[OutputKey, int] = field(default_factory=dict)
+    first_seen: dict[OutputKey, int] = field(default_factory=dict)
+    texts: dict[OutputKey, str] = field(default_factory=dict)
+    tokens: dict[OutputKey, list] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)
+    reconnects: int = 0
     latency: dict[str, LatencyHistogram] = field(
         default_factory=lambda: {name: LatencyHistogram() for name in LATENCY_NAMES})
     output_tokens: int = 0
@@ -46,21 +57,24 @@ class CellAccumulator:
             self.t_start = t_send
         if t_last > self.t_end:
             self.t_end = t_last
+        reconnects = record.get("reconnects")
+        if reconnects:
+            self.reconnects += reconnects
         status = record["status"]
         if status != "ok":
             self.errors[status] = self.errors.get(status, 0) + 1
             return
-        digest = record["sha256"]
-        count = self.counts.get(digest)
+        key = (record["sha256"], record.get("finish_reason"))
+        count = self.counts.get(key)
         if count is None:
-            self.counts[digest] = 1
-            self.first_seen[digest] = record["seq"]
-            self.texts[digest] = record_answer(record)
+            self.counts[key] = 1
+            self.first_seen[key] = record["seq"]
+            self.texts[key] = record_answer(record)
             toks = record.get("token_ids") or record.get("tokens")
             if toks:
-                self.tokens[digest] = toks
+                self.tokens[key] = toks
         else:
-            self.counts[digest] = count + 1
+            self.counts[key] = count + 1
         tokens = record.get("completion_tokens") or 0
         self.output_tokens += tokens
         latency = self.latency
@@ -90,6 +104,7 @@ class CellAccumulator:
             self.tokens.setdefault(digest, toks)
         for status, n in other.errors.items():
             self.errors[status] = self.errors.get(status, 0) + n
+        self.reconnects += other.reconnects
         for name, hist in other.latency.items():
             self.latency[name].merge(hist)
         self.output_tokens += other.output_tokens
@@ -148,8 +163,20 @@ def reduce_records(records: Iterable[dict[str, Any]]) -> Reduction:
     return reduction
 
 
-def summarize(reduction: Reduction, *, max_error_share: float = 1.0) -> dict[str, Any]:
-    """The summary document: ``cells`` (one per probe × role × mode × level), ``matrix`` and ``verdict``."""
+def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
+              samples_asked: int | None = None) -> dict[str, Any]:
+    """The summary document: ``cells`` (one per probe × role × mode × level), ``matrix`` and ``verdict``.
+
+    The error share and the target-failed rule count probe requests only: companions only shape
+    the batch, and their successes must not dilute the probe's failures. ``samples_asked`` is the
+    probe samples each cell was asked for (``load.samples``; None when a level runs for a duration
+    instead): a probe cell with fewer ok samples is ``short`` and the run cannot be ``deterministic``.
+
+    Verdicts: ``target_failed`` (no probe answer at all, a probe cell with none, or the probe error
+    share over ``max_error_share``) · ``nondeterministic`` (a probe cell drifts; drift seen is drift,
+    however few samples) · ``inconclusive`` (no drift, but a probe cell is short of samples) ·
+    ``deterministic``.
+    """
     cells: list[dict[str, Any]] = []
     groups: dict[tuple[str, str, str], list[tuple[int, float | None]]] = {}
     for probe, role, mode, level, rate in reduction.cells:
@@ -158,53 +185,113 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0) -> dict[str
         levels.sort(key=_level_order)
         reference = reduction.cells[(probe, role, mode, *levels[0])]
         serial_modal = _modal(reference)
+        asked = samples_asked if role == "probe" else None
         for level in levels:
             cell = reduction.cells[(probe, role, mode, *level)]
-            cells.append(_cell_summary(probe, role, mode, level, levels[0], cell, reference, serial_modal))
-    total_ok = sum(c["ok"] for c in cells)
-    total_errors = sum(sum(c["errors"].values()) for c in cells)
-    total = total_ok + total_errors
-    error_share = total_errors / total if total else 1.0
+            cells.append(_cell_summary(probe, role, mode, level, levels[0], cell, reference, serial_modal,
+                                       asked=asked))
     probe_cells = [c for c in cells if c["role"] == "probe"]
+    companion_cells = [c for c in cells if c["role"] != "probe"]
+    probe_ok = sum(c["ok"] for c in probe_cells)
+    probe_errors = sum(sum(c["errors"].values()) for c in probe_cells)
+    probe_requests = probe_ok + probe_errors
+    companion_errors = sum(sum(c["errors"].values()) for c in companion_cells)
+    companion_requests = sum(c["ok"] for c in companion_cells) + companion_errors
+    probe_error_share = probe_errors / probe_requests if probe_requests else 1.0
     drift = [c for c in probe_cells if c["drift"]]
-    if total == 0 or error_share > max_error_share or any(c["ok"] == 0 for c in probe_cells):
+    short = [c for c in probe_cells if c["short"]]
+    if probe_requests == 0 or probe_error_share > max_error_share or any(c["ok"] == 0 for c in probe_cells):
         verdict = "target_failed"
     elif drift:
         verdict = "nondeterministic"
+    elif short:
+        verdict = "inconclusive"
     else:
         verdict = "deterministic"
     return {
         "verdict": verdict,
-        "requests": total,
-        "ok": total_ok,
-        "errors": total_errors,
-        "error_share": round(error_share, 6),
-        "max_error_share": max_error_share,
+        "requests": probe_requests + companion_requests,
+        "ok": sum(c["ok"] for c in cells),
+        "errors": probe_errors + companion_errors,
         "errors_by_type": _merge_counts(c["errors"] for c in cells),
-        "drift_cells": [f"{c['probe']}@{c['mode']}/{level_label(c)}" for c in drift],
+        "probe_requests": probe_requests,
+        "probe_errors": probe_errors,
+        "probe_error_share": round(probe_error_share, 6),
+        "probe_errors_by_type": _merge_counts(c["errors"] for c in probe_cells),
+        "companion_requests": companion_requests,
+        "companion_errors": companion_errors,
+        "companion_errors_by_type": _merge_counts(c["errors"] for c in companion_cells),
+        "max_error_share": max_error_share,
+        "samples_asked": samples_asked,
+        "drift_cells": [cell_name(c) for c in drift],
+        "short_cells": [cell_name(c) for c in short],
         "matrix": distinct_matrix(probe_cells),
         "cells": cells,
     }
 
 
 def distinct_matrix(cells: list[dict[str, Any]]) -> dict[str, Any]:
-    """Probes × levels of distinct-output counts (-1 where a cell has no ok sample), as nested lists."""
+    """Probes × levels of distinct-output counts (-1 where a cell has no ok sample), as nested lists,
+    with the ok samples behind each count and whether the cell is short of the samples asked."""
     rows = sorted({(c["probe"], c["mode"]) for c in cells})
     levels = sorted({level_label(c) for c in cells}, key=lambda label: _label_order(label, cells))
     distinct = np.full((len(rows), len(levels)), -1, dtype=np.int64)
+    ok = np.zeros((len(rows), len(levels)), dtype=np.int64)
     drift = np.zeros((len(rows), len(levels)), dtype=bool)
+    short = np.zeros((len(rows), len(levels)), dtype=bool)
     row_of = {r: i for i, r in enumerate(rows)}
     col_of = {lv: j for j, lv in enumerate(levels)}
     for c in cells:
         i, j = row_of[(c["probe"], c["mode"])], col_of[level_label(c)]
         distinct[i, j] = c["distinct"] if c["ok"] else -1
+        ok[i, j] = c["ok"]
         drift[i, j] = bool(c["drift"])
+        short[i, j] = bool(c.get("short"))
     return {
         "rows": [{"probe": p, "mode": m} for p, m in rows],
         "levels": levels,
         "distinct": distinct.tolist(),
+        "ok": ok.tolist(),
         "drift": drift.tolist(),
+        "short": short.tolist(),
     }
+
+
+def cell_name(cell: dict[str, Any]) -> str:
+    """``p1@mixed/c=4``: how summaries, baselines and logs name a cell."""
+    return f"{cell['probe']}@{cell['mode']}/{level_label(cell)}"
+
+
+def divergence_kind(reference: str, other: str, reference_finish: str | None = None,
+                    other_finish: str | None = None) -> str:
+    """How ``other`` differs from the serial ``reference`` output.
+
+    ``finish``: the same text, ended for another reason (``finish_reason``). ``length``: one text is a
+    proper prefix of the other (stop / max_tokens handling leaking between requests). ``token``: they
+    differ inside their common length (numerics, sampling), or outside the text itself when text and
+    finish_reason are both the same (a hash over more than the text).
+    """
+    if reference == other:
+        return "finish" if reference_finish != other_finish else "token"
+    return "length" if common_prefix_length(reference, other) == min(len(reference), len(other)) else "token"
+
+
+def first_divergence_word(reference: str, other: str, chars: int) -> int:
+    """Index of the first whitespace-separated word that differs, given the first differing char.
+
+    The words wholly inside the common prefix agree; the last word of the prefix agrees only when
+    both texts end a word right there (whitespace or the end of the text). Otherwise the divergence
+    falls inside that word, and it is the first one to differ.
+    """
+    prefix = reference[:chars]
+    words = len(prefix.split())
+    if prefix and not prefix[-1].isspace() and not (_word_ends(reference, chars) and _word_ends(other, chars)):
+        words -= 1
+    return words
+
+
+def _word_ends(text: str, at: int) -> bool:
+    return at >= len(text) or text[at].isspace()
 
 
 def common_prefix_length(a: str | list, b: str | list) -> int:
@@ -253,7 +340,7 @@ def _label_order(label: str, cells: list[dict[str, Any]]) -> tuple[int, float]:
 
 def _cell_summary(probe: str, role: str, mode: str, level: tuple[int, float | None],
                   ref_level: tuple[int, float | None], cell: CellAccumulator, reference: CellAccumulator,
-                  serial_modal: str | None) -> dict[str, Any]:
+                  serial_modal: OutputKey | None, *, asked: int | None) -> dict[str, Any]:
     ok = cell.ok
     counts = np.fromiter(cell.counts.values(), dtype=np.int64, count=len(cell.counts))
     modal = _modal(cell)
@@ -262,6 +349,9 @@ def _cell_summary(probe: str, role: str, mode: str, level: tuple[int, float | No
     unseen_requests = sum(cell.counts[h] for h in unseen)
     divergent = 0 if serial_modal is None else ok - cell.counts.get(serial_modal, 0)
     drift = ok > 0 and (len(cell.counts) > 1 or divergent > 0)
+    by_digest: dict[str, int] = {}
+    for (digest, _finish), n in cell.counts.items():
+        by_digest[digest] = by_digest.get(digest, 0) + n
     out: dict[str, Any] = {
         "probe": probe,
         "role": role,
@@ -270,7 +360,10 @@ def _cell_summary(probe: str, role: str, mode: str, level: tuple[int, float | No
         "rate": level[1],
         "reference_level": level_label({"concurrency": ref_level[0], "rate": ref_level[1]}),
         "ok": ok,
+        "asked": asked,
+        "short": asked is not None and ok < asked,
         "errors": dict(sorted(cell.errors.items())),
+        "reconnects": cell.reconnects,
         "distinct": len(cell.counts),
         "modal_share": round(float(counts.max()) / ok, 6) if ok else None,
         "new_vs_serial": len(unseen),
@@ -278,44 +371,73 @@ def _cell_summary(probe: str, role: str, mode: str, level: tuple[int, float | No
         "overlap_with_serial": round((ok - unseen_requests) / ok, 6) if ok else None,
         "agrees_with_serial": modal == serial_modal if ok else None,
         "divergent_requests": divergent,
+        # Divergent requests by kind against the serial output; they add up to divergent_requests.
+        "divergence_kinds": dict.fromkeys(DIVERGENCE_KINDS, 0),
         "drift": drift,
         "drift_rate": round(divergent / ok, 6) if ok and level != ref_level else None,
         "drift_rate_upper_95": round(drift_upper_bound(ok), 6) if ok and not drift else None,
         "first_divergence_chars": None,
+        "last_divergence_chars": None,
         "first_divergence_tokens": None,
         "first_divergence_words": None,
-        "modal_sha256": modal,
-        # Kept so a later run can ask "was this output ever seen?" without the old records.
-        "output_hashes": sorted(cell.counts, key=lambda h: -cell.counts[h])[:256],
+        "modal_sha256": modal[0] if modal else None,
+        "modal_finish_reason": modal[1] if modal else None,
+        # Text hashes, kept so a later run can ask "was this output ever seen?" without the old records.
+        "output_hashes": sorted(by_digest, key=lambda h: -by_digest[h])[:256],
         "output_tokens": cell.output_tokens,
         "duration_s": round(cell.t_end - cell.t_start, 6) if ok + sum(cell.errors.values()) else None,
         "latency": {name: hist.summary() for name, hist in sorted(cell.latency.items()) if hist.n_total},
     }
-    if drift and serial_modal is not None:
-        ref_text = reference.texts[serial_modal]
-        ref_tokens = reference.tokens.get(serial_modal)
-        chars, toks = [], []
-        for digest in cell.counts:
-            if digest == serial_modal:
-                continue
-            chars.append(common_prefix_length(ref_text, cell.texts[digest]))
-            if ref_tokens and digest in cell.tokens:
-                toks.append(common_prefix_length(ref_tokens, cell.tokens[digest]))
-        out["first_divergence_chars"] = min(chars) if chars else None
-        out["last_divergence_chars"] = max(chars) if chars else None
-        # Words: a token-like position for servers that return no token ids (transformers serve).
-        out["first_divergence_words"] = min(len(ref_text[:n].split()) for n in chars) if chars else None
-        out["first_divergence_tokens"] = min(toks) if toks else None
-        out["divergent_example"] = cell.texts[min((d for d in cell.counts if d != serial_modal),
-                                                  key=lambda d: cell.first_seen[d])][:300]
-        out["serial_example"] = ref_text[:300]
+    if drift and serial_modal is not None and divergent:
+        out.update(_divergence(cell, reference.texts[serial_modal], reference.tokens.get(serial_modal), serial_modal))
     if out["duration_s"]:
         out["requests_per_s"] = round((ok + sum(cell.errors.values())) / out["duration_s"], 3)
         out["output_tokens_per_s"] = round(cell.output_tokens / out["duration_s"], 3)
     return out
 
 
-def _modal(cell: CellAccumulator) -> str | None:
+def _divergence(cell: CellAccumulator, ref_text: str, ref_tokens: list | None,
+                serial: OutputKey) -> dict[str, Any]:
+    """Where and how each output other than the serial one leaves it, and the example that shows it.
+
+    The example is the output that leaves the serial one first (ties: the one seen first), so the
+    divergence point stated for the cell is the one the example shows.
+    """
+    kinds = dict.fromkeys(DIVERGENCE_KINDS, 0)
+    points: list[tuple[int, int, OutputKey, str]] = []  # chars, first seen, output, kind
+    words, toks = [], []
+    for key, n in cell.counts.items():
+        if key == serial:
+            continue
+        text = cell.texts[key]
+        at = common_prefix_length(ref_text, text)
+        kind = divergence_kind(ref_text, text, serial[1], key[1])
+        kinds[kind] += n
+        points.append((at, cell.first_seen[key], key, kind))
+        # Words: a token-like position for servers that return no token ids (transformers serve).
+        words.append(first_divergence_word(ref_text, text, at))
+        if ref_tokens and key in cell.tokens:
+            toks.append(common_prefix_length(ref_tokens, cell.tokens[key]))
+    at, _, example, kind = min(points)
+    offset = max(0, at - _EXAMPLE_CONTEXT)
+    window = slice(offset, offset + 2 * _EXAMPLE_CONTEXT)
+    return {
+        "divergence_kinds": kinds,
+        "first_divergence_chars": at,
+        "last_divergence_chars": max(p[0] for p in points),
+        "first_divergence_words": min(words),
+        "first_divergence_tokens": min(toks) if toks else None,
+        # Both examples are the same window of their texts, starting at char ``example_offset``.
+        "example_offset": offset,
+        "serial_example": ref_text[window],
+        "divergent_example": cell.texts[example][window],
+        "divergent_example_kind": kind,
+        "serial_finish_reason": serial[1],
+        "divergent_finish_reason": example[1],
+    }
+
+
+def _modal(cell: CellAccumulator) -> OutputKey | None:
     """Most common output; ties go to the one seen first, so the choice is reproducible."""
     if not cell.counts:
         return None

@@ -109,7 +109,9 @@ def finish_run(run_dir: Path, *, state: str | None = None, meta: dict[str, Any] 
     """(Re)compute ``summary.json`` from the records on disk and, if given, record the end state in ``run.json``."""
     meta = meta if meta is not None else read_json(run_dir / RUN)
     max_error_share = meta["load"]["max_error_share"]
-    summary = summarize(reduce_file(run_dir / RECORDS), max_error_share=max_error_share)
+    # A level run for a duration has no asked number of samples: only samples-bound cells can be short.
+    asked = None if meta["load"].get("duration") else meta["load"].get("samples")
+    summary = summarize(reduce_file(run_dir / RECORDS), max_error_share=max_error_share, samples_asked=asked)
     summary["run_id"] = meta.get("run_id")
     summary["scenario"] = meta.get("scenario_name")
     summary["state"] = state or meta.get("state")

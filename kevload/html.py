@@ -7,11 +7,12 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from kevload.compare import common_prefix_length, level_label, level_sort_key, levels_of
-from kevload.report import verdict_line
+from kevload.compare import level_label, level_sort_key, levels_of
+from kevload.report import cell_phrase, cell_text, errors_text, footnotes, kinds_text, verdict_line
 
 STABLE = "#2e7d32"
 DRIFT = "#c62828"
+SHORT = "#ef6c00"  # no drift seen, but fewer ok samples than asked: no claim either way
 EMPTY = "#9e9e9e"
 
 _CSS = """
@@ -36,7 +37,7 @@ def run_report(summary: dict[str, Any], meta: dict[str, Any], records: Iterable[
         f"<p>target {_e(meta.get('target', {}).get('base_url'))} · model {_e(meta.get('target', {}).get('model'))}"
         f" · {_e(meta.get('started_at'))} – {_e(meta.get('ended_at'))} · state {_e(meta.get('state'))}</p>",
         f"<p class=verdict>{_e(verdict_line(summary))}</p>",
-        "<h2>Distinct outputs per probe × level</h2>", _heatmap(rows, levels_of(cells)),
+        "<h2>Distinct outputs per probe × level</h2>", _heatmap(rows, levels_of(cells)), _notes(summary),
         "<h2>Latency by level</h2>", _latency(cells),
         "<h2>Where outputs first diverge</h2>", _divergence(cells),
         "<h2>Errors over time</h2>", _timeline(records),
@@ -69,23 +70,28 @@ def _heatmap(rows: dict[str, dict[str, dict[str, Any]]], levels: list[str]) -> s
         for level in levels:
             cell = by_level.get(level)
             if cell is None or not cell.get("ok"):
-                out.append(f'<td class=cell style="background:{EMPTY}">–</td>')
+                out.append(f'<td class=cell style="background:{EMPTY}">{_e(cell_text(cell) if cell else "–")}</td>')
                 continue
-            colour = DRIFT if cell["drift"] else STABLE
-            title = f"{cell['distinct']} distinct in {cell['ok']}"
-            out.append(f'<td class=cell style="background:{colour}" title="{_e(title)}">{cell["distinct"]}'
-                       f'{" ≠" if cell["drift"] and cell["distinct"] == 1 else ""}</td>')
+            colour = DRIFT if cell["drift"] else SHORT if cell.get("short") else STABLE
+            out.append(f'<td class=cell style="background:{colour}" title="{_e(cell_phrase(cell))}">'
+                       f'{_e(cell_text(cell))}</td>')
         out.append("</tr>")
     out.append(f"</table><p class=legend>cell: distinct outputs · <span style='background:{STABLE}'></span>one "
-               f"output, same as serial <span style='background:{DRIFT}'></span>drift "
-               f"<span style='background:{EMPTY}'></span>no ok sample</p>")
+               f"output, same as serial <span style='background:{DRIFT}'></span>drift (all≠serial: the copies "
+               f"agree with each other, not with serial) <span style='background:{SHORT}'></span>no drift seen, "
+               f"fewer ok samples than asked (ok/asked) <span style='background:{EMPTY}'></span>no ok sample</p>")
     return "".join(out)
+
+
+def _notes(summary: dict[str, Any]) -> str:
+    notes = footnotes(summary)
+    return "<ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>" if notes else ""
 
 
 def _latency(cells: list[dict[str, Any]]) -> str:
     metrics = ("ttft", "itl", "tpot", "e2e")
     out = ["<table><tr><th>probe / level</th>" + "".join(f"<th>{m} p50</th><th>{m} p99</th>" for m in metrics)
-           + "<th>tok/s</th><th>req/s</th></tr>"]
+           + "<th>tok/s</th><th>req/s</th><th>errors</th></tr>"]
     top = max((c.get("latency", {}).get("e2e", {}).get("p99") or 0 for c in cells), default=0) or 1
     bars = []
     for i, c in enumerate(sorted(cells, key=lambda c: (c["probe"], c["mode"], level_sort_key(c)))):
@@ -94,7 +100,8 @@ def _latency(cells: list[dict[str, Any]]) -> str:
         for m in metrics:
             stats = lat.get(m) or {}
             out.append(f"<td>{_ms(stats.get('p50'))}</td><td>{_ms(stats.get('p99'))}</td>")
-        out.append(f"<td>{_num(c.get('output_tokens_per_s'))}</td><td>{_num(c.get('requests_per_s'))}</td></tr>")
+        out.append(f"<td>{_num(c.get('output_tokens_per_s'))}</td><td>{_num(c.get('requests_per_s'))}</td>"
+                   f"<td>{_e(errors_text([c]))}</td></tr>")
         e2e = lat.get("e2e") or {}
         y = 10 + i * 22
         for value, colour, offset in ((e2e.get("p99"), "#90caf9", 0), (e2e.get("p50"), "#1565c0", 0)):
@@ -116,14 +123,21 @@ def _divergence(cells: list[dict[str, Any]]) -> str:
         return "<p>No output differed from the serial reference.</p>"
     out = []
     for c in drifted:
+        # The example is the output that leaves the serial one at the char the heading states.
+        at = c["first_divergence_chars"] - c.get("example_offset", 0)
         serial, other = c["serial_example"], c["divergent_example"]
-        at = common_prefix_length(serial, other)
+        lead = "…" if c.get("example_offset") else ""
         token = c["first_divergence_tokens"]
-        out.append(f"<h3>{_e(c['probe'])} ({_e(c['mode'])}) {_e(level_label(c))}: {c['distinct']} distinct in "
-                   f"{c['ok']}, first divergence at char {c['first_divergence_chars']}"
-                   f"{'' if token is None else f', token {token}'}"
-                   f"</h3><pre>serial:    {_e(serial[:at])}<mark>{_e(serial[at:])}</mark>\n"
-                   f"divergent: {_e(other[:at])}<mark>{_e(other[at:])}</mark></pre>")
+        kinds = kinds_text(c)
+        finish = ""
+        if c.get("divergent_example_kind") == "finish":
+            finish = (f"\nsame text; finish_reason {c.get('serial_finish_reason')} (serial) vs "
+                      f"{c.get('divergent_finish_reason')}")
+        out.append(f"<h3>{_e(c['probe'])} ({_e(c['mode'])}) {_e(level_label(c))}: {_e(cell_phrase(c))}, "
+                   f"first divergence at char {c['first_divergence_chars']}"
+                   f"{'' if token is None else f', token {token}'}{_e(f' ({kinds})' if kinds else '')}"
+                   f"</h3><pre>serial:    {lead}{_e(serial[:at])}<mark>{_e(serial[at:])}</mark>\n"
+                   f"divergent: {lead}{_e(other[:at])}<mark>{_e(other[at:])}</mark>{_e(finish)}</pre>")
     return "".join(out)
 
 

@@ -16,10 +16,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from kevload.compare import level_label
+from kevload.compare import VERDICTS, level_label
 
 # Listed so a board can show the verdicts a run did not reach as 0 (one series per verdict, a state set).
-VERDICTS = ("deterministic", "nondeterministic", "target_failed")
 
 # summary.json latency stats → the quantile label they answer; the maximum is the 1-quantile.
 QUANTILES = (("p50", "0.5"), ("p90", "0.9"), ("p99", "0.99"), ("max", "1"))
@@ -71,7 +70,11 @@ LATENCY_FIELDS = (
 RUN_FIELDS = (
     Field("requests", "kevload_run_requests", "Requests the run counted, companions included."),
     Field("errors", "kevload_run_error_requests", "Failed requests in the run, companions included."),
-    Field("error_share", "kevload_run_error_ratio", "Share of the run's requests that failed."),
+    Field("probe_requests", "kevload_run_probe_requests", "Probe requests the run counted."),
+    Field("probe_errors", "kevload_run_probe_error_requests", "Failed probe requests."),
+    Field("probe_error_share", "kevload_run_probe_error_ratio",
+          "Share of the run's probe requests that failed (the share the target-failed rule reads)."),
+    Field("companion_errors", "kevload_run_companion_error_requests", "Failed companion requests."),
 )
 
 RUN_VERDICT = Field("verdict", "kevload_run_verdict", "1 for the run's verdict, 0 for the others.")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -21,21 +22,65 @@ def render(summary: dict[str, Any], fmt: str, console: Console | None = None) ->
         return markdown(summary)
     console = console or Console()
     console.print(table(summary))
+    for note in footnotes(summary):
+        console.print(note, highlight=False)
     console.print(latency_table(summary))
     console.print(verdict_line(summary))
     return None
 
 
 def cell_text(cell: dict[str, Any] | None) -> str:
-    """One matrix cell: distinct outputs, marked when they drift from the serial reference."""
+    """One matrix cell: distinct outputs, marked when they drift from the serial reference, with
+    ``(ok/asked)`` when the cell has fewer ok samples than asked.
+
+    One distinct output that is not the serial one reads ``1 all≠serial``: the copies agree with each
+    other, not with the serial answer.
+    """
     if cell is None:
         return "-"
-    if cell["ok"] == 0:
-        return "no ok"
-    text = str(cell["distinct"])
-    if cell["drift"]:
-        text += " DRIFT" if cell["distinct"] > 1 else " ≠serial"
+    text = "no ok" if cell["ok"] == 0 else str(cell["distinct"])
+    if cell["ok"] and cell["drift"]:
+        text += " DRIFT" if cell["distinct"] > 1 else " all≠serial"
+    if cell.get("short"):
+        text += f" ({cell['ok']}/{cell['asked']})"
     return text
+
+
+def cell_phrase(cell: dict[str, Any], unit: str = "") -> str:
+    """``3 distinct in 8, 5 ≠ serial`` / ``1 distinct in 8, all ≠ serial``: what a cell's outputs say."""
+    text = f"{cell['distinct']} distinct{' outputs' if unit else ''} in {cell['ok']}{unit}"
+    divergent = cell.get("divergent_requests") or 0
+    if cell["drift"] and divergent:
+        text += ", all ≠ serial" if divergent == cell["ok"] else f", {divergent} ≠ serial"
+    return text
+
+
+def kinds_text(cell: dict[str, Any]) -> str:
+    """``token 4, length 1``: the cell's divergent requests by kind (empty when there are none)."""
+    return ", ".join(f"{kind} {n}" for kind, n in (cell.get("divergence_kinds") or {}).items() if n)
+
+
+def short_text(cell: dict[str, Any]) -> str:
+    """``2 of 8 asked ok (timeout: 6)``: why a short cell is short."""
+    errors = _counts(cell["errors"]) if cell["errors"] else "no errors: the run was cut short"
+    return f"{cell['ok']} of {cell['asked']} asked ok ({errors})"
+
+
+def footnotes(summary: dict[str, Any]) -> list[str]:
+    """The matrix's footnotes: each drifting cell's divergence kinds, each short cell's shortfall,
+    and the companions' errors (reported beside the probes', never mixed into them)."""
+    notes = []
+    for c in _probe_cells(summary):
+        name = f"{c['probe']} ({c['mode']}) {level_label(c)}"
+        if c["drift"]:
+            kinds = kinds_text(c)
+            notes.append(f"{name}: {cell_phrase(c)}" + (f"; kinds: {kinds}" if kinds else ""))
+        if c.get("short"):
+            notes.append(f"{name}: short, {short_text(c)}")
+    if summary.get("companion_requests"):
+        notes.append(f"companions: {summary['companion_errors']} of {summary['companion_requests']} requests failed"
+                     + (f" ({_counts(summary['companion_errors_by_type'])})" if summary["companion_errors"] else ""))
+    return notes
 
 
 def table(summary: dict[str, Any]) -> Table:
@@ -53,14 +98,22 @@ def table(summary: dict[str, Any]) -> Table:
         for level in levels:
             cell = row.get(level)
             text = cell_text(cell)
-            style = "red" if cell and cell["drift"] else "green" if cell and cell["ok"] else "yellow"
+            style = ("red" if cell and cell["drift"] else "yellow" if not cell or not cell["ok"] or cell.get("short")
+                     else "green")
             texts.append(f"[{style}]{text}[/{style}]")
         top = max(row.values(), key=level_sort_key)
         p50 = top.get("latency", {}).get("e2e", {}).get("p50")
-        errors = sum(sum(c["errors"].values()) for c in row.values())
         grid.add_row(f"{probe} ({mode})", *texts, str(min(c["ok"] for c in row.values())),
-                     f"{p50 * 1000:.0f} ms" if p50 is not None else "-", str(errors))
+                     f"{p50 * 1000:.0f} ms" if p50 is not None else "-", errors_text(row.values()))
     return grid
+
+
+def errors_text(cells: Iterable[dict[str, Any]]) -> str:
+    """Errors of these cells, with the reconnects beside them when the records carry any."""
+    cells = list(cells)
+    errors = sum(sum(c["errors"].values()) for c in cells)
+    reconnects = sum(c.get("reconnects") or 0 for c in cells)
+    return f"{errors} (+{reconnects} reconnects)" if reconnects else str(errors)
 
 
 def latency_table(summary: dict[str, Any]) -> Table:
@@ -92,9 +145,19 @@ def verdict_line(summary: dict[str, Any]) -> str:
     """One sentence a person (or a CI log) can act on, with the sample size behind it."""
     verdict = summary["verdict"]
     cells = _probe_cells(summary)
+    short = [c for c in cells if c.get("short")]
     if verdict == "target_failed":
-        return (f"target failed: {summary['errors']} of {summary['requests']} requests failed "
-                f"({_counts(summary['errors_by_type'])}); limit is {summary['max_error_share']:.0%}")
+        errors, requests = summary.get("probe_errors", summary["errors"]), summary.get("probe_requests",
+                                                                                      summary["requests"])
+        by_type = summary.get("probe_errors_by_type", summary["errors_by_type"])
+        empty = [f"{c['probe']} ({c['mode']}) {level_label(c)}" for c in cells if c["ok"] == 0]
+        return (f"target failed: {errors} of {requests} probe requests failed ({_counts(by_type)}); "
+                f"limit is {summary['max_error_share']:.0%}"
+                + (f"; no ok sample in {', '.join(empty)}" if empty else "") + _companions(summary))
+    if verdict == "inconclusive":
+        parts = [f"{c['probe']} ({c['mode']}) {level_label(c)}: {short_text(c)}" for c in short]
+        return ("inconclusive: fewer ok probe samples than asked, so no claim of determinism; "
+                + "; ".join(parts) + _companions(summary))
     if verdict == "deterministic":
         n = sum(c["ok"] for c in cells)
         worst = max((c["drift_rate_upper_95"] or 0.0) for c in cells) if cells else 1.0
@@ -107,8 +170,18 @@ def verdict_line(summary: dict[str, Any]) -> str:
             else "serial outputs already differ"
         if c["first_divergence_tokens"] is not None:
             where += f" / token {c['first_divergence_tokens']}"
-        parts.append(f"{c['probe']} ({c['mode']}) {level_label(c)}: {c['distinct']} distinct in {c['ok']}, {where}")
-    return "nondeterministic: " + "; ".join(parts)
+        kinds = kinds_text(c)
+        parts.append(f"{c['probe']} ({c['mode']}) {level_label(c)}: {cell_phrase(c)}, {where}"
+                     + (f" ({kinds})" if kinds else ""))
+    also = f" (and {len(short)} cell(s) short of samples)" if short else ""
+    return "nondeterministic: " + "; ".join(parts) + also
+
+
+def _companions(summary: dict[str, Any]) -> str:
+    if not summary.get("companion_errors"):
+        return ""
+    return (f"; companions (not counted): {summary['companion_errors']} of {summary['companion_requests']} "
+            f"failed ({_counts(summary['companion_errors_by_type'])})")
 
 
 def markdown(summary: dict[str, Any]) -> str:
@@ -119,6 +192,9 @@ def markdown(summary: dict[str, Any]) -> str:
     for (probe, mode), row in _rows(cells).items():
         texts = [cell_text(row.get(level)).replace("DRIFT", "**DRIFT**") for level in levels]
         lines.append(f"| {probe} ({mode}) | " + " | ".join(texts) + f" | {min(c['ok'] for c in row.values())} |")
+    notes = footnotes(summary)
+    if notes:
+        lines += [""] + [f"- {note}" for note in notes]
     lines += ["", verdict_line(summary), ""]
     return "\n".join(lines)
 
@@ -210,11 +286,11 @@ def _num(value: Any) -> str:
 
 
 def junit_xml(summary: dict[str, Any], suite: str = "kevload") -> str:
-    """JUnit XML, one testcase per probe × level; drift or no ok sample is a failure."""
+    """JUnit XML, one testcase per probe × level; drift, no ok sample or a short cell is a failure."""
     from xml.etree import ElementTree as ET
 
     cells = _probe_cells(summary)
-    failures = sum(1 for c in cells if c["drift"] or c["ok"] == 0)
+    failures = sum(1 for c in cells if c["drift"] or c["ok"] == 0 or c.get("short"))
     seconds = sum(c.get("duration_s") or 0 for c in cells)
     root = ET.Element("testsuites", name=suite, tests=str(len(cells)), failures=str(failures), errors="0",
                       time=f"{seconds:.3f}")
@@ -223,15 +299,20 @@ def junit_xml(summary: dict[str, Any], suite: str = "kevload") -> str:
     for c in cells:
         case = ET.SubElement(group, "testcase", classname=f"{suite}.{c['probe']}.{c['mode']}",
                              name=level_label(c), time=f"{c.get('duration_s') or 0:.3f}")
+        short = f"; short: {short_text(c)}" if c.get("short") else ""
         if c["ok"] == 0:
             ET.SubElement(case, "failure", message="no ok sample", type="target_failed").text = (
                 f"errors: {_counts(c['errors'])}")
         elif c["drift"]:
-            text = (f"{c['distinct']} distinct outputs in {c['ok']} samples; first divergence at char "
-                    f"{c['first_divergence_chars']}, token {c['first_divergence_tokens']}; "
-                    f"{c['divergent_requests']} requests differ from the serial output")
-            ET.SubElement(case, "failure", message=f"{c['distinct']} distinct outputs in {c['ok']}",
-                          type="nondeterminism").text = text
+            kinds = kinds_text(c)
+            text = (f"{cell_phrase(c, ' samples')}; first divergence at char {c['first_divergence_chars']}, "
+                    f"token {c['first_divergence_tokens']}; {c['divergent_requests']} requests differ from the "
+                    f"serial output" + (f" (kinds: {kinds})" if kinds else "") + short)
+            ET.SubElement(case, "failure", message=cell_phrase(c), type="nondeterminism").text = text
+        elif c.get("short"):
+            ET.SubElement(case, "failure", message=f"short of samples: {c['ok']} of {c['asked']} ok",
+                          type="inconclusive").text = (
+                f"1 output in {c['ok']} samples, fewer than the {c['asked']} asked: {short_text(c)}")
         else:
             ET.SubElement(case, "system-out").text = (
                 f"1 output in {c['ok']} samples; drift rate < {c['drift_rate_upper_95']:.2%} at 95% confidence")

@@ -96,7 +96,7 @@ def sweep_markdown(sweep: dict[str, Any]) -> str:
 def sweep_cell_text(cell: dict[str, Any] | None) -> str:
     if cell is None:
         return "-"
-    mark = " DRIFT" if cell["drift"] else ""
+    mark = (" DRIFT" if cell["distinct"] > 1 else " all≠serial") if cell["drift"] else ""
     rps = f" · {cell['requests_per_s']:.1f}/s" if cell.get("requests_per_s") else ""
     return f"{cell['distinct']}{mark}{rps}"
 

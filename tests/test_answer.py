@@ -237,7 +237,8 @@ def test_failed_answers_are_counted_not_compared(tmp_path, server, backend, stre
         expected[status] = expected.get(status, 0) + 1
     assert cell["errors"] == expected
     assert (cell["ok"], cell["distinct"]) == (2, 1)
-    assert code == 0, output
+    # Two ok answers of the samples asked: one output, yet too few to claim determinism.
+    assert code == 3 and "inconclusive" in output, output
 
 
 def test_case_outputs_are_whole_answers(tmp_path, server):

@@ -56,7 +56,7 @@ def test_each_fault_is_typed_and_counted(tmp_path, server, stream, backend):
     assert cell["errors"] == dict(sorted(expected.items()))
     assert cell["ok"] == 3  # two clean requests and the trickled one
     assert cell["distinct"] == 1, "a failure must never count as an output"
-    assert code == 0, output
+    assert code == 3 and cell["short"], output  # 3 ok of the samples asked: inconclusive, never "deterministic"
     statuses = [r["status"] for r in read_records(tmp_path / "run" / "records.jsonl")]
     assert statuses[0] == "ok" and statuses[-2:] == ["ok", "ok"]
 
@@ -98,5 +98,5 @@ def test_killed_run_keeps_finished_records(tmp_path, server):
     assert len(rows) >= 5
     assert all(r["status"] == "ok" for r in rows)
     code, output = run_cli("report", out, "--format", "json")
-    assert code == 0, output
+    assert code == 3, output  # cut short: fewer samples than asked is inconclusive
     assert '"ok": ' in output

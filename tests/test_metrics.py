@@ -117,10 +117,12 @@ def test_run_metrics_parse_and_equal_the_summary(run):
 
     run_labels = {"scenario": "s", "run_id": summary["run_id"]}
     verdicts = {dict(k)["verdict"]: v for k, v in by_labels(found["kevload_run_verdict"]).items()}
-    assert verdicts == {"deterministic": 0, "nondeterministic": 1, "target_failed": 0}
+    assert verdicts == {"deterministic": 0, "nondeterministic": 1, "inconclusive": 0, "target_failed": 0}
     assert summary["verdict"] == "nondeterministic"
     for name, key in (("kevload_run_requests", "requests"), ("kevload_run_error_requests", "errors"),
-                      ("kevload_run_error_ratio", "error_share")):
+                      ("kevload_run_probe_error_ratio", "probe_error_share"),
+                      ("kevload_run_probe_requests", "probe_requests"),
+                      ("kevload_run_companion_error_requests", "companion_errors")):
         assert by_labels(found[name]) == {frozenset(run_labels.items()): summary[key]}, name
     ended = json.loads((run / "run" / "run.json").read_text())["ended_at"]
     assert by_labels(found["kevload_run_end_timestamp_seconds"]) == {
@@ -148,6 +150,10 @@ def test_report_writes_the_same_metrics_from_the_records(run):
 def test_fields_other_parts_add_appear_only_when_present(run):
     summary = load_summary(run / "run")
     richer = copy.deepcopy(summary)
+    optional = ("latent_drift", "goodput", "slo_attainment", "reconnects", "divergence_kinds")
+    for cell in richer["cells"]:
+        for key in optional:
+            cell.pop(key, None)
     c1, c4 = (c for c in richer["cells"] if c["role"] == "probe")
     c1["latent_drift"] = False
     c4.update(latent_drift=True, goodput=12.5, slo_attainment=0.75, reconnects=2,
@@ -164,7 +170,7 @@ def test_fields_other_parts_add_appear_only_when_present(run):
     assert "kevload_run_end_timestamp_seconds" not in found  # no ended_at given
 
     for cell in richer["cells"]:
-        for key in ("latent_drift", "goodput", "slo_attainment", "reconnects", "divergence_kinds"):
+        for key in optional:
             cell.pop(key, None)
     bare = families(metrics_text(richer, {}))
     for name in ("kevload_cell_latent_drift", "kevload_cell_goodput_requests_per_second",
