@@ -36,6 +36,7 @@ class CellAccumulator:
     latency: dict[str, LatencyHistogram] = field(
         default_factory=lambda: {name: LatencyHistogram() for name in LATENCY_NAMES})
     output_tokens: int = 0
+    reconnects: int = 0
     t_start: float = math.inf
     t_end: float = -math.inf
 
@@ -46,6 +47,7 @@ class CellAccumulator:
             self.t_start = t_send
         if t_last > self.t_end:
             self.t_end = t_last
+        self.reconnects += record.get("reconnects", 0)
         status = record["status"]
         if status != "ok":
             self.errors[status] = self.errors.get(status, 0) + 1
@@ -93,6 +95,7 @@ class CellAccumulator:
         for name, hist in other.latency.items():
             self.latency[name].merge(hist)
         self.output_tokens += other.output_tokens
+        self.reconnects += other.reconnects
         self.t_start = min(self.t_start, other.t_start)
         self.t_end = max(self.t_end, other.t_end)
 
@@ -288,6 +291,7 @@ def _cell_summary(probe: str, role: str, mode: str, level: tuple[int, float | No
         # Kept so a later run can ask "was this output ever seen?" without the old records.
         "output_hashes": sorted(cell.counts, key=lambda h: -cell.counts[h])[:256],
         "output_tokens": cell.output_tokens,
+        "reconnects": cell.reconnects,
         "duration_s": round(cell.t_end - cell.t_start, 6) if ok + sum(cell.errors.values()) else None,
         "latency": {name: hist.summary() for name, hist in sorted(cell.latency.items()) if hist.n_total},
     }
