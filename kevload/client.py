@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, replace
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
-import aiohttp
 import orjson
 
-from kevload import http1
+from kevload.http1 import LeanTransport
 from kevload.scenario import Probe, Target
 from kevload.sse import SSEError, SSEParser
-from kevload.store import secret_header_values
+from kevload.store import secret_header_values, url_secrets, url_userinfo
+from kevload.transport import AiohttpTransport, Endpoint, Response, Transport, TransportError
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,7 @@ class Outcome:
     # The rest of the answer besides ``output`` (the content); ``store.answer_text`` joins them for comparison.
     reasoning: str | None = None
     tool_calls: list[dict[str, str]] | None = None
+    reconnects: int = 0             # 1: resent on a fresh connection after a reused one had closed
 
 
 def build_body(target: Target, item: Probe, params: dict[str, Any], *, stream: bool,
@@ -66,91 +68,104 @@ def build_body(target: Target, item: Probe, params: dict[str, Any], *, stream: b
 
 
 class Client:
-    """One connection pool shared by every request of a run.
+    """One connection pool shared by every request of a run, on a ``Transport``.
 
-    Plain-http targets use kevload's lean HTTP/1.1 client (``http1``); https targets, or any
-    target when ``KEVLOAD_HTTP=aiohttp`` is set, use an aiohttp session.
+    The backend is the constructor's choice: ``transport="lean"`` (kevload's HTTP/1.1 client,
+    plain http only), ``"aiohttp"``, or a ready ``Transport``. Left out, plain-http targets use the
+    lean client and https targets aiohttp; a user can force aiohttp with ``KEVLOAD_HTTP=aiohttp``.
+    Transports raise only ``TransportError``s, whose ``status`` goes into the record as it is.
     """
 
-    def __init__(self, target: Target, api_key: str | None, *, limit: int = 0):
+    def __init__(self, target: Target, api_key: str | None, *, limit: int = 0,
+                 transport: str | Transport | None = None):
         self.target = target
-        self.url = target.base_url.rstrip("/") + ("/chat/completions" if target.api == "chat" else "/completions")
+        base, basic = url_userinfo(target.base_url)
+        parts = urlsplit(base)
+        path = parts.path.rstrip("/") + ("/chat/completions" if target.api == "chat" else "/completions")
+        # The query stays after the path (Azure's ?api-version=…).
+        self.url = urlunsplit(parts._replace(path=path))
         # Error texts can echo request headers back (some gateways do): scrub every credential.
-        self._secrets = [s for s in [api_key, *secret_header_values(target.headers)] if s]
+        self._secrets = [s for s in [api_key, *secret_header_values(target.headers), *url_secrets(target.base_url)]
+                         if s]
         headers = {"Content-Type": "application/json", **target.headers}
+        if basic:
+            headers["Authorization"] = f"Basic {basic}"
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
-        self._headers = headers
-        self._limit = limit
-        self._session: aiohttp.ClientSession | None = None
-        self._pool: http1.Pool | None = None
-        parts = urlsplit(self.url)
-        self._lean = parts.scheme == "http" and os.environ.get("KEVLOAD_HTTP", "lean") != "aiohttp"
-        self._path = parts.path + (f"?{parts.query}" if parts.query else "")
-        self._raw_headers = b"".join(f"{k}: {v}\r\n".encode("latin-1") for k, v in headers.items())
+        self._endpoint = Endpoint(url=self.url, headers=headers, timeout=target.timeout,
+                                  max_response_bytes=target.max_response_bytes, limit=limit)
+        self._max_seconds = target.max_seconds or None
+        if transport is None:
+            forced = os.environ.get("KEVLOAD_HTTP") == "aiohttp"
+            transport = "lean" if parts.scheme == "http" and not forced else "aiohttp"
+        if transport == "lean" and parts.scheme != "http":
+            raise ValueError(f"the lean transport speaks plain http only, not {parts.scheme}")
+        self._choice = transport
+        self._transport: Transport | None = None
 
     async def __aenter__(self) -> Client:
-        if self._lean:
-            self._pool = http1.Pool(self.url, self.target.timeout)
-            return self
-        connector = aiohttp.TCPConnector(limit=self._limit, ttl_dns_cache=None, force_close=False)
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.target.timeout, sock_read=self.target.timeout)
-        self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, headers=self._headers,
-                                              json_serialize=lambda o: orjson.dumps(o).decode())
+        if self._choice == "lean":
+            self._transport = LeanTransport(self._endpoint)
+        elif self._choice == "aiohttp":
+            self._transport = AiohttpTransport(self._endpoint)
+        else:
+            self._transport = self._choice
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+        if self._transport is not None:
+            await self._transport.aclose()
+            self._transport = None
 
     async def send(self, body: dict[str, Any]) -> Outcome:
-        assert self._session is not None or self._pool is not None, "use Client as an async context manager"
+        assert self._transport is not None, "use Client as an async context manager"
         payload = orjson.dumps(body)
         stream = bool(body.get("stream"))
         t_send = time.perf_counter()
+        if self._max_seconds is None:
+            return await self._exchange(payload, stream, t_send, [])
+        deadline = asyncio.timeout(self._max_seconds)
+        reconnects: list[int] = []
         try:
-            if self._pool is not None:
-                response = await self._pool.post(self._path, self._raw_headers, payload)
-                try:
-                    return await self._answer(response.status, response.reason, response.headers, response.read,
-                                              response.chunks, stream, t_send)
-                finally:
-                    response.close()
-            async with self._session.post(self.url, data=payload) as response:
-                return await self._answer(response.status, response.reason, response.headers, response.read,
-                                          response.content.iter_any, stream, t_send)
-        except (TimeoutError, aiohttp.ServerTimeoutError, http1.ReadTimeout):
-            return self._failed("timeout", t_send, f"no byte for {self.target.timeout:g} s")
-        except (aiohttp.ClientConnectorError, http1.ConnectFailed) as exc:
-            return self._failed("connect", t_send, str(exc))
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError,
-                ConnectionResetError, http1.ConnectionReset) as exc:
-            return self._failed("reset", t_send, f"{type(exc).__name__}: {exc}")
-        except (aiohttp.ClientResponseError, http1.BadResponse) as exc:
-            return self._failed("malformed", t_send, f"{type(exc).__name__}: {getattr(exc, 'message', exc)}")
-        except aiohttp.ClientError as exc:
-            return self._failed("reset", t_send, f"{type(exc).__name__}: {exc}")
+            async with deadline:
+                return await self._exchange(payload, stream, t_send, reconnects)
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            return self._failed("timeout", t_send, f"no complete answer within target.max_seconds = "
+                                f"{self._max_seconds:g} s", sum(reconnects))
 
-    async def _answer(self, status: int, reason: str, headers: Mapping[str, str], read: Callable[[], Awaitable[bytes]],
-                      chunks: Callable[[], AsyncIterator[bytes]], stream: bool, t_send: float) -> Outcome:
+    async def _exchange(self, payload: bytes, stream: bool, t_send: float, reconnects: list[int]) -> Outcome:
+        try:
+            response = await self._transport.send(payload)
+            reconnects.append(response.reconnects)
+            try:
+                outcome = await self._answer(response, stream, t_send)
+            finally:
+                # Also on a cancel or the max_seconds cut: closing tells the server to stop.
+                response.close()
+        except TransportError as exc:
+            return self._failed(exc.status, t_send, str(exc), exc.reconnects)
+        return replace(outcome, reconnects=response.reconnects) if response.reconnects else outcome
+
+    async def _answer(self, response: Response, stream: bool, t_send: float) -> Outcome:
         t_first_byte = time.perf_counter()
+        status, headers = response.status, response.headers
         if status != 200:
-            text = (await read())[:400].decode("utf-8", "replace")
+            text = (await response.read())[:400].decode("utf-8", "replace")
             return Outcome(status=f"http_{status}", t_send=t_send, t_first_byte=t_first_byte,
                            t_last_byte=time.perf_counter(), http_status=status,
                            retry_after=_retry_after(headers.get("retry-after")),
-                           error=self._scrub(text.strip()) or reason)
+                           error=self._scrub(text.strip()) or response.reason)
         content_type = headers.get("content-type", "")
         if stream:
-            return await _read_stream(chunks(), read, content_type, self.target.api, t_send, t_first_byte)
-        return await _read_whole(await read(), content_type, self.target.api, t_send, t_first_byte)
+            return await _read_stream(response.chunks(), response.read, content_type, self.target.api, t_send,
+                                      t_first_byte)
+        return await _read_whole(await response.read(), content_type, self.target.api, t_send, t_first_byte)
 
-    def _failed(self, status: str, t_send: float, error: str) -> Outcome:
-        return Outcome(status=status, t_send=t_send, t_last_byte=time.perf_counter(), error=self._scrub(error))
+    def _failed(self, status: str, t_send: float, error: str, reconnects: int) -> Outcome:
+        return Outcome(status=status, t_send=t_send, t_last_byte=time.perf_counter(), error=self._scrub(error),
+                       reconnects=reconnects)
 
     def _scrub(self, text: str) -> str:
         for secret in self._secrets:

@@ -57,9 +57,7 @@ class CellAccumulator:
             self.t_start = t_send
         if t_last > self.t_end:
             self.t_end = t_last
-        reconnects = record.get("reconnects")
-        if reconnects:
-            self.reconnects += reconnects
+        self.reconnects += record.get("reconnects", 0)
         status = record["status"]
         if status != "ok":
             self.errors[status] = self.errors.get(status, 0) + 1

@@ -29,6 +29,7 @@ from kevload.store import (
     read_records,
     redact,
     secret_header_values,
+    url_secrets,
     write_json,
 )
 from kevload.workload import CompanionPicker, companions_for
@@ -62,7 +63,8 @@ async def run_scenario(scenario: Scenario, run_dir: Path | None = None, *,
     base_dir = Path(scenario.source).parent if scenario.source else None
     # Built before anything is sent or written, so a bad companion file fails the run up front.
     pools = [companions_for(probe, scenario.load, base_dir=base_dir) for probe in scenario.probes]
-    secrets = [s for s in [api_key, *secret_header_values(scenario.target.headers)] if s]
+    secrets = [s for s in [api_key, *secret_header_values(scenario.target.headers),
+                           *url_secrets(scenario.target.base_url)] if s]
     done: dict[tuple[str, int, float | None], int] = {}
     next_seq = 0
     if resume:
@@ -295,6 +297,7 @@ def _record(run_id: str, seq: int, name: str, role: str, mode: str, level: int, 
         t_send=outcome.t_send, t_first_byte=outcome.t_first_byte, t_first_token=outcome.t_first_token,
         t_last_byte=outcome.t_last_byte, chunks=outcome.chunks, max_gap=outcome.max_gap, error=outcome.error,
         retries=retries, params=params, reasoning=outcome.reasoning, tool_calls=outcome.tool_calls,
+        reconnects=outcome.reconnects,
     )
 
 

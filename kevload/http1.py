@@ -1,10 +1,12 @@
-"""A lean HTTP/1.1 client for plain-http targets: keep-alive connections on asyncio protocols.
+"""A lean HTTP/1.1 transport for plain-http targets: keep-alive connections on asyncio protocols.
 
 The profile of kevload against a zero-cost endpoint put most of the client's time in aiohttp's
 per-request machinery; a load generator must not be the bottleneck it measures, so plain-http
-requests go through this small client (https still goes through aiohttp). It speaks exactly what
-an OpenAI-compatible exchange needs: one POST, a Content-Length, chunked or close-delimited
-response body, read incrementally, with a "no byte for T seconds" timeout.
+requests go through this small client (https goes through aiohttp). Responses are parsed by
+httptools (llhttp, the parser uvicorn and aiohttp use); this module keeps only the connection
+rules: a pool of keep-alive connections, one idle timer per wait ("no byte for T seconds"), reuse
+only after a clean, complete response, and one resend on a fresh connection when a reused one
+turns out to be closed.
 """
 
 from __future__ import annotations
@@ -13,55 +15,61 @@ import asyncio
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
+import httptools
 
-class HTTPError(Exception):
-    """Base of this module's transport errors."""
-
-
-class ConnectFailed(HTTPError):
-    pass
-
-
-class ConnectionReset(HTTPError):
-    pass
-
-
-class ReadTimeout(HTTPError):
-    pass
+from kevload.transport import (
+    MAX_HEAD_BYTES,
+    BadResponse,
+    ConnectFailed,
+    ConnectionReset,
+    Endpoint,
+    ReadTimeout,
+    TooLarge,
+    TransportError,
+)
 
 
-class BadResponse(HTTPError):
-    pass
-
-
-class Pool:
+class LeanTransport:
     """Keep-alive connections to one host:port; a connection is reused only after a clean, full response."""
 
-    def __init__(self, url: str, timeout: float):
-        parts = urlsplit(url)
+    def __init__(self, endpoint: Endpoint):
+        parts = urlsplit(endpoint.url)
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or 80
-        self.host_header = parts.netloc.encode()
-        self.timeout = timeout
+        self.timeout = endpoint.timeout
+        self.max_body = endpoint.max_response_bytes
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        host = parts.netloc.rpartition("@")[2]  # userinfo never goes into Host
+        headers = "".join(f"{k}: {v}\r\n" for k, v in endpoint.headers.items())
+        self._head = f"POST {path} HTTP/1.1\r\nHost: {host}\r\n{headers}".encode("latin-1")
         self._idle: list[_Connection] = []
         self._all: set[_Connection] = set()
 
-    async def post(self, path: str, headers: bytes, body: bytes) -> Response:
+    async def send(self, body: bytes) -> _Response:
         """Send one request on an idle connection, or a new one.
 
-        A reset before any response byte is reported, never retried, even on a reused connection:
-        a silent retry would hide a server that drops requests. Connections the server closed while
-        idle are noticed (EOF) and dropped before reuse.
+        A reused connection that closes before any byte of the response arrived had been closed by
+        the server while idle (uvicorn's keep-alive timeout, proxies, servers that close after each
+        answer without saying so): the request is resent once on a fresh connection and counted in
+        ``reconnects`` (RFC 9112 §9.3.1). A fresh connection's failure is never retried: that would
+        hide a server that drops requests.
         """
-        head = b"POST " + path.encode() + b" HTTP/1.1\r\nHost: " + self.host_header + b"\r\n" + headers + \
-            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+        payload = self._head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+        reconnects = 0
         while self._idle:
             conn = self._idle.pop()
-            if conn.usable():
-                return await conn.request(head + body, self)
-            self.discard(conn)
-        conn = await self._connect()
-        return await conn.request(head + body, self)
+            if not conn.usable():
+                self.discard(conn)
+                continue
+            try:
+                return await conn.request(payload, self, 0)
+            except ConnectionReset:
+                if conn.bytes_in:
+                    raise
+                reconnects = 1
+                break
+        conn = await self._connect(reconnects)
+        return await conn.request(payload, self, reconnects)
 
     def release(self, conn: _Connection) -> None:
         if conn.usable():
@@ -73,35 +81,38 @@ class Pool:
         conn.close()
         self._all.discard(conn)
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
         for conn in list(self._all):
             conn.close()
         self._all.clear()
         self._idle.clear()
 
-    async def _connect(self) -> _Connection:
+    async def _connect(self, reconnects: int) -> _Connection:
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _Connection(loop, self.timeout), self.host, self.port),
+                loop.create_connection(lambda: _Connection(loop, self.timeout, self.max_body), self.host, self.port),
                 self.timeout)
         except TimeoutError:
-            raise ConnectFailed(f"connect to {self.host}:{self.port} timed out after {self.timeout:g} s") from None
+            raise ConnectFailed(f"connect to {self.host}:{self.port} timed out after {self.timeout:g} s",
+                                reconnects=reconnects) from None
         except OSError as exc:
-            raise ConnectFailed(f"cannot connect to {self.host}:{self.port}: {exc.strerror or exc}") from None
+            raise ConnectFailed(f"cannot connect to {self.host}:{self.port}: {exc.strerror or exc}",
+                                reconnects=reconnects) from None
         self._all.add(conn)
         return conn
 
 
-class Response:
+class _Response:
     """Status and headers, then the body, read as it arrives (``chunks``) or whole (``read``)."""
 
-    __slots__ = ("status", "reason", "headers", "_conn", "_pool", "_done")
+    __slots__ = ("status", "reason", "headers", "reconnects", "_conn", "_pool", "_done")
 
-    def __init__(self, status: int, reason: str, headers: dict[str, str], conn: _Connection, pool: Pool):
-        self.status = status
-        self.reason = reason
-        self.headers = headers
+    def __init__(self, conn: _Connection, pool: LeanTransport, reconnects: int):
+        self.status = conn.status
+        self.reason = conn.reason.decode("latin-1")
+        self.headers = conn.headers
+        self.reconnects = reconnects
         self._conn = conn
         self._pool = pool
         self._done = False
@@ -120,8 +131,7 @@ class Response:
         self._finish(reuse=True)
 
     async def read(self) -> bytes:
-        parts = [data async for data in self.chunks()]
-        return b"".join(parts)
+        return b"".join([data async for data in self.chunks()])
 
     def close(self) -> None:
         """Abandon the body (a connection with unread bytes is never reused)."""
@@ -138,22 +148,34 @@ class Response:
             self._pool.discard(self._conn)
 
 
-class _Connection(asyncio.Protocol):
-    # Parser states
-    _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILER, _UNTIL_CLOSE, _DONE = range(8)
+class _Stop(Exception):
+    """Raised in a parser callback to stop parsing; the reason is already in ``_Connection.error``."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, timeout: float):
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, loop: asyncio.AbstractEventLoop, timeout: float, max_body: int):
         self.loop = loop
         self.timeout = timeout
+        self.max_body = max_body
         self.transport: asyncio.Transport | None = None
-        self.buffer = bytearray()
-        self.state = self._DONE
-        self.remaining = 0
+        self.parser = httptools.HttpResponseParser(self)
+        # Bare LF line ends in the status line and headers: some small servers send them.
+        self.parser.set_dangerous_leniencies(lenient_optional_cr_before_lf=True)
+        self.reconnects = 0
+        self.status = 0
+        self.reason = b""
+        self.headers: dict[str, str] = {}
+        self.head_size = 0            # this head's bytes, as the callbacks saw them
+        self.head_fed = 0             # bytes fed while the head was still open
+        self.head_done = False
+        self.done = True              # no response outstanding
+        self.until_close = False      # body delimited by the end of the connection
         self.body: list[bytes] = []
+        self.body_size = 0
+        self.bytes_in = 0             # bytes received since the request went out
         self.eof = False
-        self.error: Exception | None = None
+        self.error: TransportError | None = None
         self.waiter: asyncio.Future | None = None
-        self.head: tuple[int, str, dict[str, str]] | None = None
         self.keep_alive = True
         self.last_data = 0.0
         self.timer: asyncio.TimerHandle | None = None
@@ -165,49 +187,106 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_data = self.loop.time()
-        self.buffer += data
-        try:
-            self._parse()
-        except BadResponse as exc:
-            self.error = exc
+        if self.done:
+            # Bytes nobody asked for: the connection is out of step, never reuse it.
             self.keep_alive = False
+            return
+        self.bytes_in += len(data)
+        if not self.head_done:
+            self.head_fed += len(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            # Bytes after a complete response only spoil the connection, not the response.
+            self.keep_alive = False
+            if self.error is None and not self.done:
+                self.error = BadResponse(f"bad response: {exc}", reconnects=self.reconnects)
+        # httptools holds an unfinished header line itself: count the bytes fed while the head is open.
+        if not self.head_done and self.head_fed > MAX_HEAD_BYTES and self.error is None:
+            self.error = BadResponse(f"response headers larger than {MAX_HEAD_BYTES} bytes",
+                                     reconnects=self.reconnects)
+        if self.error is not None:
+            # Nothing more is read from a connection that broke its framing or ran past the limit.
+            self.close()
         self._wake()
 
     def eof_received(self) -> bool:
-        self.eof = True
-        self.keep_alive = False
-        self._wake()
+        self._ended()
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.eof = True
-        self.keep_alive = False
+        self._ended()
         self.transport = None
-        self._wake()
+
+    # --- httptools callbacks ---
+
+    def on_message_begin(self) -> None:
+        if self.head_done:
+            # A second response after the one asked for: out of step.
+            self.keep_alive = False
+            raise _Stop
+        self.reason = b""
+        self.headers = {}
+        self.head_size = 0
+
+    def on_status(self, reason: bytes) -> None:
+        self.reason += reason
+        self.head_size += len(reason)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.head_size += len(name) + len(value) + 4
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        # The limit holds for a head that arrived complete in one read too.
+        if self.head_size > MAX_HEAD_BYTES:
+            self.error = BadResponse(f"response headers larger than {MAX_HEAD_BYTES} bytes",
+                                     reconnects=self.reconnects)
+            raise _Stop
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:
+            return  # 100 Continue, 103 Early Hints: interim, the real response follows
+        self.status = status
+        self.head_done = True
+        self.keep_alive = self.parser.should_keep_alive()
+        headers = self.headers
+        self.until_close = ("content-length" not in headers and status not in (204, 304)
+                            and "chunked" not in headers.get("transfer-encoding", "").lower())
+
+    def on_body(self, data: bytes) -> None:
+        self.body_size += len(data)
+        if self.body_size > self.max_body:
+            self.error = TooLarge(f"response body over {self.max_body} bytes", reconnects=self.reconnects)
+            raise _Stop
+        self.body.append(data)
+
+    def on_message_complete(self) -> None:
+        if self.head_done:
+            self.done = True
 
     # --- requests ---
 
     def usable(self) -> bool:
-        return self.transport is not None and not self.eof and self.keep_alive and self.state == self._DONE
+        return (self.transport is not None and not self.eof and self.keep_alive and self.done
+                and self.error is None)
 
-    async def request(self, payload: bytes, pool: Pool) -> Response:
-        self.state, self.head, self.body = self._HEAD, None, []
-        self.buffer.clear()
+    async def request(self, payload: bytes, pool: LeanTransport, reconnects: int) -> _Response:
+        self.reconnects = reconnects
+        self.head_done = self.done = False
+        self.body, self.body_size, self.bytes_in, self.head_fed = [], 0, 0, 0
         self.transport.write(payload)
-        while self.head is None:
-            if self.error is not None:
-                pool.discard(self)
-                raise self.error
-            if self.eof:
-                pool.discard(self)
-                raise ConnectionReset("connection closed before the response headers")
-            try:
+        try:
+            while not self.head_done:
+                if self.error is not None:
+                    raise self.error
+                if self.eof:
+                    raise ConnectionReset("connection closed before the response headers", reconnects=reconnects)
                 await self._wait()
-            except ReadTimeout:
-                pool.discard(self)
-                raise
-        status, reason, headers = self.head
-        return Response(status, reason, headers, self, pool)
+        except BaseException:
+            # A failure, a timeout or a cancel: close the connection, so the server sees the abort.
+            pool.discard(self)
+            raise
+        return _Response(self, pool, reconnects)
 
     async def next_body(self) -> bytes | None:
         while True:
@@ -217,13 +296,11 @@ class _Connection(asyncio.Protocol):
                 return data
             if self.error is not None:
                 raise self.error
-            if self.state == self._DONE:
+            if self.done:
                 return None
             if self.eof:
-                if self.state == self._UNTIL_CLOSE:
-                    self.state = self._DONE
-                    return None
-                raise ConnectionReset("connection closed in the middle of the response body")
+                raise ConnectionReset("connection closed in the middle of the response body",
+                                      reconnects=self.reconnects)
             await self._wait()
 
     def close(self) -> None:
@@ -233,6 +310,13 @@ class _Connection(asyncio.Protocol):
         self.keep_alive = False
 
     # --- internals ---
+
+    def _ended(self) -> None:
+        self.eof = True
+        self.keep_alive = False
+        if self.head_done and self.until_close and self.error is None:
+            self.done = True  # a close-delimited body ends with the connection
+        self._wake()
 
     async def _wait(self) -> None:
         self.waiter = self.loop.create_future()
@@ -249,100 +333,10 @@ class _Connection(asyncio.Protocol):
         idle = self.loop.time() - self.last_data
         if idle >= self.timeout:
             if self.waiter is not None and not self.waiter.done():
-                self.waiter.set_exception(ReadTimeout(f"no byte for {self.timeout:g} s"))
+                self.waiter.set_exception(ReadTimeout(f"no byte for {self.timeout:g} s", reconnects=self.reconnects))
         else:
             self.timer = self.loop.call_at(self.last_data + self.timeout, self._check_timeout)
 
     def _wake(self) -> None:
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(None)
-
-    def _parse(self) -> None:
-        buf = self.buffer
-        while buf:
-            state = self.state
-            if state == self._HEAD:
-                end = buf.find(b"\r\n\r\n")
-                if end < 0:
-                    if len(buf) > 65536:
-                        raise BadResponse("response headers larger than 64 KiB")
-                    return
-                self._head(bytes(buf[:end]))
-                del buf[:end + 4]
-            elif state == self._LENGTH:
-                self._take_body(self._DONE)
-            elif state == self._CHUNK_SIZE:
-                end = buf.find(b"\r\n")
-                if end < 0:
-                    return
-                size_text = bytes(buf[:end]).split(b";", 1)[0].strip()
-                try:
-                    self.remaining = int(size_text, 16)
-                except ValueError:
-                    raise BadResponse(f"bad chunk size {size_text[:20]!r}") from None
-                del buf[:end + 2]
-                self.state = self._CHUNK_DATA if self.remaining else self._TRAILER
-            elif state == self._CHUNK_DATA:
-                self._take_body(self._CHUNK_END)
-            elif state == self._CHUNK_END:
-                if len(buf) < 2:
-                    return
-                if buf[:2] != b"\r\n":
-                    raise BadResponse("chunk not followed by CRLF")
-                del buf[:2]
-                self.state = self._CHUNK_SIZE
-            elif state == self._TRAILER:
-                end = buf.find(b"\r\n")
-                if end < 0:
-                    return
-                del buf[:end + 2]
-                if end == 0:
-                    self.state = self._DONE
-            elif state == self._UNTIL_CLOSE:
-                self.body.append(bytes(buf))
-                buf.clear()
-            else:
-                # Bytes after a complete response: the connection is out of step, never reuse it.
-                self.keep_alive = False
-                buf.clear()
-
-    def _take_body(self, then: int) -> None:
-        """Move up to ``remaining`` body bytes from the buffer to the body; switch to ``then`` when done."""
-        buf = self.buffer
-        take = min(self.remaining, len(buf))
-        self.body.append(bytes(buf[:take]))
-        del buf[:take]
-        self.remaining -= take
-        if self.remaining == 0:
-            self.state = then
-
-    def _head(self, raw: bytes) -> None:
-        lines = raw.split(b"\r\n")
-        parts = lines[0].split(b" ", 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
-            raise BadResponse(f"not an HTTP/1.x response: {lines[0][:60]!r}")
-        try:
-            status = int(parts[1])
-        except ValueError:
-            raise BadResponse(f"bad status line {lines[0][:60]!r}") from None
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, sep, value = line.partition(b":")
-            if sep:
-                headers[name.strip().lower().decode("latin-1")] = value.strip().decode("latin-1")
-        if parts[0] == b"HTTP/1.0" or headers.get("connection", "").lower() == "close":
-            self.keep_alive = False
-        self.head = (status, parts[2].decode("latin-1") if len(parts) > 2 else "", headers)
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            self.state = self._CHUNK_SIZE
-        elif "content-length" in headers:
-            try:
-                self.remaining = int(headers["content-length"])
-            except ValueError:
-                raise BadResponse(f"bad Content-Length {headers['content-length'][:20]!r}") from None
-            self.state = self._LENGTH if self.remaining else self._DONE
-        elif status in (204, 304) or 100 <= status < 200:
-            self.state = self._DONE
-        else:
-            self.state = self._UNTIL_CLOSE
-            self.keep_alive = False

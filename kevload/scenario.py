@@ -30,6 +30,8 @@ class Target:
     timeout: float = 60.0
     api_key_env: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    max_response_bytes: int = 8 * 2**20   # a longer answer is cut: status too_large
+    max_seconds: float = 0.0              # a request still running after this long is cut: timeout (0: no limit)
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,10 @@ def scenario_from_dict(raw: dict[str, Any], *, source: str, name: str = "scenari
     v.choice(target.api, "target.api", APIS)
     if target.timeout <= 0:
         v.fail("target.timeout", "a number of seconds > 0", target.timeout)
+    if target.max_response_bytes < 1:
+        v.fail("target.max_response_bytes", "an integer >= 1 (bytes)", target.max_response_bytes)
+    if target.max_seconds < 0:
+        v.fail("target.max_seconds", "seconds >= 0 (0: no limit)", target.max_seconds)
 
     probes_raw = raw.get("probes")
     if not isinstance(probes_raw, list) or not probes_raw:
@@ -207,6 +213,8 @@ _TARGET_RULES: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "timeout": ((int, float), False),
     "api_key_env": (str, False),
     "headers": (dict, False),
+    "max_response_bytes": (int, False),
+    "max_seconds": ((int, float), False),
 }
 
 _LOAD_RULES: dict[str, tuple[type | tuple[type, ...], bool]] = {
@@ -266,7 +274,9 @@ def _messages(v: _Validator, value: Any, where: str) -> tuple[dict[str, str], ..
 def _check_url(v: _Validator, url: str) -> None:
     parsed = urlparse(url)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        v.fail("target.base_url", "an http:// or https:// URL such as http://127.0.0.1:8000/v1", url)
+        userinfo, at, _ = parsed.netloc.rpartition("@")
+        shown = url.replace(userinfo + at, "***@", 1) if at else url  # a password never goes into a message
+        v.fail("target.base_url", "an http:// or https:// URL such as http://127.0.0.1:8000/v1", shown)
 
 
 class _Validator:

@@ -61,6 +61,10 @@ def start_server(argv: list[str], log_path: Path, env: dict[str, str] | None = N
     return ServerProcess(argv=argv, pid=popen.pid, log_path=log_path, _popen=popen)
 
 
+# Readiness checks go to servers on this machine: never through an http_proxy from the environment.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def wait_ready(server: ServerProcess, url: str, *, timeout: float,
                extra_check: Callable[[], None] | None = None) -> None:
     """Poll ``url`` until it answers 200; fail fast if the process dies. Stops the server on failure."""
@@ -71,7 +75,7 @@ def wait_ready(server: ServerProcess, url: str, *, timeout: float,
             if not server.alive():
                 raise ServerError(f"server exited while starting ({' '.join(server.argv[:3])} …):\n{server.log_tail()}")
             try:
-                with urllib.request.urlopen(url, timeout=2) as response:
+                with _DIRECT.open(url, timeout=2) as response:
                     healthy = response.status == 200
                     last = f"HTTP {response.status}"
             except urllib.error.HTTPError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import secrets as _secrets
@@ -10,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import orjson
 
@@ -60,6 +62,7 @@ class Record:
     # Last and defaulted, so records written before these fields existed still build a Record.
     reasoning: str | None = None
     tool_calls: list[dict[str, str]] | None = None
+    reconnects: int = 0
 
 
 def answer_text(output: str | None, reasoning: str | None = None,
@@ -158,6 +161,26 @@ def open_run_dir(path: Path) -> Path:
 def secret_header_values(headers: dict[str, str]) -> list[str]:
     """Values of headers whose names say they carry credentials: scrubbed wherever they might appear."""
     return [value for name, value in headers.items() if _SENSITIVE_HEADER.search(name) and value]
+
+
+def url_userinfo(url: str) -> tuple[str, str | None]:
+    """``url`` without its ``user:password@``, and the Basic credential it stands for (None without one)."""
+    parts = urlsplit(url)
+    userinfo, at, host = parts.netloc.rpartition("@")
+    if not at:
+        return url, None
+    user, _, password = userinfo.partition(":")
+    token = base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode()
+    return urlunsplit(parts._replace(netloc=host)), token
+
+
+def url_secrets(url: str) -> list[str]:
+    """A ``user:password@`` in ``url`` in every form it might be written in: scrubbed like the API key."""
+    userinfo, at, _ = urlsplit(url).netloc.rpartition("@")
+    if not at:
+        return []
+    password = userinfo.partition(":")[2]
+    return [s for s in (userinfo, password, unquote(password), url_userinfo(url)[1]) if s]
 
 
 def redact(value: Any, secrets: list[str]) -> Any:

@@ -159,6 +159,8 @@ class FakeServer:
             if fault == "stall_first_byte":
                 await asyncio.sleep(b.stall)
             if fault == "reset_before":
+                # One byte of a head first: a drop before any byte on a reused connection is resent instead.
+                request.transport.write(b"H")
                 request.transport.abort()
                 raise ConnectionResetError
             await asyncio.sleep(b.latency + b.ttft)

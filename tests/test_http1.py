@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from kevload import http1
+from kevload import transport
+from kevload.http1 import LeanTransport
 
 BODY = b'{"choices": [{"message": {"content": "hi"}}]}'
 
@@ -25,6 +26,10 @@ async def read_request(reader):
 
 def run(coro):
     return asyncio.run(coro)
+
+
+def lean(url, timeout):
+    return LeanTransport(transport.Endpoint(url=url, headers={}, timeout=timeout, max_response_bytes=2**20))
 
 
 @pytest.mark.parametrize("framing", ["length", "chunked", "close", "split"])
@@ -56,12 +61,12 @@ def test_framings(framing):
 
     async def main():
         server, url = await serve(handler)
-        pool = http1.Pool(url, timeout=5)
+        pool = lean(url, timeout=5)
         bodies = []
         for _ in range(3):
-            response = await pool.post("/v1/chat/completions", b"", b"{}")
+            response = await pool.send(b"{}")
             bodies.append((response.status, await response.read()))
-        pool.close()
+        await pool.aclose()
         server.close()
         return bodies
 
@@ -82,10 +87,10 @@ def test_keep_alive_reuses_one_connection():
 
     async def main():
         server, url = await serve(handler)
-        pool = http1.Pool(url, timeout=5)
+        pool = lean(url, timeout=5)
         for _ in range(5):
-            await (await pool.post("/x", b"", b"{}")).read()
-        pool.close()
+            await (await pool.send(b"{}")).read()
+        await pool.aclose()
         server.close()
 
     run(main())
@@ -93,11 +98,11 @@ def test_keep_alive_reuses_one_connection():
 
 
 @pytest.mark.parametrize(("reply", "error"), [
-    (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort", http1.ConnectionReset),
-    (b"", http1.ConnectionReset),
-    (b"NOT HTTP\r\n\r\n", http1.BadResponse),
-    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", http1.BadResponse),
-    (None, http1.ReadTimeout),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort", transport.ConnectionReset),
+    (b"", transport.ConnectionReset),
+    (b"NOT HTTP\r\n\r\n", transport.BadResponse),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", transport.BadResponse),
+    (None, transport.ReadTimeout),
 ])
 def test_failures_are_typed(reply, error):
     async def handler(reader, writer):
@@ -111,12 +116,12 @@ def test_failures_are_typed(reply, error):
 
     async def main():
         server, url = await serve(handler)
-        pool = http1.Pool(url, timeout=0.3)
+        pool = lean(url, timeout=0.3)
         try:
             with pytest.raises(error):
-                await (await pool.post("/x", b"", b"{}")).read()
+                await (await pool.send(b"{}")).read()
         finally:
-            pool.close()
+            await pool.aclose()
             server.close()
 
     run(main())
@@ -126,8 +131,8 @@ def test_connect_refused():
     from kevload.servers import free_port
 
     async def main():
-        pool = http1.Pool(f"http://127.0.0.1:{free_port()}/v1", timeout=1)
-        with pytest.raises(http1.ConnectFailed):
-            await pool.post("/x", b"", b"{}")
+        pool = lean(f"http://127.0.0.1:{free_port()}/v1", timeout=1)
+        with pytest.raises(transport.ConnectFailed):
+            await pool.send(b"{}")
 
     run(main())
