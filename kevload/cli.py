@@ -158,11 +158,13 @@ def _resumable(run_dir: Path, overrides: list[str]):
     open_run_dir(run_dir)
     meta = read_json(run_dir / "run.json")
     raw = meta["scenario"]
-    if "***" in str(raw.get("target", {}).get("headers", {})):
-        raise ScenarioError(f"{run_dir}/run.json: target.headers: secret header values are not stored; "
-                            "rerun the scenario file instead")
     for override in overrides:
         apply_override(raw, override)
+    # run.json keeps header names only; resuming without the values would send requests the run never sent.
+    missing = [name for name, value in raw.get("target", {}).get("headers", {}).items() if value == "***"]
+    if missing:
+        raise ScenarioError(f"{run_dir}/run.json: target.headers: values are not stored ({', '.join(missing)}); "
+                            f"rerun the scenario file, or pass them again with --set 'target.headers.{missing[0]}=…'")
     return scenario_from_dict(raw, source=meta.get("scenario_source") or str(run_dir / "run.json"),
                               name=meta.get("scenario_name", "resumed"))
 
