@@ -164,7 +164,8 @@ def _resumable(run_dir: Path, overrides: list[str]):
     missing = [name for name, value in raw.get("target", {}).get("headers", {}).items() if value == "***"]
     if missing:
         raise ScenarioError(f"{run_dir}/run.json: target.headers: values are not stored ({', '.join(missing)}); "
-                            f"rerun the scenario file, or pass them again with --set 'target.headers.{missing[0]}=…'")
+                            "rerun the scenario file, or pass them again with "
+                            f"--set 'target.headers.{missing[0]}=\"…\"'")
     return scenario_from_dict(raw, source=meta.get("scenario_source") or str(run_dir / "run.json"),
                               name=meta.get("scenario_name", "resumed"))
 
