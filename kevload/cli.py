@@ -189,11 +189,14 @@ def _resumable(run_dir: Path, overrides: list[str]):
     open_run_dir(run_dir)
     meta = read_json(run_dir / "run.json")
     raw = meta["scenario"]
-    if "***" in str(raw.get("target", {}).get("headers", {})):
-        raise ScenarioError(f"{run_dir}/run.json: target.headers: secret header values are not stored; "
-                            "rerun the scenario file instead")
     for override in overrides:
         apply_override(raw, override)
+    # run.json keeps header names only; resuming without the values would send requests the run never sent.
+    missing = [name for name, value in raw.get("target", {}).get("headers", {}).items() if value == "***"]
+    if missing:
+        raise ScenarioError(f"{run_dir}/run.json: target.headers: values are not stored ({', '.join(missing)}); "
+                            "rerun the scenario file, or pass them again with "
+                            f"--set 'target.headers.{missing[0]}=\"…\"'")
     return scenario_from_dict(raw, source=meta.get("scenario_source") or str(run_dir / "run.json"),
                               name=meta.get("scenario_name", "resumed"))
 
@@ -483,33 +486,40 @@ def cases_rerun(cases_file: Path, url: str, model: str, times: int, api: str, ta
 
 @main.command("sweep")
 @click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--server-cmd", help="Command that starts the server; {NAME} placeholders come from --grid, {port} "
-              "is a free port (and then becomes target.base_url).")
+@click.option("--server-cmd", help="Command that starts the server; it must contain {port} (a free port, which "
+              "becomes target.base_url); other {NAME} placeholders are --grid axes.")
 @click.option("--target", "builtin", type=click.Choice(NAMES), help="Sweep a built-in target's settings instead.")
 @click.option("--grid", "grids", multiple=True, required=True, metavar="NAME=V1,V2",
               help="An axis: a server placeholder/setting (slots=1,2,4) or a scenario key (load.mode=single,mixed).")
 @click.option("--ready-url", help="Readiness URL (default http://127.0.0.1:{port}/health).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Scenario override, as for run.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Sweep directory.")
-def sweep_command(scenario, server_cmd, builtin, grids, ready_url, overrides, out) -> None:
+@click.option("--quiet", is_flag=True, help="No progress and no table; only one verdict line per setting.")
+def sweep_command(scenario, server_cmd, builtin, grids, ready_url, overrides, out, quiet) -> None:
     """Run SCENARIO for every setting in the grid and print one matrix: settings × levels."""
-    import time as _time
-
     from kevload.servers import ServerError
+    from kevload.store import new_run_id
     from kevload.sweep import Grid, run_sweep, sweep_markdown
 
     grid = _guard(lambda: Grid.parse(list(grids)))
-    if grid.server and (server_cmd is None) == (builtin is None):
+    if server_cmd is not None and builtin is not None:
+        raise UserError("give one of --server-cmd or --target, not both")
+    if grid.server and server_cmd is None and builtin is None:
         raise UserError("server axes in --grid need exactly one of --server-cmd or --target")
-    out = out or Path("results") / f"sweep-{_time.strftime('%Y%m%d-%H%M%S')}"
+    out = out or Path("results") / f"sweep-{new_run_id()}"  # a random part: two sweeps in one second differ
+    log = (lambda m: None) if quiet else (lambda m: stderr.print(m))
     try:
         sweep, signum = _guard(lambda: aio.run(lambda stop: run_sweep(
             scenario, list(overrides), grid, out=out, server_cmd=server_cmd, builtin=builtin, ready_url=ready_url,
-            stop=stop, log=lambda m: stderr.print(m))))
+            stop=stop, log=log)))
     except ServerError as exc:
         click.echo(f"kevload: error: {exc}", err=True)
         sys.exit(EXIT_TARGET)
-    click.echo(sweep_markdown(sweep))
+    if quiet:
+        for row in sweep["rows"]:
+            click.echo(f"{row['setting']}: {row['verdict_line']}")
+    else:
+        click.echo(sweep_markdown(sweep))
     stderr.print(f"sweep: {out}/sweep.json, {out}/sweep.md")
     _exit_if_signalled(signum)
     verdicts = {row["verdict"] for row in sweep["rows"]}

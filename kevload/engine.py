@@ -28,7 +28,6 @@ from kevload.store import (
     read_json,
     read_records,
     redact,
-    secret_header_values,
     url_secrets,
     write_json,
 )
@@ -63,8 +62,9 @@ async def run_scenario(scenario: Scenario, run_dir: Path | None = None, *,
     base_dir = Path(scenario.source).parent if scenario.source else None
     # Built before anything is sent or written, so a bad companion file fails the run up front.
     pools = [companions_for(probe, scenario.load, base_dir=base_dir) for probe in scenario.probes]
-    secrets = [s for s in [api_key, *secret_header_values(scenario.target.headers),
-                           *url_secrets(scenario.target.base_url)] if s]
+    # Header values are masked by name in run.json (redact); scrubbing them as substrings too would rewrite
+    # prompts that happen to contain a short value, and resume and `cases build` read the prompts from there.
+    secrets = [s for s in [api_key, *url_secrets(scenario.target.base_url)] if s]
     done: dict[tuple[str, int, float | None], int] = {}
     next_seq = 0
     if resume:

@@ -9,6 +9,7 @@ from typing import Any
 
 from kevload.compare import level_label, level_sort_key, levels_of
 from kevload.report import cell_phrase, cell_text, errors_text, footnotes, kinds_text, verdict_line
+from kevload.store import redact
 
 STABLE = "#2e7d32"
 DRIFT = "#c62828"
@@ -41,7 +42,9 @@ def run_report(summary: dict[str, Any], meta: dict[str, Any], records: Iterable[
         "<h2>Latency by level</h2>", _latency(cells),
         "<h2>Where outputs first diverge</h2>", _divergence(cells),
         "<h2>Errors over time</h2>", _timeline(records),
-        "<h2>Run parameters</h2>", f"<pre>{_e(json.dumps(meta.get('scenario'), indent=2, ensure_ascii=False))}</pre>",
+        # Masked again here: a run.json written before header values stopped being stored may still hold some.
+        "<h2>Run parameters</h2>",
+        f"<pre>{_e(json.dumps(redact(meta.get('scenario'), []), indent=2, ensure_ascii=False))}</pre>",
     ]
     return _page(f"kevload {meta.get('run_id')}", body)
 

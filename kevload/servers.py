@@ -66,12 +66,18 @@ _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def wait_ready(server: ServerProcess, url: str, *, timeout: float,
-               extra_check: Callable[[], None] | None = None) -> None:
-    """Poll ``url`` until it answers 200; fail fast if the process dies. Stops the server on failure."""
+               extra_check: Callable[[], None] | None = None, cancelled: Callable[[], bool] | None = None) -> bool:
+    """Poll ``url`` until it answers 200; fail fast if the process dies. Stops the server on failure.
+
+    Returns False, with the server stopped, as soon as ``cancelled()`` is true (checked between polls).
+    """
     deadline = time.monotonic() + timeout
     last = "no answer yet"
     try:
         while time.monotonic() < deadline:
+            if cancelled is not None and cancelled():
+                server.stop()
+                return False
             if not server.alive():
                 raise ServerError(f"server exited while starting ({' '.join(server.argv[:3])} …):\n{server.log_tail()}")
             try:
@@ -89,7 +95,7 @@ def wait_ready(server: ServerProcess, url: str, *, timeout: float,
                     except Exception as exc:
                         raise ServerError(f"server at {url} is up but its first request failed ({exc}):\n"
                                           f"{server.log_tail()}") from None
-                return
+                return True
             time.sleep(0.25)
         raise ServerError(f"server not ready at {url} after {timeout:.0f} s ({last}):\n{server.log_tail()}")
     except BaseException:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import os
-import re
 import secrets as _secrets
 import time
 from collections.abc import Iterator
@@ -18,8 +17,6 @@ import orjson
 RECORDS = "records.jsonl"
 RUN = "run.json"
 SUMMARY = "summary.json"
-
-_SENSITIVE_HEADER = re.compile(r"authorization|api[-_]?key|token|secret|cookie|password", re.IGNORECASE)
 
 
 class RunDirError(ValueError):
@@ -159,8 +156,9 @@ def open_run_dir(path: Path) -> Path:
 
 
 def secret_header_values(headers: dict[str, str]) -> list[str]:
-    """Values of headers whose names say they carry credentials: scrubbed wherever they might appear."""
-    return [value for name, value in headers.items() if _SENSITIVE_HEADER.search(name) and value]
+    """Every header value: no name pattern can tell which ones carry credentials (``Ocp-Apim-Subscription-Key``,
+    ``X-Auth``, ``X-Access-Key`` …), so all of them are scrubbed wherever they might appear."""
+    return [value for value in headers.values() if value]
 
 
 def url_userinfo(url: str) -> tuple[str, str | None]:
@@ -184,13 +182,12 @@ def url_secrets(url: str) -> list[str]:
 
 
 def redact(value: Any, secrets: list[str]) -> Any:
-    """A copy with sensitive header values masked and every known secret string replaced by ***."""
+    """A copy with every header value masked (names kept) and every known secret string replaced by ***."""
     if isinstance(value, dict):
         out = {}
         for key, item in value.items():
             if key == "headers" and isinstance(item, dict):
-                out[key] = {name: "***" if _SENSITIVE_HEADER.search(name) else redact(text, secrets)
-                            for name, text in item.items()}
+                out[key] = dict.fromkeys(item, "***")
             else:
                 out[key] = redact(item, secrets)
         return out

@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import itertools
+import re
 import shlex
 import tomllib
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kevload.compare import level_label, level_sort_key
 from kevload.engine import run_scenario
+from kevload.report import verdict_line
 from kevload.scenario import ScenarioError, load_scenario
-from kevload.servers import free_port, start_server, stop_group, wait_ready
+from kevload.servers import free_port, start_server, wait_ready
 from kevload.store import write_json
+
+# {name} in --server-cmd and --ready-url; any other braces (JSON arguments) are left as they are.
+PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_-]*)\}")
+READY_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -56,30 +64,64 @@ async def run_sweep(scenario_path: Path, overrides: list[str], grid: Grid, *, ou
     load_scenario(scenario_path, overrides)  # bad scenario or overrides fail before any server starts
     for combo in combinations(grid.scenario):
         load_scenario(scenario_path, overrides + _sets(combo))
+    if server_cmd is not None:
+        check_server_cmd(server_cmd, ready_url, list(grid.server))
     rows: list[dict[str, Any]] = []
     for server_setting in combinations(grid.server):
         if stop.is_set():
             break
         log(f"server {label(server_setting)}: starting …")
-        handle = await asyncio.to_thread(_start, server_setting, server_cmd, builtin, ready_url, out, log)
-        try:
+        async with _server(server_setting, server_cmd, builtin, ready_url, out, stop, log) as sets:
+            if sets is None:  # stopped while the server was starting
+                break
             for combo in combinations(grid.scenario):
                 if stop.is_set():
                     break
                 name = label({**server_setting, **combo})
-                scenario = load_scenario(scenario_path, overrides + handle["sets"] + _sets(combo))
+                scenario = load_scenario(scenario_path, overrides + sets + _sets(combo))
                 log(f"  running {name} …")
                 result = await run_scenario(scenario, out / _dirname(name), stop=stop)
                 rows.append({"setting": name, "server": server_setting, "scenario": combo,
                              "run": str(result.run_dir), "verdict": result.summary["verdict"],
+                             "verdict_line": verdict_line(result.summary),
                              "cells": [_cell(c) for c in result.summary["cells"] if c["role"] == "probe"]})
-        finally:
-            await asyncio.to_thread(handle["stop"])
     sweep = {"grid": {"server": grid.server, "scenario": grid.scenario}, "rows": rows,
              "levels": _levels(rows), "complete": not stop.is_set()}
     write_json(out / "sweep.json", sweep)
     (out / "sweep.md").write_text(sweep_markdown(sweep), encoding="utf-8")
     return sweep
+
+
+def check_server_cmd(server_cmd: str, ready_url: str | None, axes: list[str]) -> None:
+    """Refuse a command kevload would run wrongly: no {port} (the server would listen where kevload does not
+    look), a placeholder that is neither {port} nor a --grid axis, or an axis the command never uses."""
+    try:
+        argv = shlex.split(server_cmd)
+    except ValueError as exc:
+        raise ScenarioError(f"--server-cmd: cannot split into arguments ({exc})") from None
+    used = {name for arg in argv for name in PLACEHOLDER.findall(arg)}
+    if "port" not in used:
+        raise ScenarioError("--server-cmd: needs {port} where the server takes its port: kevload picks a free "
+                            "port per setting and points target.base_url at it")
+    ready_names = set(PLACEHOLDER.findall(ready_url or ""))
+    unknown = sorted((used | ready_names) - {"port", *axes})
+    if unknown:
+        raise ScenarioError(f"--server-cmd: placeholder {{{unknown[0]}}} is neither {{port}} nor a --grid axis "
+                            f"(axes: {', '.join(axes) or 'none'})")
+    unused = [axis for axis in axes if axis not in used]
+    if unused:
+        raise ScenarioError(f"--grid {unused[0]}: --server-cmd has no {{{unused[0]}}}, so every setting would "
+                            "start the same server")
+
+
+def server_argv(server_cmd: str, values: dict[str, Any]) -> list[str]:
+    """Split first, then fill each argument's placeholders: a value with spaces stays one argument and
+    braces that are not a placeholder (JSON such as '{"temperature": 0}') pass through unchanged."""
+    return [_fill(arg, values) for arg in shlex.split(server_cmd)]
+
+
+def _fill(text: str, values: dict[str, Any]) -> str:
+    return PLACEHOLDER.sub(lambda m: str(values[m[1]]) if m[1] in values else m[0], text)
 
 
 def sweep_markdown(sweep: dict[str, Any]) -> str:
@@ -119,26 +161,55 @@ def _levels(rows: list[dict[str, Any]]) -> list[str]:
     return [lv for lv, _ in sorted(cells.items(), key=lambda kv: level_sort_key(kv[1]))]
 
 
-def _start(setting: dict[str, Any], server_cmd: str | None, builtin: str | None, ready_url: str | None,
-           out: Path, log: Callable[[str], None]) -> dict[str, Any]:
+@contextlib.asynccontextmanager
+async def _server(setting: dict[str, Any], server_cmd: str | None, builtin: str | None, ready_url: str | None,
+                  out: Path, stop: asyncio.Event, log: Callable[[str], None]) -> AsyncIterator[list[str] | None]:
+    """Start the server for one setting and yield the scenario overrides that point at it (None: stopped while
+    starting); it is stopped when the block ends, however it ends, a cancel during its start included."""
     if builtin is not None:
         from kevload.targets import TargetSettings, start_target, stop_target
 
-        target = start_target(builtin, TargetSettings.from_options(setting), log=log)
-        return {"sets": [f'target.base_url="{target.url}"', f'target.model="{target.model}"'],
-                "stop": lambda: stop_target(target)}
+        start = functools.partial(start_target, builtin, TargetSettings.from_options(setting), log=log)
+        future = asyncio.get_running_loop().run_in_executor(None, start)
+        try:
+            target = await asyncio.shield(future)
+        except asyncio.CancelledError:
+            # A thread cannot be interrupted: wait for the start to finish and stop what it started.
+            with contextlib.suppress(Exception):
+                stop_target(await future)
+            raise
+        try:
+            yield [f'target.base_url="{target.url}"', f'target.model="{target.model}"']
+        finally:
+            stop_target(target)
+        return
     if server_cmd is None:
-        return {"sets": [], "stop": lambda: None}  # only scenario keys are swept: the target stays as it is
+        yield []  # only scenario keys are swept: the target stays as it is
+        return
     port = free_port()
+    values = {**setting, "port": port}
+    argv = server_argv(server_cmd, values)
     try:
-        argv = shlex.split(server_cmd.format(port=port, **setting))
-    except KeyError as exc:
-        raise ScenarioError(f"--server-cmd: placeholder {exc} has no --grid axis (and is not {{port}})") from None
-    server = start_server(argv, out / f"server-{_dirname(label(setting))}.log")
-    url = (ready_url or "http://127.0.0.1:{port}/health").format(port=port, **setting)
-    wait_ready(server, url, timeout=300)  # stops the server itself if it never gets ready
-    sets = [f'target.base_url="http://127.0.0.1:{port}/v1"'] if "{port}" in server_cmd else []
-    return {"sets": sets, "stop": lambda: stop_group(server.pid)}
+        server = start_server(argv, out / f"server-{_dirname(label(setting))}.log")
+    except OSError as exc:
+        raise ScenarioError(f"--server-cmd: cannot run {argv[0]!r}: {exc.strerror or exc}") from None
+    try:
+        url = _fill(ready_url or "http://127.0.0.1:{port}/health", values)
+        # The pid is known here, in this task, before the wait starts: the finally below stops the server even
+        # when this task is cancelled while the thread still polls (that thread then sees it gone and ends).
+        wait = functools.partial(wait_ready, server, url, timeout=READY_TIMEOUT_S, cancelled=stop.is_set)
+        future = asyncio.get_running_loop().run_in_executor(None, wait)
+        future.add_done_callback(_retrieve)
+        ready = await future
+        yield [f'target.base_url="http://127.0.0.1:{port}/v1"'] if ready else None
+    finally:
+        server.stop()
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    """Consume the readiness thread's outcome when nobody awaits it any more (its awaiter was cancelled)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _sets(combo: dict[str, Any]) -> list[str]:

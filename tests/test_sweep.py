@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import signal
+import subprocess
 import sys
+import textwrap
+import time
+from pathlib import Path
 
 import pytest
 
+from kevload.servers import pid_alive, stop_group
+from kevload.sweep import READY_TIMEOUT_S
 from tests.conftest import run_cli, write_scenario
 
 
@@ -55,3 +64,105 @@ def test_sweep_builtin_llamacpp_slots(tmp_path):
     sweep = json.loads((tmp_path / "sw" / "sweep.json").read_text())
     assert [r["server"] for r in sweep["rows"]] == [{"slots": 1}, {"slots": 2}]
     assert all(c["distinct"] == 1 and c["ok"] == 4 for r in sweep["rows"] for c in r["cells"])
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _server_script(tmp_path: Path) -> Path:
+    """A server command that records its arguments, then serves the fake server on the port it was given."""
+    script = tmp_path / "srv.py"
+    script.write_text(textwrap.dedent(f"""
+        import json, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        open({str(tmp_path / "argv.json")!r}, "w").write(json.dumps(sys.argv[1:]))
+        from tests.fakeserver import main
+        sys.argv = [sys.argv[0], "--port", sys.argv[1], "--latency", "0.01"]
+        main()
+    """))
+    return script
+
+
+def test_server_cmd_without_port_is_refused_at_once(tmp_path):
+    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], samples=2)
+    cmd = f"{sys.executable} -m tests.fakeserver --port 8000 --drift-at {{drift}}"
+    code, output = run_cli("sweep", scenario, "--server-cmd", cmd, "--grid", "drift=3", "--out", tmp_path / "sw")
+    assert code == 2 and "Traceback" not in output
+    assert "--server-cmd: needs {port}" in output and output.count("\n") == 1
+    assert not list((tmp_path / "sw").glob("server-*.log"))  # refused before anything was started
+
+
+def test_unknown_placeholder_and_unused_axis_are_named(tmp_path):
+    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], samples=2)
+    cmd = f"{sys.executable} -m tests.fakeserver --port {{port}} --drift-at {{drift_at}}"
+    code, output = run_cli("sweep", scenario, "--server-cmd", cmd, "--grid", "drift=3", "--out", tmp_path / "sw")
+    assert code == 2 and "placeholder {drift_at} is neither {port} nor a --grid axis (axes: drift)" in output
+    cmd = f"{sys.executable} -m tests.fakeserver --port {{port}}"
+    code, output = run_cli("sweep", scenario, "--server-cmd", cmd, "--grid", "drift=3,99", "--out", tmp_path / "sw")
+    assert code == 2 and "--grid drift: --server-cmd has no {drift}" in output
+
+
+def test_json_and_spaces_in_the_server_cmd(tmp_path):
+    # vLLM takes JSON arguments; a placeholder inside a quoted argument with spaces stays one argument.
+    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], samples=2)
+    cmd = (f"{sys.executable} {_server_script(tmp_path)} {{port}} "
+           """--override-generation-config '{"temperature": 0}' --tag 'slots {slots} of {"x": {slots}}'""")
+    code, output = run_cli("sweep", scenario, "--server-cmd", cmd, "--grid", "slots=3", "--out", tmp_path / "sw")
+    assert code == 0, output
+    argv = json.loads((tmp_path / "argv.json").read_text())
+    assert argv[1:] == ["--override-generation-config", '{"temperature": 0}', "--tag", 'slots 3 of {"x": 3}']
+    assert argv[0].isdigit()  # {port} was filled in
+
+
+def test_server_exiting_during_start_fails_at_once(tmp_path):
+    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], samples=2)
+    script = ("import sys; print('loading model.gguf', file=sys.stderr); "
+              "print('no such file', file=sys.stderr); sys.exit(3)")
+    cmd = f"{sys.executable} -c {shlex.quote(script)} {{port}}"
+    started = time.monotonic()
+    code, output = run_cli("sweep", scenario, "--server-cmd", cmd, "--grid", "load.samples=2", "--out", tmp_path / "sw")
+    assert code == 3 and "server exited while starting" in output
+    assert "loading model.gguf\nno such file" in output  # its last stderr lines
+    assert time.monotonic() - started < READY_TIMEOUT_S / 5  # not the readiness timeout
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_cancel_while_the_server_starts_leaves_no_server(tmp_path, signum, code):
+    # A server that never gets ready: it writes its pid and sleeps, so the cancel lands while kevload waits.
+    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], samples=2)
+    pid_file = tmp_path / "server.pid"
+    script = f"import os, sys, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    cmd = f"{sys.executable} -c {shlex.quote(script)} {{port}}"
+    proc = subprocess.Popen([sys.executable, "-m", "kevload", "sweep", str(scenario), "--server-cmd", cmd,
+                             "--grid", "load.samples=2", "--out", str(tmp_path / "sw")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    server_pid = None
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (pid_file.exists() and pid_file.read_text()):
+            time.sleep(0.05)
+        server_pid = int(pid_file.read_text())
+        assert pid_alive(server_pid)
+        os.kill(proc.pid, signum)
+        _, stderr = proc.communicate(timeout=30)
+        assert proc.returncode == code, stderr
+        assert "Traceback" not in stderr
+        assert not pid_alive(server_pid)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if server_pid is not None and pid_alive(server_pid):
+            stop_group(server_pid, grace=1)
+
+
+def test_sweep_quiet_prints_only_verdict_lines(tmp_path, server):
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=2)
+    code, output = run_cli("sweep", scenario, "--grid", "load.stream=true,false", "--out", tmp_path / "sw", "--quiet")
+    assert code == 0, output
+    lines = output.splitlines()
+    assert [line.split(": ", 1)[0] for line in lines[:2]] == ["load.stream=True", "load.stream=False"]
+    assert all(line.split(": ", 2)[1] == "deterministic" for line in lines[:2])
+    # Then only where the sweep was written (stderr, as `run --quiet` says where its records are): no table.
+    assert lines[2].startswith("sweep: ") and "sweep.md" in "".join(lines[2:])
+    assert "|" not in output and "running" not in output
