@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import hashlib
-import time
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from kevload.engine import run_scenario
+from kevload.runs import run_scenario
 from kevload.scenario import ScenarioError, iter_jsonl, scenario_from_dict
-from kevload.store import RUN, SUMMARY, open_run_dir, read_json, read_records
+from kevload.store import RUN, SUMMARY, default_run_dir, open_run_dir, read_json, read_records
 
 CASE_FIELDS = ("id", "input", "params", "outputs", "expected", "verdict", "note")
 
@@ -43,7 +42,7 @@ def cases_from_run(run_dir: Path) -> list[dict[str, Any]]:
     params = scenario.get("params", {})
     outputs: dict[tuple[str, int], dict[str, int]] = {}
     for r in read_records(run_dir / "records.jsonl"):
-        if r["role"] == "probe" and r["status"] == "ok":
+        if r["role"] == "probe" and r["status"] == "ok" and r.get("counted", True):
             cell = outputs.setdefault((r["probe"], r["concurrency"]), {})
             cell[r["output"]] = cell.get(r["output"], 0) + 1
     cells = [c for c in summary["cells"] if c["role"] == "probe" and c["probe"] in probes]
@@ -80,7 +79,7 @@ def read_cases(path: Path) -> list[dict[str, Any]]:
 async def rerun_cases(cases: list[dict[str, Any]], *, url: str, model: str, times: int, api: str = "chat",
                       timeout: float = 60.0, out: Path | None = None, log=print) -> list[dict[str, Any]]:
     """Rerun each case ``times`` times at its recorded params and concurrency; returns cases with the results."""
-    out = out or Path("results") / f"cases-rerun-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = out or default_run_dir("cases-rerun")
     results = []
     for case in cases:
         params = dict(case["params"])
@@ -96,7 +95,8 @@ async def rerun_cases(cases: list[dict[str, Any]], *, url: str, model: str, time
         run_dir = out / case["id"]
         result = await run_scenario(scenario_from_dict(raw, source=f"case {case['id']}"), run_dir)
         cell = next(c for c in result.summary["cells"] if c["role"] == "probe")
-        texts = {r["output"] for r in read_records(run_dir / "records.jsonl") if r["status"] == "ok"}
+        texts = {r["output"] for r in read_records(run_dir / "records.jsonl")
+                 if r["status"] == "ok" and r.get("counted", True)}
         after = {**case, "rerun_uniq": cell["distinct"], "rerun_ok": cell["ok"],
                  "verdict_after": "stable" if cell["distinct"] == 1 else "unstable", "rerun_dir": str(run_dir)}
         if case.get("expected") is not None:

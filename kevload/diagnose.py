@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import secrets
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kevload.client import Client, build_body
-from kevload.engine import run_scenario
+from kevload.runs import run_scenario
 from kevload.scenario import Probe, Scenario, scenario_from_dict
 from kevload.stats import drift_upper_bound, samples_for_bound
-from kevload.store import read_records
+from kevload.store import default_run_dir, read_records
 
 VERDICTS = ("stable", "sampling", "crosstalk", "cache", "server_nondeterministic", "data", "inconclusive")
 # Field → value that removes its randomness; only the ones the server accepts are kept.
@@ -73,7 +72,7 @@ class _Diagnoser:
         self.o = options
         self.log = log
         self.d = Diagnosis()
-        self.out = options.out or Path("results") / f"diagnose-{time.strftime('%Y%m%d-%H%M%S')}"
+        self.out = options.out or default_run_dir("diagnose")
 
     async def run(self) -> Diagnosis:
         o, d = self.o, self.d

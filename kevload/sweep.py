@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kevload.compare import level_label, level_sort_key
-from kevload.engine import run_scenario
+from kevload.runs import run_scenario
 from kevload.scenario import ScenarioError, load_scenario
 from kevload.servers import free_port, start_server, stop_group, wait_ready
 from kevload.store import write_json

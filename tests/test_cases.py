@@ -48,7 +48,7 @@ def test_build_rerun_transitions(tmp_path, server):
     # A regression: the stable case now drifts.
     server.behaviour.always_drift = True
     code, output = run_cli("cases", "rerun", cases_path, "--url", server.url, "--model", "fake", "--times", "5",
-                           "-o", after, "--out", tmp_path / "reruns")
+                           "-o", after, "--out", tmp_path / "reruns-2")
     assert code == 1
     assert "stable→unstable: 1" in output
     assert "does not match expected" in output
