@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 import orjson
 
 from kevload.compare import level_sort_key
-from kevload.engine import run_scenario
+from kevload.runs import run_scenario
 from kevload.scenario import ScenarioError, iter_jsonl, scenario_from_dict
 from kevload.store import RUN, SUMMARY, new_run_id, open_run_dir, read_json, read_records, record_answer
 
@@ -92,7 +92,7 @@ def cases_from_run(run_dir: Path, *, target_name: str | None = None) -> list[dic
     recorded_at = meta.get("ended_at") or meta.get("started_at")
     outputs: dict[tuple[str, int, float | None], Counter] = {}
     for r in read_records(run_dir / "records.jsonl"):
-        if r["role"] == "probe" and r["status"] == "ok":
+        if r["role"] == "probe" and r["status"] == "ok" and r.get("counted", True):
             outputs.setdefault((r["probe"], r["concurrency"], r.get("rate")), Counter())[
                 record_answer(r)] += 1
     cells = [c for c in summary["cells"] if c["role"] == "probe" and c["probe"] in index_of]
@@ -214,7 +214,7 @@ async def rerun_cases(cases: list[dict[str, Any]], *, url: str, model: str, time
             break
         cell = next(c for c in result.summary["cells"] if c["role"] == "probe")
         texts = Counter(record_answer(r) for r in read_records(run_dir / "records.jsonl")
-                        if r["role"] == "probe" and r["status"] == "ok")
+                        if r["role"] == "probe" and r["status"] == "ok" and r.get("counted", True))
         recorded = recorded_texts(case)
         after = {**case, "rerun": rerun, "rerun_uniq": len(texts), "rerun_ok": cell["ok"],
                  "rerun_outputs": _counted(texts),

@@ -11,10 +11,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kevload import __version__, aio
-from kevload.engine import finish_run, run_scenario
 from kevload.report import FORMATS, render, verdict_line
+from kevload.runs import finish_run, refuse_existing, run_scenario, single_run_id
 from kevload.scenario import ScenarioError, load_scenario
-from kevload.store import RunDirError, open_run_dir, read_json, read_records
+from kevload.store import RECORDS, RUN, RunDirError, default_run_dir, open_run_dir, read_json, read_records
 from kevload.targets import NAMES, TargetSettings
 from kevload.targets.cache import ProvisionError
 
@@ -49,7 +49,8 @@ def main() -> None:
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a scenario key; VALUE is TOML (e.g. --set 'load.concurrency=[1,4]').")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
-              help="Run directory (default results/<run-id>).")
+              help="Run directory (default results/<run-id>); one that holds a run is refused.")
+@click.option("--overwrite", is_flag=True, help="Let --out replace the run already in it (its records are removed).")
 @click.option("--quiet", is_flag=True, help="No progress bar and no table; only the verdict line.")
 @click.option("--baseline", type=click.Path(exists=True, path_type=Path),
               help="An earlier run dir or summary.json: new drift, unseen outputs or slower latency exit 1.")
@@ -59,7 +60,7 @@ def main() -> None:
 @click.option("--metrics", type=click.Path(dir_okay=False, path_type=Path), callback=lambda _c, _p, v: _metrics_path(v),
               help="Write the cells as Prometheus text here (node_exporter textfile collector, Pushgateway).")
 def run(scenario: Path | None, resume: Path | None, retries: int | None, overrides: tuple[str, ...],
-        out: Path | None, quiet: bool, baseline: Path | None, max_latency_regression: float,
+        out: Path | None, overwrite: bool, quiet: bool, baseline: Path | None, max_latency_regression: float,
         junit: Path | None, metrics: Path | None) -> None:
     """Run SCENARIO and print the uniqueness matrix. Exit 0 stable, 1 drift, 2 bad input, 3 target failed
     (or inconclusive: a cell with fewer ok probe samples than asked)."""
@@ -67,8 +68,9 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
 
     overrides = (*overrides, f"load.retries={retries}") if retries is not None else overrides
     if resume is not None:
-        if scenario is not None or out is not None:
-            raise UserError("--resume RUN_DIR takes the scenario and directory of that run; give no SCENARIO or --out")
+        if scenario is not None or out is not None or overwrite:
+            raise UserError("--resume RUN_DIR takes the scenario and directory of that run; "
+                            "give no SCENARIO, --out or --overwrite")
         sc = _guard(lambda: _resumable(resume, list(overrides)))
         out = resume
     elif scenario is None:
@@ -76,6 +78,9 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
     else:
         sc = _guard(lambda: load_scenario(scenario, list(overrides)))
     _guard(sc.api_key)
+    if resume is None and out is not None:
+        _guard(lambda: refuse_existing(out, overwrite=overwrite,
+                                       hint=f"--resume {out} finishes it, --overwrite starts it afresh"))
     reference = _guard(lambda: load_baseline(baseline)) if baseline is not None else None
     total = len(sc.probes) * len(sc.load.rate or sc.load.concurrency) * sc.load.samples
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -84,14 +89,14 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
         task = progress.add_task(f"{sc.name}", total=total)
 
         def on_record(record) -> None:
-            if record.role == "probe":
+            if record.role == "probe" and record.counted:
                 level = f"r={record.rate:g}/s" if record.rate is not None else f"c={record.concurrency}"
                 progress.update(task, advance=1, description=f"{record.probe} {level}")
 
         result, signum = _guard(lambda: aio.run(lambda stop: run_scenario(
-            sc, out, on_record=on_record, stop=stop, resume=resume is not None)))
+            sc, out, on_record=on_record, stop=stop, resume=resume is not None, overwrite=overwrite)))
     _print_summary(result.summary, quiet)
-    stderr.print(f"records: {result.run_dir / 'records.jsonl'} ({result.records} requests, {result.state})")
+    stderr.print(f"records: {result.run_dir / RECORDS} ({result.records} requests, {result.state})")
     if junit is not None:
         from kevload.report import junit_xml
 
@@ -120,18 +125,19 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
               help="Also write the cells as Prometheus text here.")
 def report(run_dir: Path, fmt: str, output: Path | None, metrics: Path | None) -> None:
     """Recompute a run's summary from its records (no server needed) and render it; sweeps too (html, json)."""
-    if (run_dir / "sweep.json").is_file() and not (run_dir / "records.jsonl").is_file():
+    if (run_dir / "sweep.json").is_file() and not (run_dir / RECORDS).is_file():
         if metrics is not None:
             raise UserError(f"--metrics: {run_dir} is a sweep; give one of its run directories")
         _report_sweep(run_dir, fmt, output)
         return
     _guard(lambda: open_run_dir(run_dir))
-    meta = _guard(lambda: read_json(run_dir / "run.json"))
+    _guard(lambda: single_run_id(run_dir))
+    meta = _guard(lambda: read_json(run_dir / RUN))
     summary = _guard(lambda: finish_run(run_dir, meta=meta))
     if fmt == "html":
         from kevload.html import run_report
 
-        _emit(run_report(summary, meta, read_records(run_dir / "records.jsonl")), output)
+        _emit(run_report(summary, meta, read_records(run_dir / RECORDS)), output)
     elif output is None:
         text = render(summary, fmt, Console())
         if text is not None:
@@ -187,7 +193,7 @@ def _resumable(run_dir: Path, overrides: list[str]):
     from kevload.scenario import apply_override, scenario_from_dict
 
     open_run_dir(run_dir)
-    meta = read_json(run_dir / "run.json")
+    meta = read_json(run_dir / RUN)
     raw = meta["scenario"]
     for override in overrides:
         apply_override(raw, override)
@@ -197,7 +203,7 @@ def _resumable(run_dir: Path, overrides: list[str]):
         raise ScenarioError(f"{run_dir}/run.json: target.headers: values are not stored ({', '.join(missing)}); "
                             "rerun the scenario file, or pass them again with "
                             f"--set 'target.headers.{missing[0]}=\"…\"'")
-    return scenario_from_dict(raw, source=meta.get("scenario_source") or str(run_dir / "run.json"),
+    return scenario_from_dict(raw, source=meta.get("scenario_source") or str(run_dir / RUN),
                               name=meta.get("scenario_name", "resumed"))
 
 
@@ -498,7 +504,6 @@ def cases_rerun(cases_file: Path, url: str, model: str, times: int, api: str, ta
 def sweep_command(scenario, server_cmd, builtin, grids, ready_url, overrides, out, quiet) -> None:
     """Run SCENARIO for every setting in the grid and print one matrix: settings × levels."""
     from kevload.servers import ServerError
-    from kevload.store import new_run_id
     from kevload.sweep import Grid, run_sweep, sweep_markdown
 
     grid = _guard(lambda: Grid.parse(list(grids)))
@@ -506,7 +511,7 @@ def sweep_command(scenario, server_cmd, builtin, grids, ready_url, overrides, ou
         raise UserError("give one of --server-cmd or --target, not both")
     if grid.server and server_cmd is None and builtin is None:
         raise UserError("server axes in --grid need exactly one of --server-cmd or --target")
-    out = out or Path("results") / f"sweep-{new_run_id()}"  # a random part: two sweeps in one second differ
+    out = out or default_run_dir("sweep")
     log = (lambda m: None) if quiet else (lambda m: stderr.print(m))
     try:
         sweep, signum = _guard(lambda: aio.run(lambda stop: run_sweep(

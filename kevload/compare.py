@@ -47,6 +47,7 @@ class CellAccumulator:
     latency: dict[str, LatencyHistogram] = field(
         default_factory=lambda: {name: LatencyHistogram() for name in LATENCY_NAMES})
     output_tokens: int = 0
+    max_in_flight: int | None = None  # the level's cap on requests in flight, from its records
     t_start: float = math.inf
     t_end: float = -math.inf
 
@@ -120,12 +121,13 @@ class Reduction:
     records: int = 0
 
     def add(self, record: dict[str, Any]) -> None:
-        if record.get("role") == "warmup":
+        # Warm-ups and sends below full load (a level's ramp-up) are on record but are no evidence.
+        if record.get("role") == "warmup" or record.get("counted") is False:
             return
         key = (record["probe"], record["role"], record["mode"], record["concurrency"], record.get("rate"))
         cell = self.cells.get(key)
         if cell is None:
-            cell = self.cells[key] = CellAccumulator()
+            cell = self.cells[key] = CellAccumulator(max_in_flight=record.get("max_in_flight"))
         cell.add(record)
         self.records += 1
 
@@ -357,6 +359,7 @@ def _cell_summary(probe: str, role: str, mode: str, level: tuple[int, float | No
         "concurrency": level[0],
         "rate": level[1],
         "reference_level": level_label({"concurrency": ref_level[0], "rate": ref_level[1]}),
+        "max_in_flight": cell.max_in_flight,
         "ok": ok,
         "asked": asked,
         "short": asked is not None and ok < asked,

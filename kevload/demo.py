@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,10 +12,11 @@ from rich.console import Console
 from rich.table import Table
 
 from kevload.diagnose import DiagnoseOptions, diagnose
-from kevload.engine import run_scenario
 from kevload.report import cell_text
+from kevload.runs import run_scenario
 from kevload.scenario import Probe, load_scenario
 from kevload.stats import drift_upper_bound
+from kevload.store import default_run_dir
 from kevload.targets import TargetSettings, start_target, stop_target
 
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "demo.toml"
@@ -42,7 +42,7 @@ STEPS = (
 
 
 def run_demo(names: list[str], *, samples: int, console: Console, out: Path | None = None) -> int:
-    out = out or Path("results") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = out or default_run_dir("demo")
     results: dict[str, list[tuple[str, dict[str, Any]]]] = {}
     for name in names:
         console.print(f"[bold]{LABELS[name]}[/bold]: starting (the first start builds or installs it) …")

@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import math
 import secrets
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from kevload.client import Client, build_body
-from kevload.engine import run_scenario
+from kevload.runs import run_scenario
 from kevload.scenario import Probe, Scenario, scenario_from_dict
 from kevload.stats import drift_upper_bound, samples_for_bound
-from kevload.store import read_records
+from kevload.store import default_run_dir, read_records
 
 # In the guide's order: the first cause found is the verdict, later ones are listed as also found.
 VERDICTS = ("stable", "sampling", "crosstalk", "cache", "server_nondeterministic", "data", "inconclusive")
@@ -380,7 +379,7 @@ class _Diagnoser:
         self.o = options
         self.log = log
         self.evidence = Evidence()
-        self.out = options.out or Path("results") / f"diagnose-{time.strftime('%Y%m%d-%H%M%S')}"
+        self.out = options.out or default_run_dir("diagnose")
 
     def decide(self) -> Diagnosis:
         return decide(self.evidence, self.o.run_all)

@@ -17,6 +17,7 @@ import orjson
 RECORDS = "records.jsonl"
 RUN = "run.json"
 SUMMARY = "summary.json"
+RESULTS = Path("results")
 
 
 class RunDirError(ValueError):
@@ -35,7 +36,9 @@ class Record:
     concurrency: int
     rate: float | None
     sample: int
-    in_flight: int
+    in_flight: int  # other requests in flight when this one was sent
+    counted: bool  # sent at full load (closed loop: exactly concurrency - 1 others in flight); only these are compared
+    max_in_flight: int | None  # cap on requests in flight: c (closed loop), load.max_in_flight or None (open loop)
     status: str
     output: str | None
     sha256: str | None
@@ -86,12 +89,15 @@ def record_answer(record: dict[str, Any]) -> str:
     return answer_text(record["output"], record.get("reasoning"), record.get("tool_calls"))
 
 
-def new_run_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + _secrets.token_hex(3)
+def new_run_id(kind: str = "") -> str:
+    """``<time>-<random>`` (``<kind>-<time>-<random>``): unique even for two runs started in the same second."""
+    name = time.strftime("%Y%m%d-%H%M%S") + "-" + _secrets.token_hex(3)
+    return f"{kind}-{name}" if kind else name
 
 
-def default_run_dir(run_id: str) -> Path:
-    return Path("results") / run_id
+def default_run_dir(kind: str = "", *, run_id: str | None = None) -> Path:
+    """Where a run (``results/<run-id>``) or a command's set of runs (``results/<kind>-<time>-<random>``) goes."""
+    return RESULTS / (run_id or new_run_id(kind))
 
 
 class RecordWriter:
@@ -131,6 +137,30 @@ def read_records(path: Path) -> Iterator[dict[str, Any]]:
             except orjson.JSONDecodeError:
                 pending = line
         # A bad line only at the very end is what a kill during a write leaves behind.
+
+
+def cut_torn_tail(path: Path) -> int:
+    """Cut a torn last line (a run killed mid-write) so appending starts on a line of its own; returns bytes cut."""
+    with path.open("r+b") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        if size == 0:
+            return 0
+        # A record line is far smaller than the whole file; read back from the end until a newline shows up.
+        keep, step = 0, 1 << 16
+        while True:
+            start = max(size - step, 0)
+            handle.seek(start)
+            chunk = handle.read(size - start)
+            newline = chunk.rfind(b"\n")
+            if newline >= 0:
+                keep = start + newline + 1
+                break
+            if start == 0:
+                break
+            step *= 2
+        if keep < size:
+            handle.truncate(keep)
+        return size - keep
 
 
 def write_json(path: Path, doc: Any) -> None:

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from kevload.compare import level_label, level_sort_key
-from kevload.engine import run_scenario
 from kevload.report import verdict_line
+from kevload.runs import run_scenario
 from kevload.scenario import ScenarioError, load_scenario
 from kevload.servers import free_port, start_server, wait_ready
 from kevload.store import write_json

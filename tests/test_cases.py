@@ -168,7 +168,7 @@ def test_rerun_reproduces_mixed_load(tmp_path):
         assert f"{p2}: mode=mixed c=3 seed=8 companions=builtin samples=4 params=" in output
         assert rows[p2]["rerun"]["params"] == {"temperature": 0, "max_tokens": 16}
         # Same seed, same companion picks: the first one each companion worker sent matches the run's.
-        assert first_companions(Path(rows[p2]["rerun_dir"])) == first_companions(tmp_path / "run", after_probe="p1")
+        assert first_companions(Path(rows[p2]["rerun_dir"]), "case") == first_companions(tmp_path / "run", "p2")
 
         # A new model version whose batches no longer drift: stable now, with answers never recorded.
         time.sleep(0.3)
@@ -180,17 +180,13 @@ def test_rerun_reproduces_mixed_load(tmp_path):
     assert json.loads((Path(rows[p2]["rerun_dir"]) / "run.json").read_text())["load"]["seed"] == 8
 
 
-def first_companions(run_dir: Path, after_probe: str | None = None) -> list[str]:
-    """The first two companions of a level: its two companion workers pick them before any await.
-
-    ``after_probe``: the level wanted is the one after this probe's.
-    """
+def first_companions(run_dir: Path, probe: str) -> list[str]:
+    """The first two companions of ``probe``'s level: its two companion slots send right before the probe's."""
     records = sorted((json.loads(line) for line in (run_dir / "records.jsonl").read_text().splitlines()),
                      key=lambda r: r["seq"])
-    if after_probe is not None:
-        last = max(r["seq"] for r in records if r["probe"] == after_probe)
-        records = [r for r in records if r["seq"] > last and r["role"] == "companion"]
-    return [r["probe"] for r in records[:2]]
+    start = next(i for i, r in enumerate(records) if r["role"] == "probe" and r["probe"] == probe)
+    assert [r["role"] for r in records[start - 2:start]] == ["companion", "companion"]
+    return [r["probe"] for r in records[start - 2:start]]
 
 
 def test_bad_case_file_exits_2(tmp_path, server):

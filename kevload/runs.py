@@ -1,0 +1,187 @@
+"""Run directories: create one (never on top of another run), resume one (cutting a torn tail), finish one
+(``summary.json`` and the end state in ``run.json``). ``run_scenario`` drives ``engine.run`` into a directory."""
+
+from __future__ import annotations
+
+import asyncio
+import platform
+import sys
+import time
+from collections.abc import Callable
+from contextlib import aclosing
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from kevload import __version__, engine
+from kevload.client import Client
+from kevload.compare import reduce_file, summarize
+from kevload.scenario import Scenario
+from kevload.store import (
+    RECORDS,
+    RUN,
+    SUMMARY,
+    Record,
+    RecordWriter,
+    RunDirError,
+    cut_torn_tail,
+    default_run_dir,
+    new_run_id,
+    read_json,
+    read_records,
+    redact,
+    url_secrets,
+    write_json,
+)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    run_dir: Path
+    run_id: str
+    state: str  # complete | interrupted | aborted
+    records: int
+    summary: dict[str, Any]
+
+
+async def run_scenario(scenario: Scenario, run_dir: Path | None = None, *,
+                       on_record: Callable[[Record], None] | None = None,
+                       stop: asyncio.Event | None = None, resume: bool = False,
+                       overwrite: bool = False) -> RunResult:
+    """Run every probe at every level, writing records as they finish; returns once the summary is on disk.
+
+    A directory that already holds a run is refused (``RunDirError``) unless ``resume`` — its records
+    are kept and only the probe samples missing from each level are sent, under the same run id — or
+    ``overwrite``, which removes that run's files and starts afresh.
+    """
+    api_key = scenario.api_key()
+    # Header values are masked by name in run.json (redact); scrubbing them as substrings too would rewrite
+    # prompts that happen to contain a short value, and resume and `cases build` read the prompts from there.
+    secrets = [s for s in [api_key, *url_secrets(scenario.target.base_url)] if s]
+    client = Client(scenario.target, api_key)
+    stop = stop or asyncio.Event()
+    if resume:
+        assert run_dir is not None
+        meta, already, first_seq = _resume_state(run_dir)
+        run_id = meta["run_id"]
+    else:
+        run_id = new_run_id()
+        run_dir = run_dir or default_run_dir(run_id=run_id)
+        refuse_existing(run_dir, overwrite=overwrite)
+        meta, already, first_seq = _run_meta(scenario, run_id, secrets), {}, 0
+    # Built before anything is written, so a bad companion file fails the run up front.
+    stream = engine.run(scenario, client, run_id=run_id, stop=stop, already=already, first_seq=first_seq)
+    if resume:
+        # A run killed mid-write leaves a torn last line; appending after it would bury it mid-file.
+        cut_torn_tail(run_dir / RECORDS)
+        meta = {**meta, "state": "running", "resumed_at": [*meta.get("resumed_at", []), _now_iso()]}
+    else:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for name in (RECORDS, RUN, SUMMARY):
+            (run_dir / name).unlink(missing_ok=True)  # only with overwrite can any of them be there
+    write_json(run_dir / RUN, meta)
+    with RecordWriter(run_dir / RECORDS) as writer:
+        try:
+            async with client, aclosing(stream.__aiter__()) as records:
+                async for record in records:
+                    writer.write(record)
+                    if on_record is not None:
+                        on_record(record)
+        finally:
+            state = "aborted" if stream.aborted else "interrupted" if stop.is_set() else "complete"
+            summary = finish_run(run_dir, state=state, meta=meta)
+    return RunResult(run_dir=run_dir, run_id=run_id, state=state, records=writer.count, summary=summary)
+
+
+def refuse_existing(run_dir: Path, *, overwrite: bool = False, hint: str = "give a directory of its own") -> None:
+    """A directory that holds a run is never appended to by a new one: two runs would merge into one matrix."""
+    if overwrite or not ((run_dir / RUN).exists() or (run_dir / RECORDS).exists()):
+        return
+    try:
+        held = f"run {read_json(run_dir / RUN)['run_id']}"
+    except (RunDirError, KeyError, TypeError):
+        held = "a run"
+    raise RunDirError(f"{run_dir}: already holds {held}; {hint}")
+
+
+def single_run_id(run_dir: Path) -> str | None:
+    """The run id of the directory's records; a file holding records of two runs is refused."""
+    ids = run_ids(run_dir / RECORDS)
+    if len(ids) > 1:
+        shown = ", ".join(sorted(ids)[:3]) + (", …" if len(ids) > 3 else "")
+        raise RunDirError(f"{run_dir / RECORDS}: holds records of {len(ids)} runs ({shown}); "
+                          "one directory, one run: rerun into a fresh --out")
+    return next(iter(ids), None)
+
+
+def run_ids(path: Path) -> set[str]:
+    """The run ids in a records file, read fast: lines that start like the last one seen are not parsed."""
+    ids: set[str] = set()
+    prefix = None
+    with path.open("rb") as handle:
+        for line in handle:
+            if prefix is not None and line.startswith(prefix):
+                continue
+            try:
+                run_id = orjson.loads(line)["run_id"]
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                continue  # a torn last line; the reader decides whether the file is readable
+            ids.add(run_id)
+            # orjson writes a Record with run_id first and no spaces: the same bytes open every line of a run.
+            prefix = orjson.dumps({"run_id": run_id})[:-1] + b","
+    return ids
+
+
+def finish_run(run_dir: Path, *, state: str | None = None, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """(Re)compute ``summary.json`` from the records on disk and, if given, record the end state in ``run.json``."""
+    meta = meta if meta is not None else read_json(run_dir / RUN)
+    max_error_share = meta["load"]["max_error_share"]
+    # A level run for a duration has no asked number of samples: only samples-bound cells can be short.
+    asked = None if meta["load"].get("duration") else meta["load"].get("samples")
+    summary = summarize(reduce_file(run_dir / RECORDS), max_error_share=max_error_share, samples_asked=asked)
+    summary["run_id"] = meta.get("run_id")
+    summary["scenario"] = meta.get("scenario_name")
+    summary["state"] = state or meta.get("state")
+    write_json(run_dir / SUMMARY, summary)
+    if state is not None:
+        meta = {**meta, "state": state, "ended_at": _now_iso(), "records": summary["requests"]}
+        write_json(run_dir / RUN, meta)
+    return summary
+
+
+def _resume_state(run_dir: Path) -> tuple[dict[str, Any], dict[engine.LevelKey, int], int]:
+    """The run's metadata, its counted probe samples per level and the next sequence number."""
+    meta = read_json(run_dir / RUN)
+    already: dict[engine.LevelKey, int] = {}
+    next_seq = 0
+    for r in read_records(run_dir / RECORDS):
+        next_seq = max(next_seq, r["seq"] + 1)
+        # Records written before `counted` existed were all counted.
+        if r["role"] == "probe" and r.get("counted", True):
+            key = engine.level_key(r["probe"], r["concurrency"], r.get("rate"))
+            already[key] = already.get(key, 0) + 1
+    return meta, already, next_seq
+
+
+def _run_meta(scenario: Scenario, run_id: str, secrets: list[str]) -> dict[str, Any]:
+    return {
+        "run_id": run_id,
+        "kevload_version": __version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "scenario_name": scenario.name,
+        "scenario_source": scenario.source,
+        "scenario": redact(scenario.raw, secrets),
+        "load": asdict(scenario.load),
+        "target": redact({"base_url": scenario.target.base_url, "model": scenario.target.model,
+                          "api": scenario.target.api}, secrets),
+        "started_at": _now_iso(),
+        "clock": {"perf_counter": time.perf_counter(), "unix": time.time()},
+        "state": "running",
+    }
+
+
+def _now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
