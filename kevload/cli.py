@@ -305,7 +305,9 @@ def demo(targets: str, samples: int) -> None:
     bad = [n for n in names if n not in NAMES]
     if bad:
         raise UserError(f"--targets: unknown target {bad[0]!r}; expected some of {', '.join(NAMES)}")
-    sys.exit(_guard(lambda: run_demo(names, samples=samples, console=Console())))
+    code, signum = _guard(lambda: aio.run(lambda stop: run_demo(names, samples=samples, console=Console(), stop=stop)))
+    _exit_if_signalled(signum)
+    sys.exit(code)
 
 
 @main.command("diagnose")
