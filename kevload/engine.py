@@ -58,9 +58,7 @@ async def run_scenario(scenario: Scenario, run_dir: Path | None = None, *,
     each level are sent, appended under the same run id.
     """
     api_key = scenario.api_key()
-    base_dir = Path(scenario.source).parent if scenario.source else None
-    # Built before anything is sent or written, so a bad companion file fails the run up front.
-    pools = [companions_for(probe, scenario.load, base_dir=base_dir) for probe in scenario.probes]
+    pools = [companions_for(probe, scenario) for probe in scenario.probes]
     secrets = [s for s in [api_key, *secret_header_values(scenario.target.headers)] if s]
     done: dict[tuple[str, int, float | None], int] = {}
     next_seq = 0
@@ -313,6 +311,7 @@ def _run_meta(scenario: Scenario, run_id: str, secrets: list[str]) -> dict[str, 
         "scenario_source": scenario.source,
         "scenario": redact(scenario.raw, secrets),
         "load": asdict(scenario.load),
+        "datasets": [dataset.to_json() for dataset in scenario.datasets],
         "target": redact({"base_url": scenario.target.base_url, "model": scenario.target.model,
                           "api": scenario.target.api}, secrets),
         "started_at": _now_iso(),
