@@ -46,6 +46,8 @@ def main() -> None:
 @click.option("--resume", type=click.Path(file_okay=False, path_type=Path),
               help="Finish the samples an interrupted run did not get to, with its own scenario.")
 @click.option("--retries", type=click.IntRange(min=0), help="Retry 429/503 up to N times (Retry-After honoured).")
+@click.option("--dataset-seed", type=int, help="Which lines JSONL probe/companion datasets contribute "
+              "(load.dataset_seed); recorded in run.json with each file's sha256.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a scenario key; VALUE is TOML (e.g. --set 'load.concurrency=[1,4]').")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
@@ -61,12 +63,13 @@ def main() -> None:
               help="Write the cells as Prometheus text here (node_exporter textfile collector, Pushgateway).")
 def run(scenario: Path | None, resume: Path | None, retries: int | None, overrides: tuple[str, ...],
         out: Path | None, overwrite: bool, quiet: bool, baseline: Path | None, max_latency_regression: float,
-        junit: Path | None, metrics: Path | None) -> None:
+        junit: Path | None, metrics: Path | None, dataset_seed: int | None) -> None:
     """Run SCENARIO and print the uniqueness matrix. Exit 0 stable, 1 drift, 2 bad input, 3 target failed
     (or inconclusive: a cell with fewer ok probe samples than asked)."""
     from kevload.baseline import compare_to_baseline, load_baseline
 
     overrides = (*overrides, f"load.retries={retries}") if retries is not None else overrides
+    overrides = (*overrides, f"load.dataset_seed={dataset_seed}") if dataset_seed is not None else overrides
     if resume is not None:
         if scenario is not None or out is not None or overwrite:
             raise UserError("--resume RUN_DIR takes the scenario and directory of that run; "
@@ -190,6 +193,7 @@ def _write_metrics(path: Path, summary: dict, run_dir: Path) -> None:
 
 
 def _resumable(run_dir: Path, overrides: list[str]):
+    from kevload.datasets import check_unchanged
     from kevload.scenario import apply_override, scenario_from_dict
 
     open_run_dir(run_dir)
@@ -203,8 +207,11 @@ def _resumable(run_dir: Path, overrides: list[str]):
         raise ScenarioError(f"{run_dir}/run.json: target.headers: values are not stored ({', '.join(missing)}); "
                             "rerun the scenario file, or pass them again with "
                             f"--set 'target.headers.{missing[0]}=\"…\"'")
-    return scenario_from_dict(raw, source=meta.get("scenario_source") or str(run_dir / RUN),
-                              name=meta.get("scenario_name", "resumed"))
+    scenario = scenario_from_dict(raw, source=meta.get("scenario_source") or str(run_dir / RUN),
+                                  name=meta.get("scenario_name", "resumed"))
+    if "datasets" in meta:  # runs from before datasets were recorded have nothing to compare with
+        check_unchanged(meta["datasets"], scenario.datasets, f"{run_dir / RUN}")
+    return scenario
 
 
 def _print_summary(summary: dict, quiet: bool) -> None:
@@ -317,7 +324,9 @@ def demo(targets: str, samples: int) -> None:
     bad = [n for n in names if n not in NAMES]
     if bad:
         raise UserError(f"--targets: unknown target {bad[0]!r}; expected some of {', '.join(NAMES)}")
-    sys.exit(_guard(lambda: run_demo(names, samples=samples, console=Console())))
+    code, signum = _guard(lambda: aio.run(lambda stop: run_demo(names, samples=samples, console=Console(), stop=stop)))
+    _exit_if_signalled(signum)
+    sys.exit(code)
 
 
 @main.command("diagnose")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from kevload.runs import run_scenario
 from kevload.scenario import Probe, load_scenario
 from kevload.stats import drift_upper_bound
 from kevload.store import default_run_dir
-from kevload.targets import TargetSettings, start_target, stop_target
+from kevload.targets import RunningTarget, TargetSettings, start_target, stop_target
 
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "demo.toml"
 LABELS = {"llamacpp": "llama.cpp", "transformers": "transformers"}
@@ -41,15 +43,27 @@ STEPS = (
 )
 
 
-def run_demo(names: list[str], *, samples: int, console: Console, out: Path | None = None) -> int:
+async def run_demo(names: list[str], *, samples: int, console: Console, stop: asyncio.Event,
+                   out: Path | None = None) -> int:
+    """Run the steps against each target in turn; the exit code for what was seen (0, or 3: a target failed).
+
+    Once ``stop`` is set (Ctrl-C under ``aio.run``) the step in progress finishes with what it has,
+    nothing new starts, servers are stopped, and what was collected is still shown.
+    """
     out = out or default_run_dir("demo")
     results: dict[str, list[tuple[str, dict[str, Any]]]] = {}
     for name in names:
+        if stop.is_set():
+            break
         console.print(f"[bold]{LABELS[name]}[/bold]: starting (the first start builds or installs it) …")
-        results[name] = _run_target(name, samples, out, console)
-    console.print(Columns([_table(name, steps) for name, steps in results.items()], padding=(0, 4)))
-    for name, steps in results.items():
+        results[name] = await _run_target(name, samples, out, console, stop)
+    shown = {name: steps for name, steps in results.items() if steps}
+    if shown:
+        console.print(Columns([_table(name, steps) for name, steps in shown.items()], padding=(0, 4)))
+    for name, steps in shown.items():
         console.print(headline(LABELS[name], steps))
+    if stop.is_set():
+        console.print("stopped: the matrices hold what was collected before the stop")
     console.print(f"runs: {out}/ (re-read any with `kevload report DIR`)")
     failed = any(s["verdict"] == "target_failed" for steps in results.values() for _, s in steps)
     return 3 if failed else 0
@@ -64,6 +78,8 @@ def headline(label: str, steps: list[tuple[str, dict[str, Any]]]) -> str:
     sampling = f"T=0.8 without seed: {base_distinct} distinct in serial calls; " if baseline else ""
     if any(s["verdict"] == "target_failed" for _, s in steps):
         return f"{label}: target failed ({', '.join(f'{k}: {v}' for k, v in steps[-1][1]['errors_by_type'].items())})"
+    if not cells:
+        return f"{label}: {sampling}stopped before the fixed-parameter steps"
     drift = [c for c in cells if c["drift"]]
     if not drift:
         n = min(c["ok"] for c in cells)
@@ -82,45 +98,105 @@ def headline(label: str, steps: list[tuple[str, dict[str, Any]]]) -> str:
             f"{max(c['distinct'] for c in drift)} distinct in {first['ok']}), {where}{after}")
 
 
-def _run_target(name: str, samples: int, out: Path, console: Console) -> list[tuple[str, dict[str, Any]]]:
+async def _run_target(name: str, samples: int, out: Path, console: Console,
+                      stop: asyncio.Event) -> list[tuple[str, dict[str, Any]]]:
     log = lambda message: console.print(f"  {message}", style="dim")  # noqa: E731
     done: list[tuple[str, dict[str, Any]]] = []
-    target = start_target(name, TargetSettings(slots=4), log=log)
-    try:
+    async with _started(name, TargetSettings(slots=4), log, stop) as target:
+        if target is None:
+            return done
         for i, step in enumerate(STEPS):
-            done.append((step.name, _run_step(target.url, target.model, step.overrides, samples,
-                                              out / f"{name}-step{i + 1}", console)))
+            if stop.is_set():
+                return done
+            _keep(done, step.name, await _run_step(target.url, target.model, step.overrides, samples,
+                                                   out / f"{name}-step{i + 1}", console, stop))
         console.print("  diagnose (the guide's steps as one command) …", style="dim")
         options = DiagnoseOptions(url=target.url, model=target.model, probe=DEMO_PROBE, params=PRODUCTION,
                                   samples=3, max_concurrency=4, timeout=120, run_all=True,
                                   out=out / f"{name}-diagnose")
-        diagnosis = asyncio.run(diagnose(options, log=lambda m: None))
+        diagnosis = await _until_stopped(diagnose(options, log=lambda m: None), stop)
+        if diagnosis is None:
+            return done
         causes = "; ".join(f"{c['verdict']} ({c['reason']})" for c in diagnosis.causes) or diagnosis.reason
         console.print(f"  {LABELS[name]} diagnose --all: {diagnosis.verdict}; causes found: {causes}")
-    finally:
-        stop_target(target)
-    drifted = [step for step, (_, s) in zip(STEPS, done, strict=True) if step.fixed and s["verdict"] != "deterministic"]
+    if stop.is_set():
+        return done
+    verdicts = {step_name: s["verdict"] for step_name, s in done}
+    drifted = [step for step in STEPS if step.fixed and verdicts.get(step.name, "deterministic") != "deterministic"]
     if drifted:
         # The guide's next move for crosstalk: turn batching off and run the same step again. The first
         # drifting step, at its lowest and highest level only: unbatched CPU serving is slow.
         step = drifted[0]
         console.print(f"  {LABELS[name]} drifted; rerunning '{step.name}' (c=1 and c=4) with batching off …")
-        target = start_target(name, TargetSettings(slots=4, batching=False), log=log)
-        try:
-            done.append((f"{step.name[0]} … batching off",
-                         _run_step(target.url, target.model, (*step.overrides, "load.concurrency=[1,4]"), samples,
-                                   out / f"{name}-nobatch", console)))
-        finally:
-            stop_target(target)
+        async with _started(name, TargetSettings(slots=4, batching=False), log, stop) as target:
+            if target is None:
+                return done
+            _keep(done, f"{step.name[0]} … batching off",
+                  await _run_step(target.url, target.model, (*step.overrides, "load.concurrency=[1,4]"), samples,
+                                  out / f"{name}-nobatch", console, stop))
     return done
 
 
-def _run_step(url: str, model: str, overrides: tuple[str, ...], samples: int, run_dir: Path,
-              console: Console) -> dict[str, Any]:
+def _keep(done: list[tuple[str, dict[str, Any]]], name: str, summary: dict[str, Any]) -> None:
+    """A step stopped before its first probe answered has nothing to show."""
+    if any(c["role"] == "probe" for c in summary["cells"]):
+        done.append((name, summary))
+
+
+@contextlib.asynccontextmanager
+async def _started(name: str, settings: TargetSettings, log: Callable[[str], None],
+                   stop: asyncio.Event) -> AsyncIterator[RunningTarget | None]:
+    """A target for the block (None if ``stop`` came first), stopped when the block ends, however it ends.
+
+    Starting blocks (provisioning, then polling for readiness), so it runs in a thread. Stopping the
+    spawned process is what ends that wait early: whichever of the thread (``on_spawn``) and this
+    coroutine sees both the process and the stop request stops it.
+    """
+    spawned: list[RunningTarget] = []
+
+    def on_spawn(target: RunningTarget) -> None:
+        spawned.append(target)
+        if stop.is_set():
+            stop_target(target)
+
+    start = asyncio.ensure_future(asyncio.to_thread(start_target, name, settings, log=log, on_spawn=on_spawn))
+    await _until_stopped(asyncio.shield(start), stop)
+    if stop.is_set():
+        for target in list(spawned):
+            await asyncio.to_thread(stop_target, target)
+        with contextlib.suppress(Exception):  # the start fails once its server is gone: that was the point
+            await start
+        yield None
+        return
+    target = start.result()
+    try:
+        yield target
+    finally:
+        await asyncio.to_thread(stop_target, target)
+
+
+async def _until_stopped(work: Any, stop: asyncio.Event) -> Any:
+    """The coroutine's result, or None if ``stop`` is set first (the coroutine is then cancelled)."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return None
+    return task.result()
+
+
+async def _run_step(url: str, model: str, overrides: tuple[str, ...], samples: int, run_dir: Path,
+                    console: Console, stop: asyncio.Event) -> dict[str, Any]:
     scenario = load_scenario(SCENARIO, [f'target.base_url="{url}"', f'target.model="{model}"',
                                         f"load.samples={samples}", *overrides])
     console.print(f"  running {run_dir.name} …", style="dim")
-    return asyncio.run(run_scenario(scenario, run_dir)).summary
+    return (await run_scenario(scenario, run_dir, stop=stop)).summary
 
 
 def _table(name: str, steps: list[tuple[str, dict[str, Any]]]) -> Table:

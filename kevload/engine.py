@@ -14,7 +14,6 @@ import hashlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import fields
-from pathlib import Path
 from typing import Any
 
 from kevload.client import Client, Outcome, build_body
@@ -70,8 +69,7 @@ class _Runner:
 
     def __init__(self, scenario: Scenario, client: Client, run_id: str, stop: asyncio.Event,
                  already: dict[LevelKey, int], first_seq: int):
-        base_dir = Path(scenario.source).parent if scenario.source else None
-        self.pools = [companions_for(probe, scenario.load, base_dir=base_dir) for probe in scenario.probes]
+        self.pools = [companions_for(probe, scenario) for probe in scenario.probes]
         self.scenario = scenario
         self.load = scenario.load
         self.client = client

@@ -8,10 +8,13 @@ import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 import orjson
+
+if TYPE_CHECKING:
+    from kevload.datasets import Dataset
 
 MODES = ("single", "mixed", "prefix", "needle")
 ARRIVALS = ("constant", "poisson")
@@ -68,6 +71,8 @@ class Load:
     max_in_flight: int = 0         # open loop cap on requests in flight (0: none)
     duration: float = 0.0          # open loop: seconds per level (0: until the samples are sent)
     retries: int = 0               # retries of 429/503 (none by default: a retry hides evidence)
+    dataset_seed: int = 0          # which lines JSONL datasets contribute (--dataset-seed)
+    companion_count: int = 0       # lines chosen from a load.companions file (0: every line)
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,7 @@ class Scenario:
     params: dict[str, Any]
     load: Load
     raw: dict[str, Any]
+    datasets: tuple[Dataset, ...] = ()  # JSONL files read for probes and companions: hashes, seed, lines chosen
 
     def api_key(self) -> str | None:
         """The key from the environment; only ever held in memory."""
@@ -168,12 +174,6 @@ def scenario_from_dict(raw: dict[str, Any], *, source: str, name: str = "scenari
     probes_raw = raw.get("probes")
     if not isinstance(probes_raw, list) or not probes_raw:
         v.fail("probes", "at least one [[probes]] table", probes_raw)
-    probes = tuple(_probe(v, item, f"probes[{i}]") for i, item in enumerate(probes_raw))
-    ids = [p.id for p in probes]
-    duplicates = sorted({i for i in ids if ids.count(i) > 1})
-    if duplicates:
-        v.fail("probes.id", "unique ids", duplicates)
-
     params = v.table(raw, "params")
     for reserved in ("model", "prompt", "messages", "stream"):
         if reserved in params:
@@ -202,8 +202,16 @@ def scenario_from_dict(raw: dict[str, Any], *, source: str, name: str = "scenari
         v.fail("load.duration", "seconds >= 0 (0: until the samples are sent)", load.duration)
     if any(n < 1 for n in load.prefix_lengths):
         v.fail("load.prefix_lengths", "a list of integers >= 1", list(load.prefix_lengths))
+    if load.companion_count < 0:
+        v.fail("load.companion_count", "an integer >= 0 (0: every line)", load.companion_count)
     load = replace(load, concurrency=tuple(sorted(set(load.concurrency))), rate=tuple(sorted(set(load.rate))))
-    return Scenario(name=str(name), source=source, target=target, probes=probes, params=params, load=load, raw=raw)
+    probes, datasets = _probes_and_datasets(v, probes_raw, load)
+    ids = [p.id for p in probes]
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        v.fail("probes.id", "unique ids", duplicates)
+    return Scenario(name=str(name), source=source, target=target, probes=probes, params=params, load=load, raw=raw,
+                    datasets=datasets)
 
 
 _TARGET_RULES: dict[str, tuple[type | tuple[type, ...], bool]] = {
@@ -234,10 +242,47 @@ _LOAD_RULES: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "max_in_flight": (int, False),
     "duration": ((int, float), False),
     "retries": (int, False),
+    "dataset_seed": (int, False),
+    "companion_count": (int, False),
 }
 
 _LIST_OF_INT = {"load.concurrency", "load.prefix_lengths"}
 _LIST_OF_NUMBER = {"load.rate"}
+
+
+def _probes_and_datasets(v: _Validator, items: list[Any], load: Load) -> tuple[tuple[Probe, ...], tuple[Dataset, ...]]:
+    """Inline probes and ``[[probes]] dataset = ...`` entries in their order; companion files too, when used.
+
+    Files are read here, at validation, so a bad line fails before anything is sent and the run
+    records the exact bytes (by hash) it used. Relative paths are relative to the scenario file.
+    """
+    from kevload.datasets import read_dataset  # datasets builds on this module's Probe and ScenarioError
+
+    base = Path(v.source).parent
+    probes: list[Probe] = []
+    datasets = []
+    for i, item in enumerate(items):
+        where = f"probes[{i}]"
+        if not (isinstance(item, dict) and "dataset" in item):
+            probes.append(_probe(v, item, where))
+            continue
+        v.known(item, where, {"dataset", "count", "max_tokens"})
+        count, max_tokens = item.get("count", 0), item.get("max_tokens", 64)
+        for key, value, expected in (("count", count, 0), ("max_tokens", max_tokens, 1)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < expected:
+                v.fail(f"{where}.{key}", f"an integer >= {expected}" + (" (0: every line)" if not expected else ""),
+                       value)
+        if not isinstance(item["dataset"], str) or not item["dataset"]:
+            v.fail(f"{where}.dataset", "the path of a JSONL file", item["dataset"])
+        dataset = read_dataset(base / item["dataset"], role="probe", what=f"{where}.dataset", seed=load.dataset_seed,
+                               count=count, count_key=f"{where}.count", max_tokens=max_tokens)
+        datasets.append(dataset)
+        probes.extend(dataset.items)
+    if load.mode == "mixed" and load.companions != "builtin":
+        datasets.append(read_dataset(base / load.companions, role="companion", what="load.companions",
+                                     seed=load.dataset_seed, count=load.companion_count,
+                                     count_key="load.companion_count"))
+    return tuple(probes), tuple(datasets)
 
 
 def _probe(v: _Validator, item: Any, where: str) -> Probe:

@@ -5,9 +5,8 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-from kevload.scenario import Load, Probe, ScenarioError, iter_jsonl
+from kevload.scenario import Probe, Scenario
 
 # Different kinds and lengths on purpose: batch composition (lengths, padding, kernels chosen)
 # is what makes batched inference drift, so companions should vary it as much as possible.
@@ -50,12 +49,13 @@ class Companion:
     kind: str
 
 
-def companions_for(probe: Probe, load: Load, *, base_dir: Path | None = None) -> list[Companion]:
+def companions_for(probe: Probe, scenario: Scenario) -> list[Companion]:
     """The companion pool for one probe under the scenario's mode (empty in ``single`` mode)."""
+    load = scenario.load
     if load.mode == "single":
         return []
     if load.mode == "mixed":
-        return [Companion(item, "mixed") for item in _mixed_pool(load.companions, base_dir)]
+        return [Companion(item, "mixed") for item in _mixed_pool(scenario)]
     if load.mode == "prefix":
         return _prefix_pool(probe, load.prefix_lengths)
     return _needle_pool(load.needle_length)
@@ -78,33 +78,12 @@ class CompanionPicker:
         return self._rng.uniform(0.0, upper)
 
 
-def load_companion_file(path: Path) -> list[Probe]:
-    """Companions from JSONL: one object a line with ``prompt`` or ``messages``, optional ``id``, ``max_tokens``."""
-    items = []
-    for number, doc in iter_jsonl(path, "load.companions"):
-        ok_doc = isinstance(doc, dict) and (isinstance(doc.get("prompt"), str) or isinstance(doc.get("messages"), list))
-        if not ok_doc:
-            raise ScenarioError(f"{path}:{number}: load.companions: expected an object with prompt or messages")
-        max_tokens = doc.get("max_tokens", 64)
-        if not isinstance(max_tokens, int) or max_tokens < 1:
-            raise ScenarioError(f"{path}:{number}: max_tokens: expected an integer >= 1, got {max_tokens!r}")
-        messages = tuple(doc["messages"]) if "messages" in doc else None
-        items.append(Probe(id=str(doc.get("id", f"line{number}")), prompt=doc.get("prompt"), messages=messages,
-                           max_tokens=max_tokens))
-    if not items:
-        raise ScenarioError(f"{path}: load.companions: the companion file is empty")
-    return items
-
-
-def _mixed_pool(spec: str, base_dir: Path | None) -> list[Probe]:
-    if spec == "builtin":
-        return [Probe(id=f"companion:{name}", prompt=text, max_tokens=tokens)
-                for name, text, tokens in BUILTIN_COMPANIONS]
-    path = Path(spec)
-    if not path.is_absolute() and base_dir is not None:
-        path = base_dir / path
-    return [Probe(id=f"companion:{p.id}", prompt=p.prompt, messages=p.messages, max_tokens=p.max_tokens)
-            for p in load_companion_file(path)]
+def _mixed_pool(scenario: Scenario) -> list[Probe]:
+    # A load.companions file was read, checked and sampled with the scenario (kevload.datasets).
+    for dataset in scenario.datasets:
+        if dataset.role == "companion":
+            return list(dataset.items)
+    return [Probe(id=f"companion:{name}", prompt=text, max_tokens=tokens) for name, text, tokens in BUILTIN_COMPANIONS]
 
 
 def _prefix_pool(probe: Probe, lengths: Sequence[int]) -> list[Companion]:

@@ -8,7 +8,9 @@ import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
+from kevload.targets.base import HOST, Launch, Log, TargetSettings
 from kevload.targets.cache import ProvisionError, build_once, cache_root, pip_download, run_logged
+from kevload.targets.model import MODEL_NAME
 
 VERSION = "0.3.36"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
@@ -28,6 +30,27 @@ _CMAKE_FLAGS = [
     "-DLLAMA_USE_PREBUILT_UI=OFF",
     "-DGGML_NATIVE=ON",
 ]
+
+
+def command(settings: TargetSettings, port: int, log: Log) -> Launch:
+    """Build ``llama-server`` on first use, then the command line that serves the model on ``port``."""
+    gguf = settings.model_file()  # a missing model file is named before any build starts
+    return launch(server_binary(log), gguf, settings, port)
+
+
+def launch(binary: Path, gguf: Path, s: TargetSettings, port: int) -> Launch:
+    """The command line alone, from the settings: no building, no files touched."""
+    slots = max(s.slots, 1)
+    # The bundled model answers to its own name; a user's GGUF to its file name.
+    model = gguf.stem if s.gguf else MODEL_NAME
+    argv = [str(binary), "-m", str(gguf), "--host", HOST, "--port", str(port), "--alias", model,
+            "--parallel", str(slots), "--ctx-size", str(s.ctx_size or 2048 * slots),
+            "--threads", str(s.thread_count()),
+            "--cont-batching" if s.batching else "--no-cont-batching",
+            "--cache-prompt" if s.cache_prompt else "--no-cache-prompt"]
+    if s.seed is not None:
+        argv += ["--seed", str(s.seed)]
+    return Launch(argv=(*argv, *s.extra_args), env=dict(os.environ), model=model, ready_timeout=180.0)
 
 
 def server_binary(log: Callable[[str], None] = print) -> Path:

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from kevload.targets.base import HOST, Launch, Log, TargetSettings
 from kevload.targets.cache import ProvisionError, build_once, cache_root, run_logged
 from kevload.targets.model import default_gguf, gguf_identity
 
@@ -30,6 +31,28 @@ model.is_quantized = False
 model.save_pretrained(out)
 tokenizer.save_pretrained(out)
 """
+
+
+def command(settings: TargetSettings, port: int, log: Log) -> Launch:
+    """Install transformers and convert the model on first use, then the command line that serves it."""
+    gguf = settings.model_file()
+    venv = environment(log)
+    return launch(venv, model_dir(gguf if settings.gguf else None, log), settings, port)
+
+
+def launch(venv: Path, model: Path, s: TargetSettings, port: int) -> Launch:
+    """The command line alone, from the settings: no installing, no files touched."""
+    argv = [str(venv / "venv" / "bin" / "transformers"), "serve", str(model), "--host", HOST, "--port", str(port),
+            "--device", "cpu", "--dtype", s.dtype, "--log-level", "warning"]
+    if s.batching:
+        # A fixed cache size: sizing from "free memory" breaks on CPU hosts with much RAM.
+        argv += ["--continuous-batching", "--cb-num-blocks", "64", "--cb-max-batch-tokens", "256",
+                 "--cb-max-memory-percent", "0.5"]
+    if s.seed is not None:
+        argv += ["--default-seed", str(s.seed)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": str(s.thread_count()),
+           "HF_HUB_DISABLE_TELEMETRY": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
+    return Launch(argv=(*argv, *s.extra_args), env=env, model=str(model), ready_timeout=300.0)
 
 
 def environment(log: Callable[[str], None] = print) -> Path:

@@ -1,0 +1,119 @@
+"""Probe and companion datasets (JSONL): read once, hashed, every line checked, lines chosen by a seed.
+
+run.json records each file's sha256, line count, seed and how many lines were chosen, so two runs
+on different days can be shown to have used the same inputs. The choice depends only on the seed
+and the line positions (not on Python's ``random``), so it is the same on any machine and version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from kevload.scenario import Probe, ScenarioError
+
+
+@dataclass(frozen=True)
+class Dataset:
+    role: str        # probe | companion
+    path: str
+    sha256: str      # of the file's bytes, as read
+    lines: int       # JSON lines in the file (blank lines do not count)
+    seed: int
+    count: int       # lines chosen
+    items: tuple[Probe, ...] = field(default=(), repr=False, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"role": self.role, "path": self.path, "sha256": self.sha256, "lines": self.lines,
+                "seed": self.seed, "count": self.count}
+
+
+def read_dataset(path: Path, *, role: str, what: str, seed: int, count: int = 0, count_key: str = "count",
+                 max_tokens: int = 64) -> Dataset:
+    """Read and check every line of ``path``, then keep ``count`` of them (0: all) chosen by ``seed``.
+
+    Each line is one object with ``prompt`` or ``messages``, optional ``id`` and ``max_tokens``
+    (default ``max_tokens``). ``what`` names the scenario key in errors, e.g. ``probes[0].dataset``.
+    """
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ScenarioError(f"{path}: {what}: cannot read: {exc.strerror}") from None
+    items = [_item(doc, number, path, what, role, max_tokens) for number, doc in _lines(data, path, what)]
+    if not items:
+        raise ScenarioError(f"{path}: {what}: expected at least one JSON line, the file has none")
+    if count > len(items):
+        raise ScenarioError(f"{path}: {count_key}: expected at most {len(items)} (the JSON lines in this file), "
+                            f"got {count}")
+    chosen = sample(len(items), count, seed)
+    return Dataset(role=role, path=str(path), sha256=hashlib.sha256(data).hexdigest(), lines=len(items), seed=seed,
+                   count=len(chosen), items=tuple(items[i] for i in chosen))
+
+
+def sample(total: int, count: int, seed: int) -> tuple[int, ...]:
+    """Indexes of ``count`` of ``total`` lines (0: all), in file order.
+
+    Each line gets a rank from sha256(seed, its index) and the lowest ranks are kept: a larger count
+    keeps every line a smaller one chose, and lines appended to the file do not change the choice
+    among the old ones unless they rank lower.
+    """
+    if not count or count >= total:
+        return tuple(range(total))
+    ranked = sorted(range(total), key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).digest())
+    return tuple(sorted(ranked[:count]))
+
+
+def check_unchanged(recorded: list[dict[str, Any]], datasets: tuple[Dataset, ...], where: str) -> None:
+    """A resumed run must send what its first part sent: the same files (by hash), seed and counts."""
+    keys = ("role", "sha256", "seed", "count")
+    for old, new in itertools.zip_longest(recorded, (d.to_json() for d in datasets)):
+        if old is None or new is None or any(old.get(k) != new[k] for k in keys):
+            raise ScenarioError(f"{where}: datasets: expected the inputs the run started with ({_describe(old)}), "
+                                f"got {_describe(new)}; start a new run instead")
+
+
+def _describe(doc: dict[str, Any] | None) -> str:
+    if doc is None:
+        return "no dataset"
+    return f"{doc.get('role')} {doc.get('path')} sha256 {str(doc.get('sha256'))[:12]}… seed {doc.get('seed')} " \
+           f"count {doc.get('count')}"
+
+
+def _lines(data: bytes, path: Path, what: str):
+    for number, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            yield number, orjson.loads(line)
+        except orjson.JSONDecodeError:
+            raise ScenarioError(f"{path}:{number}: {what}: expected one JSON object a line (JSONL)") from None
+
+
+def _item(doc: Any, number: int, path: Path, what: str, role: str, max_tokens: int) -> Probe:
+    where = f"{path}:{number}: {what}"
+    if not (isinstance(doc, dict) and (isinstance(doc.get("prompt"), str) or isinstance(doc.get("messages"), list))):
+        raise ScenarioError(f"{where}: expected an object with prompt or messages")
+    tokens = doc.get("max_tokens", max_tokens)
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
+        raise ScenarioError(f"{where}: max_tokens: expected an integer >= 1, got {tokens!r}")
+    messages = tuple(doc["messages"]) if "messages" in doc else None
+    if role == "companion":
+        # As companion files always were read: an id of any kind, and either input is accepted.
+        return Probe(id=f"companion:{doc.get('id', f'line{number}')}", prompt=doc.get("prompt"), messages=messages,
+                     max_tokens=tokens)
+    # Probes are compared and their text cut into prefixes: the same rules as a [[probes]] table.
+    if ("prompt" in doc) == ("messages" in doc):
+        raise ScenarioError(f"{where}: expected exactly one of prompt or messages")
+    if messages is not None and not (messages and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages)):
+        raise ScenarioError(f"{where}: messages: expected a non-empty list of {{role, content}} objects")
+    pid = doc.get("id", f"{path.stem}:{number}")
+    if not isinstance(pid, str | int) or isinstance(pid, bool) or pid == "":
+        raise ScenarioError(f"{where}: id: expected a non-empty string, got {pid!r}")
+    return Probe(id=str(pid), prompt=doc.get("prompt"), messages=messages, max_tokens=tokens)
