@@ -1,4 +1,8 @@
-"""Time the comparator alone: records.jsonl → summary (matrices), as `kevload report` does it."""
+"""Time the comparator alone: records.jsonl → summary (matrices), as `kevload report` does it.
+
+An optional second argument is an SLO as JSON (``'{"ttft_ms": 500, "e2e_ms": 10000}'``): each record is then
+checked against its bounds too.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,11 @@ import time
 from pathlib import Path
 
 from kevload.compare import reduce_file, summarize
+from kevload.scenario import Slo
 
+slo = Slo(**json.loads(sys.argv[2])) if len(sys.argv) > 2 else None
 start = time.perf_counter()
-summary = summarize(reduce_file(Path(sys.argv[1])))
+summary = summarize(reduce_file(Path(sys.argv[1]), slo=slo))
 seconds = time.perf_counter() - start
 
 def hwm_mb() -> float:

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kevload import __version__, aio
-from kevload.report import FORMATS, render, verdict_line
+from kevload.report import FORMATS, render, slo_line, verdict_line
 from kevload.runs import finish_run, refuse_existing, run_scenario, single_run_id
 from kevload.scenario import ScenarioError, load_scenario
 from kevload.store import RECORDS, RUN, RunDirError, default_run_dir, open_run_dir, read_json, read_records
@@ -64,8 +64,9 @@ def main() -> None:
 def run(scenario: Path | None, resume: Path | None, retries: int | None, overrides: tuple[str, ...],
         out: Path | None, overwrite: bool, quiet: bool, baseline: Path | None, max_latency_regression: float,
         junit: Path | None, metrics: Path | None, dataset_seed: int | None) -> None:
-    """Run SCENARIO and print the uniqueness matrix. Exit 0 stable, 1 drift, 2 bad input, 3 target failed
-    (or inconclusive: a cell with fewer ok probe samples than asked)."""
+    """Run SCENARIO and print the uniqueness matrix. Exit 0 stable, 1 drift (or a cell under
+    load.min_slo_attainment), 2 bad input, 3 target failed (or inconclusive: a cell with fewer ok probe
+    samples than asked)."""
     from kevload.baseline import compare_to_baseline, load_baseline
 
     overrides = (*overrides, f"load.retries={retries}") if retries is not None else overrides
@@ -107,7 +108,7 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
     if metrics is not None:
         _write_metrics(metrics, result.summary, result.run_dir)
     _exit_if_signalled(signum)
-    code = _EXIT_FOR_VERDICT[result.summary["verdict"]]
+    code = _exit_code(result.summary)
     if reference is not None and code != EXIT_TARGET:
         changes = compare_to_baseline(result.summary, reference, max_latency_regression=max_latency_regression)
         for change in changes:
@@ -115,8 +116,8 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
                        f"{change.detail}")
         regressions = [c for c in changes if c.regression]
         click.echo(f"against baseline {baseline}: {len(regressions)} regression(s)")
-        # Drift the baseline had too is no news for a nightly job; only changes decide the exit code.
-        code = EXIT_DRIFT if regressions else EXIT_OK
+        # Drift the baseline had too is no news for a nightly job; only changes (and the SLO) decide the exit code.
+        code = EXIT_DRIFT if regressions or result.summary.get("slo_failed_cells") else EXIT_OK
     sys.exit(code)
 
 
@@ -152,7 +153,13 @@ def report(run_dir: Path, fmt: str, output: Path | None, metrics: Path | None) -
                 handle.write(text + "\n")
     if metrics is not None:
         _write_metrics(metrics, summary, run_dir)
-    sys.exit(_EXIT_FOR_VERDICT[summary["verdict"]])
+    sys.exit(_exit_code(summary))
+
+
+def _exit_code(summary: dict) -> int:
+    """The verdict's code; otherwise 1 when a probe cell is under load.min_slo_attainment (3 stays 3)."""
+    code = _EXIT_FOR_VERDICT[summary["verdict"]]
+    return EXIT_DRIFT if code == EXIT_OK and summary.get("slo_failed_cells") else code
 
 
 def _report_sweep(sweep_dir: Path, fmt: str, output: Path | None) -> None:
@@ -217,6 +224,8 @@ def _resumable(run_dir: Path, overrides: list[str]):
 def _print_summary(summary: dict, quiet: bool) -> None:
     if quiet:
         click.echo(verdict_line(summary))
+        if summary.get("slo"):
+            click.echo(slo_line(summary))
     else:
         render(summary, "table", Console())
 

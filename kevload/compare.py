@@ -4,6 +4,9 @@ supports.
 
 An output is its text (``sha256``) together with its ``finish_reason``: the same text ended for a
 different reason (``stop`` against ``length``) is a different answer, a divergence of kind ``finish``.
+
+With an SLO (``load.slo``) each ok record is checked against its bounds as it is reduced, exactly, not
+from the latency histograms, whose bins would blur a bound that falls inside one.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from kevload.scenario import Slo
 from kevload.stats import LatencyHistogram, drift_upper_bound
 from kevload.store import RunDirError, read_records, record_answer
 
@@ -32,6 +36,16 @@ OutputKey = tuple[str, str | None]  # sha256 of the text, finish_reason
 DIVERGENCE_KINDS = ("token", "length", "finish")
 # Characters of context kept on each side of a divergence point for the examples in the summary.
 _EXAMPLE_CONTEXT = 150
+# ttft, itl, tpot, e2e bounds in seconds (inf: not bounded), and whether one of the first three is given.
+SloLimits = tuple[float, float, float, float, bool]
+
+
+def slo_limits(slo: Slo | None) -> SloLimits | None:
+    """The SLO as the hot loop reads it: seconds, an unbounded measure as inf (a comparison that never fails)."""
+    if slo is None:
+        return None
+    seconds = [math.inf if ms is None else ms / 1000 for ms in (slo.ttft_ms, slo.itl_ms, slo.tpot_ms, slo.e2e_ms)]
+    return (*seconds, any(math.isfinite(x) for x in seconds[:3]))
 
 
 @dataclass
@@ -50,6 +64,10 @@ class CellAccumulator:
     max_in_flight: int | None = None  # the level's cap on requests in flight, from its records
     t_start: float = math.inf
     t_end: float = -math.inf
+    slo: SloLimits | None = None
+    slo_met: int = 0          # ok requests within every bound
+    slo_unmeasured: int = 0   # ok requests without a first token time where a bound needs one
+    slo_misses: dict[str, int] = field(default_factory=dict)  # ok requests over each bound (ttft, itl, tpot, e2e)
 
     def add(self, record: dict[str, Any]) -> None:
         # The comparator's hot loop (a million records in seconds): plain comparisons, no helpers.
@@ -77,20 +95,43 @@ class CellAccumulator:
         tokens = record.get("completion_tokens") or 0
         self.output_tokens += tokens
         latency = self.latency
-        latency["e2e"].add(t_last - t_send)
+        e2e = t_last - t_send
+        latency["e2e"].add(e2e)
         scheduled = record.get("t_scheduled")
         if scheduled is not None:
             # How late the client sent it: the client, not the server, is the limit when this grows.
             latency["lateness"].add(t_send - scheduled)
         t_first = record.get("t_first_token")
         chunks = record.get("chunks") or 0
+        # A one-token answer has no gap between tokens: nothing in it can miss an ITL or TPOT bound.
+        ttft = itl = tpot = 0.0
+        streamed = t_first is not None and chunks
         # Without streaming the first token arrives with the last: TTFT and TPOT would only restate e2e.
-        if t_first is not None and chunks:
-            latency["ttft"].add(t_first - t_send)
+        if streamed:
+            ttft = t_first - t_send
+            latency["ttft"].add(ttft)
             if (tokens or chunks) > 1:
-                latency["tpot"].add((t_last - t_first) / ((tokens or chunks) - 1))
+                tpot = (t_last - t_first) / ((tokens or chunks) - 1)
+                latency["tpot"].add(tpot)
             if chunks > 1:
-                latency["itl"].add((t_last - t_first) / (chunks - 1))
+                itl = (t_last - t_first) / (chunks - 1)
+                latency["itl"].add(itl)
+        slo = self.slo
+        if slo is None:
+            return
+        ttft_max, itl_max, tpot_max, e2e_max, needs_first_token = slo
+        if needs_first_token and not streamed:
+            # No first token time: the request cannot be shown to meet the SLO, so it does not.
+            self.slo_unmeasured += 1
+            return
+        if e2e <= e2e_max and ttft <= ttft_max and itl <= itl_max and tpot <= tpot_max:
+            self.slo_met += 1
+            return
+        misses = self.slo_misses
+        for name, value, limit in (("ttft", ttft, ttft_max), ("itl", itl, itl_max), ("tpot", tpot, tpot_max),
+                                   ("e2e", e2e, e2e_max)):
+            if value > limit:
+                misses[name] = misses.get(name, 0) + 1
 
     def merge(self, other: CellAccumulator) -> None:
         """Fold another part of the same cell in (the parallel reader splits files)."""
@@ -109,6 +150,10 @@ class CellAccumulator:
         self.output_tokens += other.output_tokens
         self.t_start = min(self.t_start, other.t_start)
         self.t_end = max(self.t_end, other.t_end)
+        self.slo_met += other.slo_met
+        self.slo_unmeasured += other.slo_unmeasured
+        for name, n in other.slo_misses.items():
+            self.slo_misses[name] = self.slo_misses.get(name, 0) + n
 
     @property
     def ok(self) -> int:
@@ -119,6 +164,11 @@ class CellAccumulator:
 class Reduction:
     cells: dict[CellKey, CellAccumulator] = field(default_factory=dict)
     records: int = 0
+    slo: Slo | None = None
+    limits: SloLimits | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        self.limits = slo_limits(self.slo)
 
     def add(self, record: dict[str, Any]) -> None:
         # Warm-ups and sends below full load (a level's ramp-up) are on record but are no evidence.
@@ -127,7 +177,7 @@ class Reduction:
         key = (record["probe"], record["role"], record["mode"], record["concurrency"], record.get("rate"))
         cell = self.cells.get(key)
         if cell is None:
-            cell = self.cells[key] = CellAccumulator(max_in_flight=record.get("max_in_flight"))
+            cell = self.cells[key] = CellAccumulator(max_in_flight=record.get("max_in_flight"), slo=self.limits)
         cell.add(record)
         self.records += 1
 
@@ -140,14 +190,14 @@ class Reduction:
         self.records += other.records
 
 
-def reduce_file(path: Path, workers: int | None = None) -> Reduction:
+def reduce_file(path: Path, workers: int | None = None, *, slo: Slo | None = None) -> Reduction:
     """Reduce a records file; large files are split at line boundaries and read by parallel processes."""
     workers = workers or os.cpu_count() or 1
     size = path.stat().st_size
     if workers < 2 or size < _PARALLEL_BYTES:
-        return reduce_records(read_records(path))
+        return reduce_records(read_records(path), slo=slo)
     cuts = _line_cuts(path, size, workers)
-    ranges = [(str(path), start, end, end == size) for start, end in zip(cuts, cuts[1:], strict=False)]
+    ranges = [(str(path), start, end, end == size, slo) for start, end in zip(cuts, cuts[1:], strict=False)]
     with multiprocessing.get_context("fork").Pool(len(ranges)) as pool:
         parts = pool.starmap(_reduce_range, ranges)
     total = parts[0]
@@ -156,15 +206,15 @@ def reduce_file(path: Path, workers: int | None = None) -> Reduction:
     return total
 
 
-def reduce_records(records: Iterable[dict[str, Any]]) -> Reduction:
-    reduction = Reduction()
+def reduce_records(records: Iterable[dict[str, Any]], *, slo: Slo | None = None) -> Reduction:
+    reduction = Reduction(slo=slo)
     for record in records:
         reduction.add(record)
     return reduction
 
 
 def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
-              samples_asked: int | None = None) -> dict[str, Any]:
+              samples_asked: int | None = None, min_slo_attainment: float | None = None) -> dict[str, Any]:
     """The summary document: ``cells`` (one per probe × role × mode × level), ``matrix`` and ``verdict``.
 
     The error share and the target-failed rule count probe requests only: companions only shape
@@ -176,6 +226,11 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
     share over ``max_error_share``) · ``nondeterministic`` (a probe cell drifts; drift seen is drift,
     however few samples) · ``inconclusive`` (no drift, but a probe cell is short of samples) ·
     ``deterministic``.
+
+    With an SLO (the reduction's ``slo``) every cell has ``slo_attainment`` (requests within every bound
+    over all its requests, failed ones included: a failed request met nothing) and ``goodput`` (those
+    requests per second of the cell's duration); a probe cell under ``min_slo_attainment`` is named in
+    ``slo_failed_cells``. The verdict stays about determinism: the SLO is a separate gate.
     """
     cells: list[dict[str, Any]] = []
     groups: dict[tuple[str, str, str], list[tuple[int, float | None]]] = {}
@@ -189,7 +244,7 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
         for level in levels:
             cell = reduction.cells[(probe, role, mode, *level)]
             cells.append(_cell_summary(probe, role, mode, level, levels[0], cell, reference, serial_modal,
-                                       asked=asked))
+                                       asked=asked, min_slo_attainment=min_slo_attainment))
     probe_cells = [c for c in cells if c["role"] == "probe"]
     companion_cells = [c for c in cells if c["role"] != "probe"]
     probe_ok = sum(c["ok"] for c in probe_cells)
@@ -226,6 +281,11 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
         "drift_cells": [cell_name(c) for c in drift],
         "short_cells": [cell_name(c) for c in short],
         "matrix": distinct_matrix(probe_cells),
+        "slo": reduction.slo.bounds() if reduction.slo else None,
+        "min_slo_attainment": min_slo_attainment if reduction.slo else None,
+        # Only an explicit minimum gates: without one the SLO is measured, not enforced.
+        "slo_failed_cells": [cell_name(c) for c in probe_cells if min_slo_attainment is not None
+                             and reduction.slo and not c["meets_slo"]],
         "cells": cells,
     }
 
@@ -340,7 +400,8 @@ def _label_order(label: str, cells: list[dict[str, Any]]) -> tuple[int, float]:
 
 def _cell_summary(probe: str, role: str, mode: str, level: tuple[int, float | None],
                   ref_level: tuple[int, float | None], cell: CellAccumulator, reference: CellAccumulator,
-                  serial_modal: OutputKey | None, *, asked: int | None) -> dict[str, Any]:
+                  serial_modal: OutputKey | None, *, asked: int | None,
+                  min_slo_attainment: float | None = None) -> dict[str, Any]:
     ok = cell.ok
     counts = np.fromiter(cell.counts.values(), dtype=np.int64, count=len(cell.counts))
     modal = _modal(cell)
@@ -394,7 +455,23 @@ def _cell_summary(probe: str, role: str, mode: str, level: tuple[int, float | No
     if out["duration_s"]:
         out["requests_per_s"] = round((ok + sum(cell.errors.values())) / out["duration_s"], 3)
         out["output_tokens_per_s"] = round(cell.output_tokens / out["duration_s"], 3)
+    if cell.slo is not None:
+        out.update(slo_fields(cell.slo_met, ok + sum(cell.errors.values()), out["duration_s"], min_slo_attainment))
+        out["slo_unmeasured"] = cell.slo_unmeasured
+        out["slo_misses"] = dict(sorted(cell.slo_misses.items()))
     return out
+
+
+def slo_fields(met: int, requests: int, duration_s: float | None,
+               min_attainment: float | None) -> dict[str, Any]:
+    """A cell's SLO numbers. Attainment counts failed requests in its denominator (they met no bound);
+    goodput is over the cell's duration, like requests_per_s. A level meets the SLO at attainment ≥ the
+    minimum, or at 1.0 when none is given: no slack the user did not write down."""
+    attainment = met / requests if requests else 0.0
+    threshold = 1.0 if min_attainment is None else min_attainment
+    return {"slo_met": met, "slo_attainment": round(attainment, 6),
+            "goodput": round(met / duration_s, 3) if duration_s else None,
+            "meets_slo": attainment >= threshold}
 
 
 def _divergence(cell: CellAccumulator, ref_text: str, ref_tokens: list | None,
@@ -458,8 +535,8 @@ def _line_cuts(path: Path, size: int, parts: int) -> list[int]:
     return cuts + [size]
 
 
-def _reduce_range(path: str, start: int, end: int, is_last: bool) -> Reduction:
-    reduction = Reduction()
+def _reduce_range(path: str, start: int, end: int, is_last: bool, slo: Slo | None) -> Reduction:
+    reduction = Reduction(slo=slo)
     with open(path, "rb") as handle:
         handle.seek(start)
         position = start

@@ -8,7 +8,17 @@ from collections.abc import Iterable
 from typing import Any
 
 from kevload.compare import level_label, level_sort_key, levels_of
-from kevload.report import cell_phrase, cell_text, errors_text, footnotes, kinds_text, verdict_line
+from kevload.report import (
+    attainment_text,
+    cell_phrase,
+    cell_text,
+    errors_text,
+    footnotes,
+    kinds_text,
+    slo_bounds_text,
+    slo_line,
+    verdict_line,
+)
 from kevload.store import redact
 
 STABLE = "#2e7d32"
@@ -40,6 +50,7 @@ def run_report(summary: dict[str, Any], meta: dict[str, Any], records: Iterable[
         f"<p class=verdict>{_e(verdict_line(summary))}</p>",
         "<h2>Distinct outputs per probe × level</h2>", _heatmap(rows, levels_of(cells)), _notes(summary),
         "<h2>Latency by level</h2>", _latency(cells),
+        f"<p>{_e(slo_line(summary))}</p>" if summary.get("slo") else "",
         "<h2>Where outputs first diverge</h2>", _divergence(cells),
         "<h2>Errors over time</h2>", _timeline(records),
         # Masked again here: a run.json written before header values stopped being stored may still hold some.
@@ -61,9 +72,25 @@ def sweep_report(sweep: dict[str, Any]) -> str:
             f"<td>{_num(by_level.get(lv, {}).get('requests_per_s'))}</td>" for lv in sweep["levels"]) + "</tr>")
     throughput.append("</table>")
     body = ["<h1>kevload sweep</h1>", f"<pre>{_e(json.dumps(sweep['grid'], indent=2))}</pre>",
+            *_max_at_slo(sweep),
             "<h2>Distinct outputs per setting × level</h2>", _heatmap(rows, sweep["levels"]),
             "<h2>Throughput</h2>", "".join(throughput)]
     return _page("kevload sweep", body)
+
+
+def _max_at_slo(sweep: dict[str, Any]) -> list[str]:
+    """First on the page when there is an SLO: per setting, the highest level that met it."""
+    rows = [row for row in sweep["rows"] if row.get("max_at_slo")]
+    if not rows:
+        return []
+    out = ["<table><tr><th>setting</th><th>probe</th><th>max level at SLO</th><th>SLO</th></tr>"]
+    for row in rows:
+        minimum = row.get("min_slo_attainment")
+        within = f"≥ {minimum:.1%} within " if minimum is not None else "all within "
+        for probe, level in row["max_at_slo"].items():
+            out.append(f"<tr><td>{_e(row['setting'])}</td><td>{_e(probe)}</td><td>{_e(level or 'none')}</td>"
+                       f"<td>{_e(within + slo_bounds_text(row['slo']))}</td></tr>")
+    return ["<h2>Highest level at SLO</h2>", "".join(out) + "</table>"]
 
 
 def _heatmap(rows: dict[str, dict[str, dict[str, Any]]], levels: list[str]) -> str:
@@ -93,8 +120,10 @@ def _notes(summary: dict[str, Any]) -> str:
 
 def _latency(cells: list[dict[str, Any]]) -> str:
     metrics = ("ttft", "itl", "tpot", "e2e")
+    slo = any(c.get("slo_attainment") is not None for c in cells)
     out = ["<table><tr><th>probe / level</th>" + "".join(f"<th>{m} p50</th><th>{m} p99</th>" for m in metrics)
-           + "<th>tok/s</th><th>req/s</th><th>errors</th></tr>"]
+           + "<th>tok/s</th><th>req/s</th><th>errors</th>"
+           + ("<th>SLO met</th><th>goodput/s</th>" if slo else "") + "</tr>"]
     top = max((c.get("latency", {}).get("e2e", {}).get("p99") or 0 for c in cells), default=0) or 1
     bars = []
     for i, c in enumerate(sorted(cells, key=lambda c: (c["probe"], c["mode"], level_sort_key(c)))):
@@ -104,7 +133,8 @@ def _latency(cells: list[dict[str, Any]]) -> str:
             stats = lat.get(m) or {}
             out.append(f"<td>{_ms(stats.get('p50'))}</td><td>{_ms(stats.get('p99'))}</td>")
         out.append(f"<td>{_num(c.get('output_tokens_per_s'))}</td><td>{_num(c.get('requests_per_s'))}</td>"
-                   f"<td>{_e(errors_text([c]))}</td></tr>")
+                   f"<td>{_e(errors_text([c]))}</td>"
+                   + (f"<td>{_e(attainment_text(c))}</td><td>{_num(c.get('goodput'))}</td>" if slo else "") + "</tr>")
         e2e = lat.get("e2e") or {}
         y = 10 + i * 22
         for value, colour, offset in ((e2e.get("p99"), "#90caf9", 0), (e2e.get("p50"), "#1565c0", 0)):

@@ -9,7 +9,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from kevload.compare import level_label, level_sort_key, levels_of
+from kevload.compare import cell_name, level_label, level_sort_key, levels_of
 
 FORMATS = ("table", "json", "markdown", "html")
 
@@ -26,6 +26,8 @@ def render(summary: dict[str, Any], fmt: str, console: Console | None = None) ->
         console.print(note, highlight=False)
     console.print(latency_table(summary))
     console.print(verdict_line(summary))
+    if summary.get("slo"):
+        console.print(slo_line(summary), highlight=False)
     return None
 
 
@@ -119,7 +121,9 @@ def errors_text(cells: Iterable[dict[str, Any]]) -> str:
 def latency_table(summary: dict[str, Any]) -> Table:
     """Latency and throughput per probe × level, in milliseconds: the "is it fast" half of a run."""
     grid = Table(title="latency (ms, p50 / p99) and throughput", title_justify="left")
-    for name in ("probe (mode)", "level", "n", "ttft", "itl", "tpot", "e2e", "tok/s", "req/s", "late p99"):
+    slo = bool(summary.get("slo"))
+    for name in ("probe (mode)", "level", "n", "ttft", "itl", "tpot", "e2e", "tok/s", "req/s", "late p99",
+                 *(("SLO met", "goodput/s") if slo else ())):
         grid.add_column(name, justify="left" if name.startswith("probe") else "right")
     for c in sorted(_probe_cells(summary), key=lambda c: (c["probe"], c["mode"], level_sort_key(c))):
         lat = c.get("latency", {})
@@ -127,8 +131,52 @@ def latency_table(summary: dict[str, Any]) -> Table:
         grid.add_row(f"{c['probe']} ({c['mode']})", level_label(c), str(c["ok"]),
                      *(_p50_p99(lat.get(k)) for k in ("ttft", "itl", "tpot", "e2e")),
                      _fmt(c.get("output_tokens_per_s")), _fmt(c.get("requests_per_s")),
-                     f"{late * 1000:.2f}" if late is not None else "-")
+                     f"{late * 1000:.2f}" if late is not None else "-",
+                     *((attainment_text(c), _fmt(c.get("goodput"))) if slo else ()))
     return grid
+
+
+def slo_bounds_text(bounds: dict[str, float]) -> str:
+    """``ttft ≤ 500 ms, e2e ≤ 10000 ms``."""
+    return ", ".join(f"{name.removesuffix('_ms')} ≤ {value:g} ms" for name, value in bounds.items())
+
+
+def attainment_text(cell: dict[str, Any]) -> str:
+    """``40.0%``, marked ``✗`` when the cell is under the SLO's attainment; ``-`` without an SLO."""
+    if cell.get("slo_attainment") is None:
+        return "-"
+    return f"{cell['slo_attainment']:.1%}" + ("" if cell["meets_slo"] else " ✗")
+
+
+def slo_cell_text(cell: dict[str, Any]) -> str:
+    """``4 of 10 requests within the SLO (over ttft: 6)``: what kept a cell's requests out of it."""
+    requests = cell["ok"] + sum(cell["errors"].values())
+    why = [f"over {name}: {n}" for name, n in cell.get("slo_misses", {}).items()]
+    if cell.get("slo_unmeasured"):
+        why.append(f"no first token time: {cell['slo_unmeasured']}")
+    if requests > cell["ok"]:
+        why.append(f"failed: {requests - cell['ok']}")
+    return f"{cell['slo_met']} of {requests} requests within the SLO" + (f" ({', '.join(why)})" if why else "")
+
+
+def slo_line(summary: dict[str, Any]) -> str:
+    """What the SLO says about the run: the cells under the minimum attainment, or the lowest one."""
+    cells = [c for c in _probe_cells(summary) if c.get("slo_attainment") is not None]
+    minimum = summary.get("min_slo_attainment")
+    head = f"SLO {slo_bounds_text(summary['slo'])}"
+    if not cells:
+        return f"{head}: no probe cell"
+    if minimum is None:
+        low = min(cells, key=lambda c: c["slo_attainment"])
+        return (f"{head} (measured, not enforced: no load.min_slo_attainment): lowest attainment "
+                f"{low['slo_attainment']:.1%} at {low['probe']} ({low['mode']}) {level_label(low)}, "
+                f"{slo_cell_text(low)}")
+    failed = [c for c in cells if not c["meets_slo"]]
+    if not failed:
+        return f"{head}: met, every probe cell has ≥ {minimum:.1%} of its requests within it"
+    return (f"{head}: MISSED, {len(failed)} probe cell(s) under {minimum:.1%}: "
+            + "; ".join(f"{c['probe']} ({c['mode']}) {level_label(c)} {c['slo_attainment']:.1%}, "
+                        f"{slo_cell_text(c)}" for c in failed))
 
 
 def _p50_p99(stats: dict[str, float] | None) -> str:
@@ -196,6 +244,13 @@ def markdown(summary: dict[str, Any]) -> str:
     if notes:
         lines += [""] + [f"- {note}" for note in notes]
     lines += ["", verdict_line(summary), ""]
+    if summary.get("slo"):
+        lines += ["| probe (mode) | level | requests | within SLO | attainment | goodput/s |",
+                  "| --- | --- | ---: | ---: | ---: | ---: |"]
+        for c in sorted(cells, key=lambda c: (c["probe"], c["mode"], level_sort_key(c))):
+            lines.append(f"| {c['probe']} ({c['mode']}) | {level_label(c)} | {c['ok'] + sum(c['errors'].values())} "
+                         f"| {c['slo_met']} | {attainment_text(c)} | {_fmt(c.get('goodput'))} |")
+        lines += ["", slo_line(summary), ""]
     return "\n".join(lines)
 
 
@@ -286,11 +341,13 @@ def _num(value: Any) -> str:
 
 
 def junit_xml(summary: dict[str, Any], suite: str = "kevload") -> str:
-    """JUnit XML, one testcase per probe × level; drift, no ok sample or a short cell is a failure."""
+    """JUnit XML, one testcase per probe × level; drift, no ok sample, a short cell or one under
+    ``load.min_slo_attainment`` is a failure."""
     from xml.etree import ElementTree as ET
 
     cells = _probe_cells(summary)
-    failures = sum(1 for c in cells if c["drift"] or c["ok"] == 0 or c.get("short"))
+    slo_failed = set(summary.get("slo_failed_cells") or ())
+    failures = sum(1 for c in cells if c["drift"] or c["ok"] == 0 or c.get("short") or cell_name(c) in slo_failed)
     seconds = sum(c.get("duration_s") or 0 for c in cells)
     root = ET.Element("testsuites", name=suite, tests=str(len(cells)), failures=str(failures), errors="0",
                       time=f"{seconds:.3f}")
@@ -300,20 +357,30 @@ def junit_xml(summary: dict[str, Any], suite: str = "kevload") -> str:
         case = ET.SubElement(group, "testcase", classname=f"{suite}.{c['probe']}.{c['mode']}",
                              name=level_label(c), time=f"{c.get('duration_s') or 0:.3f}")
         short = f"; short: {short_text(c)}" if c.get("short") else ""
+        # One failure per testcase: the SLO is named inside a determinism failure, or is the failure itself.
+        slo = (f"; under the SLO's minimum attainment {summary['min_slo_attainment']:.1%}: "
+               f"{c['slo_attainment']:.1%}, {slo_cell_text(c)}" if cell_name(c) in slo_failed else "")
         if c["ok"] == 0:
             ET.SubElement(case, "failure", message="no ok sample", type="target_failed").text = (
-                f"errors: {_counts(c['errors'])}")
+                f"errors: {_counts(c['errors'])}{slo}")
         elif c["drift"]:
             kinds = kinds_text(c)
             text = (f"{cell_phrase(c, ' samples')}; first divergence at char {c['first_divergence_chars']}, "
                     f"token {c['first_divergence_tokens']}; {c['divergent_requests']} requests differ from the "
-                    f"serial output" + (f" (kinds: {kinds})" if kinds else "") + short)
+                    f"serial output" + (f" (kinds: {kinds})" if kinds else "") + short + slo)
             ET.SubElement(case, "failure", message=cell_phrase(c), type="nondeterminism").text = text
         elif c.get("short"):
             ET.SubElement(case, "failure", message=f"short of samples: {c['ok']} of {c['asked']} ok",
                           type="inconclusive").text = (
-                f"1 output in {c['ok']} samples, fewer than the {c['asked']} asked: {short_text(c)}")
+                f"1 output in {c['ok']} samples, fewer than the {c['asked']} asked: {short_text(c)}{slo}")
+        elif slo:
+            ET.SubElement(case, "failure", type="slo", message=(
+                f"SLO attainment {c['slo_attainment']:.1%} under {summary['min_slo_attainment']:.1%}")).text = (
+                f"SLO {slo_bounds_text(summary['slo'])}: {slo_cell_text(c)}; 1 output in {c['ok']} samples")
         else:
+            within = (f"; SLO attainment {c['slo_attainment']:.1%} ({slo_cell_text(c)})"
+                      if c.get("slo_attainment") is not None else "")
             ET.SubElement(case, "system-out").text = (
-                f"1 output in {c['ok']} samples; drift rate < {c['drift_rate_upper_95']:.2%} at 95% confidence")
+                f"1 output in {c['ok']} samples; drift rate < {c['drift_rate_upper_95']:.2%} at 95% confidence"
+                + within)
     return ET.tostring(root, encoding="unicode", xml_declaration=True)

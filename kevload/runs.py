@@ -18,7 +18,7 @@ import orjson
 from kevload import __version__, engine
 from kevload.client import Client
 from kevload.compare import reduce_file, summarize
-from kevload.scenario import Scenario
+from kevload.scenario import Scenario, Slo
 from kevload.store import (
     RECORDS,
     RUN,
@@ -140,7 +140,9 @@ def finish_run(run_dir: Path, *, state: str | None = None, meta: dict[str, Any] 
     max_error_share = meta["load"]["max_error_share"]
     # A level run for a duration has no asked number of samples: only samples-bound cells can be short.
     asked = None if meta["load"].get("duration") else meta["load"].get("samples")
-    summary = summarize(reduce_file(run_dir / RECORDS), max_error_share=max_error_share, samples_asked=asked)
+    slo = Slo(**meta["load"]["slo"]) if meta["load"].get("slo") else None  # runs before SLOs have none
+    summary = summarize(reduce_file(run_dir / RECORDS, slo=slo), max_error_share=max_error_share,
+                        samples_asked=asked, min_slo_attainment=meta["load"].get("min_slo_attainment"))
     summary["run_id"] = meta.get("run_id")
     summary["scenario"] = meta.get("scenario_name")
     summary["state"] = state or meta.get("state")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import tomllib
 from collections.abc import Iterator
@@ -19,6 +20,9 @@ if TYPE_CHECKING:
 MODES = ("single", "mixed", "prefix", "needle")
 ARRIVALS = ("constant", "poisson")
 APIS = ("chat", "completions")
+# Bounds that need the first token's time, which only a streamed answer shows.
+STREAMED_BOUNDS = ("ttft_ms", "itl_ms", "tpot_ms")
+SLO_BOUNDS = (*STREAMED_BOUNDS, "e2e_ms")
 
 
 class ScenarioError(ValueError):
@@ -54,6 +58,22 @@ class Probe:
 
 
 @dataclass(frozen=True)
+class Slo:
+    """Per-request latency bounds in milliseconds (None: not bounded). A request meets the SLO when it
+    is ok and within every given bound; ``itl_ms`` and ``tpot_ms`` bound the request's mean gap, the
+    quantities the latency table reports."""
+
+    ttft_ms: float | None = None
+    itl_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+
+    def bounds(self) -> dict[str, float]:
+        """The given bounds only, by name: ``{"ttft_ms": 500.0, "e2e_ms": 10000.0}``."""
+        return {name: getattr(self, name) for name in SLO_BOUNDS if getattr(self, name) is not None}
+
+
+@dataclass(frozen=True)
 class Load:
     mode: str = "single"
     concurrency: tuple[int, ...] = (1,)
@@ -73,6 +93,8 @@ class Load:
     retries: int = 0               # retries of 429/503 (none by default: a retry hides evidence)
     dataset_seed: int = 0          # which lines JSONL datasets contribute (--dataset-seed)
     companion_count: int = 0       # lines chosen from a load.companions file (0: every line)
+    slo: Slo | None = None         # per-request latency bounds: slo_attainment and goodput per cell
+    min_slo_attainment: float | None = None  # a probe cell below this share fails (JUnit, exit 1)
 
 
 @dataclass(frozen=True)
@@ -204,6 +226,14 @@ def scenario_from_dict(raw: dict[str, Any], *, source: str, name: str = "scenari
         v.fail("load.prefix_lengths", "a list of integers >= 1", list(load.prefix_lengths))
     if load.companion_count < 0:
         v.fail("load.companion_count", "an integer >= 0 (0: every line)", load.companion_count)
+    if load.slo is not None:
+        load = replace(load, slo=_slo(v, load.slo, load.stream))
+    if load.min_slo_attainment is not None:
+        if load.slo is None:
+            v.fail("load.min_slo_attainment", "a load.slo table beside it (the bounds to attain)",
+                   load.min_slo_attainment)
+        if not 0 <= load.min_slo_attainment <= 1:
+            v.fail("load.min_slo_attainment", "a share between 0 and 1", load.min_slo_attainment)
     load = replace(load, concurrency=tuple(sorted(set(load.concurrency))), rate=tuple(sorted(set(load.rate))))
     probes, datasets = _probes_and_datasets(v, probes_raw, load)
     ids = [p.id for p in probes]
@@ -244,6 +274,8 @@ _LOAD_RULES: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "retries": (int, False),
     "dataset_seed": (int, False),
     "companion_count": (int, False),
+    "slo": (dict, False),
+    "min_slo_attainment": ((int, float), False),
 }
 
 _LIST_OF_INT = {"load.concurrency", "load.prefix_lengths"}
@@ -304,6 +336,21 @@ def _probe(v: _Validator, item: Any, where: str) -> Probe:
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
         v.fail(f"{where}.max_tokens", "an integer >= 1", max_tokens)
     return Probe(id=pid, prompt=item.get("prompt"), messages=messages, max_tokens=max_tokens)
+
+
+def _slo(v: _Validator, table: dict[str, Any], stream: bool) -> Slo:
+    v.known(table, "load.slo", set(SLO_BOUNDS))
+    if not table:
+        v.fail("load.slo", f"at least one of {', '.join(SLO_BOUNDS)}", table)
+    for key, value in table.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+            v.fail(f"load.slo.{key}", "a number of milliseconds > 0", value)
+        if key in STREAMED_BOUNDS and not stream:
+            # Refused rather than guessed: without streaming the first token arrives with the whole
+            # answer, so TTFT would only restate e2e and ITL/TPOT would not be measured at all.
+            v.fail(f"load.slo.{key}", "load.stream = true beside it (only a streamed answer shows its first "
+                   "token's time)", value)
+    return Slo(**{key: float(value) for key, value in table.items()})
 
 
 def _messages(v: _Validator, value: Any, where: str) -> tuple[dict[str, str], ...]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kevload.compare import level_label, level_sort_key
-from kevload.report import verdict_line
+from kevload.report import attainment_text, slo_bounds_text, verdict_line
 from kevload.runs import run_scenario
 from kevload.scenario import ScenarioError, load_scenario
 from kevload.servers import free_port, start_server, wait_ready
@@ -81,10 +81,11 @@ async def run_sweep(scenario_path: Path, overrides: list[str], grid: Grid, *, ou
                 scenario = load_scenario(scenario_path, overrides + sets + _sets(combo))
                 log(f"  running {name} …")
                 result = await run_scenario(scenario, out / _dirname(name), stop=stop)
-                rows.append({"setting": name, "server": server_setting, "scenario": combo,
-                             "run": str(result.run_dir), "verdict": result.summary["verdict"],
-                             "verdict_line": verdict_line(result.summary),
-                             "cells": [_cell(c) for c in result.summary["cells"] if c["role"] == "probe"]})
+                rows.append(_row({"setting": name, "server": server_setting, "scenario": combo,
+                                  "run": str(result.run_dir), "verdict": result.summary["verdict"],
+                                  "verdict_line": verdict_line(result.summary),
+                                  "cells": [_cell(c) for c in result.summary["cells"] if c["role"] == "probe"]},
+                                 result.summary))
     sweep = {"grid": {"server": grid.server, "scenario": grid.scenario}, "rows": rows,
              "levels": _levels(rows), "complete": not stop.is_set()}
     write_json(out / "sweep.json", sweep)
@@ -125,14 +126,26 @@ def _fill(text: str, values: dict[str, Any]) -> str:
 
 
 def sweep_markdown(sweep: dict[str, Any]) -> str:
+    """Settings × levels; with an SLO, the highest level at SLO comes first: what a capacity planner reads."""
     levels = sweep["levels"]
-    lines = ["| setting | probe (mode) | " + " | ".join(levels) + " |",
-             "| --- | --- | " + " | ".join("---:" for _ in levels) + " |"]
+    slo = any(row.get("slo") for row in sweep["rows"])
+    first = [f"max {_level_kind(levels)} at SLO"] if slo else []
+    lines = ["| setting | probe (mode) | " + " | ".join(first + levels) + " |",
+             "| --- | --- | " + " | ".join("---:" for _ in first + levels) + " |"]
     for row in sweep["rows"]:
         for probe, cells in _by_probe(row).items():
             texts = [sweep_cell_text(cells.get(level)) for level in levels]
+            if slo:
+                texts.insert(0, (row.get("max_at_slo", {}).get(probe) or "none") if row.get("slo") else "-")
             lines.append(f"| {row['setting']} | {probe} | " + " | ".join(texts) + " |")
-    return "\n".join(lines) + "\n\ncells: distinct outputs (DRIFT when they differ from serial) · requests/s\n"
+    legend = "cells: distinct outputs (DRIFT when they differ from serial) · requests/s"
+    notes = [legend + (" · share of requests within the SLO (✗: under it)" if slo else "")]
+    slo_notes = {row["setting"]: _slo_note(row) for row in sweep["rows"] if row.get("slo")}
+    if len(set(slo_notes.values())) == 1:
+        notes.append(next(iter(slo_notes.values())))
+    else:  # the grid sweeps the SLO itself: each setting says its own
+        notes += [f"{setting}: {note}" for setting, note in slo_notes.items()]
+    return "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"
 
 
 def sweep_cell_text(cell: dict[str, Any] | None) -> str:
@@ -140,7 +153,42 @@ def sweep_cell_text(cell: dict[str, Any] | None) -> str:
         return "-"
     mark = (" DRIFT" if cell["distinct"] > 1 else " all≠serial") if cell["drift"] else ""
     rps = f" · {cell['requests_per_s']:.1f}/s" if cell.get("requests_per_s") else ""
-    return f"{cell['distinct']}{mark}{rps}"
+    slo = f" · {attainment_text(cell)}" if cell.get("slo_attainment") is not None else ""
+    return f"{cell['distinct']}{mark}{rps}{slo}"
+
+
+def max_level_at_slo(cells: list[dict[str, Any]]) -> str | None:
+    """The highest level up to which every level met the SLO; None when even the lowest missed it.
+
+    A level that misses stops the count: a lucky higher level must not overstate the capacity.
+    """
+    best = None
+    for cell in sorted(cells, key=level_sort_key):
+        if not cell.get("meets_slo"):
+            break
+        best = cell["level"]
+    return best
+
+
+def _row(row: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
+    """A sweep row with its SLO and, per probe, the highest level that met it."""
+    if not summary.get("slo"):
+        return row
+    return {**row, "slo": summary["slo"], "min_slo_attainment": summary["min_slo_attainment"],
+            "max_at_slo": {probe: max_level_at_slo(list(cells.values())) for probe, cells in _by_probe(row).items()}}
+
+
+def _level_kind(levels: list[str]) -> str:
+    if levels and all(level.startswith("r=") for level in levels):
+        return "rate"
+    return "concurrency" if all(level.startswith("c=") for level in levels) else "level"
+
+
+def _slo_note(row: dict[str, Any]) -> str:
+    minimum = row.get("min_slo_attainment")
+    share = f"at least {minimum:.1%}" if minimum is not None else "all (no load.min_slo_attainment given)"
+    return (f"SLO {slo_bounds_text(row['slo'])}: a level meets it when {share} of its requests are within every "
+            "bound; max at SLO is the highest level up to which every level met it")
 
 
 def _by_probe(row: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
@@ -152,7 +200,8 @@ def _by_probe(row: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
 
 def _cell(c: dict[str, Any]) -> dict[str, Any]:
     keep = ("probe", "mode", "concurrency", "rate", "ok", "distinct", "drift", "first_divergence_chars",
-            "requests_per_s", "output_tokens_per_s", "errors", "latency")
+            "requests_per_s", "output_tokens_per_s", "errors", "latency", "slo_met", "slo_attainment", "goodput",
+            "meets_slo")
     return {**{k: c.get(k) for k in keep}, "level": level_label(c)}
 
 

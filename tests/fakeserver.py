@@ -29,6 +29,7 @@ class Behaviour:
     """What the server does; tests set these fields before (or between) runs."""
 
     latency: float = 0.02           # seconds each request is held, so concurrent requests overlap
+    latency_per_overlap: float = 0.0  # extra seconds per other request in flight on arrival: slower under load
     words: int = 12
     sampling: bool = False          # temperature > 0 without a seed gives random outputs
     seed_honoured: bool = True      # a fixed seed makes sampling repeatable
@@ -163,7 +164,7 @@ class FakeServer:
                 request.transport.write(b"H")
                 request.transport.abort()
                 raise ConnectionResetError
-            await asyncio.sleep(b.latency + b.ttft)
+            await asyncio.sleep(b.latency + b.ttft + b.latency_per_overlap * (len(self._active) - 1))
         finally:
             self._active.pop(me, None)
         text = self._answer(body, prompt, state)
