@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kevload import __version__
-from kevload.client import Client, Outcome, build_body
+from kevload.client import Client, Outcome, ask_for_logprobs, build_body
 from kevload.compare import reduce_file, summarize
 from kevload.scenario import Probe, Scenario
 from kevload.store import (
@@ -80,6 +80,7 @@ async def run_scenario(scenario: Scenario, run_dir: Path | None = None, *,
         run_dir = run_dir or Path("results") / run_id
         run_dir.mkdir(parents=True, exist_ok=True)
         meta = _run_meta(scenario, run_id, secrets)
+    scenario, meta["logprobs"] = await ask_for_logprobs(scenario, api_key)
     write_json(run_dir / RUN, meta)
     stop = stop or asyncio.Event()
     runner = _Runner(scenario, run_id, stop, on_record)

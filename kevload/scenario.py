@@ -66,6 +66,7 @@ class Load:
     max_in_flight: int = 0         # open loop cap on requests in flight (0: none)
     duration: float = 0.0          # open loop: seconds per level (0: until the samples are sent)
     retries: int = 0               # retries of 429/503 (none by default: a retry hides evidence)
+    logprobs: str | bool = "auto"  # per-token logprobs: true, false, "auto" (if one check finds them)
 
 
 @dataclass(frozen=True)
@@ -194,6 +195,8 @@ def scenario_from_dict(raw: dict[str, Any], *, source: str, name: str = "scenari
         v.fail("load.retries", "an integer >= 0", load.retries)
     if load.duration < 0:
         v.fail("load.duration", "seconds >= 0 (0: until the samples are sent)", load.duration)
+    if load.logprobs not in ("auto", True, False):
+        v.fail("load.logprobs", '"auto", true or false', load.logprobs)
     if any(n < 1 for n in load.prefix_lengths):
         v.fail("load.prefix_lengths", "a list of integers >= 1", list(load.prefix_lengths))
     load = replace(load, concurrency=tuple(sorted(set(load.concurrency))), rate=tuple(sorted(set(load.rate))))
@@ -226,6 +229,7 @@ _LOAD_RULES: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "max_in_flight": (int, False),
     "duration": ((int, float), False),
     "retries": (int, False),
+    "logprobs": ((str, bool), False),
 }
 
 _LIST_OF_INT = {"load.concurrency", "load.prefix_lengths"}
@@ -313,7 +317,7 @@ class _Validator:
                     self.fail(full, f"a {_kind_name(kind)}", None)
                 continue
             value = table[key]
-            bad_bool = isinstance(value, bool) and kind is not bool
+            bad_bool = isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,))
             if bad_bool or not isinstance(value, kind):
                 self.fail(full, f"a {_kind_name(kind)}", value)
             if full in _LIST_OF_INT:
@@ -332,8 +336,10 @@ class _Validator:
 
 def _kind_name(kind: type | tuple[type, ...]) -> str:
     names = {str: "string", int: "integer", bool: "boolean (true/false)", list: "list", dict: "table"}
-    if isinstance(kind, tuple):
+    if kind == (int, float):
         return "number"
+    if isinstance(kind, tuple):
+        return " or ".join(names[k] for k in kind)
     return names[kind]
 
 
