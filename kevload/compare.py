@@ -39,6 +39,8 @@ _EXAMPLE_CONTEXT = 150
 # Distinct logprob vectors counted per output, to pick the serial reference's most common one; beyond
 # this the vectors still widen the envelope (so every comparison stays exact) but are not counted.
 _LOGPROB_VECTORS = 16
+# Differing vectors folded into the envelope together: one numpy pass per batch, not per record.
+_LOGPROB_BATCH = 256
 
 
 class LogprobTrack:
@@ -53,13 +55,15 @@ class LogprobTrack:
     ``summarize``, when the serial reference is known.
     """
 
-    __slots__ = ("n", "vectors", "lo", "hi", "null_any", "number_any", "len_min", "len_max")
+    __slots__ = ("n", "vectors", "pending", "lo", "hi", "null_any", "number_any", "len_min", "len_max")
 
     def __init__(self, vector: list, seq: int) -> None:
         self.n = 1
         self.vectors: dict[tuple, list[int]] = {tuple(vector): [1, seq]}  # vector -> [count, first seq]
-        # The envelope is built only once a second, different vector arrives: a bitwise-stable output
-        # costs one tuple comparison per record.
+        # Vectors other than a counted one wait here to be folded into the envelope in one batch. The
+        # envelope exists once a second, different vector was folded: until then the one counted vector
+        # is the envelope, and a bitwise-stable output costs one dict lookup per record.
+        self.pending: list[list] = []
         self.lo: np.ndarray | None = None
         self.hi: np.ndarray | None = None
         self.null_any: np.ndarray | None = None
@@ -79,6 +83,7 @@ class LogprobTrack:
             self.vectors[key] = [1, seq]
 
     def merge(self, other: LogprobTrack) -> None:
+        other._flush()
         for key, (count, seq) in other.vectors.items():
             entry = self.vectors.get(key)
             if entry is not None:
@@ -88,6 +93,7 @@ class LogprobTrack:
             self._widen(list(key))
             if len(self.vectors) < _LOGPROB_VECTORS:
                 self.vectors[key] = [count, seq]
+        self._flush()
         if other.lo is not None:
             self._fold(other.lo, other.hi, other.null_any, other.number_any)
         self.n += other.n
@@ -105,12 +111,13 @@ class LogprobTrack:
         every vector equals the reference bitwise; a vector that is shorter, longer or whose tokens
         leave the reference's (``same_tokens`` False) differs at the first position it stops agreeing.
         """
+        self._flush()
         m = min(upto, len(reference), self.len_min)
         if self.lo is None:
-            lo, hi, null_any, number_any = _envelope(next(iter(self.vectors))[:m])
+            lo, hi, null_any, number_any = _envelope([next(iter(self.vectors))[:m]])
         else:
             lo, hi, null_any, number_any = self.lo[:m], self.hi[:m], self.null_any[:m], self.number_any[:m]
-        ref = _as_array(reference[:m])
+        ref = np.array(reference[:m], dtype=np.float64)
         ref_null = np.isnan(ref)
         # Equal at a position: all null where the reference is null, else no null and min == max == reference.
         equal = np.where(ref_null, null_any & ~number_any, ~null_any & (lo == ref) & (hi == ref))
@@ -127,15 +134,27 @@ class LogprobTrack:
         return first, diff
 
     def _widen(self, vector: list) -> None:
-        self._fold(*_envelope(vector))
+        self.pending.append(vector)
         self.len_min = min(self.len_min, len(vector))
         self.len_max = max(self.len_max, len(vector))
+        if len(self.pending) >= _LOGPROB_BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self.pending:
+            return
+        by_length: dict[int, list[list]] = {}
+        for vector in self.pending:
+            by_length.setdefault(len(vector), []).append(vector)
+        self.pending = []
+        for group in by_length.values():
+            self._fold(*_envelope(group))
 
     def _fold(self, lo: np.ndarray, hi: np.ndarray, null_any: np.ndarray, number_any: np.ndarray) -> None:
         """Widen the envelope by another one; positions only one of them has are padded neutrally."""
         if self.lo is None:
             # Until now every vector was the one counted: the envelope starts as that vector.
-            self.lo, self.hi, self.null_any, self.number_any = _envelope(next(iter(self.vectors)))
+            self.lo, self.hi, self.null_any, self.number_any = _envelope([next(iter(self.vectors))])
         size = max(len(self.lo), len(lo))
         if len(self.lo) < size:
             pad = size - len(self.lo)
@@ -150,16 +169,15 @@ class LogprobTrack:
         self.number_any[:k] |= number_any
 
 
-def _as_array(vector) -> np.ndarray:
-    """Logprobs as float64, a null (a token the server gave no logprob for) as NaN."""
-    return np.array([np.nan if x is None else x for x in vector], dtype=np.float64)
+def _envelope(vectors: list) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Vectors of one length as an envelope: (min, max, a null here, a number here) per position.
 
-
-def _envelope(vector) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """One vector as an envelope: (min, max, null here, number here); a null is neutral for min and max."""
-    values = _as_array(vector)
+    A null (a token the server gave no logprob for) becomes NaN and is neutral for min and max.
+    """
+    values = np.array(vectors, dtype=np.float64).reshape(len(vectors), -1)
     nulls = np.isnan(values)
-    return np.where(nulls, np.inf, values), np.where(nulls, -np.inf, values), nulls, ~nulls
+    return (np.where(nulls, np.inf, values).min(axis=0), np.where(nulls, -np.inf, values).max(axis=0),
+            nulls.any(axis=0), (~nulls).any(axis=0))
 
 
 @dataclass
