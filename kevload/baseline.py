@@ -14,7 +14,7 @@ LATENCY_METRICS = ("e2e", "ttft")
 
 @dataclass(frozen=True)
 class Change:
-    kind: str  # new_drift | unseen_output | latency | missing_cell | fixed
+    kind: str  # new_drift | new_latent_drift | unseen_output | latency | missing_cell | fixed
     cell: str
     detail: str
 
@@ -54,6 +54,15 @@ def compare_to_baseline(current: dict[str, Any], baseline: dict[str, Any], *,
         elif before["drift"] and not cell["drift"]:
             changes.append(Change("fixed", name,
                                   f"one output in {cell['ok']} (baseline: {before['distinct']} distinct)"))
+        # Latent drift is news only against a baseline whose logprobs were compared and had none.
+        if cell.get("latent_drift") and before.get("logprob_samples") and not before.get("latent_drift") \
+                and not before["drift"]:
+            changes.append(Change("new_latent_drift", name, f"same text as serial, logprobs differ from token "
+                                  f"{cell['first_logprob_divergence_token']} (baseline: bitwise equal in "
+                                  f"{before['logprob_samples']} samples)"))
+        elif before.get("latent_drift") and cell.get("logprob_bitwise") and not cell["drift"]:
+            changes.append(Change("fixed", name, f"logprobs bitwise equal to serial in {cell['logprob_samples']} "
+                                  "samples (baseline: latent drift)"))
         seen = seen_by_probe.get((cell["probe"], cell["mode"]), set())
         unseen = [h for h in cell.get("output_hashes") or [] if h not in seen]
         if seen and unseen:

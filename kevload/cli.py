@@ -61,12 +61,15 @@ def main() -> None:
 @click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), help="Write JUnit XML here.")
 @click.option("--metrics", type=click.Path(dir_okay=False, path_type=Path), callback=lambda _c, _p, v: _metrics_path(v),
               help="Write the cells as Prometheus text here (node_exporter textfile collector, Pushgateway).")
+@click.option("--fail-on", type=click.Choice(["drift", "latent"]), default="drift", show_default=True,
+              help="latent: latent drift (the serial text, other per-token logprobs) exits 1 too.")
 def run(scenario: Path | None, resume: Path | None, retries: int | None, overrides: tuple[str, ...],
         out: Path | None, overwrite: bool, quiet: bool, baseline: Path | None, max_latency_regression: float,
-        junit: Path | None, metrics: Path | None, dataset_seed: int | None) -> None:
-    """Run SCENARIO and print the uniqueness matrix. Exit 0 stable, 1 drift (or a cell under
-    load.min_slo_attainment), 2 bad input, 3 target failed (or inconclusive: a cell with fewer ok probe
-    samples than asked)."""
+        junit: Path | None, metrics: Path | None, dataset_seed: int | None,
+        fail_on: str) -> None:
+    """Run SCENARIO and print the uniqueness matrix. Exit 0 stable, 1 drift (or latent drift with
+    --fail-on latent, or a cell under load.min_slo_attainment), 2 bad input, 3 target failed (or
+    inconclusive: a cell with fewer ok probe samples than asked)."""
     from kevload.baseline import compare_to_baseline, load_baseline
 
     overrides = (*overrides, f"load.retries={retries}") if retries is not None else overrides
@@ -104,11 +107,13 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
     if junit is not None:
         from kevload.report import junit_xml
 
-        junit.write_text(junit_xml(result.summary), encoding="utf-8")
+        junit.write_text(junit_xml(result.summary, fail_on=fail_on), encoding="utf-8")
     if metrics is not None:
         _write_metrics(metrics, result.summary, result.run_dir)
     _exit_if_signalled(signum)
     code = _exit_code(result.summary)
+    if fail_on == "latent" and code == EXIT_OK and result.summary.get("latent_cells"):
+        code = EXIT_DRIFT
     if reference is not None and code != EXIT_TARGET:
         changes = compare_to_baseline(result.summary, reference, max_latency_regression=max_latency_regression)
         for change in changes:

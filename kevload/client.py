@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -13,7 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 import orjson
 
 from kevload.http1 import LeanTransport
-from kevload.scenario import Probe, Target
+from kevload.scenario import Probe, Scenario, Target
 from kevload.sse import SSEError, SSEParser
 from kevload.store import secret_header_values, url_secrets, url_userinfo
 from kevload.transport import AiohttpTransport, Endpoint, Response, Transport, TransportError
@@ -65,6 +66,63 @@ def build_body(target: Target, item: Probe, params: dict[str, Any], *, stream: b
         # caches keyed on the body miss, and servers that don't use it ignore it.
         body.setdefault("user", nonce)
     return body
+
+
+# The ``user`` field of the one request that checks whether a server returns logprobs, so logs (and the
+# test server) can tell it from the run's own requests.
+LOGPROBS_CHECK_USER = "kevload-logprobs-check"
+
+
+def logprob_fields(api: str) -> dict[str, Any]:
+    """The request fields that ask for the chosen token's logprob at every position.
+
+    Chat also gets ``top_logprobs: 1``: without it llama.cpp's server sends 20 alternatives per token
+    (and none with 0), bytes that kevload would parse and drop.
+    """
+    return {"logprobs": True, "top_logprobs": 1} if api == "chat" else {"logprobs": 1}
+
+
+async def ask_for_logprobs(scenario: Scenario, api_key: str | None,
+                           warn: Callable[[str], None] | None = None) -> tuple[Scenario, dict[str, Any]]:
+    """Decide once per run whether its requests ask for logprobs (``load.logprobs``).
+
+    Returns the scenario to run (its params with the logprob fields when they are asked for) and what
+    ``run.json`` records under ``logprobs``: ``asked`` (the setting), ``available`` (what the one check
+    request found; None when nothing was checked) and ``why``. ``auto`` sends that check — a two-token
+    request on a prompt of its own, so no cache is warmed for a probe — and when the answer carries no
+    logprobs (transformers serve ignores the field) or the check fails, says so once through ``warn``
+    (stderr by default) and leaves the run to compare text only. A ``[params]`` that sets
+    ``logprobs`` or ``top_logprobs`` itself is sent as written, unchecked.
+    """
+    asked = scenario.load.logprobs
+    info: dict[str, Any] = {"asked": asked, "available": None, "why": None}
+    if "logprobs" in scenario.params or "top_logprobs" in scenario.params:
+        info["why"] = "[params] sets logprobs itself; sent as written"
+        return scenario, info
+    if asked is False:
+        info["why"] = "load.logprobs = false"
+        return scenario, info
+    with_logprobs = replace(scenario, params={**scenario.params, **logprob_fields(scenario.target.api)})
+    if asked is True:
+        info["why"] = "load.logprobs = true: asked for without a check"
+        return with_logprobs, info
+    check = Probe(id="logprobs-check", prompt="Say hi.", max_tokens=2)
+    body = build_body(scenario.target, check, with_logprobs.params, stream=scenario.load.stream,
+                      nonce=LOGPROBS_CHECK_USER)
+    async with Client(scenario.target, api_key) as client:
+        outcome = await client.send(body)
+    if outcome.status == "ok" and any(x is not None for x in outcome.logprobs or ()):
+        info["available"] = True
+        return with_logprobs, info
+    why = ("the server returned no per-token logprobs" if outcome.status == "ok"
+           else f"the check request failed ({outcome.status}: {outcome.error})")
+    info.update(available=False, why=why)
+    (warn or _to_stderr)(f"kevload: logprobs: {why}; comparing output text only")
+    return scenario, info
+
+
+def _to_stderr(message: str) -> None:
+    print(message, file=sys.stderr)
 
 
 class Client:
@@ -352,7 +410,8 @@ class _Accumulator:
     """Collects the whole answer (content, reasoning, tool calls) from one message or many stream deltas,
     and what servers return besides it: usage, fingerprint, token ids, logprobs."""
 
-    __slots__ = ("content", "reasoning", "calls", "usage", "fingerprint", "token_ids", "logprobs", "tokens")
+    __slots__ = ("content", "reasoning", "calls", "usage", "fingerprint", "token_ids", "logprobs", "tokens",
+                 "logprob_ids")
 
     def __init__(self) -> None:
         self.content: list[str] = []
@@ -363,6 +422,8 @@ class _Accumulator:
         self.token_ids: list[int] | None = None
         self.logprobs: list[float] | None = None
         self.tokens: list[str] | None = None
+        # Token ids beside the logprobs (llama.cpp's "id"); None once a piece came without them.
+        self.logprob_ids: list[int] | None = []
 
     def take_message(self, choice: dict[str, Any], api: str) -> None:
         """A whole (non-streamed) choice."""
@@ -430,15 +491,25 @@ class _Accumulator:
             self.token_ids = (self.token_ids or []) + ids
         logprobs = choice.get("logprobs")
         if isinstance(logprobs, dict):
+            # Chat (and llama.cpp's completions): {"content": [{"token", "logprob", "id"?}, …]};
+            # OpenAI-style completions: {"tokens": […], "token_logprobs": […]}. Streamed, one piece per chunk.
             if isinstance(logprobs.get("content"), list):
                 entries = [e for e in logprobs["content"] if isinstance(e, dict)]
-                self._extend([e.get("token") for e in entries], [e.get("logprob") for e in entries])
+                self._extend([e.get("token") for e in entries], [e.get("logprob") for e in entries],
+                             [e.get("id") for e in entries])
             elif isinstance(logprobs.get("tokens"), list):
-                self._extend(logprobs["tokens"], logprobs.get("token_logprobs") or [])
+                tokens = logprobs["tokens"]
+                self._extend(tokens, logprobs.get("token_logprobs") or [], [None] * len(tokens))
 
-    def _extend(self, tokens: list[Any], logprobs: list[Any]) -> None:
-        self.tokens = (self.tokens or []) + [str(t) for t in tokens]
-        self.logprobs = (self.logprobs or []) + [float(x) if isinstance(x, (int, float)) else None for x in logprobs]
+    def _extend(self, tokens: list[Any], logprobs: list[Any], ids: list[Any]) -> None:
+        # One logprob per token, position for position: a missing one is null, never a shifted neighbour.
+        values = [float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
+                  for x in logprobs[:len(tokens)]]
+        self.tokens = (self.tokens or []) + ["" if t is None else str(t) for t in tokens]
+        self.logprobs = (self.logprobs or []) + values + [None] * (len(tokens) - len(values))
+        if self.logprob_ids is not None:
+            whole = all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
+            self.logprob_ids = self.logprob_ids + ids if whole else None
 
     def finish(self, finish_reason: str | None, *, complete: bool, **fields: Any) -> Outcome:
         """The outcome once the response ended: ``ok`` only for a finished, successful answer.
@@ -461,5 +532,7 @@ class _Accumulator:
         usage = self.usage or {}
         return Outcome(status=status, error=error, output=output, reasoning=reasoning, tool_calls=tool_calls,
                        finish_reason=finish_reason, prompt_tokens=usage.get("prompt_tokens"),
-                       completion_tokens=usage.get("completion_tokens"), token_ids=self.token_ids,
+                       completion_tokens=usage.get("completion_tokens"),
+                       # Token ids compare more surely than token texts (llama.cpp names a partial UTF-8 token "").
+                       token_ids=self.token_ids or self.logprob_ids or None,
                        logprobs=self.logprobs, tokens=self.tokens, system_fingerprint=self.fingerprint, **fields)

@@ -7,6 +7,10 @@ different reason (``stop`` against ``length``) is a different answer, a divergen
 
 With an SLO (``load.slo``) each ok record is checked against its bounds as it is reduced, exactly, not
 from the latency histograms, whose bins would blur a bound that falls inside one.
+
+Where records carry per-token logprobs, each cell is also compared with the serial reference at the
+same token positions (``LogprobTrack``): an output with the serial text but other logprobs is latent
+drift — the numerics already differ, no token has flipped yet.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import numpy as np
 import orjson
 
 from kevload.scenario import Slo
-from kevload.stats import LatencyHistogram, drift_upper_bound
+from kevload.stats import LatencyHistogram, drift_upper_bound, mean_share_interval, wilson_interval
 from kevload.store import RunDirError, read_records, record_answer
 
 # Below this a records file is read in-process: forking costs more than it saves.
@@ -48,6 +52,150 @@ def slo_limits(slo: Slo | None) -> SloLimits | None:
     return (*seconds, any(math.isfinite(x) for x in seconds[:3]))
 
 
+# Distinct logprob vectors counted per output, to pick the serial reference's most common one; beyond
+# this the vectors still widen the envelope (so every comparison stays exact) but are not counted.
+_LOGPROB_VECTORS = 16
+# Differing vectors folded into the envelope together: one numpy pass per batch, not per record.
+_LOGPROB_BATCH = 256
+
+
+class LogprobTrack:
+    """The logprob vectors of one distinct output in one cell, in memory that does not grow with requests.
+
+    Kept: how many vectors were seen, up to ``_LOGPROB_VECTORS`` distinct ones with their counts (to
+    choose the serial reference's most common vector), and the elementwise envelope of every vector —
+    minimum, maximum, and where any had a null logprob or a number. Against any reference chosen
+    later, the envelope gives exactly whether every vector is bitwise equal to it, the first position
+    where one differs, and the largest absolute difference (reached at the minimum or the maximum).
+    So records can arrive in any order and from any part of a split file: the comparison waits for
+    ``summarize``, when the serial reference is known.
+    """
+
+    __slots__ = ("n", "vectors", "pending", "lo", "hi", "null_any", "number_any", "len_min", "len_max")
+
+    def __init__(self, vector: list, seq: int) -> None:
+        self.n = 1
+        self.vectors: dict[tuple, list[int]] = {tuple(vector): [1, seq]}  # vector -> [count, first seq]
+        # Vectors other than a counted one wait here to be folded into the envelope in one batch. The
+        # envelope exists once a second, different vector was folded: until then the one counted vector
+        # is the envelope, and a bitwise-stable output costs one dict lookup per record.
+        self.pending: list[list] = []
+        self.lo: np.ndarray | None = None
+        self.hi: np.ndarray | None = None
+        self.null_any: np.ndarray | None = None
+        self.number_any: np.ndarray | None = None
+        self.len_min = self.len_max = len(vector)
+
+    def add(self, vector: list, seq: int) -> None:
+        self.n += 1
+        key = tuple(vector)
+        entry = self.vectors.get(key)
+        if entry is not None:
+            entry[0] += 1
+            entry[1] = min(entry[1], seq)
+            return
+        self._widen(vector)
+        if len(self.vectors) < _LOGPROB_VECTORS:
+            self.vectors[key] = [1, seq]
+
+    def merge(self, other: LogprobTrack) -> None:
+        other._flush()
+        for key, (count, seq) in other.vectors.items():
+            entry = self.vectors.get(key)
+            if entry is not None:
+                entry[0] += count
+                entry[1] = min(entry[1], seq)
+                continue
+            self._widen(list(key))
+            if len(self.vectors) < _LOGPROB_VECTORS:
+                self.vectors[key] = [count, seq]
+        self._flush()
+        if other.lo is not None:
+            self._fold(other.lo, other.hi, other.null_any, other.number_any)
+        self.n += other.n
+        self.len_min = min(self.len_min, other.len_min)
+        self.len_max = max(self.len_max, other.len_max)
+
+    def modal(self) -> list:
+        """The most common vector counted (ties: the one seen first)."""
+        return list(max(self.vectors.items(), key=lambda kv: (kv[1][0], -kv[1][1]))[0])
+
+    def compare(self, reference: list, upto: int, same_tokens: bool) -> tuple[int | None, float | None]:
+        """(first position < ``upto`` where a vector differs from ``reference``, largest |difference| there).
+
+        ``upto``: positions whose tokens agree with the reference's. The first position is None when
+        every vector equals the reference bitwise; a vector that is shorter, longer or whose tokens
+        leave the reference's (``same_tokens`` False) differs at the first position it stops agreeing.
+        """
+        self._flush()
+        m = min(upto, len(reference), self.len_min)
+        if self.lo is None:
+            lo, hi, null_any, number_any = _envelope([next(iter(self.vectors))[:m]])
+        else:
+            lo, hi, null_any, number_any = self.lo[:m], self.hi[:m], self.null_any[:m], self.number_any[:m]
+        ref = np.array(reference[:m], dtype=np.float64)
+        ref_null = np.isnan(ref)
+        # Equal at a position: all null where the reference is null, else no null and min == max == reference.
+        equal = np.where(ref_null, null_any & ~number_any, ~null_any & (lo == ref) & (hi == ref))
+        differs = np.flatnonzero(~equal)
+        full = len(reference)
+        if differs.size:
+            first = int(differs[0])
+        elif m < upto or not same_tokens or self.len_min != full or self.len_max != full:
+            first = m
+        else:
+            first = None
+        both = number_any & ~ref_null
+        diff = float(np.max(np.maximum(hi[both] - ref[both], ref[both] - lo[both]))) if both.any() else None
+        return first, diff
+
+    def _widen(self, vector: list) -> None:
+        self.pending.append(vector)
+        self.len_min = min(self.len_min, len(vector))
+        self.len_max = max(self.len_max, len(vector))
+        if len(self.pending) >= _LOGPROB_BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self.pending:
+            return
+        by_length: dict[int, list[list]] = {}
+        for vector in self.pending:
+            by_length.setdefault(len(vector), []).append(vector)
+        self.pending = []
+        for group in by_length.values():
+            self._fold(*_envelope(group))
+
+    def _fold(self, lo: np.ndarray, hi: np.ndarray, null_any: np.ndarray, number_any: np.ndarray) -> None:
+        """Widen the envelope by another one; positions only one of them has are padded neutrally."""
+        if self.lo is None:
+            # Until now every vector was the one counted: the envelope starts as that vector.
+            self.lo, self.hi, self.null_any, self.number_any = _envelope([next(iter(self.vectors))])
+        size = max(len(self.lo), len(lo))
+        if len(self.lo) < size:
+            pad = size - len(self.lo)
+            self.lo = np.concatenate([self.lo, np.full(pad, np.inf)])
+            self.hi = np.concatenate([self.hi, np.full(pad, -np.inf)])
+            self.null_any = np.concatenate([self.null_any, np.zeros(pad, bool)])
+            self.number_any = np.concatenate([self.number_any, np.zeros(pad, bool)])
+        k = len(lo)
+        self.lo[:k] = np.minimum(self.lo[:k], lo)
+        self.hi[:k] = np.maximum(self.hi[:k], hi)
+        self.null_any[:k] |= null_any
+        self.number_any[:k] |= number_any
+
+
+def _envelope(vectors: list) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Vectors of one length as an envelope: (min, max, a null here, a number here) per position.
+
+    A null (a token the server gave no logprob for) becomes NaN and is neutral for min and max.
+    """
+    values = np.array(vectors, dtype=np.float64).reshape(len(vectors), -1)
+    nulls = np.isnan(values)
+    return (np.where(nulls, np.inf, values).min(axis=0), np.where(nulls, -np.inf, values).max(axis=0),
+            nulls.any(axis=0), (~nulls).any(axis=0))
+
+
 @dataclass
 class CellAccumulator:
     """Everything one cell needs, growing with distinct outputs, not with requests."""
@@ -56,6 +204,7 @@ class CellAccumulator:
     first_seen: dict[OutputKey, int] = field(default_factory=dict)
     texts: dict[OutputKey, str] = field(default_factory=dict)
     tokens: dict[OutputKey, list] = field(default_factory=dict)
+    logprobs: dict[OutputKey, LogprobTrack] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)
     reconnects: int = 0
     latency: dict[str, LatencyHistogram] = field(
@@ -92,6 +241,13 @@ class CellAccumulator:
                 self.tokens[key] = toks
         else:
             self.counts[key] = count + 1
+        logprobs = record.get("logprobs")
+        if logprobs:
+            track = self.logprobs.get(key)
+            if track is None:
+                self.logprobs[key] = LogprobTrack(logprobs, record["seq"])
+            else:
+                track.add(logprobs, record["seq"])
         tokens = record.get("completion_tokens") or 0
         self.output_tokens += tokens
         latency = self.latency
@@ -142,6 +298,11 @@ class CellAccumulator:
                 self.texts[digest] = other.texts[digest]
         for digest, toks in other.tokens.items():
             self.tokens.setdefault(digest, toks)
+        for digest, track in other.logprobs.items():
+            if digest in self.logprobs:
+                self.logprobs[digest].merge(track)
+            else:
+                self.logprobs[digest] = track
         for status, n in other.errors.items():
             self.errors[status] = self.errors.get(status, 0) + n
         self.reconnects += other.reconnects
@@ -255,6 +416,7 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
     probe_error_share = probe_errors / probe_requests if probe_requests else 1.0
     drift = [c for c in probe_cells if c["drift"]]
     short = [c for c in probe_cells if c["short"]]
+    latent = [c for c in probe_cells if c["latent_drift"]]
     if probe_requests == 0 or probe_error_share > max_error_share or any(c["ok"] == 0 for c in probe_cells):
         verdict = "target_failed"
     elif drift:
@@ -280,6 +442,9 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
         "samples_asked": samples_asked,
         "drift_cells": [cell_name(c) for c in drift],
         "short_cells": [cell_name(c) for c in short],
+        # Same text as serial, other logprobs: no verdict of its own (exit 1 only with --fail-on latent).
+        "latent_cells": [cell_name(c) for c in latent],
+        "logprob_samples": sum(c["logprob_samples"] for c in probe_cells),
         "matrix": distinct_matrix(probe_cells),
         "slo": reduction.slo.bounds() if reduction.slo else None,
         "min_slo_attainment": min_slo_attainment if reduction.slo else None,
@@ -292,13 +457,15 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
 
 def distinct_matrix(cells: list[dict[str, Any]]) -> dict[str, Any]:
     """Probes × levels of distinct-output counts (-1 where a cell has no ok sample), as nested lists,
-    with the ok samples behind each count and whether the cell is short of the samples asked."""
+    with the ok samples behind each count, whether the cell is short of the samples asked and whether
+    it shows latent drift."""
     rows = sorted({(c["probe"], c["mode"]) for c in cells})
     levels = sorted({level_label(c) for c in cells}, key=lambda label: _label_order(label, cells))
     distinct = np.full((len(rows), len(levels)), -1, dtype=np.int64)
     ok = np.zeros((len(rows), len(levels)), dtype=np.int64)
     drift = np.zeros((len(rows), len(levels)), dtype=bool)
     short = np.zeros((len(rows), len(levels)), dtype=bool)
+    latent = np.zeros((len(rows), len(levels)), dtype=bool)
     row_of = {r: i for i, r in enumerate(rows)}
     col_of = {lv: j for j, lv in enumerate(levels)}
     for c in cells:
@@ -307,6 +474,7 @@ def distinct_matrix(cells: list[dict[str, Any]]) -> dict[str, Any]:
         ok[i, j] = c["ok"]
         drift[i, j] = bool(c["drift"])
         short[i, j] = bool(c.get("short"))
+        latent[i, j] = bool(c.get("latent_drift"))
     return {
         "rows": [{"probe": p, "mode": m} for p, m in rows],
         "levels": levels,
@@ -314,6 +482,7 @@ def distinct_matrix(cells: list[dict[str, Any]]) -> dict[str, Any]:
         "ok": ok.tolist(),
         "drift": drift.tolist(),
         "short": short.tolist(),
+        "latent": latent.tolist(),
     }
 
 
@@ -452,6 +621,10 @@ def _cell_summary(probe: str, role: str, mode: str, level: tuple[int, float | No
     }
     if drift and serial_modal is not None and divergent:
         out.update(_divergence(cell, reference.texts[serial_modal], reference.tokens.get(serial_modal), serial_modal))
+    out.update(_agreement(cell, reference, serial_modal))
+    out.update(_logprob_agreement(cell, reference, serial_modal))
+    # Latent drift: every output has the serial text, yet the logprobs behind it differ.
+    out["latent_drift"] = bool(ok and not drift and out["logprob_samples"] and not out["logprob_bitwise"])
     if out["duration_s"]:
         out["requests_per_s"] = round((ok + sum(cell.errors.values())) / out["duration_s"], 3)
         out["output_tokens_per_s"] = round(cell.output_tokens / out["duration_s"], 3)
@@ -472,6 +645,76 @@ def slo_fields(met: int, requests: int, duration_s: float | None,
     return {"slo_met": met, "slo_attainment": round(attainment, 6),
             "goodput": round(met / duration_s, 3) if duration_s else None,
             "meets_slo": attainment >= threshold}
+
+
+def _agreement(cell: CellAccumulator, reference: CellAccumulator, serial: OutputKey | None) -> dict[str, Any]:
+    """How often and how far the cell's outputs agree with the serial one, with 95 % intervals.
+
+    ``exact_match_rate``: share of ok samples whose output is the serial output (Wilson interval).
+    ``token_agreement``: per sample, the share of token positions equal to the serial output's before
+    the first divergence (common prefix over the longer length), averaged over the samples that have
+    tokens (interval: ``stats.mean_share_interval``).
+    """
+    ok = cell.ok
+    out: dict[str, Any] = {"exact_match_rate": None, "exact_match_ci95": None,
+                           "token_agreement": None, "token_agreement_ci95": None}
+    if not ok or serial is None:
+        return out
+    matches = cell.counts.get(serial, 0)
+    out["exact_match_rate"] = round(matches / ok, 6)
+    out["exact_match_ci95"] = [round(x, 6) for x in wilson_interval(matches, ok)]
+    ref_tokens = reference.tokens.get(serial)
+    if not ref_tokens:
+        return out
+    shares = []
+    for key, n in cell.counts.items():
+        if key == serial:
+            shares.append((1.0, n))
+        elif key in cell.tokens:
+            tokens = cell.tokens[key]
+            shares.append((common_prefix_length(ref_tokens, tokens) / max(len(ref_tokens), len(tokens)), n))
+    interval = mean_share_interval(shares)
+    if interval is not None:
+        out["token_agreement"] = round(interval[0], 6)
+        out["token_agreement_ci95"] = [round(interval[1], 6), round(interval[2], 6)]
+    return out
+
+
+def _logprob_agreement(cell: CellAccumulator, reference: CellAccumulator,
+                       serial: OutputKey | None) -> dict[str, Any]:
+    """The cell's logprobs against the serial reference's at the same token positions.
+
+    The reference is the most common logprob vector of the serial output in the serial cell. Each
+    output is compared where its tokens agree with the serial tokens (an output with the serial text
+    everywhere; another output up to its first differing token, where it counts as differing).
+    """
+    out: dict[str, Any] = {"logprob_samples": 0, "logprob_bitwise": None, "logprob_max_abs_diff": None,
+                           "first_logprob_divergence_token": None}
+    if serial is None or serial not in reference.logprobs:
+        return out
+    ref = reference.logprobs[serial].modal()
+    ref_tokens = reference.tokens.get(serial)
+    samples, firsts, diffs = 0, [], []
+    for key, track in cell.logprobs.items():
+        tokens = cell.tokens.get(key)
+        if ref_tokens and tokens:
+            upto, same = common_prefix_length(ref_tokens, tokens), tokens == ref_tokens
+        elif key == serial:
+            upto, same = len(ref), True
+        else:
+            continue  # another output without tokens: its positions cannot be lined up with the serial ones
+        first, diff = track.compare(ref, upto, same)
+        samples += track.n
+        if first is not None:
+            firsts.append(first)
+        if diff is not None:
+            diffs.append(diff)
+    if samples:
+        out["logprob_samples"] = samples
+        out["logprob_bitwise"] = not firsts
+        out["logprob_max_abs_diff"] = max(diffs) if diffs else None
+        out["first_logprob_divergence_token"] = min(firsts) if firsts else None
+    return out
 
 
 def _divergence(cell: CellAccumulator, ref_text: str, ref_tokens: list | None,

@@ -77,6 +77,11 @@ class StepResult:
     compared_rounds: int | None = None  # cache steps: fresh prompts with a cold and at least one warm answer
     cold_differs_rounds: int | None = None  # … whose warm answers agree and the cold one differs from them
     warm_unstable_rounds: int | None = None  # … whose warm answers disagree among themselves
+    # Per-token logprobs against the serial ones, where the server returned them: True when every probe
+    # cell compared them and all were bitwise equal, False when one differed, None when none was compared.
+    logprob_bitwise: bool | None = None
+    latent_cells: tuple[str, ...] = ()  # cells with the serial text but other logprobs
+    latent_from: int | None = None  # earliest token where a latent cell's logprobs differ
 
     @property
     def drift(self) -> bool:
@@ -95,7 +100,8 @@ class StepResult:
         extras = {"differing_calls": self.differing_calls, "distinct_after_first": self.distinct_after_first,
                   "different_seeds_distinct": self.different_seeds_distinct,
                   "compared_rounds": self.compared_rounds, "cold_differs_rounds": self.cold_differs_rounds,
-                  "warm_unstable_rounds": self.warm_unstable_rounds}
+                  "warm_unstable_rounds": self.warm_unstable_rounds, "logprob_bitwise": self.logprob_bitwise,
+                  "latent_cells": self.latent_cells or None, "latent_from": self.latent_from}
         doc.update({k: list(v) if isinstance(v, tuple) else v for k, v in extras.items() if v is not None})
         return doc
 
@@ -140,12 +146,17 @@ class Findings:
     temperature_honoured: bool | None = None
     cache_effect: bool | None = None
     cache_off_converges: bool | None = None
+    # The text holds at c>1 but the logprobs do not, while serial logprobs agree: batching already moves
+    # the numerics. None where no concurrency step compared logprobs.
+    latent_crosstalk: bool | None = None
 
     def to_json(self) -> dict[str, bool | None]:
         doc = {"seed_honoured": self.seed_honoured, "greedy_at_temperature_0": self.greedy_at_temperature_0,
                "temperature_honoured": self.temperature_honoured, "cache_effect": self.cache_effect}
         if self.cache_off_converges is not None:
             doc["cache_off_converges"] = self.cache_off_converges
+        if self.latent_crosstalk is not None:
+            doc["latent_crosstalk"] = self.latent_crosstalk
         return doc
 
 
@@ -163,8 +174,8 @@ class Diagnosis:
     causes: tuple[dict[str, str], ...] = ()  # every cause found, in the guide's order
     dropped_fields: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()  # findings a user should hear about whatever the verdict
-    # What a stable verdict rests on: "text" (output hashes compared); a later change sets
-    # "logprobs_bitwise" once per-token logprobs were compared bitwise too.
+    # What a stable verdict rests on: "logprobs_bitwise" when the fixed and both concurrency steps compared
+    # per-token logprobs in every cell and found them bitwise equal to serial, else "text" (output hashes).
     evidence: str = "text"
     target_failed: bool = False
     done: bool = False  # no further step can change the verdict (measuring stops here)
@@ -186,7 +197,31 @@ def findings(evidence: Evidence) -> Findings:
         temperature_honoured=_varies(evidence.step("temperature")),
         cache_effect=_cache_effect(evidence.step("cache")),
         cache_off_converges=None if cache_off is None else not cache_off,
+        latent_crosstalk=_latent_crosstalk(evidence),
     )
+
+
+def _latent_crosstalk(evidence: Evidence) -> bool | None:
+    """Latent drift at c>1 in a concurrency step, with the serial logprobs of the fixed step and of that
+    step's c=1 cell bitwise stable (a serially wobbling server is no crosstalk, as for the text)."""
+    steps = [s for s in (evidence.step("concurrency_single"), evidence.step("concurrency_mixed"))
+             if s is not None and s.logprob_bitwise is not None]
+    if not steps:
+        return None
+    fixed = evidence.step("fixed")
+    serial_stable = fixed is None or fixed.logprob_bitwise is not False
+    return serial_stable and any(
+        s.latent_cells and not any(_is_serial(c) for c in s.latent_cells) for s in steps)
+
+
+def _is_serial(cell: str) -> bool:
+    return cell.endswith("/c=1")
+
+
+def _evidence(evidence: Evidence) -> str:
+    """What one output everywhere rests on: logprobs bitwise equal in every compared step, or the text."""
+    steps = [evidence.step(k) for k in ("fixed", "concurrency_single", "concurrency_mixed")]
+    return "logprobs_bitwise" if all(s is not None and s.logprob_bitwise for s in steps) else "text"
 
 
 def decide(evidence: Evidence, run_all: bool = False) -> Diagnosis:
@@ -217,7 +252,8 @@ def decide(evidence: Evidence, run_all: bool = False) -> Diagnosis:
         verdict=verdict, reason=reason, next_step=next_step, findings=found,
         steps=evidence.steps + ((evidence.data,) if evidence.data is not None else ()),
         runs=evidence.runs, causes=tuple(causes), dropped_fields=evidence.dropped_fields,
-        notes=tuple(_notes(evidence, found)), target_failed=any(s.target_failed for s in evidence.steps),
+        notes=tuple(_notes(evidence, found)), evidence=_evidence(evidence),
+        target_failed=any(s.target_failed for s in evidence.steps),
         done=unusable is not None or (bool(causes) and not run_all),
     )
 
@@ -349,6 +385,14 @@ def _stable(evidence: Evidence) -> tuple[str, str]:
 
 
 def _notes(evidence: Evidence, found: Findings) -> Iterable[str]:
+    if found.latent_crosstalk:
+        latent = [s for s in (evidence.step("concurrency_single"), evidence.step("concurrency_mixed"))
+                  if s is not None and s.latent_cells]
+        cells = ", ".join(c for s in latent for c in s.latent_cells)
+        first = min(s.latent_from for s in latent if s.latent_from is not None)
+        yield (f"latent crosstalk: under concurrency the text stays the serial one but the per-token logprobs "
+               f"differ ({cells}; from token {first}) while serial logprobs agree — batching already changes the "
+               f"numerics, and a longer answer or another prompt can flip a token")
     step = evidence.step("temperature")
     if found.temperature_honoured is False and step is not None:
         yield (f"the server ignores temperature: at temperature {step.params['temperature']} without a seed it "
@@ -409,12 +453,15 @@ class _Diagnoser:
         self.log(f"{title} …")
         summary, run_dir = await self._run(key, params, levels, samples, mode=mode, probes=probes)
         probe_cells = [c for c in summary["cells"] if c["role"] == "probe"]
+        latent = [c for c in probe_cells if c.get("latent_drift")]
         step = StepResult(
             key=key, title=title, params=params, mode=mode, levels=tuple(levels), samples=samples,
             ok=min((c["ok"] for c in probe_cells), default=0),
             distinct=max((c["distinct"] for c in probe_cells), default=0),
             errors=summary["errors_by_type"], drift_cells=tuple(summary["drift_cells"]), run=str(run_dir),
-            target_failed=summary["verdict"] == "target_failed")
+            target_failed=summary["verdict"] == "target_failed", logprob_bitwise=logprob_bitwise(probe_cells),
+            latent_cells=tuple(summary.get("latent_cells", ())),
+            latent_from=min((c["first_logprob_divergence_token"] for c in latent), default=None))
         if key == "baseline":
             differing, after_first = differing_calls(_ok_probe_hashes(run_dir))
             step = replace(step, differing_calls=differing, distinct_after_first=after_first)
@@ -521,6 +568,15 @@ def differing_calls(rows: Iterable[tuple[str, int, str]]) -> tuple[tuple[int, ..
     modal = max(counts, key=counts.get)
     later = {sha for _, sample, sha in rows if sample > 0}
     return tuple(sample for _, sample, sha in rows if sha != modal), len(later)
+
+
+def logprob_bitwise(cells: list[dict[str, Any]]) -> bool | None:
+    """True when every cell compared logprobs with serial and all were bitwise equal; False when one
+    compared cell differed; None when no cell (or not every cell) had logprobs to compare."""
+    compared = [c for c in cells if c.get("logprob_samples")]
+    if any(c["logprob_bitwise"] is False for c in compared):
+        return False
+    return True if compared and len(compared) == len(cells) else None
 
 
 def cold_warm_counts(rows: Iterable[tuple[str, int, str]]) -> tuple[int, int, int]:

@@ -9,12 +9,15 @@ from typing import Any
 
 from kevload.compare import level_label, level_sort_key, levels_of
 from kevload.report import (
+    AGREEMENT_COLUMNS,
+    agreement_rows,
     attainment_text,
     cell_phrase,
     cell_text,
     errors_text,
     footnotes,
     kinds_text,
+    latent_text,
     slo_bounds_text,
     slo_line,
     verdict_line,
@@ -24,6 +27,7 @@ from kevload.store import redact
 STABLE = "#2e7d32"
 DRIFT = "#c62828"
 SHORT = "#ef6c00"  # no drift seen, but fewer ok samples than asked: no claim either way
+LATENT = "#6a1b9a"  # the serial text, other per-token logprobs: numerics differ, no token flipped yet
 EMPTY = "#9e9e9e"
 
 _CSS = """
@@ -49,6 +53,7 @@ def run_report(summary: dict[str, Any], meta: dict[str, Any], records: Iterable[
         f" · {_e(meta.get('started_at'))} – {_e(meta.get('ended_at'))} · state {_e(meta.get('state'))}</p>",
         f"<p class=verdict>{_e(verdict_line(summary))}</p>",
         "<h2>Distinct outputs per probe × level</h2>", _heatmap(rows, levels_of(cells)), _notes(summary),
+        "<h2>Agreement with the serial output</h2>", _agreement(summary),
         "<h2>Latency by level</h2>", _latency(cells),
         f"<p>{_e(slo_line(summary))}</p>" if summary.get("slo") else "",
         "<h2>Where outputs first diverge</h2>", _divergence(cells),
@@ -102,14 +107,27 @@ def _heatmap(rows: dict[str, dict[str, dict[str, Any]]], levels: list[str]) -> s
             if cell is None or not cell.get("ok"):
                 out.append(f'<td class=cell style="background:{EMPTY}">{_e(cell_text(cell) if cell else "–")}</td>')
                 continue
-            colour = DRIFT if cell["drift"] else SHORT if cell.get("short") else STABLE
-            out.append(f'<td class=cell style="background:{colour}" title="{_e(cell_phrase(cell))}">'
+            colour = (DRIFT if cell["drift"] else SHORT if cell.get("short") else LATENT if cell.get("latent_drift")
+                      else STABLE)
+            title = cell_phrase(cell) + (f"; latent drift: {latent_text(cell)}" if cell.get("latent_drift") else "")
+            out.append(f'<td class=cell style="background:{colour}" title="{_e(title)}">'
                        f'{_e(cell_text(cell))}</td>')
         out.append("</tr>")
     out.append(f"</table><p class=legend>cell: distinct outputs · <span style='background:{STABLE}'></span>one "
                f"output, same as serial <span style='background:{DRIFT}'></span>drift (all≠serial: the copies "
                f"agree with each other, not with serial) <span style='background:{SHORT}'></span>no drift seen, "
-               f"fewer ok samples than asked (ok/asked) <span style='background:{EMPTY}'></span>no ok sample</p>")
+               f"fewer ok samples than asked (ok/asked) <span style='background:{LATENT}'></span>~ latent drift: the "
+               f"serial text, other per-token logprobs <span style='background:{EMPTY}'></span>no ok sample</p>")
+    return "".join(out)
+
+
+def _agreement(summary: dict[str, Any]) -> str:
+    rows = agreement_rows(summary)
+    out = ["<table id=agreement><tr>" + "".join(f"<th>{_e(name)}</th>" for name in AGREEMENT_COLUMNS) + "</tr>"]
+    out += ["<tr>" + "".join(f"<td>{_e(value)}</td>" for value in row) + "</tr>" for row in rows]
+    out.append("</table><p>exact match: share of samples with the serial output (Wilson interval); token agreement: "
+               "mean share of token positions equal to serial before the first divergence; logprobs: every compared "
+               "sample bitwise equal to serial (=), or from which token and by how much they differ.</p>")
     return "".join(out)
 
 

@@ -24,6 +24,7 @@ def render(summary: dict[str, Any], fmt: str, console: Console | None = None) ->
     console.print(table(summary))
     for note in footnotes(summary):
         console.print(note, highlight=False)
+    console.print(agreement_table(summary))
     console.print(latency_table(summary))
     console.print(verdict_line(summary))
     if summary.get("slo"):
@@ -36,13 +37,15 @@ def cell_text(cell: dict[str, Any] | None) -> str:
     ``(ok/asked)`` when the cell has fewer ok samples than asked.
 
     One distinct output that is not the serial one reads ``1 all≠serial``: the copies agree with each
-    other, not with the serial answer.
+    other, not with the serial answer. ``1 ~`` is latent drift: the serial text, other logprobs.
     """
     if cell is None:
         return "-"
     text = "no ok" if cell["ok"] == 0 else str(cell["distinct"])
     if cell["ok"] and cell["drift"]:
         text += " DRIFT" if cell["distinct"] > 1 else " all≠serial"
+    elif cell.get("latent_drift"):
+        text += " ~"
     if cell.get("short"):
         text += f" ({cell['ok']}/{cell['asked']})"
     return text
@@ -62,6 +65,54 @@ def kinds_text(cell: dict[str, Any]) -> str:
     return ", ".join(f"{kind} {n}" for kind, n in (cell.get("divergence_kinds") or {}).items() if n)
 
 
+def latent_text(cell: dict[str, Any]) -> str:
+    """``same text as serial in 8 samples, logprobs differ from token 3 (max abs diff 4.2e-06)``."""
+    diff = cell.get("logprob_max_abs_diff")
+    return (f"same text as serial in {cell['ok']} samples, logprobs differ from token "
+            f"{cell['first_logprob_divergence_token']}" + (f" (max abs diff {diff:.2g})" if diff is not None else ""))
+
+
+def logprob_text(cell: dict[str, Any]) -> str:
+    """The cell's logprobs against serial: ``bitwise = (8)``, ``≠ from token 3, max abs diff 4.2e-06 (8)``
+    or ``-``."""
+    n = cell.get("logprob_samples")
+    if not n:
+        return "-"
+    if cell["logprob_bitwise"]:
+        return f"bitwise = ({n})"
+    diff = cell.get("logprob_max_abs_diff")
+    return (f"≠ from token {cell['first_logprob_divergence_token']}"
+            + (f", max abs diff {diff:.2g}" if diff is not None else "") + f" ({n})")
+
+
+def rate_text(rate: float | None, interval: list[float] | None) -> str:
+    """``62.5% [30.6, 86.3]``: a share with its 95 % interval, in percent."""
+    if rate is None:
+        return "-"
+    return f"{rate:.1%} [{interval[0] * 100:.1f}, {interval[1] * 100:.1f}]" if interval else f"{rate:.1%}"
+
+
+AGREEMENT_COLUMNS = ("probe (mode)", "level", "n", "exact match [95% CI]", "token agreement [95% CI]",
+                     "logprobs vs serial (n)")
+
+
+def agreement_rows(summary: dict[str, Any]) -> list[list[str]]:
+    """Per probe × level: exact-match rate and token agreement with the serial output, and the logprobs."""
+    return [[f"{c['probe']} ({c['mode']})", level_label(c), str(c["ok"]),
+             rate_text(c.get("exact_match_rate"), c.get("exact_match_ci95")),
+             rate_text(c.get("token_agreement"), c.get("token_agreement_ci95")), logprob_text(c)]
+            for c in sorted(_probe_cells(summary), key=lambda c: (c["probe"], c["mode"], level_sort_key(c)))]
+
+
+def agreement_table(summary: dict[str, Any]) -> Table:
+    grid = Table(title="agreement with the serial output", title_justify="left")
+    for name in AGREEMENT_COLUMNS:
+        grid.add_column(name, justify="left" if name.startswith("probe") else "right")
+    for row in agreement_rows(summary):
+        grid.add_row(*row)
+    return grid
+
+
 def short_text(cell: dict[str, Any]) -> str:
     """``2 of 8 asked ok (timeout: 6)``: why a short cell is short."""
     errors = _counts(cell["errors"]) if cell["errors"] else "no errors: the run was cut short"
@@ -79,6 +130,8 @@ def footnotes(summary: dict[str, Any]) -> list[str]:
             notes.append(f"{name}: {cell_phrase(c)}" + (f"; kinds: {kinds}" if kinds else ""))
         if c.get("short"):
             notes.append(f"{name}: short, {short_text(c)}")
+        if c.get("latent_drift"):
+            notes.append(f"{name}: ~ latent drift, {latent_text(c)}")
     if summary.get("companion_requests"):
         notes.append(f"companions: {summary['companion_errors']} of {summary['companion_requests']} requests failed"
                      + (f" ({_counts(summary['companion_errors_by_type'])})" if summary["companion_errors"] else ""))
@@ -210,7 +263,7 @@ def verdict_line(summary: dict[str, Any]) -> str:
         n = sum(c["ok"] for c in cells)
         worst = max((c["drift_rate_upper_95"] or 0.0) for c in cells) if cells else 1.0
         return (f"deterministic: one output per probe at every level (n={n}; "
-                f"per cell drift rate < {worst:.1%} at 95% confidence)")
+                f"per cell drift rate < {worst:.1%} at 95% confidence)" + _logprob_clause(cells))
     drifted = [c for c in cells if c["drift"]]
     parts = []
     for c in drifted:
@@ -222,7 +275,20 @@ def verdict_line(summary: dict[str, Any]) -> str:
         parts.append(f"{c['probe']} ({c['mode']}) {level_label(c)}: {cell_phrase(c)}, {where}"
                      + (f" ({kinds})" if kinds else ""))
     also = f" (and {len(short)} cell(s) short of samples)" if short else ""
-    return "nondeterministic: " + "; ".join(parts) + also
+    return "nondeterministic: " + "; ".join(parts) + also + _logprob_clause(cells)
+
+
+def _logprob_clause(cells: list[dict[str, Any]]) -> str:
+    """What the logprobs add to the verdict: latent drift where it is, or bitwise agreement everywhere."""
+    latent = [c for c in cells if c.get("latent_drift")]
+    if latent:
+        return "; latent drift (same text, other logprobs) in " + ", ".join(
+            f"{c['probe']} ({c['mode']}) {level_label(c)} from token {c['first_logprob_divergence_token']}"
+            for c in latent)
+    compared = [c for c in cells if c.get("logprob_samples")]
+    if compared and len(compared) == len(cells) and all(c["logprob_bitwise"] for c in compared):
+        return f"; logprobs bitwise equal to serial in every cell (n={sum(c['logprob_samples'] for c in compared)})"
+    return ""
 
 
 def _companions(summary: dict[str, Any]) -> str:
@@ -243,6 +309,9 @@ def markdown(summary: dict[str, Any]) -> str:
     notes = footnotes(summary)
     if notes:
         lines += [""] + [f"- {note}" for note in notes]
+    lines += ["", "| " + " | ".join(AGREEMENT_COLUMNS) + " |",
+              "| --- | " + " | ".join("---:" for _ in AGREEMENT_COLUMNS[1:]) + " |"]
+    lines += ["| " + " | ".join(row) + " |" for row in agreement_rows(summary)]
     lines += ["", verdict_line(summary), ""]
     if summary.get("slo"):
         lines += ["| probe (mode) | level | requests | within SLO | attainment | goodput/s |",
@@ -340,14 +409,17 @@ def _num(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def junit_xml(summary: dict[str, Any], suite: str = "kevload") -> str:
+def junit_xml(summary: dict[str, Any], suite: str = "kevload", fail_on: str = "drift") -> str:
     """JUnit XML, one testcase per probe × level; drift, no ok sample, a short cell or one under
-    ``load.min_slo_attainment`` is a failure."""
+    ``load.min_slo_attainment`` is a failure, and latent drift too with ``fail_on="latent"`` (otherwise
+    it is said in the case's output)."""
     from xml.etree import ElementTree as ET
 
     cells = _probe_cells(summary)
     slo_failed = set(summary.get("slo_failed_cells") or ())
-    failures = sum(1 for c in cells if c["drift"] or c["ok"] == 0 or c.get("short") or cell_name(c) in slo_failed)
+    latent_fails = fail_on == "latent"
+    failures = sum(1 for c in cells if c["drift"] or c["ok"] == 0 or c.get("short") or cell_name(c) in slo_failed
+                   or (latent_fails and c.get("latent_drift")))
     seconds = sum(c.get("duration_s") or 0 for c in cells)
     root = ET.Element("testsuites", name=suite, tests=str(len(cells)), failures=str(failures), errors="0",
                       time=f"{seconds:.3f}")
@@ -373,6 +445,10 @@ def junit_xml(summary: dict[str, Any], suite: str = "kevload") -> str:
             ET.SubElement(case, "failure", message=f"short of samples: {c['ok']} of {c['asked']} ok",
                           type="inconclusive").text = (
                 f"1 output in {c['ok']} samples, fewer than the {c['asked']} asked: {short_text(c)}{slo}")
+        elif c.get("latent_drift") and latent_fails:
+            ET.SubElement(case, "failure", message=f"latent drift: {latent_text(c)}", type="latent_drift").text = (
+                f"1 output in {c['ok']} samples, the serial text, but its per-token logprobs differ from the "
+                f"serial ones from token {c['first_logprob_divergence_token']}: {logprob_text(c)}{slo}")
         elif slo:
             ET.SubElement(case, "failure", type="slo", message=(
                 f"SLO attainment {c['slo_attainment']:.1%} under {summary['min_slo_attainment']:.1%}")).text = (
@@ -380,7 +456,8 @@ def junit_xml(summary: dict[str, Any], suite: str = "kevload") -> str:
         else:
             within = (f"; SLO attainment {c['slo_attainment']:.1%} ({slo_cell_text(c)})"
                       if c.get("slo_attainment") is not None else "")
+            latent = f"; latent drift: {latent_text(c)}" if c.get("latent_drift") else ""
             ET.SubElement(case, "system-out").text = (
-                f"1 output in {c['ok']} samples; drift rate < {c['drift_rate_upper_95']:.2%} at 95% confidence"
-                + within)
+                f"1 output in {c['ok']} samples; drift rate < {c['drift_rate_upper_95']:.2%} at 95% confidence; "
+                f"logprobs vs serial: {logprob_text(c)}{latent}{within}")
     return ET.tostring(root, encoding="unicode", xml_declaration=True)

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from kevload import __version__, engine
-from kevload.client import Client
+from kevload.client import Client, ask_for_logprobs
 from kevload.compare import reduce_file, summarize
 from kevload.scenario import Scenario, Slo
 from kevload.store import (
@@ -71,6 +71,8 @@ async def run_scenario(scenario: Scenario, run_dir: Path | None = None, *,
         run_dir = run_dir or default_run_dir(run_id=run_id)
         refuse_existing(run_dir, overwrite=overwrite)
         meta, already, first_seq = _run_meta(scenario, run_id, secrets), {}, 0
+    # One check request decides whether the run asks for per-token logprobs (load.logprobs = "auto").
+    scenario, meta["logprobs"] = await ask_for_logprobs(scenario, api_key)
     # Built before anything is written, so a bad companion file fails the run up front.
     stream = engine.run(scenario, client, run_id=run_id, stop=stop, already=already, first_seq=first_seq)
     if resume:

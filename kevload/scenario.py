@@ -95,6 +95,7 @@ class Load:
     companion_count: int = 0       # lines chosen from a load.companions file (0: every line)
     slo: Slo | None = None         # per-request latency bounds: slo_attainment and goodput per cell
     min_slo_attainment: float | None = None  # a probe cell below this share fails (JUnit, exit 1)
+    logprobs: str | bool = "auto"  # per-token logprobs: true, false, "auto" (if one check finds them)
 
 
 @dataclass(frozen=True)
@@ -222,6 +223,8 @@ def scenario_from_dict(raw: dict[str, Any], *, source: str, name: str = "scenari
         v.fail("load.retries", "an integer >= 0", load.retries)
     if load.duration < 0:
         v.fail("load.duration", "seconds >= 0 (0: until the samples are sent)", load.duration)
+    if load.logprobs not in ("auto", True, False):
+        v.fail("load.logprobs", '"auto", true or false', load.logprobs)
     if any(n < 1 for n in load.prefix_lengths):
         v.fail("load.prefix_lengths", "a list of integers >= 1", list(load.prefix_lengths))
     if load.companion_count < 0:
@@ -276,6 +279,7 @@ _LOAD_RULES: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "companion_count": (int, False),
     "slo": (dict, False),
     "min_slo_attainment": ((int, float), False),
+    "logprobs": ((str, bool), False),
 }
 
 _LIST_OF_INT = {"load.concurrency", "load.prefix_lengths"}
@@ -415,7 +419,7 @@ class _Validator:
                     self.fail(full, f"a {_kind_name(kind)}", None)
                 continue
             value = table[key]
-            bad_bool = isinstance(value, bool) and kind is not bool
+            bad_bool = isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,))
             if bad_bool or not isinstance(value, kind):
                 self.fail(full, f"a {_kind_name(kind)}", value)
             if full in _LIST_OF_INT:
@@ -434,8 +438,10 @@ class _Validator:
 
 def _kind_name(kind: type | tuple[type, ...]) -> str:
     names = {str: "string", int: "integer", bool: "boolean (true/false)", list: "list", dict: "table"}
-    if isinstance(kind, tuple):
+    if kind == (int, float):
         return "number"
+    if isinstance(kind, tuple):
+        return " or ".join(names[k] for k in kind)
     return names[kind]
 
 

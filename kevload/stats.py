@@ -1,4 +1,5 @@
-"""Pure numeric helpers: confidence bounds for "no drift seen" and constant-memory latency quantiles."""
+"""Pure numeric helpers: confidence bounds for "no drift seen", agreement intervals and constant-memory latency
+quantiles."""
 
 from __future__ import annotations
 
@@ -25,6 +26,46 @@ def drift_upper_bound(n: int, confidence: float = 0.95) -> float:
 def samples_for_bound(rate: float, confidence: float = 0.95) -> int:
     """Clean samples needed before the upper bound falls to ``rate``."""
     return math.ceil(math.log(1.0 - confidence) / math.log(1.0 - rate))
+
+
+# Two-sided 95 % normal quantile (scipy.stats.norm.ppf(0.975)); the only confidence the summaries use.
+Z95 = 1.959963984540054
+
+
+def wilson_interval(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval for a proportion ``successes / n`` (95 % by default).
+
+    Chosen over the normal (Wald) interval because it stays inside [0, 1] and keeps a width at 0/n
+    and n/n, where a determinism claim lives: 8 agreeing samples of 8 give [0.676, 1], not [1, 1].
+    ``successes`` may be fractional (a summed share, see ``mean_share_interval``). n = 0: [0, 1].
+    """
+    if n <= 0:
+        return 0.0, 1.0
+    p = min(max(successes / n, 0.0), 1.0)
+    z2 = z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z / (1 + z2 / n) * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    # At p = 0 or 1 the interval touches the bound exactly; rounding must not push it off.
+    low = 0.0 if p == 0.0 else max(0.0, centre - half)
+    high = 1.0 if p == 1.0 else min(1.0, centre + half)
+    return low, high
+
+
+def mean_share_interval(shares: list[tuple[float, int]], z: float = Z95) -> tuple[float, float, float] | None:
+    """Mean of per-sample shares in [0, 1], given as (share, how many samples had it), with its interval.
+
+    The interval is Wilson's with the summed shares as successes and the samples as trials. Any
+    variable in [0, 1] with mean p has variance at most p(1 - p), the Bernoulli case Wilson assumes,
+    so this interval is at least as wide as a score interval with the true variance: conservative,
+    and unlike a t-interval it does not collapse to zero width when every sample agrees fully.
+    Returns (mean, low, high), or None without samples.
+    """
+    n = sum(count for _, count in shares)
+    if n <= 0:
+        return None
+    total = sum(share * count for share, count in shares)
+    low, high = wilson_interval(total, n, z)
+    return total / n, low, high
 
 
 class LatencyHistogram:

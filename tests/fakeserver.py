@@ -20,6 +20,8 @@ from typing import Any
 
 from aiohttp import web
 
+from kevload.client import LOGPROBS_CHECK_USER
+
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
          "quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
 
@@ -56,6 +58,12 @@ class Behaviour:
     tool_calls: int = 0             # answer with this many tool calls (content null), arguments from the words
     tool_args_vary: bool = False    # the tool calls' arguments differ on every request
     version: str = ""               # a "model version": another version answers every prompt differently
+    # Per-token logprobs, when a request asks for them: a fixed function of the word and its position.
+    logprobs_supported: bool = True  # False: the field is ignored, as transformers serve does
+    logprob_drift_at: int | None = None  # logprobs (not the text) vary once this many requests overlap …
+    logprob_diverge_at: int = 3     # … from this token on
+    logprob_ids: bool = False       # chat entries carry the token "id", as llama.cpp's do
+    completions_logprobs: str = "openai"  # completions: "openai" (tokens/token_logprobs) or "content" (llama.cpp)
 
 
 class FakeServer:
@@ -130,6 +138,15 @@ class FakeServer:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         b = self.behaviour
         body = await request.json()
+        chat = request.path.endswith("/chat/completions")
+        if body.get("user") == LOGPROBS_CHECK_USER:
+            # kevload's one capability check per run: answered, but neither recorded nor counted for faults,
+            # so the tests' fault tables and request lists stay those of the run's own requests.
+            text = " ".join(WORDS[:3])
+            logprobs = self._logprobs(body, text, overlap=1)
+            if body.get("stream"):
+                return await self._stream(request, body, text, chat, None, logprobs)
+            return self._whole(body, text, chat, None, logprobs)
         self.requests.append(body)
         self.arrivals.append(time.monotonic())
         index = len(self.requests) - 1
@@ -139,7 +156,6 @@ class FakeServer:
         for name in b.reject_fields:
             if name in body:
                 return web.json_response({"error": {"message": f"unknown field {name}"}}, status=400)
-        chat = request.path.endswith("/chat/completions")
         prompt = body["messages"][-1]["content"] if chat else body["prompt"]
         me = self._next_id
         self._next_id += 1
@@ -168,9 +184,40 @@ class FakeServer:
         finally:
             self._active.pop(me, None)
         text = self._answer(body, prompt, state)
+        logprobs = self._logprobs(body, text, state["max_overlap"])
         if body.get("stream"):
-            return await self._stream(request, body, text, chat, fault)
-        return self._whole(body, text, chat, fault)
+            return await self._stream(request, body, text, chat, fault, logprobs)
+        return self._whole(body, text, chat, fault, logprobs)
+
+    def _logprobs(self, body: dict[str, Any], text: str, overlap: int) -> list[float] | None:
+        """One logprob per word-token when the request asks (and the server supports it), else None."""
+        b = self.behaviour
+        if not b.logprobs_supported or body.get("logprobs") in (None, False):
+            return None
+        values = []
+        for position, word in enumerate(text.split(" ")):
+            digest = hashlib.sha256(f"{b.version}{position}:{word}".encode()).digest()
+            values.append(-0.01 - int.from_bytes(digest[:4], "big") / 2**32 * 5)
+        if b.logprob_drift_at is not None and overlap >= b.logprob_drift_at:
+            # Batched numerics: the same tokens win, with slightly other probabilities.
+            noise = random.Random()
+            for position in range(b.logprob_diverge_at, len(values)):
+                values[position] += noise.uniform(1e-7, 1e-5)
+        return values
+
+    def _logprob_doc(self, pieces: list[str], values: list[float], chat: bool, start: int) -> dict[str, Any]:
+        """The choice's ``logprobs`` object for these pieces (token positions ``start`` on)."""
+        b = self.behaviour
+        if chat or b.completions_logprobs == "content":
+            entries = []
+            for offset, (piece, value) in enumerate(zip(pieces, values, strict=True)):
+                entry = {"token": piece, "logprob": value, "top_logprobs": [{"token": piece, "logprob": value}]}
+                if b.logprob_ids:
+                    entry["id"] = 1000 + WORDS.index(piece.strip()) if piece.strip() in WORDS else start + offset
+                entries.append(entry)
+            return {"content": entries}
+        return {"tokens": pieces, "token_logprobs": values, "top_logprobs": [{p: v} for p, v in zip(pieces, values,
+                                                                                                  strict=True)]}
 
     def _answer(self, body: dict[str, Any], prompt: str, state: dict[str, Any]) -> str:
         b = self.behaviour
@@ -198,7 +245,8 @@ class FakeServer:
             words[b.diverge_at_word] = "coldstart"
         return " ".join(words)
 
-    def _whole(self, body: dict[str, Any], text: str, chat: bool, fault: str | None) -> web.Response:
+    def _whole(self, body: dict[str, Any], text: str, chat: bool, fault: str | None,
+               logprobs: list[float] | None = None) -> web.Response:
         if fault == "wrong_content_type":
             return web.Response(text="<html>oops</html>", content_type="text/html")
         if fault == "malformed":
@@ -220,6 +268,9 @@ class FakeServer:
             choice["message"] = message
         else:
             choice["text"] = text
+        pieces = _pieces(text)
+        if logprobs is not None:
+            choice["logprobs"] = self._logprob_doc(pieces, logprobs, chat, 0)
         tokens = text.split(" ")
         return web.json_response({
             "id": "x", "object": "chat.completion", "model": body.get("model"),
@@ -228,13 +279,13 @@ class FakeServer:
         })
 
     async def _stream(self, request: web.Request, body: dict[str, Any], text: str, chat: bool,
-                      fault: str | None) -> web.StreamResponse:
+                      fault: str | None, logprobs: list[float] | None = None) -> web.StreamResponse:
         b = self.behaviour
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         if fault == "wrong_content_type":
             response.content_type = "text/plain"
         await response.prepare(request)
-        pieces = [w if i == 0 else " " + w for i, w in enumerate(text.split(" "))]
+        pieces = _pieces(text)
         await response.write(b": keep-alive\n\n")
         if chat and b.reasoning_field:
             reasoning = _reasoning_text(text, b)
@@ -260,6 +311,8 @@ class FakeServer:
                 await response.write(b'data: {"error": {"message": "injected", "code": 500}}\n\n')
             delta = {"content": piece} if chat else None
             choice = {"index": 0, "delta": delta} if chat else {"index": 0, "text": piece}
+            if logprobs is not None:
+                choice["logprobs"] = self._logprob_doc([piece], [logprobs[i]], chat, i)
             await self._event(response, {"choices": [choice], "system_fingerprint": "fake-1"}, fault)
             if b.chunk_delay:
                 await asyncio.sleep(b.chunk_delay)
@@ -291,6 +344,11 @@ class FakeServer:
         else:
             await response.write(data)
 
+
+
+def _pieces(text: str) -> list[str]:
+    """The answer's tokens as streamed: each word after the first with its leading space."""
+    return [w if i == 0 else " " + w for i, w in enumerate(text.split(" "))]
 
 
 def _finish(fault: str | None, b: Behaviour) -> str:

@@ -274,3 +274,41 @@ def test_text_output_says_what_a_stable_verdict_rests_on():
     assert "evidence: output text compared (hashes), not logprobs" in diagnosis_text(doc)
     assert "evidence: per-token logprobs bitwise equal" in diagnosis_text({**doc, "evidence": "logprobs_bitwise"})
     assert "evidence:" not in diagnosis_text(decide(evidence(concurrency_single=CROSSTALK)).to_json())
+
+
+# --- per-token logprobs: what a stable verdict rests on, and latent crosstalk (issue 12) ---
+
+BITWISE = {k: replace(CLEAN[k], logprob_bitwise=True) for k in ("fixed", "concurrency_single", "concurrency_mixed")}
+
+
+def latent(key: str, *cells: str) -> StepResult:
+    return replace(CLEAN[key], logprob_bitwise=False, latent_cells=cells, latent_from=3)
+
+
+@pytest.mark.parametrize(("name", "steps", "crosstalk", "evidence_kind"), [
+    ("no logprobs", {}, None, "text"),
+    ("bitwise everywhere", BITWISE, False, "logprobs_bitwise"),
+    ("bitwise but one step without logprobs", {**BITWISE, "concurrency_mixed": CLEAN["concurrency_mixed"]}, False,
+     "text"),
+    ("latent at c=4", {**BITWISE, "concurrency_single": latent("concurrency_single", "probe@single/c=4")}, True,
+     "text"),
+    ("latent at c=1 too: the serial logprobs wobble, no crosstalk",
+     {**BITWISE, "concurrency_single": latent("concurrency_single", "probe@single/c=1", "probe@single/c=4")}, False,
+     "text"),
+    ("fixed serial step not bitwise: no crosstalk",
+     {**BITWISE, "fixed": replace(CLEAN["fixed"], logprob_bitwise=False),
+      "concurrency_mixed": latent("concurrency_mixed", "probe@mixed/c=2")}, False, "text"),
+])
+def test_logprob_evidence_and_latent_crosstalk(name, steps, crosstalk, evidence_kind):
+    d = decide(evidence(**steps))
+    assert d.verdict == "stable"  # the text held: latent drift is a finding, never a verdict of its own
+    assert d.findings.latent_crosstalk is crosstalk
+    assert d.evidence == evidence_kind
+    assert ("latent_crosstalk" in d.findings.to_json()) is (crosstalk is not None)
+    notes = [n for n in d.notes if n.startswith("latent crosstalk")]
+    if crosstalk:
+        assert notes == ["latent crosstalk: under concurrency the text stays the serial one but the per-token "
+                         "logprobs differ (probe@single/c=4; from token 3) while serial logprobs agree — batching "
+                         "already changes the numerics, and a longer answer or another prompt can flip a token"]
+    else:
+        assert notes == []

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from tests.conftest import run_cli
+from tests.fakeserver import Behaviour, FakeServer
 
 
 def diagnose(tmp_path, server, *extra, params='{"temperature": 0.8}'):
@@ -17,6 +18,7 @@ def diagnose(tmp_path, server, *extra, params='{"temperature": 0.8}'):
 
 
 def test_stable(tmp_path, server):
+    server.behaviour.logprobs_supported = False  # text only: what a stable verdict rests on without logprobs
     code, output, d = diagnose(tmp_path, server)
     assert code == 0, output
     assert d["verdict"] == "stable"
@@ -171,3 +173,22 @@ def test_messages_file(tmp_path, server):
     bad.write_text('{"role": "user"}')
     code, output = run_cli("diagnose", "--url", server.url, "--model", "fake", "--messages", bad)
     assert code == 2 and "bad.json: --messages: expected a JSON list" in output
+
+
+def test_diagnose_names_latent_crosstalk_and_rests_stable_on_bitwise_logprobs(tmp_path):
+    def run(server, out):
+        code, output = run_cli("diagnose", "--url", server.url, "--model", "fake", "--prompt", "Tell me a fact.",
+                               "--samples", "4", "--max-concurrency", "2", "--json", out / "d.json", "--out",
+                               out / "runs")
+        return code, output, json.loads((out / "d.json").read_text())
+
+    with FakeServer(Behaviour(logprob_drift_at=2, latency=0.2)) as server:
+        code, output, d = run(server, tmp_path / "latent")
+    assert code == 0 and d["verdict"] == "stable", output
+    assert d["findings"]["latent_crosstalk"] is True and d["evidence"] == "text"
+    assert any(n.startswith("latent crosstalk: under concurrency the text stays the serial one") for n in d["notes"])
+    with FakeServer(Behaviour(latency=0.05)) as server:
+        code, output, d = run(server, tmp_path / "bitwise")
+    assert code == 0 and d["verdict"] == "stable", output
+    assert d["evidence"] == "logprobs_bitwise" and d["findings"]["latent_crosstalk"] is False
+    assert "evidence: per-token logprobs bitwise equal, as well as the text" in output

@@ -43,7 +43,7 @@ def _leaks(text: str) -> list[str]:
 
 def test_no_header_value_lands_anywhere(tmp_path, echo_server):
     scenario = write_scenario(tmp_path / "s.toml", echo_server.url, concurrency=[1], samples=3,
-                              max_error_share=1.0, target={"headers": HEADERS})
+                              max_error_share=1.0, logprobs=False, target={"headers": HEADERS})
     out = tmp_path / "run"
     printed = [run_cli("run", scenario, "--out", out)[1]]
     assert all(seen.get(name) == value for seen in echo_server.seen_headers for name, value in HEADERS.items())
@@ -66,7 +66,7 @@ def test_no_header_value_lands_anywhere(tmp_path, echo_server):
 def test_resume_asks_for_the_header_values_again(tmp_path, echo_server):
     echo_server.seen_headers.append({})  # no 401 this time
     scenario = write_scenario(tmp_path / "s.toml", echo_server.url, concurrency=[1], samples=2,
-                              target={"headers": HEADERS})
+                              logprobs=False, target={"headers": HEADERS})
     out = tmp_path / "run"
     assert run_cli("run", scenario, "--out", out, "--quiet")[0] == 0
     code, output = run_cli("run", "--resume", out, "--set", "load.samples=4")
