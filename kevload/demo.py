@@ -62,6 +62,7 @@ async def run_demo(names: list[str], *, samples: int, console: Console, stop: as
         console.print(Columns([_table(name, steps) for name, steps in shown.items()], padding=(0, 4)))
     for name, steps in shown.items():
         console.print(headline(LABELS[name], steps))
+        console.print(logprob_line(LABELS[name], steps))
     if stop.is_set():
         console.print("stopped: the matrices hold what was collected before the stop")
     console.print(f"runs: {out}/ (re-read any with `kevload report DIR`)")
@@ -93,9 +94,30 @@ def headline(label: str, steps: list[tuple[str, dict[str, Any]]]) -> str:
     off = next((s for name, s in steps if "batching off" in name), None)
     after = ""
     if off is not None:
-        after = "; batching off: " + ("stable" if off["verdict"] == "deterministic" else "still drifts")
+        after = "; batching off: " + {"deterministic": "stable", "nondeterministic": "still drifts"}.get(
+            off["verdict"], off["verdict"])
     return (f"{label}: {sampling}fixed params drift once batched (c={','.join(map(str, levels))}: up to "
             f"{max(c['distinct'] for c in drift)} distinct in {first['ok']}), {where}{after}")
+
+
+def logprob_line(label: str, steps: list[tuple[str, dict[str, Any]]]) -> str:
+    """What the per-token logprobs of the fixed-parameter steps say against serial, level by level."""
+    cells = [c for name, s in steps if not name.startswith("1 ") for c in s["cells"]
+             if c["role"] == "probe" and c.get("logprob_samples")]
+    if not cells:
+        return f"{label} logprobs: none returned, outputs compared as text only"
+    differ = [c for c in cells if not c["logprob_bitwise"]]
+    n = sum(c["logprob_samples"] for c in cells)
+    if not differ:
+        levels = sorted({c["concurrency"] for c in cells})
+        return (f"{label} logprobs: bitwise equal to serial in all {len(cells)} fixed-param cells "
+                f"(c={','.join(map(str, levels))}; {n} samples compared)")
+    worst = max(differ, key=lambda c: c["logprob_max_abs_diff"] or 0)
+    first = min(c["first_logprob_divergence_token"] for c in differ)
+    levels = sorted({c["concurrency"] for c in differ})
+    return (f"{label} logprobs: {len(differ)} of {len(cells)} fixed-param cells differ from serial "
+            f"(c={','.join(map(str, levels))}), from token {first}, largest |difference| "
+            f"{worst['logprob_max_abs_diff']:.3g}; {n} samples compared")
 
 
 async def _run_target(name: str, samples: int, out: Path, console: Console,
