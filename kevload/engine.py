@@ -249,6 +249,8 @@ class _Runner:
             """``at``: seconds into the level (scheduled, in the open loop), which decides a ramp-up's sends."""
             seq = self.seq
             self.seq += 1
+            # Sent as X-Request-Id; a 429/503 retry below and a transport's reconnect resend keep it.
+            request_id = f"{self.run_id}-{seq}"
             nonce = f"kevload-{self.run_id}-{seq}" if load.nonce else None
             body = build_body(target, item, params, stream=load.stream, nonce=nonce)
             # Nothing below awaits before the count goes up: a slot that resends at once keeps c in flight.
@@ -258,13 +260,13 @@ class _Runner:
             retries = 0
             t_send = time.perf_counter()
             try:
-                outcome = await self.client.send(body)
+                outcome = await self.client.send(body, request_id=request_id)
                 while outcome.status in RETRYABLE and retries < load.retries and not self.stop.is_set():
                     # Honour the server's Retry-After; otherwise back off exponentially.
                     wait = outcome.retry_after if outcome.retry_after is not None else _BACKOFF_S * 2 ** retries
                     await asyncio.sleep(min(wait, _BACKOFF_MAX_S))
                     retries += 1
-                    outcome = await self.client.send(body)
+                    outcome = await self.client.send(body, request_id=request_id)
             except asyncio.CancelledError:
                 if not self._cutting:
                     raise
@@ -276,7 +278,7 @@ class _Runner:
             record = _record(outcome, body, run_id=self.run_id, seq=seq, probe=item.id, role=role, mode=mode,
                              concurrency=concurrency, rate=rate, sample=sample,
                              in_flight=in_flight, counted=counted, max_in_flight=max_in_flight,
-                             t_scheduled=t_scheduled, retries=retries)
+                             t_scheduled=t_scheduled, retries=retries, request_id=request_id)
             self._ready.append(record)
             self._wake.set()
             if role == PROBE and counted:

@@ -25,6 +25,8 @@ STREAMED_BOUNDS = ("ttft_ms", "itl_ms", "tpot_ms")
 SLO_BOUNDS = (*STREAMED_BOUNDS, "e2e_ms")
 RAMP_OF = ("concurrency", "rate")
 MAX_RAMP_LEVELS = 1000  # each level is a cell run in turn: more than this is a typo, not a test
+# kevload sets this header itself, unique per request, so records join the server's logs: never the user's.
+REQUEST_ID_HEADER = "X-Request-Id"
 
 
 class ScenarioError(ValueError):
@@ -226,6 +228,12 @@ def scenario_from_dict(raw: dict[str, Any], *, source: str, name: str = "scenari
         v.fail("target.max_response_bytes", "an integer >= 1 (bytes)", target.max_response_bytes)
     if target.max_seconds < 0:
         v.fail("target.max_seconds", "seconds >= 0 (0: no limit)", target.max_seconds)
+    for header in target.headers:
+        if header.lower() == REQUEST_ID_HEADER.lower():
+            # Refused, not overridden: one fixed value on every request would join nothing. The value,
+            # like every header value, stays out of the message.
+            raise ScenarioError(f"{source}: target.headers.{header}: expected no {REQUEST_ID_HEADER} header "
+                                "(kevload sends its own, unique per request, and records it as request_id)")
 
     probes_raw = raw.get("probes")
     if not isinstance(probes_raw, list) or not probes_raw:

@@ -62,6 +62,7 @@ class FakeServer:
     def __init__(self, behaviour: Behaviour | None = None):
         self.behaviour = behaviour or Behaviour()
         self.requests: list[dict[str, Any]] = []
+        self.request_ids: list[str | None] = []  # each request's X-Request-Id, in arrival order
         self.arrivals: list[float] = []
         self.injected: dict[str, int] = {}
         self.seen_prompts: set[str] = set()
@@ -131,6 +132,7 @@ class FakeServer:
         b = self.behaviour
         body = await request.json()
         self.requests.append(body)
+        self.request_ids.append(request.headers.get("X-Request-Id"))
         self.arrivals.append(time.monotonic())
         index = len(self.requests) - 1
         fault = b.faults[index] if index < len(b.faults) else None
