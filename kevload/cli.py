@@ -132,14 +132,27 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write to a file.")
 @click.option("--metrics", type=click.Path(dir_okay=False, path_type=Path), callback=lambda _c, _p, v: _metrics_path(v),
               help="Also write the cells as Prometheus text here.")
-def report(run_dir: Path, fmt: str, output: Path | None, metrics: Path | None) -> None:
+@click.option("--request", "request_id", metavar="ID",
+              help="Print only the record of the request sent with this X-Request-Id, as JSON.")
+def report(run_dir: Path, fmt: str, output: Path | None, metrics: Path | None, request_id: str | None) -> None:
     """Recompute a run's summary from its records (no server needed) and render it; sweeps too (html, json)."""
     if (run_dir / "sweep.json").is_file() and not (run_dir / RECORDS).is_file():
-        if metrics is not None:
-            raise UserError(f"--metrics: {run_dir} is a sweep; give one of its run directories")
+        for option, given in (("--metrics", metrics), ("--request", request_id)):
+            if given is not None:
+                raise UserError(f"{option}: {run_dir} is a sweep; give one of its run directories")
         _report_sweep(run_dir, fmt, output)
         return
     _guard(lambda: open_run_dir(run_dir))
+    if request_id is not None:
+        import orjson
+
+        from kevload.store import find_record
+
+        record = find_record(run_dir / RECORDS, request_id)
+        if record is None:
+            raise UserError(f"--request {request_id}: no record in {run_dir / RECORDS} has that request_id")
+        _emit(orjson.dumps(record, option=orjson.OPT_INDENT_2).decode(), output)
+        return
     _guard(lambda: single_run_id(run_dir))
     meta = _guard(lambda: read_json(run_dir / RUN))
     summary = _guard(lambda: finish_run(run_dir, meta=meta))

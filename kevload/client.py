@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -14,7 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 import orjson
 
 from kevload.http1 import LeanTransport
-from kevload.scenario import Probe, Scenario, Target
+from kevload.scenario import REQUEST_ID_HEADER, Probe, Scenario, Target
 from kevload.sse import SSEError, SSEParser
 from kevload.store import secret_header_values, url_secrets, url_userinfo
 from kevload.transport import AiohttpTransport, Endpoint, Response, Transport, TransportError
@@ -175,27 +176,31 @@ class Client:
             await self._transport.aclose()
             self._transport = None
 
-    async def send(self, body: dict[str, Any]) -> Outcome:
+    async def send(self, body: dict[str, Any], *, request_id: str | None = None) -> Outcome:
+        """One exchange, sent with ``X-Request-Id: request_id`` (a random id when None): the id a
+        server's logs and traces show for it. A resend on a fresh connection carries the same id."""
         assert self._transport is not None, "use Client as an async context manager"
         payload = orjson.dumps(body)
         stream = bool(body.get("stream"))
+        headers = {REQUEST_ID_HEADER: request_id or secrets.token_hex(8)}
         t_send = time.perf_counter()
         if self._max_seconds is None:
-            return await self._exchange(payload, stream, t_send, [])
+            return await self._exchange(payload, headers, stream, t_send, [])
         deadline = asyncio.timeout(self._max_seconds)
         reconnects: list[int] = []
         try:
             async with deadline:
-                return await self._exchange(payload, stream, t_send, reconnects)
+                return await self._exchange(payload, headers, stream, t_send, reconnects)
         except TimeoutError:
             if not deadline.expired():
                 raise
             return self._failed("timeout", t_send, f"no complete answer within target.max_seconds = "
                                 f"{self._max_seconds:g} s", sum(reconnects))
 
-    async def _exchange(self, payload: bytes, stream: bool, t_send: float, reconnects: list[int]) -> Outcome:
+    async def _exchange(self, payload: bytes, headers: dict[str, str], stream: bool, t_send: float,
+                        reconnects: list[int]) -> Outcome:
         try:
-            response = await self._transport.send(payload)
+            response = await self._transport.send(payload, headers)
             reconnects.append(response.reconnects)
             try:
                 outcome = await self._answer(response, stream, t_send)

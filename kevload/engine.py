@@ -118,13 +118,15 @@ class _Runner:
     async def _closed_level(self, probe: Probe, concurrency: int, picker: CompanionPicker) -> None:
         load = self.load
         first = self.already.get(level_key(probe.id, concurrency, None), 0)
-        if first >= load.samples:
+        if self._level_done(first):
             return
-        plan = ClosedLoop(concurrency, load.samples - first, companions=bool(picker), warmup=load.warmup)
+        plan = ClosedLoop(concurrency, load.samples - first, companions=bool(picker), warmup=load.warmup,
+                          ramp_s=load.ramp_s, duration=load.duration)
         send = self._sender(probe, concurrency, None, concurrency, plan)
         for i in range(plan.warmup):
             await send(WARMUP, probe, i)
         samples = {PROBE: first, COMPANION: 0}
+        start = time.perf_counter()  # the ramp-up and a timed level run from here, after the warm-ups
 
         async def slot(role: str) -> None:
             try:
@@ -132,12 +134,13 @@ class _Runner:
                     if role == PROBE and load.mode == "needle":
                         # Vary where the probe lands among requests the server is already running.
                         await asyncio.sleep(picker.jitter(0.05))
-                    if plan.next(role) is None:
+                    at = time.perf_counter() - start
+                    if plan.next(role, at) is None:
                         return
                     item = probe if role == PROBE else picker.next().item
                     sample = samples[role]
                     samples[role] += 1
-                    await send(role, item, sample)
+                    await send(role, item, sample, at=at)
             finally:
                 plan.slot_done(role)
 
@@ -154,19 +157,19 @@ class _Runner:
         """
         load = self.load
         first = self.already.get(level_key(probe.id, 0, rate), 0)
-        if first >= load.samples and not load.duration:
+        if self._level_done(first):
             return
         plan = OpenLoop(rate, needed=load.samples - first, companions=bool(picker), arrival=load.arrival,
-                        seed=load.seed, warmup=load.warmup, duration=load.duration)
+                        seed=load.seed, warmup=load.warmup, duration=load.duration, ramp_s=load.ramp_s)
         cap = asyncio.Semaphore(load.max_in_flight) if load.max_in_flight else None
         send = self._sender(probe, 0, rate, load.max_in_flight or None, plan)
         samples = {PROBE: first, COMPANION: 0, WARMUP: -1}
         tasks: dict[str, set[asyncio.Task]] = {PROBE: set(), COMPANION: set()}
         start = time.perf_counter() + 0.005
 
-        async def one(role: str, item: Probe, sample: int, scheduled: float) -> None:
+        async def one(role: str, item: Probe, sample: int, at: float, scheduled: float) -> None:
             try:
-                await send(role, item, sample, t_scheduled=scheduled)
+                await send(role, item, sample, at=at, t_scheduled=scheduled)
             finally:
                 if cap is not None:
                     cap.release()
@@ -183,7 +186,7 @@ class _Runner:
             sample = samples[role]
             if role != WARMUP:
                 samples[role] += 1
-            task = asyncio.create_task(one(role, item, sample, scheduled))
+            task = asyncio.create_task(one(role, item, sample, planned.at, scheduled))
             group = tasks[PROBE if role == PROBE else COMPANION]
             group.add(task)
             task.add_done_callback(group.discard)
@@ -230,31 +233,40 @@ class _Runner:
     def _halted(self) -> bool:
         return self.stop.is_set() or self.aborted
 
+    def _level_done(self, counted: int) -> bool:
+        """Whether a resumed run has this level: its samples, or for a timed level any (topping one up
+        would run it for longer than load.duration)."""
+        return counted > 0 if self.load.duration else counted >= self.load.samples
+
     def _sender(self, probe: Probe, concurrency: int, rate: float | None, max_in_flight: int | None,
                 plan: ClosedLoop | OpenLoop):
         """The coroutine that sends one request of this level and queues its record."""
         load, target, params = self.load, self.scenario.target, self.scenario.params
         mode = load.mode
 
-        async def send(role: str, item: Probe, sample: int, *, t_scheduled: float | None = None) -> None:
+        async def send(role: str, item: Probe, sample: int, *, at: float = 0.0,
+                       t_scheduled: float | None = None) -> None:
+            """``at``: seconds into the level (scheduled, in the open loop), which decides a ramp-up's sends."""
             seq = self.seq
             self.seq += 1
+            # Sent as X-Request-Id; a 429/503 retry below and a transport's reconnect resend keep it.
+            request_id = f"{self.run_id}-{seq}"
             nonce = f"kevload-{self.run_id}-{seq}" if load.nonce else None
             body = build_body(target, item, params, stream=load.stream, nonce=nonce)
             # Nothing below awaits before the count goes up: a slot that resends at once keeps c in flight.
             in_flight = self.in_flight
-            counted = plan.sent(role, in_flight)
+            counted = plan.sent(role, in_flight, at)
             self.in_flight += 1
             retries = 0
             t_send = time.perf_counter()
             try:
-                outcome = await self.client.send(body)
+                outcome = await self.client.send(body, request_id=request_id)
                 while outcome.status in RETRYABLE and retries < load.retries and not self.stop.is_set():
                     # Honour the server's Retry-After; otherwise back off exponentially.
                     wait = outcome.retry_after if outcome.retry_after is not None else _BACKOFF_S * 2 ** retries
                     await asyncio.sleep(min(wait, _BACKOFF_MAX_S))
                     retries += 1
-                    outcome = await self.client.send(body)
+                    outcome = await self.client.send(body, request_id=request_id)
             except asyncio.CancelledError:
                 if not self._cutting:
                     raise
@@ -266,7 +278,7 @@ class _Runner:
             record = _record(outcome, body, run_id=self.run_id, seq=seq, probe=item.id, role=role, mode=mode,
                              concurrency=concurrency, rate=rate, sample=sample,
                              in_flight=in_flight, counted=counted, max_in_flight=max_in_flight,
-                             t_scheduled=t_scheduled, retries=retries)
+                             t_scheduled=t_scheduled, retries=retries, request_id=request_id)
             self._ready.append(record)
             self._wake.set()
             if role == PROBE and counted:

@@ -12,7 +12,7 @@ turns out to be closed.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from urllib.parse import urlsplit
 
 import httptools
@@ -45,7 +45,7 @@ class LeanTransport:
         self._idle: list[_Connection] = []
         self._all: set[_Connection] = set()
 
-    async def send(self, body: bytes) -> _Response:
+    async def send(self, body: bytes, headers: Mapping[str, str] | None = None) -> _Response:
         """Send one request on an idle connection, or a new one.
 
         A reused connection that closes before any byte of the response arrived had been closed by
@@ -54,7 +54,9 @@ class LeanTransport:
         ``reconnects`` (RFC 9112 §9.3.1). A fresh connection's failure is never retried: that would
         hide a server that drops requests.
         """
-        payload = self._head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+        extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode("latin-1") if headers else b""
+        # Built once: a resend on a fresh connection below carries the same bytes, request id included.
+        payload = self._head + extra + b"Content-Length: %d\r\n\r\n" % len(body) + body
         reconnects = 0
         while self._idle:
             conn = self._idle.pop()

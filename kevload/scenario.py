@@ -23,6 +23,10 @@ APIS = ("chat", "completions")
 # Bounds that need the first token's time, which only a streamed answer shows.
 STREAMED_BOUNDS = ("ttft_ms", "itl_ms", "tpot_ms")
 SLO_BOUNDS = (*STREAMED_BOUNDS, "e2e_ms")
+RAMP_OF = ("concurrency", "rate")
+MAX_RAMP_LEVELS = 1000  # each level is a cell run in turn: more than this is a typo, not a test
+# kevload sets this header itself, unique per request, so records join the server's logs: never the user's.
+REQUEST_ID_HEADER = "X-Request-Id"
 
 
 class ScenarioError(ValueError):
@@ -74,6 +78,36 @@ class Slo:
 
 
 @dataclass(frozen=True)
+class Ramp:
+    """A stepped ramp (``load.ramp``): levels of concurrency or of rate from ``start`` to ``to``, ``step``
+    apart or each ``factor`` times the one before, ``to`` always the last; each level is a cell lasting
+    ``every_s`` seconds (None: until ``load.samples``). Expanded at load into ``load.concurrency`` or
+    ``load.rate`` (and ``load.duration``), so the engine sees ordinary levels."""
+
+    of: str
+    start: float                  # TOML ``from`` (a Python keyword)
+    to: float
+    step: float | None = None
+    factor: float | None = None
+    every_s: float | None = None
+
+    def levels(self) -> tuple[float, ...]:
+        values: list[float] = []
+        while True:
+            k = len(values)
+            value = self.start + k * self.step if self.step else self.start * self.factor ** k
+            if value > self.to * (1 + 1e-9):  # a float step landing a hair past ``to`` still lands on it
+                break
+            values.append(value)
+        if not math.isclose(values[-1], self.to, rel_tol=1e-9):
+            values.append(self.to)
+        if self.of == "concurrency":
+            # Half up, not Python's half-to-even: 2.5 in flight rounds the way a reader expects, to 3.
+            return tuple(sorted({math.floor(v + 0.5) for v in values}))
+        return tuple(sorted({round(float(v), 6) for v in values}))
+
+
+@dataclass(frozen=True)
 class Load:
     mode: str = "single"
     concurrency: tuple[int, ...] = (1,)
@@ -89,13 +123,15 @@ class Load:
     rate: tuple[float, ...] = ()   # open loop: requests/s levels, instead of closed-loop concurrency
     arrival: str = "constant"      # constant | poisson
     max_in_flight: int = 0         # open loop cap on requests in flight (0: none)
-    duration: float = 0.0          # open loop: seconds per level (0: until the samples are sent)
+    duration: float = 0.0          # seconds per level, closed or open loop (0: until the samples are sent)
     retries: int = 0               # retries of 429/503 (none by default: a retry hides evidence)
     dataset_seed: int = 0          # which lines JSONL datasets contribute (--dataset-seed)
     companion_count: int = 0       # lines chosen from a load.companions file (0: every line)
     slo: Slo | None = None         # per-request latency bounds: slo_attainment and goodput per cell
     min_slo_attainment: float | None = None  # a probe cell below this share fails (JUnit, exit 1)
     logprobs: str | bool = "auto"  # per-token logprobs: true, false, "auto" (if one check finds them)
+    ramp: Ramp | None = None       # a stepped ramp, expanded into concurrency or rate (and duration)
+    ramp_s: float = 0.0            # seconds at each level's load before its sends count (a timed warm-up)
 
 
 @dataclass(frozen=True)
@@ -193,6 +229,12 @@ def scenario_from_dict(raw: dict[str, Any], *, source: str, name: str = "scenari
         v.fail("target.max_response_bytes", "an integer >= 1 (bytes)", target.max_response_bytes)
     if target.max_seconds < 0:
         v.fail("target.max_seconds", "seconds >= 0 (0: no limit)", target.max_seconds)
+    for header in target.headers:
+        if header.lower() == REQUEST_ID_HEADER.lower():
+            # Refused, not overridden: one fixed value on every request would join nothing. The value,
+            # like every header value, stays out of the message.
+            raise ScenarioError(f"{source}: target.headers.{header}: expected no {REQUEST_ID_HEADER} header "
+                                "(kevload sends its own, unique per request, and records it as request_id)")
 
     probes_raw = raw.get("probes")
     if not isinstance(probes_raw, list) or not probes_raw:
@@ -206,7 +248,16 @@ def scenario_from_dict(raw: dict[str, Any], *, source: str, name: str = "scenari
         v.fail("params.n", "1 or no n (one answer per request is compared; ask for more load.samples instead)",
                params["n"])
 
-    load = v.build(Load, v.table(raw, "load"), "load", _LOAD_RULES)
+    load_table = v.table(raw, "load")
+    load = v.build(Load, load_table, "load", _LOAD_RULES)
+    if load.ramp is not None:
+        ramp = _ramp(v, load.ramp, given=set(load_table))
+        levels = ramp.levels()
+        load = replace(load, ramp=ramp, duration=ramp.every_s or load.duration,
+                       **({"concurrency": tuple(int(x) for x in levels)} if ramp.of == "concurrency"
+                          else {"rate": levels}))
+    if load.ramp_s < 0:
+        v.fail("load.ramp_s", "seconds >= 0 (0: no ramp-up)", load.ramp_s)
     v.choice(load.mode, "load.mode", MODES)
     if not load.concurrency or any(c < 1 for c in load.concurrency):
         v.fail("load.concurrency", "a non-empty list of integers >= 1", list(load.concurrency))
@@ -280,6 +331,8 @@ _LOAD_RULES: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "slo": (dict, False),
     "min_slo_attainment": ((int, float), False),
     "logprobs": ((str, bool), False),
+    "ramp": (dict, False),
+    "ramp_s": ((int, float), False),
 }
 
 _LIST_OF_INT = {"load.concurrency", "load.prefix_lengths"}
@@ -355,6 +408,51 @@ def _slo(v: _Validator, table: dict[str, Any], stream: bool) -> Slo:
             v.fail(f"load.slo.{key}", "load.stream = true beside it (only a streamed answer shows its first "
                    "token's time)", value)
     return Slo(**{key: float(value) for key, value in table.items()})
+
+
+def _ramp(v: _Validator, table: dict[str, Any], *, given: set[str]) -> Ramp:
+    """``load.ramp`` checked key by key; ``given`` is the keys written in [load], for the conflicts."""
+    v.known(table, "load.ramp", {"of", "from", "to", "step", "factor", "every_s"})
+    of = table.get("of", "concurrency")
+    if not isinstance(of, str):
+        v.fail("load.ramp.of", f"one of {', '.join(RAMP_OF)}", of)
+    v.choice(of, "load.ramp.of", RAMP_OF)
+    # The ramp gives the levels (and every_s their length): a second source of either is a contradiction.
+    for clash, sets in (("concurrency", "levels"), ("rate", "levels"), ("duration", "seconds per level")):
+        if clash in given and (clash != "duration" or "every_s" in table):
+            where = "load.ramp.every_s" if clash == "duration" else "load.ramp"
+            raise ScenarioError(f"{v.source}: {where} and load.{clash}: give one of them (the ramp sets the {sets})")
+    whole = of == "concurrency"
+    kind = "an integer >= 1" if whole else "a number > 0 (requests per second)"
+
+    def number(key: str, expected: str, ok) -> float | None:
+        value = table.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or not ok(value):
+            v.fail(f"load.ramp.{key}", expected, value)
+        return value
+
+    def level(value: Any) -> bool:
+        return value >= 1 and isinstance(value, int) if whole else value > 0
+
+    start, to = (number(key, kind, level) for key in ("from", "to"))
+    for key, value in (("from", start), ("to", to)):
+        if value is None:
+            v.fail(f"load.ramp.{key}", kind, None)
+    if to < start:
+        v.fail("load.ramp.to", f"a level >= load.ramp.from ({start})", to)
+    step = number("step", kind.replace("(requests per second)", "(added per level)"), level)
+    factor = number("factor", "a number > 1 (each level that many times the one before)", lambda x: x > 1)
+    if (step is None) == (factor is None):
+        v.fail("load.ramp", "exactly one of step (levels step apart) or factor (each level factor times the last)",
+               sorted(k for k in table if k in ("step", "factor")))
+    every_s = number("every_s", "seconds > 0 per level (none: each level runs until load.samples)", lambda x: x > 0)
+    count = (to - start) / step if step else math.log(to / start) / math.log(factor)
+    if count + 1 > MAX_RAMP_LEVELS:
+        v.fail("load.ramp", f"at most {MAX_RAMP_LEVELS} levels (a larger step or factor)", math.floor(count) + 1)
+    return Ramp(of=of, start=start, to=to, step=step, factor=factor,
+                every_s=float(every_s) if every_s is not None else None)
 
 
 def _messages(v: _Validator, value: Any, where: str) -> tuple[dict[str, str], ...]:

@@ -63,6 +63,7 @@ class Record:
     reasoning: str | None = None
     tool_calls: list[dict[str, str]] | None = None
     reconnects: int = 0
+    request_id: str | None = None  # sent as X-Request-Id (``<run_id>-<seq>``): joins the record with server logs
 
 
 def answer_text(output: str | None, reasoning: str | None = None,
@@ -161,6 +162,25 @@ def cut_torn_tail(path: Path) -> int:
         if keep < size:
             handle.truncate(keep)
         return size - keep
+
+
+def find_record(path: Path, request_id: str) -> dict[str, Any] | None:
+    """The record of the request sent with ``X-Request-Id: request_id``, or None.
+
+    Only lines holding the id's JSON spelling are parsed, so a large file is a byte scan.
+    """
+    needle = orjson.dumps(request_id)
+    with path.open("rb") as handle:
+        for line in handle:
+            if needle not in line:
+                continue
+            try:
+                record = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue  # a torn last line
+            if isinstance(record, dict) and record.get("request_id") == request_id:
+                return record
+    return None
 
 
 def write_json(path: Path, doc: Any) -> None:

@@ -84,8 +84,9 @@ class Response(Protocol):
 
 
 class Transport(Protocol):
-    async def send(self, body: bytes) -> Response:
-        """POST ``body`` and return once the response head is in; raises ``TransportError``."""
+    async def send(self, body: bytes, headers: Mapping[str, str] | None = None) -> Response:
+        """POST ``body`` with ``headers`` besides the endpoint's (the same on a resend) and return once
+        the response head is in; raises ``TransportError``."""
 
     async def aclose(self) -> None:
         """Close every connection."""
@@ -150,11 +151,11 @@ class AiohttpTransport:
         return aiohttp.ClientSession(connector=connector, timeout=timeout, headers=dict(e.headers),
                                      trace_configs=[trace])
 
-    async def send(self, body: bytes) -> Response:
+    async def send(self, body: bytes, headers: Mapping[str, str] | None = None) -> Response:
         seen = SimpleNamespace(reused=False)
         try:
             with _aiohttp_errors(self.endpoint.timeout):
-                response = await self._session.post(self._url, data=body, trace_request_ctx=seen)
+                response = await self._session.post(self._url, data=body, headers=headers, trace_request_ctx=seen)
         except ConnectionReset as exc:
             # A reused connection the server had closed: the request never reached it (RFC 9112 §9.3.1),
             # so it goes once more on a connection opened for it; a fresh connection's failure stands.
@@ -163,7 +164,7 @@ class AiohttpTransport:
             if self._fresh is None:
                 self._fresh = self._new_session(force_close=True)
             with _aiohttp_errors(self.endpoint.timeout, reconnects=1):
-                response = await self._fresh.post(self._url, data=body)
+                response = await self._fresh.post(self._url, data=body, headers=headers)
             return _AiohttpResponse(response, self.endpoint, reconnects=1)
         return _AiohttpResponse(response, self.endpoint, reconnects=0)
 

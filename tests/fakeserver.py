@@ -70,6 +70,7 @@ class FakeServer:
     def __init__(self, behaviour: Behaviour | None = None):
         self.behaviour = behaviour or Behaviour()
         self.requests: list[dict[str, Any]] = []
+        self.request_ids: list[str | None] = []  # each request's X-Request-Id, in arrival order
         self.arrivals: list[float] = []
         self.injected: dict[str, int] = {}
         self.seen_prompts: set[str] = set()
@@ -148,6 +149,7 @@ class FakeServer:
                 return await self._stream(request, body, text, chat, None, logprobs)
             return self._whole(body, text, chat, None, logprobs)
         self.requests.append(body)
+        self.request_ids.append(request.headers.get("X-Request-Id"))
         self.arrivals.append(time.monotonic())
         index = len(self.requests) - 1
         fault = b.faults[index] if index < len(b.faults) else None
