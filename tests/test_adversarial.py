@@ -96,3 +96,117 @@ def test_companion_line_with_bad_messages_is_refused_before_anything_is_sent(tmp
     assert code == 2, output
     assert "companions.jsonl:2" in output and "Traceback" not in output
     assert not server.requests
+
+
+# --- cases: a case unstable against the serial answer ---------------------------------------------
+
+@pytest.mark.xfail(strict=True, reason="cases.rerun_cases judges the rerun by its distinct count alone; a case "
+                   "whose copies agree with each other but not with the serial answer (`1 all≠serial`) always "
+                   "reruns as 'stable'. The verdict belongs against the serial answer (rerun c=1 too, or compare "
+                   "with the case's recorded serial output) in cases.py")
+def test_case_unstable_against_serial_stays_unstable_on_an_unchanged_server(tmp_path):
+    """A server that gives one other answer whenever two requests overlap: the run's c=2 cell reads
+    `1 all≠serial` (DRIFT, exit 1) and `cases build` records that case as unstable. `cases rerun` against
+    the very same server sends the case at c=2 only, sees one distinct answer (the same batched one it
+    recorded: `matches recorded`) and reports `unstable→stable`, exit 0: a fix that never happened."""
+    with FakeServer(Behaviour(latency=0.1, drift_at=2, batched_variant=True)) as server:
+        scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=4)
+        assert run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")[0] == 1
+        c2 = cells_by_level(load_summary(tmp_path / "run"))[2]
+        assert c2["drift"] and c2["distinct"] == 1 and not c2["agrees_with_serial"]
+        cases = tmp_path / "cases.jsonl"
+        assert run_cli("cases", "build", tmp_path / "run", "-o", cases)[0] == 0
+        code, output = run_cli("cases", "rerun", cases, "--url", server.url, "--model", "fake", "--times", "4",
+                               "-o", tmp_path / "after.jsonl", "--out", tmp_path / "reruns")
+    after = {json.loads(line)["params"]["concurrency"]: json.loads(line)
+             for line in (tmp_path / "after.jsonl").read_text().splitlines()}
+    assert after[2]["verdict"] == "unstable"
+    assert after[2]["transition"] == "unchanged", output
+
+
+# --- closed loop: what "in flight" means under retries -----------------------------------------------
+
+class _Overlap(FakeServer):
+    """Notes, per request nonce, the most requests the server worked on at once while answering it."""
+
+    def __init__(self, behaviour):
+        super().__init__(behaviour)
+        self.overlap: dict[str, int] = {}
+
+    def _answer(self, body, prompt, state):
+        self.overlap[body.get("user")] = state["max_overlap"]
+        return super()._answer(body, prompt, state)
+
+
+@pytest.mark.xfail(strict=True, reason="engine._sender keeps a request 'in flight' while it sleeps out a 429's "
+                   "Retry-After, so plan.sent counts the other slot's sends as full load while the server has "
+                   "nothing else to do; the count belongs around each client.send, not around the retry loop")
+def test_counted_sample_is_never_alone_at_the_server_while_another_slot_backs_off(tmp_path):
+    """README: 'every counted probe sample is sent with exactly c−1 other requests in flight', and
+    '"In flight" means sent by kevload and not yet answered'. With --retries, a 429 is answered, yet the
+    slot that got it sits out Retry-After (1 s) still counted in flight: the other slot's samples in that
+    second are recorded as counted at c=2 (in_flight 1) while the server works on them alone."""
+    faults = [None] * 9 + ["http_429"]
+    with _Overlap(Behaviour(latency=0.3, faults=faults, retry_after="1")) as server:
+        scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=6, nonce=True)
+        run_cli("run", scenario, "--out", tmp_path / "run", "--quiet", "--retries", "1")
+        overlap = server.overlap
+    counted = [r for r in _rows(tmp_path / "run") if r["concurrency"] == 2 and r["counted"]]
+    assert len(counted) == 6 and {r["in_flight"] for r in counted} == {1}
+    # Overlap over the whole answer, not at arrival: a partner sent in the same instant may arrive later.
+    alone = [r["seq"] for r in counted if overlap[r["params"]["user"]] < 2]
+    assert not alone, f"counted c=2 samples that found the server idle: seq {alone}"
+
+
+# --- resume ----------------------------------------------------------------------------------------
+
+class _BasicAuth(FakeServer):
+    """401 unless the request carries Basic user:s3cret-pw (what a base_url user:password@ stands for)."""
+
+    def __init__(self):
+        super().__init__()
+        self.authorizations: list[str | None] = []
+
+    async def _handle(self, request):
+        self.authorizations.append(request.headers.get("Authorization"))
+        if request.headers.get("Authorization") != "Basic dXNlcjpzM2NyZXQtcHc=":
+            return web.json_response({"error": "unauthorized"}, status=401)
+        return await super()._handle(request)
+
+
+@pytest.mark.xfail(strict=True, reason="cli._resumable rebuilds the target from run.json, where base_url's "
+                   "user:password@ was redacted to ***@; it must ask for the credential again (exit 2), as it "
+                   "does for header values, instead of sending Basic base64('***:')")
+def test_resume_of_a_run_with_url_credentials_never_sends_the_redacted_placeholder(tmp_path):
+    """README: a user:password@ in base_url is 'written nowhere (***)', and a resumed run whose header
+    values were not stored is refused (exit 2). A run interrupted against a base_url with credentials is
+    resumed with the redacted URL: every request goes out as 'Basic ***:' and the run ends 'target failed'."""
+    with _BasicAuth() as server:
+        url = server.url.replace("http://", "http://user:s3cret-pw@")
+        scenario = write_scenario(tmp_path / "s.toml", url, concurrency=[1], samples=4)
+        assert run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")[0] == 0
+        records = tmp_path / "run" / "records.jsonl"
+        records.write_text("".join(records.read_text().splitlines(keepends=True)[:2]))  # killed after 2 answers
+        code, output = run_cli("run", "--resume", tmp_path / "run", "--quiet")
+        sent = server.authorizations[4:]
+    assert all(a == "Basic dXNlcjpzM2NyZXQtcHc=" for a in sent) if sent else code == 2, (code, output, sent)
+
+
+@pytest.mark.xfail(strict=True, reason="engine._rate_level skips a resumed level only when it has load.samples "
+                   "probes and no load.duration; a duration level is rerun in full, so every completed level "
+                   "of the run is sent twice and its cell holds two runs' requests")
+def test_resume_of_a_duration_run_does_not_resend_completed_levels(tmp_path, server):
+    """README: '`kevload run --resume DIR` finishes an interrupted one'. A run with load.duration killed
+    in its second rate level is resumed: the first level, complete on disk, is sent again for its whole
+    duration, and its cell then counts both (twice the requests, a duration spanning the gap)."""
+    server.behaviour.latency = 0.01
+    scenario = write_scenario(tmp_path / "s.toml", server.url, rate=[8, 16], duration=1.0, samples=1)
+    assert run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")[0] == 0
+    records = tmp_path / "run" / "records.jsonl"
+    lines = records.read_text().splitlines(keepends=True)
+    first_level = [line for line in lines if json.loads(line)["rate"] == 8]
+    records.write_text("".join(first_level) + "".join(lines[len(first_level):len(first_level) + 3]))
+    sent_before = len(server.requests)
+    run_cli("run", "--resume", tmp_path / "run", "--quiet")
+    resent = [r for r in _rows(tmp_path / "run") if r["rate"] == 8]
+    assert len(resent) == len(first_level), (len(resent), len(first_level), len(server.requests) - sent_before)
