@@ -103,17 +103,23 @@ def _item(doc: Any, number: int, path: Path, what: str, role: str, max_tokens: i
         raise ScenarioError(f"{where}: max_tokens: expected an integer >= 1, got {tokens!r}")
     messages = tuple(doc["messages"]) if "messages" in doc else None
     if role == "companion":
-        # As companion files always were read: an id of any kind, and either input is accepted.
+        # An id of any kind, and either input is accepted; but messages are sent (or joined into a
+        # completions prompt) as they are, so a bad one must fail here, not mid-run.
+        _check_messages(messages, where)
         return Probe(id=f"companion:{doc.get('id', f'line{number}')}", prompt=doc.get("prompt"), messages=messages,
                      max_tokens=tokens)
     # Probes are compared and their text cut into prefixes: the same rules as a [[probes]] table.
     if ("prompt" in doc) == ("messages" in doc):
         raise ScenarioError(f"{where}: expected exactly one of prompt or messages")
-    if messages is not None and not (messages and all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in messages)):
-        raise ScenarioError(f"{where}: messages: expected a non-empty list of {{role, content}} objects")
+    _check_messages(messages, where)
     pid = doc.get("id", f"{path.stem}:{number}")
     if not isinstance(pid, str | int) or isinstance(pid, bool) or pid == "":
         raise ScenarioError(f"{where}: id: expected a non-empty string, got {pid!r}")
     return Probe(id=str(pid), prompt=doc.get("prompt"), messages=messages, max_tokens=tokens)
+
+
+def _check_messages(messages: tuple[Any, ...] | None, where: str) -> None:
+    if messages is not None and not (messages and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages)):
+        raise ScenarioError(f"{where}: messages: expected a non-empty list of {{role, content}} objects")

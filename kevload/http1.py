@@ -41,6 +41,10 @@ class LeanTransport:
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         host = parts.netloc.rpartition("@")[2]  # userinfo never goes into Host
         headers = "".join(f"{k}: {v}\r\n" for k, v in endpoint.headers.items())
+        if not any(k.lower() == "accept-encoding" for k in endpoint.headers):
+            # Without this header any content coding is acceptable (RFC 9110 §12.5.3), and a gzipped
+            # answer, which this client does not decode, would be recorded as malformed.
+            headers += "Accept-Encoding: identity\r\n"
         self._head = f"POST {path} HTTP/1.1\r\nHost: {host}\r\n{headers}".encode("latin-1")
         self._idle: list[_Connection] = []
         self._all: set[_Connection] = set()
