@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import click
 from rich.console import Console
@@ -232,6 +233,10 @@ def _resumable(run_dir: Path, overrides: list[str]):
         raise ScenarioError(f"{run_dir}/run.json: target.headers: values are not stored ({', '.join(missing)}); "
                             "rerun the scenario file, or pass them again with "
                             f"--set 'target.headers.{missing[0]}=\"…\"'")
+    # The same for credentials in base_url: run.json keeps them as ***, which is no credential to send.
+    if "***" in urlsplit(str(raw.get("target", {}).get("base_url", ""))).netloc.rpartition("@")[0]:
+        raise ScenarioError(f"{run_dir}/run.json: target.base_url: its user:password@ is not stored; rerun the "
+                            "scenario file, or pass the URL again with --set 'target.base_url=\"…\"'")
     scenario = scenario_from_dict(raw, source=meta.get("scenario_source") or str(run_dir / RUN),
                                   name=meta.get("scenario_name", "resumed"))
     if "datasets" in meta:  # runs from before datasets were recorded have nothing to compare with

@@ -24,8 +24,6 @@ def _rows(run_dir: Path) -> list[dict]:
 
 # --- nightly baseline -------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="baseline.compare_to_baseline counts every output of a cell that already "
-                   "drifted in the baseline as 'never seen': an unchanged server with known crosstalk exits 1")
 def test_known_drift_against_its_own_baseline_is_no_news(tmp_path):
     """README: 'drift the baseline already had is not news'. The same server, run twice, with crosstalk
     at c=4 both nights: tonight's random c=4 outputs differ from last night's, and kevload calls that
@@ -175,27 +173,26 @@ class _BasicAuth(FakeServer):
         return await super()._handle(request)
 
 
-@pytest.mark.xfail(strict=True, reason="cli._resumable rebuilds the target from run.json, where base_url's "
-                   "user:password@ was redacted to ***@; it must ask for the credential again (exit 2), as it "
-                   "does for header values, instead of sending Basic base64('***:')")
 def test_resume_of_a_run_with_url_credentials_never_sends_the_redacted_placeholder(tmp_path):
-    """README: a user:password@ in base_url is 'written nowhere (***)', and a resumed run whose header
-    values were not stored is refused (exit 2). A run interrupted against a base_url with credentials is
-    resumed with the redacted URL: every request goes out as 'Basic ***:' and the run ends 'target failed'."""
+    """README: a user:password@ in base_url is written nowhere (***). Resuming such a run from run.json
+    would send 'Basic ***:' and end 'target failed': it is refused (exit 2, one line) until the URL is
+    given again, and then the real credential goes out."""
     with _BasicAuth() as server:
         url = server.url.replace("http://", "http://user:s3cret-pw@")
         scenario = write_scenario(tmp_path / "s.toml", url, concurrency=[1], samples=4)
         assert run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")[0] == 0
         records = tmp_path / "run" / "records.jsonl"
         records.write_text("".join(records.read_text().splitlines(keepends=True)[:2]))  # killed after 2 answers
+        before = len(server.authorizations)
         code, output = run_cli("run", "--resume", tmp_path / "run", "--quiet")
-        sent = server.authorizations[4:]
-    assert all(a == "Basic dXNlcjpzM2NyZXQtcHc=" for a in sent) if sent else code == 2, (code, output, sent)
+        assert code == 2 and server.authorizations[before:] == [], (code, output)
+        assert output.count("\n") == 1 and "target.base_url" in output and "s3cret" not in output, output
+        code, output = run_cli("run", "--resume", tmp_path / "run", "--quiet", "--set", f'target.base_url="{url}"')
+        sent = server.authorizations[before:]
+    assert code == 0, output
+    assert sent and all(a == "Basic dXNlcjpzM2NyZXQtcHc=" for a in sent)
 
 
-@pytest.mark.xfail(strict=True, reason="engine._rate_level skips a resumed level only when it has load.samples "
-                   "probes and no load.duration; a duration level is rerun in full, so every completed level "
-                   "of the run is sent twice and its cell holds two runs' requests")
 def test_resume_of_a_duration_run_does_not_resend_completed_levels(tmp_path, server):
     """README: '`kevload run --resume DIR` finishes an interrupted one'. A run with load.duration killed
     in its second rate level is resumed: the first level, complete on disk, is sent again for its whole
