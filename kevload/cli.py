@@ -15,6 +15,7 @@ from kevload.report import FORMATS, render, slo_line, verdict_line
 from kevload.runs import finish_run, refuse_existing, run_scenario, single_run_id
 from kevload.scenario import ScenarioError, load_scenario
 from kevload.store import RECORDS, RUN, RunDirError, default_run_dir, open_run_dir, read_json, read_records
+from kevload.summary import RunSummary
 from kevload.targets import NAMES, TargetSettings
 from kevload.targets.cache import ProvisionError
 
@@ -117,7 +118,7 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
         regressions = [c for c in changes if c.regression]
         click.echo(f"against baseline {baseline}: {len(regressions)} regression(s)")
         # Drift the baseline had too is no news for a nightly job; only changes (and the SLO) decide the exit code.
-        code = EXIT_DRIFT if regressions or result.summary.get("slo_failed_cells") else EXIT_OK
+        code = EXIT_DRIFT if regressions or result.summary.slo_failed_cells else EXIT_OK
     sys.exit(code)
 
 
@@ -156,10 +157,10 @@ def report(run_dir: Path, fmt: str, output: Path | None, metrics: Path | None) -
     sys.exit(_exit_code(summary))
 
 
-def _exit_code(summary: dict) -> int:
+def _exit_code(summary: RunSummary) -> int:
     """The verdict's code; otherwise 1 when a probe cell is under load.min_slo_attainment (3 stays 3)."""
-    code = _EXIT_FOR_VERDICT[summary["verdict"]]
-    return EXIT_DRIFT if code == EXIT_OK and summary.get("slo_failed_cells") else code
+    code = _EXIT_FOR_VERDICT[summary.verdict]
+    return EXIT_DRIFT if code == EXIT_OK and summary.slo_failed_cells else code
 
 
 def _report_sweep(sweep_dir: Path, fmt: str, output: Path | None) -> None:
@@ -189,7 +190,7 @@ def _metrics_path(path: Path | None) -> Path | None:
     return path
 
 
-def _write_metrics(path: Path, summary: dict, run_dir: Path) -> None:
+def _write_metrics(path: Path, summary: RunSummary, run_dir: Path) -> None:
     from kevload.metrics import write_metrics
 
     try:
@@ -221,10 +222,10 @@ def _resumable(run_dir: Path, overrides: list[str]):
     return scenario
 
 
-def _print_summary(summary: dict, quiet: bool) -> None:
+def _print_summary(summary: RunSummary, quiet: bool) -> None:
     if quiet:
         click.echo(verdict_line(summary))
-        if summary.get("slo"):
+        if summary.slo:
             click.echo(slo_line(summary))
     else:
         render(summary, "table", Console())

@@ -20,6 +20,7 @@ from kevload.runs import run_scenario
 from kevload.scenario import Probe, Scenario, scenario_from_dict
 from kevload.stats import drift_upper_bound, samples_for_bound
 from kevload.store import default_run_dir, read_records
+from kevload.summary import RunSummary
 
 # In the guide's order: the first cause found is the verdict, later ones are listed as also found.
 VERDICTS = ("stable", "sampling", "crosstalk", "cache", "server_nondeterministic", "data", "inconclusive")
@@ -408,13 +409,13 @@ class _Diagnoser:
                        mode: str = "single", probes: list[Probe] | None = None) -> StepResult:
         self.log(f"{title} …")
         summary, run_dir = await self._run(key, params, levels, samples, mode=mode, probes=probes)
-        probe_cells = [c for c in summary["cells"] if c["role"] == "probe"]
+        probe_cells = summary.probe_cells()
         step = StepResult(
             key=key, title=title, params=params, mode=mode, levels=tuple(levels), samples=samples,
-            ok=min((c["ok"] for c in probe_cells), default=0),
-            distinct=max((c["distinct"] for c in probe_cells), default=0),
-            errors=summary["errors_by_type"], drift_cells=tuple(summary["drift_cells"]), run=str(run_dir),
-            target_failed=summary["verdict"] == "target_failed")
+            ok=min((c.ok for c in probe_cells), default=0),
+            distinct=max((c.distinct for c in probe_cells), default=0),
+            errors=summary.errors_by_type, drift_cells=summary.drift_cells, run=str(run_dir),
+            target_failed=summary.verdict == "target_failed")
         if key == "baseline":
             differing, after_first = differing_calls(_ok_probe_hashes(run_dir))
             step = replace(step, differing_calls=differing, distinct_after_first=after_first)
@@ -496,7 +497,7 @@ class _Diagnoser:
         self.evidence = replace(self.evidence, data=DataResult(result))
 
     async def _run(self, key: str, params: dict[str, Any], levels: list[int], samples: int, *,
-                   mode: str = "single", probes: list[Probe] | None = None) -> tuple[dict[str, Any], Path]:
+                   mode: str = "single", probes: list[Probe] | None = None) -> tuple[RunSummary, Path]:
         run_dir = self.out / key
         scenario = _scenario(self.o, params, levels, samples, mode=mode, probes=probes)
         result = await run_scenario(scenario, run_dir)
