@@ -14,6 +14,8 @@ from urllib.parse import urlparse
 
 import orjson
 
+from kevload.errors import ScenarioError
+
 if TYPE_CHECKING:
     from kevload.datasets import Dataset
 
@@ -23,10 +25,6 @@ APIS = ("chat", "completions")
 # Bounds that need the first token's time, which only a streamed answer shows.
 STREAMED_BOUNDS = ("ttft_ms", "itl_ms", "tpot_ms")
 SLO_BOUNDS = (*STREAMED_BOUNDS, "e2e_ms")
-
-
-class ScenarioError(ValueError):
-    """A scenario (file or --set override) is not what kevload expects; the text says where and why."""
 
 
 @dataclass(frozen=True)
