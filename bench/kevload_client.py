@@ -47,11 +47,11 @@ async def main(base_url: str, concurrency: int, requests: int, stream: bool, rat
             for line in records:
                 lines += 1
                 ok += b'"status":"ok"' in line
-    cell = result.summary["cells"][0]
+    cell = result.summary.cells[0]
     # Every request sent is one record; the summary counts those sent at full load (ramp-up and tail are not).
-    return {"requests": lines, "ok": ok, "counted": result.summary["requests"], "seconds": seconds,
-            "records_written": lines, "distinct": cell["distinct"], "rss_end_mb": rss_mb(),
-            "lateness": cell["latency"].get("lateness"), "loop": loop_name(), **marks}
+    return {"requests": lines, "ok": ok, "counted": result.summary.requests, "seconds": seconds,
+            "records_written": lines, "distinct": cell.distinct, "rss_end_mb": rss_mb(),
+            "lateness": cell.latency.get("lateness"), "loop": loop_name(), **marks}
 
 
 def loop_name() -> str:

@@ -27,5 +27,5 @@ def hwm_mb() -> float:
 
 # The reader's own peak plus the largest worker's (children report theirs through getrusage).
 workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-print(json.dumps({"seconds": seconds, "cells": len(summary["cells"]), "requests": summary["requests"],
+print(json.dumps({"seconds": seconds, "cells": len(summary.cells), "requests": summary.requests,
                   "rss_peak_mb": hwm_mb(), "worker_rss_peak_mb": workers}))

@@ -19,10 +19,10 @@ from urllib.parse import urlparse
 
 import orjson
 
-from kevload.compare import level_sort_key
 from kevload.runs import run_scenario
 from kevload.scenario import ScenarioError, iter_jsonl, scenario_from_dict
 from kevload.store import RUN, SUMMARY, new_run_id, open_run_dir, read_json, read_records, record_answer
+from kevload.summary import CellSummary, RunSummary
 
 TRANSITIONS = ("unstable→stable", "stable→unstable", "changed", "no answer", "unchanged")
 # Which load keys shape the batch around the probe in each mode; the others do not change the case.
@@ -83,7 +83,7 @@ def target_name_of(base_url: str) -> str:
 
 def cases_from_run(run_dir: Path, *, target_name: str | None = None) -> list[dict[str, Any]]:
     meta = read_json(run_dir / RUN)
-    summary = read_json(run_dir / SUMMARY)
+    summary = RunSummary.from_json(read_json(run_dir / SUMMARY))
     scenario = meta["scenario"]
     probe_list = scenario.get("probes", [])
     index_of = {p["id"]: i for i, p in enumerate(probe_list)}
@@ -95,26 +95,26 @@ def cases_from_run(run_dir: Path, *, target_name: str | None = None) -> list[dic
         if r["role"] == "probe" and r["status"] == "ok" and r.get("counted", True):
             outputs.setdefault((r["probe"], r["concurrency"], r.get("rate")), Counter())[
                 record_answer(r)] += 1
-    cells = [c for c in summary["cells"] if c["role"] == "probe" and c["probe"] in index_of]
+    cells = [c for c in summary.probe_cells() if c.probe in index_of]
     cases = []
     for c in cells:
-        probe = probe_list[index_of[c["probe"]]]
+        probe = probe_list[index_of[c.probe]]
         case_input = probe.get("prompt", probe.get("messages"))
-        case_params = {**params, "max_tokens": probe.get("max_tokens", 64), "mode": c["mode"],
-                       "concurrency": c["concurrency"]}
-        if c.get("rate") is not None:
-            case_params["rate"] = c["rate"]
-        load = case_load(meta, c, index_of[c["probe"]])
-        texts = outputs.get((c["probe"], c["concurrency"], c.get("rate")), Counter())
+        case_params = {**params, "max_tokens": probe.get("max_tokens", 64), "mode": c.mode,
+                       "concurrency": c.concurrency}
+        if c.rate is not None:
+            case_params["rate"] = c.rate
+        load = case_load(meta, c, index_of[c.probe])
+        texts = outputs.get((c.probe, c.concurrency, c.rate), Counter())
         identity = {k: v for k, v in load.items() if k != "samples"}
         cases.append({
-            "id": f"{c['probe']}-{_digest([target, case_input, case_params, identity])}",
+            "id": f"{c.probe}-{_digest([target, case_input, case_params, identity])}",
             "input": case_input,
             "params": case_params,
             "outputs": _counted(texts),
             "expected": None,
-            "verdict": "unstable" if c["drift"] else "stable",
-            "note": _note(c, [x for x in cells if x["probe"] == c["probe"] and x["mode"] == c["mode"]]),
+            "verdict": "unstable" if c.drift else "stable",
+            "note": _note(c, [x for x in cells if x.probe == c.probe and x.mode == c.mode]),
             "target": target,
             "load": load,
             "source_run": str(run_dir),
@@ -123,14 +123,14 @@ def cases_from_run(run_dir: Path, *, target_name: str | None = None) -> list[dic
     return cases
 
 
-def case_load(meta: dict[str, Any], cell: dict[str, Any], probe_index: int) -> dict[str, Any]:
+def case_load(meta: dict[str, Any], cell: CellSummary, probe_index: int) -> dict[str, Any]:
     """What a rerun needs to send the probe among the same requests as the run did."""
     run_load = meta["load"]
-    mode = cell["mode"]
-    load: dict[str, Any] = {"mode": mode, "concurrency": cell["concurrency"], "samples": cell["ok"],
+    mode = cell.mode
+    load: dict[str, Any] = {"mode": mode, "concurrency": cell.concurrency, "samples": cell.ok,
                             "stream": run_load.get("stream", False)}
-    if cell.get("rate") is not None:
-        load.update(rate=cell["rate"], arrival=run_load.get("arrival", "constant"),
+    if cell.rate is not None:
+        load.update(rate=cell.rate, arrival=run_load.get("arrival", "constant"),
                     max_in_flight=run_load.get("max_in_flight", 0))
     for key in _MODE_KEYS[mode]:
         load[key] = run_load[key]
@@ -212,11 +212,11 @@ async def rerun_cases(cases: list[dict[str, Any]], *, url: str, model: str, time
         result = await run_scenario(scenario_from_dict(raw, source=f"case {case['id']}"), run_dir, stop=stop)
         if result.state == "interrupted":
             break
-        cell = next(c for c in result.summary["cells"] if c["role"] == "probe")
+        cell = result.summary.probe_cells()[0]
         texts = Counter(record_answer(r) for r in read_records(run_dir / "records.jsonl")
                         if r["role"] == "probe" and r["status"] == "ok" and r.get("counted", True))
         recorded = recorded_texts(case)
-        after = {**case, "rerun": rerun, "rerun_uniq": len(texts), "rerun_ok": cell["ok"],
+        after = {**case, "rerun": rerun, "rerun_uniq": len(texts), "rerun_ok": cell.ok,
                  "rerun_outputs": _counted(texts),
                  "verdict_after": "no_answer" if not texts else "stable" if len(texts) == 1 else "unstable",
                  "matches_recorded": set(texts) <= recorded if texts and recorded else None,
@@ -284,18 +284,18 @@ def _counted(texts: Counter) -> list[dict[str, Any]]:
     return [{"text": t, "count": n} for t, n in sorted(texts.items(), key=lambda kv: (-kv[1], kv[0]))]
 
 
-def _note(cell: dict[str, Any], row: list[dict[str, Any]]) -> str:
+def _note(cell: CellSummary, row: list[CellSummary]) -> str:
     """The guide's note: at which levels (concurrency, or rate for open-loop runs) the probe drifted."""
-    open_loop = cell.get("rate") is not None
+    open_loop = cell.rate is not None
     noun = "rate" if open_loop else "concurrency"
-    levels = sorted(row, key=level_sort_key)
-    unstable = [c for c in levels if c["drift"]]
+    levels = sorted(row, key=lambda c: c.level_order)
+    unstable = [c for c in levels if c.drift]
 
-    def named(cells: list[dict[str, Any]]) -> str:
-        return ", ".join(f"{c['rate']:g}/s" if open_loop else str(c["concurrency"]) for c in cells)
+    def named(cells: list[CellSummary]) -> str:
+        return ", ".join(f"{c.rate:g}/s" if open_loop else str(c.concurrency) for c in cells)
 
     if not unstable:
-        return f"stable at {noun} {named(levels)} (n={cell['ok']})"
+        return f"stable at {noun} {named(levels)} (n={cell.ok})"
     if unstable == levels:
         return f"unstable at every {noun} level" + ("" if open_loop else ", serial included")
     if unstable == levels[levels.index(unstable[0]):]:

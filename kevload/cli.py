@@ -12,14 +12,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kevload import __version__, aio
+from kevload.errors import InputError, KevloadError, ScenarioError
 from kevload.report import FORMATS, render, slo_line, verdict_line
 from kevload.runs import finish_run, refuse_existing, run_scenario, single_run_id
-from kevload.scenario import ScenarioError, load_scenario
-from kevload.store import RECORDS, RUN, RunDirError, default_run_dir, open_run_dir, read_json, read_records
+from kevload.scenario import load_scenario
+from kevload.store import RECORDS, RUN, default_run_dir, open_run_dir, read_json, read_records
+from kevload.summary import RunSummary
 from kevload.targets import NAMES, TargetSettings
-from kevload.targets.cache import ProvisionError
 
-EXIT_OK, EXIT_DRIFT, EXIT_USAGE, EXIT_TARGET = 0, 1, 2, 3
+EXIT_OK, EXIT_DRIFT, EXIT_TARGET = 0, 1, 3  # 2 (bad input) comes from errors.InputError
 # inconclusive (a probe cell has fewer ok samples than asked) is no pass: the target did not give the evidence.
 _EXIT_FOR_VERDICT = {"deterministic": EXIT_OK, "nondeterministic": EXIT_DRIFT, "target_failed": EXIT_TARGET,
                      "inconclusive": EXIT_TARGET}
@@ -27,16 +28,19 @@ _EXIT_FOR_VERDICT = {"deterministic": EXIT_OK, "nondeterministic": EXIT_DRIFT, "
 stderr = Console(stderr=True)
 
 
-class UserError(click.ClickException):
-    """A mistake in what the user gave us: one line on stderr, exit 2, no traceback."""
+class _Main(click.Group):
+    """The one place kevload's own errors become a message and an exit code (errors.py): every command,
+    option callback and nested group runs inside this invoke."""
 
-    exit_code = EXIT_USAGE
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except KevloadError as exc:
+            click.echo(f"kevload: error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
 
-    def show(self, file=None) -> None:
-        click.echo(f"kevload: error: {self.message}", err=True)
 
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="kevload")
 def main() -> None:
     """Load-test an OpenAI-compatible LLM server and find out whether the same input gives the same output."""
@@ -77,19 +81,19 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
     overrides = (*overrides, f"load.dataset_seed={dataset_seed}") if dataset_seed is not None else overrides
     if resume is not None:
         if scenario is not None or out is not None or overwrite:
-            raise UserError("--resume RUN_DIR takes the scenario and directory of that run; "
+            raise InputError("--resume RUN_DIR takes the scenario and directory of that run; "
                             "give no SCENARIO, --out or --overwrite")
-        sc = _guard(lambda: _resumable(resume, list(overrides)))
+        sc = _resumable(resume, list(overrides))
         out = resume
     elif scenario is None:
-        raise UserError("missing SCENARIO (or --resume RUN_DIR)")
+        raise InputError("missing SCENARIO (or --resume RUN_DIR)")
     else:
-        sc = _guard(lambda: load_scenario(scenario, list(overrides)))
-    _guard(sc.api_key)
+        sc = load_scenario(scenario, list(overrides))
+    sc.api_key()
     if resume is None and out is not None:
-        _guard(lambda: refuse_existing(out, overwrite=overwrite,
-                                       hint=f"--resume {out} finishes it, --overwrite starts it afresh"))
-    reference = _guard(lambda: load_baseline(baseline)) if baseline is not None else None
+        refuse_existing(out, overwrite=overwrite,
+                                       hint=f"--resume {out} finishes it, --overwrite starts it afresh")
+    reference = load_baseline(baseline) if baseline is not None else None
     total = len(sc.probes) * len(sc.load.rate or sc.load.concurrency) * sc.load.samples
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=stderr, disable=quiet, transient=True)
@@ -101,8 +105,8 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
                 level = f"r={record.rate:g}/s" if record.rate is not None else f"c={record.concurrency}"
                 progress.update(task, advance=1, description=f"{record.probe} {level}")
 
-        result, signum = _guard(lambda: aio.run(lambda stop: run_scenario(
-            sc, out, on_record=on_record, stop=stop, resume=resume is not None, overwrite=overwrite)))
+        result, signum = aio.run(lambda stop: run_scenario(
+            sc, out, on_record=on_record, stop=stop, resume=resume is not None, overwrite=overwrite))
     _print_summary(result.summary, quiet)
     stderr.print(f"records: {result.run_dir / RECORDS} ({result.records} requests, {result.state})")
     if junit is not None:
@@ -113,7 +117,7 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
         _write_metrics(metrics, result.summary, result.run_dir)
     _exit_if_signalled(signum)
     code = _exit_code(result.summary)
-    if fail_on == "latent" and code == EXIT_OK and result.summary.get("latent_cells"):
+    if fail_on == "latent" and code == EXIT_OK and result.summary.latent_cells:
         code = EXIT_DRIFT
     if reference is not None and code != EXIT_TARGET:
         changes = compare_to_baseline(result.summary, reference, max_latency_regression=max_latency_regression)
@@ -123,7 +127,7 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
         regressions = [c for c in changes if c.regression]
         click.echo(f"against baseline {baseline}: {len(regressions)} regression(s)")
         # Drift the baseline had too is no news for a nightly job; only changes (and the SLO) decide the exit code.
-        code = EXIT_DRIFT if regressions or result.summary.get("slo_failed_cells") else EXIT_OK
+        code = EXIT_DRIFT if regressions or result.summary.slo_failed_cells else EXIT_OK
     sys.exit(code)
 
 
@@ -140,10 +144,10 @@ def report(run_dir: Path, fmt: str, output: Path | None, metrics: Path | None, r
     if (run_dir / "sweep.json").is_file() and not (run_dir / RECORDS).is_file():
         for option, given in (("--metrics", metrics), ("--request", request_id)):
             if given is not None:
-                raise UserError(f"{option}: {run_dir} is a sweep; give one of its run directories")
+                raise InputError(f"{option}: {run_dir} is a sweep; give one of its run directories")
         _report_sweep(run_dir, fmt, output)
         return
-    _guard(lambda: open_run_dir(run_dir))
+    open_run_dir(run_dir)
     if request_id is not None:
         import orjson
 
@@ -151,12 +155,12 @@ def report(run_dir: Path, fmt: str, output: Path | None, metrics: Path | None, r
 
         record = find_record(run_dir / RECORDS, request_id)
         if record is None:
-            raise UserError(f"--request {request_id}: no record in {run_dir / RECORDS} has that request_id")
+            raise InputError(f"--request {request_id}: no record in {run_dir / RECORDS} has that request_id")
         _emit(orjson.dumps(record, option=orjson.OPT_INDENT_2).decode(), output)
         return
-    _guard(lambda: single_run_id(run_dir))
-    meta = _guard(lambda: read_json(run_dir / RUN))
-    summary = _guard(lambda: finish_run(run_dir, meta=meta))
+    single_run_id(run_dir)
+    meta = read_json(run_dir / RUN)
+    summary = finish_run(run_dir, meta=meta)
     if fmt == "html":
         from kevload.html import run_report
 
@@ -175,10 +179,10 @@ def report(run_dir: Path, fmt: str, output: Path | None, metrics: Path | None, r
     sys.exit(_exit_code(summary))
 
 
-def _exit_code(summary: dict) -> int:
+def _exit_code(summary: RunSummary) -> int:
     """The verdict's code; otherwise 1 when a probe cell is under load.min_slo_attainment (3 stays 3)."""
-    code = _EXIT_FOR_VERDICT[summary["verdict"]]
-    return EXIT_DRIFT if code == EXIT_OK and summary.get("slo_failed_cells") else code
+    code = _EXIT_FOR_VERDICT[summary.verdict]
+    return EXIT_DRIFT if code == EXIT_OK and summary.slo_failed_cells else code
 
 
 def _report_sweep(sweep_dir: Path, fmt: str, output: Path | None) -> None:
@@ -187,7 +191,7 @@ def _report_sweep(sweep_dir: Path, fmt: str, output: Path | None) -> None:
     from kevload.html import sweep_report
     from kevload.sweep import sweep_markdown
 
-    sweep = _guard(lambda: read_json(sweep_dir / "sweep.json"))
+    sweep = read_json(sweep_dir / "sweep.json")
     renderers = {"html": sweep_report, "markdown": sweep_markdown,
                  "json": lambda s: orjson.dumps(s, option=orjson.OPT_INDENT_2).decode(), "table": sweep_markdown}
     _emit(renderers[fmt](sweep), output)
@@ -204,17 +208,17 @@ def _emit(text: str, output: Path | None) -> None:
 def _metrics_path(path: Path | None) -> Path | None:
     """Checked before anything runs: a nightly job should not learn of a typo in the path after hours of load."""
     if path is not None and not (path.parent.is_dir() and os.access(path.parent, os.W_OK)):
-        raise UserError(f"--metrics {path}: expected a file in an existing, writable directory")
+        raise InputError(f"--metrics {path}: expected a file in an existing, writable directory")
     return path
 
 
-def _write_metrics(path: Path, summary: dict, run_dir: Path) -> None:
+def _write_metrics(path: Path, summary: RunSummary, run_dir: Path) -> None:
     from kevload.metrics import write_metrics
 
     try:
-        write_metrics(path, summary, _guard(lambda: read_json(run_dir / "run.json")))
+        write_metrics(path, summary, read_json(run_dir / "run.json"))
     except OSError as exc:
-        raise UserError(f"--metrics {path}: cannot write ({exc.strerror or exc})") from None
+        raise InputError(f"--metrics {path}: cannot write ({exc.strerror or exc})") from None
     stderr.print(f"metrics: {path}")
 
 
@@ -244,10 +248,10 @@ def _resumable(run_dir: Path, overrides: list[str]):
     return scenario
 
 
-def _print_summary(summary: dict, quiet: bool) -> None:
+def _print_summary(summary: RunSummary, quiet: bool) -> None:
     if quiet:
         click.echo(verdict_line(summary))
-        if summary.get("slo"):
+        if summary.slo:
             click.echo(slo_line(summary))
     else:
         render(summary, "table", Console())
@@ -257,14 +261,6 @@ def _exit_if_signalled(signum: int | None) -> None:
     """A run stopped by SIGINT/SIGTERM exits 130/143 once what it collected is written."""
     if signum is not None:
         sys.exit(aio.EXIT_FOR_SIGNAL[signum])
-
-
-def _guard(action):
-    """Turn the project's own user-facing errors into one clean line and exit 2."""
-    try:
-        return action()
-    except (ScenarioError, RunDirError, ProvisionError) as exc:
-        raise UserError(str(exc)) from None
 
 
 @main.group()
@@ -297,18 +293,14 @@ def _target_options(func):
 @_target_options
 def target_start(name: str, **options) -> None:
     """Build/install NAME once, start it and print its base URL as the last line."""
-    from kevload.targets import ServerError, save_state, start_target, status_target
+    from kevload.targets import save_state, start_target, status_target
 
     current = status_target(name)
     if current and current["running"]:
-        raise UserError(f"{name} is already running at {current['url']} (pid {current['pid']}); "
+        raise InputError(f"{name} is already running at {current['url']} (pid {current['pid']}); "
                         f"`kevload target stop {name}` first")
     settings = TargetSettings.from_options(options)
-    try:
-        running = _guard(lambda: start_target(name, settings, log=lambda m: click.echo(m, err=True)))
-    except ServerError as exc:
-        click.echo(f"kevload: error: {exc}", err=True)
-        sys.exit(EXIT_TARGET)
+    running = start_target(name, settings, log=lambda m: click.echo(m, err=True))
     save_state(running)
     click.echo(f"{name} pid {running.pid}, log {running.log_path}", err=True)
     click.echo(running.url)
@@ -355,8 +347,8 @@ def demo(targets: str, samples: int) -> None:
     names = [t.strip() for t in targets.split(",") if t.strip()]
     bad = [n for n in names if n not in NAMES]
     if bad:
-        raise UserError(f"--targets: unknown target {bad[0]!r}; expected some of {', '.join(NAMES)}")
-    code, signum = _guard(lambda: aio.run(lambda stop: run_demo(names, samples=samples, console=Console(), stop=stop)))
+        raise InputError(f"--targets: unknown target {bad[0]!r}; expected some of {', '.join(NAMES)}")
+    code, signum = aio.run(lambda stop: run_demo(names, samples=samples, console=Console(), stop=stop))
     _exit_if_signalled(signum)
     sys.exit(code)
 
@@ -389,24 +381,24 @@ def diagnose_command(url, model, prompt, messages_file, params_json, max_tokens,
     from kevload.scenario import Probe
 
     if (prompt is None) == (messages_file is None):
-        raise UserError("give exactly one of --prompt TEXT or --messages FILE")
+        raise InputError("give exactly one of --prompt TEXT or --messages FILE")
     if (online is None) != (train is None):
-        raise UserError("--online and --train go together")
+        raise InputError("--online and --train go together")
     try:
         params = orjson.loads(params_json)
     except orjson.JSONDecodeError as exc:
-        raise UserError(f"--params: expected a JSON object, got {params_json!r} ({exc})") from None
+        raise InputError(f"--params: expected a JSON object, got {params_json!r} ({exc})") from None
     if not isinstance(params, dict):
-        raise UserError(f"--params: expected a JSON object, got {params_json!r}")
+        raise InputError(f"--params: expected a JSON object, got {params_json!r}")
     messages = None
     if messages_file is not None:
-        messages = _guard(lambda: _read_messages(messages_file))
+        messages = _read_messages(messages_file)
     probe = Probe(id="probe", prompt=prompt, messages=messages, max_tokens=max_tokens)
     options = DiagnoseOptions(url=url, model=model, probe=probe, params=params, api=api, samples=samples,
                               max_concurrency=max_concurrency, timeout=timeout, api_key_env=api_key_env,
                               run_all=run_all, online=online, train=train, out=out)
-    _guard(lambda: check_options(options))
-    result, signum = _guard(lambda: aio.run(lambda stop: diagnose(options, log=lambda m: stderr.print(m))))
+    check_options(options)
+    result, signum = aio.run(lambda stop: diagnose(options, log=lambda m: stderr.print(m)))
     click.echo(diagnosis_text(result.to_json()))
     if json_out is not None:
         json_out.write_bytes(orjson.dumps(result.to_json(), option=orjson.OPT_INDENT_2))
@@ -446,11 +438,11 @@ def coverage_command(online: Path, train: Path, json_out: Path | None, flag_out:
     from kevload.report import coverage_text
 
     seg = segmenter()
-    online_side = _guard(lambda: scan(online, max_bad=max_bad, seg=seg))
-    train_side = _guard(lambda: scan(train, max_bad=max_bad, seg=seg))
+    online_side = scan(online, max_bad=max_bad, seg=seg)
+    train_side = scan(train, max_bad=max_bad, seg=seg)
     result = compare(online_side, train_side)
     if flag_out is not None:
-        result["flagged"] = _guard(lambda: flag_file(online, train_side, flag_out, max_bad=max_bad))
+        result["flagged"] = flag_file(online, train_side, flag_out, max_bad=max_bad)
     click.echo(coverage_text(result))
     if json_out is not None:
         json_out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
@@ -470,7 +462,7 @@ def cases_build(run_dirs: tuple[Path, ...], output: Path, target_name: str | Non
     """Append one case per probe and setting from RUN_DIRS; existing cases are never dropped or rewritten."""
     from kevload.cases import build_cases
 
-    built = _guard(lambda: build_cases(list(run_dirs), output, target_name=target_name))
+    built = build_cases(list(run_dirs), output, target_name=target_name)
     click.echo(f"{output}: {built.new} new, {built.kept} kept, {len(built.skipped)} skipped")
     for skip in built.skipped:
         click.echo(f"  skipped {skip.id} from {skip.run}: {skip.reason}")
@@ -499,13 +491,13 @@ def cases_rerun(cases_file: Path, url: str, model: str, times: int, api: str, ta
 
     from kevload.cases import accept_changes, describe_load, read_cases, rerun_cases, transitions
 
-    items = _guard(lambda: read_cases(cases_file))
+    items = read_cases(cases_file)
     if target_name is not None:
         items = [c for c in items if (c.get("target") or {}).get("name") == target_name]
         if not items:
-            raise UserError(f"{cases_file}: no case of target {target_name!r}")
-    results, signum = _guard(lambda: aio.run(lambda stop: rerun_cases(
-        items, url=url, model=model, times=times, api=api, out=out, stop=stop, log=lambda m: stderr.print(m))))
+            raise InputError(f"{cases_file}: no case of target {target_name!r}")
+    results, signum = aio.run(lambda stop: rerun_cases(
+        items, url=url, model=model, times=times, api=api, out=out, stop=stop, log=lambda m: stderr.print(m)))
     with output.open("wb") as handle:
         for r in results:
             handle.write(orjson.dumps(r) + b"\n")
@@ -521,7 +513,7 @@ def cases_rerun(cases_file: Path, url: str, model: str, times: int, api: str, ta
         if "matches_expected" in r:
             click.echo(f"{r['id']}: {'matches' if r['matches_expected'] else 'does not match'} expected")
     if accept and moves["changed"]:
-        updated = _guard(lambda: accept_changes(cases_file, results))
+        updated = accept_changes(cases_file, results)
         click.echo(f"{cases_file}: accepted the new answers of {len(updated)} changed case(s); "
                    "the old outputs are kept in their history")
     _exit_if_signalled(signum)
@@ -544,23 +536,18 @@ def cases_rerun(cases_file: Path, url: str, model: str, times: int, api: str, ta
 @click.option("--quiet", is_flag=True, help="No progress and no table; only one verdict line per setting.")
 def sweep_command(scenario, server_cmd, builtin, grids, ready_url, overrides, out, quiet) -> None:
     """Run SCENARIO for every setting in the grid and print one matrix: settings × levels."""
-    from kevload.servers import ServerError
     from kevload.sweep import Grid, run_sweep, sweep_markdown
 
-    grid = _guard(lambda: Grid.parse(list(grids)))
+    grid = Grid.parse(list(grids))
     if server_cmd is not None and builtin is not None:
-        raise UserError("give one of --server-cmd or --target, not both")
+        raise InputError("give one of --server-cmd or --target, not both")
     if grid.server and server_cmd is None and builtin is None:
-        raise UserError("server axes in --grid need exactly one of --server-cmd or --target")
+        raise InputError("server axes in --grid need exactly one of --server-cmd or --target")
     out = out or default_run_dir("sweep")
     log = (lambda m: None) if quiet else (lambda m: stderr.print(m))
-    try:
-        sweep, signum = _guard(lambda: aio.run(lambda stop: run_sweep(
-            scenario, list(overrides), grid, out=out, server_cmd=server_cmd, builtin=builtin, ready_url=ready_url,
-            stop=stop, log=log)))
-    except ServerError as exc:
-        click.echo(f"kevload: error: {exc}", err=True)
-        sys.exit(EXIT_TARGET)
+    sweep, signum = aio.run(lambda stop: run_sweep(
+        scenario, list(overrides), grid, out=out, server_cmd=server_cmd, builtin=builtin, ready_url=ready_url,
+        stop=stop, log=log))
     if quiet:
         for row in sweep["rows"]:
             click.echo(f"{row['setting']}: {row['verdict_line']}")

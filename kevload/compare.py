@@ -29,15 +29,14 @@ import orjson
 from kevload.scenario import Slo
 from kevload.stats import LatencyHistogram, drift_upper_bound, mean_share_interval, wilson_interval
 from kevload.store import RunDirError, read_records, record_answer
+from kevload.summary import DIVERGENCE_KINDS, CellSummary, RunSummary, level_label, level_order, levels_of
 
 # Below this a records file is read in-process: forking costs more than it saves.
 _PARALLEL_BYTES = 32 << 20
 
 LATENCY_NAMES = ("e2e", "ttft", "tpot", "itl", "lateness")
-VERDICTS = ("deterministic", "nondeterministic", "inconclusive", "target_failed")
 CellKey = tuple[str, str, str, int, float | None]  # probe, role, mode, concurrency, rate (open loop)
 OutputKey = tuple[str, str | None]  # sha256 of the text, finish_reason
-DIVERGENCE_KINDS = ("token", "length", "finish")
 # Characters of context kept on each side of a divergence point for the examples in the summary.
 _EXAMPLE_CONTEXT = 150
 # ttft, itl, tpot, e2e bounds in seconds (inf: not bounded), and whether one of the first three is given.
@@ -375,8 +374,8 @@ def reduce_records(records: Iterable[dict[str, Any]], *, slo: Slo | None = None)
 
 
 def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
-              samples_asked: int | None = None, min_slo_attainment: float | None = None) -> dict[str, Any]:
-    """The summary document: ``cells`` (one per probe × role × mode × level), ``matrix`` and ``verdict``.
+              samples_asked: int | None = None, min_slo_attainment: float | None = None) -> RunSummary:
+    """The summary: ``cells`` (one per probe × role × mode × level), ``matrix`` and ``verdict``.
 
     The error share and the target-failed rule count probe requests only: companions only shape
     the batch, and their successes must not dilute the probe's failures. ``samples_asked`` is the
@@ -393,12 +392,12 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
     requests per second of the cell's duration); a probe cell under ``min_slo_attainment`` is named in
     ``slo_failed_cells``. The verdict stays about determinism: the SLO is a separate gate.
     """
-    cells: list[dict[str, Any]] = []
+    cells: list[CellSummary] = []
     groups: dict[tuple[str, str, str], list[tuple[int, float | None]]] = {}
     for probe, role, mode, level, rate in reduction.cells:
         groups.setdefault((probe, role, mode), []).append((level, rate))
     for (probe, role, mode), levels in sorted(groups.items(), key=lambda g: (g[0][1] != "probe", g[0])):
-        levels.sort(key=_level_order)
+        levels.sort(key=lambda lv: level_order(*lv))
         reference = reduction.cells[(probe, role, mode, *levels[0])]
         serial_modal = _modal(reference)
         asked = samples_asked if role == "probe" else None
@@ -406,18 +405,18 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
             cell = reduction.cells[(probe, role, mode, *level)]
             cells.append(_cell_summary(probe, role, mode, level, levels[0], cell, reference, serial_modal,
                                        asked=asked, min_slo_attainment=min_slo_attainment))
-    probe_cells = [c for c in cells if c["role"] == "probe"]
-    companion_cells = [c for c in cells if c["role"] != "probe"]
-    probe_ok = sum(c["ok"] for c in probe_cells)
-    probe_errors = sum(sum(c["errors"].values()) for c in probe_cells)
-    probe_requests = probe_ok + probe_errors
-    companion_errors = sum(sum(c["errors"].values()) for c in companion_cells)
-    companion_requests = sum(c["ok"] for c in companion_cells) + companion_errors
+    probe_cells = [c for c in cells if c.role == "probe"]
+    companion_cells = [c for c in cells if c.role != "probe"]
+    probe_requests = sum(c.requests for c in probe_cells)
+    probe_errors = probe_requests - sum(c.ok for c in probe_cells)
+    companion_requests = sum(c.requests for c in companion_cells)
+    companion_errors = companion_requests - sum(c.ok for c in companion_cells)
     probe_error_share = probe_errors / probe_requests if probe_requests else 1.0
-    drift = [c for c in probe_cells if c["drift"]]
-    short = [c for c in probe_cells if c["short"]]
-    latent = [c for c in probe_cells if c["latent_drift"]]
-    if probe_requests == 0 or probe_error_share > max_error_share or any(c["ok"] == 0 for c in probe_cells):
+    drift = [c for c in probe_cells if c.drift]
+    short = [c for c in probe_cells if c.short]
+    latent = [c for c in probe_cells if c.latent_drift]
+    compared = any(c.logprob_samples for c in probe_cells)
+    if probe_requests == 0 or probe_error_share > max_error_share or any(c.ok == 0 for c in probe_cells):
         verdict = "target_failed"
     elif drift:
         verdict = "nondeterministic"
@@ -425,42 +424,42 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
         verdict = "inconclusive"
     else:
         verdict = "deterministic"
-    return {
-        "verdict": verdict,
-        "requests": probe_requests + companion_requests,
-        "ok": sum(c["ok"] for c in cells),
-        "errors": probe_errors + companion_errors,
-        "errors_by_type": _merge_counts(c["errors"] for c in cells),
-        "probe_requests": probe_requests,
-        "probe_errors": probe_errors,
-        "probe_error_share": round(probe_error_share, 6),
-        "probe_errors_by_type": _merge_counts(c["errors"] for c in probe_cells),
-        "companion_requests": companion_requests,
-        "companion_errors": companion_errors,
-        "companion_errors_by_type": _merge_counts(c["errors"] for c in companion_cells),
-        "max_error_share": max_error_share,
-        "samples_asked": samples_asked,
-        "drift_cells": [cell_name(c) for c in drift],
-        "short_cells": [cell_name(c) for c in short],
+    return RunSummary(
+        verdict=verdict,
+        requests=probe_requests + companion_requests,
+        ok=sum(c.ok for c in cells),
+        errors=probe_errors + companion_errors,
+        errors_by_type=_merge_counts(c.errors for c in cells),
+        probe_requests=probe_requests,
+        probe_errors=probe_errors,
+        probe_error_share=round(probe_error_share, 6),
+        probe_errors_by_type=_merge_counts(c.errors for c in probe_cells),
+        companion_requests=companion_requests,
+        companion_errors=companion_errors,
+        companion_errors_by_type=_merge_counts(c.errors for c in companion_cells),
+        max_error_share=max_error_share,
+        samples_asked=samples_asked,
+        drift_cells=tuple(c.name for c in drift),
+        short_cells=tuple(c.name for c in short),
         # Same text as serial, other logprobs: no verdict of its own (exit 1 only with --fail-on latent).
-        "latent_cells": [cell_name(c) for c in latent],
-        "logprob_samples": sum(c["logprob_samples"] for c in probe_cells),
-        "matrix": distinct_matrix(probe_cells),
-        "slo": reduction.slo.bounds() if reduction.slo else None,
-        "min_slo_attainment": min_slo_attainment if reduction.slo else None,
+        latent_cells=tuple(c.name for c in latent) if compared else None,
+        logprob_samples=sum(c.logprob_samples or 0 for c in probe_cells) if compared else None,
+        matrix=distinct_matrix(probe_cells),
+        slo=reduction.slo.bounds() if reduction.slo else None,
+        min_slo_attainment=min_slo_attainment if reduction.slo else None,
         # Only an explicit minimum gates: without one the SLO is measured, not enforced.
-        "slo_failed_cells": [cell_name(c) for c in probe_cells if min_slo_attainment is not None
-                             and reduction.slo and not c["meets_slo"]],
-        "cells": cells,
-    }
+        slo_failed_cells=tuple(c.name for c in probe_cells if min_slo_attainment is not None
+                               and reduction.slo and not c.meets_slo),
+        cells=tuple(cells),
+    )
 
 
-def distinct_matrix(cells: list[dict[str, Any]]) -> dict[str, Any]:
+def distinct_matrix(cells: list[CellSummary]) -> dict[str, Any]:
     """Probes × levels of distinct-output counts (-1 where a cell has no ok sample), as nested lists,
-    with the ok samples behind each count, whether the cell is short of the samples asked and whether
+    with the ok samples behind each count and whether the cell is short of the samples asked and whether
     it shows latent drift."""
-    rows = sorted({(c["probe"], c["mode"]) for c in cells})
-    levels = sorted({level_label(c) for c in cells}, key=lambda label: _label_order(label, cells))
+    rows = sorted({(c.probe, c.mode) for c in cells})
+    levels = levels_of(cells)
     distinct = np.full((len(rows), len(levels)), -1, dtype=np.int64)
     ok = np.zeros((len(rows), len(levels)), dtype=np.int64)
     drift = np.zeros((len(rows), len(levels)), dtype=bool)
@@ -469,12 +468,12 @@ def distinct_matrix(cells: list[dict[str, Any]]) -> dict[str, Any]:
     row_of = {r: i for i, r in enumerate(rows)}
     col_of = {lv: j for j, lv in enumerate(levels)}
     for c in cells:
-        i, j = row_of[(c["probe"], c["mode"])], col_of[level_label(c)]
-        distinct[i, j] = c["distinct"] if c["ok"] else -1
-        ok[i, j] = c["ok"]
-        drift[i, j] = bool(c["drift"])
-        short[i, j] = bool(c.get("short"))
-        latent[i, j] = bool(c.get("latent_drift"))
+        i, j = row_of[(c.probe, c.mode)], col_of[c.level]
+        distinct[i, j] = c.distinct if c.ok else -1
+        ok[i, j] = c.ok
+        drift[i, j] = c.drift
+        short[i, j] = c.short
+        latent[i, j] = bool(c.latent_drift)
     return {
         "rows": [{"probe": p, "mode": m} for p, m in rows],
         "levels": levels,
@@ -484,11 +483,6 @@ def distinct_matrix(cells: list[dict[str, Any]]) -> dict[str, Any]:
         "short": short.tolist(),
         "latent": latent.tolist(),
     }
-
-
-def cell_name(cell: dict[str, Any]) -> str:
-    """``p1@mixed/c=4``: how summaries, baselines and logs name a cell."""
-    return f"{cell['probe']}@{cell['mode']}/{level_label(cell)}"
 
 
 def divergence_kind(reference: str, other: str, reference_finish: str | None = None,
@@ -544,33 +538,10 @@ def common_prefix_length(a: str | list, b: str | list) -> int:
     return int(diff[0]) if diff.size else n
 
 
-def level_label(cell: dict[str, Any]) -> str:
-    """``c=4`` for a closed-loop level, ``r=5/s`` for an open-loop rate."""
-    return f"r={cell['rate']:g}/s" if cell.get("rate") is not None else f"c={cell['concurrency']}"
-
-
-def level_sort_key(cell: dict[str, Any]) -> tuple[int, float]:
-    return _level_order((cell["concurrency"], cell.get("rate")))
-
-
-def levels_of(cells: list[dict[str, Any]]) -> list[str]:
-    """The distinct level labels of ``cells`` in matrix order: closed-loop levels, then rates."""
-    return [level_label(c) for c in sorted({level_label(c): c for c in cells}.values(), key=level_sort_key)]
-
-
-def _level_order(level: tuple[int, float | None]) -> tuple[int, float]:
-    concurrency, rate = level
-    return (0, concurrency) if rate is None else (1, rate)
-
-
-def _label_order(label: str, cells: list[dict[str, Any]]) -> tuple[int, float]:
-    return next(level_sort_key(c) for c in cells if level_label(c) == label)
-
-
 def _cell_summary(probe: str, role: str, mode: str, level: tuple[int, float | None],
                   ref_level: tuple[int, float | None], cell: CellAccumulator, reference: CellAccumulator,
                   serial_modal: OutputKey | None, *, asked: int | None,
-                  min_slo_attainment: float | None = None) -> dict[str, Any]:
+                  min_slo_attainment: float | None = None) -> CellSummary:
     ok = cell.ok
     counts = np.fromiter(cell.counts.values(), dtype=np.int64, count=len(cell.counts))
     modal = _modal(cell)
@@ -588,7 +559,7 @@ def _cell_summary(probe: str, role: str, mode: str, level: tuple[int, float | No
         "mode": mode,
         "concurrency": level[0],
         "rate": level[1],
-        "reference_level": level_label({"concurrency": ref_level[0], "rate": ref_level[1]}),
+        "reference_level": level_label(*ref_level),
         "max_in_flight": cell.max_in_flight,
         "ok": ok,
         "asked": asked,
@@ -602,7 +573,6 @@ def _cell_summary(probe: str, role: str, mode: str, level: tuple[int, float | No
         "overlap_with_serial": round((ok - unseen_requests) / ok, 6) if ok else None,
         "agrees_with_serial": modal == serial_modal if ok else None,
         "divergent_requests": divergent,
-        # Divergent requests by kind against the serial output; they add up to divergent_requests.
         "divergence_kinds": dict.fromkeys(DIVERGENCE_KINDS, 0),
         "drift": drift,
         "drift_rate": round(divergent / ok, 6) if ok and level != ref_level else None,
@@ -613,8 +583,7 @@ def _cell_summary(probe: str, role: str, mode: str, level: tuple[int, float | No
         "first_divergence_words": None,
         "modal_sha256": modal[0] if modal else None,
         "modal_finish_reason": modal[1] if modal else None,
-        # Text hashes, kept so a later run can ask "was this output ever seen?" without the old records.
-        "output_hashes": sorted(by_digest, key=lambda h: -by_digest[h])[:256],
+        "output_hashes": tuple(sorted(by_digest, key=lambda h: -by_digest[h])[:256]),
         "output_tokens": cell.output_tokens,
         "duration_s": round(cell.t_end - cell.t_start, 6) if ok + sum(cell.errors.values()) else None,
         "latency": {name: hist.summary() for name, hist in sorted(cell.latency.items()) if hist.n_total},
@@ -624,7 +593,8 @@ def _cell_summary(probe: str, role: str, mode: str, level: tuple[int, float | No
     out.update(_agreement(cell, reference, serial_modal))
     out.update(_logprob_agreement(cell, reference, serial_modal))
     # Latent drift: every output has the serial text, yet the logprobs behind it differ.
-    out["latent_drift"] = bool(ok and not drift and out["logprob_samples"] and not out["logprob_bitwise"])
+    out["latent_drift"] = (None if out["logprob_samples"] is None
+                           else bool(ok and not drift and not out["logprob_bitwise"]))
     if out["duration_s"]:
         out["requests_per_s"] = round((ok + sum(cell.errors.values())) / out["duration_s"], 3)
         out["output_tokens_per_s"] = round(cell.output_tokens / out["duration_s"], 3)
@@ -632,7 +602,7 @@ def _cell_summary(probe: str, role: str, mode: str, level: tuple[int, float | No
         out.update(slo_fields(cell.slo_met, ok + sum(cell.errors.values()), out["duration_s"], min_slo_attainment))
         out["slo_unmeasured"] = cell.slo_unmeasured
         out["slo_misses"] = dict(sorted(cell.slo_misses.items()))
-    return out
+    return CellSummary(**out)
 
 
 def slo_fields(met: int, requests: int, duration_s: float | None,
@@ -688,7 +658,7 @@ def _logprob_agreement(cell: CellAccumulator, reference: CellAccumulator,
     output is compared where its tokens agree with the serial tokens (an output with the serial text
     everywhere; another output up to its first differing token, where it counts as differing).
     """
-    out: dict[str, Any] = {"logprob_samples": 0, "logprob_bitwise": None, "logprob_max_abs_diff": None,
+    out: dict[str, Any] = {"logprob_samples": None, "logprob_bitwise": None, "logprob_max_abs_diff": None,
                            "first_logprob_divergence_token": None}
     if serial is None or serial not in reference.logprobs:
         return out

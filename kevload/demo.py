@@ -19,6 +19,7 @@ from kevload.runs import run_scenario
 from kevload.scenario import Probe, load_scenario
 from kevload.stats import drift_upper_bound
 from kevload.store import default_run_dir
+from kevload.summary import RunSummary
 from kevload.targets import RunningTarget, TargetSettings, start_target, stop_target
 
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "demo.toml"
@@ -51,7 +52,7 @@ async def run_demo(names: list[str], *, samples: int, console: Console, stop: as
     nothing new starts, servers are stopped, and what was collected is still shown.
     """
     out = out or default_run_dir("demo")
-    results: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    results: dict[str, list[tuple[str, RunSummary]]] = {}
     for name in names:
         if stop.is_set():
             break
@@ -66,64 +67,63 @@ async def run_demo(names: list[str], *, samples: int, console: Console, stop: as
     if stop.is_set():
         console.print("stopped: the matrices hold what was collected before the stop")
     console.print(f"runs: {out}/ (re-read any with `kevload report DIR`)")
-    failed = any(s["verdict"] == "target_failed" for steps in results.values() for _, s in steps)
+    failed = any(s.verdict == "target_failed" for steps in results.values() for _, s in steps)
     return 3 if failed else 0
 
 
-def headline(label: str, steps: list[tuple[str, dict[str, Any]]]) -> str:
+def headline(label: str, steps: list[tuple[str, RunSummary]]) -> str:
     """One line saying what the matrices show, with the sample size behind the claim."""
     fixed = [(name, s) for name, s in steps if not name.startswith("1 ") and "batching off" not in name]
-    cells = [c for _, s in fixed for c in s["cells"] if c["role"] == "probe"]
+    cells = [c for _, s in fixed for c in s.probe_cells()]
     baseline = next((s for name, s in steps if name.startswith("1 ")), None)
-    base_distinct = baseline and max(c["distinct"] for c in baseline["cells"] if c["role"] == "probe")
+    base_distinct = baseline and max(c.distinct for c in baseline.probe_cells())
     sampling = f"T=0.8 without seed: {base_distinct} distinct in serial calls; " if baseline else ""
-    if any(s["verdict"] == "target_failed" for _, s in steps):
-        return f"{label}: target failed ({', '.join(f'{k}: {v}' for k, v in steps[-1][1]['errors_by_type'].items())})"
+    if any(s.verdict == "target_failed" for _, s in steps):
+        return f"{label}: target failed ({', '.join(f'{k}: {v}' for k, v in steps[-1][1].errors_by_type.items())})"
     if not cells:
         return f"{label}: {sampling}stopped before the fixed-parameter steps"
-    drift = [c for c in cells if c["drift"]]
+    drift = [c for c in cells if c.drift]
     if not drift:
-        n = min(c["ok"] for c in cells)
+        n = min(c.ok for c in cells)
         return (f"{label}: {sampling}fixed params stable under batching "
-                f"(n={sum(c['ok'] for c in cells)}, {n} per cell: drift rate < {drift_upper_bound(n):.0%} per cell)")
-    first = min(drift, key=lambda c: c["first_divergence_chars"] if c["first_divergence_chars"] is not None else 0)
-    where = (f"outputs leave the serial one between char {first['first_divergence_chars']} and "
-             f"{max(c['last_divergence_chars'] or 0 for c in drift)}"
-             if first["first_divergence_chars"] is not None else "serial outputs already differ")
-    levels = sorted({c["concurrency"] for c in drift})
+                f"(n={sum(c.ok for c in cells)}, {n} per cell: drift rate < {drift_upper_bound(n):.0%} per cell)")
+    first = min(drift, key=lambda c: c.first_divergence_chars if c.first_divergence_chars is not None else 0)
+    where = (f"outputs leave the serial one between char {first.first_divergence_chars} and "
+             f"{max(c.last_divergence_chars or 0 for c in drift)}"
+             if first.first_divergence_chars is not None else "serial outputs already differ")
+    levels = sorted({c.concurrency for c in drift})
     off = next((s for name, s in steps if "batching off" in name), None)
     after = ""
     if off is not None:
         after = "; batching off: " + {"deterministic": "stable", "nondeterministic": "still drifts"}.get(
-            off["verdict"], off["verdict"])
+            off.verdict, off.verdict)
     return (f"{label}: {sampling}fixed params drift once batched (c={','.join(map(str, levels))}: up to "
-            f"{max(c['distinct'] for c in drift)} distinct in {first['ok']}), {where}{after}")
+            f"{max(c.distinct for c in drift)} distinct in {first.ok}), {where}{after}")
 
 
 def logprob_line(label: str, steps: list[tuple[str, dict[str, Any]]]) -> str:
     """What the per-token logprobs of the fixed-parameter steps say against serial, level by level."""
-    cells = [c for name, s in steps if not name.startswith("1 ") for c in s["cells"]
-             if c["role"] == "probe" and c.get("logprob_samples")]
+    cells = [c for name, s in steps if not name.startswith("1 ") for c in s.probe_cells() if c.logprob_samples]
     if not cells:
         return f"{label} logprobs: none returned, outputs compared as text only"
-    differ = [c for c in cells if not c["logprob_bitwise"]]
-    n = sum(c["logprob_samples"] for c in cells)
+    differ = [c for c in cells if not c.logprob_bitwise]
+    n = sum(c.logprob_samples for c in cells)
     if not differ:
-        levels = sorted({c["concurrency"] for c in cells})
+        levels = sorted({c.concurrency for c in cells})
         return (f"{label} logprobs: bitwise equal to serial in all {len(cells)} fixed-param cells "
                 f"(c={','.join(map(str, levels))}; {n} samples compared)")
-    worst = max(differ, key=lambda c: c["logprob_max_abs_diff"] or 0)
-    first = min(c["first_logprob_divergence_token"] for c in differ)
-    levels = sorted({c["concurrency"] for c in differ})
+    worst = max(differ, key=lambda c: c.logprob_max_abs_diff or 0)
+    first = min(c.first_logprob_divergence_token for c in differ)
+    levels = sorted({c.concurrency for c in differ})
     return (f"{label} logprobs: {len(differ)} of {len(cells)} fixed-param cells differ from serial "
             f"(c={','.join(map(str, levels))}), from token {first}, largest |difference| "
-            f"{worst['logprob_max_abs_diff']:.3g}; {n} samples compared")
+            f"{worst.logprob_max_abs_diff:.3g}; {n} samples compared")
 
 
 async def _run_target(name: str, samples: int, out: Path, console: Console,
-                      stop: asyncio.Event) -> list[tuple[str, dict[str, Any]]]:
+                      stop: asyncio.Event) -> list[tuple[str, RunSummary]]:
     log = lambda message: console.print(f"  {message}", style="dim")  # noqa: E731
-    done: list[tuple[str, dict[str, Any]]] = []
+    done: list[tuple[str, RunSummary]] = []
     async with _started(name, TargetSettings(slots=4), log, stop) as target:
         if target is None:
             return done
@@ -143,7 +143,7 @@ async def _run_target(name: str, samples: int, out: Path, console: Console,
         console.print(f"  {LABELS[name]} diagnose --all: {diagnosis.verdict}; causes found: {causes}")
     if stop.is_set():
         return done
-    verdicts = {step_name: s["verdict"] for step_name, s in done}
+    verdicts = {step_name: s.verdict for step_name, s in done}
     drifted = [step for step in STEPS if step.fixed and verdicts.get(step.name, "deterministic") != "deterministic"]
     if drifted:
         # The guide's next move for crosstalk: turn batching off and run the same step again. The first
@@ -159,9 +159,9 @@ async def _run_target(name: str, samples: int, out: Path, console: Console,
     return done
 
 
-def _keep(done: list[tuple[str, dict[str, Any]]], name: str, summary: dict[str, Any]) -> None:
+def _keep(done: list[tuple[str, RunSummary]], name: str, summary: RunSummary) -> None:
     """A step stopped before its first probe answered has nothing to show."""
-    if any(c["role"] == "probe" for c in summary["cells"]):
+    if summary.probe_cells():
         done.append((name, summary))
 
 
@@ -214,25 +214,25 @@ async def _until_stopped(work: Any, stop: asyncio.Event) -> Any:
 
 
 async def _run_step(url: str, model: str, overrides: tuple[str, ...], samples: int, run_dir: Path,
-                    console: Console, stop: asyncio.Event) -> dict[str, Any]:
+                    console: Console, stop: asyncio.Event) -> RunSummary:
     scenario = load_scenario(SCENARIO, [f'target.base_url="{url}"', f'target.model="{model}"',
                                         f"load.samples={samples}", *overrides])
     console.print(f"  running {run_dir.name} …", style="dim")
     return (await run_scenario(scenario, run_dir, stop=stop)).summary
 
 
-def _table(name: str, steps: list[tuple[str, dict[str, Any]]]) -> Table:
-    levels = sorted({c["concurrency"] for _, s in steps for c in s["cells"] if c["role"] == "probe"})
+def _table(name: str, steps: list[tuple[str, RunSummary]]) -> Table:
+    levels = sorted({c.concurrency for _, s in steps for c in s.probe_cells()})
     table = Table(title=f"{LABELS[name]}: distinct outputs", title_justify="left")
     table.add_column("step")
     for level in levels:
         table.add_column(f"c={level}", justify="right")
     for step_name, summary in steps:
-        by_level = {c["concurrency"]: c for c in summary["cells"] if c["role"] == "probe"}
+        by_level = {c.concurrency: c for c in summary.probe_cells()}
         texts = []
         for level in levels:
             cell = by_level.get(level)
-            style = "red" if cell and cell["drift"] else "green"
+            style = "red" if cell and cell.drift else "green"
             texts.append(f"[{style}]{cell_text(cell)}[/{style}]" if cell else "")
         table.add_row(step_name, *texts)
     return table

@@ -20,6 +20,7 @@ from kevload.runs import run_scenario
 from kevload.scenario import Probe, Scenario, scenario_from_dict
 from kevload.stats import drift_upper_bound, samples_for_bound
 from kevload.store import default_run_dir, read_records
+from kevload.summary import CellSummary, RunSummary
 
 # In the guide's order: the first cause found is the verdict, later ones are listed as also found.
 VERDICTS = ("stable", "sampling", "crosstalk", "cache", "server_nondeterministic", "data", "inconclusive")
@@ -452,16 +453,16 @@ class _Diagnoser:
                        mode: str = "single", probes: list[Probe] | None = None) -> StepResult:
         self.log(f"{title} …")
         summary, run_dir = await self._run(key, params, levels, samples, mode=mode, probes=probes)
-        probe_cells = [c for c in summary["cells"] if c["role"] == "probe"]
-        latent = [c for c in probe_cells if c.get("latent_drift")]
+        probe_cells = summary.probe_cells()
+        latent = [c for c in probe_cells if c.latent_drift]
         step = StepResult(
             key=key, title=title, params=params, mode=mode, levels=tuple(levels), samples=samples,
-            ok=min((c["ok"] for c in probe_cells), default=0),
-            distinct=max((c["distinct"] for c in probe_cells), default=0),
-            errors=summary["errors_by_type"], drift_cells=tuple(summary["drift_cells"]), run=str(run_dir),
-            target_failed=summary["verdict"] == "target_failed", logprob_bitwise=logprob_bitwise(probe_cells),
-            latent_cells=tuple(summary.get("latent_cells", ())),
-            latent_from=min((c["first_logprob_divergence_token"] for c in latent), default=None))
+            ok=min((c.ok for c in probe_cells), default=0),
+            distinct=max((c.distinct for c in probe_cells), default=0),
+            errors=summary.errors_by_type, drift_cells=summary.drift_cells, run=str(run_dir),
+            target_failed=summary.verdict == "target_failed", logprob_bitwise=logprob_bitwise(probe_cells),
+            latent_cells=summary.latent_cells or (),
+            latent_from=min((c.first_logprob_divergence_token for c in latent), default=None))
         if key == "baseline":
             differing, after_first = differing_calls(_ok_probe_hashes(run_dir))
             step = replace(step, differing_calls=differing, distinct_after_first=after_first)
@@ -543,7 +544,7 @@ class _Diagnoser:
         self.evidence = replace(self.evidence, data=DataResult(result))
 
     async def _run(self, key: str, params: dict[str, Any], levels: list[int], samples: int, *,
-                   mode: str = "single", probes: list[Probe] | None = None) -> tuple[dict[str, Any], Path]:
+                   mode: str = "single", probes: list[Probe] | None = None) -> tuple[RunSummary, Path]:
         run_dir = self.out / key
         scenario = _scenario(self.o, params, levels, samples, mode=mode, probes=probes)
         result = await run_scenario(scenario, run_dir)
@@ -570,11 +571,12 @@ def differing_calls(rows: Iterable[tuple[str, int, str]]) -> tuple[tuple[int, ..
     return tuple(sample for _, sample, sha in rows if sha != modal), len(later)
 
 
-def logprob_bitwise(cells: list[dict[str, Any]]) -> bool | None:
+def logprob_bitwise(cells: Iterable[CellSummary]) -> bool | None:
     """True when every cell compared logprobs with serial and all were bitwise equal; False when one
     compared cell differed; None when no cell (or not every cell) had logprobs to compare."""
-    compared = [c for c in cells if c.get("logprob_samples")]
-    if any(c["logprob_bitwise"] is False for c in compared):
+    cells = tuple(cells)
+    compared = [c for c in cells if c.logprob_samples]
+    if any(c.logprob_bitwise is False for c in compared):
         return False
     return True if compared and len(compared) == len(cells) else None
 

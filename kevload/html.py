@@ -7,7 +7,6 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from kevload.compare import level_label, level_sort_key, levels_of
 from kevload.report import (
     AGREEMENT_COLUMNS,
     agreement_rows,
@@ -23,6 +22,7 @@ from kevload.report import (
     verdict_line,
 )
 from kevload.store import redact
+from kevload.summary import CellSummary, RunSummary, levels_of
 
 STABLE = "#2e7d32"
 DRIFT = "#c62828"
@@ -42,11 +42,11 @@ mark{background:#ffcdd2} .legend span{display:inline-block;width:12px;height:12p
 """
 
 
-def run_report(summary: dict[str, Any], meta: dict[str, Any], records: Iterable[dict[str, Any]]) -> str:
-    cells = [c for c in summary["cells"] if c["role"] == "probe"]
-    rows = {}
+def run_report(summary: RunSummary, meta: dict[str, Any], records: Iterable[dict[str, Any]]) -> str:
+    cells = summary.probe_cells()
+    rows: dict[str, dict[str, CellSummary]] = {}
     for c in cells:
-        rows.setdefault(f"{c['probe']} ({c['mode']})", {})[level_label(c)] = c
+        rows.setdefault(f"{c.probe} ({c.mode})", {})[c.level] = c
     body = [
         f"<h1>kevload run {_e(meta.get('run_id'))}: {_e(meta.get('scenario_name'))}</h1>",
         f"<p>target {_e(meta.get('target', {}).get('base_url'))} · model {_e(meta.get('target', {}).get('model'))}"
@@ -55,7 +55,7 @@ def run_report(summary: dict[str, Any], meta: dict[str, Any], records: Iterable[
         "<h2>Distinct outputs per probe × level</h2>", _heatmap(rows, levels_of(cells)), _notes(summary),
         "<h2>Agreement with the serial output</h2>", _agreement(summary),
         "<h2>Latency by level</h2>", _latency(cells),
-        f"<p>{_e(slo_line(summary))}</p>" if summary.get("slo") else "",
+        f"<p>{_e(slo_line(summary))}</p>" if summary.slo else "",
         "<h2>Where outputs first diverge</h2>", _divergence(cells),
         "<h2>Errors over time</h2>", _timeline(records),
         # Masked again here: a run.json written before header values stopped being stored may still hold some.
@@ -66,15 +66,17 @@ def run_report(summary: dict[str, Any], meta: dict[str, Any], records: Iterable[
 
 
 def sweep_report(sweep: dict[str, Any]) -> str:
-    rows = {}
+    from kevload.sweep import row_cells
+
+    rows: dict[str, dict[str, CellSummary]] = {}
     for row in sweep["rows"]:
-        for cell in row["cells"]:
-            rows.setdefault(f"{row['setting']} · {cell['probe']} ({cell['mode']})", {})[cell["level"]] = cell
+        for cell in row_cells(row):
+            rows.setdefault(f"{row['setting']} · {cell.probe} ({cell.mode})", {})[cell.level] = cell
     throughput = ["<table><tr><th>setting</th>" + "".join(f"<th>{_e(lv)} req/s</th>" for lv in sweep["levels"])
                   + "</tr>"]
     for name, by_level in rows.items():
         throughput.append(f"<tr><td>{_e(name)}</td>" + "".join(
-            f"<td>{_num(by_level.get(lv, {}).get('requests_per_s'))}</td>" for lv in sweep["levels"]) + "</tr>")
+            f"<td>{_num(_rps(by_level.get(lv)))}</td>" for lv in sweep["levels"]) + "</tr>")
     throughput.append("</table>")
     body = ["<h1>kevload sweep</h1>", f"<pre>{_e(json.dumps(sweep['grid'], indent=2))}</pre>",
             *_max_at_slo(sweep),
@@ -98,18 +100,21 @@ def _max_at_slo(sweep: dict[str, Any]) -> list[str]:
     return ["<h2>Highest level at SLO</h2>", "".join(out) + "</table>"]
 
 
-def _heatmap(rows: dict[str, dict[str, dict[str, Any]]], levels: list[str]) -> str:
+def _rps(cell: CellSummary | None) -> float | None:
+    return cell.requests_per_s if cell is not None else None
+
+
+def _heatmap(rows: dict[str, dict[str, CellSummary]], levels: list[str]) -> str:
     out = ["<table id=heatmap><tr><th>probe</th>" + "".join(f"<th>{_e(lv)}</th>" for lv in levels) + "</tr>"]
     for name, by_level in rows.items():
         out.append(f"<tr><td>{_e(name)}</td>")
         for level in levels:
             cell = by_level.get(level)
-            if cell is None or not cell.get("ok"):
+            if cell is None or not cell.ok:
                 out.append(f'<td class=cell style="background:{EMPTY}">{_e(cell_text(cell) if cell else "–")}</td>')
                 continue
-            colour = (DRIFT if cell["drift"] else SHORT if cell.get("short") else LATENT if cell.get("latent_drift")
-                      else STABLE)
-            title = cell_phrase(cell) + (f"; latent drift: {latent_text(cell)}" if cell.get("latent_drift") else "")
+            colour = DRIFT if cell.drift else SHORT if cell.short else LATENT if cell.latent_drift else STABLE
+            title = cell_phrase(cell) + (f"; latent drift: {latent_text(cell)}" if cell.latent_drift else "")
             out.append(f'<td class=cell style="background:{colour}" title="{_e(title)}">'
                        f'{_e(cell_text(cell))}</td>')
         out.append("</tr>")
@@ -121,7 +126,7 @@ def _heatmap(rows: dict[str, dict[str, dict[str, Any]]], levels: list[str]) -> s
     return "".join(out)
 
 
-def _agreement(summary: dict[str, Any]) -> str:
+def _agreement(summary: RunSummary) -> str:
     rows = agreement_rows(summary)
     out = ["<table id=agreement><tr>" + "".join(f"<th>{_e(name)}</th>" for name in AGREEMENT_COLUMNS) + "</tr>"]
     out += ["<tr>" + "".join(f"<td>{_e(value)}</td>" for value in row) + "</tr>" for row in rows]
@@ -131,35 +136,36 @@ def _agreement(summary: dict[str, Any]) -> str:
     return "".join(out)
 
 
-def _notes(summary: dict[str, Any]) -> str:
+def _notes(summary: RunSummary) -> str:
     notes = footnotes(summary)
     return "<ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>" if notes else ""
 
 
-def _latency(cells: list[dict[str, Any]]) -> str:
+def _latency(cells: Iterable[CellSummary]) -> str:
+    cells = list(cells)
     metrics = ("ttft", "itl", "tpot", "e2e")
-    slo = any(c.get("slo_attainment") is not None for c in cells)
+    slo = any(c.slo_attainment is not None for c in cells)
     out = ["<table><tr><th>probe / level</th>" + "".join(f"<th>{m} p50</th><th>{m} p99</th>" for m in metrics)
            + "<th>tok/s</th><th>req/s</th><th>errors</th>"
            + ("<th>SLO met</th><th>goodput/s</th>" if slo else "") + "</tr>"]
-    top = max((c.get("latency", {}).get("e2e", {}).get("p99") or 0 for c in cells), default=0) or 1
+    top = max((c.latency.get("e2e", {}).get("p99") or 0 for c in cells), default=0) or 1
     bars = []
-    for i, c in enumerate(sorted(cells, key=lambda c: (c["probe"], c["mode"], level_sort_key(c)))):
-        lat = c.get("latency", {})
-        out.append(f"<tr><td>{_e(c['probe'])} ({_e(c['mode'])}) {_e(level_label(c))}</td>")
+    for i, c in enumerate(sorted(cells, key=lambda c: (c.probe, c.mode, c.level_order))):
+        lat = c.latency
+        out.append(f"<tr><td>{_e(c.label)}</td>")
         for m in metrics:
             stats = lat.get(m) or {}
             out.append(f"<td>{_ms(stats.get('p50'))}</td><td>{_ms(stats.get('p99'))}</td>")
-        out.append(f"<td>{_num(c.get('output_tokens_per_s'))}</td><td>{_num(c.get('requests_per_s'))}</td>"
+        out.append(f"<td>{_num(c.output_tokens_per_s)}</td><td>{_num(c.requests_per_s)}</td>"
                    f"<td>{_e(errors_text([c]))}</td>"
-                   + (f"<td>{_e(attainment_text(c))}</td><td>{_num(c.get('goodput'))}</td>" if slo else "") + "</tr>")
+                   + (f"<td>{_e(attainment_text(c))}</td><td>{_num(c.goodput)}</td>" if slo else "") + "</tr>")
         e2e = lat.get("e2e") or {}
         y = 10 + i * 22
         for value, colour, offset in ((e2e.get("p99"), "#90caf9", 0), (e2e.get("p50"), "#1565c0", 0)):
             if value:
                 bars.append(f'<rect x="{220 + offset}" y="{y}" width="{600 * value / top:.1f}" height="16" '
                             f'fill="{colour}"/>')
-        bars.append(f'<text x="4" y="{y + 12}" font-size="12">{_e(c["probe"])} {_e(level_label(c))}</text>')
+        bars.append(f'<text x="4" y="{y + 12}" font-size="12">{_e(c.probe)} {_e(c.level)}</text>')
     out.append("</table>")
     height = 20 + 22 * len(cells)
     out.append(f'<svg width="860" height="{height}" role="img" aria-label="e2e latency p50 and p99">{"".join(bars)}'
@@ -168,24 +174,24 @@ def _latency(cells: list[dict[str, Any]]) -> str:
     return "".join(out)
 
 
-def _divergence(cells: list[dict[str, Any]]) -> str:
-    drifted = [c for c in cells if c["drift"] and c.get("serial_example") is not None]
+def _divergence(cells: Iterable[CellSummary]) -> str:
+    drifted = [c for c in cells if c.drift and c.serial_example is not None]
     if not drifted:
         return "<p>No output differed from the serial reference.</p>"
     out = []
     for c in drifted:
         # The example is the output that leaves the serial one at the char the heading states.
-        at = c["first_divergence_chars"] - c.get("example_offset", 0)
-        serial, other = c["serial_example"], c["divergent_example"]
-        lead = "…" if c.get("example_offset") else ""
-        token = c["first_divergence_tokens"]
+        at = c.first_divergence_chars - (c.example_offset or 0)
+        serial, other = c.serial_example, c.divergent_example
+        lead = "…" if c.example_offset else ""
+        token = c.first_divergence_tokens
         kinds = kinds_text(c)
         finish = ""
-        if c.get("divergent_example_kind") == "finish":
-            finish = (f"\nsame text; finish_reason {c.get('serial_finish_reason')} (serial) vs "
-                      f"{c.get('divergent_finish_reason')}")
-        out.append(f"<h3>{_e(c['probe'])} ({_e(c['mode'])}) {_e(level_label(c))}: {_e(cell_phrase(c))}, "
-                   f"first divergence at char {c['first_divergence_chars']}"
+        if c.divergent_example_kind == "finish":
+            finish = (f"\nsame text; finish_reason {c.serial_finish_reason} (serial) vs "
+                      f"{c.divergent_finish_reason}")
+        out.append(f"<h3>{_e(c.label)}: {_e(cell_phrase(c))}, "
+                   f"first divergence at char {c.first_divergence_chars}"
                    f"{'' if token is None else f', token {token}'}{_e(f' ({kinds})' if kinds else '')}"
                    f"</h3><pre>serial:    {lead}{_e(serial[:at])}<mark>{_e(serial[at:])}</mark>\n"
                    f"divergent: {lead}{_e(other[:at])}<mark>{_e(other[at:])}</mark>{_e(finish)}</pre>")

@@ -16,7 +16,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from kevload.compare import VERDICTS, level_label
+from kevload.summary import VERDICTS, CellSummary, RunSummary
 
 # Listed so a board can show the verdicts a run did not reach as 0 (one series per verdict, a state set).
 
@@ -83,17 +83,17 @@ RUN_END = Field("ended_at", "kevload_run_end_timestamp_seconds", "When the run e
 CELL_LABELS = ("scenario", "probe", "mode", "level", "run_id")
 
 
-def metrics_text(summary: dict[str, Any], meta: dict[str, Any]) -> str:
+def metrics_text(summary: RunSummary, meta: dict[str, Any]) -> str:
     """The exposition text for a summary (summary.json) and its run.json; probe cells only."""
-    run = {"scenario": summary.get("scenario") or "", "run_id": summary.get("run_id") or ""}
-    cells = [(_cell_labels(c, run), c) for c in summary["cells"] if c["role"] == "probe"]
+    run = {"scenario": summary.scenario or "", "run_id": summary.run_id or ""}
+    cells = [(_cell_labels(c, run), c) for c in summary.probe_cells()]
     lines: list[str] = []
     for field in CELL_FIELDS:
         _family(lines, field, "gauge", _field_samples(field, cells))
     for field in LATENCY_FIELDS:
         _family(lines, field, "summary", _latency_samples(field, cells))
-    verdicts = (*VERDICTS, *([summary["verdict"]] if summary["verdict"] not in VERDICTS else []))
-    _family(lines, RUN_VERDICT, "gauge", ((("", {**run, "verdict": v}), summary["verdict"] == v) for v in verdicts))
+    verdicts = (*VERDICTS, *([summary.verdict] if summary.verdict not in VERDICTS else []))
+    _family(lines, RUN_VERDICT, "gauge", ((("", {**run, "verdict": v}), summary.verdict == v) for v in verdicts))
     for field in RUN_FIELDS:
         _family(lines, field, "gauge", _field_samples(field, [(run, summary)]))
     ended = meta.get(RUN_END.key)
@@ -101,7 +101,7 @@ def metrics_text(summary: dict[str, Any], meta: dict[str, Any]) -> str:
     return "\n".join(lines + ["# EOF", ""])
 
 
-def write_metrics(path: Path, summary: dict[str, Any], meta: dict[str, Any]) -> None:
+def write_metrics(path: Path, summary: RunSummary, meta: dict[str, Any]) -> None:
     """Write atomically: the textfile collector may read at any moment and must never see half a file.
 
     The temporary file sits beside the target (a rename is atomic only within one file system) and
@@ -147,9 +147,10 @@ def _family(lines: list[str], field: Field, kind: str, samples: Iterable[Sample]
         lines += [f"# HELP {field.name} {help_text}", f"# TYPE {field.name} {kind}", *body]
 
 
-def _field_samples(field: Field, cells: list[tuple[dict[str, str], dict[str, Any]]]) -> Iterator[Sample]:
-    for labels, cell in cells:
-        value = cell.get(field.key)
+def _field_samples(field: Field, items: list[tuple[dict[str, str], CellSummary | RunSummary]]) -> Iterator[Sample]:
+    for labels, item in items:
+        # By name: a field the summary does not have (yet) gives no series, like a null one.
+        value = getattr(item, field.key, None)
         if value is None:
             continue
         if field.label is None:
@@ -159,9 +160,9 @@ def _field_samples(field: Field, cells: list[tuple[dict[str, str], dict[str, Any
                 yield ("", {**labels, field.label: str(label_value)}), count
 
 
-def _latency_samples(field: Field, cells: list[tuple[dict[str, str], dict[str, Any]]]) -> Iterator[Sample]:
+def _latency_samples(field: Field, cells: list[tuple[dict[str, str], CellSummary]]) -> Iterator[Sample]:
     for labels, cell in cells:
-        stats = cell.get("latency", {}).get(field.key)
+        stats = cell.latency.get(field.key)
         if not stats or not stats.get("n"):
             continue
         for key, quantile in QUANTILES:
@@ -171,8 +172,8 @@ def _latency_samples(field: Field, cells: list[tuple[dict[str, str], dict[str, A
         yield ("_count", labels), stats["n"]
 
 
-def _cell_labels(cell: dict[str, Any], run: dict[str, str]) -> dict[str, str]:
-    values = {**run, "probe": cell["probe"], "mode": cell["mode"], "level": level_label(cell)}
+def _cell_labels(cell: CellSummary, run: dict[str, str]) -> dict[str, str]:
+    values = {**run, "probe": cell.probe, "mode": cell.mode, "level": cell.level}
     return {name: values[name] for name in CELL_LABELS}
 
 

@@ -9,15 +9,15 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from kevload.compare import cell_name, level_label, level_sort_key, levels_of
+from kevload.summary import CellSummary, RunSummary, levels_of
 
 FORMATS = ("table", "json", "markdown", "html")
 
 
-def render(summary: dict[str, Any], fmt: str, console: Console | None = None) -> str | None:
+def render(summary: RunSummary, fmt: str, console: Console | None = None) -> str | None:
     """Markdown and JSON come back as text; the table is printed to ``console``."""
     if fmt == "json":
-        return orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode()
+        return orjson.dumps(summary.to_json(), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode()
     if fmt == "markdown":
         return markdown(summary)
     console = console or Console()
@@ -27,12 +27,12 @@ def render(summary: dict[str, Any], fmt: str, console: Console | None = None) ->
     console.print(agreement_table(summary))
     console.print(latency_table(summary))
     console.print(verdict_line(summary))
-    if summary.get("slo"):
+    if summary.slo:
         console.print(slo_line(summary), highlight=False)
     return None
 
 
-def cell_text(cell: dict[str, Any] | None) -> str:
+def cell_text(cell: CellSummary | None) -> str:
     """One matrix cell: distinct outputs, marked when they drift from the serial reference, with
     ``(ok/asked)`` when the cell has fewer ok samples than asked.
 
@@ -41,47 +41,47 @@ def cell_text(cell: dict[str, Any] | None) -> str:
     """
     if cell is None:
         return "-"
-    text = "no ok" if cell["ok"] == 0 else str(cell["distinct"])
-    if cell["ok"] and cell["drift"]:
-        text += " DRIFT" if cell["distinct"] > 1 else " all≠serial"
-    elif cell.get("latent_drift"):
+    text = "no ok" if cell.ok == 0 else str(cell.distinct)
+    if cell.ok and cell.drift:
+        text += " DRIFT" if cell.distinct > 1 else " all≠serial"
+    elif cell.latent_drift:
         text += " ~"
-    if cell.get("short"):
-        text += f" ({cell['ok']}/{cell['asked']})"
+    if cell.short:
+        text += f" ({cell.ok}/{cell.asked})"
     return text
 
 
-def cell_phrase(cell: dict[str, Any], unit: str = "") -> str:
+def cell_phrase(cell: CellSummary, unit: str = "") -> str:
     """``3 distinct in 8, 5 ≠ serial`` / ``1 distinct in 8, all ≠ serial``: what a cell's outputs say."""
-    text = f"{cell['distinct']} distinct{' outputs' if unit else ''} in {cell['ok']}{unit}"
-    divergent = cell.get("divergent_requests") or 0
-    if cell["drift"] and divergent:
-        text += ", all ≠ serial" if divergent == cell["ok"] else f", {divergent} ≠ serial"
+    text = f"{cell.distinct} distinct{' outputs' if unit else ''} in {cell.ok}{unit}"
+    divergent = cell.divergent_requests
+    if cell.drift and divergent:
+        text += ", all ≠ serial" if divergent == cell.ok else f", {divergent} ≠ serial"
     return text
 
 
-def kinds_text(cell: dict[str, Any]) -> str:
+def kinds_text(cell: CellSummary) -> str:
     """``token 4, length 1``: the cell's divergent requests by kind (empty when there are none)."""
-    return ", ".join(f"{kind} {n}" for kind, n in (cell.get("divergence_kinds") or {}).items() if n)
+    return ", ".join(f"{kind} {n}" for kind, n in (cell.divergence_kinds or {}).items() if n)
 
 
-def latent_text(cell: dict[str, Any]) -> str:
+def latent_text(cell: CellSummary) -> str:
     """``same text as serial in 8 samples, logprobs differ from token 3 (max abs diff 4.2e-06)``."""
-    diff = cell.get("logprob_max_abs_diff")
-    return (f"same text as serial in {cell['ok']} samples, logprobs differ from token "
-            f"{cell['first_logprob_divergence_token']}" + (f" (max abs diff {diff:.2g})" if diff is not None else ""))
+    diff = cell.logprob_max_abs_diff
+    return (f"same text as serial in {cell.ok} samples, logprobs differ from token "
+            f"{cell.first_logprob_divergence_token}" + (f" (max abs diff {diff:.2g})" if diff is not None else ""))
 
 
-def logprob_text(cell: dict[str, Any]) -> str:
+def logprob_text(cell: CellSummary) -> str:
     """The cell's logprobs against serial: ``bitwise = (8)``, ``≠ from token 3, max abs diff 4.2e-06 (8)``
     or ``-``."""
-    n = cell.get("logprob_samples")
+    n = cell.logprob_samples
     if not n:
         return "-"
-    if cell["logprob_bitwise"]:
+    if cell.logprob_bitwise:
         return f"bitwise = ({n})"
-    diff = cell.get("logprob_max_abs_diff")
-    return (f"≠ from token {cell['first_logprob_divergence_token']}"
+    diff = cell.logprob_max_abs_diff
+    return (f"≠ from token {cell.first_logprob_divergence_token}"
             + (f", max abs diff {diff:.2g}" if diff is not None else "") + f" ({n})")
 
 
@@ -96,15 +96,15 @@ AGREEMENT_COLUMNS = ("probe (mode)", "level", "n", "exact match [95% CI]", "toke
                      "logprobs vs serial (n)")
 
 
-def agreement_rows(summary: dict[str, Any]) -> list[list[str]]:
+def agreement_rows(summary: RunSummary) -> list[list[str]]:
     """Per probe × level: exact-match rate and token agreement with the serial output, and the logprobs."""
-    return [[f"{c['probe']} ({c['mode']})", level_label(c), str(c["ok"]),
-             rate_text(c.get("exact_match_rate"), c.get("exact_match_ci95")),
-             rate_text(c.get("token_agreement"), c.get("token_agreement_ci95")), logprob_text(c)]
-            for c in sorted(_probe_cells(summary), key=lambda c: (c["probe"], c["mode"], level_sort_key(c)))]
+    return [[f"{c.probe} ({c.mode})", c.level, str(c.ok),
+             rate_text(c.exact_match_rate, c.exact_match_ci95),
+             rate_text(c.token_agreement, c.token_agreement_ci95), logprob_text(c)]
+            for c in sorted(summary.probe_cells(), key=lambda c: (c.probe, c.mode, c.level_order))]
 
 
-def agreement_table(summary: dict[str, Any]) -> Table:
+def agreement_table(summary: RunSummary) -> Table:
     grid = Table(title="agreement with the serial output", title_justify="left")
     for name in AGREEMENT_COLUMNS:
         grid.add_column(name, justify="left" if name.startswith("probe") else "right")
@@ -113,33 +113,33 @@ def agreement_table(summary: dict[str, Any]) -> Table:
     return grid
 
 
-def short_text(cell: dict[str, Any]) -> str:
+def short_text(cell: CellSummary) -> str:
     """``2 of 8 asked ok (timeout: 6)``: why a short cell is short."""
-    errors = _counts(cell["errors"]) if cell["errors"] else "no errors: the run was cut short"
-    return f"{cell['ok']} of {cell['asked']} asked ok ({errors})"
+    errors = _counts(cell.errors) if cell.errors else "no errors: the run was cut short"
+    return f"{cell.ok} of {cell.asked} asked ok ({errors})"
 
 
-def footnotes(summary: dict[str, Any]) -> list[str]:
+def footnotes(summary: RunSummary) -> list[str]:
     """The matrix's footnotes: each drifting cell's divergence kinds, each short cell's shortfall,
     and the companions' errors (reported beside the probes', never mixed into them)."""
     notes = []
-    for c in _probe_cells(summary):
-        name = f"{c['probe']} ({c['mode']}) {level_label(c)}"
-        if c["drift"]:
+    for c in summary.probe_cells():
+        name = f"{c.label}"
+        if c.drift:
             kinds = kinds_text(c)
             notes.append(f"{name}: {cell_phrase(c)}" + (f"; kinds: {kinds}" if kinds else ""))
-        if c.get("short"):
+        if c.short:
             notes.append(f"{name}: short, {short_text(c)}")
-        if c.get("latent_drift"):
+        if c.latent_drift:
             notes.append(f"{name}: ~ latent drift, {latent_text(c)}")
-    if summary.get("companion_requests"):
-        notes.append(f"companions: {summary['companion_errors']} of {summary['companion_requests']} requests failed"
-                     + (f" ({_counts(summary['companion_errors_by_type'])})" if summary["companion_errors"] else ""))
+    if summary.companion_requests:
+        notes.append(f"companions: {summary.companion_errors} of {summary.companion_requests} requests failed"
+                     + (f" ({_counts(summary.companion_errors_by_type)})" if summary.companion_errors else ""))
     return notes
 
 
-def table(summary: dict[str, Any]) -> Table:
-    cells = _probe_cells(summary)
+def table(summary: RunSummary) -> Table:
+    cells = summary.probe_cells()
     levels = levels_of(cells)
     grid = Table(title="distinct outputs per probe × level", title_justify="left")
     grid.add_column("probe (mode)")
@@ -153,39 +153,39 @@ def table(summary: dict[str, Any]) -> Table:
         for level in levels:
             cell = row.get(level)
             text = cell_text(cell)
-            style = ("red" if cell and cell["drift"] else "yellow" if not cell or not cell["ok"] or cell.get("short")
+            style = ("red" if cell and cell.drift else "yellow" if not cell or not cell.ok or cell.short
                      else "green")
             texts.append(f"[{style}]{text}[/{style}]")
-        top = max(row.values(), key=level_sort_key)
-        p50 = top.get("latency", {}).get("e2e", {}).get("p50")
-        grid.add_row(f"{probe} ({mode})", *texts, str(min(c["ok"] for c in row.values())),
+        top = max(row.values(), key=lambda c: c.level_order)
+        p50 = top.latency.get("e2e", {}).get("p50")
+        grid.add_row(f"{probe} ({mode})", *texts, str(min(c.ok for c in row.values())),
                      f"{p50 * 1000:.0f} ms" if p50 is not None else "-", errors_text(row.values()))
     return grid
 
 
-def errors_text(cells: Iterable[dict[str, Any]]) -> str:
+def errors_text(cells: Iterable[CellSummary]) -> str:
     """Errors of these cells, with the reconnects beside them when the records carry any."""
     cells = list(cells)
-    errors = sum(sum(c["errors"].values()) for c in cells)
-    reconnects = sum(c.get("reconnects") or 0 for c in cells)
+    errors = sum(sum(c.errors.values()) for c in cells)
+    reconnects = sum(c.reconnects or 0 for c in cells)
     return f"{errors} (+{reconnects} reconnects)" if reconnects else str(errors)
 
 
-def latency_table(summary: dict[str, Any]) -> Table:
+def latency_table(summary: RunSummary) -> Table:
     """Latency and throughput per probe × level, in milliseconds: the "is it fast" half of a run."""
     grid = Table(title="latency (ms, p50 / p99) and throughput", title_justify="left")
-    slo = bool(summary.get("slo"))
+    slo = bool(summary.slo)
     for name in ("probe (mode)", "level", "n", "ttft", "itl", "tpot", "e2e", "tok/s", "req/s", "late p99",
                  *(("SLO met", "goodput/s") if slo else ())):
         grid.add_column(name, justify="left" if name.startswith("probe") else "right")
-    for c in sorted(_probe_cells(summary), key=lambda c: (c["probe"], c["mode"], level_sort_key(c))):
-        lat = c.get("latency", {})
+    for c in sorted(summary.probe_cells(), key=lambda c: (c.probe, c.mode, c.level_order)):
+        lat = c.latency
         late = lat.get("lateness", {}).get("p99")
-        grid.add_row(f"{c['probe']} ({c['mode']})", level_label(c), str(c["ok"]),
+        grid.add_row(f"{c.probe} ({c.mode})", c.level, str(c.ok),
                      *(_p50_p99(lat.get(k)) for k in ("ttft", "itl", "tpot", "e2e")),
-                     _fmt(c.get("output_tokens_per_s")), _fmt(c.get("requests_per_s")),
+                     _fmt(c.output_tokens_per_s), _fmt(c.requests_per_s),
                      f"{late * 1000:.2f}" if late is not None else "-",
-                     *((attainment_text(c), _fmt(c.get("goodput"))) if slo else ()))
+                     *((attainment_text(c), _fmt(c.goodput)) if slo else ()))
     return grid
 
 
@@ -194,41 +194,41 @@ def slo_bounds_text(bounds: dict[str, float]) -> str:
     return ", ".join(f"{name.removesuffix('_ms')} ≤ {value:g} ms" for name, value in bounds.items())
 
 
-def attainment_text(cell: dict[str, Any]) -> str:
+def attainment_text(cell: CellSummary) -> str:
     """``40.0%``, marked ``✗`` when the cell is under the SLO's attainment; ``-`` without an SLO."""
-    if cell.get("slo_attainment") is None:
+    if cell.slo_attainment is None:
         return "-"
-    return f"{cell['slo_attainment']:.1%}" + ("" if cell["meets_slo"] else " ✗")
+    return f"{cell.slo_attainment:.1%}" + ("" if cell.meets_slo else " ✗")
 
 
-def slo_cell_text(cell: dict[str, Any]) -> str:
+def slo_cell_text(cell: CellSummary) -> str:
     """``4 of 10 requests within the SLO (over ttft: 6)``: what kept a cell's requests out of it."""
-    requests = cell["ok"] + sum(cell["errors"].values())
-    why = [f"over {name}: {n}" for name, n in cell.get("slo_misses", {}).items()]
-    if cell.get("slo_unmeasured"):
-        why.append(f"no first token time: {cell['slo_unmeasured']}")
-    if requests > cell["ok"]:
-        why.append(f"failed: {requests - cell['ok']}")
-    return f"{cell['slo_met']} of {requests} requests within the SLO" + (f" ({', '.join(why)})" if why else "")
+    requests = cell.requests
+    why = [f"over {name}: {n}" for name, n in (cell.slo_misses or {}).items()]
+    if cell.slo_unmeasured:
+        why.append(f"no first token time: {cell.slo_unmeasured}")
+    if requests > cell.ok:
+        why.append(f"failed: {requests - cell.ok}")
+    return f"{cell.slo_met} of {requests} requests within the SLO" + (f" ({', '.join(why)})" if why else "")
 
 
-def slo_line(summary: dict[str, Any]) -> str:
+def slo_line(summary: RunSummary) -> str:
     """What the SLO says about the run: the cells under the minimum attainment, or the lowest one."""
-    cells = [c for c in _probe_cells(summary) if c.get("slo_attainment") is not None]
-    minimum = summary.get("min_slo_attainment")
-    head = f"SLO {slo_bounds_text(summary['slo'])}"
+    cells = [c for c in summary.probe_cells() if c.slo_attainment is not None]
+    minimum = summary.min_slo_attainment
+    head = f"SLO {slo_bounds_text(summary.slo)}"
     if not cells:
         return f"{head}: no probe cell"
     if minimum is None:
-        low = min(cells, key=lambda c: c["slo_attainment"])
+        low = min(cells, key=lambda c: c.slo_attainment)
         return (f"{head} (measured, not enforced: no load.min_slo_attainment): lowest attainment "
-                f"{low['slo_attainment']:.1%} at {low['probe']} ({low['mode']}) {level_label(low)}, "
+                f"{low.slo_attainment:.1%} at {low.probe} ({low.mode}) {low.level}, "
                 f"{slo_cell_text(low)}")
-    failed = [c for c in cells if not c["meets_slo"]]
+    failed = [c for c in cells if not c.meets_slo]
     if not failed:
         return f"{head}: met, every probe cell has ≥ {minimum:.1%} of its requests within it"
     return (f"{head}: MISSED, {len(failed)} probe cell(s) under {minimum:.1%}: "
-            + "; ".join(f"{c['probe']} ({c['mode']}) {level_label(c)} {c['slo_attainment']:.1%}, "
+            + "; ".join(f"{c.label} {c.slo_attainment:.1%}, "
                         f"{slo_cell_text(c)}" for c in failed))
 
 
@@ -242,70 +242,67 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def verdict_line(summary: dict[str, Any]) -> str:
+def verdict_line(summary: RunSummary) -> str:
     """One sentence a person (or a CI log) can act on, with the sample size behind it."""
-    verdict = summary["verdict"]
-    cells = _probe_cells(summary)
-    short = [c for c in cells if c.get("short")]
+    verdict = summary.verdict
+    cells = summary.probe_cells()
+    short = [c for c in cells if c.short]
     if verdict == "target_failed":
-        errors, requests = summary.get("probe_errors", summary["errors"]), summary.get("probe_requests",
-                                                                                      summary["requests"])
-        by_type = summary.get("probe_errors_by_type", summary["errors_by_type"])
-        empty = [f"{c['probe']} ({c['mode']}) {level_label(c)}" for c in cells if c["ok"] == 0]
+        errors, requests, by_type = summary.probe_errors, summary.probe_requests, summary.probe_errors_by_type
+        empty = [f"{c.label}" for c in cells if c.ok == 0]
         return (f"target failed: {errors} of {requests} probe requests failed ({_counts(by_type)}); "
-                f"limit is {summary['max_error_share']:.0%}"
+                f"limit is {summary.max_error_share:.0%}"
                 + (f"; no ok sample in {', '.join(empty)}" if empty else "") + _companions(summary))
     if verdict == "inconclusive":
-        parts = [f"{c['probe']} ({c['mode']}) {level_label(c)}: {short_text(c)}" for c in short]
+        parts = [f"{c.label}: {short_text(c)}" for c in short]
         return ("inconclusive: fewer ok probe samples than asked, so no claim of determinism; "
                 + "; ".join(parts) + _companions(summary))
     if verdict == "deterministic":
-        n = sum(c["ok"] for c in cells)
-        worst = max((c["drift_rate_upper_95"] or 0.0) for c in cells) if cells else 1.0
+        n = sum(c.ok for c in cells)
+        worst = max((c.drift_rate_upper_95 or 0.0) for c in cells) if cells else 1.0
         return (f"deterministic: one output per probe at every level (n={n}; "
                 f"per cell drift rate < {worst:.1%} at 95% confidence)" + _logprob_clause(cells))
-    drifted = [c for c in cells if c["drift"]]
+    drifted = [c for c in cells if c.drift]
     parts = []
     for c in drifted:
-        where = f"first divergence at char {c['first_divergence_chars']}" if c["first_divergence_chars"] is not None \
+        where = f"first divergence at char {c.first_divergence_chars}" if c.first_divergence_chars is not None \
             else "serial outputs already differ"
-        if c["first_divergence_tokens"] is not None:
-            where += f" / token {c['first_divergence_tokens']}"
+        if c.first_divergence_tokens is not None:
+            where += f" / token {c.first_divergence_tokens}"
         kinds = kinds_text(c)
-        parts.append(f"{c['probe']} ({c['mode']}) {level_label(c)}: {cell_phrase(c)}, {where}"
+        parts.append(f"{c.label}: {cell_phrase(c)}, {where}"
                      + (f" ({kinds})" if kinds else ""))
     also = f" (and {len(short)} cell(s) short of samples)" if short else ""
     return "nondeterministic: " + "; ".join(parts) + also + _logprob_clause(cells)
 
 
-def _logprob_clause(cells: list[dict[str, Any]]) -> str:
+def _logprob_clause(cells: tuple[CellSummary, ...]) -> str:
     """What the logprobs add to the verdict: latent drift where it is, or bitwise agreement everywhere."""
-    latent = [c for c in cells if c.get("latent_drift")]
+    latent = [c for c in cells if c.latent_drift]
     if latent:
         return "; latent drift (same text, other logprobs) in " + ", ".join(
-            f"{c['probe']} ({c['mode']}) {level_label(c)} from token {c['first_logprob_divergence_token']}"
-            for c in latent)
-    compared = [c for c in cells if c.get("logprob_samples")]
-    if compared and len(compared) == len(cells) and all(c["logprob_bitwise"] for c in compared):
-        return f"; logprobs bitwise equal to serial in every cell (n={sum(c['logprob_samples'] for c in compared)})"
+            f"{c.label} from token {c.first_logprob_divergence_token}" for c in latent)
+    compared = [c for c in cells if c.logprob_samples]
+    if compared and len(compared) == len(cells) and all(c.logprob_bitwise for c in compared):
+        return f"; logprobs bitwise equal to serial in every cell (n={sum(c.logprob_samples for c in compared)})"
     return ""
 
 
-def _companions(summary: dict[str, Any]) -> str:
-    if not summary.get("companion_errors"):
+def _companions(summary: RunSummary) -> str:
+    if not summary.companion_errors:
         return ""
-    return (f"; companions (not counted): {summary['companion_errors']} of {summary['companion_requests']} "
-            f"failed ({_counts(summary['companion_errors_by_type'])})")
+    return (f"; companions (not counted): {summary.companion_errors} of {summary.companion_requests} "
+            f"failed ({_counts(summary.companion_errors_by_type)})")
 
 
-def markdown(summary: dict[str, Any]) -> str:
-    cells = _probe_cells(summary)
+def markdown(summary: RunSummary) -> str:
+    cells = summary.probe_cells()
     levels = levels_of(cells)
     lines = ["| probe (mode) | " + " | ".join(levels) + " | n/cell |",
              "| --- | " + " | ".join("---:" for _ in levels) + " | ---: |"]
     for (probe, mode), row in _rows(cells).items():
         texts = [cell_text(row.get(level)).replace("DRIFT", "**DRIFT**") for level in levels]
-        lines.append(f"| {probe} ({mode}) | " + " | ".join(texts) + f" | {min(c['ok'] for c in row.values())} |")
+        lines.append(f"| {probe} ({mode}) | " + " | ".join(texts) + f" | {min(c.ok for c in row.values())} |")
     notes = footnotes(summary)
     if notes:
         lines += [""] + [f"- {note}" for note in notes]
@@ -313,24 +310,20 @@ def markdown(summary: dict[str, Any]) -> str:
               "| --- | " + " | ".join("---:" for _ in AGREEMENT_COLUMNS[1:]) + " |"]
     lines += ["| " + " | ".join(row) + " |" for row in agreement_rows(summary)]
     lines += ["", verdict_line(summary), ""]
-    if summary.get("slo"):
+    if summary.slo:
         lines += ["| probe (mode) | level | requests | within SLO | attainment | goodput/s |",
                   "| --- | --- | ---: | ---: | ---: | ---: |"]
-        for c in sorted(cells, key=lambda c: (c["probe"], c["mode"], level_sort_key(c))):
-            lines.append(f"| {c['probe']} ({c['mode']}) | {level_label(c)} | {c['ok'] + sum(c['errors'].values())} "
-                         f"| {c['slo_met']} | {attainment_text(c)} | {_fmt(c.get('goodput'))} |")
+        for c in sorted(cells, key=lambda c: (c.probe, c.mode, c.level_order)):
+            lines.append(f"| {c.probe} ({c.mode}) | {c.level} | {c.requests} "
+                         f"| {c.slo_met} | {attainment_text(c)} | {_fmt(c.goodput)} |")
         lines += ["", slo_line(summary), ""]
     return "\n".join(lines)
 
 
-def _probe_cells(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    return [c for c in summary["cells"] if c["role"] == "probe"]
-
-
-def _rows(cells: list[dict[str, Any]]) -> dict[tuple[str, str], dict[int, dict[str, Any]]]:
-    rows: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
+def _rows(cells: Iterable[CellSummary]) -> dict[tuple[str, str], dict[str, CellSummary]]:
+    rows: dict[tuple[str, str], dict[str, CellSummary]] = {}
     for c in cells:
-        rows.setdefault((c["probe"], c["mode"]), {})[level_label(c)] = c
+        rows.setdefault((c.probe, c.mode), {})[c.level] = c
     return rows
 
 
@@ -409,55 +402,55 @@ def _num(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def junit_xml(summary: dict[str, Any], suite: str = "kevload", fail_on: str = "drift") -> str:
+def junit_xml(summary: RunSummary, suite: str = "kevload", fail_on: str = "drift") -> str:
     """JUnit XML, one testcase per probe × level; drift, no ok sample, a short cell or one under
     ``load.min_slo_attainment`` is a failure, and latent drift too with ``fail_on="latent"`` (otherwise
     it is said in the case's output)."""
     from xml.etree import ElementTree as ET
 
-    cells = _probe_cells(summary)
-    slo_failed = set(summary.get("slo_failed_cells") or ())
+    cells = summary.probe_cells()
+    slo_failed = set(summary.slo_failed_cells)
     latent_fails = fail_on == "latent"
-    failures = sum(1 for c in cells if c["drift"] or c["ok"] == 0 or c.get("short") or cell_name(c) in slo_failed
-                   or (latent_fails and c.get("latent_drift")))
-    seconds = sum(c.get("duration_s") or 0 for c in cells)
+    failures = sum(1 for c in cells if c.drift or c.ok == 0 or c.short or c.name in slo_failed
+                   or (latent_fails and c.latent_drift))
+    seconds = sum(c.duration_s or 0 for c in cells)
     root = ET.Element("testsuites", name=suite, tests=str(len(cells)), failures=str(failures), errors="0",
                       time=f"{seconds:.3f}")
-    group = ET.SubElement(root, "testsuite", name=summary.get("scenario") or suite, tests=str(len(cells)),
+    group = ET.SubElement(root, "testsuite", name=summary.scenario or suite, tests=str(len(cells)),
                           failures=str(failures), errors="0", skipped="0", time=f"{seconds:.3f}")
     for c in cells:
-        case = ET.SubElement(group, "testcase", classname=f"{suite}.{c['probe']}.{c['mode']}",
-                             name=level_label(c), time=f"{c.get('duration_s') or 0:.3f}")
-        short = f"; short: {short_text(c)}" if c.get("short") else ""
+        case = ET.SubElement(group, "testcase", classname=f"{suite}.{c.probe}.{c.mode}",
+                             name=c.level, time=f"{c.duration_s or 0:.3f}")
+        short = f"; short: {short_text(c)}" if c.short else ""
         # One failure per testcase: the SLO is named inside a determinism failure, or is the failure itself.
-        slo = (f"; under the SLO's minimum attainment {summary['min_slo_attainment']:.1%}: "
-               f"{c['slo_attainment']:.1%}, {slo_cell_text(c)}" if cell_name(c) in slo_failed else "")
-        if c["ok"] == 0:
+        slo = (f"; under the SLO's minimum attainment {summary.min_slo_attainment:.1%}: "
+               f"{c.slo_attainment:.1%}, {slo_cell_text(c)}" if c.name in slo_failed else "")
+        if c.ok == 0:
             ET.SubElement(case, "failure", message="no ok sample", type="target_failed").text = (
-                f"errors: {_counts(c['errors'])}{slo}")
-        elif c["drift"]:
+                f"errors: {_counts(c.errors)}{slo}")
+        elif c.drift:
             kinds = kinds_text(c)
-            text = (f"{cell_phrase(c, ' samples')}; first divergence at char {c['first_divergence_chars']}, "
-                    f"token {c['first_divergence_tokens']}; {c['divergent_requests']} requests differ from the "
+            text = (f"{cell_phrase(c, ' samples')}; first divergence at char {c.first_divergence_chars}, "
+                    f"token {c.first_divergence_tokens}; {c.divergent_requests} requests differ from the "
                     f"serial output" + (f" (kinds: {kinds})" if kinds else "") + short + slo)
             ET.SubElement(case, "failure", message=cell_phrase(c), type="nondeterminism").text = text
-        elif c.get("short"):
-            ET.SubElement(case, "failure", message=f"short of samples: {c['ok']} of {c['asked']} ok",
+        elif c.short:
+            ET.SubElement(case, "failure", message=f"short of samples: {c.ok} of {c.asked} ok",
                           type="inconclusive").text = (
-                f"1 output in {c['ok']} samples, fewer than the {c['asked']} asked: {short_text(c)}{slo}")
-        elif c.get("latent_drift") and latent_fails:
+                f"1 output in {c.ok} samples, fewer than the {c.asked} asked: {short_text(c)}{slo}")
+        elif c.latent_drift and latent_fails:
             ET.SubElement(case, "failure", message=f"latent drift: {latent_text(c)}", type="latent_drift").text = (
-                f"1 output in {c['ok']} samples, the serial text, but its per-token logprobs differ from the "
-                f"serial ones from token {c['first_logprob_divergence_token']}: {logprob_text(c)}{slo}")
+                f"1 output in {c.ok} samples, the serial text, but its per-token logprobs differ from the "
+                f"serial ones from token {c.first_logprob_divergence_token}: {logprob_text(c)}{slo}")
         elif slo:
             ET.SubElement(case, "failure", type="slo", message=(
-                f"SLO attainment {c['slo_attainment']:.1%} under {summary['min_slo_attainment']:.1%}")).text = (
-                f"SLO {slo_bounds_text(summary['slo'])}: {slo_cell_text(c)}; 1 output in {c['ok']} samples")
+                f"SLO attainment {c.slo_attainment:.1%} under {summary.min_slo_attainment:.1%}")).text = (
+                f"SLO {slo_bounds_text(summary.slo)}: {slo_cell_text(c)}; 1 output in {c.ok} samples")
         else:
-            within = (f"; SLO attainment {c['slo_attainment']:.1%} ({slo_cell_text(c)})"
-                      if c.get("slo_attainment") is not None else "")
-            latent = f"; latent drift: {latent_text(c)}" if c.get("latent_drift") else ""
+            within = (f"; SLO attainment {c.slo_attainment:.1%} ({slo_cell_text(c)})"
+                      if c.slo_attainment is not None else "")
+            latent = f"; latent drift: {latent_text(c)}" if c.latent_drift else ""
             ET.SubElement(case, "system-out").text = (
-                f"1 output in {c['ok']} samples; drift rate < {c['drift_rate_upper_95']:.2%} at 95% confidence; "
+                f"1 output in {c.ok} samples; drift rate < {c.drift_rate_upper_95:.2%} at 95% confidence; "
                 f"logprobs vs serial: {logprob_text(c)}{latent}{within}")
     return ET.tostring(root, encoding="unicode", xml_declaration=True)

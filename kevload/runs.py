@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import aclosing
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from kevload.store import (
     url_secrets,
     write_json,
 )
+from kevload.summary import RunSummary
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class RunResult:
     run_id: str
     state: str  # complete | interrupted | aborted
     records: int
-    summary: dict[str, Any]
+    summary: RunSummary
 
 
 async def run_scenario(scenario: Scenario, run_dir: Path | None = None, *,
@@ -136,7 +137,7 @@ def run_ids(path: Path) -> set[str]:
     return ids
 
 
-def finish_run(run_dir: Path, *, state: str | None = None, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+def finish_run(run_dir: Path, *, state: str | None = None, meta: dict[str, Any] | None = None) -> RunSummary:
     """(Re)compute ``summary.json`` from the records on disk and, if given, record the end state in ``run.json``."""
     meta = meta if meta is not None else read_json(run_dir / RUN)
     max_error_share = meta["load"]["max_error_share"]
@@ -145,12 +146,11 @@ def finish_run(run_dir: Path, *, state: str | None = None, meta: dict[str, Any] 
     slo = Slo(**meta["load"]["slo"]) if meta["load"].get("slo") else None  # runs before SLOs have none
     summary = summarize(reduce_file(run_dir / RECORDS, slo=slo), max_error_share=max_error_share,
                         samples_asked=asked, min_slo_attainment=meta["load"].get("min_slo_attainment"))
-    summary["run_id"] = meta.get("run_id")
-    summary["scenario"] = meta.get("scenario_name")
-    summary["state"] = state or meta.get("state")
-    write_json(run_dir / SUMMARY, summary)
+    summary = replace(summary, run_id=meta.get("run_id"), scenario=meta.get("scenario_name"),
+                      state=state or meta.get("state"))
+    write_json(run_dir / SUMMARY, summary.to_json())
     if state is not None:
-        meta = {**meta, "state": state, "ended_at": _now_iso(), "records": summary["requests"]}
+        meta = {**meta, "state": state, "ended_at": _now_iso(), "records": summary.requests}
         write_json(run_dir / RUN, meta)
     return summary
 

@@ -14,6 +14,8 @@ from urllib.parse import urlparse
 
 import orjson
 
+from kevload.errors import ScenarioError
+
 if TYPE_CHECKING:
     from kevload.datasets import Dataset
 
@@ -27,10 +29,6 @@ RAMP_OF = ("concurrency", "rate")
 MAX_RAMP_LEVELS = 1000  # each level is a cell run in turn: more than this is a typo, not a test
 # kevload sets this header itself, unique per request, so records join the server's logs: never the user's.
 REQUEST_ID_HEADER = "X-Request-Id"
-
-
-class ScenarioError(ValueError):
-    """A scenario (file or --set override) is not what kevload expects; the text says where and why."""
 
 
 @dataclass(frozen=True)

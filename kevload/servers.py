@@ -14,9 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-
-class ServerError(RuntimeError):
-    """The server did not come up; the message carries the end of its log."""
+from kevload.errors import ServerError
 
 
 @dataclass

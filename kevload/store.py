@@ -14,14 +14,12 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import orjson
 
+from kevload.errors import RunDirError
+
 RECORDS = "records.jsonl"
 RUN = "run.json"
 SUMMARY = "summary.json"
 RESULTS = Path("results")
-
-
-class RunDirError(ValueError):
-    """A path given as a run directory does not hold a kevload run."""
 
 
 @dataclass(frozen=True, slots=True)

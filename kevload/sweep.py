@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kevload.compare import level_label, level_sort_key
 from kevload.report import attainment_text, slo_bounds_text, verdict_line
 from kevload.runs import run_scenario
 from kevload.scenario import ScenarioError, load_scenario
 from kevload.servers import free_port, start_server, wait_ready
 from kevload.store import write_json
+from kevload.summary import CellSummary, RunSummary
 
 # {name} in --server-cmd and --ready-url; any other braces (JSON arguments) are left as they are.
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_-]*)\}")
@@ -82,9 +82,9 @@ async def run_sweep(scenario_path: Path, overrides: list[str], grid: Grid, *, ou
                 log(f"  running {name} …")
                 result = await run_scenario(scenario, out / _dirname(name), stop=stop)
                 rows.append(_row({"setting": name, "server": server_setting, "scenario": combo,
-                                  "run": str(result.run_dir), "verdict": result.summary["verdict"],
+                                  "run": str(result.run_dir), "verdict": result.summary.verdict,
                                   "verdict_line": verdict_line(result.summary),
-                                  "cells": [_cell(c) for c in result.summary["cells"] if c["role"] == "probe"]},
+                                  "cells": [_cell(c) for c in result.summary.probe_cells()]},
                                  result.summary))
     sweep = {"grid": {"server": grid.server, "scenario": grid.scenario}, "rows": rows,
              "levels": _levels(rows), "complete": not stop.is_set()}
@@ -148,33 +148,33 @@ def sweep_markdown(sweep: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"
 
 
-def sweep_cell_text(cell: dict[str, Any] | None) -> str:
+def sweep_cell_text(cell: CellSummary | None) -> str:
     if cell is None:
         return "-"
-    mark = (" DRIFT" if cell["distinct"] > 1 else " all≠serial") if cell["drift"] else ""
-    rps = f" · {cell['requests_per_s']:.1f}/s" if cell.get("requests_per_s") else ""
-    slo = f" · {attainment_text(cell)}" if cell.get("slo_attainment") is not None else ""
-    return f"{cell['distinct']}{mark}{rps}{slo}"
+    mark = (" DRIFT" if cell.distinct > 1 else " all≠serial") if cell.drift else ""
+    rps = f" · {cell.requests_per_s:.1f}/s" if cell.requests_per_s else ""
+    slo = f" · {attainment_text(cell)}" if cell.slo_attainment is not None else ""
+    return f"{cell.distinct}{mark}{rps}{slo}"
 
 
-def max_level_at_slo(cells: list[dict[str, Any]]) -> str | None:
+def max_level_at_slo(cells: list[CellSummary]) -> str | None:
     """The highest level up to which every level met the SLO; None when even the lowest missed it.
 
     A level that misses stops the count: a lucky higher level must not overstate the capacity.
     """
     best = None
-    for cell in sorted(cells, key=level_sort_key):
-        if not cell.get("meets_slo"):
+    for cell in sorted(cells, key=lambda c: c.level_order):
+        if not cell.meets_slo:
             break
-        best = cell["level"]
+        best = cell.level
     return best
 
 
-def _row(row: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
+def _row(row: dict[str, Any], summary: RunSummary) -> dict[str, Any]:
     """A sweep row with its SLO and, per probe, the highest level that met it."""
-    if not summary.get("slo"):
+    if not summary.slo:
         return row
-    return {**row, "slo": summary["slo"], "min_slo_attainment": summary["min_slo_attainment"],
+    return {**row, "slo": summary.slo, "min_slo_attainment": summary.min_slo_attainment,
             "max_at_slo": {probe: max_level_at_slo(list(cells.values())) for probe, cells in _by_probe(row).items()}}
 
 
@@ -191,23 +191,31 @@ def _slo_note(row: dict[str, Any]) -> str:
             "bound; max at SLO is the highest level up to which every level met it")
 
 
-def _by_probe(row: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
-    out: dict[str, dict[str, dict[str, Any]]] = {}
-    for cell in row["cells"]:
-        out.setdefault(f"{cell['probe']} ({cell['mode']})", {})[cell["level"]] = cell
+def _by_probe(row: dict[str, Any]) -> dict[str, dict[str, CellSummary]]:
+    out: dict[str, dict[str, CellSummary]] = {}
+    for cell in row_cells(row):
+        out.setdefault(f"{cell.probe} ({cell.mode})", {})[cell.level] = cell
     return out
 
 
-def _cell(c: dict[str, Any]) -> dict[str, Any]:
-    keep = ("probe", "mode", "concurrency", "rate", "ok", "distinct", "drift", "first_divergence_chars",
-            "requests_per_s", "output_tokens_per_s", "errors", "latency", "slo_met", "slo_attainment", "goodput",
-            "meets_slo")
-    return {**{k: c.get(k) for k in keep}, "level": level_label(c)}
+# What sweep.json keeps of each probe cell (with its level label): enough for the matrix and the SLO column.
+SWEEP_CELL_FIELDS = ("probe", "mode", "concurrency", "rate", "ok", "distinct", "drift", "first_divergence_chars",
+                     "requests_per_s", "output_tokens_per_s", "errors", "latency", "slo_met", "slo_attainment",
+                     "goodput", "meets_slo")
+
+
+def _cell(c: CellSummary) -> dict[str, Any]:
+    return {**{k: getattr(c, k) for k in SWEEP_CELL_FIELDS}, "level": c.level}
+
+
+def row_cells(row: dict[str, Any]) -> list[CellSummary]:
+    """A sweep row's cells, read back from what sweep.json keeps of them (probe cells only)."""
+    return [CellSummary.from_json({"role": "probe", **cell}) for cell in row["cells"]]
 
 
 def _levels(rows: list[dict[str, Any]]) -> list[str]:
-    cells = {c["level"]: c for row in rows for c in row["cells"]}
-    return [lv for lv, _ in sorted(cells.items(), key=lambda kv: level_sort_key(kv[1]))]
+    cells = {c.level: c for row in rows for c in row_cells(row)}
+    return [lv for lv, _ in sorted(cells.items(), key=lambda kv: kv[1].level_order)]
 
 
 @contextlib.asynccontextmanager

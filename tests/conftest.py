@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from kevload.cli import main
 from kevload.servers import pid_alive
+from kevload.summary import RunSummary
 from kevload.targets.cache import cache_root
 from tests.fakeserver import Behaviour, FakeServer
 
@@ -74,5 +75,8 @@ def load_summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
-def cells_by_level(summary: dict, probe: str = "p1", role: str = "probe") -> dict[int, dict]:
+def cells_by_level(summary: dict | RunSummary, probe: str = "p1", role: str = "probe") -> dict[int, Any]:
+    """One probe's cells by concurrency: CellSummary objects from a RunSummary, dicts from summary.json."""
+    if isinstance(summary, RunSummary):
+        return {c.concurrency: c for c in summary.cells if c.probe == probe and c.role == role}
     return {c["concurrency"]: c for c in summary["cells"] if c["probe"] == probe and c["role"] == role}

@@ -22,7 +22,7 @@ def test_parallel_reader_matches_serial(tmp_path, server, monkeypatch):
     serial = summarize(reduce_file(records, workers=1))
     for workers in (2, 3, 5):
         assert summarize(reduce_file(records, workers=workers)) == serial
-    assert serial["requests"] > 48
+    assert serial.requests > 48
 
 
 def test_common_prefix_length():

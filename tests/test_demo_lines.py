@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from kevload.demo import headline, logprob_line
+from kevload.summary import RunSummary
 
 
 def cell(concurrency: int, **fields) -> dict:
-    return {"role": "probe", "concurrency": concurrency, "ok": 8, "distinct": 1, "drift": False,
-            "first_divergence_chars": None, "last_divergence_chars": None, **fields}
+    return {"probe": "p", "mode": "single", "role": "probe", "concurrency": concurrency, "ok": 8, "distinct": 1,
+            "drift": False, "first_divergence_chars": None, "last_divergence_chars": None, **fields}
 
 
 def steps(*cells: dict, verdict: str = "deterministic") -> list[tuple[str, dict]]:
-    return [("2 fixed params, single", {"verdict": verdict, "cells": list(cells)})]
+    return [("2 fixed params, single", RunSummary.from_json({"verdict": verdict, "cells": list(cells)}))]
 
 
 def test_logprob_line_bitwise_everywhere():
@@ -38,5 +39,5 @@ def test_logprob_line_without_logprobs_says_text_only():
 def test_inconclusive_batching_off_step_is_not_called_drift():
     drifting = cell(4, distinct=3, drift=True, first_divergence_chars=5, last_divergence_chars=9)
     shown = [*steps(cell(1), drifting, verdict="nondeterministic"),
-             ("2 … batching off", {"verdict": "inconclusive", "cells": [cell(1), cell(4)]})]
+             ("2 … batching off", RunSummary.from_json({"verdict": "inconclusive", "cells": [cell(1), cell(4)]}))]
     assert headline("t", shown).endswith("; batching off: inconclusive")

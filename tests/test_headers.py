@@ -9,6 +9,7 @@ from aiohttp import web
 
 from kevload.html import run_report
 from kevload.store import read_records
+from kevload.summary import RunSummary
 from tests.conftest import load_summary, run_cli, write_scenario
 from tests.fakeserver import FakeServer
 
@@ -99,6 +100,6 @@ def test_a_prompt_that_contains_a_header_value_is_kept_whole(tmp_path, server):
 def test_html_masks_header_values_of_an_older_run_json():
     # run.json files written before values stopped being stored may hold them; the report must not show them.
     meta = {"run_id": "r", "scenario": {"target": {"headers": dict(HEADERS)}}}
-    summary = {"cells": [], "verdict": "deterministic"}
+    summary = RunSummary(verdict="deterministic")
     page = run_report(summary, meta, [])
     assert not _leaks(page) and "X-Access-Key" in page

@@ -21,6 +21,7 @@ from kevload.compare import reduce_records, summarize
 from kevload.report import cell_text, junit_xml, markdown, verdict_line
 from kevload.scenario import Probe, ScenarioError, load_scenario, scenario_from_dict
 from kevload.stats import mean_share_interval, wilson_interval
+from kevload.summary import RunSummary
 from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
 
@@ -78,7 +79,7 @@ class Records:
         return self
 
     def cells(self) -> dict[int, dict]:
-        return {c["concurrency"]: c for c in summarize(reduce_records(self.rows))["cells"]}
+        return {c.concurrency: c for c in summarize(reduce_records(self.rows)).cells}
 
 
 SERIAL_TEXT, SERIAL_TOKENS, SERIAL_LP = "a b c d", [1, 2, 3, 4], [-1.0, -2.0, -3.0, -4.0]
@@ -91,22 +92,22 @@ def test_agreement_rates_of_crafted_outputs():
     records.add("a b c d e", n=1, level=4, tokens=[1, 2, 3, 4, 5])  # 4 of 5 (the longer length)
     cells = records.cells()
     serial, crowded = cells[1], cells[4]
-    assert serial["exact_match_rate"] == 1.0 and serial["exact_match_ci95"] == [0.675592, 1.0]
-    assert serial["token_agreement"] == 1.0 and serial["token_agreement_ci95"] == [0.675592, 1.0]
-    assert serial["drift_rate_upper_95"] == 0.312344  # kept for clean cells
-    assert crowded["exact_match_rate"] == 0.625
-    assert crowded["exact_match_ci95"] == [0.305742, 0.863156]  # Wilson, 5 of 8
-    assert crowded["token_agreement"] == 0.85  # (5 × 1 + 2 × 0.5 + 0.8) / 8
-    assert crowded["token_agreement_ci95"] == [0.503533, 0.969382]  # Wilson on 6.8 of 8
-    assert crowded["drift_rate_upper_95"] is None
+    assert serial.exact_match_rate == 1.0 and serial.exact_match_ci95 == [0.675592, 1.0]
+    assert serial.token_agreement == 1.0 and serial.token_agreement_ci95 == [0.675592, 1.0]
+    assert serial.drift_rate_upper_95 == 0.312344  # kept for clean cells
+    assert crowded.exact_match_rate == 0.625
+    assert crowded.exact_match_ci95 == [0.305742, 0.863156]  # Wilson, 5 of 8
+    assert crowded.token_agreement == 0.85  # (5 × 1 + 2 × 0.5 + 0.8) / 8
+    assert crowded.token_agreement_ci95 == [0.503533, 0.969382]  # Wilson on 6.8 of 8
+    assert crowded.drift_rate_upper_95 is None
 
 
 def test_agreement_without_tokens_has_the_exact_match_rate_only():
     records = Records().add(SERIAL_TEXT, n=4).add(SERIAL_TEXT, n=3, level=2).add("other", n=1, level=2)
     crowded = records.cells()[2]
-    assert crowded["exact_match_rate"] == 0.75 and crowded["exact_match_ci95"] == [0.300642, 0.954413]
-    assert crowded["token_agreement"] is None and crowded["token_agreement_ci95"] is None
-    assert crowded["logprob_samples"] == 0 and crowded["logprob_bitwise"] is None and not crowded["latent_drift"]
+    assert crowded.exact_match_rate == 0.75 and crowded.exact_match_ci95 == [0.300642, 0.954413]
+    assert crowded.token_agreement is None and crowded.token_agreement_ci95 is None
+    assert crowded.logprob_samples is None and crowded.logprob_bitwise is None and crowded.latent_drift is None
 
 
 def test_latent_drift_in_crafted_records():
@@ -115,19 +116,19 @@ def test_latent_drift_in_crafted_records():
     records.add(SERIAL_TEXT, n=1, level=2, tokens=SERIAL_TOKENS, logprobs=[-1.0, -2.0, -3.5, -4.0])
     records.add(SERIAL_TEXT, n=4, level=4, tokens=SERIAL_TOKENS, logprobs=SERIAL_LP)
     cells = records.cells()
-    assert (cells[1]["logprob_samples"], cells[1]["logprob_bitwise"], cells[1]["latent_drift"]) == (6, True, False)
-    assert cells[1]["logprob_max_abs_diff"] == 0.0 and cells[1]["first_logprob_divergence_token"] is None
+    assert (cells[1].logprob_samples, cells[1].logprob_bitwise, cells[1].latent_drift) == (6, True, False)
+    assert cells[1].logprob_max_abs_diff == 0.0 and cells[1].first_logprob_divergence_token is None
     latent = cells[2]
-    assert not latent["drift"] and latent["distinct"] == 1
-    assert latent["latent_drift"] is True and latent["logprob_bitwise"] is False
-    assert latent["logprob_samples"] == 4
-    assert latent["first_logprob_divergence_token"] == 2
-    assert latent["logprob_max_abs_diff"] == 0.5
-    assert cells[4]["logprob_bitwise"] is True and not cells[4]["latent_drift"]
+    assert not latent.drift and latent.distinct == 1
+    assert latent.latent_drift is True and latent.logprob_bitwise is False
+    assert latent.logprob_samples == 4
+    assert latent.first_logprob_divergence_token == 2
+    assert latent.logprob_max_abs_diff == 0.5
+    assert cells[4].logprob_bitwise is True and not cells[4].latent_drift
     assert cell_text(latent) == "1 ~" and cell_text(cells[4]) == "1"
     summary = summarize(reduce_records(records.rows))
-    assert summary["verdict"] == "deterministic"  # latent drift is no text drift
-    assert summary["latent_cells"] == ["p1@single/c=2"] and summary["matrix"]["latent"] == [[False, True, False]]
+    assert summary.verdict == "deterministic"  # latent drift is no text drift
+    assert summary.latent_cells == ("p1@single/c=2",) and summary.matrix["latent"] == [[False, True, False]]
     assert verdict_line(summary).endswith("; latent drift (same text, other logprobs) in p1 (single) c=2 "
                                           "from token 2")
 
@@ -138,9 +139,9 @@ def test_a_text_divergent_output_is_compared_up_to_its_first_other_token():
     records.add("a b x y", n=2, level=2, tokens=[1, 2, 9, 9], logprobs=[-1.0, -2.0, -0.1, -0.2])
     records.add(SERIAL_TEXT, n=2, level=2, tokens=SERIAL_TOKENS, logprobs=SERIAL_LP)
     cell = records.cells()[2]
-    assert cell["drift"] and not cell["latent_drift"]  # text drift, never also called latent
-    assert cell["logprob_samples"] == 4 and cell["logprob_bitwise"] is False
-    assert cell["first_logprob_divergence_token"] == 2 and cell["logprob_max_abs_diff"] == 0.0
+    assert cell.drift and not cell.latent_drift  # text drift, never also called latent
+    assert cell.logprob_samples == 4 and cell.logprob_bitwise is False
+    assert cell.first_logprob_divergence_token == 2 and cell.logprob_max_abs_diff == 0.0
 
 
 def test_reference_is_the_most_common_serial_vector_and_nulls_compare_as_nulls():
@@ -150,17 +151,17 @@ def test_reference_is_the_most_common_serial_vector_and_nulls_compare_as_nulls()
     records.add(SERIAL_TEXT, n=3, tokens=SERIAL_TOKENS, logprobs=usual)
     records.add(SERIAL_TEXT, n=4, level=2, tokens=SERIAL_TOKENS, logprobs=usual)
     cells = records.cells()
-    assert cells[2]["logprob_bitwise"] is True and cells[2]["logprob_max_abs_diff"] == 0.0
+    assert cells[2].logprob_bitwise is True and cells[2].logprob_max_abs_diff == 0.0
     # The serial cell itself wobbles: latent at the reference level, from token 0 (a number vs a null).
-    assert cells[1]["latent_drift"] and cells[1]["first_logprob_divergence_token"] == 0
-    assert cells[1]["logprob_max_abs_diff"] == 0.5
+    assert cells[1].latent_drift and cells[1].first_logprob_divergence_token == 0
+    assert cells[1].logprob_max_abs_diff == 0.5
 
 
 def test_a_vector_of_another_length_differs_where_it_stops():
     records = Records().add(SERIAL_TEXT, n=2, tokens=SERIAL_TOKENS, logprobs=SERIAL_LP)
     records.add(SERIAL_TEXT, n=1, level=2, tokens=SERIAL_TOKENS, logprobs=SERIAL_LP[:3])
     cell = records.cells()[2]
-    assert cell["latent_drift"] and cell["first_logprob_divergence_token"] == 3
+    assert cell.latent_drift and cell.first_logprob_divergence_token == 3
 
 
 def test_logprob_comparison_does_not_depend_on_record_order_or_file_split():
@@ -176,9 +177,9 @@ def test_logprob_comparison_does_not_depend_on_record_order_or_file_split():
     for part in parts[1:]:
         parts[0].merge(part)
     assert summarize(parts[0]) == summarize(reduce_records(rows)) == whole
-    cell = {c["concurrency"]: c for c in whole["cells"]}[4]
+    cell = {c.concurrency: c for c in whole.cells}[4]
     expected = max(abs(r["logprobs"][i] - SERIAL_LP[i]) for r in records.rows[20:] for i in range(4))
-    assert cell["logprob_max_abs_diff"] == expected and cell["first_logprob_divergence_token"] == 1
+    assert cell.logprob_max_abs_diff == expected and cell.first_logprob_divergence_token == 1
 
 
 # --- what the client asks for and reads ---
@@ -320,8 +321,9 @@ def test_latent_drift_end_to_end(tmp_path, latent_server):
     assert 'kevload_cell_latent_drift{scenario="s",probe="p1",mode="single",level="c=4"' in \
         (tmp_path / "m.prom").read_text()
     assert "| p1 (single) | c=4 | 4 | 100.0% [51.0, 100.0] | 100.0% [51.0, 100.0] | ≠ from token 3" in \
-        markdown(summary)
-    rows = [line for line in markdown(summary).splitlines() if line.startswith("| p1 (single) | c=")]
+        markdown(RunSummary.from_json(summary))
+    table = markdown(RunSummary.from_json(summary))
+    rows = [line for line in table.splitlines() if line.startswith("| p1 (single) | c=")]
     assert len(rows) == 2 and all(line.count("|") == 7 for line in rows)  # no stray pipe splits a cell
     code, _ = run_cli("report", tmp_path / "run", "--format", "html", "-o", tmp_path / "r.html")
     page = (tmp_path / "r.html").read_text()
@@ -334,7 +336,8 @@ def test_latent_drift_end_to_end(tmp_path, latent_server):
     assert code == 1, output
     assert 'failures="1"' in (tmp_path / "j2.xml").read_text() and 'type="latent_drift"' in \
         (tmp_path / "j2.xml").read_text()
-    assert junit_xml(load_summary(tmp_path / "run2")).count("<failure") == 0  # the default: drift only
+    # The default fails on text drift only.
+    assert junit_xml(RunSummary.from_json(load_summary(tmp_path / "run2"))).count("<failure") == 0
 
 
 def test_new_latent_drift_is_a_baseline_regression(tmp_path, latent_server):
@@ -365,7 +368,7 @@ def test_server_without_logprobs_compares_text_only_and_says_so_once(tmp_path, s
                                 "why": "the server returned no per-token logprobs"}
     assert all("logprobs" not in body for body in server.requests)  # not asked for again
     summary = load_summary(tmp_path / "run")
-    assert summary["logprob_samples"] == 0
-    assert all(c["logprob_bitwise"] is None and c["latent_drift"] is False for c in summary["cells"])
-    assert "logprobs" not in verdict_line(summary)
+    assert "logprob_samples" not in summary and "latent_cells" not in summary  # nothing compared, nothing claimed
+    assert all("logprob_bitwise" not in c and "latent_drift" not in c for c in summary["cells"])
+    assert "logprobs" not in verdict_line(RunSummary.from_json(summary))
 

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families as parse_pro
 
 from kevload import metrics
 from kevload.metrics import CELL_FIELDS, LATENCY_FIELDS, metrics_text, write_metrics
+from kevload.summary import RunSummary
 from tests.conftest import load_summary, run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
 
@@ -160,7 +161,7 @@ def test_fields_other_parts_add_appear_only_when_present(run):
     c1["latent_drift"] = False
     c4.update(latent_drift=True, goodput=12.5, slo_attainment=0.75, reconnects=2,
               divergence_kinds={"token": 3, "length": 1})
-    found = families(metrics_text(richer, {}))
+    found = families(metrics_text(RunSummary.from_json(richer), {}))
     key4 = cell_key({**c4, "run_id": summary["run_id"]})
     key1 = cell_key({**c1, "run_id": summary["run_id"]})
     assert by_labels(found["kevload_cell_latent_drift"]) == {key1: 0.0, key4: 1.0}
@@ -174,7 +175,7 @@ def test_fields_other_parts_add_appear_only_when_present(run):
     for cell in richer["cells"]:
         for key in optional:
             cell.pop(key, None)
-    bare = families(metrics_text(richer, {}))
+    bare = families(metrics_text(RunSummary.from_json(richer), {}))
     for name in ("kevload_cell_latent_drift", "kevload_cell_goodput_requests_per_second",
                  "kevload_cell_slo_attainment_ratio", "kevload_cell_reconnects", "kevload_cell_divergent_outputs"):
         assert name not in bare, name
@@ -183,10 +184,10 @@ def test_fields_other_parts_add_appear_only_when_present(run):
 
 @pytest.mark.parametrize("probe", ['a"b', "back\\slash", "line\nbreak", "literal \\n not a newline", '\\"', ""])
 def test_label_values_round_trip(run, probe):
-    summary = load_summary(run / "run")
-    for cell in summary["cells"]:
+    doc = load_summary(run / "run")
+    for cell in doc["cells"]:
         cell["probe"] = probe
-    text = metrics_text(summary, {})
+    text = metrics_text(RunSummary.from_json(doc), {})
     assert_strict_escapes(text)
     found = families(text)
     probes = {dict(k)["probe"] for k in by_labels(found["kevload_cell_distinct_outputs"])}
@@ -194,7 +195,7 @@ def test_label_values_round_trip(run, probe):
 
 
 def test_the_file_is_replaced_whole_or_not_at_all(run, monkeypatch, tmp_path):
-    summary = load_summary(run / "run")
+    summary = RunSummary.from_json(load_summary(run / "run"))
     target = tmp_path / "kevload.prom"
     target.write_text("# the previous night\n")
 

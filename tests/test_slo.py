@@ -15,6 +15,7 @@ from kevload.compare import reduce_file, reduce_records, summarize
 from kevload.metrics import metrics_text
 from kevload.report import junit_xml, markdown
 from kevload.scenario import Slo
+from kevload.summary import CellSummary, RunSummary
 from kevload.sweep import max_level_at_slo, sweep_markdown
 from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
 
@@ -48,33 +49,33 @@ def crafted() -> list[dict]:
 
 
 def test_crafted_records_give_exact_attainment_and_goodput():
-    cell = summarize(reduce_records(crafted(), slo=BOUNDS))["cells"][0]
-    assert cell["slo_met"] == 4
-    assert cell["slo_attainment"] == 0.4  # 4 of 10: the failed request counts in the denominator
-    assert cell["duration_s"] == 2.0 and cell["goodput"] == 2.0  # 4 requests within, over 2.0 s
-    assert cell["slo_misses"] == {"e2e": 2, "itl": 2, "ttft": 2}
-    assert cell["slo_unmeasured"] == 1
-    assert cell["meets_slo"] is False  # no minimum given: every request must be within
+    cell = summarize(reduce_records(crafted(), slo=BOUNDS)).cells[0]
+    assert cell.slo_met == 4
+    assert cell.slo_attainment == 0.4  # 4 of 10: the failed request counts in the denominator
+    assert cell.duration_s == 2.0 and cell.goodput == 2.0  # 4 requests within, over 2.0 s
+    assert cell.slo_misses == {"e2e": 2, "itl": 2, "ttft": 2}
+    assert cell.slo_unmeasured == 1
+    assert cell.meets_slo is False  # no minimum given: every request must be within
 
 
 def test_bounds_are_exact_not_histogram_bins():
     # 1000.4 ms and 999.6 ms share a 0.5 % histogram bin; the SLO tells them apart.
     just_over = record(0, e2e=1.0004, chunks=1)
     just_under = record(1, e2e=0.9996, chunks=1)
-    cell = summarize(reduce_records([just_over, just_under], slo=Slo(e2e_ms=1000)))["cells"][0]
-    assert (cell["slo_met"], cell["slo_misses"]) == (1, {"e2e": 1})
+    cell = summarize(reduce_records([just_over, just_under], slo=Slo(e2e_ms=1000))).cells[0]
+    assert (cell.slo_met, cell.slo_misses) == (1, {"e2e": 1})
 
 
 def test_unstreamed_answers_meet_an_e2e_only_slo():
     cell = summarize(reduce_records([record(0, ttft=None), record(1, ttft=None, e2e=2.0)],
-                                    slo=Slo(e2e_ms=1000)))["cells"][0]
-    assert (cell["slo_met"], cell["slo_unmeasured"], cell["slo_misses"]) == (1, 0, {"e2e": 1})
+                                    slo=Slo(e2e_ms=1000))).cells[0]
+    assert (cell.slo_met, cell.slo_unmeasured, cell.slo_misses) == (1, 0, {"e2e": 1})
 
 
 def test_tpot_counts_tokens_not_chunks():
     # 11 tokens in 2 chunks: tpot (0.55 - 0.05) / 10 = 50 ms, on the bound; per chunk it would be 500 ms.
-    cell = summarize(reduce_records([record(0, e2e=0.55, chunks=2, tokens=11)], slo=Slo(tpot_ms=50)))["cells"][0]
-    assert cell["slo_met"] == 1
+    cell = summarize(reduce_records([record(0, e2e=0.55, chunks=2, tokens=11)], slo=Slo(tpot_ms=50))).cells[0]
+    assert cell.slo_met == 1
 
 
 def test_minimum_attainment_gates_probe_cells_only():
@@ -82,19 +83,19 @@ def test_minimum_attainment_gates_probe_cells_only():
     records += [record(10 + i, send=i * 0.1, e2e=2.0, level=4) for i in range(4)]  # none within
     records += [record(20 + i, send=i * 0.1, e2e=2.0, level=4, role="companion") for i in range(4)]
     summary = summarize(reduce_records(records, slo=Slo(e2e_ms=1000)), min_slo_attainment=0.75)
-    cells = {(c["role"], c["concurrency"]): c for c in summary["cells"]}
-    assert cells[("probe", 1)]["slo_attainment"] == 0.75 and cells[("probe", 1)]["meets_slo"] is True
-    assert cells[("probe", 4)]["meets_slo"] is False and cells[("companion", 4)]["meets_slo"] is False
-    assert summary["slo_failed_cells"] == ["p1@single/c=4"]
-    assert summary["slo"] == {"e2e_ms": 1000.0} and summary["min_slo_attainment"] == 0.75
+    cells = {(c.role, c.concurrency): c for c in summary.cells}
+    assert cells[("probe", 1)].slo_attainment == 0.75 and cells[("probe", 1)].meets_slo is True
+    assert cells[("probe", 4)].meets_slo is False and cells[("companion", 4)].meets_slo is False
+    assert summary.slo_failed_cells == ("p1@single/c=4",)
+    assert summary.slo == {"e2e_ms": 1000.0} and summary.min_slo_attainment == 0.75
     # Without a minimum the same cells are measured, not enforced.
-    assert summarize(reduce_records(records, slo=Slo(e2e_ms=1000)))["slo_failed_cells"] == []
+    assert summarize(reduce_records(records, slo=Slo(e2e_ms=1000))).slo_failed_cells == ()
 
 
 def test_no_slo_adds_no_fields():
     summary = summarize(reduce_records(crafted()))
-    assert summary["slo"] is None and summary["slo_failed_cells"] == []
-    assert not any(key.startswith("slo") or key == "goodput" for key in summary["cells"][0])
+    assert summary.slo is None and summary.slo_failed_cells == ()
+    assert not any(key.startswith("slo") or key == "goodput" for key in summary.cells[0].to_json())
 
 
 def test_parallel_reader_counts_the_slo_like_the_serial_one(tmp_path, monkeypatch):
@@ -104,7 +105,7 @@ def test_parallel_reader_counts_the_slo_like_the_serial_one(tmp_path, monkeypatc
     monkeypatch.setattr(compare, "_PARALLEL_BYTES", 0)
     serial = summarize(reduce_file(path, workers=1, slo=BOUNDS))
     assert summarize(reduce_file(path, workers=3, slo=BOUNDS)) == serial
-    assert serial["cells"][0]["slo_met"] == 120
+    assert serial.cells[0].slo_met == 120
 
 
 def test_junit_fails_a_cell_under_the_minimum():
@@ -179,10 +180,10 @@ def test_run_within_the_slo_passes_with_goodput(tmp_path, server):
     code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
     assert code == 0, output
     assert "SLO e2e ≤ 2000 ms: met, every probe cell has ≥ 100.0% of its requests within it" in output
-    summary = load_summary(tmp_path / "run")
+    summary = RunSummary.from_json(load_summary(tmp_path / "run"))
     for cell in cells_by_level(summary).values():
-        assert cell["slo_met"] == 4 and cell["meets_slo"]
-        assert cell["goodput"] == round(4 / cell["duration_s"], 3) == cell["requests_per_s"]
+        assert cell.slo_met == 4 and cell.meets_slo
+        assert cell.goodput == round(4 / cell.duration_s, 3) == cell.requests_per_s
     text = metrics_text(summary, {})
     assert "kevload_cell_goodput_requests_per_second{" in text and "# EOF" in text
     assert "| p1 (single) | c=1 | 4 | 4 | 100.0% | " in markdown(summary)
@@ -213,8 +214,10 @@ def test_sweep_prints_the_highest_concurrency_at_slo(tmp_path, server):
 def test_max_level_at_slo_stops_at_the_first_miss():
     cells = [{"level": f"r={r:g}/s", "concurrency": 1, "rate": r, "meets_slo": ok}
              for r, ok in ((1.0, True), (2.0, True), (4.0, False), (8.0, True))]
-    assert max_level_at_slo(cells) == "r=2/s"  # r=8 held by luck: it does not count
-    assert max_level_at_slo([dict(cells[2])]) is None
+    typed = [CellSummary(probe="p1", role="probe", mode="single", concurrency=0, rate=c["rate"],
+                         meets_slo=c["meets_slo"]) for c in cells]
+    assert max_level_at_slo(typed) == "r=2/s"  # r=8 held by luck: it does not count
+    assert max_level_at_slo(typed[2:3]) is None
     sweep = {"levels": ["r=1/s", "r=2/s", "r=4/s", "r=8/s"],
              "rows": [{"setting": "slots=4", "slo": {"e2e_ms": 500.0}, "min_slo_attainment": None,
                        "max_at_slo": {"p1 (single)": "r=2/s"},

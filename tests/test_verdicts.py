@@ -11,12 +11,14 @@ import asyncio
 import hashlib
 import io
 import re
+from dataclasses import replace
 
 from rich.console import Console
 
 from kevload.compare import divergence_kind, first_divergence_word, reduce_records, summarize
 from kevload.html import run_report
 from kevload.report import cell_text, junit_xml, markdown, render, verdict_line
+from kevload.summary import CellSummary, RunSummary
 from kevload.sweep import sweep_cell_text
 from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
@@ -43,11 +45,11 @@ class Records:
                 "t_send": seq * 0.1, "t_last_byte": seq * 0.1 + 0.05, "chunks": 0, **extra})
         return self
 
-    def summary(self, **options) -> dict:
+    def summary(self, **options) -> RunSummary:
         return summarize(reduce_records(self.rows), **options)
 
 
-def table_text(summary: dict) -> str:
+def table_text(summary: RunSummary) -> str:
     out = io.StringIO()
     render(summary, "table", Console(file=out, width=200, color_system=None))
     return out.getvalue()
@@ -66,12 +68,12 @@ def probe_timeouts_among_companions() -> Records:
 def test_probe_error_share_counts_probe_requests_only():
     summary = probe_timeouts_among_companions().summary(max_error_share=0.2, samples_asked=8)
     # Counted over every request the share would be 9/59 < 20 %: companions diluting the probe's failures.
-    assert summary["probe_requests"] == 16 and summary["probe_errors"] == 6
-    assert summary["probe_error_share"] == 0.375
-    assert summary["probe_errors_by_type"] == {"timeout": 6}
-    assert (summary["companion_requests"], summary["companion_errors"]) == (43, 3)
-    assert summary["companion_errors_by_type"] == {"http_500": 3}
-    assert summary["verdict"] == "target_failed"
+    assert summary.probe_requests == 16 and summary.probe_errors == 6
+    assert summary.probe_error_share == 0.375
+    assert summary.probe_errors_by_type == {"timeout": 6}
+    assert (summary.companion_requests, summary.companion_errors) == (43, 3)
+    assert summary.companion_errors_by_type == {"http_500": 3}
+    assert summary.verdict == "target_failed"
     line = verdict_line(summary)
     assert line.startswith("target failed: 6 of 16 probe requests failed (timeout: 6); limit is 20%")
     assert "companions (not counted): 3 of 43 failed (http_500: 3)" in line
@@ -80,11 +82,11 @@ def test_probe_error_share_counts_probe_requests_only():
 def test_short_cell_makes_the_run_inconclusive_never_deterministic():
     summary = probe_timeouts_among_companions().summary(max_error_share=1.0, samples_asked=8)
     cells = cells_by_level(summary)
-    assert summary["verdict"] == "inconclusive"
-    assert summary["short_cells"] == ["p1@mixed/c=4"] and summary["samples_asked"] == 8
-    assert (cells[4]["ok"], cells[4]["asked"], cells[4]["short"]) == (2, 8, True)
-    assert (cells[1]["ok"], cells[1]["short"]) == (8, False)
-    assert summary["matrix"]["short"] == [[False, True]] and summary["matrix"]["ok"] == [[8, 2]]
+    assert summary.verdict == "inconclusive"
+    assert summary.short_cells == ("p1@mixed/c=4",) and summary.samples_asked == 8
+    assert (cells[4].ok, cells[4].asked, cells[4].short) == (2, 8, True)
+    assert (cells[1].ok, cells[1].short) == (8, False)
+    assert summary.matrix["short"] == [[False, True]] and summary.matrix["ok"] == [[8, 2]]
     assert cell_text(cells[4]) == "1 (2/8)" and cell_text(cells[1]) == "1"
     assert verdict_line(summary).startswith(
         "inconclusive: fewer ok probe samples than asked, so no claim of determinism; "
@@ -97,21 +99,21 @@ def test_short_cell_makes_the_run_inconclusive_never_deterministic():
 
 def test_short_cell_without_errors_says_the_run_was_cut_short():
     summary = Records().add(SERIAL, n=8, level=1).add(SERIAL, n=3, level=4).summary(samples_asked=8)
-    assert summary["verdict"] == "inconclusive"
+    assert summary.verdict == "inconclusive"
     assert "p1 (mixed) c=4: 3 of 8 asked ok (no errors: the run was cut short)" in verdict_line(summary)
 
 
 def test_drift_in_a_short_cell_is_still_drift():
     records = Records().add(SERIAL, n=8, level=1).add(SERIAL, n=2, level=4).add(SERIAL + " echo", level=4)
     summary = records.summary(samples_asked=8)
-    assert summary["verdict"] == "nondeterministic"
+    assert summary.verdict == "nondeterministic"
     assert cell_text(cells_by_level(summary)[4]) == "2 DRIFT (3/8)"
 
 
 def test_without_samples_asked_no_cell_is_short():
     summary = Records().add(SERIAL, n=8, level=1).add(SERIAL, n=3, level=4).summary()
-    assert summary["verdict"] == "deterministic"
-    assert not any(c["short"] for c in summary["cells"])
+    assert summary.verdict == "deterministic"
+    assert not any(c.short for c in summary.cells)
 
 
 class ProbeStallServer(FakeServer):
@@ -138,13 +140,13 @@ def test_probe_timeouts_among_succeeding_companions_end_to_end(tmp_path):
         scenario = write_scenario(tmp_path / "s.toml", server.url, mode="mixed", concurrency=[1, 4], samples=8,
                                   max_error_share=1.0, target={"timeout": 0.8})
         code, output = run_cli("run", scenario, "--out", tmp_path / "run")
-    summary = load_summary(tmp_path / "run")
+    summary = RunSummary.from_json(load_summary(tmp_path / "run"))
     cell = cells_by_level(summary)[4]
-    assert cell["errors"] == {"timeout": 6} and cell["ok"] == 2
-    assert cell["short"] and cell["asked"] == 8
+    assert cell.errors == {"timeout": 6} and cell.ok == 2
+    assert cell.short and cell.asked == 8
     # The companions really succeeded around the failing probe: the dilution the old rule fell for.
-    assert summary["companion_errors"] == 0 and summary["companion_requests"] > 20
-    assert summary["verdict"] == "inconclusive" and code == 3, output
+    assert summary.companion_errors == 0 and summary.companion_requests > 20
+    assert summary.verdict == "inconclusive" and code == 3, output
     assert "1 (2/8)" in output and "inconclusive: fewer ok probe samples than asked" in output
 
 
@@ -169,11 +171,11 @@ def kinds_run() -> dict:
 def test_divergence_kinds_are_counted_per_cell():
     summary = kinds_run()
     cell = cells_by_level(summary)[4]
-    assert cell["divergence_kinds"] == {"token": 2, "length": 1, "finish": 1}
-    assert sum(cell["divergence_kinds"].values()) == cell["divergent_requests"] == 4
+    assert cell.divergence_kinds == {"token": 2, "length": 1, "finish": 1}
+    assert sum(cell.divergence_kinds.values()) == cell.divergent_requests == 4
     # Same text with another finish_reason is another output: 4 distinct, not 3.
-    assert cell["distinct"] == 4 and cell["drift"]
-    assert cells_by_level(summary)[1]["divergence_kinds"] == {"token": 0, "length": 0, "finish": 0}
+    assert cell.distinct == 4 and cell.drift
+    assert cells_by_level(summary)[1].divergence_kinds == {"token": 0, "length": 0, "finish": 0}
 
 
 def test_divergence_kinds_in_every_output():
@@ -189,9 +191,9 @@ def test_divergence_kinds_in_every_output():
 def test_same_text_other_finish_reason_is_a_finish_divergence():
     summary = Records().add(SERIAL, n=8, level=1).add(SERIAL, n=8, level=4, finish="length").summary(samples_asked=8)
     cell = cells_by_level(summary)[4]
-    assert cell["drift"] and cell["distinct"] == 1 and cell["divergence_kinds"]["finish"] == 8
-    assert (cell["modal_finish_reason"], cell["divergent_finish_reason"]) == ("length", "length")
-    assert summary["verdict"] == "nondeterministic"
+    assert cell.drift and cell.distinct == 1 and cell.divergence_kinds["finish"] == 8
+    assert (cell.modal_finish_reason, cell.divergent_finish_reason) == ("length", "length")
+    assert summary.verdict == "nondeterministic"
     assert "same text; finish_reason stop (serial) vs length" in run_report(summary, {}, [])
 
 
@@ -213,7 +215,7 @@ def test_first_divergence_word_exact_positions():
 def test_first_divergence_words_in_the_summary():
     summary = Records().add(SERIAL, n=4, level=1).add("alpha bravo chXrlie delta", n=4, level=4).summary()
     cell = cells_by_level(summary)[4]
-    assert (cell["first_divergence_chars"], cell["first_divergence_words"]) == (14, 2)
+    assert (cell.first_divergence_chars, cell.first_divergence_words) == (14, 2)
 
 
 # --- the divergence example, and 1 distinct that is not the serial answer ---
@@ -225,8 +227,8 @@ def test_example_is_the_output_whose_divergence_the_heading_states():
     records = Records().add(serial, n=4, level=1).add(late, level=4).add(early, level=4).add(serial, level=4)
     summary = records.summary()
     cell = cells_by_level(summary)[4]
-    assert (cell["first_divergence_chars"], cell["last_divergence_chars"]) == (0, 50)
-    assert cell["divergent_example"] == early and cell["example_offset"] == 0
+    assert (cell.first_divergence_chars, cell.last_divergence_chars) == (0, 50)
+    assert cell.divergent_example == early and cell.example_offset == 0
     page = run_report(summary, {}, [])
     assert "first divergence at char 0" in page
     assert f"divergent: <mark>{early}</mark>" in page
@@ -237,7 +239,7 @@ def test_example_shows_a_divergence_far_into_the_text():
     other = "x" * 1000 + "other tail"
     summary = Records().add(serial, n=2, level=1).add(other, n=2, level=4).summary()
     cell = cells_by_level(summary)[4]
-    assert cell["first_divergence_chars"] == 1000 and cell["example_offset"] == 850
+    assert cell.first_divergence_chars == 1000 and cell.example_offset == 850
     page = run_report(summary, {}, [])
     assert re.search(r"serial: +…x{150}<mark>serial tail</mark>", page)
     assert re.search(r"divergent: …x{150}<mark>other tail</mark>", page)
@@ -246,7 +248,7 @@ def test_example_shows_a_divergence_far_into_the_text():
 def test_one_distinct_all_different_from_serial_reads_as_that_everywhere():
     summary = Records().add(SERIAL, n=8, level=1).add("zulu " + SERIAL, n=8, level=4).summary(samples_asked=8)
     cell = cells_by_level(summary)[4]
-    assert (cell["distinct"], cell["drift"], cell["divergent_requests"]) == (1, True, 8)
+    assert (cell.distinct, cell.drift, cell.divergent_requests) == (1, True, 8)
     assert cell_text(cell) == "1 all≠serial"
     assert "| p1 (mixed) | 1 | 1 all≠serial | 8 |" in markdown(summary)
     assert "1 all≠serial" in table_text(summary)
@@ -265,14 +267,15 @@ def test_reconnects_are_summed_and_shown_beside_errors():
     records.add(None, level=1, status="reset", reconnects=1)
     summary = records.summary()
     cell = cells_by_level(summary)[1]
-    assert (cell["reconnects"], cell["errors"]) == (3, {"reset": 1})
+    assert (cell.reconnects, cell.errors) == (3, {"reset": 1})
     assert "1 (+3 reconnects)" in table_text(summary)
     assert "<td>1 (+3 reconnects)</td>" in run_report(summary, {}, [])
     # Records without the field (older runs) read as no reconnects.
     plain = Records().add(SERIAL, n=2).summary()
-    assert plain["cells"][0]["reconnects"] == 0 and "reconnects" not in table_text(plain)
+    assert plain.cells[0].reconnects == 0 and "reconnects" not in table_text(plain)
 
 
 def test_sweep_markdown_reads_one_distinct_off_serial_as_that():
-    assert sweep_cell_text({"distinct": 1, "drift": True}) == "1 all≠serial"
-    assert sweep_cell_text({"distinct": 3, "drift": True}) == "3 DRIFT"
+    cell = CellSummary(probe="p1", role="probe", mode="single", concurrency=4, ok=8, drift=True)
+    assert sweep_cell_text(replace(cell, distinct=1)) == "1 all≠serial"
+    assert sweep_cell_text(replace(cell, distinct=3)) == "3 DRIFT"

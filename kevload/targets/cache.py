@@ -13,11 +13,9 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from kevload.errors import ProvisionError
+
 MARKER = "kevload-complete.json"
-
-
-class ProvisionError(RuntimeError):
-    """A target could not be built or installed; the message says which step failed."""
 
 
 def cache_root() -> Path:

@@ -1,0 +1,212 @@
+"""What a run says, typed: one ``CellSummary`` per probe × role × mode × level and the ``RunSummary`` around
+them. ``summary.json`` is ``RunSummary.to_json()``; ``from_json()`` reads it back, from this version or an
+older one (a field an older run lacks takes its default — None where a zero would claim what was never
+counted; a key this version does not know is left out).
+
+Adding a field is one line here, in the class it belongs to: ``name: type = default`` when every summary
+has it, ``name: type = written_with("anchor")`` when it is written only beside ``anchor`` (left out of the
+JSON while ``anchor`` is None — itself for a field of its own). The comparator (``compare.summarize``) fills
+it; JSON, baselines and metrics (``metrics.py`` looks fields up by name) follow from the declaration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+VERDICTS = ("deterministic", "nondeterministic", "inconclusive", "target_failed")
+DIVERGENCE_KINDS = ("token", "length", "finish")
+
+_ANCHOR = "kevload.written_with"
+
+
+def written_with(anchor: str) -> Any:
+    """A field written to JSON only while field ``anchor`` is not None (an SLO cell's numbers, a drift example)."""
+    return field(default=None, metadata={_ANCHOR: anchor})
+
+
+def level_label(concurrency: int, rate: float | None) -> str:
+    """``c=4`` for a closed-loop level, ``r=5/s`` for an open-loop rate."""
+    return f"r={rate:g}/s" if rate is not None else f"c={concurrency}"
+
+
+def level_order(concurrency: int, rate: float | None) -> tuple[int, float]:
+    """Closed-loop levels by concurrency first, then open-loop rates by rate."""
+    return (0, concurrency) if rate is None else (1, rate)
+
+
+class _Json:
+    """to_json/from_json for a frozen dataclass: the field declarations are the format."""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):  # type: ignore[arg-type]
+            anchor = f.metadata.get(_ANCHOR)
+            if anchor is not None and getattr(self, anchor) is None:
+                continue
+            out[f.name] = _plain(getattr(self, f.name))
+        return out
+
+    @classmethod
+    def _fields_from(cls, doc: dict[str, Any]) -> dict[str, Any]:
+        known = {f.name: f for f in fields(cls)}  # type: ignore[arg-type]
+        # A sequence field is a tuple here (frozen all the way down to its items), a list in JSON.
+        return {key: tuple(value) if isinstance(known[key].default, tuple) and value is not None else value
+                for key, value in doc.items() if key in known}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, _Json):
+        return value.to_json()
+    if isinstance(value, tuple):
+        return [_plain(item) for item in value]
+    return value
+
+
+@dataclass(frozen=True)
+class CellSummary(_Json):
+    """One probe × role × mode × level: what its outputs say against the serial reference, and how fast."""
+
+    probe: str
+    role: str
+    mode: str
+    concurrency: int
+    rate: float | None = None  # open loop: requests/s (concurrency is then 0)
+    reference_level: str | None = None
+    max_in_flight: int | None = None
+    ok: int = 0
+    asked: int | None = None
+    short: bool = False
+    errors: dict[str, int] = field(default_factory=dict)
+    reconnects: int | None = None  # None: a summary from before reconnects were counted
+    distinct: int = 0
+    modal_share: float | None = None
+    new_vs_serial: int = 0
+    new_vs_serial_requests: int = 0
+    overlap_with_serial: float | None = None
+    agrees_with_serial: bool | None = None
+    divergent_requests: int = 0
+    # Divergent requests by kind against the serial output; they add up to divergent_requests.
+    divergence_kinds: dict[str, int] | None = None
+    drift: bool = False
+    drift_rate: float | None = None
+    drift_rate_upper_95: float | None = None
+    first_divergence_chars: int | None = None
+    last_divergence_chars: int | None = None
+    first_divergence_tokens: int | None = None
+    first_divergence_words: int | None = None
+    modal_sha256: str | None = None
+    modal_finish_reason: str | None = None
+    # Text hashes, kept so a later run can ask "was this output ever seen?" without the old records.
+    output_hashes: tuple[str, ...] = ()
+    output_tokens: int = 0
+    duration_s: float | None = None
+    latency: dict[str, dict[str, float]] = field(default_factory=dict)
+    # Agreement with the serial output (exact matches; token positions where tokens exist), 95 % intervals.
+    exact_match_rate: float | None = written_with("exact_match_rate")
+    exact_match_ci95: list[float] | None = written_with("exact_match_rate")
+    token_agreement: float | None = written_with("exact_match_rate")
+    token_agreement_ci95: list[float] | None = written_with("exact_match_rate")
+    # Logprob evidence against the serial reference; absent where no logprobs were compared.
+    logprob_samples: int | None = written_with("logprob_samples")
+    logprob_bitwise: bool | None = written_with("logprob_samples")
+    logprob_max_abs_diff: float | None = written_with("logprob_samples")
+    first_logprob_divergence_token: int | None = written_with("logprob_samples")
+    # The serial text with other logprobs.
+    latent_drift: bool | None = written_with("logprob_samples")
+    # The drift example: both texts are the same window, starting at char example_offset.
+    example_offset: int | None = written_with("example_offset")
+    serial_example: str | None = written_with("example_offset")
+    divergent_example: str | None = written_with("example_offset")
+    divergent_example_kind: str | None = written_with("example_offset")
+    serial_finish_reason: str | None = written_with("example_offset")
+    divergent_finish_reason: str | None = written_with("example_offset")
+    requests_per_s: float | None = written_with("requests_per_s")
+    output_tokens_per_s: float | None = written_with("requests_per_s")
+    # With an SLO (load.slo): requests within every bound, their share, per second, and why the others missed.
+    slo_met: int | None = written_with("slo_met")
+    slo_attainment: float | None = written_with("slo_met")
+    goodput: float | None = written_with("slo_met")
+    meets_slo: bool | None = written_with("slo_met")
+    slo_unmeasured: int | None = written_with("slo_met")
+    slo_misses: dict[str, int] | None = written_with("slo_met")
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> CellSummary:
+        return cls(**cls._fields_from(doc))
+
+    @property
+    def level(self) -> str:
+        """``c=4`` or ``r=5/s``."""
+        return level_label(self.concurrency, self.rate)
+
+    @property
+    def level_order(self) -> tuple[int, float]:
+        return level_order(self.concurrency, self.rate)
+
+    @property
+    def name(self) -> str:
+        """``p1@mixed/c=4``: how summaries, baselines and logs name a cell."""
+        return f"{self.probe}@{self.mode}/{self.level}"
+
+    @property
+    def label(self) -> str:
+        """``p1 (mixed) c=4``: how reports name a cell."""
+        return f"{self.probe} ({self.mode}) {self.level}"
+
+    @property
+    def requests(self) -> int:
+        """Requests counted in the cell, failed ones included."""
+        return self.ok + sum(self.errors.values())
+
+
+@dataclass(frozen=True)
+class RunSummary(_Json):
+    """The run's verdict, its counts (probes apart from companions) and its cells."""
+
+    verdict: str
+    requests: int = 0
+    ok: int = 0
+    errors: int = 0
+    errors_by_type: dict[str, int] = field(default_factory=dict)
+    probe_requests: int = 0
+    probe_errors: int = 0
+    probe_error_share: float = 0.0
+    probe_errors_by_type: dict[str, int] = field(default_factory=dict)
+    companion_requests: int = 0
+    companion_errors: int = 0
+    companion_errors_by_type: dict[str, int] = field(default_factory=dict)
+    max_error_share: float = 1.0
+    samples_asked: int | None = None
+    drift_cells: tuple[str, ...] = ()
+    short_cells: tuple[str, ...] = ()
+    # Logprob evidence over the probe cells; absent where no logprobs were compared.
+    logprob_samples: int | None = written_with("logprob_samples")
+    latent_cells: tuple[str, ...] | None = written_with("logprob_samples")
+    matrix: dict[str, Any] = field(default_factory=dict)
+    slo: dict[str, float] | None = None
+    min_slo_attainment: float | None = None
+    slo_failed_cells: tuple[str, ...] = ()
+    cells: tuple[CellSummary, ...] = ()
+    run_id: str | None = None
+    scenario: str | None = None
+    state: str | None = None
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> RunSummary:
+        values = cls._fields_from(doc)
+        values["cells"] = tuple(CellSummary.from_json(c) for c in doc.get("cells") or ())
+        return cls(**values)
+
+    def probe_cells(self) -> tuple[CellSummary, ...]:
+        """The cells the verdict is about; companion cells only shaped the batch around them."""
+        return tuple(c for c in self.cells if c.role == "probe")
+
+    def companion_cells(self) -> tuple[CellSummary, ...]:
+        return tuple(c for c in self.cells if c.role != "probe")
+
+
+def levels_of(cells: Iterable[CellSummary]) -> list[str]:
+    """The distinct level labels of ``cells`` in matrix order: closed-loop levels, then rates."""
+    return [c.level for c in sorted({c.level: c for c in cells}.values(), key=lambda c: c.level_order)]
