@@ -95,6 +95,8 @@ class Load:
     companion_count: int = 0       # lines chosen from a load.companions file (0: every line)
     slo: Slo | None = None         # per-request latency bounds: slo_attainment and goodput per cell
     min_slo_attainment: float | None = None  # a probe cell below this share fails (JUnit, exit 1)
+    until_bound: float | None = None  # sample each cell until drift or a 95 % drift-rate bound this low
+    max_samples: int = 1000           # … but never more counted probe samples per cell than this
 
 
 @dataclass(frozen=True)
@@ -234,6 +236,8 @@ def scenario_from_dict(raw: dict[str, Any], *, source: str, name: str = "scenari
                    load.min_slo_attainment)
         if not 0 <= load.min_slo_attainment <= 1:
             v.fail("load.min_slo_attainment", "a share between 0 and 1", load.min_slo_attainment)
+    if load.until_bound is not None:
+        _until_bound(v, load)
     load = replace(load, concurrency=tuple(sorted(set(load.concurrency))), rate=tuple(sorted(set(load.rate))))
     probes, datasets = _probes_and_datasets(v, probes_raw, load)
     ids = [p.id for p in probes]
@@ -276,6 +280,8 @@ _LOAD_RULES: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "companion_count": (int, False),
     "slo": (dict, False),
     "min_slo_attainment": ((int, float), False),
+    "until_bound": ((int, float), False),
+    "max_samples": (int, False),
 }
 
 _LIST_OF_INT = {"load.concurrency", "load.prefix_lengths"}
@@ -336,6 +342,18 @@ def _probe(v: _Validator, item: Any, where: str) -> Probe:
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
         v.fail(f"{where}.max_tokens", "an integer >= 1", max_tokens)
     return Probe(id=pid, prompt=item.get("prompt"), messages=messages, max_tokens=max_tokens)
+
+
+def _until_bound(v: _Validator, load: Load) -> None:
+    if not 0 < load.until_bound < 1:
+        v.fail("load.until_bound", "a share between 0 and 1, e.g. 0.05 (a 5 % bound on the drift rate)",
+               load.until_bound)
+    if load.rate:
+        # A rate level promises a schedule that does not depend on the answers; stopping on them would break it.
+        v.fail("load.until_bound", "closed-loop levels only (load.concurrency): a load.rate level sends on a "
+               "schedule, not until a claim is strong; remove one of them", load.until_bound)
+    if load.max_samples < load.samples:
+        v.fail("load.max_samples", f"an integer >= load.samples ({load.samples})", load.max_samples)
 
 
 def _slo(v: _Validator, table: dict[str, Any], stream: bool) -> Slo:
