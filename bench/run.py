@@ -3,11 +3,16 @@
 Everything runs on 127.0.0.1 against nginx answering canned completions (a zero-cost server).
 Client and server share this machine's cores, so every figure is a ratio measured in the same
 run, alternating the clients (A B A B …), with absolute numbers for context.
+
+The ``until-bound`` section (alone: ``--only until-bound``) asks the built-in real targets how many
+probe requests ``--until-bound 5%`` takes: to name transformers' batching crosstalk, and to bound
+llama.cpp's drift rate below 5 % per level.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import shutil
@@ -37,7 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=20000)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--skip-long", action="store_true", help="skip the 200k-request and 1M-record runs")
+    parser.add_argument("--only", choices=["until-bound"], help="run this section alone")
     args = parser.parse_args(argv)
+    if args.only == "until-bound":
+        return _write({"machine": _machine(), "until_bound": until_bound()}, "until-bound")
     with Endpoint() as endpoint:
         results = {
             "machine": _machine(),
@@ -51,9 +59,14 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_long:
         results["comparator"] = comparator()
     print_table(results)
+    results["until_bound"] = until_bound()
+    return _write(results)
+
+
+def _write(results: dict, suffix: str = "") -> int:
     out = ROOT / "results" / "bench"
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{time.strftime('%Y-%m-%d')}.json"
+    path = out / f"{time.strftime('%Y-%m-%d')}{'-' + suffix if suffix else ''}.json"
     path.write_text(json.dumps(results, indent=2))
     print(f"\nwritten: {path.relative_to(ROOT)}")
     return 0
@@ -278,6 +291,67 @@ def comparator(n: int = 1_000_000) -> dict:
             env={**os.environ, "PYTHONPATH": str(ROOT)},
         )
     return {"records": n, **json.loads(out)}
+
+
+UNTIL_PROBE = {"id": "story", "prompt": "Write a short story about a robot learning to paint.",
+               # Short answers: every request is CPU generation on cores the client shares.
+               "max_tokens": 32}
+# (target, mode, levels): transformers' continuous batching drifts under load, llama.cpp's slots did not.
+UNTIL_RUNS = (("transformers", "single", [1, 4]), ("transformers", "mixed", [1, 4]),
+              ("llamacpp", "single", [1, 2, 4]))
+
+
+def until_bound(bound: float = 0.05) -> list[dict]:
+    """Per real target and mode, one run with load.until_bound: each cell's n, why it stopped, its bound,
+    and every probe request sent (the uncounted ramp-up and tail copies included)."""
+    from kevload.runs import run_scenario
+    from kevload.scenario import scenario_from_dict
+    from kevload.targets import running_target
+
+    out = ROOT / "results" / "bench" / f"until-bound-{time.strftime('%Y%m%d-%H%M%S')}"
+    rows = []
+    for name in dict.fromkeys(target for target, _, _ in UNTIL_RUNS):
+        with running_target(name, log=lambda m: print(f"  {m}", file=sys.stderr), slots=4) as target:
+            for _, mode, levels in (run for run in UNTIL_RUNS if run[0] == name):
+                raw = {"target": {"base_url": target.url, "model": target.model, "timeout": 300},
+                       "params": {"temperature": 0, "top_p": 1, "seed": 1234},
+                       "load": {"mode": mode, "concurrency": levels, "samples": 8, "until_bound": bound},
+                       "probes": [UNTIL_PROBE]}
+                scenario = scenario_from_dict(raw, source="bench", name=f"until-bound-{name}-{mode}")
+                start = time.perf_counter()
+                result = asyncio.run(run_scenario(scenario, out / f"{name}-{mode}"))
+                rows.append(_until_row(name, mode, result, time.perf_counter() - start))
+                print_until([rows[-1]], bound)
+    return rows
+
+
+def _until_row(name: str, mode: str, result, seconds: float) -> dict:
+    from kevload.store import RECORDS, read_records
+
+    sent: dict[int, int] = {}
+    for r in read_records(result.run_dir / RECORDS):
+        if r["role"] == "probe":
+            sent[r["concurrency"]] = sent.get(r["concurrency"], 0) + 1
+    cells = [{"concurrency": c["concurrency"], "n": c["ok"] + sum(c["errors"].values()), "ok": c["ok"],
+              "distinct": c["distinct"], "stop_reason": c["stop_reason"], "drift": c["drift"],
+              "drift_rate_upper_95": c["drift_rate_upper_95"], "probe_requests": sent.get(c["concurrency"], 0),
+              # Added by the logprob comparison where the server returns logprobs; absent before it.
+              "logprob_bitwise": c.get("logprob_bitwise")}
+             for c in result.summary["cells"] if c["role"] == "probe"]
+    return {"target": name, "mode": mode, "verdict": result.summary["verdict"], "seconds": round(seconds, 1),
+            "probe_requests": sum(sent.values()), "run_dir": str(result.run_dir.relative_to(ROOT)), "cells": cells}
+
+
+def print_until(rows: list[dict], bound: float = 0.05) -> None:
+    for row in rows:
+        print(f"\n{row['target']} {row['mode']}, --until-bound {bound:.0%}: {row['verdict']}, "
+              f"{row['probe_requests']} probe requests in {row['seconds']:.0f} s ({row['run_dir']})")
+        for c in row["cells"]:
+            claim = (f"drift rate < {c['drift_rate_upper_95']:.2%}" if c["drift_rate_upper_95"] is not None
+                     else f"{c['distinct']} distinct")
+            bitwise = "" if c["logprob_bitwise"] is None else f", logprob_bitwise {c['logprob_bitwise']}"
+            print(f"  c={c['concurrency']}: n={c['n']} counted ({c['probe_requests']} probe requests sent), "
+                  f"stop {c['stop_reason']}, {claim}{bitwise}")
 
 
 def print_table(results: dict) -> None:

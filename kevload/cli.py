@@ -16,6 +16,7 @@ from kevload.errors import InputError, KevloadError, ScenarioError
 from kevload.report import FORMATS, render, slo_line, verdict_line
 from kevload.runs import finish_run, refuse_existing, run_scenario, single_run_id
 from kevload.scenario import load_scenario
+from kevload.stats import samples_for_bound
 from kevload.store import RECORDS, RUN, default_run_dir, open_run_dir, read_json, read_records
 from kevload.summary import RunSummary
 from kevload.targets import NAMES, TargetSettings
@@ -55,6 +56,8 @@ def main() -> None:
               "(load.dataset_seed); recorded in run.json with each file's sha256.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a scenario key; VALUE is TOML (e.g. --set 'load.concurrency=[1,4]').")
+@click.option("--until-bound", metavar="SHARE", help="Sample each cell until drift is seen or the 95%% bound on "
+              "its drift rate is this low (5%% or 0.05; load.until_bound), at most load.max_samples.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Run directory (default results/<run-id>); one that holds a run is refused.")
 @click.option("--overwrite", is_flag=True, help="Let --out replace the run already in it (its records are removed).")
@@ -71,7 +74,7 @@ def main() -> None:
 def run(scenario: Path | None, resume: Path | None, retries: int | None, overrides: tuple[str, ...],
         out: Path | None, overwrite: bool, quiet: bool, baseline: Path | None, max_latency_regression: float,
         junit: Path | None, metrics: Path | None, dataset_seed: int | None,
-        fail_on: str) -> None:
+        fail_on: str, until_bound: str | None) -> None:
     """Run SCENARIO and print the uniqueness matrix. Exit 0 stable, 1 drift (or latent drift with
     --fail-on latent, or a cell under load.min_slo_attainment), 2 bad input, 3 target failed (or
     inconclusive: a cell with fewer ok probe samples than asked)."""
@@ -79,6 +82,8 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
 
     overrides = (*overrides, f"load.retries={retries}") if retries is not None else overrides
     overrides = (*overrides, f"load.dataset_seed={dataset_seed}") if dataset_seed is not None else overrides
+    if until_bound is not None:
+        overrides = (*overrides, f"load.until_bound={_share(until_bound, '--until-bound')!r}")
     if resume is not None:
         if scenario is not None or out is not None or overwrite:
             raise InputError("--resume RUN_DIR takes the scenario and directory of that run; "
@@ -94,7 +99,9 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
         refuse_existing(out, overwrite=overwrite,
                                        hint=f"--resume {out} finishes it, --overwrite starts it afresh")
     reference = load_baseline(baseline) if baseline is not None else None
-    total = len(sc.probes) * len(sc.load.rate or sc.load.concurrency) * sc.load.samples
+    # Sampling until a bound takes as many samples as the answers call for: the bar counts up to the clean case.
+    per_cell = max(sc.load.samples, samples_for_bound(sc.load.until_bound)) if sc.load.until_bound else sc.load.samples
+    total = len(sc.probes) * len(sc.load.rate or sc.load.concurrency) * per_cell
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=stderr, disable=quiet, transient=True)
     with progress:
@@ -203,6 +210,17 @@ def _emit(text: str, output: Path | None) -> None:
     else:
         output.write_text(text, encoding="utf-8")
         stderr.print(f"wrote {output}")
+
+
+def _share(text: str, option: str) -> float:
+    """``5%`` or ``0.05`` → 0.05; anything else, or a share outside (0, 1), is a usage error."""
+    try:
+        value = float(text[:-1]) / 100 if text.strip().endswith("%") else float(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 < value < 1:
+        raise InputError(f"{option}: expected a share between 0 and 1 such as 5% or 0.05, got {text!r}")
+    return value
 
 
 def _metrics_path(path: Path | None) -> Path | None:
@@ -371,8 +389,12 @@ def demo(targets: str, samples: int) -> None:
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), help="Write the diagnosis here.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Directory for the step runs.")
 @click.option("--all", "run_all", is_flag=True, help="Run every step even after a cause is found.")
+@click.option("--until-bound", metavar="SHARE", help="In the fixed and concurrency steps, sample each cell until "
+              "drift is seen or the 95%% bound on its drift rate is this low (5%% or 0.05), at most --max-samples.")
+@click.option("--max-samples", type=click.IntRange(min=2), default=1000, show_default=True,
+              help="With --until-bound: the most probe samples per cell.")
 def diagnose_command(url, model, prompt, messages_file, params_json, max_tokens, samples, max_concurrency, api,
-                     timeout, api_key_env, online, train, json_out, out, run_all) -> None:
+                     timeout, api_key_env, online, train, json_out, out, run_all, until_bound, max_samples) -> None:
     """Walk the guide's steps against a server and say which layer the problem is in."""
     import orjson
 
@@ -396,7 +418,9 @@ def diagnose_command(url, model, prompt, messages_file, params_json, max_tokens,
     probe = Probe(id="probe", prompt=prompt, messages=messages, max_tokens=max_tokens)
     options = DiagnoseOptions(url=url, model=model, probe=probe, params=params, api=api, samples=samples,
                               max_concurrency=max_concurrency, timeout=timeout, api_key_env=api_key_env,
-                              run_all=run_all, online=online, train=train, out=out)
+                              run_all=run_all, online=online, train=train, out=out,
+                              until_bound=None if until_bound is None else _share(until_bound, "--until-bound"),
+                              max_samples=max_samples)
     check_options(options)
     result, signum = aio.run(lambda stop: diagnose(options, log=lambda m: stderr.print(m)))
     click.echo(diagnosis_text(result.to_json()))

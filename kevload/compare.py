@@ -19,7 +19,7 @@ import math
 import multiprocessing
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ import numpy as np
 import orjson
 
 from kevload.scenario import Slo
+from kevload.schedule import UntilBound
 from kevload.stats import LatencyHistogram, drift_upper_bound, mean_share_interval, wilson_interval
 from kevload.store import RunDirError, read_records, record_answer
 from kevload.summary import DIVERGENCE_KINDS, CellSummary, RunSummary, level_label, level_order, levels_of
@@ -374,7 +375,8 @@ def reduce_records(records: Iterable[dict[str, Any]], *, slo: Slo | None = None)
 
 
 def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
-              samples_asked: int | None = None, min_slo_attainment: float | None = None) -> RunSummary:
+              samples_asked: int | None = None, min_slo_attainment: float | None = None,
+              until_bound: float | None = None, max_samples: int = 1000) -> RunSummary:
     """The summary: ``cells`` (one per probe × role × mode × level), ``matrix`` and ``verdict``.
 
     The error share and the target-failed rule count probe requests only: companions only shape
@@ -391,7 +393,11 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
     over all its requests, failed ones included: a failed request met nothing) and ``goodput`` (those
     requests per second of the cell's duration); a probe cell under ``min_slo_attainment`` is named in
     ``slo_failed_cells``. The verdict stays about determinism: the SLO is a separate gate.
+
+    Each probe cell says why it stopped (``stop_reason``): with ``until_bound`` (``load.until_bound``,
+    ``load.max_samples``) the strategy's own rule, asked of the cell's records; without it ``samples``.
     """
+    until = UntilBound(until_bound, samples_asked or 1, max_samples) if until_bound else None
     cells: list[CellSummary] = []
     groups: dict[tuple[str, str, str], list[tuple[int, float | None]]] = {}
     for probe, role, mode, level, rate in reduction.cells:
@@ -403,8 +409,9 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
         asked = samples_asked if role == "probe" else None
         for level in levels:
             cell = reduction.cells[(probe, role, mode, *level)]
-            cells.append(_cell_summary(probe, role, mode, level, levels[0], cell, reference, serial_modal,
-                                       asked=asked, min_slo_attainment=min_slo_attainment))
+            summary = _cell_summary(probe, role, mode, level, levels[0], cell, reference, serial_modal,
+                                    asked=asked, min_slo_attainment=min_slo_attainment)
+            cells.append(replace(summary, stop_reason=stop_reason(summary, until)))
     probe_cells = [c for c in cells if c.role == "probe"]
     companion_cells = [c for c in cells if c.role != "probe"]
     probe_requests = sum(c.requests for c in probe_cells)
@@ -439,6 +446,7 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
         companion_errors_by_type=_merge_counts(c.errors for c in companion_cells),
         max_error_share=max_error_share,
         samples_asked=samples_asked,
+        until_bound=until_bound,
         drift_cells=tuple(c.name for c in drift),
         short_cells=tuple(c.name for c in short),
         # Same text as serial, other logprobs: no verdict of its own (exit 1 only with --fail-on latent).
@@ -603,6 +611,18 @@ def _cell_summary(probe: str, role: str, mode: str, level: tuple[int, float | No
         out["slo_unmeasured"] = cell.slo_unmeasured
         out["slo_misses"] = dict(sorted(cell.slo_misses.items()))
     return CellSummary(**out)
+
+
+def stop_reason(cell: CellSummary, until: UntilBound | None) -> str | None:
+    """Why a probe cell stopped taking samples: ``bound``, ``drift``, ``cap`` (``load.until_bound``) or
+    ``samples`` (it had ``load.samples``); None for companion cells, a level run for a duration, or a
+    cell the run was stopped in before its rule ended it."""
+    if cell.role != "probe":
+        return None
+    errors = sum(cell.errors.values())
+    if until is not None:
+        return until.reason(cell.requests, errors, cell.drift)
+    return "samples" if cell.asked is not None and cell.requests >= cell.asked else None
 
 
 def slo_fields(met: int, requests: int, duration_s: float | None,

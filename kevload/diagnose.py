@@ -33,6 +33,8 @@ _TARGET_BOUND = 0.01
 # Steps that must all have run before "no cause found" may be called stable.
 _CONFIG_STEPS = ("baseline", "fixed", "cache", "concurrency_single", "concurrency_mixed")
 _SEED_HELPS_NOT = "Fixing the seed will not help on this server"
+# Steps whose cells back a claim of determinism: --until-bound samples these until the claim is strong.
+_UNTIL_STEPS = ("fixed", "concurrency_single", "concurrency_mixed")
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,8 @@ class DiagnoseOptions:
     online: Path | None = None
     train: Path | None = None
     out: Path | None = None
+    until_bound: float | None = None  # sample the _UNTIL_STEPS' cells until drift or this 95 % bound
+    max_samples: int = 1000
 
 
 # --- what the steps measure ---
@@ -381,8 +385,8 @@ def _stable(evidence: Evidence) -> tuple[str, str]:
     n = min((s.ok for s in checked), default=0)
     need = samples_for_bound(_TARGET_BOUND)
     return (f"one output in every step (n={n} per cell: drift rate < {drift_upper_bound(n):.0%} at 95% confidence)",
-            f"for a bound below {_TARGET_BOUND:.0%} per cell run {need} samples per cell (--samples {need}), "
-            f"{max(need - n, 0)} more than now")
+            f"for a bound below {_TARGET_BOUND:.0%} per cell run {need} samples per cell (--samples {need}, "
+            f"or --until-bound {_TARGET_BOUND:.0%}), {max(need - n, 0)} more than now")
 
 
 def _notes(evidence: Evidence, found: Findings) -> Iterable[str]:
@@ -410,7 +414,7 @@ def _counts(counts: Mapping[str, int]) -> str:
 
 def check_options(options: DiagnoseOptions) -> None:
     """Fail before sending anything if the URL or the key variable is wrong (ScenarioError)."""
-    _scenario(options, {}, [1], 1).api_key()
+    _scenario(options, {}, [1], options.samples, until=True).api_key()
 
 
 async def diagnose(options: DiagnoseOptions, log: Callable[[str], None] = print) -> Diagnosis:
@@ -546,7 +550,7 @@ class _Diagnoser:
     async def _run(self, key: str, params: dict[str, Any], levels: list[int], samples: int, *,
                    mode: str = "single", probes: list[Probe] | None = None) -> tuple[RunSummary, Path]:
         run_dir = self.out / key
-        scenario = _scenario(self.o, params, levels, samples, mode=mode, probes=probes)
+        scenario = _scenario(self.o, params, levels, samples, mode=mode, probes=probes, until=key in _UNTIL_STEPS)
         result = await run_scenario(scenario, run_dir)
         self.evidence = replace(self.evidence, runs=self.evidence.runs + (str(run_dir),))
         return result.summary, run_dir
@@ -609,7 +613,7 @@ def _ok_probe_hashes(run_dir: Path) -> list[tuple[str, int, str]]:
 
 
 def _scenario(options: DiagnoseOptions, params: dict[str, Any], levels: list[int], samples: int, *,
-              mode: str = "single", probes: list[Probe] | None = None) -> Scenario:
+              mode: str = "single", probes: list[Probe] | None = None, until: bool = False) -> Scenario:
     target = {"base_url": options.url, "model": options.model, "api": options.api, "timeout": options.timeout}
     if options.api_key_env:
         target["api_key_env"] = options.api_key_env
@@ -619,6 +623,8 @@ def _scenario(options: DiagnoseOptions, params: dict[str, Any], levels: list[int
         "load": {"mode": mode, "concurrency": levels, "samples": samples, "max_error_share": 0.2},
         "probes": [_probe_table(p) for p in (probes or [options.probe])],
     }
+    if until and options.until_bound is not None:
+        raw["load"].update(until_bound=options.until_bound, max_samples=options.max_samples)
     return scenario_from_dict(raw, source="diagnose", name="diagnose")
 
 

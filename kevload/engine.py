@@ -12,13 +12,13 @@ import asyncio
 import collections
 import hashlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Hashable
 from dataclasses import fields
 from typing import Any
 
 from kevload.client import Client, Outcome, build_body
 from kevload.scenario import Probe, Scenario
-from kevload.schedule import COMPANION, PROBE, WARMUP, ClosedLoop, OpenLoop
+from kevload.schedule import COMPANION, PROBE, WARMUP, ClosedLoop, OpenLoop, UntilBound
 from kevload.store import Record, answer_text
 from kevload.workload import CompanionPicker, companions_for
 
@@ -32,6 +32,8 @@ _ABORT_MIN_ERRORS = 20
 
 # (probe id, concurrency or None, rate or None) → counted probe samples a run already has.
 LevelKey = tuple[str, int | None, float | None]
+# A counted probe answer as the stop rule of load.until_bound sees it: (sha256, finish_reason), None for an error.
+Answer = tuple[str | None, str | None] | None
 
 
 def level_key(probe: str, concurrency: int, rate: float | None) -> LevelKey:
@@ -40,14 +42,17 @@ def level_key(probe: str, concurrency: int, rate: float | None) -> LevelKey:
 
 
 def run(scenario: Scenario, client: Client, *, run_id: str, stop: asyncio.Event | None = None,
-        already: dict[LevelKey, int] | None = None, first_seq: int = 0) -> RecordStream:
+        already: dict[LevelKey, int] | None = None, first_seq: int = 0,
+        answers: dict[LevelKey, list[Answer]] | None = None) -> RecordStream:
     """Every probe at every level; ``async for record in run(…)`` as requests finish.
 
     ``already`` holds the counted probe samples a resumed run has per level; only the missing
-    ones are sent, with sequence numbers from ``first_seq`` on. The companion pools are built
-    here, before anything is sent, so a bad companion file fails at once.
+    ones are sent, with sequence numbers from ``first_seq`` on. With ``load.until_bound`` the stop
+    rule needs what they answered too: ``answers`` per level, in record order. The companion pools
+    are built here, before anything is sent, so a bad companion file fails at once.
     """
-    return RecordStream(_Runner(scenario, client, run_id, stop or asyncio.Event(), already or {}, first_seq))
+    return RecordStream(_Runner(scenario, client, run_id, stop or asyncio.Event(), already or {}, first_seq,
+                                answers or {}))
 
 
 class RecordStream:
@@ -68,7 +73,7 @@ class _Runner:
     """State shared by the workers of one run: the client, counters, stop flags and the record queue."""
 
     def __init__(self, scenario: Scenario, client: Client, run_id: str, stop: asyncio.Event,
-                 already: dict[LevelKey, int], first_seq: int):
+                 already: dict[LevelKey, int], first_seq: int, answers: dict[LevelKey, list[Answer]]):
         self.pools = [companions_for(probe, scenario) for probe in scenario.probes]
         self.scenario = scenario
         self.load = scenario.load
@@ -76,6 +81,9 @@ class _Runner:
         self.run_id = run_id
         self.stop = stop
         self.already = already
+        self.answers = answers
+        # Per probe: the serial (first) level's modal answer, which later levels' answers are held against.
+        self.references: dict[str, Hashable | None] = {}
         self.seq = first_seq
         self.in_flight = 0
         self.probe_errors = 0
@@ -117,11 +125,28 @@ class _Runner:
 
     async def _closed_level(self, probe: Probe, concurrency: int, picker: CompanionPicker) -> None:
         load = self.load
-        first = self.already.get(level_key(probe.id, concurrency, None), 0)
-        if self._level_done(first):
-            return
-        plan = ClosedLoop(concurrency, load.samples - first, companions=bool(picker), warmup=load.warmup,
-                          ramp_s=load.ramp_s, duration=load.duration)
+        key = level_key(probe.id, concurrency, None)
+        first = self.already.get(key, 0)
+        serial = concurrency == load.concurrency[0]
+        if load.until_bound is None:
+            if self._level_done(first):
+                return
+            plan = ClosedLoop(concurrency, load.samples - first, companions=bool(picker), warmup=load.warmup,
+                              ramp_s=load.ramp_s, duration=load.duration)
+        else:
+            # The serial level holds its answers against its own first one; later levels against its modal answer.
+            plan = ClosedLoop(concurrency, load.samples, companions=bool(picker), warmup=load.warmup,
+                              ramp_s=load.ramp_s, until=UntilBound(load.until_bound, load.samples, load.max_samples),
+                              reference=None if serial else self.references.get(probe.id),
+                              prior=self.answers.get(key, ()))
+        if plan.wants_samples:
+            await self._run_closed(probe, concurrency, picker, plan, first=first)
+        if serial:
+            self.references[probe.id] = plan.modal()
+
+    async def _run_closed(self, probe: Probe, concurrency: int, picker: CompanionPicker, plan: ClosedLoop, *,
+                          first: int) -> None:
+        load = self.load
         send = self._sender(probe, concurrency, None, concurrency, plan)
         for i in range(plan.warmup):
             await send(WARMUP, probe, i)
@@ -282,6 +307,7 @@ class _Runner:
             self._ready.append(record)
             self._wake.set()
             if role == PROBE and counted:
+                plan.answered((record.sha256, record.finish_reason) if outcome.status == "ok" else None)
                 self._count_probe(outcome.status == "ok")
 
         return send

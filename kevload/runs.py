@@ -65,17 +65,18 @@ async def run_scenario(scenario: Scenario, run_dir: Path | None = None, *,
     stop = stop or asyncio.Event()
     if resume:
         assert run_dir is not None
-        meta, already, first_seq = _resume_state(run_dir)
+        meta, already, first_seq, answers = _resume_state(run_dir)
         run_id = meta["run_id"]
     else:
         run_id = new_run_id()
         run_dir = run_dir or default_run_dir(run_id=run_id)
         refuse_existing(run_dir, overwrite=overwrite)
-        meta, already, first_seq = _run_meta(scenario, run_id, secrets), {}, 0
+        meta, already, first_seq, answers = _run_meta(scenario, run_id, secrets), {}, 0, {}
     # One check request decides whether the run asks for per-token logprobs (load.logprobs = "auto").
     scenario, meta["logprobs"] = await ask_for_logprobs(scenario, api_key)
     # Built before anything is written, so a bad companion file fails the run up front.
-    stream = engine.run(scenario, client, run_id=run_id, stop=stop, already=already, first_seq=first_seq)
+    stream = engine.run(scenario, client, run_id=run_id, stop=stop, already=already, first_seq=first_seq,
+                        answers=answers)
     if resume:
         # A run killed mid-write leaves a torn last line; appending after it would bury it mid-file.
         cut_torn_tail(run_dir / RECORDS)
@@ -145,7 +146,8 @@ def finish_run(run_dir: Path, *, state: str | None = None, meta: dict[str, Any] 
     asked = None if meta["load"].get("duration") else meta["load"].get("samples")
     slo = Slo(**meta["load"]["slo"]) if meta["load"].get("slo") else None  # runs before SLOs have none
     summary = summarize(reduce_file(run_dir / RECORDS, slo=slo), max_error_share=max_error_share,
-                        samples_asked=asked, min_slo_attainment=meta["load"].get("min_slo_attainment"))
+                        samples_asked=asked, min_slo_attainment=meta["load"].get("min_slo_attainment"),
+                        until_bound=meta["load"].get("until_bound"), max_samples=meta["load"].get("max_samples", 1000))
     summary = replace(summary, run_id=meta.get("run_id"), scenario=meta.get("scenario_name"),
                       state=state or meta.get("state"))
     write_json(run_dir / SUMMARY, summary.to_json())
@@ -155,10 +157,13 @@ def finish_run(run_dir: Path, *, state: str | None = None, meta: dict[str, Any] 
     return summary
 
 
-def _resume_state(run_dir: Path) -> tuple[dict[str, Any], dict[engine.LevelKey, int], int]:
-    """The run's metadata, its counted probe samples per level and the next sequence number."""
+def _resume_state(run_dir: Path) -> tuple[dict[str, Any], dict[engine.LevelKey, int], int,
+                                          dict[engine.LevelKey, list[engine.Answer]]]:
+    """The run's metadata, its counted probe samples per level, the next sequence number and what those
+    samples answered (for load.until_bound's stop rule)."""
     meta = read_json(run_dir / RUN)
     already: dict[engine.LevelKey, int] = {}
+    answers: dict[engine.LevelKey, list[engine.Answer]] = {}
     next_seq = 0
     for r in read_records(run_dir / RECORDS):
         next_seq = max(next_seq, r["seq"] + 1)
@@ -166,7 +171,8 @@ def _resume_state(run_dir: Path) -> tuple[dict[str, Any], dict[engine.LevelKey, 
         if r["role"] == "probe" and r.get("counted", True):
             key = engine.level_key(r["probe"], r["concurrency"], r.get("rate"))
             already[key] = already.get(key, 0) + 1
-    return meta, already, next_seq
+            answers.setdefault(key, []).append((r["sha256"], r.get("finish_reason")) if r["status"] == "ok" else None)
+    return meta, already, next_seq, answers
 
 
 def _run_meta(scenario: Scenario, run_id: str, secrets: list[str]) -> dict[str, Any]:

@@ -130,6 +130,8 @@ class Load:
     logprobs: str | bool = "auto"  # per-token logprobs: true, false, "auto" (if one check finds them)
     ramp: Ramp | None = None       # a stepped ramp, expanded into concurrency or rate (and duration)
     ramp_s: float = 0.0            # seconds at each level's load before its sends count (a timed warm-up)
+    until_bound: float | None = None  # sample each cell until drift or a 95 % drift-rate bound this low
+    max_samples: int = 1000           # … but never more counted probe samples per cell than this
 
 
 @dataclass(frozen=True)
@@ -286,6 +288,8 @@ def scenario_from_dict(raw: dict[str, Any], *, source: str, name: str = "scenari
                    load.min_slo_attainment)
         if not 0 <= load.min_slo_attainment <= 1:
             v.fail("load.min_slo_attainment", "a share between 0 and 1", load.min_slo_attainment)
+    if load.until_bound is not None:
+        _until_bound(v, load)
     load = replace(load, concurrency=tuple(sorted(set(load.concurrency))), rate=tuple(sorted(set(load.rate))))
     probes, datasets = _probes_and_datasets(v, probes_raw, load)
     ids = [p.id for p in probes]
@@ -331,6 +335,8 @@ _LOAD_RULES: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "logprobs": ((str, bool), False),
     "ramp": (dict, False),
     "ramp_s": ((int, float), False),
+    "until_bound": ((int, float), False),
+    "max_samples": (int, False),
 }
 
 _LIST_OF_INT = {"load.concurrency", "load.prefix_lengths"}
@@ -391,6 +397,21 @@ def _probe(v: _Validator, item: Any, where: str) -> Probe:
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
         v.fail(f"{where}.max_tokens", "an integer >= 1", max_tokens)
     return Probe(id=pid, prompt=item.get("prompt"), messages=messages, max_tokens=max_tokens)
+
+
+def _until_bound(v: _Validator, load: Load) -> None:
+    if not 0 < load.until_bound < 1:
+        v.fail("load.until_bound", "a share between 0 and 1, e.g. 0.05 (a 5 % bound on the drift rate)",
+               load.until_bound)
+    if load.rate:
+        # A rate level promises a schedule that does not depend on the answers; stopping on them would break it.
+        v.fail("load.until_bound", "closed-loop levels only (load.concurrency): a load.rate level sends on a "
+               "schedule, not until a claim is strong; remove one of them", load.until_bound)
+    if load.duration:
+        v.fail("load.until_bound", "levels that end on their samples, not on a clock: load.duration (or "
+               "load.ramp.every_s) is set too; remove one of them", load.until_bound)
+    if load.max_samples < load.samples:
+        v.fail("load.max_samples", f"an integer >= load.samples ({load.samples})", load.max_samples)
 
 
 def _slo(v: _Validator, table: dict[str, Any], stream: bool) -> Slo:

@@ -7,8 +7,10 @@ records. Both are plain objects with no I/O, so their rules are tested without a
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass
+
+from kevload.stats import samples_for_bound
 
 PROBE, COMPANION, WARMUP = "probe", "companion", "warmup"
 
@@ -19,6 +21,37 @@ class Send:
 
     role: str
     at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UntilBound:
+    """``load.until_bound``: take probe samples until drift is seen or the 95 % bound on the drift rate
+    falls to ``bound``, at most ``max_samples``; a drifting cell still takes ``min_samples`` (``load.samples``).
+
+    ``reason`` is the one rule, asked twice: by the strategy while the level runs (``sent`` counted
+    sends, ``errors`` of them answered with an error, so ``sent - errors`` are ok or still in flight),
+    and by the summary afterwards from the cell's records (every send answered). Both get the same
+    answer, so ``kevload report`` recomputes ``stop_reason`` from the records alone.
+    """
+
+    bound: float
+    min_samples: int
+    max_samples: int
+
+    @property
+    def goal(self) -> int:
+        """Clean ok samples that bound the drift rate at ``bound`` (at 95 %), and never fewer than asked."""
+        return max(self.min_samples, samples_for_bound(self.bound))
+
+    def reason(self, sent: int, errors: int, diverged: bool) -> str | None:
+        """Why counting stops now, or None while the cell still needs samples."""
+        if diverged and sent >= self.min_samples:
+            return "drift"
+        if not diverged and sent - errors >= self.goal:
+            return "bound"
+        if sent >= self.max_samples:
+            return "cap"
+        return None
 
 
 class ClosedLoop:
@@ -34,27 +67,35 @@ class ClosedLoop:
     Times are ``at``, seconds since the slots started. For ``ramp_s`` seconds nothing counts (a
     ramp-up at the level's load, like a warm-up); with a ``duration`` the level then counts every
     full-load sample for that many seconds, however many that is, instead of ``needed`` ones.
+
+    With ``until`` the number of samples is not fixed: the strategy is told each counted answer
+    (``answered``) and stops counting when ``until.reason`` says so. An answer diverges when it differs
+    from ``reference`` (the serial cell's modal answer), or, with no reference (the serial cell itself),
+    from the cell's first answer. ``prior`` are the answers a resumed level already has, in order.
     """
 
     def __init__(self, concurrency: int, needed: int, *, companions: bool, warmup: int = 0,
-                 ramp_s: float = 0.0, duration: float = 0.0):
+                 ramp_s: float = 0.0, duration: float = 0.0, until: UntilBound | None = None,
+                 reference: Hashable | None = None, prior: Iterable[Hashable | None] = ()):
         self.concurrency = concurrency
         self.needed = needed
         self.warmup = warmup  # sent one at a time before the slots start; never counted
         self.ramp_s = ramp_s
         self.duration = duration
+        self.until = until
+        self.reference = reference
         self.counted = 0
+        self.errors = 0
+        self.diverged = False
+        self.answers: dict[Hashable, int] = {}  # ok answers by output, in the order first seen
         self._counted_in_flight = 0
+        for answer in prior:
+            self.counted += 1
+            self.answered(answer)
         probe_slots = 1 if companions and concurrency > 1 else concurrency
         # Companion slots first: they are started first, so even the first probe finds them in flight.
         self.slots: tuple[str, ...] = (COMPANION,) * (concurrency - probe_slots) + (PROBE,) * probe_slots
         self._probe_slots_open = probe_slots
-
-    def _wanted(self, at: float) -> bool:
-        """Whether a probe sent ``at`` seconds in would be evidence: past the ramp-up, samples or time left."""
-        if at < self.ramp_s:
-            return False
-        return at < self.ramp_s + self.duration if self.duration else self.counted < self.needed
 
     def next(self, role: str, at: float = 0.0) -> Send | None:
         """What the slot of ``role`` sends next, or None when it is done."""
@@ -62,6 +103,33 @@ class ClosedLoop:
             busy = at < self.ramp_s or self._wanted(at) or self._counted_in_flight
             return Send(PROBE) if busy else None
         return Send(COMPANION) if self._probe_slots_open else None
+
+    @property
+    def wants_samples(self) -> bool:
+        """Whether the level still counts samples (time aside: see ``_wanted``)."""
+        if self.until is None:
+            return self.counted < self.needed
+        return self.stop_reason is None
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why this level stopped counting (None while it counts); ``samples`` without ``until``."""
+        if self.until is None:
+            return None if self.counted < self.needed else "samples"
+        return self.until.reason(self.counted, self.errors, self.diverged)
+
+    def answered(self, answer: Hashable | None) -> None:
+        """A counted probe sample's answer: its output (sha256 and finish_reason), or None for an error."""
+        if answer is None:
+            self.errors += 1
+            return
+        reference = self.reference if self.reference is not None else next(iter(self.answers), answer)
+        self.diverged = self.diverged or answer != reference
+        self.answers[answer] = self.answers.get(answer, 0) + 1
+
+    def modal(self) -> Hashable | None:
+        """The most common ok answer, ties to the one first seen: the reference for the levels after this one."""
+        return max(self.answers, key=self.answers.__getitem__, default=None)
 
     def sent(self, role: str, in_flight: int, at: float = 0.0) -> bool:
         """Note a send made ``at`` seconds in with ``in_flight`` others in flight; True when it counts.
@@ -83,6 +151,12 @@ class ClosedLoop:
     def slot_done(self, role: str) -> None:
         if role == PROBE:
             self._probe_slots_open -= 1
+
+    def _wanted(self, at: float) -> bool:
+        """Whether a probe sent ``at`` seconds in would be evidence: past the ramp-up, samples or time left."""
+        if at < self.ramp_s:
+            return False
+        return at < self.ramp_s + self.duration if self.duration else self.wants_samples
 
 
 class OpenLoop:
@@ -127,3 +201,6 @@ class OpenLoop:
 
     def returned(self, role: str, counted: bool) -> None:
         """The open loop's schedule does not depend on answers."""
+
+    def answered(self, answer: Hashable | None) -> None:
+        """Nor on what they say: ``load.until_bound`` is for closed-loop levels only."""

@@ -90,6 +90,8 @@ class CellSummary(_Json):
     # Divergent requests by kind against the serial output; they add up to divergent_requests.
     divergence_kinds: dict[str, int] | None = None
     drift: bool = False
+    # Why the cell stopped taking samples: bound, drift, cap (load.until_bound) or samples.
+    stop_reason: str | None = written_with("stop_reason")
     drift_rate: float | None = None
     drift_rate_upper_95: float | None = None
     first_divergence_chars: int | None = None
@@ -179,6 +181,7 @@ class RunSummary(_Json):
     companion_errors_by_type: dict[str, int] = field(default_factory=dict)
     max_error_share: float = 1.0
     samples_asked: int | None = None
+    until_bound: float | None = written_with("until_bound")
     drift_cells: tuple[str, ...] = ()
     short_cells: tuple[str, ...] = ()
     # Logprob evidence over the probe cells; absent where no logprobs were compared.

@@ -44,8 +44,8 @@ def test_summary_recomputed_from_old_records_is_the_old_file(tmp_path, run):
     finish_run(run_dir)
     now = json.loads((run_dir / "summary.json").read_bytes())
     # Fields the comparator learned after the fixture was written: every cell with an ok sample has them.
-    added = {"exact_match_rate", "exact_match_ci95", "token_agreement", "token_agreement_ci95"}
-    assert all(added <= set(c) for c in now["cells"] if c["ok"])
+    added = {"exact_match_rate", "exact_match_ci95", "token_agreement", "token_agreement_ci95", "stop_reason"}
+    assert all(added - {"stop_reason"} <= set(c) for c in now["cells"] if c["ok"])
     now["cells"] = [{k: v for k, v in c.items() if k not in added} for c in now["cells"]]
     assert not any(map(any, now["matrix"].pop("latent")))  # the matrix's latent-drift marks, none here
     assert now == json.loads((FIXTURES / run / "summary.json").read_bytes())
