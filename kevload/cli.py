@@ -14,7 +14,16 @@ from kevload import __version__, aio
 from kevload.report import FORMATS, render, slo_line, verdict_line
 from kevload.runs import finish_run, refuse_existing, run_scenario, single_run_id
 from kevload.scenario import ScenarioError, load_scenario
-from kevload.store import RECORDS, RUN, RunDirError, default_run_dir, open_run_dir, read_json, read_records
+from kevload.store import (
+    RECORDS,
+    RUN,
+    RunDirError,
+    default_run_dir,
+    open_run_dir,
+    read_json,
+    read_run_records,
+    records_paths,
+)
 from kevload.targets import NAMES, TargetSettings
 from kevload.targets.cache import ProvisionError
 
@@ -50,6 +59,7 @@ def main() -> None:
               "(load.dataset_seed); recorded in run.json with each file's sha256.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a scenario key; VALUE is TOML (e.g. --set 'load.concurrency=[1,4]').")
+@click.option("--workers", type=click.IntRange(min=1), help="Worker processes sharing each level (load.workers).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Run directory (default results/<run-id>); one that holds a run is refused.")
 @click.option("--overwrite", is_flag=True, help="Let --out replace the run already in it (its records are removed).")
@@ -63,7 +73,7 @@ def main() -> None:
               help="Write the cells as Prometheus text here (node_exporter textfile collector, Pushgateway).")
 def run(scenario: Path | None, resume: Path | None, retries: int | None, overrides: tuple[str, ...],
         out: Path | None, overwrite: bool, quiet: bool, baseline: Path | None, max_latency_regression: float,
-        junit: Path | None, metrics: Path | None, dataset_seed: int | None) -> None:
+        junit: Path | None, metrics: Path | None, dataset_seed: int | None, workers: int | None) -> None:
     """Run SCENARIO and print the uniqueness matrix. Exit 0 stable, 1 drift (or a cell under
     load.min_slo_attainment), 2 bad input, 3 target failed (or inconclusive: a cell with fewer ok probe
     samples than asked)."""
@@ -71,6 +81,7 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
 
     overrides = (*overrides, f"load.retries={retries}") if retries is not None else overrides
     overrides = (*overrides, f"load.dataset_seed={dataset_seed}") if dataset_seed is not None else overrides
+    overrides = (*overrides, f"load.workers={workers}") if workers is not None else overrides
     if resume is not None:
         if scenario is not None or out is not None or overwrite:
             raise UserError("--resume RUN_DIR takes the scenario and directory of that run; "
@@ -100,7 +111,8 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
         result, signum = _guard(lambda: aio.run(lambda stop: run_scenario(
             sc, out, on_record=on_record, stop=stop, resume=resume is not None, overwrite=overwrite)))
     _print_summary(result.summary, quiet)
-    stderr.print(f"records: {result.run_dir / RECORDS} ({result.records} requests, {result.state})")
+    files = ", ".join(str(p) for p in records_paths(result.run_dir)) or str(result.run_dir / RECORDS)
+    stderr.print(f"records: {files} ({result.records} requests, {result.state})")
     if junit is not None:
         from kevload.report import junit_xml
 
@@ -129,7 +141,7 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
               help="Also write the cells as Prometheus text here.")
 def report(run_dir: Path, fmt: str, output: Path | None, metrics: Path | None) -> None:
     """Recompute a run's summary from its records (no server needed) and render it; sweeps too (html, json)."""
-    if (run_dir / "sweep.json").is_file() and not (run_dir / RECORDS).is_file():
+    if (run_dir / "sweep.json").is_file() and not records_paths(run_dir):
         if metrics is not None:
             raise UserError(f"--metrics: {run_dir} is a sweep; give one of its run directories")
         _report_sweep(run_dir, fmt, output)
@@ -141,7 +153,7 @@ def report(run_dir: Path, fmt: str, output: Path | None, metrics: Path | None) -
     if fmt == "html":
         from kevload.html import run_report
 
-        _emit(run_report(summary, meta, read_records(run_dir / RECORDS)), output)
+        _emit(run_report(summary, meta, read_run_records(run_dir)), output)
     elif output is None:
         text = render(summary, fmt, Console())
         if text is not None:

@@ -95,6 +95,7 @@ class Load:
     companion_count: int = 0       # lines chosen from a load.companions file (0: every line)
     slo: Slo | None = None         # per-request latency bounds: slo_attainment and goodput per cell
     min_slo_attainment: float | None = None  # a probe cell below this share fails (JUnit, exit 1)
+    workers: int = 1               # processes sharing each level (kevload.workers)
 
 
 @dataclass(frozen=True)
@@ -224,6 +225,11 @@ def scenario_from_dict(raw: dict[str, Any], *, source: str, name: str = "scenari
         v.fail("load.duration", "seconds >= 0 (0: until the samples are sent)", load.duration)
     if any(n < 1 for n in load.prefix_lengths):
         v.fail("load.prefix_lengths", "a list of integers >= 1", list(load.prefix_lengths))
+    if load.workers < 1:
+        v.fail("load.workers", "an integer >= 1 (processes sharing each level)", load.workers)
+    elif 0 < load.max_in_flight < load.workers:
+        v.fail("load.max_in_flight", f"0 or at least load.workers ({load.workers}): each worker holds a share of "
+               "the cap", load.max_in_flight)
     if load.companion_count < 0:
         v.fail("load.companion_count", "an integer >= 0 (0: every line)", load.companion_count)
     if load.slo is not None:
@@ -276,6 +282,7 @@ _LOAD_RULES: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "companion_count": (int, False),
     "slo": (dict, False),
     "min_slo_attainment": ((int, float), False),
+    "workers": (int, False),
 }
 
 _LIST_OF_INT = {"load.concurrency", "load.prefix_lengths"}
