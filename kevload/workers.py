@@ -91,7 +91,8 @@ class SharedPlan:
 
     def __init__(self, plan: ClosedLoop, state: Any):
         self._plan = plan
-        self._state = state
+        # The raw array under the one lock: a synchronized array's own indexing would take the lock per item.
+        self._lock, self._state = state.get_lock(), state.get_obj()
         self._fields = [(name, type(value)) for name, value in vars(plan).items()
                         if type(value) in (int, bool, float)]
         if PLAN + len(self._fields) > _STATE_SIZE:
@@ -102,23 +103,23 @@ class SharedPlan:
 
     def publish(self) -> None:
         """The leader's fresh plan becomes the level's shared state (before the level's barrier)."""
-        with self._state.get_lock():
+        with self._lock:
             self._store()
 
     def next(self, role: str) -> Any:
-        with self._state.get_lock():
+        with self._lock:
             self._load()
             return self._plan.next(role)
 
     def slot_done(self, role: str) -> None:
-        with self._state.get_lock():
+        with self._lock:
             self._load()
             self._plan.slot_done(role)
             self._store()
 
     def claim(self, role: str) -> tuple[int, bool]:
         state = self._state
-        with state.get_lock():
+        with self._lock:
             self._load()
             in_flight = int(state[IN_FLIGHT])
             counted = self._plan.sent(role, in_flight)
@@ -128,7 +129,7 @@ class SharedPlan:
 
     def release(self, role: str, counted: bool) -> None:
         state = self._state
-        with state.get_lock():
+        with self._lock:
             self._load()
             state[IN_FLIGHT] -= 1
             self._plan.returned(role, counted)
@@ -150,7 +151,8 @@ class Shared(engine.Solo):
 
     def __init__(self, worker: int, workers: int, state: Any, barrier: Any, stop: asyncio.Event):
         self.worker, self.workers = worker, workers
-        self._state = state
+        self._shared = state  # what a SharedPlan is built on
+        self._lock, self._state = state.get_lock(), state.get_obj()
         self._barrier = barrier
         self._stop = stop
 
@@ -159,7 +161,7 @@ class Shared(engine.Solo):
         return self.worker == 0
 
     def closed(self, plan: ClosedLoop) -> tuple[SharedPlan, tuple[str, ...]]:  # type: ignore[override]
-        shared = SharedPlan(plan, self._state)
+        shared = SharedPlan(plan, self._shared)
         if self.leader:
             shared.publish()  # every worker is past the last level's end barrier: nobody reads the old state
         return shared, slots_of(plan.slots, self.worker, self.workers)
@@ -168,7 +170,7 @@ class Shared(engine.Solo):
         if isinstance(plan, SharedPlan):
             return plan.claim(role)
         state = self._state
-        with state.get_lock():
+        with self._lock:
             in_flight = int(state[IN_FLIGHT])
             state[IN_FLIGHT] = in_flight + 1
         return in_flight, plan.sent(role, in_flight)
@@ -178,7 +180,7 @@ class Shared(engine.Solo):
             plan.release(role, counted)
             return
         state = self._state
-        with state.get_lock():
+        with self._lock:
             state[IN_FLIGHT] -= 1
         plan.returned(role, counted)
 
