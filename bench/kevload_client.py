@@ -14,6 +14,7 @@ import uvloop
 
 from kevload.runs import run_scenario
 from kevload.scenario import scenario_from_dict
+from kevload.store import records_paths
 
 
 def rss_mb() -> float:
@@ -22,8 +23,9 @@ def rss_mb() -> float:
 
 
 async def main(base_url: str, concurrency: int, requests: int, stream: bool, rate: float | None,
-               rss_at: int) -> dict:
-    load = {"concurrency": [concurrency], "samples": requests, "stream": stream, "max_error_share": 0.01}
+               rss_at: int, workers: int = 1) -> dict:
+    load = {"concurrency": [concurrency], "samples": requests, "stream": stream, "max_error_share": 0.01,
+            "workers": workers}
     if rate:
         load.update(rate=[rate], concurrency=[1])
     raw = {"target": {"base_url": base_url, "model": "bench", "timeout": 10}, "params": {"temperature": 0},
@@ -42,11 +44,12 @@ async def main(base_url: str, concurrency: int, requests: int, stream: bool, rat
         start = time.perf_counter()
         result = await run_scenario(scenario, Path(tmp) / "run", on_record=on_record)
         seconds = time.perf_counter() - start
-        with open(Path(tmp) / "run" / "records.jsonl", "rb") as records:
-            lines = ok = 0
-            for line in records:
-                lines += 1
-                ok += b'"status":"ok"' in line
+        lines = ok = 0
+        for path in records_paths(Path(tmp) / "run"):  # records.jsonl, or one file per worker
+            with open(path, "rb") as records:
+                for line in records:
+                    lines += 1
+                    ok += b'"status":"ok"' in line
     cell = result.summary.cells[0]
     # Every request sent is one record; the summary counts those sent at full load (ramp-up and tail are not).
     return {"requests": lines, "ok": ok, "counted": result.summary.requests, "seconds": seconds,
@@ -68,7 +71,9 @@ if __name__ == "__main__":
     parser.add_argument("--rate", type=float)
     parser.add_argument("--rss-at", type=int, default=20000)
     parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
+    parser.add_argument("--workers", type=int, default=1)
     args = parser.parse_args()
     run = uvloop.run if args.loop == "uvloop" else asyncio.run
-    out = run(main(args.base_url, args.concurrency, args.requests, args.stream, args.rate, args.rss_at))
+    out = run(main(args.base_url, args.concurrency, args.requests, args.stream, args.rate, args.rss_at,
+                   args.workers))
     print(json.dumps(out))

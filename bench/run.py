@@ -42,10 +42,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=20000)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--skip-long", action="store_true", help="skip the 200k-request and 1M-record runs")
-    parser.add_argument("--only", choices=["until-bound"], help="run this section alone")
+    parser.add_argument("--only", choices=("until-bound", "scaling"),
+                        help="run only this section (until-bound: real targets; scaling: worker processes)")
     args = parser.parse_args(argv)
     if args.only == "until-bound":
         return _write({"machine": _machine(), "until_bound": until_bound()}, "until-bound")
+    if args.only == "scaling":
+        with Endpoint() as endpoint:
+            results = {"machine": _machine(), "concurrency": args.concurrency, "requests": args.requests,
+                       "scaling": scaling(endpoint, args)}
+        print_scaling(results["scaling"])
+        return _write(results, "scaling")
     with Endpoint() as endpoint:
         results = {
             "machine": _machine(),
@@ -53,12 +60,15 @@ def main(argv: list[str] | None = None) -> int:
             "requests": args.requests,
             "throughput": throughput(endpoint, args),
             "schedule": schedule(endpoint),
+            "scaling": scaling(endpoint, args),
         }
         if not args.skip_long:
             results["flat_memory"] = flat_memory(endpoint)
     if not args.skip_long:
         results["comparator"] = comparator()
     print_table(results)
+    print()
+    print_scaling(results["scaling"])
     results["until_bound"] = until_bound()
     return _write(results)
 
@@ -70,6 +80,31 @@ def _write(results: dict, suffix: str = "") -> int:
     path.write_text(json.dumps(results, indent=2))
     print(f"\nwritten: {path.relative_to(ROOT)}")
     return 0
+
+
+def scaling(endpoint: Endpoint, args: argparse.Namespace) -> dict:
+    """kevload at 1, 2 (and 4, where the machine has the cores) worker processes, alternated per round."""
+    counts = [1, 2] + ([4] if (os.cpu_count() or 1) >= 4 else [])
+    rows: dict[str, list[dict]] = {}
+    for _ in range(args.repeats):
+        for stream in (False, True):
+            url = endpoint.sse if stream else endpoint.plain
+            for workers in counts:
+                run = run_kevload(url, args.requests, args.concurrency, stream, ["--workers", str(workers)])
+                rows.setdefault(f"{'stream' if stream else 'non-stream'} workers={workers}", []).append(run)
+    return {key: _stats(samples) for key, samples in rows.items()}
+
+
+def print_scaling(table: dict) -> None:
+    print("| mode | workers | req/s | CPU s / 1000 req |")
+    print("| --- | ---: | ---: | ---: |")
+    for key, stats in table.items():
+        mode, workers = key.split(" workers=")
+        if "error" in stats:
+            print(f"| {mode} | {workers} | — {stats['error'][:70]} | |")
+            continue
+        print(f"| {mode} | {workers} | {stats['rps_median']:,.0f} ({stats['rps_min']:,.0f}–"
+              f"{stats['rps_max']:,.0f}) | {stats['cpu_per_1000']:.3f} |")
 
 
 class Endpoint:

@@ -21,7 +21,15 @@ import orjson
 
 from kevload.runs import run_scenario
 from kevload.scenario import ScenarioError, iter_jsonl, scenario_from_dict
-from kevload.store import RUN, SUMMARY, new_run_id, open_run_dir, read_json, read_records, record_answer
+from kevload.store import (
+    RUN,
+    SUMMARY,
+    new_run_id,
+    open_run_dir,
+    read_json,
+    read_run_records,
+    record_answer,
+)
 from kevload.summary import CellSummary, RunSummary
 
 TRANSITIONS = ("unstable→stable", "stable→unstable", "changed", "no answer", "unchanged")
@@ -91,7 +99,7 @@ def cases_from_run(run_dir: Path, *, target_name: str | None = None) -> list[dic
     target = {"name": target_name or target_name_of(meta["target"]["base_url"]), "model": meta["target"]["model"]}
     recorded_at = meta.get("ended_at") or meta.get("started_at")
     outputs: dict[tuple[str, int, float | None], Counter] = {}
-    for r in read_records(run_dir / "records.jsonl"):
+    for r in read_run_records(run_dir):
         if r["role"] == "probe" and r["status"] == "ok" and r.get("counted", True):
             outputs.setdefault((r["probe"], r["concurrency"], r.get("rate")), Counter())[
                 record_answer(r)] += 1
@@ -213,7 +221,7 @@ async def rerun_cases(cases: list[dict[str, Any]], *, url: str, model: str, time
         if result.state == "interrupted":
             break
         cell = result.summary.probe_cells()[0]
-        texts = Counter(record_answer(r) for r in read_records(run_dir / "records.jsonl")
+        texts = Counter(record_answer(r) for r in read_run_records(run_dir)
                         if r["role"] == "probe" and r["status"] == "ok" and r.get("counted", True))
         recorded = recorded_texts(case)
         after = {**case, "rerun": rerun, "rerun_uniq": len(texts), "rerun_ok": cell.ok,

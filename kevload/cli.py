@@ -17,7 +17,15 @@ from kevload.report import FORMATS, render, slo_line, verdict_line
 from kevload.runs import finish_run, refuse_existing, run_scenario, single_run_id
 from kevload.scenario import load_scenario
 from kevload.stats import samples_for_bound
-from kevload.store import RECORDS, RUN, default_run_dir, open_run_dir, read_json, read_records
+from kevload.store import (
+    RECORDS,
+    RUN,
+    default_run_dir,
+    open_run_dir,
+    read_json,
+    read_run_records,
+    records_paths,
+)
 from kevload.summary import RunSummary
 from kevload.targets import NAMES, TargetSettings
 
@@ -58,6 +66,7 @@ def main() -> None:
               help="Override a scenario key; VALUE is TOML (e.g. --set 'load.concurrency=[1,4]').")
 @click.option("--until-bound", metavar="SHARE", help="Sample each cell until drift is seen or the 95%% bound on "
               "its drift rate is this low (5%% or 0.05; load.until_bound), at most load.max_samples.")
+@click.option("--workers", type=click.IntRange(min=1), help="Worker processes sharing each level (load.workers).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Run directory (default results/<run-id>); one that holds a run is refused.")
 @click.option("--overwrite", is_flag=True, help="Let --out replace the run already in it (its records are removed).")
@@ -74,7 +83,8 @@ def main() -> None:
 def run(scenario: Path | None, resume: Path | None, retries: int | None, overrides: tuple[str, ...],
         out: Path | None, overwrite: bool, quiet: bool, baseline: Path | None, max_latency_regression: float,
         junit: Path | None, metrics: Path | None, dataset_seed: int | None,
-        fail_on: str, until_bound: str | None) -> None:
+        fail_on: str, until_bound: str | None,
+        workers: int | None) -> None:
     """Run SCENARIO and print the uniqueness matrix. Exit 0 stable, 1 drift (or latent drift with
     --fail-on latent, or a cell under load.min_slo_attainment), 2 bad input, 3 target failed (or
     inconclusive: a cell with fewer ok probe samples than asked)."""
@@ -84,6 +94,7 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
     overrides = (*overrides, f"load.dataset_seed={dataset_seed}") if dataset_seed is not None else overrides
     if until_bound is not None:
         overrides = (*overrides, f"load.until_bound={_share(until_bound, '--until-bound')!r}")
+    overrides = (*overrides, f"load.workers={workers}") if workers is not None else overrides
     if resume is not None:
         if scenario is not None or out is not None or overwrite:
             raise InputError("--resume RUN_DIR takes the scenario and directory of that run; "
@@ -115,7 +126,8 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
         result, signum = aio.run(lambda stop: run_scenario(
             sc, out, on_record=on_record, stop=stop, resume=resume is not None, overwrite=overwrite))
     _print_summary(result.summary, quiet)
-    stderr.print(f"records: {result.run_dir / RECORDS} ({result.records} requests, {result.state})")
+    files = ", ".join(str(p) for p in records_paths(result.run_dir)) or str(result.run_dir / RECORDS)
+    stderr.print(f"records: {files} ({result.records} requests, {result.state})")
     if junit is not None:
         from kevload.report import junit_xml
 
@@ -148,7 +160,7 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
               help="Print only the record of the request sent with this X-Request-Id, as JSON.")
 def report(run_dir: Path, fmt: str, output: Path | None, metrics: Path | None, request_id: str | None) -> None:
     """Recompute a run's summary from its records (no server needed) and render it; sweeps too (html, json)."""
-    if (run_dir / "sweep.json").is_file() and not (run_dir / RECORDS).is_file():
+    if (run_dir / "sweep.json").is_file() and not records_paths(run_dir):
         for option, given in (("--metrics", metrics), ("--request", request_id)):
             if given is not None:
                 raise InputError(f"{option}: {run_dir} is a sweep; give one of its run directories")
@@ -171,7 +183,7 @@ def report(run_dir: Path, fmt: str, output: Path | None, metrics: Path | None, r
     if fmt == "html":
         from kevload.html import run_report
 
-        _emit(run_report(summary, meta, read_records(run_dir / RECORDS)), output)
+        _emit(run_report(summary, meta, read_run_records(run_dir)), output)
     elif output is None:
         text = render(summary, fmt, Console())
         if text is not None:

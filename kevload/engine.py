@@ -43,16 +43,60 @@ def level_key(probe: str, concurrency: int, rate: float | None) -> LevelKey:
 
 def run(scenario: Scenario, client: Client, *, run_id: str, stop: asyncio.Event | None = None,
         already: dict[LevelKey, int] | None = None, first_seq: int = 0,
-        answers: dict[LevelKey, list[Answer]] | None = None) -> RecordStream:
+        answers: dict[LevelKey, list[Answer]] | None = None, share: Solo | None = None) -> RecordStream:
     """Every probe at every level; ``async for record in run(…)`` as requests finish.
 
     ``already`` holds the counted probe samples a resumed run has per level; only the missing
     ones are sent, with sequence numbers from ``first_seq`` on. With ``load.until_bound`` the stop
     rule needs what they answered too: ``answers`` per level, in record order. The companion pools
-    are built here, before anything is sent, so a bad companion file fails at once.
+    are built here, before anything is sent, so a bad companion file fails at once. ``share`` makes
+    this run one of several workers sharing each level (``kevload.workers``); alone by default.
     """
     return RecordStream(_Runner(scenario, client, run_id, stop or asyncio.Event(), already or {}, first_seq,
-                                answers or {}))
+                                answers or {}, share or Solo()))
+
+
+class Solo:
+    """How a run shares its levels with other workers: the default, this process runs every level alone.
+
+    ``kevload.workers.Shared`` is the other implementation: the level's slots split across worker
+    processes, one in-flight count and plan for all of them, and a barrier at each level's start and end.
+    """
+
+    worker, workers = 0, 1
+
+    def closed(self, plan: ClosedLoop) -> tuple[ClosedLoop, tuple[str, ...]]:
+        """The plan this worker consults and the slots it runs."""
+        return plan, plan.slots
+
+    def claim(self, plan: ClosedLoop | OpenLoop, role: str, in_flight: int, at: float) -> tuple[int, bool]:
+        """A send ``at`` seconds into the level: the others in flight (across all workers) and whether it counts."""
+        return in_flight, plan.sent(role, in_flight, at)
+
+    def release(self, plan: ClosedLoop | OpenLoop, role: str, counted: bool) -> None:
+        plan.returned(role, counted)
+
+    def pause(self) -> None:
+        """A request left the wire for a while (a retry's back-off): the others' in-flight count drops."""
+
+    def resume(self) -> None:
+        """It is back on the wire."""
+
+    def mine(self, arrival: int) -> bool:
+        """Whether this worker sends the open loop's ``arrival``-th request (warm-ups included)."""
+        return True
+
+    @property
+    def warms_up(self) -> bool:
+        """Whether this worker sends the closed loop's warm-ups (one at a time, before the slots start)."""
+        return True
+
+    async def level_start(self, lead: float) -> float:
+        """Called once the level's warm-ups are sent; returns its start (``time.perf_counter``)."""
+        return time.perf_counter() + lead
+
+    async def level_end(self) -> None:
+        """Called once nothing of the level is in flight here."""
 
 
 class RecordStream:
@@ -73,7 +117,9 @@ class _Runner:
     """State shared by the workers of one run: the client, counters, stop flags and the record queue."""
 
     def __init__(self, scenario: Scenario, client: Client, run_id: str, stop: asyncio.Event,
-                 already: dict[LevelKey, int], first_seq: int, answers: dict[LevelKey, list[Answer]]):
+                 already: dict[LevelKey, int], first_seq: int, answers: dict[LevelKey, list[Answer]],
+                 share: Solo):
+        self.share = share
         self.pools = [companions_for(probe, scenario) for probe in scenario.probes]
         self.scenario = scenario
         self.load = scenario.load
@@ -84,7 +130,7 @@ class _Runner:
         self.answers = answers
         # Per probe: the serial (first) level's modal answer, which later levels' answers are held against.
         self.references: dict[str, Hashable | None] = {}
-        self.seq = first_seq
+        self.seq = first_seq + share.worker  # workers number their sends in turn: seqs stay unique
         self.in_flight = 0
         self.probe_errors = 0
         self.probes_done = 0
@@ -114,7 +160,8 @@ class _Runner:
     async def _drive(self) -> None:
         load = self.load
         for index, probe in enumerate(self.scenario.probes):
-            picker = CompanionPicker(self.pools[index], seed=load.seed + index)
+            # Workers pick from their own seeded sequences, so they do not send the same companions in step.
+            picker = CompanionPicker(self.pools[index], seed=load.seed + index + 7919 * self.share.worker)
             # Open-loop rates replace the closed-loop concurrency levels when they are given.
             levels = [(self._rate_level, rate) for rate in load.rate] or \
                 [(self._closed_level, c) for c in load.concurrency]
@@ -147,11 +194,13 @@ class _Runner:
     async def _run_closed(self, probe: Probe, concurrency: int, picker: CompanionPicker, plan: ClosedLoop, *,
                           first: int) -> None:
         load = self.load
+        plan, slots = self.share.closed(plan)
         send = self._sender(probe, concurrency, None, concurrency, plan)
-        for i in range(plan.warmup):
+        for i in range(plan.warmup if self.share.warms_up else 0):
             await send(WARMUP, probe, i)
         samples = {PROBE: first, COMPANION: 0}
-        start = time.perf_counter()  # the ramp-up and a timed level run from here, after the warm-ups
+        # The ramp-up and a timed level run from here, after the warm-ups; one start for every worker.
+        start = await self.share.level_start(0.0)
 
         async def slot(role: str) -> None:
             try:
@@ -170,9 +219,10 @@ class _Runner:
                 plan.slot_done(role)
 
         tasks = {role: [] for role in (PROBE, COMPANION)}
-        for role in plan.slots:
+        for role in slots:
             tasks[role].append(asyncio.create_task(slot(role)))
         await self._drain(tasks[PROBE], tasks[COMPANION])
+        await self.share.level_end()
 
     async def _rate_level(self, probe: Probe, rate: float, picker: CompanionPicker) -> None:
         """Open loop: send on an absolute schedule (constant or Poisson) whatever the server's speed.
@@ -190,7 +240,7 @@ class _Runner:
         send = self._sender(probe, 0, rate, load.max_in_flight or None, plan)
         samples = {PROBE: first, COMPANION: 0, WARMUP: -1}
         tasks: dict[str, set[asyncio.Task]] = {PROBE: set(), COMPANION: set()}
-        start = time.perf_counter() + 0.005
+        start = await self.share.level_start(0.005)
 
         async def one(role: str, item: Probe, sample: int, at: float, scheduled: float) -> None:
             try:
@@ -199,23 +249,26 @@ class _Runner:
                 if cap is not None:
                     cap.release()
 
-        for planned in plan:
+        for arrival, planned in enumerate(plan):
             if self._halted():
                 break
+            role = planned.role
+            sample = samples[role]
+            if role != WARMUP:
+                samples[role] += 1  # every worker numbers every arrival: sample numbers stay those of one process
+            if not self.share.mine(arrival):
+                continue
             scheduled = start + planned.at
             await _sleep_until(scheduled)
             if cap is not None:
                 await cap.acquire()
-            role = planned.role
             item = picker.next().item if role == COMPANION else probe
-            sample = samples[role]
-            if role != WARMUP:
-                samples[role] += 1
             task = asyncio.create_task(one(role, item, sample, planned.at, scheduled))
             group = tasks[PROBE if role == PROBE else COMPANION]
             group.add(task)
             task.add_done_callback(group.discard)
         await self._drain(list(tasks[PROBE]), list(tasks[COMPANION]))
+        await self.share.level_end()
 
     async def _drain(self, probes: list[asyncio.Task], others: list[asyncio.Task]) -> None:
         """End a level only when nothing it sent is in flight.
@@ -273,14 +326,13 @@ class _Runner:
                        t_scheduled: float | None = None) -> None:
             """``at``: seconds into the level (scheduled, in the open loop), which decides a ramp-up's sends."""
             seq = self.seq
-            self.seq += 1
+            self.seq += self.share.workers
             # Sent as X-Request-Id; a 429/503 retry below and a transport's reconnect resend keep it.
             request_id = f"{self.run_id}-{seq}"
             nonce = f"kevload-{self.run_id}-{seq}" if load.nonce else None
             body = build_body(target, item, params, stream=load.stream, nonce=nonce)
             # Nothing below awaits before the count goes up: a slot that resends at once keeps c in flight.
-            in_flight = self.in_flight
-            counted = plan.sent(role, in_flight, at)
+            in_flight, counted = self.share.claim(plan, role, self.in_flight, at)
             self.in_flight += 1
             retries = 0
             t_send = time.perf_counter()
@@ -289,7 +341,14 @@ class _Runner:
                 while outcome.status in RETRYABLE and retries < load.retries and not self.stop.is_set():
                     # Honour the server's Retry-After; otherwise back off exponentially.
                     wait = outcome.retry_after if outcome.retry_after is not None else _BACKOFF_S * 2 ** retries
-                    await asyncio.sleep(min(wait, _BACKOFF_MAX_S))
+                    # Backing off is not being in flight: the other slots' sends meanwhile are not at full load.
+                    self.in_flight -= 1
+                    self.share.pause()
+                    try:
+                        await asyncio.sleep(min(wait, _BACKOFF_MAX_S))
+                    finally:
+                        self.in_flight += 1
+                        self.share.resume()
                     retries += 1
                     outcome = await self.client.send(body, request_id=request_id)
             except asyncio.CancelledError:
@@ -299,7 +358,7 @@ class _Runner:
                                   error=f"cut: still in flight {target.timeout:g} s after the level's probes were done")
             finally:
                 self.in_flight -= 1
-                plan.returned(role, counted)
+                self.share.release(plan, role, counted)
             record = _record(outcome, body, run_id=self.run_id, seq=seq, probe=item.id, role=role, mode=mode,
                              concurrency=concurrency, rate=rate, sample=sample,
                              in_flight=in_flight, counted=counted, max_in_flight=max_in_flight,

@@ -17,7 +17,7 @@ import orjson
 
 from kevload import __version__, engine
 from kevload.client import Client, ask_for_logprobs
-from kevload.compare import reduce_file, summarize
+from kevload.compare import Reduction, reduce_file, summarize
 from kevload.scenario import Scenario, Slo
 from kevload.store import (
     RECORDS,
@@ -30,7 +30,8 @@ from kevload.store import (
     default_run_dir,
     new_run_id,
     read_json,
-    read_records,
+    read_run_records,
+    records_paths,
     redact,
     url_secrets,
     write_json,
@@ -79,13 +80,18 @@ async def run_scenario(scenario: Scenario, run_dir: Path | None = None, *,
                         answers=answers)
     if resume:
         # A run killed mid-write leaves a torn last line; appending after it would bury it mid-file.
-        cut_torn_tail(run_dir / RECORDS)
+        for path in records_paths(run_dir):
+            cut_torn_tail(path)
         meta = {**meta, "state": "running", "resumed_at": [*meta.get("resumed_at", []), _now_iso()]}
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
-        for name in (RECORDS, RUN, SUMMARY):
-            (run_dir / name).unlink(missing_ok=True)  # only with overwrite can any of them be there
+        for path in [*records_paths(run_dir), run_dir / RUN, run_dir / SUMMARY]:
+            path.unlink(missing_ok=True)  # only with overwrite can any of them be there
+        if scenario.load.workers > 1:
+            meta["clock"]["records"] = "unix"  # workers stamp Unix times (kevload.workers)
     write_json(run_dir / RUN, meta)
+    if scenario.load.workers > 1 or meta["clock"].get("records") == "unix":
+        return await _run_workers(scenario, run_dir, meta, stop=stop, already=already, first_seq=first_seq)
     with RecordWriter(run_dir / RECORDS) as writer:
         try:
             async with client, aclosing(stream.__aiter__()) as records:
@@ -99,9 +105,33 @@ async def run_scenario(scenario: Scenario, run_dir: Path | None = None, *,
     return RunResult(run_dir=run_dir, run_id=run_id, state=state, records=writer.count, summary=summary)
 
 
+async def _run_workers(scenario: Scenario, run_dir: Path, meta: dict[str, Any], *, stop: asyncio.Event,
+                       already: dict[engine.LevelKey, int], first_seq: int) -> RunResult:
+    """The run on worker processes (``load.workers``); a run stamped in Unix times stays so when resumed."""
+    from kevload import workers
+
+    # A run begun in one process keeps perf_counter times: that clock is shared by every process of the host.
+    offset = workers.clock_offset() if meta["clock"].get("records") == "unix" else 0.0
+    results: list[workers.WorkerResult] = []
+    try:
+        results = await workers.run_workers(scenario, run_dir, run_id=meta["run_id"], stop=stop, already=already,
+                                            first_seq=first_seq, offset=offset)
+    finally:
+        aborted = any(r.aborted for r in results)
+        state = "aborted" if aborted else "interrupted" if stop.is_set() or len(results) < scenario.load.workers \
+            or any(r.error for r in results) else "complete"
+        summary = finish_run(run_dir, state=state, meta=meta)
+    failed = [r for r in results if r.error]
+    if failed:
+        raise RuntimeError(f"worker {failed[0].worker} failed; the run keeps what was recorded "
+                           f"(state {state}):\n{failed[0].error}")
+    return RunResult(run_dir=run_dir, run_id=meta["run_id"], state=state, records=sum(r.records for r in results),
+                     summary=summary)
+
+
 def refuse_existing(run_dir: Path, *, overwrite: bool = False, hint: str = "give a directory of its own") -> None:
     """A directory that holds a run is never appended to by a new one: two runs would merge into one matrix."""
-    if overwrite or not ((run_dir / RUN).exists() or (run_dir / RECORDS).exists()):
+    if overwrite or not ((run_dir / RUN).exists() or records_paths(run_dir)):
         return
     try:
         held = f"run {read_json(run_dir / RUN)['run_id']}"
@@ -112,10 +142,10 @@ def refuse_existing(run_dir: Path, *, overwrite: bool = False, hint: str = "give
 
 def single_run_id(run_dir: Path) -> str | None:
     """The run id of the directory's records; a file holding records of two runs is refused."""
-    ids = run_ids(run_dir / RECORDS)
+    ids = set().union(*(run_ids(path) for path in records_paths(run_dir)))
     if len(ids) > 1:
         shown = ", ".join(sorted(ids)[:3]) + (", …" if len(ids) > 3 else "")
-        raise RunDirError(f"{run_dir / RECORDS}: holds records of {len(ids)} runs ({shown}); "
+        raise RunDirError(f"{run_dir}: holds records of {len(ids)} runs ({shown}); "
                           "one directory, one run: rerun into a fresh --out")
     return next(iter(ids), None)
 
@@ -145,7 +175,10 @@ def finish_run(run_dir: Path, *, state: str | None = None, meta: dict[str, Any] 
     # A level run for a duration has no asked number of samples: only samples-bound cells can be short.
     asked = None if meta["load"].get("duration") else meta["load"].get("samples")
     slo = Slo(**meta["load"]["slo"]) if meta["load"].get("slo") else None  # runs before SLOs have none
-    summary = summarize(reduce_file(run_dir / RECORDS, slo=slo), max_error_share=max_error_share,
+    reduction = Reduction(slo=slo)
+    for path in records_paths(run_dir):  # records.jsonl, or one file per worker
+        reduction.merge(reduce_file(path, slo=slo))
+    summary = summarize(reduction, max_error_share=max_error_share,
                         samples_asked=asked, min_slo_attainment=meta["load"].get("min_slo_attainment"),
                         until_bound=meta["load"].get("until_bound"), max_samples=meta["load"].get("max_samples", 1000))
     summary = replace(summary, run_id=meta.get("run_id"), scenario=meta.get("scenario_name"),
@@ -165,7 +198,7 @@ def _resume_state(run_dir: Path) -> tuple[dict[str, Any], dict[engine.LevelKey, 
     already: dict[engine.LevelKey, int] = {}
     answers: dict[engine.LevelKey, list[engine.Answer]] = {}
     next_seq = 0
-    for r in read_records(run_dir / RECORDS):
+    for r in read_run_records(run_dir):
         next_seq = max(next_seq, r["seq"] + 1)
         # Records written before `counted` existed were all counted.
         if r["role"] == "probe" and r.get("counted", True):

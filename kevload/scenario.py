@@ -132,6 +132,7 @@ class Load:
     ramp_s: float = 0.0            # seconds at each level's load before its sends count (a timed warm-up)
     until_bound: float | None = None  # sample each cell until drift or a 95 % drift-rate bound this low
     max_samples: int = 1000           # … but never more counted probe samples per cell than this
+    workers: int = 1               # processes sharing each level (kevload.workers)
 
 
 @dataclass(frozen=True)
@@ -278,6 +279,14 @@ def scenario_from_dict(raw: dict[str, Any], *, source: str, name: str = "scenari
         v.fail("load.logprobs", '"auto", true or false', load.logprobs)
     if any(n < 1 for n in load.prefix_lengths):
         v.fail("load.prefix_lengths", "a list of integers >= 1", list(load.prefix_lengths))
+    if load.workers < 1:
+        v.fail("load.workers", "an integer >= 1 (processes sharing each level)", load.workers)
+    elif load.workers > 1 and load.until_bound is not None:
+        # The stop rule holds every answer against the serial one; workers share counts, not answers.
+        v.fail("load.workers", "1 with load.until_bound (sampling until a bound runs in one process)", load.workers)
+    elif 0 < load.max_in_flight < load.workers:
+        v.fail("load.max_in_flight", f"0 or at least load.workers ({load.workers}): each worker holds a share of "
+               "the cap", load.max_in_flight)
     if load.companion_count < 0:
         v.fail("load.companion_count", "an integer >= 0 (0: every line)", load.companion_count)
     if load.slo is not None:
@@ -337,6 +346,7 @@ _LOAD_RULES: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "ramp_s": ((int, float), False),
     "until_bound": ((int, float), False),
     "max_samples": (int, False),
+    "workers": (int, False),
 }
 
 _LIST_OF_INT = {"load.concurrency", "load.prefix_lengths"}

@@ -62,6 +62,7 @@ class Record:
     tool_calls: list[dict[str, str]] | None = None
     reconnects: int = 0
     request_id: str | None = None  # sent as X-Request-Id (``<run_id>-<seq>``): joins the record with server logs
+    worker: int | None = None  # which worker process sent it (runs with load.workers > 1; None: one process)
 
 
 def answer_text(output: str | None, reasoning: str | None = None,
@@ -122,6 +123,19 @@ class RecordWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def records_paths(run_dir: Path) -> list[Path]:
+    """Every records file of a run: ``records.jsonl`` and, for a run with workers, ``records-<worker>.jsonl``."""
+    paths = [run_dir / RECORDS] if (run_dir / RECORDS).is_file() else []
+    workers = [p for p in run_dir.glob("records-*.jsonl") if p.stem.removeprefix("records-").isdigit()]
+    return paths + sorted(workers, key=lambda p: int(p.stem.removeprefix("records-")))
+
+
+def read_run_records(run_dir: Path) -> Iterator[dict[str, Any]]:
+    """The records of every records file of a run, file after file."""
+    for path in records_paths(run_dir):
+        yield from read_records(path)
 
 
 def read_records(path: Path) -> Iterator[dict[str, Any]]:
@@ -198,7 +212,7 @@ def read_json(path: Path) -> Any:
 
 
 def open_run_dir(path: Path) -> Path:
-    if not (path / RECORDS).is_file():
+    if not records_paths(path):
         raise RunDirError(f"{path}: not a kevload run directory (no {RECORDS})")
     return path
 

@@ -137,9 +137,6 @@ class _Overlap(FakeServer):
         return super()._answer(body, prompt, state)
 
 
-@pytest.mark.xfail(strict=True, reason="engine._sender keeps a request 'in flight' while it sleeps out a 429's "
-                   "Retry-After, so plan.sent counts the other slot's sends as full load while the server has "
-                   "nothing else to do; the count belongs around each client.send, not around the retry loop")
 def test_counted_sample_is_never_alone_at_the_server_while_another_slot_backs_off(tmp_path):
     """README: 'every counted probe sample is sent with exactly c−1 other requests in flight', and
     '"In flight" means sent by kevload and not yet answered'. With --retries, a 429 is answered, yet the

@@ -1,0 +1,341 @@
+"""Worker processes on one host: N processes share each level of one run (``load.workers``, ``--workers N``).
+
+Each worker runs ``engine.run`` with a ``Shared`` in place of the engine's ``Solo``:
+
+- Closed loop: the level's *c* slots are dealt out round-robin, probe slots first, so worker 0 holds
+  the probe slot in the companion modes and the other workers hold companion slots, and in ``single``
+  mode the probe slots are spread. One plan (the level's ``ClosedLoop``) and one in-flight count serve
+  all workers: they live in shared memory (a ``multiprocessing.Array`` of doubles) and every decision
+  (what a slot sends next, whether a send counts) is taken under its lock, so "exactly *c* − 1 others
+  in flight" holds across processes, and each record's ``in_flight`` is the count across all workers.
+- Open loop: worker *w* sends arrivals *w*, *w* + N, … of the one schedule, against one start time.
+- Levels start and end together: a ``multiprocessing.Barrier`` after the warm-ups and after the drain.
+
+The shared count is kevload's own bookkeeping, as in one process: a request is in flight from the
+moment its worker claims it (under the lock, just before its bytes go out) until its answer is in. Two
+limits: a send and its count are not one atomic act with the socket write (the same as in one process),
+and across processes a slot's return and its next send are no longer one step of one event loop, so
+another worker's send can come in between; such a send sees *c* − 2 others and is not counted — the
+rule stays exact, only some sends more go uncounted. Every claim takes one lock shared by all workers
+(about a microsecond uncontended), which is the price of the exact count.
+
+Each worker writes its own ``records-<worker>.jsonl`` (one unbuffered write per record, as in one process)
+with ``worker`` set and Unix times: one offset from ``time.perf_counter`` to ``time.time`` measured once by
+the driver for the whole host (``perf_counter`` is the host's one monotonic clock), so times from
+different workers compare directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import signal
+import threading
+import time
+import traceback
+from contextlib import aclosing
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from kevload import engine
+from kevload.scenario import Scenario
+from kevload.schedule import PROBE, ClosedLoop, OpenLoop
+from kevload.store import Record, RecordWriter
+
+IN_FLIGHT, START, PLAN = 0, 1, 2
+_STATE_SIZE = PLAN + 32  # room for a ClosedLoop's numeric fields
+_WATCH_S = 0.05  # how often a worker looks for a stop from the driver (or the driver's death)
+
+
+def records_name(worker: int) -> str:
+    return f"records-{worker}.jsonl"
+
+
+def clock_offset() -> float:
+    """Seconds to add to ``time.perf_counter()`` to get Unix time: the closest of a few readings."""
+    readings = []
+    for _ in range(5):
+        before = time.perf_counter()
+        unix = time.time()
+        after = time.perf_counter()
+        readings.append((after - before, unix - (before + after) / 2))
+    return min(readings)[1]
+
+
+def slots_of(slots: tuple[str, ...], worker: int, workers: int) -> tuple[str, ...]:
+    """This worker's share of a level's slots: dealt round-robin, probe slots first.
+
+    The companion modes have one probe slot, which lands on worker 0; ``single`` spreads its probe
+    slots. Within a worker, companion slots come first, as in one process (they start first).
+    """
+    ordered = sorted(slots, key=lambda role: role != PROBE)
+    mine = ordered[worker::workers]
+    return tuple(sorted(mine, key=lambda role: role == PROBE))
+
+
+def cap_of(max_in_flight: int, worker: int, workers: int) -> int:
+    """This worker's share of an open loop's ``load.max_in_flight`` (0: no cap); the shares add up to it."""
+    if not max_in_flight:
+        return 0
+    return max_in_flight // workers + (worker < max_in_flight % workers)
+
+
+class SharedPlan:
+    """A level's ``ClosedLoop`` whose state lives in shared memory, consulted by every worker under one lock.
+
+    The plan's numeric fields (its counters) are loaded before and stored after each call, so its rules
+    stay written once, in ``kevload.schedule``, and apply to the sends of all workers together.
+    """
+
+    def __init__(self, plan: ClosedLoop, state: Any):
+        self._plan = plan
+        # The raw array under the one lock: a synchronized array's own indexing would take the lock per item.
+        self._lock, self._state = state.get_lock(), state.get_obj()
+        self._fields = [(name, type(value)) for name, value in vars(plan).items()
+                        if type(value) in (int, bool, float)]
+        if PLAN + len(self._fields) > _STATE_SIZE:
+            raise RuntimeError(f"ClosedLoop has {len(self._fields)} numeric fields; raise _STATE_SIZE")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._plan, name)  # constants such as warmup and concurrency
+
+    def publish(self) -> None:
+        """The leader's fresh plan becomes the level's shared state (before the level's barrier)."""
+        with self._lock:
+            self._store()
+
+    def next(self, role: str, at: float = 0.0) -> Any:
+        with self._lock:
+            self._load()
+            return self._plan.next(role, at)
+
+    def slot_done(self, role: str) -> None:
+        with self._lock:
+            self._load()
+            self._plan.slot_done(role)
+            self._store()
+
+    def claim(self, role: str, at: float) -> tuple[int, bool]:
+        state = self._state
+        with self._lock:
+            self._load()
+            in_flight = int(state[IN_FLIGHT])
+            counted = self._plan.sent(role, in_flight, at)
+            state[IN_FLIGHT] = in_flight + 1
+            self._store()
+        return in_flight, counted
+
+    def release(self, role: str, counted: bool) -> None:
+        state = self._state
+        with self._lock:
+            self._load()
+            state[IN_FLIGHT] -= 1
+            self._plan.returned(role, counted)
+            self._store()
+
+    def _load(self) -> None:
+        state, plan = self._state, self._plan
+        for i, (name, kind) in enumerate(self._fields, PLAN):
+            setattr(plan, name, kind(state[i]))
+
+    def _store(self) -> None:
+        state, plan = self._state, self._plan
+        for i, (name, _) in enumerate(self._fields, PLAN):
+            state[i] = getattr(plan, name)
+
+
+class Shared(engine.Solo):
+    """The engine's view of the other workers: shared plan and count, this worker's slots and arrivals, barriers."""
+
+    def __init__(self, worker: int, workers: int, state: Any, barrier: Any, stop: asyncio.Event):
+        self.worker, self.workers = worker, workers
+        self._shared = state  # what a SharedPlan is built on
+        self._lock, self._state = state.get_lock(), state.get_obj()
+        self._barrier = barrier
+        self._stop = stop
+
+    @property
+    def leader(self) -> bool:
+        return self.worker == 0
+
+    def closed(self, plan: ClosedLoop) -> tuple[SharedPlan, tuple[str, ...]]:  # type: ignore[override]
+        shared = SharedPlan(plan, self._shared)
+        if self.leader:
+            shared.publish()  # every worker is past the last level's end barrier: nobody reads the old state
+        return shared, slots_of(plan.slots, self.worker, self.workers)
+
+    def claim(self, plan: ClosedLoop | OpenLoop | SharedPlan, role: str, in_flight: int,
+              at: float) -> tuple[int, bool]:
+        if isinstance(plan, SharedPlan):
+            return plan.claim(role, at)
+        state = self._state
+        with self._lock:
+            in_flight = int(state[IN_FLIGHT])
+            state[IN_FLIGHT] = in_flight + 1
+        return in_flight, plan.sent(role, in_flight, at)
+
+    def pause(self) -> None:
+        with self._lock:
+            self._state[IN_FLIGHT] -= 1
+
+    def resume(self) -> None:
+        with self._lock:
+            self._state[IN_FLIGHT] += 1
+
+    def release(self, plan: ClosedLoop | OpenLoop | SharedPlan, role: str, counted: bool) -> None:
+        if isinstance(plan, SharedPlan):
+            plan.release(role, counted)
+            return
+        state = self._state
+        with self._lock:
+            state[IN_FLIGHT] -= 1
+        plan.returned(role, counted)
+
+    def mine(self, arrival: int) -> bool:
+        return arrival % self.workers == self.worker
+
+    @property
+    def warms_up(self) -> bool:
+        return self.leader
+
+    async def level_start(self, lead: float) -> float:
+        if self.leader:
+            # Leave the others time to get through the barrier before the first arrival is due.
+            self._state[START] = time.perf_counter() + lead + 0.05
+        await self._wait()
+        return self._state[START]
+
+    async def level_end(self) -> None:
+        await self._wait()
+
+    async def _wait(self) -> None:
+        """Wait at the barrier without blocking the event loop; a broken barrier (a stop) stops this worker."""
+        try:
+            await asyncio.to_thread(self._barrier.wait)
+        except threading.BrokenBarrierError:
+            self._stop.set()
+
+
+@dataclass(frozen=True)
+class WorkerResult:
+    worker: int
+    records: int
+    aborted: bool
+    error: str | None = None
+
+
+async def run_workers(scenario: Scenario, run_dir: Path, *, run_id: str, stop: asyncio.Event,
+                      already: dict[engine.LevelKey, int], first_seq: int, offset: float) -> list[WorkerResult]:
+    """Run the scenario on ``load.workers`` processes; returns once all have ended (each writes its own file).
+
+    A stop (Ctrl-C) reaches the workers through a shared event, and breaks the barrier so none waits for
+    another; a worker that aborts (the error rule) or dies stops the others the same way.
+    """
+    workers = scenario.load.workers
+    ctx = multiprocessing.get_context("spawn")  # never fork a process that runs an event loop
+    state = ctx.Array("d", _STATE_SIZE)
+    barrier = ctx.Barrier(workers)
+    halt = ctx.Event()
+    pipes, procs = [], []
+    for worker in range(workers):
+        receive, send = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_worker_main, name=f"kevload-worker-{worker}", daemon=True,
+                           args=(worker, workers, scenario, str(run_dir / records_name(worker)), run_id, already,
+                                 first_seq, offset, os.getpid(), state, barrier, halt, send))
+        proc.start()
+        send.close()
+        pipes.append(receive)
+        procs.append(proc)
+    results: dict[int, WorkerResult] = {}
+    try:
+        while len(results) < workers:
+            if stop.is_set() and not halt.is_set():
+                _halt(halt, barrier)
+            for worker, (pipe, proc) in enumerate(zip(pipes, procs, strict=True)):
+                if worker in results:
+                    continue
+                alive = proc.is_alive()  # read before the pipe: a worker sends its result, then exits
+                if pipe.poll():
+                    results[worker] = pipe.recv()
+                    if results[worker].aborted or results[worker].error:
+                        _halt(halt, barrier)
+                elif not alive:
+                    results[worker] = WorkerResult(worker, 0, False, f"died (exit code {proc.exitcode})")
+                    _halt(halt, barrier)
+            await asyncio.sleep(_WATCH_S)
+    finally:
+        if len(results) < workers:  # the driver itself was cancelled: take the workers down with it
+            _halt(halt, barrier)
+        for proc in procs:
+            proc.join(timeout=engine.STOP_GRACE_S + 5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    return [results[w] for w in range(workers)]
+
+
+def _halt(halt: Any, barrier: Any) -> None:
+    halt.set()
+    barrier.abort()
+
+
+def _worker_main(worker: int, workers: int, scenario: Scenario, path: str, run_id: str,
+                 already: dict[engine.LevelKey, int], first_seq: int, offset: float, parent: int,
+                 state: Any, barrier: Any, halt: Any, pipe: Any) -> None:
+    # Ctrl-C reaches the whole process group: the driver alone decides, and tells the workers through `halt`.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import uvloop
+
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            result = runner.run(_work(worker, workers, scenario, Path(path), run_id, already, first_seq, offset,
+                                      parent, state, barrier, halt))
+    except Exception:  # noqa: BLE001 - the driver shows it; a worker has no terminal of its own
+        result = WorkerResult(worker, 0, False, traceback.format_exc(limit=8))
+    pipe.send(result)
+    pipe.close()
+
+
+async def _work(worker: int, workers: int, scenario: Scenario, path: Path, run_id: str,
+                already: dict[engine.LevelKey, int], first_seq: int, offset: float, parent: int,
+                state: Any, barrier: Any, halt: Any) -> WorkerResult:
+    from kevload.client import Client
+
+    stop = asyncio.Event()
+
+    async def watch() -> None:
+        while not stop.is_set():
+            if halt.is_set() or os.getppid() != parent:  # a stop, another worker's abort, or the driver died
+                stop.set()
+                barrier.abort()
+                return
+            await asyncio.sleep(_WATCH_S)
+
+    cap = scenario.load.max_in_flight
+    mine = replace(scenario, load=replace(scenario.load, max_in_flight=cap_of(cap, worker, workers)))
+    client = Client(mine.target, mine.api_key())
+    share = Shared(worker, workers, state, barrier, stop)
+    stream = engine.run(mine, client, run_id=run_id, stop=stop, already=already, first_seq=first_seq, share=share)
+    watcher = asyncio.create_task(watch())
+    with RecordWriter(path) as writer:
+        try:
+            async with client, aclosing(stream.__aiter__()) as records:
+                async for record in records:
+                    writer.write(stamp(record, worker, offset, cap))
+        finally:
+            watcher.cancel()
+    if stream.aborted:
+        halt.set()
+        barrier.abort()
+    return WorkerResult(worker, writer.count, stream.aborted)
+
+
+def stamp(record: Record, worker: int, offset: float, max_in_flight: int) -> Record:
+    """A worker's record as the run keeps it: its worker, Unix times, and the open loop's whole cap."""
+    shift = {name: value + offset for name in ("t_scheduled", "t_send", "t_first_byte", "t_first_token", "t_last_byte")
+             if (value := getattr(record, name)) is not None}
+    if record.rate is not None:
+        shift["max_in_flight"] = max_in_flight or None
+    return replace(record, worker=worker, **shift)
