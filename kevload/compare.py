@@ -325,6 +325,9 @@ class CellAccumulator:
 class Reduction:
     cells: dict[CellKey, CellAccumulator] = field(default_factory=dict)
     records: int = 0
+    # Every request on record, warm-ups and uncounted sends included: what was sent, not what is evidence.
+    sent: int = 0
+    sent_errors: dict[str, int] = field(default_factory=dict)
     slo: Slo | None = None
     limits: SloLimits | None = field(init=False, default=None)
 
@@ -332,6 +335,10 @@ class Reduction:
         self.limits = slo_limits(self.slo)
 
     def add(self, record: dict[str, Any]) -> None:
+        self.sent += 1
+        status = record["status"]
+        if status != "ok":
+            self.sent_errors[status] = self.sent_errors.get(status, 0) + 1
         # Warm-ups and sends below full load (a level's ramp-up) are on record but are no evidence.
         if record.get("role") == "warmup" or record.get("counted") is False:
             return
@@ -349,6 +356,9 @@ class Reduction:
             else:
                 self.cells[key] = cell
         self.records += other.records
+        self.sent += other.sent
+        for status, n in other.sent_errors.items():
+            self.sent_errors[status] = self.sent_errors.get(status, 0) + n
 
 
 def reduce_file(path: Path, workers: int | None = None, *, slo: Slo | None = None) -> Reduction:
@@ -437,6 +447,8 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
         ok=sum(c.ok for c in cells),
         errors=probe_errors + companion_errors,
         errors_by_type=_merge_counts(c.errors for c in cells),
+        requests_sent=reduction.sent,
+        errors_sent_by_type=dict(sorted(reduction.sent_errors.items())),
         probe_requests=probe_requests,
         probe_errors=probe_errors,
         probe_error_share=round(probe_error_share, 6),

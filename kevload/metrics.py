@@ -68,7 +68,10 @@ LATENCY_FIELDS = (
 )
 
 RUN_FIELDS = (
-    Field("requests", "kevload_run_requests", "Requests the run counted, companions included."),
+    Field("requests", "kevload_run_requests",
+          "Requests counted as evidence (sent at full load), companions included; warm-ups and ramp-ups not."),
+    Field("requests_sent", "kevload_run_requests_sent",
+          "Every request the run sent: warm-ups, ramp-ups and uncounted copies included."),
     Field("errors", "kevload_run_error_requests", "Failed requests in the run, companions included."),
     Field("probe_requests", "kevload_run_probe_requests", "Probe requests the run counted."),
     Field("probe_errors", "kevload_run_probe_error_requests", "Failed probe requests."),

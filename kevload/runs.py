@@ -185,7 +185,7 @@ def finish_run(run_dir: Path, *, state: str | None = None, meta: dict[str, Any] 
                       state=state or meta.get("state"))
     write_json(run_dir / SUMMARY, summary.to_json())
     if state is not None:
-        meta = {**meta, "state": state, "ended_at": _now_iso(), "records": summary.requests}
+        meta = {**meta, "state": state, "ended_at": _now_iso(), "records": summary.requests_sent}
         write_json(run_dir / RUN, meta)
     return summary
 

@@ -172,6 +172,9 @@ class RunSummary(_Json):
     ok: int = 0
     errors: int = 0
     errors_by_type: dict[str, int] = field(default_factory=dict)
+    # Every request sent (records.jsonl's lines: warm-ups, ramp-ups and uncounted copies too), and their errors.
+    requests_sent: int | None = written_with("requests_sent")
+    errors_sent_by_type: dict[str, int] | None = written_with("requests_sent")
     probe_requests: int = 0
     probe_errors: int = 0
     probe_error_share: float = 0.0

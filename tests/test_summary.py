@@ -48,6 +48,10 @@ def test_summary_recomputed_from_old_records_is_the_old_file(tmp_path, run):
     assert all(added - {"stop_reason"} <= set(c) for c in now["cells"] if c["ok"])
     now["cells"] = [{k: v for k, v in c.items() if k not in added} for c in now["cells"]]
     assert not any(map(any, now["matrix"].pop("latent")))  # the matrix's latent-drift marks, none here
+    # Every line of records.jsonl, warm-ups and uncounted sends included: at least the counted requests.
+    records = (run_dir / "records.jsonl").read_bytes().count(b"\n")
+    assert now.pop("requests_sent") == records >= now["requests"]
+    assert set(now.pop("errors_sent_by_type")) >= set(now["errors_by_type"])
     assert now == json.loads((FIXTURES / run / "summary.json").read_bytes())
 
 
