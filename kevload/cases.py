@@ -187,7 +187,11 @@ def rerun_load(case: dict[str, Any], times: int) -> tuple[dict[str, Any], dict[s
         # With Poisson arrivals the seed also draws the gaps; a case keeps the seed its companions used.
         load["rate"] = [recorded["rate"]]
     else:
-        load["concurrency"] = [int(recorded.get("concurrency", level))]
+        # A closed-loop case at c>1 is judged as the run judged it: against the serial answer too, so its
+        # serial level is rerun first (same mode, seed, companions); copies that agree with each other but
+        # not with the serial answer are drift, which the distinct count at c alone cannot see.
+        level = int(recorded.get("concurrency", level))
+        load["concurrency"] = [1, level] if level > 1 else [level]
     return params, load
 
 
@@ -211,7 +215,7 @@ async def rerun_cases(cases: list[dict[str, Any]], *, url: str, model: str, time
         probe["prompt" if isinstance(case["input"], str) else "messages"] = case["input"]
         raw = {"target": {"base_url": url, "model": model, "api": api, "timeout": timeout}, "params": params,
                "load": load, "probes": [probe]}
-        rerun = {"mode": load.get("mode", "single"), "concurrency": load.get("concurrency", [None])[0],
+        rerun = {"mode": load.get("mode", "single"), "concurrency": load.get("concurrency", [None])[-1],
                  "rate": load["rate"][0] if "rate" in load else None, "samples": times,
                  **{k: load[k] for k in ("seed", "companions", "prefix_lengths", "needle_length") if k in load},
                  "params": {**params, "max_tokens": max_tokens}}
@@ -220,13 +224,16 @@ async def rerun_cases(cases: list[dict[str, Any]], *, url: str, model: str, time
         result = await run_scenario(scenario_from_dict(raw, source=f"case {case['id']}"), run_dir, stop=stop)
         if result.state == "interrupted":
             break
-        cell = result.summary.probe_cells()[0]
+        # The case's own cell (the last level); a serial level run before it only feeds that cell's drift.
+        cell = max(result.summary.probe_cells(), key=lambda c: c.level_order)
         texts = Counter(record_answer(r) for r in read_run_records(run_dir)
-                        if r["role"] == "probe" and r["status"] == "ok" and r.get("counted", True))
+                        if r["role"] == "probe" and r["status"] == "ok" and r.get("counted", True)
+                        and r["concurrency"] == cell.concurrency and r.get("rate") == cell.rate)
         recorded = recorded_texts(case)
         after = {**case, "rerun": rerun, "rerun_uniq": len(texts), "rerun_ok": cell.ok,
                  "rerun_outputs": _counted(texts),
-                 "verdict_after": "no_answer" if not texts else "stable" if len(texts) == 1 else "unstable",
+                 "verdict_after": "no_answer" if not texts
+                 else "unstable" if cell.drift or len(texts) > 1 else "stable",
                  "matches_recorded": set(texts) <= recorded if texts and recorded else None,
                  "rerun_dir": str(run_dir)}
         if case.get("expected") is not None:

@@ -99,15 +99,12 @@ def test_companion_line_with_bad_messages_is_refused_before_anything_is_sent(tmp
 
 # --- cases: a case unstable against the serial answer ---------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="cases.rerun_cases judges the rerun by its distinct count alone; a case "
-                   "whose copies agree with each other but not with the serial answer (`1 all≠serial`) always "
-                   "reruns as 'stable'. The verdict belongs against the serial answer (rerun c=1 too, or compare "
-                   "with the case's recorded serial output) in cases.py")
 def test_case_unstable_against_serial_stays_unstable_on_an_unchanged_server(tmp_path):
     """A server that gives one other answer whenever two requests overlap: the run's c=2 cell reads
     `1 all≠serial` (DRIFT, exit 1) and `cases build` records that case as unstable. `cases rerun` against
     the very same server sends the case at c=2 only, sees one distinct answer (the same batched one it
-    recorded: `matches recorded`) and reports `unstable→stable`, exit 0: a fix that never happened."""
+    recorded: `matches recorded`) and reported `unstable→stable`, exit 0: a fix that never happened. The
+    rerun now sends the serial level too and judges the c=2 cell against it, as the run did."""
     with FakeServer(Behaviour(latency=0.1, drift_at=2, batched_variant=True)) as server:
         scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=4)
         assert run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")[0] == 1

@@ -181,10 +181,13 @@ def test_rerun_reproduces_mixed_load(tmp_path):
 
 
 def first_companions(run_dir: Path, probe: str) -> list[str]:
-    """The first two companions of ``probe``'s level: its two companion slots send right before the probe's."""
+    """The first two companions of ``probe``'s top level (a rerun sends the serial level first): its two
+    companion slots send right before the probe's."""
     records = sorted((json.loads(line) for line in (run_dir / "records.jsonl").read_text().splitlines()),
                      key=lambda r: r["seq"])
-    start = next(i for i, r in enumerate(records) if r["role"] == "probe" and r["probe"] == probe)
+    top = max(r["concurrency"] for r in records if r["role"] == "probe" and r["probe"] == probe)
+    start = next(i for i, r in enumerate(records)
+                 if r["role"] == "probe" and r["probe"] == probe and r["concurrency"] == top)
     assert [r["role"] for r in records[start - 2:start]] == ["companion", "companion"]
     return [r["probe"] for r in records[start - 2:start]]
 
