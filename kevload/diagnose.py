@@ -525,7 +525,8 @@ class _Diagnoser:
 
     async def _cold_warm(self, key: str, title: str, params: dict[str, Any], rounds: int = 3, warm: int = 3) -> None:
         # A fresh marker per round keeps the prompt out of any cache; the first answer is the cold one.
-        probes = [_variant(self.o.probe, f"[{secrets.token_hex(4)}] ") for _ in range(rounds)]
+        markers = [f"[{secrets.token_hex(4)}] " for _ in range(rounds)]
+        probes = [self.o.probe.with_text(m + self.o.probe.text, f"cold{m.strip('[] ')}") for m in markers]
         step = await self._measure(key, title, params, [1], 1 + warm, probes=probes)
         compared, cold_differs, warm_unstable = cold_warm_counts(_ok_probe_hashes(Path(step.run)))
         self._add(replace(step, compared_rounds=compared, cold_differs_rounds=cold_differs,
@@ -634,13 +635,6 @@ def _levels(max_concurrency: int) -> list[int]:
         levels.append(c)
         c *= 2
     return levels + [max_concurrency]
-
-
-def _variant(probe: Probe, marker: str) -> Probe:
-    if probe.prompt is not None:
-        return Probe(id=f"cold{marker.strip('[] ')}", prompt=marker + probe.prompt, max_tokens=probe.max_tokens)
-    last = {**probe.messages[-1], "content": marker + probe.messages[-1]["content"]}
-    return Probe(id=f"cold{marker.strip('[] ')}", messages=probe.messages[:-1] + (last,), max_tokens=probe.max_tokens)
 
 
 def _probe_table(probe: Probe) -> dict[str, Any]:

@@ -58,6 +58,12 @@ class Probe:
         assert self.messages is not None
         return self.messages[-1]["content"]
 
+    def with_text(self, text: str, id: str) -> Probe:
+        """The same input with ``text`` in place of ``self.text`` (earlier chat messages kept), as ``id``."""
+        if self.prompt is not None:
+            return replace(self, id=id, prompt=text)
+        return replace(self, id=id, messages=(*self.messages[:-1], {**self.messages[-1], "content": text}))
+
 
 @dataclass(frozen=True)
 class Slo:

@@ -93,7 +93,7 @@ def _prefix_pool(probe: Probe, lengths: Sequence[int]) -> list[Companion]:
     for cut in cuts:
         for i, suffix in enumerate(_SUFFIXES):
             content = text[:cut] + suffix
-            pool.append(Companion(_with_text(probe, content, f"companion:prefix{cut}-{i}"), f"prefix{cut}"))
+            pool.append(Companion(probe.with_text(content, f"companion:prefix{cut}-{i}"), f"prefix{cut}"))
     return pool
 
 
@@ -104,10 +104,3 @@ def _needle_pool(length: int) -> list[Companion]:
         pool.append(Companion(Probe(id=f"companion:long-{name}", prompt=body + "\n\n" + text, max_tokens=64),
                               "needle"))
     return pool
-
-
-def _with_text(probe: Probe, content: str, new_id: str) -> Probe:
-    if probe.prompt is not None:
-        return Probe(id=new_id, prompt=content, max_tokens=probe.max_tokens)
-    messages = probe.messages[:-1] + ({**probe.messages[-1], "content": content},)
-    return Probe(id=new_id, messages=messages, max_tokens=probe.max_tokens)

@@ -97,3 +97,13 @@ toml_values = st.recursive(toml_scalars, lambda inner: st.lists(inner, max_size=
 def test_loader_fails_only_with_its_own_error(raw):
     with contextlib.suppress(ScenarioError):
         scenario_from_dict(raw, source="fuzz.toml")
+
+
+def test_probe_with_text_keeps_the_input_shape():
+    from kevload.scenario import Probe
+
+    plain = Probe(id="p", prompt="abc", max_tokens=9).with_text("xyz", "q")
+    assert plain == Probe(id="q", prompt="xyz", max_tokens=9)
+    chat = Probe(id="p", messages=({"role": "system", "content": "s"}, {"role": "user", "content": "u"}))
+    assert chat.with_text("v", "c").messages == ({"role": "system", "content": "s"}, {"role": "user", "content": "v"})
+    assert chat.messages[-1]["content"] == "u"  # the original is untouched
