@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from kevload.scenario import Probe, ScenarioError
+from kevload.scenario import Probe, ScenarioError, parse_jsonl
 
 
 @dataclass(frozen=True)
@@ -84,14 +83,8 @@ def _describe(doc: dict[str, Any] | None) -> str:
            f"count {doc.get('count')}"
 
 
-def _lines(data: bytes, path: Path, what: str):
-    for number, line in enumerate(data.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            yield number, orjson.loads(line)
-        except orjson.JSONDecodeError:
-            raise ScenarioError(f"{path}:{number}: {what}: expected one JSON object a line (JSONL)") from None
+def _lines(data: bytes, path: Path, what: str) -> Iterator[tuple[int, Any]]:
+    return parse_jsonl(data.splitlines(), path, what)
 
 
 def _item(doc: Any, number: int, path: Path, what: str, role: str, max_tokens: int) -> Probe:

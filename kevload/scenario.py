@@ -6,7 +6,7 @@ import difflib
 import math
 import os
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -174,13 +174,18 @@ def iter_jsonl(path: Path, what: str) -> Iterator[tuple[int, Any]]:
     except OSError as exc:
         raise ScenarioError(f"{path}: {what}: cannot read: {exc.strerror}") from None
     with handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                yield number, orjson.loads(line)
-            except orjson.JSONDecodeError:
-                raise ScenarioError(f"{path}:{number}: {what}: expected one JSON object a line (JSONL)") from None
+        yield from parse_jsonl(handle, path, what)
+
+
+def parse_jsonl(lines: Iterable[bytes], path: Path, what: str) -> Iterator[tuple[int, Any]]:
+    """(line number, object) for each non-blank line; the first that is not JSON is an error naming it."""
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            yield number, orjson.loads(line)
+        except orjson.JSONDecodeError:
+            raise ScenarioError(f"{path}:{number}: {what}: expected one JSON object a line (JSONL)") from None
 
 
 def load_scenario(path: str | Path, overrides: list[str] = ()) -> Scenario:
