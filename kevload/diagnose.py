@@ -19,7 +19,7 @@ from kevload.client import Client, build_body
 from kevload.runs import run_scenario
 from kevload.scenario import Probe, Scenario, scenario_from_dict
 from kevload.stats import drift_upper_bound, samples_for_bound
-from kevload.store import default_run_dir, read_records
+from kevload.store import RUN, default_run_dir, read_json, read_records
 from kevload.summary import CellSummary, RunSummary
 
 # In the guide's order: the first cause found is the verdict, later ones are listed as also found.
@@ -428,6 +428,8 @@ class _Diagnoser:
         self.o = options
         self.log = log
         self.evidence = Evidence()
+        # The first step's run checks once whether the server returns logprobs; the later steps reuse the answer.
+        self.logprobs: str | bool = "auto"
         self.out = options.out or default_run_dir("diagnose")
 
     def decide(self) -> Diagnosis:
@@ -551,8 +553,12 @@ class _Diagnoser:
     async def _run(self, key: str, params: dict[str, Any], levels: list[int], samples: int, *,
                    mode: str = "single", probes: list[Probe] | None = None) -> tuple[RunSummary, Path]:
         run_dir = self.out / key
-        scenario = _scenario(self.o, params, levels, samples, mode=mode, probes=probes, until=key in _UNTIL_STEPS)
+        scenario = _scenario(self.o, params, levels, samples, mode=mode, probes=probes, until=key in _UNTIL_STEPS,
+                             logprobs=self.logprobs)
         result = await run_scenario(scenario, run_dir)
+        if self.logprobs == "auto":
+            available = read_json(run_dir / RUN).get("logprobs", {}).get("available")
+            self.logprobs = self.logprobs if available is None else available
         self.evidence = replace(self.evidence, runs=self.evidence.runs + (str(run_dir),))
         return result.summary, run_dir
 
@@ -614,14 +620,16 @@ def _ok_probe_hashes(run_dir: Path) -> list[tuple[str, int, str]]:
 
 
 def _scenario(options: DiagnoseOptions, params: dict[str, Any], levels: list[int], samples: int, *,
-              mode: str = "single", probes: list[Probe] | None = None, until: bool = False) -> Scenario:
+              mode: str = "single", probes: list[Probe] | None = None, until: bool = False,
+              logprobs: str | bool = "auto") -> Scenario:
     target = {"base_url": options.url, "model": options.model, "api": options.api, "timeout": options.timeout}
     if options.api_key_env:
         target["api_key_env"] = options.api_key_env
     raw = {
         "target": target,
         "params": params,
-        "load": {"mode": mode, "concurrency": levels, "samples": samples, "max_error_share": 0.2},
+        "load": {"mode": mode, "concurrency": levels, "samples": samples, "max_error_share": 0.2,
+                 "logprobs": logprobs},
         "probes": [_probe_table(p) for p in (probes or [options.probe])],
     }
     if until and options.until_bound is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +30,10 @@ def test_stable(tmp_path, server):
     assert "--samples 299" in output  # what a 1 % bound would need
     assert d["findings"]["cache_effect"] is False
     assert d["findings"]["greedy_at_temperature_0"] is True
+    # One logprob check per diagnosis, not one per step: the later steps know the answer.
+    assert output.count("returned no per-token logprobs") == 1, output
+    checks = [json.loads((Path(run) / "run.json").read_text())["logprobs"] for run in d["runs"]]
+    assert checks[0]["available"] is False and all(c["asked"] is False for c in checks[1:])
 
 
 def test_sampling_with_honoured_seed(tmp_path, server):
