@@ -17,7 +17,7 @@ import orjson
 from kevload.http1 import LeanTransport
 from kevload.scenario import REQUEST_ID_HEADER, Probe, Scenario, Target
 from kevload.sse import SSEError, SSEParser
-from kevload.store import secret_header_values, url_secrets, url_userinfo
+from kevload.store import url_secrets, url_userinfo
 from kevload.transport import AiohttpTransport, Endpoint, Response, Transport, TransportError
 
 
@@ -143,9 +143,9 @@ class Client:
         path = parts.path.rstrip("/") + ("/chat/completions" if target.api == "chat" else "/completions")
         # The query stays after the path (Azure's ?api-version=…).
         self.url = urlunsplit(parts._replace(path=path))
-        # Error texts can echo request headers back (some gateways do): scrub every credential.
-        self._secrets = [s for s in [api_key, *secret_header_values(target.headers), *url_secrets(target.base_url)]
-                         if s]
+        # Error texts can echo request headers back (some gateways do). No header name tells which values are
+        # credentials (Ocp-Apim-Subscription-Key, X-Auth, …), so every header value is scrubbed, with the key.
+        self._secrets = [s for s in [api_key, *target.headers.values(), *url_secrets(target.base_url)] if s]
         headers = {"Content-Type": "application/json", **target.headers}
         if basic:
             headers["Authorization"] = f"Basic {basic}"

@@ -75,9 +75,6 @@ async def run_scenario(scenario: Scenario, run_dir: Path | None = None, *,
         meta, already, first_seq, answers = _run_meta(scenario, run_id, secrets), {}, 0, {}
     # One check request decides whether the run asks for per-token logprobs (load.logprobs = "auto").
     scenario, meta["logprobs"] = await ask_for_logprobs(scenario, api_key)
-    # Built before anything is written, so a bad companion file fails the run up front.
-    stream = engine.run(scenario, client, run_id=run_id, stop=stop, already=already, first_seq=first_seq,
-                        answers=answers)
     if resume:
         # A run killed mid-write leaves a torn last line; appending after it would bury it mid-file.
         for path in records_paths(run_dir):
@@ -92,6 +89,8 @@ async def run_scenario(scenario: Scenario, run_dir: Path | None = None, *,
     write_json(run_dir / RUN, meta)
     if scenario.load.workers > 1 or meta["clock"].get("records") == "unix":
         return await _run_workers(scenario, run_dir, meta, stop=stop, already=already, first_seq=first_seq)
+    stream = engine.run(scenario, client, run_id=run_id, stop=stop, already=already, first_seq=first_seq,
+                        answers=answers)
     with RecordWriter(run_dir / RECORDS) as writer:
         try:
             async with client, aclosing(stream.__aiter__()) as records:

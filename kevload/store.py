@@ -217,12 +217,6 @@ def open_run_dir(path: Path) -> Path:
     return path
 
 
-def secret_header_values(headers: dict[str, str]) -> list[str]:
-    """Every header value: no name pattern can tell which ones carry credentials (``Ocp-Apim-Subscription-Key``,
-    ``X-Auth``, ``X-Access-Key`` …), so all of them are scrubbed wherever they might appear."""
-    return [value for value in headers.values() if value]
-
-
 def url_userinfo(url: str) -> tuple[str, str | None]:
     """``url`` without its ``user:password@``, and the Basic credential it stands for (None without one)."""
     parts = urlsplit(url)
