@@ -64,6 +64,11 @@ def test_llamacpp_is_batch_invariant_here(tmp_path, llamacpp, mode):
     assert [cells[c]["distinct"] for c in (1, 2, 4)] == [1, 1, 1]
     assert all(cells[c]["ok"] == 8 for c in (1, 2, 4))
     assert code == 0
+    # What the README's demo section says of this server: the numerics agree too, bitwise, at every level.
+    assert all(cells[c]["logprob_samples"] == 8 and cells[c]["logprob_bitwise"] for c in (1, 2, 4))
+    # And the load was what the cell says: every counted sample sent with c - 1 others in flight.
+    counted = [r for r in read_records(tmp_path / mode / "records.jsonl") if r["role"] == "probe" and r["counted"]]
+    assert {(r["concurrency"], r["in_flight"]) for r in counted} == {(1, 0), (2, 1), (4, 3)}
 
 
 def test_llamacpp_stream_and_whole_agree(llamacpp):
