@@ -14,7 +14,8 @@ from bench.run import Endpoint, run_kevload, run_reference
 def test_kevload_is_not_slower_than_the_reference_client():
     ratios = []
     with Endpoint() as endpoint:
-        for _ in range(3):
+        # Five alternating rounds: on 2 shared cores one round can lose to a neighbour's burst.
+        for _ in range(5):
             reference = run_reference(endpoint.plain, 4000, 64, stream=False)
             kevload = run_kevload(endpoint.plain, 4000, 64, stream=False)
             assert reference["loop"] == kevload["loop"] == "uvloop"
