@@ -1,15 +1,25 @@
-"""Scenario files (TOML) into validated, frozen dataclasses; every error names file, key and expectation."""
+"""Scenarios: frozen dataclasses whose fields carry their own rules, read from TOML or built in code.
+
+The rules live on the fields: the type says the kind (``Literal`` for a closed set of words) and
+``field(metadata=rule(...))`` the bounds and the words of the message. One generic reader checks a
+TOML table against them (unknown keys with did-you-mean, wrong kind, word not allowed, out of bounds);
+``validate`` applies the same field rules to every object plus the rules between fields, for a file
+and for a scenario built in code alike; ``Scenario.with_setting`` changes one dotted key the same way.
+Every error is one line naming the source, the key and what was expected.
+"""
 
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import os
 import tomllib
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, replace
+import types
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, Union, get_args, get_origin, get_type_hints
 from urllib.parse import urlparse
 
 import orjson
@@ -19,36 +29,85 @@ from kevload.errors import ScenarioError
 if TYPE_CHECKING:
     from kevload.datasets import Dataset
 
-MODES = ("single", "mixed", "prefix", "needle")
-ARRIVALS = ("constant", "poisson")
-APIS = ("chat", "completions")
+Mode = Literal["single", "mixed", "prefix", "needle"]
+Arrival = Literal["constant", "poisson"]
+Api = Literal["chat", "completions"]
+RampOf = Literal["concurrency", "rate"]
+Logprobs = Literal["auto", True, False]
+MODES: tuple[str, ...] = get_args(Mode)
+ARRIVALS: tuple[str, ...] = get_args(Arrival)
+APIS: tuple[str, ...] = get_args(Api)
 # Bounds that need the first token's time, which only a streamed answer shows.
 STREAMED_BOUNDS = ("ttft_ms", "itl_ms", "tpot_ms")
 SLO_BOUNDS = (*STREAMED_BOUNDS, "e2e_ms")
-RAMP_OF = ("concurrency", "rate")
 MAX_RAMP_LEVELS = 1000  # each level is a cell run in turn: more than this is a typo, not a test
 # kevload sets this header itself, unique per request, so records join the server's logs: never the user's.
 REQUEST_ID_HEADER = "X-Request-Id"
+# Load keys that decide which lines the JSONL datasets contribute: setting one reads the files again.
+DATASET_KEYS = frozenset({"mode", "companions", "companion_count", "dataset_seed"})
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What a field accepts beyond its type: bounds (a list's bound holds for each item) and the words
+    the error message uses for it (``expected``; empty: named from the type)."""
+
+    expected: str = ""
+    min: float | None = None    # value >= min
+    above: float | None = None  # value > above
+    max: float | None = None    # value <= max
+    below: float | None = None  # value < below
+    nonempty: bool = False
+    key: str = ""               # the TOML key, where the field's name cannot be it (a Python keyword)
+
+    def holds(self, value: Any) -> bool:
+        """The bounds hold (for a list: it is non-empty where asked, and each item is within them)."""
+        if isinstance(value, tuple | str | dict):
+            return (len(value) > 0 or not self.nonempty) and all(self.holds(x) for x in value
+                                                                 if isinstance(value, tuple))
+        # "not (x >= min)" rather than "x < min": NaN fails every bound, as it should.
+        return ((self.min is None or value >= self.min) and (self.above is None or value > self.above)
+                and (self.max is None or value <= self.max) and (self.below is None or value < self.below))
+
+
+def rule(default: Any = MISSING, *, factory: Any = MISSING, **kwargs: Any) -> Any:
+    """A dataclass field with its ``Rule`` in the metadata."""
+    return field(default=default, default_factory=factory, metadata={"rule": Rule(**kwargs)})
+
+
+def rule_of(f: Field) -> Rule:
+    return f.metadata.get("rule", _NO_RULE)
+
+
+def key_of(f: Field) -> str:
+    """The field's key in a TOML table."""
+    return rule_of(f).key or f.name
+
+
+_NO_RULE = Rule()
 
 
 @dataclass(frozen=True)
 class Target:
     base_url: str
     model: str
-    api: str = "chat"
-    timeout: float = 60.0
+    api: Api = "chat"
+    timeout: float = rule(60.0, above=0, expected="a number of seconds > 0")
     api_key_env: str | None = None
-    headers: dict[str, str] = field(default_factory=dict)
-    max_response_bytes: int = 8 * 2**20   # a longer answer is cut: status too_large
-    max_seconds: float = 0.0              # a request still running after this long is cut: timeout (0: no limit)
+    headers: dict[str, str] = rule(factory=dict, expected="a table of string values")
+    # A longer answer is cut: status too_large.
+    max_response_bytes: int = rule(8 * 2**20, min=1, expected="an integer >= 1 (bytes)")
+    # A request still running after this long is cut: timeout (0: no limit).
+    max_seconds: float = rule(0.0, min=0, expected="seconds >= 0 (0: no limit)")
 
 
 @dataclass(frozen=True)
 class Probe:
-    id: str
+    id: str = rule(nonempty=True, expected="a non-empty string")
     prompt: str | None = None
-    messages: tuple[dict[str, str], ...] | None = None
-    max_tokens: int = 64
+    messages: tuple[dict[str, str], ...] | None = rule(None, nonempty=True,
+                                                       expected="a non-empty list of {role, content} tables")
+    max_tokens: int = rule(64, min=1, expected="an integer >= 1")
 
     @property
     def text(self) -> str:
@@ -65,16 +124,19 @@ class Probe:
         return replace(self, id=id, messages=(*self.messages[:-1], {**self.messages[-1], "content": text}))
 
 
+_MS = {"above": 0, "below": math.inf, "expected": "a number of milliseconds > 0"}
+
+
 @dataclass(frozen=True)
 class Slo:
     """Per-request latency bounds in milliseconds (None: not bounded). A request meets the SLO when it
     is ok and within every given bound; ``itl_ms`` and ``tpot_ms`` bound the request's mean gap, the
     quantities the latency table reports."""
 
-    ttft_ms: float | None = None
-    itl_ms: float | None = None
-    tpot_ms: float | None = None
-    e2e_ms: float | None = None
+    ttft_ms: float | None = rule(None, **_MS)
+    itl_ms: float | None = rule(None, **_MS)
+    tpot_ms: float | None = rule(None, **_MS)
+    e2e_ms: float | None = rule(None, **_MS)
 
     def bounds(self) -> dict[str, float]:
         """The given bounds only, by name: ``{"ttft_ms": 500.0, "e2e_ms": 10000.0}``."""
@@ -85,15 +147,20 @@ class Slo:
 class Ramp:
     """A stepped ramp (``load.ramp``): levels of concurrency or of rate from ``start`` to ``to``, ``step``
     apart or each ``factor`` times the one before, ``to`` always the last; each level is a cell lasting
-    ``every_s`` seconds (None: until ``load.samples``). Expanded at load into ``load.concurrency`` or
-    ``load.rate`` (and ``load.duration``), so the engine sees ordinary levels."""
+    ``every_s`` seconds (None: until ``load.samples``). Expanded by ``validate`` into ``load.concurrency``
+    or ``load.rate`` (and ``load.duration``), so the engine sees ordinary levels.
 
-    of: str
-    start: float                  # TOML ``from`` (a Python keyword)
-    to: float
+    ``start``, ``to`` and ``step`` are levels, whose kind depends on ``of`` (whole for concurrency): they
+    are checked by ``_ramp``, not by their field rules alone."""
+
+    of: RampOf
+    start: float = rule(key="from")  # TOML ``from`` (a Python keyword)
+    to: float = rule()
     step: float | None = None
-    factor: float | None = None
-    every_s: float | None = None
+    factor: float | None = rule(None, above=1, below=math.inf,
+                                expected="a number > 1 (each level that many times the one before)")
+    every_s: float | None = rule(None, above=0, below=math.inf,
+                                 expected="seconds > 0 per level (none: each level runs until load.samples)")
 
     def levels(self) -> tuple[float, ...]:
         values: list[float] = []
@@ -113,32 +180,41 @@ class Ramp:
 
 @dataclass(frozen=True)
 class Load:
-    mode: str = "single"
-    concurrency: tuple[int, ...] = (1,)
-    samples: int = 8
+    mode: Mode = "single"
+    concurrency: tuple[int, ...] = rule((1,), min=1, nonempty=True, expected="a non-empty list of integers >= 1")
+    samples: int = rule(8, min=1, expected="an integer >= 1")
     stream: bool = False
     nonce: bool = True
-    max_error_share: float = 0.1
+    max_error_share: float = rule(0.1, min=0, max=1, expected="a share between 0 and 1")
     companions: str = "builtin"
-    prefix_lengths: tuple[int, ...] = (16, 64, 256, 1024)
+    prefix_lengths: tuple[int, ...] = rule((16, 64, 256, 1024), min=1, expected="a list of integers >= 1")
     needle_length: int = 2000
-    warmup: int = 0
+    warmup: int = rule(0, min=0, expected="an integer >= 0")
     seed: int = 0
-    rate: tuple[float, ...] = ()   # open loop: requests/s levels, instead of closed-loop concurrency
-    arrival: str = "constant"      # constant | poisson
-    max_in_flight: int = 0         # open loop cap on requests in flight (0: none)
-    duration: float = 0.0          # seconds per level, closed or open loop (0: until the samples are sent)
-    retries: int = 0               # retries of 429/503 (none by default: a retry hides evidence)
+    # Open loop: requests/s levels, instead of closed-loop concurrency.
+    rate: tuple[float, ...] = rule((), above=0, expected="a list of numbers > 0 (requests per second)")
+    arrival: Arrival = "constant"
+    max_in_flight: int = rule(0, min=0, expected="an integer >= 0 (0: no cap)")  # open loop cap on requests in flight
+    # Seconds per level, closed or open loop (0: until the samples are sent).
+    duration: float = rule(0.0, min=0, expected="seconds >= 0 (0: until the samples are sent)")
+    retries: int = rule(0, min=0, expected="an integer >= 0")  # retries of 429/503 (none: a retry hides evidence)
     dataset_seed: int = 0          # which lines JSONL datasets contribute (--dataset-seed)
-    companion_count: int = 0       # lines chosen from a load.companions file (0: every line)
+    companion_count: int = rule(0, min=0, expected="an integer >= 0 (0: every line)")  # lines from a companions file
     slo: Slo | None = None         # per-request latency bounds: slo_attainment and goodput per cell
-    min_slo_attainment: float | None = None  # a probe cell below this share fails (JUnit, exit 1)
-    logprobs: str | bool = "auto"  # per-token logprobs: true, false, "auto" (if one check finds them)
+    # A probe cell below this share fails (JUnit, exit 1).
+    min_slo_attainment: float | None = rule(None, min=0, max=1, expected="a share between 0 and 1")
+    logprobs: Logprobs = rule("auto", expected='"auto", true or false')  # true, false, "auto" (if one check finds them)
     ramp: Ramp | None = None       # a stepped ramp, expanded into concurrency or rate (and duration)
-    ramp_s: float = 0.0            # seconds at each level's load before its sends count (a timed warm-up)
-    until_bound: float | None = None  # sample each cell until drift or a 95 % drift-rate bound this low
-    max_samples: int = 1000           # … but never more counted probe samples per cell than this
-    workers: int = 1               # processes sharing each level (kevload.workers)
+    # Seconds at each level's load before its sends count (a timed warm-up).
+    ramp_s: float = rule(0.0, min=0, expected="seconds >= 0 (0: no ramp-up)")
+    # Sample each cell until drift or a 95 % drift-rate bound this low …
+    until_bound: float | None = rule(None, above=0, below=1,
+                                     expected="a share between 0 and 1, e.g. 0.05 (a 5 % bound on the drift rate)")
+    max_samples: int = 1000        # … but never more counted probe samples per cell than this
+    workers: int = rule(1, min=1, expected="an integer >= 1 (processes sharing each level)")  # kevload.workers
+
+
+_DEFAULT_LOAD = Load()
 
 
 @dataclass(frozen=True)
@@ -149,7 +225,7 @@ class Scenario:
     probes: tuple[Probe, ...]
     params: dict[str, Any]
     load: Load
-    raw: dict[str, Any]
+    raw: dict[str, Any]  # the tables as written (settings applied): run.json keeps it, --resume reads it again
     datasets: tuple[Dataset, ...] = ()  # JSONL files read for probes and companions: hashes, seed, lines chosen
 
     def api_key(self) -> str | None:
@@ -162,6 +238,38 @@ class Scenario:
                 f"{self.source}: target.api_key_env: environment variable {self.target.api_key_env} is not set"
             )
         return key
+
+    def with_setting(self, key: str, value: Any, *, source: str | None = None) -> Scenario:
+        """This scenario with the dotted ``key`` (``load.concurrency``, ``params.seed``) set to ``value`` as
+        if it were written in the file: the field's rules convert and check it, ``validate`` checks the
+        whole again, and ``raw`` records it. Errors name ``source`` (default: the scenario's file)."""
+        fail = _Failer(source or self.source)
+        parts = key.split(".")
+        if not all(parts):
+            fail(key, "a dotted key such as load.concurrency", key)
+        head, rest = parts[0], parts[1:]
+        scenario = self
+        if head == "params":
+            params = _with_path(self.params, rest, value, "params", fail) if rest else value
+            if not isinstance(params, dict):
+                fail("params", "a [params] table", params)
+            scenario = replace(self, params=params)
+        elif head == "name" and not rest:
+            scenario = replace(self, name=str(value))
+        elif head in ("target", "load") and rest:
+            obj = getattr(self, head)
+            if head == "load" and rest[0] == "ramp":
+                obj = _unramped(obj)  # the ramp changes: its levels are expanded again from it
+            scenario = replace(self, **{head: _set_path(obj, rest, value, head, fail)})
+            if head == "load" and rest[0] in DATASET_KEYS and "probes" in self.raw:
+                probes, datasets = _probes_and_datasets(fail, self.raw["probes"], scenario.load, self.source)
+                scenario = replace(scenario, probes=probes, datasets=datasets)
+        elif head in ("target", "load", "probes"):
+            fail(key, f"a key inside [{head}], such as load.samples" if head != "probes" else
+                 "probes written in the scenario file (a setting changes one key)", value)
+        else:
+            _known({head: value}, "", {"name", "params", "target", "load"}, fail)
+        return validate(replace(scenario, raw=_with_path(self.raw, parts, value, "", fail)), source=source)
 
 
 def iter_jsonl(path: Path, what: str) -> Iterator[tuple[int, Any]]:
@@ -208,7 +316,8 @@ def load_scenario(path: str | Path, overrides: list[str] = ()) -> Scenario:
 
 
 def apply_override(raw: dict[str, Any], override: str, source: str = "--set") -> None:
-    """Apply one ``KEY=VALUE`` (VALUE read as TOML, a bare word taken as a string) to ``raw``."""
+    """Apply one ``KEY=VALUE`` (VALUE read as TOML, a bare word taken as a string) to ``raw``: user text
+    from the command line, applied before the first validation so it meets the rules a file does."""
     key, sep, value_text = override.partition("=")
     key = key.strip()
     if not sep or not key:
@@ -228,166 +337,166 @@ def apply_override(raw: dict[str, Any], override: str, source: str = "--set") ->
 
 
 def scenario_from_dict(raw: dict[str, Any], *, source: str, name: str = "scenario") -> Scenario:
-    """Validate an already parsed scenario; the loader and programmatic callers share this."""
-    v = _Validator(source)
-    v.known(raw, "", {"name", "target", "probes", "params", "load"})
-    target_raw = v.table(raw, "target", required=True)
-    target = v.build(Target, target_raw, "target", _TARGET_RULES)
-    _check_url(v, target.base_url)
-    v.choice(target.api, "target.api", APIS)
-    if target.timeout <= 0:
-        v.fail("target.timeout", "a number of seconds > 0", target.timeout)
-    if target.max_response_bytes < 1:
-        v.fail("target.max_response_bytes", "an integer >= 1 (bytes)", target.max_response_bytes)
-    if target.max_seconds < 0:
-        v.fail("target.max_seconds", "seconds >= 0 (0: no limit)", target.max_seconds)
+    """Read an already parsed scenario table (a file's, or run.json's on --resume) and validate it."""
+    fail = _Failer(source)
+    _known(raw, "", {"name", "target", "probes", "params", "load"}, fail)
+    target = read_table(Target, _table(raw, "target", fail, required=True), where="target", source=source)
+    probes_raw = raw.get("probes")
+    if not isinstance(probes_raw, list) or not probes_raw:
+        fail("probes", "at least one [[probes]] table", probes_raw)
+    params = _table(raw, "params", fail)
+    load = read_table(Load, _table(raw, "load", fail), where="load", source=source)
+    probes, datasets = _probes_and_datasets(fail, probes_raw, load, source)
+    return validate(Scenario(name=str(name), source=source, target=target, probes=probes, params=params, load=load,
+                             raw=raw, datasets=datasets))
+
+
+def build_scenario(target: Target, probes: Iterable[Probe], *, load: Load = _DEFAULT_LOAD,
+                   params: Mapping[str, Any] | None = None, name: str = "scenario", source: str = "code") -> Scenario:
+    """A scenario built in code, validated as a file is; its ``raw`` (what run.json keeps as asked) is
+    written from the objects: the fields that differ from their defaults, under their TOML keys."""
+    scenario = Scenario(name=name, source=source, target=target, probes=tuple(probes), params=dict(params or {}),
+                        load=load, raw={})
+    raw = {"target": _as_table(target), "params": scenario.params, "load": _as_table(load),
+           "probes": [_as_table(p) for p in scenario.probes]}
+    return validate(replace(scenario, raw=raw))
+
+
+def read_table(cls: type, table: Mapping[str, Any], *, where: str, source: str) -> Any:
+    """One dataclass from its TOML table by its field rules (a case file's [load] table, for one)."""
+    return _build(cls, table, where, _Failer(source))
+
+
+def validate(scenario: Scenario, *, source: str | None = None) -> Scenario:
+    """The scenario with every field checked by its rule, then the rules between fields; ramps expanded,
+    levels sorted. The same for a file and for a scenario built in code; errors name ``source``."""
+    fail = _Failer(source or scenario.source)
+    target = _recheck(scenario.target, "target", fail)
+    _check_url(fail, target.base_url)
     for header in target.headers:
         if header.lower() == REQUEST_ID_HEADER.lower():
             # Refused, not overridden: one fixed value on every request would join nothing. The value,
             # like every header value, stays out of the message.
-            raise ScenarioError(f"{source}: target.headers.{header}: expected no {REQUEST_ID_HEADER} header "
+            raise ScenarioError(f"{fail.source}: target.headers.{header}: expected no {REQUEST_ID_HEADER} header "
                                 "(kevload sends its own, unique per request, and records it as request_id)")
-
-    probes_raw = raw.get("probes")
-    if not isinstance(probes_raw, list) or not probes_raw:
-        v.fail("probes", "at least one [[probes]] table", probes_raw)
-    params = v.table(raw, "params")
+    params = scenario.params
+    if not isinstance(params, dict):
+        fail("params", "a [params] table", params)
     for reserved in ("model", "prompt", "messages", "stream"):
         if reserved in params:
-            v.fail(f"params.{reserved}", f"no {reserved} here (it is set by target/probes/load)", params[reserved])
+            fail(f"params.{reserved}", f"no {reserved} here (it is set by target/probes/load)", params[reserved])
     if "n" in params and (type(params["n"]) is not int or params["n"] != 1):
         # Several choices in one response are several answers; kevload compares one per request.
-        v.fail("params.n", "1 or no n (one answer per request is compared; ask for more load.samples instead)",
-               params["n"])
-
-    load_table = v.table(raw, "load")
-    load = v.build(Load, load_table, "load", _LOAD_RULES)
-    if load.ramp is not None:
-        ramp = _ramp(v, load.ramp, given=set(load_table))
-        levels = ramp.levels()
-        load = replace(load, ramp=ramp, duration=ramp.every_s or load.duration,
-                       **({"concurrency": tuple(int(x) for x in levels)} if ramp.of == "concurrency"
-                          else {"rate": levels}))
-    if load.ramp_s < 0:
-        v.fail("load.ramp_s", "seconds >= 0 (0: no ramp-up)", load.ramp_s)
-    v.choice(load.mode, "load.mode", MODES)
-    if not load.concurrency or any(c < 1 for c in load.concurrency):
-        v.fail("load.concurrency", "a non-empty list of integers >= 1", list(load.concurrency))
-    if load.samples < 1:
-        v.fail("load.samples", "an integer >= 1", load.samples)
-    if not 0 <= load.max_error_share <= 1:
-        v.fail("load.max_error_share", "a share between 0 and 1", load.max_error_share)
-    if load.warmup < 0:
-        v.fail("load.warmup", "an integer >= 0", load.warmup)
-    v.choice(load.arrival, "load.arrival", ARRIVALS)
-    if load.max_in_flight < 0:
-        v.fail("load.max_in_flight", "an integer >= 0 (0: no cap)", load.max_in_flight)
-    if load.retries < 0:
-        v.fail("load.retries", "an integer >= 0", load.retries)
-    if load.duration < 0:
-        v.fail("load.duration", "seconds >= 0 (0: until the samples are sent)", load.duration)
-    if load.logprobs not in ("auto", True, False):
-        v.fail("load.logprobs", '"auto", true or false', load.logprobs)
-    if any(n < 1 for n in load.prefix_lengths):
-        v.fail("load.prefix_lengths", "a list of integers >= 1", list(load.prefix_lengths))
-    if load.workers < 1:
-        v.fail("load.workers", "an integer >= 1 (processes sharing each level)", load.workers)
-    elif load.workers > 1 and load.until_bound is not None:
-        # The stop rule holds every answer against the serial one; workers share counts, not answers.
-        v.fail("load.workers", "1 with load.until_bound (sampling until a bound runs in one process)", load.workers)
-    elif 0 < load.max_in_flight < load.workers:
-        v.fail("load.max_in_flight", f"0 or at least load.workers ({load.workers}): each worker holds a share of "
-               "the cap", load.max_in_flight)
-    if load.companion_count < 0:
-        v.fail("load.companion_count", "an integer >= 0 (0: every line)", load.companion_count)
-    if load.slo is not None:
-        load = replace(load, slo=_slo(v, load.slo, load.stream))
-    if load.min_slo_attainment is not None:
-        if load.slo is None:
-            v.fail("load.min_slo_attainment", "a load.slo table beside it (the bounds to attain)",
-                   load.min_slo_attainment)
-        if not 0 <= load.min_slo_attainment <= 1:
-            v.fail("load.min_slo_attainment", "a share between 0 and 1", load.min_slo_attainment)
-    if load.until_bound is not None:
-        _until_bound(v, load)
-    load = replace(load, concurrency=tuple(sorted(set(load.concurrency))), rate=tuple(sorted(set(load.rate))))
-    probes, datasets = _probes_and_datasets(v, probes_raw, load)
+        fail("params.n", "1 or no n (one answer per request is compared; ask for more load.samples instead)",
+             params["n"])
+    if not scenario.probes:
+        fail("probes", "at least one [[probes]] table", list(scenario.probes))
+    probes = tuple(_probe(fail, p, f"probes[{i}]") for i, p in enumerate(scenario.probes))
     ids = [p.id for p in probes]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:
-        v.fail("probes.id", "unique ids", duplicates)
-    return Scenario(name=str(name), source=source, target=target, probes=probes, params=params, load=load, raw=raw,
-                    datasets=datasets)
+        fail("probes.id", "unique ids", duplicates)
+    return replace(scenario, target=target, probes=probes, load=_load(fail, _recheck(scenario.load, "load", fail)))
 
 
-_TARGET_RULES: dict[str, tuple[type | tuple[type, ...], bool]] = {
-    "base_url": (str, True),
-    "model": (str, True),
-    "api": (str, False),
-    "timeout": ((int, float), False),
-    "api_key_env": (str, False),
-    "headers": (dict, False),
-    "max_response_bytes": (int, False),
-    "max_seconds": ((int, float), False),
-}
-
-_LOAD_RULES: dict[str, tuple[type | tuple[type, ...], bool]] = {
-    "mode": (str, False),
-    "concurrency": (list, False),
-    "samples": (int, False),
-    "stream": (bool, False),
-    "nonce": (bool, False),
-    "max_error_share": ((int, float), False),
-    "companions": (str, False),
-    "prefix_lengths": (list, False),
-    "needle_length": (int, False),
-    "warmup": (int, False),
-    "seed": (int, False),
-    "rate": (list, False),
-    "arrival": (str, False),
-    "max_in_flight": (int, False),
-    "duration": ((int, float), False),
-    "retries": (int, False),
-    "dataset_seed": (int, False),
-    "companion_count": (int, False),
-    "slo": (dict, False),
-    "min_slo_attainment": ((int, float), False),
-    "logprobs": ((str, bool), False),
-    "ramp": (dict, False),
-    "ramp_s": ((int, float), False),
-    "until_bound": ((int, float), False),
-    "max_samples": (int, False),
-    "workers": (int, False),
-}
-
-_LIST_OF_INT = {"load.concurrency", "load.prefix_lengths"}
-_LIST_OF_NUMBER = {"load.rate"}
+def _load(fail: _Failer, load: Load) -> Load:
+    """The rules between [load]'s keys, on a load whose every field already meets its own rule."""
+    if load.ramp is not None:
+        load = _ramped(fail, load)
+    if load.workers > 1 and load.until_bound is not None:
+        # The stop rule holds every answer against the serial one; workers share counts, not answers.
+        fail("load.workers", "1 with load.until_bound (sampling until a bound runs in one process)", load.workers)
+    if 0 < load.max_in_flight < load.workers:
+        fail("load.max_in_flight", f"0 or at least load.workers ({load.workers}): each worker holds a share of "
+             "the cap", load.max_in_flight)
+    if load.slo is not None:
+        if not load.slo.bounds():
+            fail("load.slo", f"at least one of {', '.join(SLO_BOUNDS)}", load.slo.bounds())
+        for key, value in load.slo.bounds().items():
+            if key in STREAMED_BOUNDS and not load.stream:
+                # Refused rather than guessed: without streaming the first token arrives with the whole
+                # answer, so TTFT would only restate e2e and ITL/TPOT would not be measured at all.
+                fail(f"load.slo.{key}", "load.stream = true beside it (only a streamed answer shows its first "
+                     "token's time)", value)
+    if load.min_slo_attainment is not None and load.slo is None:
+        fail("load.min_slo_attainment", "a load.slo table beside it (the bounds to attain)", load.min_slo_attainment)
+    if load.until_bound is not None:
+        if load.rate:
+            # A rate level promises a schedule that does not depend on the answers; stopping on them would break it.
+            fail("load.until_bound", "closed-loop levels only (load.concurrency): a load.rate level sends on a "
+                 "schedule, not until a claim is strong; remove one of them", load.until_bound)
+        if load.duration:
+            fail("load.until_bound", "levels that end on their samples, not on a clock: load.duration (or "
+                 "load.ramp.every_s) is set too; remove one of them", load.until_bound)
+        if load.max_samples < load.samples:
+            fail("load.max_samples", f"an integer >= load.samples ({load.samples})", load.max_samples)
+    return replace(load, concurrency=tuple(sorted(set(load.concurrency))), rate=tuple(sorted(set(load.rate))))
 
 
-def _probes_and_datasets(v: _Validator, items: list[Any], load: Load) -> tuple[tuple[Probe, ...], tuple[Dataset, ...]]:
+def _ramped(fail: _Failer, load: Load) -> Load:
+    """The ramp's levels (and every_s) written into the load; a level or a length given beside it is a
+    contradiction, unless it is the ramp's own (``validate`` runs again on what it returned)."""
+    ramp = load.ramp
+    levels = ramp.levels()
+    own: dict[str, Any] = {"concurrency": tuple(int(x) for x in levels)} if ramp.of == "concurrency" \
+        else {"rate": levels}
+    for clash in ("concurrency", "rate"):
+        value = getattr(load, clash)
+        if value not in (getattr(_DEFAULT_LOAD, clash), own.get(clash)):
+            raise ScenarioError(f"{fail.source}: load.ramp and load.{clash}: give one of them (the ramp sets the "
+                                "levels)")
+    if ramp.every_s is not None and load.duration not in (_DEFAULT_LOAD.duration, ramp.every_s):
+        raise ScenarioError(f"{fail.source}: load.ramp.every_s and load.duration: give one of them (the ramp sets "
+                            "the seconds per level)")
+    return replace(load, **own, duration=ramp.every_s or load.duration)
+
+
+def _unramped(load: Load) -> Load:
+    """The load as it was before ``_ramped``: what a changed ramp is expanded from again."""
+    if load.ramp is None:
+        return load
+    derived = {"concurrency": _DEFAULT_LOAD.concurrency} if load.ramp.of == "concurrency" else {"rate": ()}
+    return replace(load, **derived, duration=_DEFAULT_LOAD.duration if load.ramp.every_s else load.duration)
+
+
+def _probe(fail: _Failer, probe: Probe, where: str) -> Probe:
+    probe = _recheck(probe, where, fail)
+    if (probe.prompt is None) == (probe.messages is None):
+        fail(where, "exactly one of prompt or messages",
+             [k for k in ("prompt", "messages") if getattr(probe, k) is not None])
+    for i, message in enumerate(probe.messages or ()):
+        if not (isinstance(message.get("role"), str) and isinstance(message.get("content"), str)):
+            fail(f"{where}.messages[{i}]", "a table with string role and content", message)
+    return probe
+
+
+def _probes_and_datasets(fail: _Failer, items: list[Any], load: Load,
+                         source: str) -> tuple[tuple[Probe, ...], tuple[Dataset, ...]]:
     """Inline probes and ``[[probes]] dataset = ...`` entries in their order; companion files too, when used.
 
-    Files are read here, at validation, so a bad line fails before anything is sent and the run
-    records the exact bytes (by hash) it used. Relative paths are relative to the scenario file.
+    Files are read here, before anything is sent, so a bad line fails first and the run records the
+    exact bytes (by hash) it used. Relative paths are relative to the scenario file.
     """
     from kevload.datasets import read_dataset  # datasets builds on this module's Probe and ScenarioError
 
-    base = Path(v.source).parent
+    base = Path(source).parent
     probes: list[Probe] = []
     datasets = []
     for i, item in enumerate(items):
         where = f"probes[{i}]"
-        if not (isinstance(item, dict) and "dataset" in item):
-            probes.append(_probe(v, item, where))
+        if not isinstance(item, dict):
+            fail(where, "a table with id and prompt or messages", item)
+        if "dataset" not in item:
+            probes.append(_build(Probe, item, where, fail))
             continue
-        v.known(item, where, {"dataset", "count", "max_tokens"})
+        _known(item, where, {"dataset", "count", "max_tokens"}, fail)
         count, max_tokens = item.get("count", 0), item.get("max_tokens", 64)
         for key, value, expected in (("count", count, 0), ("max_tokens", max_tokens, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < expected:
-                v.fail(f"{where}.{key}", f"an integer >= {expected}" + (" (0: every line)" if not expected else ""),
-                       value)
+                fail(f"{where}.{key}", f"an integer >= {expected}" + (" (0: every line)" if not expected else ""),
+                     value)
         if not isinstance(item["dataset"], str) or not item["dataset"]:
-            v.fail(f"{where}.dataset", "the path of a JSONL file", item["dataset"])
+            fail(f"{where}.dataset", "the path of a JSONL file", item["dataset"])
         dataset = read_dataset(base / item["dataset"], role="probe", what=f"{where}.dataset", seed=load.dataset_seed,
                                count=count, count_key=f"{where}.count", max_tokens=max_tokens)
         datasets.append(dataset)
@@ -399,188 +508,217 @@ def _probes_and_datasets(v: _Validator, items: list[Any], load: Load) -> tuple[t
     return tuple(probes), tuple(datasets)
 
 
-def _probe(v: _Validator, item: Any, where: str) -> Probe:
-    if not isinstance(item, dict):
-        v.fail(where, "a table with id and prompt or messages", item)
-    v.known(item, where, {"id", "prompt", "messages", "max_tokens"})
-    pid = item.get("id")
-    if not isinstance(pid, str) or not pid:
-        v.fail(f"{where}.id", "a non-empty string", pid)
-    has_prompt, has_messages = "prompt" in item, "messages" in item
-    if has_prompt == has_messages:
-        v.fail(where, "exactly one of prompt or messages", sorted(k for k in item if k in ("prompt", "messages")))
-    messages = None
-    if has_prompt and not isinstance(item["prompt"], str):
-        v.fail(f"{where}.prompt", "a string", item["prompt"])
-    if has_messages:
-        messages = _messages(v, item["messages"], f"{where}.messages")
-    max_tokens = item.get("max_tokens", 64)
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-        v.fail(f"{where}.max_tokens", "an integer >= 1", max_tokens)
-    return Probe(id=pid, prompt=item.get("prompt"), messages=messages, max_tokens=max_tokens)
+class _Failer:
+    """Raises the one-line error: ``<source>: <key>: expected <what>, got <value>``."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def __call__(self, key: str, expected: str, got: Any) -> NoReturn:
+        raise ScenarioError(f"{self.source}: {key}: expected {expected}, got {_show(got)}")
 
 
-def _until_bound(v: _Validator, load: Load) -> None:
-    if not 0 < load.until_bound < 1:
-        v.fail("load.until_bound", "a share between 0 and 1, e.g. 0.05 (a 5 % bound on the drift rate)",
-               load.until_bound)
-    if load.rate:
-        # A rate level promises a schedule that does not depend on the answers; stopping on them would break it.
-        v.fail("load.until_bound", "closed-loop levels only (load.concurrency): a load.rate level sends on a "
-               "schedule, not until a claim is strong; remove one of them", load.until_bound)
-    if load.duration:
-        v.fail("load.until_bound", "levels that end on their samples, not on a clock: load.duration (or "
-               "load.ramp.every_s) is set too; remove one of them", load.until_bound)
-    if load.max_samples < load.samples:
-        v.fail("load.max_samples", f"an integer >= load.samples ({load.samples})", load.max_samples)
+
+def _known(table: Mapping[str, Any], where: str, allowed: set[str], fail: _Failer) -> None:
+    for key in table:
+        if key not in allowed:
+            full = f"{where}.{key}" if where else key
+            hint = difflib.get_close_matches(key, sorted(allowed), n=1)
+            maybe = f" (did you mean {hint[0]}?)" if hint else ""
+            raise ScenarioError(f"{fail.source}: {full}: unknown key{maybe}; expected one of "
+                                f"{', '.join(sorted(allowed))}")
 
 
-def _slo(v: _Validator, table: dict[str, Any], stream: bool) -> Slo:
-    v.known(table, "load.slo", set(SLO_BOUNDS))
-    if not table:
-        v.fail("load.slo", f"at least one of {', '.join(SLO_BOUNDS)}", table)
-    for key, value in table.items():
-        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
-            v.fail(f"load.slo.{key}", "a number of milliseconds > 0", value)
-        if key in STREAMED_BOUNDS and not stream:
-            # Refused rather than guessed: without streaming the first token arrives with the whole
-            # answer, so TTFT would only restate e2e and ITL/TPOT would not be measured at all.
-            v.fail(f"load.slo.{key}", "load.stream = true beside it (only a streamed answer shows its first "
-                   "token's time)", value)
-    return Slo(**{key: float(value) for key, value in table.items()})
+def _table(raw: Mapping[str, Any], key: str, fail: _Failer, required: bool = False) -> dict[str, Any]:
+    value = raw.get(key)
+    if value is None:
+        if required:
+            fail(key, f"a [{key}] table", None)
+        return {}
+    if not isinstance(value, dict):
+        fail(key, f"a [{key}] table", value)
+    return value
 
 
-def _ramp(v: _Validator, table: dict[str, Any], *, given: set[str]) -> Ramp:
-    """``load.ramp`` checked key by key; ``given`` is the keys written in [load], for the conflicts."""
-    v.known(table, "load.ramp", {"of", "from", "to", "step", "factor", "every_s"})
-    of = table.get("of", "concurrency")
-    if not isinstance(of, str):
-        v.fail("load.ramp.of", f"one of {', '.join(RAMP_OF)}", of)
-    v.choice(of, "load.ramp.of", RAMP_OF)
-    # The ramp gives the levels (and every_s their length): a second source of either is a contradiction.
-    for clash, sets in (("concurrency", "levels"), ("rate", "levels"), ("duration", "seconds per level")):
-        if clash in given and (clash != "duration" or "every_s" in table):
-            where = "load.ramp.every_s" if clash == "duration" else "load.ramp"
-            raise ScenarioError(f"{v.source}: {where} and load.{clash}: give one of them (the ramp sets the {sets})")
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return get_type_hints(cls)
+
+
+def _build(cls: type, table: Mapping[str, Any], where: str, fail: _Failer) -> Any:
+    """``cls`` from a TOML table: keys known, required ones given, each value through its field's rule."""
+    if cls is Ramp:
+        return _ramp(fail, table, where)
+    by_key = {key_of(f): f for f in fields(cls)}
+    _known(table, where, set(by_key), fail)
+    values = {}
+    for key, f in by_key.items():
+        if key in table:
+            values[f.name] = _value(table[key], _hints(cls)[f.name], rule_of(f), f"{where}.{key}", fail)
+        elif f.default is MISSING and f.default_factory is MISSING:
+            fail(f"{where}.{key}", rule_of(f).expected or _kind(_hints(cls)[f.name]), None)
+    return cls(**values)
+
+
+def _recheck(obj: Any, where: str, fail: _Failer) -> Any:
+    """``obj`` (built in code or read) with each field through its rule again: the same checks a file gets,
+    and the same normal form (tuples, floats)."""
+    if isinstance(obj, Ramp):
+        return _ramp(fail, {key_of(f): getattr(obj, f.name) for f in fields(Ramp)}, where)
+    return replace(obj, **{f.name: _value(getattr(obj, f.name), _hints(type(obj))[f.name], rule_of(f),
+                                          f"{where}.{key_of(f)}", fail) for f in fields(obj)})
+
+
+_BAD = object()
+
+
+def _value(value: Any, hint: Any, rule: Rule, key: str, fail: _Failer) -> Any:
+    """One value checked and converted by its type and rule; a failure names ``key``."""
+    origin, args = get_origin(hint), get_args(hint)
+    if origin in (Union, types.UnionType):  # X | None: the only unions the scenario's fields use
+        if value is None:
+            return None
+        (hint,) = [a for a in args if a is not type(None)]
+        origin, args = get_origin(hint), get_args(hint)
+    expected = rule.expected or _kind(hint)
+    if origin is Literal:
+        # True == 1, so the kind is compared as well: 1 is not the word true.
+        if not any(value == word and type(value) is type(word) for word in args):
+            words = [w for w in args if isinstance(w, str)]
+            close = difflib.get_close_matches(value, words, n=1) if isinstance(value, str) else []
+            fail(key, expected + (f" (did you mean {close[0]}?)" if close else ""), value)
+        return value
+    if is_dataclass(hint):
+        if isinstance(value, hint):
+            return _recheck(value, key, fail)
+        if not isinstance(value, dict):
+            fail(key, rule.expected or "a table", value)
+        return _build(hint, value, key, fail)
+    if origin is tuple:
+        items = tuple(_scalar(x, args[0]) for x in value) if isinstance(value, list | tuple) else _BAD
+        if items is _BAD or _BAD in items or not rule.holds(items):
+            fail(key, expected, list(value) if isinstance(value, tuple) else value)
+        return items
+    converted = _scalar(value, hint)
+    if converted is _BAD or not rule.holds(converted):
+        fail(key, expected, value if converted is _BAD else converted)
+    return converted
+
+
+def _scalar(value: Any, hint: Any) -> Any:
+    """``value`` as a ``hint`` (bool, int, float, str, dict[str, X]), or ``_BAD``; an int is a float too."""
+    if hint is bool:
+        return value if isinstance(value, bool) else _BAD
+    if isinstance(value, bool):
+        return _BAD  # TOML's true is no number and no string
+    if hint is float:
+        return float(value) if isinstance(value, int | float) else _BAD
+    if hint is int or hint is str:
+        return value if isinstance(value, hint) else _BAD
+    if get_origin(hint) is dict:
+        of = get_args(hint)[1]
+        ok = isinstance(value, dict) and (of is Any or all(isinstance(x, of) for x in value.values()))
+        return dict(value) if ok else _BAD
+    raise TypeError(f"no rule reads a {hint}")  # a new field of a new type: teach _scalar first
+
+
+def _kind(hint: Any) -> str:
+    """A field's kind in the words of a message, for fields whose rule gives none."""
+    if get_origin(hint) is Literal:
+        return "one of " + ", ".join(str(w) for w in get_args(hint))
+    if get_origin(hint) is tuple:
+        return {int: "a list of integers", float: "a list of numbers"}.get(get_args(hint)[0], "a list")
+    if get_origin(hint) is dict or is_dataclass(hint):
+        return "a table"
+    return {str: "a string", int: "an integer", float: "a number", bool: "a boolean (true/false)"}[hint]
+
+
+def _ramp(fail: _Failer, table: Mapping[str, Any], where: str) -> Ramp:
+    """``load.ramp`` checked key by key: its levels' kind depends on ``of`` (whole for concurrency), so
+    from, to and step are checked here beside the rules of the other fields."""
+    _known(table, where, {key_of(f) for f in fields(Ramp)}, fail)
+    by_key = {key_of(f): f for f in fields(Ramp)}
+    of = _value(table.get("of", "concurrency"), RampOf, _NO_RULE, f"{where}.of", fail)
     whole = of == "concurrency"
     kind = "an integer >= 1" if whole else "a number > 0 (requests per second)"
 
-    def number(key: str, expected: str, ok) -> float | None:
+    def level(key: str, expected: str) -> float | None:
         value = table.get(key)
         if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or not ok(value):
-            v.fail(f"load.ramp.{key}", expected, value)
+        number = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+        if not number or not (isinstance(value, int) and value >= 1 if whole else value > 0):
+            fail(f"{where}.{key}", expected, value)
         return value
 
-    def level(value: Any) -> bool:
-        return value >= 1 and isinstance(value, int) if whole else value > 0
-
-    start, to = (number(key, kind, level) for key in ("from", "to"))
+    start, to = level("from", kind), level("to", kind)
     for key, value in (("from", start), ("to", to)):
         if value is None:
-            v.fail(f"load.ramp.{key}", kind, None)
+            fail(f"{where}.{key}", kind, None)
     if to < start:
-        v.fail("load.ramp.to", f"a level >= load.ramp.from ({start})", to)
-    step = number("step", kind.replace("(requests per second)", "(added per level)"), level)
-    factor = number("factor", "a number > 1 (each level that many times the one before)", lambda x: x > 1)
+        fail(f"{where}.to", f"a level >= {where}.from ({start})", to)
+    step = level("step", kind.replace("(requests per second)", "(added per level)"))
+    factor, every_s = (_value(table.get(k), float | None, rule_of(by_key[k]), f"{where}.{k}", fail)
+                       for k in ("factor", "every_s"))
     if (step is None) == (factor is None):
-        v.fail("load.ramp", "exactly one of step (levels step apart) or factor (each level factor times the last)",
-               sorted(k for k in table if k in ("step", "factor")))
-    every_s = number("every_s", "seconds > 0 per level (none: each level runs until load.samples)", lambda x: x > 0)
+        fail(where, "exactly one of step (levels step apart) or factor (each level factor times the last)",
+             sorted(k for k in table if k in ("step", "factor") and table[k] is not None))
     count = (to - start) / step if step else math.log(to / start) / math.log(factor)
     if count + 1 > MAX_RAMP_LEVELS:
-        v.fail("load.ramp", f"at most {MAX_RAMP_LEVELS} levels (a larger step or factor)", math.floor(count) + 1)
-    return Ramp(of=of, start=start, to=to, step=step, factor=factor,
-                every_s=float(every_s) if every_s is not None else None)
+        fail(where, f"at most {MAX_RAMP_LEVELS} levels (a larger step or factor)", math.floor(count) + 1)
+    return Ramp(of=of, start=start, to=to, step=step, factor=factor, every_s=every_s)
 
 
-def _messages(v: _Validator, value: Any, where: str) -> tuple[dict[str, str], ...]:
-    if not isinstance(value, list) or not value:
-        v.fail(where, "a non-empty list of {role, content} tables", value)
-    for i, message in enumerate(value):
-        if not (isinstance(message, dict) and isinstance(message.get("role"), str)
-                and isinstance(message.get("content"), str)):
-            v.fail(f"{where}[{i}]", "a table with string role and content", message)
-    return tuple(dict(m) for m in value)
+def _set_path(obj: Any, parts: list[str], value: Any, where: str, fail: _Failer) -> Any:
+    """``obj`` (a dataclass) with the field at ``parts`` set to ``value`` through its rule."""
+    by_key = {key_of(f): f for f in fields(obj)}
+    head, rest = parts[0], parts[1:]
+    _known({head: value}, where, set(by_key), fail)
+    f = by_key[head]
+    hint, key = _hints(type(obj))[f.name], f"{where}.{head}"
+    current = getattr(obj, f.name)
+    if rest and is_dataclass(current):
+        new = _set_path(current, rest, value, key, fail)
+    elif rest and (current is None or isinstance(current, dict)):
+        new = _value(_with_path(current or {}, rest, value, key, fail), hint, rule_of(f), key, fail)
+    elif rest:
+        fail(key, "a table (to set a key inside it)", current)
+    else:
+        new = _value(value, hint, rule_of(f), key, fail)
+    return replace(obj, **{f.name: new})
 
 
-def _check_url(v: _Validator, url: str) -> None:
+def _with_path(table: Mapping[str, Any], parts: list[str], value: Any, where: str, fail: _Failer) -> dict[str, Any]:
+    """A copy of ``table`` with ``value`` at the dotted ``parts`` (tables on the way made or copied)."""
+    head = parts[0]
+    key = f"{where}.{head}" if where else head
+    if len(parts) == 1:
+        return {**table, head: list(value) if isinstance(value, tuple) else value}
+    child = table.get(head, {})
+    if not isinstance(child, dict):
+        fail(key, "a table (to set a key inside it)", child)
+    return {**table, head: _with_path(child, parts[1:], value, key, fail)}
+
+
+def _as_table(obj: Any) -> dict[str, Any]:
+    """The fields of ``obj`` that differ from their defaults, under their TOML keys, as TOML values."""
+    out = {}
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        if value != default or default is MISSING:
+            out[key_of(f)] = (_as_table(value) if is_dataclass(value)
+                              else [dict(x) if isinstance(x, dict) else x for x in value] if isinstance(value, tuple)
+                              else value)
+    return out
+
+
+def _check_url(fail: _Failer, url: str) -> None:
     parsed = urlparse(url)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
         userinfo, at, _ = parsed.netloc.rpartition("@")
         shown = url.replace(userinfo + at, "***@", 1) if at else url  # a password never goes into a message
-        v.fail("target.base_url", "an http:// or https:// URL such as http://127.0.0.1:8000/v1", shown)
-
-
-class _Validator:
-    def __init__(self, source: str):
-        self.source = source
-
-    def fail(self, key: str, expected: str, got: Any) -> None:
-        raise ScenarioError(f"{self.source}: {key}: expected {expected}, got {_show(got)}")
-
-    def known(self, table: dict[str, Any], where: str, allowed: set[str]) -> None:
-        for key in table:
-            if key not in allowed:
-                full = f"{where}.{key}" if where else key
-                hint = difflib.get_close_matches(key, sorted(allowed), n=1)
-                maybe = f" (did you mean {hint[0]}?)" if hint else ""
-                raise ScenarioError(
-                    f"{self.source}: {full}: unknown key{maybe}; expected one of {', '.join(sorted(allowed))}"
-                )
-
-    def table(self, raw: dict[str, Any], key: str, required: bool = False) -> dict[str, Any]:
-        value = raw.get(key)
-        if value is None:
-            if required:
-                self.fail(key, f"a [{key}] table", None)
-            return {}
-        if not isinstance(value, dict):
-            self.fail(key, f"a [{key}] table", value)
-        return value
-
-    def choice(self, value: str, key: str, choices: tuple[str, ...]) -> None:
-        if value not in choices:
-            hint = difflib.get_close_matches(value, choices, n=1)
-            maybe = f" (did you mean {hint[0]}?)" if hint else ""
-            self.fail(key, f"one of {', '.join(choices)}{maybe}", value)
-
-    def build(self, cls: type, table: dict[str, Any], where: str,
-              rules: dict[str, tuple[type | tuple[type, ...], bool]]):
-        self.known(table, where, set(rules))
-        values: dict[str, Any] = {}
-        for key, (kind, required) in rules.items():
-            full = f"{where}.{key}"
-            if key not in table:
-                if required:
-                    self.fail(full, f"a {_kind_name(kind)}", None)
-                continue
-            value = table[key]
-            bad_bool = isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,))
-            if bad_bool or not isinstance(value, kind):
-                self.fail(full, f"a {_kind_name(kind)}", value)
-            if full in _LIST_OF_INT:
-                if not all(isinstance(x, int) and not isinstance(x, bool) for x in value):
-                    self.fail(full, "a list of integers", value)
-                value = tuple(value)
-            if full in _LIST_OF_NUMBER:
-                if not all(isinstance(x, int | float) and not isinstance(x, bool) and x > 0 for x in value):
-                    self.fail(full, "a list of numbers > 0 (requests per second)", value)
-                value = tuple(float(x) for x in value)
-            if key == "headers" and not all(isinstance(x, str) for x in value.values()):
-                self.fail(full, "a table of string values", value)
-            values[key] = float(value) if kind == (int, float) else value
-        return cls(**values)
-
-
-def _kind_name(kind: type | tuple[type, ...]) -> str:
-    names = {str: "string", int: "integer", bool: "boolean (true/false)", list: "list", dict: "table"}
-    if kind == (int, float):
-        return "number"
-    if isinstance(kind, tuple):
-        return " or ".join(names[k] for k in kind)
-    return names[kind]
+        fail("target.base_url", "an http:// or https:// URL such as http://127.0.0.1:8000/v1", shown)
 
 
 def _show(value: Any) -> str:
