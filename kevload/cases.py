@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 import orjson
 
 from kevload.runs import run_scenario
-from kevload.scenario import ScenarioError, iter_jsonl, scenario_from_dict
+from kevload.scenario import Load, Probe, ScenarioError, Target, build_scenario, iter_jsonl, read_table
 from kevload.store import (
     RUN,
     SUMMARY,
@@ -211,17 +211,20 @@ async def rerun_cases(cases: list[dict[str, Any]], *, url: str, model: str, time
             break
         params, load = rerun_load(case, times)
         max_tokens = params.pop("max_tokens", 64)
-        probe = {"id": "case", "max_tokens": max_tokens}
-        probe["prompt" if isinstance(case["input"], str) else "messages"] = case["input"]
-        raw = {"target": {"base_url": url, "model": model, "api": api, "timeout": timeout}, "params": params,
-               "load": load, "probes": [probe]}
+        source = f"case {case['id']}"
+        probe = Probe(id="case", max_tokens=max_tokens,
+                      **{"prompt" if isinstance(case["input"], str) else "messages": case["input"]})
+        # The case file's [load] table is read by Load's own field rules, like a scenario file's.
+        scenario = build_scenario(Target(base_url=url, model=model, api=api, timeout=timeout), [probe],
+                                  load=read_table(Load, load, where="load", source=source), params=params,
+                                  source=source)
         rerun = {"mode": load.get("mode", "single"), "concurrency": load.get("concurrency", [None])[-1],
                  "rate": load["rate"][0] if "rate" in load else None, "samples": times,
                  **{k: load[k] for k in ("seed", "companions", "prefix_lengths", "needle_length") if k in load},
                  "params": {**params, "max_tokens": max_tokens}}
         log(f"rerun {case['id']} ({describe_load(rerun)}) …")
         run_dir = out / case["id"]
-        result = await run_scenario(scenario_from_dict(raw, source=f"case {case['id']}"), run_dir, stop=stop)
+        result = await run_scenario(scenario, run_dir, stop=stop)
         if result.state == "interrupted":
             break
         # The case's own cell (the last level); a serial level run before it only feeds that cell's drift.

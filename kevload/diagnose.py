@@ -17,7 +17,7 @@ from typing import Any
 
 from kevload.client import Client, build_body
 from kevload.runs import run_scenario
-from kevload.scenario import Probe, Scenario, scenario_from_dict
+from kevload.scenario import Load, Mode, Probe, Scenario, Target, build_scenario
 from kevload.stats import drift_upper_bound, samples_for_bound
 from kevload.store import RUN, default_run_dir, read_json, read_records
 from kevload.summary import CellSummary, RunSummary
@@ -456,7 +456,7 @@ class _Diagnoser:
     # --- steps ---
 
     async def _measure(self, key: str, title: str, params: dict[str, Any], levels: list[int], samples: int, *,
-                       mode: str = "single", probes: list[Probe] | None = None) -> StepResult:
+                       mode: Mode = "single", probes: list[Probe] | None = None) -> StepResult:
         self.log(f"{title} …")
         summary, run_dir = await self._run(key, params, levels, samples, mode=mode, probes=probes)
         probe_cells = summary.probe_cells()
@@ -551,7 +551,7 @@ class _Diagnoser:
         self.evidence = replace(self.evidence, data=DataResult(result))
 
     async def _run(self, key: str, params: dict[str, Any], levels: list[int], samples: int, *,
-                   mode: str = "single", probes: list[Probe] | None = None) -> tuple[RunSummary, Path]:
+                   mode: Mode = "single", probes: list[Probe] | None = None) -> tuple[RunSummary, Path]:
         run_dir = self.out / key
         scenario = _scenario(self.o, params, levels, samples, mode=mode, probes=probes, until=key in _UNTIL_STEPS,
                              logprobs=self.logprobs)
@@ -620,21 +620,15 @@ def _ok_probe_hashes(run_dir: Path) -> list[tuple[str, int, str]]:
 
 
 def _scenario(options: DiagnoseOptions, params: dict[str, Any], levels: list[int], samples: int, *,
-              mode: str = "single", probes: list[Probe] | None = None, until: bool = False,
+              mode: Mode = "single", probes: list[Probe] | None = None, until: bool = False,
               logprobs: str | bool = "auto") -> Scenario:
-    target = {"base_url": options.url, "model": options.model, "api": options.api, "timeout": options.timeout}
-    if options.api_key_env:
-        target["api_key_env"] = options.api_key_env
-    raw = {
-        "target": target,
-        "params": params,
-        "load": {"mode": mode, "concurrency": levels, "samples": samples, "max_error_share": 0.2,
-                 "logprobs": logprobs},
-        "probes": [_probe_table(p) for p in (probes or [options.probe])],
-    }
+    target = Target(base_url=options.url, model=options.model, api=options.api, timeout=options.timeout,
+                    api_key_env=options.api_key_env or None)
+    load = Load(mode=mode, concurrency=tuple(levels), samples=samples, max_error_share=0.2, logprobs=logprobs)
     if until and options.until_bound is not None:
-        raw["load"].update(until_bound=options.until_bound, max_samples=options.max_samples)
-    return scenario_from_dict(raw, source="diagnose", name="diagnose")
+        load = replace(load, until_bound=options.until_bound, max_samples=options.max_samples)
+    return build_scenario(target, probes or [options.probe], load=load, params=params, name="diagnose",
+                          source="diagnose")
 
 
 def _levels(max_concurrency: int) -> list[int]:
@@ -644,11 +638,3 @@ def _levels(max_concurrency: int) -> list[int]:
         c *= 2
     return levels + [max_concurrency]
 
-
-def _probe_table(probe: Probe) -> dict[str, Any]:
-    table: dict[str, Any] = {"id": probe.id, "max_tokens": probe.max_tokens}
-    if probe.prompt is not None:
-        table["prompt"] = probe.prompt
-    else:
-        table["messages"] = [dict(m) for m in probe.messages]
-    return table

@@ -353,13 +353,16 @@ def scenario_from_dict(raw: dict[str, Any], *, source: str, name: str = "scenari
 
 def build_scenario(target: Target, probes: Iterable[Probe], *, load: Load = _DEFAULT_LOAD,
                    params: Mapping[str, Any] | None = None, name: str = "scenario", source: str = "code") -> Scenario:
-    """A scenario built in code, validated as a file is; its ``raw`` (what run.json keeps as asked) is
-    written from the objects: the fields that differ from their defaults, under their TOML keys."""
+    """A scenario built in code, validated as a file is (a companions file read as a file's is); its
+    ``raw`` (what run.json keeps as asked) is written from the objects: the fields that differ from their
+    defaults, under their TOML keys."""
     scenario = Scenario(name=name, source=source, target=target, probes=tuple(probes), params=dict(params or {}),
                         load=load, raw={})
     raw = {"target": _as_table(target), "params": scenario.params, "load": _as_table(load),
            "probes": [_as_table(p) for p in scenario.probes]}
-    return validate(replace(scenario, raw=raw))
+    scenario = validate(replace(scenario, raw=raw))
+    _, datasets = _probes_and_datasets(_Failer(source), [], scenario.load, source)  # a companions file, if any
+    return replace(scenario, datasets=datasets)
 
 
 def read_table(cls: type, table: Mapping[str, Any], *, where: str, source: str) -> Any:
