@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ from kevload.targets import RunningTarget, TargetSettings, start_target, stop_ta
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "demo.toml"
 LABELS = {"llamacpp": "llama.cpp", "transformers": "transformers"}
 
-FIXED = "{temperature = 0, top_p = 1, seed = 1234}"
+FIXED = {"temperature": 0, "top_p": 1, "seed": 1234}
 PRODUCTION = {"temperature": 0.8, "top_p": 0.95}
 DEMO_PROBE = Probe(id="story", prompt="Write a short story about a robot learning to paint.", max_tokens=32)
 
@@ -33,14 +33,14 @@ DEMO_PROBE = Probe(id="story", prompt="Write a short story about a robot learnin
 @dataclass(frozen=True)
 class Step:
     name: str
-    overrides: tuple[str, ...]
+    settings: Mapping[str, Any]  # dotted scenario keys set on demo.toml
     fixed: bool
 
 
 STEPS = (
-    Step("1 baseline (T=0.8, no seed)", ("params={temperature = 0.8, top_p = 0.95}", "load.concurrency=[1]"), False),
-    Step("2 fixed params, single", (f"params={FIXED}", 'load.mode="single"'), True),
-    Step("3 fixed params, mixed", (f"params={FIXED}", 'load.mode="mixed"'), True),
+    Step("1 baseline (T=0.8, no seed)", {"params": PRODUCTION, "load.concurrency": [1]}, False),
+    Step("2 fixed params, single", {"params": FIXED, "load.mode": "single"}, True),
+    Step("3 fixed params, mixed", {"params": FIXED, "load.mode": "mixed"}, True),
 )
 
 
@@ -130,7 +130,7 @@ async def _run_target(name: str, samples: int, out: Path, console: Console,
         for i, step in enumerate(STEPS):
             if stop.is_set():
                 return done
-            _keep(done, step.name, await _run_step(target.url, target.model, step.overrides, samples,
+            _keep(done, step.name, await _run_step(target.url, target.model, step.settings, samples,
                                                    out / f"{name}-step{i + 1}", console, stop))
         console.print("  diagnose (the guide's steps as one command) …", style="dim")
         options = DiagnoseOptions(url=target.url, model=target.model, probe=DEMO_PROBE, params=PRODUCTION,
@@ -154,7 +154,7 @@ async def _run_target(name: str, samples: int, out: Path, console: Console,
             if target is None:
                 return done
             _keep(done, f"{step.name[0]} … batching off",
-                  await _run_step(target.url, target.model, (*step.overrides, "load.concurrency=[1,4]"), samples,
+                  await _run_step(target.url, target.model, {**step.settings, "load.concurrency": [1, 4]}, samples,
                                   out / f"{name}-nobatch", console, stop))
     return done
 
@@ -213,10 +213,10 @@ async def _until_stopped(work: Any, stop: asyncio.Event) -> Any:
     return task.result()
 
 
-async def _run_step(url: str, model: str, overrides: tuple[str, ...], samples: int, run_dir: Path,
+async def _run_step(url: str, model: str, settings: Mapping[str, Any], samples: int, run_dir: Path,
                     console: Console, stop: asyncio.Event) -> RunSummary:
-    scenario = load_scenario(SCENARIO, [f'target.base_url="{url}"', f'target.model="{model}"',
-                                        f"load.samples={samples}", *overrides])
+    scenario = load_scenario(SCENARIO).with_settings(
+        {"target.base_url": url, "target.model": model, "load.samples": samples, **settings}, source="demo")
     console.print(f"  running {run_dir.name} …", style="dim")
     return (await run_scenario(scenario, run_dir, stop=stop)).summary
 

@@ -44,7 +44,7 @@ MAX_RAMP_LEVELS = 1000  # each level is a cell run in turn: more than this is a 
 # kevload sets this header itself, unique per request, so records join the server's logs: never the user's.
 REQUEST_ID_HEADER = "X-Request-Id"
 # Load keys that decide which lines the JSONL datasets contribute: setting one reads the files again.
-DATASET_KEYS = frozenset({"mode", "companions", "companion_count", "dataset_seed"})
+DATASET_KEYS = frozenset({"load.mode", "load.companions", "load.companion_count", "load.dataset_seed"})
 
 
 @dataclass(frozen=True)
@@ -240,36 +240,23 @@ class Scenario:
         return key
 
     def with_setting(self, key: str, value: Any, *, source: str | None = None) -> Scenario:
-        """This scenario with the dotted ``key`` (``load.concurrency``, ``params.seed``) set to ``value`` as
-        if it were written in the file: the field's rules convert and check it, ``validate`` checks the
-        whole again, and ``raw`` records it. Errors name ``source`` (default: the scenario's file)."""
+        """This scenario with the dotted ``key`` (``load.concurrency``, ``params.seed``) set to ``value``."""
+        return self.with_settings({key: value}, source=source)
+
+    def with_settings(self, settings: Mapping[str, Any], *, source: str | None = None) -> Scenario:
+        """This scenario with each dotted key set to its value as if written in the file: each field's rule
+        converts and checks its value, ``validate`` then checks the whole once (keys that only make sense
+        together may be set together), and ``raw`` records them. Errors name ``source`` (default: the
+        scenario's file) and the key."""
         fail = _Failer(source or self.source)
-        parts = key.split(".")
-        if not all(parts):
-            fail(key, "a dotted key such as load.concurrency", key)
-        head, rest = parts[0], parts[1:]
         scenario = self
-        if head == "params":
-            params = _with_path(self.params, rest, value, "params", fail) if rest else value
-            if not isinstance(params, dict):
-                fail("params", "a [params] table", params)
-            scenario = replace(self, params=params)
-        elif head == "name" and not rest:
-            scenario = replace(self, name=str(value))
-        elif head in ("target", "load") and rest:
-            obj = getattr(self, head)
-            if head == "load" and rest[0] == "ramp":
-                obj = _unramped(obj)  # the ramp changes: its levels are expanded again from it
-            scenario = replace(self, **{head: _set_path(obj, rest, value, head, fail)})
-            if head == "load" and rest[0] in DATASET_KEYS and "probes" in self.raw:
-                probes, datasets = _probes_and_datasets(fail, self.raw["probes"], scenario.load, self.source)
-                scenario = replace(scenario, probes=probes, datasets=datasets)
-        elif head in ("target", "load", "probes"):
-            fail(key, f"a key inside [{head}], such as load.samples" if head != "probes" else
-                 "probes written in the scenario file (a setting changes one key)", value)
-        else:
-            _known({head: value}, "", {"name", "params", "target", "load"}, fail)
-        return validate(replace(scenario, raw=_with_path(self.raw, parts, value, "", fail)), source=source)
+        for key, value in settings.items():
+            scenario = _set_key(scenario, key, value, fail)
+        if DATASET_KEYS & set(settings) and "probes" in self.raw:
+            # Which lines the JSONL files contribute depends on these keys: read them again, as a file's load does.
+            probes, datasets = _probes_and_datasets(fail, self.raw["probes"], scenario.load, self.source)
+            scenario = replace(scenario, probes=probes, datasets=datasets)
+        return validate(scenario, source=source)
 
 
 def iter_jsonl(path: Path, what: str) -> Iterator[tuple[int, Any]]:
@@ -670,6 +657,32 @@ def _ramp(fail: _Failer, table: Mapping[str, Any], where: str) -> Ramp:
     if count + 1 > MAX_RAMP_LEVELS:
         fail(where, f"at most {MAX_RAMP_LEVELS} levels (a larger step or factor)", math.floor(count) + 1)
     return Ramp(of=of, start=start, to=to, step=step, factor=factor, every_s=every_s)
+
+
+def _set_key(scenario: Scenario, key: str, value: Any, fail: _Failer) -> Scenario:
+    """``scenario`` with one dotted key set through its field's rule (not yet validated as a whole)."""
+    parts = key.split(".")
+    if not all(parts):
+        fail(key, "a dotted key such as load.concurrency", key)
+    head, rest = parts[0], parts[1:]
+    if head == "params":
+        params = _with_path(scenario.params, rest, value, "params", fail) if rest else value
+        if not isinstance(params, dict):
+            fail("params", "a [params] table", params)
+        scenario = replace(scenario, params=dict(params))  # a copy: the caller's table stays the caller's
+    elif head == "name" and not rest:
+        scenario = replace(scenario, name=str(value))
+    elif head in ("target", "load") and rest:
+        obj = getattr(scenario, head)
+        if head == "load" and rest[0] == "ramp":
+            obj = _unramped(obj)  # the ramp changes: validate expands its levels again
+        scenario = replace(scenario, **{head: _set_path(obj, rest, value, head, fail)})
+    elif head in ("target", "load", "probes"):
+        fail(key, f"a key inside [{head}], such as load.samples" if head != "probes" else
+             "probes written in the scenario file (a setting changes one key)", value)
+    else:
+        _known({head: value}, "", {"name", "params", "target", "load"}, fail)
+    return replace(scenario, raw=_with_path(scenario.raw, parts, value, "", fail))
 
 
 def _set_path(obj: Any, parts: list[str], value: Any, where: str, fail: _Failer) -> Any:

@@ -61,9 +61,9 @@ async def run_sweep(scenario_path: Path, overrides: list[str], grid: Grid, *, ou
                     stop: asyncio.Event | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run every server setting × scenario setting; the server is stopped after each, however it ends."""
     stop = stop or asyncio.Event()
-    load_scenario(scenario_path, overrides)  # bad scenario or overrides fail before any server starts
+    base = load_scenario(scenario_path, overrides)  # bad scenario, overrides or grid fail before any server starts
     for combo in combinations(grid.scenario):
-        load_scenario(scenario_path, overrides + _sets(combo))
+        base.with_settings(combo, source="--grid")
     if server_cmd is not None:
         check_server_cmd(server_cmd, ready_url, list(grid.server))
     rows: list[dict[str, Any]] = []
@@ -78,7 +78,7 @@ async def run_sweep(scenario_path: Path, overrides: list[str], grid: Grid, *, ou
                 if stop.is_set():
                     break
                 name = label({**server_setting, **combo})
-                scenario = load_scenario(scenario_path, overrides + sets + _sets(combo))
+                scenario = base.with_settings(sets, source="sweep").with_settings(combo, source="--grid")
                 log(f"  running {name} …")
                 result = await run_scenario(scenario, out / _dirname(name), stop=stop)
                 rows.append(_row({"setting": name, "server": server_setting, "scenario": combo,
@@ -220,8 +220,8 @@ def _levels(rows: list[dict[str, Any]]) -> list[str]:
 
 @contextlib.asynccontextmanager
 async def _server(setting: dict[str, Any], server_cmd: str | None, builtin: str | None, ready_url: str | None,
-                  out: Path, stop: asyncio.Event, log: Callable[[str], None]) -> AsyncIterator[list[str] | None]:
-    """Start the server for one setting and yield the scenario overrides that point at it (None: stopped while
+                  out: Path, stop: asyncio.Event, log: Callable[[str], None]) -> AsyncIterator[dict[str, Any] | None]:
+    """Start the server for one setting and yield the scenario settings that point at it (None: stopped while
     starting); it is stopped when the block ends, however it ends, a cancel during its start included."""
     if builtin is not None:
         from kevload.targets import TargetSettings, start_target, stop_target
@@ -236,12 +236,12 @@ async def _server(setting: dict[str, Any], server_cmd: str | None, builtin: str 
                 stop_target(await future)
             raise
         try:
-            yield [f'target.base_url="{target.url}"', f'target.model="{target.model}"']
+            yield {"target.base_url": target.url, "target.model": target.model}
         finally:
             stop_target(target)
         return
     if server_cmd is None:
-        yield []  # only scenario keys are swept: the target stays as it is
+        yield {}  # only scenario keys are swept: the target stays as it is
         return
     port = free_port()
     values = {**setting, "port": port}
@@ -258,7 +258,7 @@ async def _server(setting: dict[str, Any], server_cmd: str | None, builtin: str 
         future = asyncio.get_running_loop().run_in_executor(None, wait)
         future.add_done_callback(_retrieve)
         ready = await future
-        yield [f'target.base_url="http://127.0.0.1:{port}/v1"'] if ready else None
+        yield {"target.base_url": f"http://127.0.0.1:{port}/v1"} if ready else None
     finally:
         server.stop()
 
@@ -269,23 +269,11 @@ def _retrieve(future: asyncio.Future) -> None:
         future.exception()
 
 
-def _sets(combo: dict[str, Any]) -> list[str]:
-    return [f"{key}={_toml(value)}" for key, value in combo.items()]
-
-
 def _value(text: str) -> Any:
     try:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text
-
-
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return str(value)
 
 
 def _dirname(name: str) -> str:
