@@ -15,7 +15,7 @@ from kevload import __version__, aio
 from kevload.errors import InputError, KevloadError, ScenarioError
 from kevload.report import FORMATS, render, slo_line, verdict_line
 from kevload.runs import finish_run, refuse_existing, run_scenario, single_run_id
-from kevload.scenario import load_scenario
+from kevload.scenario import APIS, load_scenario
 from kevload.stats import samples_for_bound
 from kevload.store import (
     RECORDS,
@@ -393,7 +393,7 @@ def demo(targets: str, samples: int) -> None:
 @click.option("--max-tokens", type=click.IntRange(min=1), default=48, show_default=True)
 @click.option("--samples", type=click.IntRange(min=2), default=6, show_default=True, help="Samples per step.")
 @click.option("--max-concurrency", type=click.IntRange(min=2), default=4, show_default=True)
-@click.option("--api", type=click.Choice(["chat", "completions"]), default="chat", show_default=True)
+@click.option("--api", type=click.Choice(APIS), default="chat", show_default=True)
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=60.0, show_default=True)
 @click.option("--api-key-env", help="Environment variable holding the API key.")
 @click.option("--online", type=click.Path(dir_okay=False, exists=True, path_type=Path), help="Live inputs (JSONL).")
@@ -509,7 +509,7 @@ def cases_build(run_dirs: tuple[Path, ...], output: Path, target_name: str | Non
 @click.option("--url", required=True)
 @click.option("--model", required=True)
 @click.option("--times", type=click.IntRange(min=2), default=5, show_default=True)
-@click.option("--api", type=click.Choice(["chat", "completions"]), default="chat", show_default=True)
+@click.option("--api", type=click.Choice(APIS), default="chat", show_default=True)
 @click.option("--target-name", help="Rerun only the cases of this target (as `cases build` named it).")
 @click.option("--accept-changes", "accept", is_flag=True,
               help="Record the new answers of changed cases as their outputs (the old ones stay in history).")

@@ -9,17 +9,22 @@ from __future__ import annotations
 import random
 from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, get_args
 
 from kevload.stats import samples_for_bound
 
-PROBE, COMPANION, WARMUP = "probe", "companion", "warmup"
+if TYPE_CHECKING:
+    from kevload.scenario import Arrival
+
+Role = Literal["probe", "companion", "warmup"]  # what a request is for; records.jsonl's role
+PROBE, COMPANION, WARMUP = get_args(Role)
 
 
 @dataclass(frozen=True, slots=True)
 class Send:
     """One request to send: its role and, in the open loop, when it is due (seconds after the level's start)."""
 
-    role: str
+    role: Role
     at: float | None = None
 
 
@@ -97,7 +102,7 @@ class ClosedLoop:
         self.slots: tuple[str, ...] = (COMPANION,) * (concurrency - probe_slots) + (PROBE,) * probe_slots
         self._probe_slots_open = probe_slots
 
-    def next(self, role: str, at: float = 0.0) -> Send | None:
+    def next(self, role: Role, at: float = 0.0) -> Send | None:
         """What the slot of ``role`` sends next, or None when it is done."""
         if role == PROBE:
             busy = at < self.ramp_s or self._wanted(at) or self._counted_in_flight
@@ -131,7 +136,7 @@ class ClosedLoop:
         """The most common ok answer, ties to the one first seen: the reference for the levels after this one."""
         return max(self.answers, key=self.answers.__getitem__, default=None)
 
-    def sent(self, role: str, in_flight: int, at: float = 0.0) -> bool:
+    def sent(self, role: Role, in_flight: int, at: float = 0.0) -> bool:
         """Note a send made ``at`` seconds in with ``in_flight`` others in flight; True when it counts.
 
         A probe counts when sent at full load while samples (or time) are still wanted; a companion
@@ -144,11 +149,11 @@ class ClosedLoop:
             self._counted_in_flight += full
         return full
 
-    def returned(self, role: str, counted: bool) -> None:
+    def returned(self, role: Role, counted: bool) -> None:
         if role == PROBE and counted:
             self._counted_in_flight -= 1
 
-    def slot_done(self, role: str) -> None:
+    def slot_done(self, role: Role) -> None:
         if role == PROBE:
             self._probe_slots_open -= 1
 
@@ -170,7 +175,7 @@ class OpenLoop:
     promises a schedule, not a number in flight.
     """
 
-    def __init__(self, rate: float, *, needed: int, companions: bool, arrival: str = "constant", seed: int = 0,
+    def __init__(self, rate: float, *, needed: int, companions: bool, arrival: Arrival = "constant", seed: int = 0,
                  warmup: int = 0, duration: float = 0.0, ramp_s: float = 0.0):
         self.rate = rate
         self.needed = needed
@@ -195,11 +200,11 @@ class OpenLoop:
             yield Send(role, offset)
             offset += gaps.expovariate(self.rate) if self.arrival == "poisson" else 1.0 / self.rate
 
-    def sent(self, role: str, in_flight: int, at: float = 0.0) -> bool:
+    def sent(self, role: Role, in_flight: int, at: float = 0.0) -> bool:
         """``at`` is the send's scheduled offset, so lateness never changes what counts."""
         return role != WARMUP and at >= self.ramp_s
 
-    def returned(self, role: str, counted: bool) -> None:
+    def returned(self, role: Role, counted: bool) -> None:
         """The open loop's schedule does not depend on answers."""
 
     def answered(self, answer: Hashable | None) -> None:
