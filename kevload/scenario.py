@@ -691,6 +691,9 @@ def _set_path(obj: Any, parts: list[str], value: Any, where: str, fail: _Failer)
     head, rest = parts[0], parts[1:]
     _known({head: value}, where, set(by_key), fail)
     f = by_key[head]
+    if isinstance(obj, Ramp):
+        # Checked as a whole when validated: the kind of its levels depends on ``of``, which may be set too.
+        return replace(obj, **{f.name: value})
     hint, key = _hints(type(obj))[f.name], f"{where}.{head}"
     current = getattr(obj, f.name)
     if rest and is_dataclass(current):
