@@ -65,7 +65,7 @@ class Rule:
         if isinstance(value, tuple | str | dict):
             return (len(value) > 0 or not self.nonempty) and all(self.holds(x) for x in value
                                                                  if isinstance(value, tuple))
-        # "not (x >= min)" rather than "x < min": NaN fails every bound, as it should.
+        # Each bound says what holds (x >= min), not what fails (x < min): NaN then fails them all.
         return ((self.min is None or value >= self.min) and (self.above is None or value > self.above)
                 and (self.max is None or value <= self.max) and (self.below is None or value < self.below))
 
