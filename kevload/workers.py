@@ -166,8 +166,8 @@ class Shared(engine.Solo):
             shared.publish()  # every worker is past the last level's end barrier: nobody reads the old state
         return shared, slots_of(plan.slots, self.worker, self.workers)
 
-    def claim(self, plan: ClosedLoop | OpenLoop | SharedPlan, role: str, in_flight: int,
-              at: float) -> tuple[int, bool]:
+    async def claim(self, plan: ClosedLoop | OpenLoop | SharedPlan, role: str, in_flight: int,
+                    at: float) -> tuple[int, bool]:
         if isinstance(plan, SharedPlan):
             return plan.claim(role, at)
         state = self._state
