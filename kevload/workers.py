@@ -224,6 +224,8 @@ class WorkerResult:
     records: int
     aborted: bool
     error: str | None = None
+    node: str | None = None  # the Ray node a worker actor ran on (kevload.rayworkers)
+    lost: bool = False  # a Ray actor whose process or node died: the run lost a worker, not a bug
 
 
 async def run_workers(scenario: Scenario, run_dir: Path, *, run_id: str, stop: asyncio.Event,
