@@ -59,8 +59,9 @@ def run(scenario: Scenario, client: Client, *, run_id: str, stop: asyncio.Event 
 class Solo:
     """How a run shares its levels with other workers: the default, this process runs every level alone.
 
-    ``kevload.workers.Shared`` is the other implementation: the level's slots split across worker
-    processes, one in-flight count and plan for all of them, and a barrier at each level's start and end.
+    ``kevload.workers.Shared`` is another implementation: the level's slots split across worker
+    processes, one in-flight count and plan for all of them, and a barrier at each level's start and end;
+    ``kevload.rayworkers.RemoteShare`` keeps them in a coordinator actor instead.
     """
 
     worker, workers = 0, 1

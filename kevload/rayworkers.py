@@ -4,10 +4,10 @@ The level's semantics are those of the local workers, kept by one coordinator ac
 
 - Closed loop: the slots are dealt as in ``kevload.workers`` (``slots_of``); the level's one ``ClosedLoop`` and
   the in-flight count live in the coordinator. A slot asks it what to send next and, in the same call, claims
-  the send (the count goes up, the plan decides whether it counts): one awaited round trip per send. Releases,
-  back-offs and a slot's end are sent without waiting for the answer; the coordinator applies each worker's
-  calls in the order that worker made them (Ray does not promise that for an async actor), so a slot's release
-  always comes before its next claim.
+  the send (the count goes up, the plan decides whether it counts): one awaited round trip per send, which also
+  carries the slot's release of its previous request. Back-offs and a slot's end are sent without waiting for
+  the answer; the coordinator applies each worker's calls in the order that worker made them (Ray does not
+  promise that for an async actor), so a release always comes before the claims made after it.
 - "In flight" is the coordinator's count: a request is in flight from its claim until the coordinator hears of
   its answer. Across hosts its edges lag the wire by a message's latency; a send that another worker's release
   has not yet reached sees *c* − 1 others and counts, one that arrives between a release and the next claim
@@ -47,6 +47,9 @@ _BATCH_S = 0.2  # how often the driver collects finished records
 _REPLY_S = 60.0  # an actor that does not answer a drain (or get placed) for this long is lost
 _START_MARGIN_S = 0.1  # a level starts this long after the barrier opens: time for the news to reach every host
 
+# Requests a worker's call tells the coordinator are answered: (role, counted, of a closed-loop level).
+Releases = list[tuple[str, bool, bool]]
+
 
 class KevloadCoordinator:
     """The level's shared state for all workers (an async Ray actor): plan, in-flight count, barrier, halt."""
@@ -62,12 +65,16 @@ class KevloadCoordinator:
         self._start = 0.0
         self._halted = asyncio.Event()
 
-    async def _turn(self, worker: int, call: int) -> None:
-        """Wait for the worker's earlier calls: its release must be applied before its next claim."""
+    async def _turn(self, worker: int, call: int, releases: Releases) -> None:
+        """Wait for the worker's earlier calls, then apply the releases this call carries (before what it asks)."""
         if call != self._next_call[worker]:
             future = asyncio.get_running_loop().create_future()
             self._early[worker, call] = future
             await future
+        for role, counted, closed in releases:
+            self.in_flight -= 1
+            if closed:
+                self.plan.returned(role, counted)
 
     def _done(self, worker: int) -> None:
         self._next_call[worker] += 1
@@ -75,15 +82,16 @@ class KevloadCoordinator:
         if waiting is not None:
             waiting.set_result(None)
 
-    async def publish(self, worker: int, call: int, plan: ClosedLoop) -> None:
+    async def publish(self, worker: int, call: int, releases: Releases, plan: ClosedLoop) -> None:
         """The leader's fresh plan for the next closed-loop level (every worker is past the last one's end)."""
-        await self._turn(worker, call)
+        await self._turn(worker, call, releases)
         self.plan = plan
         self._done(worker)
 
-    async def next_claim(self, worker: int, call: int, role: str, at: float) -> tuple[bool, int, bool]:
+    async def next_claim(self, worker: int, call: int, releases: Releases, role: str,
+                         at: float) -> tuple[bool, int, bool]:
         """What the slot does next and, when it sends, its claim: (sends, others in flight, counted)."""
-        await self._turn(worker, call)
+        await self._turn(worker, call, releases)
         try:
             if self.plan.next(role, at) is None:
                 return False, 0, False
@@ -94,35 +102,33 @@ class KevloadCoordinator:
         finally:
             self._done(worker)
 
-    async def claim(self, worker: int, call: int) -> int:
+    async def claim(self, worker: int, call: int, releases: Releases) -> int:
         """A send that no slot asked for (a warm-up, an open-loop arrival): the others in flight."""
-        await self._turn(worker, call)
+        await self._turn(worker, call, releases)
         in_flight = self.in_flight
         self.in_flight += 1
         self._done(worker)
         return in_flight
 
-    async def release(self, worker: int, call: int, role: str, counted: bool, closed: bool) -> None:
-        await self._turn(worker, call)
-        self.in_flight -= 1
-        if closed:
-            self.plan.returned(role, counted)
+    async def release(self, worker: int, call: int, releases: Releases) -> None:
+        """Releases that no other call of the worker took along."""
+        await self._turn(worker, call, releases)
         self._done(worker)
 
-    async def slot_done(self, worker: int, call: int, role: str) -> None:
-        await self._turn(worker, call)
+    async def slot_done(self, worker: int, call: int, releases: Releases, role: str) -> None:
+        await self._turn(worker, call, releases)
         self.plan.slot_done(role)
         self._done(worker)
 
-    async def shift(self, worker: int, call: int, delta: int) -> None:
+    async def shift(self, worker: int, call: int, releases: Releases, delta: int) -> None:
         """A retry's back-off takes its request off the count (-1) and puts it back (+1)."""
-        await self._turn(worker, call)
+        await self._turn(worker, call, releases)
         self.in_flight += delta
         self._done(worker)
 
-    async def arrive(self, worker: int, call: int, lead: float) -> float | None:
+    async def arrive(self, worker: int, call: int, releases: Releases, lead: float) -> float | None:
         """The barrier at a level's start and end; returns the level's start (Unix time), None once halted."""
-        await self._turn(worker, call)
+        await self._turn(worker, call, releases)
         self._done(worker)  # the wait below must not hold back the worker's later calls
         if self._halted.is_set():
             return None
@@ -151,7 +157,10 @@ class RemoteShare(engine.Solo):
     """The engine's view of the other actors: every decision goes to the coordinator.
 
     ``next`` claims the send in the same call, and the engine's ``claim`` that follows in the same step of the
-    event loop (nothing between them suspends) takes that answer instead of a second round trip.
+    event loop (nothing between them suspends) takes that answer instead of a second round trip. A release is
+    held until the worker's next call, which carries it: a slot's release and its next claim are made in one
+    step of the event loop, so they travel as one message. A release no call takes along in that step goes on
+    its own at the loop's next turn.
     """
 
     def __init__(self, worker: int, workers: int, coordinator: Any, offset: float, stop: asyncio.Event):
@@ -161,12 +170,18 @@ class RemoteShare(engine.Solo):
         self._stop = stop
         self._calls = 0
         self._claimed: tuple[str, int, bool] | None = None
+        self._releases: Releases = []
 
     def _call(self, method: str, *args: Any) -> Any:
-        """A numbered call: the coordinator applies this worker's calls in this order."""
+        """A numbered call carrying the releases held so far: the coordinator applies this worker's calls in order."""
         call = self._calls
         self._calls += 1
-        return getattr(self._coordinator, method).remote(self.worker, call, *args)
+        releases, self._releases = self._releases, []
+        return getattr(self._coordinator, method).remote(self.worker, call, releases, *args)
+
+    def _flush(self) -> None:
+        if self._releases:
+            self._call("release")
 
     @property
     def leader(self) -> bool:
@@ -199,7 +214,9 @@ class RemoteShare(engine.Solo):
         return in_flight, plan.sent(role, in_flight, at)
 
     def release(self, plan: ClosedLoop | OpenLoop, role: str, counted: bool) -> None:
-        self._call("release", role, counted, isinstance(plan, ClosedLoop))
+        if not self._releases:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._releases.append((role, counted, isinstance(plan, ClosedLoop)))
 
     def pause(self) -> None:
         self._call("shift", -1)
