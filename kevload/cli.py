@@ -67,6 +67,9 @@ def main() -> None:
 @click.option("--until-bound", metavar="SHARE", help="Sample each cell until drift is seen or the 95%% bound on "
               "its drift rate is this low (5%% or 0.05; load.until_bound), at most load.max_samples.")
 @click.option("--workers", type=click.IntRange(min=1), help="Worker processes sharing each level (load.workers).")
+@click.option("--ray", "ray_address", metavar="ADDRESS", help="Run the workers as actors of a Ray cluster: 'auto' "
+              "(the one this host belongs to), host:port, or 'local' (started here for the run); needs "
+              "pip install 'kevload[ray]'.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Run directory (default results/<run-id>); one that holds a run is refused.")
 @click.option("--overwrite", is_flag=True, help="Let --out replace the run already in it (its records are removed).")
@@ -84,7 +87,7 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
         out: Path | None, overwrite: bool, quiet: bool, baseline: Path | None, max_latency_regression: float,
         junit: Path | None, metrics: Path | None, dataset_seed: int | None,
         fail_on: str, until_bound: str | None,
-        workers: int | None) -> None:
+        workers: int | None, ray_address: str | None) -> None:
     """Run SCENARIO and print the uniqueness matrix. Exit 0 stable, 1 drift (or latent drift with
     --fail-on latent, or a cell under load.min_slo_attainment), 2 bad input, 3 target failed (or
     inconclusive: a cell with fewer ok probe samples than asked)."""
@@ -124,7 +127,7 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
                 progress.update(task, advance=1, description=f"{record.probe} {level}")
 
         result, signum = aio.run(lambda stop: run_scenario(
-            sc, out, on_record=on_record, stop=stop, resume=resume is not None, overwrite=overwrite))
+            sc, out, on_record=on_record, stop=stop, resume=resume is not None, overwrite=overwrite, ray=ray_address))
     _print_summary(result.summary, quiet)
     files = ", ".join(str(p) for p in records_paths(result.run_dir)) or str(result.run_dir / RECORDS)
     stderr.print(f"records: {files} ({result.records} requests, {result.state})")

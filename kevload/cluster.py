@@ -10,6 +10,7 @@ import os
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from kevload.errors import InputError
@@ -38,8 +39,10 @@ def connect(address: str, option: str = "--ray") -> Iterator[Any]:
     ray = import_ray(option)
     if not address:
         raise InputError(f"{option}: expected 'local', 'auto' or a cluster address host:port")
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
-                              "configure_logging": False}
+    # This kevload travels with the job (py_modules): every node runs the driver's code, whatever kevload it
+    # has installed, so the objects driver and actors pickle between them match.
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False,
+                              "runtime_env": {"py_modules": [str(Path(__file__).resolve().parent)]}}
     if address == LOCAL:
         kwargs["num_cpus"] = os.cpu_count() or 1
     else:

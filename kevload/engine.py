@@ -18,7 +18,7 @@ from typing import Any
 
 from kevload.client import Client, Outcome, build_body
 from kevload.scenario import Probe, Scenario
-from kevload.schedule import COMPANION, PROBE, WARMUP, ClosedLoop, OpenLoop, UntilBound
+from kevload.schedule import COMPANION, PROBE, WARMUP, ClosedLoop, OpenLoop, Send, UntilBound
 from kevload.store import Record, answer_text
 from kevload.workload import CompanionPicker, companions_for
 
@@ -59,8 +59,9 @@ def run(scenario: Scenario, client: Client, *, run_id: str, stop: asyncio.Event 
 class Solo:
     """How a run shares its levels with other workers: the default, this process runs every level alone.
 
-    ``kevload.workers.Shared`` is the other implementation: the level's slots split across worker
-    processes, one in-flight count and plan for all of them, and a barrier at each level's start and end.
+    ``kevload.workers.Shared`` is another implementation: the level's slots split across worker
+    processes, one in-flight count and plan for all of them, and a barrier at each level's start and end;
+    ``kevload.rayworkers.RemoteShare`` keeps them in a coordinator actor instead.
     """
 
     worker, workers = 0, 1
@@ -69,7 +70,19 @@ class Solo:
         """The plan this worker consults and the slots it runs."""
         return plan, plan.slots
 
-    def claim(self, plan: ClosedLoop | OpenLoop, role: str, in_flight: int, at: float) -> tuple[int, bool]:
+    async def next(self, plan: ClosedLoop, role: str, at: float) -> Send | None:
+        """What a closed-loop slot of ``role`` sends next ``at`` seconds into the level, or None when it is done.
+
+        This and ``claim`` are awaited: another worker set may have to ask a coordinator across the network.
+        Here they return without suspending, so the engine's step from a slot's answer to its next send stays
+        one step of the event loop.
+        """
+        return plan.next(role, at)
+
+    def slot_done(self, plan: ClosedLoop, role: str) -> None:
+        plan.slot_done(role)
+
+    async def claim(self, plan: ClosedLoop | OpenLoop, role: str, in_flight: int, at: float) -> tuple[int, bool]:
         """A send ``at`` seconds into the level: the others in flight (across all workers) and whether it counts."""
         return in_flight, plan.sent(role, in_flight, at)
 
@@ -209,14 +222,14 @@ class _Runner:
                         # Vary where the probe lands among requests the server is already running.
                         await asyncio.sleep(picker.jitter(0.05))
                     at = time.perf_counter() - start
-                    if plan.next(role, at) is None:
+                    if await self.share.next(plan, role, at) is None:
                         return
                     item = probe if role == PROBE else picker.next().item
                     sample = samples[role]
                     samples[role] += 1
                     await send(role, item, sample, at=at)
             finally:
-                plan.slot_done(role)
+                self.share.slot_done(plan, role)
 
         tasks = {role: [] for role in (PROBE, COMPANION)}
         for role in slots:
@@ -331,8 +344,9 @@ class _Runner:
             request_id = f"{self.run_id}-{seq}"
             nonce = f"kevload-{self.run_id}-{seq}" if load.nonce else None
             body = build_body(target, item, params, stream=load.stream, nonce=nonce)
-            # Nothing below awaits before the count goes up: a slot that resends at once keeps c in flight.
-            in_flight, counted = self.share.claim(plan, role, self.in_flight, at)
+            # Nothing below suspends before the count goes up (Solo's claim returns at once): a slot that
+            # resends at once keeps c in flight.
+            in_flight, counted = await self.share.claim(plan, role, self.in_flight, at)
             self.in_flight += 1
             retries = 0
             t_send = time.perf_counter()

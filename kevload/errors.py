@@ -43,3 +43,10 @@ class ProvisionError(InputError):
 
 class ServerError(TargetError):
     """The server did not come up; the message carries the end of its log."""
+
+
+class ClusterError(KevloadError):
+    """A run lost a worker (a Ray actor or its node died): its evidence is short, so exit 3 as for ``inconclusive``;
+    the records collected before stay in the run directory."""
+
+    exit_code = 3

@@ -18,6 +18,7 @@ import orjson
 from kevload import __version__, engine
 from kevload.client import Client, ask_for_logprobs
 from kevload.compare import Reduction, reduce_file, summarize
+from kevload.errors import ClusterError, InputError
 from kevload.scenario import Scenario, Slo
 from kevload.store import (
     RECORDS,
@@ -51,13 +52,34 @@ class RunResult:
 async def run_scenario(scenario: Scenario, run_dir: Path | None = None, *,
                        on_record: Callable[[Record], None] | None = None,
                        stop: asyncio.Event | None = None, resume: bool = False,
-                       overwrite: bool = False) -> RunResult:
+                       overwrite: bool = False, ray: str | None = None) -> RunResult:
     """Run every probe at every level, writing records as they finish; returns once the summary is on disk.
 
     A directory that already holds a run is refused (``RunDirError``) unless ``resume`` — its records
     are kept and only the probe samples missing from each level are sent, under the same run id — or
-    ``overwrite``, which removes that run's files and starts afresh.
+    ``overwrite``, which removes that run's files and starts afresh. ``ray`` (``local``, ``auto`` or
+    ``host:port``) runs the workers as actors of that Ray cluster (``kevload.rayworkers``).
     """
+    if ray is None:
+        return await _run_scenario(scenario, run_dir, on_record=on_record, stop=stop, resume=resume,
+                                   overwrite=overwrite)
+    if scenario.load.until_bound is not None:
+        raise InputError("--ray: load.until_bound samples in one process; run it without --ray")
+    if resume and read_json(run_dir / RUN)["clock"].get("records") != "unix":
+        raise InputError(f"--ray: {run_dir} was recorded in one process (its own clock); resume it without --ray")
+    from kevload import rayworkers
+    from kevload.cluster import connect
+
+    # Connected before the run directory exists: a cluster that cannot take the run leaves nothing behind.
+    with connect(ray) as ray_module:
+        rayworkers.check_cluster(ray_module, scenario)
+        return await _run_scenario(scenario, run_dir, on_record=on_record, stop=stop, resume=resume,
+                                   overwrite=overwrite, cluster=(ray, ray_module))
+
+
+async def _run_scenario(scenario: Scenario, run_dir: Path | None, *, on_record: Callable[[Record], None] | None,
+                        stop: asyncio.Event | None, resume: bool, overwrite: bool,
+                        cluster: tuple[str, Any] | None = None) -> RunResult:
     api_key = scenario.api_key()
     # Header values are masked by name in run.json (redact); scrubbing them as substrings too would rewrite
     # prompts that happen to contain a short value, and resume and `cases build` read the prompts from there.
@@ -84,11 +106,12 @@ async def run_scenario(scenario: Scenario, run_dir: Path | None = None, *,
         run_dir.mkdir(parents=True, exist_ok=True)
         for path in [*records_paths(run_dir), run_dir / RUN, run_dir / SUMMARY]:
             path.unlink(missing_ok=True)  # only with overwrite can any of them be there
-        if scenario.load.workers > 1:
+        if scenario.load.workers > 1 or cluster is not None:
             meta["clock"]["records"] = "unix"  # workers stamp Unix times (kevload.workers)
     write_json(run_dir / RUN, meta)
     if scenario.load.workers > 1 or meta["clock"].get("records") == "unix":
-        return await _run_workers(scenario, run_dir, meta, stop=stop, already=already, first_seq=first_seq)
+        return await _run_workers(scenario, run_dir, meta, stop=stop, already=already, first_seq=first_seq,
+                                  cluster=cluster)
     stream = engine.run(scenario, client, run_id=run_id, stop=stop, already=already, first_seq=first_seq,
                         answers=answers)
     with RecordWriter(run_dir / RECORDS) as writer:
@@ -105,21 +128,38 @@ async def run_scenario(scenario: Scenario, run_dir: Path | None = None, *,
 
 
 async def _run_workers(scenario: Scenario, run_dir: Path, meta: dict[str, Any], *, stop: asyncio.Event,
-                       already: dict[engine.LevelKey, int], first_seq: int) -> RunResult:
-    """The run on worker processes (``load.workers``); a run stamped in Unix times stays so when resumed."""
+                       already: dict[engine.LevelKey, int], first_seq: int,
+                       cluster: tuple[str, Any] | None) -> RunResult:
+    """The run on worker processes (``load.workers``), or on Ray actors when ``cluster`` is (address, ray);
+    a run stamped in Unix times stays so when resumed."""
     from kevload import workers
 
-    # A run begun in one process keeps perf_counter times: that clock is shared by every process of the host.
-    offset = workers.clock_offset() if meta["clock"].get("records") == "unix" else 0.0
     results: list[workers.WorkerResult] = []
     try:
-        results = await workers.run_workers(scenario, run_dir, run_id=meta["run_id"], stop=stop, already=already,
-                                            first_seq=first_seq, offset=offset)
+        if cluster is not None:
+            from kevload import rayworkers
+
+            results = await rayworkers.run_ray(cluster[1], scenario, run_dir, run_id=meta["run_id"], stop=stop,
+                                               already=already, first_seq=first_seq)
+        else:
+            # A run begun in one process keeps perf_counter times: that clock is shared by every process of the host.
+            offset = workers.clock_offset() if meta["clock"].get("records") == "unix" else 0.0
+            results = await workers.run_workers(scenario, run_dir, run_id=meta["run_id"], stop=stop,
+                                                already=already, first_seq=first_seq, offset=offset)
     finally:
         aborted = any(r.aborted for r in results)
         state = "aborted" if aborted else "interrupted" if stop.is_set() or len(results) < scenario.load.workers \
             or any(r.error for r in results) else "complete"
+        if cluster is not None:
+            # Which node each worker actor ran on, by worker: a run resumed on the cluster adds a list.
+            meta = {**meta, "ray": [*meta.get("ray", []), {"address": cluster[0],
+                                                            "nodes": [r.node for r in results]}]}
         summary = finish_run(run_dir, state=state, meta=meta)
+    lost = [r for r in results if r.lost]
+    if lost:
+        raise ClusterError(f"--ray: worker {lost[0].worker} {lost[0].error}; {run_dir} keeps the "
+                           f"{summary.requests_sent} records collected (state {state}): "
+                           f"kevload run --resume {run_dir} finishes it")
     failed = [r for r in results if r.error]
     if failed:
         raise RuntimeError(f"worker {failed[0].worker} failed; the run keeps what was recorded "

@@ -166,8 +166,8 @@ class Shared(engine.Solo):
             shared.publish()  # every worker is past the last level's end barrier: nobody reads the old state
         return shared, slots_of(plan.slots, self.worker, self.workers)
 
-    def claim(self, plan: ClosedLoop | OpenLoop | SharedPlan, role: str, in_flight: int,
-              at: float) -> tuple[int, bool]:
+    async def claim(self, plan: ClosedLoop | OpenLoop | SharedPlan, role: str, in_flight: int,
+                    at: float) -> tuple[int, bool]:
         if isinstance(plan, SharedPlan):
             return plan.claim(role, at)
         state = self._state
@@ -224,6 +224,8 @@ class WorkerResult:
     records: int
     aborted: bool
     error: str | None = None
+    node: str | None = None  # the Ray node a worker actor ran on (kevload.rayworkers)
+    lost: bool = False  # a Ray actor whose process or node died: the run lost a worker, not a bug
 
 
 async def run_workers(scenario: Scenario, run_dir: Path, *, run_id: str, stop: asyncio.Event,

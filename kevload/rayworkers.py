@@ -1,0 +1,427 @@
+"""Workers as Ray actors (``--ray ADDRESS``): the ``load.workers`` of ``kevload.workers``, spread over a cluster.
+
+The level's semantics are those of the local workers, kept by one coordinator actor instead of shared memory:
+
+- Closed loop: the slots are dealt as in ``kevload.workers`` (``slots_of``); the level's one ``ClosedLoop`` and
+  the in-flight count live in the coordinator. A slot asks it what to send next and, in the same call, claims
+  the send (the count goes up, the plan decides whether it counts): one awaited round trip per send, which also
+  carries the slot's release of its previous request. Back-offs and a slot's end are sent without waiting for
+  the answer; the coordinator applies each worker's calls in the order that worker made them (Ray does not
+  promise that for an async actor), so a release always comes before the claims made after it.
+- "In flight" is the coordinator's count: a request is in flight from its claim until the coordinator hears of
+  its answer. Across hosts its edges lag the wire by a message's latency; a send that another worker's release
+  has not yet reached sees *c* − 1 others and counts, one that arrives between a release and the next claim
+  sees *c* − 2 and does not: the same limit as across processes, over a network.
+- Levels start and end together: the coordinator is the barrier. The level's start is a Unix time, which each
+  worker turns into its own host's ``perf_counter``; the open loop's arrivals keep one schedule across hosts.
+- A stop (Ctrl-C, SIGTERM), an actor's abort (the error rule) or a lost actor halts the coordinator, which opens
+  its barrier and tells every worker.
+
+Records travel to the driver in batches: every ``_BATCH_S`` seconds it drains each actor's finished records (JSON
+lines, stamped as the local workers stamp them, with Unix times from that actor's host clock) and appends them
+to ``records-<worker>.jsonl`` in the run directory, so a stopped run keeps every record an actor had finished.
+
+Ray is imported only here and in ``kevload.cluster``, and only when ``--ray`` asks for it; the actor classes are
+plain classes made remote at run time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from contextlib import aclosing, suppress
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from kevload import engine
+from kevload.errors import ClusterError, InputError
+from kevload.scenario import Scenario
+from kevload.schedule import WARMUP, ClosedLoop, OpenLoop, Send
+from kevload.workers import WorkerResult, cap_of, clock_offset, records_name, slots_of, stamp
+
+_BATCH_S = 0.2  # how often the driver collects finished records
+_REPLY_S = 60.0  # an actor that does not answer a drain (or get placed) for this long is lost
+_START_MARGIN_S = 0.1  # a level starts this long after the barrier opens: time for the news to reach every host
+
+# Requests a worker's call tells the coordinator are answered: (role, counted, of a closed-loop level).
+Releases = list[tuple[str, bool, bool]]
+
+
+class KevloadCoordinator:
+    """The level's shared state for all workers (an async Ray actor): plan, in-flight count, barrier, halt."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self.plan: ClosedLoop | None = None
+        self.in_flight = 0
+        self._next_call = [0] * workers  # per worker: the number of the call to apply next
+        self._early: dict[tuple[int, int], asyncio.Future] = {}
+        self._arrived = 0
+        self._gate = asyncio.Event()
+        self._start = 0.0
+        self._halted = asyncio.Event()
+
+    async def _turn(self, worker: int, call: int, releases: Releases) -> None:
+        """Wait for the worker's earlier calls, then apply the releases this call carries (before what it asks)."""
+        if call != self._next_call[worker]:
+            future = asyncio.get_running_loop().create_future()
+            self._early[worker, call] = future
+            await future
+        for role, counted, closed in releases:
+            self.in_flight -= 1
+            if closed:
+                self.plan.returned(role, counted)
+
+    def _done(self, worker: int) -> None:
+        self._next_call[worker] += 1
+        waiting = self._early.pop((worker, self._next_call[worker]), None)
+        if waiting is not None:
+            waiting.set_result(None)
+
+    async def publish(self, worker: int, call: int, releases: Releases, plan: ClosedLoop) -> None:
+        """The leader's fresh plan for the next closed-loop level (every worker is past the last one's end)."""
+        await self._turn(worker, call, releases)
+        self.plan = plan
+        self._done(worker)
+
+    async def next_claim(self, worker: int, call: int, releases: Releases, role: str,
+                         at: float) -> tuple[bool, int, bool]:
+        """What the slot does next and, when it sends, its claim: (sends, others in flight, counted)."""
+        await self._turn(worker, call, releases)
+        try:
+            if self.plan.next(role, at) is None:
+                return False, 0, False
+            in_flight = self.in_flight
+            counted = self.plan.sent(role, in_flight, at)
+            self.in_flight += 1
+            return True, in_flight, counted
+        finally:
+            self._done(worker)
+
+    async def claim(self, worker: int, call: int, releases: Releases) -> int:
+        """A send that no slot asked for (a warm-up, an open-loop arrival): the others in flight."""
+        await self._turn(worker, call, releases)
+        in_flight = self.in_flight
+        self.in_flight += 1
+        self._done(worker)
+        return in_flight
+
+    async def release(self, worker: int, call: int, releases: Releases) -> None:
+        """Releases that no other call of the worker took along."""
+        await self._turn(worker, call, releases)
+        self._done(worker)
+
+    async def slot_done(self, worker: int, call: int, releases: Releases, role: str) -> None:
+        await self._turn(worker, call, releases)
+        self.plan.slot_done(role)
+        self._done(worker)
+
+    async def shift(self, worker: int, call: int, releases: Releases, delta: int) -> None:
+        """A retry's back-off takes its request off the count (-1) and puts it back (+1)."""
+        await self._turn(worker, call, releases)
+        self.in_flight += delta
+        self._done(worker)
+
+    async def arrive(self, worker: int, call: int, releases: Releases, lead: float) -> float | None:
+        """The barrier at a level's start and end; returns the level's start (Unix time), None once halted."""
+        await self._turn(worker, call, releases)
+        self._done(worker)  # the wait below must not hold back the worker's later calls
+        if self._halted.is_set():
+            return None
+        gate = self._gate
+        self._arrived += 1
+        if self._arrived == self.workers:
+            # Nothing is in flight at a barrier: a claim cut off by a cancelled slot leaves no stale count behind.
+            self._arrived, self.in_flight = 0, 0
+            self._start = time.time() + lead + _START_MARGIN_S
+            self._gate = asyncio.Event()
+            gate.set()
+        else:
+            await gate.wait()
+        return None if self._halted.is_set() else self._start
+
+    def halt(self) -> None:
+        self._halted.set()
+        self._gate.set()
+
+    async def wait_halt(self) -> bool:
+        await self._halted.wait()
+        return True
+
+
+class RemoteShare(engine.Solo):
+    """The engine's view of the other actors: every decision goes to the coordinator.
+
+    ``next`` claims the send in the same call, and the engine's ``claim`` that follows in the same step of the
+    event loop (nothing between them suspends) takes that answer instead of a second round trip. A release is
+    held until the worker's next call, which carries it: a slot's release and its next claim are made in one
+    step of the event loop, so they travel as one message. A release no call takes along in that step goes on
+    its own at the loop's next turn.
+    """
+
+    def __init__(self, worker: int, workers: int, coordinator: Any, offset: float, stop: asyncio.Event):
+        self.worker, self.workers = worker, workers
+        self._coordinator = coordinator
+        self._offset = offset  # this host's perf_counter → Unix time
+        self._stop = stop
+        self._calls = 0
+        self._claimed: tuple[str, int, bool] | None = None
+        self._releases: Releases = []
+
+    def _call(self, method: str, *args: Any) -> Any:
+        """A numbered call carrying the releases held so far: the coordinator applies this worker's calls in order."""
+        call = self._calls
+        self._calls += 1
+        releases, self._releases = self._releases, []
+        return getattr(self._coordinator, method).remote(self.worker, call, releases, *args)
+
+    def _flush(self) -> None:
+        if self._releases:
+            self._call("release")
+
+    @property
+    def leader(self) -> bool:
+        return self.worker == 0
+
+    def closed(self, plan: ClosedLoop) -> tuple[ClosedLoop, tuple[str, ...]]:
+        if self.leader:
+            self._call("publish", plan)
+        return plan, slots_of(plan.slots, self.worker, self.workers)
+
+    async def next(self, plan: ClosedLoop, role: str, at: float) -> Send | None:
+        sends, in_flight, counted = await self._call("next_claim", role, at)
+        if not sends:
+            return None
+        self._claimed = (role, in_flight, counted)
+        return Send(role)
+
+    def slot_done(self, plan: ClosedLoop, role: str) -> None:
+        self._call("slot_done", role)
+
+    async def claim(self, plan: ClosedLoop | OpenLoop, role: str, in_flight: int, at: float) -> tuple[int, bool]:
+        if self._claimed is not None:
+            claimed_role, in_flight, counted = self._claimed
+            self._claimed = None
+            assert claimed_role == role, (claimed_role, role)
+            return in_flight, counted
+        # A warm-up (never counted) or an open-loop arrival, which counts by its schedule, not by the others.
+        assert isinstance(plan, OpenLoop) or role == WARMUP, role
+        in_flight = await self._call("claim")
+        return in_flight, plan.sent(role, in_flight, at)
+
+    def release(self, plan: ClosedLoop | OpenLoop, role: str, counted: bool) -> None:
+        if not self._releases:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._releases.append((role, counted, isinstance(plan, ClosedLoop)))
+
+    def pause(self) -> None:
+        self._call("shift", -1)
+
+    def resume(self) -> None:
+        self._call("shift", 1)
+
+    def mine(self, arrival: int) -> bool:
+        return arrival % self.workers == self.worker
+
+    @property
+    def warms_up(self) -> bool:
+        return self.leader
+
+    async def level_start(self, lead: float) -> float:
+        start = await self._call("arrive", lead)
+        if start is None:
+            self._stop.set()
+            return time.perf_counter()
+        return start - self._offset
+
+    async def level_end(self) -> None:
+        if await self._call("arrive", 0.0) is None:
+            self._stop.set()
+
+
+class KevloadWorker:
+    """One worker (an async Ray actor): runs the engine with a ``RemoteShare``, keeps finished records for ``drain``."""
+
+    def __init__(self, worker: int, workers: int, scenario: Scenario, run_id: str,
+                 already: dict[engine.LevelKey, int], first_seq: int, coordinator: Any):
+        self.worker, self.workers = worker, workers
+        self.scenario, self.run_id = scenario, run_id
+        self.already, self.first_seq = already, first_seq
+        self.coordinator = coordinator
+        self._lines: list[bytes] = []
+        self._stop = asyncio.Event()
+
+    def node(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    async def run(self) -> WorkerResult:
+        from kevload.client import Client
+
+        cap = self.scenario.load.max_in_flight
+        mine = replace(self.scenario, load=replace(self.scenario.load,
+                                                   max_in_flight=cap_of(cap, self.worker, self.workers)))
+        offset = clock_offset()  # this host's own: records carry Unix times from the host that sent them
+        client = Client(mine.target, mine.api_key())
+        share = RemoteShare(self.worker, self.workers, self.coordinator, offset, self._stop)
+        stream = engine.run(mine, client, run_id=self.run_id, stop=self._stop, already=self.already,
+                            first_seq=self.first_seq, share=share)
+        watcher = asyncio.create_task(self._watch())
+        count = 0
+        try:
+            async with client, aclosing(stream.__aiter__()) as records:
+                async for record in records:
+                    self._lines.append(orjson.dumps(stamp(record, self.worker, offset, cap)) + b"\n")
+                    count += 1
+        finally:
+            watcher.cancel()
+        if stream.aborted:
+            self.coordinator.halt.remote()
+        return WorkerResult(self.worker, count, stream.aborted)
+
+    async def _watch(self) -> None:
+        """Another actor's abort, or the driver's stop, reaches this one through the coordinator."""
+        await self.coordinator.wait_halt.remote()
+        self._stop.set()
+
+    async def drain(self) -> bytes:
+        """The records finished since the last drain, as JSON lines."""
+        lines, self._lines = self._lines, []
+        return b"".join(lines)
+
+    async def stop(self) -> None:
+        self._stop.set()
+
+
+def check_cluster(ray: Any, scenario: Scenario) -> None:
+    """Refuse a run the cluster has no room for, before anything is written: each worker actor takes one CPU."""
+    cpus = ray.cluster_resources().get("CPU", 0)
+    if cpus < scenario.load.workers:
+        raise InputError(f"--ray: load.workers = {scenario.load.workers}, but the cluster has {cpus:g} CPUs "
+                         "(each worker actor takes one)")
+
+
+async def run_ray(ray: Any, scenario: Scenario, run_dir: Path, *, run_id: str, stop: asyncio.Event,
+                  already: dict[engine.LevelKey, int], first_seq: int) -> list[WorkerResult]:
+    """Run the scenario on ``load.workers`` actors of the connected cluster; returns once all have ended.
+
+    Each result carries the node its actor ran on. A lost actor (its process or node died, or it stopped
+    answering) halts the others and comes back with ``lost`` set; every record drained before stays on disk.
+    """
+    workers = scenario.load.workers
+    coordinator = ray.remote(KevloadCoordinator).options(num_cpus=0).remote(workers)
+    # SPREAD: one actor per node where it can, so the workers add hosts' cores rather than share one host's.
+    actor = ray.remote(KevloadWorker).options(num_cpus=1, scheduling_strategy="SPREAD")
+    actors = [actor.remote(w, workers, scenario, run_id, already, first_seq, coordinator) for w in range(workers)]
+    try:
+        nodes = await asyncio.wait_for(asyncio.gather(*(a.node.remote() for a in actors)), _REPLY_S)
+    except (TimeoutError, ray.exceptions.RayError) as exc:
+        _kill(ray, [coordinator, *actors])
+        raise ClusterError(f"--ray: the cluster did not start {workers} worker actors in {_REPLY_S:g} s "
+                           f"({_why(exc)})") from None
+    runs = {actor.run.remote(): w for w, actor in enumerate(actors)}
+    results: dict[int, WorkerResult] = {}
+    drained: set[int] = set()  # actors whose last records are on disk (or that are lost)
+    files = [_Appender(run_dir / records_name(w)) for w in range(workers)]
+    halted = False
+
+    def halt() -> None:
+        nonlocal halted
+        if not halted:
+            halted = True
+            coordinator.halt.remote()
+            for w, handle in enumerate(actors):
+                if w not in results:
+                    handle.stop.remote()
+
+    def end(w: int, result: WorkerResult) -> None:
+        results[w] = result
+        if result.aborted or result.error:
+            halt()
+
+    async def collect() -> None:
+        """Append each actor's finished records to its file; an actor that ended is drained one last time."""
+        live = [w for w in range(workers) if w not in drained]
+        replies = await asyncio.gather(*(asyncio.wait_for(actors[w].drain.remote(), _REPLY_S) for w in live),
+                                       return_exceptions=True)
+        for w, reply in zip(live, replies, strict=True):
+            if isinstance(reply, bytes):
+                files[w].write(reply)
+                if w in results:
+                    drained.add(w)
+            else:
+                drained.add(w)
+                if w not in results or not results[w].lost:
+                    end(w, _lost(w, nodes[w], reply))
+
+    async def settle() -> None:
+        ready, _ = ray.wait(list(runs), num_returns=len(runs), timeout=0)
+        for ref in ready:
+            w = runs.pop(ref)
+            if w in results:
+                continue
+            try:
+                end(w, replace(await ref, node=nodes[w]))
+            except ray.exceptions.RayActorError as exc:
+                drained.add(w)
+                end(w, _lost(w, nodes[w], exc))
+            except ray.exceptions.RayTaskError as exc:  # a bug in the worker: shown as the local workers show it
+                end(w, WorkerResult(w, 0, False, str(exc), node=nodes[w]))
+        await collect()
+
+    try:
+        while len(drained) < workers:
+            if stop.is_set():
+                halt()
+            await _wait_stop(stop, _BATCH_S)
+            await settle()
+    finally:
+        if len(drained) < workers:  # the driver itself was cancelled: stop the actors, keep what they finished
+            halt()
+            await asyncio.wait([asyncio.ensure_future(ref) for ref in runs], timeout=engine.STOP_GRACE_S + 5)
+            await settle()
+        for file in files:
+            file.close()
+        _kill(ray, [coordinator, *actors])
+    return [replace(results.get(w) or WorkerResult(w, 0, False, node=nodes[w]), records=files[w].count)
+            for w in range(workers)]
+
+
+class _Appender:
+    """A records file the driver appends batches to: one unbuffered write per batch of whole lines."""
+
+    def __init__(self, path: Path):
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.count = 0
+
+    def write(self, lines: bytes) -> None:
+        if lines:
+            os.write(self._fd, lines)
+            self.count += lines.count(b"\n")
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def _lost(worker: int, node: str, exc: BaseException) -> WorkerResult:
+    return WorkerResult(worker, 0, False, f"lost on node {node[:12]} ({_why(exc)})", node=node, lost=True)
+
+
+def _why(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+async def _wait_stop(stop: asyncio.Event, seconds: float) -> None:
+    with suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+
+
+def _kill(ray: Any, handles: list[Any]) -> None:
+    for handle in handles:
+        ray.kill(handle)
