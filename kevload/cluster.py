@@ -10,6 +10,7 @@ import os
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from kevload.errors import InputError
@@ -38,8 +39,10 @@ def connect(address: str, option: str = "--ray") -> Iterator[Any]:
     ray = import_ray(option)
     if not address:
         raise InputError(f"{option}: expected 'local', 'auto' or a cluster address host:port")
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
-                              "configure_logging": False}
+    # The driver's kevload goes with every task and actor (Ray only uploads a directory for the whole job): the
+    # nodes run the very code that writes and reads the records, whatever kevload they have installed.
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False,
+                              "runtime_env": {"py_modules": [str(Path(__file__).resolve().parent)]}}
     if address == LOCAL:
         kwargs["num_cpus"] = os.cpu_count() or 1
     else:
