@@ -133,9 +133,11 @@ def test_bad_resources_are_named(tmp_path, args, message):
     assert code == 2 and message in output and output.count("\n") == 1
 
 
-def test_ray_without_a_server_per_setting_is_refused(tmp_path):
+@pytest.mark.parametrize("args", [["--grid", "load.mode=single,mixed"],
+                                  ["--target", "llamacpp", "--grid", "slots=1,2"]])
+def test_ray_without_a_server_cmd_is_refused(tmp_path, args):
     scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1")
-    code, output = run_cli("sweep", scenario, "--grid", "load.mode=single,mixed", "--ray", "auto")
+    code, output = run_cli("sweep", scenario, *args, "--ray", "auto")
     assert code == 2 and "--ray needs --server-cmd" in output
 
 
