@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import click
@@ -573,7 +577,12 @@ def cases_rerun(cases_file: Path, url: str, model: str, times: int, api: str, ta
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Scenario override, as for run.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Sweep directory.")
 @click.option("--quiet", is_flag=True, help="No progress and no table; only one verdict line per setting.")
-def sweep_command(scenario, server_cmd, builtin, grids, ready_url, overrides, out, quiet) -> None:
+@click.option("--ray", "ray_address", metavar="ADDRESS", help="Run the server settings side by side as Ray tasks: "
+              "'auto' (this machine's cluster), 'local' or host:port. Needs --server-cmd.")
+@click.option("--resources", metavar="JSON", help="What each setting's Ray task needs on its node, e.g. "
+              """'{"GPU": 1}' (with --ray; default one CPU).""")
+def sweep_command(scenario, server_cmd, builtin, grids, ready_url, overrides, out, quiet, ray_address,
+                  resources) -> None:
     """Run SCENARIO for every setting in the grid and print one matrix: settings × levels."""
     from kevload.sweep import Grid, run_sweep, sweep_markdown
 
@@ -584,9 +593,10 @@ def sweep_command(scenario, server_cmd, builtin, grids, ready_url, overrides, ou
         raise InputError("server axes in --grid need exactly one of --server-cmd or --target")
     out = out or default_run_dir("sweep")
     log = (lambda m: None) if quiet else (lambda m: stderr.print(m))
-    sweep, signum = aio.run(lambda stop: run_sweep(
-        scenario, list(overrides), grid, out=out, server_cmd=server_cmd, builtin=builtin, ready_url=ready_url,
-        stop=stop, log=log))
+    with _ray_sweep(ray_address, resources, server_cmd) as elsewhere:
+        sweep, signum = aio.run(lambda stop: run_sweep(
+            scenario, list(overrides), grid, out=out, server_cmd=server_cmd, builtin=builtin, ready_url=ready_url,
+            stop=stop, log=log, elsewhere=elsewhere))
     if quiet:
         for row in sweep["rows"]:
             click.echo(f"{row['setting']}: {row['verdict_line']}")
@@ -597,3 +607,25 @@ def sweep_command(scenario, server_cmd, builtin, grids, ready_url, overrides, ou
     verdicts = {row["verdict"] for row in sweep["rows"]}
     sys.exit(EXIT_TARGET if verdicts & {"target_failed", "inconclusive"}
              else EXIT_DRIFT if "nondeterministic" in verdicts else EXIT_OK)
+
+
+@contextlib.contextmanager
+def _ray_sweep(address: str | None, resources: str | None, server_cmd: str | None) -> Iterator[Any]:
+    """With --ray: connected to the cluster for the sweep, the runner that sends each server setting there;
+    without it, None (the sweep runs here)."""
+    if address is None:
+        if resources is not None:
+            raise InputError("--resources: only with --ray")
+        yield None
+        return
+    if server_cmd is None:
+        # Settings sharing one target would load it at the same time: no level would keep its "exactly c in
+        # flight", and the matrix would not be the sequential sweep's.
+        raise InputError("--ray needs --server-cmd: each setting's task starts its own server on its node; "
+                         "settings sharing one target would load it at the same time")
+    from kevload.cluster import connect
+    from kevload.raysweep import parse_resources, ray_rows
+
+    wanted = parse_resources(resources or "{}")
+    with connect(address) as ray:
+        yield functools.partial(ray_rows, ray, wanted)

@@ -9,7 +9,7 @@ import itertools
 import re
 import shlex
 import tomllib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,14 +58,23 @@ def label(setting: dict[str, Any]) -> str:
 
 async def run_sweep(scenario_path: Path, overrides: list[str], grid: Grid, *, out: Path,
                     server_cmd: str | None = None, builtin: str | None = None, ready_url: str | None = None,
-                    stop: asyncio.Event | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run every server setting × scenario setting; the server is stopped after each, however it ends."""
+                    stop: asyncio.Event | None = None, log: Callable[[str], None] = print,
+                    elsewhere: Callable[..., Awaitable[list[dict[str, Any]]]] | None = None) -> dict[str, Any]:
+    """Run every server setting × scenario setting; the server is stopped after each, however it ends.
+
+    ``elsewhere`` runs the server settings instead of this loop, with the same arguments, and returns the rows
+    (``kevload.raysweep``: side by side on a Ray cluster); the checks before and the matrix after are shared.
+    """
     stop = stop or asyncio.Event()
     base = load_scenario(scenario_path, overrides)  # bad scenario, overrides or grid fail before any server starts
     for combo in combinations(grid.scenario):
         base.with_settings(combo, source="--grid")
     if server_cmd is not None:
         check_server_cmd(server_cmd, ready_url, list(grid.server))
+    if elsewhere is not None:
+        rows = await elsewhere(scenario_path, overrides, grid, out=out, server_cmd=server_cmd, ready_url=ready_url,
+                               stop=stop, log=log)
+        return write_sweep(out, grid, rows, complete=not stop.is_set())
     rows: list[dict[str, Any]] = []
     for server_setting in combinations(grid.server):
         if stop.is_set():
@@ -81,13 +90,21 @@ async def run_sweep(scenario_path: Path, overrides: list[str], grid: Grid, *, ou
                 scenario = base.with_settings(sets, source="sweep").with_settings(combo, source="--grid")
                 log(f"  running {name} …")
                 result = await run_scenario(scenario, out / _dirname(name), stop=stop)
-                rows.append(_row({"setting": name, "server": server_setting, "scenario": combo,
-                                  "run": str(result.run_dir), "verdict": result.summary.verdict,
-                                  "verdict_line": verdict_line(result.summary),
-                                  "cells": [_cell(c) for c in result.summary.probe_cells()]},
-                                 result.summary))
+                rows.append(setting_row(name, server_setting, combo, result.run_dir, result.summary))
+    return write_sweep(out, grid, rows, complete=not stop.is_set())
+
+
+def setting_row(name: str, server: dict[str, Any], scenario: dict[str, Any], run_dir: Path,
+                summary: RunSummary) -> dict[str, Any]:
+    """One setting's row of sweep.json: its run, verdict and probe cells."""
+    return _row({"setting": name, "server": server, "scenario": scenario, "run": str(run_dir),
+                 "verdict": summary.verdict, "verdict_line": verdict_line(summary),
+                 "cells": [_cell(c) for c in summary.probe_cells()]}, summary)
+
+
+def write_sweep(out: Path, grid: Grid, rows: list[dict[str, Any]], *, complete: bool) -> dict[str, Any]:
     sweep = {"grid": {"server": grid.server, "scenario": grid.scenario}, "rows": rows,
-             "levels": _levels(rows), "complete": not stop.is_set()}
+             "levels": _levels(rows), "complete": complete}
     write_json(out / "sweep.json", sweep)
     (out / "sweep.md").write_text(sweep_markdown(sweep), encoding="utf-8")
     return sweep
@@ -133,6 +150,9 @@ def sweep_markdown(sweep: dict[str, Any]) -> str:
     lines = ["| setting | probe (mode) | " + " | ".join(first + levels) + " |",
              "| --- | --- | " + " | ".join("---:" for _ in first + levels) + " |"]
     for row in sweep["rows"]:
+        if row.get("error"):  # a setting that failed on its own (kevload.raysweep): no cells, the reason instead
+            reason = row["error"].splitlines()[0].replace("|", "\\|")
+            lines.append(f"| {row['setting']} | failed: {reason} | " + " | ".join("-" for _ in first + levels) + " |")
         for probe, cells in _by_probe(row).items():
             texts = [sweep_cell_text(cells.get(level)) for level in levels]
             if slo:
