@@ -23,7 +23,7 @@ import uvloop
 
 from kevload.errors import InputError, KevloadError
 from kevload.runs import refuse_existing, run_scenario
-from kevload.scenario import Scenario, load_scenario
+from kevload.scenario import Scenario
 from kevload.servers import free_port, start_server, wait_ready
 from kevload.store import SUMMARY, read_json
 from kevload.summary import RunSummary
@@ -101,15 +101,14 @@ class Gate:
         return self.stopped
 
 
-async def ray_rows(ray: Any, resources: dict[str, float], scenario_path: Path, overrides: list[str], grid: Grid, *,
+async def ray_rows(ray: Any, resources: dict[str, float], base: Scenario, grid: Grid, *,
                    out: Path, server_cmd: str | None, ready_url: str | None, stop: asyncio.Event,
                    log: Callable[[str], None]) -> list[dict[str, Any]]:
     """The sweep's rows, each server setting run as a Ray task; in the grid's order, however they finish."""
     check_capacity(ray, resources)
     settings = combinations(grid.server)
     combos = combinations(grid.scenario)
-    # Scenarios are loaded here, datasets included: the nodes need neither the scenario file nor its datasets.
-    base = load_scenario(scenario_path, overrides)
+    # Scenarios are built here, datasets included: the nodes need neither the scenario file nor its datasets.
     runs = [[(label({**setting, **combo}), base.with_settings(combo, source="--grid"))
              for combo in combos] for setting in settings]
     for name, _ in (run for setting_runs in runs for run in setting_runs):

@@ -62,7 +62,7 @@ async def run_sweep(scenario_path: Path, overrides: list[str], grid: Grid, *, ou
                     elsewhere: Callable[..., Awaitable[list[dict[str, Any]]]] | None = None) -> dict[str, Any]:
     """Run every server setting × scenario setting; the server is stopped after each, however it ends.
 
-    ``elsewhere`` runs the server settings instead of this loop, with the same arguments, and returns the rows
+    ``elsewhere`` runs the server settings instead of this loop, from the loaded scenario, and returns the rows
     (``kevload.raysweep``: side by side on a Ray cluster); the checks before and the matrix after are shared.
     """
     stop = stop or asyncio.Event()
@@ -72,7 +72,7 @@ async def run_sweep(scenario_path: Path, overrides: list[str], grid: Grid, *, ou
     if server_cmd is not None:
         check_server_cmd(server_cmd, ready_url, list(grid.server))
     if elsewhere is not None:
-        rows = await elsewhere(scenario_path, overrides, grid, out=out, server_cmd=server_cmd, ready_url=ready_url,
+        rows = await elsewhere(base, grid, out=out, server_cmd=server_cmd, ready_url=ready_url,
                                stop=stop, log=log)
         return write_sweep(out, grid, rows, complete=not stop.is_set())
     rows: list[dict[str, Any]] = []
