@@ -23,7 +23,7 @@ def rss_mb() -> float:
 
 
 async def main(base_url: str, concurrency: int, requests: int, stream: bool, rate: float | None,
-               rss_at: int, workers: int = 1) -> dict:
+               rss_at: int, workers: int = 1, ray: str | None = None) -> dict:
     load = {"concurrency": [concurrency], "samples": requests, "stream": stream, "max_error_share": 0.01,
             "workers": workers}
     if rate:
@@ -42,7 +42,7 @@ async def main(base_url: str, concurrency: int, requests: int, stream: bool, rat
 
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
-        result = await run_scenario(scenario, Path(tmp) / "run", on_record=on_record)
+        result = await run_scenario(scenario, Path(tmp) / "run", on_record=on_record, ray=ray)
         seconds = time.perf_counter() - start
         lines = ok = 0
         for path in records_paths(Path(tmp) / "run"):  # records.jsonl, or one file per worker
@@ -72,8 +72,9 @@ if __name__ == "__main__":
     parser.add_argument("--rss-at", type=int, default=20000)
     parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--ray", help="run the workers as actors of this Ray cluster (local, auto, host:port)")
     args = parser.parse_args()
     run = uvloop.run if args.loop == "uvloop" else asyncio.run
     out = run(main(args.base_url, args.concurrency, args.requests, args.stream, args.rate, args.rss_at,
-                   args.workers))
+                   args.workers, args.ray))
     print(json.dumps(out))

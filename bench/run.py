@@ -25,6 +25,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
+RAY_REQUESTS = 2000  # per Ray run: every send asks the one coordinator actor (a few hundred req/s)
 sys.path.insert(0, str(ROOT))
 
 from kevload.servers import free_port, start_server, stop_group, wait_ready  # noqa: E402
@@ -83,15 +84,26 @@ def _write(results: dict, suffix: str = "") -> int:
 
 
 def scaling(endpoint: Endpoint, args: argparse.Namespace) -> dict:
-    """kevload at 1, 2 (and 4, where the machine has the cores) worker processes, alternated per round."""
+    """kevload at 1, 2 (and 4, where the machine has the cores) worker processes, then as Ray actors of a
+    ``--ray local`` cluster, alternated per round.
+
+    The Ray runs send fewer requests (every send asks the coordinator actor, a few hundred req/s) and their
+    time includes starting the local Ray instance, as a user's run does.
+    """
     counts = [1, 2] + ([4] if (os.cpu_count() or 1) >= 4 else [])
+    ray_requests = min(args.requests, RAY_REQUESTS)
     rows: dict[str, list[dict]] = {}
     for _ in range(args.repeats):
         for stream in (False, True):
             url = endpoint.sse if stream else endpoint.plain
+            mode = "stream" if stream else "non-stream"
             for workers in counts:
                 run = run_kevload(url, args.requests, args.concurrency, stream, ["--workers", str(workers)])
-                rows.setdefault(f"{'stream' if stream else 'non-stream'} workers={workers}", []).append(run)
+                rows.setdefault(f"{mode} workers={workers}", []).append(run)
+            for workers in counts:
+                run = run_kevload(url, ray_requests, args.concurrency, stream,
+                                  ["--workers", str(workers), "--ray", "local"])
+                rows.setdefault(f"{mode} workers={workers} ray local ({ray_requests:,} req)", []).append(run)
     return {key: _stats(samples) for key, samples in rows.items()}
 
 
@@ -99,7 +111,7 @@ def print_scaling(table: dict) -> None:
     print("| mode | workers | req/s | CPU s / 1000 req |")
     print("| --- | ---: | ---: | ---: |")
     for key, stats in table.items():
-        mode, workers = key.split(" workers=")
+        mode, workers = key.split(" workers=", 1)
         if "error" in stats:
             print(f"| {mode} | {workers} | — {stats['error'][:70]} | |")
             continue
