@@ -41,7 +41,7 @@ from kevload import engine
 from kevload.errors import ClusterError, InputError
 from kevload.scenario import Scenario
 from kevload.schedule import WARMUP, ClosedLoop, OpenLoop, Send
-from kevload.workers import WorkerResult, cap_of, clock_offset, records_name, slots_of, stamp
+from kevload.workers import OneOfN, WorkerResult, cap_of, clock_offset, records_name, slots_of, stamp
 
 _BATCH_S = 0.2  # how often the driver collects finished records
 _REPLY_S = 60.0  # an actor that does not answer a drain (or get placed) for this long is lost
@@ -153,7 +153,7 @@ class KevloadCoordinator:
         return True
 
 
-class RemoteShare(engine.Solo):
+class RemoteShare(OneOfN):
     """The engine's view of the other actors: every decision goes to the coordinator.
 
     ``next`` claims the send in the same call, and the engine's ``claim`` that follows in the same step of the
@@ -164,7 +164,7 @@ class RemoteShare(engine.Solo):
     """
 
     def __init__(self, worker: int, workers: int, coordinator: Any, offset: float, stop: asyncio.Event):
-        self.worker, self.workers = worker, workers
+        super().__init__(worker, workers)
         self._coordinator = coordinator
         self._offset = offset  # this host's perf_counter → Unix time
         self._stop = stop
@@ -182,10 +182,6 @@ class RemoteShare(engine.Solo):
     def _flush(self) -> None:
         if self._releases:
             self._call("release")
-
-    @property
-    def leader(self) -> bool:
-        return self.worker == 0
 
     def closed(self, plan: ClosedLoop) -> tuple[ClosedLoop, tuple[str, ...]]:
         if self.leader:
@@ -223,13 +219,6 @@ class RemoteShare(engine.Solo):
 
     def resume(self) -> None:
         self._call("shift", 1)
-
-    def mine(self, arrival: int) -> bool:
-        return arrival % self.workers == self.worker
-
-    @property
-    def warms_up(self) -> bool:
-        return self.leader
 
     async def level_start(self, lead: float) -> float:
         start = await self._call("arrive", lead)

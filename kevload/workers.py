@@ -146,19 +146,34 @@ class SharedPlan:
             state[i] = getattr(plan, name)
 
 
-class Shared(engine.Solo):
-    """The engine's view of the other workers: shared plan and count, this worker's slots and arrivals, barriers."""
+class OneOfN(engine.Solo):
+    """What every worker set deals out the same way (local processes or Ray actors): worker 0 leads and
+    sends the warm-ups, worker *w* sends open-loop arrivals *w*, *w* + N, …"""
 
-    def __init__(self, worker: int, workers: int, state: Any, barrier: Any, stop: asyncio.Event):
+    def __init__(self, worker: int, workers: int):
         self.worker, self.workers = worker, workers
-        self._shared = state  # what a SharedPlan is built on
-        self._lock, self._state = state.get_lock(), state.get_obj()
-        self._barrier = barrier
-        self._stop = stop
 
     @property
     def leader(self) -> bool:
         return self.worker == 0
+
+    def mine(self, arrival: int) -> bool:
+        return arrival % self.workers == self.worker
+
+    @property
+    def warms_up(self) -> bool:
+        return self.leader
+
+
+class Shared(OneOfN):
+    """The engine's view of the other workers: shared plan and count, this worker's slots and arrivals, barriers."""
+
+    def __init__(self, worker: int, workers: int, state: Any, barrier: Any, stop: asyncio.Event):
+        super().__init__(worker, workers)
+        self._shared = state  # what a SharedPlan is built on
+        self._lock, self._state = state.get_lock(), state.get_obj()
+        self._barrier = barrier
+        self._stop = stop
 
     def closed(self, plan: ClosedLoop) -> tuple[SharedPlan, tuple[str, ...]]:  # type: ignore[override]
         shared = SharedPlan(plan, self._shared)
@@ -192,13 +207,6 @@ class Shared(engine.Solo):
         with self._lock:
             state[IN_FLIGHT] -= 1
         plan.returned(role, counted)
-
-    def mine(self, arrival: int) -> bool:
-        return arrival % self.workers == self.worker
-
-    @property
-    def warms_up(self) -> bool:
-        return self.leader
 
     async def level_start(self, lead: float) -> float:
         if self.leader:
