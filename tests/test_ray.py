@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from kevload.store import read_run_records, records_paths
-from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
+from tests.conftest import load_summary, run_cli, write_scenario
 from tests.raycluster import ray_cluster
-from tests.test_workers import TWO_PROBES, _check_levels
+from tests.test_workers import TWO_PROBES, _check_levels, check_c_in_flight
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -77,26 +77,7 @@ def test_ray_refuses_until_bound_before_connecting(tmp_path):
 
 @pytest.mark.parametrize("mode", ["single", "mixed"])
 def test_actors_keep_c_in_flight_across_the_cluster(tmp_path, server, cluster, mode):
-    """The server sees c at once (drift_at=c) only if the level's c is really in flight across both actors."""
-    server.behaviour.latency = 0.3
-    server.behaviour.drift_at = 4
-    server.behaviour.batched_variant = True
-    server.behaviour.drift_when_mixed = False
-    scenario = write_scenario(tmp_path / "s.toml", server.url, probes=TWO_PROBES, mode=mode, concurrency=[1, 4],
-                              samples=4, workers=2)
-    code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet", "--ray", cluster)
-    assert code == 1, output  # drift at c=4: four requests at once reached the server
-    run_dir = tmp_path / "run"
-    assert [p.name for p in records_paths(run_dir)] == ["records-0.jsonl", "records-1.jsonl"]
-    rows = _rows(run_dir)
-    assert len(rows) == len(server.requests)  # every request sent came back to the driver's run directory
-    _check_levels(rows, 2, levels=4)  # c − 1 others across actors, levels one after another
-    for probe in ("p1", "p2"):
-        cells = cells_by_level(load_summary(run_dir), probe=probe)
-        assert cells[1]["ok"] == cells[4]["ok"] == 4 and cells[1]["distinct"] == 1
-        assert cells[4]["drift"], cells[4]
-    if mode == "mixed":  # one probe among companions, the probe slot on worker 0
-        assert {r["worker"] for r in rows if r["role"] == "probe"} == {0}
+    run_dir, rows = check_c_in_flight(tmp_path, server, mode, "--ray", cluster)  # every record back at the driver
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["clock"]["records"] == "unix" and abs(rows[0]["t_send"] - meta["clock"]["unix"]) < 600
     assert meta["ray"][0]["address"] == cluster and len(meta["ray"][0]["nodes"]) == 2

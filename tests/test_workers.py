@@ -71,27 +71,7 @@ def test_slots_are_dealt_so_the_probe_slot_sits_on_worker_0():
 
 @pytest.mark.parametrize("mode", ["single", "mixed"])
 def test_workers_keep_c_in_flight_across_processes(tmp_path, server, mode):
-    """The server sees c at once (drift_at=c) only if the level's c is really in flight across both workers."""
-    server.behaviour.latency = 0.3
-    server.behaviour.drift_at = 4
-    server.behaviour.batched_variant = True
-    server.behaviour.drift_when_mixed = False
-    scenario = write_scenario(tmp_path / "s.toml", server.url, probes=TWO_PROBES, mode=mode, concurrency=[1, 4],
-                              samples=4, workers=2)
-    code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
-    assert code == 1, output  # drift at c=4: four requests at once reached the server
-    run_dir = tmp_path / "run"
-    assert [p.name for p in records_paths(run_dir)] == ["records-0.jsonl", "records-1.jsonl"]
-    rows = _rows(run_dir)
-    assert len(rows) == len(server.requests)  # every request sent has its record
-    _check_levels(rows, 2, levels=4)
-    summary = load_summary(run_dir)
-    for probe in ("p1", "p2"):
-        cells = cells_by_level(summary, probe=probe)
-        assert cells[1]["ok"] == cells[4]["ok"] == 4 and cells[1]["distinct"] == 1
-        assert cells[4]["drift"], cells[4]
-    if mode == "mixed":  # one probe among companions, the probe slot on worker 0
-        assert {r["worker"] for r in rows if r["role"] == "probe"} == {0}
+    run_dir, rows = check_c_in_flight(tmp_path, server, mode)
     run_meta = json.loads((run_dir / "run.json").read_text())
     assert run_meta["clock"]["records"] == "unix" and abs(rows[0]["t_send"] - run_meta["clock"]["unix"]) < 600
     assert not _children()
@@ -159,3 +139,29 @@ def test_bad_worker_settings_are_refused(tmp_path, load, message):
                     f'prompt = "x"\n[load]\n{load}\n')
     code, output = run_cli("run", path)
     assert code == 2 and message in output and len(output.strip().splitlines()) == 1
+
+
+def check_c_in_flight(tmp_path: Path, server, mode: str, *run_args: str) -> tuple[Path, list[dict]]:
+    """The server sees c at once (drift_at=c) only if the level's c is really in flight across both workers
+    (processes, or Ray actors with ``run_args``); returns the run directory and its records."""
+    server.behaviour.latency = 0.3
+    server.behaviour.drift_at = 4
+    server.behaviour.batched_variant = True
+    server.behaviour.drift_when_mixed = False
+    scenario = write_scenario(tmp_path / "s.toml", server.url, probes=TWO_PROBES, mode=mode, concurrency=[1, 4],
+                              samples=4, workers=2)
+    code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet", *run_args)
+    assert code == 1, output  # drift at c=4: four requests at once reached the server
+    run_dir = tmp_path / "run"
+    assert [p.name for p in records_paths(run_dir)] == ["records-0.jsonl", "records-1.jsonl"]
+    rows = _rows(run_dir)
+    assert len(rows) == len(server.requests)  # every request sent has its record
+    _check_levels(rows, 2, levels=4)  # c − 1 others across workers, levels one after another
+    summary = load_summary(run_dir)
+    for probe in ("p1", "p2"):
+        cells = cells_by_level(summary, probe=probe)
+        assert cells[1]["ok"] == cells[4]["ok"] == 4 and cells[1]["distinct"] == 1
+        assert cells[4]["drift"], cells[4]
+    if mode == "mixed":  # one probe among companions, the probe slot on worker 0
+        assert {r["worker"] for r in rows if r["role"] == "probe"} == {0}
+    return run_dir, rows
