@@ -66,7 +66,7 @@ def _on_target_options(func):
                         "the names of `kevload target start`'s options, with underscores.")(func)
     return click.option("--target", "builtin", type=click.Choice(NAMES),
                         help="Start this built-in target on 127.0.0.1 for the command (its URL and model are "
-                        "the ones used) and stop it after; a target that exits meanwhile exits 3.")(func)
+                        "the ones used) and stop it after; one that stops serving meanwhile is exit 3.")(func)
 
 
 def _target_settings(builtin: str | None, target_sets: tuple[str, ...]) -> TargetSettings | None:

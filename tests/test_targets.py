@@ -166,21 +166,6 @@ def _dying(marker: Path):
     return command
 
 
-def _kill_when(ready, marker: Path, done: threading.Event) -> threading.Thread:
-    """SIGKILL the process whose pid ``marker`` holds once ``ready()`` holds, as a crash or the OOM killer would."""
-
-    def watch() -> None:
-        while not done.is_set():
-            if ready():
-                os.kill(int(marker.read_text()), signal.SIGKILL)
-                return
-            done.wait(0.02)
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread
-
-
 def _answered(run_dir: Path) -> int:
     path = run_dir / "records.jsonl"
     return len(path.read_bytes().splitlines()) if path.is_file() else 0
@@ -239,7 +224,8 @@ def test_a_target_that_dies_mid_run_ends_the_run_at_once_exit_3_with_its_log(tmp
     scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1, 4], samples=60,
                               target={"timeout": 30})
     done = threading.Event()
-    killer = _kill_when(lambda: _answered(tmp_path / "r") >= 3, marker, done)
+    killer = _signal_when(lambda: _answered(tmp_path / "r") >= 3, lambda: int(marker.read_text()), signal.SIGKILL,
+                          done)
     try:
         code, output = run_cli("run", scenario, "--target", "vllm", "--out", tmp_path / "r", "--quiet")
     finally:
@@ -284,7 +270,8 @@ def test_a_sweep_row_whose_target_dies_says_so_and_the_next_setting_still_runs(t
     scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], samples=30)
     done = threading.Event()
     # Only the first setting's server is killed: the marker is read once.
-    killer = _kill_when(lambda: _answered(tmp_path / "sw" / "max_num_seqs=1") >= 3, marker, done)
+    killer = _signal_when(lambda: _answered(tmp_path / "sw" / "max_num_seqs=1") >= 3, lambda: int(marker.read_text()),
+                          signal.SIGKILL, done)
     try:
         code, output = run_cli("sweep", scenario, "--target", "vllm", "--grid", "max_num_seqs=1,2",
                                "--out", tmp_path / "sw", "--quiet")
@@ -322,15 +309,16 @@ def _never_ready(marker: Path):
     return command
 
 
-def _interrupt_when(ready, done: threading.Event) -> threading.Thread:
-    """SIGINT this process once ``ready()`` holds, as a user's Ctrl-C would; polls, never waits on a clock."""
+def _signal_when(ready, pid, signum: int, done: threading.Event) -> threading.Thread:
+    """Send ``signum`` to ``pid()`` once ``ready()`` holds (a user's Ctrl-C, a crash, the OOM killer);
+    polls, never waits on a clock."""
 
     def watch() -> None:
         while not done.is_set():
             if ready():
-                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(pid(), signum)
                 return
-            done.wait(0.05)
+            done.wait(0.02)
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
@@ -356,7 +344,7 @@ def test_demo_ctrl_c_exits_130_with_what_was_collected(tmp_path, monkeypatch):
     monkeypatch.setattr("kevload.targets.start_target", start)
     monkeypatch.chdir(tmp_path)
     done = threading.Event()
-    watcher = _interrupt_when(lambda: _records(tmp_path) >= 3, done)
+    watcher = _signal_when(lambda: _records(tmp_path) >= 3, os.getpid, signal.SIGINT, done)
     try:
         code, output = run_cli("demo", "--targets", "llamacpp", "--samples", "4")
     finally:
@@ -375,7 +363,8 @@ def test_demo_ctrl_c_while_a_target_starts_stops_it(tmp_path, monkeypatch):
     monkeypatch.setitem(targets.COMMANDS, "llamacpp", _never_ready(marker))
     monkeypatch.chdir(tmp_path)
     done = threading.Event()
-    watcher = _interrupt_when(lambda: marker.is_file() and marker.read_text(), done)
+    watcher = _signal_when(lambda: marker.is_file() and marker.read_text(), os.getpid, signal.SIGINT,
+                           done)
     try:
         code, output = run_cli("demo", "--targets", "llamacpp", "--samples", "2")
     finally:
