@@ -11,6 +11,10 @@ from the latency histograms, whose bins would blur a bound that falls inside one
 Where records carry per-token logprobs, each cell is also compared with the serial reference at the
 same token positions (``LogprobTrack``): an output with the serial text but other logprobs is latent
 drift — the numerics already differ, no token has flipped yet.
+
+At a closed-loop level c ≥ 2 the (send, last byte) span of every request of the level is kept, whatever its
+role and whether it counts, so each counted sample's ``full_load_share`` and ``samples_never_full`` come from
+the records: how long c − 1 others were really in flight around it (``kevload.overlap``).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
+from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -26,6 +31,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from kevload.overlap import FullLoad, Occupancy
 from kevload.scenario import Slo
 from kevload.schedule import UntilBound
 from kevload.stats import LatencyHistogram, drift_upper_bound, mean_share_interval, wilson_interval
@@ -37,6 +43,9 @@ _PARALLEL_BYTES = 32 << 20
 
 LATENCY_NAMES = ("e2e", "ttft", "tpot", "itl", "lateness")
 CellKey = tuple[str, str, str, int, float | None]  # probe, role, mode, concurrency, rate (open loop)
+# A closed-loop level as its spans are pooled: mode, concurrency. Two probes' levels of one concurrency never
+# overlap in time (a level ends only when nothing it sent is in flight), so pooling them adds no "other".
+SpanKey = tuple[str, int]
 OutputKey = tuple[str, str | None]  # sha256 of the text, finish_reason
 # Characters of context kept on each side of a divergence point for the examples in the summary.
 _EXAMPLE_CONTEXT = 150
@@ -217,10 +226,16 @@ class CellAccumulator:
     slo_met: int = 0          # ok requests within every bound
     slo_unmeasured: int = 0   # ok requests without a first token time where a bound needs one
     slo_misses: dict[str, int] = field(default_factory=dict)  # ok requests over each bound (ttft, itl, tpot, e2e)
+    # Closed-loop levels c ≥ 2: every counted request's send and last-byte time, in turn (None: nothing to check).
+    spans: array | None = None
 
     def add(self, record: dict[str, Any]) -> None:
         # The comparator's hot loop (a million records in seconds): plain comparisons, no helpers.
         t_send, t_last = record["t_send"], record["t_last_byte"]
+        spans = self.spans
+        if spans is not None:
+            spans.append(t_send)
+            spans.append(t_last)
         if t_send < self.t_start:
             self.t_start = t_send
         if t_last > self.t_end:
@@ -311,6 +326,8 @@ class CellAccumulator:
         self.output_tokens += other.output_tokens
         self.t_start = min(self.t_start, other.t_start)
         self.t_end = max(self.t_end, other.t_end)
+        if self.spans is not None:
+            self.spans.extend(other.spans)
         self.slo_met += other.slo_met
         self.slo_unmeasured += other.slo_unmeasured
         for name, n in other.slo_misses.items():
@@ -330,6 +347,8 @@ class Reduction:
     sent_errors: dict[str, int] = field(default_factory=dict)
     slo: Slo | None = None
     limits: SloLimits | None = field(init=False, default=None)
+    # The spans of a closed-loop level's requests that are in no cell (warm-ups, ramp-ups, tails): "others" too.
+    uncounted_spans: dict[SpanKey, array] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.limits = slo_limits(self.slo)
@@ -341,11 +360,20 @@ class Reduction:
             self.sent_errors[status] = self.sent_errors.get(status, 0) + 1
         # Warm-ups and sends below full load (a level's ramp-up) are on record but are no evidence.
         if record.get("role") == "warmup" or record.get("counted") is False:
+            if record["concurrency"] > 1 and record.get("rate") is None:
+                level = (record["mode"], record["concurrency"])
+                spans = self.uncounted_spans.get(level)
+                if spans is None:
+                    spans = self.uncounted_spans[level] = array("d")
+                spans.append(record["t_send"])
+                spans.append(record["t_last_byte"])
             return
         key = (record["probe"], record["role"], record["mode"], record["concurrency"], record.get("rate"))
         cell = self.cells.get(key)
         if cell is None:
-            cell = self.cells[key] = CellAccumulator(max_in_flight=record.get("max_in_flight"), slo=self.limits)
+            cell = self.cells[key] = CellAccumulator(
+                max_in_flight=record.get("max_in_flight"), slo=self.limits,
+                spans=array("d") if record["concurrency"] > 1 and record.get("rate") is None else None)
         cell.add(record)
         self.records += 1
 
@@ -359,6 +387,8 @@ class Reduction:
         self.sent += other.sent
         for status, n in other.sent_errors.items():
             self.sent_errors[status] = self.sent_errors.get(status, 0) + n
+        for level, spans in other.uncounted_spans.items():
+            self.uncounted_spans.setdefault(level, array("d")).extend(spans)
 
 
 def reduce_file(path: Path, workers: int | None = None, *, slo: Slo | None = None) -> Reduction:
@@ -406,8 +436,11 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
 
     Each probe cell says why it stopped (``stop_reason``): with ``until_bound`` (``load.until_bound``,
     ``load.max_samples``) the strategy's own rule, asked of the cell's records; without it ``samples``.
+
+    Each cell of a closed-loop level c ≥ 2 has ``full_load_share`` and ``samples_never_full`` (``full_load_fields``).
     """
     until = UntilBound(until_bound, samples_asked or 1, max_samples) if until_bound else None
+    full_loads = full_load_by_cell(reduction)
     cells: list[CellSummary] = []
     groups: dict[tuple[str, str, str], list[tuple[int, float | None]]] = {}
     for probe, role, mode, level, rate in reduction.cells:
@@ -421,7 +454,8 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
             cell = reduction.cells[(probe, role, mode, *level)]
             summary = _cell_summary(probe, role, mode, level, levels[0], cell, reference, serial_modal,
                                     asked=asked, min_slo_attainment=min_slo_attainment)
-            cells.append(replace(summary, stop_reason=stop_reason(summary, until)))
+            cells.append(replace(summary, stop_reason=stop_reason(summary, until),
+                                 **full_load_fields(full_loads.get((probe, role, mode, *level)))))
     probe_cells = [c for c in cells if c.role == "probe"]
     companion_cells = [c for c in cells if c.role != "probe"]
     probe_requests = sum(c.requests for c in probe_cells)
@@ -477,7 +511,8 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
 def distinct_matrix(cells: list[CellSummary]) -> dict[str, Any]:
     """Probes × levels of distinct-output counts (-1 where a cell has no ok sample), as nested lists,
     with the ok samples behind each count and whether the cell is short of the samples asked and whether
-    it shows latent drift."""
+    it shows latent drift, and its counted samples that never had c − 1 others in flight (None: not a closed-loop
+    level c ≥ 2)."""
     rows = sorted({(c.probe, c.mode) for c in cells})
     levels = levels_of(cells)
     distinct = np.full((len(rows), len(levels)), -1, dtype=np.int64)
@@ -485,6 +520,7 @@ def distinct_matrix(cells: list[CellSummary]) -> dict[str, Any]:
     drift = np.zeros((len(rows), len(levels)), dtype=bool)
     short = np.zeros((len(rows), len(levels)), dtype=bool)
     latent = np.zeros((len(rows), len(levels)), dtype=bool)
+    never_full: list[list[int | None]] = [[None] * len(levels) for _ in rows]
     row_of = {r: i for i, r in enumerate(rows)}
     col_of = {lv: j for j, lv in enumerate(levels)}
     for c in cells:
@@ -494,6 +530,7 @@ def distinct_matrix(cells: list[CellSummary]) -> dict[str, Any]:
         drift[i, j] = c.drift
         short[i, j] = c.short
         latent[i, j] = bool(c.latent_drift)
+        never_full[i][j] = c.samples_never_full
     return {
         "rows": [{"probe": p, "mode": m} for p, m in rows],
         "levels": levels,
@@ -502,6 +539,7 @@ def distinct_matrix(cells: list[CellSummary]) -> dict[str, Any]:
         "drift": drift.tolist(),
         "short": short.tolist(),
         "latent": latent.tolist(),
+        "samples_never_full": never_full,
     }
 
 
@@ -635,6 +673,39 @@ def stop_reason(cell: CellSummary, until: UntilBound | None) -> str | None:
     if until is not None:
         return until.reason(cell.requests, errors, cell.drift)
     return "samples" if cell.asked is not None and cell.requests >= cell.asked else None
+
+
+def full_load_by_cell(reduction: Reduction) -> dict[CellKey, FullLoad]:
+    """Each cell of a closed-loop level c ≥ 2 against every request of its level: its cells' counted spans
+    (probes and companions) and its uncounted ones (warm-ups, ramp-ups, tails), from every records file reduced.
+    One level's occupancy at a time: memory follows the largest level, not the run."""
+    by_level: dict[SpanKey, list[CellKey]] = {}
+    for key, cell in reduction.cells.items():
+        if cell.spans is not None:
+            by_level.setdefault((key[2], key[3]), []).append(key)
+    out: dict[CellKey, FullLoad] = {}
+    for level, keys in by_level.items():
+        parts = [reduction.cells[key].spans for key in keys]
+        if level in reduction.uncounted_spans:
+            parts.append(reduction.uncounted_spans[level])
+        occupancy = Occupancy.of(np.concatenate([_span_rows(spans) for spans in parts]), level[1])
+        for key in keys:
+            out[key] = occupancy.full_load(_span_rows(reduction.cells[key].spans))
+    return out
+
+
+def full_load_fields(full: FullLoad | None) -> dict[str, Any]:
+    """``full_load_share``: the share of the cell's counted samples' time during which c − 1 other requests of
+    the level were in flight; ``samples_never_full``: its counted samples that never had them. None at an
+    open-loop level (no c to reach) and at c = 1 (no others to have: a serial sample is trivially full)."""
+    if full is None:
+        return {"full_load_share": None, "samples_never_full": None}
+    return {"full_load_share": None if full.share is None else round(full.share, 6),
+            "samples_never_full": full.never_full}
+
+
+def _span_rows(spans: array) -> np.ndarray:
+    return np.frombuffer(spans, dtype=np.float64).reshape(-1, 2)
 
 
 def slo_fields(met: int, requests: int, duration_s: float | None,

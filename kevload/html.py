@@ -15,8 +15,10 @@ from kevload.report import (
     cell_text,
     errors_text,
     footnotes,
+    full_load_text,
     kinds_text,
     latent_text,
+    never_full_text,
     slo_bounds_text,
     slo_line,
     verdict_line,
@@ -114,7 +116,8 @@ def _heatmap(rows: dict[str, dict[str, CellSummary]], levels: list[str]) -> str:
                 out.append(f'<td class=cell style="background:{EMPTY}">{_e(cell_text(cell) if cell else "–")}</td>')
                 continue
             colour = DRIFT if cell.drift else SHORT if cell.short else LATENT if cell.latent_drift else STABLE
-            title = cell_phrase(cell) + (f"; latent drift: {latent_text(cell)}" if cell.latent_drift else "")
+            title = cell_phrase(cell) + (f"; latent drift: {latent_text(cell)}" if cell.latent_drift else "") \
+                + (f"; † {never_full_text(cell)}" if cell.samples_never_full else "")
             out.append(f'<td class=cell style="background:{colour}" title="{_e(title)}">'
                        f'{_e(cell_text(cell))}</td>')
         out.append("</tr>")
@@ -122,7 +125,8 @@ def _heatmap(rows: dict[str, dict[str, CellSummary]], levels: list[str]) -> str:
                f"output, same as serial <span style='background:{DRIFT}'></span>drift (all≠serial: the copies "
                f"agree with each other, not with serial) <span style='background:{SHORT}'></span>no drift seen, "
                f"fewer ok samples than asked (ok/asked) <span style='background:{LATENT}'></span>~ latent drift: the "
-               f"serial text, other per-token logprobs <span style='background:{EMPTY}'></span>no ok sample</p>")
+               f"serial text, other per-token logprobs <span style='background:{EMPTY}'></span>no ok sample · † some "
+               f"counted samples never had c − 1 others in flight (from the records' send and last-byte times)</p>")
     return "".join(out)
 
 
@@ -146,7 +150,7 @@ def _latency(cells: Iterable[CellSummary]) -> str:
     metrics = ("ttft", "itl", "tpot", "e2e")
     slo = any(c.slo_attainment is not None for c in cells)
     out = ["<table><tr><th>probe / level</th>" + "".join(f"<th>{m} p50</th><th>{m} p99</th>" for m in metrics)
-           + "<th>tok/s</th><th>req/s</th><th>errors</th>"
+           + "<th>tok/s</th><th>req/s</th><th>errors</th><th>full load</th>"
            + ("<th>SLO met</th><th>goodput/s</th>" if slo else "") + "</tr>"]
     top = max((c.latency.get("e2e", {}).get("p99") or 0 for c in cells), default=0) or 1
     bars = []
@@ -157,7 +161,7 @@ def _latency(cells: Iterable[CellSummary]) -> str:
             stats = lat.get(m) or {}
             out.append(f"<td>{_ms(stats.get('p50'))}</td><td>{_ms(stats.get('p99'))}</td>")
         out.append(f"<td>{_num(c.output_tokens_per_s)}</td><td>{_num(c.requests_per_s)}</td>"
-                   f"<td>{_e(errors_text([c]))}</td>"
+                   f"<td>{_e(errors_text([c]))}</td><td>{_e(full_load_text(c))}</td>"
                    + (f"<td>{_e(attainment_text(c))}</td><td>{_num(c.goodput)}</td>" if slo else "") + "</tr>")
         e2e = lat.get("e2e") or {}
         y = 10 + i * 22

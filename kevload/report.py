@@ -37,7 +37,8 @@ def cell_text(cell: CellSummary | None) -> str:
     ``(ok/asked)`` when the cell has fewer ok samples than asked.
 
     One distinct output that is not the serial one reads ``1 all≠serial``: the copies agree with each
-    other, not with the serial answer. ``1 ~`` is latent drift: the serial text, other logprobs.
+    other, not with the serial answer. ``1 ~`` is latent drift: the serial text, other logprobs. ``†``: some
+    counted samples never had c − 1 others in flight (``never_full_text``).
     """
     if cell is None:
         return "-"
@@ -46,6 +47,8 @@ def cell_text(cell: CellSummary | None) -> str:
         text += " DRIFT" if cell.distinct > 1 else " all≠serial"
     elif cell.latent_drift:
         text += " ~"
+    if cell.samples_never_full:
+        text += " †"
     if cell.short:
         text += f" ({cell.ok}/{cell.asked})"
     return text
@@ -85,6 +88,23 @@ def logprob_text(cell: CellSummary) -> str:
             + (f", max abs diff {diff:.2g}" if diff is not None else "") + f" ({n})")
 
 
+def never_full_text(cell: CellSummary) -> str:
+    """``5 of 40 counted samples never had 3 others in flight; 3 others for 91.2% of their time``."""
+    others = f"{cell.concurrency - 1} other{'s' if cell.concurrency > 2 else ''}"
+    share = cell.full_load_share
+    return (f"{cell.samples_never_full} of {cell.requests} counted samples never had {others} in flight"
+            + (f"; {others} for {share:.1%} of their time" if share is not None else ""))
+
+
+def full_load_text(cell: CellSummary) -> str:
+    """``99.2%``: the share of the cell's counted time at full load, ``†`` where a sample never was; ``-`` where
+    there is no c − 1 to reach (open loop, c=1)."""
+    share = cell.full_load_share
+    if share is None:
+        return "-"
+    return f"{share:.1%}" + (" †" if cell.samples_never_full else "")
+
+
 def rate_text(rate: float | None, interval: list[float] | None) -> str:
     """``62.5% [30.6, 86.3]``: a share with its 95 % interval, in percent."""
     if rate is None:
@@ -120,8 +140,9 @@ def short_text(cell: CellSummary) -> str:
 
 
 def footnotes(summary: RunSummary) -> list[str]:
-    """The matrix's footnotes: each drifting cell's divergence kinds, each short cell's shortfall,
-    and the companions' errors (reported beside the probes', never mixed into them)."""
+    """The matrix's footnotes: each drifting cell's divergence kinds, each short cell's shortfall, each cell with
+    samples that never had c − 1 others in flight, the lowest full-load share, and the companions' errors
+    (reported beside the probes', never mixed into them)."""
     notes = []
     for c in summary.probe_cells():
         name = f"{c.label}"
@@ -132,6 +153,13 @@ def footnotes(summary: RunSummary) -> list[str]:
             notes.append(f"{name}: short, {short_text(c)}")
         if c.latent_drift:
             notes.append(f"{name}: ~ latent drift, {latent_text(c)}")
+        if c.samples_never_full:
+            notes.append(f"{name}: † {never_full_text(c)}")
+    loaded = [c for c in summary.probe_cells() if c.full_load_share is not None]
+    if loaded:
+        low = min(loaded, key=lambda c: (c.full_load_share, c.level_order))
+        notes.append(f"full load: at every level c ≥ 2, counted samples had c − 1 others in flight for at least "
+                     f"{low.full_load_share:.1%} of their time (lowest: {low.label})")
     if summary.companion_requests:
         notes.append(f"companions: {summary.companion_errors} of {summary.companion_requests} requests failed"
                      + (f" ({_counts(summary.companion_errors_by_type)})" if summary.companion_errors else ""))
@@ -176,7 +204,7 @@ def latency_table(summary: RunSummary) -> Table:
     grid = Table(title="latency (ms, p50 / p99) and throughput", title_justify="left")
     slo = bool(summary.slo)
     for name in ("probe (mode)", "level", "n", "ttft", "itl", "tpot", "e2e", "tok/s", "req/s", "late p99",
-                 *(("SLO met", "goodput/s") if slo else ())):
+                 "full load", *(("SLO met", "goodput/s") if slo else ())):
         grid.add_column(name, justify="left" if name.startswith("probe") else "right")
     for c in sorted(summary.probe_cells(), key=lambda c: (c.probe, c.mode, c.level_order)):
         lat = c.latency
@@ -184,7 +212,7 @@ def latency_table(summary: RunSummary) -> Table:
         grid.add_row(f"{c.probe} ({c.mode})", c.level, str(c.ok),
                      *(_p50_p99(lat.get(k)) for k in ("ttft", "itl", "tpot", "e2e")),
                      _fmt(c.output_tokens_per_s), _fmt(c.requests_per_s),
-                     f"{late * 1000:.2f}" if late is not None else "-",
+                     f"{late * 1000:.2f}" if late is not None else "-", full_load_text(c),
                      *((attainment_text(c), _fmt(c.goodput)) if slo else ()))
     return grid
 

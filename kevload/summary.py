@@ -105,6 +105,11 @@ class CellSummary(_Json):
     output_tokens: int = 0
     duration_s: float | None = None
     latency: dict[str, dict[str, float]] = field(default_factory=dict)
+    # Closed-loop levels c ≥ 2, from the records' send and last-byte times: the share of the counted samples' time
+    # during which c − 1 others of the level were in flight, and the counted samples that never had them
+    # (absent: an open-loop or serial level, nothing to reach).
+    full_load_share: float | None = written_with("samples_never_full")
+    samples_never_full: int | None = written_with("samples_never_full")
     # Agreement with the serial output (exact matches; token positions where tokens exist), 95 % intervals.
     exact_match_rate: float | None = written_with("exact_match_rate")
     exact_match_ci95: list[float] | None = written_with("exact_match_rate")
