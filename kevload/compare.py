@@ -64,16 +64,17 @@ class LogprobTrack:
 
     Kept: how many vectors were seen, up to ``_LOGPROB_VECTORS`` distinct ones with their counts (to
     choose the serial reference's most common vector), and the elementwise envelope of every vector —
-    minimum, maximum, and where any had a null logprob or a number. Against any reference chosen
-    later, the envelope gives exactly whether every vector is bitwise equal to it, the first position
-    where one differs, and the largest absolute difference (reached at the minimum or the maximum).
-    So records can arrive in any order and from any part of a split file: the comparison waits for
-    ``summarize``, when the serial reference is known.
+    minimum and maximum of the finite values, and which kinds of value (null, finite, NaN, −∞, +∞) any
+    vector had there. Against any reference chosen later, the envelope gives exactly whether every
+    vector is bitwise equal to it, the first position where one differs, and the largest absolute
+    difference between finite values (reached at the minimum or the maximum). So records can arrive in
+    any order and from any part of a split file: the comparison waits for ``summarize``, when the serial
+    reference is known.
     """
 
-    __slots__ = ("n", "vectors", "pending", "lo", "hi", "null_any", "number_any", "len_min", "len_max")
+    __slots__ = ("n", "vectors", "pending", "lo", "hi", "kinds", "len_min", "len_max", "nonfinite")
 
-    def __init__(self, vector: list, seq: int) -> None:
+    def __init__(self, vector: list, seq: int, nonfinite: bool = False) -> None:
         self.n = 1
         self.vectors: dict[tuple, list[int]] = {tuple(vector): [1, seq]}  # vector -> [count, first seq]
         # Vectors other than a counted one wait here to be folded into the envelope in one batch. The
@@ -82,12 +83,14 @@ class LogprobTrack:
         self.pending: list[list] = []
         self.lo: np.ndarray | None = None
         self.hi: np.ndarray | None = None
-        self.null_any: np.ndarray | None = None
-        self.number_any: np.ndarray | None = None
+        self.kinds: np.ndarray | None = None
         self.len_min = self.len_max = len(vector)
+        # A vector held spelled non-finite values (``store.spell_logprobs``): only then are they decoded.
+        self.nonfinite = nonfinite
 
-    def add(self, vector: list, seq: int) -> None:
+    def add(self, vector: list, seq: int, nonfinite: bool = False) -> None:
         self.n += 1
+        self.nonfinite = self.nonfinite or nonfinite
         key = tuple(vector)
         entry = self.vectors.get(key)
         if entry is not None:
@@ -100,6 +103,7 @@ class LogprobTrack:
 
     def merge(self, other: LogprobTrack) -> None:
         other._flush()
+        self.nonfinite = self.nonfinite or other.nonfinite
         for key, (count, seq) in other.vectors.items():
             entry = self.vectors.get(key)
             if entry is not None:
@@ -111,7 +115,7 @@ class LogprobTrack:
                 self.vectors[key] = [count, seq]
         self._flush()
         if other.lo is not None:
-            self._fold(other.lo, other.hi, other.null_any, other.number_any)
+            self._fold(other.lo, other.hi, other.kinds)
         self.n += other.n
         self.len_min = min(self.len_min, other.len_min)
         self.len_max = max(self.len_max, other.len_max)
@@ -126,17 +130,19 @@ class LogprobTrack:
         ``upto``: positions whose tokens agree with the reference's. The first position is None when
         every vector equals the reference bitwise; a vector that is shorter, longer or whose tokens
         leave the reference's (``same_tokens`` False) differs at the first position it stops agreeing.
+        A position equals the reference's where every vector has the reference's kind there (−∞ equals
+        −∞, NaN equals NaN, null equals null) and, for a finite reference, its value; the difference is
+        taken between finite values only, since one against a non-finite one has no size.
         """
         self._flush()
         m = min(upto, len(reference), self.len_min)
         if self.lo is None:
-            lo, hi, null_any, number_any = _envelope([next(iter(self.vectors))[:m]])
+            lo, hi, kinds = _envelope([next(iter(self.vectors))[:m]], self.nonfinite)
         else:
-            lo, hi, null_any, number_any = self.lo[:m], self.hi[:m], self.null_any[:m], self.number_any[:m]
-        ref = np.array(reference[:m], dtype=np.float64)
-        ref_null = np.isnan(ref)
-        # Equal at a position: all null where the reference is null, else no null and min == max == reference.
-        equal = np.where(ref_null, null_any & ~number_any, ~null_any & (lo == ref) & (hi == ref))
+            lo, hi, kinds = self.lo[:m], self.hi[:m], self.kinds[:m]
+        ref, _, ref_kinds = _envelope([reference[:m]], any(isinstance(x, str) for x in reference[:m]))
+        finite = ref_kinds == _FINITE
+        equal = (kinds == ref_kinds) & (~finite | ((lo == ref) & (hi == ref)))
         differs = np.flatnonzero(~equal)
         full = len(reference)
         if differs.size:
@@ -145,7 +151,7 @@ class LogprobTrack:
             first = m
         else:
             first = None
-        both = number_any & ~ref_null
+        both = finite & ((kinds & _FINITE) != 0)
         diff = float(np.max(np.maximum(hi[both] - ref[both], ref[both] - lo[both]))) if both.any() else None
         return first, diff
 
@@ -164,36 +170,46 @@ class LogprobTrack:
             by_length.setdefault(len(vector), []).append(vector)
         self.pending = []
         for group in by_length.values():
-            self._fold(*_envelope(group))
+            self._fold(*_envelope(group, self.nonfinite))
 
-    def _fold(self, lo: np.ndarray, hi: np.ndarray, null_any: np.ndarray, number_any: np.ndarray) -> None:
+    def _fold(self, lo: np.ndarray, hi: np.ndarray, kinds: np.ndarray) -> None:
         """Widen the envelope by another one; positions only one of them has are padded neutrally."""
         if self.lo is None:
             # Until now every vector was the one counted: the envelope starts as that vector.
-            self.lo, self.hi, self.null_any, self.number_any = _envelope([next(iter(self.vectors))])
+            self.lo, self.hi, self.kinds = _envelope([next(iter(self.vectors))], self.nonfinite)
         size = max(len(self.lo), len(lo))
         if len(self.lo) < size:
             pad = size - len(self.lo)
             self.lo = np.concatenate([self.lo, np.full(pad, np.inf)])
             self.hi = np.concatenate([self.hi, np.full(pad, -np.inf)])
-            self.null_any = np.concatenate([self.null_any, np.zeros(pad, bool)])
-            self.number_any = np.concatenate([self.number_any, np.zeros(pad, bool)])
+            self.kinds = np.concatenate([self.kinds, np.zeros(pad, np.uint8)])
         k = len(lo)
         self.lo[:k] = np.minimum(self.lo[:k], lo)
         self.hi[:k] = np.maximum(self.hi[:k], hi)
-        self.null_any[:k] |= null_any
-        self.number_any[:k] |= number_any
+        self.kinds[:k] |= kinds
 
 
-def _envelope(vectors: list) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Vectors of one length as an envelope: (min, max, a null here, a number here) per position.
+# The kinds of value a logprob position can hold, as bits the envelope ORs over its vectors.
+_NULL, _FINITE, _NAN, _NEG_INF, _POS_INF = 1, 2, 4, 8, 16
 
-    A null (a token the server gave no logprob for) becomes NaN and is neutral for min and max.
+
+def _envelope(vectors: list, nonfinite: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Vectors of one length as an envelope: (min, max of the finite values, kinds seen) per position.
+
+    A null (a token the server gave no logprob for) becomes NaN and is neutral for min and max, as are
+    non-finite values. With ``nonfinite`` the vectors may hold the spellings of ``store.spell_logprobs``:
+    ``float()`` reads them back, and a spelled ``"NaN"`` is kept apart from a null.
     """
+    if nonfinite:
+        spelled_nan = np.array([[x == "NaN" for x in v] for v in vectors], dtype=bool).reshape(len(vectors), -1)
+        vectors = [[float(x) if isinstance(x, str) else x for x in v] for v in vectors]
     values = np.array(vectors, dtype=np.float64).reshape(len(vectors), -1)
-    nulls = np.isnan(values)
-    return (np.where(nulls, np.inf, values).min(axis=0), np.where(nulls, -np.inf, values).max(axis=0),
-            nulls.any(axis=0), (~nulls).any(axis=0))
+    finite = np.isfinite(values)
+    kinds = np.where(finite, _FINITE, np.where(np.isnan(values), _NULL, np.where(values > 0, _POS_INF, _NEG_INF)))
+    if nonfinite:
+        kinds = np.where(spelled_nan, _NAN, kinds)
+    return (np.where(finite, values, np.inf).min(axis=0), np.where(finite, values, -np.inf).max(axis=0),
+            np.bitwise_or.reduce(kinds.astype(np.uint8), axis=0))
 
 
 @dataclass
@@ -205,6 +221,7 @@ class CellAccumulator:
     texts: dict[OutputKey, str] = field(default_factory=dict)
     tokens: dict[OutputKey, list] = field(default_factory=dict)
     logprobs: dict[OutputKey, LogprobTrack] = field(default_factory=dict)
+    logprob_nonfinite: int = 0  # ok samples with a logprob of -inf, inf or NaN
     errors: dict[str, int] = field(default_factory=dict)
     reconnects: int = 0
     latency: dict[str, LatencyHistogram] = field(
@@ -243,11 +260,14 @@ class CellAccumulator:
             self.counts[key] = count + 1
         logprobs = record.get("logprobs")
         if logprobs:
+            nonfinite = record.get("logprob_nonfinite")
+            if nonfinite:
+                self.logprob_nonfinite += 1
             track = self.logprobs.get(key)
             if track is None:
-                self.logprobs[key] = LogprobTrack(logprobs, record["seq"])
+                self.logprobs[key] = LogprobTrack(logprobs, record["seq"], bool(nonfinite))
             else:
-                track.add(logprobs, record["seq"])
+                track.add(logprobs, record["seq"], bool(nonfinite))
         tokens = record.get("completion_tokens") or 0
         self.output_tokens += tokens
         latency = self.latency
@@ -303,6 +323,7 @@ class CellAccumulator:
                 self.logprobs[digest].merge(track)
             else:
                 self.logprobs[digest] = track
+        self.logprob_nonfinite += other.logprob_nonfinite
         for status, n in other.errors.items():
             self.errors[status] = self.errors.get(status, 0) + n
         self.reconnects += other.reconnects
@@ -691,7 +712,9 @@ def _logprob_agreement(cell: CellAccumulator, reference: CellAccumulator,
     everywhere; another output up to its first differing token, where it counts as differing).
     """
     out: dict[str, Any] = {"logprob_samples": None, "logprob_bitwise": None, "logprob_max_abs_diff": None,
-                           "first_logprob_divergence_token": None}
+                           "first_logprob_divergence_token": None, "logprob_nonfinite_samples": None}
+    if cell.logprobs:
+        out["logprob_nonfinite_samples"] = cell.logprob_nonfinite
     if serial is None or serial not in reference.logprobs:
         return out
     ref = reference.logprobs[serial].modal()

@@ -44,6 +44,8 @@ CELL_FIELDS = (
           "Upper 95% confidence bound on the drift rate of a cell without drift."),
     Field("latent_drift", "kevload_cell_latent_drift",
           "1 if outputs have the serial text but different logprobs, else 0."),
+    Field("logprob_nonfinite_samples", "kevload_cell_logprob_nonfinite_samples",
+          "Ok samples with a logprob of -inf, +inf or NaN."),
     Field("divergence_kinds", "kevload_cell_divergent_outputs",
           "Divergent outputs by how they leave the serial reference (token, length, finish).", label="kind"),
     Field("ok", "kevload_cell_ok_requests", "Requests in the cell that returned an output."),

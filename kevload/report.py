@@ -74,15 +74,18 @@ def latent_text(cell: CellSummary) -> str:
 
 def logprob_text(cell: CellSummary) -> str:
     """The cell's logprobs against serial: ``bitwise = (8)``, ``≠ from token 3, max abs diff 4.2e-06 (8)``
-    or ``-``."""
+    or ``-``; with the samples that carried a non-finite logprob."""
     n = cell.logprob_samples
+    nonfinite = (f"; {cell.logprob_nonfinite_samples} with a non-finite logprob"
+                 if cell.logprob_nonfinite_samples else "")
     if not n:
         return "-"
     if cell.logprob_bitwise:
-        return f"bitwise = ({n})"
+        return f"bitwise = ({n}){nonfinite}"
     diff = cell.logprob_max_abs_diff
     return (f"≠ from token {cell.first_logprob_divergence_token}"
-            + (f", max abs diff {diff:.2g}" if diff is not None else "") + f" ({n})")
+            + (f", max abs diff {diff:.2g}" if diff is not None else "")
+            + f" ({n})" + nonfinite)
 
 
 def rate_text(rate: float | None, interval: list[float] | None) -> str:

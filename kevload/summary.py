@@ -117,6 +117,8 @@ class CellSummary(_Json):
     first_logprob_divergence_token: int | None = written_with("logprob_samples")
     # The serial text with other logprobs.
     latent_drift: bool | None = written_with("logprob_samples")
+    # Where logprobs were returned: ok samples with a logprob of -inf, inf or NaN.
+    logprob_nonfinite_samples: int | None = written_with("logprob_nonfinite_samples")
     # The drift example: both texts are the same window, starting at char example_offset.
     example_offset: int | None = written_with("example_offset")
     serial_example: str | None = written_with("example_offset")

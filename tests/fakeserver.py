@@ -64,6 +64,8 @@ class Behaviour:
     logprob_diverge_at: int = 3     # … from this token on
     logprob_ids: bool = False       # chat entries carry the token "id", as llama.cpp's do
     completions_logprobs: str = "openai"  # completions: "openai" (tokens/token_logprobs) or "content" (llama.cpp)
+    # Position -> a logprob put there (-inf, inf, nan): json.dumps writes them -Infinity, Infinity, NaN.
+    logprob_nonfinite: dict[int, float] = field(default_factory=dict)
 
 
 class FakeServer:
@@ -205,6 +207,9 @@ class FakeServer:
             noise = random.Random()
             for position in range(b.logprob_diverge_at, len(values)):
                 values[position] += noise.uniform(1e-7, 1e-5)
+        for position, value in b.logprob_nonfinite.items():
+            if position < len(values):
+                values[position] = value
         return values
 
     def _logprob_doc(self, pieces: list[str], values: list[float], chat: bool, start: int) -> dict[str, Any]:

@@ -1,0 +1,166 @@
+"""Logprob claims at the edges (issue 19): non-finite numbers in a body.
+
+Each claim is tried against a server built to make it false: the fake server writes -inf, inf and NaN
+the way Python's ``json.dumps`` does (``-Infinity``, ``Infinity``, ``NaN``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+import pytest
+
+from kevload.client import Client, _nonfinite_json, build_body, logprob_fields
+from kevload.compare import reduce_records, summarize
+from kevload.scenario import Probe, scenario_from_dict
+from kevload.store import spell_logprobs
+from kevload.summary import RunSummary
+from tests import test_logprobs as logprob_records
+from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
+from tests.fakeserver import Behaviour, FakeServer
+
+INF = math.inf
+NONFINITE = {1: -INF, 2: math.nan, 3: INF}  # token positions of the fake server's answer
+
+
+def strict_json(line: str) -> object:
+    """JSON as the standard says it: NaN and Infinity are refused."""
+    def refuse(name: str) -> None:
+        raise ValueError(f"non-standard JSON constant {name}")
+    return json.loads(line, parse_constant=refuse)
+
+
+# --- 1. non-standard numbers never cost the answer ---
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("api", ["chat", "completions"])
+@pytest.mark.parametrize("backend", ["lean", "aiohttp"])
+def test_client_reads_nonfinite_logprobs_as_what_they_mean(backend, api, stream):
+    with FakeServer(Behaviour(latency=0.0, logprob_nonfinite=NONFINITE)) as server:
+        scenario = scenario_from_dict({"target": {"base_url": server.url, "model": "fake", "api": api},
+                                       "probes": [{"id": "p", "prompt": "Say something."}]}, source="t")
+
+        async def go():
+            body = build_body(scenario.target, Probe(id="p", prompt="Say something."), logprob_fields(api),
+                              stream=stream, nonce=None)
+            async with Client(scenario.target, None, transport=backend) as client:
+                return await client.send(body)
+
+        outcome = asyncio.run(go())
+    assert outcome.status == "ok", outcome.error
+    assert len(outcome.output.split(" ")) == 12  # the whole answer, not cut where the odd number was
+    assert outcome.logprobs[1] == -INF and math.isnan(outcome.logprobs[2]) and outcome.logprobs[3] == INF
+    assert all(math.isfinite(x) for i, x in enumerate(outcome.logprobs) if i not in NONFINITE)
+    assert outcome.logprob_nonfinite == 3
+
+
+def test_only_a_nonfinite_number_is_read_past_orjson():
+    assert _nonfinite_json(b'{"a": [-Infinity, NaN, Infinity, 1e999]}')["a"][:1] == [-INF]
+    doc = _nonfinite_json(b'{"a": NaN, "n": 123456789012345678901234567890}')
+    assert isinstance(doc["n"], float)  # as orjson reads an integer beyond 64 bits
+    assert _nonfinite_json(b'{"a": NaN') is None  # torn: still not JSON
+    assert _nonfinite_json(b'{"a": NaN, "t": "\\ud800"}') is None  # a lone surrogate orjson refuses
+    assert _nonfinite_json(b'{"a": nan}') is None  # not the spelling Python writes
+    assert _nonfinite_json(b'{"a": 1,}') is None  # refused for another reason, no non-finite number in it
+
+
+def test_spelled_logprobs_are_strict_json_and_read_back():
+    spelled = spell_logprobs([-0.5, -INF, None, math.nan, INF])
+    assert spelled == [-0.5, "-Infinity", None, "NaN", "Infinity"]
+    assert strict_json(json.dumps(spelled)) == spelled
+    assert [float(x) for x in spelled if isinstance(x, str)][::2] == [-INF, INF]
+
+
+@pytest.fixture(params=["lean", "aiohttp"])
+def backend(request, monkeypatch):
+    monkeypatch.setenv("KEVLOAD_HTTP", request.param)
+    return request.param
+
+
+@pytest.mark.parametrize(("api", "stream"), [("chat", False), ("chat", True), ("completions", False),
+                                             ("completions", True)])
+def test_nonfinite_logprobs_end_to_end(tmp_path, backend, api, stream):
+    with FakeServer(Behaviour(latency=0.01, logprob_nonfinite=NONFINITE)) as server:
+        scenario = write_scenario(tmp_path / "s.toml", server.url, target={"api": api}, stream=stream,
+                                  concurrency=[1, 2], samples=3)
+        code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet", "--fail-on", "latent")
+    assert code == 0, output  # before: every answer malformed, target failed (exit 3)
+    summary = load_summary(tmp_path / "run")
+    assert summary["verdict"] == "deterministic" and summary["errors_by_type"] == {}
+    for cell in cells_by_level(summary).values():
+        assert cell["ok"] == 3 and cell["distinct"] == 1 and cell["errors"] == {}
+        assert cell["logprob_nonfinite_samples"] == 3
+        assert cell["logprob_bitwise"] is True and cell["latent_drift"] is False  # -inf equals -inf, NaN NaN
+        assert cell["logprob_max_abs_diff"] == 0.0
+    assert "logprobs bitwise equal to serial in every cell (n=6)" in output
+    # Records stay standard JSON and keep what the server sent.
+    lines = [line for path in sorted((tmp_path / "run").glob("records*.jsonl"))
+             for line in path.read_text().splitlines()]
+    records = [strict_json(line) for line in lines]
+    probes = [r for r in records if r["role"] == "probe"]
+    assert probes and all(r["logprobs"][1:4] == ["-Infinity", "NaN", "Infinity"] for r in probes)
+    assert all(r["logprob_nonfinite"] == 3 for r in probes)
+    code, text = run_cli("report", tmp_path / "run", "--format", "json")
+    assert code == 0 and json.loads(text)["cells"] == summary["cells"]  # recomputed from disk, the same
+    code, text = run_cli("report", tmp_path / "run", "--format", "markdown")
+    assert text.count("| bitwise = (3); 3 with a non-finite logprob |") == 2, text
+
+
+class Records(logprob_records.Records):
+    """Records as the engine writes them: logprobs spelled as it spells them, and the params that asked."""
+
+    def add(self, text: str, *, n: int = 1, level: int = 1, tokens: list[int] | None = None,
+            logprobs: list | None = None, asked: bool = True) -> Records:
+        first = len(self.rows)
+        super().add(text, n=n, level=level, tokens=tokens,
+                    logprobs=spell_logprobs(logprobs) if logprobs is not None else None)
+        nonfinite = sum(1 for x in logprobs or () if x is not None and not math.isfinite(x))
+        for row in self.rows[first:]:
+            row.update(logprob_nonfinite=nonfinite, params={"logprobs": True} if asked else {})
+        return self
+
+    def summary(self) -> RunSummary:
+        return summarize(reduce_records(self.rows))
+
+    def cells(self) -> dict:
+        return cells_by_level(self.summary())
+
+
+TEXT, TOKENS = "a b c d", [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize(("other", "first", "diff"), [
+    ([-1.0, -INF, math.nan, -4.0], None, 0.0),   # the same bytes: equal
+    ([-1.0, -INF, None, -4.0], 2, 0.0),          # NaN against a missing logprob: not the same answer
+    ([-1.0, -30.0, math.nan, -4.0], 1, 0.0),     # -inf against a number: differs, no size between them
+    ([-1.0, INF, math.nan, -4.0], 1, 0.0),       # -inf against +inf
+    ([-1.0, -INF, -3.0, -4.0], 2, 0.0),          # NaN against a number
+    ([-1.0, -INF, math.nan, -4.25], 3, 0.25),    # a finite difference is measured as before
+])
+def test_nonfinite_values_compare_as_what_they_mean(other, first, diff):
+    serial = [-1.0, -INF, math.nan, -4.0]
+    cells = Records().add(TEXT, n=3, tokens=TOKENS, logprobs=serial).add(TEXT, n=2, level=2, tokens=TOKENS,
+                                                                          logprobs=other).cells()
+    cell = cells[2]
+    assert cell.logprob_samples == 2 and cell.first_logprob_divergence_token == first
+    assert cell.logprob_bitwise is (first is None) and cell.latent_drift is (first is not None)
+    assert cell.logprob_max_abs_diff == diff
+    assert cell.logprob_nonfinite_samples == 2 and cells[1].logprob_nonfinite_samples == 3
+
+
+def test_nonfinite_comparison_does_not_depend_on_order_or_split():
+    records = Records().add(TEXT, n=5, tokens=TOKENS, logprobs=[-1.0, -INF, math.nan, -4.0])
+    for i in range(300):  # past one fold batch (256) and the 16 counted vectors
+        records.add(TEXT, level=4, tokens=TOKENS, logprobs=[-1.0, -INF, math.nan, -4.0 - i * 1e-6])
+    records.add(TEXT, level=4, tokens=TOKENS, logprobs=[-1.0, -INF, None, -4.0])
+    whole = records.summary()
+    parts = [reduce_records(records.rows[i::3]) for i in range(3)]
+    for part in parts[1:]:
+        parts[0].merge(part)
+    assert summarize(parts[0]) == whole
+    cell = cells_by_level(whole)[4]
+    assert cell.first_logprob_divergence_token == 2 and cell.logprob_max_abs_diff == pytest.approx(299e-6)
+    assert cell.logprob_nonfinite_samples == 301
