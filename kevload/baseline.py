@@ -57,11 +57,14 @@ def compare_to_baseline(current: RunSummary, baseline: RunSummary, *,
         elif before.drift and not cell.drift:
             changes.append(Change("fixed", name,
                                   f"one output in {cell.ok} (baseline: {before.distinct} distinct)"))
-        # Latent drift is news only against a baseline whose logprobs were compared and had none.
+        # Latent drift is news only against a baseline whose logprobs were compared and had none; a cell
+        # whose logprobs now cover only some samples is no change by itself, and latent drift among those
+        # it covers is still latent drift.
         if cell.latent_drift and before.logprob_samples and not before.latent_drift and not before.drift:
+            then = (f"bitwise equal in {before.logprob_samples} samples" if before.logprob_bitwise else
+                    f"no logprob claim, logprobs in {before.logprob_samples} of {before.ok}, those equal")
             changes.append(Change("new_latent_drift", name, f"same text as serial, logprobs differ from token "
-                                  f"{cell.first_logprob_divergence_token} (baseline: bitwise equal in "
-                                  f"{before.logprob_samples} samples)"))
+                                  f"{cell.first_logprob_divergence_token} (baseline: {then})"))
         elif before.latent_drift and cell.logprob_bitwise and not cell.drift:
             changes.append(Change("fixed", name, f"logprobs bitwise equal to serial in {cell.logprob_samples} "
                                   "samples (baseline: latent drift)"))

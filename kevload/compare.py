@@ -221,6 +221,7 @@ class CellAccumulator:
     texts: dict[OutputKey, str] = field(default_factory=dict)
     tokens: dict[OutputKey, list] = field(default_factory=dict)
     logprobs: dict[OutputKey, LogprobTrack] = field(default_factory=dict)
+    logprobs_missing: int = 0   # ok samples that asked for logprobs and got none
     logprob_nonfinite: int = 0  # ok samples with a logprob of -inf, inf or NaN
     errors: dict[str, int] = field(default_factory=dict)
     reconnects: int = 0
@@ -266,8 +267,17 @@ class CellAccumulator:
             track = self.logprobs.get(key)
             if track is None:
                 self.logprobs[key] = LogprobTrack(logprobs, record["seq"], bool(nonfinite))
+                if key not in self.tokens:
+                    # The output's first record came without logprobs (and their tokens): line it up by this one.
+                    toks = record.get("token_ids") or record.get("tokens")
+                    if toks:
+                        self.tokens[key] = toks
             else:
                 track.add(logprobs, record["seq"], bool(nonfinite))
+        else:
+            asked = (record.get("params") or {}).get("logprobs")
+            if asked is not None and asked is not False:  # completions' logprobs: 0 asks too
+                self.logprobs_missing += 1
         tokens = record.get("completion_tokens") or 0
         self.output_tokens += tokens
         latency = self.latency
@@ -323,6 +333,7 @@ class CellAccumulator:
                 self.logprobs[digest].merge(track)
             else:
                 self.logprobs[digest] = track
+        self.logprobs_missing += other.logprobs_missing
         self.logprob_nonfinite += other.logprob_nonfinite
         for status, n in other.errors.items():
             self.errors[status] = self.errors.get(status, 0) + n
@@ -484,6 +495,8 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
         short_cells=tuple(c.name for c in short),
         # Same text as serial, other logprobs: no verdict of its own (exit 1 only with --fail-on latent).
         latent_cells=tuple(c.name for c in latent) if compared else None,
+        logprob_gap_cells=tuple(c.name for c in probe_cells if c.logprob_gap)
+        if any(c.logprobs_missing is not None for c in probe_cells) else None,
         logprob_samples=sum(c.logprob_samples or 0 for c in probe_cells) if compared else None,
         matrix=distinct_matrix(probe_cells),
         slo=reduction.slo.bounds() if reduction.slo else None,
@@ -633,8 +646,9 @@ def _cell_summary(probe: str, role: str, mode: str, level: tuple[int, float | No
         out.update(_divergence(cell, reference.texts[serial_modal], reference.tokens.get(serial_modal), serial_modal))
     out.update(_agreement(cell, reference, serial_modal))
     out.update(_logprob_agreement(cell, reference, serial_modal))
-    # Latent drift: every output has the serial text, yet the logprobs behind it differ.
-    out["latent_drift"] = (None if out["logprob_samples"] is None
+    # Latent drift: every output has the serial text, yet the logprobs behind it differ. No claim either
+    # way where the logprobs make none (too few of the cell's samples had them, all alike).
+    out["latent_drift"] = (None if out["logprob_bitwise"] is None
                            else bool(ok and not drift and not out["logprob_bitwise"]))
     if out["duration_s"]:
         out["requests_per_s"] = round((ok + sum(cell.errors.values())) / out["duration_s"], 3)
@@ -712,8 +726,10 @@ def _logprob_agreement(cell: CellAccumulator, reference: CellAccumulator,
     everywhere; another output up to its first differing token, where it counts as differing).
     """
     out: dict[str, Any] = {"logprob_samples": None, "logprob_bitwise": None, "logprob_max_abs_diff": None,
-                           "first_logprob_divergence_token": None, "logprob_nonfinite_samples": None}
-    if cell.logprobs:
+                           "first_logprob_divergence_token": None, "logprobs_missing": None,
+                           "logprob_nonfinite_samples": None}
+    if cell.logprobs or cell.logprobs_missing:
+        out["logprobs_missing"] = cell.logprobs_missing
         out["logprob_nonfinite_samples"] = cell.logprob_nonfinite
     if serial is None or serial not in reference.logprobs:
         return out
@@ -736,7 +752,9 @@ def _logprob_agreement(cell: CellAccumulator, reference: CellAccumulator,
             diffs.append(diff)
     if samples:
         out["logprob_samples"] = samples
-        out["logprob_bitwise"] = not firsts
+        # A difference among the compared samples is evidence whatever the others hold; equality is
+        # claimed only over every ok sample of the cell, never over the ones that happened to have logprobs.
+        out["logprob_bitwise"] = False if firsts else True if samples == cell.ok else None
         out["logprob_max_abs_diff"] = max(diffs) if diffs else None
         out["first_logprob_divergence_token"] = min(firsts) if firsts else None
     return out

@@ -17,6 +17,7 @@ from kevload.report import (
     footnotes,
     kinds_text,
     latent_text,
+    logprob_gap_text,
     slo_bounds_text,
     slo_line,
     verdict_line,
@@ -114,7 +115,8 @@ def _heatmap(rows: dict[str, dict[str, CellSummary]], levels: list[str]) -> str:
                 out.append(f'<td class=cell style="background:{EMPTY}">{_e(cell_text(cell) if cell else "–")}</td>')
                 continue
             colour = DRIFT if cell.drift else SHORT if cell.short else LATENT if cell.latent_drift else STABLE
-            title = cell_phrase(cell) + (f"; latent drift: {latent_text(cell)}" if cell.latent_drift else "")
+            title = cell_phrase(cell) + (f"; latent drift: {latent_text(cell)}" if cell.latent_drift else
+                                         f"; {logprob_gap_text(cell, cell.level)}" if cell.logprob_gap else "")
             out.append(f'<td class=cell style="background:{colour}" title="{_e(title)}">'
                        f'{_e(cell_text(cell))}</td>')
         out.append("</tr>")
@@ -131,8 +133,9 @@ def _agreement(summary: RunSummary) -> str:
     out = ["<table id=agreement><tr>" + "".join(f"<th>{_e(name)}</th>" for name in AGREEMENT_COLUMNS) + "</tr>"]
     out += ["<tr>" + "".join(f"<td>{_e(value)}</td>" for value in row) + "</tr>" for row in rows]
     out.append("</table><p>exact match: share of samples with the serial output (Wilson interval); token agreement: "
-               "mean share of token positions equal to serial before the first divergence; logprobs: every compared "
-               "sample bitwise equal to serial (=), or from which token and by how much they differ.</p>")
+               "mean share of token positions equal to serial before the first divergence; logprobs: every ok "
+               "sample's logprobs compared and bitwise equal to serial (=), or from which token and by how much "
+               "they differ, or no claim where some ok samples came without logprobs.</p>")
     return "".join(out)
 
 

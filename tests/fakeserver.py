@@ -66,6 +66,7 @@ class Behaviour:
     completions_logprobs: str = "openai"  # completions: "openai" (tokens/token_logprobs) or "content" (llama.cpp)
     # Position -> a logprob put there (-inf, inf, nan): json.dumps writes them -Infinity, Infinity, NaN.
     logprob_nonfinite: dict[int, float] = field(default_factory=dict)
+    logprobs_alone_only: bool = False  # logprobs only for a request that had no other in flight
 
 
 class FakeServer:
@@ -196,7 +197,7 @@ class FakeServer:
     def _logprobs(self, body: dict[str, Any], text: str, overlap: int) -> list[float] | None:
         """One logprob per word-token when the request asks (and the server supports it), else None."""
         b = self.behaviour
-        if not b.logprobs_supported or body.get("logprobs") in (None, False):
+        if not b.logprobs_supported or body.get("logprobs") in (None, False) or (b.logprobs_alone_only and overlap > 1):
             return None
         values = []
         for position, word in enumerate(text.split(" ")):

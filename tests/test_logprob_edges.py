@@ -1,19 +1,28 @@
-"""Logprob claims at the edges (issue 19): non-finite numbers in a body.
+"""Logprob claims at the edges (issue 19): non-finite numbers in a body, logprobs for only some samples.
 
 Each claim is tried against a server built to make it false: the fake server writes -inf, inf and NaN
-the way Python's ``json.dumps`` does (``-Infinity``, ``Infinity``, ``NaN``).
+the way Python's ``json.dumps`` does (``-Infinity``, ``Infinity``, ``NaN``), or returns logprobs only
+to a request that had no other in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import math
+import re
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
 
+from kevload.baseline import compare_to_baseline
 from kevload.client import Client, _nonfinite_json, build_body, logprob_fields
 from kevload.compare import reduce_records, summarize
+from kevload.html import run_report
+from kevload.metrics import metrics_text
+from kevload.report import junit_xml, logprob_text, markdown, render, verdict_line
 from kevload.scenario import Probe, scenario_from_dict
 from kevload.store import spell_logprobs
 from kevload.summary import RunSummary
@@ -92,7 +101,7 @@ def test_nonfinite_logprobs_end_to_end(tmp_path, backend, api, stream):
     assert summary["verdict"] == "deterministic" and summary["errors_by_type"] == {}
     for cell in cells_by_level(summary).values():
         assert cell["ok"] == 3 and cell["distinct"] == 1 and cell["errors"] == {}
-        assert cell["logprob_nonfinite_samples"] == 3
+        assert cell["logprob_nonfinite_samples"] == 3 and cell["logprobs_missing"] == 0
         assert cell["logprob_bitwise"] is True and cell["latent_drift"] is False  # -inf equals -inf, NaN NaN
         assert cell["logprob_max_abs_diff"] == 0.0
     assert "logprobs bitwise equal to serial in every cell (n=6)" in output
@@ -164,3 +173,133 @@ def test_nonfinite_comparison_does_not_depend_on_order_or_split():
     cell = cells_by_level(whole)[4]
     assert cell.first_logprob_divergence_token == 2 and cell.logprob_max_abs_diff == pytest.approx(299e-6)
     assert cell.logprob_nonfinite_samples == 301
+
+
+# --- 2. logprob claims cover only the samples they cover ---
+
+
+def table_text(summary: RunSummary) -> str:
+    out = io.StringIO()
+    render(summary, "table", Console(file=out, width=250, color_system=None))
+    return out.getvalue()
+
+
+def gap_records(loaded: list) -> Records:
+    """Serial: 6 samples with logprobs. c=4: 6 samples with the serial text, two of them with ``loaded``."""
+    serial = [-1.0, -2.0, -3.0, -4.0]
+    records = Records().add(TEXT, n=6, tokens=TOKENS, logprobs=serial)
+    return records.add(TEXT, n=2, level=4, tokens=TOKENS, logprobs=loaded).add(TEXT, n=4, level=4, tokens=TOKENS)
+
+
+def test_a_cell_with_missing_logprobs_makes_no_claim():
+    summary = gap_records([-1.0, -2.0, -3.0, -4.0]).summary()
+    cell = cells_by_level(summary)[4]
+    assert cell.logprob_bitwise is None and cell.latent_drift is None  # 2 of 6 agreeing prove nothing
+    assert (cell.logprob_samples, cell.logprobs_missing, cell.ok) == (2, 4, 6)
+    assert cell.logprob_gap and summary.logprob_gap_cells == ("p1@single/c=4",)
+    assert cells_by_level(summary)[1].logprob_bitwise is True
+    line = verdict_line(summary)
+    assert "logprobs in 2 of 6 at p1 (single) c=4: no logprob claim" in line
+    assert "bitwise equal" not in line
+    assert logprob_text(cell) == "no claim: logprobs in 2 of 6"
+    rendered = {"markdown": markdown(summary), "table": table_text(summary), "junit": junit_xml(summary),
+                "html": run_report(summary, {}, []), "junit latent": junit_xml(summary, fail_on="latent")}
+    for name, text in rendered.items():
+        assert "no claim: logprobs in 2 of 6" in text or "logprobs in 2 of 6 at" in text, name
+        assert "bitwise = (2)" not in text and "bitwise equal to serial in every" not in text, name
+    assert 'type="logprobs_missing"' in rendered["junit latent"] and 'failures="1"' in rendered["junit latent"]
+    assert "<failure" not in rendered["junit"]
+    found = {f.name: f for f in text_string_to_metric_families(metrics_text(summary, {}))}
+    levels = {name: {s.labels["level"]: s.value for s in found[name].samples}
+              for name in ("kevload_cell_logprob_bitwise", "kevload_cell_logprob_missing_samples")}
+    assert levels == {"kevload_cell_logprob_bitwise": {"c=1": 1.0},
+                      "kevload_cell_logprob_missing_samples": {"c=1": 0.0, "c=4": 4.0}}
+    assert {s.labels["level"] for s in found["kevload_cell_latent_drift"].samples} == {"c=1"}
+
+
+def test_a_difference_among_the_covered_samples_is_still_evidence():
+    summary = gap_records([-1.0, -2.0, -3.5, -4.0]).summary()
+    cell = cells_by_level(summary)[4]
+    assert cell.logprob_bitwise is False and cell.latent_drift is True and cell.first_logprob_divergence_token == 2
+    assert summary.latent_cells == ("p1@single/c=4",) and summary.logprob_gap_cells == ("p1@single/c=4",)
+    line = verdict_line(summary)
+    assert "latent drift (same text, other logprobs) in p1 (single) c=4 from token 2" in line
+    assert line.endswith("; logprobs in 2 of 6 at p1 (single) c=4")  # named, yet the difference is a claim
+    assert logprob_text(cell) == "≠ from token 2, max abs diff 0.5 (2 of 6)"
+
+
+def test_an_output_whose_tokens_cannot_be_lined_up_is_not_covered():
+    records = Records().add(TEXT, n=4, tokens=TOKENS, logprobs=[-1.0, -2.0, -3.0, -4.0])
+    records.add(TEXT, n=3, level=2, tokens=TOKENS, logprobs=[-1.0, -2.0, -3.0, -4.0])
+    records.add("other", n=1, level=2, tokens=None, logprobs=None, asked=False)  # nothing to line up by
+    cell = records.cells()[2]
+    assert cell.drift and cell.logprob_samples == 3 and cell.ok == 4 and cell.logprobs_missing == 0
+    assert cell.logprob_bitwise is None and cell.logprob_gap
+
+
+def test_no_logprob_fields_where_none_were_asked_or_returned():
+    cell = Records().add(TEXT, n=2, asked=False).add(TEXT, n=2, level=2, asked=False).cells()[2]
+    assert cell.logprobs_missing is None and cell.logprob_nonfinite_samples is None and not cell.logprob_gap
+    assert "logprobs_missing" not in cell.to_json()
+
+
+@pytest.fixture
+def alone_server():
+    # Logprobs only for a request nothing else overlapped; a long latency makes every c=4 sample overlap.
+    with FakeServer(Behaviour(logprobs_alone_only=True, latency=0.3)) as fake:
+        yield fake
+
+
+def test_logprobs_only_when_alone_end_to_end(tmp_path, alone_server):
+    scenario = write_scenario(tmp_path / "s.toml", alone_server.url, concurrency=[1, 4], samples=4)
+    code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--fail-on", "latent",
+                           "--junit", tmp_path / "j.xml", "--metrics", tmp_path / "m.prom")
+    assert code == 3, output  # --fail-on latent: latent drift neither shown nor ruled out at c=4
+    summary = load_summary(tmp_path / "run")
+    cells = cells_by_level(summary)
+    assert cells[1]["logprob_bitwise"] is True and cells[1]["logprobs_missing"] == 0
+    loaded = cells[4]
+    assert loaded["ok"] == 4 and loaded["logprobs_missing"] == 4 and "logprob_samples" not in loaded
+    assert summary["verdict"] == "deterministic" and summary["logprob_gap_cells"] == ["p1@single/c=4"]
+    flat = " ".join(output.split())
+    assert "logprobs in 0 of 4 at p1 (single) c=4: no logprob claim" in flat
+    assert "bitwise equal to serial in every cell" not in flat
+    assert 'type="logprobs_missing"' in (tmp_path / "j.xml").read_text()
+    prom = (tmp_path / "m.prom").read_text()
+    assert 'kevload_cell_logprob_missing_samples{scenario="s",probe="p1",mode="single",level="c=4"' in prom
+    assert 'kevload_cell_logprob_bitwise{scenario="s",probe="p1",mode="single",level="c=4"' not in prom
+    code, text = run_cli("report", tmp_path / "run", "--format", "json")
+    assert json.loads(text)["cells"] == summary["cells"]
+    code, output = run_cli("run", scenario, "--out", tmp_path / "run2", "--quiet")
+    assert code == 0, output  # text is the default claim, and it held
+
+
+def test_diagnose_names_the_logprob_gap(tmp_path, alone_server):
+    alone_server.behaviour.latency = 0.2
+    code, output = run_cli("diagnose", "--url", alone_server.url, "--model", "fake", "--prompt", "Tell me a fact.",
+                           "--samples", "3", "--max-concurrency", "2", "--json", tmp_path / "d.json",
+                           "--out", tmp_path / "runs")
+    d = json.loads((tmp_path / "d.json").read_text())
+    assert code == 0 and d["verdict"] == "stable", output
+    assert d["evidence"] == "text"  # not "logprobs_bitwise": c=2 had none
+    steps = {s["step"]: s for s in d["steps"]}
+    gap = "logprobs in 0 of 3 at probe@single/c=2: no logprob claim"
+    assert steps["concurrency_single"]["logprob_gaps"] == [gap]
+    assert "logprob_bitwise" not in steps["concurrency_single"] and "logprob_gaps" not in steps["fixed"]
+    assert re.search(r"4 concurrency \[1, 2\], single: 1 distinct, n=3[^\n]*; " + re.escape(gap), output), output
+
+
+def test_baseline_neither_calls_a_gap_a_regression_nor_lets_it_hide_one():
+    full = Records().add(TEXT, n=6, tokens=TOKENS, logprobs=[-1.0, -2.0, -3.0, -4.0])
+    full.add(TEXT, n=6, level=4, tokens=TOKENS, logprobs=[-1.0, -2.0, -3.0, -4.0])
+    bitwise = full.summary()
+    agreeing_gap = gap_records([-1.0, -2.0, -3.0, -4.0]).summary()
+    differing_gap = gap_records([-1.0, -2.0, -3.5, -4.0]).summary()
+    assert compare_to_baseline(agreeing_gap, bitwise) == []  # fewer logprobs is no regression by itself
+    assert compare_to_baseline(agreeing_gap, differing_gap) == []  # two agreeing samples do not fix it
+    changes = compare_to_baseline(differing_gap, bitwise)
+    assert [(c.kind, c.regression) for c in changes] == [("new_latent_drift", True)]
+    assert "differ from token 2 (baseline: bitwise equal in 6 samples)" in changes[0].detail
+    changes = compare_to_baseline(differing_gap, agreeing_gap)
+    assert [c.kind for c in changes] == ["new_latent_drift"]
+    assert "(baseline: no logprob claim, logprobs in 2 of 6, those equal)" in changes[0].detail
