@@ -19,7 +19,7 @@ from kevload.runs import run_scenario
 from kevload.scenario import Probe, load_scenario
 from kevload.stats import drift_upper_bound
 from kevload.store import default_run_dir
-from kevload.summary import RunSummary
+from kevload.summary import RunSummary, position_label
 from kevload.targets import RunningTarget, TargetSettings, start_target, stop_target
 
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "demo.toml"
@@ -89,7 +89,7 @@ def headline(label: str, steps: list[tuple[str, RunSummary]]) -> str:
                 f"(n={sum(c.ok for c in cells)}, {n} per cell: drift rate < {drift_upper_bound(n):.0%} per cell)")
     first = min(drift, key=lambda c: c.first_divergence_chars if c.first_divergence_chars is not None else 0)
     where = (f"outputs leave the serial one between char {first.first_divergence_chars} and "
-             f"{max(c.last_divergence_chars or 0 for c in drift)}"
+             f"{max(c.last_divergence_chars or 0 for c in drift)} (0-based)"
              if first.first_divergence_chars is not None else "serial outputs already differ")
     levels = sorted({c.concurrency for c in drift})
     off = next((s for name, s in steps if "batching off" in name), None)
@@ -123,7 +123,7 @@ def logprob_line(label: str, steps: list[tuple[str, dict[str, Any]]]) -> str:
     levels = sorted({c.concurrency for c in differ})
     diff = worst.logprob_max_abs_diff
     return (f"{label} logprobs: {len(differ)} of {len(cells)} fixed-param cells differ from serial "
-            f"(c={','.join(map(str, levels))}), from token {first}"
+            f"(c={','.join(map(str, levels))}), from {position_label(token=first)}"
             + (f", largest |difference| {diff:.3g}" if diff is not None else "") + f"; {n} samples compared{gaps}")
 
 

@@ -21,7 +21,7 @@ from kevload.runs import run_scenario
 from kevload.scenario import Load, Mode, Probe, Scenario, Target, build_scenario
 from kevload.stats import drift_upper_bound, samples_for_bound
 from kevload.store import RUN, default_run_dir, read_json, read_records
-from kevload.summary import CellSummary, RunSummary
+from kevload.summary import CellSummary, RunSummary, position_label
 
 # In the guide's order: the first cause found is the verdict, later ones are listed as also found.
 VERDICTS = ("stable", "sampling", "crosstalk", "cache", "server_nondeterministic", "data", "inconclusive")
@@ -400,8 +400,8 @@ def _notes(evidence: Evidence, found: Findings) -> Iterable[str]:
         cells = ", ".join(c for s in latent for c in s.latent_cells)
         first = min(s.latent_from for s in latent if s.latent_from is not None)
         yield (f"latent crosstalk: under concurrency the text stays the serial one but the per-token logprobs "
-               f"differ ({cells}; from token {first}) while serial logprobs agree — batching already changes the "
-               f"numerics, and a longer answer or another prompt can flip a token")
+               f"differ ({cells}; from {position_label(token=first)}) while serial logprobs agree — batching already "
+               f"changes the numerics, and a longer answer or another prompt can flip a token")
     step = evidence.step("temperature")
     if found.temperature_honoured is False and step is not None:
         yield (f"the server ignores temperature: at temperature {step.params['temperature']} without a seed it "

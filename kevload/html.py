@@ -23,7 +23,7 @@ from kevload.report import (
     verdict_line,
 )
 from kevload.store import redact
-from kevload.summary import CellSummary, RunSummary, levels_of
+from kevload.summary import CellSummary, RunSummary, levels_of, position_label
 
 STABLE = "#2e7d32"
 DRIFT = "#c62828"
@@ -135,7 +135,7 @@ def _agreement(summary: RunSummary) -> str:
     out.append("</table><p>exact match: share of samples with the serial output (Wilson interval); token agreement: "
                "mean share of token positions equal to serial before the first divergence; logprobs: every ok "
                "sample's logprobs compared and bitwise equal to serial (=), or from which token and by how much "
-               "they differ, or no claim where some ok samples came without logprobs.</p>")
+               "they differ, or no claim where some ok samples came without logprobs. Positions count from 0.</p>")
     return "".join(out)
 
 
@@ -187,15 +187,15 @@ def _divergence(cells: Iterable[CellSummary]) -> str:
         at = c.first_divergence_chars - (c.example_offset or 0)
         serial, other = c.serial_example, c.divergent_example
         lead = "…" if c.example_offset else ""
-        token = c.first_divergence_tokens
         kinds = kinds_text(c)
+        where = position_label(char=c.first_divergence_chars, token=c.first_divergence_tokens)
         finish = ""
         if c.divergent_example_kind == "finish":
             finish = (f"\nsame text; finish_reason {c.serial_finish_reason} (serial) vs "
                       f"{c.divergent_finish_reason}")
         out.append(f"<h3>{_e(c.label)}: {_e(cell_phrase(c))}, "
-                   f"first divergence at char {c.first_divergence_chars}"
-                   f"{'' if token is None else f', token {token}'}{_e(f' ({kinds})' if kinds else '')}"
+                   f"first divergence at {_e(where)}"
+                   f"{_e(f' (kinds: {kinds})' if kinds else '')}"
                    f"</h3><pre>serial:    {lead}{_e(serial[:at])}<mark>{_e(serial[at:])}</mark>\n"
                    f"divergent: {lead}{_e(other[:at])}<mark>{_e(other[at:])}</mark>{_e(finish)}</pre>")
     return "".join(out)

@@ -31,6 +31,13 @@ def level_label(concurrency: int, rate: float | None) -> str:
     return f"r={rate:g}/s" if rate is not None else f"c={concurrency}"
 
 
+def position_label(*, char: int | None = None, token: int | None = None) -> str:
+    """``char 33 / token 11 (0-based)``: a position as every report states it. Positions count from 0,
+    so a position is also how many chars or tokens agree before it."""
+    return " / ".join(f"{unit} {at}" for unit, at in (("char", char), ("token", token)) if at is not None) \
+        + " (0-based)"
+
+
 def level_order(concurrency: int, rate: float | None) -> tuple[int, float]:
     """Closed-loop levels by concurrency first, then open-loop rates by rate."""
     return (0, concurrency) if rate is None else (1, rate)

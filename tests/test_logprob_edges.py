@@ -1,4 +1,5 @@
-"""Logprob claims at the edges (issue 19): non-finite numbers in a body, logprobs for only some samples.
+"""Logprob claims at the edges (issue 19): non-finite numbers in a body, logprobs for only some samples,
+and one way of stating positions in every renderer.
 
 Each claim is tried against a server built to make it false: the fake server writes -inf, inf and NaN
 the way Python's ``json.dumps`` does (``-Infinity``, ``Infinity``, ``NaN``), or returns logprobs only
@@ -20,9 +21,10 @@ from rich.console import Console
 from kevload.baseline import compare_to_baseline
 from kevload.client import Client, _nonfinite_json, build_body, logprob_fields
 from kevload.compare import reduce_records, summarize
+from kevload.diagnose import Evidence, StepResult, decide
 from kevload.html import run_report
 from kevload.metrics import metrics_text
-from kevload.report import junit_xml, logprob_text, markdown, render, verdict_line
+from kevload.report import diagnosis_text, junit_xml, logprob_text, markdown, render, verdict_line
 from kevload.scenario import Probe, scenario_from_dict
 from kevload.store import spell_logprobs
 from kevload.summary import RunSummary
@@ -223,9 +225,9 @@ def test_a_difference_among_the_covered_samples_is_still_evidence():
     assert cell.logprob_bitwise is False and cell.latent_drift is True and cell.first_logprob_divergence_token == 2
     assert summary.latent_cells == ("p1@single/c=4",) and summary.logprob_gap_cells == ("p1@single/c=4",)
     line = verdict_line(summary)
-    assert "latent drift (same text, other logprobs) in p1 (single) c=4 from token 2" in line
+    assert "latent drift (same text, other logprobs) in p1 (single) c=4 from token 2 (0-based)" in line
     assert line.endswith("; logprobs in 2 of 6 at p1 (single) c=4")  # named, yet the difference is a claim
-    assert logprob_text(cell) == "≠ from token 2, max abs diff 0.5 (2 of 6)"
+    assert logprob_text(cell) == "≠ from token 2 (0-based), max abs diff 0.5 (2 of 6)"
 
 
 def test_an_output_whose_tokens_cannot_be_lined_up_is_not_covered():
@@ -299,7 +301,69 @@ def test_baseline_neither_calls_a_gap_a_regression_nor_lets_it_hide_one():
     assert compare_to_baseline(agreeing_gap, differing_gap) == []  # two agreeing samples do not fix it
     changes = compare_to_baseline(differing_gap, bitwise)
     assert [(c.kind, c.regression) for c in changes] == [("new_latent_drift", True)]
-    assert "differ from token 2 (baseline: bitwise equal in 6 samples)" in changes[0].detail
+    assert "differ from token 2 (0-based) (baseline: bitwise equal in 6 samples)" in changes[0].detail
     changes = compare_to_baseline(differing_gap, agreeing_gap)
     assert [c.kind for c in changes] == ["new_latent_drift"]
     assert "(baseline: no logprob claim, logprobs in 2 of 6, those equal)" in changes[0].detail
+
+
+# --- 3. presentation: counts as counts, one position convention, all ≠ serial ---
+
+
+def test_every_format_states_one_divergence_at_the_same_position():
+    serial = "alpha bravo charlie delta echo foxtrot golf hotel india"
+    other = "alpha bravo charlie delta echo foxtrot golf hotel zulu"  # leaves serial at char 50, token 8
+    tokens = list(range(9))
+    records = Records().add(serial, n=4, tokens=tokens, logprobs=[-1.0] * 9)
+    records.add(serial, n=1, level=2, tokens=tokens, logprobs=[-1.0] * 9)
+    records.add(other, n=7, level=2, tokens=tokens[:8] + [99], logprobs=[-1.0] * 9)
+    records.add(serial, n=4, level=4, tokens=tokens, logprobs=[-1.0] * 5 + [-1.5] * 4)  # latent, from token 5
+    summary = records.summary()
+    cells = cells_by_level(summary)
+    assert (cells[2].first_divergence_chars, cells[2].first_divergence_tokens) == (50, 8)
+    assert cells[4].first_logprob_divergence_token == 5
+    where, latent = "char 50 / token 8 (0-based)", "token 5 (0-based)"
+    formats = {"verdict": verdict_line(summary), "markdown": markdown(summary), "table": table_text(summary),
+               "html": run_report(summary, {}, []), "junit": junit_xml(summary, fail_on="latent")}
+    for name, text in formats.items():
+        flat = " ".join(text.split())
+        assert where in flat, name
+        assert latent in flat, name
+        # A count is never written where a position could be read: "(kinds: 7× token)", not "(token 7)".
+        assert "(token 7)" not in flat and "token 7 " not in flat, name
+    assert "(kinds: 7× token)" in formats["verdict"]
+    bitwise = Records().add(serial, n=4, tokens=tokens, logprobs=[-1.0] * 9)
+    bitwise.add(serial, n=4, level=4, tokens=tokens, logprobs=[-1.0] * 9)
+    assert [c.detail for c in compare_to_baseline(summary, bitwise.summary())] == [
+        f"same text as serial, logprobs differ from {latent} (baseline: bitwise equal in 4 samples)"]
+    # diagnose: the same cell, as its concurrency step records it.
+    fixed = StepResult(key="fixed", title="2 randomness fixed (serial)", params={}, levels=(1,), samples=4, ok=4,
+                       distinct=1, logprob_bitwise=True)
+    loaded = StepResult(key="concurrency_single", title="4 concurrency [1, 2, 4], single", params={},
+                        levels=(1, 2, 4), samples=4, ok=4, distinct=2, drift_cells=("p1@single/c=2",),
+                        logprob_bitwise=False, latent_cells=("p1@single/c=4",),
+                        latent_from=cells[4].first_logprob_divergence_token)
+    text = diagnosis_text(decide(Evidence(steps=(fixed, loaded))).to_json())
+    assert f"p1@single/c=4; from {latent})" in text, text
+
+
+def test_diagnose_step_line_says_one_output_other_than_serial_as_the_matrix_does(tmp_path):
+    # Crowded requests all get one fixed other answer: one output at c=2, and it is not serial's.
+    with FakeServer(Behaviour(drift_at=2, batched_variant=True, latency=0.2)) as server:
+        code, output = run_cli("diagnose", "--url", server.url, "--model", "fake", "--prompt", "Tell me a fact.",
+                               "--samples", "3", "--max-concurrency", "2", "--json", tmp_path / "d.json",
+                               "--out", tmp_path / "runs")
+    d = json.loads((tmp_path / "d.json").read_text())
+    assert code == 1 and d["verdict"] == "crosstalk", output
+    single = {s["step"]: s for s in d["steps"]}["concurrency_single"]
+    assert single["distinct"] == 1 and single["drift_cells"] == ["probe@single/c=2"]
+    assert "4 concurrency [1, 2], single: 1, all ≠ serial, n=3" in output
+    assert "1 distinct, n=3, drift at" not in output
+
+
+def test_readme_states_the_position_convention_once():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Logprobs and agreement rates"):readme.index("## Sampling until")]
+    assert section.count("Positions count from 0") == 1
