@@ -86,7 +86,8 @@ def main() -> None:
 @click.option("--metrics", type=click.Path(dir_okay=False, path_type=Path), callback=lambda _c, _p, v: _metrics_path(v),
               help="Write the cells as Prometheus text here (node_exporter textfile collector, Pushgateway).")
 @click.option("--fail-on", type=click.Choice(["drift", "latent"]), default="drift", show_default=True,
-              help="latent: latent drift (the serial text, other per-token logprobs) exits 1 too.")
+              help="latent: latent drift (the serial text, other per-token logprobs) exits 1 too, and a cell "
+                   "where some ok samples came without logprobs exits 3 (inconclusive).")
 def run(scenario: Path | None, resume: Path | None, retries: int | None, overrides: tuple[str, ...],
         out: Path | None, overwrite: bool, quiet: bool, baseline: Path | None, max_latency_regression: float,
         junit: Path | None, metrics: Path | None, dataset_seed: int | None,
@@ -142,10 +143,12 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
     if metrics is not None:
         _write_metrics(metrics, result.summary, result.run_dir)
     _exit_if_signalled(signum)
-    code = _exit_code(result.summary)
+    verdict_code = code = _exit_code(result.summary)
     if fail_on == "latent" and code == EXIT_OK and result.summary.latent_cells:
         code = EXIT_DRIFT
-    if reference is not None and code != EXIT_TARGET:
+    elif fail_on == "latent" and code == EXIT_OK and result.summary.logprob_gap_cells:
+        code = EXIT_TARGET  # latent drift neither shown nor ruled out where samples came without logprobs
+    if reference is not None and verdict_code != EXIT_TARGET:
         changes = compare_to_baseline(result.summary, reference, max_latency_regression=max_latency_regression)
         for change in changes:
             click.echo(f"{'REGRESSION' if change.regression else 'improved'} {change.kind} {change.cell}: "

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import os
 import secrets
 import sys
@@ -47,6 +49,7 @@ class Outcome:
     reasoning: str | None = None
     tool_calls: list[dict[str, str]] | None = None
     reconnects: int = 0             # 1: resent on a fresh connection after a reused one had closed
+    logprob_nonfinite: int = 0      # logprobs that were -Infinity, Infinity or NaN (Python servers write them)
 
 
 def build_body(target: Target, item: Probe, params: dict[str, Any], *, stream: bool,
@@ -254,16 +257,21 @@ async def _read_whole(raw: bytes, content_type: str, api: str, t_send: float, t_
 
     if "json" not in content_type:
         return failed("malformed", f"content type {content_type!r}, expected application/json")
+    nonfinite = False
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        return failed("malformed", f"body is not JSON: {exc}")
+        doc = _nonfinite_json(raw)
+        if doc is None:
+            return failed("malformed", f"body is not JSON: {exc}")
+        nonfinite = True
     if _is_error(doc):
         return failed("server_error", f"error object: {_error_text(doc)}")
     choice = _first_choice(doc)
     if choice is None:
         return failed("malformed", "no choices in the response")
     acc = _Accumulator()
+    acc.nonfinite = nonfinite
     try:
         acc.take_message(choice, api)
         finish_reason = _finish_reason(choice)
@@ -306,7 +314,10 @@ async def _read_stream(body: AsyncIterator[bytes], read: Callable[[], Awaitable[
                 try:
                     doc = orjson.loads(data)
                 except orjson.JSONDecodeError as exc:
-                    return failed("malformed", f"event is not JSON: {exc}: {data[:80]!r}", now)
+                    doc = _nonfinite_json(data)
+                    if doc is None:
+                        return failed("malformed", f"event is not JSON: {exc}: {data[:80]!r}", now)
+                    acc.nonfinite = True
                 if not isinstance(doc, dict):
                     return failed("malformed", f"event is not a JSON object: {data[:80]!r}", now)
                 if _is_error(doc):
@@ -330,6 +341,35 @@ async def _read_stream(body: AsyncIterator[bytes], read: Callable[[], Awaitable[
     return acc.finish(finish_reason, complete=done, t_send=t_send, t_first_byte=t_first_byte,
                       t_first_token=t_first_token or t_last, t_last_byte=t_last, chunks=chunks,
                       max_gap=max_gap if chunks > 1 else None)
+
+
+def _nonfinite_json(raw: bytes | str) -> Any:
+    """A body orjson refused, read again where the refusal was a non-finite number; None otherwise.
+
+    Python servers write a float that is not finite as ``NaN``, ``Infinity`` or ``-Infinity``
+    (``json.dumps``' default: aiohttp, Flask, FastAPI), which orjson refuses, as it refuses a number
+    too large for a double. The standard library reads both. Its reading is kept only when it found
+    such a number and holds nothing else orjson refuses (lone surrogates); integers beyond 64 bits
+    become floats, as orjson reads them. Called only after orjson failed: the usual body pays nothing.
+    """
+    seen: list[float] = []
+
+    def number(text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value):
+            seen.append(value)
+        return value
+
+    def integer(text: str) -> int | float:
+        value = int(text)
+        return value if -(1 << 63) <= value < 1 << 64 else float(value)
+
+    try:
+        doc = json.loads(raw, parse_constant=number, parse_float=number, parse_int=integer)
+        orjson.dumps(doc)
+    except (ValueError, RecursionError, orjson.JSONEncodeError):
+        return None
+    return doc if seen else None
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -416,7 +456,7 @@ class _Accumulator:
     and what servers return besides it: usage, fingerprint, token ids, logprobs."""
 
     __slots__ = ("content", "reasoning", "calls", "usage", "fingerprint", "token_ids", "logprobs", "tokens",
-                 "logprob_ids")
+                 "logprob_ids", "nonfinite")
 
     def __init__(self) -> None:
         self.content: list[str] = []
@@ -429,6 +469,8 @@ class _Accumulator:
         self.tokens: list[str] | None = None
         # Token ids beside the logprobs (llama.cpp's "id"); None once a piece came without them.
         self.logprob_ids: list[int] | None = []
+        # A piece was read with non-finite numbers (``_nonfinite_json``): only then can a logprob be -inf, inf or NaN.
+        self.nonfinite = False
 
     def take_message(self, choice: dict[str, Any], api: str) -> None:
         """A whole (non-streamed) choice."""
@@ -535,9 +577,12 @@ class _Accumulator:
         else:
             status, error = "ok", None
         usage = self.usage or {}
+        nonfinite = sum(1 for x in self.logprobs if x is not None and not math.isfinite(x)) \
+            if self.nonfinite and self.logprobs else 0
         return Outcome(status=status, error=error, output=output, reasoning=reasoning, tool_calls=tool_calls,
                        finish_reason=finish_reason, prompt_tokens=usage.get("prompt_tokens"),
                        completion_tokens=usage.get("completion_tokens"),
                        # Token ids compare more surely than token texts (llama.cpp names a partial UTF-8 token "").
                        token_ids=self.token_ids or self.logprob_ids or None,
-                       logprobs=self.logprobs, tokens=self.tokens, system_fingerprint=self.fingerprint, **fields)
+                       logprobs=self.logprobs, tokens=self.tokens, system_fingerprint=self.fingerprint,
+                       logprob_nonfinite=nonfinite, **fields)

@@ -73,16 +73,17 @@ class LogprobTrack:
 
     Kept: how many vectors were seen, up to ``_LOGPROB_VECTORS`` distinct ones with their counts (to
     choose the serial reference's most common vector), and the elementwise envelope of every vector —
-    minimum, maximum, and where any had a null logprob or a number. Against any reference chosen
-    later, the envelope gives exactly whether every vector is bitwise equal to it, the first position
-    where one differs, and the largest absolute difference (reached at the minimum or the maximum).
-    So records can arrive in any order and from any part of a split file: the comparison waits for
-    ``summarize``, when the serial reference is known.
+    minimum and maximum of the finite values, and which kinds of value (null, finite, NaN, −∞, +∞) any
+    vector had there. Against any reference chosen later, the envelope gives exactly whether every
+    vector is bitwise equal to it, the first position where one differs, and the largest absolute
+    difference between finite values (reached at the minimum or the maximum). So records can arrive in
+    any order and from any part of a split file: the comparison waits for ``summarize``, when the serial
+    reference is known.
     """
 
-    __slots__ = ("n", "vectors", "pending", "lo", "hi", "null_any", "number_any", "len_min", "len_max")
+    __slots__ = ("n", "vectors", "pending", "lo", "hi", "kinds", "len_min", "len_max", "nonfinite")
 
-    def __init__(self, vector: list, seq: int) -> None:
+    def __init__(self, vector: list, seq: int, nonfinite: bool = False) -> None:
         self.n = 1
         self.vectors: dict[tuple, list[int]] = {tuple(vector): [1, seq]}  # vector -> [count, first seq]
         # Vectors other than a counted one wait here to be folded into the envelope in one batch. The
@@ -91,12 +92,14 @@ class LogprobTrack:
         self.pending: list[list] = []
         self.lo: np.ndarray | None = None
         self.hi: np.ndarray | None = None
-        self.null_any: np.ndarray | None = None
-        self.number_any: np.ndarray | None = None
+        self.kinds: np.ndarray | None = None
         self.len_min = self.len_max = len(vector)
+        # A vector held spelled non-finite values (``store.spell_logprobs``): only then are they decoded.
+        self.nonfinite = nonfinite
 
-    def add(self, vector: list, seq: int) -> None:
+    def add(self, vector: list, seq: int, nonfinite: bool = False) -> None:
         self.n += 1
+        self.nonfinite = self.nonfinite or nonfinite
         key = tuple(vector)
         entry = self.vectors.get(key)
         if entry is not None:
@@ -109,6 +112,7 @@ class LogprobTrack:
 
     def merge(self, other: LogprobTrack) -> None:
         other._flush()
+        self.nonfinite = self.nonfinite or other.nonfinite
         for key, (count, seq) in other.vectors.items():
             entry = self.vectors.get(key)
             if entry is not None:
@@ -120,7 +124,7 @@ class LogprobTrack:
                 self.vectors[key] = [count, seq]
         self._flush()
         if other.lo is not None:
-            self._fold(other.lo, other.hi, other.null_any, other.number_any)
+            self._fold(other.lo, other.hi, other.kinds)
         self.n += other.n
         self.len_min = min(self.len_min, other.len_min)
         self.len_max = max(self.len_max, other.len_max)
@@ -135,17 +139,19 @@ class LogprobTrack:
         ``upto``: positions whose tokens agree with the reference's. The first position is None when
         every vector equals the reference bitwise; a vector that is shorter, longer or whose tokens
         leave the reference's (``same_tokens`` False) differs at the first position it stops agreeing.
+        A position equals the reference's where every vector has the reference's kind there (−∞ equals
+        −∞, NaN equals NaN, null equals null) and, for a finite reference, its value; the difference is
+        taken between finite values only, since one against a non-finite one has no size.
         """
         self._flush()
         m = min(upto, len(reference), self.len_min)
         if self.lo is None:
-            lo, hi, null_any, number_any = _envelope([next(iter(self.vectors))[:m]])
+            lo, hi, kinds = _envelope([next(iter(self.vectors))[:m]], self.nonfinite)
         else:
-            lo, hi, null_any, number_any = self.lo[:m], self.hi[:m], self.null_any[:m], self.number_any[:m]
-        ref = np.array(reference[:m], dtype=np.float64)
-        ref_null = np.isnan(ref)
-        # Equal at a position: all null where the reference is null, else no null and min == max == reference.
-        equal = np.where(ref_null, null_any & ~number_any, ~null_any & (lo == ref) & (hi == ref))
+            lo, hi, kinds = self.lo[:m], self.hi[:m], self.kinds[:m]
+        ref, _, ref_kinds = _envelope([reference[:m]], any(isinstance(x, str) for x in reference[:m]))
+        finite = ref_kinds == _FINITE
+        equal = (kinds == ref_kinds) & (~finite | ((lo == ref) & (hi == ref)))
         differs = np.flatnonzero(~equal)
         full = len(reference)
         if differs.size:
@@ -154,7 +160,7 @@ class LogprobTrack:
             first = m
         else:
             first = None
-        both = number_any & ~ref_null
+        both = finite & ((kinds & _FINITE) != 0)
         diff = float(np.max(np.maximum(hi[both] - ref[both], ref[both] - lo[both]))) if both.any() else None
         return first, diff
 
@@ -173,36 +179,46 @@ class LogprobTrack:
             by_length.setdefault(len(vector), []).append(vector)
         self.pending = []
         for group in by_length.values():
-            self._fold(*_envelope(group))
+            self._fold(*_envelope(group, self.nonfinite))
 
-    def _fold(self, lo: np.ndarray, hi: np.ndarray, null_any: np.ndarray, number_any: np.ndarray) -> None:
+    def _fold(self, lo: np.ndarray, hi: np.ndarray, kinds: np.ndarray) -> None:
         """Widen the envelope by another one; positions only one of them has are padded neutrally."""
         if self.lo is None:
             # Until now every vector was the one counted: the envelope starts as that vector.
-            self.lo, self.hi, self.null_any, self.number_any = _envelope([next(iter(self.vectors))])
+            self.lo, self.hi, self.kinds = _envelope([next(iter(self.vectors))], self.nonfinite)
         size = max(len(self.lo), len(lo))
         if len(self.lo) < size:
             pad = size - len(self.lo)
             self.lo = np.concatenate([self.lo, np.full(pad, np.inf)])
             self.hi = np.concatenate([self.hi, np.full(pad, -np.inf)])
-            self.null_any = np.concatenate([self.null_any, np.zeros(pad, bool)])
-            self.number_any = np.concatenate([self.number_any, np.zeros(pad, bool)])
+            self.kinds = np.concatenate([self.kinds, np.zeros(pad, np.uint8)])
         k = len(lo)
         self.lo[:k] = np.minimum(self.lo[:k], lo)
         self.hi[:k] = np.maximum(self.hi[:k], hi)
-        self.null_any[:k] |= null_any
-        self.number_any[:k] |= number_any
+        self.kinds[:k] |= kinds
 
 
-def _envelope(vectors: list) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Vectors of one length as an envelope: (min, max, a null here, a number here) per position.
+# The kinds of value a logprob position can hold, as bits the envelope ORs over its vectors.
+_NULL, _FINITE, _NAN, _NEG_INF, _POS_INF = 1, 2, 4, 8, 16
 
-    A null (a token the server gave no logprob for) becomes NaN and is neutral for min and max.
+
+def _envelope(vectors: list, nonfinite: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Vectors of one length as an envelope: (min, max of the finite values, kinds seen) per position.
+
+    A null (a token the server gave no logprob for) becomes NaN and is neutral for min and max, as are
+    non-finite values. With ``nonfinite`` the vectors may hold the spellings of ``store.spell_logprobs``:
+    ``float()`` reads them back, and a spelled ``"NaN"`` is kept apart from a null.
     """
+    if nonfinite:
+        spelled_nan = np.array([[x == "NaN" for x in v] for v in vectors], dtype=bool).reshape(len(vectors), -1)
+        vectors = [[float(x) if isinstance(x, str) else x for x in v] for v in vectors]
     values = np.array(vectors, dtype=np.float64).reshape(len(vectors), -1)
-    nulls = np.isnan(values)
-    return (np.where(nulls, np.inf, values).min(axis=0), np.where(nulls, -np.inf, values).max(axis=0),
-            nulls.any(axis=0), (~nulls).any(axis=0))
+    finite = np.isfinite(values)
+    kinds = np.where(finite, _FINITE, np.where(np.isnan(values), _NULL, np.where(values > 0, _POS_INF, _NEG_INF)))
+    if nonfinite:
+        kinds = np.where(spelled_nan, _NAN, kinds)
+    return (np.where(finite, values, np.inf).min(axis=0), np.where(finite, values, -np.inf).max(axis=0),
+            np.bitwise_or.reduce(kinds.astype(np.uint8), axis=0))
 
 
 @dataclass
@@ -214,6 +230,8 @@ class CellAccumulator:
     texts: dict[OutputKey, str] = field(default_factory=dict)
     tokens: dict[OutputKey, list] = field(default_factory=dict)
     logprobs: dict[OutputKey, LogprobTrack] = field(default_factory=dict)
+    logprobs_missing: int = 0   # ok samples that asked for logprobs and got none
+    logprob_nonfinite: int = 0  # ok samples with a logprob of -inf, inf or NaN
     errors: dict[str, int] = field(default_factory=dict)
     reconnects: int = 0
     latency: dict[str, LatencyHistogram] = field(
@@ -258,11 +276,23 @@ class CellAccumulator:
             self.counts[key] = count + 1
         logprobs = record.get("logprobs")
         if logprobs:
+            nonfinite = record.get("logprob_nonfinite")
+            if nonfinite:
+                self.logprob_nonfinite += 1
             track = self.logprobs.get(key)
             if track is None:
-                self.logprobs[key] = LogprobTrack(logprobs, record["seq"])
+                self.logprobs[key] = LogprobTrack(logprobs, record["seq"], bool(nonfinite))
+                if key not in self.tokens:
+                    # The output's first record came without logprobs (and their tokens): line it up by this one.
+                    toks = record.get("token_ids") or record.get("tokens")
+                    if toks:
+                        self.tokens[key] = toks
             else:
-                track.add(logprobs, record["seq"])
+                track.add(logprobs, record["seq"], bool(nonfinite))
+        else:
+            asked = (record.get("params") or {}).get("logprobs")
+            if asked is not None and asked is not False:  # completions' logprobs: 0 asks too
+                self.logprobs_missing += 1
         tokens = record.get("completion_tokens") or 0
         self.output_tokens += tokens
         latency = self.latency
@@ -318,6 +348,8 @@ class CellAccumulator:
                 self.logprobs[digest].merge(track)
             else:
                 self.logprobs[digest] = track
+        self.logprobs_missing += other.logprobs_missing
+        self.logprob_nonfinite += other.logprob_nonfinite
         for status, n in other.errors.items():
             self.errors[status] = self.errors.get(status, 0) + n
         self.reconnects += other.reconnects
@@ -497,6 +529,8 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
         short_cells=tuple(c.name for c in short),
         # Same text as serial, other logprobs: no verdict of its own (exit 1 only with --fail-on latent).
         latent_cells=tuple(c.name for c in latent) if compared else None,
+        logprob_gap_cells=tuple(c.name for c in probe_cells if c.logprob_gap)
+        if any(c.logprobs_missing is not None for c in probe_cells) else None,
         logprob_samples=sum(c.logprob_samples or 0 for c in probe_cells) if compared else None,
         matrix=distinct_matrix(probe_cells),
         slo=reduction.slo.bounds() if reduction.slo else None,
@@ -650,8 +684,9 @@ def _cell_summary(probe: str, role: str, mode: str, level: tuple[int, float | No
         out.update(_divergence(cell, reference.texts[serial_modal], reference.tokens.get(serial_modal), serial_modal))
     out.update(_agreement(cell, reference, serial_modal))
     out.update(_logprob_agreement(cell, reference, serial_modal))
-    # Latent drift: every output has the serial text, yet the logprobs behind it differ.
-    out["latent_drift"] = (None if out["logprob_samples"] is None
+    # Latent drift: every output has the serial text, yet the logprobs behind it differ. No claim either
+    # way where the logprobs make none (too few of the cell's samples had them, all alike).
+    out["latent_drift"] = (None if out["logprob_bitwise"] is None
                            else bool(ok and not drift and not out["logprob_bitwise"]))
     if out["duration_s"]:
         out["requests_per_s"] = round((ok + sum(cell.errors.values())) / out["duration_s"], 3)
@@ -762,7 +797,11 @@ def _logprob_agreement(cell: CellAccumulator, reference: CellAccumulator,
     everywhere; another output up to its first differing token, where it counts as differing).
     """
     out: dict[str, Any] = {"logprob_samples": None, "logprob_bitwise": None, "logprob_max_abs_diff": None,
-                           "first_logprob_divergence_token": None}
+                           "first_logprob_divergence_token": None, "logprobs_missing": None,
+                           "logprob_nonfinite_samples": None}
+    if cell.logprobs or cell.logprobs_missing:
+        out["logprobs_missing"] = cell.logprobs_missing
+        out["logprob_nonfinite_samples"] = cell.logprob_nonfinite
     if serial is None or serial not in reference.logprobs:
         return out
     ref = reference.logprobs[serial].modal()
@@ -784,7 +823,9 @@ def _logprob_agreement(cell: CellAccumulator, reference: CellAccumulator,
             diffs.append(diff)
     if samples:
         out["logprob_samples"] = samples
-        out["logprob_bitwise"] = not firsts
+        # A difference among the compared samples is evidence whatever the others hold; equality is
+        # claimed only over every ok sample of the cell, never over the ones that happened to have logprobs.
+        out["logprob_bitwise"] = False if firsts else True if samples == cell.ok else None
         out["logprob_max_abs_diff"] = max(diffs) if diffs else None
         out["first_logprob_divergence_token"] = min(firsts) if firsts else None
     return out

@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from kevload.client import Client, build_body
+from kevload.report import logprob_gap_text
 from kevload.runs import run_scenario
 from kevload.scenario import Load, Mode, Probe, Scenario, Target, build_scenario
 from kevload.stats import drift_upper_bound, samples_for_bound
 from kevload.store import RUN, default_run_dir, read_json, read_records
-from kevload.summary import CellSummary, RunSummary
+from kevload.summary import CellSummary, RunSummary, position_label
 
 # In the guide's order: the first cause found is the verdict, later ones are listed as also found.
 VERDICTS = ("stable", "sampling", "crosstalk", "cache", "server_nondeterministic", "data", "inconclusive")
@@ -87,6 +88,8 @@ class StepResult:
     logprob_bitwise: bool | None = None
     latent_cells: tuple[str, ...] = ()  # cells with the serial text but other logprobs
     latent_from: int | None = None  # earliest token where a latent cell's logprobs differ
+    # Cells whose logprobs cover only some ok samples ("logprobs in 2 of 6 at p@single/c=4: no logprob claim").
+    logprob_gaps: tuple[str, ...] = ()
 
     @property
     def drift(self) -> bool:
@@ -106,7 +109,8 @@ class StepResult:
                   "different_seeds_distinct": self.different_seeds_distinct,
                   "compared_rounds": self.compared_rounds, "cold_differs_rounds": self.cold_differs_rounds,
                   "warm_unstable_rounds": self.warm_unstable_rounds, "logprob_bitwise": self.logprob_bitwise,
-                  "latent_cells": self.latent_cells or None, "latent_from": self.latent_from}
+                  "latent_cells": self.latent_cells or None, "latent_from": self.latent_from,
+                  "logprob_gaps": self.logprob_gaps or None}
         doc.update({k: list(v) if isinstance(v, tuple) else v for k, v in extras.items() if v is not None})
         return doc
 
@@ -396,8 +400,8 @@ def _notes(evidence: Evidence, found: Findings) -> Iterable[str]:
         cells = ", ".join(c for s in latent for c in s.latent_cells)
         first = min(s.latent_from for s in latent if s.latent_from is not None)
         yield (f"latent crosstalk: under concurrency the text stays the serial one but the per-token logprobs "
-               f"differ ({cells}; from token {first}) while serial logprobs agree — batching already changes the "
-               f"numerics, and a longer answer or another prompt can flip a token")
+               f"differ ({cells}; from {position_label(token=first)}) while serial logprobs agree — batching already "
+               f"changes the numerics, and a longer answer or another prompt can flip a token")
     step = evidence.step("temperature")
     if found.temperature_honoured is False and step is not None:
         yield (f"the server ignores temperature: at temperature {step.params['temperature']} without a seed it "
@@ -468,7 +472,8 @@ class _Diagnoser:
             errors=summary.errors_by_type, drift_cells=summary.drift_cells, run=str(run_dir),
             target_failed=summary.verdict == "target_failed", logprob_bitwise=logprob_bitwise(probe_cells),
             latent_cells=summary.latent_cells or (),
-            latent_from=min((c.first_logprob_divergence_token for c in latent), default=None))
+            latent_from=min((c.first_logprob_divergence_token for c in latent), default=None),
+            logprob_gaps=tuple(logprob_gap_text(c, c.name) for c in probe_cells if c.logprob_gap))
         if key == "baseline":
             differing, after_first = differing_calls(_ok_probe_hashes(run_dir))
             step = replace(step, differing_calls=differing, distinct_after_first=after_first)
@@ -583,13 +588,12 @@ def differing_calls(rows: Iterable[tuple[str, int, str]]) -> tuple[tuple[int, ..
 
 
 def logprob_bitwise(cells: Iterable[CellSummary]) -> bool | None:
-    """True when every cell compared logprobs with serial and all were bitwise equal; False when one
-    compared cell differed; None when no cell (or not every cell) had logprobs to compare."""
+    """True when every cell compared the logprobs of all its ok samples with serial and all were bitwise
+    equal; False when compared ones differed in a cell; None when a cell (or every one) makes no claim."""
     cells = tuple(cells)
-    compared = [c for c in cells if c.logprob_samples]
-    if any(c.logprob_bitwise is False for c in compared):
+    if any(c.logprob_bitwise is False for c in cells):
         return False
-    return True if compared and len(compared) == len(cells) else None
+    return True if cells and all(c.logprob_bitwise for c in cells) else None
 
 
 def cold_warm_counts(rows: Iterable[tuple[str, int, str]]) -> tuple[int, int, int]:

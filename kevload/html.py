@@ -18,13 +18,14 @@ from kevload.report import (
     full_load_text,
     kinds_text,
     latent_text,
+    logprob_gap_text,
     never_full_text,
     slo_bounds_text,
     slo_line,
     verdict_line,
 )
 from kevload.store import redact
-from kevload.summary import CellSummary, RunSummary, levels_of
+from kevload.summary import CellSummary, RunSummary, levels_of, position_label
 
 STABLE = "#2e7d32"
 DRIFT = "#c62828"
@@ -116,7 +117,8 @@ def _heatmap(rows: dict[str, dict[str, CellSummary]], levels: list[str]) -> str:
                 out.append(f'<td class=cell style="background:{EMPTY}">{_e(cell_text(cell) if cell else "–")}</td>')
                 continue
             colour = DRIFT if cell.drift else SHORT if cell.short else LATENT if cell.latent_drift else STABLE
-            title = cell_phrase(cell) + (f"; latent drift: {latent_text(cell)}" if cell.latent_drift else "") \
+            title = cell_phrase(cell) + (f"; latent drift: {latent_text(cell)}" if cell.latent_drift else
+                                         f"; {logprob_gap_text(cell, cell.level)}" if cell.logprob_gap else "") \
                 + (f"; † {never_full_text(cell)}" if cell.samples_never_full else "")
             out.append(f'<td class=cell style="background:{colour}" title="{_e(title)}">'
                        f'{_e(cell_text(cell))}</td>')
@@ -135,8 +137,9 @@ def _agreement(summary: RunSummary) -> str:
     out = ["<table id=agreement><tr>" + "".join(f"<th>{_e(name)}</th>" for name in AGREEMENT_COLUMNS) + "</tr>"]
     out += ["<tr>" + "".join(f"<td>{_e(value)}</td>" for value in row) + "</tr>" for row in rows]
     out.append("</table><p>exact match: share of samples with the serial output (Wilson interval); token agreement: "
-               "mean share of token positions equal to serial before the first divergence; logprobs: every compared "
-               "sample bitwise equal to serial (=), or from which token and by how much they differ.</p>")
+               "mean share of token positions equal to serial before the first divergence; logprobs: every ok "
+               "sample's logprobs compared and bitwise equal to serial (=), or from which token and by how much "
+               "they differ, or no claim where some ok samples came without logprobs. Positions count from 0.</p>")
     return "".join(out)
 
 
@@ -188,15 +191,15 @@ def _divergence(cells: Iterable[CellSummary]) -> str:
         at = c.first_divergence_chars - (c.example_offset or 0)
         serial, other = c.serial_example, c.divergent_example
         lead = "…" if c.example_offset else ""
-        token = c.first_divergence_tokens
         kinds = kinds_text(c)
+        where = position_label(char=c.first_divergence_chars, token=c.first_divergence_tokens)
         finish = ""
         if c.divergent_example_kind == "finish":
             finish = (f"\nsame text; finish_reason {c.serial_finish_reason} (serial) vs "
                       f"{c.divergent_finish_reason}")
         out.append(f"<h3>{_e(c.label)}: {_e(cell_phrase(c))}, "
-                   f"first divergence at char {c.first_divergence_chars}"
-                   f"{'' if token is None else f', token {token}'}{_e(f' ({kinds})' if kinds else '')}"
+                   f"first divergence at {_e(where)}"
+                   f"{_e(f' (kinds: {kinds})' if kinds else '')}"
                    f"</h3><pre>serial:    {lead}{_e(serial[:at])}<mark>{_e(serial[at:])}</mark>\n"
                    f"divergent: {lead}{_e(other[:at])}<mark>{_e(other[at:])}</mark>{_e(finish)}</pre>")
     return "".join(out)

@@ -9,7 +9,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from kevload.summary import CellSummary, RunSummary, levels_of
+from kevload.summary import CellSummary, RunSummary, levels_of, position_label
 
 FORMATS = ("table", "json", "markdown", "html")
 
@@ -64,28 +64,40 @@ def cell_phrase(cell: CellSummary, unit: str = "") -> str:
 
 
 def kinds_text(cell: CellSummary) -> str:
-    """``token 4, length 1``: the cell's divergent requests by kind (empty when there are none)."""
-    return ", ".join(f"{kind} {n}" for kind, n in (cell.divergence_kinds or {}).items() if n)
+    """``4× token, 1× length``: how many of the cell's divergent requests are of each kind (empty when none)."""
+    return ", ".join(f"{n}× {kind}" for kind, n in (cell.divergence_kinds or {}).items() if n)
 
 
 def latent_text(cell: CellSummary) -> str:
-    """``same text as serial in 8 samples, logprobs differ from token 3 (max abs diff 4.2e-06)``."""
+    """``same text as serial in 8 samples, logprobs differ from token 3 (0-based), max abs diff 4.2e-06``."""
     diff = cell.logprob_max_abs_diff
-    return (f"same text as serial in {cell.ok} samples, logprobs differ from token "
-            f"{cell.first_logprob_divergence_token}" + (f" (max abs diff {diff:.2g})" if diff is not None else ""))
+    return (f"same text as serial in {cell.ok} samples, logprobs differ from "
+            f"{position_label(token=cell.first_logprob_divergence_token)}"
+            + (f", max abs diff {diff:.2g}" if diff is not None else "")
+            + (f"; logprobs in {cell.logprob_samples} of {cell.ok}" if cell.logprob_gap else ""))
 
 
 def logprob_text(cell: CellSummary) -> str:
-    """The cell's logprobs against serial: ``bitwise = (8)``, ``≠ from token 3, max abs diff 4.2e-06 (8)``
-    or ``-``."""
+    """The cell's logprobs against serial: ``bitwise = (8)``, ``≠ from token 3 (0-based), max abs diff 4.2e-06
+    (8)``, ``no claim: logprobs in 2 of 6`` or ``-``; with the samples that carried a non-finite logprob."""
     n = cell.logprob_samples
-    if not n:
-        return "-"
+    nonfinite = (f"; {cell.logprob_nonfinite_samples} with a non-finite logprob"
+                 if cell.logprob_nonfinite_samples else "")
+    if cell.logprob_bitwise is None:
+        return f"no claim: logprobs in {n or 0} of {cell.ok}{nonfinite}" if cell.logprob_gap else "-"
     if cell.logprob_bitwise:
-        return f"bitwise = ({n})"
+        return f"bitwise = ({n}){nonfinite}"
     diff = cell.logprob_max_abs_diff
-    return (f"≠ from token {cell.first_logprob_divergence_token}"
-            + (f", max abs diff {diff:.2g}" if diff is not None else "") + f" ({n})")
+    return (f"≠ from {position_label(token=cell.first_logprob_divergence_token)}"
+            + (f", max abs diff {diff:.2g}" if diff is not None else "")
+            + (f" ({n} of {cell.ok})" if cell.logprob_gap else f" ({n})") + nonfinite)
+
+
+def logprob_gap_text(cell: CellSummary, where: str | None = None) -> str:
+    """``logprobs in 2 of 6 at p1 (single) c=4: no logprob claim``: a cell whose logprobs cover only some of
+    its ok samples (a difference among those is still one, and then the claim is that)."""
+    return (f"logprobs in {cell.logprob_samples or 0} of {cell.ok} at {where or cell.label}"
+            + ("" if cell.logprob_bitwise is False else ": no logprob claim"))
 
 
 def never_full_text(cell: CellSummary) -> str:
@@ -153,6 +165,8 @@ def footnotes(summary: RunSummary) -> list[str]:
             notes.append(f"{name}: short, {short_text(c)}")
         if c.latent_drift:
             notes.append(f"{name}: ~ latent drift, {latent_text(c)}")
+        elif c.logprob_gap:
+            notes.append(f"{name}: {logprob_gap_text(c, 'this level')}")
         if c.samples_never_full:
             notes.append(f"{name}: † {never_full_text(c)}")
     loaded = [c for c in summary.probe_cells() if c.full_load_share is not None]
@@ -293,27 +307,27 @@ def verdict_line(summary: RunSummary) -> str:
     drifted = [c for c in cells if c.drift]
     parts = []
     for c in drifted:
-        where = f"first divergence at char {c.first_divergence_chars}" if c.first_divergence_chars is not None \
-            else "serial outputs already differ"
-        if c.first_divergence_tokens is not None:
-            where += f" / token {c.first_divergence_tokens}"
+        at = position_label(char=c.first_divergence_chars, token=c.first_divergence_tokens)
+        where = f"first divergence at {at}" if c.first_divergence_chars is not None else "serial outputs already differ"
         kinds = kinds_text(c)
         parts.append(f"{c.label}: {cell_phrase(c)}, {where}"
-                     + (f" ({kinds})" if kinds else ""))
+                     + (f" (kinds: {kinds})" if kinds else ""))
     also = f" (and {len(short)} cell(s) short of samples)" if short else ""
     return "nondeterministic: " + "; ".join(parts) + also + _logprob_clause(cells)
 
 
 def _logprob_clause(cells: tuple[CellSummary, ...]) -> str:
-    """What the logprobs add to the verdict: latent drift where it is, or bitwise agreement everywhere."""
+    """What the logprobs add to the verdict: latent drift where it is, the cells whose logprobs cover only
+    some samples, or bitwise agreement everywhere (only when every ok sample of every cell was compared)."""
+    parts = []
     latent = [c for c in cells if c.latent_drift]
     if latent:
-        return "; latent drift (same text, other logprobs) in " + ", ".join(
-            f"{c.label} from token {c.first_logprob_divergence_token}" for c in latent)
-    compared = [c for c in cells if c.logprob_samples]
-    if compared and len(compared) == len(cells) and all(c.logprob_bitwise for c in compared):
-        return f"; logprobs bitwise equal to serial in every cell (n={sum(c.logprob_samples for c in compared)})"
-    return ""
+        parts.append("latent drift (same text, other logprobs) in " + ", ".join(
+            f"{c.label} from {position_label(token=c.first_logprob_divergence_token)}" for c in latent))
+    parts += [logprob_gap_text(c) for c in cells if c.logprob_gap]
+    if not parts and cells and all(c.logprob_bitwise for c in cells):
+        parts.append(f"logprobs bitwise equal to serial in every cell (n={sum(c.logprob_samples for c in cells)})")
+    return "".join(f"; {part}" for part in parts)
 
 
 def _companions(summary: RunSummary) -> str:
@@ -371,7 +385,11 @@ def diagnosis_text(diagnosis: dict[str, Any]) -> str:
         bound = f", drift < {step['drift_rate_upper_95']:.0%} (95%)" if step.get("drift_rate_upper_95") else ""
         errors = f", errors {_counts(step['errors'])}" if step["errors"] else ""
         drift = f", drift at {', '.join(step['drift_cells'])}" if step["drift_cells"] else ""
-        lines.append(f"  {step['title']}: {step['distinct']} distinct, n={step['ok']}{bound}{errors}{drift}")
+        # One output that drifts is one output other than serial's, as the matrix says it.
+        one_other = step["distinct"] == 1 and step["drift_cells"]
+        distinct = "1, all ≠ serial" if one_other else f"{step['distinct']} distinct"
+        gaps = "".join(f"; {gap}" for gap in step.get("logprob_gaps", ()))
+        lines.append(f"  {step['title']}: {distinct}, n={step['ok']}{bound}{errors}{drift}{gaps}")
     findings = ", ".join(f"{k}={_tri(v)}" for k, v in diagnosis["findings"].items())
     dropped = diagnosis.get("dropped_fields") or []
     lines.append(f"  findings: {findings}")
@@ -432,15 +450,15 @@ def _num(value: Any) -> str:
 
 def junit_xml(summary: RunSummary, suite: str = "kevload", fail_on: str = "drift") -> str:
     """JUnit XML, one testcase per probe × level; drift, no ok sample, a short cell or one under
-    ``load.min_slo_attainment`` is a failure, and latent drift too with ``fail_on="latent"`` (otherwise
-    it is said in the case's output)."""
+    ``load.min_slo_attainment`` is a failure, and with ``fail_on="latent"`` latent drift too, and a cell
+    whose logprobs cover only some of its samples (otherwise both are said in the case's output)."""
     from xml.etree import ElementTree as ET
 
     cells = summary.probe_cells()
     slo_failed = set(summary.slo_failed_cells)
     latent_fails = fail_on == "latent"
     failures = sum(1 for c in cells if c.drift or c.ok == 0 or c.short or c.name in slo_failed
-                   or (latent_fails and c.latent_drift))
+                   or (latent_fails and (c.latent_drift or c.logprob_gap)))
     seconds = sum(c.duration_s or 0 for c in cells)
     root = ET.Element("testsuites", name=suite, tests=str(len(cells)), failures=str(failures), errors="0",
                       time=f"{seconds:.3f}")
@@ -458,9 +476,10 @@ def junit_xml(summary: RunSummary, suite: str = "kevload", fail_on: str = "drift
                 f"errors: {_counts(c.errors)}{slo}")
         elif c.drift:
             kinds = kinds_text(c)
-            text = (f"{cell_phrase(c, ' samples')}; first divergence at char {c.first_divergence_chars}, "
-                    f"token {c.first_divergence_tokens}; {c.divergent_requests} requests differ from the "
-                    f"serial output" + (f" (kinds: {kinds})" if kinds else "") + short + slo)
+            text = (f"{cell_phrase(c, ' samples')}; first divergence at "
+                    f"{position_label(char=c.first_divergence_chars, token=c.first_divergence_tokens)}; "
+                    f"{c.divergent_requests} requests differ from the serial output"
+                    + (f" (kinds: {kinds})" if kinds else "") + short + slo)
             ET.SubElement(case, "failure", message=cell_phrase(c), type="nondeterminism").text = text
         elif c.short:
             ET.SubElement(case, "failure", message=f"short of samples: {c.ok} of {c.asked} ok",
@@ -469,7 +488,12 @@ def junit_xml(summary: RunSummary, suite: str = "kevload", fail_on: str = "drift
         elif c.latent_drift and latent_fails:
             ET.SubElement(case, "failure", message=f"latent drift: {latent_text(c)}", type="latent_drift").text = (
                 f"1 output in {c.ok} samples, the serial text, but its per-token logprobs differ from the "
-                f"serial ones from token {c.first_logprob_divergence_token}: {logprob_text(c)}{slo}")
+                f"serial ones from {position_label(token=c.first_logprob_divergence_token)}: "
+                f"{logprob_text(c)}{slo}")
+        elif c.logprob_gap and latent_fails:
+            gap = logprob_gap_text(c, c.level)
+            ET.SubElement(case, "failure", message=gap, type="logprobs_missing").text = (
+                f"1 output in {c.ok} samples; latent drift can be neither shown nor ruled out: {gap}{slo}")
         elif slo:
             ET.SubElement(case, "failure", type="slo", message=(
                 f"SLO attainment {c.slo_attainment:.1%} under {summary.min_slo_attainment:.1%}")).text = (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import math
 import os
 import secrets as _secrets
 import time
@@ -63,6 +64,8 @@ class Record:
     reconnects: int = 0
     request_id: str | None = None  # sent as X-Request-Id (``<run_id>-<seq>``): joins the record with server logs
     worker: int | None = None  # which worker process sent it (runs with load.workers > 1; None: one process)
+    # Logprobs that are -inf, inf or NaN; ``logprobs`` then spells them as JSON cannot (``spell_logprobs``).
+    logprob_nonfinite: int = 0
 
 
 def answer_text(output: str | None, reasoning: str | None = None,
@@ -82,6 +85,13 @@ def answer_text(output: str | None, reasoning: str | None = None,
     for call in tool_calls or ():
         parts.append(f'\n<tool_call name="{call["name"]}">\n{call["arguments"]}\n</tool_call>')
     return "".join(parts)
+
+
+def spell_logprobs(values: list[float | None]) -> list[float | str | None]:
+    """Logprobs as a record keeps them: a non-finite one as the string ``"-Infinity"``, ``"Infinity"`` or
+    ``"NaN"`` (JSON has no such numbers, and orjson would write null, a missing logprob), every other
+    value as it is. ``float()`` of the string gives the value back; the comparator keeps NaN apart from null."""
+    return [x if x is None or math.isfinite(x) else _spelling(x) for x in values]
 
 
 def record_answer(record: dict[str, Any]) -> str:
@@ -254,3 +264,7 @@ def redact(value: Any, secrets: list[str]) -> Any:
             if secret:
                 value = value.replace(secret, "***")
     return value
+
+
+def _spelling(value: float) -> str:
+    return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"

@@ -31,6 +31,13 @@ def level_label(concurrency: int, rate: float | None) -> str:
     return f"r={rate:g}/s" if rate is not None else f"c={concurrency}"
 
 
+def position_label(*, char: int | None = None, token: int | None = None) -> str:
+    """``char 33 / token 11 (0-based)``: a position as every report states it. Positions count from 0,
+    so a position is also how many chars or tokens agree before it."""
+    return " / ".join(f"{unit} {at}" for unit, at in (("char", char), ("token", token)) if at is not None) \
+        + " (0-based)"
+
+
 def level_order(concurrency: int, rate: float | None) -> tuple[int, float]:
     """Closed-loop levels by concurrency first, then open-loop rates by rate."""
     return (0, concurrency) if rate is None else (1, rate)
@@ -122,6 +129,10 @@ class CellSummary(_Json):
     first_logprob_divergence_token: int | None = written_with("logprob_samples")
     # The serial text with other logprobs.
     latent_drift: bool | None = written_with("logprob_samples")
+    # Where logprobs were asked for or returned: ok samples that asked and got none, and ok samples with a
+    # logprob of -inf, inf or NaN.
+    logprobs_missing: int | None = written_with("logprobs_missing")
+    logprob_nonfinite_samples: int | None = written_with("logprobs_missing")
     # The drift example: both texts are the same window, starting at char example_offset.
     example_offset: int | None = written_with("example_offset")
     serial_example: str | None = written_with("example_offset")
@@ -167,6 +178,11 @@ class CellSummary(_Json):
         """Requests counted in the cell, failed ones included."""
         return self.ok + sum(self.errors.values())
 
+    @property
+    def logprob_gap(self) -> bool:
+        """Logprobs were in play, but not every ok sample was compared: no claim of equality can be made."""
+        return self.logprobs_missing is not None and (self.logprob_samples or 0) < self.ok
+
 
 @dataclass(frozen=True)
 class RunSummary(_Json):
@@ -195,6 +211,8 @@ class RunSummary(_Json):
     # Logprob evidence over the probe cells; absent where no logprobs were compared.
     logprob_samples: int | None = written_with("logprob_samples")
     latent_cells: tuple[str, ...] | None = written_with("logprob_samples")
+    # Probe cells where logprobs were in play but not every ok sample was compared (CellSummary.logprob_gap).
+    logprob_gap_cells: tuple[str, ...] | None = written_with("logprob_gap_cells")
     matrix: dict[str, Any] = field(default_factory=dict)
     slo: dict[str, float] | None = None
     min_slo_attainment: float | None = None

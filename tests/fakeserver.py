@@ -64,6 +64,9 @@ class Behaviour:
     logprob_diverge_at: int = 3     # … from this token on
     logprob_ids: bool = False       # chat entries carry the token "id", as llama.cpp's do
     completions_logprobs: str = "openai"  # completions: "openai" (tokens/token_logprobs) or "content" (llama.cpp)
+    # Position -> a logprob put there (-inf, inf, nan): json.dumps writes them -Infinity, Infinity, NaN.
+    logprob_nonfinite: dict[int, float] = field(default_factory=dict)
+    logprobs_alone_only: bool = False  # logprobs only for a request that had no other in flight
 
 
 class FakeServer:
@@ -194,7 +197,7 @@ class FakeServer:
     def _logprobs(self, body: dict[str, Any], text: str, overlap: int) -> list[float] | None:
         """One logprob per word-token when the request asks (and the server supports it), else None."""
         b = self.behaviour
-        if not b.logprobs_supported or body.get("logprobs") in (None, False):
+        if not b.logprobs_supported or body.get("logprobs") in (None, False) or (b.logprobs_alone_only and overlap > 1):
             return None
         values = []
         for position, word in enumerate(text.split(" ")):
@@ -205,6 +208,9 @@ class FakeServer:
             noise = random.Random()
             for position in range(b.logprob_diverge_at, len(values)):
                 values[position] += noise.uniform(1e-7, 1e-5)
+        for position, value in b.logprob_nonfinite.items():
+            if position < len(values):
+                values[position] = value
         return values
 
     def _logprob_doc(self, pieces: list[str], values: list[float], chat: bool, start: int) -> dict[str, Any]:

@@ -308,7 +308,8 @@ def test_logprob_evidence_and_latent_crosstalk(name, steps, crosstalk, evidence_
     notes = [n for n in d.notes if n.startswith("latent crosstalk")]
     if crosstalk:
         assert notes == ["latent crosstalk: under concurrency the text stays the serial one but the per-token "
-                         "logprobs differ (probe@single/c=4; from token 3) while serial logprobs agree — batching "
-                         "already changes the numerics, and a longer answer or another prompt can flip a token"]
+                         "logprobs differ (probe@single/c=4; from token 3 (0-based)) while serial logprobs agree — "
+                         "batching already changes the numerics, and a longer answer or another prompt can flip a "
+                         "token"]
     else:
         assert notes == []

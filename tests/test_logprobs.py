@@ -130,7 +130,7 @@ def test_latent_drift_in_crafted_records():
     assert summary.verdict == "deterministic"  # latent drift is no text drift
     assert summary.latent_cells == ("p1@single/c=2",) and summary.matrix["latent"] == [[False, True, False]]
     assert verdict_line(summary).endswith("; latent drift (same text, other logprobs) in p1 (single) c=2 "
-                                          "from token 2")
+                                          "from token 2 (0-based)")
 
 
 def test_a_text_divergent_output_is_compared_up_to_its_first_other_token():
@@ -315,12 +315,13 @@ def test_latent_drift_end_to_end(tmp_path, latent_server):
     assert latent["first_logprob_divergence_token"] == 3
     assert 1e-7 <= latent["logprob_max_abs_diff"] <= 1e-5
     assert re.search(r"│\s+1 ~ │", output)  # the matrix mark
-    assert "latent drift (same text, other logprobs) in p1 (single) c=4 from token 3" in " ".join(output.split())
+    assert "latent drift (same text, other logprobs) in p1 (single) c=4 from token 3 (0-based)" in \
+        " ".join(output.split())
     junit = (tmp_path / "j.xml").read_text()
     assert 'failures="0"' in junit and "latent drift: same text as serial in 4 samples" in junit
     assert 'kevload_cell_latent_drift{scenario="s",probe="p1",mode="single",level="c=4"' in \
         (tmp_path / "m.prom").read_text()
-    assert "| p1 (single) | c=4 | 4 | 100.0% [51.0, 100.0] | 100.0% [51.0, 100.0] | ≠ from token 3" in \
+    assert "| p1 (single) | c=4 | 4 | 100.0% [51.0, 100.0] | 100.0% [51.0, 100.0] | ≠ from token 3 (0-based)" in \
         markdown(RunSummary.from_json(summary))
     table = markdown(RunSummary.from_json(summary))
     rows = [line for line in table.splitlines() if line.startswith("| p1 (single) | c=")]
@@ -348,7 +349,7 @@ def test_new_latent_drift_is_a_baseline_regression(tmp_path, latent_server):
     latent_server.behaviour.logprob_drift_at = 2
     code, output = run_cli("run", scenario, "--out", tmp_path / "night", "--quiet", "--baseline", tmp_path / "good")
     assert code == 1, output
-    assert "REGRESSION new_latent_drift p1@single/c=4: same text as serial, logprobs differ from token 3 " \
+    assert "REGRESSION new_latent_drift p1@single/c=4: same text as serial, logprobs differ from token 3 (0-based) " \
            "(baseline: bitwise equal in 4 samples)" in output
     # The latent night as the baseline: the same latent drift again is no news.
     code, output = run_cli("run", scenario, "--out", tmp_path / "night2", "--quiet", "--baseline",

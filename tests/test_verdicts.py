@@ -180,12 +180,12 @@ def test_divergence_kinds_are_counted_per_cell():
 
 def test_divergence_kinds_in_every_output():
     summary = kinds_run()
-    assert "- p1 (mixed) c=4: 4 distinct in 5, 4 ≠ serial; kinds: token 2, length 1, finish 1" in markdown(summary)
-    assert "p1 (mixed) c=4: 4 distinct in 5, 4 ≠ serial; kinds: token 2, length 1, finish 1" in table_text(summary)
-    assert "(token 2, length 1, finish 1)" in verdict_line(summary)
-    assert "(kinds: token 2, length 1, finish 1)" in junit_xml(summary)
+    assert "- p1 (mixed) c=4: 4 distinct in 5, 4 ≠ serial; kinds: 2× token, 1× length, 1× finish" in markdown(summary)
+    assert "p1 (mixed) c=4: 4 distinct in 5, 4 ≠ serial; kinds: 2× token, 1× length, 1× finish" in table_text(summary)
+    assert "(kinds: 2× token, 1× length, 1× finish)" in verdict_line(summary)
+    assert "(kinds: 2× token, 1× length, 1× finish)" in junit_xml(summary)
     page = run_report(summary, {}, [])
-    assert "(token 2, length 1, finish 1)</h3>" in page
+    assert "(kinds: 2× token, 1× length, 1× finish)</h3>" in page
 
 
 def test_same_text_other_finish_reason_is_a_finish_divergence():
