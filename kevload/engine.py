@@ -19,7 +19,7 @@ from typing import Any
 from kevload.client import Client, Outcome, build_body
 from kevload.scenario import Probe, Scenario
 from kevload.schedule import COMPANION, PROBE, WARMUP, ClosedLoop, OpenLoop, Send, UntilBound
-from kevload.store import Record, answer_text, spell_logprobs
+from kevload.store import Record, answer_text
 from kevload.workload import CompanionPicker, companions_for
 
 # How long in-flight requests may finish after a stop was asked for before they are cancelled.
@@ -401,8 +401,6 @@ _FROM_OUTCOME = tuple(f.name for f in fields(Record) if f.name in {g.name for g 
 def _record(outcome: Outcome, body: dict[str, Any], **given: Any) -> Record:
     output = outcome.output
     copied = {name: getattr(outcome, name) for name in _FROM_OUTCOME if name not in given}
-    if outcome.logprob_nonfinite:
-        copied["logprobs"] = spell_logprobs(outcome.logprobs)
     return Record(
         **copied, **given,
         sha256=hashlib.sha256(answer_text(output, outcome.reasoning, outcome.tool_calls).encode()).hexdigest()

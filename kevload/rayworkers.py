@@ -35,12 +35,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from kevload import engine
 from kevload.errors import ClusterError, InputError
 from kevload.scenario import Scenario
 from kevload.schedule import WARMUP, ClosedLoop, OpenLoop, Send
+from kevload.store import record_line
 from kevload.workers import OneOfN, WorkerResult, cap_of, clock_offset, records_name, slots_of, stamp
 
 _BATCH_S = 0.2  # how often the driver collects finished records
@@ -265,7 +264,7 @@ class KevloadWorker:
         try:
             async with client, aclosing(stream.__aiter__()) as records:
                 async for record in records:
-                    self._lines.append(orjson.dumps(stamp(record, self.worker, offset, cap)) + b"\n")
+                    self._lines.append(record_line(stamp(record, self.worker, offset, cap)))
                     count += 1
         finally:
             watcher.cancel()

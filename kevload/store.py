@@ -8,7 +8,7 @@ import os
 import secrets as _secrets
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -110,6 +110,13 @@ def default_run_dir(kind: str = "", *, run_id: str | None = None) -> Path:
     return RESULTS / (run_id or new_run_id(kind))
 
 
+def record_line(record: Record | dict[str, Any]) -> bytes:
+    """One line of a records file, newline included; non-finite logprobs spelled (``spell_logprobs``)."""
+    if isinstance(record, Record) and record.logprob_nonfinite:
+        record = replace(record, logprobs=spell_logprobs(record.logprobs))
+    return orjson.dumps(record) + b"\n"
+
+
 class RecordWriter:
     """Appends one JSON line per record with a single unbuffered write, so a killed process
     leaves every finished record on disk and at most one torn line at the end."""
@@ -120,7 +127,7 @@ class RecordWriter:
         self.count = 0
 
     def write(self, record: Record | dict[str, Any]) -> None:
-        os.write(self._fd, orjson.dumps(record) + b"\n")
+        os.write(self._fd, record_line(record))
         self.count += 1
 
     def close(self) -> None:

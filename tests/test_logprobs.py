@@ -75,7 +75,10 @@ class Records:
                 "run_id": "r", "seq": seq, "probe": "p1", "role": "probe", "mode": "single", "concurrency": level,
                 "rate": None, "status": "ok", "output": text, "sha256": hashlib.sha256(text.encode()).hexdigest(),
                 "finish_reason": "stop", "completion_tokens": len(tokens or []), "token_ids": tokens,
-                "logprobs": logprobs, "t_send": seq * 0.1, "t_last_byte": seq * 0.1 + 0.05, "chunks": 0})
+                "logprobs": logprobs, "chunks": 0,
+                # Serial samples one after another; a level's samples all in flight together, as at full load.
+                "t_send": level * 100 + seq * (0.1 if level == 1 else 0.001), "t_last_byte": level * 100 + seq * 0.1
+                + 0.05 if level == 1 else level * 100 + 50})
         return self
 
     def cells(self) -> dict[int, dict]:
