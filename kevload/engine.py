@@ -95,6 +95,13 @@ class Solo:
     def resume(self) -> None:
         """It is back on the wire."""
 
+    def halted(self) -> bool:
+        """Whether the driver or another worker stopped the run: a stop this worker's own flags may not show yet."""
+        return False
+
+    def halt(self) -> None:
+        """This worker stops the run (the error rule): the other workers' levels end with it."""
+
     def mine(self, arrival: int) -> bool:
         """Whether this worker sends the open loop's ``arrival``-th request (warm-ups included)."""
         return True
@@ -322,7 +329,7 @@ class _Runner:
             stop_wait.cancel()
 
     def _halted(self) -> bool:
-        return self.stop.is_set() or self.aborted
+        return self.stop.is_set() or self.aborted or self.share.halted()
 
     def _level_done(self, counted: int) -> bool:
         """Whether a resumed run has this level: its samples, or for a timed level any (topping one up
@@ -373,6 +380,9 @@ class _Runner:
             finally:
                 self.in_flight -= 1
                 self.share.release(plan, role, counted)
+            # A stop ends a closed-loop level around what is still in flight, and the other slots no longer resend:
+            # an answer that came after it lost its batch on the way, no sample of full load (--resume sends it again).
+            counted = counted and not (rate is None and self._halted())
             record = _record(outcome, body, run_id=self.run_id, seq=seq, probe=item.id, role=role, mode=mode,
                              concurrency=concurrency, rate=rate, sample=sample,
                              in_flight=in_flight, counted=counted, max_in_flight=max_in_flight,
@@ -392,6 +402,7 @@ class _Runner:
             if self.probe_errors >= _ABORT_MIN_ERRORS and \
                     self.probe_errors / self.probes_done > self.load.max_error_share:
                 self.aborted = True
+                self.share.halt()
 
 
 # Every field an Outcome shares with a Record is copied by name, so a field added to both travels on its own.

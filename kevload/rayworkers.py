@@ -15,7 +15,9 @@ The level's semantics are those of the local workers, kept by one coordinator ac
 - Levels start and end together: the coordinator is the barrier. The level's start is a Unix time, which each
   worker turns into its own host's ``perf_counter``; the open loop's arrivals keep one schedule across hosts.
 - A stop (Ctrl-C, SIGTERM), an actor's abort (the error rule) or a lost actor halts the coordinator, which opens
-  its barrier and tells every worker.
+  its barrier, tells every worker and claims nothing more. Actors hear of it a message later, each at its own
+  moment, so the driver applies the engine's rule at a stop itself: a closed-loop answer that came after the time
+  it stopped the run is written as not counted.
 
 Records travel to the driver in batches: every ``_BATCH_S`` seconds it drains each actor's finished records (JSON
 lines, stamped as the local workers stamp them, with Unix times from that actor's host clock) and appends them
@@ -93,7 +95,7 @@ class KevloadCoordinator:
         """What the slot does next and, when it sends, its claim: (sends, others in flight, counted)."""
         await self._turn(worker, call, releases)
         try:
-            if self.plan.next(role, at) is None:
+            if self._halted.is_set() or self.plan.next(role, at) is None:  # nothing is claimed after a stop
                 return False, 0, False
             in_flight = self.in_flight
             counted = self.plan.sent(role, in_flight, at)
@@ -192,6 +194,9 @@ class RemoteShare(OneOfN):
         sends, in_flight, counted = await self._call("next_claim", role, at)
         if not sends:
             return None
+        if self._stop.is_set():  # the stop came while the claim travelled: it is given back, nothing is sent
+            self.release(plan, role, counted)
+            return None
         self._claimed = (role, in_flight, counted)
         return Send(role)
 
@@ -213,6 +218,9 @@ class RemoteShare(OneOfN):
         if not self._releases:
             asyncio.get_running_loop().call_soon(self._flush)
         self._releases.append((role, counted, isinstance(plan, ClosedLoop)))
+
+    def halt(self) -> None:
+        self._coordinator.halt.remote()
 
     def pause(self) -> None:
         self._call("shift", -1)
@@ -269,8 +277,6 @@ class KevloadWorker:
                     count += 1
         finally:
             watcher.cancel()
-        if stream.aborted:
-            self.coordinator.halt.remote()
         return WorkerResult(self.worker, count, stream.aborted)
 
     async def _watch(self) -> None:
@@ -317,12 +323,12 @@ async def run_ray(ray: Any, scenario: Scenario, run_dir: Path, *, run_id: str, s
     results: dict[int, WorkerResult] = {}
     drained: set[int] = set()  # actors whose last records are on disk (or that are lost)
     files = [_Appender(run_dir / records_name(w)) for w in range(workers)]
-    halted = False
+    halted_at: float | None = None  # Unix time, taken before any actor can hear of the stop
 
     def halt() -> None:
-        nonlocal halted
-        if not halted:
-            halted = True
+        nonlocal halted_at
+        if halted_at is None:
+            halted_at = time.time()
             coordinator.halt.remote()
             for w, handle in enumerate(actors):
                 if w not in results:
@@ -340,7 +346,7 @@ async def run_ray(ray: Any, scenario: Scenario, run_dir: Path, *, run_id: str, s
                                        return_exceptions=True)
         for w, reply in zip(live, replies, strict=True):
             if isinstance(reply, bytes):
-                files[w].write(reply)
+                files[w].write(reply if halted_at is None else _cut(reply, halted_at))
                 if w in results:
                     drained.add(w)
             else:
@@ -395,6 +401,18 @@ class _Appender:
 
     def close(self) -> None:
         os.close(self._fd)
+
+
+def _cut(lines: bytes, stopped_at: float) -> bytes:
+    """The engine's rule at a stop, on the driver's clock: a closed-loop answer that came after the stop lost its batch
+    and is not counted. An actor hears of the stop a message later, and not at the same moment as the others."""
+    kept = []
+    for line in lines.splitlines(keepends=True):
+        record = orjson.loads(line)
+        if record["counted"] and record["rate"] is None and record["t_last_byte"] > stopped_at:
+            line = orjson.dumps({**record, "counted": False}) + b"\n"
+        kept.append(line)
+    return b"".join(kept)
 
 
 def _lost(worker: int, node: str, exc: BaseException) -> WorkerResult:
