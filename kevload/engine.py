@@ -42,18 +42,20 @@ def level_key(probe: str, concurrency: int, rate: float | None) -> LevelKey:
 
 
 def run(scenario: Scenario, client: Client, *, run_id: str, stop: asyncio.Event | None = None,
-        already: dict[LevelKey, int] | None = None, first_seq: int = 0,
+        already: dict[LevelKey, int] | None = None, first_seq: int = 0, part: int = 0,
         answers: dict[LevelKey, list[Answer]] | None = None, share: Solo | None = None) -> RecordStream:
     """Every probe at every level; ``async for record in run(…)`` as requests finish.
 
     ``already`` holds the counted probe samples a resumed run has per level; only the missing
-    ones are sent, with sequence numbers from ``first_seq`` on. With ``load.until_bound`` the stop
+    ones are sent, with sequence numbers from ``first_seq`` on. ``part`` is the run's invocation (0, then one
+    more for each resume): it goes into every request id and nonce, so no two requests of a run share one
+    whatever the records on disk lost. With ``load.until_bound`` the stop
     rule needs what they answered too: ``answers`` per level, in record order. The companion pools
     are built here, before anything is sent, so a bad companion file fails at once. ``share`` makes
     this run one of several workers sharing each level (``kevload.workers``); alone by default.
     """
     return RecordStream(_Runner(scenario, client, run_id, stop or asyncio.Event(), already or {}, first_seq,
-                                answers or {}, share or Solo()))
+                                part, answers or {}, share or Solo()))
 
 
 class Solo:
@@ -137,7 +139,7 @@ class _Runner:
     """State shared by the workers of one run: the client, counters, stop flags and the record queue."""
 
     def __init__(self, scenario: Scenario, client: Client, run_id: str, stop: asyncio.Event,
-                 already: dict[LevelKey, int], first_seq: int, answers: dict[LevelKey, list[Answer]],
+                 already: dict[LevelKey, int], first_seq: int, part: int, answers: dict[LevelKey, list[Answer]],
                  share: Solo):
         self.share = share
         self.pools = [companions_for(probe, scenario) for probe in scenario.probes]
@@ -145,6 +147,9 @@ class _Runner:
         self.load = scenario.load
         self.client = client
         self.run_id = run_id
+        # Request ids: <run_id>-<seq> in the run's first part, <run_id>-r<k>-<seq> in its k-th resume. A killed part
+        # may have sent requests it never recorded, so numbering on from the records alone could repeat an id.
+        self.ids = run_id if part == 0 else f"{run_id}-r{part}"
         self.stop = stop
         self.already = already
         self.answers = answers
@@ -348,8 +353,8 @@ class _Runner:
             seq = self.seq
             self.seq += self.share.workers
             # Sent as X-Request-Id; a 429/503 retry below and a transport's reconnect resend keep it.
-            request_id = f"{self.run_id}-{seq}"
-            nonce = f"kevload-{self.run_id}-{seq}" if load.nonce else None
+            request_id = f"{self.ids}-{seq}"
+            nonce = f"kevload-{request_id}" if load.nonce else None
             body = build_body(target, item, params, stream=load.stream, nonce=nonce)
             # Nothing below suspends before the count goes up (Solo's claim returns at once): a slot that
             # resends at once keeps c in flight.

@@ -244,10 +244,10 @@ class KevloadWorker:
     """One worker (an async Ray actor): runs the engine with a ``RemoteShare``, keeps finished records for ``drain``."""
 
     def __init__(self, worker: int, workers: int, scenario: Scenario, run_id: str,
-                 already: dict[engine.LevelKey, int], first_seq: int, coordinator: Any):
+                 already: dict[engine.LevelKey, int], first_seq: int, part: int, coordinator: Any):
         self.worker, self.workers = worker, workers
         self.scenario, self.run_id = scenario, run_id
-        self.already, self.first_seq = already, first_seq
+        self.already, self.first_seq, self.part = already, first_seq, part
         self.coordinator = coordinator
         self._lines: list[bytes] = []
         self._stop = asyncio.Event()
@@ -267,7 +267,7 @@ class KevloadWorker:
         client = Client(mine.target, mine.api_key())
         share = RemoteShare(self.worker, self.workers, self.coordinator, offset, self._stop)
         stream = engine.run(mine, client, run_id=self.run_id, stop=self._stop, already=self.already,
-                            first_seq=self.first_seq, share=share)
+                            first_seq=self.first_seq, part=self.part, share=share)
         watcher = asyncio.create_task(self._watch())
         count = 0
         try:
@@ -302,7 +302,7 @@ def check_cluster(ray: Any, scenario: Scenario) -> None:
 
 
 async def run_ray(ray: Any, scenario: Scenario, run_dir: Path, *, run_id: str, stop: asyncio.Event,
-                  already: dict[engine.LevelKey, int], first_seq: int) -> list[WorkerResult]:
+                  already: dict[engine.LevelKey, int], first_seq: int, part: int) -> list[WorkerResult]:
     """Run the scenario on ``load.workers`` actors of the connected cluster; returns once all have ended.
 
     Each result carries the node its actor ran on. A lost actor (its process or node died, or it stopped
@@ -312,7 +312,8 @@ async def run_ray(ray: Any, scenario: Scenario, run_dir: Path, *, run_id: str, s
     coordinator = ray.remote(KevloadCoordinator).options(num_cpus=0).remote(workers)
     # SPREAD: one actor per node where it can, so the workers add hosts' cores rather than share one host's.
     actor = ray.remote(KevloadWorker).options(num_cpus=1, scheduling_strategy="SPREAD")
-    actors = [actor.remote(w, workers, scenario, run_id, already, first_seq, coordinator) for w in range(workers)]
+    actors = [actor.remote(w, workers, scenario, run_id, already, first_seq, part, coordinator)
+              for w in range(workers)]
     try:
         nodes = await asyncio.wait_for(asyncio.gather(*(a.node.remote() for a in actors)), _REPLY_S)
     except (TimeoutError, ray.exceptions.RayError) as exc:

@@ -62,7 +62,7 @@ class Record:
     reasoning: str | None = None
     tool_calls: list[dict[str, str]] | None = None
     reconnects: int = 0
-    request_id: str | None = None  # sent as X-Request-Id (``<run_id>-<seq>``): joins the record with server logs
+    request_id: str | None = None  # sent as X-Request-Id (``<run_id>[-r<resume>]-<seq>``): joins it with server logs
     worker: int | None = None  # which worker process sent it (runs with load.workers > 1; None: one process)
     # Logprobs that are -inf, inf or NaN; ``logprobs`` then spells them as JSON cannot (``spell_logprobs``).
     logprob_nonfinite: int = 0

@@ -244,7 +244,8 @@ class WorkerResult:
 
 
 async def run_workers(scenario: Scenario, run_dir: Path, *, run_id: str, stop: asyncio.Event,
-                      already: dict[engine.LevelKey, int], first_seq: int, offset: float) -> list[WorkerResult]:
+                      already: dict[engine.LevelKey, int], first_seq: int, part: int,
+                      offset: float) -> list[WorkerResult]:
     """Run the scenario on ``load.workers`` processes; returns once all have ended (each writes its own file).
 
     A stop (Ctrl-C) reaches the workers through a shared event, and breaks the barrier so none waits for
@@ -260,7 +261,7 @@ async def run_workers(scenario: Scenario, run_dir: Path, *, run_id: str, stop: a
         receive, send = ctx.Pipe(duplex=False)
         proc = ctx.Process(target=_worker_main, name=f"kevload-worker-{worker}", daemon=True,
                            args=(worker, workers, scenario, str(run_dir / records_name(worker)), run_id, already,
-                                 first_seq, offset, os.getpid(), state, barrier, halt, send))
+                                 first_seq, part, offset, os.getpid(), state, barrier, halt, send))
         proc.start()
         send.close()
         pipes.append(receive)
@@ -302,7 +303,7 @@ def _halt(halt: Any, barrier: Any, state: Any) -> None:
 
 
 def _worker_main(worker: int, workers: int, scenario: Scenario, path: str, run_id: str,
-                 already: dict[engine.LevelKey, int], first_seq: int, offset: float, parent: int,
+                 already: dict[engine.LevelKey, int], first_seq: int, part: int, offset: float, parent: int,
                  state: Any, barrier: Any, halt: Any, pipe: Any) -> None:
     # Ctrl-C reaches the whole process group: the driver alone decides, and tells the workers through `halt`.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -310,8 +311,8 @@ def _worker_main(worker: int, workers: int, scenario: Scenario, path: str, run_i
 
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            result = runner.run(_work(worker, workers, scenario, Path(path), run_id, already, first_seq, offset,
-                                      parent, state, barrier, halt))
+            result = runner.run(_work(worker, workers, scenario, Path(path), run_id, already, first_seq, part,
+                                      offset, parent, state, barrier, halt))
     except Exception:  # noqa: BLE001 - the driver shows it; a worker has no terminal of its own
         result = WorkerResult(worker, 0, False, traceback.format_exc(limit=8))
     pipe.send(result)
@@ -319,7 +320,7 @@ def _worker_main(worker: int, workers: int, scenario: Scenario, path: str, run_i
 
 
 async def _work(worker: int, workers: int, scenario: Scenario, path: Path, run_id: str,
-                already: dict[engine.LevelKey, int], first_seq: int, offset: float, parent: int,
+                already: dict[engine.LevelKey, int], first_seq: int, part: int, offset: float, parent: int,
                 state: Any, barrier: Any, halt: Any) -> WorkerResult:
     from kevload.client import Client
 
@@ -337,7 +338,8 @@ async def _work(worker: int, workers: int, scenario: Scenario, path: Path, run_i
     mine = replace(scenario, load=replace(scenario.load, max_in_flight=cap_of(cap, worker, workers)))
     client = Client(mine.target, mine.api_key())
     share = Shared(worker, workers, state, barrier, halt, stop)
-    stream = engine.run(mine, client, run_id=run_id, stop=stop, already=already, first_seq=first_seq, share=share)
+    stream = engine.run(mine, client, run_id=run_id, stop=stop, already=already, first_seq=first_seq, part=part,
+                        share=share)
     watcher = asyncio.create_task(watch())
     with RecordWriter(path) as writer:
         try:

@@ -20,12 +20,13 @@ HOLD_S = 1.0  # the request arriving as the stop comes is held this long: the ot
 GAP_S = 0.25  # the longest a counted sample may run with fewer than c − 1 others: a resend's gap, never a stop's
 
 
-def stop_mid_level(tmp_path: Path, server, *run_args: str) -> list[dict]:
-    """Run c=4; at the tenth arrival that finds four requests at the server (mid-level),
-    Ctrl-C the run and hold that request ``HOLD_S``. Returns the run's records once every check passed."""
+def signal_mid_level(tmp_path: Path, server, signum: int, *run_args: str,
+                     hold: float | None = None) -> tuple[int, str, str]:
+    """Run c=4 in a process group of its own; at the tenth arrival that finds four requests at the server (mid-level)
+    send ``signum`` to the group and hold the arriving request ``hold`` seconds. Returns the exit code, the output and
+    that request's id."""
     server.behaviour.latency = 0.02
     scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[4], samples=400)
-    run_dir = tmp_path / "run"
     started: list[subprocess.Popen] = []
     full: list[int] = []
 
@@ -35,13 +36,13 @@ def stop_mid_level(tmp_path: Path, server, *run_args: str) -> list[dict]:
         full.append(index)
         if len(full) < 10:
             return None
-        os.killpg(started[0].pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole process group
-        return HOLD_S
+        os.killpg(started[0].pid, signum)
+        return hold
 
     server.behaviour.on_arrival = on_arrival
-    proc = subprocess.Popen([sys.executable, "-m", "kevload", "run", str(scenario), "--out", str(run_dir), "--quiet",
-                             *run_args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-m", "kevload", "run", str(scenario), "--out", str(tmp_path / "run"),
+                             "--quiet", *run_args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
     started.append(proc)
     try:
         output = proc.communicate(timeout=120)[0]
@@ -49,11 +50,19 @@ def stop_mid_level(tmp_path: Path, server, *run_args: str) -> list[dict]:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert proc.returncode == 130 and len(full) == 10, output
-    rows = list(read_run_records(run_dir))
-    by_id = {r["request_id"]: r for r in rows}
-    held = by_id[server.request_ids[full[-1]]]
-    assert held["concurrency"] == 4 and held["in_flight"] == 3, held  # sent at full load, then the stop came
+    server.behaviour.on_arrival = None
+    assert len(full) == 10, output
+    return proc.returncode, output, server.request_ids[full[-1]]
+
+
+def stop_mid_level(tmp_path: Path, server, *run_args: str) -> list[dict]:
+    """Ctrl-C mid-level (``signal_mid_level``), the arriving request held ``HOLD_S``; returns the run's records once
+    every counted one is shown to have kept its batch."""
+    code, output, held_id = signal_mid_level(tmp_path, server, signal.SIGINT, *run_args, hold=HOLD_S)
+    assert code == 130, output  # as a terminal's Ctrl-C: the whole process group
+    rows = list(read_run_records(tmp_path / "run"))
+    held = next(r for r in rows if r["request_id"] == held_id)
+    assert held["in_flight"] == 3, held  # sent at full load, then the stop came
     check_full_batches(server.visits, rows)
     return rows
 
