@@ -182,9 +182,9 @@ def report(run_dir: Path, fmt: str, output: Path | None, metrics: Path | None, r
 
         from kevload.store import find_record
 
-        record = find_record(run_dir / RECORDS, request_id)
+        record = find_record(run_dir, request_id)
         if record is None:
-            raise InputError(f"--request {request_id}: no record in {run_dir / RECORDS} has that request_id")
+            raise InputError(f"--request {request_id}: no record in {run_dir} has that request_id")
         _emit(orjson.dumps(record, option=orjson.OPT_INDENT_2).decode(), output)
         return
     single_run_id(run_dir)

@@ -103,6 +103,19 @@ def test_report_prints_the_record_of_a_request(tmp_path, server):
     assert f"--request {wanted['request_id']}x: no record in" in output
 
 
+def test_report_finds_the_record_of_a_request_in_every_workers_file(tmp_path, server):
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=2, workers=2)
+    out = tmp_path / "run"
+    assert run_cli("run", scenario, "--out", out, "--quiet")[0] == 0
+    assert not (out / RECORDS).exists()  # records-0.jsonl and records-1.jsonl only
+    for worker in (0, 1):
+        wanted = next(r for r in read_run_records(out) if r["worker"] == worker)
+        code, output = run_cli("report", out, "--request", wanted["request_id"])
+        assert code == 0 and json.loads(output) == wanted, output
+    code, output = run_cli("report", out, "--request", "nope")
+    assert code == 2 and output == f"kevload: error: --request nope: no record in {out} has that request_id\n"
+
+
 @pytest.mark.parametrize("name", ["X-Request-Id", "x-request-id"])
 def test_a_user_request_id_header_is_refused(tmp_path, name):
     scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:1/v1", target={"headers": {name: "fixed-0c1d"}})
