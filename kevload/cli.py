@@ -135,7 +135,9 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
             sc, out, on_record=on_record, stop=stop, resume=resume is not None, overwrite=overwrite, ray=ray_address))
     _print_summary(result.summary, quiet)
     files = ", ".join(str(p) for p in records_paths(result.run_dir)) or str(result.run_dir / RECORDS)
-    stderr.print(f"records: {files} ({result.records} requests, {result.state})")
+    # The run's own count, as run.json and summary.json say it; a resume's part of it beside it.
+    part = f", {result.records} sent by this --resume" if resume is not None else ""
+    stderr.print(f"records: {files} ({result.summary.requests_sent} requests{part}, {result.state})")
     if junit is not None:
         from kevload.report import junit_xml
 

@@ -52,8 +52,12 @@ def kill_and_resume(tmp_path: Path, server, run_args: list[str], resume_args: li
     lost = len(server.visits) - len(list(read_run_records(run_dir)))
     assert lost >= 1  # sent, never recorded: what a resume that numbers on from the records would send again
     assert json.loads((run_dir / "run.json").read_text())["state"] == "running"
+    before = len(list(read_run_records(run_dir)))
     code, output = run_cli("run", "--resume", run_dir, "--quiet", *resume_args)
     assert code == 0, output
+    total = len(list(read_run_records(run_dir)))
+    # The closing line counts the run (as run.json does), and this part beside it.
+    assert f"({total} requests, {total - before} sent by this --resume, complete)" in " ".join(output.split())
     ids = [visit[0] for visit in server.visits]
     nonces = [visit[1] for visit in server.visits]
     assert len(set(ids)) == len(ids), [i for i, n in Counter(ids).items() if n > 1]
