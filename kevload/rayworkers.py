@@ -324,12 +324,15 @@ async def run_ray(ray: Any, scenario: Scenario, run_dir: Path, *, run_id: str, s
     results: dict[int, WorkerResult] = {}
     drained: set[int] = set()  # actors whose last records are on disk (or that are lost)
     files = [_Appender(run_dir / records_name(w)) for w in range(workers)]
-    halted_at: float | None = None  # Unix time, taken before any actor can hear of the stop
+    # The stop's time, taken before any actor can hear of it, in the records' terms (perf_counter plus an offset
+    # measured at the start, as each actor stamps its records): on one host the same clock, whatever NTP does since.
+    offset = clock_offset()
+    halted_at: float | None = None
 
     def halt() -> None:
         nonlocal halted_at
         if halted_at is None:
-            halted_at = time.time()
+            halted_at = time.perf_counter() + offset
             coordinator.halt.remote()
             for w, handle in enumerate(actors):
                 if w not in results:

@@ -10,8 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import orjson
 import pytest
 
+from kevload.rayworkers import _cut
 from kevload.store import read_run_records
 from tests.conftest import write_scenario
 
@@ -111,3 +113,17 @@ def test_longest_short_stretch():
     assert _longest_short(0.0, 10.0, [(0.0, 10.0), (-1.0, 4.0), (5.0, 11.0)], 2) == 1.0
     assert _longest_short(0.0, 10.0, [(0.0, 3.0), (2.0, None)], 2) == 7.0  # short from 3 s to its end
     assert _longest_short(0.0, 10.0, [], 0) == 0.0
+
+
+def test_the_ray_driver_uncounts_closed_loop_answers_after_its_stop():
+    """An actor hears of a stop a message later than the driver stopped the run, each at its own moment: the driver
+    applies the rule to what it writes after its stop, by each record's answer time."""
+    rows = [{"run_id": "r", "seq": 0, "counted": True, "rate": None, "t_last_byte": 9.5, "output": "é"},
+            {"run_id": "r", "seq": 1, "counted": True, "rate": None, "t_last_byte": 10.5, "output": "b"},
+            {"run_id": "r", "seq": 2, "counted": True, "rate": 5.0, "t_last_byte": 10.5, "output": "c"},  # open loop
+            {"run_id": "r", "seq": 3, "counted": False, "rate": None, "t_last_byte": 11.0, "output": "d"}]
+    lines = b"".join(orjson.dumps(row) + b"\n" for row in rows)
+    cut = _cut(lines, 10.0)
+    assert cut.count(b"\n") == 4 and cut.startswith(lines.split(b"\n")[0])
+    assert [orjson.loads(line) for line in cut.splitlines()] == [{**rows[1], "counted": False} if i == 1 else row
+                                                                for i, row in enumerate(rows)]
