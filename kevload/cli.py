@@ -68,8 +68,8 @@ def main() -> None:
               "(load.dataset_seed); recorded in run.json with each file's sha256.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a scenario key; VALUE is TOML (e.g. --set 'load.concurrency=[1,4]').")
-@click.option("--until-bound", metavar="SHARE", help="Sample each cell until drift is seen or the 95%% bound on "
-              "its drift rate is this low (5%% or 0.05; load.until_bound), at most load.max_samples.")
+@click.option("--until-bound", metavar="SHARE", help="Sample each cell until drift is seen or the 95% bound on "
+              "its drift rate is this low (5% or 0.05; load.until_bound), at most load.max_samples.")
 @click.option("--workers", type=click.IntRange(min=1), help="Worker processes sharing each level (load.workers).")
 @click.option("--ray", "ray_address", metavar="ADDRESS", help="Run the workers as actors of a Ray cluster: 'auto' "
               "(the one this host belongs to), host:port, or 'local' (started here for the run); needs "
@@ -135,7 +135,9 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
             sc, out, on_record=on_record, stop=stop, resume=resume is not None, overwrite=overwrite, ray=ray_address))
     _print_summary(result.summary, quiet)
     files = ", ".join(str(p) for p in records_paths(result.run_dir)) or str(result.run_dir / RECORDS)
-    stderr.print(f"records: {files} ({result.records} requests, {result.state})")
+    # The run's own count, as run.json and summary.json say it; a resume's part of it beside it.
+    part = f", {result.records} sent by this --resume" if resume is not None else ""
+    stderr.print(f"records: {files} ({result.summary.requests_sent} requests{part}, {result.state})")
     if junit is not None:
         from kevload.report import junit_xml
 
@@ -182,9 +184,9 @@ def report(run_dir: Path, fmt: str, output: Path | None, metrics: Path | None, r
 
         from kevload.store import find_record
 
-        record = find_record(run_dir / RECORDS, request_id)
+        record = find_record(run_dir, request_id)
         if record is None:
-            raise InputError(f"--request {request_id}: no record in {run_dir / RECORDS} has that request_id")
+            raise InputError(f"--request {request_id}: no record in {run_dir} has that request_id")
         _emit(orjson.dumps(record, option=orjson.OPT_INDENT_2).decode(), output)
         return
     single_run_id(run_dir)
@@ -412,7 +414,7 @@ def demo(targets: str, samples: int) -> None:
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Directory for the step runs.")
 @click.option("--all", "run_all", is_flag=True, help="Run every step even after a cause is found.")
 @click.option("--until-bound", metavar="SHARE", help="In the fixed and concurrency steps, sample each cell until "
-              "drift is seen or the 95%% bound on its drift rate is this low (5%% or 0.05), at most --max-samples.")
+              "drift is seen or the 95% bound on its drift rate is this low (5% or 0.05), at most --max-samples.")
 @click.option("--max-samples", type=click.IntRange(min=2), default=1000, show_default=True,
               help="With --until-bound: the most probe samples per cell.")
 def diagnose_command(url, model, prompt, messages_file, params_json, max_tokens, samples, max_concurrency, api,

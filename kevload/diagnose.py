@@ -20,7 +20,7 @@ from kevload.report import logprob_gap_text
 from kevload.runs import run_scenario
 from kevload.scenario import Load, Mode, Probe, Scenario, Target, build_scenario
 from kevload.stats import drift_upper_bound, samples_for_bound
-from kevload.store import RUN, default_run_dir, read_json, read_records
+from kevload.store import RUN, default_run_dir, read_json, read_run_records
 from kevload.summary import CellSummary, RunSummary, position_label
 
 # In the guide's order: the first cause found is the verdict, later ones are listed as also found.
@@ -619,7 +619,7 @@ def cold_warm_counts(rows: Iterable[tuple[str, int, str]]) -> tuple[int, int, in
 
 
 def _ok_probe_hashes(run_dir: Path) -> list[tuple[str, int, str]]:
-    return [(r["probe"], r["sample"], r["sha256"]) for r in read_records(run_dir / "records.jsonl")
+    return [(r["probe"], r["sample"], r["sha256"]) for r in read_run_records(run_dir)
             if r["status"] == "ok" and r["role"] == "probe"]
 
 

@@ -42,18 +42,20 @@ def level_key(probe: str, concurrency: int, rate: float | None) -> LevelKey:
 
 
 def run(scenario: Scenario, client: Client, *, run_id: str, stop: asyncio.Event | None = None,
-        already: dict[LevelKey, int] | None = None, first_seq: int = 0,
+        already: dict[LevelKey, int] | None = None, first_seq: int = 0, part: int = 0,
         answers: dict[LevelKey, list[Answer]] | None = None, share: Solo | None = None) -> RecordStream:
     """Every probe at every level; ``async for record in run(…)`` as requests finish.
 
     ``already`` holds the counted probe samples a resumed run has per level; only the missing
-    ones are sent, with sequence numbers from ``first_seq`` on. With ``load.until_bound`` the stop
+    ones are sent, with sequence numbers from ``first_seq`` on. ``part`` is the run's invocation (0, then one
+    more for each resume): it goes into every request id and nonce, so no two requests of a run share one
+    whatever the records on disk lost. With ``load.until_bound`` the stop
     rule needs what they answered too: ``answers`` per level, in record order. The companion pools
     are built here, before anything is sent, so a bad companion file fails at once. ``share`` makes
     this run one of several workers sharing each level (``kevload.workers``); alone by default.
     """
     return RecordStream(_Runner(scenario, client, run_id, stop or asyncio.Event(), already or {}, first_seq,
-                                answers or {}, share or Solo()))
+                                part, answers or {}, share or Solo()))
 
 
 class Solo:
@@ -95,6 +97,13 @@ class Solo:
     def resume(self) -> None:
         """It is back on the wire."""
 
+    def halted(self) -> bool:
+        """Whether the driver or another worker stopped the run: a stop this worker's own flags may not show yet."""
+        return False
+
+    def halt(self) -> None:
+        """This worker stops the run (the error rule): the other workers' levels end with it."""
+
     def mine(self, arrival: int) -> bool:
         """Whether this worker sends the open loop's ``arrival``-th request (warm-ups included)."""
         return True
@@ -130,7 +139,7 @@ class _Runner:
     """State shared by the workers of one run: the client, counters, stop flags and the record queue."""
 
     def __init__(self, scenario: Scenario, client: Client, run_id: str, stop: asyncio.Event,
-                 already: dict[LevelKey, int], first_seq: int, answers: dict[LevelKey, list[Answer]],
+                 already: dict[LevelKey, int], first_seq: int, part: int, answers: dict[LevelKey, list[Answer]],
                  share: Solo):
         self.share = share
         self.pools = [companions_for(probe, scenario) for probe in scenario.probes]
@@ -138,6 +147,9 @@ class _Runner:
         self.load = scenario.load
         self.client = client
         self.run_id = run_id
+        # Request ids: <run_id>-<seq> in the run's first part, <run_id>-r<k>-<seq> in its k-th resume. A killed part
+        # may have sent requests it never recorded, so numbering on from the records alone could repeat an id.
+        self.ids = run_id if part == 0 else f"{run_id}-r{part}"
         self.stop = stop
         self.already = already
         self.answers = answers
@@ -322,7 +334,7 @@ class _Runner:
             stop_wait.cancel()
 
     def _halted(self) -> bool:
-        return self.stop.is_set() or self.aborted
+        return self.stop.is_set() or self.aborted or self.share.halted()
 
     def _level_done(self, counted: int) -> bool:
         """Whether a resumed run has this level: its samples, or for a timed level any (topping one up
@@ -341,8 +353,8 @@ class _Runner:
             seq = self.seq
             self.seq += self.share.workers
             # Sent as X-Request-Id; a 429/503 retry below and a transport's reconnect resend keep it.
-            request_id = f"{self.run_id}-{seq}"
-            nonce = f"kevload-{self.run_id}-{seq}" if load.nonce else None
+            request_id = f"{self.ids}-{seq}"
+            nonce = f"kevload-{request_id}" if load.nonce else None
             body = build_body(target, item, params, stream=load.stream, nonce=nonce)
             # Nothing below suspends before the count goes up (Solo's claim returns at once): a slot that
             # resends at once keeps c in flight.
@@ -373,6 +385,9 @@ class _Runner:
             finally:
                 self.in_flight -= 1
                 self.share.release(plan, role, counted)
+            # A stop ends a closed-loop level around what is still in flight, and the other slots no longer resend:
+            # an answer that came after it lost its batch on the way, no sample of full load (--resume sends it again).
+            counted = counted and not (rate is None and self._halted())
             record = _record(outcome, body, run_id=self.run_id, seq=seq, probe=item.id, role=role, mode=mode,
                              concurrency=concurrency, rate=rate, sample=sample,
                              in_flight=in_flight, counted=counted, max_in_flight=max_in_flight,
@@ -392,6 +407,7 @@ class _Runner:
             if self.probe_errors >= _ABORT_MIN_ERRORS and \
                     self.probe_errors / self.probes_done > self.load.max_error_share:
                 self.aborted = True
+                self.share.halt()
 
 
 # Every field an Outcome shares with a Record is copied by name, so a field added to both travels on its own.

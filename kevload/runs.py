@@ -109,10 +109,11 @@ async def _run_scenario(scenario: Scenario, run_dir: Path | None, *, on_record: 
         if scenario.load.workers > 1 or cluster is not None:
             meta["clock"]["records"] = "unix"  # workers stamp Unix times (kevload.workers)
     write_json(run_dir / RUN, meta)
+    part = len(meta.get("resumed_at", []))  # this invocation: the k-th resume is part k, on disk before any send
     if scenario.load.workers > 1 or meta["clock"].get("records") == "unix":
         return await _run_workers(scenario, run_dir, meta, stop=stop, already=already, first_seq=first_seq,
-                                  cluster=cluster)
-    stream = engine.run(scenario, client, run_id=run_id, stop=stop, already=already, first_seq=first_seq,
+                                  part=part, cluster=cluster)
+    stream = engine.run(scenario, client, run_id=run_id, stop=stop, already=already, first_seq=first_seq, part=part,
                         answers=answers)
     with RecordWriter(run_dir / RECORDS) as writer:
         try:
@@ -128,7 +129,7 @@ async def _run_scenario(scenario: Scenario, run_dir: Path | None, *, on_record: 
 
 
 async def _run_workers(scenario: Scenario, run_dir: Path, meta: dict[str, Any], *, stop: asyncio.Event,
-                       already: dict[engine.LevelKey, int], first_seq: int,
+                       already: dict[engine.LevelKey, int], first_seq: int, part: int,
                        cluster: tuple[str, Any] | None) -> RunResult:
     """The run on worker processes (``load.workers``), or on Ray actors when ``cluster`` is (address, ray);
     a run stamped in Unix times stays so when resumed."""
@@ -140,12 +141,12 @@ async def _run_workers(scenario: Scenario, run_dir: Path, meta: dict[str, Any], 
             from kevload import rayworkers
 
             results = await rayworkers.run_ray(cluster[1], scenario, run_dir, run_id=meta["run_id"], stop=stop,
-                                               already=already, first_seq=first_seq)
+                                               already=already, first_seq=first_seq, part=part)
         else:
             # A run begun in one process keeps perf_counter times: that clock is shared by every process of the host.
             offset = workers.clock_offset() if meta["clock"].get("records") == "unix" else 0.0
             results = await workers.run_workers(scenario, run_dir, run_id=meta["run_id"], stop=stop,
-                                                already=already, first_seq=first_seq, offset=offset)
+                                                already=already, first_seq=first_seq, part=part, offset=offset)
     finally:
         aborted = any(r.aborted for r in results)
         state = "aborted" if aborted else "interrupted" if stop.is_set() or len(results) < scenario.load.workers \

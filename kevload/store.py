@@ -62,7 +62,7 @@ class Record:
     reasoning: str | None = None
     tool_calls: list[dict[str, str]] | None = None
     reconnects: int = 0
-    request_id: str | None = None  # sent as X-Request-Id (``<run_id>-<seq>``): joins the record with server logs
+    request_id: str | None = None  # sent as X-Request-Id (``<run_id>[-r<resume>]-<seq>``): joins it with server logs
     worker: int | None = None  # which worker process sent it (runs with load.workers > 1; None: one process)
     # Logprobs that are -inf, inf or NaN; ``logprobs`` then spells them as JSON cannot (``spell_logprobs``).
     logprob_nonfinite: int = 0
@@ -193,22 +193,23 @@ def cut_torn_tail(path: Path) -> int:
         return size - keep
 
 
-def find_record(path: Path, request_id: str) -> dict[str, Any] | None:
-    """The record of the request sent with ``X-Request-Id: request_id``, or None.
+def find_record(run_dir: Path, request_id: str) -> dict[str, Any] | None:
+    """The record of the request sent with ``X-Request-Id: request_id``, in any records file of the run, or None.
 
     Only lines holding the id's JSON spelling are parsed, so a large file is a byte scan.
     """
     needle = orjson.dumps(request_id)
-    with path.open("rb") as handle:
-        for line in handle:
-            if needle not in line:
-                continue
-            try:
-                record = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                continue  # a torn last line
-            if isinstance(record, dict) and record.get("request_id") == request_id:
-                return record
+    for path in records_paths(run_dir):
+        with path.open("rb") as handle:
+            for line in handle:
+                if needle not in line:
+                    continue
+                try:
+                    record = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    continue  # a torn last line
+                if isinstance(record, dict) and record.get("request_id") == request_id:
+                    return record
     return None
 
 

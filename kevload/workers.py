@@ -44,7 +44,7 @@ from kevload.scenario import Scenario
 from kevload.schedule import PROBE, ClosedLoop, OpenLoop
 from kevload.store import Record, RecordWriter
 
-IN_FLIGHT, START, PLAN = 0, 1, 2
+IN_FLIGHT, START, HALTED, PLAN = 0, 1, 2, 3
 _STATE_SIZE = PLAN + 32  # room for a ClosedLoop's numeric fields
 _WATCH_S = 0.05  # how often a worker looks for a stop from the driver (or the driver's death)
 
@@ -168,11 +168,12 @@ class OneOfN(engine.Solo):
 class Shared(OneOfN):
     """The engine's view of the other workers: shared plan and count, this worker's slots and arrivals, barriers."""
 
-    def __init__(self, worker: int, workers: int, state: Any, barrier: Any, stop: asyncio.Event):
+    def __init__(self, worker: int, workers: int, state: Any, barrier: Any, halt: Any, stop: asyncio.Event):
         super().__init__(worker, workers)
         self._shared = state  # what a SharedPlan is built on
         self._lock, self._state = state.get_lock(), state.get_obj()
         self._barrier = barrier
+        self._halt = halt
         self._stop = stop
 
     def closed(self, plan: ClosedLoop) -> tuple[SharedPlan, tuple[str, ...]]:  # type: ignore[override]
@@ -190,6 +191,12 @@ class Shared(OneOfN):
             in_flight = int(state[IN_FLIGHT])
             state[IN_FLIGHT] = in_flight + 1
         return in_flight, plan.sent(role, in_flight, at)
+
+    def halted(self) -> bool:
+        return self._state[HALTED] != 0  # a plain read: the flag only ever goes from 0 to 1
+
+    def halt(self) -> None:
+        _halt(self._halt, self._barrier, self._shared)
 
     def pause(self) -> None:
         with self._lock:
@@ -237,7 +244,8 @@ class WorkerResult:
 
 
 async def run_workers(scenario: Scenario, run_dir: Path, *, run_id: str, stop: asyncio.Event,
-                      already: dict[engine.LevelKey, int], first_seq: int, offset: float) -> list[WorkerResult]:
+                      already: dict[engine.LevelKey, int], first_seq: int, part: int,
+                      offset: float) -> list[WorkerResult]:
     """Run the scenario on ``load.workers`` processes; returns once all have ended (each writes its own file).
 
     A stop (Ctrl-C) reaches the workers through a shared event, and breaks the barrier so none waits for
@@ -253,7 +261,7 @@ async def run_workers(scenario: Scenario, run_dir: Path, *, run_id: str, stop: a
         receive, send = ctx.Pipe(duplex=False)
         proc = ctx.Process(target=_worker_main, name=f"kevload-worker-{worker}", daemon=True,
                            args=(worker, workers, scenario, str(run_dir / records_name(worker)), run_id, already,
-                                 first_seq, offset, os.getpid(), state, barrier, halt, send))
+                                 first_seq, part, offset, os.getpid(), state, barrier, halt, send))
         proc.start()
         send.close()
         pipes.append(receive)
@@ -262,7 +270,7 @@ async def run_workers(scenario: Scenario, run_dir: Path, *, run_id: str, stop: a
     try:
         while len(results) < workers:
             if stop.is_set() and not halt.is_set():
-                _halt(halt, barrier)
+                _halt(halt, barrier, state)
             for worker, (pipe, proc) in enumerate(zip(pipes, procs, strict=True)):
                 if worker in results:
                     continue
@@ -270,14 +278,14 @@ async def run_workers(scenario: Scenario, run_dir: Path, *, run_id: str, stop: a
                 if pipe.poll():
                     results[worker] = pipe.recv()
                     if results[worker].aborted or results[worker].error:
-                        _halt(halt, barrier)
+                        _halt(halt, barrier, state)
                 elif not alive:
                     results[worker] = WorkerResult(worker, 0, False, f"died (exit code {proc.exitcode})")
-                    _halt(halt, barrier)
+                    _halt(halt, barrier, state)
             await asyncio.sleep(_WATCH_S)
     finally:
         if len(results) < workers:  # the driver itself was cancelled: take the workers down with it
-            _halt(halt, barrier)
+            _halt(halt, barrier, state)
         for proc in procs:
             proc.join(timeout=engine.STOP_GRACE_S + 5)
             if proc.is_alive():
@@ -286,13 +294,16 @@ async def run_workers(scenario: Scenario, run_dir: Path, *, run_id: str, stop: a
     return [results[w] for w in range(workers)]
 
 
-def _halt(halt: Any, barrier: Any) -> None:
+def _halt(halt: Any, barrier: Any, state: Any) -> None:
+    # The flag first: every worker stops resending only after it is set, so an answer that finds it unset had its
+    # batch kept full to its end, and one that finds it set is not counted (engine).
+    state.get_obj()[HALTED] = 1
     halt.set()
     barrier.abort()
 
 
 def _worker_main(worker: int, workers: int, scenario: Scenario, path: str, run_id: str,
-                 already: dict[engine.LevelKey, int], first_seq: int, offset: float, parent: int,
+                 already: dict[engine.LevelKey, int], first_seq: int, part: int, offset: float, parent: int,
                  state: Any, barrier: Any, halt: Any, pipe: Any) -> None:
     # Ctrl-C reaches the whole process group: the driver alone decides, and tells the workers through `halt`.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -300,8 +311,8 @@ def _worker_main(worker: int, workers: int, scenario: Scenario, path: str, run_i
 
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            result = runner.run(_work(worker, workers, scenario, Path(path), run_id, already, first_seq, offset,
-                                      parent, state, barrier, halt))
+            result = runner.run(_work(worker, workers, scenario, Path(path), run_id, already, first_seq, part,
+                                      offset, parent, state, barrier, halt))
     except Exception:  # noqa: BLE001 - the driver shows it; a worker has no terminal of its own
         result = WorkerResult(worker, 0, False, traceback.format_exc(limit=8))
     pipe.send(result)
@@ -309,7 +320,7 @@ def _worker_main(worker: int, workers: int, scenario: Scenario, path: str, run_i
 
 
 async def _work(worker: int, workers: int, scenario: Scenario, path: Path, run_id: str,
-                already: dict[engine.LevelKey, int], first_seq: int, offset: float, parent: int,
+                already: dict[engine.LevelKey, int], first_seq: int, part: int, offset: float, parent: int,
                 state: Any, barrier: Any, halt: Any) -> WorkerResult:
     from kevload.client import Client
 
@@ -326,8 +337,9 @@ async def _work(worker: int, workers: int, scenario: Scenario, path: Path, run_i
     cap = scenario.load.max_in_flight
     mine = replace(scenario, load=replace(scenario.load, max_in_flight=cap_of(cap, worker, workers)))
     client = Client(mine.target, mine.api_key())
-    share = Shared(worker, workers, state, barrier, stop)
-    stream = engine.run(mine, client, run_id=run_id, stop=stop, already=already, first_seq=first_seq, share=share)
+    share = Shared(worker, workers, state, barrier, halt, stop)
+    stream = engine.run(mine, client, run_id=run_id, stop=stop, already=already, first_seq=first_seq, part=part,
+                        share=share)
     watcher = asyncio.create_task(watch())
     with RecordWriter(path) as writer:
         try:
@@ -336,9 +348,6 @@ async def _work(worker: int, workers: int, scenario: Scenario, path: Path, run_i
                     writer.write(stamp(record, worker, offset, cap))
         finally:
             watcher.cancel()
-    if stream.aborted:
-        halt.set()
-        barrier.abort()
     return WorkerResult(worker, writer.count, stream.aborted)
 
 

@@ -15,6 +15,7 @@ import random
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +68,9 @@ class Behaviour:
     # Position -> a logprob put there (-inf, inf, nan): json.dumps writes them -Infinity, Infinity, NaN.
     logprob_nonfinite: dict[int, float] = field(default_factory=dict)
     logprobs_alone_only: bool = False  # logprobs only for a request that had no other in flight
+    # Called on each request's arrival with its index and the requests now at the server (itself included); a number
+    # it returns holds that request so long instead of `latency`. Tests act through it at a chosen moment.
+    on_arrival: Callable[[int, int], float | None] | None = None
 
 
 class FakeServer:
@@ -75,6 +79,8 @@ class FakeServer:
         self.requests: list[dict[str, Any]] = []
         self.request_ids: list[str | None] = []  # each request's X-Request-Id, in arrival order
         self.arrivals: list[float] = []
+        # Each request's time at the server: [X-Request-Id, user, arrived, finished (None while it runs)].
+        self.visits: list[list[Any]] = []
         self.injected: dict[str, int] = {}
         self.seen_prompts: set[str] = set()
         self._active: dict[int, dict[str, Any]] = {}
@@ -166,6 +172,9 @@ class FakeServer:
         self._next_id += 1
         state = {"prompt": prompt, "max_overlap": 1, "prompts": {prompt}}
         self._active[me] = state
+        hold = b.on_arrival(index, len(self._active)) if b.on_arrival is not None else None
+        visit = [request.headers.get("X-Request-Id"), body.get("user"), time.monotonic(), None]
+        self.visits.append(visit)
         for other in self._active.values():
             other["max_overlap"] = max(other["max_overlap"], len(self._active))
             other["prompts"].add(prompt)
@@ -185,9 +194,11 @@ class FakeServer:
                 request.transport.write(b"H")
                 request.transport.abort()
                 raise ConnectionResetError
-            await asyncio.sleep(b.latency + b.ttft + b.latency_per_overlap * (len(self._active) - 1))
+            latency = b.latency if hold is None else hold
+            await asyncio.sleep(latency + b.ttft + b.latency_per_overlap * (len(self._active) - 1))
         finally:
             self._active.pop(me, None)
+            visit[3] = time.monotonic()
         text = self._answer(body, prompt, state)
         logprobs = self._logprobs(body, text, state["max_overlap"])
         if body.get("stream"):

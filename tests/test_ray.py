@@ -16,6 +16,8 @@ import pytest
 from kevload.store import read_run_records, records_paths
 from tests.conftest import load_summary, run_cli, write_scenario
 from tests.raycluster import ray_cluster
+from tests.test_request_ids import kill_and_resume
+from tests.test_stop_batches import stop_mid_level
 from tests.test_workers import TWO_PROBES, _check_levels, check_c_in_flight
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,6 +139,15 @@ def test_ctrl_c_keeps_every_finished_record_and_resume_finishes(tmp_path, server
     rows = _rows(run_dir)
     assert len(rows) == len(server.requests)
     _check_levels(rows, 2, levels=4)
+
+
+def test_a_stop_mid_level_leaves_no_counted_sample_without_its_batch(tmp_path, server, cluster):
+    rows = stop_mid_level(tmp_path, server, "--workers", "2", "--ray", cluster)
+    assert sum(r["counted"] for r in rows) >= 9  # the level counted before the stop
+
+
+def test_ids_and_nonces_stay_unique_across_a_killed_driver_and_a_resume(tmp_path, server, cluster):
+    kill_and_resume(tmp_path, server, ["--workers", "2", "--ray", cluster], ["--ray", cluster])
 
 
 def _actor_pids(name: str) -> list[int]:
