@@ -37,6 +37,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from kevload import engine
 from kevload.errors import ClusterError, InputError
 from kevload.scenario import Scenario
