@@ -47,6 +47,14 @@ def server():
         yield fake
 
 
+def crafted_times(seq: int, level: int) -> dict[str, float]:
+    """Send and last-byte times for a crafted record: serial samples one after another, a level's samples all
+    in flight together, as at full load (so the overlap check has nothing to flag)."""
+    if level == 1:
+        return {"t_send": seq * 0.1, "t_last_byte": seq * 0.1 + 0.05}
+    return {"t_send": level * 100 + seq * 0.001, "t_last_byte": level * 100 + 50}
+
+
 def toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"

@@ -22,7 +22,7 @@ from kevload.report import cell_text, junit_xml, markdown, verdict_line
 from kevload.scenario import Probe, ScenarioError, load_scenario, scenario_from_dict
 from kevload.stats import mean_share_interval, wilson_interval
 from kevload.summary import RunSummary
-from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
+from tests.conftest import cells_by_level, crafted_times, load_summary, run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
 
 # --- the pure parts: Wilson interval and the mean-share interval ---
@@ -75,10 +75,7 @@ class Records:
                 "run_id": "r", "seq": seq, "probe": "p1", "role": "probe", "mode": "single", "concurrency": level,
                 "rate": None, "status": "ok", "output": text, "sha256": hashlib.sha256(text.encode()).hexdigest(),
                 "finish_reason": "stop", "completion_tokens": len(tokens or []), "token_ids": tokens,
-                "logprobs": logprobs, "chunks": 0,
-                # Serial samples one after another; a level's samples all in flight together, as at full load.
-                "t_send": level * 100 + seq * (0.1 if level == 1 else 0.001), "t_last_byte": level * 100 + seq * 0.1
-                + 0.05 if level == 1 else level * 100 + 50})
+                "logprobs": logprobs, "chunks": 0, **crafted_times(seq, level)})
         return self
 
     def cells(self) -> dict[int, dict]:
