@@ -446,7 +446,7 @@ def diagnose_command(url, model, prompt, messages_file, params_json, max_tokens,
                               until_bound=None if until_bound is None else _share(until_bound, "--until-bound"),
                               max_samples=max_samples)
     check_options(options)
-    result, signum = aio.run(lambda stop: diagnose(options, log=lambda m: stderr.print(m)))
+    result, signum = aio.run(lambda stop: diagnose(options, log=lambda m: stderr.print(m), stop=stop))
     click.echo(diagnosis_text(result.to_json()))
     if json_out is not None:
         json_out.write_bytes(orjson.dumps(result.to_json(), option=orjson.OPT_INDENT_2))
