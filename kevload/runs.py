@@ -158,7 +158,8 @@ async def _run_workers(scenario: Scenario, run_dir: Path, meta: dict[str, Any], 
         summary = finish_run(run_dir, state=state, meta=meta)
     lost = [r for r in results if r.lost]
     if lost:
-        raise ClusterError(f"--ray: worker {lost[0].worker} {lost[0].error}; {run_dir} keeps the "
+        option = "--ray" if cluster is not None else "--workers"
+        raise ClusterError(f"{option}: worker {lost[0].worker} {lost[0].error}; {run_dir} keeps the "
                            f"{summary.requests_sent} records collected (state {state}): "
                            f"kevload run --resume {run_dir} finishes it")
     failed = [r for r in results if r.error]
