@@ -113,3 +113,13 @@ def _processes() -> list[tuple[int, int, tuple[int, str]]]:
 
 def _limit_memory(limit: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def holder(parent: int, path: Path) -> int:
+    """The child of ``parent`` that has ``path`` open (a worker and its records file)."""
+    for pid, ppid, _ in _processes():
+        if ppid == parent:
+            with contextlib.suppress(OSError):
+                if any(os.path.realpath(fd) == str(path.resolve()) for fd in Path(f"/proc/{pid}/fd").iterdir()):
+                    return pid
+    raise AssertionError(f"no child of {parent} has {path} open")
