@@ -61,6 +61,10 @@ async def run_scenario(scenario: Scenario, run_dir: Path | None = None, *,
     ``host:port``) runs the workers as actors of that Ray cluster (``kevload.rayworkers``).
     """
     if ray is None:
+        if scenario.load.workers > 1:
+            from kevload.workers import check_host
+
+            check_host(scenario)
         return await _run_scenario(scenario, run_dir, on_record=on_record, stop=stop, resume=resume,
                                    overwrite=overwrite)
     if scenario.load.until_bound is not None:

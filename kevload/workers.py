@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from kevload import engine
+from kevload.errors import InputError
 from kevload.scenario import Scenario
 from kevload.schedule import PROBE, ClosedLoop, OpenLoop
 from kevload.store import Record, RecordWriter
@@ -47,6 +48,16 @@ IN_FLIGHT, START, HALTED, PASSED, PLAN = 0, 1, 2, 3, 4  # PASSED: arrivals at ba
 _STATE_SIZE = PLAN + 32  # room for a ClosedLoop's numeric fields
 _WATCH_S = 0.05  # how often a worker looks for a stop from the driver (or the driver's death)
 _BARRIER_S = 0.002  # how often a worker at a barrier looks whether the others are there
+_PER_CORE = 4  # worker processes per core at most (scenario.MAX_WORKERS bounds a run's on any cluster)
+
+
+def check_host(scenario: Scenario) -> None:
+    """Refuse more worker processes than this host can use, before anything is written or started: each is an
+    event loop of its own, and more than a few per core only compete for the cores (and take memory)."""
+    cores = os.cpu_count() or 1
+    if scenario.load.workers > _PER_CORE * cores:
+        raise InputError(f"load.workers: expected at most {_PER_CORE * cores} on this host ({_PER_CORE} per core, "
+                         f"{cores} cores), got {scenario.load.workers}; --ray spreads more over a cluster's hosts")
 
 
 def records_name(worker: int) -> str:

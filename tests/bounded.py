@@ -14,10 +14,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-# Runs kevload's CLI with the parallel reduction forced (any records file is "large", four processes):
-# the path a run with records over 32 MiB takes, without writing 32 MiB.
-PARALLEL_REDUCTION = ("import os, sys; from kevload import compare; compare._PARALLEL_BYTES = 1; "
-                      "os.cpu_count = lambda: 4; from kevload.cli import main; main(sys.argv[1:])")
+
+def cli(*setup: str) -> str:
+    """``python -c`` code that runs kevload's CLI (its arguments from the command line) after ``setup``."""
+    return "; ".join(("import os, sys", *setup, "from kevload.cli import main", "main(sys.argv[1:])"))
+
+
+# The parallel reduction forced (any records file is "large", four processes): the path a run with records over
+# 32 MiB takes, without writing 32 MiB.
+PARALLEL_REDUCTION = cli("from kevload import compare", "compare._PARALLEL_BYTES = 1", "os.cpu_count = lambda: 4")
+# Starting any process fails at once: a test of a bound on worker processes cannot start thousands of them.
+NO_START = ("import multiprocessing.process as mp", "mp.BaseProcess.start = lambda self: sys.exit('started a process')")
+NO_PROCESSES = cli(*NO_START)
 
 
 @dataclass

@@ -36,8 +36,8 @@ def test_overrides_are_toml_values(tmp_path):
 @pytest.mark.parametrize(("change", "key", "expected"), [
     ("load.concurency=[1]", "load.concurency", "did you mean concurrency"),
     ("load.concurrency=[]", "load.concurrency", "non-empty list"),
-    ("load.concurrency=[0, 2]", "load.concurrency", ">= 1"),
-    ("load.samples=0", "load.samples", ">= 1"),
+    ("load.concurrency=[0, 2]", "load.concurrency", "from 1 to 100,000"),
+    ("load.samples=0", "load.samples", "from 1 to 10,000,000"),
     ("load.samples=true", "load.samples", "integer"),
     ("load.mode=mixd", "load.mode", "did you mean mixed"),
     ("target.api=chatt", "target.api", "one of chat, completions"),

@@ -130,7 +130,7 @@ def test_stop_ends_every_worker_and_resume_finishes_the_run(tmp_path, server):
 
 
 @pytest.mark.parametrize(("load", "message"), [
-    ("workers = 0", "load.workers: expected an integer >= 1"),
+    ("workers = 0", "load.workers: expected an integer from 1 to 1,024"),
     ("workers = 3\nmax_in_flight = 2\nrate = [5]", "load.max_in_flight: expected 0 or at least load.workers (3)"),
 ])
 def test_bad_worker_settings_are_refused(tmp_path, load, message):
