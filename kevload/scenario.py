@@ -10,6 +10,7 @@ Every error is one line naming the source, the key and what was expected.
 
 from __future__ import annotations
 
+import codecs
 import difflib
 import functools
 import math
@@ -295,8 +296,12 @@ def iter_jsonl(path: Path, what: str) -> Iterator[tuple[int, Any]]:
 
 
 def parse_jsonl(lines: Iterable[bytes], path: Path, what: str) -> Iterator[tuple[int, Any]]:
-    """(line number, object) for each non-blank line; the first that is not JSON is an error naming it."""
+    """(line number, object) for each non-blank line; the first that is not JSON is an error naming it.
+
+    A UTF-8 byte order mark opening the file (editors on Windows write one) is read as what it is."""
     for number, line in enumerate(lines, 1):
+        if number == 1:
+            line = line.removeprefix(codecs.BOM_UTF8)
         if not line.strip():
             continue
         try:
@@ -310,7 +315,7 @@ def load_scenario(path: str | Path, overrides: list[str] = ()) -> Scenario:
     path = Path(path)
     source = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte order mark opening the file is no TOML statement
     except FileNotFoundError:
         raise ScenarioError(f"{source}: no such scenario file") from None
     except (OSError, UnicodeDecodeError) as exc:

@@ -62,6 +62,13 @@ def test_malformed_toml(tmp_path):
     assert code == 2 and "bad.toml: not valid TOML" in output
 
 
+def test_a_byte_order_mark_opens_a_scenario_file(tmp_path):
+    path = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1")
+    plain = load_scenario(path)
+    path.write_text("\ufeff" + path.read_text(), encoding="utf-8")  # as an editor on Windows saves it
+    assert load_scenario(path) == plain
+
+
 def test_missing_file(tmp_path):
     code, output = run_cli("run", tmp_path / "nope.toml")
     assert code == 2 and "nope.toml: no such scenario file" in output
