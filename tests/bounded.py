@@ -67,7 +67,7 @@ class Kevload:
 
     def children(self) -> list[int]:
         """Pids of kevload's live child processes."""
-        return [pid for pid, ppid, _ in _processes() if ppid == self.proc.pid]
+        return [pid for pid, ppid, _, _ in processes() if ppid == self.proc.pid]
 
     def end(self, timeout: float) -> Ended:
         """Wait for kevload to exit, at most ``timeout`` seconds; then kill whatever is left of its group."""
@@ -99,10 +99,11 @@ class Kevload:
 
 def group_members(pgid: int) -> list[str]:
     """Live (not zombie) processes of process group ``pgid``, as ``pid: cmdline``."""
-    return [f"{pid}: {cmdline}" for pid, _, (group, cmdline) in _processes() if group == pgid]
+    return [f"{pid}: {cmdline}" for pid, _, group, cmdline in processes() if group == pgid]
 
 
-def _processes() -> list[tuple[int, int, tuple[int, str]]]:
+def processes() -> list[tuple[int, int, int, str]]:
+    """Live (not zombie) processes of this host as (pid, parent pid, process group, the start of the cmdline)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -115,7 +116,7 @@ def _processes() -> list[tuple[int, int, tuple[int, str]]]:
         # Fields after the command's name, which is in parentheses and may hold spaces.
         state, ppid, pgrp = stat.rsplit(")", 1)[1].split()[:3]
         if state != "Z":
-            found.append((int(entry.name), int(ppid), (int(pgrp), cmdline)))
+            found.append((int(entry.name), int(ppid), int(pgrp), cmdline))
     return found
 
 
@@ -125,7 +126,7 @@ def _limit_memory(limit: int) -> None:
 
 def holder(parent: int, path: Path) -> int:
     """The child of ``parent`` that has ``path`` open (a worker and its records file)."""
-    for pid, ppid, _ in _processes():
+    for pid, ppid, _, _ in processes():
         if ppid == parent:
             with contextlib.suppress(OSError):
                 if any(os.path.realpath(fd) == str(path.resolve()) for fd in Path(f"/proc/{pid}/fd").iterdir()):
