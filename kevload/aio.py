@@ -12,6 +12,8 @@ import uvloop
 T = TypeVar("T")
 
 EXIT_FOR_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
+# What a second signal of a kind meets: Python's own handling (SIGINT raises KeyboardInterrupt, SIGTERM ends).
+_SECOND = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
 
 
 def run(main: Callable[[asyncio.Event], Coroutine[Any, Any, T]]) -> tuple[T, int | None]:
@@ -25,18 +27,20 @@ def run(main: Callable[[asyncio.Event], Coroutine[Any, Any, T]]) -> tuple[T, int
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
 
-        def on_signal(signum: int) -> None:
+        # A Python-level handler, not loop.add_signal_handler: it runs at once, also while the loop is busy in
+        # synchronous work (the summary's reduction), where a loop callback would only run after ``main``
+        # returned and the signal would be lost. A signal also wakes a loop waiting for I/O (its wakeup fd).
+        def on_signal(signum: int, _frame: Any) -> None:
+            signal.signal(signum, _SECOND[signum])
             received.append(signum)
-            stop.set()
-            loop.remove_signal_handler(signum)
+            loop.call_soon_threadsafe(stop.set)
 
-        for signum in EXIT_FOR_SIGNAL:
-            loop.add_signal_handler(signum, on_signal, signum)
+        previous = {signum: signal.signal(signum, on_signal) for signum in EXIT_FOR_SIGNAL}
         try:
             return await main(stop)
         finally:
-            for signum in EXIT_FOR_SIGNAL:
-                loop.remove_signal_handler(signum)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         result = runner.run(wrapper())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import sys
 from collections.abc import Iterator
@@ -19,7 +20,16 @@ from kevload import __version__, aio
 from kevload.errors import InputError, KevloadError, ScenarioError
 from kevload.report import FORMATS, render, slo_line, verdict_line
 from kevload.runs import finish_run, refuse_existing, run_scenario, single_run_id
-from kevload.scenario import APIS, load_scenario
+from kevload.scenario import (
+    APIS,
+    MAX_CONCURRENCY,
+    MAX_RETRIES,
+    MAX_SAMPLES,
+    MAX_SECONDS,
+    MAX_TOKENS,
+    MAX_WORKERS,
+    load_scenario,
+)
 from kevload.stats import samples_for_bound
 from kevload.store import (
     RECORDS,
@@ -39,6 +49,16 @@ _EXIT_FOR_VERDICT = {"deterministic": EXIT_OK, "nondeterministic": EXIT_DRIFT, "
                      "inconclusive": EXIT_TARGET}
 
 stderr = Console(stderr=True)
+
+
+class _Finite(click.FloatRange):
+    """A FloatRange that refuses nan too, which passes every bound's comparison (and so would pass click's)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
 
 
 class _Main(click.Group):
@@ -63,14 +83,16 @@ def main() -> None:
 @click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path), required=False)
 @click.option("--resume", type=click.Path(file_okay=False, path_type=Path),
               help="Finish the samples an interrupted run did not get to, with its own scenario.")
-@click.option("--retries", type=click.IntRange(min=0), help="Retry 429/503 up to N times (Retry-After honoured).")
+@click.option("--retries", type=click.IntRange(min=0, max=MAX_RETRIES),
+              help="Retry 429/503 up to N times (Retry-After honoured).")
 @click.option("--dataset-seed", type=int, help="Which lines JSONL probe/companion datasets contribute "
               "(load.dataset_seed); recorded in run.json with each file's sha256.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a scenario key; VALUE is TOML (e.g. --set 'load.concurrency=[1,4]').")
 @click.option("--until-bound", metavar="SHARE", help="Sample each cell until drift is seen or the 95% bound on "
               "its drift rate is this low (5% or 0.05; load.until_bound), at most load.max_samples.")
-@click.option("--workers", type=click.IntRange(min=1), help="Worker processes sharing each level (load.workers).")
+@click.option("--workers", type=click.IntRange(min=1, max=MAX_WORKERS),
+              help="Worker processes sharing each level (load.workers).")
 @click.option("--ray", "ray_address", metavar="ADDRESS", help="Run the workers as actors of a Ray cluster: 'auto' "
               "(the one this host belongs to), host:port, or 'local' (started here for the run); needs "
               "pip install 'kevload[ray]'.")
@@ -80,7 +102,7 @@ def main() -> None:
 @click.option("--quiet", is_flag=True, help="No progress bar and no table; only the verdict line.")
 @click.option("--baseline", type=click.Path(exists=True, path_type=Path),
               help="An earlier run dir or summary.json: new drift, unseen outputs or slower latency exit 1.")
-@click.option("--max-latency-regression", type=click.FloatRange(min=0), default=0.2, show_default=True,
+@click.option("--max-latency-regression", type=_Finite(min=0), default=0.2, show_default=True,
               help="With --baseline: allowed relative growth of p50 e2e/TTFT latency.")
 @click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), help="Write JUnit XML here.")
 @click.option("--metrics", type=click.Path(dir_okay=False, path_type=Path), callback=lambda _c, _p, v: _metrics_path(v),
@@ -381,7 +403,7 @@ def target_status(name: str) -> None:
 @main.command()
 @click.option("--targets", default="llamacpp,transformers", show_default=True,
               help="Comma-separated built-in targets to run the demo against.")
-@click.option("--samples", type=click.IntRange(min=2), default=8, show_default=True)
+@click.option("--samples", type=click.IntRange(min=2, max=MAX_SAMPLES), default=8, show_default=True)
 def demo(targets: str, samples: int) -> None:
     """The guide's first three steps against the built-in real targets, matrices side by side."""
     from kevload.demo import run_demo
@@ -402,11 +424,12 @@ def demo(targets: str, samples: int) -> None:
 @click.option("--messages", "messages_file", type=click.Path(dir_okay=False, path_type=Path),
               help="JSON file with a chat messages list, instead of --prompt.")
 @click.option("--params", "params_json", default="{}", help="Current request params as JSON (what production sends).")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=48, show_default=True)
-@click.option("--samples", type=click.IntRange(min=2), default=6, show_default=True, help="Samples per step.")
-@click.option("--max-concurrency", type=click.IntRange(min=2), default=4, show_default=True)
+@click.option("--max-tokens", type=click.IntRange(min=1, max=MAX_TOKENS), default=48, show_default=True)
+@click.option("--samples", type=click.IntRange(min=2, max=MAX_SAMPLES), default=6, show_default=True,
+              help="Samples per step.")
+@click.option("--max-concurrency", type=click.IntRange(min=2, max=MAX_CONCURRENCY), default=4, show_default=True)
 @click.option("--api", type=click.Choice(APIS), default="chat", show_default=True)
-@click.option("--timeout", type=click.FloatRange(min=0.1), default=60.0, show_default=True)
+@click.option("--timeout", type=_Finite(min=0.1, max=MAX_SECONDS), default=60.0, show_default=True)
 @click.option("--api-key-env", help="Environment variable holding the API key.")
 @click.option("--online", type=click.Path(dir_okay=False, exists=True, path_type=Path), help="Live inputs (JSONL).")
 @click.option("--train", type=click.Path(dir_okay=False, exists=True, path_type=Path), help="Training set (JSONL).")
@@ -415,7 +438,7 @@ def demo(targets: str, samples: int) -> None:
 @click.option("--all", "run_all", is_flag=True, help="Run every step even after a cause is found.")
 @click.option("--until-bound", metavar="SHARE", help="In the fixed and concurrency steps, sample each cell until "
               "drift is seen or the 95% bound on its drift rate is this low (5% or 0.05), at most --max-samples.")
-@click.option("--max-samples", type=click.IntRange(min=2), default=1000, show_default=True,
+@click.option("--max-samples", type=click.IntRange(min=2, max=MAX_SAMPLES), default=1000, show_default=True,
               help="With --until-bound: the most probe samples per cell.")
 def diagnose_command(url, model, prompt, messages_file, params_json, max_tokens, samples, max_concurrency, api,
                      timeout, api_key_env, online, train, json_out, out, run_all, until_bound, max_samples) -> None:
@@ -446,7 +469,7 @@ def diagnose_command(url, model, prompt, messages_file, params_json, max_tokens,
                               until_bound=None if until_bound is None else _share(until_bound, "--until-bound"),
                               max_samples=max_samples)
     check_options(options)
-    result, signum = aio.run(lambda stop: diagnose(options, log=lambda m: stderr.print(m)))
+    result, signum = aio.run(lambda stop: diagnose(options, log=lambda m: stderr.print(m), stop=stop))
     click.echo(diagnosis_text(result.to_json()))
     if json_out is not None:
         json_out.write_bytes(orjson.dumps(result.to_json(), option=orjson.OPT_INDENT_2))
@@ -520,7 +543,7 @@ def cases_build(run_dirs: tuple[Path, ...], output: Path, target_name: str | Non
 @click.argument("cases_file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--url", required=True)
 @click.option("--model", required=True)
-@click.option("--times", type=click.IntRange(min=2), default=5, show_default=True)
+@click.option("--times", type=click.IntRange(min=2, max=MAX_SAMPLES), default=5, show_default=True)
 @click.option("--api", type=click.Choice(APIS), default="chat", show_default=True)
 @click.option("--target-name", help="Rerun only the cases of this target (as `cases build` named it).")
 @click.option("--accept-changes", "accept", is_flag=True,

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import multiprocessing.connection
 import os
+import signal
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
@@ -38,8 +40,10 @@ from kevload.stats import LatencyHistogram, drift_upper_bound, mean_share_interv
 from kevload.store import RunDirError, read_records, record_answer
 from kevload.summary import DIVERGENCE_KINDS, CellSummary, RunSummary, level_label, level_order, levels_of
 
-# Below this a records file is read in-process: forking costs more than it saves.
+# Below this a records file is read in-process: starting processes costs more than it saves.
 _PARALLEL_BYTES = 32 << 20
+# How long a reduction's process may take to exit once its part is in, before it is killed.
+_EXIT_S = 5.0
 
 LATENCY_NAMES = ("e2e", "ttft", "tpot", "itl", "lateness")
 CellKey = tuple[str, str, str, int, float | None]  # probe, role, mode, concurrency, rate (open loop)
@@ -431,8 +435,7 @@ def reduce_file(path: Path, workers: int | None = None, *, slo: Slo | None = Non
         return reduce_records(read_records(path), slo=slo)
     cuts = _line_cuts(path, size, workers)
     ranges = [(str(path), start, end, end == size, slo) for start, end in zip(cuts, cuts[1:], strict=False)]
-    with multiprocessing.get_context("fork").Pool(len(ranges)) as pool:
-        parts = pool.starmap(_reduce_range, ranges)
+    parts = _reduce_ranges(ranges)
     total = parts[0]
     for part in parts[1:]:
         total.merge(part)
@@ -890,6 +893,67 @@ def _line_cuts(path: Path, size: int, parts: int) -> list[int]:
             if cuts[-1] < position < size:
                 cuts.append(position)
     return cuts + [size]
+
+
+def _reduce_ranges(ranges: list[tuple[str, int, int, bool, Slo | None]]) -> list[Reduction]:
+    """Each range reduced in a process of its own, in order; a range whose process died is reduced here.
+
+    Spawned, never forked: this runs inside the run's event loop, and a fork would inherit its signal
+    handling (a caught SIGTERM, so terminating the child does nothing) and the locks its threads hold. Every
+    wait is bounded: a part arrives or its process's end closes the pipe, and each process is joined with a
+    timeout, then killed.
+    """
+    context = multiprocessing.get_context("spawn")
+    pipes, procs = [], []
+    try:
+        for args in ranges:
+            receive, send = context.Pipe(duplex=False)
+            proc = context.Process(target=_range_main, args=(send, args), name="kevload-reduce", daemon=True)
+            proc.start()
+            send.close()  # the child holds the only write end: its end, however it comes, is an EOF here
+            pipes.append(receive)
+            procs.append(proc)
+        answers: dict[int, tuple[Reduction | None, RunDirError | None] | None] = {}
+        while len(answers) < len(pipes):
+            for pipe in multiprocessing.connection.wait([p for i, p in enumerate(pipes) if i not in answers]):
+                index = pipes.index(pipe)
+                try:
+                    answers[index] = pipe.recv()
+                except EOFError:
+                    answers[index] = None  # the process died before its part was in (OOM killer, kill -9)
+    except BaseException:  # a second Ctrl-C, say: nobody waits for the parts any more
+        for proc in procs:
+            proc.kill()
+        raise
+    finally:
+        for proc in procs:
+            proc.join(timeout=_EXIT_S)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        for pipe in pipes:
+            pipe.close()
+    parts = []
+    for index, args in enumerate(ranges):
+        answer = answers[index]
+        if answer is None:
+            parts.append(_reduce_range(*args))
+            continue
+        part, error = answer
+        if error is not None:
+            raise error
+        parts.append(part)
+    return parts
+
+
+def _range_main(pipe: multiprocessing.connection.Connection, args: tuple[str, int, int, bool, Slo | None]) -> None:
+    # The run's process owns stops: a Ctrl-C or SIGTERM to the process group must not end a part of its summary.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        pipe.send((_reduce_range(*args), None))
+    except RunDirError as exc:
+        pipe.send((None, exc))
 
 
 def _reduce_range(path: str, start: int, end: int, is_last: bool, slo: Slo | None) -> Reduction:

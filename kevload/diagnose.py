@@ -8,6 +8,7 @@ without a server.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import secrets
 from collections.abc import Callable, Iterable, Mapping
@@ -421,16 +422,28 @@ def check_options(options: DiagnoseOptions) -> None:
     _scenario(options, {}, [1], options.samples, until=True).api_key()
 
 
-async def diagnose(options: DiagnoseOptions, log: Callable[[str], None] = print) -> Diagnosis:
-    return await _Diagnoser(options, log).run()
+async def diagnose(options: DiagnoseOptions, log: Callable[[str], None] = print,
+                   stop: asyncio.Event | None = None) -> Diagnosis:
+    """The diagnosis; a ``stop`` (Ctrl-C, SIGTERM) ends it after the step it interrupts, which is left out of
+    the evidence (its run directory, state interrupted, is kept and listed)."""
+    diagnoser = _Diagnoser(options, log, stop or asyncio.Event())
+    try:
+        return await diagnoser.run()
+    except _Stopped:
+        return diagnoser.decide()
+
+
+class _Stopped(Exception):
+    """A stop interrupted a step: measuring ends with the steps already complete."""
 
 
 class _Diagnoser:
     """Runs the steps, each an ordinary run on disk, and asks `decide` where it needs to know whether to stop."""
 
-    def __init__(self, options: DiagnoseOptions, log: Callable[[str], None]):
+    def __init__(self, options: DiagnoseOptions, log: Callable[[str], None], stop: asyncio.Event):
         self.o = options
         self.log = log
+        self.stop = stop
         self.evidence = Evidence()
         # The first step's run checks once whether the server returns logprobs; the later steps reuse the answer.
         self.logprobs: str | bool = "auto"
@@ -490,6 +503,8 @@ class _Diagnoser:
         dropped = []
         async with Client(scenario.target, scenario.api_key()) as client:
             for name, value in FIXING_FIELDS.items():
+                if self.stop.is_set():
+                    raise _Stopped
                 body = build_body(scenario.target, probe, {name: value}, stream=False, nonce=None)
                 outcome = await client.send(body)
                 if outcome.status.startswith("http_4"):
@@ -560,7 +575,10 @@ class _Diagnoser:
         run_dir = self.out / key
         scenario = _scenario(self.o, params, levels, samples, mode=mode, probes=probes, until=key in _UNTIL_STEPS,
                              logprobs=self.logprobs)
-        result = await run_scenario(scenario, run_dir)
+        result = await run_scenario(scenario, run_dir, stop=self.stop)
+        if result.state == "interrupted":
+            self.evidence = replace(self.evidence, runs=self.evidence.runs + (str(run_dir),))
+            raise _Stopped  # a step cut short is incomplete evidence: it could show a cause it does not have
         if self.logprobs == "auto":
             available = read_json(run_dir / RUN).get("logprobs", {}).get("available")
             self.logprobs = self.logprobs if available is None else available

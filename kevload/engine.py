@@ -269,11 +269,15 @@ class _Runner:
 
         async def one(role: str, item: Probe, sample: int, at: float, scheduled: float) -> None:
             try:
-                await send(role, item, sample, at=at, t_scheduled=scheduled)
+                if not self._halted():  # a stop (or an abort) between this task's making and its first step
+                    await send(role, item, sample, at=at, t_scheduled=scheduled)
             finally:
                 if cap is not None:
                     cap.release()
 
+        # A stop ends the wait for the next arrival (or for room under the cap) at once: at a low rate the next
+        # one may be minutes away, and it is never sent.
+        stopped = asyncio.ensure_future(self.stop.wait())
         for arrival, planned in enumerate(plan):
             if self._halted():
                 break
@@ -284,14 +288,14 @@ class _Runner:
             if not self.share.mine(arrival):
                 continue
             scheduled = start + planned.at
-            await _sleep_until(scheduled)
-            if cap is not None:
-                await cap.acquire()
+            if not await _sleep_until(scheduled, stopped) or cap is not None and not await _acquire(cap, stopped):
+                break
             item = picker.next().item if role == COMPANION else probe
             task = asyncio.create_task(one(role, item, sample, planned.at, scheduled))
             group = tasks[PROBE if role == PROBE else COMPANION]
             group.add(task)
             task.add_done_callback(group.discard)
+        stopped.cancel()
         await self._drain(list(tasks[PROBE]), list(tasks[COMPANION]))
         await self.share.level_end()
 
@@ -431,10 +435,23 @@ async def _cancel(tasks: set[asyncio.Task]) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _sleep_until(deadline: float) -> None:
-    """Sleep on the timer, then yield in a short spin for the last half millisecond: timers are coarse."""
+async def _sleep_until(deadline: float, stopped: asyncio.Future) -> bool:
+    """Sleep until ``deadline`` unless ``stopped`` is done first; True when the deadline came. On the timer,
+    then a short spin yielding for the last half millisecond: timers are coarse."""
     delay = deadline - time.perf_counter()
     if delay > 0.0005:
-        await asyncio.sleep(delay - 0.0005)
-    while time.perf_counter() < deadline:
+        await asyncio.wait((stopped,), timeout=delay - 0.0005)
+    while time.perf_counter() < deadline and not stopped.done():
         await asyncio.sleep(0)
+    return not stopped.done()
+
+
+async def _acquire(cap: asyncio.Semaphore, stopped: asyncio.Future) -> bool:
+    """Room under the open loop's cap, unless ``stopped`` is done first; True when a place was taken."""
+    if not cap.locked():
+        await cap.acquire()  # returns at once
+        return True
+    acquiring = asyncio.ensure_future(cap.acquire())
+    await asyncio.wait((acquiring, stopped), return_when=asyncio.FIRST_COMPLETED)
+    acquiring.cancel()  # the level ends on a stop: a place taken meanwhile goes with its semaphore
+    return not stopped.done()

@@ -61,6 +61,10 @@ async def run_scenario(scenario: Scenario, run_dir: Path | None = None, *,
     ``host:port``) runs the workers as actors of that Ray cluster (``kevload.rayworkers``).
     """
     if ray is None:
+        if scenario.load.workers > 1:
+            from kevload.workers import check_host
+
+            check_host(scenario)
         return await _run_scenario(scenario, run_dir, on_record=on_record, stop=stop, resume=resume,
                                    overwrite=overwrite)
     if scenario.load.until_bound is not None:
@@ -158,7 +162,8 @@ async def _run_workers(scenario: Scenario, run_dir: Path, meta: dict[str, Any], 
         summary = finish_run(run_dir, state=state, meta=meta)
     lost = [r for r in results if r.lost]
     if lost:
-        raise ClusterError(f"--ray: worker {lost[0].worker} {lost[0].error}; {run_dir} keeps the "
+        option = "--ray" if cluster is not None else "--workers"
+        raise ClusterError(f"{option}: worker {lost[0].worker} {lost[0].error}; {run_dir} keeps the "
                            f"{summary.requests_sent} records collected (state {state}): "
                            f"kevload run --resume {run_dir} finishes it")
     failed = [r for r in results if r.error]

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import itertools
+import math
 import re
 import shlex
 import tomllib
@@ -24,6 +25,7 @@ from kevload.summary import CellSummary, RunSummary
 # {name} in --server-cmd and --ready-url; any other braces (JSON arguments) are left as they are.
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_-]*)\}")
 READY_TIMEOUT_S = 300.0
+MAX_SETTINGS = 1000  # settings of one sweep: more is a typo, not a test
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,11 @@ class Grid:
             if name in server or name in scenario:
                 raise ScenarioError(f"--grid {name}: given twice")
             (scenario if "." in name else server)[name] = [_value(v.strip()) for v in values.split(",") if v.strip()]
+        # Counted before any setting is made: the settings are the product of the axes.
+        settings = math.prod(len(values) for values in (*server.values(), *scenario.values()))
+        if settings > MAX_SETTINGS:
+            raise ScenarioError(f"--grid: expected at most {MAX_SETTINGS:,} settings (each is a run, one after "
+                                f"another), got {settings:,}")
         return cls(server=server, scenario=scenario)
 
 
