@@ -20,7 +20,7 @@ from kevload.client import Client, ask_for_logprobs
 from kevload.compare import Reduction, reduce_file, summarize
 from kevload.errors import ClusterError, InputError
 from kevload.scenario import Scenario, Slo
-from kevload.servermetrics import Sampler, metrics_url, read_samples
+from kevload.servermetrics import Sampler, read_samples
 from kevload.store import (
     RECORDS,
     RUN,
@@ -114,7 +114,7 @@ async def _run_scenario(scenario: Scenario, run_dir: Path | None, *, on_record: 
         if scenario.load.workers > 1 or cluster is not None:
             meta["clock"]["records"] = "unix"  # workers stamp Unix times (kevload.workers)
     offset = _records_offset(meta)
-    sampler = Sampler(metrics_url(scenario.target), run_dir, clock=lambda: time.perf_counter() + offset)
+    sampler = Sampler(scenario.target, run_dir, clock=lambda: time.perf_counter() + offset)
     meta["server_metrics"] = sampler.info  # the sampler fills it in; finish_run writes it as it ends
     write_json(run_dir / RUN, meta)
     part = len(meta.get("resumed_at", []))  # this invocation: the k-th resume is part k, on disk before any send

@@ -27,7 +27,7 @@ INTERVAL_S = 0.1  # how often /metrics is read: a cell of a second still gets ab
 TIMEOUT_S = 2.0  # one poll's bound, connecting included: a hanging /metrics costs this, never the run
 MAX_BYTES = 8 << 20
 # The cell fields (summary.json, sweep.json rows); all None where the server publishes nothing.
-CELL_FIELDS = ("server_samples", "server_running_max", "server_running_mean", "server_waiting_max",
+CELL_FIELDS = ("server_view", "server_samples", "server_running_max", "server_running_mean", "server_waiting_max",
                "server_prefix_cache_hits", "server_kv_cache_usage_max", "server_note")
 
 
@@ -62,6 +62,7 @@ _PREFIXES = tuple(f"{name}{end}" for names in SERVERS for value in _VALUES for n
                   for end in (" ", "{"))
 # URLs whose missing metrics were already said on stderr: a diagnosis or a sweep runs many runs on one server.
 _WARNED: set[str] = set()
+_NOT_FOUND = "HTTP 404"
 
 
 def metrics_url(target: Target) -> str | None:
@@ -95,19 +96,23 @@ def read_view(text: str) -> dict[str, Any] | None:
 
 
 class Sampler:
-    """Reads ``url`` every ``INTERVAL_S`` in the driver's event loop, one GET at a time on a connection of its
-    own, and appends each sample to ``run_dir/server-metrics.jsonl`` stamped with ``clock()`` (the records'
-    clock). ``info`` is what ``run.json`` keeps under ``server_metrics``; it is filled in as the sampler learns.
+    """Reads the target's metrics (``metrics_url``) every ``INTERVAL_S`` in the driver's event loop, one GET at a
+    time on a connection of its own, and appends each sample to ``run_dir/server-metrics.jsonl`` stamped with
+    ``clock()`` (the records' clock). ``info`` is what ``run.json`` keeps under ``server_metrics``; it is filled
+    in as the sampler learns.
 
     Nothing it meets fails the run. The first read decides: a page without the known series, an HTTP error,
-    no answer within ``TIMEOUT_S`` or no connection make the metrics unavailable (``info["why"]``; one line
-    through ``warn``, once per URL and process) and nothing more is read. A later read that fails is a line
-    with its ``error``.
+    no answer within ``TIMEOUT_S`` or no connection make the metrics unavailable (``info["why"]``) and nothing
+    more is read. That is said in one line through ``warn``, once per URL and process, unless the URL was only
+    guessed (``auto``) and the server answered 404: most servers without metrics, nothing to warn about.
+    A later read that fails is a line with its ``error``.
     """
 
-    def __init__(self, url: str | None, run_dir: Path, *, clock: Callable[[], float] = time.perf_counter,
+    def __init__(self, target: Target, run_dir: Path, *, clock: Callable[[], float] = time.perf_counter,
                  warn: Callable[[str], None] | None = None):
+        url = metrics_url(target)
         self.url = url
+        self.guessed = target.metrics_url == "auto"
         self.path = run_dir / SAMPLES
         self.clock = clock
         self.warn = warn or _to_stderr
@@ -156,7 +161,7 @@ class Sampler:
         try:
             async with http.get(self.url, allow_redirects=False) as response:
                 if response.status != 200:
-                    return f"HTTP {response.status}"
+                    return _NOT_FOUND if response.status == 404 else f"HTTP {response.status}"
                 body = bytearray()
                 async for chunk in response.content.iter_chunked(1 << 16):
                     body += chunk
@@ -179,7 +184,7 @@ class Sampler:
 
     def _unavailable(self, why: str) -> None:
         self.info.update(available=False, why=why)
-        if self.url not in _WARNED:
+        if not (self.guessed and why == _NOT_FOUND) and self.url not in _WARNED:
             _WARNED.add(self.url)
             self.warn(f"kevload: server metrics: {self.url}: {why}; the cells' server_* fields stay null")
 
@@ -220,12 +225,12 @@ def cell_view(samples: Samples | None, t_start: float, t_end: float, concurrency
     """What the server said while one cell ran: the samples from the cell's first counted send to its last
     counted answer. Gauges: their largest value (and the mean of running) in that window. The prefix-cache
     counter: its increase from the last sample at or before the window to the first at or after it (a
-    poll interval more on each side at most). ``{}`` without samples; only ``server_samples`` (0) when none
-    fell in the window, a cell shorter than the interval."""
-    if samples is None or not math.isfinite(t_start) or not math.isfinite(t_end):
-        return {}
+    poll interval more on each side at most). Without samples only ``server_view`` (False); with samples but
+    none in the window (a cell shorter than the interval) ``server_samples`` 0 and nothing claimed."""
+    if samples is None:
+        return {"server_view": False}
     first, end = np.searchsorted(samples.t, t_start, "left"), np.searchsorted(samples.t, t_end, "right")
-    out: dict[str, Any] = {"server_samples": int(end - first)}
+    out: dict[str, Any] = {"server_view": True, "server_samples": int(max(end - first, 0))}
     if end == first:
         return out
     window = slice(first, end)

@@ -118,16 +118,16 @@ def test_a_cell_reads_the_samples_inside_its_window_and_the_counter_across_it():
     samples = _samples([0.0, 1.0, 2.0, 3.0, 4.0, 5.0], running=[4, 1, 1, 0, 4, 4], waiting=[0, 3, 2, 0, 0, 0],
                        hits=[0, 10, 30, 35, 60, 90])
     view = cell_view(samples, 1.0, 3.0, 4)
-    assert view == {"server_samples": 3, "server_running_max": 1, "server_waiting_max": 3,
+    assert view == {"server_view": True, "server_samples": 3, "server_running_max": 1, "server_waiting_max": 3,
                     "server_kv_cache_usage_max": None, "server_running_mean": 0.667,
                     "server_prefix_cache_hits": 60 - 10 + 10,  # from the sample at t=0 (before) to t=3
                     "server_note": SERIALIZED}
     # Between two samples: none in the window, so nothing is claimed about it.
-    assert cell_view(samples, 1.2, 1.8, 4) == {"server_samples": 0}
+    assert cell_view(samples, 1.2, 1.8, 4) == {"server_view": True, "server_samples": 0}
     # A counter that drops mid-window (the server restarted) gives no increase rather than a negative one.
     restarted = _samples([0.0, 1.0, 2.0], running=[1, 1, 1], hits=[50, 60, 3])
     assert "server_prefix_cache_hits" not in cell_view(restarted, 0.5, 1.5, 1)
-    assert cell_view(None, 0.0, 1.0, 4) == {}
+    assert cell_view(None, 0.0, 1.0, 4) == {"server_view": False}
 
 
 @pytest.mark.parametrize(("concurrency", "running", "waiting", "note"), [
@@ -187,15 +187,22 @@ def test_a_server_without_metrics_loses_nothing(tmp_path, server):
     off_code, off_output, off = _run(tmp_path, server, "off", target={"metrics_url": "off"})
     assert code == off_code == 1 and summary["verdict"] == off["verdict"] == "nondeterministic"
     for cell in summary["cells"]:
-        assert {k: cell[k] for k in FIELDS} == dict.fromkeys(FIELDS)  # every field there, null
-    assert output.count("kevload: server metrics:") == 1 and "HTTP 404" in output
-    assert "server metrics" not in off_output
+        # Every field there: no view, each value null.
+        assert {k: cell[k] for k in FIELDS} == {**dict.fromkeys(FIELDS), "server_view": False}
+    # A guessed URL that is not there is most servers without metrics: run.json says so, stderr does not.
+    assert "server metrics" not in output and "server metrics" not in off_output
     meta = json.loads((tmp_path / "plain" / "run.json").read_text())["server_metrics"]
     assert meta["available"] is False and meta["why"] == "HTTP 404"
     assert json.loads((tmp_path / "off" / "run.json").read_text())["server_metrics"]["why"] == \
         "target.metrics_url is off"
     assert not (tmp_path / "plain" / SAMPLES).exists()
     assert server.metrics_polls == 1  # one read decided it; none after
+    # A URL given on purpose that is not there is worth one line, said once however many runs ask.
+    named = {"metrics_url": server.url.removesuffix("/v1") + "/metrics"}
+    _, first, _ = _run(tmp_path, server, "named", target=named)
+    _, second, _ = _run(tmp_path, server, "again", target=named)
+    assert first.count("kevload: server metrics:") == 1 and "HTTP 404" in first
+    assert "server metrics" not in second
 
 
 @pytest.mark.parametrize(("kind", "why"), [("garbage", "publishes none of the series"),
@@ -213,7 +220,8 @@ def test_a_broken_metrics_page_never_fails_or_holds_up_the_run(tmp_path, monkeyp
     assert result.state == "complete" and result.summary.verdict == "deterministic"
     meta = json.loads((tmp_path / "run" / "run.json").read_text())["server_metrics"]
     assert meta["available"] is False and meta["why"].startswith(why), meta
-    assert all(getattr(c, name) is None for c in result.summary.cells for name in FIELDS)
+    assert all(c.server_view is False for c in result.summary.cells)
+    assert all(getattr(c, name) is None for c in result.summary.cells for name in FIELDS if name != "server_view")
 
 
 def test_report_recomputes_the_view_from_disk(tmp_path):
