@@ -139,10 +139,15 @@ def agreement_rows(summary: RunSummary) -> list[list[str]]:
 
 
 def agreement_table(summary: RunSummary) -> Table:
-    grid = Table(title="agreement with the serial output", title_justify="left")
-    for name in AGREEMENT_COLUMNS:
+    return _grid("agreement with the serial output", AGREEMENT_COLUMNS, agreement_rows(summary))
+
+
+def _grid(title: str, columns: tuple[str, ...], rows: list[list[str]]) -> Table:
+    """A table of per-cell rows: the probe column left, the numbers right."""
+    grid = Table(title=title, title_justify="left")
+    for name in columns:
         grid.add_column(name, justify="left" if name.startswith("probe") else "right")
-    for row in agreement_rows(summary):
+    for row in rows:
         grid.add_row(*row)
     return grid
 
@@ -249,12 +254,7 @@ def server_rows(summary: RunSummary) -> list[list[str]]:
 
 
 def server_table(summary: RunSummary) -> Table:
-    grid = Table(title="the server's own view (its /metrics while the cell ran)", title_justify="left")
-    for name in SERVER_COLUMNS:
-        grid.add_column(name, justify="left" if name.startswith("probe") else "right")
-    for row in server_rows(summary):
-        grid.add_row(*row)
-    return grid
+    return _grid("the server's own view (its /metrics while the cell ran)", SERVER_COLUMNS, server_rows(summary))
 
 
 def slo_bounds_text(bounds: dict[str, float]) -> str:

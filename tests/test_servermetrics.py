@@ -157,6 +157,7 @@ def test_a_serializing_server_says_it_set_the_level(tmp_path):
     # The counter moved by the prompt's words for each request with a prompt seen before: at least the cell's own.
     assert cells[4]["server_prefix_cache_hits"] >= cells[4]["ok"] * 2
     assert f"p1 (single) c=4: {cells[4]['server_note']}" in " ".join(output.split())  # the matrix footnote
+    assert "the server's own view (its /metrics while the cell ran)" in " ".join(output.split())  # and its table
     meta = json.loads((tmp_path / "run" / "run.json").read_text())["server_metrics"]
     assert meta["available"] is True and meta["server"] == "vllm" and meta["failed"] == 0
     assert meta["samples"] == sum(1 for _ in (tmp_path / "run" / SAMPLES).open()) >= 5
