@@ -26,7 +26,8 @@ SAMPLES = "server-metrics.jsonl"
 INTERVAL_S = 0.1  # how often /metrics is read: a cell of a second still gets about ten samples
 TIMEOUT_S = 2.0  # one poll's bound, connecting included: a hanging /metrics costs this, never the run
 MAX_BYTES = 8 << 20
-# The cell fields (summary.json, sweep.json rows); all None where the server publishes nothing.
+# The cell fields (summary.json, sweep.json rows): server_view False and the others None where the server
+# publishes nothing.
 CELL_FIELDS = ("server_view", "server_samples", "server_running_max", "server_running_mean", "server_waiting_max",
                "server_prefix_cache_hits", "server_kv_cache_usage_max", "server_note")
 
