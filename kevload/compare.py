@@ -36,6 +36,7 @@ import orjson
 from kevload.overlap import FullLoad, Occupancy
 from kevload.scenario import Slo
 from kevload.schedule import UntilBound
+from kevload.servermetrics import Samples, cell_view
 from kevload.stats import LatencyHistogram, drift_upper_bound, mean_share_interval, wilson_interval
 from kevload.store import RunDirError, read_records, record_answer
 from kevload.summary import DIVERGENCE_KINDS, CellSummary, RunSummary, level_label, level_order, levels_of
@@ -451,7 +452,8 @@ def reduce_records(records: Iterable[dict[str, Any]], *, slo: Slo | None = None)
 
 def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
               samples_asked: int | None = None, min_slo_attainment: float | None = None,
-              until_bound: float | None = None, max_samples: int = 1000) -> RunSummary:
+              until_bound: float | None = None, max_samples: int = 1000,
+              server: Samples | None = None) -> RunSummary:
     """The summary: ``cells`` (one per probe × role × mode × level), ``matrix`` and ``verdict``.
 
     The error share and the target-failed rule count probe requests only: companions only shape
@@ -473,6 +475,9 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
     ``load.max_samples``) the strategy's own rule, asked of the cell's records; without it ``samples``.
 
     Each cell of a closed-loop level c ≥ 2 has ``full_load_share`` and ``samples_never_full`` (``full_load_fields``).
+
+    ``server`` is what the server's ``/metrics`` said during the run (``servermetrics.read_samples``): each
+    cell gets the ``server_*`` fields of its own time window, from its first counted send to its last answer.
     """
     until = UntilBound(until_bound, samples_asked or 1, max_samples) if until_bound else None
     full_loads = full_load_by_cell(reduction)
@@ -490,7 +495,8 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
             summary = _cell_summary(probe, role, mode, level, levels[0], cell, reference, serial_modal,
                                     asked=asked, min_slo_attainment=min_slo_attainment)
             cells.append(replace(summary, stop_reason=stop_reason(summary, until),
-                                 **full_load_fields(full_loads.get((probe, role, mode, *level)))))
+                                 **full_load_fields(full_loads.get((probe, role, mode, *level))),
+                                 **cell_view(server, cell.t_start, cell.t_end, level[0])))
     probe_cells = [c for c in cells if c.role == "probe"]
     companion_cells = [c for c in cells if c.role != "probe"]
     probe_requests = sum(c.requests for c in probe_cells)
@@ -541,6 +547,7 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
         # Only an explicit minimum gates: without one the SLO is measured, not enforced.
         slo_failed_cells=tuple(c.name for c in probe_cells if min_slo_attainment is not None
                                and reduction.slo and not c.meets_slo),
+        server_limited_cells=tuple(c.name for c in probe_cells if c.server_note),
         cells=tuple(cells),
     )
 

@@ -91,6 +91,8 @@ class StepResult:
     latent_from: int | None = None  # earliest token where a latent cell's logprobs differ
     # Cells whose logprobs cover only some ok samples ("logprobs in 2 of 6 at p@single/c=4: no logprob claim").
     logprob_gaps: tuple[str, ...] = ()
+    # Cells at c > 1 where the server's /metrics showed it running ≤ 1 request at a time while others waited.
+    serialized_cells: tuple[str, ...] = ()
 
     @property
     def drift(self) -> bool:
@@ -111,7 +113,8 @@ class StepResult:
                   "compared_rounds": self.compared_rounds, "cold_differs_rounds": self.cold_differs_rounds,
                   "warm_unstable_rounds": self.warm_unstable_rounds, "logprob_bitwise": self.logprob_bitwise,
                   "latent_cells": self.latent_cells or None, "latent_from": self.latent_from,
-                  "logprob_gaps": self.logprob_gaps or None}
+                  "logprob_gaps": self.logprob_gaps or None,
+                  "serialized_cells": self.serialized_cells or None}
         doc.update({k: list(v) if isinstance(v, tuple) else v for k, v in extras.items() if v is not None})
         return doc
 
@@ -258,11 +261,19 @@ def decide(evidence: Evidence, run_all: bool = False) -> Diagnosis:
             verdict, (reason, next_step) = "stable", _stable(evidence)
         if verdict != "inconclusive" and found.temperature_honoured and found.seed_honoured is not True:
             next_step += f". {_SEED_HELPS_NOT}: {_seed_why_not(evidence)}"
+    notes = list(_notes(evidence, found))
+    serialized = _serialized_text(evidence)
+    if serialized and verdict == "stable":
+        # What one output under concurrency rests on: the server never batched, so no crosstalk could show.
+        reason += f"; {serialized}"
+        next_step += "; to test batching, raise the server's batch limit (max_num_seqs, --parallel) and rerun"
+    elif serialized:
+        notes.insert(0, serialized)
     return Diagnosis(
         verdict=verdict, reason=reason, next_step=next_step, findings=found,
         steps=evidence.steps + ((evidence.data,) if evidence.data is not None else ()),
         runs=evidence.runs, causes=tuple(causes), dropped_fields=evidence.dropped_fields,
-        notes=tuple(_notes(evidence, found)), evidence=_evidence(evidence),
+        notes=tuple(notes), evidence=_evidence(evidence),
         target_failed=any(s.target_failed for s in evidence.steps),
         done=unusable is not None or (bool(causes) and not run_all),
     )
@@ -394,6 +405,17 @@ def _stable(evidence: Evidence) -> tuple[str, str]:
             f"or --until-bound {_TARGET_BOUND:.0%}), {max(need - n, 0)} more than now")
 
 
+def _serialized_text(evidence: Evidence) -> str | None:
+    """Where crosstalk is absent (no concurrency step drifts) and the server ran ≤ 1 request at a time at a
+    level of c > 1: that level was serialized by the server, so its one output says nothing about batching."""
+    steps = [s for s in (evidence.step("concurrency_single"), evidence.step("concurrency_mixed")) if s is not None]
+    cells = [c for s in steps for c in s.serialized_cells]
+    if not cells or any(s.drift for s in steps):
+        return None
+    return (f"the server ran ≤ 1 request at a time at {', '.join(cells)} while the others waited in its queue "
+            "(its /metrics): those levels were serialized by the server, not batched")
+
+
 def _notes(evidence: Evidence, found: Findings) -> Iterable[str]:
     if found.latent_crosstalk:
         latent = [s for s in (evidence.step("concurrency_single"), evidence.step("concurrency_mixed"))
@@ -486,7 +508,9 @@ class _Diagnoser:
             target_failed=summary.verdict == "target_failed", logprob_bitwise=logprob_bitwise(probe_cells),
             latent_cells=summary.latent_cells or (),
             latent_from=min((c.first_logprob_divergence_token for c in latent), default=None),
-            logprob_gaps=tuple(logprob_gap_text(c, c.name) for c in probe_cells if c.logprob_gap))
+            logprob_gaps=tuple(logprob_gap_text(c, c.name) for c in probe_cells if c.logprob_gap),
+            serialized_cells=tuple(c.name for c in probe_cells
+                                   if c.server_note and c.server_running_max is not None and c.server_running_max <= 1))
         if key == "baseline":
             differing, after_first = differing_calls(_ok_probe_hashes(run_dir))
             step = replace(step, differing_calls=differing, distinct_after_first=after_first)

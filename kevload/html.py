@@ -9,6 +9,7 @@ from typing import Any
 
 from kevload.report import (
     AGREEMENT_COLUMNS,
+    SERVER_COLUMNS,
     agreement_rows,
     attainment_text,
     cell_phrase,
@@ -20,6 +21,7 @@ from kevload.report import (
     latent_text,
     logprob_gap_text,
     never_full_text,
+    server_rows,
     slo_bounds_text,
     slo_line,
     verdict_line,
@@ -57,7 +59,7 @@ def run_report(summary: RunSummary, meta: dict[str, Any], records: Iterable[dict
         f"<p class=verdict>{_e(verdict_line(summary))}</p>",
         "<h2>Distinct outputs per probe × level</h2>", _heatmap(rows, levels_of(cells)), _notes(summary),
         "<h2>Agreement with the serial output</h2>", _agreement(summary),
-        "<h2>Latency by level</h2>", _latency(cells),
+        "<h2>Latency by level</h2>", _latency(cells), *_server_view(summary),
         f"<p>{_e(slo_line(summary))}</p>" if summary.slo else "",
         "<h2>Where outputs first diverge</h2>", _divergence(cells),
         "<h2>Errors over time</h2>", _timeline(records),
@@ -119,7 +121,8 @@ def _heatmap(rows: dict[str, dict[str, CellSummary]], levels: list[str]) -> str:
             colour = DRIFT if cell.drift else SHORT if cell.short else LATENT if cell.latent_drift else STABLE
             title = cell_phrase(cell) + (f"; latent drift: {latent_text(cell)}" if cell.latent_drift else
                                          f"; {logprob_gap_text(cell, cell.level)}" if cell.logprob_gap else "") \
-                + (f"; † {never_full_text(cell)}" if cell.samples_never_full else "")
+                + (f"; † {never_full_text(cell)}" if cell.samples_never_full else "") \
+                + (f"; {cell.server_note}" if cell.server_note else "")
             out.append(f'<td class=cell style="background:{colour}" title="{_e(title)}">'
                        f'{_e(cell_text(cell))}</td>')
         out.append("</tr>")
@@ -146,6 +149,19 @@ def _agreement(summary: RunSummary) -> str:
 def _notes(summary: RunSummary) -> str:
     notes = footnotes(summary)
     return "<ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>" if notes else ""
+
+
+def _server_view(summary: RunSummary) -> list[str]:
+    """What the server's /metrics said per cell, where it published any."""
+    rows = server_rows(summary)
+    if not rows:
+        return []
+    out = ["<table id=server><tr>" + "".join(f"<th>{_e(name)}</th>" for name in SERVER_COLUMNS) + "</tr>"]
+    out += ["<tr>" + "".join(f"<td>{_e(value)}</td>" for value in row) + "</tr>" for row in rows]
+    out.append("</table><p>sampled from the server's /metrics between the cell's first counted send and its last "
+               "answer: requests it ran at once and held waiting; a level where it ran fewer than c while others "
+               "waited was set by the server's batch limit, not by kevload.</p>")
+    return ["<h2>The server's own view</h2>", "".join(out)]
 
 
 def _latency(cells: Iterable[CellSummary]) -> str:

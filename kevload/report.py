@@ -26,6 +26,8 @@ def render(summary: RunSummary, fmt: str, console: Console | None = None) -> str
         console.print(note, highlight=False)
     console.print(agreement_table(summary))
     console.print(latency_table(summary))
+    if server_rows(summary):
+        console.print(server_table(summary))
     console.print(verdict_line(summary))
     if summary.slo:
         console.print(slo_line(summary), highlight=False)
@@ -137,10 +139,15 @@ def agreement_rows(summary: RunSummary) -> list[list[str]]:
 
 
 def agreement_table(summary: RunSummary) -> Table:
-    grid = Table(title="agreement with the serial output", title_justify="left")
-    for name in AGREEMENT_COLUMNS:
+    return _grid("agreement with the serial output", AGREEMENT_COLUMNS, agreement_rows(summary))
+
+
+def _grid(title: str, columns: tuple[str, ...], rows: list[list[str]]) -> Table:
+    """A table of per-cell rows: the probe column left, the numbers right."""
+    grid = Table(title=title, title_justify="left")
+    for name in columns:
         grid.add_column(name, justify="left" if name.startswith("probe") else "right")
-    for row in agreement_rows(summary):
+    for row in rows:
         grid.add_row(*row)
     return grid
 
@@ -169,6 +176,8 @@ def footnotes(summary: RunSummary) -> list[str]:
             notes.append(f"{name}: {logprob_gap_text(c, 'this level')}")
         if c.samples_never_full:
             notes.append(f"{name}: † {never_full_text(c)}")
+        if c.server_note:
+            notes.append(f"{name}: {c.server_note}")
     loaded = [c for c in summary.probe_cells() if c.full_load_share is not None]
     if loaded:
         low = min(loaded, key=lambda c: (c.full_load_share, c.level_order))
@@ -229,6 +238,23 @@ def latency_table(summary: RunSummary) -> Table:
                      f"{late * 1000:.2f}" if late is not None else "-", full_load_text(c),
                      *((attainment_text(c), _fmt(c.goodput)) if slo else ()))
     return grid
+
+
+SERVER_COLUMNS = ("probe (mode)", "level", "samples", "running max", "running mean", "waiting max",
+                  "prefix-cache hits", "KV cache max")
+
+
+def server_rows(summary: RunSummary) -> list[list[str]]:
+    """Per probe × level, what the server's /metrics said while the cell ran; no rows where it published none."""
+    cells = sorted((c for c in summary.probe_cells() if c.server_samples is not None),
+                   key=lambda c: (c.probe, c.mode, c.level_order))
+    return [[f"{c.probe} ({c.mode})", c.level, str(c.server_samples), _num(c.server_running_max),
+             _num(c.server_running_mean), _num(c.server_waiting_max), _num(c.server_prefix_cache_hits),
+             "-" if c.server_kv_cache_usage_max is None else f"{c.server_kv_cache_usage_max:.1%}"] for c in cells]
+
+
+def server_table(summary: RunSummary) -> Table:
+    return _grid("the server's own view (its /metrics while the cell ran)", SERVER_COLUMNS, server_rows(summary))
 
 
 def slo_bounds_text(bounds: dict[str, float]) -> str:
@@ -351,6 +377,11 @@ def markdown(summary: RunSummary) -> str:
     lines += ["", "| " + " | ".join(AGREEMENT_COLUMNS) + " |",
               "| --- | " + " | ".join("---:" for _ in AGREEMENT_COLUMNS[1:]) + " |"]
     lines += ["| " + " | ".join(row) + " |" for row in agreement_rows(summary)]
+    rows = server_rows(summary)
+    if rows:
+        lines += ["", "| " + " | ".join(SERVER_COLUMNS) + " |",
+                  "| --- | " + " | ".join("---:" for _ in SERVER_COLUMNS[1:]) + " |"]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
     lines += ["", verdict_line(summary), ""]
     if summary.slo:
         lines += ["| probe (mode) | level | requests | within SLO | attainment | goodput/s |",

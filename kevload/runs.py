@@ -20,6 +20,7 @@ from kevload.client import Client, ask_for_logprobs
 from kevload.compare import Reduction, reduce_file, summarize
 from kevload.errors import ClusterError, InputError
 from kevload.scenario import Scenario, Slo
+from kevload.servermetrics import Sampler, read_samples
 from kevload.store import (
     RECORDS,
     RUN,
@@ -112,16 +113,19 @@ async def _run_scenario(scenario: Scenario, run_dir: Path | None, *, on_record: 
             path.unlink(missing_ok=True)  # only with overwrite can any of them be there
         if scenario.load.workers > 1 or cluster is not None:
             meta["clock"]["records"] = "unix"  # workers stamp Unix times (kevload.workers)
+    offset = _records_offset(meta)
+    sampler = Sampler(scenario.target, run_dir, clock=lambda: time.perf_counter() + offset)
+    meta["server_metrics"] = sampler.info  # the sampler fills it in; finish_run writes it as it ends
     write_json(run_dir / RUN, meta)
     part = len(meta.get("resumed_at", []))  # this invocation: the k-th resume is part k, on disk before any send
     if scenario.load.workers > 1 or meta["clock"].get("records") == "unix":
         return await _run_workers(scenario, run_dir, meta, stop=stop, already=already, first_seq=first_seq,
-                                  part=part, cluster=cluster)
+                                  part=part, cluster=cluster, sampler=sampler, offset=offset)
     stream = engine.run(scenario, client, run_id=run_id, stop=stop, already=already, first_seq=first_seq, part=part,
                         answers=answers)
     with RecordWriter(run_dir / RECORDS) as writer:
         try:
-            async with client, aclosing(stream.__aiter__()) as records:
+            async with sampler, client, aclosing(stream.__aiter__()) as records:
                 async for record in records:
                     writer.write(record)
                     if on_record is not None:
@@ -134,23 +138,23 @@ async def _run_scenario(scenario: Scenario, run_dir: Path | None, *, on_record: 
 
 async def _run_workers(scenario: Scenario, run_dir: Path, meta: dict[str, Any], *, stop: asyncio.Event,
                        already: dict[engine.LevelKey, int], first_seq: int, part: int,
-                       cluster: tuple[str, Any] | None) -> RunResult:
+                       cluster: tuple[str, Any] | None, sampler: Sampler, offset: float) -> RunResult:
     """The run on worker processes (``load.workers``), or on Ray actors when ``cluster`` is (address, ray);
-    a run stamped in Unix times stays so when resumed."""
+    a run stamped in Unix times stays so when resumed. ``offset`` turns this host's perf_counter into the
+    records' clock; the sampler reads the server's metrics while the workers run."""
     from kevload import workers
 
     results: list[workers.WorkerResult] = []
     try:
-        if cluster is not None:
-            from kevload import rayworkers
+        async with sampler:
+            if cluster is not None:
+                from kevload import rayworkers
 
-            results = await rayworkers.run_ray(cluster[1], scenario, run_dir, run_id=meta["run_id"], stop=stop,
-                                               already=already, first_seq=first_seq, part=part)
-        else:
-            # A run begun in one process keeps perf_counter times: that clock is shared by every process of the host.
-            offset = workers.clock_offset() if meta["clock"].get("records") == "unix" else 0.0
-            results = await workers.run_workers(scenario, run_dir, run_id=meta["run_id"], stop=stop,
-                                                already=already, first_seq=first_seq, part=part, offset=offset)
+                results = await rayworkers.run_ray(cluster[1], scenario, run_dir, run_id=meta["run_id"], stop=stop,
+                                                   already=already, first_seq=first_seq, part=part)
+            else:
+                results = await workers.run_workers(scenario, run_dir, run_id=meta["run_id"], stop=stop,
+                                                    already=already, first_seq=first_seq, part=part, offset=offset)
     finally:
         aborted = any(r.aborted for r in results)
         state = "aborted" if aborted else "interrupted" if stop.is_set() or len(results) < scenario.load.workers \
@@ -225,7 +229,8 @@ def finish_run(run_dir: Path, *, state: str | None = None, meta: dict[str, Any] 
         reduction.merge(reduce_file(path, slo=slo))
     summary = summarize(reduction, max_error_share=max_error_share,
                         samples_asked=asked, min_slo_attainment=meta["load"].get("min_slo_attainment"),
-                        until_bound=meta["load"].get("until_bound"), max_samples=meta["load"].get("max_samples", 1000))
+                        until_bound=meta["load"].get("until_bound"), max_samples=meta["load"].get("max_samples", 1000),
+                        server=read_samples(run_dir))
     summary = replace(summary, run_id=meta.get("run_id"), scenario=meta.get("scenario_name"),
                       state=state or meta.get("state"))
     write_json(run_dir / SUMMARY, summary.to_json())
@@ -270,6 +275,14 @@ def _run_meta(scenario: Scenario, run_id: str, secrets: list[str]) -> dict[str, 
         "clock": {"perf_counter": time.perf_counter(), "unix": time.time()},
         "state": "running",
     }
+
+
+def _records_offset(meta: dict[str, Any]) -> float:
+    """Seconds from ``time.perf_counter`` to the run's records' clock: Unix time for runs with workers, none
+    for a run begun in one process (which keeps perf_counter times: one clock for every process of the host)."""
+    from kevload.workers import clock_offset
+
+    return clock_offset() if meta["clock"].get("records") == "unix" else 0.0
 
 
 def _now_iso() -> str:

@@ -57,6 +57,8 @@ SEED_BOUNDS = {"min": -2**63, "max": 2**63 - 1}  # what TOML and run.json (JSON)
 REQUEST_ID_HEADER = "X-Request-Id"
 # Load keys that decide which lines the JSONL datasets contribute: setting one reads the files again.
 DATASET_KEYS = frozenset({"load.mode", "load.companions", "load.companion_count", "load.dataset_seed"})
+METRICS_OFF = ("", "off")  # target.metrics_url values that read no metrics
+METRICS_URL_EXPECTED = '"auto", "off" (or "") or an http:// or https:// URL of Prometheus text, without user:password@'
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,9 @@ class Target:
     max_response_bytes: int = rule(8 * 2**20, min=1, max=2**30, expected="an integer from 1 to 2**30 (bytes)")
     # A request still running after this long is cut: timeout (0: no limit).
     max_seconds: float = rule(0.0, min=0, max=MAX_SECONDS, expected=f"seconds from 0 to {MAX_SECONDS:,} (0: no limit)")
+    # Where the server's own view is read during the run (kevload.servermetrics): "auto" is the base URL's
+    # origin + /metrics, "" or "off" reads nothing.
+    metrics_url: str = rule("auto", expected=METRICS_URL_EXPECTED)
 
 
 @dataclass(frozen=True)
@@ -390,6 +395,7 @@ def validate(scenario: Scenario, *, source: str | None = None) -> Scenario:
     fail = _Failer(source or scenario.source)
     target = _recheck(scenario.target, "target", fail)
     _check_url(fail, target.base_url)
+    _check_metrics_url(fail, target.metrics_url)
     for header in target.headers:
         if header.lower() == REQUEST_ID_HEADER.lower():
             # Refused, not overridden: one fixed value on every request would join nothing. The value,
@@ -785,6 +791,17 @@ def _check_url(fail: _Failer, url: str) -> None:
         userinfo, at, _ = parsed.netloc.rpartition("@")
         shown = url.replace(userinfo + at, "***@", 1) if at else url  # a password never goes into a message
         fail("target.base_url", "an http:// or https:// URL such as http://127.0.0.1:8000/v1", shown)
+
+
+def _check_metrics_url(fail: _Failer, url: str) -> None:
+    if url == "auto" or url in METRICS_OFF:
+        return
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        fail("target.metrics_url", METRICS_URL_EXPECTED, url)
+    if "@" in parsed.netloc:
+        # The metrics are read without credentials; one written here would land in run.json.
+        fail("target.metrics_url", METRICS_URL_EXPECTED, url.replace(parsed.netloc.rpartition("@")[0], "***", 1))
 
 
 def _show(value: Any) -> str:

@@ -149,6 +149,17 @@ class CellSummary(_Json):
     meets_slo: bool | None = written_with("slo_met")
     slo_unmeasured: int | None = written_with("slo_met")
     slo_misses: dict[str, int] | None = written_with("slo_met")
+    # The server's own view while the cell ran (its /metrics, kevload.servermetrics): server_view says whether the
+    # run holds the server's samples (False: it published none, and the fields below are None).
+    server_view: bool | None = written_with("server_view")
+    server_samples: int | None = written_with("server_view")
+    server_running_max: float | None = written_with("server_view")
+    server_running_mean: float | None = written_with("server_view")
+    server_waiting_max: float | None = written_with("server_view")
+    server_prefix_cache_hits: float | None = written_with("server_view")
+    server_kv_cache_usage_max: float | None = written_with("server_view")
+    # "server ran ≤ 1 at a time, 3 waiting: …" where the server held requests back at a level.
+    server_note: str | None = written_with("server_view")
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> CellSummary:
@@ -217,6 +228,8 @@ class RunSummary(_Json):
     slo: dict[str, float] | None = None
     min_slo_attainment: float | None = None
     slo_failed_cells: tuple[str, ...] = ()
+    # Probe cells at c > 1 whose server ran fewer requests at a time than the level while others waited.
+    server_limited_cells: tuple[str, ...] | None = written_with("server_limited_cells")
     cells: tuple[CellSummary, ...] = ()
     run_id: str | None = None
     scenario: str | None = None

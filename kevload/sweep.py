@@ -18,6 +18,7 @@ from typing import Any
 from kevload.report import attainment_text, slo_bounds_text, verdict_line
 from kevload.runs import run_scenario
 from kevload.scenario import ScenarioError, load_scenario
+from kevload.servermetrics import CELL_FIELDS as SERVER_FIELDS
 from kevload.servers import free_port, start_server, wait_ready
 from kevload.store import write_json
 from kevload.summary import CellSummary, RunSummary
@@ -166,6 +167,8 @@ def sweep_markdown(sweep: dict[str, Any]) -> str:
                 texts.insert(0, (row.get("max_at_slo", {}).get(probe) or "none") if row.get("slo") else "-")
             lines.append(f"| {row['setting']} | {probe} | " + " | ".join(texts) + " |")
     legend = "cells: distinct outputs (DRIFT when they differ from serial) · requests/s"
+    if any(c.server_running_max is not None for row in sweep["rows"] for c in row_cells(row)):
+        legend += " · the most requests the server ran at once (its /metrics)"
     notes = [legend + (" · share of requests within the SLO (✗: under it)" if slo else "")]
     slo_notes = {row["setting"]: _slo_note(row) for row in sweep["rows"] if row.get("slo")}
     if len(set(slo_notes.values())) == 1:
@@ -181,7 +184,8 @@ def sweep_cell_text(cell: CellSummary | None) -> str:
     mark = (" DRIFT" if cell.distinct > 1 else " all≠serial") if cell.drift else ""
     rps = f" · {cell.requests_per_s:.1f}/s" if cell.requests_per_s else ""
     slo = f" · {attainment_text(cell)}" if cell.slo_attainment is not None else ""
-    return f"{cell.distinct}{mark}{rps}{slo}"
+    ran = f" · server ran ≤ {cell.server_running_max:g}" if cell.server_running_max is not None else ""
+    return f"{cell.distinct}{mark}{rps}{slo}{ran}"
 
 
 def max_level_at_slo(cells: list[CellSummary]) -> str | None:
@@ -232,7 +236,7 @@ SWEEP_CELL_FIELDS = ("probe", "mode", "concurrency", "rate", "ok", "distinct", "
 
 
 def _cell(c: CellSummary) -> dict[str, Any]:
-    return {**{k: getattr(c, k) for k in SWEEP_CELL_FIELDS}, "level": c.level}
+    return {**{k: getattr(c, k) for k in (*SWEEP_CELL_FIELDS, *SERVER_FIELDS)}, "level": c.level}
 
 
 def row_cells(row: dict[str, Any]) -> list[CellSummary]:

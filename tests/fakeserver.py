@@ -9,6 +9,7 @@ tests and kevload's own event loop can both use it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import json
 import random
@@ -71,6 +72,13 @@ class Behaviour:
     # Called on each request's arrival with its index and the requests now at the server (itself included); a number
     # it returns holds that request so long instead of `latency`. Tests act through it at a chosen moment.
     on_arrival: Callable[[int, int], float | None] | None = None
+    # A batch limit: at most this many requests run at once, the others wait in a queue in arrival order (0: none).
+    # Only running requests overlap each other (drift_at, drift_when_mixed count them).
+    max_running: int = 0
+    # GET /metrics: None (404, no metrics), "vllm" or "llamacpp" (Prometheus text in that server's names, its
+    # gauges what the server is doing now), "garbage" (an HTML page), "malformed" (a known series, a bad value)
+    # or "hang" (never answers).
+    metrics: str | None = None
 
 
 class FakeServer:
@@ -84,6 +92,10 @@ class FakeServer:
         self.injected: dict[str, int] = {}
         self.seen_prompts: set[str] = set()
         self._active: dict[int, dict[str, Any]] = {}
+        self._admitted = 0  # requests holding one of max_running places
+        self._queue: collections.deque[asyncio.Future] = collections.deque()  # requests waiting for a place
+        self.prefix_hits = 0  # prompt words answered from the "cache": a prompt seen before, counted on admission
+        self.metrics_polls = 0
         self._next_id = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -137,6 +149,7 @@ class FakeServer:
         app.router.add_post("/v1/chat/completions", self._handle)
         app.router.add_post("/v1/completions", self._handle)
         app.router.add_get("/health", _health)
+        app.router.add_get("/metrics", self._metrics)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port)
@@ -168,6 +181,11 @@ class FakeServer:
             if name in body:
                 return web.json_response({"error": {"message": f"unknown field {name}"}}, status=400)
         prompt = body["messages"][-1]["content"] if chat else body["prompt"]
+        limited = b.max_running > 0
+        if limited:
+            await self._admit(b.max_running)
+        if prompt in self.seen_prompts:
+            self.prefix_hits += len(prompt.split())
         me = self._next_id
         self._next_id += 1
         state = {"prompt": prompt, "max_overlap": 1, "prompts": {prompt}}
@@ -199,11 +217,75 @@ class FakeServer:
         finally:
             self._active.pop(me, None)
             visit[3] = time.monotonic()
+            if limited:
+                self._release()
         text = self._answer(body, prompt, state)
         logprobs = self._logprobs(body, text, state["max_overlap"])
         if body.get("stream"):
             return await self._stream(request, body, text, chat, fault, logprobs)
         return self._whole(body, text, chat, fault, logprobs)
+
+    async def _admit(self, limit: int) -> None:
+        """Wait for one of ``limit`` places; a place freed goes to the request that has waited longest."""
+        if self._admitted < limit and not self._queue:
+            self._admitted += 1
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._queue.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter in self._queue:
+                self._queue.remove(waiter)
+            elif waiter.done() and not waiter.cancelled():
+                self._release()  # handed a place as it was cancelled: pass it on
+            raise
+
+    def _release(self) -> None:
+        while self._queue:
+            waiter = self._queue.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the place goes straight to it
+                return
+        self._admitted -= 1
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        """What the server is doing right now, as vLLM or llama.cpp publish it."""
+        b = self.behaviour
+        self.metrics_polls += 1
+        running, waiting = len(self._active), len(self._queue)
+        if b.metrics == "hang":
+            await asyncio.sleep(3600)
+        if b.metrics == "garbage":
+            return web.Response(text="<html><body>no metrics here</body></html>", content_type="text/html")
+        if b.metrics == "malformed":
+            return web.Response(text=f"vllm:num_requests_running {running}requests\n")
+        if b.metrics == "llamacpp":
+            return web.Response(text=(
+                "# HELP llamacpp:prompt_tokens_cached_total Number of prompt tokens reused from the cache\n"
+                f"# TYPE llamacpp:prompt_tokens_cached_total counter\nllamacpp:prompt_tokens_cached_total "
+                f"{self.prefix_hits}\n# HELP llamacpp:requests_processing Number of requests processing\n"
+                f"# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing {running}\n"
+                "# HELP llamacpp:requests_deferred Number of requests deferred\n"
+                f"# TYPE llamacpp:requests_deferred gauge\nllamacpp:requests_deferred {waiting}\n"))
+        if b.metrics == "vllm":
+            # Two engines share the work, as vLLM labels its series per engine: a reader must sum them.
+            lines = ["# HELP vllm:num_requests_running Number of requests in model execution batches.",
+                     "# TYPE vllm:num_requests_running gauge"]
+            lines += [f'vllm:num_requests_running{{engine="{e}",model_name="fake"}} {n}.0'
+                      for e, n in ((0, running - running // 2), (1, running // 2))]
+            lines += ["# TYPE vllm:num_requests_waiting gauge"]
+            lines += [f'vllm:num_requests_waiting{{engine="{e}",model_name="fake"}} {n}.0'
+                      for e, n in ((0, waiting - waiting // 2), (1, waiting // 2))]
+            lines += ["# TYPE vllm:kv_cache_usage_perc gauge",
+                      f'vllm:kv_cache_usage_perc{{engine="0",model_name="fake"}} {running / 8}',
+                      "# TYPE vllm:prefix_cache_hits counter",
+                      f'vllm:prefix_cache_hits_total{{engine="0",model_name="fake"}} {self.prefix_hits}.0',
+                      "# TYPE vllm:time_to_first_token_seconds histogram",
+                      'vllm:time_to_first_token_seconds_bucket{le="0.1",model_name="fake"} 3.0',
+                      'vllm:time_to_first_token_seconds_bucket{le="+Inf",model_name="fake"} 4.0']
+            return web.Response(text="\n".join(lines) + "\n")
+        return web.Response(status=404, text="404: Not Found")
 
     def _logprobs(self, body: dict[str, Any], text: str, overlap: int) -> list[float] | None:
         """One logprob per word-token when the request asks (and the server supports it), else None."""

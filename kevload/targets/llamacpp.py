@@ -43,7 +43,8 @@ def launch(binary: Path, gguf: Path, s: TargetSettings, port: int) -> Launch:
     slots = max(s.slots, 1)
     # The bundled model answers to its own name; a user's GGUF to its file name.
     model = gguf.stem if s.gguf else MODEL_NAME
-    argv = [str(binary), "-m", str(gguf), "--host", HOST, "--port", str(port), "--alias", model,
+    # --metrics: the server's own view of each level (running and deferred requests) is sampled from /metrics.
+    argv = [str(binary), "-m", str(gguf), "--host", HOST, "--port", str(port), "--alias", model, "--metrics",
             "--parallel", str(slots), "--ctx-size", str(s.ctx_size or 2048 * slots),
             "--threads", str(s.thread_count()),
             "--cont-batching" if s.batching else "--no-cont-batching",
