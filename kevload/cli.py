@@ -63,7 +63,8 @@ class _Finite(click.FloatRange):
 
 class _Main(click.Group):
     """The one place kevload's own errors become a message and an exit code (errors.py): every command,
-    option callback and nested group runs inside this invoke."""
+    option callback and nested group runs inside this invoke. A Ctrl-C that reaches it (a second one, or one
+    outside a run's loop) exits 130, a second SIGTERM 143: never click's "Aborted!" and 1, the drift code."""
 
     def invoke(self, ctx: click.Context):
         try:
@@ -71,6 +72,9 @@ class _Main(click.Group):
         except KevloadError as exc:
             click.echo(f"kevload: error: {exc}", err=True)
             ctx.exit(exc.exit_code)
+        except KeyboardInterrupt as exc:
+            click.echo("kevload: stopped at once; what was written so far is kept", err=True)
+            ctx.exit(aio.exit_code(exc))
 
 
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
