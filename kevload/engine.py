@@ -222,7 +222,10 @@ class _Runner:
         plan, slots = self.share.closed(plan)
         send = self._sender(probe, concurrency, None, concurrency, plan)
         for i in range(plan.warmup if self.share.warms_up else 0):
-            await send(WARMUP, probe, i)
+            if self._halted():
+                break
+            # A warm-up in flight at a stop gets the grace any request in flight gets, not target.timeout.
+            await self._wait([asyncio.create_task(send(WARMUP, probe, i))], cut_after=None)
         samples = {PROBE: first, COMPANION: 0}
         # The ramp-up and a timed level run from here, after the warm-ups; one start for every worker.
         start = await self.share.level_start(0.0)

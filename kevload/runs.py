@@ -101,7 +101,7 @@ async def _run_scenario(scenario: Scenario, run_dir: Path | None, *, on_record: 
         refuse_existing(run_dir, overwrite=overwrite)
         meta, already, first_seq, answers = _run_meta(scenario, run_id, secrets), {}, 0, {}
     # One check request decides whether the run asks for per-token logprobs (load.logprobs = "auto").
-    scenario, meta["logprobs"] = await ask_for_logprobs(scenario, api_key)
+    scenario, meta["logprobs"] = await ask_for_logprobs(scenario, api_key, stop=stop)
     if resume:
         # A run killed mid-write leaves a torn last line; appending after it would bury it mid-file.
         for path in records_paths(run_dir):
