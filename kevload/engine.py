@@ -160,7 +160,8 @@ class _Runner:
         self.probe_errors = 0
         self.probes_done = 0
         self.aborted = False
-        self._cutting = False  # set while the drain cancels requests past its bound: those are recorded
+        # Why the drain is cancelling requests past its bound (None: a cancel is no cut): those are recorded.
+        self._cutting: str | None = None
         self._stopped_at: float | None = None  # one grace period from the stop, however many groups wait
         self._ready: collections.deque[Record] = collections.deque()
         self._wake = asyncio.Event()
@@ -326,19 +327,24 @@ class _Runner:
                 for task in done - {stop_wait}:
                     task.result()  # a worker's bug surfaces here rather than vanishing
                 if pending and deadline is not None and loop.time() >= deadline:
-                    self._cutting = True
-                    try:
-                        await _cancel(pending)
-                    finally:
-                        self._cutting = False
+                    await self._cut(pending, f"cut: still in flight {cut_after:g} s after the level's probes "
+                                             "were done")
                     pending = set()
             if pending:
                 if self._stopped_at is None:
                     self._stopped_at = loop.time()
                 await asyncio.wait(pending, timeout=max(self._stopped_at + STOP_GRACE_S - loop.time(), 0.0))
-                await _cancel(pending)
+                await self._cut(pending, f"cut: still in flight {STOP_GRACE_S:g} s after the stop")
         finally:
             stop_wait.cancel()
+
+    async def _cut(self, tasks: set[asyncio.Task], why: str) -> None:
+        """Cancel requests still in flight (their connections close); each is recorded as a ``timeout`` saying why."""
+        self._cutting = why
+        try:
+            await _cancel(tasks)
+        finally:
+            self._cutting = None
 
     def _halted(self) -> bool:
         return self.stop.is_set() or self.aborted or self.share.halted()
@@ -367,7 +373,7 @@ class _Runner:
             # resends at once keeps c in flight.
             in_flight, counted = await self.share.claim(plan, role, self.in_flight, at)
             self.in_flight += 1
-            retries = 0
+            retries, stop_cut = 0, False
             t_send = time.perf_counter()
             try:
                 outcome = await self.client.send(body, request_id=request_id)
@@ -385,16 +391,17 @@ class _Runner:
                     retries += 1
                     outcome = await self.client.send(body, request_id=request_id)
             except asyncio.CancelledError:
-                if not self._cutting:
+                if self._cutting is None:
                     raise
-                outcome = Outcome(status="timeout", t_send=t_send, t_last_byte=time.perf_counter(),
-                                  error=f"cut: still in flight {target.timeout:g} s after the level's probes were done")
+                outcome = Outcome(status="timeout", t_send=t_send, t_last_byte=time.perf_counter(), error=self._cutting)
+                stop_cut = self.stop.is_set()
             finally:
                 self.in_flight -= 1
                 self.share.release(plan, role, counted)
             # A stop ends a closed-loop level around what is still in flight, and the other slots no longer resend:
             # an answer that came after it lost its batch on the way, no sample of full load (--resume sends it again).
-            counted = counted and not (rate is None and self._halted())
+            # A request the stop cut is no answer of the server's, at any level.
+            counted = counted and not (rate is None and self._halted()) and not stop_cut
             record = _record(outcome, body, run_id=self.run_id, seq=seq, probe=item.id, role=role, mode=mode,
                              concurrency=concurrency, rate=rate, sample=sample,
                              in_flight=in_flight, counted=counted, max_in_flight=max_in_flight,
