@@ -76,8 +76,8 @@ _LOGPROB_BATCH = 256
 class LogprobTrack:
     """The logprob vectors of one distinct output in one cell, in memory that does not grow with requests.
 
-    Kept: how many vectors were seen, up to ``_LOGPROB_VECTORS`` distinct ones with their counts (to
-    choose the serial reference's most common vector), and the elementwise envelope of every vector —
+    Kept: how many vectors were seen and how many of each length, up to ``_LOGPROB_VECTORS`` distinct ones with
+    their counts (to choose the serial reference's most common vector), and the elementwise envelope of every vector —
     minimum and maximum of the finite values, and which kinds of value (null, finite, NaN, −∞, +∞) any
     vector had there. Against any reference chosen later, the envelope gives exactly whether every
     vector is bitwise equal to it, the first position where one differs, and the largest absolute
@@ -86,7 +86,7 @@ class LogprobTrack:
     reference is known.
     """
 
-    __slots__ = ("n", "vectors", "pending", "lo", "hi", "kinds", "len_min", "len_max", "nonfinite")
+    __slots__ = ("n", "vectors", "pending", "lo", "hi", "kinds", "len_min", "len_max", "lengths", "nonfinite")
 
     def __init__(self, vector: list, seq: int, nonfinite: bool = False) -> None:
         self.n = 1
@@ -99,11 +99,13 @@ class LogprobTrack:
         self.hi: np.ndarray | None = None
         self.kinds: np.ndarray | None = None
         self.len_min = self.len_max = len(vector)
+        self.lengths: dict[int, int] = {len(vector): 1}  # vectors by length: which cover a reference in full
         # A vector held spelled non-finite values (``store.spell_logprobs``): only then are they decoded.
         self.nonfinite = nonfinite
 
     def add(self, vector: list, seq: int, nonfinite: bool = False) -> None:
         self.n += 1
+        self.lengths[len(vector)] = self.lengths.get(len(vector), 0) + 1
         self.nonfinite = self.nonfinite or nonfinite
         key = tuple(vector)
         entry = self.vectors.get(key)
@@ -131,6 +133,8 @@ class LogprobTrack:
         if other.lo is not None:
             self._fold(other.lo, other.hi, other.kinds)
         self.n += other.n
+        for length, count in other.lengths.items():
+            self.lengths[length] = self.lengths.get(length, 0) + count
         self.len_min = min(self.len_min, other.len_min)
         self.len_max = max(self.len_max, other.len_max)
 
@@ -138,18 +142,22 @@ class LogprobTrack:
         """The most common vector counted (ties: the one seen first)."""
         return list(max(self.vectors.items(), key=lambda kv: (kv[1][0], -kv[1][1]))[0])
 
-    def compare(self, reference: list, upto: int, same_tokens: bool) -> tuple[int | None, float | None]:
-        """(first position < ``upto`` where a vector differs from ``reference``, largest |difference| there).
+    def compare(self, reference: list, upto: int, same_tokens: bool) -> tuple[int | None, float | None, int]:
+        """(first position < ``upto`` where a vector differs from ``reference``, largest |difference| there, how
+        many vectors the comparison covers).
 
-        ``upto``: positions whose tokens agree with the reference's. The first position is None when
-        every vector equals the reference bitwise; a vector that is shorter, longer or whose tokens
-        leave the reference's (``same_tokens`` False) differs at the first position it stops agreeing.
-        A position equals the reference's where every vector has the reference's kind there (−∞ equals
-        −∞, NaN equals NaN, null equals null) and, for a finite reference, its value; the difference is
-        taken between finite values only, since one against a non-finite one has no size.
+        ``upto``: positions whose tokens agree with the reference's. Each position is compared over the vectors
+        that have it. The first position is None when every value given equals the reference's bitwise; vectors
+        whose tokens leave the reference's (``same_tokens`` False) differ at the first position they stop
+        agreeing. A vector with the reference's tokens but fewer entries (a server that left logprobs out) is
+        no evidence past its end: while its values agree it is not covered, and the comparison makes no claim
+        about it; a difference anywhere covers every vector (it is one). A position equals the reference's where
+        every vector has the reference's kind there (−∞ equals −∞, NaN equals NaN, null equals null) and, for a
+        finite reference, its value; the difference is taken between finite values only, since one against a
+        non-finite one has no size.
         """
         self._flush()
-        m = min(upto, len(reference), self.len_min)
+        m = min(upto, len(reference), self.len_max)
         if self.lo is None:
             lo, hi, kinds = _envelope([next(iter(self.vectors))[:m]], self.nonfinite)
         else:
@@ -158,16 +166,12 @@ class LogprobTrack:
         finite = ref_kinds == _FINITE
         equal = (kinds == ref_kinds) & (~finite | ((lo == ref) & (hi == ref)))
         differs = np.flatnonzero(~equal)
-        full = len(reference)
-        if differs.size:
-            first = int(differs[0])
-        elif m < upto or not same_tokens or self.len_min != full or self.len_max != full:
-            first = m
-        else:
-            first = None
+        first = int(differs[0]) if differs.size else None if same_tokens else m
         both = finite & ((kinds & _FINITE) != 0)
         diff = float(np.max(np.maximum(hi[both] - ref[both], ref[both] - lo[both]))) if both.any() else None
-        return first, diff
+        covered = self.n if first is not None else sum(n for length, n in self.lengths.items()
+                                                        if length >= len(reference))
+        return first, diff, covered
 
     def _widen(self, vector: list) -> None:
         self.pending.append(vector)
@@ -280,7 +284,8 @@ class CellAccumulator:
         else:
             self.counts[key] = count + 1
         logprobs = record.get("logprobs")
-        if logprobs:
+        # A vector of nulls only is no logprob at all: the server gave the field, not one value in it.
+        if logprobs and (logprobs[0] is not None or logprobs.count(None) < len(logprobs)):
             nonfinite = record.get("logprob_nonfinite")
             if nonfinite:
                 self.logprob_nonfinite += 1
@@ -808,7 +813,7 @@ def _logprob_agreement(cell: CellAccumulator, reference: CellAccumulator,
     """
     out: dict[str, Any] = {"logprob_samples": None, "logprob_bitwise": None, "logprob_max_abs_diff": None,
                            "first_logprob_divergence_token": None, "logprobs_missing": None,
-                           "logprob_nonfinite_samples": None}
+                           "logprobs_partial": None, "logprob_nonfinite_samples": None}
     if cell.logprobs or cell.logprobs_missing:
         out["logprobs_missing"] = cell.logprobs_missing
         out["logprob_nonfinite_samples"] = cell.logprob_nonfinite
@@ -816,21 +821,26 @@ def _logprob_agreement(cell: CellAccumulator, reference: CellAccumulator,
         return out
     ref = reference.logprobs[serial].modal()
     ref_tokens = reference.tokens.get(serial)
-    samples, firsts, diffs = 0, [], []
+    samples, partial, firsts, diffs = 0, 0, [], []
     for key, track in cell.logprobs.items():
         tokens = cell.tokens.get(key)
         if ref_tokens and tokens:
-            upto, same = common_prefix_length(ref_tokens, tokens), tokens == ref_tokens
+            upto = common_prefix_length(ref_tokens, tokens)
+            # The serial text whose tokens (read from its logprobs) stop early has the serial tokens, not others.
+            same = tokens == ref_tokens or key == serial and upto == min(len(tokens), len(ref_tokens))
+            upto = len(ref_tokens) if same else upto
         elif key == serial:
             upto, same = len(ref), True
         else:
             continue  # another output without tokens: its positions cannot be lined up with the serial ones
-        first, diff = track.compare(ref, upto, same)
-        samples += track.n
+        first, diff, covered = track.compare(ref, upto, same)
+        samples += covered
+        partial += track.n - covered
         if first is not None:
             firsts.append(first)
         if diff is not None:
             diffs.append(diff)
+    out["logprobs_partial"] = partial if out["logprobs_missing"] is not None else None
     if samples:
         out["logprob_samples"] = samples
         # A difference among the compared samples is evidence whatever the others hold; equality is

@@ -76,7 +76,7 @@ def latent_text(cell: CellSummary) -> str:
     return (f"same text as serial in {cell.ok} samples, logprobs differ from "
             f"{position_label(token=cell.first_logprob_divergence_token)}"
             + (f", max abs diff {diff:.2g}" if diff is not None else "")
-            + (f"; logprobs in {cell.logprob_samples} of {cell.ok}" if cell.logprob_gap else ""))
+            + (f"; {logprob_coverage_text(cell)}" if cell.logprob_gap else ""))
 
 
 def logprob_text(cell: CellSummary) -> str:
@@ -86,7 +86,7 @@ def logprob_text(cell: CellSummary) -> str:
     nonfinite = (f"; {cell.logprob_nonfinite_samples} with a non-finite logprob"
                  if cell.logprob_nonfinite_samples else "")
     if cell.logprob_bitwise is None:
-        return f"no claim: logprobs in {n or 0} of {cell.ok}{nonfinite}" if cell.logprob_gap else "-"
+        return f"no claim: {logprob_coverage_text(cell)}{nonfinite}" if cell.logprob_gap else "-"
     if cell.logprob_bitwise:
         return f"bitwise = ({n}){nonfinite}"
     diff = cell.logprob_max_abs_diff
@@ -95,11 +95,17 @@ def logprob_text(cell: CellSummary) -> str:
             + (f" ({n} of {cell.ok})" if cell.logprob_gap else f" ({n})") + nonfinite)
 
 
+def logprob_coverage_text(cell: CellSummary, where: str | None = None) -> str:
+    """``logprobs in 2 of 6`` (``… at p1 (single) c=4``), with ``(3 with fewer logprobs than tokens)`` where some
+    samples' logprobs stop before their tokens do: how many of a cell's ok samples its logprob comparison covers."""
+    partial = f" ({cell.logprobs_partial} with fewer logprobs than tokens)" if cell.logprobs_partial else ""
+    return f"logprobs in {cell.logprob_samples or 0} of {cell.ok}" + (f" at {where}" if where else "") + partial
+
+
 def logprob_gap_text(cell: CellSummary, where: str | None = None) -> str:
     """``logprobs in 2 of 6 at p1 (single) c=4: no logprob claim``: a cell whose logprobs cover only some of
     its ok samples (a difference among those is still one, and then the claim is that)."""
-    return (f"logprobs in {cell.logprob_samples or 0} of {cell.ok} at {where or cell.label}"
-            + ("" if cell.logprob_bitwise is False else ": no logprob claim"))
+    return logprob_coverage_text(cell, where or cell.label) + ("" if cell.logprob_bitwise is False else ": no logprob claim")
 
 
 def never_full_text(cell: CellSummary) -> str:

@@ -129,9 +129,11 @@ class CellSummary(_Json):
     first_logprob_divergence_token: int | None = written_with("logprob_samples")
     # The serial text with other logprobs.
     latent_drift: bool | None = written_with("logprob_samples")
-    # Where logprobs were asked for or returned: ok samples that asked and got none, and ok samples with a
-    # logprob of -inf, inf or NaN.
+    # Where logprobs were asked for or returned: ok samples that asked and got none (or nulls only), ok samples
+    # with the serial tokens but fewer logprobs than tokens whose values given agree (no claim past their end),
+    # and ok samples with a logprob of -inf, inf or NaN.
     logprobs_missing: int | None = written_with("logprobs_missing")
+    logprobs_partial: int | None = written_with("logprobs_missing")
     logprob_nonfinite_samples: int | None = written_with("logprobs_missing")
     # The drift example: both texts are the same window, starting at char example_offset.
     example_offset: int | None = written_with("example_offset")
