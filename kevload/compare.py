@@ -48,6 +48,7 @@ _EXIT_S = 5.0
 
 LATENCY_NAMES = ("e2e", "ttft", "tpot", "itl", "lateness")
 CellKey = tuple[str, str, str, int, float | None]  # probe, role, mode, concurrency, rate (open loop)
+AskedCell = tuple[str, str, int, float | None]  # a probe cell a run asks for: probe, mode, concurrency, rate
 # A closed-loop level as its spans are pooled: mode, concurrency. Two probes' levels of one concurrency never
 # overlap in time (a level ends only when nothing it sent is in flight), so pooling them adds no "other".
 SpanKey = tuple[str, int]
@@ -458,18 +459,21 @@ def reduce_records(records: Iterable[dict[str, Any]], *, slo: Slo | None = None)
 def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
               samples_asked: int | None = None, min_slo_attainment: float | None = None,
               until_bound: float | None = None, max_samples: int = 1000,
-              server: Samples | None = None) -> RunSummary:
+              server: Samples | None = None, asked_cells: Iterable[AskedCell] | None = None) -> RunSummary:
     """The summary: ``cells`` (one per probe × role × mode × level), ``matrix`` and ``verdict``.
 
     The error share and the target-failed rule count probe requests only: companions only shape
     the batch, and their successes must not dilute the probe's failures. ``samples_asked`` is the
     probe samples each cell was asked for (``load.samples``; None when a level runs for a duration
     instead): a probe cell with fewer ok samples is ``short`` and the run cannot be ``deterministic``.
+    ``asked_cells`` are the probe cells the run asked for (probe, mode, concurrency, rate): one with no counted
+    sample at all has no cell, and is named in ``missing_cells`` (a run stopped before it, a level too short to
+    send anything); None when the run does not say (then only the cells on record are known).
 
-    Verdicts: ``target_failed`` (no probe answer at all, a probe cell with none, or the probe error
-    share over ``max_error_share``) · ``nondeterministic`` (a probe cell drifts; drift seen is drift,
-    however few samples) · ``inconclusive`` (no drift, but a probe cell is short of samples) ·
-    ``deterministic``.
+    Verdicts: ``target_failed`` (a probe cell whose counted requests all failed, or the probe error share over
+    ``max_error_share``) · ``nondeterministic`` (a probe cell drifts; drift seen is drift, however few samples) ·
+    ``inconclusive`` (no drift, but a probe cell is short of samples, an asked one is missing, or no probe
+    request was counted at all: nothing failed, nothing was measured) · ``deterministic``.
 
     With an SLO (the reduction's ``slo``) every cell has ``slo_attainment`` (requests within every bound
     over all its requests, failed ones included: a failed request met nothing) and ``goodput`` (those
@@ -508,16 +512,19 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
     probe_errors = probe_requests - sum(c.ok for c in probe_cells)
     companion_requests = sum(c.requests for c in companion_cells)
     companion_errors = companion_requests - sum(c.ok for c in companion_cells)
-    probe_error_share = probe_errors / probe_requests if probe_requests else 1.0
+    probe_error_share = probe_errors / probe_requests if probe_requests else 0.0
     drift = [c for c in probe_cells if c.drift]
     short = [c for c in probe_cells if c.short]
     latent = [c for c in probe_cells if c.latent_drift]
     compared = any(c.logprob_samples for c in probe_cells)
-    if probe_requests == 0 or probe_error_share > max_error_share or any(c.ok == 0 for c in probe_cells):
+    missing = None if asked_cells is None else tuple(
+        f"{probe}@{mode}/{level_label(concurrency, rate)}" for probe, mode, concurrency, rate in asked_cells
+        if (probe, "probe", mode, concurrency, rate) not in reduction.cells)
+    if probe_error_share > max_error_share or any(c.ok == 0 for c in probe_cells):
         verdict = "target_failed"
     elif drift:
         verdict = "nondeterministic"
-    elif short:
+    elif short or missing or not probe_requests:
         verdict = "inconclusive"
     else:
         verdict = "deterministic"
@@ -541,6 +548,7 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
         until_bound=until_bound,
         drift_cells=tuple(c.name for c in drift),
         short_cells=tuple(c.name for c in short),
+        missing_cells=missing,
         # Same text as serial, other logprobs: no verdict of its own (exit 1 only with --fail-on latent).
         latent_cells=tuple(c.name for c in latent) if compared else None,
         logprob_gap_cells=tuple(c.name for c in probe_cells if c.logprob_gap)

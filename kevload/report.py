@@ -9,7 +9,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from kevload.summary import CellSummary, RunSummary, levels_of, position_label
+from kevload.summary import CellSummary, RunSummary, label_of, levels_of, name_parts, position_label
 
 FORMATS = ("table", "json", "markdown", "html")
 
@@ -164,6 +164,18 @@ def short_text(cell: CellSummary) -> str:
     return f"{cell.ok} of {cell.asked} asked ok ({errors})"
 
 
+def missing_texts(summary: RunSummary) -> list[str]:
+    """``p1 (single) c=4: no counted sample (the run was stopped before one was answered)``: each probe cell the run
+    asked for that has none, and why, as far as the run says."""
+    if summary.state in ("interrupted", "aborted"):
+        why = f" (the run was {'stopped' if summary.state == 'interrupted' else 'aborted'} before one was answered)"
+    elif summary.samples_asked is None:
+        why = " (none was sent and answered within load.duration)"
+    else:
+        why = ""
+    return [f"{label_of(name)}: no counted sample{why}" for name in summary.missing_cells or ()]
+
+
 def footnotes(summary: RunSummary) -> list[str]:
     """The matrix's footnotes: each drifting cell's divergence kinds, each short cell's shortfall, each cell with
     samples that never had c − 1 others in flight, the lowest full-load share, and the companions' errors
@@ -184,6 +196,7 @@ def footnotes(summary: RunSummary) -> list[str]:
             notes.append(f"{name}: † {never_full_text(c)}")
         if c.server_note:
             notes.append(f"{name}: {c.server_note}")
+    notes += missing_texts(summary)
     loaded = [c for c in summary.probe_cells() if c.full_load_share is not None]
     if loaded:
         low = min(loaded, key=lambda c: (c.full_load_share, c.level_order))
@@ -328,9 +341,11 @@ def verdict_line(summary: RunSummary) -> str:
                 f"limit is {summary.max_error_share:.0%}"
                 + (f"; no ok sample in {', '.join(empty)}" if empty else "") + _companions(summary))
     if verdict == "inconclusive":
-        parts = [f"{c.label}: {short_text(c)}" for c in short]
-        return ("inconclusive: fewer ok probe samples than asked, so no claim of determinism; "
-                + "; ".join(parts) + _companions(summary))
+        parts = [f"{c.label}: {short_text(c)}" for c in short] + missing_texts(summary)
+        why = ("fewer ok probe samples than asked" if short else "a probe cell asked for has no counted sample"
+               if summary.missing_cells else "no probe sample was counted")
+        return (f"inconclusive: {why}, so no claim of determinism" + "".join(f"; {part}" for part in parts)
+                + _companions(summary))
     if verdict == "deterministic":
         n = sum(c.ok for c in cells)
         worst = max((c.drift_rate_upper_95 or 0.0) for c in cells) if cells else 1.0
@@ -344,7 +359,8 @@ def verdict_line(summary: RunSummary) -> str:
         kinds = kinds_text(c)
         parts.append(f"{c.label}: {cell_phrase(c)}, {where}"
                      + (f" (kinds: {kinds})" if kinds else ""))
-    also = f" (and {len(short)} cell(s) short of samples)" if short else ""
+    shortfall = len(short) + len(summary.missing_cells or ())
+    also = f" (and {shortfall} cell(s) short of samples)" if shortfall else ""
     return "nondeterministic: " + "; ".join(parts) + also + _logprob_clause(cells)
 
 
@@ -495,11 +511,12 @@ def junit_xml(summary: RunSummary, suite: str = "kevload", fail_on: str = "drift
     slo_failed = set(summary.slo_failed_cells)
     latent_fails = fail_on == "latent"
     failures = sum(1 for c in cells if c.drift or c.ok == 0 or c.short or c.name in slo_failed
-                   or (latent_fails and (c.latent_drift or c.logprob_gap)))
+                   or (latent_fails and (c.latent_drift or c.logprob_gap))) + len(summary.missing_cells or ())
     seconds = sum(c.duration_s or 0 for c in cells)
-    root = ET.Element("testsuites", name=suite, tests=str(len(cells)), failures=str(failures), errors="0",
+    tests = len(cells) + len(summary.missing_cells or ())
+    root = ET.Element("testsuites", name=suite, tests=str(tests), failures=str(failures), errors="0",
                       time=f"{seconds:.3f}")
-    group = ET.SubElement(root, "testsuite", name=summary.scenario or suite, tests=str(len(cells)),
+    group = ET.SubElement(root, "testsuite", name=summary.scenario or suite, tests=str(tests),
                           failures=str(failures), errors="0", skipped="0", time=f"{seconds:.3f}")
     for c in cells:
         case = ET.SubElement(group, "testcase", classname=f"{suite}.{c.probe}.{c.mode}",
@@ -542,4 +559,8 @@ def junit_xml(summary: RunSummary, suite: str = "kevload", fail_on: str = "drift
             ET.SubElement(case, "system-out").text = (
                 f"1 output in {c.ok} samples; drift rate < {c.drift_rate_upper_95:.2%} at 95% confidence; "
                 f"logprobs vs serial: {logprob_text(c)}{latent}{within}")
+    for name, text in zip(summary.missing_cells or (), missing_texts(summary), strict=True):
+        probe, mode, level = name_parts(name)
+        case = ET.SubElement(group, "testcase", classname=f"{suite}.{probe}.{mode}", name=level, time="0.000")
+        ET.SubElement(case, "failure", message="no counted sample", type="inconclusive").text = text
     return ET.tostring(root, encoding="unicode", xml_declaration=True)

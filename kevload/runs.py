@@ -106,7 +106,8 @@ async def _run_scenario(scenario: Scenario, run_dir: Path | None, *, on_record: 
         # A run killed mid-write leaves a torn last line; appending after it would bury it mid-file.
         for path in records_paths(run_dir):
             cut_torn_tail(path)
-        meta = {**meta, "state": "running", "resumed_at": [*meta.get("resumed_at", []), _now_iso()]}
+        meta = {"probes": [probe.id for probe in scenario.probes], **meta, "state": "running",
+                "resumed_at": [*meta.get("resumed_at", []), _now_iso()]}
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
         for path in [*records_paths(run_dir), run_dir / RUN, run_dir / SUMMARY]:
@@ -230,7 +231,7 @@ def finish_run(run_dir: Path, *, state: str | None = None, meta: dict[str, Any] 
     summary = summarize(reduction, max_error_share=max_error_share,
                         samples_asked=asked, min_slo_attainment=meta["load"].get("min_slo_attainment"),
                         until_bound=meta["load"].get("until_bound"), max_samples=meta["load"].get("max_samples", 1000),
-                        server=read_samples(run_dir))
+                        server=read_samples(run_dir), asked_cells=_asked_cells(meta))
     summary = replace(summary, run_id=meta.get("run_id"), scenario=meta.get("scenario_name"),
                       state=state or meta.get("state"))
     write_json(run_dir / SUMMARY, summary.to_json())
@@ -238,6 +239,16 @@ def finish_run(run_dir: Path, *, state: str | None = None, meta: dict[str, Any] 
         meta = {**meta, "state": state, "ended_at": _now_iso(), "records": summary.requests_sent}
         write_json(run_dir / RUN, meta)
     return summary
+
+
+def _asked_cells(meta: dict[str, Any]) -> list[tuple[str, str, int, float | None]] | None:
+    """Every probe at every level of the run, as ``summarize`` names the cells; None for a run from before
+    ``run.json`` listed its probes."""
+    if "probes" not in meta:
+        return None
+    load = meta["load"]
+    levels = [(0, rate) for rate in load.get("rate") or ()] or [(c, None) for c in load["concurrency"]]
+    return [(probe, load["mode"], *level) for probe in meta["probes"] for level in levels]
 
 
 def _resume_state(run_dir: Path) -> tuple[dict[str, Any], dict[engine.LevelKey, int], int,
@@ -269,6 +280,7 @@ def _run_meta(scenario: Scenario, run_id: str, secrets: list[str]) -> dict[str, 
         "scenario": redact(scenario.raw, secrets),
         "load": asdict(scenario.load),
         "datasets": [dataset.to_json() for dataset in scenario.datasets],
+        "probes": [probe.id for probe in scenario.probes],  # with load's levels: the cells the run asks for
         "target": redact({"base_url": scenario.target.base_url, "model": scenario.target.model,
                           "api": scenario.target.api}, secrets),
         "started_at": _now_iso(),

@@ -38,6 +38,20 @@ def position_label(*, char: int | None = None, token: int | None = None) -> str:
         + " (0-based)"
 
 
+def name_parts(name: str) -> tuple[str, str, str]:
+    """(probe, mode, level) of a cell named ``p1@mixed/c=4`` (``CellSummary.name``, the names in ``*_cells``); a
+    probe id may hold ``@`` or ``/`` itself, a mode neither."""
+    probe, _, rest = name.rpartition("@")
+    mode, _, level = rest.partition("/")
+    return probe, mode, level
+
+
+def label_of(name: str) -> str:
+    """``p1 (mixed) c=4``, how reports name the cell named ``p1@mixed/c=4`` (``CellSummary.label``)."""
+    probe, mode, level = name_parts(name)
+    return f"{probe} ({mode}) {level}"
+
+
 def level_order(concurrency: int, rate: float | None) -> tuple[int, float]:
     """Closed-loop levels by concurrency first, then open-loop rates by rate."""
     return (0, concurrency) if rate is None else (1, rate)
@@ -221,6 +235,9 @@ class RunSummary(_Json):
     until_bound: float | None = written_with("until_bound")
     drift_cells: tuple[str, ...] = ()
     short_cells: tuple[str, ...] = ()
+    # Probe cells the run asked for that have no counted sample at all (no cell): short too, by all their samples.
+    # None: the run does not list what it asked for (run.json from before it listed its probes).
+    missing_cells: tuple[str, ...] | None = written_with("missing_cells")
     # Logprob evidence over the probe cells; absent where no logprobs were compared.
     logprob_samples: int | None = written_with("logprob_samples")
     latent_cells: tuple[str, ...] | None = written_with("logprob_samples")
