@@ -102,7 +102,7 @@ def test_a_warm_up_in_flight_gets_the_grace_not_the_timeout(tmp_path, server, si
     scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=4, warmup=3,
                               target={"timeout": 30})
     with Kevload("run", scenario, "--out", tmp_path / "run", "--quiet") as kevload:
-        ended = _stopped(kevload, server, signum, timeout=6)  # today: the held warm-up's 20 s, then two more sent
+        _stopped(kevload, server, signum, timeout=6)  # before: the held warm-up's 20 s, then two more sent
     _finished_interrupted(tmp_path / "run", server)
     (record,) = read_run_records(tmp_path / "run")
     assert (record["role"], record["status"], record["counted"]) == ("warmup", "timeout", False)
