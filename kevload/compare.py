@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from kevload.overlap import FullLoad, Occupancy
+from kevload.overlap import FullLoad, Occupancy, Window
 from kevload.scenario import Slo
 from kevload.schedule import UntilBound
 from kevload.servermetrics import Samples, cell_view
@@ -459,7 +459,8 @@ def reduce_records(records: Iterable[dict[str, Any]], *, slo: Slo | None = None)
 def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
               samples_asked: int | None = None, min_slo_attainment: float | None = None,
               until_bound: float | None = None, max_samples: int = 1000,
-              server: Samples | None = None, asked_cells: Iterable[AskedCell] | None = None) -> RunSummary:
+              server: Samples | None = None, asked_cells: Iterable[AskedCell] | None = None,
+              unrecorded: list[Window] | None = None) -> RunSummary:
     """The summary: ``cells`` (one per probe × role × mode × level), ``matrix`` and ``verdict``.
 
     The error share and the target-failed rule count probe requests only: companions only shape
@@ -483,13 +484,15 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
     Each probe cell says why it stopped (``stop_reason``): with ``until_bound`` (``load.until_bound``,
     ``load.max_samples``) the strategy's own rule, asked of the cell's records; without it ``samples``.
 
-    Each cell of a closed-loop level c ≥ 2 has ``full_load_share`` and ``samples_never_full`` (``full_load_fields``).
+    Each cell of a closed-loop level c ≥ 2 has ``full_load_share`` and ``samples_never_full`` (``full_load_fields``);
+    ``unrecorded`` are the stretches in which requests the records miss may have run (``overlap.unrecorded_windows``;
+    None: the run recorded every request it sent, or does not say), whose samples are ``overlap_unknown`` instead.
 
     ``server`` is what the server's ``/metrics`` said during the run (``servermetrics.read_samples``): each
     cell gets the ``server_*`` fields of its own time window, from its first counted send to its last answer.
     """
     until = UntilBound(until_bound, samples_asked or 1, max_samples) if until_bound else None
-    full_loads = full_load_by_cell(reduction)
+    full_loads = full_load_by_cell(reduction, unrecorded)
     cells: list[CellSummary] = []
     groups: dict[tuple[str, str, str], list[tuple[int, float | None]]] = {}
     for probe, role, mode, level, rate in reduction.cells:
@@ -733,10 +736,11 @@ def stop_reason(cell: CellSummary, until: UntilBound | None) -> str | None:
     return "samples" if cell.asked is not None and cell.requests >= cell.asked else None
 
 
-def full_load_by_cell(reduction: Reduction) -> dict[CellKey, FullLoad]:
+def full_load_by_cell(reduction: Reduction, unrecorded: list[Window] | None = None) -> dict[CellKey, FullLoad]:
     """Each cell of a closed-loop level c ≥ 2 against every request of its level: its cells' counted spans
-    (probes and companions) and its uncounted ones (warm-ups, ramp-ups, tails), from every records file reduced.
-    One level's occupancy at a time: memory follows the largest level, not the run."""
+    (probes and companions) and its uncounted ones (warm-ups, ramp-ups, tails), from every records file reduced;
+    its samples in an ``unrecorded`` window are left unknown. One level's occupancy at a time: memory follows the
+    largest level, not the run."""
     by_level: dict[SpanKey, list[CellKey]] = {}
     for key, cell in reduction.cells.items():
         if cell.spans is not None:
@@ -748,18 +752,19 @@ def full_load_by_cell(reduction: Reduction) -> dict[CellKey, FullLoad]:
             parts.append(reduction.uncounted_spans[level])
         occupancy = Occupancy.of(np.concatenate([_span_rows(spans) for spans in parts]), level[1])
         for key in keys:
-            out[key] = occupancy.full_load(_span_rows(reduction.cells[key].spans))
+            out[key] = occupancy.full_load(_span_rows(reduction.cells[key].spans), unrecorded)
     return out
 
 
 def full_load_fields(full: FullLoad | None) -> dict[str, Any]:
     """``full_load_share``: the share of the cell's counted samples' time during which c − 1 other requests of
-    the level were in flight; ``samples_never_full``: its counted samples that never had them. None at an
-    open-loop level (no c to reach) and at c = 1 (no others to have: a serial sample is trivially full)."""
+    the level were in flight; ``samples_never_full``: its counted samples that never had them; both over the
+    samples whose others the records hold, ``overlap_unknown`` counting the rest. None at an open-loop level (no c
+    to reach) and at c = 1 (no others to have: a serial sample is trivially full)."""
     if full is None:
-        return {"full_load_share": None, "samples_never_full": None}
+        return {"full_load_share": None, "samples_never_full": None, "overlap_unknown": None}
     return {"full_load_share": None if full.share is None else round(full.share, 6),
-            "samples_never_full": full.never_full}
+            "samples_never_full": full.never_full, "overlap_unknown": full.unknown}
 
 
 def _span_rows(spans: array) -> np.ndarray:

@@ -122,7 +122,8 @@ class Solo:
 
 
 class RecordStream:
-    """The records of one run, as they finish; ``aborted`` says whether the error rule ended it early."""
+    """The records of one run, as they finish; ``aborted`` says whether the error rule ended it early, ``sent``
+    how many requests it numbered (each one a record, unless the stream was torn down before it came)."""
 
     def __init__(self, runner: _Runner):
         self._runner = runner
@@ -133,6 +134,10 @@ class RecordStream:
     @property
     def aborted(self) -> bool:
         return self._runner.aborted
+
+    @property
+    def sent(self) -> int:
+        return self._runner.sent
 
 
 class _Runner:
@@ -156,6 +161,7 @@ class _Runner:
         # Per probe: the serial (first) level's modal answer, which later levels' answers are held against.
         self.references: dict[str, Hashable | None] = {}
         self.seq = first_seq + share.worker  # workers number their sends in turn: seqs stay unique
+        self.sent = 0
         self.in_flight = 0
         self.probe_errors = 0
         self.probes_done = 0
@@ -365,6 +371,7 @@ class _Runner:
             """``at``: seconds into the level (scheduled, in the open loop), which decides a ramp-up's sends."""
             seq = self.seq
             self.seq += self.share.workers
+            self.sent += 1
             # Sent as X-Request-Id; a 429/503 retry below and a transport's reconnect resend keep it.
             request_id = f"{self.ids}-{seq}"
             nonce = f"kevload-{request_id}" if load.nonce else None

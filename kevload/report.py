@@ -105,7 +105,8 @@ def logprob_coverage_text(cell: CellSummary, where: str | None = None) -> str:
 def logprob_gap_text(cell: CellSummary, where: str | None = None) -> str:
     """``logprobs in 2 of 6 at p1 (single) c=4: no logprob claim``: a cell whose logprobs cover only some of
     its ok samples (a difference among those is still one, and then the claim is that)."""
-    return logprob_coverage_text(cell, where or cell.label) + ("" if cell.logprob_bitwise is False else ": no logprob claim")
+    claim = "" if cell.logprob_bitwise is False else ": no logprob claim"
+    return logprob_coverage_text(cell, where or cell.label) + claim
 
 
 def never_full_text(cell: CellSummary) -> str:
@@ -114,6 +115,13 @@ def never_full_text(cell: CellSummary) -> str:
     share = cell.full_load_share
     return (f"{cell.samples_never_full} of {cell.requests} counted samples never had {others} in flight"
             + (f"; {others} for {share:.1%} of their time" if share is not None else ""))
+
+
+def unknown_overlap_text(cell: CellSummary) -> str:
+    """``overlap unknown for 129 of 300 counted samples (…)``: samples the full-load check leaves out."""
+    return (f"overlap unknown for {cell.overlap_unknown} of {cell.requests} counted samples (a part of the run "
+            "sent requests it never recorded, killed or a worker lost, which may have run beside them); "
+            "left out of the full-load check")
 
 
 def full_load_text(cell: CellSummary) -> str:
@@ -194,6 +202,8 @@ def footnotes(summary: RunSummary) -> list[str]:
             notes.append(f"{name}: {logprob_gap_text(c, 'this level')}")
         if c.samples_never_full:
             notes.append(f"{name}: † {never_full_text(c)}")
+        if c.overlap_unknown:
+            notes.append(f"{name}: {unknown_overlap_text(c)}")
         if c.server_note:
             notes.append(f"{name}: {c.server_note}")
     notes += missing_texts(summary)

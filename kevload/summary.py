@@ -131,6 +131,9 @@ class CellSummary(_Json):
     # (absent: an open-loop or serial level, nothing to reach).
     full_load_share: float | None = written_with("samples_never_full")
     samples_never_full: int | None = written_with("samples_never_full")
+    # Counted samples left out of both: they ran while requests a part of the run never recorded (killed, a worker
+    # lost) may have been in flight, so their others cannot be counted (absent: every request sent was recorded).
+    overlap_unknown: int | None = written_with("overlap_unknown")
     # Agreement with the serial output (exact matches; token positions where tokens exist), 95 % intervals.
     exact_match_rate: float | None = written_with("exact_match_rate")
     exact_match_ci95: list[float] | None = written_with("exact_match_rate")
