@@ -126,6 +126,24 @@ def test_a_closed_loop_request_the_stop_cuts_is_recorded_not_lost(tmp_path, serv
 
 
 @SIGNALS
+def test_a_second_signal_ends_at_once_with_the_signals_code(tmp_path, server, signum):
+    server.behaviour.on_arrival = lambda index, at_server: 30.0 if at_server >= 2 else None  # c=4 held
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 4], samples=6)
+    with Kevload("run", scenario, "--out", tmp_path / "run", "--quiet") as kevload:
+        kevload.wait_for(lambda: len(server.requests) >= 8, timeout=30)
+        kevload.signal(signum)
+        time.sleep(0.1)  # the stop's grace would end 1.9 s after the second signal
+        at = kevload.signal(signum)
+        ended = kevload.end(timeout=10)
+    assert ended.code == EXIT[signum] and time.monotonic() - at < 1.5, ended.stderr  # before: 1, or death by SIGTERM
+    assert "Traceback" not in ended.stderr and "Aborted" not in ended.stderr
+    # What was written stays, and run.json says this part left requests without a record (their others unknown).
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert meta["state"] == "interrupted" and meta["parts"][0]["unrecorded"] > 0
+    assert load_summary(tmp_path / "run")["verdict"] == "inconclusive"
+
+
+@SIGNALS
 def test_workers_stop_at_once_when_the_whole_group_is_signalled(tmp_path, server, signum):
     # Ctrl-C and a CI timeout signal every process of the group: the workers leave the stop to the driver.
     scenario = write_scenario(tmp_path / "s.toml", server.url, rate=[0.05], samples=4, workers=2)
