@@ -121,7 +121,7 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
         workers: int | None, ray_address: str | None) -> None:
     """Run SCENARIO and print the uniqueness matrix. Exit 0 stable, 1 drift (or latent drift with
     --fail-on latent, or a cell under load.min_slo_attainment), 2 bad input, 3 target failed (or
-    inconclusive: a cell with fewer ok probe samples than asked)."""
+    inconclusive: a cell with fewer ok probe samples than asked, or none at all)."""
     from kevload.baseline import compare_to_baseline, load_baseline
 
     overrides = (*overrides, f"load.retries={retries}") if retries is not None else overrides
