@@ -12,12 +12,25 @@ import uvloop
 T = TypeVar("T")
 
 EXIT_FOR_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
-# What a second signal of a kind meets: Python's own handling (SIGINT raises KeyboardInterrupt, SIGTERM ends).
-_SECOND = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+
+
+class SecondSignal(KeyboardInterrupt):
+    """A second SIGINT or SIGTERM: kevload ends at once, with the signal's exit code (``cli`` maps it). A
+    KeyboardInterrupt, so asyncio lets it through every task as it does Ctrl-C's, and ``finally`` blocks run."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def exit_code(interrupt: KeyboardInterrupt) -> int:
+    """130 for Ctrl-C (a plain KeyboardInterrupt too), 143 for a second SIGTERM."""
+    return EXIT_FOR_SIGNAL[getattr(interrupt, "signum", signal.SIGINT)]
 
 
 def run(main: Callable[[asyncio.Event], Coroutine[Any, Any, T]]) -> tuple[T, int | None]:
-    """Run ``main(stop)`` on uvloop; the first SIGINT/SIGTERM sets ``stop``, a second one is left to Python.
+    """Run ``main(stop)`` on uvloop; the first SIGINT/SIGTERM sets ``stop``, a second one of the same kind raises
+    ``SecondSignal`` wherever the program is.
 
     Returns the coroutine's result and the signal number that stopped it, if any.
     """
@@ -31,9 +44,12 @@ def run(main: Callable[[asyncio.Event], Coroutine[Any, Any, T]]) -> tuple[T, int
         # synchronous work (the summary's reduction), where a loop callback would only run after ``main``
         # returned and the signal would be lost. A signal also wakes a loop waiting for I/O (its wakeup fd).
         def on_signal(signum: int, _frame: Any) -> None:
-            signal.signal(signum, _SECOND[signum])
+            signal.signal(signum, on_second)
             received.append(signum)
             loop.call_soon_threadsafe(stop.set)
+
+        def on_second(signum: int, _frame: Any) -> None:
+            raise SecondSignal(signum)
 
         previous = {signum: signal.signal(signum, on_signal) for signum in EXIT_FOR_SIGNAL}
         try:

@@ -63,7 +63,8 @@ class _Finite(click.FloatRange):
 
 class _Main(click.Group):
     """The one place kevload's own errors become a message and an exit code (errors.py): every command,
-    option callback and nested group runs inside this invoke."""
+    option callback and nested group runs inside this invoke. A Ctrl-C that reaches it (a second one, or one
+    outside a run's loop) exits 130, a second SIGTERM 143: never click's "Aborted!" and 1, the drift code."""
 
     def invoke(self, ctx: click.Context):
         try:
@@ -71,6 +72,9 @@ class _Main(click.Group):
         except KevloadError as exc:
             click.echo(f"kevload: error: {exc}", err=True)
             ctx.exit(exc.exit_code)
+        except KeyboardInterrupt as exc:
+            click.echo("kevload: stopped at once; what was written so far is kept", err=True)
+            ctx.exit(aio.exit_code(exc))
 
 
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
@@ -117,7 +121,7 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
         workers: int | None, ray_address: str | None) -> None:
     """Run SCENARIO and print the uniqueness matrix. Exit 0 stable, 1 drift (or latent drift with
     --fail-on latent, or a cell under load.min_slo_attainment), 2 bad input, 3 target failed (or
-    inconclusive: a cell with fewer ok probe samples than asked)."""
+    inconclusive: a cell with fewer ok probe samples than asked, or none at all)."""
     from kevload.baseline import compare_to_baseline, load_baseline
 
     overrides = (*overrides, f"load.retries={retries}") if retries is not None else overrides

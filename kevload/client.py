@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import orjson
@@ -21,6 +21,8 @@ from kevload.scenario import REQUEST_ID_HEADER, Probe, Scenario, Target
 from kevload.sse import SSEError, SSEParser
 from kevload.store import url_secrets, url_userinfo
 from kevload.transport import AiohttpTransport, Endpoint, Response, Transport, TransportError
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +89,8 @@ def logprob_fields(api: str) -> dict[str, Any]:
 
 
 async def ask_for_logprobs(scenario: Scenario, api_key: str | None,
-                           warn: Callable[[str], None] | None = None) -> tuple[Scenario, dict[str, Any]]:
+                           warn: Callable[[str], None] | None = None,
+                           stop: asyncio.Event | None = None) -> tuple[Scenario, dict[str, Any]]:
     """Decide once per run whether its requests ask for logprobs (``load.logprobs``).
 
     Returns the scenario to run (its params with the logprob fields when they are asked for) and what
@@ -96,7 +99,8 @@ async def ask_for_logprobs(scenario: Scenario, api_key: str | None,
     request on a prompt of its own, so no cache is warmed for a probe — and when the answer carries no
     logprobs (transformers serve ignores the field) or the check fails, says so once through ``warn``
     (stderr by default) and leaves the run to compare text only. A ``[params]`` that sets
-    ``logprobs`` or ``top_logprobs`` itself is sent as written, unchecked.
+    ``logprobs`` or ``top_logprobs`` itself is sent as written, unchecked. A ``stop`` cuts the check at once
+    (its answer would decide nothing the stopped run still sends): nothing checked, and ``why`` says so.
     """
     asked = scenario.load.logprobs
     info: dict[str, Any] = {"asked": asked, "available": None, "why": None}
@@ -114,7 +118,10 @@ async def ask_for_logprobs(scenario: Scenario, api_key: str | None,
     body = build_body(scenario.target, check, with_logprobs.params, stream=scenario.load.stream,
                       nonce=LOGPROBS_CHECK_USER)
     async with Client(scenario.target, api_key) as client:
-        outcome = await client.send(body)
+        outcome = await unless_stopped(client.send(body), stop)
+    if outcome is None:
+        info["why"] = "the run was stopped before the check answered"
+        return scenario, info
     if outcome.status == "ok" and any(x is not None for x in outcome.logprobs or ()):
         info["available"] = True
         return with_logprobs, info
@@ -123,6 +130,23 @@ async def ask_for_logprobs(scenario: Scenario, api_key: str | None,
     info.update(available=False, why=why)
     (warn or _to_stderr)(f"kevload: logprobs: {why}; comparing output text only")
     return scenario, info
+
+
+async def unless_stopped(awaitable: Awaitable[T], stop: asyncio.Event | None) -> T | None:
+    """``awaitable``'s result, or None when ``stop`` is set first: then it is cancelled (a request's connection
+    closed) before this returns."""
+    task = asyncio.ensure_future(awaitable)
+    if stop is None:
+        return await task
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((task, stopped), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    return None if task.cancelled() else task.result()
 
 
 def _to_stderr(message: str) -> None:

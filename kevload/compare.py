@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from kevload.overlap import FullLoad, Occupancy
+from kevload.overlap import FullLoad, Occupancy, Window
 from kevload.scenario import Slo
 from kevload.schedule import UntilBound
 from kevload.servermetrics import Samples, cell_view
@@ -48,6 +48,7 @@ _EXIT_S = 5.0
 
 LATENCY_NAMES = ("e2e", "ttft", "tpot", "itl", "lateness")
 CellKey = tuple[str, str, str, int, float | None]  # probe, role, mode, concurrency, rate (open loop)
+AskedCell = tuple[str, str, int, float | None]  # a probe cell a run asks for: probe, mode, concurrency, rate
 # A closed-loop level as its spans are pooled: mode, concurrency. Two probes' levels of one concurrency never
 # overlap in time (a level ends only when nothing it sent is in flight), so pooling them adds no "other".
 SpanKey = tuple[str, int]
@@ -76,8 +77,8 @@ _LOGPROB_BATCH = 256
 class LogprobTrack:
     """The logprob vectors of one distinct output in one cell, in memory that does not grow with requests.
 
-    Kept: how many vectors were seen, up to ``_LOGPROB_VECTORS`` distinct ones with their counts (to
-    choose the serial reference's most common vector), and the elementwise envelope of every vector —
+    Kept: how many vectors were seen and how many of each length, up to ``_LOGPROB_VECTORS`` distinct ones with
+    their counts (to choose the serial reference's most common vector), and the elementwise envelope of every vector —
     minimum and maximum of the finite values, and which kinds of value (null, finite, NaN, −∞, +∞) any
     vector had there. Against any reference chosen later, the envelope gives exactly whether every
     vector is bitwise equal to it, the first position where one differs, and the largest absolute
@@ -86,7 +87,7 @@ class LogprobTrack:
     reference is known.
     """
 
-    __slots__ = ("n", "vectors", "pending", "lo", "hi", "kinds", "len_min", "len_max", "nonfinite")
+    __slots__ = ("n", "vectors", "pending", "lo", "hi", "kinds", "len_min", "len_max", "lengths", "nonfinite")
 
     def __init__(self, vector: list, seq: int, nonfinite: bool = False) -> None:
         self.n = 1
@@ -99,11 +100,13 @@ class LogprobTrack:
         self.hi: np.ndarray | None = None
         self.kinds: np.ndarray | None = None
         self.len_min = self.len_max = len(vector)
+        self.lengths: dict[int, int] = {len(vector): 1}  # vectors by length: which cover a reference in full
         # A vector held spelled non-finite values (``store.spell_logprobs``): only then are they decoded.
         self.nonfinite = nonfinite
 
     def add(self, vector: list, seq: int, nonfinite: bool = False) -> None:
         self.n += 1
+        self.lengths[len(vector)] = self.lengths.get(len(vector), 0) + 1
         self.nonfinite = self.nonfinite or nonfinite
         key = tuple(vector)
         entry = self.vectors.get(key)
@@ -131,6 +134,8 @@ class LogprobTrack:
         if other.lo is not None:
             self._fold(other.lo, other.hi, other.kinds)
         self.n += other.n
+        for length, count in other.lengths.items():
+            self.lengths[length] = self.lengths.get(length, 0) + count
         self.len_min = min(self.len_min, other.len_min)
         self.len_max = max(self.len_max, other.len_max)
 
@@ -138,18 +143,22 @@ class LogprobTrack:
         """The most common vector counted (ties: the one seen first)."""
         return list(max(self.vectors.items(), key=lambda kv: (kv[1][0], -kv[1][1]))[0])
 
-    def compare(self, reference: list, upto: int, same_tokens: bool) -> tuple[int | None, float | None]:
-        """(first position < ``upto`` where a vector differs from ``reference``, largest |difference| there).
+    def compare(self, reference: list, upto: int, same_tokens: bool) -> tuple[int | None, float | None, int]:
+        """(first position < ``upto`` where a vector differs from ``reference``, largest |difference| there, how
+        many vectors the comparison covers).
 
-        ``upto``: positions whose tokens agree with the reference's. The first position is None when
-        every vector equals the reference bitwise; a vector that is shorter, longer or whose tokens
-        leave the reference's (``same_tokens`` False) differs at the first position it stops agreeing.
-        A position equals the reference's where every vector has the reference's kind there (−∞ equals
-        −∞, NaN equals NaN, null equals null) and, for a finite reference, its value; the difference is
-        taken between finite values only, since one against a non-finite one has no size.
+        ``upto``: positions whose tokens agree with the reference's. Each position is compared over the vectors
+        that have it. The first position is None when every value given equals the reference's bitwise; vectors
+        whose tokens leave the reference's (``same_tokens`` False) differ at the first position they stop
+        agreeing. A vector with the reference's tokens but fewer entries (a server that left logprobs out) is
+        no evidence past its end: while its values agree it is not covered, and the comparison makes no claim
+        about it; a difference anywhere covers every vector (it is one). A position equals the reference's where
+        every vector has the reference's kind there (−∞ equals −∞, NaN equals NaN, null equals null) and, for a
+        finite reference, its value; the difference is taken between finite values only, since one against a
+        non-finite one has no size.
         """
         self._flush()
-        m = min(upto, len(reference), self.len_min)
+        m = min(upto, len(reference), self.len_max)
         if self.lo is None:
             lo, hi, kinds = _envelope([next(iter(self.vectors))[:m]], self.nonfinite)
         else:
@@ -158,16 +167,12 @@ class LogprobTrack:
         finite = ref_kinds == _FINITE
         equal = (kinds == ref_kinds) & (~finite | ((lo == ref) & (hi == ref)))
         differs = np.flatnonzero(~equal)
-        full = len(reference)
-        if differs.size:
-            first = int(differs[0])
-        elif m < upto or not same_tokens or self.len_min != full or self.len_max != full:
-            first = m
-        else:
-            first = None
+        first = int(differs[0]) if differs.size else None if same_tokens else m
         both = finite & ((kinds & _FINITE) != 0)
         diff = float(np.max(np.maximum(hi[both] - ref[both], ref[both] - lo[both]))) if both.any() else None
-        return first, diff
+        covered = self.n if first is not None else sum(n for length, n in self.lengths.items()
+                                                        if length >= len(reference))
+        return first, diff, covered
 
     def _widen(self, vector: list) -> None:
         self.pending.append(vector)
@@ -280,7 +285,8 @@ class CellAccumulator:
         else:
             self.counts[key] = count + 1
         logprobs = record.get("logprobs")
-        if logprobs:
+        # A vector of nulls only is no logprob at all: the server gave the field, not one value in it.
+        if logprobs and (logprobs[0] is not None or logprobs.count(None) < len(logprobs)):
             nonfinite = record.get("logprob_nonfinite")
             if nonfinite:
                 self.logprob_nonfinite += 1
@@ -453,18 +459,22 @@ def reduce_records(records: Iterable[dict[str, Any]], *, slo: Slo | None = None)
 def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
               samples_asked: int | None = None, min_slo_attainment: float | None = None,
               until_bound: float | None = None, max_samples: int = 1000,
-              server: Samples | None = None) -> RunSummary:
+              server: Samples | None = None, asked_cells: Iterable[AskedCell] | None = None,
+              unrecorded: list[Window] | None = None) -> RunSummary:
     """The summary: ``cells`` (one per probe × role × mode × level), ``matrix`` and ``verdict``.
 
     The error share and the target-failed rule count probe requests only: companions only shape
     the batch, and their successes must not dilute the probe's failures. ``samples_asked`` is the
     probe samples each cell was asked for (``load.samples``; None when a level runs for a duration
     instead): a probe cell with fewer ok samples is ``short`` and the run cannot be ``deterministic``.
+    ``asked_cells`` are the probe cells the run asked for (probe, mode, concurrency, rate): one with no counted
+    sample at all has no cell, and is named in ``missing_cells`` (a run stopped before it, a level too short to
+    send anything); None when the run does not say (then only the cells on record are known).
 
-    Verdicts: ``target_failed`` (no probe answer at all, a probe cell with none, or the probe error
-    share over ``max_error_share``) · ``nondeterministic`` (a probe cell drifts; drift seen is drift,
-    however few samples) · ``inconclusive`` (no drift, but a probe cell is short of samples) ·
-    ``deterministic``.
+    Verdicts: ``target_failed`` (a probe cell whose counted requests all failed, or the probe error share over
+    ``max_error_share``) · ``nondeterministic`` (a probe cell drifts; drift seen is drift, however few samples) ·
+    ``inconclusive`` (no drift, but a probe cell is short of samples, an asked one is missing, or no probe
+    request was counted at all: nothing failed, nothing was measured) · ``deterministic``.
 
     With an SLO (the reduction's ``slo``) every cell has ``slo_attainment`` (requests within every bound
     over all its requests, failed ones included: a failed request met nothing) and ``goodput`` (those
@@ -474,13 +484,15 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
     Each probe cell says why it stopped (``stop_reason``): with ``until_bound`` (``load.until_bound``,
     ``load.max_samples``) the strategy's own rule, asked of the cell's records; without it ``samples``.
 
-    Each cell of a closed-loop level c ≥ 2 has ``full_load_share`` and ``samples_never_full`` (``full_load_fields``).
+    Each cell of a closed-loop level c ≥ 2 has ``full_load_share`` and ``samples_never_full`` (``full_load_fields``);
+    ``unrecorded`` are the stretches in which requests the records miss may have run (``overlap.unrecorded_windows``;
+    None: the run recorded every request it sent, or does not say), whose samples are ``overlap_unknown`` instead.
 
     ``server`` is what the server's ``/metrics`` said during the run (``servermetrics.read_samples``): each
     cell gets the ``server_*`` fields of its own time window, from its first counted send to its last answer.
     """
     until = UntilBound(until_bound, samples_asked or 1, max_samples) if until_bound else None
-    full_loads = full_load_by_cell(reduction)
+    full_loads = full_load_by_cell(reduction, unrecorded)
     cells: list[CellSummary] = []
     groups: dict[tuple[str, str, str], list[tuple[int, float | None]]] = {}
     for probe, role, mode, level, rate in reduction.cells:
@@ -503,16 +515,19 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
     probe_errors = probe_requests - sum(c.ok for c in probe_cells)
     companion_requests = sum(c.requests for c in companion_cells)
     companion_errors = companion_requests - sum(c.ok for c in companion_cells)
-    probe_error_share = probe_errors / probe_requests if probe_requests else 1.0
+    probe_error_share = probe_errors / probe_requests if probe_requests else 0.0
     drift = [c for c in probe_cells if c.drift]
     short = [c for c in probe_cells if c.short]
     latent = [c for c in probe_cells if c.latent_drift]
     compared = any(c.logprob_samples for c in probe_cells)
-    if probe_requests == 0 or probe_error_share > max_error_share or any(c.ok == 0 for c in probe_cells):
+    missing = None if asked_cells is None else tuple(
+        f"{probe}@{mode}/{level_label(concurrency, rate)}" for probe, mode, concurrency, rate in asked_cells
+        if (probe, "probe", mode, concurrency, rate) not in reduction.cells)
+    if probe_error_share > max_error_share or any(c.ok == 0 for c in probe_cells):
         verdict = "target_failed"
     elif drift:
         verdict = "nondeterministic"
-    elif short:
+    elif short or missing or not probe_requests:
         verdict = "inconclusive"
     else:
         verdict = "deterministic"
@@ -536,6 +551,7 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
         until_bound=until_bound,
         drift_cells=tuple(c.name for c in drift),
         short_cells=tuple(c.name for c in short),
+        missing_cells=missing,
         # Same text as serial, other logprobs: no verdict of its own (exit 1 only with --fail-on latent).
         latent_cells=tuple(c.name for c in latent) if compared else None,
         logprob_gap_cells=tuple(c.name for c in probe_cells if c.logprob_gap)
@@ -720,10 +736,11 @@ def stop_reason(cell: CellSummary, until: UntilBound | None) -> str | None:
     return "samples" if cell.asked is not None and cell.requests >= cell.asked else None
 
 
-def full_load_by_cell(reduction: Reduction) -> dict[CellKey, FullLoad]:
+def full_load_by_cell(reduction: Reduction, unrecorded: list[Window] | None = None) -> dict[CellKey, FullLoad]:
     """Each cell of a closed-loop level c ≥ 2 against every request of its level: its cells' counted spans
-    (probes and companions) and its uncounted ones (warm-ups, ramp-ups, tails), from every records file reduced.
-    One level's occupancy at a time: memory follows the largest level, not the run."""
+    (probes and companions) and its uncounted ones (warm-ups, ramp-ups, tails), from every records file reduced;
+    its samples in an ``unrecorded`` window are left unknown. One level's occupancy at a time: memory follows the
+    largest level, not the run."""
     by_level: dict[SpanKey, list[CellKey]] = {}
     for key, cell in reduction.cells.items():
         if cell.spans is not None:
@@ -735,18 +752,19 @@ def full_load_by_cell(reduction: Reduction) -> dict[CellKey, FullLoad]:
             parts.append(reduction.uncounted_spans[level])
         occupancy = Occupancy.of(np.concatenate([_span_rows(spans) for spans in parts]), level[1])
         for key in keys:
-            out[key] = occupancy.full_load(_span_rows(reduction.cells[key].spans))
+            out[key] = occupancy.full_load(_span_rows(reduction.cells[key].spans), unrecorded)
     return out
 
 
 def full_load_fields(full: FullLoad | None) -> dict[str, Any]:
     """``full_load_share``: the share of the cell's counted samples' time during which c − 1 other requests of
-    the level were in flight; ``samples_never_full``: its counted samples that never had them. None at an
-    open-loop level (no c to reach) and at c = 1 (no others to have: a serial sample is trivially full)."""
+    the level were in flight; ``samples_never_full``: its counted samples that never had them; both over the
+    samples whose others the records hold, ``overlap_unknown`` counting the rest. None at an open-loop level (no c
+    to reach) and at c = 1 (no others to have: a serial sample is trivially full)."""
     if full is None:
-        return {"full_load_share": None, "samples_never_full": None}
+        return {"full_load_share": None, "samples_never_full": None, "overlap_unknown": None}
     return {"full_load_share": None if full.share is None else round(full.share, 6),
-            "samples_never_full": full.never_full}
+            "samples_never_full": full.never_full, "overlap_unknown": full.unknown}
 
 
 def _span_rows(spans: array) -> np.ndarray:
@@ -808,7 +826,7 @@ def _logprob_agreement(cell: CellAccumulator, reference: CellAccumulator,
     """
     out: dict[str, Any] = {"logprob_samples": None, "logprob_bitwise": None, "logprob_max_abs_diff": None,
                            "first_logprob_divergence_token": None, "logprobs_missing": None,
-                           "logprob_nonfinite_samples": None}
+                           "logprobs_partial": None, "logprob_nonfinite_samples": None}
     if cell.logprobs or cell.logprobs_missing:
         out["logprobs_missing"] = cell.logprobs_missing
         out["logprob_nonfinite_samples"] = cell.logprob_nonfinite
@@ -816,21 +834,26 @@ def _logprob_agreement(cell: CellAccumulator, reference: CellAccumulator,
         return out
     ref = reference.logprobs[serial].modal()
     ref_tokens = reference.tokens.get(serial)
-    samples, firsts, diffs = 0, [], []
+    samples, partial, firsts, diffs = 0, 0, [], []
     for key, track in cell.logprobs.items():
         tokens = cell.tokens.get(key)
         if ref_tokens and tokens:
-            upto, same = common_prefix_length(ref_tokens, tokens), tokens == ref_tokens
+            upto = common_prefix_length(ref_tokens, tokens)
+            # The serial text whose tokens (read from its logprobs) stop early has the serial tokens, not others.
+            same = tokens == ref_tokens or key == serial and upto == min(len(tokens), len(ref_tokens))
+            upto = len(ref_tokens) if same else upto
         elif key == serial:
             upto, same = len(ref), True
         else:
             continue  # another output without tokens: its positions cannot be lined up with the serial ones
-        first, diff = track.compare(ref, upto, same)
-        samples += track.n
+        first, diff, covered = track.compare(ref, upto, same)
+        samples += covered
+        partial += track.n - covered
         if first is not None:
             firsts.append(first)
         if diff is not None:
             diffs.append(diff)
+    out["logprobs_partial"] = partial if out["logprobs_missing"] is not None else None
     if samples:
         out["logprob_samples"] = samples
         # A difference among the compared samples is evidence whatever the others hold; equality is

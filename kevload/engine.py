@@ -122,7 +122,8 @@ class Solo:
 
 
 class RecordStream:
-    """The records of one run, as they finish; ``aborted`` says whether the error rule ended it early."""
+    """The records of one run, as they finish; ``aborted`` says whether the error rule ended it early, ``sent``
+    how many requests it numbered (each one a record, unless the stream was torn down before it came)."""
 
     def __init__(self, runner: _Runner):
         self._runner = runner
@@ -133,6 +134,10 @@ class RecordStream:
     @property
     def aborted(self) -> bool:
         return self._runner.aborted
+
+    @property
+    def sent(self) -> int:
+        return self._runner.sent
 
 
 class _Runner:
@@ -156,11 +161,13 @@ class _Runner:
         # Per probe: the serial (first) level's modal answer, which later levels' answers are held against.
         self.references: dict[str, Hashable | None] = {}
         self.seq = first_seq + share.worker  # workers number their sends in turn: seqs stay unique
+        self.sent = 0
         self.in_flight = 0
         self.probe_errors = 0
         self.probes_done = 0
         self.aborted = False
-        self._cutting = False  # set while the drain cancels requests past its bound: those are recorded
+        # Why the drain is cancelling requests past its bound (None: a cancel is no cut): those are recorded.
+        self._cutting: str | None = None
         self._stopped_at: float | None = None  # one grace period from the stop, however many groups wait
         self._ready: collections.deque[Record] = collections.deque()
         self._wake = asyncio.Event()
@@ -222,7 +229,10 @@ class _Runner:
         plan, slots = self.share.closed(plan)
         send = self._sender(probe, concurrency, None, concurrency, plan)
         for i in range(plan.warmup if self.share.warms_up else 0):
-            await send(WARMUP, probe, i)
+            if self._halted():
+                break
+            # A warm-up in flight at a stop gets the grace any request in flight gets, not target.timeout.
+            await self._wait([asyncio.create_task(send(WARMUP, probe, i))], cut_after=None)
         samples = {PROBE: first, COMPANION: 0}
         # The ramp-up and a timed level run from here, after the warm-ups; one start for every worker.
         start = await self.share.level_start(0.0)
@@ -323,19 +333,24 @@ class _Runner:
                 for task in done - {stop_wait}:
                     task.result()  # a worker's bug surfaces here rather than vanishing
                 if pending and deadline is not None and loop.time() >= deadline:
-                    self._cutting = True
-                    try:
-                        await _cancel(pending)
-                    finally:
-                        self._cutting = False
+                    await self._cut(pending, f"cut: still in flight {cut_after:g} s after the level's probes "
+                                             "were done")
                     pending = set()
             if pending:
                 if self._stopped_at is None:
                     self._stopped_at = loop.time()
                 await asyncio.wait(pending, timeout=max(self._stopped_at + STOP_GRACE_S - loop.time(), 0.0))
-                await _cancel(pending)
+                await self._cut(pending, f"cut: still in flight {STOP_GRACE_S:g} s after the stop")
         finally:
             stop_wait.cancel()
+
+    async def _cut(self, tasks: set[asyncio.Task], why: str) -> None:
+        """Cancel requests still in flight (their connections close); each is recorded as a ``timeout`` saying why."""
+        self._cutting = why
+        try:
+            await _cancel(tasks)
+        finally:
+            self._cutting = None
 
     def _halted(self) -> bool:
         return self.stop.is_set() or self.aborted or self.share.halted()
@@ -356,6 +371,7 @@ class _Runner:
             """``at``: seconds into the level (scheduled, in the open loop), which decides a ramp-up's sends."""
             seq = self.seq
             self.seq += self.share.workers
+            self.sent += 1
             # Sent as X-Request-Id; a 429/503 retry below and a transport's reconnect resend keep it.
             request_id = f"{self.ids}-{seq}"
             nonce = f"kevload-{request_id}" if load.nonce else None
@@ -364,7 +380,7 @@ class _Runner:
             # resends at once keeps c in flight.
             in_flight, counted = await self.share.claim(plan, role, self.in_flight, at)
             self.in_flight += 1
-            retries = 0
+            retries, stop_cut = 0, False
             t_send = time.perf_counter()
             try:
                 outcome = await self.client.send(body, request_id=request_id)
@@ -382,16 +398,17 @@ class _Runner:
                     retries += 1
                     outcome = await self.client.send(body, request_id=request_id)
             except asyncio.CancelledError:
-                if not self._cutting:
+                if self._cutting is None:
                     raise
-                outcome = Outcome(status="timeout", t_send=t_send, t_last_byte=time.perf_counter(),
-                                  error=f"cut: still in flight {target.timeout:g} s after the level's probes were done")
+                outcome = Outcome(status="timeout", t_send=t_send, t_last_byte=time.perf_counter(), error=self._cutting)
+                stop_cut = self.stop.is_set()
             finally:
                 self.in_flight -= 1
                 self.share.release(plan, role, counted)
             # A stop ends a closed-loop level around what is still in flight, and the other slots no longer resend:
             # an answer that came after it lost its batch on the way, no sample of full load (--resume sends it again).
-            counted = counted and not (rate is None and self._halted())
+            # A request the stop cut is no answer of the server's, at any level.
+            counted = counted and not (rate is None and self._halted()) and not stop_cut
             record = _record(outcome, body, run_id=self.run_id, seq=seq, probe=item.id, role=role, mode=mode,
                              concurrency=concurrency, rate=rate, sample=sample,
                              in_flight=in_flight, counted=counted, max_in_flight=max_in_flight,

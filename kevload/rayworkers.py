@@ -278,7 +278,7 @@ class KevloadWorker:
                     count += 1
         finally:
             watcher.cancel()
-        return WorkerResult(self.worker, count, stream.aborted)
+        return WorkerResult(self.worker, count, stream.aborted, sent=stream.sent)
 
     async def _watch(self) -> None:
         """Another actor's abort, or the driver's stop, reaches this one through the coordinator."""

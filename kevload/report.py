@@ -9,7 +9,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from kevload.summary import CellSummary, RunSummary, levels_of, position_label
+from kevload.summary import CellSummary, RunSummary, label_of, levels_of, name_parts, position_label
 
 FORMATS = ("table", "json", "markdown", "html")
 
@@ -76,7 +76,7 @@ def latent_text(cell: CellSummary) -> str:
     return (f"same text as serial in {cell.ok} samples, logprobs differ from "
             f"{position_label(token=cell.first_logprob_divergence_token)}"
             + (f", max abs diff {diff:.2g}" if diff is not None else "")
-            + (f"; logprobs in {cell.logprob_samples} of {cell.ok}" if cell.logprob_gap else ""))
+            + (f"; {logprob_coverage_text(cell)}" if cell.logprob_gap else ""))
 
 
 def logprob_text(cell: CellSummary) -> str:
@@ -86,7 +86,7 @@ def logprob_text(cell: CellSummary) -> str:
     nonfinite = (f"; {cell.logprob_nonfinite_samples} with a non-finite logprob"
                  if cell.logprob_nonfinite_samples else "")
     if cell.logprob_bitwise is None:
-        return f"no claim: logprobs in {n or 0} of {cell.ok}{nonfinite}" if cell.logprob_gap else "-"
+        return f"no claim: {logprob_coverage_text(cell)}{nonfinite}" if cell.logprob_gap else "-"
     if cell.logprob_bitwise:
         return f"bitwise = ({n}){nonfinite}"
     diff = cell.logprob_max_abs_diff
@@ -95,11 +95,18 @@ def logprob_text(cell: CellSummary) -> str:
             + (f" ({n} of {cell.ok})" if cell.logprob_gap else f" ({n})") + nonfinite)
 
 
+def logprob_coverage_text(cell: CellSummary, where: str | None = None) -> str:
+    """``logprobs in 2 of 6`` (``… at p1 (single) c=4``), with ``(3 with fewer logprobs than tokens)`` where some
+    samples' logprobs stop before their tokens do: how many of a cell's ok samples its logprob comparison covers."""
+    partial = f" ({cell.logprobs_partial} with fewer logprobs than tokens)" if cell.logprobs_partial else ""
+    return f"logprobs in {cell.logprob_samples or 0} of {cell.ok}" + (f" at {where}" if where else "") + partial
+
+
 def logprob_gap_text(cell: CellSummary, where: str | None = None) -> str:
     """``logprobs in 2 of 6 at p1 (single) c=4: no logprob claim``: a cell whose logprobs cover only some of
     its ok samples (a difference among those is still one, and then the claim is that)."""
-    return (f"logprobs in {cell.logprob_samples or 0} of {cell.ok} at {where or cell.label}"
-            + ("" if cell.logprob_bitwise is False else ": no logprob claim"))
+    claim = "" if cell.logprob_bitwise is False else ": no logprob claim"
+    return logprob_coverage_text(cell, where or cell.label) + claim
 
 
 def never_full_text(cell: CellSummary) -> str:
@@ -108,6 +115,13 @@ def never_full_text(cell: CellSummary) -> str:
     share = cell.full_load_share
     return (f"{cell.samples_never_full} of {cell.requests} counted samples never had {others} in flight"
             + (f"; {others} for {share:.1%} of their time" if share is not None else ""))
+
+
+def unknown_overlap_text(cell: CellSummary) -> str:
+    """``overlap unknown for 129 of 300 counted samples (…)``: samples the full-load check leaves out."""
+    return (f"overlap unknown for {cell.overlap_unknown} of {cell.requests} counted samples (a part of the run "
+            "sent requests it never recorded, killed or a worker lost, which may have run beside them); "
+            "left out of the full-load check")
 
 
 def full_load_text(cell: CellSummary) -> str:
@@ -158,6 +172,18 @@ def short_text(cell: CellSummary) -> str:
     return f"{cell.ok} of {cell.asked} asked ok ({errors})"
 
 
+def missing_texts(summary: RunSummary) -> list[str]:
+    """``p1 (single) c=4: no counted sample (the run was stopped before one was answered)``: each probe cell the run
+    asked for that has none, and why, as far as the run says."""
+    if summary.state in ("interrupted", "aborted"):
+        why = f" (the run was {'stopped' if summary.state == 'interrupted' else 'aborted'} before one was answered)"
+    elif summary.samples_asked is None:
+        why = " (none was sent and answered within load.duration)"
+    else:
+        why = ""
+    return [f"{label_of(name)}: no counted sample{why}" for name in summary.missing_cells or ()]
+
+
 def footnotes(summary: RunSummary) -> list[str]:
     """The matrix's footnotes: each drifting cell's divergence kinds, each short cell's shortfall, each cell with
     samples that never had c − 1 others in flight, the lowest full-load share, and the companions' errors
@@ -176,8 +202,11 @@ def footnotes(summary: RunSummary) -> list[str]:
             notes.append(f"{name}: {logprob_gap_text(c, 'this level')}")
         if c.samples_never_full:
             notes.append(f"{name}: † {never_full_text(c)}")
+        if c.overlap_unknown:
+            notes.append(f"{name}: {unknown_overlap_text(c)}")
         if c.server_note:
             notes.append(f"{name}: {c.server_note}")
+    notes += missing_texts(summary)
     loaded = [c for c in summary.probe_cells() if c.full_load_share is not None]
     if loaded:
         low = min(loaded, key=lambda c: (c.full_load_share, c.level_order))
@@ -322,9 +351,11 @@ def verdict_line(summary: RunSummary) -> str:
                 f"limit is {summary.max_error_share:.0%}"
                 + (f"; no ok sample in {', '.join(empty)}" if empty else "") + _companions(summary))
     if verdict == "inconclusive":
-        parts = [f"{c.label}: {short_text(c)}" for c in short]
-        return ("inconclusive: fewer ok probe samples than asked, so no claim of determinism; "
-                + "; ".join(parts) + _companions(summary))
+        parts = [f"{c.label}: {short_text(c)}" for c in short] + missing_texts(summary)
+        why = ("fewer ok probe samples than asked" if short else "a probe cell asked for has no counted sample"
+               if summary.missing_cells else "no probe sample was counted")
+        return (f"inconclusive: {why}, so no claim of determinism" + "".join(f"; {part}" for part in parts)
+                + _companions(summary))
     if verdict == "deterministic":
         n = sum(c.ok for c in cells)
         worst = max((c.drift_rate_upper_95 or 0.0) for c in cells) if cells else 1.0
@@ -338,7 +369,8 @@ def verdict_line(summary: RunSummary) -> str:
         kinds = kinds_text(c)
         parts.append(f"{c.label}: {cell_phrase(c)}, {where}"
                      + (f" (kinds: {kinds})" if kinds else ""))
-    also = f" (and {len(short)} cell(s) short of samples)" if short else ""
+    shortfall = len(short) + len(summary.missing_cells or ())
+    also = f" (and {shortfall} cell(s) short of samples)" if shortfall else ""
     return "nondeterministic: " + "; ".join(parts) + also + _logprob_clause(cells)
 
 
@@ -489,11 +521,12 @@ def junit_xml(summary: RunSummary, suite: str = "kevload", fail_on: str = "drift
     slo_failed = set(summary.slo_failed_cells)
     latent_fails = fail_on == "latent"
     failures = sum(1 for c in cells if c.drift or c.ok == 0 or c.short or c.name in slo_failed
-                   or (latent_fails and (c.latent_drift or c.logprob_gap)))
+                   or (latent_fails and (c.latent_drift or c.logprob_gap))) + len(summary.missing_cells or ())
     seconds = sum(c.duration_s or 0 for c in cells)
-    root = ET.Element("testsuites", name=suite, tests=str(len(cells)), failures=str(failures), errors="0",
+    tests = len(cells) + len(summary.missing_cells or ())
+    root = ET.Element("testsuites", name=suite, tests=str(tests), failures=str(failures), errors="0",
                       time=f"{seconds:.3f}")
-    group = ET.SubElement(root, "testsuite", name=summary.scenario or suite, tests=str(len(cells)),
+    group = ET.SubElement(root, "testsuite", name=summary.scenario or suite, tests=str(tests),
                           failures=str(failures), errors="0", skipped="0", time=f"{seconds:.3f}")
     for c in cells:
         case = ET.SubElement(group, "testcase", classname=f"{suite}.{c.probe}.{c.mode}",
@@ -536,4 +569,8 @@ def junit_xml(summary: RunSummary, suite: str = "kevload", fail_on: str = "drift
             ET.SubElement(case, "system-out").text = (
                 f"1 output in {c.ok} samples; drift rate < {c.drift_rate_upper_95:.2%} at 95% confidence; "
                 f"logprobs vs serial: {logprob_text(c)}{latent}{within}")
+    for name, text in zip(summary.missing_cells or (), missing_texts(summary), strict=True):
+        probe, mode, level = name_parts(name)
+        case = ET.SubElement(group, "testcase", classname=f"{suite}.{probe}.{mode}", name=level, time="0.000")
+        ET.SubElement(case, "failure", message="no counted sample", type="inconclusive").text = text
     return ET.tostring(root, encoding="unicode", xml_declaration=True)

@@ -94,6 +94,13 @@ def spell_logprobs(values: list[float | None]) -> list[float | str | None]:
     return [x if x is None or math.isfinite(x) else _spelling(x) for x in values]
 
 
+def request_part(request_id: str | None, run_id: str) -> int:
+    """Which invocation of a run sent a request: 0 for ``<run_id>-<seq>``, k for the k-th ``--resume``'s
+    ``<run_id>-r<k>-<seq>``."""
+    rest = (request_id or "")[len(run_id) + 1:]
+    return int(rest[1:rest.index("-")]) if rest.startswith("r") else 0
+
+
 def record_answer(record: dict[str, Any]) -> str:
     """``answer_text`` of a record read back from ``records.jsonl``."""
     return answer_text(record["output"], record.get("reasoning"), record.get("tool_calls"))

@@ -38,6 +38,20 @@ def position_label(*, char: int | None = None, token: int | None = None) -> str:
         + " (0-based)"
 
 
+def name_parts(name: str) -> tuple[str, str, str]:
+    """(probe, mode, level) of a cell named ``p1@mixed/c=4`` (``CellSummary.name``, the names in ``*_cells``); a
+    probe id may hold ``@`` or ``/`` itself, a mode neither."""
+    probe, _, rest = name.rpartition("@")
+    mode, _, level = rest.partition("/")
+    return probe, mode, level
+
+
+def label_of(name: str) -> str:
+    """``p1 (mixed) c=4``, how reports name the cell named ``p1@mixed/c=4`` (``CellSummary.label``)."""
+    probe, mode, level = name_parts(name)
+    return f"{probe} ({mode}) {level}"
+
+
 def level_order(concurrency: int, rate: float | None) -> tuple[int, float]:
     """Closed-loop levels by concurrency first, then open-loop rates by rate."""
     return (0, concurrency) if rate is None else (1, rate)
@@ -117,6 +131,9 @@ class CellSummary(_Json):
     # (absent: an open-loop or serial level, nothing to reach).
     full_load_share: float | None = written_with("samples_never_full")
     samples_never_full: int | None = written_with("samples_never_full")
+    # Counted samples left out of both: they ran while requests a part of the run never recorded (killed, a worker
+    # lost) may have been in flight, so their others cannot be counted (absent: every request sent was recorded).
+    overlap_unknown: int | None = written_with("overlap_unknown")
     # Agreement with the serial output (exact matches; token positions where tokens exist), 95 % intervals.
     exact_match_rate: float | None = written_with("exact_match_rate")
     exact_match_ci95: list[float] | None = written_with("exact_match_rate")
@@ -129,9 +146,11 @@ class CellSummary(_Json):
     first_logprob_divergence_token: int | None = written_with("logprob_samples")
     # The serial text with other logprobs.
     latent_drift: bool | None = written_with("logprob_samples")
-    # Where logprobs were asked for or returned: ok samples that asked and got none, and ok samples with a
-    # logprob of -inf, inf or NaN.
+    # Where logprobs were asked for or returned: ok samples that asked and got none (or nulls only), ok samples
+    # with the serial tokens but fewer logprobs than tokens whose values given agree (no claim past their end),
+    # and ok samples with a logprob of -inf, inf or NaN.
     logprobs_missing: int | None = written_with("logprobs_missing")
+    logprobs_partial: int | None = written_with("logprobs_missing")
     logprob_nonfinite_samples: int | None = written_with("logprobs_missing")
     # The drift example: both texts are the same window, starting at char example_offset.
     example_offset: int | None = written_with("example_offset")
@@ -219,6 +238,9 @@ class RunSummary(_Json):
     until_bound: float | None = written_with("until_bound")
     drift_cells: tuple[str, ...] = ()
     short_cells: tuple[str, ...] = ()
+    # Probe cells the run asked for that have no counted sample at all (no cell): short too, by all their samples.
+    # None: the run does not list what it asked for (run.json from before it listed its probes).
+    missing_cells: tuple[str, ...] | None = written_with("missing_cells")
     # Logprob evidence over the probe cells; absent where no logprobs were compared.
     logprob_samples: int | None = written_with("logprob_samples")
     latent_cells: tuple[str, ...] | None = written_with("logprob_samples")

@@ -258,6 +258,7 @@ class WorkerResult:
     error: str | None = None
     node: str | None = None  # the Ray node a worker actor ran on (kevload.rayworkers)
     lost: bool = False  # a worker process, Ray actor or node that died: the run lost a worker, not a bug
+    sent: int | None = None  # requests it numbered (None: not known, it died); more than ``records``: some unrecorded
 
 
 async def run_workers(scenario: Scenario, run_dir: Path, *, run_id: str, stop: asyncio.Event,
@@ -371,7 +372,7 @@ async def _work(worker: int, workers: int, scenario: Scenario, path: Path, run_i
                     writer.write(stamp(record, worker, offset, cap))
         finally:
             watcher.cancel()
-    return WorkerResult(worker, writer.count, stream.aborted)
+    return WorkerResult(worker, writer.count, stream.aborted, sent=stream.sent)
 
 
 def stamp(record: Record, worker: int, offset: float, max_in_flight: int) -> Record:

@@ -157,11 +157,23 @@ def test_reference_is_the_most_common_serial_vector_and_nulls_compare_as_nulls()
     assert cells[1].logprob_max_abs_diff == 0.5
 
 
-def test_a_vector_of_another_length_differs_where_it_stops():
+def test_a_shorter_vector_is_no_evidence_past_its_end():
+    # Fewer logprobs than tokens, every value given the serial one: not other logprobs, only fewer of them.
     records = Records().add(SERIAL_TEXT, n=2, tokens=SERIAL_TOKENS, logprobs=SERIAL_LP)
     records.add(SERIAL_TEXT, n=1, level=2, tokens=SERIAL_TOKENS, logprobs=SERIAL_LP[:3])
+    records.add(SERIAL_TEXT, n=2, level=2, tokens=SERIAL_TOKENS, logprobs=SERIAL_LP)
     cell = records.cells()[2]
-    assert cell.latent_drift and cell.first_logprob_divergence_token == 3
+    assert (cell.logprob_samples, cell.logprobs_partial, cell.logprobs_missing) == (2, 1, 0)
+    assert cell.logprob_bitwise is None and cell.latent_drift is None and cell.logprob_gap
+    assert "logprobs in 2 of 3 at p1 (single) c=2 (1 with fewer logprobs than tokens): no logprob claim" in \
+        verdict_line(summarize(reduce_records(records.rows)))
+
+
+def test_a_shorter_vector_that_differs_where_it_has_values_is_latent_drift():
+    records = Records().add(SERIAL_TEXT, n=2, tokens=SERIAL_TOKENS, logprobs=SERIAL_LP)
+    records.add(SERIAL_TEXT, n=1, level=2, tokens=SERIAL_TOKENS, logprobs=[*SERIAL_LP[:2], SERIAL_LP[2] + 1e-6])
+    cell = records.cells()[2]
+    assert cell.latent_drift and cell.logprob_bitwise is False and cell.first_logprob_divergence_token == 2
 
 
 def test_logprob_comparison_does_not_depend_on_record_order_or_file_split():

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from kevload.client import LOGPROBS_CHECK_USER
 from kevload.compare import reduce_file, summarize
-from kevload.overlap import FullLoad, Occupancy
+from kevload.overlap import FullLoad, Occupancy, unrecorded_windows
 from kevload.store import read_run_records, records_paths
 from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
 from tests.fakeserver import FakeServer
@@ -75,6 +75,37 @@ def test_a_request_of_no_length_is_no_other_and_weighs_nothing():
 def test_a_last_byte_before_its_send_is_a_request_of_no_length():
     # Two hosts' clocks can disagree by more than a short request takes.
     assert _full_load([(3, 2), (0, 10)], [0], 2) == FullLoad(1, None, 0)
+
+
+def _sends(part: int, worker: int, seqs: list[int]) -> list[tuple[int, int, int, float, float]]:
+    """Records of one worker of a part: seq n sent at n s, answered half a second later."""
+    return [(part, worker, seq, float(seq), seq + 0.5) for seq in seqs]
+
+
+@pytest.mark.parametrize(("sends", "parts", "expected"), [
+    # Seq 3 has no record: it left after seq 2's send, and may have run until the part's last recorded moment.
+    (_sends(0, 0, [0, 1, 2, 4, 5]), {0: (0, 1)}, [(2.0, 5.5)]),
+    # Nothing missing in between: what was lost was sent after the last recorded send (in flight at the kill).
+    (_sends(0, 0, [0, 1, 2]), {0: (0, 1)}, [(2.0, 2.5)]),
+    # The part's first send has no record: it may have run from the part's start.
+    (_sends(0, 0, [1, 2]), {0: (0, 1)}, [(-np.inf, 2.5)]),
+    # A resumed part numbers on from 7; two workers number in turn (7, 9, … and 8, 10, …): worker 1 lost 10.
+    (_sends(1, 0, [7, 9, 11]) + _sends(1, 1, [8, 12]), {1: (7, 2)}, [(8.0, 12.5)]),
+    # A worker with no record at all may have lost one from the start.
+    (_sends(0, 0, [0, 2, 4]), {0: (0, 2)}, [(-np.inf, 4.5)]),
+])
+def test_unrecorded_windows_start_at_the_last_send_before_a_lost_one(sends, parts, expected):
+    assert unrecorded_windows(sends, parts) == expected
+
+
+def test_samples_in_an_unrecorded_window_are_unknown_and_the_others_still_checked():
+    # c=2: A (0–10) ran beside B; C (20–30) and D (40–50) ran alone; a window (35, 60) of lost requests covers D.
+    spans = np.array([(0, 10), (0, 10), (20, 30), (40, 50)], dtype=np.float64)
+    occupancy = Occupancy.of(spans, 2)
+    assert occupancy.full_load(spans[[0, 2, 3]]) == FullLoad(3, 10 / 30, 2)
+    # D's others cannot be counted; C, before the window, never had one all the same.
+    assert occupancy.full_load(spans[[0, 2, 3]], [(35.0, 60.0)]) == FullLoad(2, 0.5, 1, unknown=1)
+    assert occupancy.full_load(spans[[0, 2, 3]], []) == FullLoad(3, 10 / 30, 2, unknown=0)
 
 
 def test_unix_times_keep_microseconds():
@@ -157,6 +188,9 @@ def test_counted_probes_the_server_ran_alone_are_flagged(tmp_path):
     assert (cells[2]["samples_never_full"], cells[2]["full_load_share"]) == (3, 0.0)
     assert not {"samples_never_full", "full_load_share"} & cells[1].keys()  # serial: nothing to reach
     assert json.loads(text)["matrix"]["samples_never_full"] == [[None, 3]]
+    # Every request it sent is on record: nothing is left out of the check as unknown.
+    assert json.loads((run_dir / "run.json").read_text())["parts"][0]["unrecorded"] == 0
+    assert "overlap_unknown" not in cells[2]
     note = "p1 (mixed) c=2: † 3 of 3 counted samples never had 1 other in flight; 1 other for 0.0% of their time"
     code, table = run_cli("report", run_dir)
     assert note in " ".join(table.split()) and "1 †" in table  # a note wraps at the terminal's width
@@ -180,6 +214,27 @@ def test_a_healthy_run_is_at_full_load(tmp_path, server):
     assert "†" not in table
     assert (f"full load: at every level c ≥ 2, counted samples had c − 1 others in flight for at least "
             f"{cells[4]['full_load_share']:.1%} of their time (lowest: p1 (single) c=4)") in " ".join(table.split())
+
+
+def test_a_part_that_never_finished_leaves_its_last_samples_unknown(tmp_path, server):
+    """A run killed at its end: run.json's part has no end, and the records of the requests in flight are gone.
+    report leaves the samples that may have run beside them out of the check and says so."""
+    server.behaviour.latency = 0.05
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=6)
+    assert run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")[0] == 0
+    run_dir = tmp_path / "run"
+    meta = json.loads((run_dir / "run.json").read_text())
+    meta["parts"][0] = {k: v for k, v in meta["parts"][0].items() if k not in ("state", "unrecorded")}
+    (run_dir / "run.json").write_text(json.dumps(meta))
+    lines = (run_dir / "records.jsonl").read_text().splitlines(keepends=True)
+    last = max(lines, key=lambda line: json.loads(line)["seq"])
+    (run_dir / "records.jsonl").write_text("".join(line for line in lines if line is not last))
+    code, text = run_cli("report", run_dir, "--format", "json")
+    cell = cells_by_level(json.loads(text))[2]
+    assert cell["overlap_unknown"] > 0 and cell["samples_never_full"] == 0
+    code, table = run_cli("report", run_dir)
+    assert (f"p1 (single) c=2: overlap unknown for {cell['overlap_unknown']} of {cell['ok']} counted samples"
+            in " ".join(table.split()))
 
 
 def test_open_loop_levels_have_no_full_load(tmp_path, server):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 
 import pytest
 
@@ -91,6 +92,55 @@ def test_an_open_loop_level_stops_at_once(tmp_path, server, signum, rate):
         _stopped(kevload, server, signum)
     _finished_interrupted(tmp_path / "run", server)
     assert len(server.requests) == 1  # the next arrival was 20 s (or 30 years) away
+
+
+@SIGNALS
+def test_a_warm_up_in_flight_gets_the_grace_not_the_timeout(tmp_path, server, signum):
+    """A warm-up is a request in flight like any other: a stop gives it 2 s, not target.timeout, it is recorded as
+    cut, and no further warm-up is sent."""
+    server.behaviour.on_arrival = lambda index, at_server: 20.0 if index == 0 else None  # the first warm-up, held
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=4, warmup=3,
+                              target={"timeout": 30})
+    with Kevload("run", scenario, "--out", tmp_path / "run", "--quiet") as kevload:
+        _stopped(kevload, server, signum, timeout=6)  # before: the held warm-up's 20 s, then two more sent
+    _finished_interrupted(tmp_path / "run", server)
+    (record,) = read_run_records(tmp_path / "run")
+    assert (record["role"], record["status"], record["counted"]) == ("warmup", "timeout", False)
+    assert record["error"] == "cut: still in flight 2 s after the stop"
+
+
+@SIGNALS
+def test_a_closed_loop_request_the_stop_cuts_is_recorded_not_lost(tmp_path, server, signum):
+    """Requests still in flight when the stop's grace ends are cancelled: each keeps a record (uncounted), so the
+    records hold every request the server saw, and the overlap check misses none of them."""
+    server.behaviour.on_arrival = lambda index, at_server: 20.0 if index >= 8 else None  # c=1 done, c=4's held
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 4], samples=8, target={"timeout": 30})
+    with Kevload("run", scenario, "--out", tmp_path / "run", "--quiet") as kevload:
+        kevload.wait_for(lambda: len(server.requests) >= 12, timeout=30)
+        at = kevload.signal(signum)
+        ended = kevload.end(timeout=10)
+    assert ended.code == EXIT[signum] and time.monotonic() - at < 5, ended.stderr
+    _finished_interrupted(tmp_path / "run", server)
+    cut = [r for r in read_run_records(tmp_path / "run") if r["concurrency"] == 4]
+    assert len(cut) == 4 and all(r["status"] == "timeout" and r["counted"] is False for r in cut), cut
+
+
+@SIGNALS
+def test_a_second_signal_ends_at_once_with_the_signals_code(tmp_path, server, signum):
+    server.behaviour.on_arrival = lambda index, at_server: 30.0 if at_server >= 2 else None  # c=4 held
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 4], samples=6)
+    with Kevload("run", scenario, "--out", tmp_path / "run", "--quiet") as kevload:
+        kevload.wait_for(lambda: len(server.requests) >= 8, timeout=30)
+        kevload.signal(signum)
+        time.sleep(0.1)  # the stop's grace would end 1.9 s after the second signal
+        at = kevload.signal(signum)
+        ended = kevload.end(timeout=10)
+    assert ended.code == EXIT[signum] and time.monotonic() - at < 1.5, ended.stderr  # before: 1, or death by SIGTERM
+    assert "Traceback" not in ended.stderr and "Aborted" not in ended.stderr
+    # What was written stays, and run.json says this part left requests without a record (their others unknown).
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert meta["state"] == "interrupted" and meta["parts"][0]["unrecorded"] > 0
+    assert load_summary(tmp_path / "run")["verdict"] == "inconclusive"
 
 
 @SIGNALS
