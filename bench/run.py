@@ -6,7 +6,8 @@ run, alternating the clients (A B A B …), with absolute numbers for context.
 
 The ``until-bound`` section (alone: ``--only until-bound``) asks the built-in real targets how many
 probe requests ``--until-bound 5%`` takes: to name transformers' batching crosstalk, and to bound
-llama.cpp's drift rate below 5 % per level.
+llama.cpp's drift rate below 5 % per level. The ``server-metrics`` section (``--only server-metrics``)
+measures what reading the server's own /metrics during a run costs the load.
 """
 
 from __future__ import annotations
@@ -43,9 +44,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=20000)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--skip-long", action="store_true", help="skip the 200k-request and 1M-record runs")
-    parser.add_argument("--only", choices=("until-bound", "scaling"),
-                        help="run only this section (until-bound: real targets; scaling: worker processes)")
+    parser.add_argument("--only", choices=("until-bound", "scaling", "server-metrics"),
+                        help="run only this section (until-bound: real targets; scaling: worker processes; "
+                             "server-metrics: what sampling /metrics costs)")
     args = parser.parse_args(argv)
+    if args.only == "server-metrics":
+        results = {"machine": _machine(), "server_metrics": server_metrics_cost(args.repeats)}
+        print_server_metrics(results["server_metrics"])
+        return _write(results, "server-metrics")
     if args.only == "until-bound":
         return _write({"machine": _machine(), "until_bound": until_bound()}, "until-bound")
     if args.only == "scaling":
@@ -71,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print_scaling(results["scaling"])
     results["until_bound"] = until_bound()
+    results["server_metrics"] = server_metrics_cost(args.repeats)
+    print_server_metrics(results["server_metrics"])
     return _write(results)
 
 
@@ -399,6 +407,91 @@ def print_until(rows: list[dict], bound: float = 0.05) -> None:
             bitwise = "" if c["logprob_bitwise"] is None else f", logprob_bitwise {c['logprob_bitwise']}"
             print(f"  c={c['concurrency']}: n={c['n']} counted ({c['probe_requests']} probe requests sent), "
                   f"stop {c['stop_reason']}, {claim}{bitwise}")
+
+
+# Seconds between reads of the server's /metrics, None: not read (target.metrics_url = "off").
+METRICS_INTERVALS = (None, 0.25, 0.1)
+
+
+def server_metrics_cost(rounds: int = 3) -> dict:
+    """What the sampler costs: the driver's CPU per read of a vLLM-sized page (about 560 lines), filtered and
+    parsed as a run does; llama.cpp's own CPU per /metrics read (idle, from /proc); and llama.cpp (4 slots,
+    2 threads) at c=4 with /metrics not read, read every 0.25 s and every 0.1 s, alternated per round (req/s
+    and e2e p50 of the cell: wall-clock figures, as noisy as the machine)."""
+    from kevload import servermetrics
+    from kevload.runs import run_scenario
+    from kevload.scenario import scenario_from_dict
+    from kevload.targets import running_target
+
+    page = _vllm_sized_page()
+    start, reads = time.process_time(), 200
+    for _ in range(reads):
+        servermetrics.read_view(page)
+    parse_ms = (time.process_time() - start) / reads * 1000
+    runs: dict[str, list[dict]] = {}
+    with tempfile.TemporaryDirectory() as tmp, running_target("llamacpp", slots=4, log=lambda m: None) as target:
+        server_ms = _server_cpu_ms_per_read(target.pid, target.url.removesuffix("/v1") + "/metrics")
+        print(f"  llama.cpp: {server_ms:.3f} ms CPU per /metrics read", file=sys.stderr)
+        for round_ in range(rounds):
+            for interval in METRICS_INTERVALS:
+                servermetrics.INTERVAL_S = interval or servermetrics.INTERVAL_S
+                raw = {"target": {"base_url": target.url, "model": target.model, "timeout": 300,
+                                  "metrics_url": "auto" if interval else "off"},
+                       "params": {"temperature": 0, "seed": 1234},
+                       "load": {"concurrency": [4], "samples": 16}, "probes": [UNTIL_PROBE]}
+                scenario = scenario_from_dict(raw, source="bench", name="server-metrics")
+                cell = asyncio.run(run_scenario(scenario, Path(tmp) / f"{interval}-{round_}")).summary.cells[0]
+                name = "off" if interval is None else f"{interval:g} s"
+                runs.setdefault(name, []).append({"rps": cell.requests_per_s, "e2e_p50_s": cell.latency["e2e"]["p50"],
+                                                  "samples": cell.server_samples})
+                print(f"  round {round_ + 1}, /metrics {name}: {cell.requests_per_s:.2f} req/s", file=sys.stderr)
+    return {"parse_ms_per_read": round(parse_ms, 3), "page_bytes": len(page), "rounds": rounds,
+            "llamacpp_cpu_ms_per_read": round(server_ms, 3),
+            "llamacpp_c4": {name: {"rps_median": statistics.median(r["rps"] for r in rows),
+                                   "rps": [r["rps"] for r in rows],
+                                   "e2e_p50_median_s": statistics.median(r["e2e_p50_s"] for r in rows),
+                                   "samples": [r["samples"] for r in rows]} for name, rows in runs.items()}}
+
+
+def _server_cpu_ms_per_read(pid: int, url: str, reads: int = 2000) -> float:
+    """The server process's CPU (user + system, all threads) per GET of ``url``, the server otherwise idle."""
+    import urllib.request
+
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def cpu_s() -> float:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    before = cpu_s()
+    for _ in range(reads):
+        with direct.open(url, timeout=10) as response:
+            response.read()
+    return (cpu_s() - before) / reads * 1000
+
+
+def _vllm_sized_page() -> str:
+    """A /metrics page the size of vLLM's: a few dozen gauges and counters, 14 histograms of 25 buckets."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+    registry, labels = CollectorRegistry(), ["model_name", "engine"]
+    for name in ("num_requests_running", "num_requests_waiting", *(f"gauge_{i}" for i in range(12))):
+        Gauge(f"vllm:{name}", "doc", labels, registry=registry).labels("m", "0").set(2)
+    for i in range(10):
+        Counter(f"vllm:counter_{i}", "doc", labels, registry=registry).labels("m", "0").inc(5)
+    for i in range(14):
+        Histogram(f"vllm:histogram_{i}", "doc", labels, buckets=[0.001 * 2**k for k in range(25)],
+                  registry=registry).labels("m", "0").observe(0.3)
+    return generate_latest(registry).decode()
+
+
+def print_server_metrics(cost: dict) -> None:
+    print(f"\nserver metrics: the driver {cost['parse_ms_per_read']:.2f} ms CPU per read of a "
+          f"{cost['page_bytes']:,}-byte page, llama.cpp {cost['llamacpp_cpu_ms_per_read']:.3f} ms per read; "
+          f"llama.cpp c=4, {cost['rounds']} rounds, median:")
+    for name, row in cost["llamacpp_c4"].items():
+        print(f"  /metrics {name}: {row['rps_median']:.2f} req/s ({', '.join(f'{r:.2f}' for r in row['rps'])}), "
+              f"e2e p50 {row['e2e_p50_median_s'] * 1000:.0f} ms, samples per cell {row['samples']}")
 
 
 def print_table(results: dict) -> None:

@@ -15,8 +15,23 @@ T = TypeVar("T")
 EXIT_FOR_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
+class SecondSignal(KeyboardInterrupt):
+    """A second SIGINT or SIGTERM: kevload ends at once, with the signal's exit code (``cli`` maps it). A
+    KeyboardInterrupt, so asyncio lets it through every task as it does Ctrl-C's, and ``finally`` blocks run."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def exit_code(interrupt: KeyboardInterrupt) -> int:
+    """130 for Ctrl-C (a plain KeyboardInterrupt too), 143 for a second SIGTERM."""
+    return EXIT_FOR_SIGNAL[getattr(interrupt, "signum", signal.SIGINT)]
+
+
 def run(main: Callable[[asyncio.Event], Coroutine[Any, Any, T]]) -> tuple[T, int | None]:
-    """Run ``main(stop)`` on uvloop; the first SIGINT/SIGTERM sets ``stop``, a second one is left to Python.
+    """Run ``main(stop)`` on uvloop; the first SIGINT/SIGTERM sets ``stop``, a second one of the same kind raises
+    ``SecondSignal`` wherever the program is.
 
     Returns the coroutine's result and the signal number that stopped it, if any.
     """
@@ -26,18 +41,23 @@ def run(main: Callable[[asyncio.Event], Coroutine[Any, Any, T]]) -> tuple[T, int
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
 
-        def on_signal(signum: int) -> None:
+        # A Python-level handler, not loop.add_signal_handler: it runs at once, also while the loop is busy in
+        # synchronous work (the summary's reduction), where a loop callback would only run after ``main``
+        # returned and the signal would be lost. A signal also wakes a loop waiting for I/O (its wakeup fd).
+        def on_signal(signum: int, _frame: Any) -> None:
+            signal.signal(signum, on_second)
             received.append(signum)
-            stop.set()
-            loop.remove_signal_handler(signum)
+            loop.call_soon_threadsafe(stop.set)
 
-        for signum in EXIT_FOR_SIGNAL:
-            loop.add_signal_handler(signum, on_signal, signum)
+        def on_second(signum: int, _frame: Any) -> None:
+            raise SecondSignal(signum)
+
+        previous = {signum: signal.signal(signum, on_signal) for signum in EXIT_FOR_SIGNAL}
         try:
             return await main(stop)
         finally:
-            for signum in EXIT_FOR_SIGNAL:
-                loop.remove_signal_handler(signum)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         result = runner.run(wrapper())

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kevload.store import SUMMARY, RunDirError, read_json
-from kevload.summary import CellSummary, RunSummary
+from kevload.summary import CellSummary, RunSummary, position_label
 
 LATENCY_METRICS = ("e2e", "ttft")
 
@@ -52,16 +52,19 @@ def compare_to_baseline(current: RunSummary, baseline: RunSummary, *,
             continue
         if cell.drift and not before.drift:
             changes.append(Change("new_drift", name, f"{cell.distinct} distinct in {cell.ok} "
-                                  f"(baseline: 1 in {before.ok}), first divergence at char "
-                                  f"{cell.first_divergence_chars}"))
+                                  f"(baseline: 1 in {before.ok}), first divergence at "
+                                  f"{position_label(char=cell.first_divergence_chars)}"))
         elif before.drift and not cell.drift:
             changes.append(Change("fixed", name,
                                   f"one output in {cell.ok} (baseline: {before.distinct} distinct)"))
-        # Latent drift is news only against a baseline whose logprobs were compared and had none.
+        # Latent drift is news only against a baseline whose logprobs were compared and had none; a cell
+        # whose logprobs now cover only some samples is no change by itself, and latent drift among those
+        # it covers is still latent drift.
         if cell.latent_drift and before.logprob_samples and not before.latent_drift and not before.drift:
-            changes.append(Change("new_latent_drift", name, f"same text as serial, logprobs differ from token "
-                                  f"{cell.first_logprob_divergence_token} (baseline: bitwise equal in "
-                                  f"{before.logprob_samples} samples)"))
+            then = (f"bitwise equal in {before.logprob_samples} samples" if before.logprob_bitwise else
+                    f"no logprob claim, logprobs in {before.logprob_samples} of {before.ok}, those equal")
+            changes.append(Change("new_latent_drift", name, f"same text as serial, logprobs differ from "
+                                  f"{position_label(token=cell.first_logprob_divergence_token)} (baseline: {then})"))
         elif before.latent_drift and cell.logprob_bitwise and not cell.drift:
             changes.append(Change("fixed", name, f"logprobs bitwise equal to serial in {cell.logprob_samples} "
                                   "samples (baseline: latent drift)"))

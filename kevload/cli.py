@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import sys
 from collections.abc import Awaitable, Callable, Iterator
@@ -19,7 +20,17 @@ from kevload import __version__, aio
 from kevload.errors import InputError, KevloadError, ScenarioError
 from kevload.report import FORMATS, render, slo_line, verdict_line
 from kevload.runs import finish_run, refuse_existing, run_scenario, single_run_id
-from kevload.scenario import APIS, load_scenario, toml_value
+from kevload.scenario import (
+    APIS,
+    MAX_CONCURRENCY,
+    MAX_RETRIES,
+    MAX_SAMPLES,
+    MAX_SECONDS,
+    MAX_TOKENS,
+    MAX_WORKERS,
+    load_scenario,
+    toml_value,
+)
 from kevload.stats import samples_for_bound
 from kevload.store import (
     RECORDS,
@@ -41,9 +52,20 @@ _EXIT_FOR_VERDICT = {"deterministic": EXIT_OK, "nondeterministic": EXIT_DRIFT, "
 stderr = Console(stderr=True)
 
 
+class _Finite(click.FloatRange):
+    """A FloatRange that refuses nan too, which passes every bound's comparison (and so would pass click's)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
+
+
 class _Main(click.Group):
     """The one place kevload's own errors become a message and an exit code (errors.py): every command,
-    option callback and nested group runs inside this invoke."""
+    option callback and nested group runs inside this invoke. A Ctrl-C that reaches it (a second one, or one
+    outside a run's loop) exits 130, a second SIGTERM 143: never click's "Aborted!" and 1, the drift code."""
 
     def invoke(self, ctx: click.Context):
         try:
@@ -51,6 +73,9 @@ class _Main(click.Group):
         except KevloadError as exc:
             click.echo(f"kevload: error: {exc}", err=True)
             ctx.exit(exc.exit_code)
+        except KeyboardInterrupt as exc:
+            click.echo("kevload: stopped at once; what was written so far is kept", err=True)
+            ctx.exit(aio.exit_code(exc))
 
 
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
@@ -113,14 +138,16 @@ def _on_target(builtin: str | None, settings: TargetSettings | None,
 @click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path), required=False)
 @click.option("--resume", type=click.Path(file_okay=False, path_type=Path),
               help="Finish the samples an interrupted run did not get to, with its own scenario.")
-@click.option("--retries", type=click.IntRange(min=0), help="Retry 429/503 up to N times (Retry-After honoured).")
+@click.option("--retries", type=click.IntRange(min=0, max=MAX_RETRIES),
+              help="Retry 429/503 up to N times (Retry-After honoured).")
 @click.option("--dataset-seed", type=int, help="Which lines JSONL probe/companion datasets contribute "
               "(load.dataset_seed); recorded in run.json with each file's sha256.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a scenario key; VALUE is TOML (e.g. --set 'load.concurrency=[1,4]').")
-@click.option("--until-bound", metavar="SHARE", help="Sample each cell until drift is seen or the 95%% bound on "
-              "its drift rate is this low (5%% or 0.05; load.until_bound), at most load.max_samples.")
-@click.option("--workers", type=click.IntRange(min=1), help="Worker processes sharing each level (load.workers).")
+@click.option("--until-bound", metavar="SHARE", help="Sample each cell until drift is seen or the 95% bound on "
+              "its drift rate is this low (5% or 0.05; load.until_bound), at most load.max_samples.")
+@click.option("--workers", type=click.IntRange(min=1, max=MAX_WORKERS),
+              help="Worker processes sharing each level (load.workers).")
 @click.option("--ray", "ray_address", metavar="ADDRESS", help="Run the workers as actors of a Ray cluster: 'auto' "
               "(the one this host belongs to), host:port, or 'local' (started here for the run); needs "
               "pip install 'kevload[ray]'.")
@@ -130,13 +157,14 @@ def _on_target(builtin: str | None, settings: TargetSettings | None,
 @click.option("--quiet", is_flag=True, help="No progress bar and no table; only the verdict line.")
 @click.option("--baseline", type=click.Path(exists=True, path_type=Path),
               help="An earlier run dir or summary.json: new drift, unseen outputs or slower latency exit 1.")
-@click.option("--max-latency-regression", type=click.FloatRange(min=0), default=0.2, show_default=True,
+@click.option("--max-latency-regression", type=_Finite(min=0), default=0.2, show_default=True,
               help="With --baseline: allowed relative growth of p50 e2e/TTFT latency.")
 @click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), help="Write JUnit XML here.")
 @click.option("--metrics", type=click.Path(dir_okay=False, path_type=Path), callback=lambda _c, _p, v: _metrics_path(v),
               help="Write the cells as Prometheus text here (node_exporter textfile collector, Pushgateway).")
 @click.option("--fail-on", type=click.Choice(["drift", "latent"]), default="drift", show_default=True,
-              help="latent: latent drift (the serial text, other per-token logprobs) exits 1 too.")
+              help="latent: latent drift (the serial text, other per-token logprobs) exits 1 too, and a cell "
+                   "where some ok samples came without logprobs exits 3 (inconclusive).")
 @_on_target_options
 def run(scenario: Path | None, resume: Path | None, retries: int | None, overrides: tuple[str, ...],
         out: Path | None, overwrite: bool, quiet: bool, baseline: Path | None, max_latency_regression: float,
@@ -145,7 +173,7 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
         workers: int | None, ray_address: str | None, builtin: str | None, target_sets: tuple[str, ...]) -> None:
     """Run SCENARIO and print the uniqueness matrix. Exit 0 stable, 1 drift (or latent drift with
     --fail-on latent, or a cell under load.min_slo_attainment), 2 bad input, 3 target failed (or
-    inconclusive: a cell with fewer ok probe samples than asked)."""
+    inconclusive: a cell with fewer ok probe samples than asked, or none at all)."""
     from kevload.baseline import compare_to_baseline, load_baseline
 
     overrides = (*overrides, f"load.retries={retries}") if retries is not None else overrides
@@ -196,7 +224,9 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
         _exit_if_signalled(signum)
     _print_summary(result.summary, quiet)
     files = ", ".join(str(p) for p in records_paths(result.run_dir)) or str(result.run_dir / RECORDS)
-    stderr.print(f"records: {files} ({result.records} requests, {result.state})")
+    # The run's own count, as run.json and summary.json say it; a resume's part of it beside it.
+    part = f", {result.records} sent by this --resume" if resume is not None else ""
+    stderr.print(f"records: {files} ({result.summary.requests_sent} requests{part}, {result.state})")
     if junit is not None:
         from kevload.report import junit_xml
 
@@ -206,10 +236,12 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
     _exit_if_signalled(signum)
     if exited is not None:
         raise exited
-    code = _exit_code(result.summary)
+    verdict_code = code = _exit_code(result.summary)
     if fail_on == "latent" and code == EXIT_OK and result.summary.latent_cells:
         code = EXIT_DRIFT
-    if reference is not None and code != EXIT_TARGET:
+    elif fail_on == "latent" and code == EXIT_OK and result.summary.logprob_gap_cells:
+        code = EXIT_TARGET  # latent drift neither shown nor ruled out where samples came without logprobs
+    if reference is not None and verdict_code != EXIT_TARGET:
         changes = compare_to_baseline(result.summary, reference, max_latency_regression=max_latency_regression)
         for change in changes:
             click.echo(f"{'REGRESSION' if change.regression else 'improved'} {change.kind} {change.cell}: "
@@ -243,9 +275,9 @@ def report(run_dir: Path, fmt: str, output: Path | None, metrics: Path | None, r
 
         from kevload.store import find_record
 
-        record = find_record(run_dir / RECORDS, request_id)
+        record = find_record(run_dir, request_id)
         if record is None:
-            raise InputError(f"--request {request_id}: no record in {run_dir / RECORDS} has that request_id")
+            raise InputError(f"--request {request_id}: no record in {run_dir} has that request_id")
         _emit(orjson.dumps(record, option=orjson.OPT_INDENT_2).decode(), output)
         return
     single_run_id(run_dir)
@@ -445,7 +477,7 @@ def target_status(name: str) -> None:
 @main.command()
 @click.option("--targets", default="llamacpp,transformers,vllm", show_default=True,
               help="Comma-separated built-in targets to run the demo against.")
-@click.option("--samples", type=click.IntRange(min=2), default=8, show_default=True)
+@click.option("--samples", type=click.IntRange(min=2, max=MAX_SAMPLES), default=8, show_default=True)
 def demo(targets: str, samples: int) -> None:
     """The guide's first three steps against the built-in real targets, matrices side by side, and vLLM's
     max-batch-size sweep."""
@@ -467,11 +499,12 @@ def demo(targets: str, samples: int) -> None:
 @click.option("--messages", "messages_file", type=click.Path(dir_okay=False, path_type=Path),
               help="JSON file with a chat messages list, instead of --prompt.")
 @click.option("--params", "params_json", default="{}", help="Current request params as JSON (what production sends).")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=48, show_default=True)
-@click.option("--samples", type=click.IntRange(min=2), default=6, show_default=True, help="Samples per step.")
-@click.option("--max-concurrency", type=click.IntRange(min=2), default=4, show_default=True)
+@click.option("--max-tokens", type=click.IntRange(min=1, max=MAX_TOKENS), default=48, show_default=True)
+@click.option("--samples", type=click.IntRange(min=2, max=MAX_SAMPLES), default=6, show_default=True,
+              help="Samples per step.")
+@click.option("--max-concurrency", type=click.IntRange(min=2, max=MAX_CONCURRENCY), default=4, show_default=True)
 @click.option("--api", type=click.Choice(APIS), default="chat", show_default=True)
-@click.option("--timeout", type=click.FloatRange(min=0.1), default=60.0, show_default=True)
+@click.option("--timeout", type=_Finite(min=0.1, max=MAX_SECONDS), default=60.0, show_default=True)
 @click.option("--api-key-env", help="Environment variable holding the API key.")
 @click.option("--online", type=click.Path(dir_okay=False, exists=True, path_type=Path), help="Live inputs (JSONL).")
 @click.option("--train", type=click.Path(dir_okay=False, exists=True, path_type=Path), help="Training set (JSONL).")
@@ -479,8 +512,8 @@ def demo(targets: str, samples: int) -> None:
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Directory for the step runs.")
 @click.option("--all", "run_all", is_flag=True, help="Run every step even after a cause is found.")
 @click.option("--until-bound", metavar="SHARE", help="In the fixed and concurrency steps, sample each cell until "
-              "drift is seen or the 95%% bound on its drift rate is this low (5%% or 0.05), at most --max-samples.")
-@click.option("--max-samples", type=click.IntRange(min=2), default=1000, show_default=True,
+              "drift is seen or the 95% bound on its drift rate is this low (5% or 0.05), at most --max-samples.")
+@click.option("--max-samples", type=click.IntRange(min=2, max=MAX_SAMPLES), default=1000, show_default=True,
               help="With --until-bound: the most probe samples per cell.")
 @_on_target_options
 def diagnose_command(url, model, prompt, messages_file, params_json, max_tokens, samples, max_concurrency, api,
@@ -522,7 +555,7 @@ def diagnose_command(url, model, prompt, messages_file, params_json, max_tokens,
 
     def work(url: str | None, model: str | None, stop):
         given = options if url is None else dataclasses.replace(options, url=url, model=model)
-        return diagnose(given, log=lambda m: stderr.print(m))
+        return diagnose(given, log=lambda m: stderr.print(m), stop=stop)
 
     result, signum, exited = _on_target(builtin, settings, work)
     if result is None:
@@ -602,7 +635,7 @@ def cases_build(run_dirs: tuple[Path, ...], output: Path, target_name: str | Non
 @click.argument("cases_file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--url", help="Base URL of the server to rerun on (or --target).")
 @click.option("--model", help="The model name to send (or --target).")
-@click.option("--times", type=click.IntRange(min=2), default=5, show_default=True)
+@click.option("--times", type=click.IntRange(min=2, max=MAX_SAMPLES), default=5, show_default=True)
 @click.option("--api", type=click.Choice(APIS), default="chat", show_default=True)
 @click.option("--target-name", help="Rerun only the cases of this target (as `cases build` named it).")
 @click.option("--accept-changes", "accept", is_flag=True,

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import os
 import secrets
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import orjson
@@ -19,6 +21,8 @@ from kevload.scenario import REQUEST_ID_HEADER, Probe, Scenario, Target
 from kevload.sse import SSEError, SSEParser
 from kevload.store import url_secrets, url_userinfo
 from kevload.transport import AiohttpTransport, Endpoint, Response, Transport, TransportError
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +51,7 @@ class Outcome:
     reasoning: str | None = None
     tool_calls: list[dict[str, str]] | None = None
     reconnects: int = 0             # 1: resent on a fresh connection after a reused one had closed
+    logprob_nonfinite: int = 0      # logprobs that were -Infinity, Infinity or NaN (Python servers write them)
 
 
 def build_body(target: Target, item: Probe, params: dict[str, Any], *, stream: bool,
@@ -84,7 +89,8 @@ def logprob_fields(api: str) -> dict[str, Any]:
 
 
 async def ask_for_logprobs(scenario: Scenario, api_key: str | None,
-                           warn: Callable[[str], None] | None = None) -> tuple[Scenario, dict[str, Any]]:
+                           warn: Callable[[str], None] | None = None,
+                           stop: asyncio.Event | None = None) -> tuple[Scenario, dict[str, Any]]:
     """Decide once per run whether its requests ask for logprobs (``load.logprobs``).
 
     Returns the scenario to run (its params with the logprob fields when they are asked for) and what
@@ -93,7 +99,8 @@ async def ask_for_logprobs(scenario: Scenario, api_key: str | None,
     request on a prompt of its own, so no cache is warmed for a probe — and when the answer carries no
     logprobs (transformers serve ignores the field) or the check fails, says so once through ``warn``
     (stderr by default) and leaves the run to compare text only. A ``[params]`` that sets
-    ``logprobs`` or ``top_logprobs`` itself is sent as written, unchecked.
+    ``logprobs`` or ``top_logprobs`` itself is sent as written, unchecked. A ``stop`` cuts the check at once
+    (its answer would decide nothing the stopped run still sends): nothing checked, and ``why`` says so.
     """
     asked = scenario.load.logprobs
     info: dict[str, Any] = {"asked": asked, "available": None, "why": None}
@@ -111,7 +118,10 @@ async def ask_for_logprobs(scenario: Scenario, api_key: str | None,
     body = build_body(scenario.target, check, with_logprobs.params, stream=scenario.load.stream,
                       nonce=LOGPROBS_CHECK_USER)
     async with Client(scenario.target, api_key) as client:
-        outcome = await client.send(body)
+        outcome = await unless_stopped(client.send(body), stop)
+    if outcome is None:
+        info["why"] = "the run was stopped before the check answered"
+        return scenario, info
     if outcome.status == "ok" and any(x is not None for x in outcome.logprobs or ()):
         info["available"] = True
         return with_logprobs, info
@@ -120,6 +130,23 @@ async def ask_for_logprobs(scenario: Scenario, api_key: str | None,
     info.update(available=False, why=why)
     (warn or _to_stderr)(f"kevload: logprobs: {why}; comparing output text only")
     return scenario, info
+
+
+async def unless_stopped(awaitable: Awaitable[T], stop: asyncio.Event | None) -> T | None:
+    """``awaitable``'s result, or None when ``stop`` is set first: then it is cancelled (a request's connection
+    closed) before this returns."""
+    task = asyncio.ensure_future(awaitable)
+    if stop is None:
+        return await task
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((task, stopped), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    return None if task.cancelled() else task.result()
 
 
 def _to_stderr(message: str) -> None:
@@ -254,16 +281,21 @@ async def _read_whole(raw: bytes, content_type: str, api: str, t_send: float, t_
 
     if "json" not in content_type:
         return failed("malformed", f"content type {content_type!r}, expected application/json")
+    nonfinite = False
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        return failed("malformed", f"body is not JSON: {exc}")
+        doc = _nonfinite_json(raw)
+        if doc is None:
+            return failed("malformed", f"body is not JSON: {exc}")
+        nonfinite = True
     if _is_error(doc):
         return failed("server_error", f"error object: {_error_text(doc)}")
     choice = _first_choice(doc)
     if choice is None:
         return failed("malformed", "no choices in the response")
     acc = _Accumulator()
+    acc.nonfinite = nonfinite
     try:
         acc.take_message(choice, api)
         finish_reason = _finish_reason(choice)
@@ -306,7 +338,10 @@ async def _read_stream(body: AsyncIterator[bytes], read: Callable[[], Awaitable[
                 try:
                     doc = orjson.loads(data)
                 except orjson.JSONDecodeError as exc:
-                    return failed("malformed", f"event is not JSON: {exc}: {data[:80]!r}", now)
+                    doc = _nonfinite_json(data)
+                    if doc is None:
+                        return failed("malformed", f"event is not JSON: {exc}: {data[:80]!r}", now)
+                    acc.nonfinite = True
                 if not isinstance(doc, dict):
                     return failed("malformed", f"event is not a JSON object: {data[:80]!r}", now)
                 if _is_error(doc):
@@ -330,6 +365,35 @@ async def _read_stream(body: AsyncIterator[bytes], read: Callable[[], Awaitable[
     return acc.finish(finish_reason, complete=done, t_send=t_send, t_first_byte=t_first_byte,
                       t_first_token=t_first_token or t_last, t_last_byte=t_last, chunks=chunks,
                       max_gap=max_gap if chunks > 1 else None)
+
+
+def _nonfinite_json(raw: bytes | str) -> Any:
+    """A body orjson refused, read again where the refusal was a non-finite number; None otherwise.
+
+    Python servers write a float that is not finite as ``NaN``, ``Infinity`` or ``-Infinity``
+    (``json.dumps``' default: aiohttp, Flask, FastAPI), which orjson refuses, as it refuses a number
+    too large for a double. The standard library reads both. Its reading is kept only when it found
+    such a number and holds nothing else orjson refuses (lone surrogates); integers beyond 64 bits
+    become floats, as orjson reads them. Called only after orjson failed: the usual body pays nothing.
+    """
+    seen: list[float] = []
+
+    def number(text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value):
+            seen.append(value)
+        return value
+
+    def integer(text: str) -> int | float:
+        value = int(text)
+        return value if -(1 << 63) <= value < 1 << 64 else float(value)
+
+    try:
+        doc = json.loads(raw, parse_constant=number, parse_float=number, parse_int=integer)
+        orjson.dumps(doc)
+    except (ValueError, RecursionError, orjson.JSONEncodeError):
+        return None
+    return doc if seen else None
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -416,7 +480,7 @@ class _Accumulator:
     and what servers return besides it: usage, fingerprint, token ids, logprobs."""
 
     __slots__ = ("content", "reasoning", "calls", "usage", "fingerprint", "token_ids", "logprobs", "tokens",
-                 "logprob_ids")
+                 "logprob_ids", "nonfinite")
 
     def __init__(self) -> None:
         self.content: list[str] = []
@@ -429,6 +493,8 @@ class _Accumulator:
         self.tokens: list[str] | None = None
         # Token ids beside the logprobs (llama.cpp's "id"); None once a piece came without them.
         self.logprob_ids: list[int] | None = []
+        # A piece was read with non-finite numbers (``_nonfinite_json``): only then can a logprob be -inf, inf or NaN.
+        self.nonfinite = False
 
     def take_message(self, choice: dict[str, Any], api: str) -> None:
         """A whole (non-streamed) choice."""
@@ -535,9 +601,12 @@ class _Accumulator:
         else:
             status, error = "ok", None
         usage = self.usage or {}
+        nonfinite = sum(1 for x in self.logprobs if x is not None and not math.isfinite(x)) \
+            if self.nonfinite and self.logprobs else 0
         return Outcome(status=status, error=error, output=output, reasoning=reasoning, tool_calls=tool_calls,
                        finish_reason=finish_reason, prompt_tokens=usage.get("prompt_tokens"),
                        completion_tokens=usage.get("completion_tokens"),
                        # Token ids compare more surely than token texts (llama.cpp names a partial UTF-8 token "").
                        token_ids=self.token_ids or self.logprob_ids or None,
-                       logprobs=self.logprobs, tokens=self.tokens, system_fingerprint=self.fingerprint, **fields)
+                       logprobs=self.logprobs, tokens=self.tokens, system_fingerprint=self.fingerprint,
+                       logprob_nonfinite=nonfinite, **fields)

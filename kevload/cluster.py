@@ -7,7 +7,9 @@ says how to install it when it is missing.
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -49,10 +51,16 @@ def connect(address: str, option: str = "--ray") -> Iterator[Any]:
         kwargs["address"] = address
         if address != AUTO:
             _reachable(address, option)  # ray.init retries an unreachable address for minutes
+    sigterm = signal.getsignal(signal.SIGTERM)
     try:
         ray.init(**kwargs)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise InputError(f"{option} {address}: cannot connect to a Ray cluster there ({_first_line(exc)})") from None
+    finally:
+        # ray.init installs a SIGTERM handler that exits at once; kevload's own (a stop that keeps what was
+        # collected, exit 143) stays.
+        if sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, sigterm)
     try:
         yield ray
     finally:

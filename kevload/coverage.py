@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import logging
 import math
 import re
@@ -135,6 +136,8 @@ def read_inputs(path: Path, *, max_bad: int = DEFAULT_MAX_BAD,
         raise ScenarioError(f"{path}: coverage input: cannot read: {exc.strerror}") from None
     with handle:
         for number, line in enumerate(handle, 1):
+            if number == 1:
+                line = line.removeprefix(codecs.BOM_UTF8)  # a byte order mark opening the file
             if not line.strip():
                 continue
             try:

@@ -10,11 +10,14 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from kevload.scenario import Probe, ScenarioError, parse_jsonl
+from kevload.scenario import Probe, ScenarioError, parse_jsonl, rule_of
+
+# A line's own max_tokens meets the rule of a probe's.
+_MAX_TOKENS = next(rule_of(f) for f in fields(Probe) if f.name == "max_tokens")
 
 
 @dataclass(frozen=True)
@@ -92,8 +95,8 @@ def _item(doc: Any, number: int, path: Path, what: str, role: str, max_tokens: i
     if not (isinstance(doc, dict) and (isinstance(doc.get("prompt"), str) or isinstance(doc.get("messages"), list))):
         raise ScenarioError(f"{where}: expected an object with prompt or messages")
     tokens = doc.get("max_tokens", max_tokens)
-    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
-        raise ScenarioError(f"{where}: max_tokens: expected an integer >= 1, got {tokens!r}")
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or not _MAX_TOKENS.holds(tokens):
+        raise ScenarioError(f"{where}: max_tokens: expected {_MAX_TOKENS.expected}, got {tokens!r}")
     messages = tuple(doc["messages"]) if "messages" in doc else None
     if role == "companion":
         # An id of any kind, and either input is accepted; but messages are sent (or joined into a

@@ -19,7 +19,7 @@ from kevload.runs import run_scenario
 from kevload.scenario import Probe, load_scenario
 from kevload.stats import drift_upper_bound
 from kevload.store import default_run_dir
-from kevload.summary import RunSummary
+from kevload.summary import RunSummary, position_label
 from kevload.sweep import Grid, row_cells, setting_row, sweep_markdown, write_sweep
 from kevload.targets import RunningTarget, TargetSettings, serving
 
@@ -107,7 +107,7 @@ def headline(label: str, steps: list[tuple[str, RunSummary]]) -> str:
                 f"(n={sum(c.ok for c in cells)}, {n} per cell: drift rate < {drift_upper_bound(n):.0%} per cell)")
     first = min(drift, key=lambda c: c.first_divergence_chars if c.first_divergence_chars is not None else 0)
     where = (f"outputs leave the serial one between char {first.first_divergence_chars} and "
-             f"{max(c.last_divergence_chars or 0 for c in drift)}"
+             f"{max(c.last_divergence_chars or 0 for c in drift)} (0-based)"
              if first.first_divergence_chars is not None else "serial outputs already differ")
     levels = sorted({c.concurrency for c in drift})
     off = next((s for name, s in steps if "batching off" in name), None)
@@ -121,21 +121,28 @@ def headline(label: str, steps: list[tuple[str, RunSummary]]) -> str:
 
 def logprob_line(label: str, steps: list[tuple[str, dict[str, Any]]]) -> str:
     """What the per-token logprobs of the fixed-parameter steps say against serial, level by level."""
-    cells = [c for name, s in steps if not name.startswith("1 ") for c in s.probe_cells() if c.logprob_samples]
+    cells = [c for name, s in steps if not name.startswith("1 ") for c in s.probe_cells()
+             if c.logprob_samples or c.logprob_gap]
     if not cells:
         return f"{label} logprobs: none returned, outputs compared as text only"
-    differ = [c for c in cells if not c.logprob_bitwise]
-    n = sum(c.logprob_samples for c in cells)
-    if not differ:
+    differ = [c for c in cells if c.logprob_bitwise is False]
+    n = sum(c.logprob_samples or 0 for c in cells)
+    unclaimed = [c for c in cells if c.logprob_bitwise is None]
+    gaps = (f"; no claim in {len(unclaimed)} (c={','.join(str(c.concurrency) for c in unclaimed)}), where some "
+            f"samples came without logprobs" if unclaimed else "")
+    if not differ and not unclaimed:
         levels = sorted({c.concurrency for c in cells})
         return (f"{label} logprobs: bitwise equal to serial in all {len(cells)} fixed-param cells "
                 f"(c={','.join(map(str, levels))}; {n} samples compared)")
+    if not differ:
+        return f"{label} logprobs: no difference from serial among the {n} samples compared{gaps}"
     worst = max(differ, key=lambda c: c.logprob_max_abs_diff or 0)
     first = min(c.first_logprob_divergence_token for c in differ)
     levels = sorted({c.concurrency for c in differ})
+    diff = worst.logprob_max_abs_diff
     return (f"{label} logprobs: {len(differ)} of {len(cells)} fixed-param cells differ from serial "
-            f"(c={','.join(map(str, levels))}), from token {first}, largest |difference| "
-            f"{worst.logprob_max_abs_diff:.3g}; {n} samples compared")
+            f"(c={','.join(map(str, levels))}), from {position_label(token=first)}"
+            + (f", largest |difference| {diff:.3g}" if diff is not None else "") + f"; {n} samples compared{gaps}")
 
 
 def sweep_lines(sweep: dict[str, Any]) -> list[str]:

@@ -8,6 +8,7 @@ without a server.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import secrets
 from collections.abc import Callable, Iterable, Mapping
@@ -16,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from kevload.client import Client, build_body
+from kevload.report import logprob_gap_text
 from kevload.runs import run_scenario
 from kevload.scenario import Load, Mode, Probe, Scenario, Target, build_scenario
 from kevload.stats import drift_upper_bound, samples_for_bound
-from kevload.store import RUN, default_run_dir, read_json, read_records
-from kevload.summary import CellSummary, RunSummary
+from kevload.store import RUN, default_run_dir, read_json, read_run_records
+from kevload.summary import CellSummary, RunSummary, position_label
 
 # In the guide's order: the first cause found is the verdict, later ones are listed as also found.
 VERDICTS = ("stable", "sampling", "crosstalk", "cache", "server_nondeterministic", "data", "inconclusive")
@@ -87,6 +89,10 @@ class StepResult:
     logprob_bitwise: bool | None = None
     latent_cells: tuple[str, ...] = ()  # cells with the serial text but other logprobs
     latent_from: int | None = None  # earliest token where a latent cell's logprobs differ
+    # Cells whose logprobs cover only some ok samples ("logprobs in 2 of 6 at p@single/c=4: no logprob claim").
+    logprob_gaps: tuple[str, ...] = ()
+    # Cells at c > 1 where the server's /metrics showed it running ≤ 1 request at a time while others waited.
+    serialized_cells: tuple[str, ...] = ()
 
     @property
     def drift(self) -> bool:
@@ -106,7 +112,9 @@ class StepResult:
                   "different_seeds_distinct": self.different_seeds_distinct,
                   "compared_rounds": self.compared_rounds, "cold_differs_rounds": self.cold_differs_rounds,
                   "warm_unstable_rounds": self.warm_unstable_rounds, "logprob_bitwise": self.logprob_bitwise,
-                  "latent_cells": self.latent_cells or None, "latent_from": self.latent_from}
+                  "latent_cells": self.latent_cells or None, "latent_from": self.latent_from,
+                  "logprob_gaps": self.logprob_gaps or None,
+                  "serialized_cells": self.serialized_cells or None}
         doc.update({k: list(v) if isinstance(v, tuple) else v for k, v in extras.items() if v is not None})
         return doc
 
@@ -253,11 +261,19 @@ def decide(evidence: Evidence, run_all: bool = False) -> Diagnosis:
             verdict, (reason, next_step) = "stable", _stable(evidence)
         if verdict != "inconclusive" and found.temperature_honoured and found.seed_honoured is not True:
             next_step += f". {_SEED_HELPS_NOT}: {_seed_why_not(evidence)}"
+    notes = list(_notes(evidence, found))
+    serialized = _serialized_text(evidence)
+    if serialized and verdict == "stable":
+        # What one output under concurrency rests on: the server never batched, so no crosstalk could show.
+        reason += f"; {serialized}"
+        next_step += "; to test batching, raise the server's batch limit (max_num_seqs, --parallel) and rerun"
+    elif serialized:
+        notes.insert(0, serialized)
     return Diagnosis(
         verdict=verdict, reason=reason, next_step=next_step, findings=found,
         steps=evidence.steps + ((evidence.data,) if evidence.data is not None else ()),
         runs=evidence.runs, causes=tuple(causes), dropped_fields=evidence.dropped_fields,
-        notes=tuple(_notes(evidence, found)), evidence=_evidence(evidence),
+        notes=tuple(notes), evidence=_evidence(evidence),
         target_failed=any(s.target_failed for s in evidence.steps),
         done=unusable is not None or (bool(causes) and not run_all),
     )
@@ -389,6 +405,17 @@ def _stable(evidence: Evidence) -> tuple[str, str]:
             f"or --until-bound {_TARGET_BOUND:.0%}), {max(need - n, 0)} more than now")
 
 
+def _serialized_text(evidence: Evidence) -> str | None:
+    """Where crosstalk is absent (no concurrency step drifts) and the server ran ≤ 1 request at a time at a
+    level of c > 1: that level was serialized by the server, so its one output says nothing about batching."""
+    steps = [s for s in (evidence.step("concurrency_single"), evidence.step("concurrency_mixed")) if s is not None]
+    cells = [c for s in steps for c in s.serialized_cells]
+    if not cells or any(s.drift for s in steps):
+        return None
+    return (f"the server ran ≤ 1 request at a time at {', '.join(cells)} while the others waited in its queue "
+            "(its /metrics): those levels were serialized by the server, not batched")
+
+
 def _notes(evidence: Evidence, found: Findings) -> Iterable[str]:
     if found.latent_crosstalk:
         latent = [s for s in (evidence.step("concurrency_single"), evidence.step("concurrency_mixed"))
@@ -396,8 +423,8 @@ def _notes(evidence: Evidence, found: Findings) -> Iterable[str]:
         cells = ", ".join(c for s in latent for c in s.latent_cells)
         first = min(s.latent_from for s in latent if s.latent_from is not None)
         yield (f"latent crosstalk: under concurrency the text stays the serial one but the per-token logprobs "
-               f"differ ({cells}; from token {first}) while serial logprobs agree — batching already changes the "
-               f"numerics, and a longer answer or another prompt can flip a token")
+               f"differ ({cells}; from {position_label(token=first)}) while serial logprobs agree — batching already "
+               f"changes the numerics, and a longer answer or another prompt can flip a token")
     step = evidence.step("temperature")
     if found.temperature_honoured is False and step is not None:
         yield (f"the server ignores temperature: at temperature {step.params['temperature']} without a seed it "
@@ -417,16 +444,28 @@ def check_options(options: DiagnoseOptions) -> None:
     _scenario(options, {}, [1], options.samples, until=True).api_key()
 
 
-async def diagnose(options: DiagnoseOptions, log: Callable[[str], None] = print) -> Diagnosis:
-    return await _Diagnoser(options, log).run()
+async def diagnose(options: DiagnoseOptions, log: Callable[[str], None] = print,
+                   stop: asyncio.Event | None = None) -> Diagnosis:
+    """The diagnosis; a ``stop`` (Ctrl-C, SIGTERM) ends it after the step it interrupts, which is left out of
+    the evidence (its run directory, state interrupted, is kept and listed)."""
+    diagnoser = _Diagnoser(options, log, stop or asyncio.Event())
+    try:
+        return await diagnoser.run()
+    except _Stopped:
+        return diagnoser.decide()
+
+
+class _Stopped(Exception):
+    """A stop interrupted a step: measuring ends with the steps already complete."""
 
 
 class _Diagnoser:
     """Runs the steps, each an ordinary run on disk, and asks `decide` where it needs to know whether to stop."""
 
-    def __init__(self, options: DiagnoseOptions, log: Callable[[str], None]):
+    def __init__(self, options: DiagnoseOptions, log: Callable[[str], None], stop: asyncio.Event):
         self.o = options
         self.log = log
+        self.stop = stop
         self.evidence = Evidence()
         # The first step's run checks once whether the server returns logprobs; the later steps reuse the answer.
         self.logprobs: str | bool = "auto"
@@ -468,7 +507,10 @@ class _Diagnoser:
             errors=summary.errors_by_type, drift_cells=summary.drift_cells, run=str(run_dir),
             target_failed=summary.verdict == "target_failed", logprob_bitwise=logprob_bitwise(probe_cells),
             latent_cells=summary.latent_cells or (),
-            latent_from=min((c.first_logprob_divergence_token for c in latent), default=None))
+            latent_from=min((c.first_logprob_divergence_token for c in latent), default=None),
+            logprob_gaps=tuple(logprob_gap_text(c, c.name) for c in probe_cells if c.logprob_gap),
+            serialized_cells=tuple(c.name for c in probe_cells
+                                   if c.server_note and c.server_running_max is not None and c.server_running_max <= 1))
         if key == "baseline":
             differing, after_first = differing_calls(_ok_probe_hashes(run_dir))
             step = replace(step, differing_calls=differing, distinct_after_first=after_first)
@@ -485,6 +527,8 @@ class _Diagnoser:
         dropped = []
         async with Client(scenario.target, scenario.api_key()) as client:
             for name, value in FIXING_FIELDS.items():
+                if self.stop.is_set():
+                    raise _Stopped
                 body = build_body(scenario.target, probe, {name: value}, stream=False, nonce=None)
                 outcome = await client.send(body)
                 if outcome.status.startswith("http_4"):
@@ -555,7 +599,10 @@ class _Diagnoser:
         run_dir = self.out / key
         scenario = _scenario(self.o, params, levels, samples, mode=mode, probes=probes, until=key in _UNTIL_STEPS,
                              logprobs=self.logprobs)
-        result = await run_scenario(scenario, run_dir)
+        result = await run_scenario(scenario, run_dir, stop=self.stop)
+        if result.state == "interrupted":
+            self.evidence = replace(self.evidence, runs=self.evidence.runs + (str(run_dir),))
+            raise _Stopped  # a step cut short is incomplete evidence: it could show a cause it does not have
         if self.logprobs == "auto":
             available = read_json(run_dir / RUN).get("logprobs", {}).get("available")
             self.logprobs = self.logprobs if available is None else available
@@ -583,13 +630,12 @@ def differing_calls(rows: Iterable[tuple[str, int, str]]) -> tuple[tuple[int, ..
 
 
 def logprob_bitwise(cells: Iterable[CellSummary]) -> bool | None:
-    """True when every cell compared logprobs with serial and all were bitwise equal; False when one
-    compared cell differed; None when no cell (or not every cell) had logprobs to compare."""
+    """True when every cell compared the logprobs of all its ok samples with serial and all were bitwise
+    equal; False when compared ones differed in a cell; None when a cell (or every one) makes no claim."""
     cells = tuple(cells)
-    compared = [c for c in cells if c.logprob_samples]
-    if any(c.logprob_bitwise is False for c in compared):
+    if any(c.logprob_bitwise is False for c in cells):
         return False
-    return True if compared and len(compared) == len(cells) else None
+    return True if cells and all(c.logprob_bitwise for c in cells) else None
 
 
 def cold_warm_counts(rows: Iterable[tuple[str, int, str]]) -> tuple[int, int, int]:
@@ -615,7 +661,7 @@ def cold_warm_counts(rows: Iterable[tuple[str, int, str]]) -> tuple[int, int, in
 
 
 def _ok_probe_hashes(run_dir: Path) -> list[tuple[str, int, str]]:
-    return [(r["probe"], r["sample"], r["sha256"]) for r in read_records(run_dir / "records.jsonl")
+    return [(r["probe"], r["sample"], r["sha256"]) for r in read_run_records(run_dir)
             if r["status"] == "ok" and r["role"] == "probe"]
 
 

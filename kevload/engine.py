@@ -42,18 +42,20 @@ def level_key(probe: str, concurrency: int, rate: float | None) -> LevelKey:
 
 
 def run(scenario: Scenario, client: Client, *, run_id: str, stop: asyncio.Event | None = None,
-        already: dict[LevelKey, int] | None = None, first_seq: int = 0,
+        already: dict[LevelKey, int] | None = None, first_seq: int = 0, part: int = 0,
         answers: dict[LevelKey, list[Answer]] | None = None, share: Solo | None = None) -> RecordStream:
     """Every probe at every level; ``async for record in run(…)`` as requests finish.
 
     ``already`` holds the counted probe samples a resumed run has per level; only the missing
-    ones are sent, with sequence numbers from ``first_seq`` on. With ``load.until_bound`` the stop
+    ones are sent, with sequence numbers from ``first_seq`` on. ``part`` is the run's invocation (0, then one
+    more for each resume): it goes into every request id and nonce, so no two requests of a run share one
+    whatever the records on disk lost. With ``load.until_bound`` the stop
     rule needs what they answered too: ``answers`` per level, in record order. The companion pools
     are built here, before anything is sent, so a bad companion file fails at once. ``share`` makes
     this run one of several workers sharing each level (``kevload.workers``); alone by default.
     """
     return RecordStream(_Runner(scenario, client, run_id, stop or asyncio.Event(), already or {}, first_seq,
-                                answers or {}, share or Solo()))
+                                part, answers or {}, share or Solo()))
 
 
 class Solo:
@@ -95,6 +97,13 @@ class Solo:
     def resume(self) -> None:
         """It is back on the wire."""
 
+    def halted(self) -> bool:
+        """Whether the driver or another worker stopped the run: a stop this worker's own flags may not show yet."""
+        return False
+
+    def halt(self) -> None:
+        """This worker stops the run (the error rule): the other workers' levels end with it."""
+
     def mine(self, arrival: int) -> bool:
         """Whether this worker sends the open loop's ``arrival``-th request (warm-ups included)."""
         return True
@@ -113,7 +122,8 @@ class Solo:
 
 
 class RecordStream:
-    """The records of one run, as they finish; ``aborted`` says whether the error rule ended it early."""
+    """The records of one run, as they finish; ``aborted`` says whether the error rule ended it early, ``sent``
+    how many requests it numbered (each one a record, unless the stream was torn down before it came)."""
 
     def __init__(self, runner: _Runner):
         self._runner = runner
@@ -125,12 +135,16 @@ class RecordStream:
     def aborted(self) -> bool:
         return self._runner.aborted
 
+    @property
+    def sent(self) -> int:
+        return self._runner.sent
+
 
 class _Runner:
     """State shared by the workers of one run: the client, counters, stop flags and the record queue."""
 
     def __init__(self, scenario: Scenario, client: Client, run_id: str, stop: asyncio.Event,
-                 already: dict[LevelKey, int], first_seq: int, answers: dict[LevelKey, list[Answer]],
+                 already: dict[LevelKey, int], first_seq: int, part: int, answers: dict[LevelKey, list[Answer]],
                  share: Solo):
         self.share = share
         self.pools = [companions_for(probe, scenario) for probe in scenario.probes]
@@ -138,17 +152,22 @@ class _Runner:
         self.load = scenario.load
         self.client = client
         self.run_id = run_id
+        # Request ids: <run_id>-<seq> in the run's first part, <run_id>-r<k>-<seq> in its k-th resume. A killed part
+        # may have sent requests it never recorded, so numbering on from the records alone could repeat an id.
+        self.ids = run_id if part == 0 else f"{run_id}-r{part}"
         self.stop = stop
         self.already = already
         self.answers = answers
         # Per probe: the serial (first) level's modal answer, which later levels' answers are held against.
         self.references: dict[str, Hashable | None] = {}
         self.seq = first_seq + share.worker  # workers number their sends in turn: seqs stay unique
+        self.sent = 0
         self.in_flight = 0
         self.probe_errors = 0
         self.probes_done = 0
         self.aborted = False
-        self._cutting = False  # set while the drain cancels requests past its bound: those are recorded
+        # Why the drain is cancelling requests past its bound (None: a cancel is no cut): those are recorded.
+        self._cutting: str | None = None
         self._stopped_at: float | None = None  # one grace period from the stop, however many groups wait
         self._ready: collections.deque[Record] = collections.deque()
         self._wake = asyncio.Event()
@@ -210,7 +229,10 @@ class _Runner:
         plan, slots = self.share.closed(plan)
         send = self._sender(probe, concurrency, None, concurrency, plan)
         for i in range(plan.warmup if self.share.warms_up else 0):
-            await send(WARMUP, probe, i)
+            if self._halted():
+                break
+            # A warm-up in flight at a stop gets the grace any request in flight gets, not target.timeout.
+            await self._wait([asyncio.create_task(send(WARMUP, probe, i))], cut_after=None)
         samples = {PROBE: first, COMPANION: 0}
         # The ramp-up and a timed level run from here, after the warm-ups; one start for every worker.
         start = await self.share.level_start(0.0)
@@ -257,11 +279,15 @@ class _Runner:
 
         async def one(role: str, item: Probe, sample: int, at: float, scheduled: float) -> None:
             try:
-                await send(role, item, sample, at=at, t_scheduled=scheduled)
+                if not self._halted():  # a stop (or an abort) between this task's making and its first step
+                    await send(role, item, sample, at=at, t_scheduled=scheduled)
             finally:
                 if cap is not None:
                     cap.release()
 
+        # A stop ends the wait for the next arrival (or for room under the cap) at once: at a low rate the next
+        # one may be minutes away, and it is never sent.
+        stopped = asyncio.ensure_future(self.stop.wait())
         for arrival, planned in enumerate(plan):
             if self._halted():
                 break
@@ -272,14 +298,14 @@ class _Runner:
             if not self.share.mine(arrival):
                 continue
             scheduled = start + planned.at
-            await _sleep_until(scheduled)
-            if cap is not None:
-                await cap.acquire()
+            if not await _sleep_until(scheduled, stopped) or cap is not None and not await _acquire(cap, stopped):
+                break
             item = picker.next().item if role == COMPANION else probe
             task = asyncio.create_task(one(role, item, sample, planned.at, scheduled))
             group = tasks[PROBE if role == PROBE else COMPANION]
             group.add(task)
             task.add_done_callback(group.discard)
+        stopped.cancel()
         await self._drain(list(tasks[PROBE]), list(tasks[COMPANION]))
         await self.share.level_end()
 
@@ -307,22 +333,27 @@ class _Runner:
                 for task in done - {stop_wait}:
                     task.result()  # a worker's bug surfaces here rather than vanishing
                 if pending and deadline is not None and loop.time() >= deadline:
-                    self._cutting = True
-                    try:
-                        await _cancel(pending)
-                    finally:
-                        self._cutting = False
+                    await self._cut(pending, f"cut: still in flight {cut_after:g} s after the level's probes "
+                                             "were done")
                     pending = set()
             if pending:
                 if self._stopped_at is None:
                     self._stopped_at = loop.time()
                 await asyncio.wait(pending, timeout=max(self._stopped_at + STOP_GRACE_S - loop.time(), 0.0))
-                await _cancel(pending)
+                await self._cut(pending, f"cut: still in flight {STOP_GRACE_S:g} s after the stop")
         finally:
             stop_wait.cancel()
 
+    async def _cut(self, tasks: set[asyncio.Task], why: str) -> None:
+        """Cancel requests still in flight (their connections close); each is recorded as a ``timeout`` saying why."""
+        self._cutting = why
+        try:
+            await _cancel(tasks)
+        finally:
+            self._cutting = None
+
     def _halted(self) -> bool:
-        return self.stop.is_set() or self.aborted
+        return self.stop.is_set() or self.aborted or self.share.halted()
 
     def _level_done(self, counted: int) -> bool:
         """Whether a resumed run has this level: its samples, or for a timed level any (topping one up
@@ -340,15 +371,16 @@ class _Runner:
             """``at``: seconds into the level (scheduled, in the open loop), which decides a ramp-up's sends."""
             seq = self.seq
             self.seq += self.share.workers
+            self.sent += 1
             # Sent as X-Request-Id; a 429/503 retry below and a transport's reconnect resend keep it.
-            request_id = f"{self.run_id}-{seq}"
-            nonce = f"kevload-{self.run_id}-{seq}" if load.nonce else None
+            request_id = f"{self.ids}-{seq}"
+            nonce = f"kevload-{request_id}" if load.nonce else None
             body = build_body(target, item, params, stream=load.stream, nonce=nonce)
             # Nothing below suspends before the count goes up (Solo's claim returns at once): a slot that
             # resends at once keeps c in flight.
             in_flight, counted = await self.share.claim(plan, role, self.in_flight, at)
             self.in_flight += 1
-            retries = 0
+            retries, stop_cut = 0, False
             t_send = time.perf_counter()
             try:
                 outcome = await self.client.send(body, request_id=request_id)
@@ -366,13 +398,17 @@ class _Runner:
                     retries += 1
                     outcome = await self.client.send(body, request_id=request_id)
             except asyncio.CancelledError:
-                if not self._cutting:
+                if self._cutting is None:
                     raise
-                outcome = Outcome(status="timeout", t_send=t_send, t_last_byte=time.perf_counter(),
-                                  error=f"cut: still in flight {target.timeout:g} s after the level's probes were done")
+                outcome = Outcome(status="timeout", t_send=t_send, t_last_byte=time.perf_counter(), error=self._cutting)
+                stop_cut = self.stop.is_set()
             finally:
                 self.in_flight -= 1
                 self.share.release(plan, role, counted)
+            # A stop ends a closed-loop level around what is still in flight, and the other slots no longer resend:
+            # an answer that came after it lost its batch on the way, no sample of full load (--resume sends it again).
+            # A request the stop cut is no answer of the server's, at any level.
+            counted = counted and not (rate is None and self._halted()) and not stop_cut
             record = _record(outcome, body, run_id=self.run_id, seq=seq, probe=item.id, role=role, mode=mode,
                              concurrency=concurrency, rate=rate, sample=sample,
                              in_flight=in_flight, counted=counted, max_in_flight=max_in_flight,
@@ -392,6 +428,7 @@ class _Runner:
             if self.probe_errors >= _ABORT_MIN_ERRORS and \
                     self.probe_errors / self.probes_done > self.load.max_error_share:
                 self.aborted = True
+                self.share.halt()
 
 
 # Every field an Outcome shares with a Record is copied by name, so a field added to both travels on its own.
@@ -415,10 +452,23 @@ async def _cancel(tasks: set[asyncio.Task]) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _sleep_until(deadline: float) -> None:
-    """Sleep on the timer, then yield in a short spin for the last half millisecond: timers are coarse."""
+async def _sleep_until(deadline: float, stopped: asyncio.Future) -> bool:
+    """Sleep until ``deadline`` unless ``stopped`` is done first; True when the deadline came. On the timer,
+    then a short spin yielding for the last half millisecond: timers are coarse."""
     delay = deadline - time.perf_counter()
     if delay > 0.0005:
-        await asyncio.sleep(delay - 0.0005)
-    while time.perf_counter() < deadline:
+        await asyncio.wait((stopped,), timeout=delay - 0.0005)
+    while time.perf_counter() < deadline and not stopped.done():
         await asyncio.sleep(0)
+    return not stopped.done()
+
+
+async def _acquire(cap: asyncio.Semaphore, stopped: asyncio.Future) -> bool:
+    """Room under the open loop's cap, unless ``stopped`` is done first; True when a place was taken."""
+    if not cap.locked():
+        await cap.acquire()  # returns at once
+        return True
+    acquiring = asyncio.ensure_future(cap.acquire())
+    await asyncio.wait((acquiring, stopped), return_when=asyncio.FIRST_COMPLETED)
+    acquiring.cancel()  # the level ends on a stop: a place taken meanwhile goes with its semaphore
+    return not stopped.done()

@@ -46,7 +46,7 @@ class ServerError(TargetError):
 
 
 class ClusterError(KevloadError):
-    """A run lost a worker (a Ray actor or its node died): its evidence is short, so exit 3 as for ``inconclusive``;
-    the records collected before stay in the run directory."""
+    """A run lost a worker (its process was killed, a Ray actor or its node died): its evidence is short, so exit 3
+    as for ``inconclusive``; the records collected before stay in the run directory."""
 
     exit_code = 3

@@ -9,20 +9,25 @@ from typing import Any
 
 from kevload.report import (
     AGREEMENT_COLUMNS,
+    SERVER_COLUMNS,
     agreement_rows,
     attainment_text,
     cell_phrase,
     cell_text,
     errors_text,
     footnotes,
+    full_load_text,
     kinds_text,
     latent_text,
+    logprob_gap_text,
+    never_full_text,
+    server_rows,
     slo_bounds_text,
     slo_line,
     verdict_line,
 )
 from kevload.store import redact
-from kevload.summary import CellSummary, RunSummary, levels_of
+from kevload.summary import CellSummary, RunSummary, levels_of, position_label
 
 STABLE = "#2e7d32"
 DRIFT = "#c62828"
@@ -54,7 +59,7 @@ def run_report(summary: RunSummary, meta: dict[str, Any], records: Iterable[dict
         f"<p class=verdict>{_e(verdict_line(summary))}</p>",
         "<h2>Distinct outputs per probe × level</h2>", _heatmap(rows, levels_of(cells)), _notes(summary),
         "<h2>Agreement with the serial output</h2>", _agreement(summary),
-        "<h2>Latency by level</h2>", _latency(cells),
+        "<h2>Latency by level</h2>", _latency(cells), *_server_view(summary),
         f"<p>{_e(slo_line(summary))}</p>" if summary.slo else "",
         "<h2>Where outputs first diverge</h2>", _divergence(cells),
         "<h2>Errors over time</h2>", _timeline(records),
@@ -114,7 +119,10 @@ def _heatmap(rows: dict[str, dict[str, CellSummary]], levels: list[str]) -> str:
                 out.append(f'<td class=cell style="background:{EMPTY}">{_e(cell_text(cell) if cell else "–")}</td>')
                 continue
             colour = DRIFT if cell.drift else SHORT if cell.short else LATENT if cell.latent_drift else STABLE
-            title = cell_phrase(cell) + (f"; latent drift: {latent_text(cell)}" if cell.latent_drift else "")
+            title = cell_phrase(cell) + (f"; latent drift: {latent_text(cell)}" if cell.latent_drift else
+                                         f"; {logprob_gap_text(cell, cell.level)}" if cell.logprob_gap else "") \
+                + (f"; † {never_full_text(cell)}" if cell.samples_never_full else "") \
+                + (f"; {cell.server_note}" if cell.server_note else "")
             out.append(f'<td class=cell style="background:{colour}" title="{_e(title)}">'
                        f'{_e(cell_text(cell))}</td>')
         out.append("</tr>")
@@ -122,7 +130,8 @@ def _heatmap(rows: dict[str, dict[str, CellSummary]], levels: list[str]) -> str:
                f"output, same as serial <span style='background:{DRIFT}'></span>drift (all≠serial: the copies "
                f"agree with each other, not with serial) <span style='background:{SHORT}'></span>no drift seen, "
                f"fewer ok samples than asked (ok/asked) <span style='background:{LATENT}'></span>~ latent drift: the "
-               f"serial text, other per-token logprobs <span style='background:{EMPTY}'></span>no ok sample</p>")
+               f"serial text, other per-token logprobs <span style='background:{EMPTY}'></span>no ok sample · † some "
+               f"counted samples never had c − 1 others in flight (from the records' send and last-byte times)</p>")
     return "".join(out)
 
 
@@ -131,8 +140,9 @@ def _agreement(summary: RunSummary) -> str:
     out = ["<table id=agreement><tr>" + "".join(f"<th>{_e(name)}</th>" for name in AGREEMENT_COLUMNS) + "</tr>"]
     out += ["<tr>" + "".join(f"<td>{_e(value)}</td>" for value in row) + "</tr>" for row in rows]
     out.append("</table><p>exact match: share of samples with the serial output (Wilson interval); token agreement: "
-               "mean share of token positions equal to serial before the first divergence; logprobs: every compared "
-               "sample bitwise equal to serial (=), or from which token and by how much they differ.</p>")
+               "mean share of token positions equal to serial before the first divergence; logprobs: every ok "
+               "sample's logprobs compared and bitwise equal to serial (=), or from which token and by how much "
+               "they differ, or no claim where some ok samples came without logprobs. Positions count from 0.</p>")
     return "".join(out)
 
 
@@ -141,12 +151,25 @@ def _notes(summary: RunSummary) -> str:
     return "<ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>" if notes else ""
 
 
+def _server_view(summary: RunSummary) -> list[str]:
+    """What the server's /metrics said per cell, where it published any."""
+    rows = server_rows(summary)
+    if not rows:
+        return []
+    out = ["<table id=server><tr>" + "".join(f"<th>{_e(name)}</th>" for name in SERVER_COLUMNS) + "</tr>"]
+    out += ["<tr>" + "".join(f"<td>{_e(value)}</td>" for value in row) + "</tr>" for row in rows]
+    out.append("</table><p>sampled from the server's /metrics between the cell's first counted send and its last "
+               "answer: requests it ran at once and held waiting; a level where it ran fewer than c while others "
+               "waited was set by the server's batch limit, not by kevload.</p>")
+    return ["<h2>The server's own view</h2>", "".join(out)]
+
+
 def _latency(cells: Iterable[CellSummary]) -> str:
     cells = list(cells)
     metrics = ("ttft", "itl", "tpot", "e2e")
     slo = any(c.slo_attainment is not None for c in cells)
     out = ["<table><tr><th>probe / level</th>" + "".join(f"<th>{m} p50</th><th>{m} p99</th>" for m in metrics)
-           + "<th>tok/s</th><th>req/s</th><th>errors</th>"
+           + "<th>tok/s</th><th>req/s</th><th>errors</th><th>full load</th>"
            + ("<th>SLO met</th><th>goodput/s</th>" if slo else "") + "</tr>"]
     top = max((c.latency.get("e2e", {}).get("p99") or 0 for c in cells), default=0) or 1
     bars = []
@@ -157,7 +180,7 @@ def _latency(cells: Iterable[CellSummary]) -> str:
             stats = lat.get(m) or {}
             out.append(f"<td>{_ms(stats.get('p50'))}</td><td>{_ms(stats.get('p99'))}</td>")
         out.append(f"<td>{_num(c.output_tokens_per_s)}</td><td>{_num(c.requests_per_s)}</td>"
-                   f"<td>{_e(errors_text([c]))}</td>"
+                   f"<td>{_e(errors_text([c]))}</td><td>{_e(full_load_text(c))}</td>"
                    + (f"<td>{_e(attainment_text(c))}</td><td>{_num(c.goodput)}</td>" if slo else "") + "</tr>")
         e2e = lat.get("e2e") or {}
         y = 10 + i * 22
@@ -184,15 +207,15 @@ def _divergence(cells: Iterable[CellSummary]) -> str:
         at = c.first_divergence_chars - (c.example_offset or 0)
         serial, other = c.serial_example, c.divergent_example
         lead = "…" if c.example_offset else ""
-        token = c.first_divergence_tokens
         kinds = kinds_text(c)
+        where = position_label(char=c.first_divergence_chars, token=c.first_divergence_tokens)
         finish = ""
         if c.divergent_example_kind == "finish":
             finish = (f"\nsame text; finish_reason {c.serial_finish_reason} (serial) vs "
                       f"{c.divergent_finish_reason}")
         out.append(f"<h3>{_e(c.label)}: {_e(cell_phrase(c))}, "
-                   f"first divergence at char {c.first_divergence_chars}"
-                   f"{'' if token is None else f', token {token}'}{_e(f' ({kinds})' if kinds else '')}"
+                   f"first divergence at {_e(where)}"
+                   f"{_e(f' (kinds: {kinds})' if kinds else '')}"
                    f"</h3><pre>serial:    {lead}{_e(serial[:at])}<mark>{_e(serial[at:])}</mark>\n"
                    f"divergent: {lead}{_e(other[:at])}<mark>{_e(other[at:])}</mark>{_e(finish)}</pre>")
     return "".join(out)

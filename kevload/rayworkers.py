@@ -15,7 +15,9 @@ The level's semantics are those of the local workers, kept by one coordinator ac
 - Levels start and end together: the coordinator is the barrier. The level's start is a Unix time, which each
   worker turns into its own host's ``perf_counter``; the open loop's arrivals keep one schedule across hosts.
 - A stop (Ctrl-C, SIGTERM), an actor's abort (the error rule) or a lost actor halts the coordinator, which opens
-  its barrier and tells every worker.
+  its barrier, tells every worker and claims nothing more. Actors hear of it a message later, each at its own
+  moment, so the driver applies the engine's rule at a stop itself: a closed-loop answer that came after the time
+  it stopped the run is written as not counted.
 
 Records travel to the driver in batches: every ``_BATCH_S`` seconds it drains each actor's finished records (JSON
 lines, stamped as the local workers stamp them, with Unix times from that actor's host clock) and appends them
@@ -41,6 +43,7 @@ from kevload import engine
 from kevload.errors import ClusterError, InputError
 from kevload.scenario import Scenario
 from kevload.schedule import WARMUP, ClosedLoop, OpenLoop, Send
+from kevload.store import record_line
 from kevload.workers import OneOfN, WorkerResult, cap_of, clock_offset, records_name, slots_of, stamp
 
 _BATCH_S = 0.2  # how often the driver collects finished records
@@ -93,7 +96,7 @@ class KevloadCoordinator:
         """What the slot does next and, when it sends, its claim: (sends, others in flight, counted)."""
         await self._turn(worker, call, releases)
         try:
-            if self.plan.next(role, at) is None:
+            if self._halted.is_set() or self.plan.next(role, at) is None:  # nothing is claimed after a stop
                 return False, 0, False
             in_flight = self.in_flight
             counted = self.plan.sent(role, in_flight, at)
@@ -192,6 +195,9 @@ class RemoteShare(OneOfN):
         sends, in_flight, counted = await self._call("next_claim", role, at)
         if not sends:
             return None
+        if self._stop.is_set():  # the stop came while the claim travelled: it is given back, nothing is sent
+            self.release(plan, role, counted)
+            return None
         self._claimed = (role, in_flight, counted)
         return Send(role)
 
@@ -213,6 +219,9 @@ class RemoteShare(OneOfN):
         if not self._releases:
             asyncio.get_running_loop().call_soon(self._flush)
         self._releases.append((role, counted, isinstance(plan, ClosedLoop)))
+
+    def halt(self) -> None:
+        self._coordinator.halt.remote()
 
     def pause(self) -> None:
         self._call("shift", -1)
@@ -236,10 +245,10 @@ class KevloadWorker:
     """One worker (an async Ray actor): runs the engine with a ``RemoteShare``, keeps finished records for ``drain``."""
 
     def __init__(self, worker: int, workers: int, scenario: Scenario, run_id: str,
-                 already: dict[engine.LevelKey, int], first_seq: int, coordinator: Any):
+                 already: dict[engine.LevelKey, int], first_seq: int, part: int, coordinator: Any):
         self.worker, self.workers = worker, workers
         self.scenario, self.run_id = scenario, run_id
-        self.already, self.first_seq = already, first_seq
+        self.already, self.first_seq, self.part = already, first_seq, part
         self.coordinator = coordinator
         self._lines: list[bytes] = []
         self._stop = asyncio.Event()
@@ -259,19 +268,17 @@ class KevloadWorker:
         client = Client(mine.target, mine.api_key())
         share = RemoteShare(self.worker, self.workers, self.coordinator, offset, self._stop)
         stream = engine.run(mine, client, run_id=self.run_id, stop=self._stop, already=self.already,
-                            first_seq=self.first_seq, share=share)
+                            first_seq=self.first_seq, part=self.part, share=share)
         watcher = asyncio.create_task(self._watch())
         count = 0
         try:
             async with client, aclosing(stream.__aiter__()) as records:
                 async for record in records:
-                    self._lines.append(orjson.dumps(stamp(record, self.worker, offset, cap)) + b"\n")
+                    self._lines.append(record_line(stamp(record, self.worker, offset, cap)))
                     count += 1
         finally:
             watcher.cancel()
-        if stream.aborted:
-            self.coordinator.halt.remote()
-        return WorkerResult(self.worker, count, stream.aborted)
+        return WorkerResult(self.worker, count, stream.aborted, sent=stream.sent)
 
     async def _watch(self) -> None:
         """Another actor's abort, or the driver's stop, reaches this one through the coordinator."""
@@ -296,7 +303,7 @@ def check_cluster(ray: Any, scenario: Scenario) -> None:
 
 
 async def run_ray(ray: Any, scenario: Scenario, run_dir: Path, *, run_id: str, stop: asyncio.Event,
-                  already: dict[engine.LevelKey, int], first_seq: int) -> list[WorkerResult]:
+                  already: dict[engine.LevelKey, int], first_seq: int, part: int) -> list[WorkerResult]:
     """Run the scenario on ``load.workers`` actors of the connected cluster; returns once all have ended.
 
     Each result carries the node its actor ran on. A lost actor (its process or node died, or it stopped
@@ -306,7 +313,8 @@ async def run_ray(ray: Any, scenario: Scenario, run_dir: Path, *, run_id: str, s
     coordinator = ray.remote(KevloadCoordinator).options(num_cpus=0).remote(workers)
     # SPREAD: one actor per node where it can, so the workers add hosts' cores rather than share one host's.
     actor = ray.remote(KevloadWorker).options(num_cpus=1, scheduling_strategy="SPREAD")
-    actors = [actor.remote(w, workers, scenario, run_id, already, first_seq, coordinator) for w in range(workers)]
+    actors = [actor.remote(w, workers, scenario, run_id, already, first_seq, part, coordinator)
+              for w in range(workers)]
     try:
         nodes = await asyncio.wait_for(asyncio.gather(*(a.node.remote() for a in actors)), _REPLY_S)
     except (TimeoutError, ray.exceptions.RayError) as exc:
@@ -317,12 +325,15 @@ async def run_ray(ray: Any, scenario: Scenario, run_dir: Path, *, run_id: str, s
     results: dict[int, WorkerResult] = {}
     drained: set[int] = set()  # actors whose last records are on disk (or that are lost)
     files = [_Appender(run_dir / records_name(w)) for w in range(workers)]
-    halted = False
+    # The stop's time, taken before any actor can hear of it, in the records' terms (perf_counter plus an offset
+    # measured at the start, as each actor stamps its records): on one host the same clock, whatever NTP does since.
+    offset = clock_offset()
+    halted_at: float | None = None
 
     def halt() -> None:
-        nonlocal halted
-        if not halted:
-            halted = True
+        nonlocal halted_at
+        if halted_at is None:
+            halted_at = time.perf_counter() + offset
             coordinator.halt.remote()
             for w, handle in enumerate(actors):
                 if w not in results:
@@ -340,7 +351,7 @@ async def run_ray(ray: Any, scenario: Scenario, run_dir: Path, *, run_id: str, s
                                        return_exceptions=True)
         for w, reply in zip(live, replies, strict=True):
             if isinstance(reply, bytes):
-                files[w].write(reply)
+                files[w].write(reply if halted_at is None else _cut(reply, halted_at))
                 if w in results:
                     drained.add(w)
             else:
@@ -395,6 +406,18 @@ class _Appender:
 
     def close(self) -> None:
         os.close(self._fd)
+
+
+def _cut(lines: bytes, stopped_at: float) -> bytes:
+    """The engine's rule at a stop, on the driver's clock: a closed-loop answer that came after the stop lost its batch
+    and is not counted. An actor hears of the stop a message later, and not at the same moment as the others."""
+    kept = []
+    for line in lines.splitlines(keepends=True):
+        record = orjson.loads(line)
+        if record["counted"] and record["rate"] is None and record["t_last_byte"] > stopped_at:
+            line = orjson.dumps({**record, "counted": False}) + b"\n"
+        kept.append(line)
+    return b"".join(kept)
 
 
 def _lost(worker: int, node: str, exc: BaseException) -> WorkerResult:

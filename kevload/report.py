@@ -9,7 +9,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from kevload.summary import CellSummary, RunSummary, levels_of
+from kevload.summary import CellSummary, RunSummary, label_of, levels_of, name_parts, position_label
 
 FORMATS = ("table", "json", "markdown", "html")
 
@@ -26,6 +26,8 @@ def render(summary: RunSummary, fmt: str, console: Console | None = None) -> str
         console.print(note, highlight=False)
     console.print(agreement_table(summary))
     console.print(latency_table(summary))
+    if server_rows(summary):
+        console.print(server_table(summary))
     console.print(verdict_line(summary))
     if summary.slo:
         console.print(slo_line(summary), highlight=False)
@@ -37,7 +39,8 @@ def cell_text(cell: CellSummary | None) -> str:
     ``(ok/asked)`` when the cell has fewer ok samples than asked.
 
     One distinct output that is not the serial one reads ``1 all≠serial``: the copies agree with each
-    other, not with the serial answer. ``1 ~`` is latent drift: the serial text, other logprobs.
+    other, not with the serial answer. ``1 ~`` is latent drift: the serial text, other logprobs. ``†``: some
+    counted samples never had c − 1 others in flight (``never_full_text``).
     """
     if cell is None:
         return "-"
@@ -46,6 +49,8 @@ def cell_text(cell: CellSummary | None) -> str:
         text += " DRIFT" if cell.distinct > 1 else " all≠serial"
     elif cell.latent_drift:
         text += " ~"
+    if cell.samples_never_full:
+        text += " †"
     if cell.short:
         text += f" ({cell.ok}/{cell.asked})"
     return text
@@ -61,28 +66,71 @@ def cell_phrase(cell: CellSummary, unit: str = "") -> str:
 
 
 def kinds_text(cell: CellSummary) -> str:
-    """``token 4, length 1``: the cell's divergent requests by kind (empty when there are none)."""
-    return ", ".join(f"{kind} {n}" for kind, n in (cell.divergence_kinds or {}).items() if n)
+    """``4× token, 1× length``: how many of the cell's divergent requests are of each kind (empty when none)."""
+    return ", ".join(f"{n}× {kind}" for kind, n in (cell.divergence_kinds or {}).items() if n)
 
 
 def latent_text(cell: CellSummary) -> str:
-    """``same text as serial in 8 samples, logprobs differ from token 3 (max abs diff 4.2e-06)``."""
+    """``same text as serial in 8 samples, logprobs differ from token 3 (0-based), max abs diff 4.2e-06``."""
     diff = cell.logprob_max_abs_diff
-    return (f"same text as serial in {cell.ok} samples, logprobs differ from token "
-            f"{cell.first_logprob_divergence_token}" + (f" (max abs diff {diff:.2g})" if diff is not None else ""))
+    return (f"same text as serial in {cell.ok} samples, logprobs differ from "
+            f"{position_label(token=cell.first_logprob_divergence_token)}"
+            + (f", max abs diff {diff:.2g}" if diff is not None else "")
+            + (f"; {logprob_coverage_text(cell)}" if cell.logprob_gap else ""))
 
 
 def logprob_text(cell: CellSummary) -> str:
-    """The cell's logprobs against serial: ``bitwise = (8)``, ``≠ from token 3, max abs diff 4.2e-06 (8)``
-    or ``-``."""
+    """The cell's logprobs against serial: ``bitwise = (8)``, ``≠ from token 3 (0-based), max abs diff 4.2e-06
+    (8)``, ``no claim: logprobs in 2 of 6`` or ``-``; with the samples that carried a non-finite logprob."""
     n = cell.logprob_samples
-    if not n:
-        return "-"
+    nonfinite = (f"; {cell.logprob_nonfinite_samples} with a non-finite logprob"
+                 if cell.logprob_nonfinite_samples else "")
+    if cell.logprob_bitwise is None:
+        return f"no claim: {logprob_coverage_text(cell)}{nonfinite}" if cell.logprob_gap else "-"
     if cell.logprob_bitwise:
-        return f"bitwise = ({n})"
+        return f"bitwise = ({n}){nonfinite}"
     diff = cell.logprob_max_abs_diff
-    return (f"≠ from token {cell.first_logprob_divergence_token}"
-            + (f", max abs diff {diff:.2g}" if diff is not None else "") + f" ({n})")
+    return (f"≠ from {position_label(token=cell.first_logprob_divergence_token)}"
+            + (f", max abs diff {diff:.2g}" if diff is not None else "")
+            + (f" ({n} of {cell.ok})" if cell.logprob_gap else f" ({n})") + nonfinite)
+
+
+def logprob_coverage_text(cell: CellSummary, where: str | None = None) -> str:
+    """``logprobs in 2 of 6`` (``… at p1 (single) c=4``), with ``(3 with fewer logprobs than tokens)`` where some
+    samples' logprobs stop before their tokens do: how many of a cell's ok samples its logprob comparison covers."""
+    partial = f" ({cell.logprobs_partial} with fewer logprobs than tokens)" if cell.logprobs_partial else ""
+    return f"logprobs in {cell.logprob_samples or 0} of {cell.ok}" + (f" at {where}" if where else "") + partial
+
+
+def logprob_gap_text(cell: CellSummary, where: str | None = None) -> str:
+    """``logprobs in 2 of 6 at p1 (single) c=4: no logprob claim``: a cell whose logprobs cover only some of
+    its ok samples (a difference among those is still one, and then the claim is that)."""
+    claim = "" if cell.logprob_bitwise is False else ": no logprob claim"
+    return logprob_coverage_text(cell, where or cell.label) + claim
+
+
+def never_full_text(cell: CellSummary) -> str:
+    """``5 of 40 counted samples never had 3 others in flight; 3 others for 91.2% of their time``."""
+    others = f"{cell.concurrency - 1} other{'s' if cell.concurrency > 2 else ''}"
+    share = cell.full_load_share
+    return (f"{cell.samples_never_full} of {cell.requests} counted samples never had {others} in flight"
+            + (f"; {others} for {share:.1%} of their time" if share is not None else ""))
+
+
+def unknown_overlap_text(cell: CellSummary) -> str:
+    """``overlap unknown for 129 of 300 counted samples (…)``: samples the full-load check leaves out."""
+    return (f"overlap unknown for {cell.overlap_unknown} of {cell.requests} counted samples (a part of the run "
+            "sent requests it never recorded, killed or a worker lost, which may have run beside them); "
+            "left out of the full-load check")
+
+
+def full_load_text(cell: CellSummary) -> str:
+    """``99.2%``: the share of the cell's counted time at full load, ``†`` where a sample never was; ``-`` where
+    there is no c − 1 to reach (open loop, c=1)."""
+    share = cell.full_load_share
+    if share is None:
+        return "-"
+    return f"{share:.1%}" + (" †" if cell.samples_never_full else "")
 
 
 def rate_text(rate: float | None, interval: list[float] | None) -> str:
@@ -105,10 +153,15 @@ def agreement_rows(summary: RunSummary) -> list[list[str]]:
 
 
 def agreement_table(summary: RunSummary) -> Table:
-    grid = Table(title="agreement with the serial output", title_justify="left")
-    for name in AGREEMENT_COLUMNS:
+    return _grid("agreement with the serial output", AGREEMENT_COLUMNS, agreement_rows(summary))
+
+
+def _grid(title: str, columns: tuple[str, ...], rows: list[list[str]]) -> Table:
+    """A table of per-cell rows: the probe column left, the numbers right."""
+    grid = Table(title=title, title_justify="left")
+    for name in columns:
         grid.add_column(name, justify="left" if name.startswith("probe") else "right")
-    for row in agreement_rows(summary):
+    for row in rows:
         grid.add_row(*row)
     return grid
 
@@ -119,9 +172,22 @@ def short_text(cell: CellSummary) -> str:
     return f"{cell.ok} of {cell.asked} asked ok ({errors})"
 
 
+def missing_texts(summary: RunSummary) -> list[str]:
+    """``p1 (single) c=4: no counted sample (the run was stopped before one was answered)``: each probe cell the run
+    asked for that has none, and why, as far as the run says."""
+    if summary.state in ("interrupted", "aborted"):
+        why = f" (the run was {'stopped' if summary.state == 'interrupted' else 'aborted'} before one was answered)"
+    elif summary.samples_asked is None:
+        why = " (none was sent and answered within load.duration)"
+    else:
+        why = ""
+    return [f"{label_of(name)}: no counted sample{why}" for name in summary.missing_cells or ()]
+
+
 def footnotes(summary: RunSummary) -> list[str]:
-    """The matrix's footnotes: each drifting cell's divergence kinds, each short cell's shortfall,
-    and the companions' errors (reported beside the probes', never mixed into them)."""
+    """The matrix's footnotes: each drifting cell's divergence kinds, each short cell's shortfall, each cell with
+    samples that never had c − 1 others in flight, the lowest full-load share, and the companions' errors
+    (reported beside the probes', never mixed into them)."""
     notes = []
     for c in summary.probe_cells():
         name = f"{c.label}"
@@ -132,6 +198,20 @@ def footnotes(summary: RunSummary) -> list[str]:
             notes.append(f"{name}: short, {short_text(c)}")
         if c.latent_drift:
             notes.append(f"{name}: ~ latent drift, {latent_text(c)}")
+        elif c.logprob_gap:
+            notes.append(f"{name}: {logprob_gap_text(c, 'this level')}")
+        if c.samples_never_full:
+            notes.append(f"{name}: † {never_full_text(c)}")
+        if c.overlap_unknown:
+            notes.append(f"{name}: {unknown_overlap_text(c)}")
+        if c.server_note:
+            notes.append(f"{name}: {c.server_note}")
+    notes += missing_texts(summary)
+    loaded = [c for c in summary.probe_cells() if c.full_load_share is not None]
+    if loaded:
+        low = min(loaded, key=lambda c: (c.full_load_share, c.level_order))
+        notes.append(f"full load: at every level c ≥ 2, counted samples had c − 1 others in flight for at least "
+                     f"{low.full_load_share:.1%} of their time (lowest: {low.label})")
     if summary.companion_requests:
         notes.append(f"companions: {summary.companion_errors} of {summary.companion_requests} requests failed"
                      + (f" ({_counts(summary.companion_errors_by_type)})" if summary.companion_errors else ""))
@@ -176,7 +256,7 @@ def latency_table(summary: RunSummary) -> Table:
     grid = Table(title="latency (ms, p50 / p99) and throughput", title_justify="left")
     slo = bool(summary.slo)
     for name in ("probe (mode)", "level", "n", "ttft", "itl", "tpot", "e2e", "tok/s", "req/s", "late p99",
-                 *(("SLO met", "goodput/s") if slo else ())):
+                 "full load", *(("SLO met", "goodput/s") if slo else ())):
         grid.add_column(name, justify="left" if name.startswith("probe") else "right")
     for c in sorted(summary.probe_cells(), key=lambda c: (c.probe, c.mode, c.level_order)):
         lat = c.latency
@@ -184,9 +264,26 @@ def latency_table(summary: RunSummary) -> Table:
         grid.add_row(f"{c.probe} ({c.mode})", c.level, str(c.ok),
                      *(_p50_p99(lat.get(k)) for k in ("ttft", "itl", "tpot", "e2e")),
                      _fmt(c.output_tokens_per_s), _fmt(c.requests_per_s),
-                     f"{late * 1000:.2f}" if late is not None else "-",
+                     f"{late * 1000:.2f}" if late is not None else "-", full_load_text(c),
                      *((attainment_text(c), _fmt(c.goodput)) if slo else ()))
     return grid
+
+
+SERVER_COLUMNS = ("probe (mode)", "level", "samples", "running max", "running mean", "waiting max",
+                  "prefix-cache hits", "KV cache max")
+
+
+def server_rows(summary: RunSummary) -> list[list[str]]:
+    """Per probe × level, what the server's /metrics said while the cell ran; no rows where it published none."""
+    cells = sorted((c for c in summary.probe_cells() if c.server_samples is not None),
+                   key=lambda c: (c.probe, c.mode, c.level_order))
+    return [[f"{c.probe} ({c.mode})", c.level, str(c.server_samples), _num(c.server_running_max),
+             _num(c.server_running_mean), _num(c.server_waiting_max), _num(c.server_prefix_cache_hits),
+             "-" if c.server_kv_cache_usage_max is None else f"{c.server_kv_cache_usage_max:.1%}"] for c in cells]
+
+
+def server_table(summary: RunSummary) -> Table:
+    return _grid("the server's own view (its /metrics while the cell ran)", SERVER_COLUMNS, server_rows(summary))
 
 
 def slo_bounds_text(bounds: dict[str, float]) -> str:
@@ -254,9 +351,11 @@ def verdict_line(summary: RunSummary) -> str:
                 f"limit is {summary.max_error_share:.0%}"
                 + (f"; no ok sample in {', '.join(empty)}" if empty else "") + _companions(summary))
     if verdict == "inconclusive":
-        parts = [f"{c.label}: {short_text(c)}" for c in short]
-        return ("inconclusive: fewer ok probe samples than asked, so no claim of determinism; "
-                + "; ".join(parts) + _companions(summary))
+        parts = [f"{c.label}: {short_text(c)}" for c in short] + missing_texts(summary)
+        why = ("fewer ok probe samples than asked" if short else "a probe cell asked for has no counted sample"
+               if summary.missing_cells else "no probe sample was counted")
+        return (f"inconclusive: {why}, so no claim of determinism" + "".join(f"; {part}" for part in parts)
+                + _companions(summary))
     if verdict == "deterministic":
         n = sum(c.ok for c in cells)
         worst = max((c.drift_rate_upper_95 or 0.0) for c in cells) if cells else 1.0
@@ -265,27 +364,28 @@ def verdict_line(summary: RunSummary) -> str:
     drifted = [c for c in cells if c.drift]
     parts = []
     for c in drifted:
-        where = f"first divergence at char {c.first_divergence_chars}" if c.first_divergence_chars is not None \
-            else "serial outputs already differ"
-        if c.first_divergence_tokens is not None:
-            where += f" / token {c.first_divergence_tokens}"
+        at = position_label(char=c.first_divergence_chars, token=c.first_divergence_tokens)
+        where = f"first divergence at {at}" if c.first_divergence_chars is not None else "serial outputs already differ"
         kinds = kinds_text(c)
         parts.append(f"{c.label}: {cell_phrase(c)}, {where}"
-                     + (f" ({kinds})" if kinds else ""))
-    also = f" (and {len(short)} cell(s) short of samples)" if short else ""
+                     + (f" (kinds: {kinds})" if kinds else ""))
+    shortfall = len(short) + len(summary.missing_cells or ())
+    also = f" (and {shortfall} cell(s) short of samples)" if shortfall else ""
     return "nondeterministic: " + "; ".join(parts) + also + _logprob_clause(cells)
 
 
 def _logprob_clause(cells: tuple[CellSummary, ...]) -> str:
-    """What the logprobs add to the verdict: latent drift where it is, or bitwise agreement everywhere."""
+    """What the logprobs add to the verdict: latent drift where it is, the cells whose logprobs cover only
+    some samples, or bitwise agreement everywhere (only when every ok sample of every cell was compared)."""
+    parts = []
     latent = [c for c in cells if c.latent_drift]
     if latent:
-        return "; latent drift (same text, other logprobs) in " + ", ".join(
-            f"{c.label} from token {c.first_logprob_divergence_token}" for c in latent)
-    compared = [c for c in cells if c.logprob_samples]
-    if compared and len(compared) == len(cells) and all(c.logprob_bitwise for c in compared):
-        return f"; logprobs bitwise equal to serial in every cell (n={sum(c.logprob_samples for c in compared)})"
-    return ""
+        parts.append("latent drift (same text, other logprobs) in " + ", ".join(
+            f"{c.label} from {position_label(token=c.first_logprob_divergence_token)}" for c in latent))
+    parts += [logprob_gap_text(c) for c in cells if c.logprob_gap]
+    if not parts and cells and all(c.logprob_bitwise for c in cells):
+        parts.append(f"logprobs bitwise equal to serial in every cell (n={sum(c.logprob_samples for c in cells)})")
+    return "".join(f"; {part}" for part in parts)
 
 
 def _companions(summary: RunSummary) -> str:
@@ -309,6 +409,11 @@ def markdown(summary: RunSummary) -> str:
     lines += ["", "| " + " | ".join(AGREEMENT_COLUMNS) + " |",
               "| --- | " + " | ".join("---:" for _ in AGREEMENT_COLUMNS[1:]) + " |"]
     lines += ["| " + " | ".join(row) + " |" for row in agreement_rows(summary)]
+    rows = server_rows(summary)
+    if rows:
+        lines += ["", "| " + " | ".join(SERVER_COLUMNS) + " |",
+                  "| --- | " + " | ".join("---:" for _ in SERVER_COLUMNS[1:]) + " |"]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
     lines += ["", verdict_line(summary), ""]
     if summary.slo:
         lines += ["| probe (mode) | level | requests | within SLO | attainment | goodput/s |",
@@ -343,7 +448,11 @@ def diagnosis_text(diagnosis: dict[str, Any]) -> str:
         bound = f", drift < {step['drift_rate_upper_95']:.0%} (95%)" if step.get("drift_rate_upper_95") else ""
         errors = f", errors {_counts(step['errors'])}" if step["errors"] else ""
         drift = f", drift at {', '.join(step['drift_cells'])}" if step["drift_cells"] else ""
-        lines.append(f"  {step['title']}: {step['distinct']} distinct, n={step['ok']}{bound}{errors}{drift}")
+        # One output that drifts is one output other than serial's, as the matrix says it.
+        one_other = step["distinct"] == 1 and step["drift_cells"]
+        distinct = "1, all ≠ serial" if one_other else f"{step['distinct']} distinct"
+        gaps = "".join(f"; {gap}" for gap in step.get("logprob_gaps", ()))
+        lines.append(f"  {step['title']}: {distinct}, n={step['ok']}{bound}{errors}{drift}{gaps}")
     findings = ", ".join(f"{k}={_tri(v)}" for k, v in diagnosis["findings"].items())
     dropped = diagnosis.get("dropped_fields") or []
     lines.append(f"  findings: {findings}")
@@ -404,19 +513,20 @@ def _num(value: Any) -> str:
 
 def junit_xml(summary: RunSummary, suite: str = "kevload", fail_on: str = "drift") -> str:
     """JUnit XML, one testcase per probe × level; drift, no ok sample, a short cell or one under
-    ``load.min_slo_attainment`` is a failure, and latent drift too with ``fail_on="latent"`` (otherwise
-    it is said in the case's output)."""
+    ``load.min_slo_attainment`` is a failure, and with ``fail_on="latent"`` latent drift too, and a cell
+    whose logprobs cover only some of its samples (otherwise both are said in the case's output)."""
     from xml.etree import ElementTree as ET
 
     cells = summary.probe_cells()
     slo_failed = set(summary.slo_failed_cells)
     latent_fails = fail_on == "latent"
     failures = sum(1 for c in cells if c.drift or c.ok == 0 or c.short or c.name in slo_failed
-                   or (latent_fails and c.latent_drift))
+                   or (latent_fails and (c.latent_drift or c.logprob_gap))) + len(summary.missing_cells or ())
     seconds = sum(c.duration_s or 0 for c in cells)
-    root = ET.Element("testsuites", name=suite, tests=str(len(cells)), failures=str(failures), errors="0",
+    tests = len(cells) + len(summary.missing_cells or ())
+    root = ET.Element("testsuites", name=suite, tests=str(tests), failures=str(failures), errors="0",
                       time=f"{seconds:.3f}")
-    group = ET.SubElement(root, "testsuite", name=summary.scenario or suite, tests=str(len(cells)),
+    group = ET.SubElement(root, "testsuite", name=summary.scenario or suite, tests=str(tests),
                           failures=str(failures), errors="0", skipped="0", time=f"{seconds:.3f}")
     for c in cells:
         case = ET.SubElement(group, "testcase", classname=f"{suite}.{c.probe}.{c.mode}",
@@ -430,9 +540,10 @@ def junit_xml(summary: RunSummary, suite: str = "kevload", fail_on: str = "drift
                 f"errors: {_counts(c.errors)}{slo}")
         elif c.drift:
             kinds = kinds_text(c)
-            text = (f"{cell_phrase(c, ' samples')}; first divergence at char {c.first_divergence_chars}, "
-                    f"token {c.first_divergence_tokens}; {c.divergent_requests} requests differ from the "
-                    f"serial output" + (f" (kinds: {kinds})" if kinds else "") + short + slo)
+            text = (f"{cell_phrase(c, ' samples')}; first divergence at "
+                    f"{position_label(char=c.first_divergence_chars, token=c.first_divergence_tokens)}; "
+                    f"{c.divergent_requests} requests differ from the serial output"
+                    + (f" (kinds: {kinds})" if kinds else "") + short + slo)
             ET.SubElement(case, "failure", message=cell_phrase(c), type="nondeterminism").text = text
         elif c.short:
             ET.SubElement(case, "failure", message=f"short of samples: {c.ok} of {c.asked} ok",
@@ -441,7 +552,12 @@ def junit_xml(summary: RunSummary, suite: str = "kevload", fail_on: str = "drift
         elif c.latent_drift and latent_fails:
             ET.SubElement(case, "failure", message=f"latent drift: {latent_text(c)}", type="latent_drift").text = (
                 f"1 output in {c.ok} samples, the serial text, but its per-token logprobs differ from the "
-                f"serial ones from token {c.first_logprob_divergence_token}: {logprob_text(c)}{slo}")
+                f"serial ones from {position_label(token=c.first_logprob_divergence_token)}: "
+                f"{logprob_text(c)}{slo}")
+        elif c.logprob_gap and latent_fails:
+            gap = logprob_gap_text(c, c.level)
+            ET.SubElement(case, "failure", message=gap, type="logprobs_missing").text = (
+                f"1 output in {c.ok} samples; latent drift can be neither shown nor ruled out: {gap}{slo}")
         elif slo:
             ET.SubElement(case, "failure", type="slo", message=(
                 f"SLO attainment {c.slo_attainment:.1%} under {summary.min_slo_attainment:.1%}")).text = (
@@ -453,4 +569,8 @@ def junit_xml(summary: RunSummary, suite: str = "kevload", fail_on: str = "drift
             ET.SubElement(case, "system-out").text = (
                 f"1 output in {c.ok} samples; drift rate < {c.drift_rate_upper_95:.2%} at 95% confidence; "
                 f"logprobs vs serial: {logprob_text(c)}{latent}{within}")
+    for name, text in zip(summary.missing_cells or (), missing_texts(summary), strict=True):
+        probe, mode, level = name_parts(name)
+        case = ET.SubElement(group, "testcase", classname=f"{suite}.{probe}.{mode}", name=level, time="0.000")
+        ET.SubElement(case, "failure", message="no counted sample", type="inconclusive").text = text
     return ET.tostring(root, encoding="unicode", xml_declaration=True)

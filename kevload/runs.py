@@ -19,7 +19,9 @@ from kevload import __version__, engine
 from kevload.client import Client, ask_for_logprobs
 from kevload.compare import Reduction, reduce_file, summarize
 from kevload.errors import ClusterError, InputError
+from kevload.overlap import Window, unrecorded_windows
 from kevload.scenario import Scenario, Slo
+from kevload.servermetrics import Sampler, read_samples
 from kevload.store import (
     RECORDS,
     RUN,
@@ -34,6 +36,7 @@ from kevload.store import (
     read_run_records,
     records_paths,
     redact,
+    request_part,
     url_secrets,
     write_json,
 )
@@ -61,6 +64,10 @@ async def run_scenario(scenario: Scenario, run_dir: Path | None = None, *,
     ``host:port``) runs the workers as actors of that Ray cluster (``kevload.rayworkers``).
     """
     if ray is None:
+        if scenario.load.workers > 1:
+            from kevload.workers import check_host
+
+            check_host(scenario)
         return await _run_scenario(scenario, run_dir, on_record=on_record, stop=stop, resume=resume,
                                    overwrite=overwrite)
     if scenario.load.until_bound is not None:
@@ -96,56 +103,64 @@ async def _run_scenario(scenario: Scenario, run_dir: Path | None, *, on_record: 
         refuse_existing(run_dir, overwrite=overwrite)
         meta, already, first_seq, answers = _run_meta(scenario, run_id, secrets), {}, 0, {}
     # One check request decides whether the run asks for per-token logprobs (load.logprobs = "auto").
-    scenario, meta["logprobs"] = await ask_for_logprobs(scenario, api_key)
+    scenario, meta["logprobs"] = await ask_for_logprobs(scenario, api_key, stop=stop)
     if resume:
         # A run killed mid-write leaves a torn last line; appending after it would bury it mid-file.
         for path in records_paths(run_dir):
             cut_torn_tail(path)
-        meta = {**meta, "state": "running", "resumed_at": [*meta.get("resumed_at", []), _now_iso()]}
+        meta = {"probes": [probe.id for probe in scenario.probes], **meta, "state": "running",
+                "resumed_at": [*meta.get("resumed_at", []), _now_iso()]}
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
         for path in [*records_paths(run_dir), run_dir / RUN, run_dir / SUMMARY]:
             path.unlink(missing_ok=True)  # only with overwrite can any of them be there
         if scenario.load.workers > 1 or cluster is not None:
             meta["clock"]["records"] = "unix"  # workers stamp Unix times (kevload.workers)
+    offset = _records_offset(meta)
+    sampler = Sampler(scenario.target, run_dir, clock=lambda: time.perf_counter() + offset)
+    meta["server_metrics"] = sampler.info  # the sampler fills it in; finish_run writes it as it ends
+    part = len(meta.get("resumed_at", []))  # this invocation: the k-th resume is part k, on disk before any send
+    # How its workers number their sends: what tells, if it never finishes, which requests it may not have recorded.
+    meta["parts"] = [*meta.get("parts", []), {"part": part, "first_seq": first_seq, "workers": scenario.load.workers,
+                                              "started_at": _now_iso()}]
     write_json(run_dir / RUN, meta)
     if scenario.load.workers > 1 or meta["clock"].get("records") == "unix":
         return await _run_workers(scenario, run_dir, meta, stop=stop, already=already, first_seq=first_seq,
-                                  cluster=cluster)
-    stream = engine.run(scenario, client, run_id=run_id, stop=stop, already=already, first_seq=first_seq,
+                                  part=part, cluster=cluster, sampler=sampler, offset=offset)
+    stream = engine.run(scenario, client, run_id=run_id, stop=stop, already=already, first_seq=first_seq, part=part,
                         answers=answers)
     with RecordWriter(run_dir / RECORDS) as writer:
         try:
-            async with client, aclosing(stream.__aiter__()) as records:
+            async with sampler, client, aclosing(stream.__aiter__()) as records:
                 async for record in records:
                     writer.write(record)
                     if on_record is not None:
                         on_record(record)
         finally:
             state = "aborted" if stream.aborted else "interrupted" if stop.is_set() else "complete"
-            summary = finish_run(run_dir, state=state, meta=meta)
+            summary = finish_run(run_dir, state=state, meta=meta, unrecorded=stream.sent - writer.count)
     return RunResult(run_dir=run_dir, run_id=run_id, state=state, records=writer.count, summary=summary)
 
 
 async def _run_workers(scenario: Scenario, run_dir: Path, meta: dict[str, Any], *, stop: asyncio.Event,
-                       already: dict[engine.LevelKey, int], first_seq: int,
-                       cluster: tuple[str, Any] | None) -> RunResult:
+                       already: dict[engine.LevelKey, int], first_seq: int, part: int,
+                       cluster: tuple[str, Any] | None, sampler: Sampler, offset: float) -> RunResult:
     """The run on worker processes (``load.workers``), or on Ray actors when ``cluster`` is (address, ray);
-    a run stamped in Unix times stays so when resumed."""
+    a run stamped in Unix times stays so when resumed. ``offset`` turns this host's perf_counter into the
+    records' clock; the sampler reads the server's metrics while the workers run."""
     from kevload import workers
 
     results: list[workers.WorkerResult] = []
     try:
-        if cluster is not None:
-            from kevload import rayworkers
+        async with sampler:
+            if cluster is not None:
+                from kevload import rayworkers
 
-            results = await rayworkers.run_ray(cluster[1], scenario, run_dir, run_id=meta["run_id"], stop=stop,
-                                               already=already, first_seq=first_seq)
-        else:
-            # A run begun in one process keeps perf_counter times: that clock is shared by every process of the host.
-            offset = workers.clock_offset() if meta["clock"].get("records") == "unix" else 0.0
-            results = await workers.run_workers(scenario, run_dir, run_id=meta["run_id"], stop=stop,
-                                                already=already, first_seq=first_seq, offset=offset)
+                results = await rayworkers.run_ray(cluster[1], scenario, run_dir, run_id=meta["run_id"], stop=stop,
+                                                   already=already, first_seq=first_seq, part=part)
+            else:
+                results = await workers.run_workers(scenario, run_dir, run_id=meta["run_id"], stop=stop,
+                                                    already=already, first_seq=first_seq, part=part, offset=offset)
     finally:
         aborted = any(r.aborted for r in results)
         state = "aborted" if aborted else "interrupted" if stop.is_set() or len(results) < scenario.load.workers \
@@ -154,10 +169,13 @@ async def _run_workers(scenario: Scenario, run_dir: Path, meta: dict[str, Any], 
             # Which node each worker actor ran on, by worker: a run resumed on the cluster adds a list.
             meta = {**meta, "ray": [*meta.get("ray", []), {"address": cluster[0],
                                                             "nodes": [r.node for r in results]}]}
-        summary = finish_run(run_dir, state=state, meta=meta)
+        known = len(results) == scenario.load.workers and all(r.sent is not None for r in results)
+        summary = finish_run(run_dir, state=state, meta=meta,
+                             unrecorded=sum(r.sent - r.records for r in results) if known else None)
     lost = [r for r in results if r.lost]
     if lost:
-        raise ClusterError(f"--ray: worker {lost[0].worker} {lost[0].error}; {run_dir} keeps the "
+        option = "--ray" if cluster is not None else "--workers"
+        raise ClusterError(f"{option}: worker {lost[0].worker} {lost[0].error}; {run_dir} keeps the "
                            f"{summary.requests_sent} records collected (state {state}): "
                            f"kevload run --resume {run_dir} finishes it")
     failed = [r for r in results if r.error]
@@ -207,9 +225,15 @@ def run_ids(path: Path) -> set[str]:
     return ids
 
 
-def finish_run(run_dir: Path, *, state: str | None = None, meta: dict[str, Any] | None = None) -> RunSummary:
-    """(Re)compute ``summary.json`` from the records on disk and, if given, record the end state in ``run.json``."""
+def finish_run(run_dir: Path, *, state: str | None = None, meta: dict[str, Any] | None = None,
+               unrecorded: int | None = None) -> RunSummary:
+    """(Re)compute ``summary.json`` from the records on disk and, if given, record the end state in ``run.json``,
+    for the run and for the part of it that ends here, with the requests it sent that have no record
+    (``unrecorded``; None: not known, a worker was lost)."""
     meta = meta if meta is not None else read_json(run_dir / RUN)
+    if state is not None and meta.get("parts"):
+        meta = {**meta, "parts": [*meta["parts"][:-1], {**meta["parts"][-1], "state": state,
+                                                         "unrecorded": unrecorded}]}
     max_error_share = meta["load"]["max_error_share"]
     # A level run for a duration has no asked number of samples: only samples-bound cells can be short.
     asked = None if meta["load"].get("duration") else meta["load"].get("samples")
@@ -219,7 +243,9 @@ def finish_run(run_dir: Path, *, state: str | None = None, meta: dict[str, Any] 
         reduction.merge(reduce_file(path, slo=slo))
     summary = summarize(reduction, max_error_share=max_error_share,
                         samples_asked=asked, min_slo_attainment=meta["load"].get("min_slo_attainment"),
-                        until_bound=meta["load"].get("until_bound"), max_samples=meta["load"].get("max_samples", 1000))
+                        until_bound=meta["load"].get("until_bound"), max_samples=meta["load"].get("max_samples", 1000),
+                        server=read_samples(run_dir), asked_cells=_asked_cells(meta),
+                        unrecorded=_unrecorded_windows(run_dir, meta))
     summary = replace(summary, run_id=meta.get("run_id"), scenario=meta.get("scenario_name"),
                       state=state or meta.get("state"))
     write_json(run_dir / SUMMARY, summary.to_json())
@@ -227,6 +253,32 @@ def finish_run(run_dir: Path, *, state: str | None = None, meta: dict[str, Any] 
         meta = {**meta, "state": state, "ended_at": _now_iso(), "records": summary.requests_sent}
         write_json(run_dir / RUN, meta)
     return summary
+
+
+def _asked_cells(meta: dict[str, Any]) -> list[tuple[str, str, int, float | None]] | None:
+    """Every probe at every level of the run, as ``summarize`` names the cells; None for a run from before
+    ``run.json`` listed its probes."""
+    if "probes" not in meta:
+        return None
+    load = meta["load"]
+    levels = [(0, rate) for rate in load.get("rate") or ()] or [(c, None) for c in load["concurrency"]]
+    return [(probe, load["mode"], *level) for probe in meta["probes"] for level in levels]
+
+
+def _unrecorded_windows(run_dir: Path, meta: dict[str, Any]) -> list[Window] | None:
+    """Where requests the records miss may have run: the windows of the parts that did not record every request
+    they sent (``overlap.unrecorded_windows``), one pass over their records; None when every part did, or for a
+    run from before run.json kept its parts."""
+    if "parts" not in meta:
+        return None
+    # A part that never wrote its end (killed, or running now) may have sent anything; one that did says so.
+    lost = {p["part"]: (p["first_seq"], p["workers"]) for p in meta["parts"] if p.get("unrecorded", -1) != 0}
+    if not lost:
+        return None
+    run_id = meta["run_id"]
+    sends = ((part, r.get("worker") or 0, r["seq"], r["t_send"], r["t_last_byte"])
+             for r in read_run_records(run_dir) if (part := request_part(r.get("request_id"), run_id)) in lost)
+    return unrecorded_windows(sends, lost)
 
 
 def _resume_state(run_dir: Path) -> tuple[dict[str, Any], dict[engine.LevelKey, int], int,
@@ -258,12 +310,21 @@ def _run_meta(scenario: Scenario, run_id: str, secrets: list[str]) -> dict[str, 
         "scenario": redact(scenario.raw, secrets),
         "load": asdict(scenario.load),
         "datasets": [dataset.to_json() for dataset in scenario.datasets],
+        "probes": [probe.id for probe in scenario.probes],  # with load's levels: the cells the run asks for
         "target": redact({"base_url": scenario.target.base_url, "model": scenario.target.model,
                           "api": scenario.target.api}, secrets),
         "started_at": _now_iso(),
         "clock": {"perf_counter": time.perf_counter(), "unix": time.time()},
         "state": "running",
     }
+
+
+def _records_offset(meta: dict[str, Any]) -> float:
+    """Seconds from ``time.perf_counter`` to the run's records' clock: Unix time for runs with workers, none
+    for a run begun in one process (which keeps perf_counter times: one clock for every process of the host)."""
+    from kevload.workers import clock_offset
+
+    return clock_offset() if meta["clock"].get("records") == "unix" else 0.0
 
 
 def _now_iso() -> str:

@@ -10,6 +10,7 @@ Every error is one line naming the source, the key and what was expected.
 
 from __future__ import annotations
 
+import codecs
 import difflib
 import functools
 import math
@@ -41,10 +42,23 @@ APIS: tuple[str, ...] = get_args(Api)
 STREAMED_BOUNDS = ("ttft_ms", "itl_ms", "tpot_ms")
 SLO_BOUNDS = (*STREAMED_BOUNDS, "e2e_ms")
 MAX_RAMP_LEVELS = 1000  # each level is a cell run in turn: more than this is a typo, not a test
+# Every number's bound: far beyond any real test, far below what hurts the machine kevload runs on (README:
+# Bounds). A level's slots, a needle's text and the worker processes are allocated in proportion to them.
+MAX_CONCURRENCY = 100_000   # requests in flight at one level, all workers together
+MAX_RATE = 100_000          # open-loop requests per second
+MAX_SAMPLES = 10_000_000    # requests of one kind per cell: samples, warm-ups, max_samples
+MAX_SECONDS = 7 * 86_400    # any time in seconds (a week); SLO bounds in milliseconds are finite
+MAX_TOKENS = 10_000_000     # a probe's max_tokens: beyond the longest context served
+MAX_CHARS = 4_000_000       # characters of a needle or a prefix (about a million tokens)
+MAX_WORKERS = 1024          # worker processes or Ray actors of one run (without Ray, 4 a core: kevload.workers)
+MAX_RETRIES = 100           # retries of one 429/503 (each waits up to 10 s)
+SEED_BOUNDS = {"min": -2**63, "max": 2**63 - 1}  # what TOML and run.json (JSON) carry as an integer
 # kevload sets this header itself, unique per request, so records join the server's logs: never the user's.
 REQUEST_ID_HEADER = "X-Request-Id"
 # Load keys that decide which lines the JSONL datasets contribute: setting one reads the files again.
 DATASET_KEYS = frozenset({"load.mode", "load.companions", "load.companion_count", "load.dataset_seed"})
+METRICS_OFF = ("", "off")  # target.metrics_url values that read no metrics
+METRICS_URL_EXPECTED = '"auto", "off" (or "") or an http:// or https:// URL of Prometheus text, without user:password@'
 
 
 @dataclass(frozen=True)
@@ -92,13 +106,16 @@ class Target:
     base_url: str
     model: str
     api: Api = "chat"
-    timeout: float = rule(60.0, above=0, expected="a number of seconds > 0")
+    timeout: float = rule(60.0, above=0, max=MAX_SECONDS, expected=f"seconds > 0, at most {MAX_SECONDS:,}")
     api_key_env: str | None = None
     headers: dict[str, str] = rule(factory=dict, expected="a table of string values")
     # A longer answer is cut: status too_large.
-    max_response_bytes: int = rule(8 * 2**20, min=1, expected="an integer >= 1 (bytes)")
+    max_response_bytes: int = rule(8 * 2**20, min=1, max=2**30, expected="an integer from 1 to 2**30 (bytes)")
     # A request still running after this long is cut: timeout (0: no limit).
-    max_seconds: float = rule(0.0, min=0, expected="seconds >= 0 (0: no limit)")
+    max_seconds: float = rule(0.0, min=0, max=MAX_SECONDS, expected=f"seconds from 0 to {MAX_SECONDS:,} (0: no limit)")
+    # Where the server's own view is read during the run (kevload.servermetrics): "auto" is the base URL's
+    # origin + /metrics, "" or "off" reads nothing.
+    metrics_url: str = rule("auto", expected=METRICS_URL_EXPECTED)
 
 
 @dataclass(frozen=True)
@@ -107,7 +124,7 @@ class Probe:
     prompt: str | None = None
     messages: tuple[dict[str, str], ...] | None = rule(None, nonempty=True,
                                                        expected="a non-empty list of {role, content} tables")
-    max_tokens: int = rule(64, min=1, expected="an integer >= 1")
+    max_tokens: int = rule(64, min=1, max=MAX_TOKENS, expected=f"an integer from 1 to {MAX_TOKENS:,}")
 
     @property
     def text(self) -> str:
@@ -159,8 +176,8 @@ class Ramp:
     step: float | None = None
     factor: float | None = rule(None, above=1, below=math.inf,
                                 expected="a number > 1 (each level that many times the one before)")
-    every_s: float | None = rule(None, above=0, below=math.inf,
-                                 expected="seconds > 0 per level (none: each level runs until load.samples)")
+    every_s: float | None = rule(None, above=0, max=MAX_SECONDS, expected=f"seconds > 0 per level, at most "
+                                 f"{MAX_SECONDS:,} (none: each level runs until load.samples)")
 
     def levels(self) -> tuple[float, ...]:
         values: list[float] = []
@@ -181,40 +198,51 @@ class Ramp:
 @dataclass(frozen=True)
 class Load:
     mode: Mode = "single"
-    concurrency: tuple[int, ...] = rule((1,), min=1, nonempty=True, expected="a non-empty list of integers >= 1")
-    samples: int = rule(8, min=1, expected="an integer >= 1")
+    concurrency: tuple[int, ...] = rule((1,), min=1, max=MAX_CONCURRENCY, nonempty=True,
+                                        expected=f"a non-empty list of integers from 1 to {MAX_CONCURRENCY:,}")
+    samples: int = rule(8, min=1, max=MAX_SAMPLES, expected=f"an integer from 1 to {MAX_SAMPLES:,}")
     stream: bool = False
     nonce: bool = True
     max_error_share: float = rule(0.1, min=0, max=1, expected="a share between 0 and 1")
     companions: str = "builtin"
-    prefix_lengths: tuple[int, ...] = rule((16, 64, 256, 1024), min=1, expected="a list of integers >= 1")
-    needle_length: int = 2000
-    warmup: int = rule(0, min=0, expected="an integer >= 0")
-    seed: int = 0
+    prefix_lengths: tuple[int, ...] = rule((16, 64, 256, 1024), min=1, max=MAX_CHARS,
+                                           expected=f"a list of integers from 1 to {MAX_CHARS:,} (characters)")
+    needle_length: int = rule(2000, min=1, max=MAX_CHARS, expected=f"an integer from 1 to {MAX_CHARS:,} (characters)")
+    warmup: int = rule(0, min=0, max=MAX_SAMPLES, expected=f"an integer from 0 to {MAX_SAMPLES:,}")
+    seed: int = rule(0, **SEED_BOUNDS, expected="a 64-bit integer")
     # Open loop: requests/s levels, instead of closed-loop concurrency.
-    rate: tuple[float, ...] = rule((), above=0, expected="a list of numbers > 0 (requests per second)")
+    rate: tuple[float, ...] = rule((), above=0, max=MAX_RATE,
+                                   expected=f"a list of numbers > 0, at most {MAX_RATE:,} (requests per second)")
     arrival: Arrival = "constant"
-    max_in_flight: int = rule(0, min=0, expected="an integer >= 0 (0: no cap)")  # open loop cap on requests in flight
+    max_in_flight: int = rule(0, min=0, max=MAX_CONCURRENCY,  # open loop cap on requests in flight
+                              expected=f"an integer from 0 to {MAX_CONCURRENCY:,} (0: no cap)")
     # Seconds per level, closed or open loop (0: until the samples are sent).
-    duration: float = rule(0.0, min=0, expected="seconds >= 0 (0: until the samples are sent)")
-    retries: int = rule(0, min=0, expected="an integer >= 0")  # retries of 429/503 (none: a retry hides evidence)
-    dataset_seed: int = 0          # which lines JSONL datasets contribute (--dataset-seed)
-    companion_count: int = rule(0, min=0, expected="an integer >= 0 (0: every line)")  # lines from a companions file
+    duration: float = rule(0.0, min=0, max=MAX_SECONDS,
+                           expected=f"seconds from 0 to {MAX_SECONDS:,} (0: until the samples are sent)")
+    # Retries of 429/503 (none: a retry hides evidence).
+    retries: int = rule(0, min=0, max=MAX_RETRIES, expected=f"an integer from 0 to {MAX_RETRIES}")
+    dataset_seed: int = rule(0, **SEED_BOUNDS, expected="a 64-bit integer")  # which JSONL lines (--dataset-seed)
+    companion_count: int = rule(0, min=0, max=MAX_SAMPLES,  # lines from a companions file
+                                expected=f"an integer from 0 to {MAX_SAMPLES:,} (0: every line)")
     slo: Slo | None = None         # per-request latency bounds: slo_attainment and goodput per cell
     # A probe cell below this share fails (JUnit, exit 1).
     min_slo_attainment: float | None = rule(None, min=0, max=1, expected="a share between 0 and 1")
     logprobs: Logprobs = rule("auto", expected='"auto", true or false')  # true, false, "auto" (if one check finds them)
     ramp: Ramp | None = None       # a stepped ramp, expanded into concurrency or rate (and duration)
     # Seconds at each level's load before its sends count (a timed warm-up).
-    ramp_s: float = rule(0.0, min=0, expected="seconds >= 0 (0: no ramp-up)")
-    # Sample each cell until drift or a 95 % drift-rate bound this low …
-    until_bound: float | None = rule(None, above=0, below=1,
-                                     expected="a share between 0 and 1, e.g. 0.05 (a 5 % bound on the drift rate)")
-    max_samples: int = 1000        # … but never more counted probe samples per cell than this
-    workers: int = rule(1, min=1, expected="an integer >= 1 (processes sharing each level)")  # kevload.workers
+    ramp_s: float = rule(0.0, min=0, max=MAX_SECONDS, expected=f"seconds from 0 to {MAX_SECONDS:,} (0: no ramp-up)")
+    # Sample each cell until drift or a 95 % drift-rate bound this low (1e-6 takes about 3 million samples) …
+    until_bound: float | None = rule(None, min=1e-6, below=1, expected="a share from 0.000001 to below 1, e.g. "
+                                     "0.05 (a 5 % bound on the drift rate)")
+    # … but never more counted probe samples per cell than this.
+    max_samples: int = rule(1000, min=1, max=MAX_SAMPLES, expected=f"an integer from 1 to {MAX_SAMPLES:,}")
+    workers: int = rule(1, min=1, max=MAX_WORKERS,  # kevload.workers
+                        expected=f"an integer from 1 to {MAX_WORKERS:,} (processes sharing each level)")
 
 
 _DEFAULT_LOAD = Load()
+_LOAD_FIELDS = {f.name: f for f in fields(Load)}
+_PROBE_FIELDS = {f.name: f for f in fields(Probe)}
 
 
 @dataclass(frozen=True)
@@ -273,8 +301,12 @@ def iter_jsonl(path: Path, what: str) -> Iterator[tuple[int, Any]]:
 
 
 def parse_jsonl(lines: Iterable[bytes], path: Path, what: str) -> Iterator[tuple[int, Any]]:
-    """(line number, object) for each non-blank line; the first that is not JSON is an error naming it."""
+    """(line number, object) for each non-blank line; the first that is not JSON is an error naming it.
+
+    A UTF-8 byte order mark opening the file (editors on Windows write one) is read as what it is."""
     for number, line in enumerate(lines, 1):
+        if number == 1:
+            line = line.removeprefix(codecs.BOM_UTF8)
         if not line.strip():
             continue
         try:
@@ -288,7 +320,7 @@ def load_scenario(path: str | Path, overrides: list[str] = ()) -> Scenario:
     path = Path(path)
     source = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte order mark opening the file is no TOML statement
     except FileNotFoundError:
         raise ScenarioError(f"{source}: no such scenario file") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -368,6 +400,7 @@ def validate(scenario: Scenario, *, source: str | None = None) -> Scenario:
     fail = _Failer(source or scenario.source)
     target = _recheck(scenario.target, "target", fail)
     _check_url(fail, target.base_url)
+    _check_metrics_url(fail, target.metrics_url)
     for header in target.headers:
         if header.lower() == REQUEST_ID_HEADER.lower():
             # Refused, not overridden: one fixed value on every request would join nothing. The value,
@@ -380,6 +413,7 @@ def validate(scenario: Scenario, *, source: str | None = None) -> Scenario:
     for reserved in ("model", "prompt", "messages", "stream"):
         if reserved in params:
             fail(f"params.{reserved}", f"no {reserved} here (it is set by target/probes/load)", params[reserved])
+    _json_numbers(params, "params", fail)
     if "n" in params and (type(params["n"]) is not int or params["n"] != 1):
         # Several choices in one response are several answers; kevload compares one per request.
         fail("params.n", "1 or no n (one answer per request is compared; ask for more load.samples instead)",
@@ -428,6 +462,21 @@ def _load(fail: _Failer, load: Load) -> Load:
     return replace(load, concurrency=tuple(sorted(set(load.concurrency))), rate=tuple(sorted(set(load.rate))))
 
 
+def _json_numbers(value: Any, key: str, fail: _Failer) -> None:
+    """Every number in ``value`` is one a JSON body carries: finite (JSON has no inf or nan, which would be
+    sent as null) and an integer within 64 bits."""
+    if isinstance(value, dict):
+        for name, item in value.items():
+            _json_numbers(item, f"{key}.{name}", fail)
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _json_numbers(item, f"{key}[{i}]", fail)
+    elif isinstance(value, float) and not math.isfinite(value):
+        fail(key, "a finite number (JSON has no inf or nan)", value)
+    elif isinstance(value, int) and not isinstance(value, bool) and not -2**63 <= value < 2**64:
+        fail(key, "an integer within 64 bits", value)
+
+
 def _ramped(fail: _Failer, load: Load) -> Load:
     """The ramp's levels (and every_s) written into the load; a level or a length given beside it is a
     contradiction, unless it is the ramp's own (``validate`` runs again on what it returned)."""
@@ -435,6 +484,8 @@ def _ramped(fail: _Failer, load: Load) -> Load:
     levels = ramp.levels()
     own: dict[str, Any] = {"concurrency": tuple(int(x) for x in levels)} if ramp.of == "concurrency" \
         else {"rate": levels}
+    for name, value in own.items():  # the levels meet the rule of the key they fill (rates are rounded to 1e-6)
+        _value(value, _hints(Load)[name], rule_of(_LOAD_FIELDS[name]), "load.ramp", fail)
     for clash in ("concurrency", "rate"):
         value = getattr(load, clash)
         if value not in (getattr(_DEFAULT_LOAD, clash), own.get(clash)):
@@ -485,11 +536,11 @@ def _probes_and_datasets(fail: _Failer, items: list[Any], load: Load,
             probes.append(_build(Probe, item, where, fail))
             continue
         _known(item, where, {"dataset", "count", "max_tokens"}, fail)
-        count, max_tokens = item.get("count", 0), item.get("max_tokens", 64)
-        for key, value, expected in (("count", count, 0), ("max_tokens", max_tokens, 1)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < expected:
-                fail(f"{where}.{key}", f"an integer >= {expected}" + (" (0: every line)" if not expected else ""),
-                     value)
+        count = item.get("count", 0)
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            fail(f"{where}.count", "an integer >= 0 (0: every line)", count)
+        max_tokens = _value(item.get("max_tokens", 64), int, rule_of(_PROBE_FIELDS["max_tokens"]),
+                            f"{where}.max_tokens", fail)
         if not isinstance(item["dataset"], str) or not item["dataset"]:
             fail(f"{where}.dataset", "the path of a JSONL file", item["dataset"])
         dataset = read_dataset(base / item["dataset"], role="probe", what=f"{where}.dataset", seed=load.dataset_seed,
@@ -635,14 +686,16 @@ def _ramp(fail: _Failer, table: Mapping[str, Any], where: str) -> Ramp:
     by_key = {key_of(f): f for f in fields(Ramp)}
     of = _value(table.get("of", "concurrency"), RampOf, _NO_RULE, f"{where}.of", fail)
     whole = of == "concurrency"
-    kind = "an integer >= 1" if whole else "a number > 0 (requests per second)"
+    kind = f"an integer from 1 to {MAX_CONCURRENCY:,}" if whole else \
+        f"a number > 0, at most {MAX_RATE:,} (requests per second)"
 
     def level(key: str, expected: str) -> float | None:
         value = table.get(key)
         if value is None:
             return None
         number = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
-        if not number or not (isinstance(value, int) and value >= 1 if whole else value > 0):
+        if not number or not (isinstance(value, int) and 1 <= value <= MAX_CONCURRENCY if whole
+                              else 0 < value <= MAX_RATE):
             fail(f"{where}.{key}", expected, value)
         return value
 
@@ -743,6 +796,17 @@ def _check_url(fail: _Failer, url: str) -> None:
         userinfo, at, _ = parsed.netloc.rpartition("@")
         shown = url.replace(userinfo + at, "***@", 1) if at else url  # a password never goes into a message
         fail("target.base_url", "an http:// or https:// URL such as http://127.0.0.1:8000/v1", shown)
+
+
+def _check_metrics_url(fail: _Failer, url: str) -> None:
+    if url == "auto" or url in METRICS_OFF:
+        return
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        fail("target.metrics_url", METRICS_URL_EXPECTED, url)
+    if "@" in parsed.netloc:
+        # The metrics are read without credentials; one written here would land in run.json.
+        fail("target.metrics_url", METRICS_URL_EXPECTED, url.replace(parsed.netloc.rpartition("@")[0], "***", 1))
 
 
 def _show(value: Any) -> str:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import base64
+import math
 import os
 import secrets as _secrets
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -61,8 +62,10 @@ class Record:
     reasoning: str | None = None
     tool_calls: list[dict[str, str]] | None = None
     reconnects: int = 0
-    request_id: str | None = None  # sent as X-Request-Id (``<run_id>-<seq>``): joins the record with server logs
+    request_id: str | None = None  # sent as X-Request-Id (``<run_id>[-r<resume>]-<seq>``): joins it with server logs
     worker: int | None = None  # which worker process sent it (runs with load.workers > 1; None: one process)
+    # Logprobs that are -inf, inf or NaN; ``logprobs`` then spells them as JSON cannot (``spell_logprobs``).
+    logprob_nonfinite: int = 0
 
 
 def answer_text(output: str | None, reasoning: str | None = None,
@@ -84,6 +87,20 @@ def answer_text(output: str | None, reasoning: str | None = None,
     return "".join(parts)
 
 
+def spell_logprobs(values: list[float | None]) -> list[float | str | None]:
+    """Logprobs as a record keeps them: a non-finite one as the string ``"-Infinity"``, ``"Infinity"`` or
+    ``"NaN"`` (JSON has no such numbers, and orjson would write null, a missing logprob), every other
+    value as it is. ``float()`` of the string gives the value back; the comparator keeps NaN apart from null."""
+    return [x if x is None or math.isfinite(x) else _spelling(x) for x in values]
+
+
+def request_part(request_id: str | None, run_id: str) -> int:
+    """Which invocation of a run sent a request: 0 for ``<run_id>-<seq>``, k for the k-th ``--resume``'s
+    ``<run_id>-r<k>-<seq>``."""
+    rest = (request_id or "")[len(run_id) + 1:]
+    return int(rest[1:rest.index("-")]) if rest.startswith("r") else 0
+
+
 def record_answer(record: dict[str, Any]) -> str:
     """``answer_text`` of a record read back from ``records.jsonl``."""
     return answer_text(record["output"], record.get("reasoning"), record.get("tool_calls"))
@@ -100,6 +117,13 @@ def default_run_dir(kind: str = "", *, run_id: str | None = None) -> Path:
     return RESULTS / (run_id or new_run_id(kind))
 
 
+def record_line(record: Record | dict[str, Any]) -> bytes:
+    """One line of a records file, newline included; non-finite logprobs spelled (``spell_logprobs``)."""
+    if isinstance(record, Record) and record.logprob_nonfinite:
+        record = replace(record, logprobs=spell_logprobs(record.logprobs))
+    return orjson.dumps(record) + b"\n"
+
+
 class RecordWriter:
     """Appends one JSON line per record with a single unbuffered write, so a killed process
     leaves every finished record on disk and at most one torn line at the end."""
@@ -110,7 +134,7 @@ class RecordWriter:
         self.count = 0
 
     def write(self, record: Record | dict[str, Any]) -> None:
-        os.write(self._fd, orjson.dumps(record) + b"\n")
+        os.write(self._fd, record_line(record))
         self.count += 1
 
     def close(self) -> None:
@@ -176,22 +200,23 @@ def cut_torn_tail(path: Path) -> int:
         return size - keep
 
 
-def find_record(path: Path, request_id: str) -> dict[str, Any] | None:
-    """The record of the request sent with ``X-Request-Id: request_id``, or None.
+def find_record(run_dir: Path, request_id: str) -> dict[str, Any] | None:
+    """The record of the request sent with ``X-Request-Id: request_id``, in any records file of the run, or None.
 
     Only lines holding the id's JSON spelling are parsed, so a large file is a byte scan.
     """
     needle = orjson.dumps(request_id)
-    with path.open("rb") as handle:
-        for line in handle:
-            if needle not in line:
-                continue
-            try:
-                record = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                continue  # a torn last line
-            if isinstance(record, dict) and record.get("request_id") == request_id:
-                return record
+    for path in records_paths(run_dir):
+        with path.open("rb") as handle:
+            for line in handle:
+                if needle not in line:
+                    continue
+                try:
+                    record = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    continue  # a torn last line
+                if isinstance(record, dict) and record.get("request_id") == request_id:
+                    return record
     return None
 
 
@@ -254,3 +279,7 @@ def redact(value: Any, secrets: list[str]) -> Any:
             if secret:
                 value = value.replace(secret, "***")
     return value
+
+
+def _spelling(value: float) -> str:
+    return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"

@@ -31,6 +31,27 @@ def level_label(concurrency: int, rate: float | None) -> str:
     return f"r={rate:g}/s" if rate is not None else f"c={concurrency}"
 
 
+def position_label(*, char: int | None = None, token: int | None = None) -> str:
+    """``char 33 / token 11 (0-based)``: a position as every report states it. Positions count from 0,
+    so a position is also how many chars or tokens agree before it."""
+    return " / ".join(f"{unit} {at}" for unit, at in (("char", char), ("token", token)) if at is not None) \
+        + " (0-based)"
+
+
+def name_parts(name: str) -> tuple[str, str, str]:
+    """(probe, mode, level) of a cell named ``p1@mixed/c=4`` (``CellSummary.name``, the names in ``*_cells``); a
+    probe id may hold ``@`` or ``/`` itself, a mode neither."""
+    probe, _, rest = name.rpartition("@")
+    mode, _, level = rest.partition("/")
+    return probe, mode, level
+
+
+def label_of(name: str) -> str:
+    """``p1 (mixed) c=4``, how reports name the cell named ``p1@mixed/c=4`` (``CellSummary.label``)."""
+    probe, mode, level = name_parts(name)
+    return f"{probe} ({mode}) {level}"
+
+
 def level_order(concurrency: int, rate: float | None) -> tuple[int, float]:
     """Closed-loop levels by concurrency first, then open-loop rates by rate."""
     return (0, concurrency) if rate is None else (1, rate)
@@ -105,6 +126,14 @@ class CellSummary(_Json):
     output_tokens: int = 0
     duration_s: float | None = None
     latency: dict[str, dict[str, float]] = field(default_factory=dict)
+    # Closed-loop levels c ≥ 2, from the records' send and last-byte times: the share of the counted samples' time
+    # during which c − 1 others of the level were in flight, and the counted samples that never had them
+    # (absent: an open-loop or serial level, nothing to reach).
+    full_load_share: float | None = written_with("samples_never_full")
+    samples_never_full: int | None = written_with("samples_never_full")
+    # Counted samples left out of both: they ran while requests a part of the run never recorded (killed, a worker
+    # lost) may have been in flight, so their others cannot be counted (absent: every request sent was recorded).
+    overlap_unknown: int | None = written_with("overlap_unknown")
     # Agreement with the serial output (exact matches; token positions where tokens exist), 95 % intervals.
     exact_match_rate: float | None = written_with("exact_match_rate")
     exact_match_ci95: list[float] | None = written_with("exact_match_rate")
@@ -117,6 +146,12 @@ class CellSummary(_Json):
     first_logprob_divergence_token: int | None = written_with("logprob_samples")
     # The serial text with other logprobs.
     latent_drift: bool | None = written_with("logprob_samples")
+    # Where logprobs were asked for or returned: ok samples that asked and got none (or nulls only), ok samples
+    # with the serial tokens but fewer logprobs than tokens whose values given agree (no claim past their end),
+    # and ok samples with a logprob of -inf, inf or NaN.
+    logprobs_missing: int | None = written_with("logprobs_missing")
+    logprobs_partial: int | None = written_with("logprobs_missing")
+    logprob_nonfinite_samples: int | None = written_with("logprobs_missing")
     # The drift example: both texts are the same window, starting at char example_offset.
     example_offset: int | None = written_with("example_offset")
     serial_example: str | None = written_with("example_offset")
@@ -133,6 +168,17 @@ class CellSummary(_Json):
     meets_slo: bool | None = written_with("slo_met")
     slo_unmeasured: int | None = written_with("slo_met")
     slo_misses: dict[str, int] | None = written_with("slo_met")
+    # The server's own view while the cell ran (its /metrics, kevload.servermetrics): server_view says whether the
+    # run holds the server's samples (False: it published none, and the fields below are None).
+    server_view: bool | None = written_with("server_view")
+    server_samples: int | None = written_with("server_view")
+    server_running_max: float | None = written_with("server_view")
+    server_running_mean: float | None = written_with("server_view")
+    server_waiting_max: float | None = written_with("server_view")
+    server_prefix_cache_hits: float | None = written_with("server_view")
+    server_kv_cache_usage_max: float | None = written_with("server_view")
+    # "server ran ≤ 1 at a time, 3 waiting: …" where the server held requests back at a level.
+    server_note: str | None = written_with("server_view")
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> CellSummary:
@@ -162,6 +208,11 @@ class CellSummary(_Json):
         """Requests counted in the cell, failed ones included."""
         return self.ok + sum(self.errors.values())
 
+    @property
+    def logprob_gap(self) -> bool:
+        """Logprobs were in play, but not every ok sample was compared: no claim of equality can be made."""
+        return self.logprobs_missing is not None and (self.logprob_samples or 0) < self.ok
+
 
 @dataclass(frozen=True)
 class RunSummary(_Json):
@@ -187,13 +238,20 @@ class RunSummary(_Json):
     until_bound: float | None = written_with("until_bound")
     drift_cells: tuple[str, ...] = ()
     short_cells: tuple[str, ...] = ()
+    # Probe cells the run asked for that have no counted sample at all (no cell): short too, by all their samples.
+    # None: the run does not list what it asked for (run.json from before it listed its probes).
+    missing_cells: tuple[str, ...] | None = written_with("missing_cells")
     # Logprob evidence over the probe cells; absent where no logprobs were compared.
     logprob_samples: int | None = written_with("logprob_samples")
     latent_cells: tuple[str, ...] | None = written_with("logprob_samples")
+    # Probe cells where logprobs were in play but not every ok sample was compared (CellSummary.logprob_gap).
+    logprob_gap_cells: tuple[str, ...] | None = written_with("logprob_gap_cells")
     matrix: dict[str, Any] = field(default_factory=dict)
     slo: dict[str, float] | None = None
     min_slo_attainment: float | None = None
     slo_failed_cells: tuple[str, ...] = ()
+    # Probe cells at c > 1 whose server ran fewer requests at a time than the level while others waited.
+    server_limited_cells: tuple[str, ...] | None = written_with("server_limited_cells")
     cells: tuple[CellSummary, ...] = ()
     run_id: str | None = None
     scenario: str | None = None

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import itertools
+import math
 import re
 import shlex
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -16,6 +17,7 @@ from typing import Any
 from kevload.report import attainment_text, cell_text, slo_bounds_text, verdict_line
 from kevload.runs import run_scenario
 from kevload.scenario import ScenarioError, load_scenario, toml_value
+from kevload.servermetrics import CELL_FIELDS as SERVER_FIELDS
 from kevload.servers import free_port, log_tail, start_server, stop_when_gone, trouble, wait_ready
 from kevload.store import write_json
 from kevload.summary import CellSummary, RunSummary
@@ -23,6 +25,7 @@ from kevload.summary import CellSummary, RunSummary
 # {name} in --server-cmd and --ready-url; any other braces (JSON arguments) are left as they are.
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_-]*)\}")
 READY_TIMEOUT_S = 300.0
+MAX_SETTINGS = 1000  # settings of one sweep: more is a typo, not a test
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,11 @@ class Grid:
                 raise ScenarioError(f"--grid {name}: given twice")
             axis = scenario if "." in name else server
             axis[name] = [toml_value(v.strip()) for v in values.split(",") if v.strip()]
+        # Counted before any setting is made: the settings are the product of the axes.
+        settings = math.prod(len(values) for values in (*server.values(), *scenario.values()))
+        if settings > MAX_SETTINGS:
+            raise ScenarioError(f"--grid: expected at most {MAX_SETTINGS:,} settings (each is a run, one after "
+                                f"another), got {settings:,}")
         return cls(server=server, scenario=scenario)
 
 
@@ -171,6 +179,8 @@ def sweep_markdown(sweep: dict[str, Any]) -> str:
             lines.append(f"| {row['setting']} | {probe} | " + " | ".join(texts) + " |")
     legend = ("cells: distinct outputs (DRIFT when they differ from serial; ~ the serial text with other logprobs; "
               "≡ logprobs bitwise equal to serial's) · requests/s · median end-to-end latency")
+    if any(c.server_running_max is not None for row in sweep["rows"] for c in row_cells(row)):
+        legend += " · the most requests the server ran at once (its /metrics)"
     notes = [legend + (" · share of requests within the SLO (✗: under it)" if slo else "")]
     slo_notes = {row["setting"]: _slo_note(row) for row in sweep["rows"] if row.get("slo")}
     if len(set(slo_notes.values())) == 1:
@@ -192,6 +202,8 @@ def sweep_cell_text(cell: CellSummary | None) -> str:
         parts.append(f"p50 {p50 * 1000:.0f} ms")
     if cell.slo_attainment is not None:
         parts.append(attainment_text(cell))
+    if cell.server_running_max is not None:
+        parts.append(f"server ran ≤ {cell.server_running_max:g}")
     return " · ".join(parts)
 
 
@@ -245,7 +257,7 @@ SWEEP_CELL_FIELDS = ("probe", "mode", "concurrency", "rate", "ok", "asked", "sho
 
 
 def _cell(c: CellSummary) -> dict[str, Any]:
-    return {**{k: getattr(c, k) for k in SWEEP_CELL_FIELDS}, "level": c.level}
+    return {**{k: getattr(c, k) for k in (*SWEEP_CELL_FIELDS, *SERVER_FIELDS)}, "level": c.level}
 
 
 def row_cells(row: dict[str, Any]) -> list[CellSummary]:

@@ -9,7 +9,7 @@ Each worker runs ``engine.run`` with a ``Shared`` in place of the engine's ``Sol
   (what a slot sends next, whether a send counts) is taken under its lock, so "exactly *c* − 1 others
   in flight" holds across processes, and each record's ``in_flight`` is the count across all workers.
 - Open loop: worker *w* sends arrivals *w*, *w* + N, … of the one schedule, against one start time.
-- Levels start and end together: a ``multiprocessing.Barrier`` after the warm-ups and after the drain.
+- Levels start and end together: a barrier in shared memory after the warm-ups and after the drain.
 
 The shared count is kevload's own bookkeeping, as in one process: a request is in flight from the
 moment its worker claims it (under the lock, just before its bytes go out) until its answer is in. Two
@@ -31,7 +31,6 @@ import asyncio
 import multiprocessing
 import os
 import signal
-import threading
 import time
 import traceback
 from contextlib import aclosing
@@ -40,13 +39,25 @@ from pathlib import Path
 from typing import Any
 
 from kevload import engine
+from kevload.errors import InputError
 from kevload.scenario import Scenario
 from kevload.schedule import PROBE, ClosedLoop, OpenLoop
 from kevload.store import Record, RecordWriter
 
-IN_FLIGHT, START, PLAN = 0, 1, 2
+IN_FLIGHT, START, HALTED, PASSED, PLAN = 0, 1, 2, 3, 4  # PASSED: arrivals at barriers, all workers together
 _STATE_SIZE = PLAN + 32  # room for a ClosedLoop's numeric fields
 _WATCH_S = 0.05  # how often a worker looks for a stop from the driver (or the driver's death)
+_BARRIER_S = 0.002  # how often a worker at a barrier looks whether the others are there
+_PER_CORE = 4  # worker processes per core at most (scenario.MAX_WORKERS bounds a run's on any cluster)
+
+
+def check_host(scenario: Scenario) -> None:
+    """Refuse more worker processes than this host can use, before anything is written or started: each is an
+    event loop of its own, and more than a few per core only compete for the cores (and take memory)."""
+    cores = os.cpu_count() or 1
+    if scenario.load.workers > _PER_CORE * cores:
+        raise InputError(f"load.workers: expected at most {_PER_CORE * cores} on this host ({_PER_CORE} per core, "
+                         f"{cores} cores), got {scenario.load.workers}; --ray spreads more over a cluster's hosts")
 
 
 def records_name(worker: int) -> str:
@@ -168,12 +179,12 @@ class OneOfN(engine.Solo):
 class Shared(OneOfN):
     """The engine's view of the other workers: shared plan and count, this worker's slots and arrivals, barriers."""
 
-    def __init__(self, worker: int, workers: int, state: Any, barrier: Any, stop: asyncio.Event):
+    def __init__(self, worker: int, workers: int, state: Any, stop: asyncio.Event):
         super().__init__(worker, workers)
         self._shared = state  # what a SharedPlan is built on
         self._lock, self._state = state.get_lock(), state.get_obj()
-        self._barrier = barrier
         self._stop = stop
+        self._passed = 0  # barriers this worker has reached
 
     def closed(self, plan: ClosedLoop) -> tuple[SharedPlan, tuple[str, ...]]:  # type: ignore[override]
         shared = SharedPlan(plan, self._shared)
@@ -190,6 +201,12 @@ class Shared(OneOfN):
             in_flight = int(state[IN_FLIGHT])
             state[IN_FLIGHT] = in_flight + 1
         return in_flight, plan.sent(role, in_flight, at)
+
+    def halted(self) -> bool:
+        return self._state[HALTED] != 0  # a plain read: the flag only ever goes from 0 to 1
+
+    def halt(self) -> None:
+        _halt(self._state)
 
     def pause(self) -> None:
         with self._lock:
@@ -219,11 +236,18 @@ class Shared(OneOfN):
         await self._wait()
 
     async def _wait(self) -> None:
-        """Wait at the barrier without blocking the event loop; a broken barrier (a stop) stops this worker."""
-        try:
-            await asyncio.to_thread(self._barrier.wait)
-        except threading.BrokenBarrierError:
-            self._stop.set()
+        """Wait at the barrier until every worker reached it, or a halt. Polled, not a multiprocessing.Barrier:
+        its condition waits for every sleeper to wake, so one worker killed while waiting there left the
+        others and the driver's abort waiting for ever; here a dead worker holds the others up only until
+        the driver sees its death and halts the run."""
+        self._passed += 1
+        with self._lock:
+            self._state[PASSED] += 1
+        while self._state[PASSED] < self._passed * self.workers:
+            if self.halted():
+                self._stop.set()
+                return
+            await asyncio.sleep(_BARRIER_S)
 
 
 @dataclass(frozen=True)
@@ -233,27 +257,28 @@ class WorkerResult:
     aborted: bool
     error: str | None = None
     node: str | None = None  # the Ray node a worker actor ran on (kevload.rayworkers)
-    lost: bool = False  # a Ray actor whose process or node died: the run lost a worker, not a bug
+    lost: bool = False  # a worker process, Ray actor or node that died: the run lost a worker, not a bug
+    sent: int | None = None  # requests it numbered (None: not known, it died); more than ``records``: some unrecorded
 
 
 async def run_workers(scenario: Scenario, run_dir: Path, *, run_id: str, stop: asyncio.Event,
-                      already: dict[engine.LevelKey, int], first_seq: int, offset: float) -> list[WorkerResult]:
+                      already: dict[engine.LevelKey, int], first_seq: int, part: int,
+                      offset: float) -> list[WorkerResult]:
     """Run the scenario on ``load.workers`` processes; returns once all have ended (each writes its own file).
 
-    A stop (Ctrl-C) reaches the workers through a shared event, and breaks the barrier so none waits for
-    another; a worker that aborts (the error rule) or dies stops the others the same way.
+    A stop (Ctrl-C, SIGTERM) reaches the workers through the HALTED flag in shared memory, which also ends
+    their waits at a barrier; a worker that aborts (the error rule) or dies stops the others the same way.
     """
     workers = scenario.load.workers
     ctx = multiprocessing.get_context("spawn")  # never fork a process that runs an event loop
     state = ctx.Array("d", _STATE_SIZE)
-    barrier = ctx.Barrier(workers)
-    halt = ctx.Event()
+    flags = state.get_obj()
     pipes, procs = [], []
     for worker in range(workers):
         receive, send = ctx.Pipe(duplex=False)
         proc = ctx.Process(target=_worker_main, name=f"kevload-worker-{worker}", daemon=True,
                            args=(worker, workers, scenario, str(run_dir / records_name(worker)), run_id, already,
-                                 first_seq, offset, os.getpid(), state, barrier, halt, send))
+                                 first_seq, part, offset, os.getpid(), state, send))
         proc.start()
         send.close()
         pipes.append(receive)
@@ -261,23 +286,29 @@ async def run_workers(scenario: Scenario, run_dir: Path, *, run_id: str, stop: a
     results: dict[int, WorkerResult] = {}
     try:
         while len(results) < workers:
-            if stop.is_set() and not halt.is_set():
-                _halt(halt, barrier)
+            if stop.is_set():
+                _halt(flags)
             for worker, (pipe, proc) in enumerate(zip(pipes, procs, strict=True)):
                 if worker in results:
                     continue
                 alive = proc.is_alive()  # read before the pipe: a worker sends its result, then exits
-                if pipe.poll():
-                    results[worker] = pipe.recv()
-                    if results[worker].aborted or results[worker].error:
-                        _halt(halt, barrier)
+                try:
+                    result = pipe.recv() if pipe.poll() else None
+                except EOFError:  # its end closed the pipe with no result in it
+                    result, alive = None, False
+                if result is not None:
+                    results[worker] = result
+                    if result.aborted or result.error:
+                        _halt(flags)
                 elif not alive:
-                    results[worker] = WorkerResult(worker, 0, False, f"died (exit code {proc.exitcode})")
-                    _halt(halt, barrier)
+                    # Killed (the OOM killer, kill -9): a lost worker, as a Ray actor's death is, not a bug.
+                    proc.join(timeout=engine.STOP_GRACE_S)  # its exit code
+                    results[worker] = WorkerResult(worker, 0, False, f"died (exit code {proc.exitcode})", lost=True)
+                    _halt(flags)
             await asyncio.sleep(_WATCH_S)
     finally:
         if len(results) < workers:  # the driver itself was cancelled: take the workers down with it
-            _halt(halt, barrier)
+            _halt(flags)
         for proc in procs:
             proc.join(timeout=engine.STOP_GRACE_S + 5)
             if proc.is_alive():
@@ -286,22 +317,26 @@ async def run_workers(scenario: Scenario, run_dir: Path, *, run_id: str, stop: a
     return [results[w] for w in range(workers)]
 
 
-def _halt(halt: Any, barrier: Any) -> None:
-    halt.set()
-    barrier.abort()
+def _halt(flags: Any) -> None:
+    # Every worker stops resending only after the flag is set, so an answer that finds it unset had its batch
+    # kept full to its end, and one that finds it set is not counted (engine). Written without the lock: a
+    # process that dies never holds it up.
+    flags[HALTED] = 1
 
 
 def _worker_main(worker: int, workers: int, scenario: Scenario, path: str, run_id: str,
-                 already: dict[engine.LevelKey, int], first_seq: int, offset: float, parent: int,
-                 state: Any, barrier: Any, halt: Any, pipe: Any) -> None:
-    # Ctrl-C reaches the whole process group: the driver alone decides, and tells the workers through `halt`.
+                 already: dict[engine.LevelKey, int], first_seq: int, part: int, offset: float, parent: int,
+                 state: Any, pipe: Any) -> None:
+    # Ctrl-C reaches the whole process group, and so does a CI timeout's SIGTERM: the driver alone decides, and
+    # tells the workers through the HALTED flag.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     import uvloop
 
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            result = runner.run(_work(worker, workers, scenario, Path(path), run_id, already, first_seq, offset,
-                                      parent, state, barrier, halt))
+            result = runner.run(_work(worker, workers, scenario, Path(path), run_id, already, first_seq, part,
+                                      offset, parent, state))
     except Exception:  # noqa: BLE001 - the driver shows it; a worker has no terminal of its own
         result = WorkerResult(worker, 0, False, traceback.format_exc(limit=8))
     pipe.send(result)
@@ -309,25 +344,26 @@ def _worker_main(worker: int, workers: int, scenario: Scenario, path: str, run_i
 
 
 async def _work(worker: int, workers: int, scenario: Scenario, path: Path, run_id: str,
-                already: dict[engine.LevelKey, int], first_seq: int, offset: float, parent: int,
-                state: Any, barrier: Any, halt: Any) -> WorkerResult:
+                already: dict[engine.LevelKey, int], first_seq: int, part: int, offset: float, parent: int,
+                state: Any) -> WorkerResult:
     from kevload.client import Client
 
     stop = asyncio.Event()
+    flags = state.get_obj()
 
     async def watch() -> None:
         while not stop.is_set():
-            if halt.is_set() or os.getppid() != parent:  # a stop, another worker's abort, or the driver died
+            if flags[HALTED] or os.getppid() != parent:  # a stop, another worker's abort, or the driver died
                 stop.set()
-                barrier.abort()
                 return
             await asyncio.sleep(_WATCH_S)
 
     cap = scenario.load.max_in_flight
     mine = replace(scenario, load=replace(scenario.load, max_in_flight=cap_of(cap, worker, workers)))
     client = Client(mine.target, mine.api_key())
-    share = Shared(worker, workers, state, barrier, stop)
-    stream = engine.run(mine, client, run_id=run_id, stop=stop, already=already, first_seq=first_seq, share=share)
+    share = Shared(worker, workers, state, stop)
+    stream = engine.run(mine, client, run_id=run_id, stop=stop, already=already, first_seq=first_seq, part=part,
+                        share=share)
     watcher = asyncio.create_task(watch())
     with RecordWriter(path) as writer:
         try:
@@ -336,10 +372,7 @@ async def _work(worker: int, workers: int, scenario: Scenario, path: Path, run_i
                     writer.write(stamp(record, worker, offset, cap))
         finally:
             watcher.cancel()
-    if stream.aborted:
-        halt.set()
-        barrier.abort()
-    return WorkerResult(worker, writer.count, stream.aborted)
+    return WorkerResult(worker, writer.count, stream.aborted, sent=stream.sent)
 
 
 def stamp(record: Record, worker: int, offset: float, max_in_flight: int) -> Record:

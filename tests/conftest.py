@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +17,15 @@ from kevload.summary import RunSummary
 from kevload.targets.cache import cache_root
 from tests.fakeserver import Behaviour, FakeServer
 
+# Every process this session starts inherits this mark in its environment (targets are started with the
+# caller's environment), so the stray check below finds this session's servers and no other session's.
+SESSION_MARK = f"KEVLOAD_TEST_SESSION={uuid.uuid4().hex}"
+os.environ["KEVLOAD_TEST_SESSION"] = SESSION_MARK.split("=", 1)[1]
+
 
 @pytest.fixture(scope="session", autouse=True)
 def no_stray_target_processes():
-    """After the whole session no server started from kevload's cache may still run, pass or fail."""
+    """After the whole session no server this session started from kevload's cache may still run, pass or fail."""
     yield
     strays = []
     root = str(cache_root() / "targets")
@@ -26,9 +33,10 @@ def no_stray_target_processes():
         if entry.name.isdigit():
             try:
                 cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                ours = SESSION_MARK.encode() in (entry / "environ").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if root in cmdline and pid_alive(int(entry.name)):
+            if ours and root in cmdline and pid_alive(int(entry.name)):
                 strays.append(f"{entry.name}: {cmdline[:120]}")
     assert not strays, "target processes left running:\n" + "\n".join(strays)
 
@@ -37,6 +45,14 @@ def no_stray_target_processes():
 def server():
     with FakeServer(Behaviour()) as fake:
         yield fake
+
+
+def crafted_times(seq: int, level: int) -> dict[str, float]:
+    """Send and last-byte times for a crafted record: serial samples one after another, a level's samples all
+    in flight together, as at full load (so the overlap check has nothing to flag)."""
+    if level == 1:
+        return {"t_send": seq * 0.1, "t_last_byte": seq * 0.1 + 0.05}
+    return {"t_send": level * 100 + seq * 0.001, "t_last_byte": level * 100 + 50}
 
 
 def toml_value(value: Any) -> str:

@@ -9,12 +9,14 @@ tests and kevload's own event loop can both use it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import json
 import random
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +66,19 @@ class Behaviour:
     logprob_diverge_at: int = 3     # … from this token on
     logprob_ids: bool = False       # chat entries carry the token "id", as llama.cpp's do
     completions_logprobs: str = "openai"  # completions: "openai" (tokens/token_logprobs) or "content" (llama.cpp)
+    # Position -> a logprob put there (-inf, inf, nan): json.dumps writes them -Infinity, Infinity, NaN.
+    logprob_nonfinite: dict[int, float] = field(default_factory=dict)
+    logprobs_alone_only: bool = False  # logprobs only for a request that had no other in flight
+    # Called on each request's arrival with its index and the requests now at the server (itself included); a number
+    # it returns holds that request so long instead of `latency`. Tests act through it at a chosen moment.
+    on_arrival: Callable[[int, int], float | None] | None = None
+    # A batch limit: at most this many requests run at once, the others wait in a queue in arrival order (0: none).
+    # Only running requests overlap each other (drift_at, drift_when_mixed count them).
+    max_running: int = 0
+    # GET /metrics: None (404, no metrics), "vllm" or "llamacpp" (Prometheus text in that server's names, its
+    # gauges what the server is doing now), "garbage" (an HTML page), "malformed" (a known series, a bad value)
+    # or "hang" (never answers).
+    metrics: str | None = None
 
 
 class FakeServer:
@@ -72,9 +87,15 @@ class FakeServer:
         self.requests: list[dict[str, Any]] = []
         self.request_ids: list[str | None] = []  # each request's X-Request-Id, in arrival order
         self.arrivals: list[float] = []
+        # Each request's time at the server: [X-Request-Id, user, arrived, finished (None while it runs)].
+        self.visits: list[list[Any]] = []
         self.injected: dict[str, int] = {}
         self.seen_prompts: set[str] = set()
         self._active: dict[int, dict[str, Any]] = {}
+        self._admitted = 0  # requests holding one of max_running places
+        self._queue: collections.deque[asyncio.Future] = collections.deque()  # requests waiting for a place
+        self.prefix_hits = 0  # prompt words answered from the "cache": a prompt seen before, counted on admission
+        self.metrics_polls = 0
         self._next_id = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -128,6 +149,7 @@ class FakeServer:
         app.router.add_post("/v1/chat/completions", self._handle)
         app.router.add_post("/v1/completions", self._handle)
         app.router.add_get("/health", _health)
+        app.router.add_get("/metrics", self._metrics)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port)
@@ -159,10 +181,18 @@ class FakeServer:
             if name in body:
                 return web.json_response({"error": {"message": f"unknown field {name}"}}, status=400)
         prompt = body["messages"][-1]["content"] if chat else body["prompt"]
+        limited = b.max_running > 0
+        if limited:
+            await self._admit(b.max_running)
+        if prompt in self.seen_prompts:
+            self.prefix_hits += len(prompt.split())
         me = self._next_id
         self._next_id += 1
         state = {"prompt": prompt, "max_overlap": 1, "prompts": {prompt}}
         self._active[me] = state
+        hold = b.on_arrival(index, len(self._active)) if b.on_arrival is not None else None
+        visit = [request.headers.get("X-Request-Id"), body.get("user"), time.monotonic(), None]
+        self.visits.append(visit)
         for other in self._active.values():
             other["max_overlap"] = max(other["max_overlap"], len(self._active))
             other["prompts"].add(prompt)
@@ -182,19 +212,85 @@ class FakeServer:
                 request.transport.write(b"H")
                 request.transport.abort()
                 raise ConnectionResetError
-            await asyncio.sleep(b.latency + b.ttft + b.latency_per_overlap * (len(self._active) - 1))
+            latency = b.latency if hold is None else hold
+            await asyncio.sleep(latency + b.ttft + b.latency_per_overlap * (len(self._active) - 1))
         finally:
             self._active.pop(me, None)
+            visit[3] = time.monotonic()
+            if limited:
+                self._release()
         text = self._answer(body, prompt, state)
         logprobs = self._logprobs(body, text, state["max_overlap"])
         if body.get("stream"):
             return await self._stream(request, body, text, chat, fault, logprobs)
         return self._whole(body, text, chat, fault, logprobs)
 
+    async def _admit(self, limit: int) -> None:
+        """Wait for one of ``limit`` places; a place freed goes to the request that has waited longest."""
+        if self._admitted < limit and not self._queue:
+            self._admitted += 1
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._queue.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter in self._queue:
+                self._queue.remove(waiter)
+            elif waiter.done() and not waiter.cancelled():
+                self._release()  # handed a place as it was cancelled: pass it on
+            raise
+
+    def _release(self) -> None:
+        while self._queue:
+            waiter = self._queue.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the place goes straight to it
+                return
+        self._admitted -= 1
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        """What the server is doing right now, as vLLM or llama.cpp publish it."""
+        b = self.behaviour
+        self.metrics_polls += 1
+        running, waiting = len(self._active), len(self._queue)
+        if b.metrics == "hang":
+            await asyncio.sleep(3600)
+        if b.metrics == "garbage":
+            return web.Response(text="<html><body>no metrics here</body></html>", content_type="text/html")
+        if b.metrics == "malformed":
+            return web.Response(text=f"vllm:num_requests_running {running}requests\n")
+        if b.metrics == "llamacpp":
+            return web.Response(text=(
+                "# HELP llamacpp:prompt_tokens_cached_total Number of prompt tokens reused from the cache\n"
+                f"# TYPE llamacpp:prompt_tokens_cached_total counter\nllamacpp:prompt_tokens_cached_total "
+                f"{self.prefix_hits}\n# HELP llamacpp:requests_processing Number of requests processing\n"
+                f"# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing {running}\n"
+                "# HELP llamacpp:requests_deferred Number of requests deferred\n"
+                f"# TYPE llamacpp:requests_deferred gauge\nllamacpp:requests_deferred {waiting}\n"))
+        if b.metrics == "vllm":
+            # Two engines share the work, as vLLM labels its series per engine: a reader must sum them.
+            lines = ["# HELP vllm:num_requests_running Number of requests in model execution batches.",
+                     "# TYPE vllm:num_requests_running gauge"]
+            lines += [f'vllm:num_requests_running{{engine="{e}",model_name="fake"}} {n}.0'
+                      for e, n in ((0, running - running // 2), (1, running // 2))]
+            lines += ["# TYPE vllm:num_requests_waiting gauge"]
+            lines += [f'vllm:num_requests_waiting{{engine="{e}",model_name="fake"}} {n}.0'
+                      for e, n in ((0, waiting - waiting // 2), (1, waiting // 2))]
+            lines += ["# TYPE vllm:kv_cache_usage_perc gauge",
+                      f'vllm:kv_cache_usage_perc{{engine="0",model_name="fake"}} {running / 8}',
+                      "# TYPE vllm:prefix_cache_hits counter",
+                      f'vllm:prefix_cache_hits_total{{engine="0",model_name="fake"}} {self.prefix_hits}.0',
+                      "# TYPE vllm:time_to_first_token_seconds histogram",
+                      'vllm:time_to_first_token_seconds_bucket{le="0.1",model_name="fake"} 3.0',
+                      'vllm:time_to_first_token_seconds_bucket{le="+Inf",model_name="fake"} 4.0']
+            return web.Response(text="\n".join(lines) + "\n")
+        return web.Response(status=404, text="404: Not Found")
+
     def _logprobs(self, body: dict[str, Any], text: str, overlap: int) -> list[float] | None:
         """One logprob per word-token when the request asks (and the server supports it), else None."""
         b = self.behaviour
-        if not b.logprobs_supported or body.get("logprobs") in (None, False):
+        if not b.logprobs_supported or body.get("logprobs") in (None, False) or (b.logprobs_alone_only and overlap > 1):
             return None
         values = []
         for position, word in enumerate(text.split(" ")):
@@ -205,6 +301,9 @@ class FakeServer:
             noise = random.Random()
             for position in range(b.logprob_diverge_at, len(values)):
                 values[position] += noise.uniform(1e-7, 1e-5)
+        for position, value in b.logprob_nonfinite.items():
+            if position < len(values):
+                values[position] = value
         return values
 
     def _logprob_doc(self, pieces: list[str], values: list[float], chat: bool, start: int) -> dict[str, Any]:

@@ -23,6 +23,8 @@ def test_parallel_reader_matches_serial(tmp_path, server, monkeypatch):
     for workers in (2, 3, 5):
         assert summarize(reduce_file(records, workers=workers)) == serial
     assert serial.requests > 48
+    # Every part's spans make one level again: the c=4 cells' full load is the serial reader's.
+    assert all(c.samples_never_full is not None for c in serial.cells if c.concurrency == 4)
 
 
 def test_common_prefix_length():

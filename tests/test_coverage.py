@@ -114,6 +114,15 @@ def test_production_log_with_bad_and_torn_lines(tmp_path, files):
     assert code == 2 and f"more than 2 bad lines (--max-bad); the first, {log}:2: not JSON" in output
 
 
+def test_a_byte_order_mark_opens_a_coverage_file(tmp_path, files):
+    online, train = files
+    online.write_text("\ufeff" + online.read_text(encoding="utf-8"), encoding="utf-8")
+    code, output = run_cli("coverage", online, train, "--json", tmp_path / "c.json", "--max-bad", "0")
+    assert code == 0, output
+    report = json.loads((tmp_path / "c.json").read_text())
+    assert report["online"]["count"] == 3 and report["online"]["skipped_lines"]["count"] == 0
+
+
 def test_bigrams_without_jieba(tmp_path, files, monkeypatch):
     monkeypatch.setitem(sys.modules, "jieba", None)  # `import jieba` raises ImportError
     assert segmenter().name == "bigram"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kevload.datasets import sample
-from kevload.scenario import load_scenario
+from kevload.scenario import Probe, load_scenario
 from kevload.store import read_records
 from tests.conftest import run_cli, write_scenario
 
@@ -145,3 +145,28 @@ def test_sample_is_a_seeded_prefix_in_file_order():
     assert three == sample(100, 3, 42) and three != sample(100, 3, 43)
     # Appending lines keeps an old line chosen unless a new one ranks lower: the choice is stable.
     assert set(sample(120, 3, 42)) - set(three) <= set(range(100, 120))
+
+
+BOM = "\ufeff"  # what an editor on Windows writes before the first line of a UTF-8 file
+
+
+def test_a_byte_order_mark_opens_a_dataset_or_companion_file(tmp_path, server):
+    _datasets(tmp_path)
+    for name in ("prompts.jsonl", "chats.jsonl"):
+        (tmp_path / name).write_text(BOM + (tmp_path / name).read_text(), encoding="utf-8")
+    scenario = write_scenario(tmp_path / "s.toml", server.url, probes=[{"dataset": "prompts.jsonl"}], **LOAD)
+    loaded = load_scenario(scenario)
+    # The first line is read as written: the mark is no part of it.
+    assert len(loaded.probes) == 20 and loaded.probes[0] == Probe(id="q0", prompt="Question number 0?")
+    assert [d.lines for d in loaded.datasets] == [20, 10]
+    assert {p.messages[0]["content"] for p in loaded.datasets[1].items} <= {f"Chat {i}" for i in range(10)}
+    code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
+    assert code == 0, output
+
+
+def test_a_byte_order_mark_past_the_start_is_no_json(tmp_path, server):
+    _datasets(tmp_path)
+    lines = (tmp_path / "prompts.jsonl").read_text().splitlines(keepends=True)
+    (tmp_path / "prompts.jsonl").write_text(lines[0] + BOM + "".join(lines[1:]), encoding="utf-8")
+    code, output = run_cli("run", _scenario(tmp_path, server.url), "--out", tmp_path / "run")
+    assert code == 2 and "prompts.jsonl:2: probes[0].dataset: expected one JSON object a line" in output

@@ -308,7 +308,35 @@ def test_logprob_evidence_and_latent_crosstalk(name, steps, crosstalk, evidence_
     notes = [n for n in d.notes if n.startswith("latent crosstalk")]
     if crosstalk:
         assert notes == ["latent crosstalk: under concurrency the text stays the serial one but the per-token "
-                         "logprobs differ (probe@single/c=4; from token 3) while serial logprobs agree — batching "
-                         "already changes the numerics, and a longer answer or another prompt can flip a token"]
+                         "logprobs differ (probe@single/c=4; from token 3 (0-based)) while serial logprobs agree — "
+                         "batching already changes the numerics, and a longer answer or another prompt can flip a "
+                         "token"]
     else:
         assert notes == []
+
+
+SERIALIZED = replace(CLEAN["concurrency_single"], serialized_cells=("probe@single/c=2", "probe@single/c=4"))
+SERIALIZED_TEXT = ("the server ran ≤ 1 request at a time at probe@single/c=2, probe@single/c=4 while the others "
+                   "waited in its queue (its /metrics): those levels were serialized by the server, not batched")
+
+
+def test_a_level_the_server_serialized_is_said_in_the_stable_reason():
+    d = decide(evidence(concurrency_single=SERIALIZED))
+    assert d.verdict == "stable"
+    assert d.reason.endswith("; " + SERIALIZED_TEXT)
+    assert "raise the server's batch limit" in d.next_step
+    assert SERIALIZED_TEXT not in d.notes  # said once, in the reason
+    assert d.steps[list(CLEAN).index("concurrency_single")].to_json()["serialized_cells"] == list(
+        SERIALIZED.serialized_cells)
+    assert "serialized_cells" not in CLEAN["concurrency_mixed"].to_json()  # absent where the server ran batches
+
+
+def test_serialized_levels_are_a_note_under_another_verdict_and_nothing_beside_crosstalk():
+    cache = decide(evidence(concurrency_single=SERIALIZED, cache=COLD_DIFFERS), run_all=True)
+    assert cache.verdict == "cache" and cache.notes[0] == SERIALIZED_TEXT
+    assert SERIALIZED_TEXT not in cache.reason
+    # Drift at a batched level is crosstalk: no sentence about serialized levels then.
+    mixed_drift = replace(CROSSTALK, key="concurrency_mixed", mode="mixed")
+    crosstalk = decide(evidence(concurrency_single=SERIALIZED, concurrency_mixed=mixed_drift))
+    assert crosstalk.verdict == "crosstalk"
+    assert not any("serialized" in text for text in (crosstalk.reason, *crosstalk.notes))

@@ -27,7 +27,7 @@ def test_logprob_line_names_the_cells_that_differ():
                                         first_logprob_divergence_token=7),
                                    cell(4, logprob_samples=8, logprob_bitwise=False, logprob_max_abs_diff=0.5,
                                         first_logprob_divergence_token=3)))
-    assert line == ("x logprobs: 2 of 3 fixed-param cells differ from serial (c=2,4), from token 3, "
+    assert line == ("x logprobs: 2 of 3 fixed-param cells differ from serial (c=2,4), from token 3 (0-based), "
                     "largest |difference| 0.5; 24 samples compared")
 
 

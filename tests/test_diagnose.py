@@ -197,3 +197,18 @@ def test_diagnose_names_latent_crosstalk_and_rests_stable_on_bitwise_logprobs(tm
     assert code == 0 and d["verdict"] == "stable", output
     assert d["evidence"] == "logprobs_bitwise" and d["findings"]["latent_crosstalk"] is False
     assert "evidence: per-token logprobs bitwise equal, as well as the text" in output
+
+
+def test_diagnose_says_the_server_serialized_the_levels(tmp_path):
+    # Batched it would drift (drift_at=2), but it runs one request at a time: stable, and the reason says why.
+    with FakeServer(Behaviour(latency=0.06, drift_at=2, max_running=1, metrics="vllm")) as fake:
+        code, output, d = diagnose(tmp_path, fake, params='{"temperature": 0}')
+    assert code == 0, output
+    assert d["verdict"] == "stable"
+    assert "those levels were serialized by the server, not batched" in d["reason"]
+    steps = {s["step"]: s for s in d["steps"]}
+    assert steps["concurrency_single"]["serialized_cells"] == ["probe@single/c=2", "probe@single/c=4"]
+    with FakeServer(Behaviour(latency=0.06, drift_at=2, metrics="vllm")) as fake:
+        code, output, d = diagnose(tmp_path / "batched", fake, params='{"temperature": 0}')
+    assert code == 1 and d["verdict"] == "crosstalk"
+    assert "serialized" not in d["reason"] and not any("serialized" in n for n in d["notes"])

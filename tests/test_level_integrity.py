@@ -162,7 +162,7 @@ def test_default_directories_are_unique_within_one_second(monkeypatch):
 
     monkeypatch.setattr(store.time, "strftime", lambda fmt: "20260101-000000")
     options = DiagnoseOptions(url="http://127.0.0.1:9/v1", model="m", probe=Probe(id="p", prompt="x"), params={})
-    first, second = (_Diagnoser(options, print).out for _ in range(2))
+    first, second = (_Diagnoser(options, print, asyncio.Event()).out for _ in range(2))
     assert first != second and re.fullmatch(r"diagnose-20260101-000000-[0-9a-f]{6}", first.name)
     names = {store.default_run_dir(kind).name for kind in ("cases-rerun", "cases-rerun", "sweep", "sweep", "")}
     assert len(names) == 5

@@ -22,7 +22,7 @@ from kevload.report import cell_text, junit_xml, markdown, verdict_line
 from kevload.scenario import Probe, ScenarioError, load_scenario, scenario_from_dict
 from kevload.stats import mean_share_interval, wilson_interval
 from kevload.summary import RunSummary
-from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
+from tests.conftest import cells_by_level, crafted_times, load_summary, run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
 
 # --- the pure parts: Wilson interval and the mean-share interval ---
@@ -75,7 +75,7 @@ class Records:
                 "run_id": "r", "seq": seq, "probe": "p1", "role": "probe", "mode": "single", "concurrency": level,
                 "rate": None, "status": "ok", "output": text, "sha256": hashlib.sha256(text.encode()).hexdigest(),
                 "finish_reason": "stop", "completion_tokens": len(tokens or []), "token_ids": tokens,
-                "logprobs": logprobs, "t_send": seq * 0.1, "t_last_byte": seq * 0.1 + 0.05, "chunks": 0})
+                "logprobs": logprobs, "chunks": 0, **crafted_times(seq, level)})
         return self
 
     def cells(self) -> dict[int, dict]:
@@ -130,7 +130,7 @@ def test_latent_drift_in_crafted_records():
     assert summary.verdict == "deterministic"  # latent drift is no text drift
     assert summary.latent_cells == ("p1@single/c=2",) and summary.matrix["latent"] == [[False, True, False]]
     assert verdict_line(summary).endswith("; latent drift (same text, other logprobs) in p1 (single) c=2 "
-                                          "from token 2")
+                                          "from token 2 (0-based)")
 
 
 def test_a_text_divergent_output_is_compared_up_to_its_first_other_token():
@@ -157,11 +157,23 @@ def test_reference_is_the_most_common_serial_vector_and_nulls_compare_as_nulls()
     assert cells[1].logprob_max_abs_diff == 0.5
 
 
-def test_a_vector_of_another_length_differs_where_it_stops():
+def test_a_shorter_vector_is_no_evidence_past_its_end():
+    # Fewer logprobs than tokens, every value given the serial one: not other logprobs, only fewer of them.
     records = Records().add(SERIAL_TEXT, n=2, tokens=SERIAL_TOKENS, logprobs=SERIAL_LP)
     records.add(SERIAL_TEXT, n=1, level=2, tokens=SERIAL_TOKENS, logprobs=SERIAL_LP[:3])
+    records.add(SERIAL_TEXT, n=2, level=2, tokens=SERIAL_TOKENS, logprobs=SERIAL_LP)
     cell = records.cells()[2]
-    assert cell.latent_drift and cell.first_logprob_divergence_token == 3
+    assert (cell.logprob_samples, cell.logprobs_partial, cell.logprobs_missing) == (2, 1, 0)
+    assert cell.logprob_bitwise is None and cell.latent_drift is None and cell.logprob_gap
+    assert "logprobs in 2 of 3 at p1 (single) c=2 (1 with fewer logprobs than tokens): no logprob claim" in \
+        verdict_line(summarize(reduce_records(records.rows)))
+
+
+def test_a_shorter_vector_that_differs_where_it_has_values_is_latent_drift():
+    records = Records().add(SERIAL_TEXT, n=2, tokens=SERIAL_TOKENS, logprobs=SERIAL_LP)
+    records.add(SERIAL_TEXT, n=1, level=2, tokens=SERIAL_TOKENS, logprobs=[*SERIAL_LP[:2], SERIAL_LP[2] + 1e-6])
+    cell = records.cells()[2]
+    assert cell.latent_drift and cell.logprob_bitwise is False and cell.first_logprob_divergence_token == 2
 
 
 def test_logprob_comparison_does_not_depend_on_record_order_or_file_split():
@@ -315,12 +327,13 @@ def test_latent_drift_end_to_end(tmp_path, latent_server):
     assert latent["first_logprob_divergence_token"] == 3
     assert 1e-7 <= latent["logprob_max_abs_diff"] <= 1e-5
     assert re.search(r"│\s+1 ~ │", output)  # the matrix mark
-    assert "latent drift (same text, other logprobs) in p1 (single) c=4 from token 3" in " ".join(output.split())
+    assert "latent drift (same text, other logprobs) in p1 (single) c=4 from token 3 (0-based)" in \
+        " ".join(output.split())
     junit = (tmp_path / "j.xml").read_text()
     assert 'failures="0"' in junit and "latent drift: same text as serial in 4 samples" in junit
     assert 'kevload_cell_latent_drift{scenario="s",probe="p1",mode="single",level="c=4"' in \
         (tmp_path / "m.prom").read_text()
-    assert "| p1 (single) | c=4 | 4 | 100.0% [51.0, 100.0] | 100.0% [51.0, 100.0] | ≠ from token 3" in \
+    assert "| p1 (single) | c=4 | 4 | 100.0% [51.0, 100.0] | 100.0% [51.0, 100.0] | ≠ from token 3 (0-based)" in \
         markdown(RunSummary.from_json(summary))
     table = markdown(RunSummary.from_json(summary))
     rows = [line for line in table.splitlines() if line.startswith("| p1 (single) | c=")]
@@ -348,7 +361,7 @@ def test_new_latent_drift_is_a_baseline_regression(tmp_path, latent_server):
     latent_server.behaviour.logprob_drift_at = 2
     code, output = run_cli("run", scenario, "--out", tmp_path / "night", "--quiet", "--baseline", tmp_path / "good")
     assert code == 1, output
-    assert "REGRESSION new_latent_drift p1@single/c=4: same text as serial, logprobs differ from token 3 " \
+    assert "REGRESSION new_latent_drift p1@single/c=4: same text as serial, logprobs differ from token 3 (0-based) " \
            "(baseline: bitwise equal in 4 samples)" in output
     # The latent night as the baseline: the same latent drift again is no news.
     code, output = run_cli("run", scenario, "--out", tmp_path / "night2", "--quiet", "--baseline",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from kevload.scenario import Ramp, ScenarioError, scenario_from_dict
@@ -57,10 +59,10 @@ def test_a_ramp_expands_into_levels_and_their_length():
      "load.ramp.every_s and load.duration: give one of them (the ramp sets the seconds per level)"),
     ({"ramp": {"from": 1, "to": 4}}, "load.ramp: expected exactly one of step (levels step apart) or factor"),
     ({"ramp": {"from": 1, "to": 4, "step": 1, "factor": 2}}, "load.ramp: expected exactly one of step"),
-    ({"ramp": {"to": 4, "step": 1}}, "load.ramp.from: expected an integer >= 1, got nothing"),
-    ({"ramp": {"from": 1.5, "to": 4, "step": 1}}, "load.ramp.from: expected an integer >= 1, got 1.5"),
+    ({"ramp": {"to": 4, "step": 1}}, "load.ramp.from: expected an integer from 1 to 100,000, got nothing"),
+    ({"ramp": {"from": 1.5, "to": 4, "step": 1}}, "load.ramp.from: expected an integer from 1 to 100,000, got 1.5"),
     ({"ramp": {"from": 8, "to": 4, "step": 1}}, "load.ramp.to: expected a level >= load.ramp.from (8), got 4"),
-    ({"ramp": {"from": 1, "to": 4, "step": 0}}, "load.ramp.step: expected an integer >= 1, got 0"),
+    ({"ramp": {"from": 1, "to": 4, "step": 0}}, "load.ramp.step: expected an integer from 1 to 100,000, got 0"),
     ({"ramp": {"of": "rate", "from": 0, "to": 4, "step": 1}}, "load.ramp.from: expected a number > 0"),
     ({"ramp": {"from": 1, "to": 4, "factor": 1}}, "load.ramp.factor: expected a number > 1"),
     ({"ramp": {"from": 1, "to": 4, "step": 1, "every_s": 0}}, "load.ramp.every_s: expected seconds > 0"),
@@ -69,7 +71,14 @@ def test_a_ramp_expands_into_levels_and_their_length():
      "load.ramp.of: expected one of concurrency, rate (did you mean rate?), got 'rates'"),
     ({"ramp": {"from": 1, "to": 100000, "step": 1}}, "load.ramp: expected at most 1000 levels"),
     ({"ramp": "1..4"}, "load.ramp: expected a table"),
-    ({"ramp_s": -1}, "load.ramp_s: expected seconds >= 0 (0: no ramp-up), got -1"),
+    ({"ramp_s": -1}, "load.ramp_s: expected seconds from 0 to 604,800 (0: no ramp-up), got -1"),
+    # A ramp's levels meet the bounds of the levels they become.
+    ({"ramp": {"from": 1, "to": 100_000_000, "factor": 2}},
+     "load.ramp.to: expected an integer from 1 to 100,000, got 100000000"),
+    ({"ramp": {"of": "rate", "from": 1, "to": math.inf, "factor": 2}}, "load.ramp.to: expected a number > 0, at most "
+     "100,000 (requests per second), got inf"),
+    ({"ramp": {"of": "rate", "from": 1e-9, "to": 1e-8, "factor": 2}},  # levels rounded to 1e-6: rate 0
+     "load.ramp: expected a list of numbers > 0, at most 100,000 (requests per second), got [0.0]"),
 ])
 def test_bad_ramps_name_file_key_and_expectation(load, message):
     with pytest.raises(ScenarioError) as caught:

@@ -14,8 +14,11 @@ from pathlib import Path
 import pytest
 
 from kevload.store import read_run_records, records_paths
+from tests.bounded import Kevload
 from tests.conftest import load_summary, run_cli, write_scenario
 from tests.raycluster import ray_cluster
+from tests.test_request_ids import kill_and_resume
+from tests.test_stop_batches import stop_mid_level
 from tests.test_workers import TWO_PROBES, _check_levels, check_c_in_flight
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,6 +140,30 @@ def test_ctrl_c_keeps_every_finished_record_and_resume_finishes(tmp_path, server
     rows = _rows(run_dir)
     assert len(rows) == len(server.requests)
     _check_levels(rows, 2, levels=4)
+
+
+def test_a_stop_mid_level_leaves_no_counted_sample_without_its_batch(tmp_path, server, cluster):
+    rows = stop_mid_level(tmp_path, server, "--workers", "2", "--ray", cluster)
+    assert sum(r["counted"] for r in rows) >= 9  # the level counted before the stop
+
+
+def test_ids_and_nonces_stay_unique_across_a_killed_driver_and_a_resume(tmp_path, server, cluster):
+    kill_and_resume(tmp_path, server, ["--workers", "2", "--ray", cluster], ["--ray", cluster])
+
+
+def test_sigterm_stops_a_ray_run_as_ctrl_c_does(tmp_path, server, cluster):
+    # ray.init puts in a SIGTERM handler that exits at once: kevload's own stop must stay (exit 143, records kept).
+    server.behaviour.latency = 0.2
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=6, workers=2)
+    run_dir = tmp_path / "run"
+    with Kevload("run", scenario, "--out", run_dir, "--quiet", "--ray", cluster, cwd=ROOT) as kevload:
+        kevload.wait_for(lambda: len(server.requests) >= 4, timeout=90)
+        kevload.signal(signal.SIGTERM)
+        ended = kevload.end(timeout=120)
+    assert ended.code == 143, ended.stderr
+    assert "Traceback" not in ended.stderr and ended.left == []
+    assert json.loads((run_dir / "run.json").read_text())["state"] == "interrupted"
+    assert len(_rows(run_dir)) == len(server.requests)
 
 
 def _actor_pids(name: str) -> list[int]:

@@ -36,8 +36,8 @@ def test_overrides_are_toml_values(tmp_path):
 @pytest.mark.parametrize(("change", "key", "expected"), [
     ("load.concurency=[1]", "load.concurency", "did you mean concurrency"),
     ("load.concurrency=[]", "load.concurrency", "non-empty list"),
-    ("load.concurrency=[0, 2]", "load.concurrency", ">= 1"),
-    ("load.samples=0", "load.samples", ">= 1"),
+    ("load.concurrency=[0, 2]", "load.concurrency", "from 1 to 100,000"),
+    ("load.samples=0", "load.samples", "from 1 to 10,000,000"),
     ("load.samples=true", "load.samples", "integer"),
     ("load.mode=mixd", "load.mode", "did you mean mixed"),
     ("target.api=chatt", "target.api", "one of chat, completions"),
@@ -60,6 +60,13 @@ def test_malformed_toml(tmp_path):
     path.write_text("[target\nbase_url = 1")
     code, output = run_cli("run", path)
     assert code == 2 and "bad.toml: not valid TOML" in output
+
+
+def test_a_byte_order_mark_opens_a_scenario_file(tmp_path):
+    path = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1")
+    plain = load_scenario(path)
+    path.write_text("\ufeff" + path.read_text(), encoding="utf-8")  # as an editor on Windows saves it
+    assert load_scenario(path) == plain
 
 
 def test_missing_file(tmp_path):

@@ -112,6 +112,10 @@ def _outside(f, hint) -> list[Any]:
         values.append(rule.max + (1 if whole else 0.5))
     if rule.below is not None:
         values.append(rule.below)
+    if not whole and any(bound is not None for bound in (rule.min, rule.above, rule.max, rule.below)):
+        values.append(math.nan)  # fails every comparison, so every bound refuses it
+        if rule.max is not None:
+            values.append(math.inf)
     values = [[v] for v in values] if get_origin(hint) is tuple else values
     if rule.nonempty:
         values.append([] if get_origin(hint) is tuple else "")
@@ -125,6 +129,18 @@ def test_the_bounds_are_field_metadata():
     assert {_dotted(cls, key_of(f)) for cls, f, _ in BOUNDED} >= {
         "load.concurrency", "load.samples", "load.max_error_share", "load.workers", "load.until_bound",
         "load.slo.e2e_ms", "load.ramp.factor", "target.timeout", "probes[0].max_tokens", "probes[0].id"}
+
+
+# Numbers whose upper bound is not in their field's rule, and where it is checked instead.
+CHECKED_ELSEWHERE = {"load.ramp.from", "load.ramp.to", "load.ramp.step"}  # _ramp: by the kind of level they are
+
+
+def test_every_number_has_an_upper_bound():
+    """A number without one can ask for anything: 10⁸ slots, a needle of a terabyte, a seed JSON cannot hold."""
+    numbers = [(cls, f) for cls, f, hint in _fields(lambda f, cls: True)
+               if (get_args(hint)[0] if get_origin(hint) is tuple else hint) in (int, float)]
+    unbounded = {_dotted(cls, key_of(f)) for cls, f in numbers if rule_of(f).max is None and rule_of(f).below is None}
+    assert unbounded == CHECKED_ELSEWHERE
 
 
 @pytest.mark.parametrize(("cls", "f", "value"), BOUNDED,
@@ -167,7 +183,7 @@ def test_a_rule_between_fields_holds_for_code_too():
     # A changed ramp is expanded again; keys that only make sense together may be set together.
     wider = good.with_settings({"load.ramp.from": 8, "load.ramp.to": 32, "load.ramp.step": 8})
     assert wider.load.concurrency == (8, 16, 24, 32) and wider.raw["load"]["ramp"]["to"] == 32
-    with pytest.raises(ScenarioError, match=r"^code: load\.workers: expected an integer >= 1"):
+    with pytest.raises(ScenarioError, match=r"^code: load\.workers: expected an integer from 1 to 1,024"):
         build_scenario(Target("http://127.0.0.1:9/v1", "m"), [Probe("a", "x")], load=Load(workers=0))
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from kevload import servermetrics
 from kevload.baseline import compare_to_baseline, load_baseline
 from kevload.report import markdown, verdict_line
 from kevload.runs import finish_run
@@ -44,10 +45,18 @@ def test_summary_recomputed_from_old_records_is_the_old_file(tmp_path, run):
     finish_run(run_dir)
     now = json.loads((run_dir / "summary.json").read_bytes())
     # Fields the comparator learned after the fixture was written: every cell with an ok sample has them.
-    added = {"exact_match_rate", "exact_match_ci95", "token_agreement", "token_agreement_ci95", "stop_reason"}
-    assert all(added - {"stop_reason"} <= set(c) for c in now["cells"] if c["ok"])
+    added = {"exact_match_rate", "exact_match_ci95", "token_agreement", "token_agreement_ci95", "stop_reason",
+             "full_load_share", "samples_never_full", *servermetrics.CELL_FIELDS}
+    assert all(added - {"stop_reason", "full_load_share", "samples_never_full"} <= set(c)
+               for c in now["cells"] if c["ok"])
+    # Closed-loop cells at c ≥ 2 (only the mixed run has them) say whether c − 1 others ran beside them: all did.
+    assert all((c.get("samples_never_full") == 0) == (c["rate"] is None and c["concurrency"] > 1) for c in now["cells"])
+    # These runs read no server metrics: every cell says so, and no level was set by the server's batch limit.
+    assert all(c["server_view"] is False and c["server_running_max"] is None for c in now["cells"])
+    assert now.pop("server_limited_cells") == []
     now["cells"] = [{k: v for k, v in c.items() if k not in added} for c in now["cells"]]
     assert not any(map(any, now["matrix"].pop("latent")))  # the matrix's latent-drift marks, none here
+    assert not any(n for row in now["matrix"].pop("samples_never_full") for n in row)
     # Every line of records.jsonl, warm-ups and uncounted sends included: at least the counted requests.
     records = (run_dir / "records.jsonl").read_bytes().count(b"\n")
     assert now.pop("requests_sent") == records >= now["requests"]

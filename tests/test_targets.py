@@ -45,7 +45,7 @@ def test_llamacpp_command_line_follows_the_settings():
     gguf = Path("/models/SmolLM2-135M-Instruct.Q4_1.gguf")
     plain = llamacpp.launch(Path("/bin/llama-server"), gguf, TargetSettings(slots=2, threads=3), 8123)
     assert plain.argv == ("/bin/llama-server", "-m", str(gguf), "--host", "127.0.0.1", "--port", "8123",
-                          "--alias", "SmolLM2-135M-Instruct", "--parallel", "2", "--ctx-size", "4096",
+                          "--alias", "SmolLM2-135M-Instruct", "--metrics", "--parallel", "2", "--ctx-size", "4096",
                           "--threads", "3", "--cont-batching", "--cache-prompt")
     assert plain.model == "SmolLM2-135M-Instruct"
     own = llamacpp.launch(Path("/b"), Path("/m/mine.gguf"), TargetSettings(

@@ -176,7 +176,7 @@ def test_diagnose_samples_the_claim_steps_until_the_bound(tmp_path, server):
 @pytest.mark.parametrize(("args", "expected"), [
     (["--until-bound", "0"], "--until-bound: expected a share between 0 and 1 such as 5% or 0.05, got '0'"),
     (["--until-bound", "five"], "--until-bound: expected a share between 0 and 1 such as 5% or 0.05, got 'five'"),
-    (["--set", "load.until_bound=1.5"], "load.until_bound: expected a share between 0 and 1"),
+    (["--set", "load.until_bound=1.5"], "load.until_bound: expected a share from 0.000001 to below 1"),
     (["--until-bound", "5%", "--set", "load.max_samples=4"], "load.max_samples: expected an integer >= "
                                                               "load.samples (8), got 4"),
     (["--until-bound", "5%", "--set", "load.rate=[5]"], "load.until_bound: expected closed-loop levels only"),

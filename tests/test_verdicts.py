@@ -20,7 +20,7 @@ from kevload.html import run_report
 from kevload.report import cell_text, junit_xml, markdown, render, verdict_line
 from kevload.summary import CellSummary, RunSummary
 from kevload.sweep import sweep_cell_text
-from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
+from tests.conftest import cells_by_level, crafted_times, load_summary, run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
 
 SERIAL = "alpha bravo charlie delta"
@@ -42,7 +42,7 @@ class Records:
                 "rate": None, "status": status, "output": output if ok else None,
                 "sha256": hashlib.sha256(output.encode()).hexdigest() if ok else None,
                 "finish_reason": finish if ok else None, "completion_tokens": 4 if ok else None,
-                "t_send": seq * 0.1, "t_last_byte": seq * 0.1 + 0.05, "chunks": 0, **extra})
+                "chunks": 0, **crafted_times(seq, level), **extra})
         return self
 
     def summary(self, **options) -> RunSummary:
@@ -107,7 +107,45 @@ def test_drift_in_a_short_cell_is_still_drift():
     records = Records().add(SERIAL, n=8, level=1).add(SERIAL, n=2, level=4).add(SERIAL + " echo", level=4)
     summary = records.summary(samples_asked=8)
     assert summary.verdict == "nondeterministic"
-    assert cell_text(cells_by_level(summary)[4]) == "2 DRIFT (3/8)"
+    # Three requests at c=4 never had three others in flight: the records say so (†).
+    assert cell_text(cells_by_level(summary)[4]) == "2 DRIFT † (3/8)"
+
+
+ASKED = [("p1", "mixed", 1, None), ("p1", "mixed", 4, None)]
+
+
+def test_a_level_asked_for_without_a_counted_sample_is_missing_and_short():
+    records = Records().add(SERIAL, n=8, level=1)
+    summary = replace(records.summary(samples_asked=8, asked_cells=ASKED), state="interrupted")
+    assert summary.verdict == "inconclusive" and summary.missing_cells == ("p1@mixed/c=4",)
+    assert {c.concurrency for c in summary.cells} == {1}  # no cell is made up for it
+    missing = "p1 (mixed) c=4: no counted sample (the run was stopped before one was answered)"
+    assert verdict_line(summary) == ("inconclusive: a probe cell asked for has no counted sample, so no claim of "
+                                     f"determinism; {missing}")
+    assert f"- {missing}" in markdown(summary)
+    xml = junit_xml(summary)
+    assert 'tests="2" failures="1"' in xml and 'name="c=4"' in xml and missing in xml
+    # Every level in: nothing missing, the run is what its cells say.
+    whole = records.add(SERIAL, n=8, level=4).summary(samples_asked=8, asked_cells=ASKED)
+    assert (whole.verdict, whole.missing_cells) == ("deterministic", ())
+    # Drift elsewhere is still drift; the missing level is counted among the short ones.
+    drift = Records().add(SERIAL, n=8, level=1).add(SERIAL + " echo", n=8, level=1)
+    assert "(and 1 cell(s) short of samples)" in verdict_line(drift.summary(samples_asked=8, asked_cells=ASKED))
+
+
+def test_no_probe_request_at_all_is_inconclusive_never_a_target_failure():
+    summary = Records().summary(samples_asked=8)
+    assert (summary.verdict, summary.probe_requests, summary.probe_error_share) == ("inconclusive", 0, 0.0)
+    assert verdict_line(summary) == "inconclusive: no probe sample was counted, so no claim of determinism"
+
+
+def test_a_duration_too_short_to_send_anything_says_so(tmp_path, server):
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=4, duration=0.000001)
+    code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
+    assert code == 3 and "target failed" not in output, output  # before: "target failed: 0 of 0 … failed (none)"
+    assert ("p1 (single) c=1: no counted sample (none was sent and answered within load.duration); "
+            "p1 (single) c=2: no counted sample") in output
+    assert load_summary(tmp_path / "run")["missing_cells"] == ["p1@single/c=1", "p1@single/c=2"]
 
 
 def test_without_samples_asked_no_cell_is_short():
@@ -180,12 +218,12 @@ def test_divergence_kinds_are_counted_per_cell():
 
 def test_divergence_kinds_in_every_output():
     summary = kinds_run()
-    assert "- p1 (mixed) c=4: 4 distinct in 5, 4 ≠ serial; kinds: token 2, length 1, finish 1" in markdown(summary)
-    assert "p1 (mixed) c=4: 4 distinct in 5, 4 ≠ serial; kinds: token 2, length 1, finish 1" in table_text(summary)
-    assert "(token 2, length 1, finish 1)" in verdict_line(summary)
-    assert "(kinds: token 2, length 1, finish 1)" in junit_xml(summary)
+    assert "- p1 (mixed) c=4: 4 distinct in 5, 4 ≠ serial; kinds: 2× token, 1× length, 1× finish" in markdown(summary)
+    assert "p1 (mixed) c=4: 4 distinct in 5, 4 ≠ serial; kinds: 2× token, 1× length, 1× finish" in table_text(summary)
+    assert "(kinds: 2× token, 1× length, 1× finish)" in verdict_line(summary)
+    assert "(kinds: 2× token, 1× length, 1× finish)" in junit_xml(summary)
     page = run_report(summary, {}, [])
-    assert "(token 2, length 1, finish 1)</h3>" in page
+    assert "(kinds: 2× token, 1× length, 1× finish)</h3>" in page
 
 
 def test_same_text_other_finish_reason_is_a_finish_divergence():

@@ -15,6 +15,7 @@ from kevload.scenario import load_scenario
 from kevload.schedule import COMPANION, PROBE, ClosedLoop
 from kevload.store import read_run_records, records_paths
 from kevload.workers import cap_of, slots_of
+from tests.bounded import processes
 from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
 
 TWO_PROBES = [{"id": "p1", "prompt": "Say something.", "max_tokens": 16},
@@ -27,19 +28,9 @@ def _rows(run_dir: Path) -> list[dict]:
 
 def _children() -> list[str]:
     """Processes whose parent is this one (the workers a run spawned), as ``pid: cmdline``."""
-    me = str(os.getpid())
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if stat.rpartition(")")[2].split()[1] == me and "spawn_main" in cmdline:
-            found.append(f"{entry.name}: {cmdline[:100]}")
-    return found
+    me = os.getpid()
+    return [f"{pid}: {cmdline[:100]}" for pid, ppid, _, cmdline in processes()
+            if ppid == me and "spawn_main" in cmdline]
 
 
 def _check_levels(rows: list[dict], workers: int, levels: int) -> None:
@@ -130,7 +121,7 @@ def test_stop_ends_every_worker_and_resume_finishes_the_run(tmp_path, server):
 
 
 @pytest.mark.parametrize(("load", "message"), [
-    ("workers = 0", "load.workers: expected an integer >= 1"),
+    ("workers = 0", "load.workers: expected an integer from 1 to 1,024"),
     ("workers = 3\nmax_in_flight = 2\nrate = [5]", "load.max_in_flight: expected 0 or at least load.workers (3)"),
 ])
 def test_bad_worker_settings_are_refused(tmp_path, load, message):

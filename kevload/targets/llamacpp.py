@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tarfile
@@ -29,7 +30,13 @@ _CMAKE_FLAGS = [
     "-DLLAMA_BUILD_UI=OFF",
     "-DLLAMA_USE_PREBUILT_UI=OFF",
     "-DGGML_NATIVE=ON",
+    # -march=native turns on AMX where the CPU lists it, but a VM or sandbox may not grant the tile state: the
+    # server then dies at its first matrix product (ldtilecfg). Without AMX it runs on AVX-512 or AVX2 anyway.
+    "-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
+    "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
 ]
+# The flags are part of the cache's name: a binary built with other flags is never reused for these.
+BUILD = f"{VERSION}-{hashlib.sha256(' '.join(_CMAKE_FLAGS).encode()).hexdigest()[:8]}"
 
 
 def command(settings: TargetSettings, port: int, log: Log) -> Launch:
@@ -43,7 +50,8 @@ def launch(binary: Path, gguf: Path, s: TargetSettings, port: int) -> Launch:
     slots = max(s.slots, 1)
     # The bundled model answers to its own name; a user's GGUF to its file name.
     model = gguf.stem if s.gguf else MODEL_NAME
-    argv = [str(binary), "-m", str(gguf), "--host", HOST, "--port", str(port), "--alias", model,
+    # --metrics: the server's own view of each level (running and deferred requests) is sampled from /metrics.
+    argv = [str(binary), "-m", str(gguf), "--host", HOST, "--port", str(port), "--alias", model, "--metrics",
             "--parallel", str(slots), "--ctx-size", str(s.ctx_size or 2048 * slots),
             "--threads", str(s.thread_count()),
             "--cont-batching" if s.batching else "--no-cont-batching",
@@ -55,7 +63,7 @@ def launch(binary: Path, gguf: Path, s: TargetSettings, port: int) -> Launch:
 
 def server_binary(log: Callable[[str], None] = print) -> Path:
     """Path to a working ``llama-server``, building it on first use (about 11 minutes on 2 cores)."""
-    dest = cache_root() / "targets" / "llamacpp" / VERSION
+    dest = cache_root() / "targets" / "llamacpp" / BUILD
     build_once(dest, lambda root: _build(root, log), log=log)
     return dest / "bin" / "llama-server"
 
@@ -83,4 +91,4 @@ def _build(root: Path, log: Callable[[str], None]) -> dict:
     shutil.rmtree(build)
     shutil.rmtree(src)
     shutil.rmtree(root / "download")
-    return {"target": "llamacpp", "version": VERSION, "sdist_sha256": SDIST_SHA256}
+    return {"target": "llamacpp", "version": VERSION, "sdist_sha256": SDIST_SHA256, "cmake_flags": _CMAKE_FLAGS}

@@ -1,0 +1,281 @@
+"""The server's own view of each level: its Prometheus ``/metrics`` sampled while a run runs, one line per
+sample in ``server-metrics.jsonl``, and read back per cell over the cell's time window (``cell_view``)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import aiohttp
+import numpy as np
+import orjson
+from prometheus_client.parser import text_string_to_metric_families
+
+from kevload.scenario import METRICS_OFF, Target
+from kevload.store import read_records, url_userinfo
+
+SAMPLES = "server-metrics.jsonl"
+INTERVAL_S = 0.1  # how often /metrics is read: a cell of a second still gets about ten samples
+TIMEOUT_S = 2.0  # one poll's bound, connecting included: a hanging /metrics costs this, never the run
+MAX_BYTES = 8 << 20
+# The cell fields (summary.json, sweep.json rows): server_view False and the others None where the server
+# publishes nothing.
+CELL_FIELDS = ("server_view", "server_samples", "server_running_max", "server_running_mean", "server_waiting_max",
+               "server_prefix_cache_hits", "server_kv_cache_usage_max", "server_note")
+
+
+@dataclass(frozen=True)
+class Names:
+    """What one server calls its numbers. Each field lists alternative series names, the first one published
+    wins (an older spelling after a newer one); a series with several label sets (vLLM labels per engine and
+    model) is summed over them, except the KV-cache share, whose largest value is taken."""
+
+    server: str
+    running: tuple[str, ...]            # requests the server is running (its batch)
+    waiting: tuple[str, ...]            # requests it holds in its queue
+    prefix_cache_hits: tuple[str, ...] = ()  # counter: prompt tokens served from its prefix cache
+    kv_cache_usage: tuple[str, ...] = ()     # gauge: share of the KV cache in use, 0 to 1
+
+
+# Extend here for another server; names checked against each server's sources and documentation.
+SERVERS = (
+    Names("vllm", ("vllm:num_requests_running",), ("vllm:num_requests_waiting",),
+          ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+          ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")),
+    Names("llamacpp", ("llamacpp:requests_processing",), ("llamacpp:requests_deferred",),
+          ("llamacpp:prompt_tokens_cached_total",)),
+    Names("sglang", ("sglang:num_running_reqs",), ("sglang:num_queue_reqs",), ("sglang:cached_tokens_total",),
+          ("sglang:token_usage",)),
+    Names("tgi", ("tgi_batch_current_size",), ("tgi_queue_size",)),
+)
+_VALUES = ("running", "waiting", "prefix_cache_hits", "kv_cache_usage")
+# Only the lines of series named above reach the parser: a vLLM page of ~600 lines costs ~17 ms to parse
+# whole, which would stall the event loop that sends the load ten times a second.
+_PREFIXES = tuple(f"{name}{end}" for names in SERVERS for value in _VALUES for name in getattr(names, value)
+                  for end in (" ", "{"))
+# URLs whose missing metrics were already said on stderr: a diagnosis or a sweep runs many runs on one server.
+_WARNED: set[str] = set()
+_NOT_FOUND = "HTTP 404"
+
+
+def metrics_url(target: Target) -> str | None:
+    """Where the run reads the server's metrics (``target.metrics_url``): ``auto`` is the base URL's origin
+    plus ``/metrics``, ``""`` or ``off`` is nowhere, anything else the URL given."""
+    if target.metrics_url in METRICS_OFF:
+        return None
+    if target.metrics_url != "auto":
+        return target.metrics_url
+    parts = urlsplit(url_userinfo(target.base_url)[0])
+    return urlunsplit((parts.scheme, parts.netloc, "/metrics", "", ""))
+
+
+def read_view(text: str) -> dict[str, Any] | None:
+    """One sample from a ``/metrics`` page: ``{"server": "vllm", "running": 4, "waiting": 0, …}`` (None for a
+    value that server does not publish), or None when the page has none of the servers' series. Raises
+    ``ValueError`` when one of those series' lines is not Prometheus text."""
+    lines = [line for line in text.splitlines() if line.startswith(_PREFIXES)]
+    if not lines:
+        return None
+    series: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families("\n".join(lines) + "\n"):
+        for sample in family.samples:
+            series.setdefault(sample.name, []).append(float(sample.value))
+    for names in SERVERS:
+        view = {value: _published(series, getattr(names, value), max if value == "kv_cache_usage" else sum)
+                for value in _VALUES}
+        if view["running"] is not None or view["waiting"] is not None:
+            return {"server": names.server, **view}
+    return None
+
+
+class Sampler:
+    """Reads the target's metrics (``metrics_url``) every ``INTERVAL_S`` in the driver's event loop, one GET at a
+    time on a connection of its own, and appends each sample to ``run_dir/server-metrics.jsonl`` stamped with
+    ``clock()`` (the records' clock). ``info`` is what ``run.json`` keeps under ``server_metrics``; it is filled
+    in as the sampler learns.
+
+    Nothing it meets fails the run. The first read decides: a page without the known series, an HTTP error,
+    no answer within ``TIMEOUT_S`` or no connection make the metrics unavailable (``info["why"]``) and nothing
+    more is read. That is said in one line through ``warn``, once per URL and process, unless the URL was only
+    guessed (``auto``) and the server answered 404: most servers without metrics, nothing to warn about.
+    A later read that fails is a line with its ``error``.
+    """
+
+    def __init__(self, target: Target, run_dir: Path, *, clock: Callable[[], float] = time.perf_counter,
+                 warn: Callable[[str], None] | None = None):
+        url = metrics_url(target)
+        self.url = url
+        self.guessed = target.metrics_url == "auto"
+        self.path = run_dir / SAMPLES
+        self.clock = clock
+        self.warn = warn or _to_stderr
+        self.info: dict[str, Any] = {"url": url, "available": None if url else False, "server": None,
+                                     "why": None if url else "target.metrics_url is off", "interval_s": INTERVAL_S,
+                                     "samples": 0, "failed": 0, "last_error": None}
+        self._task: asyncio.Task | None = None
+
+    async def __aenter__(self) -> Sampler:
+        if self.url is not None:
+            self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self.info["available"] is None:  # the run ended before the first read was answered
+            self._unavailable("no answer before the run ended")
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        connector = aiohttp.TCPConnector(limit=1)
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=TIMEOUT_S)) as http:
+            first = await self._read(http)
+            if isinstance(first, str):
+                self._unavailable(first)
+                return
+            self.info.update(available=True, server=first["server"])
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                self._write(fd, first)
+                due = loop.time()
+                while True:
+                    due += INTERVAL_S
+                    # A read slower than the interval skips the reads it overran rather than bunching them up.
+                    due = max(due, loop.time())
+                    await asyncio.sleep(due - loop.time())
+                    self._write(fd, await self._read(http))
+            finally:
+                os.close(fd)
+
+    async def _read(self, http: aiohttp.ClientSession) -> dict[str, Any] | str:
+        """One sample, or why there is none."""
+        sent = self.clock()
+        try:
+            async with http.get(self.url, allow_redirects=False) as response:
+                if response.status != 200:
+                    return _NOT_FOUND if response.status == 404 else f"HTTP {response.status}"
+                body = bytearray()
+                async for chunk in response.content.iter_chunked(1 << 16):
+                    body += chunk
+                    if len(body) > MAX_BYTES:
+                        return f"a page larger than {MAX_BYTES >> 20} MiB"
+        except TimeoutError:
+            return f"no answer within {TIMEOUT_S:g} s"
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
+            return f"cannot read it ({type(exc).__name__}: {exc})"
+        answered = self.clock()
+        try:
+            view = read_view(body.decode("utf-8", "replace"))
+        except ValueError as exc:
+            return f"not Prometheus text ({exc})"
+        if view is None:
+            known = ", ".join(n.running[0] for n in SERVERS)
+            return f"publishes none of the series kevload reads ({known}, …)"
+        # The server read its counters somewhere between the send and the answer: the middle is the best guess.
+        return {"t": round((sent + answered) / 2, 6), "rtt_s": round(answered - sent, 6), **view}
+
+    def _unavailable(self, why: str) -> None:
+        self.info.update(available=False, why=why)
+        if not (self.guessed and why == _NOT_FOUND) and self.url not in _WARNED:
+            _WARNED.add(self.url)
+            self.warn(f"kevload: server metrics: {self.url}: {why}; the cells' server_* fields stay null")
+
+    def _write(self, fd: int, sample: dict[str, Any] | str) -> None:
+        if isinstance(sample, str):
+            self.info["failed"] += 1
+            self.info["last_error"] = sample
+            line = {"t": round(self.clock(), 6), "error": sample}
+        else:
+            self.info["samples"] += 1
+            line = sample
+        os.write(fd, orjson.dumps(line) + b"\n")
+
+
+@dataclass(frozen=True)
+class Samples:
+    """A run's samples as arrays in time order; NaN where a value was not published."""
+
+    t: np.ndarray
+    running: np.ndarray
+    waiting: np.ndarray
+    prefix_cache_hits: np.ndarray
+    kv_cache_usage: np.ndarray
+
+
+def read_samples(run_dir: Path) -> Samples | None:
+    """The samples ``server-metrics.jsonl`` holds (reads that failed left out); None without the file."""
+    path = run_dir / SAMPLES
+    if not path.is_file():
+        return None
+    rows = sorted((r for r in read_records(path) if "error" not in r), key=lambda r: r["t"])
+    columns = {value: np.array([math.nan if r.get(value) is None else r[value] for r in rows], dtype=np.float64)
+               for value in _VALUES}
+    return Samples(t=np.array([r["t"] for r in rows], dtype=np.float64), **columns)
+
+
+def cell_view(samples: Samples | None, t_start: float, t_end: float, concurrency: int) -> dict[str, Any]:
+    """What the server said while one cell ran: the samples from the cell's first counted send to its last
+    counted answer. Gauges: their largest value (and the mean of running) in that window. The prefix-cache
+    counter: its increase from the last sample at or before the window to the first at or after it (a
+    poll interval more on each side at most). Without samples only ``server_view`` (False); with samples but
+    none in the window (a cell shorter than the interval) ``server_samples`` 0 and nothing claimed."""
+    if samples is None:
+        return {"server_view": False}
+    first, end = np.searchsorted(samples.t, t_start, "left"), np.searchsorted(samples.t, t_end, "right")
+    out: dict[str, Any] = {"server_view": True, "server_samples": int(max(end - first, 0))}
+    if end == first:
+        return out
+    window = slice(first, end)
+    out["server_running_max"] = _largest(samples.running[window])
+    out["server_waiting_max"] = _largest(samples.waiting[window])
+    out["server_kv_cache_usage_max"] = _largest(samples.kv_cache_usage[window])
+    running = samples.running[window]
+    if not np.isnan(running).all():
+        out["server_running_mean"] = round(float(np.nanmean(running)), 3)
+    hits = samples.prefix_cache_hits
+    before, after = hits[max(first - 1, 0)], hits[min(end, len(hits) - 1)]
+    if math.isfinite(before) and math.isfinite(after) and after >= before:  # a drop: the server restarted
+        out["server_prefix_cache_hits"] = _number(after - before)
+    out["server_note"] = server_note(concurrency, out["server_running_max"], out["server_waiting_max"])
+    return out
+
+
+def server_note(concurrency: int, running_max: float | None, waiting_max: float | None) -> str | None:
+    """``server ran ≤ 1 at a time, 3 waiting: …`` where the server held requests back at a level of *c* > 1:
+    it ran fewer than *c* at any sample while others waited in its queue. None otherwise."""
+    if running_max is None or waiting_max is None or concurrency <= 1:
+        return None
+    if running_max >= concurrency or waiting_max < 1:
+        return None
+    return (f"server ran ≤ {running_max:g} at a time, {waiting_max:g} waiting: the server's batch limit, "
+            "not kevload, set the level")
+
+
+def _published(series: dict[str, list[float]], names: tuple[str, ...], combine: Callable) -> float | None:
+    for name in names:
+        if name in series:
+            value = combine(series[name])
+            return _number(value) if math.isfinite(value) else None  # NaN and ±Inf say nothing here
+    return None
+
+
+def _largest(values: np.ndarray) -> float | None:
+    return None if np.isnan(values).all() else _number(float(np.nanmax(values)))
+
+
+def _number(value: float) -> int | float:
+    """A gauge's value as JSON shows it best: 4, not 4.0."""
+    return int(value) if float(value).is_integer() else round(float(value), 6)
+
+
+def _to_stderr(message: str) -> None:
+    print(message, file=sys.stderr)
