@@ -122,7 +122,7 @@ def _on_target(builtin: str | None, settings: TargetSettings | None,
     """``work(url, model, stop)`` under ``aio.run``, with ``--target``'s server running for it when one is given
     (its URL and model; None and None otherwise). Returns the result (None when stopped while the target
     started), the signal as ``aio.run`` does, and the error to raise once the result is shown when the target
-    exited meanwhile (exit 3; None otherwise)."""
+    stopped serving meanwhile (exit 3; None otherwise)."""
     if builtin is None:
         result, signum = aio.run(lambda stop: work(None, None, stop))
         return result, signum, None
@@ -415,7 +415,8 @@ def _target_options(func):
                      default=True, show_default=True,
                      help="Reuse of a prompt's KV cache (llama.cpp --cache-prompt, vLLM prefix caching)."),
         click.option("--enforce-eager/--no-enforce-eager", default=False, show_default=True,
-                     help="vLLM: eager PyTorch, no torch.compile (starts in about 40 s instead of 2–3 minutes)."),
+                     help="vLLM: eager PyTorch, no torch.compile (starts in about 20 s; compiled: a minute with "
+                     "its compile cache, 2–3 the first time)."),
         click.option("--dtype", default="bfloat16", show_default=True, help="Weights dtype (transformers, vLLM)."),
         click.option("--seed", type=int, help="Server-wide default seed (vLLM: its engine's seed)."),
         click.option("--gguf", type=click.Path(dir_okay=False, exists=True), help="Your own GGUF model file."),

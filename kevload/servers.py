@@ -102,8 +102,9 @@ def wait_ready(server: ServerProcess, url: str, *, timeout: float,
 async def stop_when_gone(pid: int, every: float = 0.25) -> None:
     """Wait until the process ``pid`` has exited, then stop what is left of its group.
 
-    A server's children (vLLM's engine core) can outlive it and keep its listening socket open: connections
-    would then be accepted and never answered. With the group gone, every request fails at once instead.
+    A server's children can outlive it: vLLM's engine core and worker (3 GB) do when its API server is killed,
+    and a child that inherited the listening socket would accept connections and never answer them. With the
+    group gone nothing is left running and every request fails at once.
     """
     while pid_alive(pid):
         await asyncio.sleep(every)

@@ -44,9 +44,12 @@ def test_one_sequence_at_a_time_is_bitwise_serial_at_every_level(tmp_path, vllm_
         assert (cell["ok"], cell["distinct"], cell["drift"]) == (4, 1, False), cell
         # vLLM sends no token ids: its logprobs are found and aligned by token strings.
         assert cell["logprob_samples"] == 4 and cell["logprob_bitwise"] and not cell["latent_drift"], cell
-    # kevload did hold c requests in flight; the server's batch limit is what made them one at a time.
+    # kevload did hold c requests in flight; the server's batch limit is what made them one at a time,
+    # as the server's own view says: never more than one running, the others waiting.
     counted = [r for r in read_records(tmp_path / "one" / "records.jsonl") if r["role"] == "probe" and r["counted"]]
     assert {(r["concurrency"], r["in_flight"]) for r in counted} == {(1, 0), (2, 1), (4, 3)}
+    assert all(cells[c]["server_samples"] > 0 and cells[c]["server_running_max"] <= 1 for c in (1, 2, 4)), cells
+    assert cells[4]["server_waiting_max"] >= 1 and "server ran ≤ 1 at a time" in cells[4]["server_note"], cells[4]
 
 
 def test_vllm_publishes_its_own_view_on_metrics(vllm_one):
@@ -69,6 +72,7 @@ def test_diagnose_on_vllm_defaults_names_crosstalk_and_c4_leaves_serial(tmp_path
     cells = cells_by_level(load_summary(tmp_path / "d" / "concurrency_single"), probe="probe")
     assert cells[1]["distinct"] == 1 and cells[1]["logprob_samples"] == 3 and cells[1]["logprob_bitwise"], cells[1]
     assert cells[4]["drift"] or cells[4]["latent_drift"], cells[4]
+    assert cells[4]["server_running_max"] > 1, cells[4]  # batched, by the server's own account
 
 
 def test_vllm_killed_mid_run_ends_the_run_exit_3_with_its_log(tmp_path):

@@ -58,7 +58,8 @@ def launch(venv: Path, model: Path, s: TargetSettings, port: int, *, served_name
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
            "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": cores(s.thread_count()),
            "VLLM_CACHE_ROOT": str(compile_cache(venv))}
-    # Compiling takes 1–3 minutes on 2 cores (less with the compile cache); eager mode starts in about 40 s.
+    # Ready in about 2.5 minutes the first time (torch.compile), 1 with the compile cache, 20 s eager, on 2 cores;
+    # two to three times that on a loaded machine.
     return Launch(argv=(*argv, *s.extra_args), env=env, model=served_name, ready_timeout=600.0)
 
 
