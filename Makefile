@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install test test-fast lint demo bench clean system-deps
+.PHONY: install test test-fast lint demo bench clean system-deps demo-deps
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,13 +17,17 @@ $(STAMP): setup.cfg pyproject.toml
 
 install: $(STAMP)
 
-# cmake and a C++ compiler build llama.cpp's server once (cached under ~/.cache/kevload);
-# chromium renders the HTML report in its test; nginx and wrk are the bench's zero-cost server and limit.
-system-deps:
-	@command -v cmake >/dev/null && command -v g++ >/dev/null && command -v chromium >/dev/null && \
-	  command -v nginx >/dev/null && command -v wrk >/dev/null || \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	    cmake g++ make chromium nginx wrk >/dev/null)
+# cmake and a C++ compiler build llama.cpp's server once (cached under ~/.cache/kevload): all the demo needs
+# from Debian (transformers and vLLM come from PyPI, into their own virtualenvs).
+demo-deps:
+	@command -v cmake >/dev/null && command -v g++ >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake g++ make >/dev/null)
+
+# Tests and bench need more: chromium renders the HTML report in its test; nginx and wrk are the bench's
+# zero-cost server and limit.
+system-deps: demo-deps
+	@command -v chromium >/dev/null && command -v nginx >/dev/null && command -v wrk >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium nginx wrk >/dev/null)
 
 lint: install
 	$(BIN)/ruff check kevload tests bench
@@ -35,7 +39,7 @@ test: install system-deps lint
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not e2e" $(PYTEST_ARGS)
 
-demo: install system-deps
+demo: install demo-deps
 	$(BIN)/python -m kevload demo
 
 GUIDELLM := $(HOME)/.cache/kevload/bench/guidellm

@@ -7,7 +7,7 @@ import functools
 import math
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -29,6 +29,7 @@ from kevload.scenario import (
     MAX_TOKENS,
     MAX_WORKERS,
     load_scenario,
+    toml_value,
 )
 from kevload.stats import samples_for_bound
 from kevload.store import (
@@ -83,6 +84,56 @@ def main() -> None:
     """Load-test an OpenAI-compatible LLM server and find out whether the same input gives the same output."""
 
 
+def _on_target_options(func):
+    """``--target NAME`` and ``--target-set KEY=VALUE``: a built-in target started for one command."""
+    func = click.option("--target-set", "target_sets", multiple=True, metavar="KEY=VALUE",
+                        help="A setting of --target's server, VALUE as TOML (max_num_seqs=1, enforce_eager=true): "
+                        "the names of `kevload target start`'s options, with underscores.")(func)
+    return click.option("--target", "builtin", type=click.Choice(NAMES),
+                        help="Start this built-in target on 127.0.0.1 for the command (its URL and model are "
+                        "the ones used) and stop it after; one that stops serving meanwhile is exit 3.")(func)
+
+
+def _target_settings(builtin: str | None, target_sets: tuple[str, ...]) -> TargetSettings | None:
+    if builtin is None:
+        if target_sets:
+            raise InputError("--target-set: only with --target NAME")
+        return None
+    options = {}
+    for spec in target_sets:
+        key, sep, value = spec.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"--target-set {spec!r}: expected KEY=VALUE, e.g. --target-set max_num_seqs=1")
+        options[key.strip()] = toml_value(value)
+    return TargetSettings.from_options(options)
+
+
+def _url_or_target(url: str | None, model: str | None, builtin: str | None) -> None:
+    """A server is given one way: --url and --model, or --target (which has its own)."""
+    if builtin is None and (url is None or model is None):
+        raise InputError("give --url and --model, or --target NAME to start a built-in target")
+    if builtin is not None and (url is not None or model is not None):
+        raise InputError("--target starts its own server: give no --url or --model with it")
+
+
+def _on_target(builtin: str | None, settings: TargetSettings | None,
+               work: Callable[[str | None, str | None, Any], Awaitable[Any]],
+               quiet: bool = False) -> tuple[Any, int | None, Any]:
+    """``work(url, model, stop)`` under ``aio.run``, with ``--target``'s server running for it when one is given
+    (its URL and model; None and None otherwise). Returns the result (None when stopped while the target
+    started), the signal as ``aio.run`` does, and the error to raise once the result is shown when the target
+    stopped serving meanwhile (exit 3; None otherwise)."""
+    if builtin is None:
+        result, signum = aio.run(lambda stop: work(None, None, stop))
+        return result, signum, None
+    from kevload.targets import on_target
+
+    log = (lambda m: None) if quiet else (lambda m: stderr.print(m, style="dim"))
+    (result, exited), signum = aio.run(lambda stop: on_target(
+        builtin, settings, lambda t: work(t.url, t.model, stop), log=log, stop=stop))
+    return result, signum, exited
+
+
 @main.command()
 @click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path), required=False)
 @click.option("--resume", type=click.Path(file_okay=False, path_type=Path),
@@ -114,11 +165,12 @@ def main() -> None:
 @click.option("--fail-on", type=click.Choice(["drift", "latent"]), default="drift", show_default=True,
               help="latent: latent drift (the serial text, other per-token logprobs) exits 1 too, and a cell "
                    "where some ok samples came without logprobs exits 3 (inconclusive).")
+@_on_target_options
 def run(scenario: Path | None, resume: Path | None, retries: int | None, overrides: tuple[str, ...],
         out: Path | None, overwrite: bool, quiet: bool, baseline: Path | None, max_latency_regression: float,
         junit: Path | None, metrics: Path | None, dataset_seed: int | None,
         fail_on: str, until_bound: str | None,
-        workers: int | None, ray_address: str | None) -> None:
+        workers: int | None, ray_address: str | None, builtin: str | None, target_sets: tuple[str, ...]) -> None:
     """Run SCENARIO and print the uniqueness matrix. Exit 0 stable, 1 drift (or latent drift with
     --fail-on latent, or a cell under load.min_slo_attainment), 2 bad input, 3 target failed (or
     inconclusive: a cell with fewer ok probe samples than asked, or none at all)."""
@@ -129,6 +181,10 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
     if until_bound is not None:
         overrides = (*overrides, f"load.until_bound={_share(until_bound, '--until-bound')!r}")
     overrides = (*overrides, f"load.workers={workers}") if workers is not None else overrides
+    settings = _target_settings(builtin, target_sets)
+    if builtin is not None and ray_address not in (None, "local"):
+        raise InputError("--target starts its server at 127.0.0.1 of this host, which Ray workers on other hosts "
+                         "cannot reach: start it with `kevload target start` and give its URL instead")
     if resume is not None:
         if scenario is not None or out is not None or overwrite:
             raise InputError("--resume RUN_DIR takes the scenario and directory of that run; "
@@ -157,8 +213,15 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
                 level = f"r={record.rate:g}/s" if record.rate is not None else f"c={record.concurrency}"
                 progress.update(task, advance=1, description=f"{record.probe} {level}")
 
-        result, signum = aio.run(lambda stop: run_scenario(
-            sc, out, on_record=on_record, stop=stop, resume=resume is not None, overwrite=overwrite, ray=ray_address))
+        def work(url: str | None, model: str | None, stop):
+            started = sc if url is None else sc.with_settings({"target.base_url": url, "target.model": model},
+                                                              source="--target")
+            return run_scenario(started, out, on_record=on_record, stop=stop, resume=resume is not None,
+                                overwrite=overwrite, ray=ray_address)
+
+        result, signum, exited = _on_target(builtin, settings, work, quiet)
+    if result is None:  # stopped while --target's server started: nothing was sent
+        _exit_if_signalled(signum)
     _print_summary(result.summary, quiet)
     files = ", ".join(str(p) for p in records_paths(result.run_dir)) or str(result.run_dir / RECORDS)
     # The run's own count, as run.json and summary.json say it; a resume's part of it beside it.
@@ -171,6 +234,8 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
     if metrics is not None:
         _write_metrics(metrics, result.summary, result.run_dir)
     _exit_if_signalled(signum)
+    if exited is not None:
+        raise exited
     verdict_code = code = _exit_code(result.summary)
     if fail_on == "latent" and code == EXIT_OK and result.summary.latent_cells:
         code = EXIT_DRIFT
@@ -333,21 +398,27 @@ def _exit_if_signalled(signum: int | None) -> None:
 
 @main.group()
 def target() -> None:
-    """Built-in real targets on 127.0.0.1: llama.cpp's llama-server and transformers serve."""
+    """Built-in real targets on 127.0.0.1: llama.cpp's llama-server, transformers serve and vLLM (CPU)."""
 
 
 def _target_options(func):
     options = [
-        click.option("--slots", type=click.IntRange(min=1), default=4, show_default=True,
-                     help="Parallel slots (llama.cpp --parallel)."),
+        click.option("--slots", "--max-num-seqs", "slots", type=click.IntRange(min=1), default=4, show_default=True,
+                     help="The most requests decoded together (llama.cpp --parallel, vLLM --max-num-seqs)."),
         click.option("--ctx-size", type=click.IntRange(min=64), help="Context size (llama.cpp; default 2048 × slots)."),
+        click.option("--max-model-len", type=click.IntRange(min=16),
+                     help="Context length of one request (vLLM; default 2048)."),
         click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: all cores)."),
         click.option("--batching/--no-batching", default=True, show_default=True,
-                     help="Continuous batching on or off."),
-        click.option("--cache-prompt/--no-cache-prompt", default=True, show_default=True,
-                     help="Prompt (KV) cache reuse (llama.cpp)."),
-        click.option("--dtype", default="bfloat16", show_default=True, help="Weights dtype (transformers)."),
-        click.option("--seed", type=int, help="Server-wide default seed."),
+                     help="Continuous batching on or off (vLLM: off is --max-num-seqs 1)."),
+        click.option("--cache-prompt/--no-cache-prompt", "--prefix-caching/--no-prefix-caching", "cache_prompt",
+                     default=True, show_default=True,
+                     help="Reuse of a prompt's KV cache (llama.cpp --cache-prompt, vLLM prefix caching)."),
+        click.option("--enforce-eager/--no-enforce-eager", default=False, show_default=True,
+                     help="vLLM: eager PyTorch, no torch.compile (starts in about 20 s; compiled: a minute with "
+                     "its compile cache, 2–3 the first time)."),
+        click.option("--dtype", default="bfloat16", show_default=True, help="Weights dtype (transformers, vLLM)."),
+        click.option("--seed", type=int, help="Server-wide default seed (vLLM: its engine's seed)."),
         click.option("--gguf", type=click.Path(dir_okay=False, exists=True), help="Your own GGUF model file."),
         click.option("--port", type=click.IntRange(1, 65535), help="Port (default: a free one)."),
     ]
@@ -405,11 +476,12 @@ def target_status(name: str) -> None:
 
 
 @main.command()
-@click.option("--targets", default="llamacpp,transformers", show_default=True,
+@click.option("--targets", default="llamacpp,transformers,vllm", show_default=True,
               help="Comma-separated built-in targets to run the demo against.")
 @click.option("--samples", type=click.IntRange(min=2, max=MAX_SAMPLES), default=8, show_default=True)
 def demo(targets: str, samples: int) -> None:
-    """The guide's first three steps against the built-in real targets, matrices side by side."""
+    """The guide's first three steps against the built-in real targets, matrices side by side, and vLLM's
+    max-batch-size sweep."""
     from kevload.demo import run_demo
 
     names = [t.strip() for t in targets.split(",") if t.strip()]
@@ -422,8 +494,8 @@ def demo(targets: str, samples: int) -> None:
 
 
 @main.command("diagnose")
-@click.option("--url", required=True, help="Base URL, e.g. http://127.0.0.1:8000/v1.")
-@click.option("--model", required=True)
+@click.option("--url", help="Base URL, e.g. http://127.0.0.1:8000/v1 (or --target).")
+@click.option("--model", help="The model name to send (or --target).")
 @click.option("--prompt", help="The input that misbehaves.")
 @click.option("--messages", "messages_file", type=click.Path(dir_okay=False, path_type=Path),
               help="JSON file with a chat messages list, instead of --prompt.")
@@ -444,9 +516,13 @@ def demo(targets: str, samples: int) -> None:
               "drift is seen or the 95% bound on its drift rate is this low (5% or 0.05), at most --max-samples.")
 @click.option("--max-samples", type=click.IntRange(min=2, max=MAX_SAMPLES), default=1000, show_default=True,
               help="With --until-bound: the most probe samples per cell.")
+@_on_target_options
 def diagnose_command(url, model, prompt, messages_file, params_json, max_tokens, samples, max_concurrency, api,
-                     timeout, api_key_env, online, train, json_out, out, run_all, until_bound, max_samples) -> None:
+                     timeout, api_key_env, online, train, json_out, out, run_all, until_bound, max_samples,
+                     builtin, target_sets) -> None:
     """Walk the guide's steps against a server and say which layer the problem is in."""
+    import dataclasses
+
     import orjson
 
     from kevload.diagnose import DiagnoseOptions, check_options, diagnose
@@ -455,6 +531,8 @@ def diagnose_command(url, model, prompt, messages_file, params_json, max_tokens,
 
     if (prompt is None) == (messages_file is None):
         raise InputError("give exactly one of --prompt TEXT or --messages FILE")
+    _url_or_target(url, model, builtin)
+    settings = _target_settings(builtin, target_sets)
     if (online is None) != (train is None):
         raise InputError("--online and --train go together")
     try:
@@ -467,17 +545,28 @@ def diagnose_command(url, model, prompt, messages_file, params_json, max_tokens,
     if messages_file is not None:
         messages = _read_messages(messages_file)
     probe = Probe(id="probe", prompt=prompt, messages=messages, max_tokens=max_tokens)
-    options = DiagnoseOptions(url=url, model=model, probe=probe, params=params, api=api, samples=samples,
+    # With --target the URL is the started server's; a placeholder meanwhile lets the options be checked first.
+    options = DiagnoseOptions(url=url or "http://127.0.0.1:1/v1", model=model or "", probe=probe, params=params,
+                              api=api, samples=samples,
                               max_concurrency=max_concurrency, timeout=timeout, api_key_env=api_key_env,
                               run_all=run_all, online=online, train=train, out=out,
                               until_bound=None if until_bound is None else _share(until_bound, "--until-bound"),
                               max_samples=max_samples)
     check_options(options)
-    result, signum = aio.run(lambda stop: diagnose(options, log=lambda m: stderr.print(m), stop=stop))
+
+    def work(url: str | None, model: str | None, stop):
+        given = options if url is None else dataclasses.replace(options, url=url, model=model)
+        return diagnose(given, log=lambda m: stderr.print(m), stop=stop)
+
+    result, signum, exited = _on_target(builtin, settings, work)
+    if result is None:
+        _exit_if_signalled(signum)
     click.echo(diagnosis_text(result.to_json()))
     if json_out is not None:
         json_out.write_bytes(orjson.dumps(result.to_json(), option=orjson.OPT_INDENT_2))
     _exit_if_signalled(signum)
+    if exited is not None:
+        raise exited
     if result.target_failed:
         sys.exit(EXIT_TARGET)
     sys.exit(EXIT_OK if result.verdict == "stable" else EXIT_DRIFT)
@@ -545,8 +634,8 @@ def cases_build(run_dirs: tuple[Path, ...], output: Path, target_name: str | Non
 
 @cases.command("rerun")
 @click.argument("cases_file", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--url", required=True)
-@click.option("--model", required=True)
+@click.option("--url", help="Base URL of the server to rerun on (or --target).")
+@click.option("--model", help="The model name to send (or --target).")
 @click.option("--times", type=click.IntRange(min=2, max=MAX_SAMPLES), default=5, show_default=True)
 @click.option("--api", type=click.Choice(APIS), default="chat", show_default=True)
 @click.option("--target-name", help="Rerun only the cases of this target (as `cases build` named it).")
@@ -555,8 +644,10 @@ def cases_build(run_dirs: tuple[Path, ...], output: Path, target_name: str | Non
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Parent directory of the rerun runs (default results): each rerun makes OUT/cases-rerun-<id>/.")
-def cases_rerun(cases_file: Path, url: str, model: str, times: int, api: str, target_name: str | None,
-                accept: bool, output: Path, out: Path | None) -> None:
+@_on_target_options
+def cases_rerun(cases_file: Path, url: str | None, model: str | None, times: int, api: str, target_name: str | None,
+                accept: bool, output: Path, out: Path | None, builtin: str | None,
+                target_sets: tuple[str, ...]) -> None:
     """Rerun every case under its recorded load and compare with its recorded outputs.
 
     Exit 1 if a stable case became unstable, a stable case now answers something else (`changed`,
@@ -566,13 +657,21 @@ def cases_rerun(cases_file: Path, url: str, model: str, times: int, api: str, ta
 
     from kevload.cases import accept_changes, describe_load, read_cases, rerun_cases, transitions
 
+    _url_or_target(url, model, builtin)
+    settings = _target_settings(builtin, target_sets)
     items = read_cases(cases_file)
     if target_name is not None:
         items = [c for c in items if (c.get("target") or {}).get("name") == target_name]
         if not items:
             raise InputError(f"{cases_file}: no case of target {target_name!r}")
-    results, signum = aio.run(lambda stop: rerun_cases(
-        items, url=url, model=model, times=times, api=api, out=out, stop=stop, log=lambda m: stderr.print(m)))
+
+    def work(started_url: str | None, started_model: str | None, stop):
+        return rerun_cases(items, url=started_url or url, model=started_model or model, times=times, api=api,
+                           out=out, stop=stop, log=lambda m: stderr.print(m))
+
+    results, signum, exited = _on_target(builtin, settings, work)
+    if results is None:
+        _exit_if_signalled(signum)
     with output.open("wb") as handle:
         for r in results:
             handle.write(orjson.dumps(r) + b"\n")
@@ -592,6 +691,8 @@ def cases_rerun(cases_file: Path, url: str, model: str, times: int, api: str, ta
         click.echo(f"{cases_file}: accepted the new answers of {len(updated)} changed case(s); "
                    "the old outputs are kept in their history")
     _exit_if_signalled(signum)
+    if exited is not None:
+        raise exited
     if moves["no answer"]:
         sys.exit(EXIT_TARGET)
     changed = moves["changed"] and not accept

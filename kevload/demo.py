@@ -1,11 +1,10 @@
-"""`kevload demo`: the guide's steps 1–3 against the built-in real targets, shown side by side."""
+"""`kevload demo`: the guide's steps 1–3 against the built-in real targets side by side, and vLLM's batch-size sweep."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ from rich.columns import Columns
 from rich.console import Console
 from rich.table import Table
 
+from kevload.aio import until_stopped
 from kevload.diagnose import DiagnoseOptions, diagnose
 from kevload.report import cell_text
 from kevload.runs import run_scenario
@@ -20,10 +20,17 @@ from kevload.scenario import Probe, load_scenario
 from kevload.stats import drift_upper_bound
 from kevload.store import default_run_dir
 from kevload.summary import RunSummary, position_label
-from kevload.targets import RunningTarget, TargetSettings, start_target, stop_target
+from kevload.sweep import Grid, row_cells, setting_row, sweep_markdown, write_sweep
+from kevload.targets import RunningTarget, TargetSettings, serving
 
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "demo.toml"
-LABELS = {"llamacpp": "llama.cpp", "transformers": "transformers"}
+LABELS = {"llamacpp": "llama.cpp", "transformers": "transformers", "vllm": "vLLM"}
+# What each target runs with: four slots. vLLM in eager mode: torch.compile adds about 40 s to each of its
+# three starts (the column and two sweep settings), minutes on a loaded machine; the demo has 15 in all.
+SETTINGS = {"llamacpp": TargetSettings(slots=4), "transformers": TargetSettings(slots=4),
+            "vllm": TargetSettings(slots=4, enforce_eager=True)}
+# The max-batch-size sweep: step 2 again at these max_num_seqs; the column's own setting (4) is its step 2.
+SWEEP_SLOTS = {"vllm": (1, 2)}
 
 FIXED = {"temperature": 0, "top_p": 1, "seed": 1234}
 PRODUCTION = {"temperature": 0.8, "top_p": 0.95}
@@ -53,21 +60,31 @@ async def run_demo(names: list[str], *, samples: int, console: Console, stop: as
     """
     out = out or default_run_dir("demo")
     results: dict[str, list[tuple[str, RunSummary]]] = {}
+    sweeps: dict[str, dict[str, Any]] = {}
     for name in names:
         if stop.is_set():
             break
         console.print(f"[bold]{LABELS[name]}[/bold]: starting (the first start builds or installs it) …")
         results[name] = await _run_target(name, samples, out, console, stop)
+        step2 = next((s for step, s in results[name] if step == STEPS[1].name), None)
+        if name in SWEEP_SLOTS and step2 is not None and not stop.is_set():
+            sweeps[name] = await _sweep(name, step2, samples, out, console, stop)
     shown = {name: steps for name, steps in results.items() if steps}
     if shown:
         console.print(Columns([_table(name, steps) for name, steps in shown.items()], padding=(0, 4)))
     for name, steps in shown.items():
         console.print(headline(LABELS[name], steps))
         console.print(logprob_line(LABELS[name], steps))
+    for name, sweep in sweeps.items():
+        console.print(f"\n[bold]{LABELS[name]}: step 2 at each max_num_seqs (the max batch size)[/bold]")
+        console.print(sweep_markdown(sweep), markup=False, highlight=False, soft_wrap=True)
+        for line in sweep_lines(sweep):
+            console.print(line)
     if stop.is_set():
         console.print("stopped: the matrices hold what was collected before the stop")
     console.print(f"runs: {out}/ (re-read any with `kevload report DIR`)")
     failed = any(s.verdict == "target_failed" for steps in results.values() for _, s in steps)
+    failed |= any(row["verdict"] == "target_failed" for sweep in sweeps.values() for row in sweep["rows"])
     return 3 if failed else 0
 
 
@@ -127,27 +144,52 @@ def logprob_line(label: str, steps: list[tuple[str, dict[str, Any]]]) -> str:
             + (f", largest |difference| {diff:.3g}" if diff is not None else "") + f"; {n} samples compared{gaps}")
 
 
+def sweep_lines(sweep: dict[str, Any]) -> list[str]:
+    """Per setting, what its outputs do against serial and what the highest level costs: the trade-off at a glance."""
+    lines = []
+    for row in sweep["rows"]:
+        cells = sorted(row_cells(row), key=lambda c: c.level_order)
+        if not cells:
+            continue
+        levels = lambda chosen: ",".join(str(c.concurrency) for c in chosen)  # noqa: E731
+        drift = [c for c in cells if c.drift]
+        latent = [c for c in cells if c.latent_drift]
+        if drift:
+            said = f"text drifts at c={levels(drift)}"
+        elif latent:
+            said = (f"the serial text everywhere, other logprobs at c={levels(latent)} "
+                    f"(largest |difference| {max(c.logprob_max_abs_diff or 0 for c in latent):.3g})")
+        elif all(c.logprob_bitwise for c in cells):
+            said = f"logprobs bitwise equal to serial at c={levels(cells)}"
+        else:
+            said = f"the serial text at c={levels(cells)}"
+        top = cells[-1]
+        p50 = top.latency.get("e2e", {}).get("p50")
+        cost = f"{top.requests_per_s or 0:.2f} req/s" + (f", p50 {p50:.1f} s" if p50 is not None else "")
+        lines.append(f"{row['setting']}: {said}; at c={top.concurrency} {cost} ({top.ok} samples per cell)")
+    return lines
+
+
 async def _run_target(name: str, samples: int, out: Path, console: Console,
                       stop: asyncio.Event) -> list[tuple[str, RunSummary]]:
-    log = lambda message: console.print(f"  {message}", style="dim")  # noqa: E731
+    log = _log(console)
     done: list[tuple[str, RunSummary]] = []
-    async with _started(name, TargetSettings(slots=4), log, stop) as target:
+    async with serving(name, SETTINGS[name], log=log, stop=stop) as target:
         if target is None:
             return done
         for i, step in enumerate(STEPS):
             if stop.is_set():
                 return done
-            _keep(done, step.name, await _run_step(target.url, target.model, step.settings, samples,
-                                                   out / f"{name}-step{i + 1}", console, stop))
-        console.print("  diagnose (the guide's steps as one command) …", style="dim")
-        options = DiagnoseOptions(url=target.url, model=target.model, probe=DEMO_PROBE, params=PRODUCTION,
-                                  samples=3, max_concurrency=4, timeout=120, run_all=True,
-                                  out=out / f"{name}-diagnose")
-        diagnosis = await _until_stopped(diagnose(options, log=lambda m: None), stop)
-        if diagnosis is None:
+            _keep(done, step.name, await _run_step(target, step.settings, samples, out / f"{name}-step{i + 1}",
+                                                   console, stop))
+        if name in SWEEP_SLOTS:
+            # Its sweep below is the guide's next step (a smaller max batch size); diagnose would cost
+            # minutes more (several on a loaded machine) than the demo's 15 allow.
+            console.print(f"  {LABELS[name]}: diagnose left out here (its sweep follows); "
+                          f"`kevload diagnose --target {name} --prompt …` runs it", style="dim")
+            await _say_if_failed(target, console)
             return done
-        causes = "; ".join(f"{c['verdict']} ({c['reason']})" for c in diagnosis.causes) or diagnosis.reason
-        console.print(f"  {LABELS[name]} diagnose --all: {diagnosis.verdict}; causes found: {causes}")
+        await _diagnose(target, out, console, stop)
     if stop.is_set():
         return done
     verdicts = {step_name: s.verdict for step_name, s in done}
@@ -157,13 +199,58 @@ async def _run_target(name: str, samples: int, out: Path, console: Console,
         # drifting step, at its lowest and highest level only: unbatched CPU serving is slow.
         step = drifted[0]
         console.print(f"  {LABELS[name]} drifted; rerunning '{step.name}' (c=1 and c=4) with batching off …")
-        async with _started(name, TargetSettings(slots=4, batching=False), log, stop) as target:
+        async with serving(name, replace(SETTINGS[name], batching=False), log=log, stop=stop) as target:
             if target is None:
                 return done
             _keep(done, f"{step.name[0]} … batching off",
-                  await _run_step(target.url, target.model, {**step.settings, "load.concurrency": [1, 4]}, samples,
+                  await _run_step(target, {**step.settings, "load.concurrency": [1, 4]}, samples,
                                   out / f"{name}-nobatch", console, stop))
+            await _say_if_failed(target, console)
     return done
+
+
+async def _diagnose(target: RunningTarget, out: Path, console: Console, stop: asyncio.Event) -> None:
+    console.print("  diagnose (the guide's steps as one command) …", style="dim")
+    options = DiagnoseOptions(url=target.url, model=target.model, probe=DEMO_PROBE, params=PRODUCTION,
+                              samples=3, max_concurrency=4, timeout=120, run_all=True,
+                              out=out / f"{target.name}-diagnose")
+    diagnosis = await until_stopped(diagnose(options, log=lambda m: None), stop)
+    await _say_if_failed(target, console)
+    if diagnosis is not None:
+        causes = "; ".join(f"{c['verdict']} ({c['reason']})" for c in diagnosis.causes) or diagnosis.reason
+        console.print(f"  {LABELS[target.name]} diagnose --all: {diagnosis.verdict}; causes found: {causes}")
+
+
+async def _sweep(name: str, step2: RunSummary, samples: int, out: Path, console: Console,
+                 stop: asyncio.Event) -> dict[str, Any]:
+    """Step 2 at each max_num_seqs, as `kevload sweep --target NAME --grid max_num_seqs=…` runs it; the column's
+    own setting is its step 2 run, not run again."""
+    own = SETTINGS[name].slots
+    rows = {own: setting_row(f"max_num_seqs={own}", {"max_num_seqs": own}, {}, out / f"{name}-step2", step2)}
+    sweep_dir = out / f"{name}-sweep"
+    for slots in SWEEP_SLOTS[name]:
+        if stop.is_set():
+            break
+        console.print(f"  {LABELS[name]} max_num_seqs={slots}: restarting with it …", style="dim")
+        async with serving(name, replace(SETTINGS[name], slots=slots), log=_log(console), stop=stop) as target:
+            if target is None:
+                break
+            run_dir = sweep_dir / f"max_num_seqs={slots}"
+            summary = await _run_step(target, STEPS[1].settings, samples, run_dir, console, stop)
+            await _say_if_failed(target, console)
+        rows[slots] = setting_row(f"max_num_seqs={slots}", {"max_num_seqs": slots}, {}, run_dir, summary)
+    grid = Grid(server={"max_num_seqs": sorted(rows)}, scenario={})
+    return write_sweep(sweep_dir, grid, [rows[k] for k in sorted(rows)], complete=not stop.is_set())
+
+
+def _log(console: Console) -> Callable[[str], None]:
+    return lambda message: console.print(f"  {message}", style="dim")
+
+
+async def _say_if_failed(target: RunningTarget, console: Console) -> None:
+    failure = await asyncio.to_thread(target.failure)
+    if failure is not None:
+        console.print(f"  {failure}", markup=False, highlight=False)
 
 
 def _keep(done: list[tuple[str, RunSummary]], name: str, summary: RunSummary) -> None:
@@ -172,58 +259,11 @@ def _keep(done: list[tuple[str, RunSummary]], name: str, summary: RunSummary) ->
         done.append((name, summary))
 
 
-@contextlib.asynccontextmanager
-async def _started(name: str, settings: TargetSettings, log: Callable[[str], None],
-                   stop: asyncio.Event) -> AsyncIterator[RunningTarget | None]:
-    """A target for the block (None if ``stop`` came first), stopped when the block ends, however it ends.
-
-    Starting blocks (provisioning, then polling for readiness), so it runs in a thread. Stopping the
-    spawned process is what ends that wait early: whichever of the thread (``on_spawn``) and this
-    coroutine sees both the process and the stop request stops it.
-    """
-    spawned: list[RunningTarget] = []
-
-    def on_spawn(target: RunningTarget) -> None:
-        spawned.append(target)
-        if stop.is_set():
-            stop_target(target)
-
-    start = asyncio.ensure_future(asyncio.to_thread(start_target, name, settings, log=log, on_spawn=on_spawn))
-    await _until_stopped(asyncio.shield(start), stop)
-    if stop.is_set():
-        for target in list(spawned):
-            await asyncio.to_thread(stop_target, target)
-        with contextlib.suppress(Exception):  # the start fails once its server is gone: that was the point
-            await start
-        yield None
-        return
-    target = start.result()
-    try:
-        yield target
-    finally:
-        await asyncio.to_thread(stop_target, target)
-
-
-async def _until_stopped(work: Any, stop: asyncio.Event) -> Any:
-    """The coroutine's result, or None if ``stop`` is set first (the coroutine is then cancelled)."""
-    task = asyncio.ensure_future(work)
-    stopped = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopped.cancel()
-    if not task.done():
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        return None
-    return task.result()
-
-
-async def _run_step(url: str, model: str, settings: Mapping[str, Any], samples: int, run_dir: Path,
+async def _run_step(target: RunningTarget, settings: Mapping[str, Any], samples: int, run_dir: Path,
                     console: Console, stop: asyncio.Event) -> RunSummary:
     scenario = load_scenario(SCENARIO).with_settings(
-        {"target.base_url": url, "target.model": model, "load.samples": samples, **settings}, source="demo")
+        {"target.base_url": target.url, "target.model": target.model, "load.samples": samples, **settings},
+        source="demo")
     console.print(f"  running {run_dir.name} …", style="dim")
     return (await run_scenario(scenario, run_dir, stop=stop)).summary
 

@@ -341,10 +341,7 @@ def apply_override(raw: dict[str, Any], override: str, source: str = "--set") ->
     key = key.strip()
     if not sep or not key:
         raise ScenarioError(f"--set {override!r}: expected KEY=VALUE, e.g. --set 'load.concurrency=[1,4]'")
-    try:
-        value = tomllib.loads(f"v = {value_text}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = value_text
+    value = toml_value(value_text)
     parts = key.split(".")
     node = raw
     for part in parts[:-1]:
@@ -353,6 +350,14 @@ def apply_override(raw: dict[str, Any], override: str, source: str = "--set") ->
             raise ScenarioError(f"--set {key}: {part} is not a table")
         node = child
     node[parts[-1]] = value
+
+
+def toml_value(text: str) -> Any:
+    """A value typed on the command line, read as TOML (``4``, ``true``, ``[1, 4]``); a bare word is a string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
 
 
 def scenario_from_dict(raw: dict[str, Any], *, source: str, name: str = "scenario") -> Scenario:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -38,10 +39,7 @@ class ServerProcess:
                 self._popen.wait(timeout=1)
 
     def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return log_tail(self.log_path, lines)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -99,6 +97,40 @@ def wait_ready(server: ServerProcess, url: str, *, timeout: float,
     except BaseException:
         server.stop()
         raise
+
+
+async def stop_when_gone(pid: int, every: float = 0.25) -> None:
+    """Wait until the process ``pid`` has exited, then stop what is left of its group.
+
+    A server's children can outlive it: vLLM's engine core and worker (3 GB) do when its API server is killed,
+    and a child that inherited the listening socket would accept connections and never answer them. With the
+    group gone nothing is left running and every request fails at once.
+    """
+    while pid_alive(pid):
+        await asyncio.sleep(every)
+    await asyncio.to_thread(stop_group, pid)
+
+
+def trouble(pid: int, health_url: str) -> str | None:
+    """Why a server that was ready can no longer serve, or None: its process exited, or it no longer answers
+    ``health_url`` with 200 (vLLM's API server lives on for a moment after its engine died, answering 500)."""
+    if not pid_alive(pid):
+        return "exited"
+    try:
+        with _DIRECT.open(health_url, timeout=5) as response:
+            status = response.status
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
+        return f"stopped answering {health_url} ({exc})"
+    return None if status == 200 else f"stopped answering {health_url} (HTTP {status})"
+
+
+def log_tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
 
 
 def pid_alive(pid: int) -> bool:

@@ -9,17 +9,16 @@ import itertools
 import math
 import re
 import shlex
-import tomllib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kevload.report import attainment_text, slo_bounds_text, verdict_line
+from kevload.report import attainment_text, cell_text, slo_bounds_text, verdict_line
 from kevload.runs import run_scenario
-from kevload.scenario import ScenarioError, load_scenario
+from kevload.scenario import ScenarioError, load_scenario, toml_value
 from kevload.servermetrics import CELL_FIELDS as SERVER_FIELDS
-from kevload.servers import free_port, start_server, wait_ready
+from kevload.servers import free_port, log_tail, start_server, stop_when_gone, trouble, wait_ready
 from kevload.store import write_json
 from kevload.summary import CellSummary, RunSummary
 
@@ -46,7 +45,8 @@ class Grid:
                                     "(e.g. slots=1,2,4 or load.mode=single,mixed)")
             if name in server or name in scenario:
                 raise ScenarioError(f"--grid {name}: given twice")
-            (scenario if "." in name else server)[name] = [_value(v.strip()) for v in values.split(",") if v.strip()]
+            axis = scenario if "." in name else server
+            axis[name] = [toml_value(v.strip()) for v in values.split(",") if v.strip()]
         # Counted before any setting is made: the settings are the product of the axes.
         settings = math.prod(len(values) for values in (*server.values(), *scenario.values()))
         if settings > MAX_SETTINGS:
@@ -79,6 +79,11 @@ async def run_sweep(scenario_path: Path, overrides: list[str], grid: Grid, *, ou
         base.with_settings(combo, source="--grid")
     if server_cmd is not None:
         check_server_cmd(server_cmd, ready_url, list(grid.server))
+    if builtin is not None:
+        from kevload.targets import TargetSettings
+
+        for setting in combinations(grid.server):
+            TargetSettings.from_options(setting)
     if elsewhere is not None:
         rows = await elsewhere(base, grid, out=out, server_cmd=server_cmd, ready_url=ready_url,
                                stop=stop, log=log)
@@ -88,17 +93,23 @@ async def run_sweep(scenario_path: Path, overrides: list[str], grid: Grid, *, ou
         if stop.is_set():
             break
         log(f"server {label(server_setting)}: starting …")
-        async with _server(server_setting, server_cmd, builtin, ready_url, out, stop, log) as sets:
-            if sets is None:  # stopped while the server was starting
+        async with _server(server_setting, server_cmd, builtin, ready_url, out, stop, log) as up:
+            if up is None:  # stopped while the server was starting
                 break
             for combo in combinations(grid.scenario):
                 if stop.is_set():
                     break
                 name = label({**server_setting, **combo})
-                scenario = base.with_settings(sets, source="sweep").with_settings(combo, source="--grid")
+                scenario = base.with_settings(up.sets, source="sweep").with_settings(combo, source="--grid")
                 log(f"  running {name} …")
                 result = await run_scenario(scenario, out / _dirname(name), stop=stop)
                 rows.append(setting_row(name, server_setting, combo, result.run_dir, result.summary))
+                failure = await asyncio.to_thread(up.failure)
+                if failure is not None:  # the rest of this setting's scenario keys would only fail
+                    rows[-1]["error"] = f"the server {failure} during the run (its log: {up.log_path})"
+                    log(f"  the server of {label(server_setting)} {failure} during the run; the end of its log:\n"
+                        f"{log_tail(up.log_path) if up.log_path else ''}")
+                    break
     return write_sweep(out, grid, rows, complete=not stop.is_set())
 
 
@@ -166,7 +177,8 @@ def sweep_markdown(sweep: dict[str, Any]) -> str:
             if slo:
                 texts.insert(0, (row.get("max_at_slo", {}).get(probe) or "none") if row.get("slo") else "-")
             lines.append(f"| {row['setting']} | {probe} | " + " | ".join(texts) + " |")
-    legend = "cells: distinct outputs (DRIFT when they differ from serial) · requests/s"
+    legend = ("cells: distinct outputs (DRIFT when they differ from serial; ~ the serial text with other logprobs; "
+              "≡ logprobs bitwise equal to serial's) · requests/s · median end-to-end latency")
     if any(c.server_running_max is not None for row in sweep["rows"] for c in row_cells(row)):
         legend += " · the most requests the server ran at once (its /metrics)"
     notes = [legend + (" · share of requests within the SLO (✗: under it)" if slo else "")]
@@ -179,13 +191,20 @@ def sweep_markdown(sweep: dict[str, Any]) -> str:
 
 
 def sweep_cell_text(cell: CellSummary | None) -> str:
+    """What one setting does at one level, text and logprobs, and what it costs: ``1 ≡ · 2.1/s · p50 1900 ms``."""
     if cell is None:
         return "-"
-    mark = (" DRIFT" if cell.distinct > 1 else " all≠serial") if cell.drift else ""
-    rps = f" · {cell.requests_per_s:.1f}/s" if cell.requests_per_s else ""
-    slo = f" · {attainment_text(cell)}" if cell.slo_attainment is not None else ""
-    ran = f" · server ran ≤ {cell.server_running_max:g}" if cell.server_running_max is not None else ""
-    return f"{cell.distinct}{mark}{rps}{slo}{ran}"
+    parts = [cell_text(cell) + (" ≡" if cell.logprob_bitwise else "")]
+    if cell.requests_per_s:
+        parts.append(f"{cell.requests_per_s:.{2 if cell.requests_per_s < 1 else 1}f}/s")
+    p50 = cell.latency.get("e2e", {}).get("p50")
+    if p50 is not None:
+        parts.append(f"p50 {p50 * 1000:.0f} ms")
+    if cell.slo_attainment is not None:
+        parts.append(attainment_text(cell))
+    if cell.server_running_max is not None:
+        parts.append(f"server ran ≤ {cell.server_running_max:g}")
+    return " · ".join(parts)
 
 
 def max_level_at_slo(cells: list[CellSummary]) -> str | None:
@@ -229,10 +248,12 @@ def _by_probe(row: dict[str, Any]) -> dict[str, dict[str, CellSummary]]:
     return out
 
 
-# What sweep.json keeps of each probe cell (with its level label): enough for the matrix and the SLO column.
-SWEEP_CELL_FIELDS = ("probe", "mode", "concurrency", "rate", "ok", "distinct", "drift", "first_divergence_chars",
-                     "requests_per_s", "output_tokens_per_s", "errors", "latency", "slo_met", "slo_attainment",
-                     "goodput", "meets_slo")
+# What sweep.json keeps of each probe cell (with its level label): enough for the matrix, the SLO column and
+# the logprob evidence, under the names a run's summary.json gives them.
+SWEEP_CELL_FIELDS = ("probe", "mode", "concurrency", "rate", "ok", "asked", "short", "distinct", "drift",
+                     "agrees_with_serial", "first_divergence_chars", "logprob_samples", "logprob_bitwise",
+                     "logprob_max_abs_diff", "first_logprob_divergence_token", "latent_drift", "requests_per_s",
+                     "output_tokens_per_s", "errors", "latency", "slo_met", "slo_attainment", "goodput", "meets_slo")
 
 
 def _cell(c: CellSummary) -> dict[str, Any]:
@@ -249,30 +270,32 @@ def _levels(rows: list[dict[str, Any]]) -> list[str]:
     return [lv for lv, _ in sorted(cells.items(), key=lambda kv: kv[1].level_order)]
 
 
+@dataclass(frozen=True)
+class _Up:
+    """A server started for one setting: the scenario settings that point at it, and why it no longer serves
+    (``servers.trouble``; None while it does)."""
+
+    sets: dict[str, Any]
+    failure: Callable[[], str | None]
+    log_path: Path | None
+
+
 @contextlib.asynccontextmanager
 async def _server(setting: dict[str, Any], server_cmd: str | None, builtin: str | None, ready_url: str | None,
-                  out: Path, stop: asyncio.Event, log: Callable[[str], None]) -> AsyncIterator[dict[str, Any] | None]:
-    """Start the server for one setting and yield the scenario settings that point at it (None: stopped while
-    starting); it is stopped when the block ends, however it ends, a cancel during its start included."""
+                  out: Path, stop: asyncio.Event, log: Callable[[str], None]) -> AsyncIterator[_Up | None]:
+    """Start the server for one setting (None: stopped while starting); it is stopped when the block ends,
+    however it ends, a cancel during its start included. A server that exits while in use has the rest of its
+    process group stopped at once, so the requests sent to it fail at once."""
     if builtin is not None:
-        from kevload.targets import TargetSettings, start_target, stop_target
+        from kevload.targets import TargetSettings, serving
 
-        start = functools.partial(start_target, builtin, TargetSettings.from_options(setting), log=log)
-        future = asyncio.get_running_loop().run_in_executor(None, start)
-        try:
-            target = await asyncio.shield(future)
-        except asyncio.CancelledError:
-            # A thread cannot be interrupted: wait for the start to finish and stop what it started.
-            with contextlib.suppress(Exception):
-                stop_target(await future)
-            raise
-        try:
-            yield {"target.base_url": target.url, "target.model": target.model}
-        finally:
-            stop_target(target)
+        async with serving(builtin, TargetSettings.from_options(setting), log=log, stop=stop) as target:
+            yield None if target is None else _Up(
+                {"target.base_url": target.url, "target.model": target.model},
+                functools.partial(trouble, target.pid, f"http://127.0.0.1:{target.port}/health"), target.log_path)
         return
     if server_cmd is None:
-        yield {}  # only scenario keys are swept: the target stays as it is
+        yield _Up({}, lambda: None, None)  # only scenario keys are swept: the target stays as it is
         return
     port = free_port()
     values = {**setting, "port": port}
@@ -281,6 +304,7 @@ async def _server(setting: dict[str, Any], server_cmd: str | None, builtin: str 
         server = start_server(argv, out / f"server-{_dirname(label(setting))}.log")
     except OSError as exc:
         raise ScenarioError(f"--server-cmd: cannot run {argv[0]!r}: {exc.strerror or exc}") from None
+    watch = None
     try:
         url = _fill(ready_url or "http://127.0.0.1:{port}/health", values)
         # The pid is known here, in this task, before the wait starts: the finally below stops the server even
@@ -289,8 +313,13 @@ async def _server(setting: dict[str, Any], server_cmd: str | None, builtin: str 
         future = asyncio.get_running_loop().run_in_executor(None, wait)
         future.add_done_callback(_retrieve)
         ready = await future
-        yield {"target.base_url": f"http://127.0.0.1:{port}/v1"} if ready else None
+        watch = asyncio.ensure_future(stop_when_gone(server.pid))
+        up = _Up({"target.base_url": f"http://127.0.0.1:{port}/v1"}, functools.partial(trouble, server.pid, url),
+                 server.log_path)
+        yield up if ready else None
     finally:
+        if watch is not None:
+            watch.cancel()
         server.stop()
 
 
@@ -298,13 +327,6 @@ def _retrieve(future: asyncio.Future) -> None:
     """Consume the readiness thread's outcome when nobody awaits it any more (its awaiter was cancelled)."""
     if not future.cancelled():
         future.exception()
-
-
-def _value(text: str) -> Any:
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
 
 
 def _dirname(name: str) -> str:

@@ -484,8 +484,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--drift-at", type=int)
     parser.add_argument("--latency", type=float, default=0.1)
+    parser.add_argument("--logprob-drift-at", type=int)
     args = parser.parse_args()
-    server = FakeServer(Behaviour(drift_at=args.drift_at, latency=args.latency))
+    server = FakeServer(Behaviour(drift_at=args.drift_at, latency=args.latency, logprob_drift_at=args.logprob_drift_at))
     server.port = args.port
     server.start()
     stopped = threading.Event()

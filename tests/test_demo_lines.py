@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kevload.demo import headline, logprob_line
+from kevload.demo import headline, logprob_line, sweep_lines
 from kevload.summary import RunSummary
 
 
@@ -41,3 +41,25 @@ def test_inconclusive_batching_off_step_is_not_called_drift():
     shown = [*steps(cell(1), drifting, verdict="nondeterministic"),
              ("2 … batching off", RunSummary.from_json({"verdict": "inconclusive", "cells": [cell(1), cell(4)]}))]
     assert headline("t", shown).endswith("; batching off: inconclusive")
+
+
+def test_sweep_lines_say_what_each_setting_keeps_and_what_it_costs():
+    latency = {"e2e": {"p50": 9.46}}
+    sweep = {"rows": [
+        {"setting": "max_num_seqs=1", "cells": [
+            cell(1, logprob_samples=8, logprob_bitwise=True, latent_drift=False, requests_per_s=0.4),
+            cell(4, logprob_samples=8, logprob_bitwise=True, latent_drift=False, requests_per_s=0.41,
+                 latency=latency)]},
+        {"setting": "max_num_seqs=4", "cells": [
+            cell(4, logprob_samples=8, logprob_bitwise=False, latent_drift=True, logprob_max_abs_diff=0.132,
+                 requests_per_s=1.25),
+            cell(1, logprob_samples=8, logprob_bitwise=True, latent_drift=False)]},
+        {"setting": "max_num_seqs=8", "cells": [cell(2, distinct=3, drift=True), cell(4, distinct=2, drift=True)]},
+        {"setting": "no logprobs", "cells": [cell(1), cell(2)]},
+        {"setting": "failed to start", "cells": []}]}
+    assert sweep_lines(sweep) == [
+        "max_num_seqs=1: logprobs bitwise equal to serial at c=1,4; at c=4 0.41 req/s, p50 9.5 s (8 samples per cell)",
+        "max_num_seqs=4: the serial text everywhere, other logprobs at c=4 (largest |difference| 0.132); "
+        "at c=4 1.25 req/s (8 samples per cell)",
+        "max_num_seqs=8: text drifts at c=2,4; at c=4 0.00 req/s (8 samples per cell)",
+        "no logprobs: the serial text at c=1,2; at c=2 0.00 req/s (8 samples per cell)"]

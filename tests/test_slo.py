@@ -221,7 +221,7 @@ def test_max_level_at_slo_stops_at_the_first_miss():
     sweep = {"levels": ["r=1/s", "r=2/s", "r=4/s", "r=8/s"],
              "rows": [{"setting": "slots=4", "slo": {"e2e_ms": 500.0}, "min_slo_attainment": None,
                        "max_at_slo": {"p1 (single)": "r=2/s"},
-                       "cells": [dict(c, probe="p1", mode="single", distinct=1, drift=False, slo_attainment=1.0)
+                       "cells": [dict(c, probe="p1", mode="single", ok=8, distinct=1, drift=False, slo_attainment=1.0)
                                  for c in cells]}]}
     text = sweep_markdown(sweep)
     assert "| setting | probe (mode) | max rate at SLO | r=1/s |" in text

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -38,6 +39,30 @@ def test_sweep_server_setting_and_scenario_key(tmp_path):
     assert "| drift=3,load.mode=single | p1 (single) |" in md and "DRIFT" in md and "/s" in md
     # Two server settings → two server logs: it was restarted, not reused.
     assert len(list(out.glob("server-*.log"))) == 2
+
+
+def test_sweep_cells_carry_the_logprob_evidence_of_a_run(tmp_path):
+    # The fake server's logprobs (not its text) move once `lp` requests overlap: the setting swept.
+    cmd = f"{sys.executable} -m tests.fakeserver --port {{port}} --latency 0.05 --logprob-drift-at {{lp}}"
+    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1, 4], samples=6)
+    out = tmp_path / "sweep"
+    code, output = run_cli("sweep", scenario, "--server-cmd", cmd, "--grid", "lp=3,99", "--out", out)
+    assert code == 0, output  # latent drift is no failure unless asked (run --fail-on latent)
+    rows = {row["setting"]: row for row in json.loads((out / "sweep.json").read_text())["rows"]}
+    keys = ("logprob_samples", "logprob_bitwise", "logprob_max_abs_diff", "first_logprob_divergence_token",
+            "latent_drift", "agrees_with_serial", "latency", "requests_per_s")
+    for row in rows.values():
+        run_cells = {c["concurrency"]: c for c in json.loads((Path(row["run"]) / "summary.json").read_text())["cells"]
+                     if c["role"] == "probe"}
+        for cell in row["cells"]:  # the same evidence, under the same names, as the run's own summary.json
+            assert {k: cell[k] for k in keys} == {k: run_cells[cell["concurrency"]][k] for k in keys}
+    cells = {name: {c["level"]: c for c in row["cells"]} for name, row in rows.items()}
+    assert cells["lp=3"]["c=4"]["latent_drift"] is True and cells["lp=3"]["c=4"]["logprob_bitwise"] is False
+    assert cells["lp=3"]["c=1"]["logprob_bitwise"] is True and cells["lp=99"]["c=4"]["logprob_bitwise"] is True
+    md = (out / "sweep.md").read_text()
+    cell = r"[\d.]+/s · p50 \d+ ms"
+    assert re.search(rf"\| lp=3 \| p1 \(single\) \| 1 ≡ · {cell} \| 1 ~ · {cell} \|", md), md
+    assert re.search(r"\| lp=99 \| p1 \(single\) \| 1 ≡ · .* \| 1 ≡ · ", md), md
 
 
 def test_scenario_keys_only_need_no_server(tmp_path, server):

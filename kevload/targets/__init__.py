@@ -1,4 +1,4 @@
-"""Built-in real targets (llama.cpp server, transformers serve): provision, start on 127.0.0.1, stop.
+"""Built-in real targets (llama.cpp server, transformers serve, vLLM): provision, start on 127.0.0.1, stop.
 
 ``async with local_target("llamacpp", slots=4) as url:`` gives a base URL for the duration of the block.
 """
@@ -8,24 +8,39 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 import urllib.request
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from kevload.servers import ServerError, free_port, pid_alive, start_server, stop_group, wait_ready
-from kevload.targets import llamacpp, transformers_serve
+from kevload.aio import until_stopped
+from kevload.servers import (
+    ServerError,
+    free_port,
+    log_tail,
+    pid_alive,
+    start_server,
+    stop_group,
+    stop_when_gone,
+    trouble,
+    wait_ready,
+)
+from kevload.targets import llamacpp, transformers_serve, vllm
 from kevload.targets.base import HOST, Command, Launch, TargetSettings
-from kevload.targets.cache import ProvisionError, cache_root
+from kevload.targets.cache import ProvisionError, cache_root, heartbeat
 
 # Each built-in target owns its command line; this package only starts, waits for and stops them.
-COMMANDS: dict[str, Command] = {"llamacpp": llamacpp.command, "transformers": transformers_serve.command}
+COMMANDS: dict[str, Command] = {"llamacpp": llamacpp.command, "transformers": transformers_serve.command,
+                                "vllm": vllm.command}
 NAMES = tuple(COMMANDS)
 
 __all__ = ["COMMANDS", "NAMES", "Launch", "ProvisionError", "RunningTarget", "ServerError", "TargetSettings",
-           "forget_state", "local_target", "running_target", "save_state", "start_target", "status_target",
-           "stop_target"]
+           "forget_state", "local_target", "on_target", "running_target", "save_state", "serving", "start_target",
+           "status_target", "stop_target"]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -43,6 +58,14 @@ class RunningTarget:
         doc = asdict(self)
         doc["log_path"] = str(self.log_path)
         return doc
+
+    def failure(self) -> ServerError | None:
+        """None while the target still serves; otherwise which target, what went wrong and how its log ends."""
+        reason = trouble(self.pid, f"http://{HOST}:{self.port}/health")
+        if reason is None:
+            return None
+        return ServerError(f"{self.name} (pid {self.pid}) {reason} while in use; the end of its log "
+                           f"{self.log_path}:\n{log_tail(self.log_path)}")
 
 
 def start_target(name: str, settings: TargetSettings | None = None, *, log: Callable[[str], None] = print,
@@ -66,8 +89,9 @@ def start_target(name: str, settings: TargetSettings | None = None, *, log: Call
     if on_spawn is not None:
         on_spawn(target)
     log(f"waiting for {name} on {url} …")
-    wait_ready(server, f"http://{HOST}:{port}/health", timeout=launch.ready_timeout,
-               extra_check=lambda: _warm_up(url, launch.model))
+    with heartbeat(log, f"waiting for {name} to load the model and answer"):
+        wait_ready(server, f"http://{HOST}:{port}/health", timeout=launch.ready_timeout,
+                   extra_check=lambda: _warm_up(url, launch.model))
     return target
 
 
@@ -88,11 +112,69 @@ def running_target(name: str, log: Callable[[str], None] = print, **options: Any
 @contextlib.asynccontextmanager
 async def local_target(name: str, log: Callable[[str], None] = print, **options: Any) -> AsyncIterator[str]:
     """``async with local_target("llamacpp", slots=4) as url``: a base URL while the block runs."""
-    target = await asyncio.to_thread(start_target, name, TargetSettings.from_options(options), log=log)
-    try:
+    async with serving(name, TargetSettings.from_options(options), log=log, stop=asyncio.Event()) as target:
         yield target.url
+
+
+@contextlib.asynccontextmanager
+async def serving(name: str, settings: TargetSettings, *, log: Callable[[str], None],
+                  stop: asyncio.Event) -> AsyncIterator[RunningTarget | None]:
+    """A target for the block (None if ``stop`` came first), stopped when the block ends, however it ends.
+
+    Starting blocks (provisioning, then polling for readiness), so it runs in a thread. Stopping the
+    spawned process is what ends that wait early: whichever of the thread (``on_spawn``) and this
+    coroutine sees both the process and the stop request (or this task's cancel) stops it. While the
+    block runs, a process that exits has the rest of its group stopped at once (``stop_when_gone``):
+    requests then fail at once, and ``target.failure()`` says so.
+    """
+    spawned: list[RunningTarget] = []
+    abandoned = threading.Event()
+
+    def on_spawn(target: RunningTarget) -> None:
+        spawned.append(target)
+        if stop.is_set() or abandoned.is_set():
+            stop_target(target)
+
+    start = asyncio.ensure_future(asyncio.to_thread(start_target, name, settings, log=log, on_spawn=on_spawn))
+    try:
+        await until_stopped(asyncio.shield(start), stop)
+    except asyncio.CancelledError:
+        await _abandon(start, spawned, abandoned)
+        raise
+    if stop.is_set():
+        await _abandon(start, spawned, abandoned)
+        yield None
+        return
+    target = start.result()
+    watch = asyncio.ensure_future(stop_when_gone(target.pid))
+    try:
+        yield target
     finally:
+        watch.cancel()
         await asyncio.to_thread(stop_target, target)
+
+
+async def on_target(name: str, settings: TargetSettings, work: Callable[[RunningTarget], Awaitable[T]], *,
+                    log: Callable[[str], None], stop: asyncio.Event) -> tuple[T | None, ServerError | None]:
+    """``work(target)`` with the built-in target running (``--target`` of run, diagnose, cases rerun).
+
+    Returns its result (None when stopped while the target started) and, when the target stopped
+    serving before ``work`` was done, the error to report once the result is shown.
+    """
+    async with serving(name, settings, log=log, stop=stop) as target:
+        if target is None:
+            return None, None
+        result = await work(target)
+        return result, await asyncio.to_thread(target.failure)
+
+
+async def _abandon(start: asyncio.Future, spawned: list[RunningTarget], abandoned: threading.Event) -> None:
+    """Stop whatever the start spawned (or will) and wait for its thread to end: a thread cannot be interrupted."""
+    abandoned.set()
+    for target in list(spawned):
+        await asyncio.to_thread(stop_target, target)
+    with contextlib.suppress(Exception):  # the start fails once its server is gone: that was the point
+        await asyncio.to_thread(stop_target, await start)
 
 
 # --- the state that `kevload target start|status|stop` keep between invocations ---

@@ -1,6 +1,6 @@
 """What every built-in target shares: the settings users tune, and how a target says how to start it.
 
-Each target module (``llamacpp``, ``transformers_serve``) has one ``command(settings, port, log)``
+Each target module (``llamacpp``, ``transformers_serve``, ``vllm``) has one ``command(settings, port, log)``
 that provisions what it needs and returns a ``Launch``; the package starts, waits and stops.
 """
 
@@ -20,28 +20,46 @@ HOST = "127.0.0.1"
 Log = Callable[[str], None]
 
 
+# vLLM's names for the settings that mean the same on every server (see TargetSettings).
+ALIASES = {"max_num_seqs": "slots", "prefix_caching": "cache_prompt"}
+
+
 @dataclass(frozen=True)
 class TargetSettings:
-    """What users tune and sweep. ``None`` means the server's own default."""
+    """What users tune and sweep. ``None`` means the server's own default.
 
-    slots: int = 4
-    ctx_size: int | None = None
-    threads: int | None = None
+    One knob, one field, whichever server: ``slots`` is the most requests decoded together (llama.cpp
+    ``--parallel``, vLLM ``--max-num-seqs``), ``cache_prompt`` the reuse of a prompt's KV cache
+    (llama.cpp ``--cache-prompt``, vLLM prefix caching); ``ALIASES`` takes the vLLM names for them.
+    """
+
+    slots: int = field(default=4, metadata={"min": 1})
+    ctx_size: int | None = field(default=None, metadata={"min": 64})
+    threads: int | None = field(default=None, metadata={"min": 1})
     batching: bool = True
     cache_prompt: bool = True
     dtype: str = "bfloat16"
     seed: int | None = None
+    enforce_eager: bool = False
+    max_model_len: int | None = field(default=None, metadata={"min": 16})
     gguf: str | None = None
-    port: int | None = None
+    port: int | None = field(default=None, metadata={"min": 1})
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> TargetSettings:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ProvisionError(f"unknown target setting {unknown[0]!r}; expected one of {', '.join(sorted(known))}")
-        return cls(**options)
+        """Settings from user input (CLI, --grid, Python keywords): unknown names and wrong types are refused."""
+        known = {f.name: f for f in fields(cls)}
+        given: dict[str, Any] = {}
+        for name, value in options.items():
+            field_name = ALIASES.get(name, name)
+            if field_name not in known:
+                expected = ", ".join(sorted([*known, *ALIASES]))
+                raise ProvisionError(f"unknown target setting {name!r}; expected one of {expected}")
+            if field_name in given:
+                raise ProvisionError(f"target setting {name!r}: {field_name} is given twice (one is an alias)")
+            given[field_name] = _checked(known[field_name], name, value)
+        return cls(**given)
 
     def model_file(self) -> Path:
         """The GGUF to serve: the user's own, or the bundled SmolLM2."""
@@ -52,6 +70,28 @@ class TargetSettings:
 
     def thread_count(self) -> int:
         return self.threads or os.cpu_count() or 2
+
+
+_KINDS = {"int": (int, "an integer"), "bool": (bool, "true or false"), "str": (str, "a string")}
+
+
+def _checked(spec: Any, name: str, value: Any) -> Any:
+    """The value if it has the field's type (``None`` where the field allows it); a clear error otherwise."""
+    kinds = [part.strip() for part in str(spec.type).split("|")]
+    if value is None and "None" in kinds:
+        return None
+    if kinds[0].startswith("tuple"):
+        if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        raise ProvisionError(f"target setting {name}: expected a list of strings, got {value!r}")
+    kind, expected = _KINDS[kinds[0]]
+    # bool is an int to Python; a setting that wants a number must not take true.
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ProvisionError(f"target setting {name}: expected {expected}, got {value!r}")
+    minimum = spec.metadata.get("min")
+    if minimum is not None and value < minimum:
+        raise ProvisionError(f"target setting {name}: expected at least {minimum}, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,8 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -78,10 +80,32 @@ def run_logged(args: list[str], *, log: Callable[[str], None], what: str, cwd: P
                env: dict[str, str] | None = None) -> None:
     """Run a build step; on failure raise with the tail of its output, which is where the reason is."""
     log(f"{what} …")
-    proc = subprocess.run(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    with heartbeat(log, what):
+        proc = subprocess.run(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
         tail = "\n".join(proc.stdout.splitlines()[-25:])
         raise ProvisionError(f"{what} failed (exit {proc.returncode}):\n{tail}")
+
+
+@contextlib.contextmanager
+def heartbeat(log: Callable[[str], None], what: str, every: float = 30.0) -> Iterator[None]:
+    """While the block runs, say every ``every`` seconds what is still going on and for how long so far:
+    a wait of minutes (an install, a build, a model compiling) must not look like a hang."""
+    done = threading.Event()
+    started = time.monotonic()
+
+    def beat() -> None:
+        while not done.wait(every):
+            minutes, seconds = divmod(int(time.monotonic() - started), 60)
+            log(f"{what}: still going after {minutes}m{seconds:02d}s")
+
+    thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 @contextlib.contextmanager
