@@ -82,8 +82,10 @@ def test_bad_grid(tmp_path):
 
 @pytest.mark.e2e
 def test_sweep_builtin_llamacpp_slots(tmp_path):
+    # A real server on two shared cores: the fake server's 5 s timeout is no bound on its answers.
     scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1, 2], samples=4,
-                              probes=[{"id": "p1", "prompt": "Name a colour.", "max_tokens": 8}])
+                              probes=[{"id": "p1", "prompt": "Name a colour.", "max_tokens": 8}],
+                              target={"timeout": 120})
     code, output = run_cli("sweep", scenario, "--target", "llamacpp", "--grid", "slots=1,2", "--out", tmp_path / "sw")
     assert code == 0, output
     sweep = json.loads((tmp_path / "sw" / "sweep.json").read_text())

@@ -67,8 +67,8 @@ def test_ray_sweep_gives_the_sequential_matrix(tmp_path, cluster):
     drift = {r["setting"]: {c["level"]: c["drift"] for c in r["cells"]} for r in ray["rows"]}
     assert drift["drift=3,load.stream=False"] == {"c=1": False, "c=4": True}  # the matrix says something
     assert drift["drift=99,load.stream=True"] == {"c=1": False, "c=4": False}
-    # The markdown too, but for requests/s.
-    def rates(path): return re.sub(r" · [0-9.]+/s", "", (path / "sweep.md").read_text())
+    # The markdown too, but for requests/s and latencies.
+    def rates(path): return re.sub(r" · ([0-9.]+/s|p50 [0-9]+ ms)", "", (path / "sweep.md").read_text())
     assert rates(tmp_path / "ray") == rates(tmp_path / "seq")
     # Each run where the sequential sweep puts it, complete, readable by `report`; each row says where it ran.
     for row in ray["rows"]:
