@@ -226,8 +226,9 @@ def cell_view(samples: Samples | None, t_start: float, t_end: float, concurrency
     """What the server said while one cell ran: the samples from the cell's first counted send to its last
     counted answer. Gauges: their largest value (and the mean of running) in that window. The prefix-cache
     counter: its increase from the last sample at or before the window to the first at or after it (a
-    poll interval more on each side at most). Without samples only ``server_view`` (False); with samples but
-    none in the window (a cell shorter than the interval) ``server_samples`` 0 and nothing claimed."""
+    poll interval more on each side at most), none where it dropped anywhere in between (a restart). Without
+    samples only ``server_view`` (False); with samples but none in the window (a cell shorter than the interval)
+    ``server_samples`` 0 and nothing claimed."""
     if samples is None:
         return {"server_view": False}
     first, end = np.searchsorted(samples.t, t_start, "left"), np.searchsorted(samples.t, t_end, "right")
@@ -241,10 +242,11 @@ def cell_view(samples: Samples | None, t_start: float, t_end: float, concurrency
     running = samples.running[window]
     if not np.isnan(running).all():
         out["server_running_mean"] = round(float(np.nanmean(running)), 3)
-    hits = samples.prefix_cache_hits
-    before, after = hits[max(first - 1, 0)], hits[min(end, len(hits) - 1)]
-    if math.isfinite(before) and math.isfinite(after) and after >= before:  # a drop: the server restarted
-        out["server_prefix_cache_hits"] = _number(after - before)
+    hits = samples.prefix_cache_hits[max(first - 1, 0):min(end, len(samples.t) - 1) + 1]
+    published = hits[~np.isnan(hits)]
+    # Any drop between the two ends is a restart: the ends alone would hide what was counted before it.
+    if math.isfinite(hits[0]) and math.isfinite(hits[-1]) and (np.diff(published) >= 0).all():
+        out["server_prefix_cache_hits"] = _number(hits[-1] - hits[0])
     out["server_note"] = server_note(concurrency, out["server_running_max"], out["server_waiting_max"])
     return out
 

@@ -289,3 +289,13 @@ def test_llamacpp_says_what_it_ran(tmp_path):
     assert cells[4]["server_running_max"] == 2 and cells[4]["server_waiting_max"] >= 1
     assert cells[4]["server_note"].startswith("server ran ≤ 2 at a time")
     assert cells[4]["server_prefix_cache_hits"] is not None
+
+
+def test_a_counter_that_resets_inside_the_window_claims_no_increase():
+    # The server restarted mid-cell (50 → 60, then from 0 up to 70): the cell served at least 10 + 70 prompt
+    # tokens from the cache, yet its two ends say 70 − 50 = 20. Only a counter that never drops is an increase.
+    samples = _samples([0.0, 1.0, 2.0, 3.0, 4.0], running=[1, 1, 1, 1, 1], hits=[50, 60, 0, 5, 70])
+    assert "server_prefix_cache_hits" not in cell_view(samples, 0.5, 3.5, 1)
+    # A read that did not carry the counter says nothing about it: the reads around it still count.
+    unpublished = _samples([0.0, 1.0, 2.0, 3.0], running=[1, 1, 1, 1], hits=[50, math.nan, 60, 75])
+    assert cell_view(unpublished, 0.5, 2.5, 1)["server_prefix_cache_hits"] == 25
