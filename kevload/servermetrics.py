@@ -205,6 +205,7 @@ class Samples:
     """A run's samples as arrays in time order; NaN where a value was not published."""
 
     t: np.ndarray
+    rtt: np.ndarray  # each read's send to answer: the server read its numbers somewhere in t ± rtt/2
     running: np.ndarray
     waiting: np.ndarray
     prefix_cache_hits: np.ndarray
@@ -219,30 +220,33 @@ def read_samples(run_dir: Path) -> Samples | None:
     rows = sorted((r for r in read_records(path) if "error" not in r), key=lambda r: r["t"])
     columns = {value: np.array([math.nan if r.get(value) is None else r[value] for r in rows], dtype=np.float64)
                for value in _VALUES}
-    return Samples(t=np.array([r["t"] for r in rows], dtype=np.float64), **columns)
+    return Samples(t=np.array([r["t"] for r in rows], dtype=np.float64),
+                   rtt=np.array([r.get("rtt_s") or 0.0 for r in rows], dtype=np.float64), **columns)
 
 
 def cell_view(samples: Samples | None, t_start: float, t_end: float, concurrency: int) -> dict[str, Any]:
-    """What the server said while one cell ran: the samples from the cell's first counted send to its last
-    counted answer. Gauges: their largest value (and the mean of running) in that window. The prefix-cache
-    counter: its increase from the last sample at or before the window to the first at or after it (a
-    poll interval more on each side at most), none where it dropped anywhere in between (a restart). Without
-    samples only ``server_view`` (False); with samples but none in the window (a cell shorter than the interval)
-    ``server_samples`` 0 and nothing claimed."""
+    """What the server said while one cell ran: the samples sent and answered from the cell's first counted send
+    to its last counted answer (the server read its numbers somewhere in between: a read that straddles the
+    window's edge may hold another cell's). Gauges: their largest value (and the mean of running) in that
+    window. The prefix-cache counter: its increase from the last sample answered before the window to the first
+    sent after it (a poll interval more on each side at most), none where it dropped anywhere in between (a
+    restart). Without samples only ``server_view`` (False); with samples but none in the window (a cell shorter
+    than the interval) ``server_samples`` 0 and nothing claimed."""
     if samples is None:
         return {"server_view": False}
-    first, end = np.searchsorted(samples.t, t_start, "left"), np.searchsorted(samples.t, t_end, "right")
-    out: dict[str, Any] = {"server_view": True, "server_samples": int(max(end - first, 0))}
-    if end == first:
+    sent, answered = samples.t - samples.rtt / 2, samples.t + samples.rtt / 2
+    window = (sent >= t_start) & (answered <= t_end)
+    out: dict[str, Any] = {"server_view": True, "server_samples": int(window.sum())}
+    if not window.any():
         return out
-    window = slice(first, end)
     out["server_running_max"] = _largest(samples.running[window])
     out["server_waiting_max"] = _largest(samples.waiting[window])
     out["server_kv_cache_usage_max"] = _largest(samples.kv_cache_usage[window])
     running = samples.running[window]
     if not np.isnan(running).all():
         out["server_running_mean"] = round(float(np.nanmean(running)), 3)
-    hits = samples.prefix_cache_hits[max(first - 1, 0):min(end, len(samples.t) - 1) + 1]
+    before, after = np.flatnonzero(answered < t_start), np.flatnonzero(sent > t_end)
+    hits = samples.prefix_cache_hits[before[-1] if len(before) else 0:after[0] + 1 if len(after) else len(samples.t)]
     published = hits[~np.isnan(hits)]
     # Any drop between the two ends is a restart: the ends alone would hide what was counted before it.
     if math.isfinite(hits[0]) and math.isfinite(hits[-1]) and (np.diff(published) >= 0).all():

@@ -110,8 +110,8 @@ def _samples(t, running, waiting=None, hits=None):
     def column(values):
         return np.array([math.nan] * len(t) if values is None else values, dtype=np.float64)
 
-    return Samples(t=np.array(t, dtype=np.float64), running=column(running), waiting=column(waiting),
-                   prefix_cache_hits=column(hits), kv_cache_usage=column(None))
+    return Samples(t=np.array(t, dtype=np.float64), rtt=np.zeros(len(t)), running=column(running),
+                   waiting=column(waiting), prefix_cache_hits=column(hits), kv_cache_usage=column(None))
 
 
 def test_a_cell_reads_the_samples_inside_its_window_and_the_counter_across_it():
@@ -299,3 +299,25 @@ def test_a_counter_that_resets_inside_the_window_claims_no_increase():
     # A read that did not carry the counter says nothing about it: the reads around it still count.
     unpublished = _samples([0.0, 1.0, 2.0, 3.0], running=[1, 1, 1, 1], hits=[50, math.nan, 60, 75])
     assert cell_view(unpublished, 0.5, 2.5, 1)["server_prefix_cache_hits"] == 25
+
+
+def test_a_read_answered_late_counts_for_no_cell_it_straddles(tmp_path):
+    # A /metrics that answers late (held until the server is busy, at most 1.5 s) gives the numbers of its answer.
+    # The read sent before the serial level is answered once c=4 runs: "4 running", yet its midpoint, where the
+    # sample was stamped, lies inside the serial cell. At c=1 the server never ran more than one request.
+    fake = FakeServer(Behaviour(latency=0.2, metrics="vllm"))
+    vllm_page = fake._metrics
+
+    async def late(request):
+        deadline = time.monotonic() + 1.5
+        while len(fake._active) < 4 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return await vllm_page(request)
+
+    fake._metrics = late
+    with fake:
+        code, output, summary = _run(tmp_path, fake, samples=4)
+    assert code == 0, output
+    cells = cells_by_level(summary)
+    assert cells[1]["server_running_max"] in (None, 1), cells[1]["server_running_max"]
+    assert cells[4]["server_running_max"] == 4 and cells[4]["server_samples"] >= 3
