@@ -77,17 +77,23 @@ def metrics_url(target: Target) -> str | None:
     return urlunsplit((parts.scheme, parts.netloc, "/metrics", "", ""))
 
 
-def read_view(text: str) -> dict[str, Any] | None:
+def read_view(text: str, model: str | None = None) -> dict[str, Any] | None:
     """One sample from a ``/metrics`` page: ``{"server": "vllm", "running": 4, "waiting": 0, …}`` (None for a
     value that server does not publish), or None when the page has none of the servers' series. Raises
-    ``ValueError`` when one of those series' lines is not Prometheus text."""
+    ``ValueError`` when one of those series' lines is not Prometheus text.
+
+    A series with label sets for ``model`` (``model_name``, as vLLM and SGLang label them) is read from those
+    alone: the page may speak for other models' servers too (a gateway). Without one (no such label, or the
+    target's model is an alias) every label set counts."""
     lines = [line for line in text.splitlines() if line.startswith(_PREFIXES)]
     if not lines:
         return None
-    series: dict[str, list[float]] = {}
+    labelled: dict[str, list[tuple[str | None, float]]] = {}
     for family in text_string_to_metric_families("\n".join(lines) + "\n"):
         for sample in family.samples:
-            series.setdefault(sample.name, []).append(float(sample.value))
+            labelled.setdefault(sample.name, []).append((sample.labels.get("model_name"), float(sample.value)))
+    series = {name: [v for label, v in values if model is not None and label == model] or [v for _, v in values]
+              for name, values in labelled.items()}
     for names in SERVERS:
         view = {value: _published(series, getattr(names, value), max if value == "kv_cache_usage" else sum)
                 for value in _VALUES}
@@ -113,6 +119,7 @@ class Sampler:
                  warn: Callable[[str], None] | None = None):
         url = metrics_url(target)
         self.url = url
+        self.model = target.model
         self.guessed = target.metrics_url == "auto"
         self.path = run_dir / SAMPLES
         self.clock = clock
@@ -174,7 +181,7 @@ class Sampler:
             return f"cannot read it ({type(exc).__name__}: {exc})"
         answered = self.clock()
         try:
-            view = read_view(body.decode("utf-8", "replace"))
+            view = read_view(body.decode("utf-8", "replace"), self.model)
         except ValueError as exc:
             return f"not Prometheus text ({exc})"
         if view is None:

@@ -13,6 +13,7 @@ import time
 import numpy as np
 import orjson
 import pytest
+from aiohttp import web
 
 from kevload import servermetrics
 from kevload.runs import run_scenario
@@ -321,3 +322,28 @@ def test_a_read_answered_late_counts_for_no_cell_it_straddles(tmp_path):
     cells = cells_by_level(summary)
     assert cells[1]["server_running_max"] in (None, 1), cells[1]["server_running_max"]
     assert cells[4]["server_running_max"] == 4 and cells[4]["server_samples"] >= 3
+
+
+def test_another_models_series_on_the_page_are_not_this_servers(tmp_path):
+    # One page for two models (a gateway, one vLLM per model): the other one is busy, six running and three queued.
+    # The target ("fake") batches the whole level and never queues: its cells must say so, not the sum of both.
+    fake = FakeServer(Behaviour(latency=0.2, metrics="vllm"))
+    vllm_page = fake._metrics
+
+    async def two_models(request):
+        page = (await vllm_page(request)).text
+        other = ('vllm:num_requests_running{engine="0",model_name="other"} 6.0\n'
+                 'vllm:num_requests_waiting{engine="0",model_name="other"} 3.0\n')
+        return web.Response(text=page + other)
+
+    fake._metrics = two_models
+    with fake:
+        code, output, summary = _run(tmp_path, fake, samples=4)
+    assert code == 0, output
+    cells = cells_by_level(summary)
+    assert (cells[1]["server_running_max"], cells[1]["server_waiting_max"]) == (1, 0)
+    assert (cells[4]["server_running_max"], cells[4]["server_waiting_max"]) == (4, 0)
+    # A page that names no label set after the target's model (an alias, say) is summed whole, as before.
+    assert read_view(VLLM_PAGE, model="alias")["running"] == 4
+    other = 'vllm:num_requests_running{engine="0",model_name="x"} 5.0\n'
+    assert read_view(VLLM_PAGE + other, model="m")["running"] == 4 and read_view(VLLM_PAGE + other)["running"] == 9
