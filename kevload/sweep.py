@@ -96,7 +96,8 @@ async def run_sweep(scenario_path: Path, overrides: list[str], grid: Grid, *, ou
         async with _server(server_setting, server_cmd, builtin, ready_url, out, stop, log) as up:
             if up is None:  # stopped while the server was starting
                 break
-            for combo in combinations(grid.scenario):
+            combos = combinations(grid.scenario)
+            for index, combo in enumerate(combos):
                 if stop.is_set():
                     break
                 name = label({**server_setting, **combo})
@@ -109,6 +110,10 @@ async def run_sweep(scenario_path: Path, overrides: list[str], grid: Grid, *, ou
                     rows[-1]["error"] = f"the server {failure} during the run (its log: {up.log_path})"
                     log(f"  the server of {label(server_setting)} {failure} during the run; the end of its log:\n"
                         f"{log_tail(up.log_path) if up.log_path else ''}")
+                    # Each of them keeps its row, failed and saying why: a setting missing from the matrix
+                    # would read as never asked for.
+                    rows += [_not_run(server_setting, later, f"not run: the server {failure} during {name} (its "
+                                      f"log: {up.log_path})") for later in combos[index + 1:]]
                     break
     return write_sweep(out, grid, rows, complete=not stop.is_set())
 
@@ -119,6 +124,12 @@ def setting_row(name: str, server: dict[str, Any], scenario: dict[str, Any], run
     return _row({"setting": name, "server": server, "scenario": scenario, "run": str(run_dir),
                  "verdict": summary.verdict, "verdict_line": verdict_line(summary),
                  "cells": [_cell(c) for c in summary.probe_cells()]}, summary)
+
+
+def _not_run(server: dict[str, Any], scenario: dict[str, Any], error: str) -> dict[str, Any]:
+    """The row of a setting that never ran: its server had already failed (the shape of kevload.raysweep's)."""
+    return {"setting": label({**server, **scenario}), "server": server, "scenario": scenario, "run": None,
+            "verdict": "target_failed", "verdict_line": f"failed: {error}", "cells": [], "error": error}
 
 
 def write_sweep(out: Path, grid: Grid, rows: list[dict[str, Any]], *, complete: bool) -> dict[str, Any]:
@@ -178,7 +189,7 @@ def sweep_markdown(sweep: dict[str, Any]) -> str:
                 texts.insert(0, (row.get("max_at_slo", {}).get(probe) or "none") if row.get("slo") else "-")
             lines.append(f"| {row['setting']} | {probe} | " + " | ".join(texts) + " |")
     legend = ("cells: distinct outputs (DRIFT when they differ from serial; ~ the serial text with other logprobs; "
-              "≡ logprobs bitwise equal to serial's) · requests/s · median end-to-end latency")
+              "≡ logprobs bitwise equal to serial's) · requests answered per second · median end-to-end latency")
     if any(c.server_running_max is not None for row in sweep["rows"] for c in row_cells(row)):
         legend += " · the most requests the server ran at once (its /metrics)"
     notes = [legend + (" · share of requests within the SLO (✗: under it)" if slo else "")]
@@ -195,8 +206,12 @@ def sweep_cell_text(cell: CellSummary | None) -> str:
     if cell is None:
         return "-"
     parts = [cell_text(cell) + (" ≡" if cell.logprob_bitwise else "")]
-    if cell.requests_per_s:
-        parts.append(f"{cell.requests_per_s:.{2 if cell.requests_per_s < 1 else 1}f}/s")
+    # What a setting costs is the answers it gives per second: requests_per_s also counts the failed ones, and a
+    # dead server fails them faster than any live one answers.
+    answered = cell.requests_per_s * cell.ok / (cell.ok + sum(cell.errors.values())) \
+        if cell.ok and cell.requests_per_s else 0
+    if answered:
+        parts.append(f"{answered:.{2 if answered < 1 else 1}f}/s")
     p50 = cell.latency.get("e2e", {}).get("p50")
     if p50 is not None:
         parts.append(f"p50 {p50 * 1000:.0f} ms")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from kevload.servers import pid_alive, stop_group
-from kevload.sweep import READY_TIMEOUT_S
+from kevload.sweep import READY_TIMEOUT_S, row_cells, sweep_cell_text
 from tests.conftest import run_cli, write_scenario
 
 
@@ -193,3 +194,63 @@ def test_sweep_quiet_prints_only_verdict_lines(tmp_path, server):
     # Then only where the sweep was written (stderr, as `run --quiet` says where its records are): no table.
     assert lines[2].startswith("sweep: ") and "sweep.md" in "".join(lines[2:])
     assert "|" not in output and "running" not in output
+
+
+# A server whose engine dies at its Nth request: that request and every one after it fail at once.
+DYING_SERVER = """
+import argparse, asyncio, os
+from aiohttp import web
+parser = argparse.ArgumentParser()
+parser.add_argument("--port", type=int)
+parser.add_argument("--die-after", type=int)
+args = parser.parse_args()
+served = 0
+async def chat(request):
+    global served
+    await request.read()
+    served += 1
+    if served > args.die_after:
+        print(f"engine died after {args.die_after} requests", flush=True)
+        os._exit(7)
+    await asyncio.sleep(0.05)
+    return web.json_response({"id": "x", "object": "chat.completion", "model": "fake", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "same"}, "finish_reason": "stop"}]})
+async def health(request):
+    return web.json_response({})
+app = web.Application()
+app.router.add_post("/v1/chat/completions", chat)
+app.router.add_get("/health", health)
+web.run_app(app, host="127.0.0.1", port=args.port, print=None)
+"""
+
+
+def test_a_setting_whose_server_dies_mid_run_claims_no_throughput_and_no_row_is_lost(tmp_path):
+    (tmp_path / "dying.py").write_text(DYING_SERVER)
+    cmd = f"{sys.executable} {tmp_path / 'dying.py'} --port {{port}} --die-after {{n}}"
+    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1, 4], samples=8)
+    out = tmp_path / "sw"
+    started = time.monotonic()
+    code, output = run_cli("sweep", scenario, "--server-cmd", cmd, "--grid", "n=12,1000",
+                           "--grid", "load.mode=single,mixed", "--out", out)
+    assert code == 3, output
+    assert time.monotonic() - started < 60  # never waits for a dead server
+    sweep = json.loads((out / "sweep.json").read_text())
+    rows = {row["setting"]: row for row in sweep["rows"]}
+    # Every setting asked for has its row: the ones the dead server never ran say so, none is silently missing.
+    assert list(rows) == ["n=12,load.mode=single", "n=12,load.mode=mixed", "n=1000,load.mode=single",
+                          "n=1000,load.mode=mixed"]
+    assert rows["n=12,load.mode=single"]["verdict"] == "target_failed"
+    assert rows["n=12,load.mode=single"]["error"].startswith("the server exited during the run")
+    assert rows["n=12,load.mode=mixed"]["verdict"] == "target_failed" and rows["n=12,load.mode=mixed"]["cells"] == []
+    assert "n=12,load.mode=single" in rows["n=12,load.mode=mixed"]["error"]
+    assert [rows[f"n=1000,load.mode={m}"]["verdict"] for m in ("single", "mixed")] == ["deterministic"] * 2
+    # The dead setting's c=4 answered nothing: its cost is no rate at all, however fast its requests failed.
+    dead = next(c for c in rows["n=12,load.mode=single"]["cells"] if c["level"] == "c=4")
+    assert dead["ok"] == 0 and dead["requests_per_s"] > 0  # sweep.json keeps the run's own field
+    line = next(line for line in (out / "sweep.md").read_text().splitlines()
+                if line.startswith("| n=12,load.mode=single | p1 (single) |"))
+    assert line.split(" | ")[-1].rstrip(" |") == "no ok (0/8)", line
+    # Half answered in a second, half failed at once: 4 answers a second, not the 8 requests.
+    half = dataclasses.replace(row_cells(rows["n=12,load.mode=single"])[1], ok=4, errors={"connect": 4},
+                               requests_per_s=8.0)
+    assert sweep_cell_text(half).endswith(" · 4.0/s")
