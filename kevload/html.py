@@ -71,17 +71,18 @@ def run_report(summary: RunSummary, meta: dict[str, Any], records: Iterable[dict
 
 
 def sweep_report(sweep: dict[str, Any]) -> str:
-    from kevload.sweep import row_cells
+    from kevload.sweep import answered_per_s, row_cells
 
     rows: dict[str, dict[str, CellSummary]] = {}
     for row in sweep["rows"]:
         for cell in row_cells(row):
             rows.setdefault(f"{row['setting']} · {cell.probe} ({cell.mode})", {})[cell.level] = cell
-    throughput = ["<table><tr><th>setting</th>" + "".join(f"<th>{_e(lv)} req/s</th>" for lv in sweep["levels"])
+    throughput = ["<table><tr><th>setting</th>" + "".join(f"<th>{_e(lv)} answered/s</th>" for lv in sweep["levels"])
                   + "</tr>"]
     for name, by_level in rows.items():
         throughput.append(f"<tr><td>{_e(name)}</td>" + "".join(
-            f"<td>{_num(_rps(by_level.get(lv)))}</td>" for lv in sweep["levels"]) + "</tr>")
+            f"<td>{_num(answered_per_s(by_level[lv]) if lv in by_level else None)}</td>" for lv in sweep["levels"])
+            + "</tr>")
     throughput.append("</table>")
     body = ["<h1>kevload sweep</h1>", f"<pre>{_e(json.dumps(sweep['grid'], indent=2))}</pre>",
             *_max_at_slo(sweep),
@@ -103,10 +104,6 @@ def _max_at_slo(sweep: dict[str, Any]) -> list[str]:
             out.append(f"<tr><td>{_e(row['setting'])}</td><td>{_e(probe)}</td><td>{_e(level or 'none')}</td>"
                        f"<td>{_e(within + slo_bounds_text(row['slo']))}</td></tr>")
     return ["<h2>Highest level at SLO</h2>", "".join(out) + "</table>"]
-
-
-def _rps(cell: CellSummary | None) -> float | None:
-    return cell.requests_per_s if cell is not None else None
 
 
 def _heatmap(rows: dict[str, dict[str, CellSummary]], levels: list[str]) -> str:

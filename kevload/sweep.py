@@ -206,10 +206,7 @@ def sweep_cell_text(cell: CellSummary | None) -> str:
     if cell is None:
         return "-"
     parts = [cell_text(cell) + (" ≡" if cell.logprob_bitwise else "")]
-    # What a setting costs is the answers it gives per second: requests_per_s also counts the failed ones, and a
-    # dead server fails them faster than any live one answers.
-    answered = cell.requests_per_s * cell.ok / (cell.ok + sum(cell.errors.values())) \
-        if cell.ok and cell.requests_per_s else 0
+    answered = answered_per_s(cell)
     if answered:
         parts.append(f"{answered:.{2 if answered < 1 else 1}f}/s")
     p50 = cell.latency.get("e2e", {}).get("p50")
@@ -220,6 +217,14 @@ def sweep_cell_text(cell: CellSummary | None) -> str:
     if cell.server_running_max is not None:
         parts.append(f"server ran ≤ {cell.server_running_max:g}")
     return " · ".join(parts)
+
+
+def answered_per_s(cell: CellSummary) -> float | None:
+    """What a setting costs: the answers it gives per second. ``requests_per_s`` also counts the failed requests,
+    and a dead server fails them faster than any live one answers."""
+    if not cell.ok or not cell.requests_per_s:
+        return None
+    return round(cell.requests_per_s * cell.ok / (cell.ok + sum(cell.errors.values())), 3)
 
 
 def max_level_at_slo(cells: list[CellSummary]) -> str | None:
