@@ -155,9 +155,10 @@ def _server_view(summary: RunSummary) -> list[str]:
         return []
     out = ["<table id=server><tr>" + "".join(f"<th>{_e(name)}</th>" for name in SERVER_COLUMNS) + "</tr>"]
     out += ["<tr>" + "".join(f"<td>{_e(value)}</td>" for value in row) + "</tr>" for row in rows]
-    out.append("</table><p>sampled from the server's /metrics between the cell's first counted send and its last "
-               "answer: requests it ran at once and held waiting; a level where it ran fewer than c while others "
-               "waited was set by the server's batch limit, not by kevload.</p>")
+    out.append("</table><p>read from the server's /metrics (sent and answered) between the cell's first counted "
+               "send and its last answer: requests it ran at once and held waiting; a level where it ran fewer than "
+               "c at every read while others waited, no read failing, was set by the server's batch limit, not by "
+               "kevload.</p>")
     return ["<h2>The server's own view</h2>", "".join(out)]
 
 

@@ -213,6 +213,7 @@ class Samples:
 
     t: np.ndarray
     rtt: np.ndarray  # each read's send to answer: the server read its numbers somewhere in t ± rtt/2
+    failed: np.ndarray  # when each read that failed gave up (sent at most TIMEOUT_S before)
     running: np.ndarray
     waiting: np.ndarray
     prefix_cache_hits: np.ndarray
@@ -224,11 +225,13 @@ def read_samples(run_dir: Path) -> Samples | None:
     path = run_dir / SAMPLES
     if not path.is_file():
         return None
-    rows = sorted((r for r in read_records(path) if "error" not in r), key=lambda r: r["t"])
+    records = list(read_records(path))
+    rows = sorted((r for r in records if "error" not in r), key=lambda r: r["t"])
     columns = {value: np.array([math.nan if r.get(value) is None else r[value] for r in rows], dtype=np.float64)
                for value in _VALUES}
     return Samples(t=np.array([r["t"] for r in rows], dtype=np.float64),
-                   rtt=np.array([r.get("rtt_s") or 0.0 for r in rows], dtype=np.float64), **columns)
+                   rtt=np.array([r.get("rtt_s") or 0.0 for r in rows], dtype=np.float64),
+                   failed=np.array([r["t"] for r in records if "error" in r], dtype=np.float64), **columns)
 
 
 def cell_view(samples: Samples | None, t_start: float, t_end: float, concurrency: int) -> dict[str, Any]:
@@ -258,7 +261,11 @@ def cell_view(samples: Samples | None, t_start: float, t_end: float, concurrency
     # Any drop between the two ends is a restart: the ends alone would hide what was counted before it.
     if math.isfinite(hits[0]) and math.isfinite(hits[-1]) and (np.diff(published) >= 0).all():
         out["server_prefix_cache_hits"] = _number(hits[-1] - hits[0])
-    out["server_note"] = server_note(concurrency, out["server_running_max"], out["server_waiting_max"])
+    # The note says what the server never did in the whole window: a read that failed there may have been the
+    # moment it did (a /metrics that fails while the server is busy leaves only its idle moments).
+    failed = ((samples.failed >= t_start) & (samples.failed - TIMEOUT_S <= t_end)).any()
+    out["server_note"] = None if failed else \
+        server_note(concurrency, out["server_running_max"], out["server_waiting_max"])
     return out
 
 

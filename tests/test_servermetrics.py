@@ -111,7 +111,7 @@ def _samples(t, running, waiting=None, hits=None):
     def column(values):
         return np.array([math.nan] * len(t) if values is None else values, dtype=np.float64)
 
-    return Samples(t=np.array(t, dtype=np.float64), rtt=np.zeros(len(t)), running=column(running),
+    return Samples(t=np.array(t, dtype=np.float64), rtt=np.zeros(len(t)), failed=np.array([]), running=column(running),
                    waiting=column(waiting), prefix_cache_hits=column(hits), kv_cache_usage=column(None))
 
 
@@ -347,3 +347,40 @@ def test_another_models_series_on_the_page_are_not_this_servers(tmp_path):
     assert read_view(VLLM_PAGE, model="alias")["running"] == 4
     other = 'vllm:num_requests_running{engine="0",model_name="x"} 5.0\n'
     assert read_view(VLLM_PAGE + other, model="m")["running"] == 4 and read_view(VLLM_PAGE + other)["running"] == 9
+
+
+def test_a_level_whose_reads_failed_under_load_is_not_said_to_be_serialized(tmp_path):
+    # A server that admits its queue at each scheduler step (every 0.3 s), all of it at once: four run together for
+    # 0.2 s, then the next four wait for the next step. Its /metrics fails (500) while two or more run, so the reads
+    # that succeed see only the queue: "0 running, 4 waiting". It ran four at a time; the reads that would say so
+    # failed, and a cell whose reads failed cannot say what the server never did.
+    fake = FakeServer(Behaviour(metrics="vllm"))
+    state = {"running": 0, "waiting": 0, "most": 0}
+
+    async def stepping(request):
+        body = await request.json()
+        state["waiting"] += 1
+        await asyncio.sleep(0.3 - time.monotonic() % 0.3)
+        state["waiting"] -= 1
+        state["running"] += 1
+        state["most"] = max(state["most"], state["running"])
+        try:
+            await asyncio.sleep(0.2)
+        finally:
+            state["running"] -= 1
+        return fake._whole(body, "same answer", True, None, None)
+
+    async def busy_fails(request):
+        if state["running"] >= 2:
+            return web.Response(status=500, text="busy")
+        return web.Response(text=f"vllm:num_requests_running {state['running']}\n"
+                                 f"vllm:num_requests_waiting {state['waiting']}\n")
+
+    fake._handle, fake._metrics = stepping, busy_fails
+    with fake:
+        code, output, summary = _run(tmp_path, fake, samples=8)
+    assert code == 0, output
+    assert state["most"] == 4
+    c4 = cells_by_level(summary)[4]
+    assert c4["server_note"] is None, c4["server_note"]
+    assert summary["server_limited_cells"] == []
