@@ -191,7 +191,8 @@ def sweep_markdown(sweep: dict[str, Any]) -> str:
     legend = ("cells: distinct outputs (DRIFT when they differ from serial; ~ the serial text with other logprobs; "
               "≡ logprobs bitwise equal to serial's) · requests answered per second · median end-to-end latency")
     if any(c.server_running_max is not None for row in sweep["rows"] for c in row_cells(row)):
-        legend += " · the most requests the server ran at once (its /metrics)"
+        legend += (" · the most requests the server ran at once (its /metrics; ≥ where its reads cannot bound it: "
+                   "some failed, or none saw the level's requests queued)")
     notes = [legend + (" · share of requests within the SLO (✗: under it)" if slo else "")]
     slo_notes = {row["setting"]: _slo_note(row) for row in sweep["rows"] if row.get("slo")}
     if len(set(slo_notes.values())) == 1:
@@ -215,7 +216,10 @@ def sweep_cell_text(cell: CellSummary | None) -> str:
     if cell.slo_attainment is not None:
         parts.append(attainment_text(cell))
     if cell.server_running_max is not None:
-        parts.append(f"server ran ≤ {cell.server_running_max:g}")
+        # The most its reads saw running is only a floor: it is the ceiling where kevload itself held the level to
+        # it (closed loop) or where the footnote's rule says the server's batch limit did (server_note).
+        bounded = cell.server_note or (cell.rate is None and cell.server_running_max >= cell.concurrency)
+        parts.append(f"server ran {'≤' if bounded else '≥'} {cell.server_running_max:g}")
     return " · ".join(parts)
 
 

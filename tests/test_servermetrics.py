@@ -349,13 +349,12 @@ def test_another_models_series_on_the_page_are_not_this_servers(tmp_path):
     assert read_view(VLLM_PAGE + other, model="m")["running"] == 4 and read_view(VLLM_PAGE + other)["running"] == 9
 
 
-def test_a_level_whose_reads_failed_under_load_is_not_said_to_be_serialized(tmp_path):
-    # A server that admits its queue at each scheduler step (every 0.3 s), all of it at once: four run together for
-    # 0.2 s, then the next four wait for the next step. Its /metrics fails (500) while two or more run, so the reads
-    # that succeed see only the queue: "0 running, 4 waiting". It ran four at a time; the reads that would say so
-    # failed, and a cell whose reads failed cannot say what the server never did.
+def _stepping_server(state: dict) -> FakeServer:
+    """A server that admits its queue at each scheduler step (every 0.3 s), all of it at once: four run together for
+    0.2 s, then the next four wait for the next step. Its /metrics fails (500) while two or more run, so the reads
+    that succeed see only the queue: "0 running, 4 waiting". ``state["most"]``: the most it really ran at once."""
     fake = FakeServer(Behaviour(metrics="vllm"))
-    state = {"running": 0, "waiting": 0, "most": 0}
+    state.update(running=0, waiting=0, most=0)
 
     async def stepping(request):
         body = await request.json()
@@ -377,10 +376,35 @@ def test_a_level_whose_reads_failed_under_load_is_not_said_to_be_serialized(tmp_
                                  f"vllm:num_requests_waiting {state['waiting']}\n")
 
     fake._handle, fake._metrics = stepping, busy_fails
-    with fake:
+    return fake
+
+
+def test_a_level_whose_reads_failed_under_load_is_not_said_to_be_serialized(tmp_path):
+    # It ran four at a time; the reads that would say so failed, and a cell whose reads failed cannot say what the
+    # server never did.
+    state: dict = {}
+    with _stepping_server(state) as fake:
         code, output, summary = _run(tmp_path, fake, samples=8)
     assert code == 0, output
     assert state["most"] == 4
     c4 = cells_by_level(summary)[4]
     assert c4["server_note"] is None, c4["server_note"]
     assert summary["server_limited_cells"] == []
+
+
+def test_a_sweep_cell_says_the_server_ran_at_most_n_only_where_that_is_known(tmp_path):
+    # The same server in a sweep: its reads said "0 running" at c=4, yet it ran four at once.
+    state: dict = {}
+    with _stepping_server(state) as fake:
+        path = write_scenario(tmp_path / "s.toml", fake.url, concurrency=[1, 4], samples=8)
+        code, output = run_cli("sweep", path, "--grid", "load.stream=false", "--out", tmp_path / "sweep")
+    assert code == 0, output
+    assert state["most"] == 4
+    row = json.loads((tmp_path / "sweep" / "sweep.json").read_text())["rows"][0]
+    c4 = next(c for c in row["cells"] if c["level"] == "c=4")
+    assert c4["server_running_max"] < 4  # what the reads that succeeded said, kept as said
+    row_line = next(line for line in (tmp_path / "sweep" / "sweep.md").read_text().splitlines()
+                    if line.startswith("| load.stream=False |"))
+    c1_text, c4_text = row_line.split(" | ")[-2:]
+    assert c4_text.endswith(f"server ran ≥ {c4['server_running_max']} |"), c4_text
+    assert c1_text.endswith("server ran ≤ 1"), c1_text  # one at a time: kevload sent no more
