@@ -217,8 +217,8 @@ def sweep_cell_text(cell: CellSummary | None) -> str:
         parts.append(attainment_text(cell))
     if cell.server_running_max is not None:
         # The most its reads saw running is only a floor: it is the ceiling where kevload itself held the level to
-        # it (closed loop) or where the footnote's rule says the server's batch limit did (server_note).
-        bounded = cell.server_note or (cell.rate is None and cell.server_running_max >= cell.concurrency)
+        # it (closed loop; more is other clients' load) or where the footnote's rule says the batch limit did.
+        bounded = cell.server_note or (cell.rate is None and cell.server_running_max == cell.concurrency)
         parts.append(f"server ran {'≤' if bounded else '≥'} {cell.server_running_max:g}")
     return " · ".join(parts)
 
