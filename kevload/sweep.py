@@ -84,6 +84,7 @@ async def run_sweep(scenario_path: Path, overrides: list[str], grid: Grid, *, ou
 
         for setting in combinations(grid.server):
             TargetSettings.from_options(setting)
+        check_axes_used(builtin, grid.server)
     if elsewhere is not None:
         rows = await elsewhere(base, grid, out=out, server_cmd=server_cmd, ready_url=ready_url,
                                stop=stop, log=log)
@@ -160,6 +161,32 @@ def check_server_cmd(server_cmd: str, ready_url: str | None, axes: list[str]) ->
     if unused:
         raise ScenarioError(f"--grid {unused[0]}: --server-cmd has no {{{unused[0]}}}, so every setting would "
                             "start the same server")
+
+
+def check_axes_used(builtin: str, axes: dict[str, list[Any]]) -> None:
+    """Refuse a target setting swept in vain: one whose values, the other axes held at any of theirs, give the
+    same command line and environment (the target has no such knob, or the values mean the same there, as 64
+    and 128 threads on two cores). Its rows would be labelled with settings that were never applied. The model
+    file and the port are used before the command line is made."""
+    from pathlib import PurePath
+
+    from kevload.targets import TargetSettings, llamacpp, transformers_serve, vllm
+
+    launch = {"llamacpp": llamacpp.launch, "transformers": transformers_serve.launch, "vllm": vllm.launch}[builtin]
+    settings = combinations(axes)
+    starts = []
+    for setting in settings:
+        made = launch(PurePath("/venv"), PurePath("/model"), TargetSettings.from_options(setting), 1)
+        starts.append((made.argv, tuple(sorted(made.env.items())), made.model))
+    for name, values in axes.items():
+        if name in ("gguf", "port") or len(values) < 2:
+            continue
+        alike: dict[str, set] = {}
+        for setting, start in zip(settings, starts, strict=True):
+            alike.setdefault(repr({k: v for k, v in setting.items() if k != name}), set()).add(start)
+        if all(len(group) == 1 for group in alike.values()):
+            raise ScenarioError(f"--grid {name}: every value starts the same {builtin} server (the target does not "
+                                "use this setting, or these values mean the same there)")
 
 
 def server_argv(server_cmd: str, values: dict[str, Any]) -> list[str]:

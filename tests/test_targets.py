@@ -19,8 +19,10 @@ from pathlib import Path
 import pytest
 
 import kevload.targets as targets
+from kevload.scenario import ScenarioError
 from kevload.servers import pid_alive
 from kevload.store import read_records
+from kevload.sweep import check_axes_used
 from kevload.targets import ProvisionError, TargetSettings, llamacpp, transformers_serve, vllm
 from kevload.targets.base import Launch
 from kevload.targets.cache import heartbeat
@@ -372,3 +374,26 @@ def test_demo_ctrl_c_while_a_target_starts_stops_it(tmp_path, monkeypatch):
         watcher.join(5)
     assert code == 130, output
     assert not pid_alive(int(marker.read_text()))
+
+
+@pytest.mark.parametrize(("target", "axis"), [("vllm", "ctx_size=512,4096"), ("transformers", "max_num_seqs=1,4"),
+                                              ("llamacpp", "enforce_eager=true,false"), ("vllm", "threads=64,128")])
+def test_a_grid_axis_the_target_does_not_use_is_refused_before_anything_starts(tmp_path, monkeypatch, target, axis):
+    # Every value would start the same server: rows labelled with settings that were never applied.
+    def never(*_args, **_kwargs):
+        raise ProvisionError("a server was about to be started")
+
+    monkeypatch.setitem(targets.COMMANDS, target, never)
+    pids = _spawned_pids(monkeypatch)
+    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1")
+    code, output = run_cli("sweep", scenario, "--target", target, "--grid", axis, "--out", tmp_path / "sw")
+    name = axis.split("=")[0]
+    assert code == 2 and f"--grid {name}: every value starts the same {target} server" in output, output
+    assert pids == [] and not (tmp_path / "sw").exists()
+
+
+def test_an_axis_used_in_some_settings_of_the_grid_is_swept():
+    # Batching off is one sequence at a time on vLLM, whatever max_num_seqs says: with it on, max_num_seqs counts.
+    check_axes_used("vllm", {"max_num_seqs": [1, 4], "batching": [False, True]})
+    with pytest.raises(ScenarioError, match="--grid ctx_size: every value"):
+        check_axes_used("vllm", {"max_num_seqs": [1, 4], "ctx_size": [512, 1024]})
