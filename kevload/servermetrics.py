@@ -26,6 +26,7 @@ SAMPLES = "server-metrics.jsonl"
 INTERVAL_S = 0.1  # how often /metrics is read: a cell of a second still gets about ten samples
 TIMEOUT_S = 2.0  # one poll's bound, connecting included: a hanging /metrics costs this, never the run
 MAX_BYTES = 8 << 20
+PARSE_SHARE_INVERSE = 9  # after a parse of p seconds the next read waits 9·p: parsing takes a tenth of the time at most
 # The cell fields (summary.json, sweep.json rows): server_view False and the others None where the server
 # publishes nothing.
 CELL_FIELDS = ("server_view", "server_samples", "server_running_max", "server_running_mean", "server_waiting_max",
@@ -128,6 +129,7 @@ class Sampler:
                                      "why": None if url else "target.metrics_url is off", "interval_s": INTERVAL_S,
                                      "samples": 0, "failed": 0, "last_error": None}
         self._task: asyncio.Task | None = None
+        self.parse_s = 0.0  # how long the last page took to parse
 
     async def __aenter__(self) -> Sampler:
         if self.url is not None:
@@ -156,8 +158,9 @@ class Sampler:
                 due = loop.time()
                 while True:
                     due += INTERVAL_S
-                    # A read slower than the interval skips the reads it overran rather than bunching them up.
-                    due = max(due, loop.time())
+                    # A read slower than the interval skips the reads it overran rather than bunching them up, and
+                    # parsing (which holds the interpreter from the load's requests) takes a tenth of the time at most.
+                    due = max(due, loop.time() + PARSE_SHARE_INVERSE * self.parse_s)
                     await asyncio.sleep(due - loop.time())
                     self._write(fd, await self._read(http))
             finally:
@@ -180,10 +183,15 @@ class Sampler:
         except (aiohttp.ClientError, OSError, ValueError) as exc:
             return f"cannot read it ({type(exc).__name__}: {exc})"
         answered = self.clock()
+        started = time.perf_counter()
         try:
-            view = read_view(body.decode("utf-8", "replace"), self.model)
+            # In a thread: a page with many label sets of the series read takes long to parse, and the event loop
+            # that sends the load and stamps its answers must not wait for it.
+            view = await asyncio.to_thread(read_view, body.decode("utf-8", "replace"), self.model)
         except ValueError as exc:
             return f"not Prometheus text ({exc})"
+        finally:
+            self.parse_s = time.perf_counter() - started
         if view is None:
             known = ", ".join(n.running[0] for n in SERVERS)
             return f"publishes none of the series kevload reads ({known}, …)"

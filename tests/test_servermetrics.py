@@ -408,3 +408,26 @@ def test_a_sweep_cell_says_the_server_ran_at_most_n_only_where_that_is_known(tmp
     c1_text, c4_text = row_line.split(" | ")[-2:]
     assert c4_text.endswith(f"server ran ≥ {c4['server_running_max']} |"), c4_text
     assert c1_text.endswith("server ran ≤ 1"), c1_text  # one at a time: kevload sent no more
+
+
+def test_a_huge_metrics_page_never_stalls_the_requests_it_times(tmp_path):
+    # A page with 60,000 label sets of a series kevload reads (a gateway's, say): ~1 s to parse. Parsed on the event
+    # loop that stamps the answers, every answer waiting behind a parse took that long too. The server answers in
+    # 0.05 s; so must the run say it did.
+    fake = FakeServer(Behaviour(latency=0.05, metrics="vllm"))
+    vllm_page = fake._metrics
+    crowd = "".join(f'vllm:num_requests_waiting{{engine="{i}",model_name="other"}} 0.0\n' for i in range(60000))
+
+    async def huge(request):
+        page = (await vllm_page(request)).text
+        return web.Response(text=page + crowd)
+
+    fake._metrics = huge
+    with fake:
+        code, output, summary = _run(tmp_path, fake, concurrency=[1, 2], samples=16)
+    assert code == 0, output
+    for cell in summary["cells"]:
+        assert cell["latency"]["e2e"]["p50"] < 0.25, cell["latency"]["e2e"]
+    # The page is still read, as often as its parsing leaves the run nine tenths of the time.
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())["server_metrics"]
+    assert meta["available"] is True and meta["samples"] >= 1
