@@ -90,32 +90,39 @@ async def run_sweep(scenario_path: Path, overrides: list[str], grid: Grid, *, ou
                                stop=stop, log=log)
         return write_sweep(out, grid, rows, complete=not stop.is_set())
     rows: list[dict[str, Any]] = []
-    for server_setting in combinations(grid.server):
-        if stop.is_set():
-            break
-        log(f"server {label(server_setting)}: starting …")
-        async with _server(server_setting, server_cmd, builtin, ready_url, out, stop, log) as up:
-            if up is None:  # stopped while the server was starting
+    try:
+        for server_setting in combinations(grid.server):
+            if stop.is_set():
                 break
-            combos = combinations(grid.scenario)
-            for index, combo in enumerate(combos):
-                if stop.is_set():
+            log(f"server {label(server_setting)}: starting …")
+            async with _server(server_setting, server_cmd, builtin, ready_url, out, stop, log) as up:
+                if up is None:  # stopped while the server was starting
                     break
-                name = label({**server_setting, **combo})
-                scenario = base.with_settings(up.sets, source="sweep").with_settings(combo, source="--grid")
-                log(f"  running {name} …")
-                result = await run_scenario(scenario, out / _dirname(name), stop=stop)
-                rows.append(setting_row(name, server_setting, combo, result.run_dir, result.summary))
-                failure = await asyncio.to_thread(up.failure)
-                if failure is not None:  # the rest of this setting's scenario keys would only fail
-                    rows[-1]["error"] = f"the server {failure} during the run (its log: {up.log_path})"
-                    log(f"  the server of {label(server_setting)} {failure} during the run; the end of its log:\n"
-                        f"{log_tail(up.log_path) if up.log_path else ''}")
-                    # Each of them keeps its row, failed and saying why: a setting missing from the matrix
-                    # would read as never asked for.
-                    rows += [_not_run(server_setting, later, f"not run: the server {failure} during {name} (its "
-                                      f"log: {up.log_path})") for later in combos[index + 1:]]
-                    break
+                combos = combinations(grid.scenario)
+                for index, combo in enumerate(combos):
+                    if stop.is_set():
+                        break
+                    name = label({**server_setting, **combo})
+                    scenario = base.with_settings(up.sets, source="sweep").with_settings(combo, source="--grid")
+                    log(f"  running {name} …")
+                    result = await run_scenario(scenario, out / _dirname(name), stop=stop)
+                    rows.append(setting_row(name, server_setting, combo, result.run_dir, result.summary))
+                    failure = await asyncio.to_thread(up.failure)
+                    if failure is not None:  # the rest of this setting's scenario keys would only fail
+                        rows[-1]["error"] = f"the server {failure} during the run (its log: {up.log_path})"
+                        log(f"  the server of {label(server_setting)} {failure} during the run; the end of its log:\n"
+                            f"{log_tail(up.log_path) if up.log_path else ''}")
+                        # Each of them keeps its row, failed and saying why: a setting missing from the matrix
+                        # would read as never asked for.
+                        rows += [_not_run(server_setting, later, f"not run: the server {failure} during {name} (its "
+                                          f"log: {up.log_path})") for later in combos[index + 1:]]
+                        break
+    except Exception:
+        # A server that fails to start ends the sweep; the settings that ran (minutes each on a real server)
+        # keep their rows, in a sweep that says it did not finish.
+        if rows:
+            write_sweep(out, grid, rows, complete=False)
+        raise
     return write_sweep(out, grid, rows, complete=not stop.is_set())
 
 

@@ -204,6 +204,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--port", type=int)
 parser.add_argument("--die-after", type=int)
 args = parser.parse_args()
+if args.die_after < 0:
+    raise SystemExit("cannot allocate the KV cache")
 served = 0
 async def chat(request):
     global served
@@ -258,3 +260,16 @@ def test_a_setting_whose_server_dies_mid_run_claims_no_throughput_and_no_row_is_
     half = dataclasses.replace(row_cells(rows["n=12,load.mode=single"])[1], ok=4, errors={"connect": 4},
                                requests_per_s=8.0)
     assert sweep_cell_text(half).endswith(" · 4.0/s")
+
+
+def test_a_server_that_fails_to_start_keeps_the_rows_of_the_settings_before_it(tmp_path):
+    (tmp_path / "dying.py").write_text(DYING_SERVER)
+    cmd = f"{sys.executable} {tmp_path / 'dying.py'} --port {{port}} --die-after {{n}}"
+    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1, 2], samples=3)
+    code, output = run_cli("sweep", scenario, "--server-cmd", cmd, "--grid", "n=1000,-1", "--out", tmp_path / "sw")
+    assert code == 3 and "cannot allocate the KV cache" in output, output
+    # The first setting ran (minutes, on a real server): its row is kept, and the sweep says it did not finish.
+    sweep = json.loads((tmp_path / "sw" / "sweep.json").read_text())
+    assert [(r["setting"], r["verdict"]) for r in sweep["rows"]] == [("n=1000", "deterministic")]
+    assert sweep["complete"] is False
+    assert "| n=1000 | p1 (single) |" in (tmp_path / "sw" / "sweep.md").read_text()
