@@ -256,6 +256,9 @@ def test_a_setting_whose_server_dies_mid_run_claims_no_throughput_and_no_row_is_
     throughput = (tmp_path / "sweep.html").read_text().split("<h2>Throughput</h2>", 1)[1]
     dead_row = throughput.split("n=12,load.mode=single · p1 (single)</td>", 1)[1].split("</tr>", 1)[0]
     assert dead_row.endswith("<td>–</td>"), dead_row
+    # The page names the failed settings and why, as sweep.md does: the one never run has no cell to show it.
+    page = (tmp_path / "sweep.html").read_text()
+    assert "n=12,load.mode=mixed" in page and "not run: the server exited during n=12,load.mode=single" in page
     # Half answered in a second, half failed at once: 4 answers a second, not the 8 requests.
     half = dataclasses.replace(row_cells(rows["n=12,load.mode=single"])[1], ok=4, errors={"connect": 4},
                                requests_per_s=8.0)
