@@ -279,8 +279,9 @@ def cell_view(samples: Samples | None, t_start: float, t_end: float, concurrency
 
 def server_note(concurrency: int, running_max: float | None, waiting_max: float | None) -> str | None:
     """``server ran ≤ 1 at a time, 3 waiting: …`` where the server held requests back at a level of *c* > 1:
-    it ran fewer than *c* at any sample while others waited in its queue. None otherwise."""
-    if running_max is None or waiting_max is None or concurrency <= 1:
+    it ran fewer than *c* at any sample while others waited in its queue. None otherwise, and where no read saw it
+    run anything: the cell's answers say it ran some, so those reads missed its work and bound nothing."""
+    if running_max is None or waiting_max is None or concurrency <= 1 or running_max < 1:
         return None
     if running_max >= concurrency or waiting_max < 1:
         return None

@@ -349,10 +349,13 @@ def test_another_models_series_on_the_page_are_not_this_servers(tmp_path):
     assert read_view(VLLM_PAGE + other, model="m")["running"] == 4 and read_view(VLLM_PAGE + other)["running"] == 9
 
 
-def _stepping_server(state: dict) -> FakeServer:
+def _stepping_server(state: dict, lagging: bool = False) -> FakeServer:
     """A server that admits its queue at each scheduler step (every 0.3 s), all of it at once: four run together for
     0.2 s, then the next four wait for the next step. Its /metrics fails (500) while two or more run, so the reads
-    that succeed see only the queue: "0 running, 4 waiting". ``state["most"]``: the most it really ran at once."""
+    that succeed see only the queue: "0 running, 4 waiting". ``state["most"]``: the most it really ran at once.
+
+    ``lagging``: its /metrics never fails but its gauges lag, set as each step begins, before it admits the queue:
+    every read says "0 running" and counts the running requests as waiting."""
     fake = FakeServer(Behaviour(metrics="vllm"))
     state.update(running=0, waiting=0, most=0)
 
@@ -370,6 +373,9 @@ def _stepping_server(state: dict) -> FakeServer:
         return fake._whole(body, "same answer", True, None, None)
 
     async def busy_fails(request):
+        if lagging:
+            return web.Response(text=f"vllm:num_requests_running 0\n"
+                                     f"vllm:num_requests_waiting {state['waiting'] + state['running']}\n")
         if state["running"] >= 2:
             return web.Response(status=500, text="busy")
         return web.Response(text=f"vllm:num_requests_running {state['running']}\n"
@@ -390,6 +396,18 @@ def test_a_level_whose_reads_failed_under_load_is_not_said_to_be_serialized(tmp_
     c4 = cells_by_level(summary)[4]
     assert c4["server_note"] is None, c4["server_note"]
     assert summary["server_limited_cells"] == []
+
+
+def test_reads_that_never_saw_the_server_run_anything_bound_nothing(tmp_path):
+    # Every read says "0 running, 4 waiting" while the cell got its answers: the server ran them, and the reads
+    # missed it. "Ran ≤ 0 at a time" is false on its face.
+    state: dict = {}
+    with _stepping_server(state, lagging=True) as fake:
+        code, output, summary = _run(tmp_path, fake, samples=8)
+    assert code == 0, output
+    c4 = cells_by_level(summary)[4]
+    assert state["most"] == 4 and c4["server_running_max"] == 0 and c4["ok"] == 8
+    assert c4["server_note"] is None, c4["server_note"]
 
 
 def test_a_sweep_cell_says_the_server_ran_at_most_n_only_where_that_is_known(tmp_path):
