@@ -20,7 +20,7 @@ from kevload.scenario import Probe, load_scenario
 from kevload.stats import drift_upper_bound
 from kevload.store import default_run_dir
 from kevload.summary import RunSummary, position_label
-from kevload.sweep import Grid, row_cells, setting_row, sweep_markdown, write_sweep
+from kevload.sweep import Grid, answered_per_s, row_cells, setting_row, sweep_markdown, write_sweep
 from kevload.targets import RunningTarget, TargetSettings, serving
 
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "demo.toml"
@@ -149,6 +149,9 @@ def sweep_lines(sweep: dict[str, Any]) -> list[str]:
     lines = []
     for row in sweep["rows"]:
         cells = sorted(row_cells(row), key=lambda c: c.level_order)
+        if row.get("error"):  # a server that died mid-run: its cells after that hold only failures
+            lines.append(f"{row['setting']}: failed: {row['error'].splitlines()[0]}")
+            continue
         if not cells:
             continue
         levels = lambda chosen: ",".join(str(c.concurrency) for c in chosen)  # noqa: E731
@@ -165,7 +168,7 @@ def sweep_lines(sweep: dict[str, Any]) -> list[str]:
             said = f"the serial text at c={levels(cells)}"
         top = cells[-1]
         p50 = top.latency.get("e2e", {}).get("p50")
-        cost = f"{top.requests_per_s or 0:.2f} req/s" + (f", p50 {p50:.1f} s" if p50 is not None else "")
+        cost = f"{answered_per_s(top) or 0:.2f} req/s" + (f", p50 {p50:.1f} s" if p50 is not None else "")
         lines.append(f"{row['setting']}: {said}; at c={top.concurrency} {cost} ({top.ok} samples per cell)")
     return lines
 

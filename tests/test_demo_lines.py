@@ -63,3 +63,16 @@ def test_sweep_lines_say_what_each_setting_keeps_and_what_it_costs():
         "at c=4 1.25 req/s (8 samples per cell)",
         "max_num_seqs=8: text drifts at c=2,4; at c=4 0.00 req/s (8 samples per cell)",
         "no logprobs: the serial text at c=1,2; at c=2 0.00 req/s (8 samples per cell)"]
+
+
+def test_a_sweep_line_never_speaks_for_a_setting_whose_server_died():
+    # Its server died at c=4: nothing answered there, the requests failed at once. No "serial text at c=1,4", no
+    # throughput of failures: the line says the setting failed and why.
+    sweep = {"rows": [{"setting": "max_num_seqs=2", "error": "the server exited during the run (its log: x.log)",
+                       "cells": [cell(1, requests_per_s=0.8),
+                                 cell(4, ok=0, distinct=0, requests_per_s=873.4, errors={"connect": 8})]},
+                      {"setting": "max_num_seqs=4", "cells": [cell(4, ok=4, requests_per_s=2.0, errors={"timeout": 4},
+                                                                  short=True, asked=8)]}]}
+    assert sweep_lines(sweep) == [
+        "max_num_seqs=2: failed: the server exited during the run (its log: x.log)",
+        "max_num_seqs=4: the serial text at c=4; at c=4 1.00 req/s (4 samples per cell)"]  # answered ones only
