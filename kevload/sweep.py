@@ -80,11 +80,13 @@ async def run_sweep(scenario_path: Path, overrides: list[str], grid: Grid, *, ou
     if server_cmd is not None:
         check_server_cmd(server_cmd, ready_url, list(grid.server))
     if builtin is not None:
-        from kevload.targets import TargetSettings
+        from kevload.targets import TargetSettings, refuse_missing_settings
 
         for setting in combinations(grid.server):
             TargetSettings.from_options(setting)
         check_axes_used(builtin, grid.server)
+        for setting in combinations(grid.server):
+            refuse_missing_settings(builtin, TargetSettings.from_options(setting))
     if elsewhere is not None:
         rows = await elsewhere(base, grid, out=out, server_cmd=server_cmd, ready_url=ready_url,
                                stop=stop, log=log)
@@ -175,16 +177,10 @@ def check_axes_used(builtin: str, axes: dict[str, list[Any]]) -> None:
     same command line and environment (the target has no such knob, or the values mean the same there, as 64
     and 128 threads on two cores). Its rows would be labelled with settings that were never applied. The model
     file and the port are used before the command line is made."""
-    from pathlib import PurePath
+    from kevload.targets import TargetSettings, launch_key
 
-    from kevload.targets import TargetSettings, llamacpp, transformers_serve, vllm
-
-    launch = {"llamacpp": llamacpp.launch, "transformers": transformers_serve.launch, "vllm": vllm.launch}[builtin]
     settings = combinations(axes)
-    starts = []
-    for setting in settings:
-        made = launch(PurePath("/venv"), PurePath("/model"), TargetSettings.from_options(setting), 1)
-        starts.append((made.argv, tuple(sorted(made.env.items())), made.model))
+    starts = [launch_key(builtin, TargetSettings.from_options(setting)) for setting in settings]
     for name, values in axes.items():
         if name in ("gguf", "port") or len(values) < 2:
             continue

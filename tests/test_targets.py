@@ -397,3 +397,25 @@ def test_an_axis_used_in_some_settings_of_the_grid_is_swept():
     check_axes_used("vllm", {"max_num_seqs": [1, 4], "batching": [False, True]})
     with pytest.raises(ScenarioError, match="--grid ctx_size: every value"):
         check_axes_used("vllm", {"max_num_seqs": [1, 4], "ctx_size": [512, 1024]})
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("run", "S", "--target", "vllm", "--target-set", "ctx_size=512"), "vllm has no setting ctx_size"),
+    (("run", "S", "--target", "llamacpp", "--target-set", "enforce_eager=true"),
+     "llamacpp has no setting enforce_eager"),
+    (("target", "start", "transformers", "--slots", "2"), "transformers has no setting slots"),
+    (("sweep", "S", "--target", "vllm", "--grid", "max_num_seqs=1,2", "--grid", "max_model_len=512", "--grid",
+      "ctx_size=4096"), "vllm has no setting ctx_size")])
+def test_a_setting_the_target_does_not_have_is_refused_before_anything_starts(tmp_path, monkeypatch, args, message):
+    # Silently dropped, the setting would be in the run's record and the sweep's row labels, never in the server.
+    def never(*_args, **_kwargs):
+        raise ProvisionError("a server was about to be started")
+
+    for name in targets.NAMES:
+        monkeypatch.setitem(targets.COMMANDS, name, never)
+    monkeypatch.setattr(targets, "status_target", lambda _name: None)
+    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1")
+    code, output = run_cli(*[str(scenario) if a == "S" else a for a in args], "--out", tmp_path / "o") \
+        if args[0] != "target" else run_cli(*args)
+    assert code == 2 and message in output, output
+    assert "about to be started" not in output

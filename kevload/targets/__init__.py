@@ -11,7 +11,7 @@ import json
 import threading
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -35,10 +35,17 @@ from kevload.targets.cache import ProvisionError, cache_root, heartbeat
 COMMANDS: dict[str, Command] = {"llamacpp": llamacpp.command, "transformers": transformers_serve.command,
                                 "vllm": vllm.command}
 NAMES = tuple(COMMANDS)
+# Each target's command line alone, from its settings (no installing): what tells which settings it has.
+LAUNCHES = {"llamacpp": llamacpp.launch, "transformers": transformers_serve.launch, "vllm": vllm.launch}
+# Two values of each setting that give two command lines on a target that has it. Threads are on every target
+# (vLLM binds them to cores, the same two on a one-core machine); the model file and the port are not in launch.
+_PROBES: dict[str, tuple[Any, Any]] = {
+    "slots": (1, 2), "ctx_size": (64, 128), "batching": (True, False), "cache_prompt": (True, False),
+    "dtype": ("float32", "bfloat16"), "seed": (None, 1), "enforce_eager": (False, True), "max_model_len": (16, 32)}
 
-__all__ = ["COMMANDS", "NAMES", "Launch", "ProvisionError", "RunningTarget", "ServerError", "TargetSettings",
-           "forget_state", "local_target", "on_target", "running_target", "save_state", "serving", "start_target",
-           "status_target", "stop_target"]
+__all__ = ["COMMANDS", "LAUNCHES", "NAMES", "Launch", "ProvisionError", "RunningTarget", "ServerError",
+           "TargetSettings", "forget_state", "launch_key", "local_target", "on_target", "refuse_missing_settings",
+           "running_target", "save_state", "serving", "start_target", "status_target", "stop_target"]
 
 T = TypeVar("T")
 
@@ -68,6 +75,26 @@ class RunningTarget:
                            f"{self.log_path}:\n{log_tail(self.log_path)}")
 
 
+def launch_key(name: str, settings: TargetSettings) -> tuple:
+    """What starting ``name`` with ``settings`` runs: its command line, environment and model name."""
+    made = LAUNCHES[name](Path("/venv"), Path("/model"), settings, 1)
+    return made.argv, tuple(sorted(made.env.items())), made.model
+
+
+def refuse_missing_settings(name: str, settings: TargetSettings) -> None:
+    """A setting given (not its default) that ``name`` does not have is refused: dropped silently, it would be in
+    the run's record and a sweep's row labels, never in the server."""
+    default = TargetSettings()
+    for field_name, probes in _PROBES.items():
+        if getattr(settings, field_name) == getattr(default, field_name):
+            continue
+        if len({launch_key(name, replace(default, **{field_name: value})) for value in probes}) == 1:
+            have = ", ".join(f for f in _PROBES if len({launch_key(name, replace(default, **{f: v}))
+                                                        for v in _PROBES[f]}) > 1)
+            raise ProvisionError(f"{name} has no setting {field_name} (its settings: {have}, threads, gguf, port, "
+                                 "extra_args)")
+
+
 def start_target(name: str, settings: TargetSettings | None = None, *, log: Callable[[str], None] = print,
                  on_spawn: Callable[[RunningTarget], None] | None = None) -> RunningTarget:
     """Provision (first time only), start and wait until the target answers; the process outlives this call.
@@ -78,6 +105,7 @@ def start_target(name: str, settings: TargetSettings | None = None, *, log: Call
     settings = settings or TargetSettings()
     if name not in COMMANDS:
         raise ProvisionError(f"unknown target {name!r}; expected one of {', '.join(NAMES)}")
+    refuse_missing_settings(name, settings)
     port = settings.port or free_port(HOST)
     launch = COMMANDS[name](settings, port, log)
     log_path = _state_dir() / f"{name}-{port}.log"
