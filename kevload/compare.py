@@ -39,7 +39,8 @@ from kevload.schedule import UntilBound
 from kevload.servermetrics import Samples, cell_view
 from kevload.stats import LatencyHistogram, drift_upper_bound, mean_share_interval, wilson_interval
 from kevload.store import RunDirError, read_records, record_answer
-from kevload.summary import DIVERGENCE_KINDS, CellSummary, RunSummary, level_label, level_order, levels_of
+from kevload.summary import CellSummary, RunSummary, level_label, level_order, levels_of
+from kevload.words import DIVERGENCE_KINDS
 
 # Below this a records file is read in-process: starting processes costs more than it saves.
 _PARALLEL_BYTES = 32 << 20

@@ -16,7 +16,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from kevload.summary import VERDICTS, CellSummary, RunSummary
+from kevload.summary import CellSummary, RunSummary
+from kevload.words import VERDICTS
 
 # Listed so a board can show the verdicts a run did not reach as 0 (one series per verdict, a state set).
 
