@@ -19,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from kevload import __version__, aio
 from kevload.errors import InputError, KevloadError, ScenarioError
 from kevload.report import FORMATS, render, slo_line, verdict_line
+from kevload.rundir import RunDir
 from kevload.runs import finish_run, refuse_existing, run_scenario, single_run_id
 from kevload.scenario import (
     APIS,
@@ -32,15 +33,7 @@ from kevload.scenario import (
     toml_value,
 )
 from kevload.stats import samples_for_bound
-from kevload.store import (
-    RECORDS,
-    RUN,
-    default_run_dir,
-    open_run_dir,
-    read_json,
-    read_run_records,
-    records_paths,
-)
+from kevload.store import Record, default_run_dir, read_json
 from kevload.summary import RunSummary
 from kevload.targets import NAMES, TargetSettings
 
@@ -208,8 +201,8 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
     with progress:
         task = progress.add_task(f"{sc.name}", total=total)
 
-        def on_record(record) -> None:
-            if record.role == "probe" and record.counted:
+        def on_record(record: Record) -> None:
+            if record.role == "probe" and record.is_sample:
                 level = f"r={record.rate:g}/s" if record.rate is not None else f"c={record.concurrency}"
                 progress.update(task, advance=1, description=f"{record.probe} {level}")
 
@@ -223,7 +216,8 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
     if result is None:  # stopped while --target's server started: nothing was sent
         _exit_if_signalled(signum)
     _print_summary(result.summary, quiet)
-    files = ", ".join(str(p) for p in records_paths(result.run_dir)) or str(result.run_dir / RECORDS)
+    run_files = RunDir(result.run_dir)
+    files = ", ".join(str(p) for p in run_files.record_files()) or str(run_files.records_jsonl)
     # The run's own count, as run.json and summary.json say it; a resume's part of it beside it.
     part = f", {result.records} sent by this --resume" if resume is not None else ""
     stderr.print(f"records: {files} ({result.summary.requests_sent} requests{part}, {result.state})")
@@ -263,30 +257,28 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
               help="Print only the record of the request sent with this X-Request-Id, as JSON.")
 def report(run_dir: Path, fmt: str, output: Path | None, metrics: Path | None, request_id: str | None) -> None:
     """Recompute a run's summary from its records (no server needed) and render it; sweeps too (html, json)."""
-    if (run_dir / "sweep.json").is_file() and not records_paths(run_dir):
+    if (run_dir / "sweep.json").is_file() and not RunDir(run_dir).record_files():
         for option, given in (("--metrics", metrics), ("--request", request_id)):
             if given is not None:
                 raise InputError(f"{option}: {run_dir} is a sweep; give one of its run directories")
         _report_sweep(run_dir, fmt, output)
         return
-    open_run_dir(run_dir)
+    run = RunDir.open(run_dir)
     if request_id is not None:
         import orjson
 
-        from kevload.store import find_record
-
-        record = find_record(run_dir, request_id)
+        record = run.find(request_id)
         if record is None:
             raise InputError(f"--request {request_id}: no record in {run_dir} has that request_id")
         _emit(orjson.dumps(record, option=orjson.OPT_INDENT_2).decode(), output)
         return
     single_run_id(run_dir)
-    meta = read_json(run_dir / RUN)
+    meta = run.meta()
     summary = finish_run(run_dir, meta=meta)
     if fmt == "html":
         from kevload.html import run_report
 
-        _emit(run_report(summary, meta, read_run_records(run_dir)), output)
+        _emit(run_report(summary, meta, run.records()), output)
     elif output is None:
         text = render(summary, fmt, Console())
         if text is not None:
@@ -349,7 +341,7 @@ def _write_metrics(path: Path, summary: RunSummary, run_dir: Path) -> None:
     from kevload.metrics import write_metrics
 
     try:
-        write_metrics(path, summary, read_json(run_dir / "run.json"))
+        write_metrics(path, summary, RunDir(run_dir).meta())
     except OSError as exc:
         raise InputError(f"--metrics {path}: cannot write ({exc.strerror or exc})") from None
     stderr.print(f"metrics: {path}")
@@ -359,8 +351,8 @@ def _resumable(run_dir: Path, overrides: list[str]):
     from kevload.datasets import check_unchanged
     from kevload.scenario import apply_override, scenario_from_dict
 
-    open_run_dir(run_dir)
-    meta = read_json(run_dir / RUN)
+    run = RunDir.open(run_dir)
+    meta = run.meta()
     raw = meta["scenario"]
     for override in overrides:
         apply_override(raw, override)
@@ -374,10 +366,10 @@ def _resumable(run_dir: Path, overrides: list[str]):
     if "***" in urlsplit(str(raw.get("target", {}).get("base_url", ""))).netloc.rpartition("@")[0]:
         raise ScenarioError(f"{run_dir}/run.json: target.base_url: its user:password@ is not stored; rerun the "
                             "scenario file, or pass the URL again with --set 'target.base_url=\"…\"'")
-    scenario = scenario_from_dict(raw, source=meta.get("scenario_source") or str(run_dir / RUN),
+    scenario = scenario_from_dict(raw, source=meta.get("scenario_source") or str(run.run_json),
                                   name=meta.get("scenario_name", "resumed"))
     if "datasets" in meta:  # runs from before datasets were recorded have nothing to compare with
-        check_unchanged(meta["datasets"], scenario.datasets, f"{run_dir / RUN}")
+        check_unchanged(meta["datasets"], scenario.datasets, str(run.run_json))
     return scenario
 
 

@@ -18,10 +18,11 @@ from typing import Any
 
 from kevload.client import Client, build_body
 from kevload.report import logprob_gap_text
+from kevload.rundir import RunDir
 from kevload.runs import run_scenario
 from kevload.scenario import Load, Mode, Probe, Scenario, Target, build_scenario
 from kevload.stats import drift_upper_bound, samples_for_bound
-from kevload.store import RUN, default_run_dir, read_json, read_run_records
+from kevload.store import default_run_dir
 from kevload.summary import CellSummary, RunSummary, position_label
 
 # In the guide's order: the first cause found is the verdict, later ones are listed as also found.
@@ -604,7 +605,7 @@ class _Diagnoser:
             self.evidence = replace(self.evidence, runs=self.evidence.runs + (str(run_dir),))
             raise _Stopped  # a step cut short is incomplete evidence: it could show a cause it does not have
         if self.logprobs == "auto":
-            available = read_json(run_dir / RUN).get("logprobs", {}).get("available")
+            available = RunDir(run_dir).meta().get("logprobs", {}).get("available")
             self.logprobs = self.logprobs if available is None else available
         self.evidence = replace(self.evidence, runs=self.evidence.runs + (str(run_dir),))
         return result.summary, run_dir
@@ -661,8 +662,7 @@ def cold_warm_counts(rows: Iterable[tuple[str, int, str]]) -> tuple[int, int, in
 
 
 def _ok_probe_hashes(run_dir: Path) -> list[tuple[str, int, str]]:
-    return [(r["probe"], r["sample"], r["sha256"]) for r in read_run_records(run_dir)
-            if r["status"] == "ok" and r["role"] == "probe"]
+    return [(r.probe, r.sample, r.sha256) for r in RunDir(run_dir).evidence()]
 
 
 def _scenario(options: DiagnoseOptions, params: dict[str, Any], levels: list[int], samples: int, *,

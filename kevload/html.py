@@ -26,8 +26,9 @@ from kevload.report import (
     slo_line,
     verdict_line,
 )
-from kevload.store import redact
+from kevload.store import Record, redact
 from kevload.summary import CellSummary, RunSummary, levels_of, position_label
+from kevload.words import OK
 
 STABLE = "#2e7d32"
 DRIFT = "#c62828"
@@ -47,7 +48,7 @@ mark{background:#ffcdd2} .legend span{display:inline-block;width:12px;height:12p
 """
 
 
-def run_report(summary: RunSummary, meta: dict[str, Any], records: Iterable[dict[str, Any]]) -> str:
+def run_report(summary: RunSummary, meta: dict[str, Any], records: Iterable[Record]) -> str:
     cells = summary.probe_cells()
     rows: dict[str, dict[str, CellSummary]] = {}
     for c in cells:
@@ -221,14 +222,14 @@ def _divergence(cells: Iterable[CellSummary]) -> str:
     return "".join(out)
 
 
-def _timeline(records: Iterable[dict[str, Any]]) -> str:
+def _timeline(records: Iterable[Record]) -> str:
     bins: dict[int, list[int]] = {}
     for r in records:
-        if r.get("role") == "warmup":
+        if r.role == "warmup":
             continue
-        second = int(r["t_last_byte"])
+        second = int(r.t_last_byte)
         counts = bins.setdefault(second, [0, 0])
-        counts[0 if r["status"] == "ok" else 1] += 1
+        counts[0 if r.status == OK else 1] += 1
     if not bins:
         return "<p>No requests.</p>"
     first = min(bins)
