@@ -16,10 +16,12 @@ from typing import Any
 import orjson
 
 from kevload import __version__, engine
+from kevload.cells import Reduction
 from kevload.client import Client, ask_for_logprobs
-from kevload.compare import Reduction, reduce_file, summarize
+from kevload.compare import summarize
 from kevload.errors import ClusterError, InputError
 from kevload.overlap import Window, unrecorded_windows
+from kevload.reader import reduce_file
 from kevload.rundir import RunDir
 from kevload.scenario import Scenario, Slo
 from kevload.servermetrics import Sampler, read_samples

@@ -189,18 +189,26 @@ class RecordWriter:
         self.close()
 
 
-def read_records(path: Path) -> Iterator[dict[str, Any]]:
-    """Stream records back; a torn final line (a run killed mid-write) is skipped, any other bad line is an error."""
+def read_records(path: Path, start: int = 0, end: int | None = None) -> Iterator[dict[str, Any]]:
+    """Stream records back: every line of the file, or those that begin in bytes [``start``, ``end``) (a part read
+    in parallel; ``start`` at a line's beginning). A line that is not JSON is an error, except the file's last line
+    (what a run killed mid-write leaves torn), which is skipped; a part that ends before the file does has no last
+    line to excuse."""
     with path.open("rb") as handle:
-        pending: bytes | None = None
+        handle.seek(start)
+        position, torn = start, None
         for number, line in enumerate(handle, 1):
-            if pending is not None:
-                raise RunDirError(f"{path}:{number - 1}: not a JSON record")
+            if torn is not None:
+                raise RunDirError(f"{torn}: not a JSON record")
             try:
                 yield orjson.loads(line)
             except orjson.JSONDecodeError:
-                pending = line
-        # A bad line only at the very end is what a kill during a write leaves behind.
+                torn = f"{path}:{number}" if start == 0 else f"{path}: byte {position}"
+            position += len(line)
+            if end is not None and position >= end:
+                break
+        if torn is not None and handle.read(1):
+            raise RunDirError(f"{torn}: not a JSON record")
 
 
 def cut_torn_tail(path: Path) -> int:

@@ -11,8 +11,9 @@ import pytest
 from aiohttp import web
 
 from kevload.client import LOGPROBS_CHECK_USER
-from kevload.compare import reduce_file, summarize
+from kevload.compare import summarize
 from kevload.overlap import FullLoad, Occupancy, unrecorded_windows
+from kevload.reader import reduce_file
 from kevload.rundir import RunDir
 from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
 from tests.fakeserver import FakeServer
