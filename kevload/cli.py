@@ -1,4 +1,4 @@
-"""Command line: parse, call, print, choose the exit code. No logic lives here."""
+"""Command line: parse, call, print, and exit with the code ``exitcode`` gives the result. No logic lives here."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kevload import __version__, aio
+from kevload import __version__, aio, exitcode
 from kevload.errors import InputError, KevloadError, ScenarioError
+from kevload.exitcode import ExitCode
 from kevload.report import FORMATS, render, slo_line, verdict_line
 from kevload.rundir import RunDir
 from kevload.runs import finish_run, refuse_existing, run_scenario, single_run_id
@@ -36,11 +37,6 @@ from kevload.stats import samples_for_bound
 from kevload.store import Record, default_run_dir, read_json
 from kevload.summary import RunSummary
 from kevload.targets import NAMES, TargetSettings
-
-EXIT_OK, EXIT_DRIFT, EXIT_TARGET = 0, 1, 3  # 2 (bad input) comes from errors.InputError
-# inconclusive (a probe cell has fewer ok samples than asked) is no pass: the target did not give the evidence.
-_EXIT_FOR_VERDICT = {"deterministic": EXIT_OK, "nondeterministic": EXIT_DRIFT, "target_failed": EXIT_TARGET,
-                     "inconclusive": EXIT_TARGET}
 
 stderr = Console(stderr=True)
 
@@ -230,21 +226,15 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
     _exit_if_signalled(signum)
     if exited is not None:
         raise exited
-    verdict_code = code = _exit_code(result.summary)
-    if fail_on == "latent" and code == EXIT_OK and result.summary.latent_cells:
-        code = EXIT_DRIFT
-    elif fail_on == "latent" and code == EXIT_OK and result.summary.logprob_gap_cells:
-        code = EXIT_TARGET  # latent drift neither shown nor ruled out where samples came without logprobs
-    if reference is not None and verdict_code != EXIT_TARGET:
+    regressions = None
+    if reference is not None and exitcode.for_summary(result.summary) != ExitCode.TARGET:
         changes = compare_to_baseline(result.summary, reference, max_latency_regression=max_latency_regression)
         for change in changes:
             click.echo(f"{'REGRESSION' if change.regression else 'improved'} {change.kind} {change.cell}: "
                        f"{change.detail}")
-        regressions = [c for c in changes if c.regression]
-        click.echo(f"against baseline {baseline}: {len(regressions)} regression(s)")
-        # Drift the baseline had too is no news for a nightly job; only changes (and the SLO) decide the exit code.
-        code = EXIT_DRIFT if regressions or result.summary.slo_failed_cells else EXIT_OK
-    sys.exit(code)
+        regressions = sum(c.regression for c in changes)
+        click.echo(f"against baseline {baseline}: {regressions} regression(s)")
+    sys.exit(exitcode.for_run(result.summary, fail_on=fail_on, regressions=regressions))
 
 
 @main.command()
@@ -290,13 +280,7 @@ def report(run_dir: Path, fmt: str, output: Path | None, metrics: Path | None, r
                 handle.write(text + "\n")
     if metrics is not None:
         _write_metrics(metrics, summary, run_dir)
-    sys.exit(_exit_code(summary))
-
-
-def _exit_code(summary: RunSummary) -> int:
-    """The verdict's code; otherwise 1 when a probe cell is under load.min_slo_attainment (3 stays 3)."""
-    code = _EXIT_FOR_VERDICT[summary.verdict]
-    return EXIT_DRIFT if code == EXIT_OK and summary.slo_failed_cells else code
+    sys.exit(exitcode.for_summary(summary))
 
 
 def _report_sweep(sweep_dir: Path, fmt: str, output: Path | None) -> None:
@@ -461,7 +445,7 @@ def target_status(name: str) -> None:
     current = status_target(name)
     if current is None or not current["running"]:
         click.echo(f"{name}: not running")
-        sys.exit(EXIT_TARGET)
+        sys.exit(ExitCode.TARGET)
     settings = ", ".join(f"{k}={v}" for k, v in current["settings"].items() if v not in (None, [], ()))
     click.echo(f"{name}: running, pid {current['pid']}, port {current['port']}, url {current['url']}\n"
                f"model: {current['model']}\nsettings: {settings}\nlog: {current['log_path']}")
@@ -559,9 +543,7 @@ def diagnose_command(url, model, prompt, messages_file, params_json, max_tokens,
     _exit_if_signalled(signum)
     if exited is not None:
         raise exited
-    if result.target_failed:
-        sys.exit(EXIT_TARGET)
-    sys.exit(EXIT_OK if result.verdict == "stable" else EXIT_DRIFT)
+    sys.exit(exitcode.for_diagnosis(target_failed=result.target_failed, verdict=result.verdict))
 
 
 def _read_messages(path: Path) -> tuple[dict, ...]:
@@ -685,10 +667,7 @@ def cases_rerun(cases_file: Path, url: str | None, model: str | None, times: int
     _exit_if_signalled(signum)
     if exited is not None:
         raise exited
-    if moves["no answer"]:
-        sys.exit(EXIT_TARGET)
-    changed = moves["changed"] and not accept
-    sys.exit(EXIT_DRIFT if moves["stable→unstable"] or changed or mismatched else EXIT_OK)
+    sys.exit(exitcode.for_rerun(moves, mismatched=mismatched, accepted=accept))
 
 
 @main.command("sweep")
@@ -729,9 +708,7 @@ def sweep_command(scenario, server_cmd, builtin, grids, ready_url, overrides, ou
         click.echo(sweep_markdown(sweep))
     stderr.print(f"sweep: {out}/sweep.json, {out}/sweep.md")
     _exit_if_signalled(signum)
-    verdicts = {row["verdict"] for row in sweep["rows"]}
-    sys.exit(EXIT_TARGET if verdicts & {"target_failed", "inconclusive"}
-             else EXIT_DRIFT if "nondeterministic" in verdicts else EXIT_OK)
+    sys.exit(exitcode.for_sweep(row["verdict"] for row in sweep["rows"]))
 
 
 @contextlib.contextmanager

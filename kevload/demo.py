@@ -12,6 +12,7 @@ from rich.columns import Columns
 from rich.console import Console
 from rich.table import Table
 
+from kevload import exitcode
 from kevload.aio import until_stopped
 from kevload.diagnose import DiagnoseOptions, diagnose
 from kevload.report import cell_text
@@ -52,8 +53,8 @@ STEPS = (
 
 
 async def run_demo(names: list[str], *, samples: int, console: Console, stop: asyncio.Event,
-                   out: Path | None = None) -> int:
-    """Run the steps against each target in turn; the exit code for what was seen (0, or 3: a target failed).
+                   out: Path | None = None) -> exitcode.ExitCode:
+    """Run the steps against each target in turn; the exit code for what was seen (``exitcode.for_demo``).
 
     Once ``stop`` is set (Ctrl-C under ``aio.run``) the step in progress finishes with what it has,
     nothing new starts, servers are stopped, and what was collected is still shown.
@@ -85,7 +86,7 @@ async def run_demo(names: list[str], *, samples: int, console: Console, stop: as
     console.print(f"runs: {out}/ (re-read any with `kevload report DIR`)")
     failed = any(s.verdict == "target_failed" for steps in results.values() for _, s in steps)
     failed |= any(row["verdict"] == "target_failed" for sweep in sweeps.values() for row in sweep["rows"])
-    return 3 if failed else 0
+    return exitcode.for_demo(target_failed=failed)
 
 
 def headline(label: str, steps: list[tuple[str, RunSummary]]) -> str:
