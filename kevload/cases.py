@@ -19,9 +19,11 @@ from urllib.parse import urlparse
 
 import orjson
 
+from kevload.errors import ScenarioError
+from kevload.models import Probe, iter_jsonl
 from kevload.rundir import RunDir
 from kevload.runs import run_scenario
-from kevload.scenario import Load, Probe, ScenarioError, Target, build_scenario, iter_jsonl, read_table
+from kevload.scenario import Load, Target, build_scenario, read_table
 from kevload.store import new_run_id
 from kevload.summary import CellSummary
 

@@ -19,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from kevload import __version__, aio, exitcode
 from kevload.errors import InputError, KevloadError, ScenarioError
 from kevload.exitcode import ExitCode
+from kevload.models import MAX_TOKENS, first_bad_message
 from kevload.report import FORMATS, render, slo_line, verdict_line
 from kevload.rundir import RunDir
 from kevload.runs import finish_run, refuse_existing, run_scenario, single_run_id
@@ -28,7 +29,6 @@ from kevload.scenario import (
     MAX_RETRIES,
     MAX_SAMPLES,
     MAX_SECONDS,
-    MAX_TOKENS,
     MAX_WORKERS,
     load_scenario,
     toml_value,
@@ -502,8 +502,8 @@ def diagnose_command(url, model, prompt, messages_file, params_json, max_tokens,
     import orjson
 
     from kevload.diagnose import DiagnoseOptions, check_options, diagnose
+    from kevload.models import Probe
     from kevload.report import diagnosis_text
-    from kevload.scenario import Probe
 
     if (prompt is None) == (messages_file is None):
         raise InputError("give exactly one of --prompt TEXT or --messages FILE")
@@ -553,9 +553,7 @@ def _read_messages(path: Path) -> tuple[dict, ...]:
         messages = orjson.loads(path.read_bytes())
     except (OSError, orjson.JSONDecodeError) as exc:
         raise ScenarioError(f"{path}: --messages: expected a JSON list of {{role, content}} objects ({exc})") from None
-    if not (isinstance(messages, list) and messages and all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in messages)):
+    if not (isinstance(messages, list) and messages and first_bad_message(messages) is None):
         raise ScenarioError(f"{path}: --messages: expected a JSON list of {{role, content}} objects")
     return tuple(messages)
 

@@ -17,7 +17,8 @@ from urllib.parse import urlsplit, urlunsplit
 import orjson
 
 from kevload.http1 import LeanTransport
-from kevload.scenario import REQUEST_ID_HEADER, Probe, Scenario, Target
+from kevload.models import Probe
+from kevload.scenario import REQUEST_ID_HEADER, Scenario, Target
 from kevload.sse import SSEError, SSEParser
 from kevload.store import url_secrets, url_userinfo
 from kevload.transport import AiohttpTransport, Endpoint, Response, Transport, TransportError

@@ -15,9 +15,10 @@ from rich.table import Table
 from kevload import exitcode
 from kevload.aio import until_stopped
 from kevload.diagnose import DiagnoseOptions, diagnose
+from kevload.models import Probe
 from kevload.report import cell_text
 from kevload.runs import run_scenario
-from kevload.scenario import Probe, load_scenario
+from kevload.scenario import load_scenario
 from kevload.stats import drift_upper_bound
 from kevload.store import default_run_dir
 from kevload.summary import RunSummary, position_label

@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from kevload.client import Client, build_body
+from kevload.models import Probe
 from kevload.report import logprob_gap_text
 from kevload.rundir import RunDir
 from kevload.runs import run_scenario
-from kevload.scenario import Load, Mode, Probe, Scenario, Target, build_scenario
+from kevload.scenario import Load, Mode, Scenario, Target, build_scenario
 from kevload.stats import drift_upper_bound, samples_for_bound
 from kevload.store import default_run_dir
 from kevload.summary import CellSummary, RunSummary, position_label

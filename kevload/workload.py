@@ -6,7 +6,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kevload.scenario import Probe, Scenario
+from kevload.models import Probe
+from kevload.scenario import Scenario
 
 # Different kinds and lengths on purpose: batch composition (lengths, padding, kernels chosen)
 # is what makes batched inference drift, so companions should vary it as much as possible.
