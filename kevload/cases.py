@@ -65,7 +65,7 @@ def build_cases(run_dirs: list[Path], cases_path: Path, *, target_name: str | No
                 skipped.append(Skip(case["id"], str(run_dir), "no ok answer in the run"))
             elif case["id"] in source_of:
                 where = f"already in {cases_path}" if case["id"] in in_file else "given earlier in this build"
-                skipped.append(Skip(case["id"], str(run_dir), f"same target, model, input, params and load as the "
+                skipped.append(Skip(case["id"], str(run_dir), "same target, model, input, params and load as the "
                                     f"case from {source_of[case['id']]} ({where})"))
             else:
                 source_of[case["id"]] = str(run_dir)

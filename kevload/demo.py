@@ -130,7 +130,7 @@ def logprob_line(label: str, steps: list[tuple[str, dict[str, Any]]]) -> str:
     n = sum(c.logprob_samples or 0 for c in cells)
     unclaimed = [c for c in cells if c.logprob_bitwise is None]
     gaps = (f"; no claim in {len(unclaimed)} (c={','.join(str(c.concurrency) for c in unclaimed)}), where some "
-            f"samples came without logprobs" if unclaimed else "")
+            "samples came without logprobs" if unclaimed else "")
     if not differ and not unclaimed:
         levels = sorted({c.concurrency for c in cells})
         return (f"{label} logprobs: bitwise equal to serial in all {len(cells)} fixed-param cells "

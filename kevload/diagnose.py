@@ -359,7 +359,7 @@ def _causes(evidence: Evidence, found: Findings) -> list[dict[str, str]]:
     where = [cell for s in concurrent for cell in s.drift_cells]
     # Crosstalk needs a stable serial reference: a server drifting serially drifts at every level.
     if where and fixed is not None and fixed.distinct == 1:
-        causes.append(_cause("crosstalk", f"fixed params are stable serially but drift concurrently "
+        causes.append(_cause("crosstalk", "fixed params are stable serially but drift concurrently "
                              f"({', '.join(where)})", "lower the max batch size or turn continuous batching off "
                              "(and the prefix cache), then rerun this diagnosis"))
     # Data is the cause only when the config layer is clean.
@@ -424,14 +424,14 @@ def _notes(evidence: Evidence, found: Findings) -> Iterable[str]:
                   if s is not None and s.latent_cells]
         cells = ", ".join(c for s in latent for c in s.latent_cells)
         first = min(s.latent_from for s in latent if s.latent_from is not None)
-        yield (f"latent crosstalk: under concurrency the text stays the serial one but the per-token logprobs "
+        yield ("latent crosstalk: under concurrency the text stays the serial one but the per-token logprobs "
                f"differ ({cells}; from {position_label(token=first)}) while serial logprobs agree — batching already "
-               f"changes the numerics, and a longer answer or another prompt can flip a token")
+               "changes the numerics, and a longer answer or another prompt can flip a token")
     step = evidence.step("temperature")
     if found.temperature_honoured is False and step is not None:
         yield (f"the server ignores temperature: at temperature {step.params['temperature']} without a seed it "
                f"gave one output in {step.ok} calls (always greedy, or a temperature too low to vary) — "
-               f"whoever sends temperature > 0 to sample is not sampling")
+               "whoever sends temperature > 0 to sample is not sampling")
 
 
 def _counts(counts: Mapping[str, int]) -> str:

@@ -132,7 +132,7 @@ def _heatmap(rows: dict[str, dict[str, CellSummary]], levels: list[str]) -> str:
                f"agree with each other, not with serial) <span style='background:{SHORT}'></span>no drift seen, "
                f"fewer ok samples than asked (ok/asked) <span style='background:{LATENT}'></span>~ latent drift: the "
                f"serial text, other per-token logprobs <span style='background:{EMPTY}'></span>no ok sample · † some "
-               f"counted samples never had c − 1 others in flight (from the records' send and last-byte times)</p>")
+               "counted samples never had c − 1 others in flight (from the records' send and last-byte times)</p>")
     return "".join(out)
 
 

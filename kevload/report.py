@@ -210,7 +210,7 @@ def footnotes(summary: RunSummary) -> list[str]:
     loaded = [c for c in summary.probe_cells() if c.full_load_share is not None]
     if loaded:
         low = min(loaded, key=lambda c: (c.full_load_share, c.level_order))
-        notes.append(f"full load: at every level c ≥ 2, counted samples had c − 1 others in flight for at least "
+        notes.append("full load: at every level c ≥ 2, counted samples had c − 1 others in flight for at least "
                      f"{low.full_load_share:.1%} of their time (lowest: {low.label})")
     if summary.companion_requests:
         notes.append(f"companions: {summary.companion_errors} of {summary.companion_requests} requests failed"
