@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +23,8 @@ from kevload.models import Probe, iter_jsonl
 from kevload.rundir import RunDir
 from kevload.runs import run_scenario
 from kevload.scenario import Load, Target, build_scenario, read_table
-from kevload.store import new_run_id
-from kevload.summary import CellSummary
+from kevload.store import new_run_id, now_iso
+from kevload.summary import CellSummary, level_label
 
 TRANSITIONS = ("unstable→stable", "stable→unstable", "changed", "no answer", "unchanged")
 # Which load keys shape the batch around the probe in each mode; the others do not change the case.
@@ -261,7 +260,7 @@ def accept_changes(cases_path: Path, results: list[dict[str, Any]], *, now: str 
     The file is rewritten through a temporary file and a rename, so a crash leaves the old file whole.
     Returns the ids of the cases updated.
     """
-    now = now or time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    now = now or now_iso()
     changed = {r["id"]: r for r in results if r["transition"] == "changed"}
     if not changed:
         return []
@@ -283,7 +282,7 @@ def accept_changes(cases_path: Path, results: list[dict[str, Any]], *, now: str 
 
 def describe_load(rerun: dict[str, Any]) -> str:
     """One line: what a case's rerun sent (mode, level, companions seed, samples, params)."""
-    level = f"r={rerun['rate']:g}/s" if rerun.get("rate") is not None else f"c={rerun['concurrency']}"
+    level = level_label(rerun["concurrency"], rerun.get("rate"))
     extra = "".join(f" {k}={rerun[k]}" for k in ("seed", "companions", "prefix_lengths", "needle_length")
                     if k in rerun)
     return (f"mode={rerun['mode']} {level}{extra} samples={rerun['samples']} "

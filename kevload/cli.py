@@ -35,7 +35,7 @@ from kevload.scenario import (
 )
 from kevload.stats import samples_for_bound
 from kevload.store import Record, default_run_dir, read_json
-from kevload.summary import RunSummary
+from kevload.summary import RunSummary, level_label
 from kevload.targets import NAMES, TargetSettings
 
 stderr = Console(stderr=True)
@@ -199,8 +199,8 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
 
         def on_record(record: Record) -> None:
             if record.role == "probe" and record.is_sample:
-                level = f"r={record.rate:g}/s" if record.rate is not None else f"c={record.concurrency}"
-                progress.update(task, advance=1, description=f"{record.probe} {level}")
+                progress.update(task, advance=1,
+                                description=f"{record.probe} {level_label(record.concurrency, record.rate)}")
 
         def work(url: str | None, model: str | None, stop):
             started = sc if url is None else sc.with_settings({"target.base_url": url, "target.model": model},

@@ -18,7 +18,7 @@ from typing import Any
 
 from kevload.client import Client, build_body
 from kevload.models import Probe
-from kevload.report import logprob_gap_text
+from kevload.report import counts_text, logprob_gap_text
 from kevload.rundir import RunDir
 from kevload.runs import run_scenario
 from kevload.scenario import Load, Mode, Scenario, Target, build_scenario
@@ -320,7 +320,7 @@ def _unusable(evidence: Evidence) -> tuple[str, str] | None:
     """(reason, next step) when too many errors or too few samples leave nothing to conclude."""
     failed = next((s for s in evidence.steps if s.target_failed), None)
     if failed is not None:
-        errors = _counts(failed.errors)
+        errors = counts_text(failed.errors)
         return (f"the target failed in step {failed.key} ({failed.ok} ok of {failed.samples}, errors {errors})",
                 f"fix the errors ({errors}) and rerun")
     weak = [s for s in (evidence.step("baseline"), evidence.step("fixed")) if s is not None and s.ok < _MIN_OK]
@@ -330,9 +330,9 @@ def _unusable(evidence: Evidence) -> tuple[str, str] | None:
     need = samples_needed(step.ok, step.samples)
     reason = f"too few samples: {step.ok} ok of {step.samples} in step {step.key}, {_MIN_OK} at least are needed"
     if need is None:
-        return reason, f"fix the errors ({_counts(step.errors)}): no call succeeded"
+        return reason, f"fix the errors ({counts_text(step.errors)}): no call succeeded"
     return reason, (f"raise --samples to {need} ({need - step.samples} more per step)"
-                    + (f" or fix the errors ({_counts(step.errors)})" if step.errors else ""))
+                    + (f" or fix the errors ({counts_text(step.errors)})" if step.errors else ""))
 
 
 def _causes(evidence: Evidence, found: Findings) -> list[dict[str, str]]:
@@ -432,10 +432,6 @@ def _notes(evidence: Evidence, found: Findings) -> Iterable[str]:
         yield (f"the server ignores temperature: at temperature {step.params['temperature']} without a seed it "
                f"gave one output in {step.ok} calls (always greedy, or a temperature too low to vary) — "
                "whoever sends temperature > 0 to sample is not sampling")
-
-
-def _counts(counts: Mapping[str, int]) -> str:
-    return ", ".join(f"{k}: {v}" for k, v in counts.items()) or "none"
 
 
 # --- measuring ---

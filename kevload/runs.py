@@ -32,6 +32,7 @@ from kevload.store import (
     cut_torn_tail,
     default_run_dir,
     new_run_id,
+    now_iso,
     redact,
     request_part,
     url_secrets,
@@ -107,7 +108,7 @@ async def _run_scenario(scenario: Scenario, run_dir: Path | None, *, on_record: 
         for path in RunDir(run_dir).record_files():
             cut_torn_tail(path)
         meta = {"probes": [probe.id for probe in scenario.probes], **meta, "state": "running",
-                "resumed_at": [*meta.get("resumed_at", []), _now_iso()]}
+                "resumed_at": [*meta.get("resumed_at", []), now_iso()]}
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
         run = RunDir(run_dir)
@@ -121,7 +122,7 @@ async def _run_scenario(scenario: Scenario, run_dir: Path | None, *, on_record: 
     part = len(meta.get("resumed_at", []))  # this invocation: the k-th resume is part k, on disk before any send
     # How its workers number their sends: what tells, if it never finishes, which requests it may not have recorded.
     meta["parts"] = [*meta.get("parts", []), {"part": part, "first_seq": first_seq, "workers": scenario.load.workers,
-                                              "started_at": _now_iso()}]
+                                              "started_at": now_iso()}]
     write_json(RunDir(run_dir).run_json, meta)
     if scenario.load.workers > 1 or meta["clock"].get("records") == "unix":
         return await _run_workers(scenario, run_dir, meta, stop=stop, already=already, first_seq=first_seq,
@@ -251,7 +252,7 @@ def finish_run(run_dir: Path, *, state: RunState | None = None, meta: dict[str, 
                       state=state or meta.get("state"))
     write_json(run.summary_json, summary.to_json())
     if state is not None:
-        meta = {**meta, "state": state, "ended_at": _now_iso(), "records": summary.requests_sent}
+        meta = {**meta, "state": state, "ended_at": now_iso(), "records": summary.requests_sent}
         write_json(run.run_json, meta)
     return summary
 
@@ -314,7 +315,7 @@ def _run_meta(scenario: Scenario, run_id: str, secrets: list[str]) -> dict[str, 
         "probes": [probe.id for probe in scenario.probes],  # with load's levels: the cells the run asks for
         "target": redact({"base_url": scenario.target.base_url, "model": scenario.target.model,
                           "api": scenario.target.api}, secrets),
-        "started_at": _now_iso(),
+        "started_at": now_iso(),
         "clock": {"perf_counter": time.perf_counter(), "unix": time.time()},
         "state": "running",
     }
@@ -326,7 +327,3 @@ def _records_offset(meta: dict[str, Any]) -> float:
     from kevload.workers import clock_offset
 
     return clock_offset() if meta["clock"].get("records") == "unix" else 0.0
-
-
-def _now_iso() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z")

@@ -152,6 +152,11 @@ def new_run_id(kind: str = "") -> str:
     return f"{kind}-{name}" if kind else name
 
 
+def now_iso() -> str:
+    """Local time as run.json and case files stamp it: ``2026-12-04T18:30:00+0000``."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
 def default_run_dir(kind: str = "", *, run_id: str | None = None) -> Path:
     """Where a run (``results/<run-id>``) or a command's set of runs (``results/<kind>-<time>-<random>``) goes."""
     return RESULTS / (run_id or new_run_id(kind))
