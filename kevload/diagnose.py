@@ -14,7 +14,7 @@ import secrets
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from kevload.client import Client, build_body
 from kevload.models import Probe
@@ -27,7 +27,8 @@ from kevload.store import default_run_dir
 from kevload.summary import CellSummary, RunSummary, position_label
 
 # In the guide's order: the first cause found is the verdict, later ones are listed as also found.
-VERDICTS = ("stable", "sampling", "crosstalk", "cache", "server_nondeterministic", "data", "inconclusive")
+Cause = Literal["stable", "sampling", "crosstalk", "cache", "server_nondeterministic", "data", "inconclusive"]
+VERDICTS: tuple[Cause, ...] = get_args(Cause)
 # Field → value that removes its randomness; only the ones the server accepts are kept.
 FIXING_FIELDS: dict[str, Any] = {"temperature": 0, "top_p": 1, "top_k": 1, "seed": 1234, "do_sample": False}
 SEEDS = (1234, 987654, 55555)
@@ -180,7 +181,7 @@ class Findings:
 
 @dataclass(frozen=True)
 class Diagnosis:
-    verdict: str
+    verdict: Cause
     reason: str
     next_step: str
     findings: Findings = Findings()
@@ -373,7 +374,7 @@ def _causes(evidence: Evidence, found: Findings) -> list[dict[str, str]]:
 _CACHE_NEXT = "disable prompt caching (cache_prompt=false / the server's prefix cache)"
 
 
-def _cause(verdict: str, reason: str, next_step: str) -> dict[str, str]:
+def _cause(verdict: Cause, reason: str, next_step: str) -> dict[str, str]:
     return {"verdict": verdict, "reason": reason, "next": next_step}
 
 
