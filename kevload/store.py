@@ -1,4 +1,5 @@
-"""Run directories: ``run.json`` (secrets redacted), ``records.jsonl`` (one flushed line per request), summaries."""
+"""Records and the files of a run: ``Record`` (one flushed line per request, read back by ``Record.from_json``),
+the tolerant reader, JSON written atomically, run-dir names, secrets redacted (``rundir.RunDir`` reads a run)."""
 
 from __future__ import annotations
 
