@@ -10,19 +10,18 @@ import sys
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kevload import __version__, aio, exitcode
-from kevload.errors import InputError, KevloadError, ScenarioError
+from kevload.errors import InputError, KevloadError
 from kevload.exitcode import ExitCode
-from kevload.models import MAX_TOKENS, first_bad_message
+from kevload.models import MAX_TOKENS, read_messages
 from kevload.report import FORMATS, render, slo_line, verdict_line
 from kevload.rundir import RunDir
-from kevload.runs import finish_run, refuse_existing, run_scenario, single_run_id
+from kevload.runs import finish_run, refuse_existing, resumed_scenario, run_scenario
 from kevload.scenario import (
     APIS,
     MAX_CONCURRENCY,
@@ -178,7 +177,7 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
         if scenario is not None or out is not None or overwrite:
             raise InputError("--resume RUN_DIR takes the scenario and directory of that run; "
                             "give no SCENARIO, --out or --overwrite")
-        sc = _resumable(resume, list(overrides))
+        sc = resumed_scenario(resume, list(overrides))
         out = resume
     elif scenario is None:
         raise InputError("missing SCENARIO (or --resume RUN_DIR)")
@@ -262,7 +261,7 @@ def report(run_dir: Path, fmt: str, output: Path | None, metrics: Path | None, r
             raise InputError(f"--request {request_id}: no record in {run_dir} has that request_id")
         _emit(orjson.dumps(record, option=orjson.OPT_INDENT_2).decode(), output)
         return
-    single_run_id(run_dir)
+    run.run_id()  # refuses a directory holding two runs
     meta = run.meta()
     summary = finish_run(run_dir, meta=meta)
     if fmt == "html":
@@ -329,32 +328,6 @@ def _write_metrics(path: Path, summary: RunSummary, run_dir: Path) -> None:
     except OSError as exc:
         raise InputError(f"--metrics {path}: cannot write ({exc.strerror or exc})") from None
     stderr.print(f"metrics: {path}")
-
-
-def _resumable(run_dir: Path, overrides: list[str]):
-    from kevload.datasets import check_unchanged
-    from kevload.scenario import apply_override, scenario_from_dict
-
-    run = RunDir.open(run_dir)
-    meta = run.meta()
-    raw = meta["scenario"]
-    for override in overrides:
-        apply_override(raw, override)
-    # run.json keeps header names only; resuming without the values would send requests the run never sent.
-    missing = [name for name, value in raw.get("target", {}).get("headers", {}).items() if value == "***"]
-    if missing:
-        raise ScenarioError(f"{run_dir}/run.json: target.headers: values are not stored ({', '.join(missing)}); "
-                            "rerun the scenario file, or pass them again with "
-                            f"--set 'target.headers.{missing[0]}=\"…\"'")
-    # The same for credentials in base_url: run.json keeps them as ***, which is no credential to send.
-    if "***" in urlsplit(str(raw.get("target", {}).get("base_url", ""))).netloc.rpartition("@")[0]:
-        raise ScenarioError(f"{run_dir}/run.json: target.base_url: its user:password@ is not stored; rerun the "
-                            "scenario file, or pass the URL again with --set 'target.base_url=\"…\"'")
-    scenario = scenario_from_dict(raw, source=meta.get("scenario_source") or str(run.run_json),
-                                  name=meta.get("scenario_name", "resumed"))
-    if "datasets" in meta:  # runs from before datasets were recorded have nothing to compare with
-        check_unchanged(meta["datasets"], scenario.datasets, str(run.run_json))
-    return scenario
 
 
 def _print_summary(summary: RunSummary, quiet: bool) -> None:
@@ -519,7 +492,7 @@ def diagnose_command(url, model, prompt, messages_file, params_json, max_tokens,
         raise InputError(f"--params: expected a JSON object, got {params_json!r}")
     messages = None
     if messages_file is not None:
-        messages = _read_messages(messages_file)
+        messages = read_messages(messages_file, "--messages")
     probe = Probe(id="probe", prompt=prompt, messages=messages, max_tokens=max_tokens)
     # With --target the URL is the started server's; a placeholder meanwhile lets the options be checked first.
     options = DiagnoseOptions(url=url or "http://127.0.0.1:1/v1", model=model or "", probe=probe, params=params,
@@ -544,18 +517,6 @@ def diagnose_command(url, model, prompt, messages_file, params_json, max_tokens,
     if exited is not None:
         raise exited
     sys.exit(exitcode.for_diagnosis(target_failed=result.target_failed, verdict=result.verdict))
-
-
-def _read_messages(path: Path) -> tuple[dict, ...]:
-    import orjson
-
-    try:
-        messages = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError) as exc:
-        raise ScenarioError(f"{path}: --messages: expected a JSON list of {{role, content}} objects ({exc})") from None
-    if not (isinstance(messages, list) and messages and first_bad_message(messages) is None):
-        raise ScenarioError(f"{path}: --messages: expected a JSON list of {{role, content}} objects")
-    return tuple(messages)
 
 
 @main.command("coverage")

@@ -86,6 +86,17 @@ def first_bad_message(messages: Sequence[Any]) -> int | None:
         isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str))), None)
 
 
+def read_messages(path: Path, what: str) -> tuple[dict[str, str], ...]:
+    """A JSON file holding one chat: a non-empty list of ``{role, content}`` objects; ``what`` names the input."""
+    try:
+        messages = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise ScenarioError(f"{path}: {what}: expected a JSON list of {{role, content}} objects ({exc})") from None
+    if not (isinstance(messages, list) and messages and first_bad_message(messages) is None):
+        raise ScenarioError(f"{path}: {what}: expected a JSON list of {{role, content}} objects")
+    return tuple(messages)
+
+
 def iter_jsonl(path: Path, what: str) -> Iterator[tuple[int, Any]]:
     """(line number, object) for each non-blank line of a user's JSONL file, streamed.
 

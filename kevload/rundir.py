@@ -53,6 +53,15 @@ class RunDir:
         """Whether a run has begun here: its run.json or a records file exists."""
         return self.run_json.exists() or bool(self.record_files())
 
+    def run_id(self) -> str | None:
+        """The run id of its records (None: none yet); records of two runs in one directory are a ``RunDirError``."""
+        ids = set().union(*(_run_ids(path) for path in self.record_files()))
+        if len(ids) > 1:
+            shown = ", ".join(sorted(ids)[:3]) + (", …" if len(ids) > 3 else "")
+            raise RunDirError(f"{self.path}: holds records of {len(ids)} runs ({shown}); "
+                              "one directory, one run: rerun into a fresh --out")
+        return next(iter(ids), None)
+
     def meta(self) -> dict[str, Any]:
         """``run.json``: the scenario as run, its load, target, parts and end state."""
         return read_json(self.run_json)
@@ -98,3 +107,21 @@ class RunDir:
                     if isinstance(record, dict) and record.get("request_id") == request_id:
                         return record
         return None
+
+
+def _run_ids(path: Path) -> set[str]:
+    """The run ids in a records file, read fast: lines that start like the last one seen are not parsed."""
+    ids: set[str] = set()
+    prefix = None
+    with path.open("rb") as handle:
+        for line in handle:
+            if prefix is not None and line.startswith(prefix):
+                continue
+            try:
+                run_id = orjson.loads(line)["run_id"]
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                continue  # a torn last line; the reader decides whether the file is readable
+            ids.add(run_id)
+            # orjson writes a Record with run_id first and no spaces: the same bytes open every line of a run.
+            prefix = orjson.dumps({"run_id": run_id})[:-1] + b","
+    return ids

@@ -12,18 +12,18 @@ from contextlib import aclosing
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
-
-import orjson
+from urllib.parse import urlsplit
 
 from kevload import __version__, engine
 from kevload.cells import Reduction
 from kevload.client import Client, ask_for_logprobs
 from kevload.compare import summarize
-from kevload.errors import ClusterError, InputError
+from kevload.datasets import check_unchanged
+from kevload.errors import ClusterError, InputError, ScenarioError
 from kevload.overlap import Window, unrecorded_windows
 from kevload.reader import reduce_file
 from kevload.rundir import RunDir
-from kevload.scenario import Scenario, Slo
+from kevload.scenario import Scenario, Slo, apply_override, scenario_from_dict
 from kevload.servermetrics import Sampler, read_samples
 from kevload.store import (
     Record,
@@ -198,32 +198,30 @@ def refuse_existing(run_dir: Path, *, overwrite: bool = False, hint: str = "give
     raise RunDirError(f"{run_dir}: already holds {held}; {hint}")
 
 
-def single_run_id(run_dir: Path) -> str | None:
-    """The run id of the directory's records; a file holding records of two runs is refused."""
-    ids = set().union(*(run_ids(path) for path in RunDir(run_dir).record_files()))
-    if len(ids) > 1:
-        shown = ", ".join(sorted(ids)[:3]) + (", …" if len(ids) > 3 else "")
-        raise RunDirError(f"{run_dir}: holds records of {len(ids)} runs ({shown}); "
-                          "one directory, one run: rerun into a fresh --out")
-    return next(iter(ids), None)
-
-
-def run_ids(path: Path) -> set[str]:
-    """The run ids in a records file, read fast: lines that start like the last one seen are not parsed."""
-    ids: set[str] = set()
-    prefix = None
-    with path.open("rb") as handle:
-        for line in handle:
-            if prefix is not None and line.startswith(prefix):
-                continue
-            try:
-                run_id = orjson.loads(line)["run_id"]
-            except (orjson.JSONDecodeError, KeyError, TypeError):
-                continue  # a torn last line; the reader decides whether the file is readable
-            ids.add(run_id)
-            # orjson writes a Record with run_id first and no spaces: the same bytes open every line of a run.
-            prefix = orjson.dumps({"run_id": run_id})[:-1] + b","
-    return ids
+def resumed_scenario(run_dir: Path, overrides: list[str]) -> Scenario:
+    """The scenario a run in ``run_dir`` was started with, ``overrides`` applied, to ``--resume`` it: refused where
+    run.json cannot give back what the run sent (header values and URL credentials are stored as ***) or where its
+    datasets changed since."""
+    run = RunDir.open(run_dir)
+    meta = run.meta()
+    raw = meta["scenario"]
+    for override in overrides:
+        apply_override(raw, override)
+    # run.json keeps header names only; resuming without the values would send requests the run never sent.
+    missing = [name for name, value in raw.get("target", {}).get("headers", {}).items() if value == "***"]
+    if missing:
+        raise ScenarioError(f"{run_dir}/run.json: target.headers: values are not stored ({', '.join(missing)}); "
+                            "rerun the scenario file, or pass them again with "
+                            f"--set 'target.headers.{missing[0]}=\"…\"'")
+    # The same for credentials in base_url: run.json keeps them as ***, which is no credential to send.
+    if "***" in urlsplit(str(raw.get("target", {}).get("base_url", ""))).netloc.rpartition("@")[0]:
+        raise ScenarioError(f"{run_dir}/run.json: target.base_url: its user:password@ is not stored; rerun the "
+                            "scenario file, or pass the URL again with --set 'target.base_url=\"…\"'")
+    scenario = scenario_from_dict(raw, source=meta.get("scenario_source") or str(run.run_json),
+                                  name=meta.get("scenario_name", "resumed"))
+    if "datasets" in meta:  # runs from before datasets were recorded have nothing to compare with
+        check_unchanged(meta["datasets"], scenario.datasets, str(run.run_json))
+    return scenario
 
 
 def finish_run(run_dir: Path, *, state: RunState | None = None, meta: dict[str, Any] | None = None,
