@@ -12,9 +12,9 @@ from pathlib import Path
 
 import uvloop
 
+from kevload.rundir import RunDir
 from kevload.runs import run_scenario
 from kevload.scenario import scenario_from_dict
-from kevload.store import records_paths
 
 
 def rss_mb() -> float:
@@ -45,7 +45,7 @@ async def main(base_url: str, concurrency: int, requests: int, stream: bool, rat
         result = await run_scenario(scenario, Path(tmp) / "run", on_record=on_record, ray=ray)
         seconds = time.perf_counter() - start
         lines = ok = 0
-        for path in records_paths(Path(tmp) / "run"):  # records.jsonl, or one file per worker
+        for path in RunDir(Path(tmp) / "run").record_files():  # records.jsonl, or one file per worker
             with open(path, "rb") as records:
                 for line in records:
                     lines += 1

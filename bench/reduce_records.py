@@ -12,7 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from kevload.compare import reduce_file, summarize
+from kevload.compare import summarize
+from kevload.reader import reduce_file
 from kevload.scenario import Slo
 
 

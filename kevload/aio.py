@@ -10,9 +10,11 @@ from typing import Any, TypeVar
 
 import uvloop
 
+from kevload.exitcode import ExitCode
+
 T = TypeVar("T")
 
-EXIT_FOR_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
+EXIT_FOR_SIGNAL = {signal.SIGINT: ExitCode.INTERRUPTED, signal.SIGTERM: ExitCode.TERMINATED}
 
 
 class SecondSignal(KeyboardInterrupt):

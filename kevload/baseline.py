@@ -4,16 +4,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-from kevload.store import SUMMARY, RunDirError, read_json
+from kevload.rundir import RunDir
+from kevload.store import RunDirError, read_json
 from kevload.summary import CellSummary, RunSummary, position_label
 
 LATENCY_METRICS = ("e2e", "ttft")
+# What changed in a cell against the baseline; every kind but ``fixed`` is a regression.
+ChangeKind = Literal["new_drift", "new_latent_drift", "unseen_output", "latency", "missing_cell", "fixed"]
 
 
 @dataclass(frozen=True)
 class Change:
-    kind: str  # new_drift | new_latent_drift | unseen_output | latency | missing_cell | fixed
+    kind: ChangeKind
     cell: str
     detail: str
 
@@ -24,7 +28,7 @@ class Change:
 
 def load_baseline(path: Path) -> RunSummary:
     """A run directory or a summary.json file, from this version or an older one."""
-    summary_path = path / SUMMARY if path.is_dir() else path
+    summary_path = RunDir(path).summary_json if path.is_dir() else path
     summary = read_json(summary_path)
     expected = f"{summary_path}: --baseline: expected a kevload summary.json or run directory"
     if not isinstance(summary, dict) or not isinstance(summary.get("cells"), list):

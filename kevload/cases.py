@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,18 +18,13 @@ from urllib.parse import urlparse
 
 import orjson
 
+from kevload.errors import ScenarioError
+from kevload.models import Probe, iter_jsonl
+from kevload.rundir import RunDir
 from kevload.runs import run_scenario
-from kevload.scenario import Load, Probe, ScenarioError, Target, build_scenario, iter_jsonl, read_table
-from kevload.store import (
-    RUN,
-    SUMMARY,
-    new_run_id,
-    open_run_dir,
-    read_json,
-    read_run_records,
-    record_answer,
-)
-from kevload.summary import CellSummary, RunSummary
+from kevload.scenario import Load, Target, build_scenario, read_table
+from kevload.store import new_run_id, now_iso
+from kevload.summary import CellSummary, level_label
 
 TRANSITIONS = ("unstable→stable", "stable→unstable", "changed", "no answer", "unchanged")
 # Which load keys shape the batch around the probe in each mode; the others do not change the case.
@@ -65,12 +59,12 @@ def build_cases(run_dirs: list[Path], cases_path: Path, *, target_name: str | No
     in_file = set(source_of)
     added, skipped = [], []
     for run_dir in run_dirs:
-        for case in cases_from_run(open_run_dir(run_dir), target_name=target_name):
+        for case in cases_from_run(RunDir.open(run_dir), target_name=target_name):
             if not case["outputs"]:
                 skipped.append(Skip(case["id"], str(run_dir), "no ok answer in the run"))
             elif case["id"] in source_of:
                 where = f"already in {cases_path}" if case["id"] in in_file else "given earlier in this build"
-                skipped.append(Skip(case["id"], str(run_dir), f"same target, model, input, params and load as the "
+                skipped.append(Skip(case["id"], str(run_dir), "same target, model, input, params and load as the "
                                     f"case from {source_of[case['id']]} ({where})"))
             else:
                 source_of[case["id"]] = str(run_dir)
@@ -89,9 +83,9 @@ def target_name_of(base_url: str) -> str:
     return f"{host}:{parsed.port or (443 if parsed.scheme == 'https' else 80)}"
 
 
-def cases_from_run(run_dir: Path, *, target_name: str | None = None) -> list[dict[str, Any]]:
-    meta = read_json(run_dir / RUN)
-    summary = RunSummary.from_json(read_json(run_dir / SUMMARY))
+def cases_from_run(run: RunDir, *, target_name: str | None = None) -> list[dict[str, Any]]:
+    meta = run.meta()
+    summary = run.summary()
     scenario = meta["scenario"]
     probe_list = scenario.get("probes", [])
     index_of = {p["id"]: i for i, p in enumerate(probe_list)}
@@ -99,10 +93,8 @@ def cases_from_run(run_dir: Path, *, target_name: str | None = None) -> list[dic
     target = {"name": target_name or target_name_of(meta["target"]["base_url"]), "model": meta["target"]["model"]}
     recorded_at = meta.get("ended_at") or meta.get("started_at")
     outputs: dict[tuple[str, int, float | None], Counter] = {}
-    for r in read_run_records(run_dir):
-        if r["role"] == "probe" and r["status"] == "ok" and r.get("counted", True):
-            outputs.setdefault((r["probe"], r["concurrency"], r.get("rate")), Counter())[
-                record_answer(r)] += 1
+    for r in run.evidence():
+        outputs.setdefault((r.probe, r.concurrency, r.rate), Counter())[r.answer] += 1
     cells = [c for c in summary.probe_cells() if c.probe in index_of]
     cases = []
     for c in cells:
@@ -125,7 +117,7 @@ def cases_from_run(run_dir: Path, *, target_name: str | None = None) -> list[dic
             "note": _note(c, [x for x in cells if x.probe == c.probe and x.mode == c.mode]),
             "target": target,
             "load": load,
-            "source_run": str(run_dir),
+            "source_run": str(run.path),
             "recorded_at": recorded_at,
         })
     return cases
@@ -229,9 +221,8 @@ async def rerun_cases(cases: list[dict[str, Any]], *, url: str, model: str, time
             break
         # The case's own cell (the last level); a serial level run before it only feeds that cell's drift.
         cell = max(result.summary.probe_cells(), key=lambda c: c.level_order)
-        texts = Counter(record_answer(r) for r in read_run_records(run_dir)
-                        if r["role"] == "probe" and r["status"] == "ok" and r.get("counted", True)
-                        and r["concurrency"] == cell.concurrency and r.get("rate") == cell.rate)
+        texts = Counter(r.answer for r in RunDir(run_dir).evidence()
+                        if r.concurrency == cell.concurrency and r.rate == cell.rate)
         recorded = recorded_texts(case)
         after = {**case, "rerun": rerun, "rerun_uniq": len(texts), "rerun_ok": cell.ok,
                  "rerun_outputs": _counted(texts),
@@ -269,7 +260,7 @@ def accept_changes(cases_path: Path, results: list[dict[str, Any]], *, now: str 
     The file is rewritten through a temporary file and a rename, so a crash leaves the old file whole.
     Returns the ids of the cases updated.
     """
-    now = now or time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    now = now or now_iso()
     changed = {r["id"]: r for r in results if r["transition"] == "changed"}
     if not changed:
         return []
@@ -291,7 +282,7 @@ def accept_changes(cases_path: Path, results: list[dict[str, Any]], *, now: str 
 
 def describe_load(rerun: dict[str, Any]) -> str:
     """One line: what a case's rerun sent (mode, level, companions seed, samples, params)."""
-    level = f"r={rerun['rate']:g}/s" if rerun.get("rate") is not None else f"c={rerun['concurrency']}"
+    level = level_label(rerun["concurrency"], rerun.get("rate"))
     extra = "".join(f" {k}={rerun[k]}" for k in ("seed", "companions", "prefix_lengths", "needle_length")
                     if k in rerun)
     return (f"mode={rerun['mode']} {level}{extra} samples={rerun['samples']} "

@@ -1,4 +1,4 @@
-"""Command line: parse, call, print, choose the exit code. No logic lives here."""
+"""Command line: parse, call, print, and exit with the code ``exitcode`` gives the result. No logic lives here."""
 
 from __future__ import annotations
 
@@ -10,44 +10,32 @@ import sys
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kevload import __version__, aio
-from kevload.errors import InputError, KevloadError, ScenarioError
+from kevload import __version__, aio, exitcode
+from kevload.errors import InputError, KevloadError
+from kevload.exitcode import ExitCode
+from kevload.models import MAX_TOKENS, read_messages
 from kevload.report import FORMATS, render, slo_line, verdict_line
-from kevload.runs import finish_run, refuse_existing, run_scenario, single_run_id
+from kevload.rundir import RunDir
+from kevload.runs import finish_run, refuse_existing, resumed_scenario, run_scenario
 from kevload.scenario import (
     APIS,
     MAX_CONCURRENCY,
     MAX_RETRIES,
     MAX_SAMPLES,
     MAX_SECONDS,
-    MAX_TOKENS,
     MAX_WORKERS,
     load_scenario,
     toml_value,
 )
 from kevload.stats import samples_for_bound
-from kevload.store import (
-    RECORDS,
-    RUN,
-    default_run_dir,
-    open_run_dir,
-    read_json,
-    read_run_records,
-    records_paths,
-)
-from kevload.summary import RunSummary
+from kevload.store import Record, default_run_dir, read_json
+from kevload.summary import RunSummary, level_label
 from kevload.targets import NAMES, TargetSettings
-
-EXIT_OK, EXIT_DRIFT, EXIT_TARGET = 0, 1, 3  # 2 (bad input) comes from errors.InputError
-# inconclusive (a probe cell has fewer ok samples than asked) is no pass: the target did not give the evidence.
-_EXIT_FOR_VERDICT = {"deterministic": EXIT_OK, "nondeterministic": EXIT_DRIFT, "target_failed": EXIT_TARGET,
-                     "inconclusive": EXIT_TARGET}
 
 stderr = Console(stderr=True)
 
@@ -189,7 +177,7 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
         if scenario is not None or out is not None or overwrite:
             raise InputError("--resume RUN_DIR takes the scenario and directory of that run; "
                             "give no SCENARIO, --out or --overwrite")
-        sc = _resumable(resume, list(overrides))
+        sc = resumed_scenario(resume, list(overrides))
         out = resume
     elif scenario is None:
         raise InputError("missing SCENARIO (or --resume RUN_DIR)")
@@ -208,10 +196,10 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
     with progress:
         task = progress.add_task(f"{sc.name}", total=total)
 
-        def on_record(record) -> None:
-            if record.role == "probe" and record.counted:
-                level = f"r={record.rate:g}/s" if record.rate is not None else f"c={record.concurrency}"
-                progress.update(task, advance=1, description=f"{record.probe} {level}")
+        def on_record(record: Record) -> None:
+            if record.role == "probe" and record.is_sample:
+                progress.update(task, advance=1,
+                                description=f"{record.probe} {level_label(record.concurrency, record.rate)}")
 
         def work(url: str | None, model: str | None, stop):
             started = sc if url is None else sc.with_settings({"target.base_url": url, "target.model": model},
@@ -223,7 +211,8 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
     if result is None:  # stopped while --target's server started: nothing was sent
         _exit_if_signalled(signum)
     _print_summary(result.summary, quiet)
-    files = ", ".join(str(p) for p in records_paths(result.run_dir)) or str(result.run_dir / RECORDS)
+    run_files = RunDir(result.run_dir)
+    files = ", ".join(str(p) for p in run_files.record_files()) or str(run_files.records_jsonl)
     # The run's own count, as run.json and summary.json say it; a resume's part of it beside it.
     part = f", {result.records} sent by this --resume" if resume is not None else ""
     stderr.print(f"records: {files} ({result.summary.requests_sent} requests{part}, {result.state})")
@@ -236,21 +225,15 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
     _exit_if_signalled(signum)
     if exited is not None:
         raise exited
-    verdict_code = code = _exit_code(result.summary)
-    if fail_on == "latent" and code == EXIT_OK and result.summary.latent_cells:
-        code = EXIT_DRIFT
-    elif fail_on == "latent" and code == EXIT_OK and result.summary.logprob_gap_cells:
-        code = EXIT_TARGET  # latent drift neither shown nor ruled out where samples came without logprobs
-    if reference is not None and verdict_code != EXIT_TARGET:
+    regressions = None
+    if reference is not None and exitcode.for_summary(result.summary) != ExitCode.TARGET:
         changes = compare_to_baseline(result.summary, reference, max_latency_regression=max_latency_regression)
         for change in changes:
             click.echo(f"{'REGRESSION' if change.regression else 'improved'} {change.kind} {change.cell}: "
                        f"{change.detail}")
-        regressions = [c for c in changes if c.regression]
-        click.echo(f"against baseline {baseline}: {len(regressions)} regression(s)")
-        # Drift the baseline had too is no news for a nightly job; only changes (and the SLO) decide the exit code.
-        code = EXIT_DRIFT if regressions or result.summary.slo_failed_cells else EXIT_OK
-    sys.exit(code)
+        regressions = sum(c.regression for c in changes)
+        click.echo(f"against baseline {baseline}: {regressions} regression(s)")
+    sys.exit(exitcode.for_run(result.summary, fail_on=fail_on, regressions=regressions))
 
 
 @main.command()
@@ -263,30 +246,28 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
               help="Print only the record of the request sent with this X-Request-Id, as JSON.")
 def report(run_dir: Path, fmt: str, output: Path | None, metrics: Path | None, request_id: str | None) -> None:
     """Recompute a run's summary from its records (no server needed) and render it; sweeps too (html, json)."""
-    if (run_dir / "sweep.json").is_file() and not records_paths(run_dir):
+    if (run_dir / "sweep.json").is_file() and not RunDir(run_dir).record_files():
         for option, given in (("--metrics", metrics), ("--request", request_id)):
             if given is not None:
                 raise InputError(f"{option}: {run_dir} is a sweep; give one of its run directories")
         _report_sweep(run_dir, fmt, output)
         return
-    open_run_dir(run_dir)
+    run = RunDir.open(run_dir)
     if request_id is not None:
         import orjson
 
-        from kevload.store import find_record
-
-        record = find_record(run_dir, request_id)
+        record = run.find(request_id)
         if record is None:
             raise InputError(f"--request {request_id}: no record in {run_dir} has that request_id")
         _emit(orjson.dumps(record, option=orjson.OPT_INDENT_2).decode(), output)
         return
-    single_run_id(run_dir)
-    meta = read_json(run_dir / RUN)
+    run.run_id()  # refuses a directory holding two runs
+    meta = run.meta()
     summary = finish_run(run_dir, meta=meta)
     if fmt == "html":
         from kevload.html import run_report
 
-        _emit(run_report(summary, meta, read_run_records(run_dir)), output)
+        _emit(run_report(summary, meta, run.records()), output)
     elif output is None:
         text = render(summary, fmt, Console())
         if text is not None:
@@ -298,13 +279,7 @@ def report(run_dir: Path, fmt: str, output: Path | None, metrics: Path | None, r
                 handle.write(text + "\n")
     if metrics is not None:
         _write_metrics(metrics, summary, run_dir)
-    sys.exit(_exit_code(summary))
-
-
-def _exit_code(summary: RunSummary) -> int:
-    """The verdict's code; otherwise 1 when a probe cell is under load.min_slo_attainment (3 stays 3)."""
-    code = _EXIT_FOR_VERDICT[summary.verdict]
-    return EXIT_DRIFT if code == EXIT_OK and summary.slo_failed_cells else code
+    sys.exit(exitcode.for_summary(summary))
 
 
 def _report_sweep(sweep_dir: Path, fmt: str, output: Path | None) -> None:
@@ -349,36 +324,10 @@ def _write_metrics(path: Path, summary: RunSummary, run_dir: Path) -> None:
     from kevload.metrics import write_metrics
 
     try:
-        write_metrics(path, summary, read_json(run_dir / "run.json"))
+        write_metrics(path, summary, RunDir(run_dir).meta())
     except OSError as exc:
         raise InputError(f"--metrics {path}: cannot write ({exc.strerror or exc})") from None
     stderr.print(f"metrics: {path}")
-
-
-def _resumable(run_dir: Path, overrides: list[str]):
-    from kevload.datasets import check_unchanged
-    from kevload.scenario import apply_override, scenario_from_dict
-
-    open_run_dir(run_dir)
-    meta = read_json(run_dir / RUN)
-    raw = meta["scenario"]
-    for override in overrides:
-        apply_override(raw, override)
-    # run.json keeps header names only; resuming without the values would send requests the run never sent.
-    missing = [name for name, value in raw.get("target", {}).get("headers", {}).items() if value == "***"]
-    if missing:
-        raise ScenarioError(f"{run_dir}/run.json: target.headers: values are not stored ({', '.join(missing)}); "
-                            "rerun the scenario file, or pass them again with "
-                            f"--set 'target.headers.{missing[0]}=\"…\"'")
-    # The same for credentials in base_url: run.json keeps them as ***, which is no credential to send.
-    if "***" in urlsplit(str(raw.get("target", {}).get("base_url", ""))).netloc.rpartition("@")[0]:
-        raise ScenarioError(f"{run_dir}/run.json: target.base_url: its user:password@ is not stored; rerun the "
-                            "scenario file, or pass the URL again with --set 'target.base_url=\"…\"'")
-    scenario = scenario_from_dict(raw, source=meta.get("scenario_source") or str(run_dir / RUN),
-                                  name=meta.get("scenario_name", "resumed"))
-    if "datasets" in meta:  # runs from before datasets were recorded have nothing to compare with
-        check_unchanged(meta["datasets"], scenario.datasets, f"{run_dir / RUN}")
-    return scenario
 
 
 def _print_summary(summary: RunSummary, quiet: bool) -> None:
@@ -469,7 +418,7 @@ def target_status(name: str) -> None:
     current = status_target(name)
     if current is None or not current["running"]:
         click.echo(f"{name}: not running")
-        sys.exit(EXIT_TARGET)
+        sys.exit(ExitCode.TARGET)
     settings = ", ".join(f"{k}={v}" for k, v in current["settings"].items() if v not in (None, [], ()))
     click.echo(f"{name}: running, pid {current['pid']}, port {current['port']}, url {current['url']}\n"
                f"model: {current['model']}\nsettings: {settings}\nlog: {current['log_path']}")
@@ -526,8 +475,8 @@ def diagnose_command(url, model, prompt, messages_file, params_json, max_tokens,
     import orjson
 
     from kevload.diagnose import DiagnoseOptions, check_options, diagnose
+    from kevload.models import Probe
     from kevload.report import diagnosis_text
-    from kevload.scenario import Probe
 
     if (prompt is None) == (messages_file is None):
         raise InputError("give exactly one of --prompt TEXT or --messages FILE")
@@ -543,7 +492,7 @@ def diagnose_command(url, model, prompt, messages_file, params_json, max_tokens,
         raise InputError(f"--params: expected a JSON object, got {params_json!r}")
     messages = None
     if messages_file is not None:
-        messages = _read_messages(messages_file)
+        messages = read_messages(messages_file, "--messages")
     probe = Probe(id="probe", prompt=prompt, messages=messages, max_tokens=max_tokens)
     # With --target the URL is the started server's; a placeholder meanwhile lets the options be checked first.
     options = DiagnoseOptions(url=url or "http://127.0.0.1:1/v1", model=model or "", probe=probe, params=params,
@@ -567,23 +516,7 @@ def diagnose_command(url, model, prompt, messages_file, params_json, max_tokens,
     _exit_if_signalled(signum)
     if exited is not None:
         raise exited
-    if result.target_failed:
-        sys.exit(EXIT_TARGET)
-    sys.exit(EXIT_OK if result.verdict == "stable" else EXIT_DRIFT)
-
-
-def _read_messages(path: Path) -> tuple[dict, ...]:
-    import orjson
-
-    try:
-        messages = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError) as exc:
-        raise ScenarioError(f"{path}: --messages: expected a JSON list of {{role, content}} objects ({exc})") from None
-    if not (isinstance(messages, list) and messages and all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in messages)):
-        raise ScenarioError(f"{path}: --messages: expected a JSON list of {{role, content}} objects")
-    return tuple(messages)
+    sys.exit(exitcode.for_diagnosis(target_failed=result.target_failed, verdict=result.verdict))
 
 
 @main.command("coverage")
@@ -693,10 +626,7 @@ def cases_rerun(cases_file: Path, url: str | None, model: str | None, times: int
     _exit_if_signalled(signum)
     if exited is not None:
         raise exited
-    if moves["no answer"]:
-        sys.exit(EXIT_TARGET)
-    changed = moves["changed"] and not accept
-    sys.exit(EXIT_DRIFT if moves["stable→unstable"] or changed or mismatched else EXIT_OK)
+    sys.exit(exitcode.for_rerun(moves, mismatched=mismatched, accepted=accept))
 
 
 @main.command("sweep")
@@ -737,9 +667,7 @@ def sweep_command(scenario, server_cmd, builtin, grids, ready_url, overrides, ou
         click.echo(sweep_markdown(sweep))
     stderr.print(f"sweep: {out}/sweep.json, {out}/sweep.md")
     _exit_if_signalled(signum)
-    verdicts = {row["verdict"] for row in sweep["rows"]}
-    sys.exit(EXIT_TARGET if verdicts & {"target_failed", "inconclusive"}
-             else EXIT_DRIFT if "nondeterministic" in verdicts else EXIT_OK)
+    sys.exit(exitcode.for_sweep(row["verdict"] for row in sweep["rows"]))
 
 
 @contextlib.contextmanager

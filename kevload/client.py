@@ -17,7 +17,8 @@ from urllib.parse import urlsplit, urlunsplit
 import orjson
 
 from kevload.http1 import LeanTransport
-from kevload.scenario import REQUEST_ID_HEADER, Probe, Scenario, Target
+from kevload.models import Probe
+from kevload.scenario import REQUEST_ID_HEADER, Scenario, Target
 from kevload.sse import SSEError, SSEParser
 from kevload.store import url_secrets, url_userinfo
 from kevload.transport import AiohttpTransport, Endpoint, Response, Transport, TransportError
@@ -361,7 +362,6 @@ async def _read_stream(body: AsyncIterator[bytes], read: Callable[[], Awaitable[
     except (SSEError, _Malformed) as exc:
         return failed("malformed", str(exc), time.perf_counter())
     t_last = time.perf_counter()
-    parser.close()
     return acc.finish(finish_reason, complete=done, t_send=t_send, t_first_byte=t_first_byte,
                       t_first_token=t_first_token or t_last, t_last_byte=t_last, chunks=chunks,
                       max_gap=max_gap if chunks > 1 else None)

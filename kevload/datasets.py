@@ -14,7 +14,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from kevload.scenario import Probe, ScenarioError, parse_jsonl, rule_of
+from kevload.errors import ScenarioError
+from kevload.models import Probe, first_bad_message, parse_jsonl, rule_of
+from kevload.words import SampleRole
 
 # A line's own max_tokens meets the rule of a probe's.
 _MAX_TOKENS = next(rule_of(f) for f in fields(Probe) if f.name == "max_tokens")
@@ -22,7 +24,7 @@ _MAX_TOKENS = next(rule_of(f) for f in fields(Probe) if f.name == "max_tokens")
 
 @dataclass(frozen=True)
 class Dataset:
-    role: str        # probe | companion
+    role: SampleRole
     path: str
     sha256: str      # of the file's bytes, as read
     lines: int       # JSON lines in the file (blank lines do not count)
@@ -35,7 +37,7 @@ class Dataset:
                 "seed": self.seed, "count": self.count}
 
 
-def read_dataset(path: Path, *, role: str, what: str, seed: int, count: int = 0, count_key: str = "count",
+def read_dataset(path: Path, *, role: SampleRole, what: str, seed: int, count: int = 0, count_key: str = "count",
                  max_tokens: int = 64) -> Dataset:
     """Read and check every line of ``path``, then keep ``count`` of them (0: all) chosen by ``seed``.
 
@@ -90,7 +92,7 @@ def _lines(data: bytes, path: Path, what: str) -> Iterator[tuple[int, Any]]:
     return parse_jsonl(data.splitlines(), path, what)
 
 
-def _item(doc: Any, number: int, path: Path, what: str, role: str, max_tokens: int) -> Probe:
+def _item(doc: Any, number: int, path: Path, what: str, role: SampleRole, max_tokens: int) -> Probe:
     where = f"{path}:{number}: {what}"
     if not (isinstance(doc, dict) and (isinstance(doc.get("prompt"), str) or isinstance(doc.get("messages"), list))):
         raise ScenarioError(f"{where}: expected an object with prompt or messages")
@@ -115,7 +117,5 @@ def _item(doc: Any, number: int, path: Path, what: str, role: str, max_tokens: i
 
 
 def _check_messages(messages: tuple[Any, ...] | None, where: str) -> None:
-    if messages is not None and not (messages and all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in messages)):
+    if messages is not None and not (messages and first_bad_message(messages) is None):
         raise ScenarioError(f"{where}: messages: expected a non-empty list of {{role, content}} objects")

@@ -12,11 +12,13 @@ from rich.columns import Columns
 from rich.console import Console
 from rich.table import Table
 
+from kevload import exitcode
 from kevload.aio import until_stopped
 from kevload.diagnose import DiagnoseOptions, diagnose
+from kevload.models import Probe
 from kevload.report import cell_text
 from kevload.runs import run_scenario
-from kevload.scenario import Probe, load_scenario
+from kevload.scenario import load_scenario
 from kevload.stats import drift_upper_bound
 from kevload.store import default_run_dir
 from kevload.summary import RunSummary, position_label
@@ -52,8 +54,8 @@ STEPS = (
 
 
 async def run_demo(names: list[str], *, samples: int, console: Console, stop: asyncio.Event,
-                   out: Path | None = None) -> int:
-    """Run the steps against each target in turn; the exit code for what was seen (0, or 3: a target failed).
+                   out: Path | None = None) -> exitcode.ExitCode:
+    """Run the steps against each target in turn; the exit code for what was seen (``exitcode.for_demo``).
 
     Once ``stop`` is set (Ctrl-C under ``aio.run``) the step in progress finishes with what it has,
     nothing new starts, servers are stopped, and what was collected is still shown.
@@ -85,7 +87,7 @@ async def run_demo(names: list[str], *, samples: int, console: Console, stop: as
     console.print(f"runs: {out}/ (re-read any with `kevload report DIR`)")
     failed = any(s.verdict == "target_failed" for steps in results.values() for _, s in steps)
     failed |= any(row["verdict"] == "target_failed" for sweep in sweeps.values() for row in sweep["rows"])
-    return 3 if failed else 0
+    return exitcode.for_demo(target_failed=failed)
 
 
 def headline(label: str, steps: list[tuple[str, RunSummary]]) -> str:
@@ -128,7 +130,7 @@ def logprob_line(label: str, steps: list[tuple[str, dict[str, Any]]]) -> str:
     n = sum(c.logprob_samples or 0 for c in cells)
     unclaimed = [c for c in cells if c.logprob_bitwise is None]
     gaps = (f"; no claim in {len(unclaimed)} (c={','.join(str(c.concurrency) for c in unclaimed)}), where some "
-            f"samples came without logprobs" if unclaimed else "")
+            "samples came without logprobs" if unclaimed else "")
     if not differ and not unclaimed:
         levels = sorted({c.concurrency for c in cells})
         return (f"{label} logprobs: bitwise equal to serial in all {len(cells)} fixed-param cells "

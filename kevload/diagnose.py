@@ -14,18 +14,21 @@ import secrets
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from kevload.client import Client, build_body
-from kevload.report import logprob_gap_text
+from kevload.models import Probe
+from kevload.report import counts_text, logprob_gap_text
+from kevload.rundir import RunDir
 from kevload.runs import run_scenario
-from kevload.scenario import Load, Mode, Probe, Scenario, Target, build_scenario
+from kevload.scenario import Load, Mode, Scenario, Target, build_scenario
 from kevload.stats import drift_upper_bound, samples_for_bound
-from kevload.store import RUN, default_run_dir, read_json, read_run_records
+from kevload.store import default_run_dir
 from kevload.summary import CellSummary, RunSummary, position_label
 
 # In the guide's order: the first cause found is the verdict, later ones are listed as also found.
-VERDICTS = ("stable", "sampling", "crosstalk", "cache", "server_nondeterministic", "data", "inconclusive")
+Cause = Literal["stable", "sampling", "crosstalk", "cache", "server_nondeterministic", "data", "inconclusive"]
+VERDICTS: tuple[Cause, ...] = get_args(Cause)
 # Field → value that removes its randomness; only the ones the server accepts are kept.
 FIXING_FIELDS: dict[str, Any] = {"temperature": 0, "top_p": 1, "top_k": 1, "seed": 1234, "do_sample": False}
 SEEDS = (1234, 987654, 55555)
@@ -178,7 +181,7 @@ class Findings:
 
 @dataclass(frozen=True)
 class Diagnosis:
-    verdict: str
+    verdict: Cause
     reason: str
     next_step: str
     findings: Findings = Findings()
@@ -318,7 +321,7 @@ def _unusable(evidence: Evidence) -> tuple[str, str] | None:
     """(reason, next step) when too many errors or too few samples leave nothing to conclude."""
     failed = next((s for s in evidence.steps if s.target_failed), None)
     if failed is not None:
-        errors = _counts(failed.errors)
+        errors = counts_text(failed.errors)
         return (f"the target failed in step {failed.key} ({failed.ok} ok of {failed.samples}, errors {errors})",
                 f"fix the errors ({errors}) and rerun")
     weak = [s for s in (evidence.step("baseline"), evidence.step("fixed")) if s is not None and s.ok < _MIN_OK]
@@ -328,9 +331,9 @@ def _unusable(evidence: Evidence) -> tuple[str, str] | None:
     need = samples_needed(step.ok, step.samples)
     reason = f"too few samples: {step.ok} ok of {step.samples} in step {step.key}, {_MIN_OK} at least are needed"
     if need is None:
-        return reason, f"fix the errors ({_counts(step.errors)}): no call succeeded"
+        return reason, f"fix the errors ({counts_text(step.errors)}): no call succeeded"
     return reason, (f"raise --samples to {need} ({need - step.samples} more per step)"
-                    + (f" or fix the errors ({_counts(step.errors)})" if step.errors else ""))
+                    + (f" or fix the errors ({counts_text(step.errors)})" if step.errors else ""))
 
 
 def _causes(evidence: Evidence, found: Findings) -> list[dict[str, str]]:
@@ -357,7 +360,7 @@ def _causes(evidence: Evidence, found: Findings) -> list[dict[str, str]]:
     where = [cell for s in concurrent for cell in s.drift_cells]
     # Crosstalk needs a stable serial reference: a server drifting serially drifts at every level.
     if where and fixed is not None and fixed.distinct == 1:
-        causes.append(_cause("crosstalk", f"fixed params are stable serially but drift concurrently "
+        causes.append(_cause("crosstalk", "fixed params are stable serially but drift concurrently "
                              f"({', '.join(where)})", "lower the max batch size or turn continuous batching off "
                              "(and the prefix cache), then rerun this diagnosis"))
     # Data is the cause only when the config layer is clean.
@@ -371,7 +374,7 @@ def _causes(evidence: Evidence, found: Findings) -> list[dict[str, str]]:
 _CACHE_NEXT = "disable prompt caching (cache_prompt=false / the server's prefix cache)"
 
 
-def _cause(verdict: str, reason: str, next_step: str) -> dict[str, str]:
+def _cause(verdict: Cause, reason: str, next_step: str) -> dict[str, str]:
     return {"verdict": verdict, "reason": reason, "next": next_step}
 
 
@@ -422,18 +425,14 @@ def _notes(evidence: Evidence, found: Findings) -> Iterable[str]:
                   if s is not None and s.latent_cells]
         cells = ", ".join(c for s in latent for c in s.latent_cells)
         first = min(s.latent_from for s in latent if s.latent_from is not None)
-        yield (f"latent crosstalk: under concurrency the text stays the serial one but the per-token logprobs "
+        yield ("latent crosstalk: under concurrency the text stays the serial one but the per-token logprobs "
                f"differ ({cells}; from {position_label(token=first)}) while serial logprobs agree — batching already "
-               f"changes the numerics, and a longer answer or another prompt can flip a token")
+               "changes the numerics, and a longer answer or another prompt can flip a token")
     step = evidence.step("temperature")
     if found.temperature_honoured is False and step is not None:
         yield (f"the server ignores temperature: at temperature {step.params['temperature']} without a seed it "
                f"gave one output in {step.ok} calls (always greedy, or a temperature too low to vary) — "
-               f"whoever sends temperature > 0 to sample is not sampling")
-
-
-def _counts(counts: Mapping[str, int]) -> str:
-    return ", ".join(f"{k}: {v}" for k, v in counts.items()) or "none"
+               "whoever sends temperature > 0 to sample is not sampling")
 
 
 # --- measuring ---
@@ -604,7 +603,7 @@ class _Diagnoser:
             self.evidence = replace(self.evidence, runs=self.evidence.runs + (str(run_dir),))
             raise _Stopped  # a step cut short is incomplete evidence: it could show a cause it does not have
         if self.logprobs == "auto":
-            available = read_json(run_dir / RUN).get("logprobs", {}).get("available")
+            available = RunDir(run_dir).meta().get("logprobs", {}).get("available")
             self.logprobs = self.logprobs if available is None else available
         self.evidence = replace(self.evidence, runs=self.evidence.runs + (str(run_dir),))
         return result.summary, run_dir
@@ -661,8 +660,7 @@ def cold_warm_counts(rows: Iterable[tuple[str, int, str]]) -> tuple[int, int, in
 
 
 def _ok_probe_hashes(run_dir: Path) -> list[tuple[str, int, str]]:
-    return [(r["probe"], r["sample"], r["sha256"]) for r in read_run_records(run_dir)
-            if r["status"] == "ok" and r["role"] == "probe"]
+    return [(r.probe, r.sample, r.sha256) for r in RunDir(run_dir).evidence()]
 
 
 def _scenario(options: DiagnoseOptions, params: dict[str, Any], levels: list[int], samples: int, *,

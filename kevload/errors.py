@@ -8,24 +8,26 @@ option and what was expected, on one line (a target error may add the end of the
 
 from __future__ import annotations
 
+from kevload.exitcode import ExitCode
+
 
 class KevloadError(Exception):
     """An error kevload reports as one message and an exit code, never as a traceback."""
 
-    exit_code = 1
+    exit_code = ExitCode.DRIFT
 
 
 class InputError(KevloadError, ValueError):
     """What the user gave is not what kevload expects: scenario, case files, coverage input, grid, messages,
     options, a run directory, a target it cannot provision."""
 
-    exit_code = 2
+    exit_code = ExitCode.USAGE
 
 
 class TargetError(KevloadError, RuntimeError):
     """The server under test failed: it did not start, or did not answer as a server must."""
 
-    exit_code = 3
+    exit_code = ExitCode.TARGET
 
 
 class ScenarioError(InputError):
@@ -49,4 +51,4 @@ class ClusterError(KevloadError):
     """A run lost a worker (its process was killed, a Ray actor or its node died): its evidence is short, so exit 3
     as for ``inconclusive``; the records collected before stay in the run directory."""
 
-    exit_code = 3
+    exit_code = ExitCode.TARGET

@@ -26,8 +26,9 @@ from kevload.report import (
     slo_line,
     verdict_line,
 )
-from kevload.store import redact
+from kevload.store import Record, redact
 from kevload.summary import CellSummary, RunSummary, levels_of, position_label
+from kevload.words import OK
 
 STABLE = "#2e7d32"
 DRIFT = "#c62828"
@@ -47,7 +48,7 @@ mark{background:#ffcdd2} .legend span{display:inline-block;width:12px;height:12p
 """
 
 
-def run_report(summary: RunSummary, meta: dict[str, Any], records: Iterable[dict[str, Any]]) -> str:
+def run_report(summary: RunSummary, meta: dict[str, Any], records: Iterable[Record]) -> str:
     cells = summary.probe_cells()
     rows: dict[str, dict[str, CellSummary]] = {}
     for c in cells:
@@ -131,7 +132,7 @@ def _heatmap(rows: dict[str, dict[str, CellSummary]], levels: list[str]) -> str:
                f"agree with each other, not with serial) <span style='background:{SHORT}'></span>no drift seen, "
                f"fewer ok samples than asked (ok/asked) <span style='background:{LATENT}'></span>~ latent drift: the "
                f"serial text, other per-token logprobs <span style='background:{EMPTY}'></span>no ok sample · † some "
-               f"counted samples never had c − 1 others in flight (from the records' send and last-byte times)</p>")
+               "counted samples never had c − 1 others in flight (from the records' send and last-byte times)</p>")
     return "".join(out)
 
 
@@ -222,14 +223,14 @@ def _divergence(cells: Iterable[CellSummary]) -> str:
     return "".join(out)
 
 
-def _timeline(records: Iterable[dict[str, Any]]) -> str:
+def _timeline(records: Iterable[Record]) -> str:
     bins: dict[int, list[int]] = {}
     for r in records:
-        if r.get("role") == "warmup":
+        if r.role == "warmup":
             continue
-        second = int(r["t_last_byte"])
+        second = int(r.t_last_byte)
         counts = bins.setdefault(second, [0, 0])
-        counts[0 if r["status"] == "ok" else 1] += 1
+        counts[0 if r.status == OK else 1] += 1
     if not bins:
         return "<p>No requests.</p>"
     first = min(bins)

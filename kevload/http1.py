@@ -12,6 +12,7 @@ turns out to be closed.
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections.abc import AsyncIterator, Mapping
 from urllib.parse import urlsplit
 
@@ -154,6 +155,15 @@ class _Response:
             self._pool.discard(self._conn)
 
 
+class _State(enum.Enum):
+    """Where a connection is in its request/response cycle (httpcore's ``HTTPConnectionState``)."""
+
+    IDLE = "idle"      # open, no response outstanding: reused if the last response kept the connection alive
+    HEAD = "head"      # a request sent, its response's head not complete yet
+    BODY = "body"      # the head in, the body arriving
+    CLOSED = "closed"  # ended with no response outstanding (a close-delimited body ends so): never reused
+
+
 class _Stop(Exception):
     """Raised in a parser callback to stop parsing; the reason is already in ``_Connection.error``."""
 
@@ -173,16 +183,15 @@ class _Connection(asyncio.Protocol):
         self.headers: dict[str, str] = {}
         self.head_size = 0            # this head's bytes, as the callbacks saw them
         self.head_fed = 0             # bytes fed while the head was still open
-        self.head_done = False
-        self.done = True              # no response outstanding
+        self.state = _State.IDLE
         self.until_close = False      # body delimited by the end of the connection
         self.body: list[bytes] = []
         self.body_size = 0
         self.bytes_in = 0             # bytes received since the request went out
-        self.eof = False
+        # A failure of the response in progress; an end of the connection in the middle of one is one too.
         self.error: TransportError | None = None
         self.waiter: asyncio.Future | None = None
-        self.keep_alive = True
+        self.keep_alive = True        # the connection may take another request once this response is in
         self.last_data = 0.0
         self.timer: asyncio.TimerHandle | None = None
 
@@ -193,22 +202,22 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_data = self.loop.time()
-        if self.done:
+        if self.state is not _State.HEAD and self.state is not _State.BODY:
             # Bytes nobody asked for: the connection is out of step, never reuse it.
             self.keep_alive = False
             return
         self.bytes_in += len(data)
-        if not self.head_done:
+        if self.state is _State.HEAD:
             self.head_fed += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
             # Bytes after a complete response only spoil the connection, not the response.
             self.keep_alive = False
-            if self.error is None and not self.done:
+            if self.error is None and self.state is not _State.IDLE:
                 self.error = BadResponse(f"bad response: {exc}", reconnects=self.reconnects)
         # httptools holds an unfinished header line itself: count the bytes fed while the head is open.
-        if not self.head_done and self.head_fed > MAX_HEAD_BYTES and self.error is None:
+        if self.state is _State.HEAD and self.head_fed > MAX_HEAD_BYTES and self.error is None:
             self.error = BadResponse(f"response headers larger than {MAX_HEAD_BYTES} bytes",
                                      reconnects=self.reconnects)
         if self.error is not None:
@@ -227,7 +236,7 @@ class _Connection(asyncio.Protocol):
     # --- httptools callbacks ---
 
     def on_message_begin(self) -> None:
-        if self.head_done:
+        if self.state is not _State.HEAD:
             # A second response after the one asked for: out of step.
             self.keep_alive = False
             raise _Stop
@@ -253,7 +262,7 @@ class _Connection(asyncio.Protocol):
         if 100 <= status < 200:
             return  # 100 Continue, 103 Early Hints: interim, the real response follows
         self.status = status
-        self.head_done = True
+        self.state = _State.BODY
         self.keep_alive = self.parser.should_keep_alive()
         headers = self.headers
         self.until_close = ("content-length" not in headers and status not in (204, 304)
@@ -267,26 +276,24 @@ class _Connection(asyncio.Protocol):
         self.body.append(data)
 
     def on_message_complete(self) -> None:
-        if self.head_done:
-            self.done = True
+        if self.state is _State.BODY:  # not an interim response's end
+            self.state = _State.IDLE
 
     # --- requests ---
 
     def usable(self) -> bool:
-        return (self.transport is not None and not self.eof and self.keep_alive and self.done
+        return (self.state is _State.IDLE and self.transport is not None and self.keep_alive
                 and self.error is None)
 
     async def request(self, payload: bytes, pool: LeanTransport, reconnects: int) -> _Response:
         self.reconnects = reconnects
-        self.head_done = self.done = False
+        self.state = _State.HEAD
         self.body, self.body_size, self.bytes_in, self.head_fed = [], 0, 0, 0
         self.transport.write(payload)
         try:
-            while not self.head_done:
+            while self.state is _State.HEAD:
                 if self.error is not None:
                     raise self.error
-                if self.eof:
-                    raise ConnectionReset("connection closed before the response headers", reconnects=reconnects)
                 await self._wait()
         except BaseException:
             # A failure, a timeout or a cancel: close the connection, so the server sees the abort.
@@ -302,11 +309,8 @@ class _Connection(asyncio.Protocol):
                 return data
             if self.error is not None:
                 raise self.error
-            if self.done:
+            if self.state is not _State.BODY:
                 return None
-            if self.eof:
-                raise ConnectionReset("connection closed in the middle of the response body",
-                                      reconnects=self.reconnects)
             await self._wait()
 
     def close(self) -> None:
@@ -318,10 +322,18 @@ class _Connection(asyncio.Protocol):
     # --- internals ---
 
     def _ended(self) -> None:
-        self.eof = True
+        """The peer closed, or the connection was lost: a response in progress is cut, unless the close is what
+        ends its body."""
         self.keep_alive = False
-        if self.head_done and self.until_close and self.error is None:
-            self.done = True  # a close-delimited body ends with the connection
+        if self.state is _State.BODY and self.until_close and self.error is None:
+            self.state = _State.CLOSED
+        elif self.state is _State.HEAD and self.error is None:
+            self.error = ConnectionReset("connection closed before the response headers", reconnects=self.reconnects)
+        elif self.state is _State.BODY and self.error is None:
+            self.error = ConnectionReset("connection closed in the middle of the response body",
+                                         reconnects=self.reconnects)
+        elif self.state is _State.IDLE:
+            self.state = _State.CLOSED
         self._wake()
 
     async def _wait(self) -> None:

@@ -16,9 +16,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from kevload.summary import VERDICTS, CellSummary, RunSummary
-
-# Listed so a board can show the verdicts a run did not reach as 0 (one series per verdict, a state set).
+from kevload.summary import CellSummary, RunSummary
+from kevload.words import VERDICTS
 
 # summary.json latency stats → the quantile label they answer; the maximum is the 1-quantile.
 QUANTILES = (("p50", "0.5"), ("p90", "0.9"), ("p99", "0.99"), ("max", "1"))
@@ -104,6 +103,7 @@ def metrics_text(summary: RunSummary, meta: dict[str, Any]) -> str:
         _family(lines, field, "gauge", _field_samples(field, cells))
     for field in LATENCY_FIELDS:
         _family(lines, field, "summary", _latency_samples(field, cells))
+    # Every verdict is listed, so a board can show the ones a run did not reach as 0 (one series each, a state set).
     verdicts = (*VERDICTS, *([summary.verdict] if summary.verdict not in VERDICTS else []))
     _family(lines, RUN_VERDICT, "gauge", ((("", {**run, "verdict": v}), summary.verdict == v) for v in verdicts))
     for field in RUN_FIELDS:

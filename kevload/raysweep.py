@@ -22,11 +22,10 @@ from typing import Any
 import uvloop
 
 from kevload.errors import InputError, KevloadError
+from kevload.rundir import RunDir
 from kevload.runs import refuse_existing, run_scenario
 from kevload.scenario import Scenario
 from kevload.servers import free_port, start_server, wait_ready
-from kevload.store import SUMMARY, read_json
-from kevload.summary import RunSummary
 from kevload.sweep import (
     READY_TIMEOUT_S,
     Grid,
@@ -171,7 +170,7 @@ def _rows(out: Path, setting: dict[str, Any], combos: list[dict[str, Any]], outc
             (run_dir / relative).write_bytes(data)
         error = (run or {}).get("error") or (None if run else outcome["error"])
         if error is None:
-            row = setting_row(name, setting, combo, run_dir, RunSummary.from_json(read_json(run_dir / SUMMARY)))
+            row = setting_row(name, setting, combo, run_dir, RunDir(run_dir).summary())
         else:
             row = {"setting": name, "server": setting, "scenario": combo,
                    "run": str(run_dir) if (run or {}).get("files") else None, "verdict": "target_failed",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
@@ -63,6 +63,11 @@ def cell_phrase(cell: CellSummary, unit: str = "") -> str:
     if cell.drift and divergent:
         text += ", all ≠ serial" if divergent == cell.ok else f", {divergent} ≠ serial"
     return text
+
+
+def counts_text(counts: Mapping[str, int]) -> str:
+    """``timeout: 2, http_503: 1``, or ``none``: counts by kind as every report and the diagnosis state them."""
+    return ", ".join(f"{k}: {v}" for k, v in counts.items()) or "none"
 
 
 def kinds_text(cell: CellSummary) -> str:
@@ -168,7 +173,7 @@ def _grid(title: str, columns: tuple[str, ...], rows: list[list[str]]) -> Table:
 
 def short_text(cell: CellSummary) -> str:
     """``2 of 8 asked ok (timeout: 6)``: why a short cell is short."""
-    errors = _counts(cell.errors) if cell.errors else "no errors: the run was cut short"
+    errors = counts_text(cell.errors) if cell.errors else "no errors: the run was cut short"
     return f"{cell.ok} of {cell.asked} asked ok ({errors})"
 
 
@@ -210,11 +215,11 @@ def footnotes(summary: RunSummary) -> list[str]:
     loaded = [c for c in summary.probe_cells() if c.full_load_share is not None]
     if loaded:
         low = min(loaded, key=lambda c: (c.full_load_share, c.level_order))
-        notes.append(f"full load: at every level c ≥ 2, counted samples had c − 1 others in flight for at least "
+        notes.append("full load: at every level c ≥ 2, counted samples had c − 1 others in flight for at least "
                      f"{low.full_load_share:.1%} of their time (lowest: {low.label})")
     if summary.companion_requests:
         notes.append(f"companions: {summary.companion_errors} of {summary.companion_requests} requests failed"
-                     + (f" ({_counts(summary.companion_errors_by_type)})" if summary.companion_errors else ""))
+                     + (f" ({counts_text(summary.companion_errors_by_type)})" if summary.companion_errors else ""))
     return notes
 
 
@@ -347,7 +352,7 @@ def verdict_line(summary: RunSummary) -> str:
     if verdict == "target_failed":
         errors, requests, by_type = summary.probe_errors, summary.probe_requests, summary.probe_errors_by_type
         empty = [f"{c.label}" for c in cells if c.ok == 0]
-        return (f"target failed: {errors} of {requests} probe requests failed ({_counts(by_type)}); "
+        return (f"target failed: {errors} of {requests} probe requests failed ({counts_text(by_type)}); "
                 f"limit is {summary.max_error_share:.0%}"
                 + (f"; no ok sample in {', '.join(empty)}" if empty else "") + _companions(summary))
     if verdict == "inconclusive":
@@ -392,7 +397,7 @@ def _companions(summary: RunSummary) -> str:
     if not summary.companion_errors:
         return ""
     return (f"; companions (not counted): {summary.companion_errors} of {summary.companion_requests} "
-            f"failed ({_counts(summary.companion_errors_by_type)})")
+            f"failed ({counts_text(summary.companion_errors_by_type)})")
 
 
 def markdown(summary: RunSummary) -> str:
@@ -433,10 +438,6 @@ def _rows(cells: Iterable[CellSummary]) -> dict[tuple[str, str], dict[str, CellS
 
 
 
-def _counts(counts: dict[str, int]) -> str:
-    return ", ".join(f"{k}: {v}" for k, v in counts.items()) or "none"
-
-
 def diagnosis_text(diagnosis: dict[str, Any]) -> str:
     """The diagnosis as a person reads it: each step's evidence, the findings, the verdict and what to try next."""
     lines = []
@@ -446,7 +447,7 @@ def diagnosis_text(diagnosis: dict[str, Any]) -> str:
                          f"({'; '.join(step.get('reasons', [])) or 'no boundary signs'})")
             continue
         bound = f", drift < {step['drift_rate_upper_95']:.0%} (95%)" if step.get("drift_rate_upper_95") else ""
-        errors = f", errors {_counts(step['errors'])}" if step["errors"] else ""
+        errors = f", errors {counts_text(step['errors'])}" if step["errors"] else ""
         drift = f", drift at {', '.join(step['drift_cells'])}" if step["drift_cells"] else ""
         # One output that drifts is one output other than serial's, as the matrix says it.
         one_other = step["distinct"] == 1 and step["drift_cells"]
@@ -537,7 +538,7 @@ def junit_xml(summary: RunSummary, suite: str = "kevload", fail_on: str = "drift
                f"{c.slo_attainment:.1%}, {slo_cell_text(c)}" if c.name in slo_failed else "")
         if c.ok == 0:
             ET.SubElement(case, "failure", message="no ok sample", type="target_failed").text = (
-                f"errors: {_counts(c.errors)}{slo}")
+                f"errors: {counts_text(c.errors)}{slo}")
         elif c.drift:
             kinds = kinds_text(c)
             text = (f"{cell_phrase(c, ' samples')}; first divergence at "

@@ -12,42 +12,41 @@ from contextlib import aclosing
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
-
-import orjson
+from urllib.parse import urlsplit
 
 from kevload import __version__, engine
+from kevload.cells import Reduction
 from kevload.client import Client, ask_for_logprobs
-from kevload.compare import Reduction, reduce_file, summarize
-from kevload.errors import ClusterError, InputError
+from kevload.compare import summarize
+from kevload.datasets import check_unchanged
+from kevload.errors import ClusterError, InputError, ScenarioError
 from kevload.overlap import Window, unrecorded_windows
-from kevload.scenario import Scenario, Slo
+from kevload.reader import reduce_file
+from kevload.rundir import RunDir
+from kevload.scenario import Scenario, Slo, apply_override, scenario_from_dict
 from kevload.servermetrics import Sampler, read_samples
 from kevload.store import (
-    RECORDS,
-    RUN,
-    SUMMARY,
     Record,
     RecordWriter,
     RunDirError,
     cut_torn_tail,
     default_run_dir,
     new_run_id,
-    read_json,
-    read_run_records,
-    records_paths,
+    now_iso,
     redact,
     request_part,
     url_secrets,
     write_json,
 )
 from kevload.summary import RunSummary
+from kevload.words import OK, RunState
 
 
 @dataclass(frozen=True)
 class RunResult:
     run_dir: Path
     run_id: str
-    state: str  # complete | interrupted | aborted
+    state: RunState  # complete, interrupted or aborted: a result is never running
     records: int
     summary: RunSummary
 
@@ -72,7 +71,7 @@ async def run_scenario(scenario: Scenario, run_dir: Path | None = None, *,
                                    overwrite=overwrite)
     if scenario.load.until_bound is not None:
         raise InputError("--ray: load.until_bound samples in one process; run it without --ray")
-    if resume and read_json(run_dir / RUN)["clock"].get("records") != "unix":
+    if resume and RunDir(run_dir).meta()["clock"].get("records") != "unix":
         raise InputError(f"--ray: {run_dir} was recorded in one process (its own clock); resume it without --ray")
     from kevload import rayworkers
     from kevload.cluster import connect
@@ -106,13 +105,14 @@ async def _run_scenario(scenario: Scenario, run_dir: Path | None, *, on_record: 
     scenario, meta["logprobs"] = await ask_for_logprobs(scenario, api_key, stop=stop)
     if resume:
         # A run killed mid-write leaves a torn last line; appending after it would bury it mid-file.
-        for path in records_paths(run_dir):
+        for path in RunDir(run_dir).record_files():
             cut_torn_tail(path)
         meta = {"probes": [probe.id for probe in scenario.probes], **meta, "state": "running",
-                "resumed_at": [*meta.get("resumed_at", []), _now_iso()]}
+                "resumed_at": [*meta.get("resumed_at", []), now_iso()]}
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
-        for path in [*records_paths(run_dir), run_dir / RUN, run_dir / SUMMARY]:
+        run = RunDir(run_dir)
+        for path in [*run.record_files(), run.run_json, run.summary_json]:
             path.unlink(missing_ok=True)  # only with overwrite can any of them be there
         if scenario.load.workers > 1 or cluster is not None:
             meta["clock"]["records"] = "unix"  # workers stamp Unix times (kevload.workers)
@@ -122,14 +122,14 @@ async def _run_scenario(scenario: Scenario, run_dir: Path | None, *, on_record: 
     part = len(meta.get("resumed_at", []))  # this invocation: the k-th resume is part k, on disk before any send
     # How its workers number their sends: what tells, if it never finishes, which requests it may not have recorded.
     meta["parts"] = [*meta.get("parts", []), {"part": part, "first_seq": first_seq, "workers": scenario.load.workers,
-                                              "started_at": _now_iso()}]
-    write_json(run_dir / RUN, meta)
+                                              "started_at": now_iso()}]
+    write_json(RunDir(run_dir).run_json, meta)
     if scenario.load.workers > 1 or meta["clock"].get("records") == "unix":
         return await _run_workers(scenario, run_dir, meta, stop=stop, already=already, first_seq=first_seq,
                                   part=part, cluster=cluster, sampler=sampler, offset=offset)
     stream = engine.run(scenario, client, run_id=run_id, stop=stop, already=already, first_seq=first_seq, part=part,
                         answers=answers)
-    with RecordWriter(run_dir / RECORDS) as writer:
+    with RecordWriter(RunDir(run_dir).records_jsonl) as writer:
         try:
             async with sampler, client, aclosing(stream.__aiter__()) as records:
                 async for record in records:
@@ -188,49 +188,49 @@ async def _run_workers(scenario: Scenario, run_dir: Path, meta: dict[str, Any], 
 
 def refuse_existing(run_dir: Path, *, overwrite: bool = False, hint: str = "give a directory of its own") -> None:
     """A directory that holds a run is never appended to by a new one: two runs would merge into one matrix."""
-    if overwrite or not ((run_dir / RUN).exists() or records_paths(run_dir)):
+    run = RunDir(run_dir)
+    if overwrite or not run.holds_run():
         return
     try:
-        held = f"run {read_json(run_dir / RUN)['run_id']}"
+        held = f"run {run.meta()['run_id']}"
     except (RunDirError, KeyError, TypeError):
         held = "a run"
     raise RunDirError(f"{run_dir}: already holds {held}; {hint}")
 
 
-def single_run_id(run_dir: Path) -> str | None:
-    """The run id of the directory's records; a file holding records of two runs is refused."""
-    ids = set().union(*(run_ids(path) for path in records_paths(run_dir)))
-    if len(ids) > 1:
-        shown = ", ".join(sorted(ids)[:3]) + (", …" if len(ids) > 3 else "")
-        raise RunDirError(f"{run_dir}: holds records of {len(ids)} runs ({shown}); "
-                          "one directory, one run: rerun into a fresh --out")
-    return next(iter(ids), None)
+def resumed_scenario(run_dir: Path, overrides: list[str]) -> Scenario:
+    """The scenario a run in ``run_dir`` was started with, ``overrides`` applied, to ``--resume`` it: refused where
+    run.json cannot give back what the run sent (header values and URL credentials are stored as ***) or where its
+    datasets changed since."""
+    run = RunDir.open(run_dir)
+    meta = run.meta()
+    raw = meta["scenario"]
+    for override in overrides:
+        apply_override(raw, override)
+    # run.json keeps header names only; resuming without the values would send requests the run never sent.
+    missing = [name for name, value in raw.get("target", {}).get("headers", {}).items() if value == "***"]
+    if missing:
+        raise ScenarioError(f"{run_dir}/run.json: target.headers: values are not stored ({', '.join(missing)}); "
+                            "rerun the scenario file, or pass them again with "
+                            f"--set 'target.headers.{missing[0]}=\"…\"'")
+    # The same for credentials in base_url: run.json keeps them as ***, which is no credential to send.
+    if "***" in urlsplit(str(raw.get("target", {}).get("base_url", ""))).netloc.rpartition("@")[0]:
+        raise ScenarioError(f"{run_dir}/run.json: target.base_url: its user:password@ is not stored; rerun the "
+                            "scenario file, or pass the URL again with --set 'target.base_url=\"…\"'")
+    scenario = scenario_from_dict(raw, source=meta.get("scenario_source") or str(run.run_json),
+                                  name=meta.get("scenario_name", "resumed"))
+    if "datasets" in meta:  # runs from before datasets were recorded have nothing to compare with
+        check_unchanged(meta["datasets"], scenario.datasets, str(run.run_json))
+    return scenario
 
 
-def run_ids(path: Path) -> set[str]:
-    """The run ids in a records file, read fast: lines that start like the last one seen are not parsed."""
-    ids: set[str] = set()
-    prefix = None
-    with path.open("rb") as handle:
-        for line in handle:
-            if prefix is not None and line.startswith(prefix):
-                continue
-            try:
-                run_id = orjson.loads(line)["run_id"]
-            except (orjson.JSONDecodeError, KeyError, TypeError):
-                continue  # a torn last line; the reader decides whether the file is readable
-            ids.add(run_id)
-            # orjson writes a Record with run_id first and no spaces: the same bytes open every line of a run.
-            prefix = orjson.dumps({"run_id": run_id})[:-1] + b","
-    return ids
-
-
-def finish_run(run_dir: Path, *, state: str | None = None, meta: dict[str, Any] | None = None,
+def finish_run(run_dir: Path, *, state: RunState | None = None, meta: dict[str, Any] | None = None,
                unrecorded: int | None = None) -> RunSummary:
     """(Re)compute ``summary.json`` from the records on disk and, if given, record the end state in ``run.json``,
     for the run and for the part of it that ends here, with the requests it sent that have no record
     (``unrecorded``; None: not known, a worker was lost)."""
-    meta = meta if meta is not None else read_json(run_dir / RUN)
+    run = RunDir(run_dir)
+    meta = meta if meta is not None else run.meta()
     if state is not None and meta.get("parts"):
         meta = {**meta, "parts": [*meta["parts"][:-1], {**meta["parts"][-1], "state": state,
                                                          "unrecorded": unrecorded}]}
@@ -239,7 +239,7 @@ def finish_run(run_dir: Path, *, state: str | None = None, meta: dict[str, Any] 
     asked = None if meta["load"].get("duration") else meta["load"].get("samples")
     slo = Slo(**meta["load"]["slo"]) if meta["load"].get("slo") else None  # runs before SLOs have none
     reduction = Reduction(slo=slo)
-    for path in records_paths(run_dir):  # records.jsonl, or one file per worker
+    for path in run.record_files():  # records.jsonl, or one file per worker
         reduction.merge(reduce_file(path, slo=slo))
     summary = summarize(reduction, max_error_share=max_error_share,
                         samples_asked=asked, min_slo_attainment=meta["load"].get("min_slo_attainment"),
@@ -248,10 +248,10 @@ def finish_run(run_dir: Path, *, state: str | None = None, meta: dict[str, Any] 
                         unrecorded=_unrecorded_windows(run_dir, meta))
     summary = replace(summary, run_id=meta.get("run_id"), scenario=meta.get("scenario_name"),
                       state=state or meta.get("state"))
-    write_json(run_dir / SUMMARY, summary.to_json())
+    write_json(run.summary_json, summary.to_json())
     if state is not None:
-        meta = {**meta, "state": state, "ended_at": _now_iso(), "records": summary.requests_sent}
-        write_json(run_dir / RUN, meta)
+        meta = {**meta, "state": state, "ended_at": now_iso(), "records": summary.requests_sent}
+        write_json(run.run_json, meta)
     return summary
 
 
@@ -276,8 +276,8 @@ def _unrecorded_windows(run_dir: Path, meta: dict[str, Any]) -> list[Window] | N
     if not lost:
         return None
     run_id = meta["run_id"]
-    sends = ((part, r.get("worker") or 0, r["seq"], r["t_send"], r["t_last_byte"])
-             for r in read_run_records(run_dir) if (part := request_part(r.get("request_id"), run_id)) in lost)
+    sends = ((part, r.worker or 0, r.seq, r.t_send, r.t_last_byte)
+             for r in RunDir(run_dir).records() if (part := request_part(r.request_id, run_id)) in lost)
     return unrecorded_windows(sends, lost)
 
 
@@ -285,17 +285,17 @@ def _resume_state(run_dir: Path) -> tuple[dict[str, Any], dict[engine.LevelKey, 
                                           dict[engine.LevelKey, list[engine.Answer]]]:
     """The run's metadata, its counted probe samples per level, the next sequence number and what those
     samples answered (for load.until_bound's stop rule)."""
-    meta = read_json(run_dir / RUN)
+    run = RunDir(run_dir)
+    meta = run.meta()
     already: dict[engine.LevelKey, int] = {}
     answers: dict[engine.LevelKey, list[engine.Answer]] = {}
     next_seq = 0
-    for r in read_run_records(run_dir):
-        next_seq = max(next_seq, r["seq"] + 1)
-        # Records written before `counted` existed were all counted.
-        if r["role"] == "probe" and r.get("counted", True):
-            key = engine.level_key(r["probe"], r["concurrency"], r.get("rate"))
+    for r in run.records():
+        next_seq = max(next_seq, r.seq + 1)
+        if r.role == "probe" and r.is_sample:
+            key = engine.level_key(r.probe, r.concurrency, r.rate)
             already[key] = already.get(key, 0) + 1
-            answers.setdefault(key, []).append((r["sha256"], r.get("finish_reason")) if r["status"] == "ok" else None)
+            answers.setdefault(key, []).append((r.sha256, r.finish_reason) if r.status == OK else None)
     return meta, already, next_seq, answers
 
 
@@ -313,7 +313,7 @@ def _run_meta(scenario: Scenario, run_id: str, secrets: list[str]) -> dict[str, 
         "probes": [probe.id for probe in scenario.probes],  # with load's levels: the cells the run asks for
         "target": redact({"base_url": scenario.target.base_url, "model": scenario.target.model,
                           "api": scenario.target.api}, secrets),
-        "started_at": _now_iso(),
+        "started_at": now_iso(),
         "clock": {"perf_counter": time.perf_counter(), "unix": time.time()},
         "state": "running",
     }
@@ -325,7 +325,3 @@ def _records_offset(meta: dict[str, Any]) -> float:
     from kevload.workers import clock_offset
 
     return clock_offset() if meta["clock"].get("records") == "unix" else 0.0
-
-
-def _now_iso() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z")

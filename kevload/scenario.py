@@ -10,25 +10,21 @@ Every error is one line naming the source, the key and what was expected.
 
 from __future__ import annotations
 
-import codecs
 import difflib
 import functools
 import math
 import os
 import tomllib
 import types
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass, replace
+from collections.abc import Iterable, Mapping
+from dataclasses import MISSING, dataclass, fields, is_dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NoReturn, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal, NoReturn, Union, get_args, get_origin, get_type_hints
 from urllib.parse import urlparse
 
-import orjson
-
+from kevload.datasets import Dataset, read_dataset
 from kevload.errors import ScenarioError
-
-if TYPE_CHECKING:
-    from kevload.datasets import Dataset
+from kevload.models import Probe, Rule, first_bad_message, key_of, rule, rule_of
 
 Mode = Literal["single", "mixed", "prefix", "needle"]
 Arrival = Literal["constant", "poisson"]
@@ -48,7 +44,6 @@ MAX_CONCURRENCY = 100_000   # requests in flight at one level, all workers toget
 MAX_RATE = 100_000          # open-loop requests per second
 MAX_SAMPLES = 10_000_000    # requests of one kind per cell: samples, warm-ups, max_samples
 MAX_SECONDS = 7 * 86_400    # any time in seconds (a week); SLO bounds in milliseconds are finite
-MAX_TOKENS = 10_000_000     # a probe's max_tokens: beyond the longest context served
 MAX_CHARS = 4_000_000       # characters of a needle or a prefix (about a million tokens)
 MAX_WORKERS = 1024          # worker processes or Ray actors of one run (without Ray, 4 a core: kevload.workers)
 MAX_RETRIES = 100           # retries of one 429/503 (each waits up to 10 s)
@@ -59,46 +54,6 @@ REQUEST_ID_HEADER = "X-Request-Id"
 DATASET_KEYS = frozenset({"load.mode", "load.companions", "load.companion_count", "load.dataset_seed"})
 METRICS_OFF = ("", "off")  # target.metrics_url values that read no metrics
 METRICS_URL_EXPECTED = '"auto", "off" (or "") or an http:// or https:// URL of Prometheus text, without user:password@'
-
-
-@dataclass(frozen=True)
-class Rule:
-    """What a field accepts beyond its type: bounds (a list's bound holds for each item) and the words
-    the error message uses for it (``expected``; empty: named from the type)."""
-
-    expected: str = ""
-    min: float | None = None    # value >= min
-    above: float | None = None  # value > above
-    max: float | None = None    # value <= max
-    below: float | None = None  # value < below
-    nonempty: bool = False
-    key: str = ""               # the TOML key, where the field's name cannot be it (a Python keyword)
-
-    def holds(self, value: Any) -> bool:
-        """The bounds hold (for a list: it is non-empty where asked, and each item is within them)."""
-        if isinstance(value, tuple | str | dict):
-            return (len(value) > 0 or not self.nonempty) and all(self.holds(x) for x in value
-                                                                 if isinstance(value, tuple))
-        # Each bound says what holds (x >= min), not what fails (x < min): NaN then fails them all.
-        return ((self.min is None or value >= self.min) and (self.above is None or value > self.above)
-                and (self.max is None or value <= self.max) and (self.below is None or value < self.below))
-
-
-def rule(default: Any = MISSING, *, factory: Any = MISSING, **kwargs: Any) -> Any:
-    """A dataclass field with its ``Rule`` in the metadata."""
-    return field(default=default, default_factory=factory, metadata={"rule": Rule(**kwargs)})
-
-
-def rule_of(f: Field) -> Rule:
-    return f.metadata.get("rule", _NO_RULE)
-
-
-def key_of(f: Field) -> str:
-    """The field's key in a TOML table."""
-    return rule_of(f).key or f.name
-
-
-_NO_RULE = Rule()
 
 
 @dataclass(frozen=True)
@@ -116,29 +71,6 @@ class Target:
     # Where the server's own view is read during the run (kevload.servermetrics): "auto" is the base URL's
     # origin + /metrics, "" or "off" reads nothing.
     metrics_url: str = rule("auto", expected=METRICS_URL_EXPECTED)
-
-
-@dataclass(frozen=True)
-class Probe:
-    id: str = rule(nonempty=True, expected="a non-empty string")
-    prompt: str | None = None
-    messages: tuple[dict[str, str], ...] | None = rule(None, nonempty=True,
-                                                       expected="a non-empty list of {role, content} tables")
-    max_tokens: int = rule(64, min=1, max=MAX_TOKENS, expected=f"an integer from 1 to {MAX_TOKENS:,}")
-
-    @property
-    def text(self) -> str:
-        """The part of the input that companions may share a prefix with: the last message's content."""
-        if self.prompt is not None:
-            return self.prompt
-        assert self.messages is not None
-        return self.messages[-1]["content"]
-
-    def with_text(self, text: str, id: str) -> Probe:
-        """The same input with ``text`` in place of ``self.text`` (earlier chat messages kept), as ``id``."""
-        if self.prompt is not None:
-            return replace(self, id=id, prompt=text)
-        return replace(self, id=id, messages=(*self.messages[:-1], {**self.messages[-1], "content": text}))
 
 
 _MS = {"above": 0, "below": math.inf, "expected": "a number of milliseconds > 0"}
@@ -285,34 +217,6 @@ class Scenario:
             probes, datasets = _probes_and_datasets(fail, self.raw["probes"], scenario.load, self.source)
             scenario = replace(scenario, probes=probes, datasets=datasets)
         return validate(scenario, source=source)
-
-
-def iter_jsonl(path: Path, what: str) -> Iterator[tuple[int, Any]]:
-    """(line number, object) for each non-blank line of a user's JSONL file, streamed.
-
-    Errors name the file and line; ``what`` says which input it is (e.g. "load.companions").
-    """
-    try:
-        handle = path.open("rb")
-    except OSError as exc:
-        raise ScenarioError(f"{path}: {what}: cannot read: {exc.strerror}") from None
-    with handle:
-        yield from parse_jsonl(handle, path, what)
-
-
-def parse_jsonl(lines: Iterable[bytes], path: Path, what: str) -> Iterator[tuple[int, Any]]:
-    """(line number, object) for each non-blank line; the first that is not JSON is an error naming it.
-
-    A UTF-8 byte order mark opening the file (editors on Windows write one) is read as what it is."""
-    for number, line in enumerate(lines, 1):
-        if number == 1:
-            line = line.removeprefix(codecs.BOM_UTF8)
-        if not line.strip():
-            continue
-        try:
-            yield number, orjson.loads(line)
-        except orjson.JSONDecodeError:
-            raise ScenarioError(f"{path}:{number}: {what}: expected one JSON object a line (JSONL)") from None
 
 
 def load_scenario(path: str | Path, overrides: list[str] = ()) -> Scenario:
@@ -510,9 +414,9 @@ def _probe(fail: _Failer, probe: Probe, where: str) -> Probe:
     if (probe.prompt is None) == (probe.messages is None):
         fail(where, "exactly one of prompt or messages",
              [k for k in ("prompt", "messages") if getattr(probe, k) is not None])
-    for i, message in enumerate(probe.messages or ()):
-        if not (isinstance(message.get("role"), str) and isinstance(message.get("content"), str)):
-            fail(f"{where}.messages[{i}]", "a table with string role and content", message)
+    bad = first_bad_message(probe.messages or ())
+    if bad is not None:
+        fail(f"{where}.messages[{bad}]", "a table with string role and content", probe.messages[bad])
     return probe
 
 
@@ -523,8 +427,6 @@ def _probes_and_datasets(fail: _Failer, items: list[Any], load: Load,
     Files are read here, before anything is sent, so a bad line fails first and the run records the
     exact bytes (by hash) it used. Relative paths are relative to the scenario file.
     """
-    from kevload.datasets import read_dataset  # datasets builds on this module's Probe and ScenarioError
-
     base = Path(source).parent
     probes: list[Probe] = []
     datasets = []
@@ -684,7 +586,7 @@ def _ramp(fail: _Failer, table: Mapping[str, Any], where: str) -> Ramp:
     from, to and step are checked here beside the rules of the other fields."""
     _known(table, where, {key_of(f) for f in fields(Ramp)}, fail)
     by_key = {key_of(f): f for f in fields(Ramp)}
-    of = _value(table.get("of", "concurrency"), RampOf, _NO_RULE, f"{where}.of", fail)
+    of = _value(table.get("of", "concurrency"), RampOf, Rule(), f"{where}.of", fail)
     whole = of == "concurrency"
     kind = f"an integer from 1 to {MAX_CONCURRENCY:,}" if whole else \
         f"a number > 0, at most {MAX_RATE:,} (requests per second)"

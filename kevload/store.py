@@ -1,4 +1,5 @@
-"""Run directories: ``run.json`` (secrets redacted), ``records.jsonl`` (one flushed line per request), summaries."""
+"""Records and the files of a run: ``Record`` (one flushed line per request, read back by ``Record.from_json``),
+the tolerant reader, JSON written atomically, run-dir names, secrets redacted (``rundir.RunDir`` reads a run)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import os
 import secrets as _secrets
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -16,6 +17,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 import orjson
 
 from kevload.errors import RunDirError
+from kevload.words import OK, Role
 
 RECORDS = "records.jsonl"
 RUN = "run.json"
@@ -30,7 +32,7 @@ class Record:
     run_id: str
     seq: int
     probe: str
-    role: str
+    role: Role
     mode: str
     concurrency: int
     rate: float | None
@@ -38,7 +40,7 @@ class Record:
     in_flight: int  # other requests in flight when this one was sent
     counted: bool  # sent at full load (closed loop: exactly concurrency - 1 others in flight); only these are compared
     max_in_flight: int | None  # cap on requests in flight: c (closed loop), load.max_in_flight or None (open loop)
-    status: str
+    status: str  # ``ok``, a transport failure (``timeout``, ``connect``, ``reset``, …) or ``http_<code>``
     output: str | None
     sha256: str | None
     finish_reason: str | None
@@ -66,6 +68,45 @@ class Record:
     worker: int | None = None  # which worker process sent it (runs with load.workers > 1; None: one process)
     # Logprobs that are -inf, inf or NaN; ``logprobs`` then spells them as JSON cannot (``spell_logprobs``).
     logprob_nonfinite: int = 0
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Record:
+        """A record read back from a records file, of this version or an older one: a field an older record lacks
+        takes its default (``counted`` True: records from before it were all counted), a key this version does not
+        know is left out, spelled non-finite logprobs are floats again. Raises ``TypeError`` for a line that is no
+        record (a field every version writes is missing)."""
+        values = {key: value for key, value in doc.items() if key in _FIELDS}
+        if values.get("logprob_nonfinite") and values.get("logprobs"):
+            values["logprobs"] = [float(x) if isinstance(x, str) else x for x in values["logprobs"]]
+        return cls(**{**_ADDED_LATER, **values})
+
+    @property
+    def answer(self) -> str:
+        """The compared text (``answer_text``)."""
+        return answer_text(self.output, self.reasoning, self.tool_calls)
+
+    @property
+    def is_sample(self) -> bool:
+        """Whether a cell counts it (``counts_in_cell``)."""
+        return counts_in_cell(self.role, self.counted)
+
+    @property
+    def is_evidence(self) -> bool:
+        """A counted ok probe answer: what a cell's determinism claim rests on (a probe that ``counts_in_cell``, ok)."""
+        return self.role == "probe" and self.status == OK and counts_in_cell(self.role, self.counted)
+
+
+def counts_in_cell(role: str, counted: bool) -> bool:
+    """The one rule of what a cell counts, probe or companion, ok or failed: a request sent at full load that is
+    no warm-up. Warm-ups and sends below full load (a level's ramp-up, its tail) are on record, and only that.
+
+    Takes the two fields rather than a ``Record`` so the comparator can ask it of the raw JSON it reads fast."""
+    return counted and role != "warmup"
+
+
+_FIELDS = frozenset(f.name for f in fields(Record))
+# Fields that records written by earlier versions lack, and what they meant then.
+_ADDED_LATER: dict[str, Any] = {"counted": True, "max_in_flight": None}
 
 
 def answer_text(output: str | None, reasoning: str | None = None,
@@ -112,6 +153,11 @@ def new_run_id(kind: str = "") -> str:
     return f"{kind}-{name}" if kind else name
 
 
+def now_iso() -> str:
+    """Local time as run.json and case files stamp it: ``2026-12-04T18:30:00+0000``."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
 def default_run_dir(kind: str = "", *, run_id: str | None = None) -> Path:
     """Where a run (``results/<run-id>``) or a command's set of runs (``results/<kind>-<time>-<random>``) goes."""
     return RESULTS / (run_id or new_run_id(kind))
@@ -149,31 +195,26 @@ class RecordWriter:
         self.close()
 
 
-def records_paths(run_dir: Path) -> list[Path]:
-    """Every records file of a run: ``records.jsonl`` and, for a run with workers, ``records-<worker>.jsonl``."""
-    paths = [run_dir / RECORDS] if (run_dir / RECORDS).is_file() else []
-    workers = [p for p in run_dir.glob("records-*.jsonl") if p.stem.removeprefix("records-").isdigit()]
-    return paths + sorted(workers, key=lambda p: int(p.stem.removeprefix("records-")))
-
-
-def read_run_records(run_dir: Path) -> Iterator[dict[str, Any]]:
-    """The records of every records file of a run, file after file."""
-    for path in records_paths(run_dir):
-        yield from read_records(path)
-
-
-def read_records(path: Path) -> Iterator[dict[str, Any]]:
-    """Stream records back; a torn final line (a run killed mid-write) is skipped, any other bad line is an error."""
+def read_records(path: Path, start: int = 0, end: int | None = None) -> Iterator[dict[str, Any]]:
+    """Stream records back: every line of the file, or those that begin in bytes [``start``, ``end``) (a part read
+    in parallel; ``start`` at a line's beginning). A line that is not JSON is an error, except the file's last line
+    (what a run killed mid-write leaves torn), which is skipped; a part that ends before the file does has no last
+    line to excuse."""
     with path.open("rb") as handle:
-        pending: bytes | None = None
+        handle.seek(start)
+        position, torn = start, None
         for number, line in enumerate(handle, 1):
-            if pending is not None:
-                raise RunDirError(f"{path}:{number - 1}: not a JSON record")
+            if torn is not None:
+                raise RunDirError(f"{torn}: not a JSON record")
             try:
                 yield orjson.loads(line)
             except orjson.JSONDecodeError:
-                pending = line
-        # A bad line only at the very end is what a kill during a write leaves behind.
+                torn = f"{path}:{number}" if start == 0 else f"{path}: byte {position}"
+            position += len(line)
+            if end is not None and position >= end:
+                break
+        if torn is not None and handle.read(1):
+            raise RunDirError(f"{torn}: not a JSON record")
 
 
 def cut_torn_tail(path: Path) -> int:
@@ -200,26 +241,6 @@ def cut_torn_tail(path: Path) -> int:
         return size - keep
 
 
-def find_record(run_dir: Path, request_id: str) -> dict[str, Any] | None:
-    """The record of the request sent with ``X-Request-Id: request_id``, in any records file of the run, or None.
-
-    Only lines holding the id's JSON spelling are parsed, so a large file is a byte scan.
-    """
-    needle = orjson.dumps(request_id)
-    for path in records_paths(run_dir):
-        with path.open("rb") as handle:
-            for line in handle:
-                if needle not in line:
-                    continue
-                try:
-                    record = orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    continue  # a torn last line
-                if isinstance(record, dict) and record.get("request_id") == request_id:
-                    return record
-    return None
-
-
 def write_json(path: Path, doc: Any) -> None:
     """Write atomically: a reader sees the old file or the new one, never half of it."""
     tmp = path.with_suffix(path.suffix + ".tmp")
@@ -234,12 +255,6 @@ def read_json(path: Path) -> Any:
         raise RunDirError(f"{path}: not found") from None
     except orjson.JSONDecodeError as exc:
         raise RunDirError(f"{path}: not valid JSON: {exc}") from None
-
-
-def open_run_dir(path: Path) -> Path:
-    if not records_paths(path):
-        raise RunDirError(f"{path}: not a kevload run directory (no {RECORDS})")
-    return path
 
 
 def url_userinfo(url: str) -> tuple[str, str | None]:

@@ -15,8 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-VERDICTS = ("deterministic", "nondeterministic", "inconclusive", "target_failed")
-DIVERGENCE_KINDS = ("token", "length", "finish")
+from kevload.words import DivergenceKind, RunState, SampleRole, StopReason, Verdict
 
 _ANCHOR = "kevload.written_with"
 
@@ -90,7 +89,7 @@ class CellSummary(_Json):
     """One probe × role × mode × level: what its outputs say against the serial reference, and how fast."""
 
     probe: str
-    role: str
+    role: SampleRole
     mode: str
     concurrency: int
     rate: float | None = None  # open loop: requests/s (concurrency is then 0)
@@ -112,7 +111,7 @@ class CellSummary(_Json):
     divergence_kinds: dict[str, int] | None = None
     drift: bool = False
     # Why the cell stopped taking samples: bound, drift, cap (load.until_bound) or samples.
-    stop_reason: str | None = written_with("stop_reason")
+    stop_reason: StopReason | None = written_with("stop_reason")
     drift_rate: float | None = None
     drift_rate_upper_95: float | None = None
     first_divergence_chars: int | None = None
@@ -156,7 +155,7 @@ class CellSummary(_Json):
     example_offset: int | None = written_with("example_offset")
     serial_example: str | None = written_with("example_offset")
     divergent_example: str | None = written_with("example_offset")
-    divergent_example_kind: str | None = written_with("example_offset")
+    divergent_example_kind: DivergenceKind | None = written_with("example_offset")
     serial_finish_reason: str | None = written_with("example_offset")
     divergent_finish_reason: str | None = written_with("example_offset")
     requests_per_s: float | None = written_with("requests_per_s")
@@ -218,7 +217,7 @@ class CellSummary(_Json):
 class RunSummary(_Json):
     """The run's verdict, its counts (probes apart from companions) and its cells."""
 
-    verdict: str
+    verdict: Verdict
     requests: int = 0
     ok: int = 0
     errors: int = 0
@@ -255,7 +254,7 @@ class RunSummary(_Json):
     cells: tuple[CellSummary, ...] = ()
     run_id: str | None = None
     scenario: str | None = None
-    state: str | None = None
+    state: RunState | None = None
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> RunSummary:

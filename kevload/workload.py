@@ -6,7 +6,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kevload.scenario import Probe, Scenario
+from kevload.models import Probe
+from kevload.scenario import Scenario
 
 # Different kinds and lengths on purpose: batch composition (lengths, padding, kernels chosen)
 # is what makes batched inference drift, so companions should vary it as much as possible.
@@ -45,8 +46,9 @@ _SUFFIXES = (
 
 @dataclass(frozen=True)
 class Companion:
+    """A request sent beside the probe to shape the batch it runs in; never compared."""
+
     item: Probe
-    kind: str
 
 
 def companions_for(probe: Probe, scenario: Scenario) -> list[Companion]:
@@ -55,7 +57,7 @@ def companions_for(probe: Probe, scenario: Scenario) -> list[Companion]:
     if load.mode == "single":
         return []
     if load.mode == "mixed":
-        return [Companion(item, "mixed") for item in _mixed_pool(scenario)]
+        return [Companion(item) for item in _mixed_pool(scenario)]
     if load.mode == "prefix":
         return _prefix_pool(probe, load.prefix_lengths)
     return _needle_pool(load.needle_length)
@@ -93,7 +95,7 @@ def _prefix_pool(probe: Probe, lengths: Sequence[int]) -> list[Companion]:
     for cut in cuts:
         for i, suffix in enumerate(_SUFFIXES):
             content = text[:cut] + suffix
-            pool.append(Companion(probe.with_text(content, f"companion:prefix{cut}-{i}"), f"prefix{cut}"))
+            pool.append(Companion(probe.with_text(content, f"companion:prefix{cut}-{i}")))
     return pool
 
 
@@ -101,6 +103,5 @@ def _needle_pool(length: int) -> list[Companion]:
     pool = []
     for _i, (name, text, _tokens) in enumerate(BUILTIN_COMPANIONS[:6]):
         body = (_FILLER * (length // len(_FILLER) + 1))[: max(length - len(text), 0)]
-        pool.append(Companion(Probe(id=f"companion:long-{name}", prompt=body + "\n\n" + text, max_tokens=64),
-                              "needle"))
+        pool.append(Companion(Probe(id=f"companion:long-{name}", prompt=body + "\n\n" + text, max_tokens=64)))
     return pool

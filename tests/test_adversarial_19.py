@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from kevload.store import read_run_records
+from kevload.rundir import RunDir
 from tests.bounded import Kevload
 from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
@@ -181,7 +181,7 @@ def test_samples_whose_others_a_kill_left_unrecorded_are_not_called_never_full(t
         assert code == 0, output
         time.sleep(3.5)  # the held request's visit ends at the server
         visits = [list(v) for v in server.visits]
-    rows = list(read_run_records(tmp_path / "run"))
+    rows = list(RunDir(tmp_path / "run").record_dicts())
     assert len(visits) > len(rows)  # the killed part sent requests it never recorded (the held one among them)
     truth = _never_full_at_server(visits, rows)
     cell = cells_by_level(load_summary(tmp_path / "run"))[4]

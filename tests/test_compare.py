@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from kevload import compare
-from kevload.compare import common_prefix_length, reduce_file, summarize
+from kevload import reader
+from kevload.compare import summarize
+from kevload.divergence import common_prefix_length
+from kevload.reader import reduce_file
 from kevload.stats import drift_upper_bound, samples_for_bound
 from tests.conftest import run_cli, write_scenario
 
@@ -18,7 +20,7 @@ def test_parallel_reader_matches_serial(tmp_path, server, monkeypatch):
     records = tmp_path / "run" / "records.jsonl"
     with records.open("ab") as handle:
         handle.write(b'{"torn": ')  # a kill in the middle of a write
-    monkeypatch.setattr(compare, "_PARALLEL_BYTES", 0)
+    monkeypatch.setattr(reader, "_PARALLEL_BYTES", 0)
     serial = summarize(reduce_file(records, workers=1))
     for workers in (2, 3, 5):
         assert summarize(reduce_file(records, workers=workers)) == serial

@@ -7,8 +7,6 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# Documented in the README: a dataset's lines become Probes, so scenario loads datasets lazily.
-EXCEPTIONS = {("kevload.scenario", "kevload.datasets")}
 
 
 def _table_order() -> list[str]:
@@ -51,5 +49,5 @@ def test_no_module_imports_one_below_it_in_the_layout():
     assert unlisted == [], f"modules missing from the README's layout table: {unlisted}"
     upward = sorted((m, d) for m, path in modules.items() for d in _imports(path)
                     if d != "kevload" and rank_of(m) is not None and rank_of(d) is not None
-                    and rank_of(d) > rank_of(m) and (m, d) not in EXCEPTIONS)
+                    and rank_of(d) > rank_of(m))
     assert upward == []

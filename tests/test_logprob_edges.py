@@ -20,10 +20,11 @@ from rich.console import Console
 
 from kevload.baseline import compare_to_baseline
 from kevload.client import Client, _nonfinite_json, build_body, logprob_fields
-from kevload.compare import reduce_records, summarize
+from kevload.compare import summarize
 from kevload.diagnose import Evidence, StepResult, decide
 from kevload.html import run_report
 from kevload.metrics import metrics_text
+from kevload.reader import reduce_records
 from kevload.report import diagnosis_text, junit_xml, logprob_text, markdown, render, verdict_line
 from kevload.scenario import Probe, scenario_from_dict
 from kevload.store import spell_logprobs

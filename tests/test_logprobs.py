@@ -17,7 +17,8 @@ import re
 import pytest
 
 from kevload.client import Client, ask_for_logprobs, build_body, logprob_fields
-from kevload.compare import reduce_records, summarize
+from kevload.compare import summarize
+from kevload.reader import reduce_records
 from kevload.report import cell_text, junit_xml, markdown, verdict_line
 from kevload.scenario import Probe, ScenarioError, load_scenario, scenario_from_dict
 from kevload.stats import mean_share_interval, wilson_interval

@@ -11,9 +11,10 @@ import pytest
 from aiohttp import web
 
 from kevload.client import LOGPROBS_CHECK_USER
-from kevload.compare import reduce_file, summarize
+from kevload.compare import summarize
 from kevload.overlap import FullLoad, Occupancy, unrecorded_windows
-from kevload.store import read_run_records, records_paths
+from kevload.reader import reduce_file
+from kevload.rundir import RunDir
 from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
 from tests.fakeserver import FakeServer
 
@@ -180,7 +181,8 @@ def test_counted_probes_the_server_ran_alone_are_flagged(tmp_path):
         code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
     assert code == 0, output  # the outputs agree: the verdict stands, the matrix says what it rests on
     run_dir = tmp_path / "run"
-    counted = [r for r in read_run_records(run_dir) if r["role"] == "probe" and r["counted"] and r["concurrency"] == 2]
+    counted = [r for r in RunDir(run_dir).record_dicts()
+               if r["role"] == "probe" and r["counted"] and r["concurrency"] == 2]
     assert len(counted) == 3 and {r["in_flight"] for r in counted} == {1}  # kevload's own count said full
     (run_dir / "summary.json").unlink()
     code, text = run_cli("report", run_dir, "--format", "json")  # recomputed from the records alone
@@ -256,8 +258,8 @@ def test_workers_full_load_is_computed_over_every_workers_records(tmp_path, serv
     cell = cells_by_level(load_summary(tmp_path / "run"))[3]
     assert cell["samples_never_full"] == 0 and cell["full_load_share"] > 0.9
     # Worker 0's file alone holds one of the two others: from it, no probe ever had both.
-    first, second = records_paths(tmp_path / "run")
-    assert {r["worker"] for r in read_run_records(tmp_path / "run") if r["role"] == "companion"} == {0, 1}
+    first, second = RunDir(tmp_path / "run").record_files()
+    assert {r["worker"] for r in RunDir(tmp_path / "run").record_dicts() if r["role"] == "companion"} == {0, 1}
     alone = cells_by_level(summarize(reduce_file(first)))[3]
     assert alone.samples_never_full == alone.requests == 4 and alone.full_load_share == 0.0
     assert second.name == "records-1.jsonl"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kevload.store import read_run_records, records_paths
+from kevload.rundir import RunDir
 from tests.bounded import Kevload
 from tests.conftest import load_summary, run_cli, write_scenario
 from tests.raycluster import ray_cluster
@@ -41,7 +41,7 @@ except SystemExit as exc:
 
 
 def _rows(run_dir: Path) -> list[dict]:
-    return list(read_run_records(run_dir))
+    return list(RunDir(run_dir).record_dicts())
 
 
 def _kevload(*args: object, code: str | None = None, **kwargs) -> subprocess.Popen:
@@ -115,7 +115,7 @@ def test_open_loop_splits_one_schedule_across_actors(tmp_path, server, cluster):
 def _wait_for_records(run_dir: Path, count: int, proc: subprocess.Popen, limit: float = 90) -> None:
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline and proc.poll() is None:
-        if sum(len(p.read_bytes().splitlines()) for p in records_paths(run_dir)) >= count:
+        if sum(len(p.read_bytes().splitlines()) for p in RunDir(run_dir).record_files()) >= count:
             return
         time.sleep(0.1)
     raise AssertionError(f"no {count} records in {limit} s: {proc.communicate(timeout=30)[0] if proc.poll() else ''}")

@@ -12,8 +12,9 @@ import pytest
 
 from kevload import engine
 from kevload.client import Client
+from kevload.rundir import RunDir
 from kevload.scenario import load_scenario
-from kevload.store import RECORDS, read_records, read_run_records
+from kevload.store import RECORDS, read_records
 from tests.conftest import run_cli, write_scenario
 from tests.test_stop_batches import signal_mid_level
 from tests.test_transport import REQUEST, RawServer, answer_once_then_drop, target
@@ -49,20 +50,20 @@ def kill_and_resume(tmp_path: Path, server, run_args: list[str], resume_args: li
     code, output, _ = signal_mid_level(tmp_path, server, signal.SIGKILL, *run_args)
     assert code == -signal.SIGKILL, output
     run_dir = tmp_path / "run"
-    lost = len(server.visits) - len(list(read_run_records(run_dir)))
+    lost = len(server.visits) - len(list(RunDir(run_dir).record_dicts()))
     assert lost >= 1  # sent, never recorded: what a resume that numbers on from the records would send again
     assert json.loads((run_dir / "run.json").read_text())["state"] == "running"
-    before = len(list(read_run_records(run_dir)))
+    before = len(list(RunDir(run_dir).record_dicts()))
     code, output = run_cli("run", "--resume", run_dir, "--quiet", *resume_args)
     assert code == 0, output
-    total = len(list(read_run_records(run_dir)))
+    total = len(list(RunDir(run_dir).record_dicts()))
     # The closing line counts the run (as run.json does), and this part beside it.
     assert f"({total} requests, {total - before} sent by this --resume, complete)" in " ".join(output.split())
     ids = [visit[0] for visit in server.visits]
     nonces = [visit[1] for visit in server.visits]
     assert len(set(ids)) == len(ids), [i for i, n in Counter(ids).items() if n > 1]
     assert len(set(nonces)) == len(nonces) and None not in nonces
-    rows = list(read_run_records(run_dir))
+    rows = list(RunDir(run_dir).record_dicts())
     assert len({r["request_id"] for r in rows}) == len(rows) and {r["request_id"] for r in rows} <= set(ids)
     meta = json.loads((run_dir / "run.json").read_text())
     resumed = [r for r in rows if r["request_id"].startswith(f"{meta['run_id']}-r1-")]
@@ -113,7 +114,7 @@ def test_report_finds_the_record_of_a_request_in_every_workers_file(tmp_path, se
     assert run_cli("run", scenario, "--out", out, "--quiet")[0] == 0
     assert not (out / RECORDS).exists()  # records-0.jsonl and records-1.jsonl only
     for worker in (0, 1):
-        wanted = next(r for r in read_run_records(out) if r["worker"] == worker)
+        wanted = next(r for r in RunDir(out).record_dicts() if r["worker"] == worker)
         code, output = run_cli("report", out, "--request", wanted["request_id"])
         assert code == 0 and json.loads(output) == wanted, output
     code, output = run_cli("report", out, "--request", "nope")

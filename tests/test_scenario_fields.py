@@ -228,9 +228,10 @@ def test_sweep_settings_equal_the_same_values_written_in_the_file(tmp_path, serv
 
 
 # Calls that build a scenario from TOML text or a raw table, and where each may be made: the user's file and
-# --set text (cli), the sweep's and demo's one read of their scenario file, the grid's values (user text).
+# --set text (cli), a resumed run's table from run.json with the user's --set text (runs.resumed_scenario), the
+# sweep's and demo's one read of their scenario file, the grid's values (user text).
 ALLOWED = {"load_scenario": {"cli.py": math.inf, "sweep.py": 1, "demo.py": 1},
-           "scenario_from_dict": {"cli.py": 1}, "apply_override": {"cli.py": 1},
+           "scenario_from_dict": {"runs.py": 1}, "apply_override": {"runs.py": 1},
            "tomllib.loads": {"sweep.py": 1}}
 
 

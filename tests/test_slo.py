@@ -10,9 +10,10 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kevload import compare
-from kevload.compare import reduce_file, reduce_records, summarize
+from kevload import reader
+from kevload.compare import summarize
 from kevload.metrics import metrics_text
+from kevload.reader import reduce_file, reduce_records
 from kevload.report import junit_xml, markdown
 from kevload.scenario import Slo
 from kevload.summary import CellSummary, RunSummary
@@ -102,7 +103,7 @@ def test_parallel_reader_counts_the_slo_like_the_serial_one(tmp_path, monkeypatc
     path = tmp_path / "records.jsonl"
     records = [dict(r, seq=100 * k + r["seq"]) for k in range(30) for r in crafted()]
     path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
-    monkeypatch.setattr(compare, "_PARALLEL_BYTES", 0)
+    monkeypatch.setattr(reader, "_PARALLEL_BYTES", 0)
     serial = summarize(reduce_file(path, workers=1, slo=BOUNDS))
     assert summarize(reduce_file(path, workers=3, slo=BOUNDS)) == serial
     assert serial.cells[0].slo_met == 120

@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from kevload.rayworkers import _cut
-from kevload.store import read_run_records
+from kevload.rundir import RunDir
 from tests.conftest import write_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,7 +62,7 @@ def stop_mid_level(tmp_path: Path, server, *run_args: str) -> list[dict]:
     every counted one is shown to have kept its batch."""
     code, output, held_id = signal_mid_level(tmp_path, server, signal.SIGINT, *run_args, hold=HOLD_S)
     assert code == 130, output  # as a terminal's Ctrl-C: the whole process group
-    rows = list(read_run_records(tmp_path / "run"))
+    rows = list(RunDir(tmp_path / "run").record_dicts())
     held = next(r for r in rows if r["request_id"] == held_id)
     assert held["in_flight"] == 3, held  # sent at full load, then the stop came
     check_full_batches(server.visits, rows)

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from kevload.store import read_run_records
+from kevload.rundir import RunDir
 from tests.bounded import PARALLEL_REDUCTION, Kevload, holder
 from tests.conftest import load_summary, write_scenario
 
@@ -20,8 +20,8 @@ SIGNALS = pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids
 
 # Reduces a run directory N times inside kevload's event loop, its SIGINT/SIGTERM handlers installed, with the
 # parallel reduction forced (four processes): a reduction that forks the loop's process hangs in about one of four.
-REDUCE_IN_LOOP = ("import os, sys; from pathlib import Path; from kevload import aio, compare; "
-                  "compare._PARALLEL_BYTES = 1; os.cpu_count = lambda: 4; from kevload.runs import finish_run\n"
+REDUCE_IN_LOOP = ("import os, sys; from pathlib import Path; from kevload import aio, reader; "
+                  "reader._PARALLEL_BYTES = 1; os.cpu_count = lambda: 4; from kevload.runs import finish_run\n"
                   "async def main(stop):\n"
                   "    for _ in range(int(sys.argv[2])): finish_run(Path(sys.argv[1]))\n"
                   "aio.run(main)")
@@ -60,7 +60,7 @@ def test_sigterm_while_the_summary_is_reduced(tmp_path, server, group):
     assert ended.code == 143, ended.stderr
     assert "Traceback" not in ended.stderr
     assert ended.left == []
-    assert load_summary(out)["requests"] == 24 and len(list(read_run_records(out))) == len(server.requests)
+    assert load_summary(out)["requests"] == 24 and len(list(RunDir(out).record_dicts())) == len(server.requests)
     assert json.loads((out / "run.json").read_text())["state"] == "complete"  # every record was in
 
 
@@ -79,7 +79,7 @@ def _stopped(kevload: Kevload, server, signum: int, *, group: bool = False, time
 
 def _finished_interrupted(run_dir, server) -> None:
     """Records kept (one per request the server saw), run.json finished as interrupted, the summary written."""
-    assert len(list(read_run_records(run_dir))) == len(server.requests) > 0
+    assert len(list(RunDir(run_dir).record_dicts())) == len(server.requests) > 0
     assert json.loads((run_dir / "run.json").read_text())["state"] == "interrupted"
     assert load_summary(run_dir)["state"] == "interrupted"
 
@@ -104,7 +104,7 @@ def test_a_warm_up_in_flight_gets_the_grace_not_the_timeout(tmp_path, server, si
     with Kevload("run", scenario, "--out", tmp_path / "run", "--quiet") as kevload:
         _stopped(kevload, server, signum, timeout=6)  # before: the held warm-up's 20 s, then two more sent
     _finished_interrupted(tmp_path / "run", server)
-    (record,) = read_run_records(tmp_path / "run")
+    (record,) = RunDir(tmp_path / "run").record_dicts()
     assert (record["role"], record["status"], record["counted"]) == ("warmup", "timeout", False)
     assert record["error"] == "cut: still in flight 2 s after the stop"
 
@@ -121,7 +121,7 @@ def test_a_closed_loop_request_the_stop_cuts_is_recorded_not_lost(tmp_path, serv
         ended = kevload.end(timeout=10)
     assert ended.code == EXIT[signum] and time.monotonic() - at < 5, ended.stderr
     _finished_interrupted(tmp_path / "run", server)
-    cut = [r for r in read_run_records(tmp_path / "run") if r["concurrency"] == 4]
+    cut = [r for r in RunDir(tmp_path / "run").record_dicts() if r["concurrency"] == 4]
     assert len(cut) == 4 and all(r["status"] == "timeout" and r["counted"] is False for r in cut), cut
 
 

@@ -15,8 +15,10 @@ from dataclasses import replace
 
 from rich.console import Console
 
-from kevload.compare import divergence_kind, first_divergence_word, reduce_records, summarize
+from kevload.compare import summarize
+from kevload.divergence import divergence_kind, first_divergence_word
 from kevload.html import run_report
+from kevload.reader import reduce_records
 from kevload.report import cell_text, junit_xml, markdown, render, verdict_line
 from kevload.summary import CellSummary, RunSummary
 from kevload.sweep import sweep_cell_text

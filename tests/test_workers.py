@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from kevload.rundir import RunDir
 from kevload.runs import run_scenario
 from kevload.scenario import load_scenario
 from kevload.schedule import COMPANION, PROBE, ClosedLoop
-from kevload.store import read_run_records, records_paths
 from kevload.workers import cap_of, slots_of
 from tests.bounded import processes
 from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
@@ -23,7 +23,7 @@ TWO_PROBES = [{"id": "p1", "prompt": "Say something.", "max_tokens": 16},
 
 
 def _rows(run_dir: Path) -> list[dict]:
-    return list(read_run_records(run_dir))
+    return list(RunDir(run_dir).record_dicts())
 
 
 def _children() -> list[str]:
@@ -144,7 +144,7 @@ def check_c_in_flight(tmp_path: Path, server, mode: str, *run_args: str) -> tupl
     code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet", *run_args)
     assert code == 1, output  # drift at c=4: four requests at once reached the server
     run_dir = tmp_path / "run"
-    assert [p.name for p in records_paths(run_dir)] == ["records-0.jsonl", "records-1.jsonl"]
+    assert [p.name for p in RunDir(run_dir).record_files()] == ["records-0.jsonl", "records-1.jsonl"]
     rows = _rows(run_dir)
     assert len(rows) == len(server.requests)  # every request sent has its record
     _check_levels(rows, 2, levels=4)  # c − 1 others across workers, levels one after another

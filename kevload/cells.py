@@ -1,0 +1,276 @@
+"""Per-cell accumulation: records folded one at a time into probe × role × mode × level cells whose memory
+grows with distinct outputs, not with requests; parts of a split file merge.
+
+An output is its text (``sha256``) together with its ``finish_reason``: the same text ended for a different
+reason (``stop`` against ``length``) is a different answer. With an SLO each ok record is checked against its
+bounds as it is added, exactly, not from the latency histograms, whose bins would blur a bound that falls inside
+one. At a closed-loop level c ≥ 2 the (send, last byte) span of every request of the level is kept, whatever its
+role and whether it counts, so each counted sample's full load comes from the records (``kevload.overlap``).
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kevload.envelope import LogprobTrack
+from kevload.overlap import FullLoad, Occupancy, Window
+from kevload.scenario import Slo
+from kevload.stats import LatencyHistogram
+from kevload.store import counts_in_cell, record_answer
+
+LATENCY_NAMES = ("e2e", "ttft", "tpot", "itl", "lateness")
+CellKey = tuple[str, str, str, int, float | None]  # probe, role, mode, concurrency, rate (open loop)
+# A closed-loop level as its spans are pooled: mode, concurrency. Two probes' levels of one concurrency never
+# overlap in time (a level ends only when nothing it sent is in flight), so pooling them adds no "other".
+SpanKey = tuple[str, int]
+OutputKey = tuple[str, str | None]  # sha256 of the text, finish_reason
+# ttft, itl, tpot, e2e bounds in seconds (inf: not bounded), and whether one of the first three is given.
+SloLimits = tuple[float, float, float, float, bool]
+
+
+@dataclass
+class CellAccumulator:
+    """Everything one cell needs, growing with distinct outputs, not with requests."""
+
+    counts: dict[OutputKey, int] = field(default_factory=dict)
+    first_seen: dict[OutputKey, int] = field(default_factory=dict)
+    texts: dict[OutputKey, str] = field(default_factory=dict)
+    tokens: dict[OutputKey, list] = field(default_factory=dict)
+    logprobs: dict[OutputKey, LogprobTrack] = field(default_factory=dict)
+    logprobs_missing: int = 0   # ok samples that asked for logprobs and got none
+    logprob_nonfinite: int = 0  # ok samples with a logprob of -inf, inf or NaN
+    errors: dict[str, int] = field(default_factory=dict)
+    reconnects: int = 0
+    latency: dict[str, LatencyHistogram] = field(
+        default_factory=lambda: {name: LatencyHistogram() for name in LATENCY_NAMES})
+    output_tokens: int = 0
+    max_in_flight: int | None = None  # the level's cap on requests in flight, from its records
+    t_start: float = math.inf
+    t_end: float = -math.inf
+    slo: SloLimits | None = None
+    slo_met: int = 0          # ok requests within every bound
+    slo_unmeasured: int = 0   # ok requests without a first token time where a bound needs one
+    slo_misses: dict[str, int] = field(default_factory=dict)  # ok requests over each bound (ttft, itl, tpot, e2e)
+    # Closed-loop levels c ≥ 2: every counted request's send and last-byte time, in turn (None: nothing to check).
+    spans: array | None = None
+
+    def add(self, record: dict[str, Any]) -> None:
+        # The comparator's hot loop (a million records in seconds): plain comparisons, no helpers.
+        t_send, t_last = record["t_send"], record["t_last_byte"]
+        spans = self.spans
+        if spans is not None:
+            spans.append(t_send)
+            spans.append(t_last)
+        if t_send < self.t_start:
+            self.t_start = t_send
+        if t_last > self.t_end:
+            self.t_end = t_last
+        self.reconnects += record.get("reconnects", 0)
+        status = record["status"]
+        if status != "ok":
+            self.errors[status] = self.errors.get(status, 0) + 1
+            return
+        key = (record["sha256"], record.get("finish_reason"))
+        count = self.counts.get(key)
+        if count is None:
+            self.counts[key] = 1
+            self.first_seen[key] = record["seq"]
+            self.texts[key] = record_answer(record)
+            toks = record.get("token_ids") or record.get("tokens")
+            if toks:
+                self.tokens[key] = toks
+        else:
+            self.counts[key] = count + 1
+        logprobs = record.get("logprobs")
+        # A vector of nulls only is no logprob at all: the server gave the field, not one value in it.
+        if logprobs and (logprobs[0] is not None or logprobs.count(None) < len(logprobs)):
+            nonfinite = record.get("logprob_nonfinite")
+            if nonfinite:
+                self.logprob_nonfinite += 1
+            track = self.logprobs.get(key)
+            if track is None:
+                self.logprobs[key] = LogprobTrack(logprobs, record["seq"], bool(nonfinite))
+                if key not in self.tokens:
+                    # The output's first record came without logprobs (and their tokens): line it up by this one.
+                    toks = record.get("token_ids") or record.get("tokens")
+                    if toks:
+                        self.tokens[key] = toks
+            else:
+                track.add(logprobs, record["seq"], bool(nonfinite))
+        else:
+            asked = (record.get("params") or {}).get("logprobs")
+            if asked is not None and asked is not False:  # completions' logprobs: 0 asks too
+                self.logprobs_missing += 1
+        tokens = record.get("completion_tokens") or 0
+        self.output_tokens += tokens
+        latency = self.latency
+        e2e = t_last - t_send
+        latency["e2e"].add(e2e)
+        scheduled = record.get("t_scheduled")
+        if scheduled is not None:
+            # How late the client sent it: the client, not the server, is the limit when this grows.
+            latency["lateness"].add(t_send - scheduled)
+        t_first = record.get("t_first_token")
+        chunks = record.get("chunks") or 0
+        # A one-token answer has no gap between tokens: nothing in it can miss an ITL or TPOT bound.
+        ttft = itl = tpot = 0.0
+        streamed = t_first is not None and chunks
+        # Without streaming the first token arrives with the last: TTFT and TPOT would only restate e2e.
+        if streamed:
+            ttft = t_first - t_send
+            latency["ttft"].add(ttft)
+            if (tokens or chunks) > 1:
+                tpot = (t_last - t_first) / ((tokens or chunks) - 1)
+                latency["tpot"].add(tpot)
+            if chunks > 1:
+                itl = (t_last - t_first) / (chunks - 1)
+                latency["itl"].add(itl)
+        slo = self.slo
+        if slo is None:
+            return
+        ttft_max, itl_max, tpot_max, e2e_max, needs_first_token = slo
+        if needs_first_token and not streamed:
+            # No first token time: the request cannot be shown to meet the SLO, so it does not.
+            self.slo_unmeasured += 1
+            return
+        if e2e <= e2e_max and ttft <= ttft_max and itl <= itl_max and tpot <= tpot_max:
+            self.slo_met += 1
+            return
+        misses = self.slo_misses
+        for name, value, limit in (("ttft", ttft, ttft_max), ("itl", itl, itl_max), ("tpot", tpot, tpot_max),
+                                   ("e2e", e2e, e2e_max)):
+            if value > limit:
+                misses[name] = misses.get(name, 0) + 1
+
+    def merge(self, other: CellAccumulator) -> None:
+        """Fold another part of the same cell in (the parallel reader splits files)."""
+        for digest, n in other.counts.items():
+            self.counts[digest] = self.counts.get(digest, 0) + n
+            if digest not in self.first_seen or other.first_seen[digest] < self.first_seen[digest]:
+                self.first_seen[digest] = other.first_seen[digest]
+                self.texts[digest] = other.texts[digest]
+        for digest, toks in other.tokens.items():
+            self.tokens.setdefault(digest, toks)
+        for digest, track in other.logprobs.items():
+            if digest in self.logprobs:
+                self.logprobs[digest].merge(track)
+            else:
+                self.logprobs[digest] = track
+        self.logprobs_missing += other.logprobs_missing
+        self.logprob_nonfinite += other.logprob_nonfinite
+        for status, n in other.errors.items():
+            self.errors[status] = self.errors.get(status, 0) + n
+        self.reconnects += other.reconnects
+        for name, hist in other.latency.items():
+            self.latency[name].merge(hist)
+        self.output_tokens += other.output_tokens
+        self.t_start = min(self.t_start, other.t_start)
+        self.t_end = max(self.t_end, other.t_end)
+        if self.spans is not None:
+            self.spans.extend(other.spans)
+        self.slo_met += other.slo_met
+        self.slo_unmeasured += other.slo_unmeasured
+        for name, n in other.slo_misses.items():
+            self.slo_misses[name] = self.slo_misses.get(name, 0) + n
+
+    @property
+    def ok(self) -> int:
+        return sum(self.counts.values())
+
+    def modal(self) -> OutputKey | None:
+        """Most common output; ties go to the one seen first, so the choice is reproducible."""
+        if not self.counts:
+            return None
+        return max(self.counts, key=lambda h: (self.counts[h], -self.first_seen[h]))
+
+
+@dataclass
+class Reduction:
+    """Every cell of a run's records, and what was sent besides: the comparator's whole state."""
+
+    cells: dict[CellKey, CellAccumulator] = field(default_factory=dict)
+    records: int = 0
+    # Every request on record, warm-ups and uncounted sends included: what was sent, not what is evidence.
+    sent: int = 0
+    sent_errors: dict[str, int] = field(default_factory=dict)
+    slo: Slo | None = None
+    limits: SloLimits | None = field(init=False, default=None)
+    # The spans of a closed-loop level's requests that are in no cell (warm-ups, ramp-ups, tails): "others" too.
+    uncounted_spans: dict[SpanKey, array] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.limits = slo_limits(self.slo)
+
+    def add(self, record: dict[str, Any]) -> None:
+        self.sent += 1
+        status = record["status"]
+        if status != "ok":
+            self.sent_errors[status] = self.sent_errors.get(status, 0) + 1
+        # Warm-ups and sends below full load (a level's ramp-up) are on record but are no evidence.
+        if not counts_in_cell(record["role"], record.get("counted", True)):
+            if record["concurrency"] > 1 and record.get("rate") is None:
+                level = (record["mode"], record["concurrency"])
+                spans = self.uncounted_spans.get(level)
+                if spans is None:
+                    spans = self.uncounted_spans[level] = array("d")
+                spans.append(record["t_send"])
+                spans.append(record["t_last_byte"])
+            return
+        key = (record["probe"], record["role"], record["mode"], record["concurrency"], record.get("rate"))
+        cell = self.cells.get(key)
+        if cell is None:
+            cell = self.cells[key] = CellAccumulator(
+                max_in_flight=record.get("max_in_flight"), slo=self.limits,
+                spans=array("d") if record["concurrency"] > 1 and record.get("rate") is None else None)
+        cell.add(record)
+        self.records += 1
+
+    def merge(self, other: Reduction) -> None:
+        for key, cell in other.cells.items():
+            if key in self.cells:
+                self.cells[key].merge(cell)
+            else:
+                self.cells[key] = cell
+        self.records += other.records
+        self.sent += other.sent
+        for status, n in other.sent_errors.items():
+            self.sent_errors[status] = self.sent_errors.get(status, 0) + n
+        for level, spans in other.uncounted_spans.items():
+            self.uncounted_spans.setdefault(level, array("d")).extend(spans)
+
+    def full_loads(self, unrecorded: list[Window] | None = None) -> dict[CellKey, FullLoad]:
+        """Each cell of a closed-loop level c ≥ 2 against every request of its level: its cells' counted spans
+        (probes and companions) and its uncounted ones (warm-ups, ramp-ups, tails), from every records file
+        reduced; its samples in an ``unrecorded`` window are left unknown. One level's occupancy at a time: memory
+        follows the largest level, not the run."""
+        by_level: dict[SpanKey, list[CellKey]] = {}
+        for key, cell in self.cells.items():
+            if cell.spans is not None:
+                by_level.setdefault((key[2], key[3]), []).append(key)
+        out: dict[CellKey, FullLoad] = {}
+        for level, keys in by_level.items():
+            parts = [self.cells[key].spans for key in keys]
+            if level in self.uncounted_spans:
+                parts.append(self.uncounted_spans[level])
+            occupancy = Occupancy.of(np.concatenate([_span_rows(spans) for spans in parts]), level[1])
+            for key in keys:
+                out[key] = occupancy.full_load(_span_rows(self.cells[key].spans), unrecorded)
+        return out
+
+
+def slo_limits(slo: Slo | None) -> SloLimits | None:
+    """The SLO as the hot loop reads it: seconds, an unbounded measure as inf (a comparison that never fails)."""
+    if slo is None:
+        return None
+    seconds = [math.inf if ms is None else ms / 1000 for ms in (slo.ttft_ms, slo.itl_ms, slo.tpot_ms, slo.e2e_ms)]
+    return (*seconds, any(math.isfinite(x) for x in seconds[:3]))
+
+
+def _span_rows(spans: array) -> np.ndarray:
+    return np.frombuffer(spans, dtype=np.float64).reshape(-1, 2)
+

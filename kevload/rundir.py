@@ -1,0 +1,127 @@
+"""A run directory as every reader sees it: its records files (``records.jsonl``, a worker run's
+``records-<w>.jsonl``), ``run.json`` and ``summary.json``, read through one ``RunDir``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from kevload.errors import RunDirError
+from kevload.store import RECORDS, RUN, SUMMARY, Record, read_json, read_records
+from kevload.summary import RunSummary
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """The files of one run. Nothing is read until asked for: a ``RunDir`` of a directory that holds no run yet
+    names where its files go."""
+
+    path: Path
+
+    @classmethod
+    def open(cls, path: Path) -> RunDir:
+        """The run in ``path``; a directory without a records file is a ``RunDirError``."""
+        run = cls(path)
+        if not run.record_files():
+            raise RunDirError(f"{path}: not a kevload run directory (no {RECORDS})")
+        return run
+
+    @property
+    def run_json(self) -> Path:
+        return self.path / RUN
+
+    @property
+    def summary_json(self) -> Path:
+        return self.path / SUMMARY
+
+    @property
+    def records_jsonl(self) -> Path:
+        """The records file of a run in one process (a worker run has one per worker instead)."""
+        return self.path / RECORDS
+
+    def record_files(self) -> list[Path]:
+        """Every records file: ``records.jsonl`` and, for a run with workers, ``records-<worker>.jsonl`` by worker."""
+        paths = [self.records_jsonl] if self.records_jsonl.is_file() else []
+        workers = [p for p in self.path.glob("records-*.jsonl") if p.stem.removeprefix("records-").isdigit()]
+        return paths + sorted(workers, key=lambda p: int(p.stem.removeprefix("records-")))
+
+    def holds_run(self) -> bool:
+        """Whether a run has begun here: its run.json or a records file exists."""
+        return self.run_json.exists() or bool(self.record_files())
+
+    def run_id(self) -> str | None:
+        """The run id of its records (None: none yet); records of two runs in one directory are a ``RunDirError``."""
+        ids = set().union(*(_run_ids(path) for path in self.record_files()))
+        if len(ids) > 1:
+            shown = ", ".join(sorted(ids)[:3]) + (", …" if len(ids) > 3 else "")
+            raise RunDirError(f"{self.path}: holds records of {len(ids)} runs ({shown}); "
+                              "one directory, one run: rerun into a fresh --out")
+        return next(iter(ids), None)
+
+    def meta(self) -> dict[str, Any]:
+        """``run.json``: the scenario as run, its load, target, parts and end state."""
+        return read_json(self.run_json)
+
+    def summary(self) -> RunSummary:
+        """``summary.json`` as it was last written (``runs.finish_run`` recomputes it from the records)."""
+        return RunSummary.from_json(read_json(self.summary_json))
+
+    def records(self) -> Iterator[Record]:
+        """Every record, typed, file after file; a line that is no record is a ``RunDirError``."""
+        for path in self.record_files():
+            for doc in read_records(path):
+                try:
+                    yield Record.from_json(doc)
+                except (TypeError, AttributeError):
+                    raise RunDirError(f"{path}: a line is not a kevload record: {str(doc)[:80]}") from None
+
+    def evidence(self) -> Iterator[Record]:
+        """The counted ok probe answers (``Record.is_evidence``): what the cells' claims rest on."""
+        return (record for record in self.records() if record.is_evidence)
+
+    def record_dicts(self) -> Iterator[dict[str, Any]]:
+        """Every record as the JSON object on disk: the comparator's fast path (building a ``Record`` costs twice
+        what parsing its line does) and tools that show a record as written."""
+        for path in self.record_files():
+            yield from read_records(path)
+
+    def find(self, request_id: str) -> dict[str, Any] | None:
+        """The record of the request sent with ``X-Request-Id: request_id``, as written, or None.
+
+        Only lines holding the id's JSON spelling are parsed, so a large file is a byte scan.
+        """
+        needle = orjson.dumps(request_id)
+        for path in self.record_files():
+            with path.open("rb") as handle:
+                for line in handle:
+                    if needle not in line:
+                        continue
+                    try:
+                        record = orjson.loads(line)
+                    except orjson.JSONDecodeError:
+                        continue  # a torn last line
+                    if isinstance(record, dict) and record.get("request_id") == request_id:
+                        return record
+        return None
+
+
+def _run_ids(path: Path) -> set[str]:
+    """The run ids in a records file, read fast: lines that start like the last one seen are not parsed."""
+    ids: set[str] = set()
+    prefix = None
+    with path.open("rb") as handle:
+        for line in handle:
+            if prefix is not None and line.startswith(prefix):
+                continue
+            try:
+                run_id = orjson.loads(line)["run_id"]
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                continue  # a torn last line; the reader decides whether the file is readable
+            ids.add(run_id)
+            # orjson writes a Record with run_id first and no spaces: the same bytes open every line of a run.
+            prefix = orjson.dumps({"run_id": run_id})[:-1] + b","
+    return ids

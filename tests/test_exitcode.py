@@ -1,0 +1,24 @@
+"""Each command's result maps to its exit code in one place (``kevload.exitcode``)."""
+
+from __future__ import annotations
+
+from kevload import exitcode
+from kevload.exitcode import ExitCode
+from kevload.summary import RunSummary
+
+
+def test_a_run_fails_on_latent_drift_only_when_asked_and_a_baseline_decides_by_its_regressions():
+    latent = RunSummary(verdict="deterministic", latent_cells=("p1@single/c=4",))
+    assert exitcode.for_run(latent) == ExitCode.OK
+    assert exitcode.for_run(latent, fail_on="latent") == ExitCode.DRIFT
+    assert exitcode.for_run(RunSummary(verdict="nondeterministic"), regressions=0) == ExitCode.OK
+    assert exitcode.for_run(RunSummary(verdict="target_failed"), regressions=0) == ExitCode.TARGET
+    assert exitcode.for_run(RunSummary(verdict="deterministic", slo_failed_cells=("p1@single/c=4",))) == ExitCode.DRIFT
+
+
+def test_sweeps_and_reruns_take_the_worst_setting_or_case():
+    assert exitcode.for_sweep(["deterministic", "nondeterministic", "inconclusive"]) == ExitCode.TARGET
+    assert exitcode.for_sweep(["deterministic", "nondeterministic"]) == ExitCode.DRIFT
+    moves = {"no answer": [], "changed": ["c1"], "stable→unstable": []}
+    assert exitcode.for_rerun(moves, mismatched=[], accepted=False) == ExitCode.DRIFT
+    assert exitcode.for_rerun(moves, mismatched=[], accepted=True) == ExitCode.OK

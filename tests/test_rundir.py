@@ -1,0 +1,55 @@
+"""Records read back typed: ``Record.from_json`` inverts the writer, and ``RunDir`` is how a run is read."""
+
+from __future__ import annotations
+
+import math
+
+import orjson
+import pytest
+
+from kevload.errors import RunDirError
+from kevload.rundir import RunDir
+from kevload.store import Record, RecordWriter, record_line
+
+
+def record(seq: int, **changes) -> Record:
+    values = dict(run_id="r", seq=seq, probe="p1", role="probe", mode="single", concurrency=2, rate=None, sample=seq,
+                  in_flight=1, counted=True, max_in_flight=2, status="ok", output="hi", sha256="ab",
+                  finish_reason="stop", prompt_tokens=3, completion_tokens=1, token_ids=[7], tokens=["hi"],
+                  logprobs=[-0.5],
+                  system_fingerprint=None, t_scheduled=None, t_send=1.0, t_first_byte=1.1, t_first_token=1.1,
+                  t_last_byte=1.2, chunks=1, max_gap=None, error=None, retries=0, params={"temperature": 0},
+                  request_id=f"r-{seq}")
+    return Record(**{**values, **changes})
+
+
+def test_from_json_inverts_the_line_the_writer_writes():
+    plain = record(0, reasoning="think", tool_calls=[{"name": "f", "arguments": "{}"}], worker=1)
+    assert Record.from_json(orjson.loads(record_line(plain))) == plain
+    spelled = Record.from_json(orjson.loads(record_line(record(1, logprobs=[-math.inf, -0.25], logprob_nonfinite=1))))
+    assert spelled.logprobs == [-math.inf, -0.25]
+
+
+def test_from_json_reads_an_older_line_and_leaves_unknown_keys_out():
+    doc = orjson.loads(record_line(record(0)))
+    for key in ("counted", "max_in_flight", "request_id", "worker"):
+        del doc[key]
+    old = Record.from_json({**doc, "from_a_later_version": 1})
+    assert old.counted is True and old.max_in_flight is None and old.request_id is None
+
+
+def test_evidence_is_the_counted_ok_probe_answers(tmp_path):
+    with RecordWriter(tmp_path / "records-0.jsonl") as writer:
+        for seq, changes in enumerate([{}, {"status": "timeout"}, {"counted": False}, {"role": "warmup"},
+                                       {"role": "companion", "probe": "companion:x"}]):
+            writer.write(record(seq, **changes))
+    run = RunDir.open(tmp_path)
+    assert [r.seq for r in run.evidence()] == [0]
+    assert [r.seq for r in run.records() if r.is_sample] == [0, 1, 4]
+    assert run.find("r-3")["role"] == "warmup" and run.find("r-9") is None
+
+
+def test_a_directory_without_records_is_no_run(tmp_path):
+    with pytest.raises(RunDirError, match="not a kevload run directory"):
+        RunDir.open(tmp_path)
+    assert not RunDir(tmp_path).holds_run()
