@@ -17,8 +17,9 @@ from dataclasses import fields
 from typing import Any
 
 from kevload.client import Client, Outcome, build_body
+from kevload.level import Level, Plan
 from kevload.scenario import Probe, Scenario
-from kevload.schedule import COMPANION, PROBE, WARMUP, ClosedLoop, OpenLoop, Send, UntilBound
+from kevload.schedule import COMPANION, PROBE, WARMUP, ClosedLoop, OpenLoop, Role, UntilBound
 from kevload.store import Record, answer_text
 from kevload.workload import CompanionPicker, companions_for
 
@@ -43,7 +44,7 @@ def level_key(probe: str, concurrency: int, rate: float | None) -> LevelKey:
 
 def run(scenario: Scenario, client: Client, *, run_id: str, stop: asyncio.Event | None = None,
         already: dict[LevelKey, int] | None = None, first_seq: int = 0, part: int = 0,
-        answers: dict[LevelKey, list[Answer]] | None = None, share: Solo | None = None) -> RecordStream:
+        answers: dict[LevelKey, list[Answer]] | None = None, team: Alone | None = None) -> RecordStream:
     """Every probe at every level; ``async for record in run(…)`` as requests finish.
 
     ``already`` holds the counted probe samples a resumed run has per level; only the missing
@@ -51,51 +52,31 @@ def run(scenario: Scenario, client: Client, *, run_id: str, stop: asyncio.Event 
     more for each resume): it goes into every request id and nonce, so no two requests of a run share one
     whatever the records on disk lost. With ``load.until_bound`` the stop
     rule needs what they answered too: ``answers`` per level, in record order. The companion pools
-    are built here, before anything is sent, so a bad companion file fails at once. ``share`` makes
+    are built here, before anything is sent, so a bad companion file fails at once. ``team`` makes
     this run one of several workers sharing each level (``kevload.workers``); alone by default.
     """
     return RecordStream(_Runner(scenario, client, run_id, stop or asyncio.Event(), already or {}, first_seq,
-                                part, answers or {}, share or Solo()))
+                                part, answers or {}, team or Alone()))
 
 
-class Solo:
-    """How a run shares its levels with other workers: the default, this process runs every level alone.
+class Alone:
+    """How a run reaches the other workers of its levels: the default, there are none.
 
-    ``kevload.workers.Shared`` is another implementation: the level's slots split across worker
-    processes, one in-flight count and plan for all of them, and a barrier at each level's start and end;
-    ``kevload.rayworkers.RemoteShare`` keeps them in a coordinator actor instead.
+    ``kevload.workers.Shared`` (worker processes on one host, one level in shared memory) and
+    ``kevload.rayworkers.RayTeam`` (Ray actors, each on a level of its own slots) are the others. Whatever the
+    team, every count and every counted/uncounted decision is the ``Level``'s, and the engine only asks it.
     """
 
     worker, workers = 0, 1
+    warms_up = True  # whether this worker sends the closed loop's warm-ups (one at a time, before the slots start)
 
-    def closed(self, plan: ClosedLoop) -> tuple[ClosedLoop, tuple[str, ...]]:
-        """The plan this worker consults and the slots it runs."""
-        return plan, plan.slots
+    def level(self, plan: Plan) -> tuple[Level, tuple[Role, ...]]:
+        """The level this worker's sends go through, and the closed loop's slots it runs (none in the open loop)."""
+        return Level(plan), plan.slots if isinstance(plan, ClosedLoop) else ()
 
-    async def next(self, plan: ClosedLoop, role: str, at: float) -> Send | None:
-        """What a closed-loop slot of ``role`` sends next ``at`` seconds into the level, or None when it is done.
-
-        This and ``claim`` are awaited: another worker set may have to ask a coordinator across the network.
-        Here they return without suspending, so the engine's step from a slot's answer to its next send stays
-        one step of the event loop.
-        """
-        return plan.next(role, at)
-
-    def slot_done(self, plan: ClosedLoop, role: str) -> None:
-        plan.slot_done(role)
-
-    async def claim(self, plan: ClosedLoop | OpenLoop, role: str, in_flight: int, at: float) -> tuple[int, bool]:
-        """A send ``at`` seconds into the level: the others in flight (across all workers) and whether it counts."""
-        return in_flight, plan.sent(role, in_flight, at)
-
-    def release(self, plan: ClosedLoop | OpenLoop, role: str, counted: bool) -> None:
-        plan.returned(role, counted)
-
-    def pause(self) -> None:
-        """A request left the wire for a while (a retry's back-off): the others' in-flight count drops."""
-
-    def resume(self) -> None:
-        """It is back on the wire."""
+    def mine(self, arrival: int) -> bool:
+        """Whether this worker sends the open loop's ``arrival``-th request (warm-ups included)."""
+        return True
 
     def halted(self) -> bool:
         """Whether the driver or another worker stopped the run: a stop this worker's own flags may not show yet."""
@@ -104,20 +85,11 @@ class Solo:
     def halt(self) -> None:
         """This worker stops the run (the error rule): the other workers' levels end with it."""
 
-    def mine(self, arrival: int) -> bool:
-        """Whether this worker sends the open loop's ``arrival``-th request (warm-ups included)."""
-        return True
-
-    @property
-    def warms_up(self) -> bool:
-        """Whether this worker sends the closed loop's warm-ups (one at a time, before the slots start)."""
-        return True
-
-    async def level_start(self, lead: float) -> float:
+    async def start(self, level: Level, lead: float) -> float:
         """Called once the level's warm-ups are sent; returns its start (``time.perf_counter``)."""
         return time.perf_counter() + lead
 
-    async def level_end(self) -> None:
+    async def end(self, level: Level) -> None:
         """Called once nothing of the level is in flight here."""
 
 
@@ -145,8 +117,9 @@ class _Runner:
 
     def __init__(self, scenario: Scenario, client: Client, run_id: str, stop: asyncio.Event,
                  already: dict[LevelKey, int], first_seq: int, part: int, answers: dict[LevelKey, list[Answer]],
-                 share: Solo):
-        self.share = share
+                 team: Alone):
+        self.team = team
+        self.level: Level | None = None  # the level running now (one at a time)
         self.pools = [companions_for(probe, scenario) for probe in scenario.probes]
         self.scenario = scenario
         self.load = scenario.load
@@ -160,9 +133,8 @@ class _Runner:
         self.answers = answers
         # Per probe: the serial (first) level's modal answer, which later levels' answers are held against.
         self.references: dict[str, Hashable | None] = {}
-        self.seq = first_seq + share.worker  # workers number their sends in turn: seqs stay unique
+        self.seq = first_seq + team.worker  # workers number their sends in turn: seqs stay unique
         self.sent = 0
-        self.in_flight = 0
         self.probe_errors = 0
         self.probes_done = 0
         self.aborted = False
@@ -193,7 +165,7 @@ class _Runner:
         load = self.load
         for index, probe in enumerate(self.scenario.probes):
             # Workers pick from their own seeded sequences, so they do not send the same companions in step.
-            picker = CompanionPicker(self.pools[index], seed=load.seed + index + 7919 * self.share.worker)
+            picker = CompanionPicker(self.pools[index], seed=load.seed + index + 7919 * self.team.worker)
             # Open-loop rates replace the closed-loop concurrency levels when they are given.
             levels = [(self._rate_level, rate) for rate in load.rate] or \
                 [(self._closed_level, c) for c in load.concurrency]
@@ -226,38 +198,41 @@ class _Runner:
     async def _run_closed(self, probe: Probe, concurrency: int, picker: CompanionPicker, plan: ClosedLoop, *,
                           first: int) -> None:
         load = self.load
-        plan, slots = self.share.closed(plan)
-        send = self._sender(probe, concurrency, None, concurrency, plan)
-        for i in range(plan.warmup if self.share.warms_up else 0):
+        level, slots = self.team.level(plan)
+        self.level = level
+        send = self._sender(probe, concurrency, None, concurrency, level)
+        for i in range(plan.warmup if self.team.warms_up else 0):
             if self._halted():
                 break
             # A warm-up in flight at a stop gets the grace any request in flight gets, not target.timeout.
             await self._wait([asyncio.create_task(send(WARMUP, probe, i))], cut_after=None)
         samples = {PROBE: first, COMPANION: 0}
         # The ramp-up and a timed level run from here, after the warm-ups; one start for every worker.
-        start = await self.share.level_start(0.0)
+        start = await self.team.start(level, 0.0)
+        # Every worker's slots start at that one moment, so the level is full from its first sends on every host.
+        await asyncio.sleep(max(start - time.perf_counter(), 0.0))
 
-        async def slot(role: str) -> None:
+        async def slot(role: Role) -> None:
             try:
                 while not self._halted():
                     if role == PROBE and load.mode == "needle":
                         # Vary where the probe lands among requests the server is already running.
                         await asyncio.sleep(picker.jitter(0.05))
                     at = time.perf_counter() - start
-                    if await self.share.next(plan, role, at) is None:
+                    if not level.next(role, at):
                         return
                     item = probe if role == PROBE else picker.next().item
                     sample = samples[role]
                     samples[role] += 1
                     await send(role, item, sample, at=at)
             finally:
-                self.share.slot_done(plan, role)
+                level.slot_done(role)
 
         tasks = {role: [] for role in (PROBE, COMPANION)}
         for role in slots:
             tasks[role].append(asyncio.create_task(slot(role)))
         await self._drain(tasks[PROBE], tasks[COMPANION])
-        await self.share.level_end()
+        await self.team.end(level)
 
     async def _rate_level(self, probe: Probe, rate: float, picker: CompanionPicker) -> None:
         """Open loop: send on an absolute schedule (constant or Poisson) whatever the server's speed.
@@ -272,10 +247,12 @@ class _Runner:
         plan = OpenLoop(rate, needed=load.samples - first, companions=bool(picker), arrival=load.arrival,
                         seed=load.seed, warmup=load.warmup, duration=load.duration, ramp_s=load.ramp_s)
         cap = asyncio.Semaphore(load.max_in_flight) if load.max_in_flight else None
-        send = self._sender(probe, 0, rate, load.max_in_flight or None, plan)
+        level, _ = self.team.level(plan)
+        self.level = level
+        send = self._sender(probe, 0, rate, load.max_in_flight or None, level)
         samples = {PROBE: first, COMPANION: 0, WARMUP: -1}
         tasks: dict[str, set[asyncio.Task]] = {PROBE: set(), COMPANION: set()}
-        start = await self.share.level_start(0.005)
+        start = await self.team.start(level, 0.005)
 
         async def one(role: str, item: Probe, sample: int, at: float, scheduled: float) -> None:
             try:
@@ -295,7 +272,7 @@ class _Runner:
             sample = samples[role]
             if role != WARMUP:
                 samples[role] += 1  # every worker numbers every arrival: sample numbers stay those of one process
-            if not self.share.mine(arrival):
+            if not self.team.mine(arrival):
                 continue
             scheduled = start + planned.at
             if not await _sleep_until(scheduled, stopped) or cap is not None and not await _acquire(cap, stopped):
@@ -307,7 +284,7 @@ class _Runner:
             task.add_done_callback(group.discard)
         stopped.cancel()
         await self._drain(list(tasks[PROBE]), list(tasks[COMPANION]))
-        await self.share.level_end()
+        await self.team.end(level)
 
     async def _drain(self, probes: list[asyncio.Task], others: list[asyncio.Task]) -> None:
         """End a level only when nothing it sent is in flight.
@@ -353,7 +330,12 @@ class _Runner:
             self._cutting = None
 
     def _halted(self) -> bool:
-        return self.stop.is_set() or self.aborted or self.share.halted()
+        """Whether the run stopped (a stop, the error rule, another worker); the level running now hears of it."""
+        if self.stop.is_set() or self.aborted or self.team.halted():
+            if self.level is not None:
+                self.level.halt()
+            return True
+        return False
 
     def _level_done(self, counted: int) -> bool:
         """Whether a resumed run has this level: its samples, or for a timed level any (topping one up
@@ -361,25 +343,23 @@ class _Runner:
         return counted > 0 if self.load.duration else counted >= self.load.samples
 
     def _sender(self, probe: Probe, concurrency: int, rate: float | None, max_in_flight: int | None,
-                plan: ClosedLoop | OpenLoop):
+                level: Level):
         """The coroutine that sends one request of this level and queues its record."""
         load, target, params = self.load, self.scenario.target, self.scenario.params
         mode = load.mode
 
-        async def send(role: str, item: Probe, sample: int, *, at: float = 0.0,
+        async def send(role: Role, item: Probe, sample: int, *, at: float = 0.0,
                        t_scheduled: float | None = None) -> None:
             """``at``: seconds into the level (scheduled, in the open loop), which decides a ramp-up's sends."""
             seq = self.seq
-            self.seq += self.share.workers
+            self.seq += self.team.workers
             self.sent += 1
             # Sent as X-Request-Id; a 429/503 retry below and a transport's reconnect resend keep it.
             request_id = f"{self.ids}-{seq}"
             nonce = f"kevload-{request_id}" if load.nonce else None
             body = build_body(target, item, params, stream=load.stream, nonce=nonce)
-            # Nothing below suspends before the count goes up (Solo's claim returns at once): a slot that
-            # resends at once keeps c in flight.
-            in_flight, counted = await self.share.claim(plan, role, self.in_flight, at)
-            self.in_flight += 1
+            # Nothing between a slot's answer and this claim suspends: a slot that resends at once keeps c in flight.
+            claim = level.claim(role, at)
             retries, stop_cut = 0, False
             t_send = time.perf_counter()
             try:
@@ -388,13 +368,11 @@ class _Runner:
                     # Honour the server's Retry-After; otherwise back off exponentially.
                     wait = outcome.retry_after if outcome.retry_after is not None else _BACKOFF_S * 2 ** retries
                     # Backing off is not being in flight: the other slots' sends meanwhile are not at full load.
-                    self.in_flight -= 1
-                    self.share.pause()
+                    level.pause()
                     try:
                         await asyncio.sleep(min(wait, _BACKOFF_MAX_S))
                     finally:
-                        self.in_flight += 1
-                        self.share.resume()
+                        level.resume()
                     retries += 1
                     outcome = await self.client.send(body, request_id=request_id)
             except asyncio.CancelledError:
@@ -403,20 +381,19 @@ class _Runner:
                 outcome = Outcome(status="timeout", t_send=t_send, t_last_byte=time.perf_counter(), error=self._cutting)
                 stop_cut = self.stop.is_set()
             finally:
-                self.in_flight -= 1
-                self.share.release(plan, role, counted)
-            # A stop ends a closed-loop level around what is still in flight, and the other slots no longer resend:
-            # an answer that came after it lost its batch on the way, no sample of full load (--resume sends it again).
+                self._halted()  # the level hears of a stop before the answer is weighed
+                # A stop ends a closed-loop level around what is in flight (the level's rule; --resume sends it again).
+                counted = level.release(claim)
             # A request the stop cut is no answer of the server's, at any level.
-            counted = counted and not (rate is None and self._halted()) and not stop_cut
+            counted = counted and not stop_cut
             record = _record(outcome, body, run_id=self.run_id, seq=seq, probe=item.id, role=role, mode=mode,
                              concurrency=concurrency, rate=rate, sample=sample,
-                             in_flight=in_flight, counted=counted, max_in_flight=max_in_flight,
+                             in_flight=claim.others, counted=counted, max_in_flight=max_in_flight,
                              t_scheduled=t_scheduled, retries=retries, request_id=request_id)
             self._ready.append(record)
             self._wake.set()
             if role == PROBE and counted:
-                plan.answered((record.sha256, record.finish_reason) if outcome.status == "ok" else None)
+                level.answered((record.sha256, record.finish_reason) if outcome.status == "ok" else None)
                 self._count_probe(outcome.status == "ok")
 
         return send
@@ -428,7 +405,7 @@ class _Runner:
             if self.probe_errors >= _ABORT_MIN_ERRORS and \
                     self.probe_errors / self.probes_done > self.load.max_error_share:
                 self.aborted = True
-                self.share.halt()
+                self.team.halt()
 
 
 # Every field an Outcome shares with a Record is copied by name, so a field added to both travels on its own.
