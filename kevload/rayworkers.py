@@ -1,23 +1,23 @@
 """Workers as Ray actors (``--ray ADDRESS``): the ``load.workers`` of ``kevload.workers``, spread over a cluster.
 
-The level's semantics are those of the local workers, kept by one coordinator actor instead of shared memory:
+No request waits for another actor. Each actor decides alone, on a ``Level`` of its own slots
+(``RayTeam``), and one coordinator actor is called a handful of times per level, never per request:
 
-- Closed loop: the slots are dealt as in ``kevload.workers`` (``slots_of``); the level's one ``ClosedLoop`` and
-  the in-flight count live in the coordinator. A slot asks it what to send next and, in the same call, claims
-  the send (the count goes up, the plan decides whether it counts): one awaited round trip per send, which also
-  carries the slot's release of its previous request. Back-offs and a slot's end are sent without waiting for
-  the answer; the coordinator applies each worker's calls in the order that worker made them (Ray does not
-  promise that for an async actor), so a release always comes before the claims made after it.
-- "In flight" is the coordinator's count: a request is in flight from its claim until the coordinator hears of
-  its answer. Across hosts its edges lag the wire by a message's latency; a send that another worker's release
-  has not yet reached sees *c* − 1 others and counts, one that arrives between a release and the next claim
-  sees *c* − 2 and does not: the same limit as across processes, over a network.
-- Levels start and end together: the coordinator is the barrier. The level's start is a Unix time, which each
-  worker turns into its own host's ``perf_counter``; the open loop's arrivals keep one schedule across hosts.
+- Closed loop: the slots are dealt as in ``kevload.workers`` (``slots_of``) and the level's samples split
+  between the probe slots (``quota``). A send counts when the actor's own slots are all in flight (the other
+  actors' slots taken as busy: the record's ``in_flight`` is *c* − 1) and its plan still wants samples. An actor
+  whose plan is done says so (``done``) and keeps its slots sending, uncounted, until every actor has: no actor
+  stops while another one counts. So a counted sample is one sent in the level's full phase, between the start
+  (one Unix time for every actor) and the first actor's end. Whether the other hosts' slots really were in
+  flight is shown from the records: each cell's ``full_load_share`` and ``samples_never_full``
+  (``kevload.overlap``).
+- Open loop: actor *w* sends arrivals *w*, *w* + N, … against one level start; ``in_flight`` is its own count.
+- The coordinator calls: per level and actor, the barrier at its start and end and one ``done``; per actor and run
+  one ``wait_halt`` (how a stop or another actor's abort reaches it); ``run.json`` keeps the count.
 - A stop (Ctrl-C, SIGTERM), an actor's abort (the error rule) or a lost actor halts the coordinator, which opens
-  its barrier, tells every worker and claims nothing more. Actors hear of it a message later, each at its own
-  moment, so the driver applies the engine's rule at a stop itself: a closed-loop answer that came after the time
-  it stopped the run is written as not counted.
+  its barrier and tells every worker. Actors hear of it a message later, each at its own moment, so the driver
+  applies the engine's rule at a stop itself: a closed-loop answer that came after the time it stopped the run is
+  written as not counted. An actor's own stopped slots release nothing to anyone: their count is local.
 
 Records travel to the driver in batches: every ``_BATCH_S`` seconds it drains each actor's finished records (JSON
 lines, stamped as the local workers stamp them, with Unix times from that actor's host clock) and appends them
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import os
 import time
 from contextlib import aclosing, suppress
 from dataclasses import dataclass, replace
@@ -45,7 +44,7 @@ from kevload.errors import ClusterError, InputError
 from kevload.level import Level, Plan
 from kevload.scenario import Scenario
 from kevload.schedule import PROBE, ClosedLoop, Role
-from kevload.store import record_line
+from kevload.store import RecordWriter, record_line
 from kevload.workers import OneOfN, WorkerResult, cap_of, clock_offset, records_name, stamp
 
 _BATCH_S = 0.2  # how often the driver collects finished records
@@ -261,7 +260,7 @@ async def run_ray(ray: Any, scenario: Scenario, run_dir: Path, *, run_id: str, s
     runs = {actor.run.remote(): w for w, actor in enumerate(actors)}
     results: dict[int, WorkerResult] = {}
     drained: set[int] = set()  # actors whose last records are on disk (or that are lost)
-    files = [_Appender(run_dir / records_name(w)) for w in range(workers)]
+    files = [RecordWriter(run_dir / records_name(w)) for w in range(workers)]
     # The stop's time, taken before any actor can hear of it, in the records' terms (perf_counter plus an offset
     # measured at the start, as each actor stamps its records): on one host the same clock, whatever NTP does since.
     offset = clock_offset()
@@ -288,7 +287,7 @@ async def run_ray(ray: Any, scenario: Scenario, run_dir: Path, *, run_id: str, s
                                        return_exceptions=True)
         for w, reply in zip(live, replies, strict=True):
             if isinstance(reply, bytes):
-                files[w].write(reply if halted_at is None else _cut(reply, halted_at))
+                files[w].write_lines(reply if halted_at is None else _cut(reply, halted_at))
                 if w in results:
                     drained.add(w)
             else:
@@ -343,22 +342,6 @@ async def _calls(ray: Any, coordinator: Any) -> int | None:
         return await asyncio.wait_for(coordinator.calls.remote(), _BATCH_S * 10)
     except (TimeoutError, ray.exceptions.RayError):
         return None
-
-
-class _Appender:
-    """A records file the driver appends batches to: one unbuffered write per batch of whole lines."""
-
-    def __init__(self, path: Path):
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self.count = 0
-
-    def write(self, lines: bytes) -> None:
-        if lines:
-            os.write(self._fd, lines)
-            self.count += lines.count(b"\n")
-
-    def close(self) -> None:
-        os.close(self._fd)
 
 
 def _cut(lines: bytes, stopped_at: float) -> bytes:

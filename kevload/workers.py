@@ -1,13 +1,14 @@
 """Worker processes on one host: N processes share each level of one run (``load.workers``, ``--workers N``).
 
-Each worker runs ``engine.run`` with a ``Shared`` in place of the engine's ``Solo``:
+Each worker runs ``engine.run`` with a ``Shared`` team:
 
 - Closed loop: the level's *c* slots are dealt out round-robin, probe slots first, so worker 0 holds
   the probe slot in the companion modes and the other workers hold companion slots, and in ``single``
-  mode the probe slots are spread. One plan (the level's ``ClosedLoop``) and one in-flight count serve
-  all workers: they live in shared memory (a ``multiprocessing.Array`` of doubles) and every decision
-  (what a slot sends next, whether a send counts) is taken under its lock, so "exactly *c* − 1 others
-  in flight" holds across processes, and each record's ``in_flight`` is the count across all workers.
+  mode the probe slots are spread. All workers call one ``Level`` (``kevload.level``) whose state lives in
+  shared memory (a ``multiprocessing.Array`` of doubles): the fields the level and its plan declare
+  (``Level.STATE``, ``ClosedLoop.COUNTERS``), loaded and stored around each call under one lock. So
+  "exactly *c* − 1 others in flight" holds across processes, and each record's ``in_flight`` is the count
+  across all workers.
 - Open loop: worker *w* sends arrivals *w*, *w* + N, … of the one schedule, against one start time.
 - Levels start and end together: a barrier in shared memory after the warm-ups and after the drain.
 
