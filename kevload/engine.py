@@ -10,25 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import hashlib
 import time
-from collections.abc import AsyncIterator, Hashable
-from dataclasses import fields
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
+from dataclasses import dataclass
 from typing import Any
 
-from kevload.client import Client, Outcome, build_body
+from kevload.client import Client
 from kevload.level import Level, Plan
 from kevload.scenario import Probe, Scenario
 from kevload.schedule import COMPANION, PROBE, WARMUP, ClosedLoop, OpenLoop, Role, UntilBound
-from kevload.store import Record, answer_text
+from kevload.sender import Cell, Cut, Sender
+from kevload.store import Record
 from kevload.workload import CompanionPicker, companions_for
 
 # How long in-flight requests may finish after a stop was asked for before they are cancelled.
 STOP_GRACE_S = 2.0
-RETRYABLE = ("http_429", "http_503")
-_BACKOFF_S, _BACKOFF_MAX_S = 0.2, 10.0
-# Abort a run whose errors make its evidence worthless: at least this many probe errors and a probe
-# error share over the limit. Companions only shape the batch: their errors neither trigger nor dilute it.
+# The fewest counted probe errors that abort a run (``ErrorShare``), whatever their share.
 _ABORT_MIN_ERRORS = 20
 
 # (probe id, concurrency or None, rate or None) → counted probe samples a run already has.
@@ -109,7 +106,7 @@ class RecordStream:
 
     @property
     def sent(self) -> int:
-        return self._runner.sent
+        return self._runner.sender.sent
 
 
 class _Runner:
@@ -123,23 +120,15 @@ class _Runner:
         self.pools = [companions_for(probe, scenario) for probe in scenario.probes]
         self.scenario = scenario
         self.load = scenario.load
-        self.client = client
-        self.run_id = run_id
-        # Request ids: <run_id>-<seq> in the run's first part, <run_id>-r<k>-<seq> in its k-th resume. A killed part
-        # may have sent requests it never recorded, so numbering on from the records alone could repeat an id.
-        self.ids = run_id if part == 0 else f"{run_id}-r{part}"
+        self.sender = Sender(scenario, client, run_id=run_id, part=part, first_seq=first_seq, worker=team.worker,
+                             workers=team.workers, halted=self._halted, stop=stop)
         self.stop = stop
         self.already = already
         self.answers = answers
         # Per probe: the serial (first) level's modal answer, which later levels' answers are held against.
         self.references: dict[str, Hashable | None] = {}
-        self.seq = first_seq + team.worker  # workers number their sends in turn: seqs stay unique
-        self.sent = 0
-        self.probe_errors = 0
-        self.probes_done = 0
+        self.errors = ErrorShare(self.load.max_error_share)
         self.aborted = False
-        # Why the drain is cancelling requests past its bound (None: a cancel is no cut): those are recorded.
-        self._cutting: str | None = None
         self._stopped_at: float | None = None  # one grace period from the stop, however many groups wait
         self._ready: collections.deque[Record] = collections.deque()
         self._wake = asyncio.Event()
@@ -155,7 +144,10 @@ class _Runner:
                     break
                 self._wake.clear()
                 await self._wake.wait()
-            driver.result()  # a bug in a worker surfaces here rather than vanishing
+            try:
+                driver.result()  # a bug in a sender surfaces here rather than vanishing
+            except BaseExceptionGroup as group:  # a level's task group: the bug itself, as without a group
+                raise _first(group) from None
         finally:
             if not driver.done():
                 driver.cancel()
@@ -200,12 +192,13 @@ class _Runner:
         load = self.load
         level, slots = self.team.level(plan)
         self.level = level
-        send = self._sender(probe, concurrency, None, concurrency, level)
+        send = self._sending(level, Cell(load.mode, concurrency, None, concurrency))
         for i in range(plan.warmup if self.team.warms_up else 0):
             if self._halted():
                 break
             # A warm-up in flight at a stop gets the grace any request in flight gets, not target.timeout.
-            await self._wait([asyncio.create_task(send(WARMUP, probe, i))], cut_after=None)
+            async with asyncio.TaskGroup() as group:
+                await self._wait([group.create_task(send(WARMUP, probe, i))], cut_after=None)
         samples = {PROBE: first, COMPANION: 0}
         # The ramp-up and a timed level run from here, after the warm-ups; one start for every worker.
         start = await self.team.start(level, 0.0)
@@ -228,10 +221,11 @@ class _Runner:
             finally:
                 level.slot_done(role)
 
-        tasks = {role: [] for role in (PROBE, COMPANION)}
-        for role in slots:
-            tasks[role].append(asyncio.create_task(slot(role)))
-        await self._drain(tasks[PROBE], tasks[COMPANION])
+        async with asyncio.TaskGroup() as group:
+            tasks: dict[Role, list[asyncio.Task]] = {PROBE: [], COMPANION: []}
+            for role in slots:
+                tasks[role].append(group.create_task(slot(role)))
+            await self._drain(tasks[PROBE], tasks[COMPANION])
         await self.team.end(level)
 
     async def _rate_level(self, probe: Probe, rate: float, picker: CompanionPicker) -> None:
@@ -249,7 +243,7 @@ class _Runner:
         cap = asyncio.Semaphore(load.max_in_flight) if load.max_in_flight else None
         level, _ = self.team.level(plan)
         self.level = level
-        send = self._sender(probe, 0, rate, load.max_in_flight or None, level)
+        send = self._sending(level, Cell(load.mode, 0, rate, load.max_in_flight or None))
         samples = {PROBE: first, COMPANION: 0, WARMUP: -1}
         tasks: dict[str, set[asyncio.Task]] = {PROBE: set(), COMPANION: set()}
         start = await self.team.start(level, 0.005)
@@ -265,25 +259,27 @@ class _Runner:
         # A stop ends the wait for the next arrival (or for room under the cap) at once: at a low rate the next
         # one may be minutes away, and it is never sent.
         stopped = asyncio.ensure_future(self.stop.wait())
-        for arrival, planned in enumerate(plan):
-            if self._halted():
-                break
-            role = planned.role
-            sample = samples[role]
-            if role != WARMUP:
-                samples[role] += 1  # every worker numbers every arrival: sample numbers stay those of one process
-            if not self.team.mine(arrival):
-                continue
-            scheduled = start + planned.at
-            if not await _sleep_until(scheduled, stopped) or cap is not None and not await _acquire(cap, stopped):
-                break
-            item = picker.next().item if role == COMPANION else probe
-            task = asyncio.create_task(one(role, item, sample, planned.at, scheduled))
-            group = tasks[PROBE if role == PROBE else COMPANION]
-            group.add(task)
-            task.add_done_callback(group.discard)
-        stopped.cancel()
-        await self._drain(list(tasks[PROBE]), list(tasks[COMPANION]))
+        async with asyncio.TaskGroup() as group:
+            for arrival, planned in enumerate(plan):
+                if self._halted():
+                    break
+                role = planned.role
+                sample = samples[role]
+                if role != WARMUP:
+                    samples[role] += 1  # every worker numbers every arrival: sample numbers stay those of one process
+                if not self.team.mine(arrival):
+                    continue
+                scheduled = start + planned.at
+                if not await _sleep_until(scheduled, stopped) or cap is not None and not await _acquire(cap, stopped):
+                    break
+                item = picker.next().item if role == COMPANION else probe
+                task = group.create_task(one(role, item, sample, planned.at, scheduled))
+                # The group awaits every request; these sets only say which are still in flight, for the drain.
+                live = tasks[PROBE if role == PROBE else COMPANION]
+                live.add(task)
+                task.add_done_callback(live.discard)
+            stopped.cancel()
+            await self._drain(list(tasks[PROBE]), list(tasks[COMPANION]))
         await self.team.end(level)
 
     async def _drain(self, probes: list[asyncio.Task], others: list[asyncio.Task]) -> None:
@@ -310,24 +306,23 @@ class _Runner:
                 for task in done - {stop_wait}:
                     task.result()  # a worker's bug surfaces here rather than vanishing
                 if pending and deadline is not None and loop.time() >= deadline:
-                    await self._cut(pending, f"cut: still in flight {cut_after:g} s after the level's probes "
-                                             "were done")
+                    await self._cut(pending, Cut(f"cut: still in flight {cut_after:g} s after the level's probes "
+                                                 "were done"))
                     pending = set()
             if pending:
                 if self._stopped_at is None:
                     self._stopped_at = loop.time()
                 await asyncio.wait(pending, timeout=max(self._stopped_at + STOP_GRACE_S - loop.time(), 0.0))
-                await self._cut(pending, f"cut: still in flight {STOP_GRACE_S:g} s after the stop")
+                await self._cut(pending, Cut(f"cut: still in flight {STOP_GRACE_S:g} s after the stop", stop=True))
         finally:
             stop_wait.cancel()
 
-    async def _cut(self, tasks: set[asyncio.Task], why: str) -> None:
-        """Cancel requests still in flight (their connections close); each is recorded as a ``timeout`` saying why."""
-        self._cutting = why
-        try:
-            await _cancel(tasks)
-        finally:
-            self._cutting = None
+    @staticmethod
+    async def _cut(tasks: set[asyncio.Task], cut: Cut) -> None:
+        """Cancel requests still in flight (their connections close), each with the reason it is recorded with."""
+        for task in tasks:
+            task.cancel(cut)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def _halted(self) -> bool:
         """Whether the run stopped (a stop, the error rule, another worker); the level running now hears of it."""
@@ -342,91 +337,44 @@ class _Runner:
         would run it for longer than load.duration)."""
         return counted > 0 if self.load.duration else counted >= self.load.samples
 
-    def _sender(self, probe: Probe, concurrency: int, rate: float | None, max_in_flight: int | None,
-                level: Level):
-        """The coroutine that sends one request of this level and queues its record."""
-        load, target, params = self.load, self.scenario.target, self.scenario.params
-        mode = load.mode
+    def _sending(self, level: Level, cell: Cell) -> Callable[..., Awaitable[None]]:
+        """What sends one request of this level: the sender's record goes to the stream, a counted probe's answer
+        to the level (``load.until_bound``) and to the stop condition."""
 
-        async def send(role: Role, item: Probe, sample: int, *, at: float = 0.0,
-                       t_scheduled: float | None = None) -> None:
-            """``at``: seconds into the level (scheduled, in the open loop), which decides a ramp-up's sends."""
-            seq = self.seq
-            self.seq += self.team.workers
-            self.sent += 1
-            # Sent as X-Request-Id; a 429/503 retry below and a transport's reconnect resend keep it.
-            request_id = f"{self.ids}-{seq}"
-            nonce = f"kevload-{request_id}" if load.nonce else None
-            body = build_body(target, item, params, stream=load.stream, nonce=nonce)
-            # Nothing between a slot's answer and this claim suspends: a slot that resends at once keeps c in flight.
-            claim = level.claim(role, at)
-            retries, stop_cut = 0, False
-            t_send = time.perf_counter()
-            try:
-                outcome = await self.client.send(body, request_id=request_id)
-                while outcome.status in RETRYABLE and retries < load.retries and not self.stop.is_set():
-                    # Honour the server's Retry-After; otherwise back off exponentially.
-                    wait = outcome.retry_after if outcome.retry_after is not None else _BACKOFF_S * 2 ** retries
-                    # Backing off is not being in flight: the other slots' sends meanwhile are not at full load.
-                    level.pause()
-                    try:
-                        await asyncio.sleep(min(wait, _BACKOFF_MAX_S))
-                    finally:
-                        level.resume()
-                    retries += 1
-                    outcome = await self.client.send(body, request_id=request_id)
-            except asyncio.CancelledError:
-                if self._cutting is None:
-                    raise
-                outcome = Outcome(status="timeout", t_send=t_send, t_last_byte=time.perf_counter(), error=self._cutting)
-                stop_cut = self.stop.is_set()
-            finally:
-                self._halted()  # the level hears of a stop before the answer is weighed
-                # A stop ends a closed-loop level around what is in flight (the level's rule; --resume sends it again).
-                counted = level.release(claim)
-            # A request the stop cut is no answer of the server's, at any level.
-            counted = counted and not stop_cut
-            record = _record(outcome, body, run_id=self.run_id, seq=seq, probe=item.id, role=role, mode=mode,
-                             concurrency=concurrency, rate=rate, sample=sample,
-                             in_flight=claim.others, counted=counted, max_in_flight=max_in_flight,
-                             t_scheduled=t_scheduled, retries=retries, request_id=request_id)
+        async def send(role: Role, item: Probe, sample: int, **when: Any) -> None:
+            record = await self.sender.send(level, cell, role, item, sample, **when)
             self._ready.append(record)
             self._wake.set()
-            if role == PROBE and counted:
-                level.answered((record.sha256, record.finish_reason) if outcome.status == "ok" else None)
-                self._count_probe(outcome.status == "ok")
+            if role == PROBE and record.counted:
+                level.answered((record.sha256, record.finish_reason) if record.status == "ok" else None)
+                if self.errors.note(record.status == "ok"):
+                    self.aborted = True
+                    self.team.halt()
 
         return send
 
-    def _count_probe(self, ok: bool) -> None:
-        self.probes_done += 1
-        if not ok:
-            self.probe_errors += 1
-            if self.probe_errors >= _ABORT_MIN_ERRORS and \
-                    self.probe_errors / self.probes_done > self.load.max_error_share:
-                self.aborted = True
-                self.team.halt()
+
+@dataclass(slots=True)
+class ErrorShare:
+    """The run's stop condition (like GuideLLM's constraints): stop once its errors make the evidence worthless, at
+    least ``_ABORT_MIN_ERRORS`` counted probe errors and more than ``limit`` of the counted probes. Companions
+    only shape the batch: their errors neither trigger nor dilute it."""
+
+    limit: float
+    probes: int = 0
+    errors: int = 0
+
+    def note(self, ok: bool) -> bool:
+        """A counted probe's outcome; True when the run must stop now."""
+        self.probes += 1
+        self.errors += not ok
+        return not ok and self.errors >= _ABORT_MIN_ERRORS and self.errors / self.probes > self.limit
 
 
-# Every field an Outcome shares with a Record is copied by name, so a field added to both travels on its own.
-_FROM_OUTCOME = tuple(f.name for f in fields(Record) if f.name in {g.name for g in fields(Outcome)})
-
-
-def _record(outcome: Outcome, body: dict[str, Any], **given: Any) -> Record:
-    output = outcome.output
-    copied = {name: getattr(outcome, name) for name in _FROM_OUTCOME if name not in given}
-    return Record(
-        **copied, **given,
-        sha256=hashlib.sha256(answer_text(output, outcome.reasoning, outcome.tool_calls).encode()).hexdigest()
-        if outcome.status == "ok" and output is not None else None,
-        params={k: v for k, v in body.items() if k not in ("messages", "prompt")},
-    )
-
-
-async def _cancel(tasks: set[asyncio.Task]) -> None:
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+def _first(group: BaseExceptionGroup) -> BaseException:
+    """The first exception in a (nested) exception group."""
+    first = group.exceptions[0]
+    return _first(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 async def _sleep_until(deadline: float, stopped: asyncio.Future) -> bool:
