@@ -222,3 +222,28 @@ class LevelMachine(RuleBasedStateMachine):
 LevelMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None,
                                           suppress_health_check=[HealthCheck.too_slow])
 TestLevelMachine = LevelMachine.TestCase
+
+
+def test_worker_processes_share_exactly_the_declared_state():
+    """Two workers' levels over one shared array see one count and one plan: what STATE and COUNTERS name, and
+    every counter a level changes as it runs is among them (a new one is shared on purpose or the test fails)."""
+    import multiprocessing
+
+    from kevload.workers import _STATE_SIZE, SharedLevel
+
+    state = multiprocessing.get_context("spawn").Array("d", _STATE_SIZE)
+    plans = [ClosedLoop(3, 2, companions=True), ClosedLoop(3, 2, companions=True)]
+    before = {name: value for name, value in vars(plans[0]).items() if isinstance(value, int | float)}
+    leader, other = (SharedLevel(plan, state) for plan in plans)
+    leader.publish()
+    companions = [leader.claim("companion"), other.claim("companion")]
+    probe = leader.claim(PROBE)
+    assert [c.others for c in (*companions, probe)] == [0, 1, 2] and probe.counted
+    assert other.next(PROBE) and other.in_flight == 3  # each call brings the count up to date from the array
+    assert other.release(probe) and other.claim(PROBE).counted  # the plan's count travelled too: 2 samples
+    other.slot_done(PROBE)
+    other.halt()
+    assert leader.halted and not leader.next("companion")  # the run's one flag
+    changed = {name for plan in plans for name, value in vars(plan).items() if isinstance(value, int | float)
+               and before.get(name) != value}
+    assert changed <= set(ClosedLoop.COUNTERS), changed - set(ClosedLoop.COUNTERS)
