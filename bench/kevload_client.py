@@ -46,6 +46,7 @@ async def main(base_url: str, concurrency: int, requests: int, stream: bool, rat
         start = time.perf_counter()
         result = await run_scenario(scenario, Path(tmp) / "run", on_record=on_record, ray=ray)
         seconds = time.perf_counter() - start
+        rss_end = rss_mb()  # the run's own, before the times below are read back
         lines = ok = 0
         spans: dict[int, list[tuple[float, float]]] = {}  # per worker: (send, last byte)
         for path in records_paths(Path(tmp) / "run"):  # records.jsonl, or one file per worker
@@ -64,7 +65,7 @@ async def main(base_url: str, concurrency: int, requests: int, stream: bool, rat
             "in_run_seconds": in_run, "answer_to_next_send_s": answer_to_next_send(spans),
             "coordinator_calls": ray_meta[0].get("coordinator_calls") if ray_meta else None,
             "full_load_share": cell.full_load_share, "samples_never_full": cell.samples_never_full,
-            "records_written": lines, "distinct": cell.distinct, "rss_end_mb": rss_mb(),
+            "records_written": lines, "distinct": cell.distinct, "rss_end_mb": rss_end,
             "lateness": cell.latency.get("lateness"), "loop": loop_name(), **marks}
 
 

@@ -235,11 +235,6 @@ def run_reference(url: str, n: int, c: int, stream: bool, loop: str = "uvloop") 
     return {
         "loop": doc["loop"],
         "rps": doc["requests"] / doc["seconds"],
-        "in_run_rps": doc["requests"] / doc["in_run_seconds"],
-        "step_s": doc["answer_to_next_send_s"],
-        "coordinator_calls": doc["coordinator_calls"],
-        "full_load_share": doc["full_load_share"],
-        "samples_never_full": doc["samples_never_full"],
         "cpu_per_1000": 1000 * cpu / doc["requests"],
         "rss_mb": rss,
         "requests": doc["requests"],
