@@ -52,7 +52,7 @@ def run(scenario: Scenario, client: Client, *, run_id: str, stop: asyncio.Event 
     are built here, before anything is sent, so a bad companion file fails at once. ``team`` makes
     this run one of several workers sharing each level (``kevload.workers``); alone by default.
     """
-    return RecordStream(_Runner(scenario, client, run_id, stop or asyncio.Event(), already or {}, first_seq,
+    return RecordStream(_Run(scenario, client, run_id, stop or asyncio.Event(), already or {}, first_seq,
                                 part, answers or {}, team or Alone()))
 
 
@@ -94,8 +94,8 @@ class RecordStream:
     """The records of one run, as they finish; ``aborted`` says whether the error rule ended it early, ``sent``
     how many requests it numbered (each one a record, unless the stream was torn down before it came)."""
 
-    def __init__(self, runner: _Runner):
-        self._runner = runner
+    def __init__(self, run: _Run):
+        self._runner = run
 
     def __aiter__(self) -> AsyncIterator[Record]:
         return self._runner.records()
@@ -109,8 +109,9 @@ class RecordStream:
         return self._runner.sender.sent
 
 
-class _Runner:
-    """State shared by the workers of one run: the client, counters, stop flags and the record queue."""
+class _Run:
+    """One run: its probes at every level in turn, the stream of records, the stop and the stop condition, and the
+    drain that ends each level."""
 
     def __init__(self, scenario: Scenario, client: Client, run_id: str, stop: asyncio.Event,
                  already: dict[LevelKey, int], first_seq: int, part: int, answers: dict[LevelKey, list[Answer]],
@@ -121,7 +122,7 @@ class _Runner:
         self.scenario = scenario
         self.load = scenario.load
         self.sender = Sender(scenario, client, run_id=run_id, part=part, first_seq=first_seq, worker=team.worker,
-                             workers=team.workers, halted=self._halted, stop=stop)
+                             workers=team.workers, halted=self.halted, stop=stop)
         self.stop = stop
         self.already = already
         self.answers = answers
@@ -159,140 +160,24 @@ class _Runner:
             # Workers pick from their own seeded sequences, so they do not send the same companions in step.
             picker = CompanionPicker(self.pools[index], seed=load.seed + index + 7919 * self.team.worker)
             # Open-loop rates replace the closed-loop concurrency levels when they are given.
-            levels = [(self._rate_level, rate) for rate in load.rate] or \
-                [(self._closed_level, c) for c in load.concurrency]
-            for run_level, level in levels:
-                if self._halted():
+            levels = [_OpenLevel(self, probe, rate, picker) for rate in load.rate] or \
+                [_ClosedLevel(self, probe, c, picker) for c in load.concurrency]
+            for level in levels:
+                if self.halted():
                     return
-                await run_level(probe, level, picker)
+                await level()
 
-    async def _closed_level(self, probe: Probe, concurrency: int, picker: CompanionPicker) -> None:
-        load = self.load
-        key = level_key(probe.id, concurrency, None)
-        first = self.already.get(key, 0)
-        serial = concurrency == load.concurrency[0]
-        if load.until_bound is None:
-            if self._level_done(first):
-                return
-            plan = ClosedLoop(concurrency, load.samples - first, companions=bool(picker), warmup=load.warmup,
-                              ramp_s=load.ramp_s, duration=load.duration)
-        else:
-            # The serial level holds its answers against its own first one; later levels against its modal answer.
-            plan = ClosedLoop(concurrency, load.samples, companions=bool(picker), warmup=load.warmup,
-                              ramp_s=load.ramp_s, until=UntilBound(load.until_bound, load.samples, load.max_samples),
-                              reference=None if serial else self.references.get(probe.id),
-                              prior=self.answers.get(key, ()))
-        if plan.wants_samples:
-            await self._run_closed(probe, concurrency, picker, plan, first=first)
-        if serial:
-            self.references[probe.id] = plan.modal()
-
-    async def _run_closed(self, probe: Probe, concurrency: int, picker: CompanionPicker, plan: ClosedLoop, *,
-                          first: int) -> None:
-        load = self.load
-        level, slots = self.team.level(plan)
-        self.level = level
-        send = self._sending(level, Cell(load.mode, concurrency, None, concurrency))
-        for i in range(plan.warmup if self.team.warms_up else 0):
-            if self._halted():
-                break
-            # A warm-up in flight at a stop gets the grace any request in flight gets, not target.timeout.
-            async with asyncio.TaskGroup() as group:
-                await self._wait([group.create_task(send(WARMUP, probe, i))], cut_after=None)
-        samples = {PROBE: first, COMPANION: 0}
-        # The ramp-up and a timed level run from here, after the warm-ups; one start for every worker.
-        start = await self.team.start(level, 0.0)
-        # Every worker's slots start at that one moment, so the level is full from its first sends on every host.
-        await asyncio.sleep(max(start - time.perf_counter(), 0.0))
-
-        async def slot(role: Role) -> None:
-            try:
-                while not self._halted():
-                    if role == PROBE and load.mode == "needle":
-                        # Vary where the probe lands among requests the server is already running.
-                        await asyncio.sleep(picker.jitter(0.05))
-                    at = time.perf_counter() - start
-                    if not level.next(role, at):
-                        return
-                    item = probe if role == PROBE else picker.next().item
-                    sample = samples[role]
-                    samples[role] += 1
-                    await send(role, item, sample, at=at)
-            finally:
-                level.slot_done(role)
-
-        async with asyncio.TaskGroup() as group:
-            tasks: dict[Role, list[asyncio.Task]] = {PROBE: [], COMPANION: []}
-            for role in slots:
-                tasks[role].append(group.create_task(slot(role)))
-            await self._drain(tasks[PROBE], tasks[COMPANION])
-        await self.team.end(level)
-
-    async def _rate_level(self, probe: Probe, rate: float, picker: CompanionPicker) -> None:
-        """Open loop: send on an absolute schedule (constant or Poisson) whatever the server's speed.
-
-        The schedule is kept against a fixed start time, so one late send does not shift every later
-        one; each record keeps its scheduled time, and lateness is reported per cell.
-        """
-        load = self.load
-        first = self.already.get(level_key(probe.id, 0, rate), 0)
-        if self._level_done(first):
-            return
-        plan = OpenLoop(rate, needed=load.samples - first, companions=bool(picker), arrival=load.arrival,
-                        seed=load.seed, warmup=load.warmup, duration=load.duration, ramp_s=load.ramp_s)
-        cap = asyncio.Semaphore(load.max_in_flight) if load.max_in_flight else None
-        level, _ = self.team.level(plan)
-        self.level = level
-        send = self._sending(level, Cell(load.mode, 0, rate, load.max_in_flight or None))
-        samples = {PROBE: first, COMPANION: 0, WARMUP: -1}
-        tasks: dict[str, set[asyncio.Task]] = {PROBE: set(), COMPANION: set()}
-        start = await self.team.start(level, 0.005)
-
-        async def one(role: str, item: Probe, sample: int, at: float, scheduled: float) -> None:
-            try:
-                if not self._halted():  # a stop (or an abort) between this task's making and its first step
-                    await send(role, item, sample, at=at, t_scheduled=scheduled)
-            finally:
-                if cap is not None:
-                    cap.release()
-
-        # A stop ends the wait for the next arrival (or for room under the cap) at once: at a low rate the next
-        # one may be minutes away, and it is never sent.
-        stopped = asyncio.ensure_future(self.stop.wait())
-        async with asyncio.TaskGroup() as group:
-            for arrival, planned in enumerate(plan):
-                if self._halted():
-                    break
-                role = planned.role
-                sample = samples[role]
-                if role != WARMUP:
-                    samples[role] += 1  # every worker numbers every arrival: sample numbers stay those of one process
-                if not self.team.mine(arrival):
-                    continue
-                scheduled = start + planned.at
-                if not await _sleep_until(scheduled, stopped) or cap is not None and not await _acquire(cap, stopped):
-                    break
-                item = picker.next().item if role == COMPANION else probe
-                task = group.create_task(one(role, item, sample, planned.at, scheduled))
-                # The group awaits every request; these sets only say which are still in flight, for the drain.
-                live = tasks[PROBE if role == PROBE else COMPANION]
-                live.add(task)
-                task.add_done_callback(live.discard)
-            stopped.cancel()
-            await self._drain(list(tasks[PROBE]), list(tasks[COMPANION]))
-        await self.team.end(level)
-
-    async def _drain(self, probes: list[asyncio.Task], others: list[asyncio.Task]) -> None:
+    async def drain(self, probes: list[asyncio.Task], others: list[asyncio.Task]) -> None:
         """End a level only when nothing it sent is in flight.
 
         Probe requests run to their own end (the client's timeouts bound them). Companions still
         running ``target.timeout`` seconds after the probes finished are cut: cancelled, which closes
         their connections, and recorded as timeouts. A stop gives everything a short grace instead.
         """
-        await self._wait(probes, cut_after=None)
-        await self._wait(others, cut_after=self.scenario.target.timeout)
+        await self.wait(probes, cut_after=None)
+        await self.wait(others, cut_after=self.scenario.target.timeout)
 
-    async def _wait(self, tasks: list[asyncio.Task], *, cut_after: float | None) -> None:
+    async def wait(self, tasks: list[asyncio.Task], *, cut_after: float | None) -> None:
         loop = asyncio.get_running_loop()
         deadline = None if cut_after is None else loop.time() + cut_after
         stop_wait = asyncio.create_task(self.stop.wait())
@@ -324,7 +209,7 @@ class _Runner:
             task.cancel(cut)
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _halted(self) -> bool:
+    def halted(self) -> bool:
         """Whether the run stopped (a stop, the error rule, another worker); the level running now hears of it."""
         if self.stop.is_set() or self.aborted or self.team.halted():
             if self.level is not None:
@@ -332,12 +217,12 @@ class _Runner:
             return True
         return False
 
-    def _level_done(self, counted: int) -> bool:
+    def level_done(self, counted: int) -> bool:
         """Whether a resumed run has this level: its samples, or for a timed level any (topping one up
         would run it for longer than load.duration)."""
         return counted > 0 if self.load.duration else counted >= self.load.samples
 
-    def _sending(self, level: Level, cell: Cell) -> Callable[..., Awaitable[None]]:
+    def sending(self, level: Level, cell: Cell) -> Callable[..., Awaitable[None]]:
         """What sends one request of this level: the sender's record goes to the stream, a counted probe's answer
         to the level (``load.until_bound``) and to the stop condition."""
 
@@ -352,6 +237,142 @@ class _Runner:
                     self.team.halt()
 
         return send
+
+
+class _ClosedLevel:
+    """Level *c* of one probe: its plan (fresh, resumed, or until a bound), the warm-ups, then *c* slots in one
+    task group, each resending the moment its answer is in, until the level's ``Level`` says so; then the drain."""
+
+    def __init__(self, run: _Run, probe: Probe, concurrency: int, picker: CompanionPicker):
+        self.run, self.probe, self.concurrency, self.picker = run, probe, concurrency, picker
+
+    async def __call__(self) -> None:
+        run, probe, picker = self.run, self.probe, self.picker
+        concurrency = self.concurrency
+        load = run.load
+        key = level_key(probe.id, concurrency, None)
+        first = run.already.get(key, 0)
+        serial = concurrency == load.concurrency[0]
+        if load.until_bound is None:
+            if run.level_done(first):
+                return
+            plan = ClosedLoop(concurrency, load.samples - first, companions=bool(picker), warmup=load.warmup,
+                              ramp_s=load.ramp_s, duration=load.duration)
+        else:
+            # The serial level holds its answers against its own first one; later levels against its modal answer.
+            plan = ClosedLoop(concurrency, load.samples, companions=bool(picker), warmup=load.warmup,
+                              ramp_s=load.ramp_s, until=UntilBound(load.until_bound, load.samples, load.max_samples),
+                              reference=None if serial else run.references.get(probe.id),
+                              prior=run.answers.get(key, ()))
+        if plan.wants_samples:
+            await self._slots(plan, first=first)
+        if serial:
+            run.references[probe.id] = plan.modal()
+
+    async def _slots(self, plan: ClosedLoop, *, first: int) -> None:
+        run, probe, picker = self.run, self.probe, self.picker
+        concurrency = self.concurrency
+        load = run.load
+        level, slots = run.team.level(plan)
+        run.level = level
+        send = run.sending(level, Cell(load.mode, concurrency, None, concurrency))
+        for i in range(plan.warmup if run.team.warms_up else 0):
+            if run.halted():
+                break
+            # A warm-up in flight at a stop gets the grace any request in flight gets, not target.timeout.
+            async with asyncio.TaskGroup() as group:
+                await run.wait([group.create_task(send(WARMUP, probe, i))], cut_after=None)
+        samples = {PROBE: first, COMPANION: 0}
+        # The ramp-up and a timed level run from here, after the warm-ups; one start for every worker.
+        start = await run.team.start(level, 0.0)
+        # Every worker's slots start at that one moment, so the level is full from its first sends on every host.
+        await asyncio.sleep(max(start - time.perf_counter(), 0.0))
+
+        async def slot(role: Role) -> None:
+            try:
+                while not run.halted():
+                    if role == PROBE and load.mode == "needle":
+                        # Vary where the probe lands among requests the server is already running.
+                        await asyncio.sleep(picker.jitter(0.05))
+                    at = time.perf_counter() - start
+                    if not level.next(role, at):
+                        return
+                    item = probe if role == PROBE else picker.next().item
+                    sample = samples[role]
+                    samples[role] += 1
+                    await send(role, item, sample, at=at)
+            finally:
+                level.slot_done(role)
+
+        async with asyncio.TaskGroup() as group:
+            tasks: dict[Role, list[asyncio.Task]] = {PROBE: [], COMPANION: []}
+            for role in slots:
+                tasks[role].append(group.create_task(slot(role)))
+            await run.drain(tasks[PROBE], tasks[COMPANION])
+        await run.team.end(level)
+
+
+class _OpenLevel:
+    """A rate of one probe, open loop: sends on an absolute schedule (constant or Poisson) whatever the server's
+    speed, each in the level's task group; then the drain.
+
+    The schedule is kept against a fixed start time, so one late send does not shift every later
+    one; each record keeps its scheduled time, and lateness is reported per cell.
+    """
+
+    def __init__(self, run: _Run, probe: Probe, rate: float, picker: CompanionPicker):
+        self.run, self.probe, self.rate, self.picker = run, probe, rate, picker
+
+    async def __call__(self) -> None:
+        run, probe, picker = self.run, self.probe, self.picker
+        rate = self.rate
+        load = run.load
+        first = run.already.get(level_key(probe.id, 0, rate), 0)
+        if run.level_done(first):
+            return
+        plan = OpenLoop(rate, needed=load.samples - first, companions=bool(picker), arrival=load.arrival,
+                        seed=load.seed, warmup=load.warmup, duration=load.duration, ramp_s=load.ramp_s)
+        cap = asyncio.Semaphore(load.max_in_flight) if load.max_in_flight else None
+        level, _ = run.team.level(plan)
+        run.level = level
+        send = run.sending(level, Cell(load.mode, 0, rate, load.max_in_flight or None))
+        samples = {PROBE: first, COMPANION: 0, WARMUP: -1}
+        tasks: dict[str, set[asyncio.Task]] = {PROBE: set(), COMPANION: set()}
+        start = await run.team.start(level, 0.005)
+
+        async def one(role: str, item: Probe, sample: int, at: float, scheduled: float) -> None:
+            try:
+                if not run.halted():  # a stop (or an abort) between this task's making and its first step
+                    await send(role, item, sample, at=at, t_scheduled=scheduled)
+            finally:
+                if cap is not None:
+                    cap.release()
+
+        # A stop ends the wait for the next arrival (or for room under the cap) at once: at a low rate the next
+        # one may be minutes away, and it is never sent.
+        stopped = asyncio.ensure_future(run.stop.wait())
+        async with asyncio.TaskGroup() as group:
+            for arrival, planned in enumerate(plan):
+                if run.halted():
+                    break
+                role = planned.role
+                sample = samples[role]
+                if role != WARMUP:
+                    samples[role] += 1  # every worker numbers every arrival: sample numbers stay those of one process
+                if not run.team.mine(arrival):
+                    continue
+                scheduled = start + planned.at
+                if not await _sleep_until(scheduled, stopped) or cap is not None and not await _acquire(cap, stopped):
+                    break
+                item = picker.next().item if role == COMPANION else probe
+                task = group.create_task(one(role, item, sample, planned.at, scheduled))
+                # The group awaits every request; these sets only say which are still in flight, for the drain.
+                live = tasks[PROBE if role == PROBE else COMPANION]
+                live.add(task)
+                task.add_done_callback(live.discard)
+            stopped.cancel()
+            await run.drain(list(tasks[PROBE]), list(tasks[COMPANION]))
+        await run.team.end(level)
 
 
 @dataclass(slots=True)
