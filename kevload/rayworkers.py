@@ -52,7 +52,6 @@ _REPLY_S = 60.0  # an actor that does not answer a drain (or get placed) for thi
 _START_MARGIN_S = 0.1  # a level starts this long after the barrier opens: time for the news to reach every host
 
 
-
 class KevloadCoordinator:
     """What the actors of a run agree on (an async Ray actor), a handful of calls per level and never per request:
     the barrier at each level's start and end, the moment every actor's plan is done, and the halt."""
@@ -134,7 +133,7 @@ class RayTeam(OneOfN):
         if not isinstance(plan, ClosedLoop):
             return Level(plan), ()
         slots = self.slots(plan)
-        mine = copy.copy(plan)
+        mine = copy.copy(plan)  # the level's plan with this actor's share of its samples; the rest is the same
         mine.needed = quota(plan.needed, plan.slots.count(PROBE), self.worker, self.workers)
         level = Level(mine, elsewhere=plan.concurrency - len(slots), held=self.workers > 1)
         level.done_here = PROBE not in slots  # an actor with no probe slot has nothing of its own to finish
