@@ -10,6 +10,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+import orjson
 import uvloop
 
 from kevload.rundir import RunDir
@@ -44,17 +46,41 @@ async def main(base_url: str, concurrency: int, requests: int, stream: bool, rat
         start = time.perf_counter()
         result = await run_scenario(scenario, Path(tmp) / "run", on_record=on_record, ray=ray)
         seconds = time.perf_counter() - start
+        rss_end = rss_mb()  # the run's own, before the times below are read back
         lines = ok = 0
+        spans: dict[int, list[tuple[float, float]]] = {}  # per worker: (send, last byte)
         for path in RunDir(Path(tmp) / "run").record_files():  # records.jsonl, or one file per worker
             with open(path, "rb") as records:
                 for line in records:
                     lines += 1
                     ok += b'"status":"ok"' in line
+                    record = orjson.loads(line)
+                    spans.setdefault(record.get("worker") or 0, []).append((record["t_send"], record["t_last_byte"]))
+        ray_meta = json.loads((Path(tmp) / "run" / "run.json").read_text()).get("ray")
     cell = result.summary.cells[0]
+    everything = np.array([span for worker in spans.values() for span in worker])
+    in_run = float(everything[:, 1].max() - everything[:, 0].min())
     # Every request sent is one record; the summary counts those sent at full load (ramp-up and tail are not).
     return {"requests": lines, "ok": ok, "counted": result.summary.requests, "seconds": seconds,
-            "records_written": lines, "distinct": cell.distinct, "rss_end_mb": rss_mb(),
+            "in_run_seconds": in_run, "answer_to_next_send_s": answer_to_next_send(spans),
+            "coordinator_calls": ray_meta[0].get("coordinator_calls") if ray_meta else None,
+            "full_load_share": cell.full_load_share, "samples_never_full": cell.samples_never_full,
+            "records_written": lines, "distinct": cell.distinct, "rss_end_mb": rss_end,
             "lateness": cell.latency.get("lateness"), "loop": loop_name(), **marks}
+
+
+def answer_to_next_send(spans: dict[int, list[tuple[float, float]]]) -> float | None:
+    """Median, over every answer, of the time to its worker's next send: with one slot per worker (c = workers),
+    each slot's step from its answer to its resend (with more slots another one's send may come first)."""
+    gaps = []
+    for worker in spans.values():
+        rows = np.array(worker)
+        sends = np.sort(rows[:, 0])
+        nexts = np.searchsorted(sends, rows[:, 1], "left")
+        found = nexts < len(sends)
+        gaps.append(sends[nexts[found]] - rows[found, 1])
+    joined = np.concatenate(gaps) if gaps else np.array([])
+    return float(np.median(joined)) if len(joined) else None
 
 
 def loop_name() -> str:

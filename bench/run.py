@@ -26,7 +26,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-RAY_REQUESTS = 2000  # per Ray run: every send asks the one coordinator actor (a few hundred req/s)
+STEP_REQUESTS = 2000  # per run measuring the step from an answer to the next send (one slot per worker)
 sys.path.insert(0, str(ROOT))
 
 from kevload.servers import free_port, start_server, stop_group, wait_ready  # noqa: E402
@@ -92,39 +92,65 @@ def _write(results: dict, suffix: str = "") -> int:
 
 
 def scaling(endpoint: Endpoint, args: argparse.Namespace) -> dict:
-    """kevload at 1, 2 (and 4, where the machine has the cores) worker processes, then as Ray actors of a
-    ``--ray local`` cluster, alternated per round.
+    """kevload in one process, on 2 (and 4, where the machine has the cores) worker processes, and as 2 Ray actors
+    of a ``--ray local`` cluster, alternated per round; then the step from an answer to the next send with one slot
+    per worker (c = workers), where each worker's next send is that slot's own.
 
-    The Ray runs send fewer requests (every send asks the coordinator actor, a few hundred req/s) and their
-    time includes starting the local Ray instance, as a user's run does.
+    Each run gives its whole time (a Ray run's includes starting Ray, as a user's run does) and its in-run rate
+    (records over first send to last answer: what the load was once it ran), and through Ray the coordinator's
+    calls (one level a run).
     """
     counts = [1, 2] + ([4] if (os.cpu_count() or 1) >= 4 else [])
-    ray_requests = min(args.requests, RAY_REQUESTS)
+    setups = [(f"workers={n}", ["--workers", str(n)]) for n in counts] + [("workers=2 ray local",
+                                                                           ["--workers", "2", "--ray", "local"])]
     rows: dict[str, list[dict]] = {}
     for _ in range(args.repeats):
         for stream in (False, True):
             url = endpoint.sse if stream else endpoint.plain
             mode = "stream" if stream else "non-stream"
-            for workers in counts:
-                run = run_kevload(url, args.requests, args.concurrency, stream, ["--workers", str(workers)])
-                rows.setdefault(f"{mode} workers={workers}", []).append(run)
-            for workers in counts:
-                run = run_kevload(url, ray_requests, args.concurrency, stream,
-                                  ["--workers", str(workers), "--ray", "local"])
-                rows.setdefault(f"{mode} workers={workers} ray local ({ray_requests:,} req)", []).append(run)
-    return {key: _stats(samples) for key, samples in rows.items()}
+            for name, extra in setups:
+                run = run_kevload(url, args.requests, args.concurrency, stream, extra)
+                rows.setdefault(f"{mode} c={args.concurrency} {name}", []).append(run)
+        for workers, extra in ((1, []), (2, ["--workers", "2"]), (2, ["--workers", "2", "--ray", "local"])):
+            name = " ".join(["workers=2", *(["ray local"] if "--ray" in extra else [])]) if workers == 2 \
+                else "workers=1"
+            run = run_kevload(endpoint.plain, STEP_REQUESTS, workers, False, extra)
+            rows.setdefault(f"non-stream c={workers} {name}", []).append(run)
+    table = {key: _stats(samples) for key, samples in rows.items()}
+    rates = [coordinator_rate() for _ in range(args.repeats)]
+    return {**table, "coordinator calls/s": {"median": statistics.median(rates), "min": min(rates), "max": max(rates)}}
+
+
+def coordinator_rate() -> float:
+    """Calls one coordinator actor answers per second, 64 callers at once (Ray's start not included)."""
+    out, *_ = measured([sys.executable, str(BENCH / "coordinator_rate.py")],
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return json.loads(out.strip().splitlines()[-1])["calls_per_s"]
 
 
 def print_scaling(table: dict) -> None:
-    print("| mode | workers | req/s | CPU s / 1000 req |")
-    print("| --- | ---: | ---: | ---: |")
+    print("| mode | c | workers | req/s in run | req/s whole run | answer → next send (ms) | coordinator calls / level "
+          "| full-load share (never full) | CPU s / 1000 req |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for key, stats in table.items():
-        mode, workers = key.split(" workers=", 1)
-        if "error" in stats:
-            print(f"| {mode} | {workers} | — {stats['error'][:70]} | |")
+        if key == "coordinator calls/s":
             continue
-        print(f"| {mode} | {workers} | {stats['rps_median']:,.0f} ({stats['rps_min']:,.0f}–"
-              f"{stats['rps_max']:,.0f}) | {stats['cpu_per_1000']:.3f} |")
+        mode, rest = key.split(" c=", 1)
+        c, workers = rest.split(" workers=", 1)
+        if "error" in stats:
+            print(f"| {mode} | {c} | {workers} | — {stats['error'][:70]} | | | | | |")
+            continue
+        step = f"{1000 * stats['step_median']:.3f}" if stats.get("step_median") is not None else "–"
+        calls = f"{stats['calls_median']:g}" if stats.get("calls_median") is not None else "–"
+        full = stats.get("full_load_share_min")
+        full = f"{full:.1%} ({stats['samples_never_full_max']})" if full is not None else "–"
+        print(f"| {mode} | {c} | {workers} | {stats['in_run_rps_median']:,.0f} ({stats['in_run_rps_min']:,.0f}–"
+              f"{stats['in_run_rps_max']:,.0f}) | {stats['rps_median']:,.0f} | {step} | {calls} | {full} "
+              f"| {stats['cpu_per_1000']:.3f} |")
+    if "coordinator calls/s" in table:
+        rate = table["coordinator calls/s"]
+        print(f"\none coordinator actor: {rate['median']:,.0f} calls/s ({rate['min']:,.0f}–{rate['max']:,.0f}), "
+              "64 callers at once")
 
 
 class Endpoint:
@@ -234,6 +260,11 @@ def run_kevload(url: str, n: int, c: int, stream: bool, extra: list[str] = (), l
     return {
         "loop": doc["loop"],
         "rps": doc["requests"] / doc["seconds"],
+        "in_run_rps": doc["requests"] / doc["in_run_seconds"],
+        "step_s": doc["answer_to_next_send_s"],
+        "coordinator_calls": doc["coordinator_calls"],
+        "full_load_share": doc["full_load_share"],
+        "samples_never_full": doc["samples_never_full"],
         "cpu_per_1000": 1000 * cpu / doc["requests"],
         "rss_mb": rss,
         "requests": doc["requests"],
@@ -544,7 +575,18 @@ def _stats(samples: list[dict]) -> dict:
         return {"error": errors[0]}
     rps = [s["rps"] for s in samples]
     rss = [s["rss_mb"] for s in samples if s.get("rss_mb")]
+    in_run = [s["in_run_rps"] for s in samples if "in_run_rps" in s]
+    steps = [s["step_s"] for s in samples if s.get("step_s") is not None]
+    calls = [s["coordinator_calls"] for s in samples if s.get("coordinator_calls") is not None]
     return {
+        **({"in_run_rps_median": statistics.median(in_run), "in_run_rps_min": min(in_run),
+            "in_run_rps_max": max(in_run)} if in_run else {}),
+        "step_median": statistics.median(steps) if steps else None,
+        "calls_median": statistics.median(calls) if calls else None,
+        # The promise, from the records: the lowest full-load share of any run, the most samples never full.
+        "full_load_share_min": min((s["full_load_share"] for s in samples if s.get("full_load_share") is not None),
+                                   default=None),
+        "samples_never_full_max": max((s["samples_never_full"] or 0 for s in samples), default=None),
         "rps_median": statistics.median(rps),
         "rps_min": min(rps),
         "rps_max": max(rps),

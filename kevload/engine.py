@@ -10,24 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import hashlib
 import time
-from collections.abc import AsyncIterator, Hashable
-from dataclasses import fields
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
+from dataclasses import dataclass
 from typing import Any
 
-from kevload.client import Client, Outcome, build_body
+from kevload.client import Client
+from kevload.level import Level, Plan
 from kevload.scenario import Probe, Scenario
-from kevload.schedule import COMPANION, PROBE, WARMUP, ClosedLoop, OpenLoop, Send, UntilBound
-from kevload.store import Record, answer_text
+from kevload.schedule import COMPANION, PROBE, WARMUP, ClosedLoop, OpenLoop, Role, UntilBound
+from kevload.sender import Cell, Cut, Sender
+from kevload.store import Record
 from kevload.workload import CompanionPicker, companions_for
 
 # How long in-flight requests may finish after a stop was asked for before they are cancelled.
 STOP_GRACE_S = 2.0
-RETRYABLE = ("http_429", "http_503")
-_BACKOFF_S, _BACKOFF_MAX_S = 0.2, 10.0
-# Abort a run whose errors make its evidence worthless: at least this many probe errors and a probe
-# error share over the limit. Companions only shape the batch: their errors neither trigger nor dilute it.
+# The fewest counted probe errors that abort a run (``ErrorShare``), whatever their share.
 _ABORT_MIN_ERRORS = 20
 
 # (probe id, concurrency or None, rate or None) → counted probe samples a run already has.
@@ -43,7 +41,7 @@ def level_key(probe: str, concurrency: int, rate: float | None) -> LevelKey:
 
 def run(scenario: Scenario, client: Client, *, run_id: str, stop: asyncio.Event | None = None,
         already: dict[LevelKey, int] | None = None, first_seq: int = 0, part: int = 0,
-        answers: dict[LevelKey, list[Answer]] | None = None, share: Solo | None = None) -> RecordStream:
+        answers: dict[LevelKey, list[Answer]] | None = None, team: Alone | None = None) -> RecordStream:
     """Every probe at every level; ``async for record in run(…)`` as requests finish.
 
     ``already`` holds the counted probe samples a resumed run has per level; only the missing
@@ -51,51 +49,31 @@ def run(scenario: Scenario, client: Client, *, run_id: str, stop: asyncio.Event 
     more for each resume): it goes into every request id and nonce, so no two requests of a run share one
     whatever the records on disk lost. With ``load.until_bound`` the stop
     rule needs what they answered too: ``answers`` per level, in record order. The companion pools
-    are built here, before anything is sent, so a bad companion file fails at once. ``share`` makes
+    are built here, before anything is sent, so a bad companion file fails at once. ``team`` makes
     this run one of several workers sharing each level (``kevload.workers``); alone by default.
     """
-    return RecordStream(_Runner(scenario, client, run_id, stop or asyncio.Event(), already or {}, first_seq,
-                                part, answers or {}, share or Solo()))
+    return RecordStream(_Run(scenario, client, run_id, stop or asyncio.Event(), already or {}, first_seq,
+                                part, answers or {}, team or Alone()))
 
 
-class Solo:
-    """How a run shares its levels with other workers: the default, this process runs every level alone.
+class Alone:
+    """How a run reaches the other workers of its levels: the default, there are none.
 
-    ``kevload.workers.Shared`` is another implementation: the level's slots split across worker
-    processes, one in-flight count and plan for all of them, and a barrier at each level's start and end;
-    ``kevload.rayworkers.RemoteShare`` keeps them in a coordinator actor instead.
+    ``kevload.workers.Shared`` (worker processes on one host, one level in shared memory) and
+    ``kevload.rayworkers.RayTeam`` (Ray actors, each on a level of its own slots) are the others. Whatever the
+    team, every count and every counted/uncounted decision is the ``Level``'s, and the engine only asks it.
     """
 
     worker, workers = 0, 1
+    warms_up = True  # whether this worker sends the closed loop's warm-ups (one at a time, before the slots start)
 
-    def closed(self, plan: ClosedLoop) -> tuple[ClosedLoop, tuple[str, ...]]:
-        """The plan this worker consults and the slots it runs."""
-        return plan, plan.slots
+    def level(self, plan: Plan) -> tuple[Level, tuple[Role, ...]]:
+        """The level this worker's sends go through, and the closed loop's slots it runs (none in the open loop)."""
+        return Level(plan), plan.slots if isinstance(plan, ClosedLoop) else ()
 
-    async def next(self, plan: ClosedLoop, role: str, at: float) -> Send | None:
-        """What a closed-loop slot of ``role`` sends next ``at`` seconds into the level, or None when it is done.
-
-        This and ``claim`` are awaited: another worker set may have to ask a coordinator across the network.
-        Here they return without suspending, so the engine's step from a slot's answer to its next send stays
-        one step of the event loop.
-        """
-        return plan.next(role, at)
-
-    def slot_done(self, plan: ClosedLoop, role: str) -> None:
-        plan.slot_done(role)
-
-    async def claim(self, plan: ClosedLoop | OpenLoop, role: str, in_flight: int, at: float) -> tuple[int, bool]:
-        """A send ``at`` seconds into the level: the others in flight (across all workers) and whether it counts."""
-        return in_flight, plan.sent(role, in_flight, at)
-
-    def release(self, plan: ClosedLoop | OpenLoop, role: str, counted: bool) -> None:
-        plan.returned(role, counted)
-
-    def pause(self) -> None:
-        """A request left the wire for a while (a retry's back-off): the others' in-flight count drops."""
-
-    def resume(self) -> None:
-        """It is back on the wire."""
+    def mine(self, arrival: int) -> bool:
+        """Whether this worker sends the open loop's ``arrival``-th request (warm-ups included)."""
+        return True
 
     def halted(self) -> bool:
         """Whether the driver or another worker stopped the run: a stop this worker's own flags may not show yet."""
@@ -104,20 +82,11 @@ class Solo:
     def halt(self) -> None:
         """This worker stops the run (the error rule): the other workers' levels end with it."""
 
-    def mine(self, arrival: int) -> bool:
-        """Whether this worker sends the open loop's ``arrival``-th request (warm-ups included)."""
-        return True
-
-    @property
-    def warms_up(self) -> bool:
-        """Whether this worker sends the closed loop's warm-ups (one at a time, before the slots start)."""
-        return True
-
-    async def level_start(self, lead: float) -> float:
+    async def start(self, level: Level, lead: float) -> float:
         """Called once the level's warm-ups are sent; returns its start (``time.perf_counter``)."""
         return time.perf_counter() + lead
 
-    async def level_end(self) -> None:
+    async def end(self, level: Level) -> None:
         """Called once nothing of the level is in flight here."""
 
 
@@ -125,8 +94,8 @@ class RecordStream:
     """The records of one run, as they finish; ``aborted`` says whether the error rule ended it early, ``sent``
     how many requests it numbered (each one a record, unless the stream was torn down before it came)."""
 
-    def __init__(self, runner: _Runner):
-        self._runner = runner
+    def __init__(self, run: _Run):
+        self._runner = run
 
     def __aiter__(self) -> AsyncIterator[Record]:
         return self._runner.records()
@@ -137,37 +106,30 @@ class RecordStream:
 
     @property
     def sent(self) -> int:
-        return self._runner.sent
+        return self._runner.sender.sent
 
 
-class _Runner:
-    """State shared by the workers of one run: the client, counters, stop flags and the record queue."""
+class _Run:
+    """One run: its probes at every level in turn, the stream of records, the stop and the stop condition, and the
+    drain that ends each level."""
 
     def __init__(self, scenario: Scenario, client: Client, run_id: str, stop: asyncio.Event,
                  already: dict[LevelKey, int], first_seq: int, part: int, answers: dict[LevelKey, list[Answer]],
-                 share: Solo):
-        self.share = share
+                 team: Alone):
+        self.team = team
+        self.level: Level | None = None  # the level running now (one at a time)
         self.pools = [companions_for(probe, scenario) for probe in scenario.probes]
         self.scenario = scenario
         self.load = scenario.load
-        self.client = client
-        self.run_id = run_id
-        # Request ids: <run_id>-<seq> in the run's first part, <run_id>-r<k>-<seq> in its k-th resume. A killed part
-        # may have sent requests it never recorded, so numbering on from the records alone could repeat an id.
-        self.ids = run_id if part == 0 else f"{run_id}-r{part}"
+        self.sender = Sender(scenario, client, run_id=run_id, part=part, first_seq=first_seq, worker=team.worker,
+                             workers=team.workers, halted=self.halted, stop=stop)
         self.stop = stop
         self.already = already
         self.answers = answers
         # Per probe: the serial (first) level's modal answer, which later levels' answers are held against.
         self.references: dict[str, Hashable | None] = {}
-        self.seq = first_seq + share.worker  # workers number their sends in turn: seqs stay unique
-        self.sent = 0
-        self.in_flight = 0
-        self.probe_errors = 0
-        self.probes_done = 0
+        self.errors = ErrorShare(self.load.max_error_share)
         self.aborted = False
-        # Why the drain is cancelling requests past its bound (None: a cancel is no cut): those are recorded.
-        self._cutting: str | None = None
         self._stopped_at: float | None = None  # one grace period from the stop, however many groups wait
         self._ready: collections.deque[Record] = collections.deque()
         self._wake = asyncio.Event()
@@ -183,7 +145,10 @@ class _Runner:
                     break
                 self._wake.clear()
                 await self._wake.wait()
-            driver.result()  # a bug in a worker surfaces here rather than vanishing
+            try:
+                driver.result()  # a bug in a sender surfaces here rather than vanishing
+            except BaseExceptionGroup as group:  # a level's task group: the bug itself, as without a group
+                raise _first(group) from None
         finally:
             if not driver.done():
                 driver.cancel()
@@ -193,133 +158,26 @@ class _Runner:
         load = self.load
         for index, probe in enumerate(self.scenario.probes):
             # Workers pick from their own seeded sequences, so they do not send the same companions in step.
-            picker = CompanionPicker(self.pools[index], seed=load.seed + index + 7919 * self.share.worker)
+            picker = CompanionPicker(self.pools[index], seed=load.seed + index + 7919 * self.team.worker)
             # Open-loop rates replace the closed-loop concurrency levels when they are given.
-            levels = [(self._rate_level, rate) for rate in load.rate] or \
-                [(self._closed_level, c) for c in load.concurrency]
-            for run_level, level in levels:
-                if self._halted():
+            levels = [_OpenLevel(self, probe, rate, picker) for rate in load.rate] or \
+                [_ClosedLevel(self, probe, c, picker) for c in load.concurrency]
+            for level in levels:
+                if self.halted():
                     return
-                await run_level(probe, level, picker)
+                await level()
 
-    async def _closed_level(self, probe: Probe, concurrency: int, picker: CompanionPicker) -> None:
-        load = self.load
-        key = level_key(probe.id, concurrency, None)
-        first = self.already.get(key, 0)
-        serial = concurrency == load.concurrency[0]
-        if load.until_bound is None:
-            if self._level_done(first):
-                return
-            plan = ClosedLoop(concurrency, load.samples - first, companions=bool(picker), warmup=load.warmup,
-                              ramp_s=load.ramp_s, duration=load.duration)
-        else:
-            # The serial level holds its answers against its own first one; later levels against its modal answer.
-            plan = ClosedLoop(concurrency, load.samples, companions=bool(picker), warmup=load.warmup,
-                              ramp_s=load.ramp_s, until=UntilBound(load.until_bound, load.samples, load.max_samples),
-                              reference=None if serial else self.references.get(probe.id),
-                              prior=self.answers.get(key, ()))
-        if plan.wants_samples:
-            await self._run_closed(probe, concurrency, picker, plan, first=first)
-        if serial:
-            self.references[probe.id] = plan.modal()
-
-    async def _run_closed(self, probe: Probe, concurrency: int, picker: CompanionPicker, plan: ClosedLoop, *,
-                          first: int) -> None:
-        load = self.load
-        plan, slots = self.share.closed(plan)
-        send = self._sender(probe, concurrency, None, concurrency, plan)
-        for i in range(plan.warmup if self.share.warms_up else 0):
-            if self._halted():
-                break
-            # A warm-up in flight at a stop gets the grace any request in flight gets, not target.timeout.
-            await self._wait([asyncio.create_task(send(WARMUP, probe, i))], cut_after=None)
-        samples = {PROBE: first, COMPANION: 0}
-        # The ramp-up and a timed level run from here, after the warm-ups; one start for every worker.
-        start = await self.share.level_start(0.0)
-
-        async def slot(role: str) -> None:
-            try:
-                while not self._halted():
-                    if role == PROBE and load.mode == "needle":
-                        # Vary where the probe lands among requests the server is already running.
-                        await asyncio.sleep(picker.jitter(0.05))
-                    at = time.perf_counter() - start
-                    if await self.share.next(plan, role, at) is None:
-                        return
-                    item = probe if role == PROBE else picker.next().item
-                    sample = samples[role]
-                    samples[role] += 1
-                    await send(role, item, sample, at=at)
-            finally:
-                self.share.slot_done(plan, role)
-
-        tasks = {role: [] for role in (PROBE, COMPANION)}
-        for role in slots:
-            tasks[role].append(asyncio.create_task(slot(role)))
-        await self._drain(tasks[PROBE], tasks[COMPANION])
-        await self.share.level_end()
-
-    async def _rate_level(self, probe: Probe, rate: float, picker: CompanionPicker) -> None:
-        """Open loop: send on an absolute schedule (constant or Poisson) whatever the server's speed.
-
-        The schedule is kept against a fixed start time, so one late send does not shift every later
-        one; each record keeps its scheduled time, and lateness is reported per cell.
-        """
-        load = self.load
-        first = self.already.get(level_key(probe.id, 0, rate), 0)
-        if self._level_done(first):
-            return
-        plan = OpenLoop(rate, needed=load.samples - first, companions=bool(picker), arrival=load.arrival,
-                        seed=load.seed, warmup=load.warmup, duration=load.duration, ramp_s=load.ramp_s)
-        cap = asyncio.Semaphore(load.max_in_flight) if load.max_in_flight else None
-        send = self._sender(probe, 0, rate, load.max_in_flight or None, plan)
-        samples = {PROBE: first, COMPANION: 0, WARMUP: -1}
-        tasks: dict[str, set[asyncio.Task]] = {PROBE: set(), COMPANION: set()}
-        start = await self.share.level_start(0.005)
-
-        async def one(role: str, item: Probe, sample: int, at: float, scheduled: float) -> None:
-            try:
-                if not self._halted():  # a stop (or an abort) between this task's making and its first step
-                    await send(role, item, sample, at=at, t_scheduled=scheduled)
-            finally:
-                if cap is not None:
-                    cap.release()
-
-        # A stop ends the wait for the next arrival (or for room under the cap) at once: at a low rate the next
-        # one may be minutes away, and it is never sent.
-        stopped = asyncio.ensure_future(self.stop.wait())
-        for arrival, planned in enumerate(plan):
-            if self._halted():
-                break
-            role = planned.role
-            sample = samples[role]
-            if role != WARMUP:
-                samples[role] += 1  # every worker numbers every arrival: sample numbers stay those of one process
-            if not self.share.mine(arrival):
-                continue
-            scheduled = start + planned.at
-            if not await _sleep_until(scheduled, stopped) or cap is not None and not await _acquire(cap, stopped):
-                break
-            item = picker.next().item if role == COMPANION else probe
-            task = asyncio.create_task(one(role, item, sample, planned.at, scheduled))
-            group = tasks[PROBE if role == PROBE else COMPANION]
-            group.add(task)
-            task.add_done_callback(group.discard)
-        stopped.cancel()
-        await self._drain(list(tasks[PROBE]), list(tasks[COMPANION]))
-        await self.share.level_end()
-
-    async def _drain(self, probes: list[asyncio.Task], others: list[asyncio.Task]) -> None:
+    async def drain(self, probes: list[asyncio.Task], others: list[asyncio.Task]) -> None:
         """End a level only when nothing it sent is in flight.
 
         Probe requests run to their own end (the client's timeouts bound them). Companions still
         running ``target.timeout`` seconds after the probes finished are cut: cancelled, which closes
         their connections, and recorded as timeouts. A stop gives everything a short grace instead.
         """
-        await self._wait(probes, cut_after=None)
-        await self._wait(others, cut_after=self.scenario.target.timeout)
+        await self.wait(probes, cut_after=None)
+        await self.wait(others, cut_after=self.scenario.target.timeout)
 
-    async def _wait(self, tasks: list[asyncio.Task], *, cut_after: float | None) -> None:
+    async def wait(self, tasks: list[asyncio.Task], *, cut_after: float | None) -> None:
         loop = asyncio.get_running_loop()
         deadline = None if cut_after is None else loop.time() + cut_after
         stop_wait = asyncio.create_task(self.stop.wait())
@@ -333,123 +191,211 @@ class _Runner:
                 for task in done - {stop_wait}:
                     task.result()  # a worker's bug surfaces here rather than vanishing
                 if pending and deadline is not None and loop.time() >= deadline:
-                    await self._cut(pending, f"cut: still in flight {cut_after:g} s after the level's probes "
-                                             "were done")
+                    await self._cut(pending, Cut(f"cut: still in flight {cut_after:g} s after the level's probes "
+                                                 "were done"))
                     pending = set()
             if pending:
                 if self._stopped_at is None:
                     self._stopped_at = loop.time()
                 await asyncio.wait(pending, timeout=max(self._stopped_at + STOP_GRACE_S - loop.time(), 0.0))
-                await self._cut(pending, f"cut: still in flight {STOP_GRACE_S:g} s after the stop")
+                await self._cut(pending, Cut(f"cut: still in flight {STOP_GRACE_S:g} s after the stop", stop=True))
         finally:
             stop_wait.cancel()
 
-    async def _cut(self, tasks: set[asyncio.Task], why: str) -> None:
-        """Cancel requests still in flight (their connections close); each is recorded as a ``timeout`` saying why."""
-        self._cutting = why
-        try:
-            await _cancel(tasks)
-        finally:
-            self._cutting = None
+    @staticmethod
+    async def _cut(tasks: set[asyncio.Task], cut: Cut) -> None:
+        """Cancel requests still in flight (their connections close), each with the reason it is recorded with."""
+        for task in tasks:
+            task.cancel(cut)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _halted(self) -> bool:
-        return self.stop.is_set() or self.aborted or self.share.halted()
+    def halted(self) -> bool:
+        """Whether the run stopped (a stop, the error rule, another worker); the level running now hears of it."""
+        if self.stop.is_set() or self.aborted or self.team.halted():
+            if self.level is not None:
+                self.level.halt()
+            return True
+        return False
 
-    def _level_done(self, counted: int) -> bool:
+    def level_done(self, counted: int) -> bool:
         """Whether a resumed run has this level: its samples, or for a timed level any (topping one up
         would run it for longer than load.duration)."""
         return counted > 0 if self.load.duration else counted >= self.load.samples
 
-    def _sender(self, probe: Probe, concurrency: int, rate: float | None, max_in_flight: int | None,
-                plan: ClosedLoop | OpenLoop):
-        """The coroutine that sends one request of this level and queues its record."""
-        load, target, params = self.load, self.scenario.target, self.scenario.params
-        mode = load.mode
+    def sending(self, level: Level, cell: Cell) -> Callable[..., Awaitable[None]]:
+        """What sends one request of this level: the sender's record goes to the stream, a counted probe's answer
+        to the level (``load.until_bound``) and to the stop condition."""
 
-        async def send(role: str, item: Probe, sample: int, *, at: float = 0.0,
-                       t_scheduled: float | None = None) -> None:
-            """``at``: seconds into the level (scheduled, in the open loop), which decides a ramp-up's sends."""
-            seq = self.seq
-            self.seq += self.share.workers
-            self.sent += 1
-            # Sent as X-Request-Id; a 429/503 retry below and a transport's reconnect resend keep it.
-            request_id = f"{self.ids}-{seq}"
-            nonce = f"kevload-{request_id}" if load.nonce else None
-            body = build_body(target, item, params, stream=load.stream, nonce=nonce)
-            # Nothing below suspends before the count goes up (Solo's claim returns at once): a slot that
-            # resends at once keeps c in flight.
-            in_flight, counted = await self.share.claim(plan, role, self.in_flight, at)
-            self.in_flight += 1
-            retries, stop_cut = 0, False
-            t_send = time.perf_counter()
-            try:
-                outcome = await self.client.send(body, request_id=request_id)
-                while outcome.status in RETRYABLE and retries < load.retries and not self.stop.is_set():
-                    # Honour the server's Retry-After; otherwise back off exponentially.
-                    wait = outcome.retry_after if outcome.retry_after is not None else _BACKOFF_S * 2 ** retries
-                    # Backing off is not being in flight: the other slots' sends meanwhile are not at full load.
-                    self.in_flight -= 1
-                    self.share.pause()
-                    try:
-                        await asyncio.sleep(min(wait, _BACKOFF_MAX_S))
-                    finally:
-                        self.in_flight += 1
-                        self.share.resume()
-                    retries += 1
-                    outcome = await self.client.send(body, request_id=request_id)
-            except asyncio.CancelledError:
-                if self._cutting is None:
-                    raise
-                outcome = Outcome(status="timeout", t_send=t_send, t_last_byte=time.perf_counter(), error=self._cutting)
-                stop_cut = self.stop.is_set()
-            finally:
-                self.in_flight -= 1
-                self.share.release(plan, role, counted)
-            # A stop ends a closed-loop level around what is still in flight, and the other slots no longer resend:
-            # an answer that came after it lost its batch on the way, no sample of full load (--resume sends it again).
-            # A request the stop cut is no answer of the server's, at any level.
-            counted = counted and not (rate is None and self._halted()) and not stop_cut
-            record = _record(outcome, body, run_id=self.run_id, seq=seq, probe=item.id, role=role, mode=mode,
-                             concurrency=concurrency, rate=rate, sample=sample,
-                             in_flight=in_flight, counted=counted, max_in_flight=max_in_flight,
-                             t_scheduled=t_scheduled, retries=retries, request_id=request_id)
+        async def send(role: Role, item: Probe, sample: int, **when: Any) -> None:
+            record = await self.sender.send(level, cell, role, item, sample, **when)
             self._ready.append(record)
             self._wake.set()
-            if role == PROBE and counted:
-                plan.answered((record.sha256, record.finish_reason) if outcome.status == "ok" else None)
-                self._count_probe(outcome.status == "ok")
+            if role == PROBE and record.counted:
+                level.answered((record.sha256, record.finish_reason) if record.status == "ok" else None)
+                if self.errors.note(record.status == "ok"):
+                    self.aborted = True
+                    self.team.halt()
 
         return send
 
-    def _count_probe(self, ok: bool) -> None:
-        self.probes_done += 1
-        if not ok:
-            self.probe_errors += 1
-            if self.probe_errors >= _ABORT_MIN_ERRORS and \
-                    self.probe_errors / self.probes_done > self.load.max_error_share:
-                self.aborted = True
-                self.share.halt()
+
+class _ClosedLevel:
+    """Level *c* of one probe: its plan (fresh, resumed, or until a bound), the warm-ups, then *c* slots in one
+    task group, each resending the moment its answer is in, until the level's ``Level`` says so; then the drain."""
+
+    def __init__(self, run: _Run, probe: Probe, concurrency: int, picker: CompanionPicker):
+        self.run, self.probe, self.concurrency, self.picker = run, probe, concurrency, picker
+
+    async def __call__(self) -> None:
+        run, probe, picker = self.run, self.probe, self.picker
+        concurrency = self.concurrency
+        load = run.load
+        key = level_key(probe.id, concurrency, None)
+        first = run.already.get(key, 0)
+        serial = concurrency == load.concurrency[0]
+        if load.until_bound is None:
+            if run.level_done(first):
+                return
+            plan = ClosedLoop(concurrency, load.samples - first, companions=bool(picker), warmup=load.warmup,
+                              ramp_s=load.ramp_s, duration=load.duration)
+        else:
+            # The serial level holds its answers against its own first one; later levels against its modal answer.
+            plan = ClosedLoop(concurrency, load.samples, companions=bool(picker), warmup=load.warmup,
+                              ramp_s=load.ramp_s, until=UntilBound(load.until_bound, load.samples, load.max_samples),
+                              reference=None if serial else run.references.get(probe.id),
+                              prior=run.answers.get(key, ()))
+        if plan.wants_samples:
+            await self._slots(plan, first=first)
+        if serial:
+            run.references[probe.id] = plan.modal()
+
+    async def _slots(self, plan: ClosedLoop, *, first: int) -> None:
+        run, probe, picker = self.run, self.probe, self.picker
+        concurrency = self.concurrency
+        load = run.load
+        level, slots = run.team.level(plan)
+        run.level = level
+        send = run.sending(level, Cell(load.mode, concurrency, None, concurrency))
+        for i in range(plan.warmup if run.team.warms_up else 0):
+            if run.halted():
+                break
+            # A warm-up in flight at a stop gets the grace any request in flight gets, not target.timeout.
+            async with asyncio.TaskGroup() as group:
+                await run.wait([group.create_task(send(WARMUP, probe, i))], cut_after=None)
+        samples = {PROBE: first, COMPANION: 0}
+        # The ramp-up and a timed level run from here, after the warm-ups; one start for every worker.
+        start = await run.team.start(level, 0.0)
+        # Every worker's slots start at that one moment, so the level is full from its first sends on every host.
+        await asyncio.sleep(max(start - time.perf_counter(), 0.0))
+
+        async def slot(role: Role) -> None:
+            try:
+                while not run.halted():
+                    if role == PROBE and load.mode == "needle":
+                        # Vary where the probe lands among requests the server is already running.
+                        await asyncio.sleep(picker.jitter(0.05))
+                    at = time.perf_counter() - start
+                    if not level.next(role, at):
+                        return
+                    item = probe if role == PROBE else picker.next().item
+                    sample = samples[role]
+                    samples[role] += 1
+                    await send(role, item, sample, at=at)
+            finally:
+                level.slot_done(role)
+
+        async with asyncio.TaskGroup() as group:
+            tasks: dict[Role, list[asyncio.Task]] = {PROBE: [], COMPANION: []}
+            for role in slots:
+                tasks[role].append(group.create_task(slot(role)))
+            await run.drain(tasks[PROBE], tasks[COMPANION])
+        await run.team.end(level)
 
 
-# Every field an Outcome shares with a Record is copied by name, so a field added to both travels on its own.
-_FROM_OUTCOME = tuple(f.name for f in fields(Record) if f.name in {g.name for g in fields(Outcome)})
+class _OpenLevel:
+    """A rate of one probe, open loop: sends on an absolute schedule (constant or Poisson) whatever the server's
+    speed, each in the level's task group; then the drain.
+
+    The schedule is kept against a fixed start time, so one late send does not shift every later
+    one; each record keeps its scheduled time, and lateness is reported per cell.
+    """
+
+    def __init__(self, run: _Run, probe: Probe, rate: float, picker: CompanionPicker):
+        self.run, self.probe, self.rate, self.picker = run, probe, rate, picker
+
+    async def __call__(self) -> None:
+        run, probe, picker = self.run, self.probe, self.picker
+        rate = self.rate
+        load = run.load
+        first = run.already.get(level_key(probe.id, 0, rate), 0)
+        if run.level_done(first):
+            return
+        plan = OpenLoop(rate, needed=load.samples - first, companions=bool(picker), arrival=load.arrival,
+                        seed=load.seed, warmup=load.warmup, duration=load.duration, ramp_s=load.ramp_s)
+        cap = asyncio.Semaphore(load.max_in_flight) if load.max_in_flight else None
+        level, _ = run.team.level(plan)
+        run.level = level
+        send = run.sending(level, Cell(load.mode, 0, rate, load.max_in_flight or None))
+        samples = {PROBE: first, COMPANION: 0, WARMUP: -1}
+        tasks: dict[str, set[asyncio.Task]] = {PROBE: set(), COMPANION: set()}
+        start = await run.team.start(level, 0.005)
+
+        async def one(role: str, item: Probe, sample: int, at: float, scheduled: float) -> None:
+            try:
+                if not run.halted():  # a stop (or an abort) between this task's making and its first step
+                    await send(role, item, sample, at=at, t_scheduled=scheduled)
+            finally:
+                if cap is not None:
+                    cap.release()
+
+        # A stop ends the wait for the next arrival (or for room under the cap) at once: at a low rate the next
+        # one may be minutes away, and it is never sent.
+        stopped = asyncio.ensure_future(run.stop.wait())
+        async with asyncio.TaskGroup() as group:
+            for arrival, planned in enumerate(plan):
+                if run.halted():
+                    break
+                role = planned.role
+                sample = samples[role]
+                if role != WARMUP:
+                    samples[role] += 1  # every worker numbers every arrival: sample numbers stay those of one process
+                if not run.team.mine(arrival):
+                    continue
+                scheduled = start + planned.at
+                if not await _sleep_until(scheduled, stopped) or cap is not None and not await _acquire(cap, stopped):
+                    break
+                item = picker.next().item if role == COMPANION else probe
+                task = group.create_task(one(role, item, sample, planned.at, scheduled))
+                # The group awaits every request; these sets only say which are still in flight, for the drain.
+                live = tasks[PROBE if role == PROBE else COMPANION]
+                live.add(task)
+                task.add_done_callback(live.discard)
+            stopped.cancel()
+            await run.drain(list(tasks[PROBE]), list(tasks[COMPANION]))
+        await run.team.end(level)
 
 
-def _record(outcome: Outcome, body: dict[str, Any], **given: Any) -> Record:
-    output = outcome.output
-    copied = {name: getattr(outcome, name) for name in _FROM_OUTCOME if name not in given}
-    return Record(
-        **copied, **given,
-        sha256=hashlib.sha256(answer_text(output, outcome.reasoning, outcome.tool_calls).encode()).hexdigest()
-        if outcome.status == "ok" and output is not None else None,
-        params={k: v for k, v in body.items() if k not in ("messages", "prompt")},
-    )
+@dataclass(slots=True)
+class ErrorShare:
+    """The run's stop condition (like GuideLLM's constraints): stop once its errors make the evidence worthless, at
+    least ``_ABORT_MIN_ERRORS`` counted probe errors and more than ``limit`` of the counted probes. Companions
+    only shape the batch: their errors neither trigger nor dilute it."""
+
+    limit: float
+    probes: int = 0
+    errors: int = 0
+
+    def note(self, ok: bool) -> bool:
+        """A counted probe's outcome; True when the run must stop now."""
+        self.probes += 1
+        self.errors += not ok
+        return not ok and self.errors >= _ABORT_MIN_ERRORS and self.errors / self.probes > self.limit
 
 
-async def _cancel(tasks: set[asyncio.Task]) -> None:
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+def _first(group: BaseExceptionGroup) -> BaseException:
+    """The first exception in a (nested) exception group."""
+    first = group.exceptions[0]
+    return _first(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 async def _sleep_until(deadline: float, stopped: asyncio.Future) -> bool:

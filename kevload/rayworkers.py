@@ -1,23 +1,23 @@
 """Workers as Ray actors (``--ray ADDRESS``): the ``load.workers`` of ``kevload.workers``, spread over a cluster.
 
-The level's semantics are those of the local workers, kept by one coordinator actor instead of shared memory:
+No request waits for another actor. Each actor decides alone, on a ``Level`` of its own slots
+(``RayTeam``), and one coordinator actor is called a handful of times per level, never per request:
 
-- Closed loop: the slots are dealt as in ``kevload.workers`` (``slots_of``); the level's one ``ClosedLoop`` and
-  the in-flight count live in the coordinator. A slot asks it what to send next and, in the same call, claims
-  the send (the count goes up, the plan decides whether it counts): one awaited round trip per send, which also
-  carries the slot's release of its previous request. Back-offs and a slot's end are sent without waiting for
-  the answer; the coordinator applies each worker's calls in the order that worker made them (Ray does not
-  promise that for an async actor), so a release always comes before the claims made after it.
-- "In flight" is the coordinator's count: a request is in flight from its claim until the coordinator hears of
-  its answer. Across hosts its edges lag the wire by a message's latency; a send that another worker's release
-  has not yet reached sees *c* − 1 others and counts, one that arrives between a release and the next claim
-  sees *c* − 2 and does not: the same limit as across processes, over a network.
-- Levels start and end together: the coordinator is the barrier. The level's start is a Unix time, which each
-  worker turns into its own host's ``perf_counter``; the open loop's arrivals keep one schedule across hosts.
+- Closed loop: the slots are dealt as in ``kevload.workers`` (``slots_of``) and the level's samples split
+  between the probe slots (``quota``). A send counts when the actor's own slots are all in flight (the other
+  actors' slots taken as busy: the record's ``in_flight`` is *c* − 1) and its plan still wants samples. An actor
+  whose plan is done says so (``done``) and keeps its slots sending, uncounted, until every actor has: no actor
+  stops while another one counts. So a counted sample is one sent in the level's full phase, between the start
+  (one Unix time for every actor) and the first actor's end. Whether the other hosts' slots really were in
+  flight is shown from the records: each cell's ``full_load_share`` and ``samples_never_full``
+  (``kevload.overlap``).
+- Open loop: actor *w* sends arrivals *w*, *w* + N, … against one level start; ``in_flight`` is its own count.
+- The coordinator calls: per level and actor, the barrier at its start and end and one ``done``; per actor and run
+  one ``wait_halt`` (how a stop or another actor's abort reaches it); ``run.json`` keeps the count.
 - A stop (Ctrl-C, SIGTERM), an actor's abort (the error rule) or a lost actor halts the coordinator, which opens
-  its barrier, tells every worker and claims nothing more. Actors hear of it a message later, each at its own
-  moment, so the driver applies the engine's rule at a stop itself: a closed-loop answer that came after the time
-  it stopped the run is written as not counted.
+  its barrier and tells every worker. Actors hear of it a message later, each at its own moment, so the driver
+  applies the engine's rule at a stop itself: a closed-loop answer that came after the time it stopped the run is
+  written as not counted. An actor's own stopped slots release nothing to anyone: their count is local.
 
 Records travel to the driver in batches: every ``_BATCH_S`` seconds it drains each actor's finished records (JSON
 lines, stamped as the local workers stamp them, with Unix times from that actor's host clock) and appends them
@@ -30,10 +30,10 @@ plain classes made remote at run time.
 from __future__ import annotations
 
 import asyncio
-import os
+import copy
 import time
 from contextlib import aclosing, suppress
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,105 +41,41 @@ import orjson
 
 from kevload import engine
 from kevload.errors import ClusterError, InputError
+from kevload.level import Level, Plan
 from kevload.scenario import Scenario
-from kevload.schedule import WARMUP, ClosedLoop, OpenLoop, Send
-from kevload.store import record_line
-from kevload.workers import OneOfN, WorkerResult, cap_of, clock_offset, records_name, slots_of, stamp
+from kevload.schedule import PROBE, ClosedLoop, Role
+from kevload.store import RecordWriter, record_line
+from kevload.workers import OneOfN, WorkerResult, cap_of, clock_offset, records_name, stamp
 
 _BATCH_S = 0.2  # how often the driver collects finished records
 _REPLY_S = 60.0  # an actor that does not answer a drain (or get placed) for this long is lost
 _START_MARGIN_S = 0.1  # a level starts this long after the barrier opens: time for the news to reach every host
 
-# Requests a worker's call tells the coordinator are answered: (role, counted, of a closed-loop level).
-Releases = list[tuple[str, bool, bool]]
-
 
 class KevloadCoordinator:
-    """The level's shared state for all workers (an async Ray actor): plan, in-flight count, barrier, halt."""
+    """What the actors of a run agree on (an async Ray actor), a handful of calls per level and never per request:
+    the barrier at each level's start and end, the moment every actor's plan is done, and the halt."""
 
     def __init__(self, workers: int):
         self.workers = workers
-        self.plan: ClosedLoop | None = None
-        self.in_flight = 0
-        self._next_call = [0] * workers  # per worker: the number of the call to apply next
-        self._early: dict[tuple[int, int], asyncio.Future] = {}
+        self._calls = 0
         self._arrived = 0
         self._gate = asyncio.Event()
         self._start = 0.0
+        self._done = 0
+        self._all_done = asyncio.Event()
         self._halted = asyncio.Event()
 
-    async def _turn(self, worker: int, call: int, releases: Releases) -> None:
-        """Wait for the worker's earlier calls, then apply the releases this call carries (before what it asks)."""
-        if call != self._next_call[worker]:
-            future = asyncio.get_running_loop().create_future()
-            self._early[worker, call] = future
-            await future
-        for role, counted, closed in releases:
-            self.in_flight -= 1
-            if closed:
-                self.plan.returned(role, counted)
-
-    def _done(self, worker: int) -> None:
-        self._next_call[worker] += 1
-        waiting = self._early.pop((worker, self._next_call[worker]), None)
-        if waiting is not None:
-            waiting.set_result(None)
-
-    async def publish(self, worker: int, call: int, releases: Releases, plan: ClosedLoop) -> None:
-        """The leader's fresh plan for the next closed-loop level (every worker is past the last one's end)."""
-        await self._turn(worker, call, releases)
-        self.plan = plan
-        self._done(worker)
-
-    async def next_claim(self, worker: int, call: int, releases: Releases, role: str,
-                         at: float) -> tuple[bool, int, bool]:
-        """What the slot does next and, when it sends, its claim: (sends, others in flight, counted)."""
-        await self._turn(worker, call, releases)
-        try:
-            if self._halted.is_set() or self.plan.next(role, at) is None:  # nothing is claimed after a stop
-                return False, 0, False
-            in_flight = self.in_flight
-            counted = self.plan.sent(role, in_flight, at)
-            self.in_flight += 1
-            return True, in_flight, counted
-        finally:
-            self._done(worker)
-
-    async def claim(self, worker: int, call: int, releases: Releases) -> int:
-        """A send that no slot asked for (a warm-up, an open-loop arrival): the others in flight."""
-        await self._turn(worker, call, releases)
-        in_flight = self.in_flight
-        self.in_flight += 1
-        self._done(worker)
-        return in_flight
-
-    async def release(self, worker: int, call: int, releases: Releases) -> None:
-        """Releases that no other call of the worker took along."""
-        await self._turn(worker, call, releases)
-        self._done(worker)
-
-    async def slot_done(self, worker: int, call: int, releases: Releases, role: str) -> None:
-        await self._turn(worker, call, releases)
-        self.plan.slot_done(role)
-        self._done(worker)
-
-    async def shift(self, worker: int, call: int, releases: Releases, delta: int) -> None:
-        """A retry's back-off takes its request off the count (-1) and puts it back (+1)."""
-        await self._turn(worker, call, releases)
-        self.in_flight += delta
-        self._done(worker)
-
-    async def arrive(self, worker: int, call: int, releases: Releases, lead: float) -> float | None:
+    async def arrive(self, lead: float) -> float | None:
         """The barrier at a level's start and end; returns the level's start (Unix time), None once halted."""
-        await self._turn(worker, call, releases)
-        self._done(worker)  # the wait below must not hold back the worker's later calls
+        self._calls += 1
         if self._halted.is_set():
             return None
         gate = self._gate
         self._arrived += 1
         if self._arrived == self.workers:
-            # Nothing is in flight at a barrier: a claim cut off by a cancelled slot leaves no stale count behind.
-            self._arrived, self.in_flight = 0, 0
+            # Nobody is between a level's start and its last done: the next level's count starts afresh.
+            self._arrived, self._done = 0, 0
             self._start = time.time() + lead + _START_MARGIN_S
             self._gate = asyncio.Event()
             gate.set()
@@ -147,23 +83,43 @@ class KevloadCoordinator:
             await gate.wait()
         return None if self._halted.is_set() else self._start
 
+    async def done(self) -> None:
+        """This actor's plan for the level is done (nothing of it counts any more); returns once every actor's is,
+        or at a halt. Until then the actor keeps its slots sending, uncounted, for the others' counted samples."""
+        self._calls += 1
+        gate = self._all_done
+        self._done += 1
+        if self._done == self.workers:
+            self._all_done = asyncio.Event()
+            gate.set()
+        else:
+            await asyncio.wait([asyncio.ensure_future(gate.wait()), asyncio.ensure_future(self._halted.wait())],
+                               return_when=asyncio.FIRST_COMPLETED)
+
     def halt(self) -> None:
+        self._calls += 1
         self._halted.set()
         self._gate.set()
 
     async def wait_halt(self) -> bool:
+        self._calls += 1
         await self._halted.wait()
         return True
 
+    def calls(self) -> int:
+        """Calls the actors and the driver made so far (this one not included): the bench's figure."""
+        return self._calls
 
-class RemoteShare(OneOfN):
-    """The engine's view of the other actors: every decision goes to the coordinator.
 
-    ``next`` claims the send in the same call, and the engine's ``claim`` that follows in the same step of the
-    event loop (nothing between them suspends) takes that answer instead of a second round trip. A release is
-    held until the worker's next call, which carries it: a slot's release and its next claim are made in one
-    step of the event loop, so they travel as one message. A release no call takes along in that step goes on
-    its own at the loop's next turn.
+class RayTeam(OneOfN):
+    """The engine's view of the other actors: each actor decides alone on a level of its own slots.
+
+    Closed loop: the level's other slots, on other actors, are taken as busy (``Level.elsewhere``), so a send
+    counts when this actor's own slots are all in flight and its plan still wants samples; the samples wanted
+    are split between the actors' probe slots (``quota``). Once its plan is done an actor keeps its slots
+    sending, uncounted, until every actor's is (one ``done`` call each), so no actor's counted samples see the
+    level shrink. Nothing is asked per request: the records show afterwards how full the level was
+    (``full_load_share``, ``samples_never_full``).
     """
 
     def __init__(self, worker: int, workers: int, coordinator: Any, offset: float, stop: asyncio.Event):
@@ -171,74 +127,53 @@ class RemoteShare(OneOfN):
         self._coordinator = coordinator
         self._offset = offset  # this host's perf_counter → Unix time
         self._stop = stop
-        self._calls = 0
-        self._claimed: tuple[str, int, bool] | None = None
-        self._releases: Releases = []
+        self._hold: asyncio.Task | None = None
 
-    def _call(self, method: str, *args: Any) -> Any:
-        """A numbered call carrying the releases held so far: the coordinator applies this worker's calls in order."""
-        call = self._calls
-        self._calls += 1
-        releases, self._releases = self._releases, []
-        return getattr(self._coordinator, method).remote(self.worker, call, releases, *args)
+    def level(self, plan: Plan) -> tuple[Level, tuple[Role, ...]]:
+        if not isinstance(plan, ClosedLoop):
+            return Level(plan), ()
+        slots = self.slots(plan)
+        mine = copy.copy(plan)  # the level's plan with this actor's share of its samples; the rest is the same
+        mine.needed = quota(plan.needed, plan.slots.count(PROBE), self.worker, self.workers)
+        level = Level(mine, elsewhere=plan.concurrency - len(slots), held=self.workers > 1)
+        level.done_here = PROBE not in slots  # an actor with no probe slot has nothing of its own to finish
+        return level, slots
 
-    def _flush(self) -> None:
-        if self._releases:
-            self._call("release")
+    async def start(self, level: Level, lead: float) -> float:
+        start = await self._coordinator.arrive.remote(lead)
+        if start is None:
+            self._stop.set()
+            return time.perf_counter()
+        if level.held:
+            done = asyncio.Event()
+            level.on_done = done.set
+            if level.done_here:
+                done.set()
+            self._hold = asyncio.create_task(self._until_all_done(level, done))
+        return start - self._offset
 
-    def closed(self, plan: ClosedLoop) -> tuple[ClosedLoop, tuple[str, ...]]:
-        if self.leader:
-            self._call("publish", plan)
-        return plan, slots_of(plan.slots, self.worker, self.workers)
+    async def _until_all_done(self, level: Level, done: asyncio.Event) -> None:
+        await done.wait()
+        await self._coordinator.done.remote()
+        level.release_hold()
 
-    async def next(self, plan: ClosedLoop, role: str, at: float) -> Send | None:
-        sends, in_flight, counted = await self._call("next_claim", role, at)
-        if not sends:
-            return None
-        if self._stop.is_set():  # the stop came while the claim travelled: it is given back, nothing is sent
-            self.release(plan, role, counted)
-            return None
-        self._claimed = (role, in_flight, counted)
-        return Send(role)
-
-    def slot_done(self, plan: ClosedLoop, role: str) -> None:
-        self._call("slot_done", role)
-
-    async def claim(self, plan: ClosedLoop | OpenLoop, role: str, in_flight: int, at: float) -> tuple[int, bool]:
-        if self._claimed is not None:
-            claimed_role, in_flight, counted = self._claimed
-            self._claimed = None
-            assert claimed_role == role, (claimed_role, role)
-            return in_flight, counted
-        # A warm-up (never counted) or an open-loop arrival, which counts by its schedule, not by the others.
-        assert isinstance(plan, OpenLoop) or role == WARMUP, role
-        in_flight = await self._call("claim")
-        return in_flight, plan.sent(role, in_flight, at)
-
-    def release(self, plan: ClosedLoop | OpenLoop, role: str, counted: bool) -> None:
-        if not self._releases:
-            asyncio.get_running_loop().call_soon(self._flush)
-        self._releases.append((role, counted, isinstance(plan, ClosedLoop)))
+    async def end(self, level: Level) -> None:
+        if self._hold is not None:
+            self._hold.cancel()  # a halt ended the level before every actor was done
+            self._hold = None
+        if await self._coordinator.arrive.remote(0.0) is None:
+            self._stop.set()
 
     def halt(self) -> None:
         self._coordinator.halt.remote()
 
-    def pause(self) -> None:
-        self._call("shift", -1)
 
-    def resume(self) -> None:
-        self._call("shift", 1)
-
-    async def level_start(self, lead: float) -> float:
-        start = await self._call("arrive", lead)
-        if start is None:
-            self._stop.set()
-            return time.perf_counter()
-        return start - self._offset
-
-    async def level_end(self) -> None:
-        if await self._call("arrive", 0.0) is None:
-            self._stop.set()
+def quota(needed: int, probe_slots: int, worker: int, workers: int) -> int:
+    """This actor's share of a level's ``needed`` probe samples: each probe slot an equal share, the first slots
+    (dealt round-robin, as ``slots_of`` deals them) one more where they do not divide evenly."""
+    if not probe_slots:
+        return 0
+    return sum(needed // probe_slots + (slot < needed % probe_slots) for slot in range(worker, probe_slots, workers))
 
 
 class KevloadWorker:
@@ -266,9 +201,9 @@ class KevloadWorker:
                                                    max_in_flight=cap_of(cap, self.worker, self.workers)))
         offset = clock_offset()  # this host's own: records carry Unix times from the host that sent them
         client = Client(mine.target, mine.api_key())
-        share = RemoteShare(self.worker, self.workers, self.coordinator, offset, self._stop)
+        team = RayTeam(self.worker, self.workers, self.coordinator, offset, self._stop)
         stream = engine.run(mine, client, run_id=self.run_id, stop=self._stop, already=self.already,
-                            first_seq=self.first_seq, part=self.part, share=share)
+                            first_seq=self.first_seq, part=self.part, team=team)
         watcher = asyncio.create_task(self._watch())
         count = 0
         try:
@@ -303,7 +238,7 @@ def check_cluster(ray: Any, scenario: Scenario) -> None:
 
 
 async def run_ray(ray: Any, scenario: Scenario, run_dir: Path, *, run_id: str, stop: asyncio.Event,
-                  already: dict[engine.LevelKey, int], first_seq: int, part: int) -> list[WorkerResult]:
+                  already: dict[engine.LevelKey, int], first_seq: int, part: int) -> RayRun:
     """Run the scenario on ``load.workers`` actors of the connected cluster; returns once all have ended.
 
     Each result carries the node its actor ran on. A lost actor (its process or node died, or it stopped
@@ -324,7 +259,7 @@ async def run_ray(ray: Any, scenario: Scenario, run_dir: Path, *, run_id: str, s
     runs = {actor.run.remote(): w for w, actor in enumerate(actors)}
     results: dict[int, WorkerResult] = {}
     drained: set[int] = set()  # actors whose last records are on disk (or that are lost)
-    files = [_Appender(run_dir / records_name(w)) for w in range(workers)]
+    files = [RecordWriter(run_dir / records_name(w)) for w in range(workers)]
     # The stop's time, taken before any actor can hear of it, in the records' terms (perf_counter plus an offset
     # measured at the start, as each actor stamps its records): on one host the same clock, whatever NTP does since.
     offset = clock_offset()
@@ -351,7 +286,7 @@ async def run_ray(ray: Any, scenario: Scenario, run_dir: Path, *, run_id: str, s
                                        return_exceptions=True)
         for w, reply in zip(live, replies, strict=True):
             if isinstance(reply, bytes):
-                files[w].write(reply if halted_at is None else _cut(reply, halted_at))
+                files[w].write_lines(reply if halted_at is None else _cut(reply, halted_at))
                 if w in results:
                     drained.add(w)
             else:
@@ -387,25 +322,25 @@ async def run_ray(ray: Any, scenario: Scenario, run_dir: Path, *, run_id: str, s
             await settle()
         for file in files:
             file.close()
+        calls = await _calls(ray, coordinator)
         _kill(ray, [coordinator, *actors])
-    return [replace(results.get(w) or WorkerResult(w, 0, False, node=nodes[w]), records=files[w].count)
-            for w in range(workers)]
+    return RayRun([replace(results.get(w) or WorkerResult(w, 0, False, node=nodes[w]), records=files[w].count)
+                   for w in range(workers)], calls)
 
 
-class _Appender:
-    """A records file the driver appends batches to: one unbuffered write per batch of whole lines."""
+@dataclass(frozen=True)
+class RayRun:
+    """How a run's actors ended, and how often the coordinator was called (None: it did not answer)."""
 
-    def __init__(self, path: Path):
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self.count = 0
+    results: list[WorkerResult]
+    coordinator_calls: int | None
 
-    def write(self, lines: bytes) -> None:
-        if lines:
-            os.write(self._fd, lines)
-            self.count += lines.count(b"\n")
 
-    def close(self) -> None:
-        os.close(self._fd)
+async def _calls(ray: Any, coordinator: Any) -> int | None:
+    try:
+        return await asyncio.wait_for(coordinator.calls.remote(), _BATCH_S * 10)
+    except (TimeoutError, ray.exceptions.RayError):
+        return None
 
 
 def _cut(lines: bytes, stopped_at: float) -> bytes:

@@ -151,13 +151,15 @@ async def _run_workers(scenario: Scenario, run_dir: Path, meta: dict[str, Any], 
     from kevload import workers
 
     results: list[workers.WorkerResult] = []
+    calls: int | None = None
     try:
         async with sampler:
             if cluster is not None:
                 from kevload import rayworkers
 
-                results = await rayworkers.run_ray(cluster[1], scenario, run_dir, run_id=meta["run_id"], stop=stop,
+                ray_run = await rayworkers.run_ray(cluster[1], scenario, run_dir, run_id=meta["run_id"], stop=stop,
                                                    already=already, first_seq=first_seq, part=part)
+                results, calls = ray_run.results, ray_run.coordinator_calls
             else:
                 results = await workers.run_workers(scenario, run_dir, run_id=meta["run_id"], stop=stop,
                                                     already=already, first_seq=first_seq, part=part, offset=offset)
@@ -166,9 +168,10 @@ async def _run_workers(scenario: Scenario, run_dir: Path, meta: dict[str, Any], 
         state = "aborted" if aborted else "interrupted" if stop.is_set() or len(results) < scenario.load.workers \
             or any(r.error for r in results) else "complete"
         if cluster is not None:
-            # Which node each worker actor ran on, by worker: a run resumed on the cluster adds a list.
-            meta = {**meta, "ray": [*meta.get("ray", []), {"address": cluster[0],
-                                                            "nodes": [r.node for r in results]}]}
+            # Which node each worker actor ran on, by worker, and how often they called the coordinator: a run
+            # resumed on the cluster adds an entry.
+            meta = {**meta, "ray": [*meta.get("ray", []), {"address": cluster[0], "nodes": [r.node for r in results],
+                                                            "coordinator_calls": calls}]}
         known = len(results) == scenario.load.workers and all(r.sent is not None for r in results)
         summary = finish_run(run_dir, state=state, meta=meta,
                              unrecorded=sum(r.sent - r.records for r in results) if known else None)

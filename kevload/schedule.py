@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, ClassVar, Literal, get_args
 
 from kevload.stats import samples_for_bound
 
@@ -78,6 +78,10 @@ class ClosedLoop:
     from ``reference`` (the serial cell's modal answer), or, with no reference (the serial cell itself),
     from the cell's first answer. ``prior`` are the answers a resumed level already has, in order.
     """
+
+    # The counters that change while the level runs, by name: what worker processes keep in shared memory.
+    # (``answers`` is not among them: ``load.until_bound`` runs in one process.)
+    COUNTERS: ClassVar[tuple[str, ...]] = ("counted", "errors", "diverged", "_counted_in_flight", "_probe_slots_open")
 
     def __init__(self, concurrency: int, needed: int, *, companions: bool, warmup: int = 0,
                  ramp_s: float = 0.0, duration: float = 0.0, until: UntilBound | None = None,
@@ -174,6 +178,8 @@ class OpenLoop:
     in the first ``ramp_s`` seconds (the ramp-up; the duration follows it) counts: the open loop
     promises a schedule, not a number in flight.
     """
+
+    COUNTERS: ClassVar[tuple[str, ...]] = ()  # nothing changes as the level runs
 
     def __init__(self, rate: float, *, needed: int, companions: bool, arrival: Arrival = "constant", seed: int = 0,
                  warmup: int = 0, duration: float = 0.0, ramp_s: float = 0.0):

@@ -172,7 +172,8 @@ def record_line(record: Record | dict[str, Any]) -> bytes:
 
 class RecordWriter:
     """Appends one JSON line per record with a single unbuffered write, so a killed process
-    leaves every finished record on disk and at most one torn line at the end."""
+    leaves every finished record on disk and at most one torn line at the end. A batch of lines already
+    made (a Ray actor's, collected by the driver) goes the same way, one write for the batch."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -180,8 +181,13 @@ class RecordWriter:
         self.count = 0
 
     def write(self, record: Record | dict[str, Any]) -> None:
-        os.write(self._fd, record_line(record))
-        self.count += 1
+        self.write_lines(record_line(record))
+
+    def write_lines(self, lines: bytes) -> None:
+        """Whole lines of ``record_line``; nothing to do for none."""
+        if lines:
+            os.write(self._fd, lines)
+            self.count += lines.count(b"\n")
 
     def close(self) -> None:
         if self._fd >= 0:

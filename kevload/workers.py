@@ -1,13 +1,14 @@
 """Worker processes on one host: N processes share each level of one run (``load.workers``, ``--workers N``).
 
-Each worker runs ``engine.run`` with a ``Shared`` in place of the engine's ``Solo``:
+Each worker runs ``engine.run`` with a ``Shared`` team:
 
 - Closed loop: the level's *c* slots are dealt out round-robin, probe slots first, so worker 0 holds
   the probe slot in the companion modes and the other workers hold companion slots, and in ``single``
-  mode the probe slots are spread. One plan (the level's ``ClosedLoop``) and one in-flight count serve
-  all workers: they live in shared memory (a ``multiprocessing.Array`` of doubles) and every decision
-  (what a slot sends next, whether a send counts) is taken under its lock, so "exactly *c* − 1 others
-  in flight" holds across processes, and each record's ``in_flight`` is the count across all workers.
+  mode the probe slots are spread. All workers call one ``Level`` (``kevload.level``) whose state lives in
+  shared memory (a ``multiprocessing.Array`` of doubles): the fields the level and its plan declare
+  (``Level.STATE``, ``ClosedLoop.COUNTERS``), loaded and stored around each call under one lock. So
+  "exactly *c* − 1 others in flight" holds across processes, and each record's ``in_flight`` is the count
+  across all workers.
 - Open loop: worker *w* sends arrivals *w*, *w* + N, … of the one schedule, against one start time.
 - Levels start and end together: a barrier in shared memory after the warm-ups and after the drain.
 
@@ -40,12 +41,13 @@ from typing import Any
 
 from kevload import engine
 from kevload.errors import InputError
+from kevload.level import Claim, Level, Plan
 from kevload.scenario import Scenario
-from kevload.schedule import PROBE, ClosedLoop, OpenLoop
+from kevload.schedule import PROBE, ClosedLoop, Role
 from kevload.store import Record, RecordWriter
 
-IN_FLIGHT, START, HALTED, PASSED, PLAN = 0, 1, 2, 3, 4  # PASSED: arrivals at barriers, all workers together
-_STATE_SIZE = PLAN + 32  # room for a ClosedLoop's numeric fields
+START, HALTED, PASSED, LEVEL = 0, 1, 2, 3  # PASSED: arrivals at barriers, all workers together
+_STATE_SIZE = LEVEL + 16  # room for a level's declared state and its plan's counters
 _WATCH_S = 0.05  # how often a worker looks for a stop from the driver (or the driver's death)
 _BARRIER_S = 0.002  # how often a worker at a barrier looks whether the others are there
 _PER_CORE = 4  # worker processes per core at most (scenario.MAX_WORKERS bounds a run's on any cluster)
@@ -93,146 +95,134 @@ def cap_of(max_in_flight: int, worker: int, workers: int) -> int:
     return max_in_flight // workers + (worker < max_in_flight % workers)
 
 
-class SharedPlan:
-    """A level's ``ClosedLoop`` whose state lives in shared memory, consulted by every worker under one lock.
+class SharedLevel(Level):
+    """A ``Level`` whose state lives in shared memory, called by every worker under one lock.
 
-    The plan's numeric fields (its counters) are loaded before and stored after each call, so its rules
-    stay written once, in ``kevload.schedule``, and apply to the sends of all workers together.
+    Around each call the level's ``STATE`` and its plan's ``COUNTERS`` (each declared by name where it is
+    defined) are loaded from the array and stored back, so the rules stay written once, in ``kevload.level``
+    and ``kevload.schedule``, and apply to the sends of all workers together. ``halted`` is the run's flag.
     """
 
-    def __init__(self, plan: ClosedLoop, state: Any):
-        self._plan = plan
+    def __init__(self, plan: Plan, state: Any):
         # The raw array under the one lock: a synchronized array's own indexing would take the lock per item.
         self._lock, self._state = state.get_lock(), state.get_obj()
-        self._fields = [(name, type(value)) for name, value in vars(plan).items()
-                        if type(value) in (int, bool, float)]
-        if PLAN + len(self._fields) > _STATE_SIZE:
-            raise RuntimeError(f"ClosedLoop has {len(self._fields)} numeric fields; raise _STATE_SIZE")
+        super().__init__(plan)
+        self._fields = [(self, name, type(getattr(self, name))) for name in Level.STATE] + \
+            [(plan, name, type(getattr(plan, name))) for name in plan.COUNTERS]
+        if LEVEL + len(self._fields) > _STATE_SIZE:
+            raise RuntimeError(f"a level has {len(self._fields)} shared fields; raise _STATE_SIZE")
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._plan, name)  # constants such as warmup and concurrency
+    @property  # type: ignore[override]
+    def halted(self) -> bool:
+        return self._state[HALTED] != 0  # a plain read: the flag only ever goes from 0 to 1
+
+    @halted.setter
+    def halted(self, value: bool) -> None:
+        if value:
+            _halt(self._state)
 
     def publish(self) -> None:
-        """The leader's fresh plan becomes the level's shared state (before the level's barrier)."""
+        """The leader's fresh level becomes the shared state (before the level's barrier: nobody reads the old)."""
         with self._lock:
             self._store()
 
-    def next(self, role: str, at: float = 0.0) -> Any:
+    def next(self, role: Role, at: float = 0.0) -> bool:
         with self._lock:
             self._load()
-            return self._plan.next(role, at)
+            return super().next(role, at)  # a slot's question changes nothing but done_here, which is per worker
 
-    def slot_done(self, role: str) -> None:
+    def claim(self, role: Role, at: float = 0.0) -> Claim:
         with self._lock:
             self._load()
-            self._plan.slot_done(role)
+            claim = super().claim(role, at)
+            self._store()
+        return claim
+
+    def release(self, claim: Claim) -> bool:
+        with self._lock:
+            self._load()
+            counted = super().release(claim)
+            self._store()
+        return counted
+
+    def pause(self) -> None:
+        with self._lock:
+            self._load()
+            super().pause()
             self._store()
 
-    def claim(self, role: str, at: float) -> tuple[int, bool]:
-        state = self._state
+    def resume(self) -> None:
         with self._lock:
             self._load()
-            in_flight = int(state[IN_FLIGHT])
-            counted = self._plan.sent(role, in_flight, at)
-            state[IN_FLIGHT] = in_flight + 1
+            super().resume()
             self._store()
-        return in_flight, counted
 
-    def release(self, role: str, counted: bool) -> None:
-        state = self._state
+    def slot_done(self, role: Role) -> None:
         with self._lock:
             self._load()
-            state[IN_FLIGHT] -= 1
-            self._plan.returned(role, counted)
+            super().slot_done(role)
             self._store()
 
     def _load(self) -> None:
-        state, plan = self._state, self._plan
-        for i, (name, kind) in enumerate(self._fields, PLAN):
-            setattr(plan, name, kind(state[i]))
+        state = self._state
+        for i, (owner, name, kind) in enumerate(self._fields, LEVEL):
+            setattr(owner, name, kind(state[i]))
 
     def _store(self) -> None:
-        state, plan = self._state, self._plan
-        for i, (name, _) in enumerate(self._fields, PLAN):
-            state[i] = getattr(plan, name)
+        state = self._state
+        for i, (owner, name, _) in enumerate(self._fields, LEVEL):
+            state[i] = getattr(owner, name)
 
 
-class OneOfN(engine.Solo):
+class OneOfN(engine.Alone):
     """What every worker set deals out the same way (local processes or Ray actors): worker 0 leads and
-    sends the warm-ups, worker *w* sends open-loop arrivals *w*, *w* + N, …"""
+    sends the warm-ups, worker *w* runs its dealt slots and sends open-loop arrivals *w*, *w* + N, …"""
 
     def __init__(self, worker: int, workers: int):
         self.worker, self.workers = worker, workers
+        self.warms_up = worker == 0
 
     @property
     def leader(self) -> bool:
         return self.worker == 0
 
+    def slots(self, plan: Plan) -> tuple[Role, ...]:
+        return slots_of(plan.slots, self.worker, self.workers) if isinstance(plan, ClosedLoop) else ()
+
     def mine(self, arrival: int) -> bool:
         return arrival % self.workers == self.worker
 
-    @property
-    def warms_up(self) -> bool:
-        return self.leader
-
 
 class Shared(OneOfN):
-    """The engine's view of the other workers: shared plan and count, this worker's slots and arrivals, barriers."""
+    """The engine's view of the other worker processes: one level in shared memory, this worker's slots, barriers."""
 
     def __init__(self, worker: int, workers: int, state: Any, stop: asyncio.Event):
         super().__init__(worker, workers)
-        self._shared = state  # what a SharedPlan is built on
+        self._shared = state  # what each SharedLevel is built on
         self._lock, self._state = state.get_lock(), state.get_obj()
         self._stop = stop
         self._passed = 0  # barriers this worker has reached
 
-    def closed(self, plan: ClosedLoop) -> tuple[SharedPlan, tuple[str, ...]]:  # type: ignore[override]
-        shared = SharedPlan(plan, self._shared)
+    def level(self, plan: Plan) -> tuple[Level, tuple[Role, ...]]:
+        level = SharedLevel(plan, self._shared)
         if self.leader:
-            shared.publish()  # every worker is past the last level's end barrier: nobody reads the old state
-        return shared, slots_of(plan.slots, self.worker, self.workers)
-
-    async def claim(self, plan: ClosedLoop | OpenLoop | SharedPlan, role: str, in_flight: int,
-                    at: float) -> tuple[int, bool]:
-        if isinstance(plan, SharedPlan):
-            return plan.claim(role, at)
-        state = self._state
-        with self._lock:
-            in_flight = int(state[IN_FLIGHT])
-            state[IN_FLIGHT] = in_flight + 1
-        return in_flight, plan.sent(role, in_flight, at)
+            level.publish()  # every worker is past the last level's end barrier: nobody reads the old state
+        return level, self.slots(plan)
 
     def halted(self) -> bool:
-        return self._state[HALTED] != 0  # a plain read: the flag only ever goes from 0 to 1
+        return self._state[HALTED] != 0
 
     def halt(self) -> None:
         _halt(self._state)
 
-    def pause(self) -> None:
-        with self._lock:
-            self._state[IN_FLIGHT] -= 1
-
-    def resume(self) -> None:
-        with self._lock:
-            self._state[IN_FLIGHT] += 1
-
-    def release(self, plan: ClosedLoop | OpenLoop | SharedPlan, role: str, counted: bool) -> None:
-        if isinstance(plan, SharedPlan):
-            plan.release(role, counted)
-            return
-        state = self._state
-        with self._lock:
-            state[IN_FLIGHT] -= 1
-        plan.returned(role, counted)
-
-    async def level_start(self, lead: float) -> float:
+    async def start(self, level: Level, lead: float) -> float:
         if self.leader:
             # Leave the others time to get through the barrier before the first arrival is due.
             self._state[START] = time.perf_counter() + lead + 0.05
         await self._wait()
         return self._state[START]
 
-    async def level_end(self) -> None:
+    async def end(self, level: Level) -> None:
         await self._wait()
 
     async def _wait(self) -> None:
@@ -361,9 +351,9 @@ async def _work(worker: int, workers: int, scenario: Scenario, path: Path, run_i
     cap = scenario.load.max_in_flight
     mine = replace(scenario, load=replace(scenario.load, max_in_flight=cap_of(cap, worker, workers)))
     client = Client(mine.target, mine.api_key())
-    share = Shared(worker, workers, state, stop)
+    team = Shared(worker, workers, state, stop)
     stream = engine.run(mine, client, run_id=run_id, stop=stop, already=already, first_seq=first_seq, part=part,
-                        share=share)
+                        team=team)
     watcher = asyncio.create_task(watch())
     with RecordWriter(path) as writer:
         try:

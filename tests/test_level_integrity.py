@@ -10,7 +10,7 @@ from dataclasses import fields
 import pytest
 from aiohttp import web
 
-from kevload import engine, store
+from kevload import engine, sender, store
 from kevload.client import Client, Outcome
 from kevload.scenario import load_scenario
 from kevload.schedule import COMPANION, PROBE, WARMUP, ClosedLoop, OpenLoop
@@ -212,7 +212,7 @@ def test_record_takes_every_shared_outcome_field_by_name():
     shared = {f.name for f in fields(Outcome)} & {f.name for f in fields(Record)}
     values = {f.name: f"value-{f.name}" for f in fields(Outcome)}
     values.update(status="ok", tool_calls=[{"name": "f", "arguments": "{}"}])
-    record = engine._record(Outcome(**values), {"model": "m", "prompt": "x"}, run_id="r", seq=0, probe="p",
+    record = sender.record(Outcome(**values), {"model": "m", "prompt": "x"}, run_id="r", seq=0, probe="p",
                             role=PROBE, mode="single", concurrency=1, rate=None, sample=0, in_flight=0, counted=True,
                             max_in_flight=1, t_scheduled=None, retries=0)
     assert shared >= {"status", "output", "t_send", "error", "chunks"}

@@ -1,0 +1,128 @@
+"""One request of a level, sent and recorded: its id and body, the level's claim, retries after 429/503, and a cut.
+
+The level (``kevload.level``) decides what counts; the sender asks it around the request's time in flight and
+turns the ``Outcome`` into the ``Record`` the run keeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
+
+from kevload.client import Client, Outcome, build_body
+from kevload.level import Level
+from kevload.scenario import Probe, Scenario
+from kevload.schedule import Role
+from kevload.store import Record, answer_text
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Which answers are tried again (``load.retries`` times at most) and after how long: the server's
+    Retry-After, or else an exponential back-off, never longer than ``max_s``."""
+
+    retries: int
+    statuses: tuple[str, ...] = ("http_429", "http_503")
+    base_s: float = 0.2
+    max_s: float = 10.0
+
+    def delay(self, outcome: Outcome, attempt: int) -> float | None:
+        """Seconds to wait before trying again after ``attempt`` retries, or None when ``outcome`` is final."""
+        if outcome.status not in self.statuses or attempt >= self.retries:
+            return None
+        wait = outcome.retry_after if outcome.retry_after is not None else self.base_s * 2 ** attempt
+        return min(wait, self.max_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """Why a request still in flight was cancelled, carried by the cancel itself (``task.cancel(Cut(…))``): it
+    is recorded as a ``timeout`` saying so. ``stop``: the stop's grace ran out (no answer of the server's)."""
+
+    why: str
+    stop: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """What every record of one level shares."""
+
+    mode: str
+    concurrency: int
+    rate: float | None
+    max_in_flight: int | None
+
+
+class Sender:
+    """Sends the requests of a run, numbered in turn with the other workers, and makes each one's record."""
+
+    def __init__(self, scenario: Scenario, client: Client, *, run_id: str, part: int, first_seq: int, worker: int,
+                 workers: int, halted: Callable[[], bool], stop: asyncio.Event):
+        self.scenario, self.client, self.run_id = scenario, client, run_id
+        # Request ids: <run_id>-<seq> in the run's first part, <run_id>-r<k>-<seq> in its k-th resume. A killed part
+        # may have sent requests it never recorded, so numbering on from the records alone could repeat an id.
+        self.ids = run_id if part == 0 else f"{run_id}-r{part}"
+        self.seq, self.step = first_seq + worker, workers  # workers number their sends in turn: seqs stay unique
+        self.sent = 0
+        self.retry = RetryPolicy(scenario.load.retries)
+        self._halted = halted
+        self._stop = stop
+
+    async def send(self, level: Level, cell: Cell, role: Role, item: Probe, sample: int, *, at: float = 0.0,
+                   t_scheduled: float | None = None) -> Record:
+        """``at``: seconds into the level (scheduled, in the open loop), which decides a ramp-up's sends."""
+        load = self.scenario.load
+        seq = self.seq
+        self.seq += self.step
+        self.sent += 1
+        # Sent as X-Request-Id; a 429/503 retry below and a transport's reconnect resend keep it.
+        request_id = f"{self.ids}-{seq}"
+        nonce = f"kevload-{request_id}" if load.nonce else None
+        body = build_body(self.scenario.target, item, self.scenario.params, stream=load.stream, nonce=nonce)
+        # Nothing between a slot's answer and this claim suspends: a slot that resends at once keeps c in flight.
+        claim = level.claim(role, at)
+        retries, cut = 0, None
+        t_send = time.perf_counter()
+        try:
+            outcome = await self.client.send(body, request_id=request_id)
+            while (wait := self.retry.delay(outcome, retries)) is not None and not self._stop.is_set():
+                # Backing off is not being in flight: the other slots' sends meanwhile are not at full load.
+                level.pause()
+                try:
+                    await asyncio.sleep(wait)
+                finally:
+                    level.resume()
+                retries += 1
+                outcome = await self.client.send(body, request_id=request_id)
+        except asyncio.CancelledError as exc:
+            cut = next((arg for arg in exc.args if isinstance(arg, Cut)), None)
+            if cut is None:  # torn down, not cut: nothing to record
+                raise
+            outcome = Outcome(status="timeout", t_send=t_send, t_last_byte=time.perf_counter(), error=cut.why)
+        finally:
+            self._halted()  # the level hears of a stop before the answer is weighed
+            counted = level.release(claim)
+        # A request the stop cut is no answer of the server's, at any level.
+        return record(outcome, body, run_id=self.run_id, seq=seq, probe=item.id, role=role, mode=cell.mode,
+                      concurrency=cell.concurrency, rate=cell.rate, sample=sample, in_flight=claim.others,
+                      counted=counted and not (cut is not None and cut.stop), max_in_flight=cell.max_in_flight,
+                      t_scheduled=t_scheduled, retries=retries, request_id=request_id)
+
+
+# Every field an Outcome shares with a Record is copied by name, so a field added to both travels on its own.
+_FROM_OUTCOME = tuple(f.name for f in fields(Record) if f.name in {g.name for g in fields(Outcome)})
+
+
+def record(outcome: Outcome, body: dict[str, Any], **given: Any) -> Record:
+    output = outcome.output
+    copied = {name: getattr(outcome, name) for name in _FROM_OUTCOME if name not in given}
+    return Record(
+        **copied, **given,
+        sha256=hashlib.sha256(answer_text(output, outcome.reasoning, outcome.tool_calls).encode()).hexdigest()
+        if outcome.status == "ok" and output is not None else None,
+        params={k: v for k, v in body.items() if k not in ("messages", "prompt")},
+    )
