@@ -16,6 +16,21 @@ from kevload.schedule import PROBE, ClosedLoop, OpenLoop, Role
 Plan = ClosedLoop | OpenLoop
 
 
+def decide(plan: Plan, role: Role, others: int, at: float = 0.0) -> bool:
+    """The counted rule: whether a send of ``role`` made ``at`` seconds into the level, with ``others`` in
+    flight, counts; a counted send is noted on the plan.
+
+    Closed loop: only at full load, exactly *c* − 1 others in flight, and only while the plan wants evidence
+    (past the ramp-up, samples or time left). Open loop: every send the schedule wants (past its ramp-up, no
+    warm-up): it promises a schedule, not a number in flight.
+    """
+    full = others == plan.concurrency - 1 if isinstance(plan, ClosedLoop) else True
+    counted = full and plan.evidence(role, at)
+    if counted:
+        plan.counts(role)
+    return counted
+
+
 @dataclass(frozen=True, slots=True)
 class Claim:
     """A send as the level saw it: its role, the others in flight when it went, whether it counts."""
@@ -66,7 +81,7 @@ class Level:
         Counted only while the level is not halted: a stop ends the level around what is in flight.
         """
         others = self.in_flight + self.elsewhere
-        counted = not self.halted and self.plan.sent(role, others, at)
+        counted = not self.halted and decide(self.plan, role, others, at)
         self.in_flight += 1
         return Claim(role, others, counted)
 

@@ -62,7 +62,8 @@ class UntilBound:
 class ClosedLoop:
     """Level *c*: *c* slots, each sending its next request the moment its previous one returned.
 
-    A probe sample counts only when it is sent with exactly *c* − 1 others in flight. The ramp-up
+    A probe sample counts only when it is sent with exactly *c* − 1 others in flight (``kevload.level``
+    applies that rule; the plan says which sends are wanted as evidence). The ramp-up
     (the first sends of a level, made while the slots fill) is sent but not counted; the probe
     slots send until ``needed`` samples were sent at full load, and then keep the level full with
     uncounted copies (the tail) until every counted sample is answered, so none of them sees its
@@ -140,18 +141,17 @@ class ClosedLoop:
         """The most common ok answer, ties to the one first seen: the reference for the levels after this one."""
         return max(self.answers, key=self.answers.__getitem__, default=None)
 
-    def sent(self, role: Role, in_flight: int, at: float = 0.0) -> bool:
-        """Note a send made ``at`` seconds in with ``in_flight`` others in flight; True when it counts.
+    def evidence(self, role: Role, at: float = 0.0) -> bool:
+        """Whether a send of ``role`` made ``at`` seconds in is wanted as evidence, were it at full load (which
+        ``kevload.level`` decides): not a warm-up, past the ramp-up, and for a probe while samples (or time) are
+        still wanted. A companion counts after the ramp-up (companion cells describe the batch the probes saw)."""
+        return role != WARMUP and at >= self.ramp_s and (role != PROBE or self._wanted(at))
 
-        A probe counts when sent at full load while samples (or time) are still wanted; a companion
-        when sent at full load after the ramp-up (companion cells describe the batch the probes saw).
-        """
-        full = role != WARMUP and in_flight == self.concurrency - 1 and at >= self.ramp_s
+    def counts(self, role: Role) -> None:
+        """A send of ``role`` was counted."""
         if role == PROBE:
-            full = full and self._wanted(at)
-            self.counted += full
-            self._counted_in_flight += full
-        return full
+            self.counted += 1
+            self._counted_in_flight += 1
 
     def returned(self, role: Role, counted: bool) -> None:
         if role == PROBE and counted:
@@ -206,9 +206,12 @@ class OpenLoop:
             yield Send(role, offset)
             offset += gaps.expovariate(self.rate) if self.arrival == "poisson" else 1.0 / self.rate
 
-    def sent(self, role: Role, in_flight: int, at: float = 0.0) -> bool:
+    def evidence(self, role: Role, at: float = 0.0) -> bool:
         """``at`` is the send's scheduled offset, so lateness never changes what counts."""
         return role != WARMUP and at >= self.ramp_s
+
+    def counts(self, role: Role) -> None:
+        """Nothing to keep: the schedule does not depend on what was counted."""
 
     def returned(self, role: Role, counted: bool) -> None:
         """The open loop's schedule does not depend on answers."""

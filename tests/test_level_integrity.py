@@ -12,6 +12,7 @@ from aiohttp import web
 
 from kevload import engine, sender, store
 from kevload.client import Client, Outcome
+from kevload.level import decide
 from kevload.scenario import load_scenario
 from kevload.schedule import COMPANION, PROBE, WARMUP, ClosedLoop, OpenLoop
 from kevload.store import RECORDS, Record, read_records
@@ -223,19 +224,20 @@ def test_record_takes_every_shared_outcome_field_by_name():
 def test_closed_loop_counts_only_full_load_and_covers_the_tail():
     plan = ClosedLoop(3, 2, companions=False)
     assert plan.slots == (PROBE, PROBE, PROBE)
-    assert [plan.sent(PROBE, n) for n in (0, 1, 2)] == [False, False, True]  # the ramp-up is not counted
+    assert [decide(plan, PROBE, n) for n in (0, 1, 2)] == [False, False, True]  # the ramp-up is not counted
     plan.returned(PROBE, False)
-    assert plan.next(PROBE) and plan.sent(PROBE, 2)  # the second sample
+    assert plan.next(PROBE) and decide(plan, PROBE, 2)  # the second sample
     plan.returned(PROBE, False)
     # Both samples are sent, but still in flight: the slot sends an uncounted copy to keep them in a full batch.
-    assert plan.next(PROBE) is not None and plan.sent(PROBE, 2) is False
+    assert plan.next(PROBE) is not None and decide(plan, PROBE, 2) is False
     plan.returned(PROBE, True)
     plan.returned(PROBE, True)
     assert plan.next(PROBE) is None
 
     mixed = ClosedLoop(3, 1, companions=True)
     assert mixed.slots == (COMPANION, COMPANION, PROBE)  # companions start first: the first probe finds them
-    assert mixed.sent(COMPANION, 0) is False and mixed.sent(PROBE, 2) is True and mixed.sent(WARMUP, 2) is False
+    assert decide(mixed, COMPANION, 0) is False and decide(mixed, PROBE, 2) is True
+    assert decide(mixed, WARMUP, 2) is False
     mixed.returned(PROBE, True)
     assert mixed.next(COMPANION) is not None and mixed.next(PROBE) is None
     mixed.slot_done(PROBE)

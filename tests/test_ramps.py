@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from kevload.level import decide
 from kevload.scenario import Ramp, ScenarioError, scenario_from_dict
 from kevload.schedule import COMPANION, PROBE, ClosedLoop, OpenLoop
 from kevload.store import RECORDS, read_records
@@ -96,27 +97,27 @@ def test_a_conflict_exits_2_on_one_line(tmp_path):
 def test_closed_loop_ramp_up_and_timed_level():
     plan = ClosedLoop(2, 1, companions=False, ramp_s=1.0, duration=2.0)
     # Ramp-up: full-load sends go out and do not count, however many samples are still missing.
-    assert plan.next(PROBE, 0.5) is not None and plan.sent(PROBE, 1, 0.5) is False
+    assert plan.next(PROBE, 0.5) is not None and decide(plan, PROBE, 1, 0.5) is False
     plan.returned(PROBE, False)
     # Timed: every full-load sample in [ramp_s, ramp_s + duration) counts, past `needed` (1) too.
-    assert [plan.sent(PROBE, 1, at) for at in (1.0, 1.5, 2.9)] == [True, True, True] and plan.counted == 3
-    assert plan.sent(PROBE, 0, 1.5) is False  # below full load: still no evidence
+    assert [decide(plan, PROBE, 1, at) for at in (1.0, 1.5, 2.9)] == [True, True, True] and plan.counted == 3
+    assert decide(plan, PROBE, 0, 1.5) is False  # below full load: still no evidence
     # Time is up with counted samples in flight: the slots keep the batch full with uncounted copies.
-    assert plan.next(PROBE, 3.0) is not None and plan.sent(PROBE, 1, 3.0) is False
+    assert plan.next(PROBE, 3.0) is not None and decide(plan, PROBE, 1, 3.0) is False
     for _ in range(3):
         plan.returned(PROBE, True)
     assert plan.next(PROBE, 3.1) is None
 
     mixed = ClosedLoop(3, 4, companions=True, ramp_s=1.0)
-    assert mixed.sent(COMPANION, 2, 0.2) is False and mixed.sent(PROBE, 2, 0.2) is False  # ramp-up
-    assert mixed.sent(COMPANION, 2, 1.2) is True and mixed.sent(PROBE, 2, 1.2) is True
+    assert decide(mixed, COMPANION, 2, 0.2) is False and decide(mixed, PROBE, 2, 0.2) is False  # ramp-up
+    assert decide(mixed, COMPANION, 2, 1.2) is True and decide(mixed, PROBE, 2, 1.2) is True
 
 
 def test_open_loop_ramp_up_is_scheduled_and_not_counted():
     plan = OpenLoop(10.0, needed=3, companions=False, ramp_s=0.5)
     sends = list(plan)
     # Five sends in the ramp-up (0.0 … 0.4 s), then the three that count: samples are counted after it.
-    assert len(sends) == 8 and [plan.sent(s.role, 0, s.at) for s in sends] == [False] * 5 + [True] * 3
+    assert len(sends) == 8 and [decide(plan, s.role, 0, s.at) for s in sends] == [False] * 5 + [True] * 3
     timed = list(OpenLoop(10.0, needed=0, companions=False, ramp_s=0.5, duration=1.0))
     assert len(timed) == 15 and max(s.at for s in timed) < 1.5  # the duration follows the ramp-up
 

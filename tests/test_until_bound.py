@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from kevload.level import decide
 from kevload.runs import finish_run
 from kevload.schedule import PROBE, ClosedLoop, UntilBound
 from kevload.stats import drift_upper_bound, samples_for_bound
@@ -23,7 +24,7 @@ def _counted(run_dir, concurrency: int) -> list[dict]:
 
 def _answer(plan: ClosedLoop, answer) -> None:
     """One counted sample through the strategy: sent at full load, returned, answered."""
-    assert plan.next(PROBE) is not None and plan.sent(PROBE, plan.concurrency - 1)
+    assert plan.next(PROBE) is not None and decide(plan, PROBE, plan.concurrency - 1)
     plan.returned(PROBE, True)
     plan.answered(answer)
 
@@ -63,15 +64,15 @@ def test_serial_level_stops_at_the_bound_and_drift_against_its_first_answer():
 
 def test_loaded_level_holds_answers_against_the_serial_modal_and_keeps_c_in_flight():
     plan = ClosedLoop(4, 8, companions=False, until=UntilBound(0.05, 8, 1000), reference=("serial", "stop"))
-    assert [plan.sent(PROBE, n) for n in (0, 1, 2)] == [False, False, False]  # ramp-up: not counted
+    assert [decide(plan, PROBE, n) for n in (0, 1, 2)] == [False, False, False]  # ramp-up: not counted
     for _ in range(8):
-        assert plan.sent(PROBE, 3)
+        assert decide(plan, PROBE, 3)
     # Every counted answer agrees with itself but not with the serial answer: that is drift too.
     plan.returned(PROBE, True)
     plan.answered(("same", "stop"))
     assert plan.stop_reason == "drift" and not plan.wants_samples
     # Seven counted samples are still in flight: the slots keep sending uncounted copies beside them.
-    assert plan.next(PROBE) is not None and plan.sent(PROBE, 3) is False
+    assert plan.next(PROBE) is not None and decide(plan, PROBE, 3) is False
     for _ in range(7):
         plan.returned(PROBE, True)
         plan.answered(("same", "stop"))
@@ -80,11 +81,11 @@ def test_loaded_level_holds_answers_against_the_serial_modal_and_keeps_c_in_flig
 
 def test_an_error_in_flight_reopens_counting_and_the_cap_holds():
     plan = ClosedLoop(2, 8, companions=False, until=UntilBound(0.05, 8, 1000), prior=[("h", "stop")] * 57)
-    assert plan.sent(PROBE, 1) and plan.sent(PROBE, 1)  # 59 sent: enough if both answer cleanly
+    assert decide(plan, PROBE, 1) and decide(plan, PROBE, 1)  # 59 sent: enough if both answer cleanly
     assert not plan.wants_samples
     plan.returned(PROBE, True)
     plan.answered(None)  # a failed request bounds nothing
-    assert plan.wants_samples and plan.sent(PROBE, 1)
+    assert plan.wants_samples and decide(plan, PROBE, 1)
     capped = ClosedLoop(1, 8, companions=False, until=UntilBound(0.05, 8, 20))
     for _ in range(20):
         _answer(capped, ("h", "stop"))
