@@ -78,6 +78,10 @@ def build_body(target: Target, item: Probe, params: dict[str, Any], *, stream: b
 # The ``user`` field of the one request that checks whether a server returns logprobs, so logs (and the
 # test server) can tell it from the run's own requests.
 LOGPROBS_CHECK_USER = "kevload-logprobs-check"
+# An ok answer without logprobs may still come from a server that returns them: llama.cpp sends a token that ends
+# inside a UTF-8 character as text ("\ufffd") with no logprob entry, and a sampler may pick the end token first.
+# So the check is sent again, this many times in all, before it says the server returns none.
+LOGPROBS_CHECK_TRIES = 3
 
 
 def logprob_fields(api: str) -> dict[str, Any]:
@@ -119,18 +123,32 @@ async def ask_for_logprobs(scenario: Scenario, api_key: str | None,
     body = build_body(scenario.target, check, with_logprobs.params, stream=scenario.load.stream,
                       nonce=LOGPROBS_CHECK_USER)
     async with Client(scenario.target, api_key) as client:
-        outcome = await unless_stopped(client.send(body), stop)
+        answers: list[Outcome] = []
+        for _ in range(LOGPROBS_CHECK_TRIES):
+            outcome = await unless_stopped(client.send(body), stop)
+            if outcome is None or outcome.status != "ok" or _has_logprobs(outcome):
+                break
+            answers.append(outcome)
     if outcome is None:
         info["why"] = "the run was stopped before the check answered"
         return scenario, info
-    if outcome.status == "ok" and any(x is not None for x in outcome.logprobs or ()):
+    if outcome.status == "ok" and _has_logprobs(outcome):
         info["available"] = True
+        return with_logprobs, info
+    if outcome.status == "ok" and not any(a.output or a.completion_tokens for a in answers):
+        # No answer held a token, so none said whether logprobs come: ask for them; the cells say where samples
+        # came without (logprobs_missing).
+        info["why"] = f"the check's {LOGPROBS_CHECK_TRIES} answers held no token: asked for without proof"
         return with_logprobs, info
     why = ("the server returned no per-token logprobs" if outcome.status == "ok"
            else f"the check request failed ({outcome.status}: {outcome.error})")
     info.update(available=False, why=why)
     (warn or _to_stderr)(f"kevload: logprobs: {why}; comparing output text only")
     return scenario, info
+
+
+def _has_logprobs(outcome: Outcome) -> bool:
+    return any(x is not None for x in outcome.logprobs or ())
 
 
 async def unless_stopped(awaitable: Awaitable[T], stop: asyncio.Event | None) -> T | None:

@@ -68,6 +68,10 @@ class Behaviour:
     completions_logprobs: str = "openai"  # completions: "openai" (tokens/token_logprobs) or "content" (llama.cpp)
     # Position -> a logprob put there (-inf, inf, nan): json.dumps writes them -Infinity, Infinity, NaN.
     logprob_nonfinite: dict[int, float] = field(default_factory=dict)
+    # This many logprob checks answered with this text and no logprob entry: llama.cpp sends a token that ends inside
+    # a UTF-8 character as "\ufffd" without one; "" is a sampler that picked the end token first.
+    empty_checks: int = 0
+    empty_check_text: str = "\ufffd"
     logprobs_alone_only: bool = False  # logprobs only for a request that had no other in flight
     # Called on each request's arrival with its index and the requests now at the server (itself included); a number
     # it returns holds that request so long instead of `latency`. Tests act through it at a chosen moment.
@@ -90,6 +94,7 @@ class FakeServer:
         # Each request's time at the server: [X-Request-Id, user, arrived, finished (None while it runs)].
         self.visits: list[list[Any]] = []
         self.injected: dict[str, int] = {}
+        self.checks = 0  # logprob checks answered
         self.seen_prompts: set[str] = set()
         self._active: dict[int, dict[str, Any]] = {}
         self._admitted = 0  # requests holding one of max_running places
@@ -165,6 +170,14 @@ class FakeServer:
         if body.get("user") == LOGPROBS_CHECK_USER:
             # kevload's one capability check per run: answered, but neither recorded nor counted for faults,
             # so the tests' fault tables and request lists stay those of the run's own requests.
+            self.checks += 1
+            if self.checks <= b.empty_checks:
+                return web.json_response({
+                    "id": "x", "object": "chat.completion", "model": body.get("model"),
+                    "choices": [{"index": 0, "finish_reason": "length",
+                                 "message": {"role": "assistant", "content": b.empty_check_text},
+                                 "logprobs": {"content": []}}],
+                    "usage": {"prompt_tokens": 7, "completion_tokens": 2 if b.empty_check_text else 0}})
             text = " ".join(WORDS[:3])
             logprobs = self._logprobs(body, text, overlap=1)
             if body.get("stream"):

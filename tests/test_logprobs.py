@@ -271,9 +271,29 @@ def test_ask_for_logprobs_falls_back_when_the_server_ignores_the_field(server):
     server.behaviour.logprobs_supported = False
     said: list[str] = []
     scenario, info = asyncio.run(ask_for_logprobs(scenario_for(server.url), None, said.append))
+    assert server.checks == 3  # answers with tokens and no logprobs, three times: then it says so
     assert info == {"asked": "auto", "available": False, "why": "the server returned no per-token logprobs"}
     assert scenario.params == {}
     assert said == ["kevload: logprobs: the server returned no per-token logprobs; comparing output text only"]
+
+
+def test_a_check_answered_without_logprobs_is_sent_again_before_it_says_there_are_none(server):
+    # llama.cpp at T=0.8 answered the demo's diagnose check "Say hi." with "\ufffd" (a token ending inside a
+    # character) and no logprob entry, 2 times in 60: "no per-token logprobs", and the whole diagnosis compared
+    # text only although every later answer carried logprobs.
+    server.behaviour.empty_checks = 2
+    said: list[str] = []
+    scenario, info = asyncio.run(ask_for_logprobs(scenario_for(server.url), None, said.append))
+    assert server.checks == 3 and info == {"asked": "auto", "available": True, "why": None} and not said
+    assert scenario.params == {"logprobs": True, "top_logprobs": 1}
+
+
+def test_a_check_never_answered_with_a_token_asks_for_logprobs_without_claiming_them(server):
+    server.behaviour.empty_checks, server.behaviour.empty_check_text = 99, ""
+    said: list[str] = []
+    scenario, info = asyncio.run(ask_for_logprobs(scenario_for(server.url), None, said.append))
+    assert server.checks == 3 and info["available"] is None and "held no token" in info["why"] and not said
+    assert scenario.params == {"logprobs": True, "top_logprobs": 1}
 
 
 @pytest.mark.parametrize("value", ['"maybe"', "1"])
