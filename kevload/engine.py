@@ -308,7 +308,12 @@ class _ClosedLevel:
             tasks: dict[Role, list[asyncio.Task]] = {PROBE: [], COMPANION: []}
             for role in slots:
                 tasks[role].append(group.create_task(slot(role)))
-            await run.drain(tasks[PROBE], tasks[COMPANION])
+            if tasks[PROBE]:
+                await run.drain(tasks[PROBE], tasks[COMPANION])
+            else:
+                # No probe slot here (another worker runs it): these companions end when the level ends them (its
+                # probe slots done, or the hold released), not target.timeout after this worker's start.
+                await run.wait(tasks[COMPANION], cut_after=None)
         await run.team.end(level)
 
 

@@ -1,0 +1,33 @@
+"""Review of issue 21: false claims found by crafted servers, each a regression test."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from kevload.rundir import RunDir
+from tests.conftest import load_summary, write_scenario
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(*args: object, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kevload", *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_a_worker_with_only_companion_slots_keeps_them_past_target_timeout(tmp_path, server):
+    """Mixed mode, c = 2, two workers: worker 0 has the probe slot, worker 1 one companion slot and no probe slot.
+    Worker 1's drain began at the level's start (no probe of its own to wait for) and cut its companion in flight
+    target.timeout seconds later, recorded as a companion "timeout" of the server's ("cut: … after the level's
+    probes were done") while the probes still counted and the server answered every request in 0.15 s."""
+    server.behaviour.latency = 0.15
+    scenario = write_scenario(tmp_path / "s.toml", server.url, mode="mixed", concurrency=[2], samples=8,
+                              workers=2, target={"timeout": 0.5})
+    done = _run("run", scenario, "--out", tmp_path / "run", "--quiet", timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = list(RunDir(tmp_path / "run").record_dicts())
+    assert not [r for r in rows if r["status"] != "ok"], [r["error"] for r in rows if r["status"] != "ok"][:3]
+    probe = next(c for c in load_summary(tmp_path / "run")["cells"] if c["role"] == "probe")
+    assert probe["ok"] == 8 and not probe["samples_never_full"], probe
