@@ -6,8 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from kevload.rundir import RunDir
 from tests.conftest import load_summary, write_scenario
+from tests.raycluster import ray_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,6 +29,27 @@ def test_a_worker_with_only_companion_slots_keeps_them_past_target_timeout(tmp_p
     scenario = write_scenario(tmp_path / "s.toml", server.url, mode="mixed", concurrency=[2], samples=8,
                               workers=2, target={"timeout": 0.5})
     done = _run("run", scenario, "--out", tmp_path / "run", "--quiet", timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = list(RunDir(tmp_path / "run").record_dicts())
+    assert not [r for r in rows if r["status"] != "ok"], [r["error"] for r in rows if r["status"] != "ok"][:3]
+    probe = next(c for c in load_summary(tmp_path / "run")["cells"] if c["role"] == "probe")
+    assert probe["ok"] == 8 and not probe["samples_never_full"], probe
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    pytest.importorskip("ray")
+    with ray_cluster(tmp_path_factory.mktemp("ray"), nodes=1, cpus=2) as address:
+        yield address
+
+
+def test_an_actor_with_only_companion_slots_keeps_them_past_target_timeout(tmp_path, server, cluster):
+    """As above on Ray actors: actor 1 holds the companion slot, decides alone and is done from the start; its
+    companion must run (uncounted hold or counted) until actor 0's probe slot is done, never be cut as a timeout."""
+    server.behaviour.latency = 0.15
+    scenario = write_scenario(tmp_path / "s.toml", server.url, mode="mixed", concurrency=[2], samples=8,
+                              workers=2, target={"timeout": 0.5})
+    done = _run("run", scenario, "--out", tmp_path / "run", "--quiet", "--ray", cluster, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = list(RunDir(tmp_path / "run").record_dicts())
     assert not [r for r in rows if r["status"] != "ok"], [r["error"] for r in rows if r["status"] != "ok"][:3]
