@@ -76,6 +76,8 @@ class Behaviour:
     # Called on each request's arrival with its index and the requests now at the server (itself included); a number
     # it returns holds that request so long instead of `latency`. Tests act through it at a chosen moment.
     on_arrival: Callable[[int, int], float | None] | None = None
+    # A fault by the request's X-Request-Id (its seq tells which worker sent it), where ``faults`` gives none.
+    fault_for: Callable[[str | None], str | None] | None = None
     # A batch limit: at most this many requests run at once, the others wait in a queue in arrival order (0: none).
     # Only running requests overlap each other (drift_at, drift_when_mixed count them).
     max_running: int = 0
@@ -188,6 +190,8 @@ class FakeServer:
         self.arrivals.append(time.monotonic())
         index = len(self.requests) - 1
         fault = b.faults[index] if index < len(b.faults) else None
+        if fault is None and b.fault_for is not None:
+            fault = b.fault_for(request.headers.get("X-Request-Id"))
         if fault:
             self.injected[fault] = self.injected.get(fault, 0) + 1
         for name in b.reject_fields:

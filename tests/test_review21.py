@@ -55,3 +55,29 @@ def test_an_actor_with_only_companion_slots_keeps_them_past_target_timeout(tmp_p
     assert not [r for r in rows if r["status"] != "ok"], [r["error"] for r in rows if r["status"] != "ok"][:3]
     probe = next(c for c in load_summary(tmp_path / "run")["cells"] if c["role"] == "probe")
     assert probe["ok"] == 8 and not probe["samples_never_full"], probe
+
+
+def test_a_back_off_on_one_actor_flags_the_samples_the_other_counted_meanwhile(tmp_path, server, cluster):
+    """Actor 0's first request gets a 429 with Retry-After: 1 and backs off a second; actor 1 decides alone (actor
+    0's slot taken as busy) and counts samples meanwhile with one request in flight: the cell must say so."""
+    first = []
+
+    def fault_for(request_id):
+        seq = int(request_id.rsplit("-", 1)[1])
+        if seq % 2 == 0 and not first:
+            first.append(seq)
+            return "http_429"
+        return None
+
+    server.behaviour.latency = 0.1
+    server.behaviour.retry_after = "1"
+    server.behaviour.fault_for = fault_for
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[2], samples=10, workers=2, retries=1)
+    done = _run("run", scenario, "--out", tmp_path / "run", "--quiet", "--ray", cluster, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = sorted(RunDir(tmp_path / "run").record_dicts(), key=lambda r: r["t_send"])
+    retried = next(r for r in rows if r["retries"])
+    alone = [r for r in rows if r["counted"] and r["worker"] == 1 and r["t_last_byte"] < retried["t_send"]]
+    assert len(alone) >= 3, rows  # counted while actor 0 backed off, each saying one other was in flight
+    probe = next(c for c in load_summary(tmp_path / "run")["cells"] if c["role"] == "probe")
+    assert probe["samples_never_full"] >= len(alone), probe
