@@ -25,6 +25,8 @@ from kevload.workload import CompanionPicker, companions_for
 
 # How long in-flight requests may finish after a stop was asked for before they are cancelled.
 STOP_GRACE_S = 2.0
+# How often a worker with no probe slot of its own asks its level whether the level's probes are done.
+_PROBES_DONE_POLL_S = 0.05
 # The fewest counted probe errors that abort a run (``ErrorShare``), whatever their share.
 _ABORT_MIN_ERRORS = 20
 
@@ -308,12 +310,13 @@ class _ClosedLevel:
             tasks: dict[Role, list[asyncio.Task]] = {PROBE: [], COMPANION: []}
             for role in slots:
                 tasks[role].append(group.create_task(slot(role)))
-            if tasks[PROBE]:
-                await run.drain(tasks[PROBE], tasks[COMPANION])
-            else:
-                # No probe slot here (another worker runs it): these companions end when the level ends them (its
-                # probe slots done, or the hold released), not target.timeout after this worker's start.
-                await run.wait(tasks[COMPANION], cut_after=None)
+            if not tasks[PROBE]:
+                # No probe slot here (another worker runs it): the level's probes are done when it ends these
+                # companions (its probe slots closed, or the hold released); the cut counts from then, not from
+                # this worker's start.
+                while not run.stop.is_set() and level.next(COMPANION) and not all(t.done() for t in tasks[COMPANION]):
+                    await asyncio.wait(tasks[COMPANION], timeout=_PROBES_DONE_POLL_S)
+            await run.drain(tasks[PROBE], tasks[COMPANION])
         await run.team.end(level)
 
 
