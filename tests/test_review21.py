@@ -81,3 +81,4 @@ def test_a_back_off_on_one_actor_flags_the_samples_the_other_counted_meanwhile(t
     assert len(alone) >= 3, rows  # counted while actor 0 backed off, each saying one other was in flight
     probe = next(c for c in load_summary(tmp_path / "run")["cells"] if c["role"] == "probe")
     assert probe["samples_never_full"] >= len(alone), probe
+
