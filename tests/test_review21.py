@@ -82,3 +82,21 @@ def test_a_back_off_on_one_actor_flags_the_samples_the_other_counted_meanwhile(t
     probe = next(c for c in load_summary(tmp_path / "run")["cells"] if c["role"] == "probe")
     assert probe["samples_never_full"] >= len(alone), probe
 
+
+
+@pytest.mark.parametrize("mode", ["needle"])
+def test_companion_modes_on_actors_give_the_verdict_of_one_process(tmp_path, server, cluster, mode):
+    """The probe slot on actor 0, companions on actors 0 and 1: drift at three in flight is found as in one
+    process, and no counted probe sample lacks its batch."""
+    server.behaviour.latency = 0.1
+    server.behaviour.drift_at = 3
+    server.behaviour.batched_variant = True
+    scenario = write_scenario(tmp_path / "s.toml", server.url, mode=mode, concurrency=[1, 3], samples=6, workers=2)
+    one = _run("run", scenario, "--out", tmp_path / "one", "--quiet", "--workers", "1", timeout=120)
+    ray = _run("run", scenario, "--out", tmp_path / "ray", "--quiet", "--ray", cluster, timeout=120)
+    assert one.returncode == ray.returncode == 1, (one.stdout + one.stderr, ray.stdout + ray.stderr)
+    cells = [{c["concurrency"]: (c["ok"], c["drift"], c.get("samples_never_full")) for c in load_summary(d)["cells"]
+              if c["role"] == "probe"} for d in (tmp_path / "one", tmp_path / "ray")]
+    assert cells[0] == cells[1], cells
+    rows = list(RunDir(tmp_path / "ray").record_dicts())
+    assert not [r for r in rows if r["status"] != "ok"]
