@@ -51,6 +51,9 @@ _STATE_SIZE = LEVEL + 16  # room for a level's declared state and its plan's cou
 _WATCH_S = 0.05  # how often a worker looks for a stop from the driver (or the driver's death)
 _BARRIER_S = 0.002  # how often a worker at a barrier looks whether the others are there
 _PER_CORE = 4  # worker processes per core at most (scenario.MAX_WORKERS bounds a run's on any cluster)
+# How long a worker may take to report after a halt (its stop's grace, then its last records) before the driver
+# takes it for lost: one killed while it held the shared lock leaves the others blocked on it, never seeing the halt.
+_HALT_GRACE_S = engine.STOP_GRACE_S + 8.0
 
 
 def check_host(scenario: Scenario) -> None:
@@ -274,10 +277,13 @@ async def run_workers(scenario: Scenario, run_dir: Path, *, run_id: str, stop: a
         pipes.append(receive)
         procs.append(proc)
     results: dict[int, WorkerResult] = {}
+    halted_at: float | None = None
     try:
         while len(results) < workers:
             if stop.is_set():
                 _halt(flags)
+            if flags[HALTED] and halted_at is None:
+                halted_at = time.monotonic()
             for worker, (pipe, proc) in enumerate(zip(pipes, procs, strict=True)):
                 if worker in results:
                     continue
@@ -295,6 +301,11 @@ async def run_workers(scenario: Scenario, run_dir: Path, *, run_id: str, stop: a
                     proc.join(timeout=engine.STOP_GRACE_S)  # its exit code
                     results[worker] = WorkerResult(worker, 0, False, f"died (exit code {proc.exitcode})", lost=True)
                     _halt(flags)
+                elif halted_at is not None and time.monotonic() - halted_at > _HALT_GRACE_S:
+                    proc.kill()  # its records so far are on disk already, one write each
+                    proc.join(timeout=engine.STOP_GRACE_S)
+                    results[worker] = WorkerResult(worker, 0, False, f"did not stop within {_HALT_GRACE_S:g} s of the "
+                                                   "halt (killed)", lost=True)
             await asyncio.sleep(_WATCH_S)
     finally:
         if len(results) < workers:  # the driver itself was cancelled: take the workers down with it

@@ -217,3 +217,23 @@ def test_a_worker_killed_while_it_waits_at_a_barrier_ends_the_run(tmp_path, serv
     assert ended.left == []
     _finished_interrupted(out, server)
     assert len(server.requests) < 30  # the others stopped; nothing waited for the dead one
+
+
+def test_a_worker_that_never_reports_after_a_halt_is_killed_not_waited_for(tmp_path, server):
+    # A worker killed while it held the level's shared lock leaves the other blocked on the lock, alive, never
+    # seeing the halt: stopped with SIGSTOP here, it is the same for the driver, which waited for it for ever.
+    server.behaviour.latency = 0.3
+    out = tmp_path / "run"
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[2], samples=40, workers=2)
+    with Kevload("run", scenario, "--out", out, "--quiet") as kevload:
+        kevload.wait_for(lambda: len(server.requests) >= 4, timeout=60)
+        os.kill(holder(kevload.proc.pid, out / "records-1.jsonl"), signal.SIGSTOP)
+        os.kill(holder(kevload.proc.pid, out / "records-0.jsonl"), signal.SIGKILL)
+        ended = kevload.end(timeout=30)
+    assert ended.code == 3, ended.stderr
+    assert "worker 0 died (exit code -9)" in ended.stderr
+    assert "Traceback" not in ended.stderr and ended.left == []
+    # What both had written stays (their requests in flight went with them), and the run is finished as interrupted.
+    assert 0 < len(list(RunDir(out).record_dicts())) <= len(server.requests)
+    assert json.loads((out / "run.json").read_text())["state"] == "interrupted"
+    assert load_summary(out)["state"] == "interrupted"
