@@ -17,7 +17,8 @@ from typing import Any
 
 from kevload.client import Client
 from kevload.level import Level, Plan
-from kevload.scenario import Probe, Scenario
+from kevload.models import Probe
+from kevload.scenario import Scenario
 from kevload.schedule import COMPANION, PROBE, WARMUP, ClosedLoop, OpenLoop, Role, UntilBound
 from kevload.sender import Cell, Cut, Sender
 from kevload.store import Record
@@ -124,7 +125,7 @@ class _Run:
         self.scenario = scenario
         self.load = scenario.load
         self.sender = Sender(scenario, client, run_id=run_id, part=part, first_seq=first_seq, worker=team.worker,
-                             workers=team.workers, halted=self.halted, stop=stop)
+                             workers=team.workers, hear_stop=self.halted, stop=stop)
         self.stop = stop
         self.already = already
         self.answers = answers

@@ -15,7 +15,8 @@ from typing import Any
 
 from kevload.client import Client, Outcome, build_body
 from kevload.level import Level
-from kevload.scenario import Probe, Scenario
+from kevload.models import Probe
+from kevload.scenario import Scenario
 from kevload.schedule import Role
 from kevload.store import Record, answer_text
 
@@ -61,7 +62,7 @@ class Sender:
     """Sends the requests of a run, numbered in turn with the other workers, and makes each one's record."""
 
     def __init__(self, scenario: Scenario, client: Client, *, run_id: str, part: int, first_seq: int, worker: int,
-                 workers: int, halted: Callable[[], bool], stop: asyncio.Event):
+                 workers: int, hear_stop: Callable[[], object], stop: asyncio.Event):
         self.scenario, self.client, self.run_id = scenario, client, run_id
         # Request ids: <run_id>-<seq> in the run's first part, <run_id>-r<k>-<seq> in its k-th resume. A killed part
         # may have sent requests it never recorded, so numbering on from the records alone could repeat an id.
@@ -69,7 +70,8 @@ class Sender:
         self.seq, self.step = first_seq + worker, workers  # workers number their sends in turn: seqs stay unique
         self.sent = 0
         self.retry = RetryPolicy(scenario.load.retries)
-        self._halted = halted
+        # Tells the level now running of a stop, an abort or another worker's halt (the run's ``halted``).
+        self._hear_stop = hear_stop
         self._stop = stop
 
     async def send(self, level: Level, cell: Cell, role: Role, item: Probe, sample: int, *, at: float = 0.0,
@@ -104,7 +106,7 @@ class Sender:
                 raise
             outcome = Outcome(status="timeout", t_send=t_send, t_last_byte=time.perf_counter(), error=cut.why)
         finally:
-            self._halted()  # the level hears of a stop before the answer is weighed
+            self._hear_stop()  # before the answer is weighed: one that comes after a stop does not count
             counted = level.release(claim)
         # A request the stop cut is no answer of the server's, at any level.
         return record(outcome, body, run_id=self.run_id, seq=seq, probe=item.id, role=role, mode=cell.mode,
