@@ -17,11 +17,13 @@ from typing import Any
 
 import numpy as np
 
+from kevload.conversation import ends_sample, transcript
 from kevload.envelope import LogprobTrack
 from kevload.overlap import FullLoad, Occupancy, Window
 from kevload.scenario import Slo
 from kevload.stats import LatencyHistogram
 from kevload.store import counts_in_cell, record_answer
+from kevload.turnwise import TurnAnswer
 
 LATENCY_NAMES = ("e2e", "ttft", "tpot", "itl", "lateness")
 CellKey = tuple[str, str, str, int, float | None]  # probe, role, mode, concurrency, rate (open loop)
@@ -202,6 +204,8 @@ class Reduction:
     limits: SloLimits | None = field(init=False, default=None)
     # The spans of a closed-loop level's requests that are in no cell (warm-ups, ramp-ups, tails): "others" too.
     uncounted_spans: dict[SpanKey, array] = field(default_factory=dict)
+    # Conversation cells: each turn's counted ok answers, by history (``kevload.turnwise``).
+    turns: dict[CellKey, dict[int, dict[TurnAnswer, int]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.limits = slo_limits(self.slo)
@@ -213,15 +217,14 @@ class Reduction:
             self.sent_errors[status] = self.sent_errors.get(status, 0) + 1
         # Warm-ups and sends below full load (a level's ramp-up) are on record but are no evidence.
         if not counts_in_cell(record["role"], record.get("counted", True)):
-            if record["concurrency"] > 1 and record.get("rate") is None:
-                level = (record["mode"], record["concurrency"])
-                spans = self.uncounted_spans.get(level)
-                if spans is None:
-                    spans = self.uncounted_spans[level] = array("d")
-                spans.append(record["t_send"])
-                spans.append(record["t_last_byte"])
+            self._other(record)
             return
         key = (record["probe"], record["role"], record["mode"], record["concurrency"], record.get("rate"))
+        turns = record.get("turns")
+        if turns is not None:
+            record = self._conversation(key, record, turns)
+            if record is None:
+                return
         cell = self.cells.get(key)
         if cell is None:
             cell = self.cells[key] = CellAccumulator(
@@ -230,7 +233,44 @@ class Reduction:
         cell.add(record)
         self.records += 1
 
+    def _other(self, record: dict[str, Any]) -> None:
+        """A request of a closed-loop level c ≥ 2 that is no sample of a cell: one of the others beside those that
+        are."""
+        if record["concurrency"] > 1 and record.get("rate") is None:
+            level = (record["mode"], record["concurrency"])
+            spans = self.uncounted_spans.get(level)
+            if spans is None:
+                spans = self.uncounted_spans[level] = array("d")
+            spans.append(record["t_send"])
+            spans.append(record["t_last_byte"])
+
+    def _conversation(self, key: CellKey, record: dict[str, Any], turns: int) -> dict[str, Any] | None:
+        """A counted turn of a conversation: its answer into the cell's turn tally; the record that ends the sample
+        (the last turn, or the turn that failed) as the sample the cell counts, whose output is the whole
+        conversation; None for an earlier turn (one of its level's others, no sample of its own)."""
+        turn, status = record["turn"], record["status"]
+        if status == "ok":
+            tally = self.turns.setdefault(key, {}).setdefault(turn, {})
+            answer = (record["history_sha256"], record["sha256"], record.get("finish_reason"))
+            tally[answer] = tally.get(answer, 0) + 1
+        if not ends_sample(turn, turns, status):
+            self._other(record)
+            return None
+        if status != "ok":
+            return record
+        # The conversation's text and hash stand for the answer; its logprobs are each turn's, compared nowhere.
+        return {**record, "sha256": record["conversation_sha256"], "reasoning": None, "tool_calls": None,
+                "output": transcript(record["history"], record_answer(record)), "token_ids": None, "tokens": None,
+                "logprobs": None, "logprob_nonfinite": 0,
+                "params": {k: v for k, v in record["params"].items() if k not in ("logprobs", "top_logprobs")}}
+
     def merge(self, other: Reduction) -> None:
+        for key, turns in other.turns.items():
+            mine = self.turns.setdefault(key, {})
+            for turn, answers in turns.items():
+                tally = mine.setdefault(turn, {})
+                for answer, n in answers.items():
+                    tally[answer] = tally.get(answer, 0) + n
         for key, cell in other.cells.items():
             if key in self.cells:
                 self.cells[key].merge(cell)

@@ -20,6 +20,7 @@ from kevload.schedule import UntilBound
 from kevload.servermetrics import Samples, cell_view
 from kevload.stats import drift_upper_bound
 from kevload.summary import CellSummary, RunSummary, level_label, level_order, levels_of
+from kevload.turnwise import TurnAgreement, by_turn, first_divergent_turn
 from kevload.verdict import meets_slo, probe_error_share, run_verdict, stop_reason
 from kevload.words import DIVERGENCE_KINDS
 
@@ -72,7 +73,8 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
             cells.append(_cell_summary(
                 probe, role, mode, level, levels[0], reduction.cells[(probe, role, mode, *level)], reference,
                 asked=samples_asked if role == "probe" else None, min_slo_attainment=min_slo_attainment,
-                until=until, full_load=full_loads.get((probe, role, mode, *level)), server=server))
+                until=until, full_load=full_loads.get((probe, role, mode, *level)), server=server,
+                turns=_turns(reduction, (probe, role, mode, *level), (probe, role, mode, *levels[0]))))
     probe_cells = [c for c in cells if c.role == "probe"]
     companion_cells = [c for c in cells if c.role != "probe"]
     probe_requests = sum(c.requests for c in probe_cells)
@@ -152,12 +154,24 @@ def distinct_matrix(cells: list[CellSummary]) -> dict[str, Any]:
         "short": short.tolist(),
         "latent": latent.tolist(),
         "samples_never_full": never_full,
+        # Conversation probes only: each cell's first turn (0-based) whose answer, given the serial history, differs.
+        **({"first_divergent_turn": _grid(cells, row_of, col_of, len(levels), "first_divergent_turn")}
+           if any(c.turns is not None for c in cells) else {}),
     }
+
+
+def _grid(cells: list[CellSummary], row_of: dict, col_of: dict, width: int, name: str) -> list[list[Any]]:
+    """One field of every cell as rows × levels (None where a row has no cell at a level)."""
+    grid: list[list[Any]] = [[None] * width for _ in row_of]
+    for c in cells:
+        grid[row_of[(c.probe, c.mode)]][col_of[c.level]] = getattr(c, name)
+    return grid
 
 
 def _cell_summary(probe: str, role: str, mode: str, level: Level, ref_level: Level, cell: CellAccumulator,
                   reference: CellAccumulator, *, asked: int | None, min_slo_attainment: float | None,
-                  until: UntilBound | None, full_load: FullLoad | None, server: Samples | None) -> CellSummary:
+                  until: UntilBound | None, full_load: FullLoad | None, server: Samples | None,
+                  turns: tuple[TurnAgreement, ...] | None = None) -> CellSummary:
     """One cell against its serial reference (the group's first level), field by field.
 
     ``full_load_share`` and ``samples_never_full`` (``overlap.FullLoad``: over the samples whose others the records
@@ -258,7 +272,16 @@ def _cell_summary(probe: str, role: str, mode: str, level: Level, ref_level: Lev
         server_prefix_cache_hits=view.get("server_prefix_cache_hits"),
         server_kv_cache_usage_max=view.get("server_kv_cache_usage_max"),
         server_note=view.get("server_note"),
+        turns=None if turns is None else tuple(t.to_json() for t in turns),
+        first_divergent_turn=None if turns is None else first_divergent_turn(turns),
     )
+
+
+def _turns(reduction: Reduction, key: tuple, serial: tuple) -> tuple[TurnAgreement, ...] | None:
+    """A conversation cell's turns against the serial cell's (``turnwise.by_turn``); None for any other cell."""
+    if key not in reduction.turns and serial not in reduction.turns:
+        return None
+    return by_turn(reduction.turns.get(key, {}), reduction.turns.get(serial, {}))
 
 
 def _slo_numbers(cell: CellAccumulator, requests: int, duration_s: float | None) -> tuple[float, float | None]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from kevload.conversation import BadTurns, parse_turns
 from kevload.errors import ScenarioError
 from kevload.models import Probe, first_bad_message, parse_jsonl, rule_of
 from kevload.words import SampleRole
@@ -94,26 +95,44 @@ def _lines(data: bytes, path: Path, what: str) -> Iterator[tuple[int, Any]]:
 
 def _item(doc: Any, number: int, path: Path, what: str, role: SampleRole, max_tokens: int) -> Probe:
     where = f"{path}:{number}: {what}"
-    if not (isinstance(doc, dict) and (isinstance(doc.get("prompt"), str) or isinstance(doc.get("messages"), list))):
-        raise ScenarioError(f"{where}: expected an object with prompt or messages")
+    inputs = ("prompt", "messages", "turns")
+    if not (isinstance(doc, dict) and (isinstance(doc.get("prompt"), str) or isinstance(doc.get("messages"), list)
+                                       or "turns" in doc)):
+        raise ScenarioError(f"{where}: expected an object with prompt, messages or turns")
     tokens = doc.get("max_tokens", max_tokens)
     if not isinstance(tokens, int) or isinstance(tokens, bool) or not _MAX_TOKENS.holds(tokens):
         raise ScenarioError(f"{where}: max_tokens: expected {_MAX_TOKENS.expected}, got {tokens!r}")
     messages = tuple(doc["messages"]) if "messages" in doc else None
+    turns = _turns(doc, where)
     if role == "companion":
-        # An id of any kind, and either input is accepted; but messages are sent (or joined into a
+        # An id of any kind, and any input is accepted; but messages are sent (or joined into a
         # completions prompt) as they are, so a bad one must fail here, not mid-run.
+        if turns is not None and sum(k in doc for k in inputs) > 1:
+            raise ScenarioError(f"{where}: expected turns alone, without prompt or messages")
         _check_messages(messages, where)
         return Probe(id=f"companion:{doc.get('id', f'line{number}')}", prompt=doc.get("prompt"), messages=messages,
-                     max_tokens=tokens)
+                     max_tokens=tokens, turns=turns, system=doc.get("system"))
     # Probes are compared and their text cut into prefixes: the same rules as a [[probes]] table.
-    if ("prompt" in doc) == ("messages" in doc):
-        raise ScenarioError(f"{where}: expected exactly one of prompt or messages")
+    if sum(k in doc for k in inputs) != 1:
+        raise ScenarioError(f"{where}: expected exactly one of prompt, messages or turns")
     _check_messages(messages, where)
     pid = doc.get("id", f"{path.stem}:{number}")
     if not isinstance(pid, str | int) or isinstance(pid, bool) or pid == "":
         raise ScenarioError(f"{where}: id: expected a non-empty string, got {pid!r}")
-    return Probe(id=str(pid), prompt=doc.get("prompt"), messages=messages, max_tokens=tokens)
+    return Probe(id=str(pid), prompt=doc.get("prompt"), messages=messages, max_tokens=tokens, turns=turns,
+                 system=doc.get("system"))
+
+
+def _turns(doc: dict[str, Any], where: str) -> tuple[Any, ...] | None:
+    """A line's conversation (``turns``, with its ``system`` message), checked; None for a line without one."""
+    if "system" in doc and ("turns" not in doc or not isinstance(doc["system"], str)):
+        raise ScenarioError(f"{where}: system: expected a string beside turns, got {doc['system']!r}")
+    if "turns" not in doc:
+        return None
+    try:
+        return parse_turns(doc["turns"])
+    except BadTurns as bad:
+        raise ScenarioError(f"{where}: {bad.key}: expected {bad.expected}, got {bad.got!r}") from None
 
 
 def _check_messages(messages: tuple[Any, ...] | None, where: str) -> None:

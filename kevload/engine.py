@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kevload.client import Client
+from kevload.conversation import ends_sample
 from kevload.level import Level, Plan
 from kevload.models import Probe
 from kevload.scenario import Scenario
@@ -230,16 +231,25 @@ class _Run:
         to the level (``load.until_bound``) and to the stop condition."""
 
         async def send(role: Role, item: Probe, sample: int, **when: Any) -> None:
-            record = await self.sender.send(level, cell, role, item, sample, **when)
-            self._ready.append(record)
-            self._wake.set()
-            if role == PROBE and record.counted:
-                level.answered((record.sha256, record.finish_reason) if record.status == "ok" else None)
-                if self.errors.note(record.status == "ok"):
-                    self.aborted = True
-                    self.team.halt()
+            if item.turns is None:
+                self._note(level, role, await self.sender.send(level, cell, role, item, sample, **when))
+                return
+            async for record in self.sender.converse(level, cell, role, item, sample, **when):
+                self._note(level, role, record)
 
         return send
+
+    def _note(self, level: Level, role: Role, record: Record) -> None:
+        """A record to the stream; a counted probe sample's answer to the level and to the stop condition: a
+        conversation's once, with the record that ends it (its whole conversation, or the turn that failed)."""
+        self._ready.append(record)
+        self._wake.set()
+        if role == PROBE and record.counted and ends_sample(record.turn, record.turns, record.status):
+            answer = record.sha256 if record.turns is None else record.conversation_sha256
+            level.answered((answer, record.finish_reason) if record.status == "ok" else None)
+            if self.errors.note(record.status == "ok"):
+                self.aborted = True
+                self.team.halt()
 
 
 class _ClosedLevel:

@@ -85,6 +85,14 @@ class Level:
         self.in_flight += 1
         return Claim(role, others, counted)
 
+    def claim_turn(self, first: Claim) -> Claim:
+        """A later turn of a conversation sample going out now. The sample's ``first`` claim (its first turn's) is
+        held until its last turn is answered, so the others in flight are the count but this sample; the turn
+        counts when the first did, it goes at full load again, and the level is not halted."""
+        others = self.in_flight - 1 + self.elsewhere
+        full = others == self.plan.concurrency - 1 if isinstance(self.plan, ClosedLoop) else True
+        return Claim(first.role, others, first.counted and full and not self.halted)
+
     def release(self, claim: Claim) -> bool:
         """Its answer is in (or it was cut): whether it still counts. A closed-loop answer that comes after a halt
         lost its batch on the way (the other slots no longer resend), so it is no sample of full load."""

@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from kevload.conversation import Turn, messages_at
 from kevload.errors import ScenarioError
 
 MAX_TOKENS = 10_000_000     # a probe's max_tokens: beyond the longest context served
@@ -63,12 +64,18 @@ class Probe:
     messages: tuple[dict[str, str], ...] | None = rule(None, nonempty=True,
                                                        expected="a non-empty list of {role, content} tables")
     max_tokens: int = rule(64, min=1, max=MAX_TOKENS, expected=f"an integer from 1 to {MAX_TOKENS:,}")
+    # A conversation (``kevload.conversation``): its user turns, sent one after another, and the system message.
+    turns: tuple[Turn, ...] | None = None
+    system: str | None = None
 
     @property
     def text(self) -> str:
-        """The part of the input that companions may share a prefix with: the last message's content."""
+        """The part of the input that companions may share a prefix with: the last message's content (a
+        conversation's: its last user turn)."""
         if self.prompt is not None:
             return self.prompt
+        if self.turns is not None:
+            return self.turns[-1].user
         assert self.messages is not None
         return self.messages[-1]["content"]
 
@@ -76,7 +83,14 @@ class Probe:
         """The same input with ``text`` in place of ``self.text`` (earlier chat messages kept), as ``id``."""
         if self.prompt is not None:
             return replace(self, id=id, prompt=text)
+        if self.turns is not None:
+            return replace(self, id=id, turns=(*self.turns[:-1], replace(self.turns[-1], user=text)))
         return replace(self, id=id, messages=(*self.messages[:-1], {**self.messages[-1], "content": text}))
+
+    def turn(self, k: int, answers: Sequence[str]) -> Probe:
+        """Turn ``k`` of a conversation as the one chat request it is, given what turns 0 … k − 1 received."""
+        assert self.turns is not None
+        return replace(self, messages=messages_at(self.system, self.turns, k, answers), turns=None, system=None)
 
 
 def first_bad_message(messages: Sequence[Any]) -> int | None:

@@ -39,8 +39,9 @@ def cell_text(cell: CellSummary | None) -> str:
     ``(ok/asked)`` when the cell has fewer ok samples than asked.
 
     One distinct output that is not the serial one reads ``1 all≠serial``: the copies agree with each
-    other, not with the serial answer. ``1 ~`` is latent drift: the serial text, other logprobs. ``†``: some
-    counted samples never had c − 1 others in flight (``never_full_text``).
+    other, not with the serial answer. ``1 ~`` is latent drift: the serial text, other logprobs. ``t1``: a
+    conversation that leaves the serial one at turn 1 (``turns_text``). ``†``: some counted samples never had
+    c − 1 others in flight (``never_full_text``).
     """
     if cell is None:
         return "-"
@@ -49,11 +50,22 @@ def cell_text(cell: CellSummary | None) -> str:
         text += " DRIFT" if cell.distinct > 1 else " all≠serial"
     elif cell.latent_drift:
         text += " ~"
+    if cell.first_divergent_turn is not None:
+        text += f" t{cell.first_divergent_turn}"
     if cell.samples_never_full:
         text += " †"
     if cell.short:
         text += f" ({cell.ok}/{cell.asked})"
     return text
+
+
+def turns_text(cell: CellSummary) -> str:
+    """Where a conversation cell leaves the serial conversation, and each turn's answers given the serial history:
+    ``leaves the serial conversation at turn 1 (0-based); ≠ serial given its history: t0 0/4, t1 3/4, t2 0/1``."""
+    per_turn = ", ".join(f"t{t['turn']} {t['differ']}/{t['same_history']}" for t in cell.turns or ())
+    where = "never leaves the serial conversation" if cell.first_divergent_turn is None else \
+        f"leaves the serial conversation at turn {cell.first_divergent_turn} (0-based)"
+    return f"{where}; ≠ serial given its history: {per_turn}"
 
 
 def cell_phrase(cell: CellSummary, unit: str = "") -> str:
@@ -199,6 +211,8 @@ def footnotes(summary: RunSummary) -> list[str]:
         if c.drift:
             kinds = kinds_text(c)
             notes.append(f"{name}: {cell_phrase(c)}" + (f"; kinds: {kinds}" if kinds else ""))
+        if c.first_divergent_turn is not None:
+            notes.append(f"{name}: {turns_text(c)}")
         if c.short:
             notes.append(f"{name}: short, {short_text(c)}")
         if c.latent_drift:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal, NoReturn, Union, get_args, get_origin, get_type_hints
 from urllib.parse import urlparse
 
+from kevload.conversation import BadTurns, parse_turns
 from kevload.datasets import Dataset, read_dataset
 from kevload.errors import ScenarioError
 from kevload.models import Probe, Rule, first_bad_message, key_of, rule, rule_of
@@ -329,7 +330,23 @@ def validate(scenario: Scenario, *, source: str | None = None) -> Scenario:
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:
         fail("probes.id", "unique ids", duplicates)
-    return replace(scenario, target=target, probes=probes, load=_load(fail, _recheck(scenario.load, "load", fail)))
+    load = _load(fail, _recheck(scenario.load, "load", fail))
+    _conversations(fail, probes, scenario.datasets, load)
+    return replace(scenario, target=target, probes=probes, load=load)
+
+
+def _conversations(fail: _Failer, probes: tuple[Probe, ...], datasets: tuple[Dataset, ...], load: Load) -> None:
+    """What a conversation runs with: one process (a turn's claim is held from its first turn to its last,
+    which worker processes would have to share), and for probes closed-loop levels sampled to a count."""
+    talks = any(p.turns for p in probes)
+    if load.workers > 1 and (talks or any(item.turns for d in datasets for item in d.items)):
+        fail("load.workers", "1 with conversations among the probes or companions (a conversation runs in one "
+             "process)", load.workers)
+    if talks and load.rate:
+        fail("load.rate", "no rate with conversation probes (a conversation sample runs in a closed-loop slot: "
+             "use load.concurrency)", list(load.rate))
+    if talks and load.until_bound is not None:
+        fail("load.until_bound", "no bound with conversation probes (sample them to load.samples)", load.until_bound)
 
 
 def _load(fail: _Failer, load: Load) -> Load:
@@ -411,13 +428,28 @@ def _unramped(load: Load) -> Load:
 
 def _probe(fail: _Failer, probe: Probe, where: str) -> Probe:
     probe = _recheck(probe, where, fail)
-    if (probe.prompt is None) == (probe.messages is None):
-        fail(where, "exactly one of prompt or messages",
-             [k for k in ("prompt", "messages") if getattr(probe, k) is not None])
+    given = [k for k in ("prompt", "messages", "turns") if getattr(probe, k) is not None]
+    if len(given) != 1:
+        fail(where, "exactly one of prompt, messages or turns", given)
+    if probe.turns is not None:
+        _with_turns({"turns": list(probe.turns)}, where, fail)
+    elif probe.system is not None:
+        fail(f"{where}.system", "turns beside it (a system message opens a conversation)", probe.system)
     bad = first_bad_message(probe.messages or ())
     if bad is not None:
         fail(f"{where}.messages[{bad}]", "a table with string role and content", probe.messages[bad])
     return probe
+
+
+def _with_turns(table: dict[str, Any], where: str, fail: _Failer) -> dict[str, Any]:
+    """A probe table with its ``turns`` read as ``Turn``s (``conversation.parse_turns``'s rule, which names the
+    bad turn), so the field's own rule only has to check their kind."""
+    if "turns" not in table:
+        return table
+    try:
+        return {**table, "turns": parse_turns(table["turns"])}
+    except BadTurns as bad:
+        fail(f"{where}.{bad.key}", bad.expected, bad.got)
 
 
 def _probes_and_datasets(fail: _Failer, items: list[Any], load: Load,
@@ -435,7 +467,7 @@ def _probes_and_datasets(fail: _Failer, items: list[Any], load: Load,
         if not isinstance(item, dict):
             fail(where, "a table with id and prompt or messages", item)
         if "dataset" not in item:
-            probes.append(_build(Probe, item, where, fail))
+            probes.append(_build(Probe, _with_turns(item, where, fail), where, fail))
             continue
         _known(item, where, {"dataset", "count", "max_tokens"}, fail)
         count = item.get("count", 0)
@@ -563,6 +595,8 @@ def _scalar(value: Any, hint: Any) -> Any:
         return float(value) if isinstance(value, int | float) else _BAD
     if hint is int or hint is str:
         return value if isinstance(value, hint) else _BAD
+    if is_dataclass(hint):  # an item of a list of tables, read into its dataclass before (a conversation's turns)
+        return value if isinstance(value, hint) else _BAD
     if get_origin(hint) is dict:
         of = get_args(hint)[1]
         ok = isinstance(value, dict) and (of is Any or all(isinstance(x, of) for x in value.values()))
@@ -687,7 +721,8 @@ def _as_table(obj: Any) -> dict[str, Any]:
         default = f.default_factory() if f.default_factory is not MISSING else f.default
         if value != default or default is MISSING:
             out[key_of(f)] = (_as_table(value) if is_dataclass(value)
-                              else [dict(x) if isinstance(x, dict) else x for x in value] if isinstance(value, tuple)
+                              else [dict(x) if isinstance(x, dict) else _as_table(x) if is_dataclass(x) else x
+                                    for x in value] if isinstance(value, tuple)
                               else value)
     return out
 

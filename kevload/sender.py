@@ -9,15 +9,16 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, fields
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from kevload.client import Client, Outcome, build_body
+from kevload.conversation import conversation_sha256, history_sha256
 from kevload.level import Level
 from kevload.models import Probe
 from kevload.scenario import Scenario
-from kevload.schedule import Role
+from kevload.schedule import ClosedLoop, Role
 from kevload.store import Record, answer_text
 
 
@@ -77,16 +78,84 @@ class Sender:
     async def send(self, level: Level, cell: Cell, role: Role, item: Probe, sample: int, *, at: float = 0.0,
                    t_scheduled: float | None = None) -> Record:
         """``at``: seconds into the level (scheduled, in the open loop), which decides a ramp-up's sends."""
-        load = self.scenario.load
+        seq, request_id = self._number()
+        body = self._body(item, request_id)
+        # Nothing between a slot's answer and this claim suspends: a slot that resends at once keeps c in flight.
+        claim = level.claim(role, at)
+        try:
+            outcome, retries, cut = await self._exchange(level, body, request_id)
+        finally:
+            self._hear_stop()  # before the answer is weighed: one that comes after a stop does not count
+            counted = level.release(claim)
+        # A request the stop cut is no answer of the server's, at any level.
+        return record(outcome, body, run_id=self.run_id, seq=seq, probe=item.id, role=role, mode=cell.mode,
+                      concurrency=cell.concurrency, rate=cell.rate, sample=sample, in_flight=claim.others,
+                      counted=counted and not (cut is not None and cut.stop), max_in_flight=cell.max_in_flight,
+                      t_scheduled=t_scheduled, retries=retries, request_id=request_id)
+
+    async def converse(self, level: Level, cell: Cell, role: Role, item: Probe, sample: int, *, at: float = 0.0,
+                       t_scheduled: float | None = None) -> AsyncIterator[Record]:
+        """A conversation sample: its turns one after another in this slot, each a request and a record, turn k
+        asked with the answers turns 0 … k − 1 received (or those the file gives). It ends at its last turn or at
+        the first that failed (no answer to go on with).
+
+        The sample holds one claim from its first send to its last answer, as one request would: its first turn's
+        claim decides whether the level counts it, every later turn counts only if it too went with c − 1 others
+        in flight (``Level.claim_turn``) and every turn before it counted. So the record that ends the sample says
+        whether the whole conversation was sent at full load."""
+        assert item.turns is not None
+        first = level.claim(role, at)
+        answers: list[str] = []
+        counted, conversation, chained = first.counted, None, None
+        held = True
+        try:
+            for k in range(len(item.turns)):
+                claim = first if k == 0 else level.claim_turn(first)
+                asked = item.turn(k, answers)
+                seq, request_id = self._number()
+                conversation = conversation or request_id
+                body = self._body(asked, request_id)
+                outcome, retries, cut = await self._exchange(level, body, request_id)
+                self._hear_stop()
+                ends = k == len(item.turns) - 1 or outcome.status != "ok"
+                counted = counted and claim.counted and not (cut is not None and cut.stop)
+                if ends:
+                    held = False
+                    counted = level.release(first) and counted
+                else:  # an answer after a halt lost its batch on the way, as Level.release says of one
+                    counted = counted and not (level.halted and isinstance(level.plan, ClosedLoop))
+                done = record(outcome, body, run_id=self.run_id, seq=seq, probe=item.id, role=role, mode=cell.mode,
+                              concurrency=cell.concurrency, rate=cell.rate, sample=sample, in_flight=claim.others,
+                              counted=counted, max_in_flight=cell.max_in_flight,
+                              t_scheduled=t_scheduled if k == 0 else None, retries=retries, request_id=request_id,
+                              turn=k, turns=len(item.turns), conversation=conversation, history=list(asked.messages),
+                              history_sha256=history_sha256(asked.messages))
+                if done.sha256 is not None:
+                    chained = conversation_sha256(chained, done.sha256, done.finish_reason)
+                    done = replace(done, conversation_sha256=chained)
+                yield done
+                if ends:
+                    return
+                answers.append(outcome.output or "")
+        finally:
+            if held:  # torn down mid-conversation
+                level.release(first)
+
+    def _number(self) -> tuple[int, str]:
+        """The next request's seq and id. Sent as X-Request-Id; a 429/503 retry and a transport's reconnect resend
+        keep it."""
         seq = self.seq
         self.seq += self.step
         self.sent += 1
-        # Sent as X-Request-Id; a 429/503 retry below and a transport's reconnect resend keep it.
-        request_id = f"{self.ids}-{seq}"
+        return seq, f"{self.ids}-{seq}"
+
+    def _body(self, item: Probe, request_id: str) -> dict[str, Any]:
+        load = self.scenario.load
         nonce = f"kevload-{request_id}" if load.nonce else None
-        body = build_body(self.scenario.target, item, self.scenario.params, stream=load.stream, nonce=nonce)
-        # Nothing between a slot's answer and this claim suspends: a slot that resends at once keeps c in flight.
-        claim = level.claim(role, at)
+        return build_body(self.scenario.target, item, self.scenario.params, stream=load.stream, nonce=nonce)
+
+    async def _exchange(self, level: Level, body: dict[str, Any], request_id: str) -> tuple[Outcome, int, Cut | None]:
+        """The request sent, retried after a 429/503 as the policy says, or cut: the outcome, the retries, the cut."""
         retries, cut = 0, None
         t_send = time.perf_counter()
         try:
@@ -105,14 +174,7 @@ class Sender:
             if cut is None:  # torn down, not cut: nothing to record
                 raise
             outcome = Outcome(status="timeout", t_send=t_send, t_last_byte=time.perf_counter(), error=cut.why)
-        finally:
-            self._hear_stop()  # before the answer is weighed: one that comes after a stop does not count
-            counted = level.release(claim)
-        # A request the stop cut is no answer of the server's, at any level.
-        return record(outcome, body, run_id=self.run_id, seq=seq, probe=item.id, role=role, mode=cell.mode,
-                      concurrency=cell.concurrency, rate=cell.rate, sample=sample, in_flight=claim.others,
-                      counted=counted and not (cut is not None and cut.stop), max_in_flight=cell.max_in_flight,
-                      t_scheduled=t_scheduled, retries=retries, request_id=request_id)
+        return outcome, retries, cut
 
 
 # Every field an Outcome shares with a Record is copied by name, so a field added to both travels on its own.

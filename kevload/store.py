@@ -68,6 +68,13 @@ class Record:
     worker: int | None = None  # which worker process sent it (runs with load.workers > 1; None: one process)
     # Logprobs that are -inf, inf or NaN; ``logprobs`` then spells them as JSON cannot (``spell_logprobs``).
     logprob_nonfinite: int = 0
+    # A turn of a conversation sample (``kevload.conversation``); None on every request that is no turn of one.
+    turn: int | None = None  # its index, from 0
+    turns: int | None = None  # the conversation's turns
+    conversation: str | None = None  # the request_id of the sample's first turn: what ties its turns together
+    history: list[dict[str, str]] | None = None  # the messages sent: every earlier turn as answered, then this one
+    history_sha256: str | None = None  # of ``history``: turns with one hash were asked the same
+    conversation_sha256: str | None = None  # every answer and finish_reason through this turn, chained
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Record:

@@ -178,6 +178,10 @@ class CellSummary(_Json):
     server_kv_cache_usage_max: float | None = written_with("server_view")
     # "server ran ≤ 1 at a time, 3 waiting: …" where the server held requests back at a level.
     server_note: str | None = written_with("server_view")
+    # A conversation cell (kevload.turnwise): per turn, the answers asked with the serial history and how many of
+    # them differ from the serial answer; the first turn (0-based) where one does: where it leaves the serial one.
+    turns: tuple[dict[str, int], ...] | None = written_with("turns")
+    first_divergent_turn: int | None = written_with("turns")
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> CellSummary:

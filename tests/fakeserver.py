@@ -85,6 +85,10 @@ class Behaviour:
     # gauges what the server is doing now), "garbage" (an HTML page), "malformed" (a known series, a bad value)
     # or "hang" (never answers).
     metrics: str | None = None
+    # Conversations: an answer is a function of the whole chat (an earlier answer changes every later one), and it
+    # varies under load (another request overlapping it) only from this turn on (0-based: a request with more user
+    # messages than this); serially it stays the same.
+    drift_from_turn: int | None = None
 
 
 class FakeServer:
@@ -342,6 +346,11 @@ class FakeServer:
         temperature = body.get("temperature", 1.0)
         seed = body.get("seed")
         key = hashlib.sha256((b.version + prompt).encode()).digest()
+        turn_drift = False
+        if b.drift_from_turn is not None and body.get("messages"):
+            key = hashlib.sha256((b.version + json.dumps(body["messages"], sort_keys=True)).encode()).digest()
+            users = sum(m.get("role") == "user" for m in body["messages"])
+            turn_drift = users > b.drift_from_turn and state["max_overlap"] >= 2
         rng = random.Random(key)
         words = [rng.choice(WORDS) for _ in range(b.words)]
         noisy: random.Random | None = None
@@ -355,7 +364,7 @@ class FakeServer:
         self.seen_prompts.add(prompt)
         if crowded and b.batched_variant:
             words[b.diverge_at_word] = "batched"
-        elif noisy is None and (crowded or mixed or b.always_drift):
+        elif noisy is None and (crowded or mixed or b.always_drift or turn_drift):
             noisy = random.Random()
         if noisy is not None:
             words[b.diverge_at_word:] = [noisy.choice(WORDS) for _ in words[b.diverge_at_word:]]
