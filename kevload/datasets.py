@@ -42,7 +42,8 @@ def read_dataset(path: Path, *, role: SampleRole, what: str, seed: int, count: i
                  max_tokens: int = 64) -> Dataset:
     """Read and check every line of ``path``, then keep ``count`` of them (0: all) chosen by ``seed``.
 
-    Each line is one object with ``prompt`` or ``messages``, optional ``id`` and ``max_tokens``
+    Each line is one object with ``prompt``, ``messages`` or ``turns`` (a conversation, with an optional
+    ``system``), optional ``id`` and ``max_tokens``
     (default ``max_tokens``). ``what`` names the scenario key in errors, e.g. ``probes[0].dataset``.
     """
     try:

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from kevload.client import Client
-from kevload.conversation import ends_sample
 from kevload.level import Level, Plan
 from kevload.models import Probe
 from kevload.scenario import Scenario
@@ -244,7 +243,7 @@ class _Run:
         conversation's once, with the record that ends it (its whole conversation, or the turn that failed)."""
         self._ready.append(record)
         self._wake.set()
-        if role == PROBE and record.counted and ends_sample(record.turn, record.turns, record.status):
+        if role == PROBE and record.is_sample:
             answer = record.sha256 if record.turns is None else record.conversation_sha256
             level.answered((answer, record.finish_reason) if record.status == "ok" else None)
             if self.errors.note(record.status == "ok"):

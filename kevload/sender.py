@@ -1,4 +1,5 @@
-"""One request of a level, sent and recorded: its id and body, the level's claim, retries after 429/503, and a cut.
+"""One request of a level, sent and recorded: its id and body, the level's claim, retries after 429/503, and a cut;
+and a conversation sample, its turns sent one after another under one claim (``Sender.converse``).
 
 The level (``kevload.level``) decides what counts; the sender asks it around the request's time in flight and
 turns the ``Outcome`` into the ``Record`` the run keeps.
@@ -97,7 +98,7 @@ class Sender:
                        t_scheduled: float | None = None) -> AsyncIterator[Record]:
         """A conversation sample: its turns one after another in this slot, each a request and a record, turn k
         asked with the answers turns 0 … k − 1 received (or those the file gives). It ends at its last turn or at
-        the first that failed (no answer to go on with).
+        the first that failed (no answer to go on with), or at a stop (nothing is sent after it).
 
         The sample holds one claim from its first send to its last answer, as one request would: its first turn's
         claim decides whether the level counts it, every later turn counts only if it too went with c − 1 others
@@ -110,6 +111,8 @@ class Sender:
         held = True
         try:
             for k in range(len(item.turns)):
+                if k and level.halted:  # nothing is sent after a stop: the sample ends here, uncounted
+                    return
                 claim = first if k == 0 else level.claim_turn(first)
                 asked = item.turn(k, answers)
                 seq, request_id = self._number()

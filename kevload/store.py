@@ -16,6 +16,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import orjson
 
+from kevload.conversation import ends_sample
 from kevload.errors import RunDirError
 from kevload.words import OK, Role
 
@@ -94,13 +95,14 @@ class Record:
 
     @property
     def is_sample(self) -> bool:
-        """Whether a cell counts it (``counts_in_cell``)."""
-        return counts_in_cell(self.role, self.counted)
+        """Whether a cell counts it as a sample (``counts_in_cell``): a conversation's by the record that ends it,
+        its earlier turns are none."""
+        return counts_in_cell(self.role, self.counted) and ends_sample(self.turn, self.turns, self.status)
 
     @property
     def is_evidence(self) -> bool:
-        """A counted ok probe answer: what a cell's determinism claim rests on (a probe that ``counts_in_cell``, ok)."""
-        return self.role == "probe" and self.status == OK and counts_in_cell(self.role, self.counted)
+        """A counted ok probe answer: what a cell's determinism claim rests on (a probe that is a sample, ok)."""
+        return self.role == "probe" and self.status == OK and self.is_sample
 
 
 def counts_in_cell(role: str, counted: bool) -> bool:
