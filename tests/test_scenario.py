@@ -82,7 +82,7 @@ def test_missing_api_key_env(tmp_path, monkeypatch):
 
 
 def test_probe_needs_prompt_or_messages():
-    with pytest.raises(ScenarioError, match=r"probes\[0\]: expected exactly one of prompt or messages"):
+    with pytest.raises(ScenarioError, match=r"probes\[0\]: expected exactly one of prompt, messages or turns"):
         scenario_from_dict({**GOOD, "probes": [{"id": "a"}]}, source="t.toml")
 
 
