@@ -192,3 +192,28 @@ def test_nothing_is_sent_after_a_stop_mid_conversation(tmp_path):
         assert len(fake.requests) == 2
     assert [(r.turn, r.status, r.counted) for r in records] == [(0, "ok", True), (1, "ok", False)]
     assert not any(r.is_sample for r in records)
+
+
+def test_resume_sends_the_conversations_a_run_lacks(tmp_path):
+    """A run cut after one turn of its third serial conversation: --resume counts the two whole ones it has (not their
+    turns) and sends the rest, whole conversations again."""
+    probe = {"id": "c1", "turns": TURNS, "max_tokens": 8}
+    with FakeServer(Behaviour(words=6)) as fake:
+        scenario = write_scenario(tmp_path / "s.toml", fake.url, probes=[probe], concurrency=[1, 2], samples=3,
+                                  logprobs=False)
+        run = tmp_path / "run"
+        assert run_cli("run", scenario, "--out", run, "--quiet")[0] == 0
+        lines = (run / "records.jsonl").read_text().splitlines(keepends=True)
+        (run / "records.jsonl").write_text("".join(lines[:2 * len(TURNS) + 1]))  # two conversations and one turn
+        meta = json.loads((run / "run.json").read_text())
+        (run / "run.json").write_text(json.dumps({**meta, "state": "interrupted"}))
+        sent = len(fake.requests)
+        code, output = run_cli("run", "--resume", run, "--quiet")
+        assert code == 0, output
+        # The third serial conversation whole, then the c=2 level: nothing of the two kept ones again.
+        assert fake.requests[sent]["messages"] == [{"role": "user", "content": TURNS[0]}]
+    records = _records(run)
+    serial_ends = [r for r in records if r["concurrency"] == 1 and r["counted"] and r["turn"] == r["turns"] - 1]
+    assert sorted(r["sample"] for r in serial_ends) == [0, 1, 2]
+    assert sum(r["concurrency"] == 1 for r in records) == 3 * len(TURNS) + 1
+    assert [c["ok"] for c in load_summary(run)["cells"]] == [3, 3]
