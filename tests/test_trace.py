@@ -159,3 +159,18 @@ def test_shipped_scenario_reads_its_trace():
     assert trace.format == "mooncake" and trace.count == 24 and scenario.load.trace_speedup == (1.0, 4.0)
     # Hash ids 0 and 1 (the shared "system prompt") open every request: the prefix the server may reuse.
     assert all(r.hash_ids[:2] == (0, 1) for r in trace.requests)
+
+
+def test_workers_share_the_trace_each_arrival_sent_once(tmp_path, server):
+    rows = [(t, 10 + t // 100, 4, [0]) for t in range(0, 1000, 100)]
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2, workers=2,
+                              trace=str(mooncake(tmp_path / "t.jsonl", rows)), trace_speedup=[2])
+    code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
+    assert code == 0, output
+    records = [r for f in ("records-0.jsonl", "records-1.jsonl") for r in read_records(tmp_path / "run" / f)]
+    companions = sorted((r for r in records if r["role"] == "companion"), key=lambda r: r["t_scheduled"])
+    assert [r["probe"] for r in companions] == [f"trace:{n}" for n in range(1, 11)]
+    assert {r["worker"] for r in companions} == {0, 1}
+    # One start for both workers: their records agree on the trace's clock to within a microsecond.
+    start = companions[0]["t_scheduled"]
+    assert [r["t_scheduled"] - start for r in companions] == pytest.approx([t / 2000 for t, *_ in rows], abs=1e-6)
