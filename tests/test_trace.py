@@ -59,6 +59,7 @@ def test_offsets_lengths_and_probe_points_are_the_traces(tmp_path, server):
     # The level's rate is the replay's mean rate: 5 requests over 2 s ÷ 4.
     trace_cells = [c for c in summary["cells"] if c["role"] == "probe" and c["rate"] is not None]
     assert [c["rate"] for c in trace_cells] == [10.0] and trace_cells[0]["latency"]["lateness"]["n"] == 4
+    assert summary["missing_cells"] == []  # run.json's trace gives the same level the engine ran
     meta = json.loads((tmp_path / "run" / "run.json").read_text())
     (dataset,) = meta["datasets"]
     assert dataset["format"] == "mooncake" and dataset["count"] == 5 and len(dataset["sha256"]) == 64
