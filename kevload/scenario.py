@@ -392,6 +392,8 @@ def _traced(fail: _Failer, load: Load) -> None:
              list(load.rate))
     if load.mode != "single":
         fail("load.mode", expected.format('"single"', "supplies the companions"), load.mode)
+    if load.arrival != "constant":
+        fail("load.arrival", expected.format('"constant"', "sets the arrival times"), load.arrival)
     if load.duration:
         fail("load.duration", expected.format("0", "level lasts the trace's span"), load.duration)
     if load.until_bound is not None:

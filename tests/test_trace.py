@@ -141,6 +141,7 @@ def test_bad_trace_lines_exit_2_naming_file_and_line(tmp_path, text, error):
     ({"rate": [2]}, "load.rate: expected no rates with load.trace"),
     ({"mode": "mixed"}, 'load.mode: expected "single" with load.trace'),
     ({"duration": 3}, "load.duration: expected 0 with load.trace"),
+    ({"arrival": "poisson"}, 'load.arrival: expected "constant" with load.trace (the trace sets the arrival times)'),
     ({"trace_speedup": [0]}, "load.trace_speedup: expected a non-empty list of numbers > 0"),
     ({"trace_format": "csv"}, "load.trace_format: expected one of auto, mooncake, burstgpt"),
     ({"trace": "missing.jsonl"}, "missing.jsonl: load.trace: cannot read"),
