@@ -48,6 +48,8 @@ GUIDELLM := $(HOME)/.cache/kevload/bench/guidellm
 bench: install system-deps
 	test -x $(GUIDELLM)/bin/guidellm || ($(PYTHON) -m venv $(GUIDELLM) && \
 	  $(GUIDELLM)/bin/pip install --quiet --disable-pip-version-check guidellm==0.8.1)
+	# Measured against the open loop's schedule (bench/throttle.py), not a dependency of kevload.
+	$(BIN)/pip install --quiet --disable-pip-version-check asyncio-throttle==1.0.2
 	$(BIN)/python -c 'from kevload.targets.transformers_serve import model_dir; model_dir()'
 	$(BIN)/python bench/run.py
 

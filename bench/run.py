@@ -7,7 +7,8 @@ run, alternating the clients (A B A B …), with absolute numbers for context.
 The ``until-bound`` section (alone: ``--only until-bound``) asks the built-in real targets how many
 probe requests ``--until-bound 5%`` takes: to name transformers' batching crosstalk, and to bound
 llama.cpp's drift rate below 5 % per level. The ``server-metrics`` section (``--only server-metrics``)
-measures what reading the server's own /metrics during a run costs the load.
+measures what reading the server's own /metrics during a run costs the load. The ``throttle`` section
+(``--only throttle``) drives the design card's asyncio-throttle and the open loop's own schedule at one rate.
 """
 
 from __future__ import annotations
@@ -44,10 +45,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=20000)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--skip-long", action="store_true", help="skip the 200k-request and 1M-record runs")
-    parser.add_argument("--only", choices=("until-bound", "scaling", "server-metrics"),
+    parser.add_argument("--only", choices=("until-bound", "scaling", "server-metrics", "throttle"),
                         help="run only this section (until-bound: real targets; scaling: worker processes; "
-                             "server-metrics: what sampling /metrics costs)")
+                             "server-metrics: what sampling /metrics costs; throttle: asyncio-throttle against "
+                             "the open loop's schedule)")
     args = parser.parse_args(argv)
+    if args.only == "throttle":
+        return _write({"machine": _machine(), "throttle": throttle(args.repeats)}, "throttle")
     if args.only == "server-metrics":
         results = {"machine": _machine(), "server_metrics": server_metrics_cost(args.repeats)}
         print_server_metrics(results["server_metrics"])
@@ -79,7 +83,18 @@ def main(argv: list[str] | None = None) -> int:
     results["until_bound"] = until_bound()
     results["server_metrics"] = server_metrics_cost(args.repeats)
     print_server_metrics(results["server_metrics"])
+    results["throttle"] = throttle(args.repeats)
     return _write(results)
+
+
+def throttle(repeats: int) -> dict:
+    """The design card's asyncio-throttle as the open loop's limiter, against kevload's schedule (about 8 s a
+    repeat). Imported here: asyncio-throttle is measured, not a dependency (``make bench`` installs it)."""
+    from bench.throttle import measure, print_throttle
+
+    result = measure(repeats=repeats)
+    print_throttle(result)
+    return result
 
 
 def _write(results: dict, suffix: str = "") -> int:

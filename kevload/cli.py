@@ -190,7 +190,8 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
     reference = load_baseline(baseline) if baseline is not None else None
     # Sampling until a bound takes as many samples as the answers call for: the bar counts up to the clean case.
     per_cell = max(sc.load.samples, samples_for_bound(sc.load.until_bound)) if sc.load.until_bound else sc.load.samples
-    total = len(sc.probes) * len(sc.load.rate or sc.load.concurrency) * per_cell
+    levels = len(sc.load.rate or sc.load.concurrency) + (len(sc.load.trace_speedup) if sc.load.trace else 0)
+    total = len(sc.probes) * levels * per_cell
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=stderr, disable=quiet, transient=True)
     with progress:

@@ -18,10 +18,12 @@ from typing import Any
 from kevload.client import Client
 from kevload.level import Level, Plan
 from kevload.models import Probe
+from kevload.replay import TraceLoop
 from kevload.scenario import Scenario
 from kevload.schedule import COMPANION, PROBE, WARMUP, ClosedLoop, OpenLoop, Role, UntilBound
 from kevload.sender import Cell, Cut, Sender
 from kevload.store import Record
+from kevload.trace import trace_of
 from kevload.workload import CompanionPicker, companions_for
 
 # How long in-flight requests may finish after a stop was asked for before they are cancelled.
@@ -162,9 +164,13 @@ class _Run:
         for index, probe in enumerate(self.scenario.probes):
             # Workers pick from their own seeded sequences, so they do not send the same companions in step.
             picker = CompanionPicker(self.pools[index], seed=load.seed + index + 7919 * self.team.worker)
-            # Open-loop rates replace the closed-loop concurrency levels when they are given.
+            # Open-loop rates replace the closed-loop concurrency levels when they are given; a trace's levels
+            # follow them, so the serial level c=1 is the reference its probes are held against.
             levels = [_OpenLevel(self, probe, rate, picker) for rate in load.rate] or \
                 [_ClosedLevel(self, probe, c, picker) for c in load.concurrency]
+            if (trace := trace_of(self.scenario.datasets)) is not None:
+                levels += [_OpenLevel(self, probe, trace.rate(speedup), picker, speedup=speedup)
+                           for speedup in load.trace_speedup]
             for level in levels:
                 if self.halted():
                     return
@@ -338,8 +344,9 @@ class _OpenLevel:
     one; each record keeps its scheduled time, and lateness is reported per cell.
     """
 
-    def __init__(self, run: _Run, probe: Probe, rate: float, picker: CompanionPicker):
+    def __init__(self, run: _Run, probe: Probe, rate: float, picker: CompanionPicker, speedup: float | None = None):
         self.run, self.probe, self.rate, self.picker = run, probe, rate, picker
+        self.speedup = speedup  # a trace level's (kevload.trace): its rate is the replay's mean rate
 
     async def __call__(self) -> None:
         run, probe, picker = self.run, self.probe, self.picker
@@ -348,8 +355,13 @@ class _OpenLevel:
         first = run.already.get(level_key(probe.id, 0, rate), 0)
         if run.level_done(first):
             return
-        plan = OpenLoop(rate, needed=load.samples - first, companions=bool(picker), arrival=load.arrival,
-                        seed=load.seed, warmup=load.warmup, duration=load.duration, ramp_s=load.ramp_s)
+        trace = trace_of(run.scenario.datasets)
+        if self.speedup is not None and trace is not None:
+            # The closed-loop levels before it sent the warm-ups; its length is the trace's.
+            plan: OpenLoop = TraceLoop(trace, self.speedup, needed=load.samples - first, ramp_s=load.ramp_s)
+        else:
+            plan = OpenLoop(rate, needed=load.samples - first, companions=bool(picker), arrival=load.arrival,
+                            seed=load.seed, warmup=load.warmup, duration=load.duration, ramp_s=load.ramp_s)
         cap = asyncio.Semaphore(load.max_in_flight) if load.max_in_flight else None
         level, _ = run.team.level(plan)
         run.level = level
@@ -382,7 +394,7 @@ class _OpenLevel:
                 scheduled = start + planned.at
                 if not await _sleep_until(scheduled, stopped) or cap is not None and not await _acquire(cap, stopped):
                     break
-                item = picker.next().item if role == COMPANION else probe
+                item = planned.item or (picker.next().item if role == COMPANION else probe)
                 task = group.create_task(one(role, item, sample, planned.at, scheduled))
                 # The group awaits every request; these sets only say which are still in flight, for the drain.
                 live = tasks[PROBE if role == PROBE else COMPANION]

@@ -39,6 +39,7 @@ from kevload.store import (
     write_json,
 )
 from kevload.summary import RunSummary
+from kevload.trace import trace_rates
 from kevload.words import OK, RunState
 
 
@@ -265,6 +266,8 @@ def _asked_cells(meta: dict[str, Any]) -> list[tuple[str, str, int, float | None
         return None
     load = meta["load"]
     levels = [(0, rate) for rate in load.get("rate") or ()] or [(c, None) for c in load["concurrency"]]
+    levels += [(0, rate) for rate in trace_rates(meta.get("datasets", []), load.get("trace_speedup") or [1.0])
+               if load.get("trace")]
     return [(probe, load["mode"], *level) for probe in meta["probes"] for level in levels]
 
 

@@ -26,11 +26,13 @@ from kevload.conversation import BadTurns, parse_turns
 from kevload.datasets import Dataset, read_dataset
 from kevload.errors import ScenarioError
 from kevload.models import Probe, Rule, first_bad_message, key_of, rule, rule_of
+from kevload.trace import MAX_SPEEDUP, MAX_TRACE_TOKENS, read_trace
 
 Mode = Literal["single", "mixed", "prefix", "needle"]
 Arrival = Literal["constant", "poisson"]
 Api = Literal["chat", "completions"]
 RampOf = Literal["concurrency", "rate"]
+TraceFormat = Literal["auto", "mooncake", "burstgpt"]
 Logprobs = Literal["auto", True, False]
 MODES: tuple[str, ...] = get_args(Mode)
 ARRIVALS: tuple[str, ...] = get_args(Arrival)
@@ -52,7 +54,8 @@ SEED_BOUNDS = {"min": -2**63, "max": 2**63 - 1}  # what TOML and run.json (JSON)
 # kevload sets this header itself, unique per request, so records join the server's logs: never the user's.
 REQUEST_ID_HEADER = "X-Request-Id"
 # Load keys that decide which lines the JSONL datasets contribute: setting one reads the files again.
-DATASET_KEYS = frozenset({"load.mode", "load.companions", "load.companion_count", "load.dataset_seed"})
+DATASET_KEYS = frozenset({"load.mode", "load.companions", "load.companion_count", "load.dataset_seed", "load.trace",
+                          "load.trace_format", "load.trace_max_requests", "load.trace_block_tokens"})
 METRICS_OFF = ("", "off")  # target.metrics_url values that read no metrics
 METRICS_URL_EXPECTED = '"auto", "off" (or "") or an http:// or https:// URL of Prometheus text, without user:password@'
 
@@ -171,6 +174,18 @@ class Load:
     max_samples: int = rule(1000, min=1, max=MAX_SAMPLES, expected=f"an integer from 1 to {MAX_SAMPLES:,}")
     workers: int = rule(1, min=1, max=MAX_WORKERS,  # kevload.workers
                         expected=f"an integer from 1 to {MAX_WORKERS:,} (processes sharing each level)")
+    # Trace replay (kevload.trace): a Mooncake JSONL or BurstGPT CSV file of arrivals, relative to the scenario file;
+    # one open-loop level per speed-up, after the closed-loop levels (load.concurrency: c=1, the serial reference).
+    trace: str = ""
+    trace_format: TraceFormat = "auto"
+    trace_speedup: tuple[float, ...] = rule((1.0,), above=0, max=MAX_SPEEDUP, nonempty=True,
+                                            expected=f"a non-empty list of numbers > 0, at most {MAX_SPEEDUP:,} "
+                                            "(the trace's time divided by it)")
+    trace_max_requests: int = rule(0, min=0, max=MAX_SAMPLES,
+                                   expected=f"an integer from 0 to {MAX_SAMPLES:,} (the trace's first lines; 0: all)")
+    # Mooncake's hash_ids blocks: tokens each (words of the synthetic prompt).
+    trace_block_tokens: int = rule(512, min=1, max=MAX_TRACE_TOKENS,
+                                   expected=f"an integer from 1 to {MAX_TRACE_TOKENS:,} (tokens a hash_ids block)")
 
 
 _DEFAULT_LOAD = Load()
@@ -380,7 +395,26 @@ def _load(fail: _Failer, load: Load) -> Load:
                  "load.ramp.every_s) is set too; remove one of them", load.until_bound)
         if load.max_samples < load.samples:
             fail("load.max_samples", f"an integer >= load.samples ({load.samples})", load.max_samples)
-    return replace(load, concurrency=tuple(sorted(set(load.concurrency))), rate=tuple(sorted(set(load.rate))))
+    if load.trace:
+        _traced(fail, load)
+    return replace(load, concurrency=tuple(sorted(set(load.concurrency))), rate=tuple(sorted(set(load.rate))),
+                   trace_speedup=tuple(sorted(set(load.trace_speedup))))
+
+
+def _traced(fail: _Failer, load: Load) -> None:
+    """A trace sets its levels' arrivals, companions and length: the keys that would set them too are refused."""
+    expected = "{} with load.trace (the trace {})"
+    if load.rate:
+        fail("load.rate", expected.format("no rates", "sets the open-loop levels: give load.trace_speedup"),
+             list(load.rate))
+    if load.mode != "single":
+        fail("load.mode", expected.format('"single"', "supplies the companions"), load.mode)
+    if load.arrival != "constant":
+        fail("load.arrival", expected.format('"constant"', "sets the arrival times"), load.arrival)
+    if load.duration:
+        fail("load.duration", expected.format("0", "level lasts the trace's span"), load.duration)
+    if load.until_bound is not None:
+        fail("load.until_bound", expected.format("none", "level sends on a schedule"), load.until_bound)
 
 
 def _json_numbers(value: Any, key: str, fail: _Failer) -> None:
@@ -481,6 +515,10 @@ def _probes_and_datasets(fail: _Failer, items: list[Any], load: Load,
                                count=count, count_key=f"{where}.count", max_tokens=max_tokens)
         datasets.append(dataset)
         probes.extend(dataset.items)
+    if load.trace:
+        datasets.append(read_trace(base / load.trace, what="load.trace", trace_format=load.trace_format,
+                                   seed=load.dataset_seed, max_requests=load.trace_max_requests,
+                                   block_tokens=load.trace_block_tokens))
     if load.mode == "mixed" and load.companions != "builtin":
         datasets.append(read_dataset(base / load.companions, role="companion", what="load.companions",
                                      seed=load.dataset_seed, count=load.companion_count,

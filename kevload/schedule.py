@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal, get_args
 from kevload.stats import samples_for_bound
 
 if TYPE_CHECKING:
+    from kevload.models import Probe
     from kevload.scenario import Arrival
 
 Role = Literal["probe", "companion", "warmup"]  # what a request is for; records.jsonl's role
@@ -22,10 +23,12 @@ PROBE, COMPANION, WARMUP = get_args(Role)
 
 @dataclass(frozen=True, slots=True)
 class Send:
-    """One request to send: its role and, in the open loop, when it is due (seconds after the level's start)."""
+    """One request to send: its role and, in the open loop, when it is due (seconds after the level's start);
+    ``item`` what it sends where the plan chooses that itself (a trace's request), else the probe or a companion."""
 
     role: Role
     at: float | None = None
+    item: Probe | None = None
 
 
 @dataclass(frozen=True, slots=True)
