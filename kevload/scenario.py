@@ -360,6 +360,9 @@ def _conversations(fail: _Failer, probes: tuple[Probe, ...], datasets: tuple[Dat
     if talks and load.rate:
         fail("load.rate", "no rate with conversation probes (a conversation sample runs in a closed-loop slot: "
              "use load.concurrency)", list(load.rate))
+    if talks and load.trace:
+        fail("load.trace", "no trace with conversation probes (a replay sends its probes open loop, a conversation "
+             "sample runs in a closed-loop slot)", load.trace)
     if talks and load.until_bound is not None:
         fail("load.until_bound", "no bound with conversation probes (sample them to load.samples)", load.until_bound)
 
