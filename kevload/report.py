@@ -9,6 +9,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
+from kevload import prefixcache
 from kevload.summary import CellSummary, RunSummary, label_of, levels_of, name_parts, position_label
 
 FORMATS = ("table", "json", "markdown", "html")
@@ -28,6 +29,8 @@ def render(summary: RunSummary, fmt: str, console: Console | None = None) -> str
     console.print(latency_table(summary))
     if server_rows(summary):
         console.print(server_table(summary))
+    for line in cache_lines(summary):
+        console.print(line, highlight=False)
     console.print(verdict_line(summary))
     if summary.slo:
         console.print(slo_line(summary), highlight=False)
@@ -400,6 +403,12 @@ def _companions(summary: RunSummary) -> str:
             f"failed ({counts_text(summary.companion_errors_by_type)})")
 
 
+def cache_lines(summary: RunSummary) -> list[str]:
+    """load.prefix_cache's cold-vs-warm lines, each probe's under the method's (none without it)."""
+    cache = summary.prefix_cache
+    return prefixcache.lines(cache["probes"], cache) if cache else []
+
+
 def markdown(summary: RunSummary) -> str:
     cells = summary.probe_cells()
     levels = levels_of(cells)
@@ -419,6 +428,9 @@ def markdown(summary: RunSummary) -> str:
         lines += ["", "| " + " | ".join(SERVER_COLUMNS) + " |",
                   "| --- | " + " | ".join("---:" for _ in SERVER_COLUMNS[1:]) + " |"]
         lines += ["| " + " | ".join(row) + " |" for row in rows]
+    cache = cache_lines(summary)
+    if cache:
+        lines += ["", cache[0], *[f"- {line.strip()}" for line in cache[1:]]]
     lines += ["", verdict_line(summary), ""]
     if summary.slo:
         lines += ["| probe (mode) | level | requests | within SLO | attainment | goodput/s |",

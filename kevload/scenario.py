@@ -31,6 +31,8 @@ Arrival = Literal["constant", "poisson"]
 Api = Literal["chat", "completions"]
 RampOf = Literal["concurrency", "rate"]
 Logprobs = Literal["auto", True, False]
+PrefixCache = Literal["off", "cold_warm"]
+CacheReset = Literal["auto", "reset_prefix_cache", "flush_cache", "cache_prompt", "marker"]
 MODES: tuple[str, ...] = get_args(Mode)
 ARRIVALS: tuple[str, ...] = get_args(Arrival)
 APIS: tuple[str, ...] = get_args(Api)
@@ -170,6 +172,9 @@ class Load:
     max_samples: int = rule(1000, min=1, max=MAX_SAMPLES, expected=f"an integer from 1 to {MAX_SAMPLES:,}")
     workers: int = rule(1, min=1, max=MAX_WORKERS,  # kevload.workers
                         expected=f"an integer from 1 to {MAX_WORKERS:,} (processes sharing each level)")
+    # Each probe sample cold, then warm (kevload.prefixcache), and how cold is made.
+    prefix_cache: PrefixCache = "off"
+    cache_reset: CacheReset = "auto"
 
 
 _DEFAULT_LOAD = Load()
@@ -363,7 +368,28 @@ def _load(fail: _Failer, load: Load) -> Load:
                  "load.ramp.every_s) is set too; remove one of them", load.until_bound)
         if load.max_samples < load.samples:
             fail("load.max_samples", f"an integer >= load.samples ({load.samples})", load.max_samples)
+    if load.prefix_cache == "cold_warm":
+        _cold_warm(fail, load)
     return replace(load, concurrency=tuple(sorted(set(load.concurrency))), rate=tuple(sorted(set(load.rate))))
+
+
+def _cold_warm(fail: _Failer, load: Load) -> None:
+    """Cold and warm are compared serially, one round after another: under batching a difference could be the
+    batch's, a warm-up would warm the cache, and a round needs both its samples."""
+    for key, value, expected in (
+            ("load.concurrency", load.concurrency, "[1] with load.prefix_cache = \"cold_warm\" (cold and warm are "
+             "compared serially)"),
+            ("load.mode", load.mode, "\"single\" with load.prefix_cache = \"cold_warm\""),
+            ("load.rate", load.rate, "none with load.prefix_cache = \"cold_warm\""),
+            ("load.warmup", load.warmup, "0 with load.prefix_cache = \"cold_warm\" (a warm-up would warm the cache)"),
+            ("load.duration", load.duration, "0 with load.prefix_cache = \"cold_warm\" (a round needs both samples)"),
+            ("load.until_bound", load.until_bound, "none with load.prefix_cache = \"cold_warm\""),
+            ("load.workers", load.workers, "1 with load.prefix_cache = \"cold_warm\"")):
+        if value != getattr(_DEFAULT_LOAD, key[5:]):
+            fail(key, expected, list(value) if isinstance(value, tuple) else value)
+    if load.samples % 2:
+        fail("load.samples", "an even number with load.prefix_cache = \"cold_warm\" (each round: one cold "
+             "sample, one warm)", load.samples)
 
 
 def _json_numbers(value: Any, key: str, fail: _Failer) -> None:

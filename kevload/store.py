@@ -68,6 +68,10 @@ class Record:
     worker: int | None = None  # which worker process sent it (runs with load.workers > 1; None: one process)
     # Logprobs that are -inf, inf or NaN; ``logprobs`` then spells them as JSON cannot (``spell_logprobs``).
     logprob_nonfinite: int = 0
+    # load.prefix_cache = "cold_warm" (kevload.prefixcache): whether kevload made this probe sample cold or warm, and
+    # how many prompt tokens the server said it served from its cache (None: it did not say).
+    cache: str | None = None
+    cached_tokens: int | None = None
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Record:
