@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from kevload import prefixcache
 from kevload.cli import main
 from kevload.client import _Accumulator
+from kevload.diagnose import cache_rounds
 from kevload.errors import ScenarioError
 from kevload.prefixcache import CacheResetError
 from kevload.report import markdown
@@ -89,7 +90,7 @@ def test_without_a_reset_a_fresh_marker_per_round_compares_the_same_input(tmp_pa
     assert "POST /reset_prefix_cache answered 404" in meta["prefix_cache"]["why"]
     assert meta["probes"] == [f"p1@r{k}" for k in range(4)]  # each round its own input, its own cell
     for k in range(4):
-        marker = f"[{meta['run_id']} round {k}] "
+        marker = f"[round {k} of {meta['run_id']}] "
         prompts = {b["messages"][-1]["content"] for b in server.requests if b["messages"][-1]["content"].startswith(
             marker)}
         assert len(prompts) == 1  # cold and warm of one round: the same input
@@ -178,3 +179,48 @@ def test_streamed_answers_carry_the_cached_tokens_too(tmp_path):
                                                      cached_tokens="usage"), stream=True)
     assert [r.cached_tokens for r in records if r.role == "probe"] == [0, 8] * 4
     assert only(summary)["confirmed"] == 4
+
+
+def _comparison(rounds, equal, effect, warm_distinct, unstable=0):
+    return {"rounds": rounds, "equal_rounds": equal, "cache_effect": effect, "warm_unstable_rounds": unstable,
+            "warm": {"distinct": warm_distinct}}
+
+
+@pytest.mark.parametrize(("comparisons", "counts"), [
+    ([_comparison(3, 0, True, 1)], (3, 3, 0)),  # reset: warm answers agree, every cold one leaves them
+    ([_comparison(3, 1, None, 3)], (3, 0, 2)),  # reset: warm answers vary anyway: unstable, never cold-differs
+    ([_comparison(3, 3, False, 1)], (3, 0, 0)),
+    ([_comparison(3, 1, True, None, unstable=0)], (3, 2, 0)),  # marker: per round
+    ([_comparison(3, 2, None, None, unstable=2)], (3, 0, 2)),
+    ([_comparison(0, 0, False, None)], (0, 0, 0))])
+def test_diagnose_reads_a_cache_steps_rounds(comparisons, counts):
+    assert cache_rounds(comparisons) == counts
+
+
+def test_diagnose_cache_step_uses_the_servers_reset_and_says_so(tmp_path):
+    behaviour = Behaviour(cold_differs=True, reset_endpoint="/reset_prefix_cache", cached_tokens="usage")
+    with FakeServer(behaviour) as server:
+        result = CliRunner().invoke(main, ["diagnose", "--url", server.url, "--model", "fake", "--prompt", "a robot",
+                                           "--params", '{"temperature": 0}', "--samples", "4",
+                                           "--json", str(tmp_path / "d.json"), "--out", str(tmp_path / "d")])
+    d = json.loads((tmp_path / "d.json").read_text())
+    steps = {s["step"]: s for s in d["steps"]}
+    assert steps["cache"]["cache_method"] == "reset_prefix_cache"
+    assert "(cold by reset_prefix_cache)" in steps["cache"]["title"] and "(cold by reset_prefix_cache)" in result.output
+    assert (steps["cache"]["compared_rounds"], steps["cache"]["cold_differs_rounds"]) == (3, 3)
+    assert server.resets >= 3
+    assert d["verdict"] == "cache" and d["findings"]["cache_effect"] is True
+    # The check without the cache: cache_prompt: false on every request, fresh prompts.
+    assert d["findings"]["cache_off_converges"] is True
+
+
+def test_the_marker_opens_the_whole_input_so_a_shared_system_message_is_not_cached(tmp_path):
+    raw = {"target": {"base_url": "http://127.0.0.1:9/v1", "model": "fake"},
+           "load": {"prefix_cache": "cold_warm", "samples": 4, "cache_reset": "marker"},
+           "probes": [{"id": "p", "max_tokens": 4, "messages": [{"role": "system", "content": "Be brief."},
+                                                                 {"role": "user", "content": "A fact."}]}]}
+    marked = prefixcache.marked_rounds(scenario_from_dict(raw, source="t.toml"), "RUN")
+    assert [p.id for p in marked.probes] == ["p@r0", "p@r1"] and marked.load.samples == 3
+    assert [p.messages[0]["content"] for p in marked.probes] == ["[round 0 of RUN] Be brief.",
+                                                                 "[round 1 of RUN] Be brief."]
+    assert all(p.messages[1]["content"] == "A fact." for p in marked.probes)
