@@ -298,7 +298,7 @@ def lines(comparisons: list[dict[str, Any]], method: dict[str, str] | None) -> l
                      f"{c['first_divergence_chars']}, 0-based)")
         if c["warm_unstable_rounds"]:
             parts.append(f"warm answers disagree among themselves in {c['warm_unstable_rounds']} rounds")
-        parts.append({True: "cache effect", False: "no cache effect",
+        parts.append({True: "cache effect", False: "no cache effect on the text",
                       None: "no claim about the cache (warm answers vary too)"}[c["cache_effect"]])
         if c["logprob_rounds"]:
             size = c["logprob_max_abs_diff"]

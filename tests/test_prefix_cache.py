@@ -14,7 +14,7 @@ from kevload import prefixcache
 from kevload.cli import main
 from kevload.client import _Accumulator
 from kevload.diagnose import cache_rounds
-from kevload.errors import ScenarioError
+from kevload.errors import InputError, ScenarioError
 from kevload.prefixcache import CacheResetError
 from kevload.report import markdown
 from kevload.runs import run_scenario
@@ -224,3 +224,9 @@ def test_the_marker_opens_the_whole_input_so_a_shared_system_message_is_not_cach
     assert [p.messages[0]["content"] for p in marked.probes] == ["[round 0 of RUN] Be brief.",
                                                                  "[round 1 of RUN] Be brief."]
     assert all(p.messages[1]["content"] == "A fact." for p in marked.probes)
+
+
+def test_ray_is_refused_before_any_cluster_is_reached(tmp_path):
+    with pytest.raises(InputError, match="--ray: load.prefix_cache sends its rounds in one process"):
+        asyncio.run(run_scenario(scenario("http://127.0.0.1:9/v1"), tmp_path / "run", ray="127.0.0.1:1"))
+    assert not (tmp_path / "run").exists()
