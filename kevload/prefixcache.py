@@ -279,45 +279,6 @@ def _logprob_diff(cold: Record, warm: Record) -> tuple[bool, float | None] | Non
     return equal, worst if compared else None
 
 
-def lines(comparisons: list[dict[str, Any]], method: dict[str, str] | None) -> list[str]:
-    """The report's cold-vs-warm lines, from ``summary.json``'s ``prefix_cache``."""
-    if method is None:
-        return []
-    out = [f"prefix cache, cold vs warm: cold made by {method['method']} ({method['why']})"]
-    for c in comparisons:
-        if not c["rounds"]:
-            out.append(f"  {c['probe']}: no round with an ok cold and warm answer"
-                       + (f" ({c['contradicted']} contradicted by the server's cached_tokens)"
-                          if c["contradicted"] else ""))
-            continue
-        parts = [f"{c['rounds']} rounds"]
-        if c["cold"]["distinct"] is not None:
-            parts.append(f"cold {c['cold']['distinct']} distinct, warm {c['warm']['distinct']} distinct")
-        parts.append("cold = warm in every round" if c["equal_rounds"] == c["rounds"] else
-                     f"cold ≠ warm in {c['rounds'] - c['equal_rounds']} of {c['rounds']} rounds (from char "
-                     f"{c['first_divergence_chars']}, 0-based)")
-        if c["warm_unstable_rounds"]:
-            parts.append(f"warm answers disagree among themselves in {c['warm_unstable_rounds']} rounds")
-        parts.append({True: "cache effect", False: "no cache effect on the text",
-                      None: "no claim about the cache (warm answers vary too)"}[c["cache_effect"]])
-        if c["logprob_rounds"]:
-            size = c["logprob_max_abs_diff"]
-            parts.append("logprobs bitwise equal" if c["logprob_bitwise"] else
-                         f"logprobs differ, largest |difference| {size:.3g} before the first differing token" if size
-                         else "logprobs differ from the first token" if size is None
-                         else "logprobs equal up to the first differing token")
-        if c["confirmed"]:
-            parts.append(f"server confirms {c['confirmed']} (cached prompt tokens: cold ≤ {c['cached_tokens_cold']}, "
-                         f"warm ≥ {c['cached_tokens_warm']})")
-        elif c["cached_tokens_warm"] is None and not c["contradicted"]:
-            parts.append("the server did not say what it cached")
-        if c["contradicted"]:
-            parts.append(f"{c['contradicted']} rounds left out: the server said their warm sample reused no more "
-                         "prompt tokens than the cold one")
-        out.append(f"  {c['probe']}: " + "; ".join(parts))
-    return out
-
-
 def _headers(scenario: Scenario, api_key: str | None) -> dict[str, str]:
     headers = dict(scenario.target.headers)
     if api_key:

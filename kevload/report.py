@@ -9,7 +9,6 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from kevload import prefixcache
 from kevload.summary import CellSummary, RunSummary, label_of, levels_of, name_parts, position_label
 
 FORMATS = ("table", "json", "markdown", "html")
@@ -404,9 +403,44 @@ def _companions(summary: RunSummary) -> str:
 
 
 def cache_lines(summary: RunSummary) -> list[str]:
-    """load.prefix_cache's cold-vs-warm lines, each probe's under the method's (none without it)."""
+    """load.prefix_cache's cold-vs-warm lines (``kevload.prefixcache.ColdWarm``), each probe's under the method's;
+    none without it."""
     cache = summary.prefix_cache
-    return prefixcache.lines(cache["probes"], cache) if cache else []
+    if cache is None:
+        return []
+    out = [f"prefix cache, cold vs warm: cold made by {cache['method']} ({cache['why']})"]
+    for c in cache["probes"]:
+        if not c["rounds"]:
+            out.append(f"  {c['probe']}: no round with an ok cold and warm answer"
+                       + (f" ({c['contradicted']} contradicted by the server's cached_tokens)"
+                          if c["contradicted"] else ""))
+            continue
+        parts = [f"{c['rounds']} rounds"]
+        if c["cold"]["distinct"] is not None:
+            parts.append(f"cold {c['cold']['distinct']} distinct, warm {c['warm']['distinct']} distinct")
+        parts.append("cold = warm in every round" if c["equal_rounds"] == c["rounds"] else
+                     f"cold ≠ warm in {c['rounds'] - c['equal_rounds']} of {c['rounds']} rounds (from char "
+                     f"{c['first_divergence_chars']}, 0-based)")
+        if c["warm_unstable_rounds"]:
+            parts.append(f"warm answers disagree among themselves in {c['warm_unstable_rounds']} rounds")
+        parts.append({True: "cache effect", False: "no cache effect on the text",
+                      None: "no claim about the cache (warm answers vary too)"}[c["cache_effect"]])
+        if c["logprob_rounds"]:
+            size = c["logprob_max_abs_diff"]
+            parts.append("logprobs bitwise equal" if c["logprob_bitwise"] else
+                         f"logprobs differ, largest |difference| {size:.3g} before the first differing token" if size
+                         else "logprobs differ from the first token" if size is None
+                         else "logprobs equal up to the first differing token")
+        if c["confirmed"]:
+            parts.append(f"server confirms {c['confirmed']} (cached prompt tokens: cold ≤ {c['cached_tokens_cold']}, "
+                         f"warm ≥ {c['cached_tokens_warm']})")
+        elif c["cached_tokens_warm"] is None and not c["contradicted"]:
+            parts.append("the server did not say what it cached")
+        if c["contradicted"]:
+            parts.append(f"{c['contradicted']} rounds left out: the server said their warm sample reused no more "
+                         "prompt tokens than the cold one")
+        out.append(f"  {c['probe']}: " + "; ".join(parts))
+    return out
 
 
 def markdown(summary: RunSummary) -> str:

@@ -15,8 +15,9 @@ from kevload.cli import main
 from kevload.client import _Accumulator
 from kevload.diagnose import cache_rounds
 from kevload.errors import InputError, ScenarioError
+from kevload.html import run_report
 from kevload.prefixcache import CacheResetError
-from kevload.report import markdown
+from kevload.report import cache_lines, markdown
 from kevload.runs import run_scenario
 from kevload.scenario import scenario_from_dict
 from kevload.store import Record
@@ -63,6 +64,8 @@ def test_vllm_reset_makes_each_cold_sample_cold_and_the_warm_drift_is_named(tmp_
     text = markdown(summary)
     assert "cold made by reset_prefix_cache" in text and "cold ≠ warm in 4 of 4 rounds" in text
     assert "cache effect" in text and "server confirms 4" in text
+    page = run_report(summary, meta, records)
+    assert "<h2>Prefix cache, cold vs warm</h2>" in page and "cold ≠ warm in 4 of 4 rounds" in page
 
 
 def test_a_server_whose_cache_changes_nothing_has_no_cache_effect(tmp_path):
@@ -71,8 +74,7 @@ def test_a_server_whose_cache_changes_nothing_has_no_cache_effect(tmp_path):
     c = only(summary)
     assert (c["rounds"], c["equal_rounds"], c["cache_effect"]) == (4, 4, False)
     assert summary.verdict == "deterministic"
-    assert "cold = warm in every round; no cache effect" in "\n".join(prefixcache.lines(
-        summary.prefix_cache["probes"], summary.prefix_cache))
+    assert "cold = warm in every round; no cache effect" in "\n".join(cache_lines(summary))
 
 
 def test_llamacpp_cold_is_cache_prompt_false_and_warm_cache_prompt_true(tmp_path):
@@ -107,8 +109,7 @@ def test_no_false_cache_effect_on_a_server_that_varies_anyway(tmp_path, reset):
     _, summary, _, _ = run(tmp_path, Behaviour(sampling=True, reset_endpoint=reset), {"temperature": 0.8})
     c = only(summary)
     assert c["equal_rounds"] < c["rounds"] and c["cache_effect"] is None
-    assert "no claim about the cache" in "\n".join(prefixcache.lines(summary.prefix_cache["probes"],
-                                                                      summary.prefix_cache))
+    assert "no claim about the cache" in "\n".join(cache_lines(summary))
 
 
 def test_no_cache_effect_on_a_plain_server_by_marker(tmp_path):
@@ -125,7 +126,7 @@ def test_a_reset_that_lies_is_caught_by_the_servers_own_account(tmp_path):
     # Only the very first cold sample was cold; after that the server says "cold" ones came from its cache.
     assert [r.cached_tokens for r in records if r.cache == "cold"] == [0, 8, 8, 8]
     assert (c["rounds"], c["contradicted"], c["confirmed"]) == (1, 3, 1)
-    assert "3 rounds left out" in "\n".join(prefixcache.lines(summary.prefix_cache["probes"], summary.prefix_cache))
+    assert "3 rounds left out" in "\n".join(cache_lines(summary))
 
 
 def test_a_reset_failing_mid_run_is_kevloads_error_not_a_drifted_cell(tmp_path):
