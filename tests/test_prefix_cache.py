@@ -231,3 +231,28 @@ def test_ray_is_refused_before_any_cluster_is_reached(tmp_path):
     with pytest.raises(InputError, match="--ray: load.prefix_cache sends its rounds in one process"):
         asyncio.run(run_scenario(scenario("http://127.0.0.1:9/v1"), tmp_path / "run", ray="127.0.0.1:1"))
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("status", "body", "ok"), [
+    (200, '{"success": true}', True), (200, '{"success": false}', False), (200, "Cache flushed.", True),
+    (400, "pending requests", False), (404, "Not Found", False)])
+def test_what_counts_as_a_reset(status, body, ok):
+    from aiohttp import web
+
+    async def answer(request: web.Request) -> web.Response:
+        return web.Response(status=status, text=body)
+
+    async def check():
+        app = web.Application()
+        app.router.add_post("/reset_prefix_cache", answer)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        try:
+            return await prefixcache._post(f"http://127.0.0.1:{port}/reset_prefix_cache", {}, 5)
+        finally:
+            await runner.cleanup()
+
+    assert asyncio.run(check())[0] is ok
