@@ -256,3 +256,31 @@ def test_what_counts_as_a_reset(status, body, ok):
             await runner.cleanup()
 
     assert asyncio.run(check())[0] is ok
+
+
+@pytest.mark.parametrize("behaviour", [
+    Behaviour(warm_differs=True, reset_endpoint="/reset_prefix_cache", cached_tokens="usage"),
+    Behaviour(warm_differs=True)], ids=["reset", "marker"])
+def test_a_resumed_run_keeps_its_method_and_its_rounds(tmp_path, behaviour):
+    with FakeServer(behaviour) as server:
+        asyncio.run(run_scenario(scenario(server.url), tmp_path / "run"))
+        meta = json.loads((tmp_path / "run" / "run.json").read_text())
+        records = tmp_path / "run" / "records.jsonl"
+        kept = 3  # a run killed after its second round's cold sample (reset) / first round (marker)
+        records.write_text("".join(records.read_text().splitlines(keepends=True)[:kept]))
+        resets, sent = server.resets, len(server.requests)
+        code = CliRunner().invoke(main, ["run", "--resume", str(tmp_path / "run"), "--quiet"]).exit_code
+        after = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert code == 1
+    assert after["prefix_cache"] == meta["prefix_cache"] and after["probes"] == meta["probes"]
+    rows = [Record.from_json(json.loads(line)) for line in records.read_text().splitlines()]
+    c = RunSummary.from_json(json.loads((tmp_path / "run" / "summary.json").read_text())).prefix_cache["probes"][0]
+    assert (c["rounds"], c["cache_effect"]) == (4, True)
+    if meta["prefix_cache"]["method"] == "reset_prefix_cache":
+        assert [r.cache for r in rows] == ["cold", "warm"] * 4
+        assert server.resets - resets == 2  # before samples 4 and 6: the resume asks for no method again
+        assert len(server.requests) - sent == 5
+    else:
+        assert [(r.probe, r.cache) for r in rows][kept:] == [(f"p1@r{k}", s) for k in (1, 2, 3)
+                                                             for s in ("cold", "warm", "warm")]
+        assert len(server.requests) - sent == 9
