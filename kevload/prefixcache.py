@@ -1,13 +1,13 @@
 """Prefix cache warm and cold, on purpose (``load.prefix_cache = "cold_warm"``): how a cold sample is made, and
 what the cold and warm answers say side by side.
 
-Each round sends the probe twice, serially: cold (its prefix not in the server's cache), then warm (the same input,
-just served). Cold is made by the server's own reset where it has one — vLLM's ``POST /reset_prefix_cache``,
-SGLang's ``POST /flush_cache`` — by llama.cpp's per-request ``cache_prompt: false``, or, where the server has none
-of these, by a fresh marker opening the probe's text in every round (its first send is cold, the next warm; the two
-compare the same input). ``load.cache_reset = "auto"`` probes the endpoints in that order and falls back.
+Each round sends the probe serially, cold (its prefix not in the server's cache), then warm (the same input, just
+served). Cold is made by the server's own reset where it has one — vLLM's ``POST /reset_prefix_cache``, SGLang's
+``POST /flush_cache`` — by llama.cpp's per-request ``cache_prompt: false``, or, where the server has none of these,
+by a fresh marker opening the probe's whole input in every round (its first send is cold, the next two warm; all
+three compare the same input). ``load.cache_reset = "auto"`` probes the endpoints in that order and falls back.
 
-A probe's even samples are cold, its odd ones warm; a record says which in ``cache`` and keeps what the server said
+A round's first sample is cold, the rest warm; a record says which in ``cache`` and keeps what the server said
 it served from its cache (``cached_tokens``: vLLM's ``usage.prompt_tokens_details.cached_tokens``, llama.cpp's
 ``timings.cache_n``). ``cold_warm`` reduces a run's records to the comparison; a round the server's own account
 contradicts (its warm sample reused no more prompt tokens than its cold one) is left out of it, never claimed warm.
@@ -68,7 +68,8 @@ def state_of(sample: int, method: str) -> CacheState:
 def origin(base_url: str) -> str:
     """The server's root (``http://host:port``): where vLLM and SGLang put their resets and llama.cpp ``/props``."""
     parts = urlsplit(base_url)
-    return urlunsplit((parts.scheme, parts.hostname + (f":{parts.port}" if parts.port else ""), "", "", ""))
+    # Without a user:password@ (never sent in a URL); an IPv6 host keeps its brackets.
+    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], "", "", ""))
 
 
 class CacheControl:
@@ -99,8 +100,9 @@ class CacheControl:
 async def pick_method(scenario: Scenario, api_key: str | None) -> Method:
     """The method ``load.cache_reset`` names, or for ``auto`` the first the server has: its reset endpoints (one
     that answers 200 has just reset the cache, which harms nothing before a run), llama.cpp (``GET /props`` with
-    its ``default_generation_settings``), else a marker. An explicit reset is checked the same way: a server
-    without it is bad input (exit 2 would hide nothing, but the run would claim cold samples it cannot make)."""
+    its ``default_generation_settings``), else a marker. A reset named outright is checked the same way, and one the
+    server lacks stops the run before anything is sent (``CacheResetError``, exit 3): it would claim cold samples it
+    cannot make."""
     asked = scenario.load.cache_reset
     root, headers = origin(scenario.target.base_url), _headers(scenario, api_key)
     if asked == "marker":

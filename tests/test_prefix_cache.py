@@ -284,3 +284,10 @@ def test_a_resumed_run_keeps_its_method_and_its_rounds(tmp_path, behaviour):
         assert [(r.probe, r.cache) for r in rows][kept:] == [(f"p1@r{k}", s) for k in (1, 2, 3)
                                                              for s in ("cold", "warm", "warm")]
         assert len(server.requests) - sent == 9
+
+
+@pytest.mark.parametrize(("url", "root"), [
+    ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000"), ("http://u:p@127.0.0.1:8000/v1?x=1", "http://127.0.0.1:8000"),
+    ("http://[::1]:8000/v1", "http://[::1]:8000"), ("https://host/api/v1", "https://host")])
+def test_resets_go_to_the_servers_root(url, root):
+    assert prefixcache.origin(url) == root
