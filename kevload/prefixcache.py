@@ -232,8 +232,10 @@ def _compare(probe: str, rounds: list[Round], method: str) -> ColdWarm:
     same_input = method != "marker"
     warm_distinct = len({key(x) for _, w in kept for x in w}) if same_input else None
     differs = equal < len(kept)
-    if not differs:
-        effect: bool | None = False
+    if not kept:
+        effect: bool | None = None  # nothing compared, nothing claimed
+    elif not differs:
+        effect = False
     elif same_input:
         effect = True if warm_distinct == 1 else None
     else:

@@ -411,9 +411,9 @@ def cache_lines(summary: RunSummary) -> list[str]:
     out = [f"prefix cache, cold vs warm: cold made by {cache['method']} ({cache['why']})"]
     for c in cache["probes"]:
         if not c["rounds"]:
-            out.append(f"  {c['probe']}: no round with an ok cold and warm answer"
-                       + (f" ({c['contradicted']} contradicted by the server's cached_tokens)"
-                          if c["contradicted"] else ""))
+            out.append(f"  {c['probe']}: no round compared: " + (
+                f"in {c['contradicted']} the server said the warm sample reused no more prompt tokens than the cold "
+                "one (is its prefix cache on?)" if c["contradicted"] else "no round had an ok cold and warm answer"))
             continue
         parts = [f"{c['rounds']} rounds"]
         if c["cold"]["distinct"] is not None:

@@ -291,3 +291,23 @@ def test_a_resumed_run_keeps_its_method_and_its_rounds(tmp_path, behaviour):
     ("http://[::1]:8000/v1", "http://[::1]:8000"), ("https://host/api/v1", "https://host")])
 def test_resets_go_to_the_servers_root(url, root):
     assert prefixcache.origin(url) == root
+
+
+def test_a_server_with_its_cache_off_has_no_round_claimed_warm(tmp_path):
+    # It answers the reset, but every answer says nothing came from its cache: no warm sample is claimed.
+    behaviour = Behaviour(warm_differs=True, reset_endpoint="/reset_prefix_cache", cached_tokens="usage")
+    with FakeServer(behaviour) as server:
+        server.seen_prompts = _Forgetful()
+        asyncio.run(run_scenario(scenario(server.url), tmp_path / "run"))
+    summary = RunSummary.from_json(json.loads((tmp_path / "run" / "summary.json").read_text()))
+    c = only(summary)
+    assert (c["rounds"], c["contradicted"], c["cache_effect"]) == (0, 4, None)
+    assert cache_lines(summary)[1] == ("  p1: no round compared: in 4 the server said the warm sample reused no more "
+                                       "prompt tokens than the cold one (is its prefix cache on?)")
+
+
+class _Forgetful(set):
+    """A cache that keeps nothing."""
+
+    def add(self, item: object) -> None:
+        pass
