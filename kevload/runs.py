@@ -105,6 +105,8 @@ async def _run_scenario(scenario: Scenario, run_dir: Path | None, *, on_record: 
         meta, already, first_seq, answers = _run_meta(scenario, run_id, secrets), {}, 0, {}
     # One check request decides whether the run asks for per-token logprobs (load.logprobs = "auto").
     scenario, meta["logprobs"] = await ask_for_logprobs(scenario, api_key, stop=stop)
+    # Before the run directory is made: a reset the server lacks leaves nothing behind.
+    scenario, cache = await _prefix_cache(scenario, meta, api_key, run_id)
     if resume:
         # A run killed mid-write leaves a torn last line; appending after it would bury it mid-file.
         for path in RunDir(run_dir).record_files():
@@ -118,7 +120,6 @@ async def _run_scenario(scenario: Scenario, run_dir: Path | None, *, on_record: 
             path.unlink(missing_ok=True)  # only with overwrite can any of them be there
         if scenario.load.workers > 1 or cluster is not None:
             meta["clock"]["records"] = "unix"  # workers stamp Unix times (kevload.workers)
-    scenario, cache = await _prefix_cache(scenario, meta, api_key, run_id)
     offset = _records_offset(meta)
     sampler = Sampler(scenario.target, run_dir, clock=lambda: time.perf_counter() + offset)
     meta["server_metrics"] = sampler.info  # the sampler fills it in; finish_run writes it as it ends

@@ -141,7 +141,7 @@ def test_a_reset_failing_mid_run_is_kevloads_error_not_a_drifted_cell(tmp_path):
 def test_an_explicit_reset_the_server_lacks_is_refused(tmp_path):
     with FakeServer(Behaviour()) as server, pytest.raises(CacheResetError, match="load.cache_reset = 'flush_cache'"):
         asyncio.run(run_scenario(scenario(server.url, cache_reset="flush_cache"), tmp_path / "run"))
-    assert server.requests == []
+    assert server.requests == [] and not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize(("load", "key"), [
@@ -311,3 +311,16 @@ class _Forgetful(set):
 
     def add(self, item: object) -> None:
         pass
+
+
+def test_the_cli_says_a_failed_reset_in_one_line_and_exits_3(tmp_path):
+    path = tmp_path / "s.toml"
+    with FakeServer(Behaviour(reset_endpoint="/flush_cache", reset_fails_after=2)) as server:
+        path.write_text(f'[target]\nbase_url = "{server.url}"\nmodel = "m"\n[load]\nprefix_cache = "cold_warm"\n'
+                        'samples = 4\n[[probes]]\nid = "p"\nprompt = "x"\nmax_tokens = 2\n')
+        result = CliRunner().invoke(main, ["run", str(path), "--out", str(tmp_path / "run"), "--quiet"])
+    assert result.exit_code == 3
+    assert result.output.strip().splitlines()[-1] == ("kevload: error: prefix cache reset failed mid-run: POST "
+                                                      "/flush_cache answered 500; the next sample could not be made "
+                                                      "cold (load.cache_reset)")
+    assert "Traceback" not in result.output
