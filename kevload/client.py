@@ -53,6 +53,9 @@ class Outcome:
     tool_calls: list[dict[str, str]] | None = None
     reconnects: int = 0             # 1: resent on a fresh connection after a reused one had closed
     logprob_nonfinite: int = 0      # logprobs that were -Infinity, Infinity or NaN (Python servers write them)
+    # Prompt tokens the server says it served from its prefix cache: usage.prompt_tokens_details.cached_tokens (vLLM
+    # with --enable-prompt-tokens-details, OpenAI), or llama.cpp's timings.cache_n; None where it says nothing.
+    cached_tokens: int | None = None
 
 
 def build_body(target: Target, item: Probe, params: dict[str, Any], *, stream: bool,
@@ -498,7 +501,7 @@ class _Accumulator:
     and what servers return besides it: usage, fingerprint, token ids, logprobs."""
 
     __slots__ = ("content", "reasoning", "calls", "usage", "fingerprint", "token_ids", "logprobs", "tokens",
-                 "logprob_ids", "nonfinite")
+                 "logprob_ids", "nonfinite", "timings")
 
     def __init__(self) -> None:
         self.content: list[str] = []
@@ -513,6 +516,7 @@ class _Accumulator:
         self.logprob_ids: list[int] | None = []
         # A piece was read with non-finite numbers (``_nonfinite_json``): only then can a logprob be -inf, inf or NaN.
         self.nonfinite = False
+        self.timings: dict[str, Any] | None = None  # llama.cpp's: its cache_n is the prompt tokens it reused
 
     def take_message(self, choice: dict[str, Any], api: str) -> None:
         """A whole (non-streamed) choice."""
@@ -569,6 +573,8 @@ class _Accumulator:
     def take_extras(self, doc: dict[str, Any], choice: dict[str, Any] | None) -> None:
         if isinstance(doc.get("usage"), dict):
             self.usage = doc["usage"]
+        if isinstance(doc.get("timings"), dict):
+            self.timings = doc["timings"]
         if doc.get("system_fingerprint"):
             self.fingerprint = str(doc["system_fingerprint"])
         if choice is None:
@@ -627,4 +633,14 @@ class _Accumulator:
                        # Token ids compare more surely than token texts (llama.cpp names a partial UTF-8 token "").
                        token_ids=self.token_ids or self.logprob_ids or None,
                        logprobs=self.logprobs, tokens=self.tokens, system_fingerprint=self.fingerprint,
-                       logprob_nonfinite=nonfinite, **fields)
+                       logprob_nonfinite=nonfinite, cached_tokens=_cached_tokens(usage, self.timings), **fields)
+
+
+def _cached_tokens(usage: dict[str, Any], timings: dict[str, Any] | None) -> int | None:
+    """Prompt tokens the server says it reused from its cache, from whichever of the two it sends."""
+    details = usage.get("prompt_tokens_details")
+    for value in ((details or {}).get("cached_tokens") if isinstance(details, dict) else None,
+                  (timings or {}).get("cache_n")):
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return None

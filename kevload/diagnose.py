@@ -21,7 +21,7 @@ from kevload.models import Probe
 from kevload.report import counts_text, logprob_gap_text
 from kevload.rundir import RunDir
 from kevload.runs import run_scenario
-from kevload.scenario import Load, Mode, Scenario, Target, build_scenario
+from kevload.scenario import CacheReset, Load, Mode, Scenario, Target, build_scenario
 from kevload.stats import drift_upper_bound, samples_for_bound
 from kevload.store import default_run_dir
 from kevload.summary import CellSummary, RunSummary, position_label
@@ -96,6 +96,8 @@ class StepResult:
     logprob_gaps: tuple[str, ...] = ()
     # Cells at c > 1 where the server's /metrics showed it running ≤ 1 request at a time while others waited.
     serialized_cells: tuple[str, ...] = ()
+    # Cache steps: how their cold samples were made (kevload.prefixcache: the server's reset, cache_prompt, a marker).
+    cache_method: str | None = None
 
     @property
     def drift(self) -> bool:
@@ -117,7 +119,7 @@ class StepResult:
                   "warm_unstable_rounds": self.warm_unstable_rounds, "logprob_bitwise": self.logprob_bitwise,
                   "latent_cells": self.latent_cells or None, "latent_from": self.latent_from,
                   "logprob_gaps": self.logprob_gaps or None,
-                  "serialized_cells": self.serialized_cells or None}
+                  "serialized_cells": self.serialized_cells or None, "cache_method": self.cache_method}
         doc.update({k: list(v) if isinstance(v, tuple) else v for k, v in extras.items() if v is not None})
         return doc
 
@@ -494,9 +496,11 @@ class _Diagnoser:
     # --- steps ---
 
     async def _measure(self, key: str, title: str, params: dict[str, Any], levels: list[int], samples: int, *,
-                       mode: Mode = "single", probes: list[Probe] | None = None) -> StepResult:
+                       mode: Mode = "single", probes: list[Probe] | None = None,
+                       cache_reset: CacheReset | None = None) -> StepResult:
         self.log(f"{title} …")
-        summary, run_dir = await self._run(key, params, levels, samples, mode=mode, probes=probes)
+        summary, run_dir = await self._run(key, params, levels, samples, mode=mode, probes=probes,
+                                           cache_reset=cache_reset)
         probe_cells = summary.probe_cells()
         latent = [c for c in probe_cells if c.latent_drift]
         step = StepResult(
@@ -563,13 +567,25 @@ class _Diagnoser:
         self._add(same)
 
     async def _cache_step(self, fixed_params: dict[str, Any]) -> None:
-        await self._cold_warm("cache", "3 cache: cold vs warm answers to fresh prompts", fixed_params)
+        await self._cold_warm("cache", "3 cache: cold vs warm answers", fixed_params)
         if findings(self.evidence).cache_effect and "cache_prompt" not in fixed_params:
-            await self._cold_warm("cache_off", "3a cache: same with cache_prompt=false",
-                                  {**fixed_params, "cache_prompt": False})
+            await self._fresh_prompts("cache_off", "3a cache: same with cache_prompt=false",
+                                      {**fixed_params, "cache_prompt": False})
 
-    async def _cold_warm(self, key: str, title: str, params: dict[str, Any], rounds: int = 3, warm: int = 3) -> None:
-        # A fresh marker per round keeps the prompt out of any cache; the first answer is the cold one.
+    async def _cold_warm(self, key: str, title: str, params: dict[str, Any], rounds: int = 3) -> None:
+        # load.prefix_cache: the server's own reset where it has one, else cache_prompt or a fresh marker per round
+        # (cache_reset "auto"); rounds the server's cached_tokens contradict are not compared.
+        step = await self._measure(key, title, params, [1], 2 * rounds, cache_reset="auto")
+        cache = RunDir(Path(step.run)).summary().prefix_cache or {"method": None, "probes": []}
+        compared, cold_differs, warm_unstable = cache_rounds(cache["probes"])
+        self._add(replace(step, title=f"{title} (cold by {cache['method']})", compared_rounds=compared,
+                          cold_differs_rounds=cold_differs, warm_unstable_rounds=warm_unstable,
+                          cache_method=cache["method"]))
+
+    async def _fresh_prompts(self, key: str, title: str, params: dict[str, Any], rounds: int = 3,
+                             warm: int = 3) -> None:
+        # With the cache off nothing is warm: the question is only whether a prompt's first answer differs from the
+        # later ones. A fresh marker per round keeps each prompt new; the server's reset is not needed.
         markers = [f"[{secrets.token_hex(4)}] " for _ in range(rounds)]
         probes = [self.o.probe.with_text(m + self.o.probe.text, f"cold{m.strip('[] ')}") for m in markers]
         step = await self._measure(key, title, params, [1], 1 + warm, probes=probes)
@@ -594,10 +610,11 @@ class _Diagnoser:
         self.evidence = replace(self.evidence, data=DataResult(result))
 
     async def _run(self, key: str, params: dict[str, Any], levels: list[int], samples: int, *,
-                   mode: Mode = "single", probes: list[Probe] | None = None) -> tuple[RunSummary, Path]:
+                   mode: Mode = "single", probes: list[Probe] | None = None,
+                   cache_reset: CacheReset | None = None) -> tuple[RunSummary, Path]:
         run_dir = self.out / key
         scenario = _scenario(self.o, params, levels, samples, mode=mode, probes=probes, until=key in _UNTIL_STEPS,
-                             logprobs=self.logprobs)
+                             logprobs=self.logprobs, cache_reset=cache_reset)
         result = await run_scenario(scenario, run_dir, stop=self.stop)
         if result.state == "interrupted":
             self.evidence = replace(self.evidence, runs=self.evidence.runs + (str(run_dir),))
@@ -659,16 +676,37 @@ def cold_warm_counts(rows: Iterable[tuple[str, int, str]]) -> tuple[int, int, in
     return compared, cold_differs, warm_unstable
 
 
+def cache_rounds(comparisons: Iterable[Mapping[str, Any]]) -> tuple[int, int, int]:
+    """(rounds compared, rounds whose cold answer leaves warm ones that agree, rounds whose warm answers vary) from a
+    cache step's ``summary.json`` ``prefix_cache`` probes (``prefixcache.ColdWarm``). Where every round sends the same
+    input (a server reset, cache_prompt) the warm answers' agreement is across rounds: a server whose warm answers
+    vary anyway has each differing round counted unstable, not cold-differs."""
+    compared = cold_differs = warm_unstable = 0
+    for c in comparisons:
+        differing = c["rounds"] - c["equal_rounds"]
+        compared += c["rounds"]
+        if c["warm"]["distinct"] is None:  # marker: per round
+            warm_unstable += c["warm_unstable_rounds"]
+            cold_differs += differing if c["cache_effect"] else 0
+        elif c["cache_effect"]:
+            cold_differs += differing
+        elif c["cache_effect"] is None:
+            warm_unstable += differing
+    return compared, cold_differs, warm_unstable
+
+
 def _ok_probe_hashes(run_dir: Path) -> list[tuple[str, int, str]]:
     return [(r.probe, r.sample, r.sha256) for r in RunDir(run_dir).evidence()]
 
 
 def _scenario(options: DiagnoseOptions, params: dict[str, Any], levels: list[int], samples: int, *,
               mode: Mode = "single", probes: list[Probe] | None = None, until: bool = False,
-              logprobs: str | bool = "auto") -> Scenario:
+              logprobs: str | bool = "auto", cache_reset: CacheReset | None = None) -> Scenario:
     target = Target(base_url=options.url, model=options.model, api=options.api, timeout=options.timeout,
                     api_key_env=options.api_key_env or None)
     load = Load(mode=mode, concurrency=tuple(levels), samples=samples, max_error_share=0.2, logprobs=logprobs)
+    if cache_reset is not None:
+        load = replace(load, prefix_cache="cold_warm", cache_reset=cache_reset)
     if until and options.until_bound is not None:
         load = replace(load, until_bound=options.until_bound, max_samples=options.max_samples)
     return build_scenario(target, probes or [options.probe], load=load, params=params, name="diagnose",

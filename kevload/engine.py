@@ -18,6 +18,7 @@ from typing import Any
 from kevload.client import Client
 from kevload.level import Level, Plan
 from kevload.models import Probe
+from kevload.prefixcache import CacheControl
 from kevload.replay import TraceLoop
 from kevload.scenario import Scenario
 from kevload.schedule import COMPANION, PROBE, WARMUP, ClosedLoop, OpenLoop, Role, UntilBound
@@ -46,7 +47,8 @@ def level_key(probe: str, concurrency: int, rate: float | None) -> LevelKey:
 
 def run(scenario: Scenario, client: Client, *, run_id: str, stop: asyncio.Event | None = None,
         already: dict[LevelKey, int] | None = None, first_seq: int = 0, part: int = 0,
-        answers: dict[LevelKey, list[Answer]] | None = None, team: Alone | None = None) -> RecordStream:
+        answers: dict[LevelKey, list[Answer]] | None = None, team: Alone | None = None,
+        cache: CacheControl | None = None) -> RecordStream:
     """Every probe at every level; ``async for record in run(…)`` as requests finish.
 
     ``already`` holds the counted probe samples a resumed run has per level; only the missing
@@ -55,10 +57,11 @@ def run(scenario: Scenario, client: Client, *, run_id: str, stop: asyncio.Event 
     whatever the records on disk lost. With ``load.until_bound`` the stop
     rule needs what they answered too: ``answers`` per level, in record order. The companion pools
     are built here, before anything is sent, so a bad companion file fails at once. ``team`` makes
-    this run one of several workers sharing each level (``kevload.workers``); alone by default.
+    this run one of several workers sharing each level (``kevload.workers``); alone by default. ``cache`` makes
+    each probe sample cold or warm (``load.prefix_cache``).
     """
     return RecordStream(_Run(scenario, client, run_id, stop or asyncio.Event(), already or {}, first_seq,
-                                part, answers or {}, team or Alone()))
+                                part, answers or {}, team or Alone(), cache))
 
 
 class Alone:
@@ -120,14 +123,14 @@ class _Run:
 
     def __init__(self, scenario: Scenario, client: Client, run_id: str, stop: asyncio.Event,
                  already: dict[LevelKey, int], first_seq: int, part: int, answers: dict[LevelKey, list[Answer]],
-                 team: Alone):
+                 team: Alone, cache: CacheControl | None = None):
         self.team = team
         self.level: Level | None = None  # the level running now (one at a time)
         self.pools = [companions_for(probe, scenario) for probe in scenario.probes]
         self.scenario = scenario
         self.load = scenario.load
         self.sender = Sender(scenario, client, run_id=run_id, part=part, first_seq=first_seq, worker=team.worker,
-                             workers=team.workers, hear_stop=self.halted, stop=stop)
+                             workers=team.workers, hear_stop=self.halted, stop=stop, cache=cache)
         self.stop = stop
         self.already = already
         self.answers = answers

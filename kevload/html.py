@@ -12,6 +12,7 @@ from kevload.report import (
     SERVER_COLUMNS,
     agreement_rows,
     attainment_text,
+    cache_lines,
     cell_phrase,
     cell_text,
     errors_text,
@@ -60,7 +61,7 @@ def run_report(summary: RunSummary, meta: dict[str, Any], records: Iterable[Reco
         f"<p class=verdict>{_e(verdict_line(summary))}</p>",
         "<h2>Distinct outputs per probe × level</h2>", _heatmap(rows, levels_of(cells)), _notes(summary),
         "<h2>Agreement with the serial output</h2>", _agreement(summary),
-        "<h2>Latency by level</h2>", _latency(cells), *_server_view(summary),
+        "<h2>Latency by level</h2>", _latency(cells), *_server_view(summary), *_cold_warm(summary),
         f"<p>{_e(slo_line(summary))}</p>" if summary.slo else "",
         "<h2>Where outputs first diverge</h2>", _divergence(cells),
         "<h2>Errors over time</h2>", _timeline(records),
@@ -150,6 +151,15 @@ def _agreement(summary: RunSummary) -> str:
 def _notes(summary: RunSummary) -> str:
     notes = footnotes(summary)
     return "<ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>" if notes else ""
+
+
+def _cold_warm(summary: RunSummary) -> list[str]:
+    """load.prefix_cache's comparison: how cold was made, then each probe's line."""
+    lines = cache_lines(summary)
+    if not lines:
+        return []
+    return ["<h2>Prefix cache, cold vs warm</h2>", f"<p>{_e(lines[0])}</p>",
+            "<ul>" + "".join(f"<li>{_e(line.strip())}</li>" for line in lines[1:]) + "</ul>"]
 
 
 def _server_view(summary: RunSummary) -> list[str]:

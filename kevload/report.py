@@ -28,6 +28,8 @@ def render(summary: RunSummary, fmt: str, console: Console | None = None) -> str
     console.print(latency_table(summary))
     if server_rows(summary):
         console.print(server_table(summary))
+    for line in cache_lines(summary):
+        console.print(line, highlight=False)
     console.print(verdict_line(summary))
     if summary.slo:
         console.print(slo_line(summary), highlight=False)
@@ -414,6 +416,47 @@ def _companions(summary: RunSummary) -> str:
             f"failed ({counts_text(summary.companion_errors_by_type)})")
 
 
+def cache_lines(summary: RunSummary) -> list[str]:
+    """load.prefix_cache's cold-vs-warm lines (``kevload.prefixcache.ColdWarm``), each probe's under the method's;
+    none without it."""
+    cache = summary.prefix_cache
+    if cache is None:
+        return []
+    out = [f"prefix cache, cold vs warm: cold made by {cache['method']} ({cache['why']})"]
+    for c in cache["probes"]:
+        if not c["rounds"]:
+            out.append(f"  {c['probe']}: no round compared: " + (
+                f"in {c['contradicted']} the server said the warm sample reused no more prompt tokens than the cold "
+                "one (is its prefix cache on?)" if c["contradicted"] else "no round had an ok cold and warm answer"))
+            continue
+        parts = [f"{c['rounds']} rounds"]
+        if c["cold"]["distinct"] is not None:
+            parts.append(f"cold {c['cold']['distinct']} distinct, warm {c['warm']['distinct']} distinct")
+        parts.append("cold = warm in every round" if c["equal_rounds"] == c["rounds"] else
+                     f"cold ≠ warm in {c['rounds'] - c['equal_rounds']} of {c['rounds']} rounds (from char "
+                     f"{c['first_divergence_chars']}, 0-based)")
+        if c["warm_unstable_rounds"]:
+            parts.append(f"warm answers disagree among themselves in {c['warm_unstable_rounds']} rounds")
+        parts.append({True: "cache effect", False: "no cache effect on the text",
+                      None: "no claim about the cache (warm answers vary too)"}[c["cache_effect"]])
+        if c["logprob_rounds"]:
+            size = c["logprob_max_abs_diff"]
+            parts.append("logprobs bitwise equal" if c["logprob_bitwise"] else
+                         f"logprobs differ, largest |difference| {size:.3g} before the first differing token" if size
+                         else "logprobs differ from the first token" if size is None
+                         else "logprobs equal up to the first differing token")
+        if c["confirmed"]:
+            parts.append(f"server confirms {c['confirmed']} (cached prompt tokens: cold ≤ {c['cached_tokens_cold']}, "
+                         f"warm ≥ {c['cached_tokens_warm']})")
+        elif c["cached_tokens_warm"] is None and not c["contradicted"]:
+            parts.append("the server did not say what it cached")
+        if c["contradicted"]:
+            parts.append(f"{c['contradicted']} rounds left out: the server said their warm sample reused no more "
+                         "prompt tokens than the cold one")
+        out.append(f"  {c['probe']}: " + "; ".join(parts))
+    return out
+
+
 def markdown(summary: RunSummary) -> str:
     cells = summary.probe_cells()
     levels = levels_of(cells)
@@ -433,6 +476,9 @@ def markdown(summary: RunSummary) -> str:
         lines += ["", "| " + " | ".join(SERVER_COLUMNS) + " |",
                   "| --- | " + " | ".join("---:" for _ in SERVER_COLUMNS[1:]) + " |"]
         lines += ["| " + " | ".join(row) + " |" for row in rows]
+    cache = cache_lines(summary)
+    if cache:
+        lines += ["", cache[0], *[f"- {line.strip()}" for line in cache[1:]]]
     lines += ["", verdict_line(summary), ""]
     if summary.slo:
         lines += ["| probe (mode) | level | requests | within SLO | attainment | goodput/s |",

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from kevload import __version__, engine
+from kevload import __version__, engine, prefixcache
 from kevload.cells import Reduction
 from kevload.client import Client, ask_for_logprobs
 from kevload.compare import summarize
@@ -72,6 +72,8 @@ async def run_scenario(scenario: Scenario, run_dir: Path | None = None, *,
                                    overwrite=overwrite)
     if scenario.load.until_bound is not None:
         raise InputError("--ray: load.until_bound samples in one process; run it without --ray")
+    if scenario.load.prefix_cache != "off":
+        raise InputError("--ray: load.prefix_cache sends its rounds in one process; run it without --ray")
     if resume and RunDir(run_dir).meta()["clock"].get("records") != "unix":
         raise InputError(f"--ray: {run_dir} was recorded in one process (its own clock); resume it without --ray")
     from kevload import rayworkers
@@ -104,6 +106,8 @@ async def _run_scenario(scenario: Scenario, run_dir: Path | None, *, on_record: 
         meta, already, first_seq, answers = _run_meta(scenario, run_id, secrets), {}, 0, {}
     # One check request decides whether the run asks for per-token logprobs (load.logprobs = "auto").
     scenario, meta["logprobs"] = await ask_for_logprobs(scenario, api_key, stop=stop)
+    # Before the run directory is made: a reset the server lacks leaves nothing behind.
+    scenario, cache = await _prefix_cache(scenario, meta, api_key, run_id)
     if resume:
         # A run killed mid-write leaves a torn last line; appending after it would bury it mid-file.
         for path in RunDir(run_dir).record_files():
@@ -129,7 +133,8 @@ async def _run_scenario(scenario: Scenario, run_dir: Path | None, *, on_record: 
         return await _run_workers(scenario, run_dir, meta, stop=stop, already=already, first_seq=first_seq,
                                   part=part, cluster=cluster, sampler=sampler, offset=offset)
     stream = engine.run(scenario, client, run_id=run_id, stop=stop, already=already, first_seq=first_seq, part=part,
-                        answers=answers)
+                        answers=answers, cache=cache)
+    reset_failed = False
     with RecordWriter(RunDir(run_dir).records_jsonl) as writer:
         try:
             async with sampler, client, aclosing(stream.__aiter__()) as records:
@@ -137,8 +142,11 @@ async def _run_scenario(scenario: Scenario, run_dir: Path | None, *, on_record: 
                     writer.write(record)
                     if on_record is not None:
                         on_record(record)
+        except prefixcache.CacheResetError:
+            reset_failed = True  # kevload's run failed, not the cells: it ends aborted, the error says why
+            raise
         finally:
-            state = "aborted" if stream.aborted else "interrupted" if stop.is_set() else "complete"
+            state = "aborted" if stream.aborted or reset_failed else "interrupted" if stop.is_set() else "complete"
             summary = finish_run(run_dir, state=state, meta=meta, unrecorded=stream.sent - writer.count)
     return RunResult(run_dir=run_dir, run_id=run_id, state=state, records=writer.count, summary=summary)
 
@@ -252,11 +260,33 @@ def finish_run(run_dir: Path, *, state: RunState | None = None, meta: dict[str, 
                         unrecorded=_unrecorded_windows(run_dir, meta))
     summary = replace(summary, run_id=meta.get("run_id"), scenario=meta.get("scenario_name"),
                       state=state or meta.get("state"))
+    if meta.get("prefix_cache"):
+        method = meta["prefix_cache"]["method"]
+        summary = replace(summary, prefix_cache={**meta["prefix_cache"], "probes": [
+            c.to_json() for c in prefixcache.cold_warm(run.records(), method)]})
     write_json(run.summary_json, summary.to_json())
     if state is not None:
         meta = {**meta, "state": state, "ended_at": now_iso(), "records": summary.requests_sent}
         write_json(run.run_json, meta)
     return summary
+
+
+async def _prefix_cache(scenario: Scenario, meta: dict[str, Any], api_key: str | None,
+                        run_id: str) -> tuple[Scenario, prefixcache.CacheControl | None]:
+    """With load.prefix_cache: how cold samples are made (a resumed run keeps its method), on record in run.json
+    before anything is sent; under the marker method each round is a probe of its own, and run.json lists those."""
+    if scenario.load.prefix_cache == "off":
+        return scenario, None
+    if meta.get("prefix_cache"):
+        method = prefixcache.Method(meta["prefix_cache"]["method"], meta["prefix_cache"]["why"])
+    else:
+        method = await prefixcache.pick_method(scenario, api_key)
+        meta["prefix_cache"] = method.to_json()
+    if method.name == "marker":
+        scenario = prefixcache.marked_rounds(scenario, run_id)
+        meta["probes"] = [probe.id for probe in scenario.probes]
+        meta["load"] = {**meta["load"], "samples": scenario.load.samples}
+    return scenario, prefixcache.CacheControl(method, scenario, api_key)
 
 
 def _asked_cells(meta: dict[str, Any]) -> list[tuple[str, str, int, float | None]] | None:

@@ -34,6 +34,8 @@ Api = Literal["chat", "completions"]
 RampOf = Literal["concurrency", "rate"]
 TraceFormat = Literal["auto", "mooncake", "burstgpt"]
 Logprobs = Literal["auto", True, False]
+PrefixCache = Literal["off", "cold_warm"]
+CacheReset = Literal["auto", "reset_prefix_cache", "flush_cache", "cache_prompt", "marker"]
 MODES: tuple[str, ...] = get_args(Mode)
 ARRIVALS: tuple[str, ...] = get_args(Arrival)
 APIS: tuple[str, ...] = get_args(Api)
@@ -186,6 +188,9 @@ class Load:
     # Mooncake's hash_ids blocks: tokens each (words of the synthetic prompt).
     trace_block_tokens: int = rule(512, min=1, max=MAX_TRACE_TOKENS,
                                    expected=f"an integer from 1 to {MAX_TRACE_TOKENS:,} (tokens a hash_ids block)")
+    # Each probe sample cold, then warm (kevload.prefixcache), and how cold is made.
+    prefix_cache: PrefixCache = "off"
+    cache_reset: CacheReset = "auto"
 
 
 _DEFAULT_LOAD = Load()
@@ -360,6 +365,9 @@ def _conversations(fail: _Failer, probes: tuple[Probe, ...], datasets: tuple[Dat
     if talks and load.rate:
         fail("load.rate", "no rate with conversation probes (a conversation sample runs in a closed-loop slot: "
              "use load.concurrency)", list(load.rate))
+    if talks and load.prefix_cache != "off":
+        fail("load.prefix_cache", '"off" with conversation probes (a conversation\'s later turns are warm by its '
+             "own earlier ones)", load.prefix_cache)
     if talks and load.trace:
         fail("load.trace", "no trace with conversation probes (a replay sends its probes open loop, a conversation "
              "sample runs in a closed-loop slot)", load.trace)
@@ -400,6 +408,8 @@ def _load(fail: _Failer, load: Load) -> Load:
             fail("load.max_samples", f"an integer >= load.samples ({load.samples})", load.max_samples)
     if load.trace:
         _traced(fail, load)
+    if load.prefix_cache == "cold_warm":
+        _cold_warm(fail, load)
     return replace(load, concurrency=tuple(sorted(set(load.concurrency))), rate=tuple(sorted(set(load.rate))),
                    trace_speedup=tuple(sorted(set(load.trace_speedup))))
 
@@ -418,6 +428,27 @@ def _traced(fail: _Failer, load: Load) -> None:
         fail("load.duration", expected.format("0", "level lasts the trace's span"), load.duration)
     if load.until_bound is not None:
         fail("load.until_bound", expected.format("none", "level sends on a schedule"), load.until_bound)
+
+
+def _cold_warm(fail: _Failer, load: Load) -> None:
+    """Cold and warm are compared serially, one round after another: under batching a difference could be the
+    batch's, a warm-up would warm the cache, and a round needs both its samples."""
+    for key, value, expected in (
+            ("load.concurrency", load.concurrency, "[1] with load.prefix_cache = \"cold_warm\" (cold and warm are "
+             "compared serially)"),
+            ("load.mode", load.mode, "\"single\" with load.prefix_cache = \"cold_warm\""),
+            ("load.rate", load.rate, "none with load.prefix_cache = \"cold_warm\""),
+            ("load.warmup", load.warmup, "0 with load.prefix_cache = \"cold_warm\" (a warm-up would warm the cache)"),
+            ("load.duration", load.duration, "0 with load.prefix_cache = \"cold_warm\" (a round needs both samples)"),
+            ("load.until_bound", load.until_bound, "none with load.prefix_cache = \"cold_warm\""),
+            ("load.workers", load.workers, "1 with load.prefix_cache = \"cold_warm\""),
+            ("load.trace", load.trace, "none with load.prefix_cache = \"cold_warm\" (a replay is load, cold and "
+             "warm are compared serially)")):
+        if value != getattr(_DEFAULT_LOAD, key[5:]):
+            fail(key, expected, list(value) if isinstance(value, tuple) else value)
+    if load.samples % 2:
+        fail("load.samples", "an even number with load.prefix_cache = \"cold_warm\" (each round: one cold "
+             "sample, one warm)", load.samples)
 
 
 def _json_numbers(value: Any, key: str, fail: _Failer) -> None:

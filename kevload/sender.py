@@ -18,8 +18,9 @@ from kevload.client import Client, Outcome, build_body
 from kevload.conversation import conversation_sha256, history_sha256
 from kevload.level import Level
 from kevload.models import Probe
+from kevload.prefixcache import CacheControl
 from kevload.scenario import Scenario
-from kevload.schedule import ClosedLoop, Role
+from kevload.schedule import PROBE, ClosedLoop, Role
 from kevload.store import Record, answer_text
 
 
@@ -64,8 +65,9 @@ class Sender:
     """Sends the requests of a run, numbered in turn with the other workers, and makes each one's record."""
 
     def __init__(self, scenario: Scenario, client: Client, *, run_id: str, part: int, first_seq: int, worker: int,
-                 workers: int, hear_stop: Callable[[], object], stop: asyncio.Event):
+                 workers: int, hear_stop: Callable[[], object], stop: asyncio.Event, cache: CacheControl | None = None):
         self.scenario, self.client, self.run_id = scenario, client, run_id
+        self.cache = cache  # load.prefix_cache = "cold_warm": makes each probe sample cold or warm before it is sent
         # Request ids: <run_id>-<seq> in the run's first part, <run_id>-r<k>-<seq> in its k-th resume. A killed part
         # may have sent requests it never recorded, so numbering on from the records alone could repeat an id.
         self.ids = run_id if part == 0 else f"{run_id}-r{part}"
@@ -81,6 +83,11 @@ class Sender:
         """``at``: seconds into the level (scheduled, in the open loop), which decides a ramp-up's sends."""
         seq, request_id = self._number()
         body = self._body(item, request_id)
+        state = None
+        if self.cache is not None and role == PROBE:
+            # Before the claim: a reset is no part of the request's time in flight.
+            state = self.cache.state(sample)
+            body.update(await self.cache.prepare(state))
         # Nothing between a slot's answer and this claim suspends: a slot that resends at once keeps c in flight.
         claim = level.claim(role, at)
         try:
@@ -92,7 +99,7 @@ class Sender:
         return record(outcome, body, run_id=self.run_id, seq=seq, probe=item.id, role=role, mode=cell.mode,
                       concurrency=cell.concurrency, rate=cell.rate, sample=sample, in_flight=claim.others,
                       counted=counted and not (cut is not None and cut.stop), max_in_flight=cell.max_in_flight,
-                      t_scheduled=t_scheduled, retries=retries, request_id=request_id)
+                      t_scheduled=t_scheduled, retries=retries, request_id=request_id, cache=state)
 
     async def converse(self, level: Level, cell: Cell, role: Role, item: Probe, sample: int, *, at: float = 0.0,
                        t_scheduled: float | None = None) -> AsyncIterator[Record]:

@@ -76,6 +76,10 @@ class Record:
     history: list[dict[str, str]] | None = None  # the messages sent: every earlier turn as answered, then this one
     history_sha256: str | None = None  # of ``history``: turns with one hash were asked the same
     conversation_sha256: str | None = None  # every answer and finish_reason through this turn, chained
+    # load.prefix_cache = "cold_warm" (kevload.prefixcache): whether kevload made this probe sample cold or warm, and
+    # how many prompt tokens the server said it served from its cache (None: it did not say).
+    cache: str | None = None
+    cached_tokens: int | None = None
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Record:

@@ -259,6 +259,9 @@ class RunSummary(_Json):
     run_id: str | None = None
     scenario: str | None = None
     state: RunState | None = None
+    # load.prefix_cache: how cold samples were made and each probe's cold and warm answers compared
+    # (kevload.prefixcache.ColdWarm); absent without it.
+    prefix_cache: dict[str, Any] | None = written_with("prefix_cache")
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> RunSummary:

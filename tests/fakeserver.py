@@ -89,6 +89,15 @@ class Behaviour:
     # varies under load (another request overlapping it) only from this turn on (0-based: a request with more user
     # messages than this); serially it stays the same.
     drift_from_turn: int | None = None
+    # Prefix cache, warm and cold on purpose (kevload.prefixcache). An answer is served from the cache when its prompt
+    # was seen since the last reset and the request does not say cache_prompt: false (llama.cpp keeps a slot's
+    # tokens after such a request too, so the next one may reuse them).
+    warm_differs: bool = False      # an answer served from the cache differs from one computed afresh
+    reset_endpoint: str | None = None  # "/reset_prefix_cache" (vLLM) or "/flush_cache" (SGLang): POST empties the cache
+    reset_lies: bool = False        # the reset answers as if it worked and empties nothing
+    reset_fails_after: int | None = None  # resets after this many answer 500 (a reset failing mid-run)
+    cached_tokens: str | None = None  # say what was served from the cache: "usage" (vLLM) or "timings" (llama.cpp)
+    props: bool = False             # GET /props answers as llama.cpp's does
 
 
 class FakeServer:
@@ -107,6 +116,7 @@ class FakeServer:
         self._queue: collections.deque[asyncio.Future] = collections.deque()  # requests waiting for a place
         self.prefix_hits = 0  # prompt words answered from the "cache": a prompt seen before, counted on admission
         self.metrics_polls = 0
+        self.resets = 0  # POSTs to the reset endpoint answered
         self._next_id = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -161,6 +171,9 @@ class FakeServer:
         app.router.add_post("/v1/completions", self._handle)
         app.router.add_get("/health", _health)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/reset_prefix_cache", self._reset)
+        app.router.add_post("/flush_cache", self._reset)
+        app.router.add_get("/props", self._props)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port)
@@ -209,7 +222,8 @@ class FakeServer:
             self.prefix_hits += len(prompt.split())
         me = self._next_id
         self._next_id += 1
-        state = {"prompt": prompt, "max_overlap": 1, "prompts": {prompt}}
+        state = {"prompt": prompt, "max_overlap": 1, "prompts": {prompt},
+                 "cached": prompt in self.seen_prompts and body.get("cache_prompt", True) is not False}
         self._active[me] = state
         hold = b.on_arrival(index, len(self._active)) if b.on_arrival is not None else None
         visit = [request.headers.get("X-Request-Id"), body.get("user"), time.monotonic(), None]
@@ -242,9 +256,29 @@ class FakeServer:
                 self._release()
         text = self._answer(body, prompt, state)
         logprobs = self._logprobs(body, text, state["max_overlap"])
+        cached = len(prompt.split()) if state["cached"] else 0
         if body.get("stream"):
-            return await self._stream(request, body, text, chat, fault, logprobs)
-        return self._whole(body, text, chat, fault, logprobs)
+            return await self._stream(request, body, text, chat, fault, logprobs, cached)
+        return self._whole(body, text, chat, fault, logprobs, cached)
+
+    async def _reset(self, request: web.Request) -> web.Response:
+        """vLLM's POST /reset_prefix_cache ({"success": …}) or SGLang's POST /flush_cache, where the test gives one."""
+        b = self.behaviour
+        if b.reset_endpoint != request.path:
+            return web.Response(status=404, text="404: Not Found")
+        if b.reset_fails_after is not None and self.resets >= b.reset_fails_after:
+            return web.json_response({"error": "cannot reset while requests run"}, status=500)
+        self.resets += 1
+        if not b.reset_lies:
+            self.seen_prompts.clear()
+        if request.path == "/flush_cache":
+            return web.Response(text="Cache flushed.\n")
+        return web.json_response({"success": True})
+
+    async def _props(self, request: web.Request) -> web.Response:
+        if not self.behaviour.props:
+            return web.Response(status=404, text="404: Not Found")
+        return web.json_response({"default_generation_settings": {"n_ctx": 2048}, "total_slots": 1})
 
     async def _admit(self, limit: int) -> None:
         """Wait for one of ``limit`` places; a place freed goes to the request that has waited longest."""
@@ -370,10 +404,12 @@ class FakeServer:
             words[b.diverge_at_word:] = [noisy.choice(WORDS) for _ in words[b.diverge_at_word:]]
         if cold:
             words[b.diverge_at_word] = "coldstart"
+        if b.warm_differs and state["cached"]:
+            words[b.diverge_at_word] = "warmcache"
         return " ".join(words)
 
     def _whole(self, body: dict[str, Any], text: str, chat: bool, fault: str | None,
-               logprobs: list[float] | None = None) -> web.Response:
+               logprobs: list[float] | None = None, cached: int = 0) -> web.Response:
         if fault == "wrong_content_type":
             return web.Response(text="<html>oops</html>", content_type="text/html")
         if fault == "malformed":
@@ -399,14 +435,24 @@ class FakeServer:
         if logprobs is not None:
             choice["logprobs"] = self._logprob_doc(pieces, logprobs, chat, 0)
         tokens = text.split(" ")
-        return web.json_response({
-            "id": "x", "object": "chat.completion", "model": body.get("model"),
-            "choices": [choice], "system_fingerprint": "fake-1",
-            "usage": {"prompt_tokens": 7, "completion_tokens": len(tokens), "total_tokens": 7 + len(tokens)},
-        })
+        doc = {"id": "x", "object": "chat.completion", "model": body.get("model"),
+               "choices": [choice], "system_fingerprint": "fake-1",
+               "usage": {"prompt_tokens": 7, "completion_tokens": len(tokens), "total_tokens": 7 + len(tokens)}}
+        account = self._cache_account(cached)
+        doc["usage"].update(account.pop("usage", {}))
+        return web.json_response(doc | account)
+
+    def _cache_account(self, cached: int) -> dict[str, Any]:
+        """What the server says it served from its cache, as vLLM (usage) or llama.cpp (timings) says it."""
+        b = self.behaviour
+        if b.cached_tokens == "usage":
+            return {"usage": {"prompt_tokens": 7, "prompt_tokens_details": {"cached_tokens": cached}}}
+        if b.cached_tokens == "timings":
+            return {"timings": {"cache_n": cached, "prompt_n": 7 - min(cached, 7)}}
+        return {}
 
     async def _stream(self, request: web.Request, body: dict[str, Any], text: str, chat: bool,
-                      fault: str | None, logprobs: list[float] | None = None) -> web.StreamResponse:
+                      fault: str | None, logprobs: list[float] | None = None, cached: int = 0) -> web.StreamResponse:
         b = self.behaviour
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         if fault == "wrong_content_type":
@@ -457,7 +503,9 @@ class FakeServer:
         final.update({"delta": {}} if chat else {"text": ""})
         await self._event(response, {"choices": [final]}, fault)
         usage = {"prompt_tokens": 7, "completion_tokens": len(pieces), "total_tokens": 7 + len(pieces)}
-        await self._event(response, {"choices": [], "usage": usage}, fault)
+        account = self._cache_account(cached)
+        usage.update(account.pop("usage", {}))
+        await self._event(response, {"choices": [], "usage": usage} | account, fault)
         if b.send_done:
             await response.write(b"data: [DONE]\n\n")
         await response.write_eof()

@@ -170,17 +170,6 @@ def test_bad_conversation_tables_exit_2_naming_the_key(tmp_path, probe, load, me
     assert code == 2 and message in output and "Traceback" not in output, output
 
 
-def test_a_conversation_probe_beside_a_trace_exits_2(tmp_path):
-    """A replay sends its probes open loop; a conversation sample needs a closed-loop slot for all its turns."""
-    (tmp_path / "t.jsonl").write_text('{"timestamp": 0, "input_length": 4, "output_length": 2}\n'
-                                        '{"timestamp": 500, "input_length": 4, "output_length": 2}\n')
-    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", probes=[{"id": "c", "turns": ["a"]}],
-                              trace="t.jsonl")
-    code, output = run_cli("run", scenario, "--out", tmp_path / "run")
-    assert code == 2 and "load.trace: expected no trace with conversation probes" in output, output
-    assert not (tmp_path / "run" / "records.jsonl").exists()
-
-
 def test_nothing_is_sent_after_a_stop_mid_conversation(tmp_path):
     """A stop while turn 1 is in flight: its answer is recorded uncounted, and turns 2 and 3 are never sent."""
     stop = asyncio.Event()

@@ -50,14 +50,20 @@ def launch(venv: Path, model: Path, s: TargetSettings, port: int, *, served_name
             "--max-num-seqs", str(s.slots if s.batching else 1),
             "--enable-prefix-caching" if s.cache_prompt else "--no-enable-prefix-caching",
             # One line per request would bury the reason a server died under the end of its log.
-            "--disable-uvicorn-access-log"]
+            "--disable-uvicorn-access-log",
+            # Each answer says how many prompt tokens came from the prefix cache (usage.prompt_tokens_details):
+            # load.prefix_cache's proof that a warm sample was warm and a cold one cold.
+            "--enable-prompt-tokens-details"]
     if s.enforce_eager:
         argv.append("--enforce-eager")
     if s.seed is not None:
         argv += ["--seed", str(s.seed)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
            "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": cores(s.thread_count()),
-           "VLLM_CACHE_ROOT": str(compile_cache(venv))}
+           "VLLM_CACHE_ROOT": str(compile_cache(venv)),
+           # POST /reset_prefix_cache, the cold samples of load.prefix_cache, is served only in dev mode; it also
+           # serves other dev endpoints (sleep, collective RPC) that matter only on 127.0.0.1, where this listens.
+           "VLLM_SERVER_DEV_MODE": "1"}
     # Ready in about 2.5 minutes the first time (torch.compile), 1 with the compile cache, 20 s eager, on 2 cores;
     # two to three times that on a loaded machine.
     return Launch(argv=(*argv, *s.extra_args), env=env, model=served_name, ready_timeout=600.0)
