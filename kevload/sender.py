@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
+from kevload.cancel import CancelAt
 from kevload.client import Client, Outcome, build_body
 from kevload.level import Level
 from kevload.models import Probe
@@ -75,8 +76,9 @@ class Sender:
         self._stop = stop
 
     async def send(self, level: Level, cell: Cell, role: Role, item: Probe, sample: int, *, at: float = 0.0,
-                   t_scheduled: float | None = None) -> Record:
-        """``at``: seconds into the level (scheduled, in the open loop), which decides a ramp-up's sends."""
+                   t_scheduled: float | None = None, cancel: CancelAt | None = None) -> Record:
+        """``at``: seconds into the level (scheduled, in the open loop), which decides a ramp-up's sends.
+        ``cancel``: when the client abandons this request (``kevload.cancel``); its slot sends the next at once."""
         load = self.scenario.load
         seq = self.seq
         self.seq += self.step
@@ -90,7 +92,7 @@ class Sender:
         retries, cut = 0, None
         t_send = time.perf_counter()
         try:
-            outcome = await self.client.send(body, request_id=request_id)
+            outcome = await self.client.send(body, request_id=request_id, cancel=cancel)
             while (wait := self.retry.delay(outcome, retries)) is not None and not self._stop.is_set():
                 # Backing off is not being in flight: the other slots' sends meanwhile are not at full load.
                 level.pause()
@@ -99,7 +101,7 @@ class Sender:
                 finally:
                     level.resume()
                 retries += 1
-                outcome = await self.client.send(body, request_id=request_id)
+                outcome = await self.client.send(body, request_id=request_id, cancel=cancel)
         except asyncio.CancelledError as exc:
             cut = next((arg for arg in exc.args if isinstance(arg, Cut)), None)
             if cut is None:  # torn down, not cut: nothing to record
@@ -112,7 +114,8 @@ class Sender:
         return record(outcome, body, run_id=self.run_id, seq=seq, probe=item.id, role=role, mode=cell.mode,
                       concurrency=cell.concurrency, rate=cell.rate, sample=sample, in_flight=claim.others,
                       counted=counted and not (cut is not None and cut.stop), max_in_flight=cell.max_in_flight,
-                      t_scheduled=t_scheduled, retries=retries, request_id=request_id)
+                      t_scheduled=t_scheduled, retries=retries, request_id=request_id,
+                      cancel_planned=cancel is not None)
 
 
 # Every field an Outcome shares with a Record is copied by name, so a field added to both travels on its own.

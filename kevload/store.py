@@ -68,6 +68,8 @@ class Record:
     worker: int | None = None  # which worker process sent it (runs with load.workers > 1; None: one process)
     # Logprobs that are -inf, inf or NaN; ``logprobs`` then spells them as JSON cannot (``spell_logprobs``).
     logprob_nonfinite: int = 0
+    # A companion load.cancel_share chose to cut (kevload.cancel): ``cancelled`` if the cut came before its answer.
+    cancel_planned: bool = False
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Record:

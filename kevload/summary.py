@@ -178,6 +178,16 @@ class CellSummary(_Json):
     server_kv_cache_usage_max: float | None = written_with("server_view")
     # "server ran ≤ 1 at a time, 3 waiting: …" where the server held requests back at a level.
     server_note: str | None = written_with("server_view")
+    # Cut by kevload (load.cancel_share, kevload.cancel); absent where the run cut nothing. A companion cell: its
+    # requests cut. A probe cell: every request of its level cut (counted or not), its ok samples with such a cut
+    # in flight, and how many of those and of the others left the serial output; whether the divergent ones were
+    # all beside a cut, unlikely by chance (the one-sided Fisher p-value under kevload.cancel.FINDING_P).
+    cancelled: int | None = written_with("cancelled")
+    beside_cancelled: int | None = written_with("cancelled")
+    divergent_beside_cancelled: int | None = written_with("cancelled")
+    divergent_apart_from_cancelled: int | None = written_with("cancelled")
+    cancel_p_value: float | None = written_with("cancelled")
+    drift_only_beside_cancelled: bool | None = written_with("cancelled")
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> CellSummary:
@@ -255,6 +265,12 @@ class RunSummary(_Json):
     run_id: str | None = None
     scenario: str | None = None
     state: RunState | None = None
+    # Requests kevload cut (load.cancel_share): neither answers nor errors; absent where the run cut nothing. The
+    # findings: probe cells whose divergent samples all had a cut in flight (CellSummary.drift_only_beside_cancelled),
+    # and probes (``p1@mixed``) that drifted only in levels with cuts while a loaded level without any held.
+    cancelled: int | None = written_with("cancelled")
+    drift_beside_cancelled_cells: tuple[str, ...] | None = written_with("cancelled")
+    drift_with_cancelled_levels: tuple[str, ...] | None = written_with("cancelled")
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> RunSummary:
