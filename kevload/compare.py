@@ -133,10 +133,11 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
 def _with_cuts(summary: CellSummary, cell: CellAccumulator, reference: CellAccumulator,
                cuts: Iterable[float]) -> CellSummary:
     """A cell of a run that cut requests (``kevload.cancel``): a companion cell's own cuts; a probe cell's level's
-    cuts and how its ok samples split beside them."""
+    cuts while its samples ran (first send to last answer: another probe's level of the same concurrency runs at
+    another time) and how its ok samples split beside them."""
     if summary.role != "probe":
         return replace(summary, cancelled=cell.cancelled)
-    cuts = list(cuts)
+    cuts = [t for t in cuts if cell.t_start <= t <= cell.t_end]
     serial = reference.modal()
     split = beside_cuts(((t_send, t_last, output != serial) for t_send, t_last, output in cell.samples()), cuts)
     p = split.p_value

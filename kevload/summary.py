@@ -179,9 +179,10 @@ class CellSummary(_Json):
     # "server ran ≤ 1 at a time, 3 waiting: …" where the server held requests back at a level.
     server_note: str | None = written_with("server_view")
     # Cut by kevload (load.cancel_share, kevload.cancel); absent where the run cut nothing. A companion cell: its
-    # requests cut. A probe cell: every request of its level cut (counted or not), its ok samples with such a cut
-    # in flight, and how many of those and of the others left the serial output; whether the divergent ones were
-    # all beside a cut, unlikely by chance (the one-sided Fisher p-value under kevload.cancel.FINDING_P).
+    # requests cut. A probe cell: the requests of its level cut (counted or not) while its samples ran (first send
+    # to last answer), its ok samples with such a cut in flight, and how many of those and of the others left the
+    # serial output; whether the divergent ones were all beside a cut, unlikely by chance (the one-sided Fisher
+    # p-value under kevload.cancel.FINDING_P).
     cancelled: int | None = written_with("cancelled")
     beside_cancelled: int | None = written_with("cancelled")
     divergent_beside_cancelled: int | None = written_with("cancelled")
