@@ -13,11 +13,13 @@ import hashlib
 
 import pytest
 
+from kevload.baseline import compare_to_baseline
 from kevload.cancel import CANCELLED, BesideCuts, CancelPlan, beside_cuts
 from kevload.compare import summarize
 from kevload.reader import reduce_records
 from kevload.report import cancel_findings, cell_text, footnotes
 from kevload.store import read_records
+from kevload.summary import RunSummary
 from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
 
@@ -266,3 +268,32 @@ def test_open_loop_companions_are_cut_too(tmp_path):
 def probe_cell_window(rows: list[dict]) -> tuple[float, float]:
     probes = [r for r in rows if r["role"] == "probe" and r["counted"]]
     return min(r["t_send"] for r in probes), max(r["t_last_byte"] for r in probes)
+
+
+# --- the pair of runs: the same level with and without cancellations (run --baseline) ---
+
+DRIFT_KINDS = ("new_drift", "fixed")
+
+
+def level_run(cuts: int, drifting: bool) -> RunSummary:
+    return summarize(reduce_records(crafted({4: cuts}, drifting={4} if drifting else set())))
+
+
+@pytest.mark.parametrize("now, then, kind", [
+    (level_run(5, True), level_run(0, False), "new_drift"),   # drifted with cuts; the baseline without held
+    (level_run(0, False), level_run(5, True), "fixed"),       # held without cuts; the baseline drifted with them
+])
+def test_a_baseline_without_cuts_that_held_makes_the_finding(now, then, kind):
+    [change] = [c for c in compare_to_baseline(now, then) if c.cell == "p1@mixed/c=4" and c.kind in DRIFT_KINDS]
+    assert change.kind == kind
+    assert change.detail.endswith("; probe drifted only in levels with cancellations: ✂5 where it drifted, none "
+                                  "where it held")
+
+
+@pytest.mark.parametrize("now, then", [
+    (level_run(5, True), level_run(3, False)),   # both had cuts: the cuts are no difference between them
+    (level_run(0, True), level_run(0, False)),   # neither had any
+])
+def test_no_baseline_finding_unless_only_the_drifting_run_had_cuts(now, then):
+    [change] = [c for c in compare_to_baseline(now, then) if c.cell == "p1@mixed/c=4" and c.kind in DRIFT_KINDS]
+    assert change.kind == "new_drift" and "cancellations" not in change.detail
