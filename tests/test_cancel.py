@@ -297,3 +297,13 @@ def test_a_baseline_without_cuts_that_held_makes_the_finding(now, then, kind):
 def test_no_baseline_finding_unless_only_the_drifting_run_had_cuts(now, then):
     [change] = [c for c in compare_to_baseline(now, then) if c.cell == "p1@mixed/c=4" and c.kind in DRIFT_KINDS]
     assert change.kind == "new_drift" and "cancellations" not in change.detail
+
+
+def test_a_cut_by_time_without_streaming_is_cancelled_with_no_chunk(tmp_path):
+    # Each answer is held 1 s; the cut comes at 0.2 s, before a byte of it.
+    with FakeServer(Behaviour(latency=1.0)) as server:
+        rows, summary, _ = run(tmp_path, server, stream=False, samples=2, cancel_share=1.0, cancel_after_s=0.2)
+    cut = [r for r in rows if r["status"] == CANCELLED]
+    assert cut and all(r["role"] == "companion" and r["chunks"] == 0 and r["t_first_byte"] is None for r in cut)
+    assert all(0.19 <= r["t_last_byte"] - r["t_send"] < 0.5 for r in cut)
+    assert summary["errors"] == 0 and summary["cancelled"] == len(cut)
