@@ -307,3 +307,18 @@ def test_a_cut_by_time_without_streaming_is_cancelled_with_no_chunk(tmp_path):
     assert cut and all(r["role"] == "companion" and r["chunks"] == 0 and r["t_first_byte"] is None for r in cut)
     assert all(0.19 <= r["t_last_byte"] - r["t_send"] < 0.5 for r in cut)
     assert summary["errors"] == 0 and summary["cancelled"] == len(cut)
+
+
+def test_parts_of_a_records_file_merge_to_the_whole_run():
+    # The parallel reader reduces parts of a large file apart: cuts, samples and counts must merge.
+    rows = crafted({2: 0, 4: 5}, drifting={4})
+    whole = summarize(reduce_records(rows))
+    first, second = reduce_records(rows[::2]), reduce_records(rows[1::2])
+    first.merge(second)
+    merged = summarize(first)
+    names = ("cancelled", "beside_cancelled", "divergent_beside_cancelled", "divergent_apart_from_cancelled",
+             "cancel_p_value", "drift_only_beside_cancelled", "drift", "ok")
+    assert [[getattr(c, n) for n in names] for c in merged.cells] == \
+        [[getattr(c, n) for n in names] for c in whole.cells]
+    assert (merged.cancelled, merged.drift_with_cancelled_levels) == \
+        (whole.cancelled, whole.drift_with_cancelled_levels) == (5, ("p1@mixed",))
