@@ -57,10 +57,12 @@ def compare_to_baseline(current: RunSummary, baseline: RunSummary, *,
         if cell.drift and not before.drift:
             changes.append(Change("new_drift", name, f"{cell.distinct} distinct in {cell.ok} "
                                   f"(baseline: 1 in {before.ok}), first divergence at "
-                                  f"{position_label(char=cell.first_divergence_chars)}"))
+                                  f"{position_label(char=cell.first_divergence_chars)}"
+                                  + _cuts_clause(cell, before)))
         elif before.drift and not cell.drift:
             changes.append(Change("fixed", name,
-                                  f"one output in {cell.ok} (baseline: {before.distinct} distinct)"))
+                                  f"one output in {cell.ok} (baseline: {before.distinct} distinct)"
+                                  + _cuts_clause(before, cell)))
         # Latent drift is news only against a baseline whose logprobs were compared and had none; a cell
         # whose logprobs now cover only some samples is no change by itself, and latent drift among those
         # it covers is still latent drift.
@@ -91,6 +93,15 @@ def compare_to_baseline(current: RunSummary, baseline: RunSummary, *,
         if key not in current_keys:
             changes.append(Change("missing_cell", before.name, "in the baseline but not in this run"))
     return changes
+
+
+def _cuts_clause(drifted: CellSummary, held: CellSummary) -> str:
+    """Where the one of a pair of runs that drifted at a level had cancellations there (``load.cancel_share``) and
+    the one that held had none: the same level without them is the evidence (``--set load.cancel_share=0``)."""
+    if not drifted.cancelled or held.cancelled:
+        return ""
+    return (f"; probe drifted only in levels with cancellations: ✂{drifted.cancelled} where it drifted, none where "
+            "it held")
 
 
 def _key(cell: CellSummary) -> tuple:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from kevload.cancel import CANCELLED
 from kevload.conversation import ends_sample, transcript
 from kevload.envelope import LogprobTrack
 from kevload.overlap import FullLoad, Occupancy, Window
@@ -31,6 +32,8 @@ CellKey = tuple[str, str, str, int, float | None]  # probe, role, mode, concurre
 # overlap in time (a level ends only when nothing it sent is in flight), so pooling them adds no "other".
 SpanKey = tuple[str, int]
 OutputKey = tuple[str, str | None]  # sha256 of the text, finish_reason
+# A level as its cuts are pooled: mode, concurrency, rate. Levels of one key never overlap in time (as SpanKey).
+CutKey = tuple[str, int, float | None]
 # ttft, itl, tpot, e2e bounds in seconds (inf: not bounded), and whether one of the first three is given.
 SloLimits = tuple[float, float, float, float, bool]
 
@@ -60,6 +63,11 @@ class CellAccumulator:
     slo_misses: dict[str, int] = field(default_factory=dict)  # ok requests over each bound (ttft, itl, tpot, e2e)
     # Closed-loop levels c ≥ 2: every counted request's send and last-byte time, in turn (None: nothing to check).
     spans: array | None = None
+    cancelled: int = 0  # requests kevload cut (load.cancel_share): neither answers nor errors
+    # Probe cells: each ok sample's send and last-byte time, in turn, and its output beside it, so that the samples
+    # with a cut of their level in flight can be told from the others (kevload.cancel.beside_cuts).
+    sample_spans: array | None = None
+    sample_outputs: list[OutputKey] | None = None
 
     def add(self, record: dict[str, Any]) -> None:
         # The comparator's hot loop (a million records in seconds): plain comparisons, no helpers.
@@ -75,7 +83,10 @@ class CellAccumulator:
         self.reconnects += record.get("reconnects", 0)
         status = record["status"]
         if status != "ok":
-            self.errors[status] = self.errors.get(status, 0) + 1
+            if status == CANCELLED:
+                self.cancelled += 1
+            else:
+                self.errors[status] = self.errors.get(status, 0) + 1
             return
         key = (record["sha256"], record.get("finish_reason"))
         count = self.counts.get(key)
@@ -88,6 +99,11 @@ class CellAccumulator:
                 self.tokens[key] = toks
         else:
             self.counts[key] = count + 1
+        outputs = self.sample_outputs
+        if outputs is not None:
+            self.sample_spans.append(t_send)
+            self.sample_spans.append(t_last)
+            outputs.append(key)
         logprobs = record.get("logprobs")
         # A vector of nulls only is no logprob at all: the server gave the field, not one value in it.
         if logprobs and (logprobs[0] is not None or logprobs.count(None) < len(logprobs)):
@@ -175,6 +191,10 @@ class CellAccumulator:
         self.t_end = max(self.t_end, other.t_end)
         if self.spans is not None:
             self.spans.extend(other.spans)
+        self.cancelled += other.cancelled
+        if self.sample_outputs is not None:
+            self.sample_spans.extend(other.sample_spans)
+            self.sample_outputs.extend(other.sample_outputs)
         self.slo_met += other.slo_met
         self.slo_unmeasured += other.slo_unmeasured
         for name, n in other.slo_misses.items():
@@ -183,6 +203,11 @@ class CellAccumulator:
     @property
     def ok(self) -> int:
         return sum(self.counts.values())
+
+    def samples(self) -> list[tuple[float, float, OutputKey]]:
+        """Each ok sample of a probe cell: (send, last byte, output)."""
+        spans, outputs = self.sample_spans, self.sample_outputs or []
+        return [(spans[2 * i], spans[2 * i + 1], key) for i, key in enumerate(outputs)]
 
     def modal(self) -> OutputKey | None:
         """Most common output; ties go to the one seen first, so the choice is reproducible."""
@@ -206,6 +231,9 @@ class Reduction:
     uncounted_spans: dict[SpanKey, array] = field(default_factory=dict)
     # Conversation cells: each turn's counted ok answers, by history (``kevload.turnwise``).
     turns: dict[CellKey, dict[int, dict[TurnAnswer, int]]] = field(default_factory=dict)
+    # Every cut of a level (load.cancel_share), counted or not: the times its requests were cancelled.
+    cuts: dict[CutKey, array] = field(default_factory=dict)
+    cancel_planned: int = 0  # requests on record that load.cancel_share chose to cut (0: the run cut nothing)
 
     def __post_init__(self) -> None:
         self.limits = slo_limits(self.slo)
@@ -213,7 +241,14 @@ class Reduction:
     def add(self, record: dict[str, Any]) -> None:
         self.sent += 1
         status = record["status"]
-        if status != "ok":
+        self.cancel_planned += record.get("cancel_planned", False)
+        if status == CANCELLED:
+            level = (record["mode"], record["concurrency"], record.get("rate"))
+            cuts = self.cuts.get(level)
+            if cuts is None:
+                cuts = self.cuts[level] = array("d")
+            cuts.append(record["t_last_byte"])
+        elif status != "ok":
             self.sent_errors[status] = self.sent_errors.get(status, 0) + 1
         # Warm-ups and sends below full load (a level's ramp-up) are on record but are no evidence.
         if not counts_in_cell(record["role"], record.get("counted", True)):
@@ -227,9 +262,11 @@ class Reduction:
                 return
         cell = self.cells.get(key)
         if cell is None:
+            probe = record["role"] == "probe"
             cell = self.cells[key] = CellAccumulator(
                 max_in_flight=record.get("max_in_flight"), slo=self.limits,
-                spans=array("d") if record["concurrency"] > 1 and record.get("rate") is None else None)
+                spans=array("d") if record["concurrency"] > 1 and record.get("rate") is None else None,
+                sample_spans=array("d") if probe else None, sample_outputs=[] if probe else None)
         cell.add(record)
         self.records += 1
 
@@ -282,6 +319,9 @@ class Reduction:
             self.sent_errors[status] = self.sent_errors.get(status, 0) + n
         for level, spans in other.uncounted_spans.items():
             self.uncounted_spans.setdefault(level, array("d")).extend(spans)
+        for level, cuts in other.cuts.items():
+            self.cuts.setdefault(level, array("d")).extend(cuts)
+        self.cancel_planned += other.cancel_planned
 
     def full_loads(self, unrecorded: list[Window] | None = None) -> dict[CellKey, FullLoad]:
         """Each cell of a closed-loop level c ≥ 2 against every request of its level: its cells' counted spans

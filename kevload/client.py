@@ -16,6 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
+from kevload.cancel import CANCELLED, CancelAt
 from kevload.http1 import LeanTransport
 from kevload.models import Probe
 from kevload.scenario import REQUEST_ID_HEADER, Scenario, Target
@@ -225,34 +226,46 @@ class Client:
             await self._transport.aclose()
             self._transport = None
 
-    async def send(self, body: dict[str, Any], *, request_id: str | None = None) -> Outcome:
+    async def send(self, body: dict[str, Any], *, request_id: str | None = None,
+                   cancel: CancelAt | None = None) -> Outcome:
         """One exchange, sent with ``X-Request-Id: request_id`` (a random id when None): the id a
-        server's logs and traces show for it. A resend on a fresh connection carries the same id."""
+        server's logs and traces show for it. A resend on a fresh connection carries the same id.
+
+        ``cancel``: the client abandons the request then (``kevload.cancel``), closing its connection as a user
+        closing a tab does; the outcome is ``cancelled``, with the time of the cut and the chunks read before it."""
         assert self._transport is not None, "use Client as an async context manager"
         payload = orjson.dumps(body)
         stream = bool(body.get("stream"))
         headers = {REQUEST_ID_HEADER: request_id or secrets.token_hex(8)}
         t_send = time.perf_counter()
-        if self._max_seconds is None:
-            return await self._exchange(payload, headers, stream, t_send, [])
+        cut_s = cancel.after_s if cancel is not None else None
+        after_chunks = cancel.after_chunks if cancel is not None else None
+        chunks = [0]  # streamed chunks read so far: what a cut by time reports
+        if self._max_seconds is None and cut_s is None:
+            return await self._exchange(payload, headers, stream, t_send, [], after_chunks, chunks)
         deadline = asyncio.timeout(self._max_seconds)
+        cut = asyncio.timeout(cut_s)
         reconnects: list[int] = []
         try:
-            async with deadline:
-                return await self._exchange(payload, headers, stream, t_send, reconnects)
+            async with deadline, cut:  # the cut inside: its own expiry is told apart below
+                return await self._exchange(payload, headers, stream, t_send, reconnects, after_chunks, chunks)
         except TimeoutError:
+            if cut.expired():
+                return replace(self._failed(CANCELLED, t_send, f"cut by kevload after {cut_s:g} s "
+                                            "(load.cancel_after_s)", sum(reconnects)), chunks=chunks[0])
             if not deadline.expired():
                 raise
             return self._failed("timeout", t_send, f"no complete answer within target.max_seconds = "
                                 f"{self._max_seconds:g} s", sum(reconnects))
 
     async def _exchange(self, payload: bytes, headers: dict[str, str], stream: bool, t_send: float,
-                        reconnects: list[int]) -> Outcome:
+                        reconnects: list[int], after_chunks: int | None = None,
+                        chunks: list[int] | None = None) -> Outcome:
         try:
             response = await self._transport.send(payload, headers)
             reconnects.append(response.reconnects)
             try:
-                outcome = await self._answer(response, stream, t_send)
+                outcome = await self._answer(response, stream, t_send, after_chunks, chunks)
             finally:
                 # Also on a cancel or the max_seconds cut: closing tells the server to stop.
                 response.close()
@@ -260,7 +273,8 @@ class Client:
             return self._failed(exc.status, t_send, str(exc), exc.reconnects)
         return replace(outcome, reconnects=response.reconnects) if response.reconnects else outcome
 
-    async def _answer(self, response: Response, stream: bool, t_send: float) -> Outcome:
+    async def _answer(self, response: Response, stream: bool, t_send: float, after_chunks: int | None = None,
+                      chunks: list[int] | None = None) -> Outcome:
         t_first_byte = time.perf_counter()
         status, headers = response.status, response.headers
         if status != 200:
@@ -272,7 +286,7 @@ class Client:
         content_type = headers.get("content-type", "")
         if stream:
             return await _read_stream(response.chunks(), response.read, content_type, self.target.api, t_send,
-                                      t_first_byte)
+                                      t_first_byte, after_chunks, chunks)
         return await _read_whole(await response.read(), content_type, self.target.api, t_send, t_first_byte)
 
     def _failed(self, status: str, t_send: float, error: str, reconnects: int) -> Outcome:
@@ -329,7 +343,10 @@ async def _read_whole(raw: bytes, content_type: str, api: str, t_send: float, t_
 
 
 async def _read_stream(body: AsyncIterator[bytes], read: Callable[[], Awaitable[bytes]], content_type: str,
-                       api: str, t_send: float, t_first_byte: float) -> Outcome:
+                       api: str, t_send: float, t_first_byte: float, after_chunks: int | None = None,
+                       seen: list[int] | None = None) -> Outcome:
+    """``after_chunks``: return ``cancelled`` once that many chunks carried a piece of the answer (the caller then
+    closes the connection); ``seen[0]`` follows the chunks read, for a cut by time to report."""
     if "text/event-stream" not in content_type:
         await read()
         return Outcome(status="malformed", t_send=t_send, t_first_byte=t_first_byte, t_last_byte=time.perf_counter(),
@@ -379,6 +396,12 @@ async def _read_stream(body: AsyncIterator[bytes], read: Callable[[], Awaitable[
                     else:
                         max_gap = max(max_gap, now - t_prev)
                     t_prev = now
+                    if seen is not None:
+                        seen[0] = chunks
+                    if after_chunks is not None and chunks >= after_chunks:
+                        return Outcome(status=CANCELLED, t_send=t_send, t_first_byte=t_first_byte,
+                                       t_first_token=t_first_token, t_last_byte=now, chunks=chunks,
+                                       error=f"cut by kevload after {chunks} chunks (load.cancel_after_tokens)")
                 finish_reason = _finish_reason(choice) or finish_reason
     except (SSEError, _Malformed) as exc:
         return failed("malformed", str(exc), time.perf_counter())

@@ -8,11 +8,13 @@ where outputs leave the serial one ``divergence.py``, agreement with it ``agreem
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from kevload.agreement import agreement, logprob_agreement
+from kevload.cancel import beside_cuts
 from kevload.cells import CellAccumulator, Reduction
 from kevload.divergence import divergence
 from kevload.overlap import FullLoad, Window
@@ -70,11 +72,15 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
         levels.sort(key=lambda lv: level_order(*lv))
         reference = reduction.cells[(probe, role, mode, *levels[0])]
         for level in levels:
-            cells.append(_cell_summary(
-                probe, role, mode, level, levels[0], reduction.cells[(probe, role, mode, *level)], reference,
+            cell = reduction.cells[(probe, role, mode, *level)]
+            summary = _cell_summary(
+                probe, role, mode, level, levels[0], cell, reference,
                 asked=samples_asked if role == "probe" else None, min_slo_attainment=min_slo_attainment,
                 until=until, full_load=full_loads.get((probe, role, mode, *level)), server=server,
-                turns=_turns(reduction, (probe, role, mode, *level), (probe, role, mode, *levels[0]))))
+                turns=_turns(reduction, (probe, role, mode, *level), (probe, role, mode, *levels[0])))
+            if reduction.cancel_planned:
+                summary = _with_cuts(summary, cell, reference, reduction.cuts.get((mode, *level), ()))
+            cells.append(summary)
     probe_cells = [c for c in cells if c.role == "probe"]
     companion_cells = [c for c in cells if c.role != "probe"]
     probe_requests = sum(c.requests for c in probe_cells)
@@ -119,7 +125,49 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
                                and reduction.slo and not c.meets_slo),
         server_limited_cells=tuple(c.name for c in probe_cells if c.server_note),
         cells=tuple(cells),
+        cancelled=sum(len(cuts) for cuts in reduction.cuts.values()) if reduction.cancel_planned else None,
+        drift_beside_cancelled_cells=tuple(c.name for c in probe_cells if c.drift_only_beside_cancelled)
+        if reduction.cancel_planned else None,
+        drift_with_cancelled_levels=_drift_with_cuts(probe_cells) if reduction.cancel_planned else None,
     )
+
+
+def _with_cuts(summary: CellSummary, cell: CellAccumulator, reference: CellAccumulator,
+               cuts: Iterable[float]) -> CellSummary:
+    """A cell of a run that cut requests (``kevload.cancel``): a companion cell's own cuts; a probe cell's level's
+    cuts while its samples ran (first send to last answer: another probe's level of the same concurrency runs at
+    another time) and how its ok samples split beside them."""
+    if summary.role != "probe":
+        return replace(summary, cancelled=cell.cancelled)
+    cuts = [t for t in cuts if cell.t_start <= t <= cell.t_end]
+    serial = reference.modal()
+    split = beside_cuts(((t_send, t_last, output != serial) for t_send, t_last, output in cell.samples()), cuts)
+    p = split.p_value
+    return replace(summary, cancelled=len(cuts), beside_cancelled=split.beside,
+                   divergent_beside_cancelled=split.divergent_beside,
+                   divergent_apart_from_cancelled=split.divergent_apart,
+                   cancel_p_value=None if p is None else round(p, 6),
+                   drift_only_beside_cancelled=split.only_beside_cuts)
+
+
+def _drift_with_cuts(cells: list[CellSummary]) -> tuple[str, ...]:
+    """Probes (``p1@mixed``) that drifted only in levels where requests were cut, while a loaded level of theirs
+    (not the serial one) with no cut held the serial output: the same load without cancellations, as evidence."""
+    found = []
+    for (probe, mode), row in sorted(_by_probe(cells).items()):
+        reference = min(row, key=lambda c: c.level_order)
+        drifted = [c for c in row if c.drift]
+        held = [c for c in row if c is not reference and c.ok and not c.drift and c.cancelled == 0]
+        if drifted and held and all(c.cancelled for c in drifted):
+            found.append(f"{probe}@{mode}")
+    return tuple(found)
+
+
+def _by_probe(cells: Iterable[CellSummary]) -> dict[tuple[str, str], list[CellSummary]]:
+    rows: dict[tuple[str, str], list[CellSummary]] = {}
+    for c in cells:
+        rows.setdefault((c.probe, c.mode), []).append(c)
+    return rows
 
 
 def distinct_matrix(cells: list[CellSummary]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
+from kevload.cancel import CancelPlan
 from kevload.client import Client
 from kevload.level import Level, Plan
 from kevload.models import Probe
@@ -24,6 +25,7 @@ from kevload.scenario import Scenario
 from kevload.schedule import COMPANION, PROBE, WARMUP, ClosedLoop, OpenLoop, Role, UntilBound
 from kevload.sender import Cell, Cut, Sender
 from kevload.store import Record
+from kevload.summary import level_label
 from kevload.trace import trace_of
 from kevload.workload import CompanionPicker, companions_for
 
@@ -137,6 +139,8 @@ class _Run:
         # Per probe: the serial (first) level's modal answer, which later levels' answers are held against.
         self.references: dict[str, Hashable | None] = {}
         self.errors = ErrorShare(self.load.max_error_share)
+        self.cancels = CancelPlan.of(self.load.cancel_share, self.load.cancel_after_s, self.load.cancel_after_tokens,
+                                     self.load.seed)
         self.aborted = False
         self._stopped_at: float | None = None  # one grace period from the stop, however many groups wait
         self._ready: collections.deque[Record] = collections.deque()
@@ -234,15 +238,20 @@ class _Run:
         would run it for longer than load.duration)."""
         return counted > 0 if self.load.duration else counted >= self.load.samples
 
-    def sending(self, level: Level, cell: Cell) -> Callable[..., Awaitable[None]]:
-        """What sends one request of this level: the sender's record goes to the stream, a counted probe's answer
-        to the level (``load.until_bound``) and to the stop condition."""
+    def sending(self, level: Level, cell: Cell, probe: Probe) -> Callable[..., Awaitable[None]]:
+        """What sends one request of this level of ``probe``: the sender's record goes to the stream, a counted
+        probe's answer to the level (``load.until_bound``) and to the stop condition. A companion
+        ``load.cancel_share`` chose is sent to be cut."""
+        label = level_label(cell.concurrency, cell.rate)
 
         async def send(role: Role, item: Probe, sample: int, **when: Any) -> None:
+            plan = self.cancels
+            cut = plan is not None and role == COMPANION and plan.chosen(probe.id, label, self.team.worker, sample)
+            cancel = plan.at if cut else None
             if item.turns is None:
-                self._note(level, role, await self.sender.send(level, cell, role, item, sample, **when))
+                self._note(level, role, await self.sender.send(level, cell, role, item, sample, cancel=cancel, **when))
                 return
-            async for record in self.sender.converse(level, cell, role, item, sample, **when):
+            async for record in self.sender.converse(level, cell, role, item, sample, cancel=cancel, **when):
                 self._note(level, role, record)
 
         return send
@@ -296,7 +305,7 @@ class _ClosedLevel:
         load = run.load
         level, slots = run.team.level(plan)
         run.level = level
-        send = run.sending(level, Cell(load.mode, concurrency, None, concurrency))
+        send = run.sending(level, Cell(load.mode, concurrency, None, concurrency), probe)
         for i in range(plan.warmup if run.team.warms_up else 0):
             if run.halted():
                 break
@@ -368,7 +377,7 @@ class _OpenLevel:
         cap = asyncio.Semaphore(load.max_in_flight) if load.max_in_flight else None
         level, _ = run.team.level(plan)
         run.level = level
-        send = run.sending(level, Cell(load.mode, 0, rate, load.max_in_flight or None))
+        send = run.sending(level, Cell(load.mode, 0, rate, load.max_in_flight or None), probe)
         samples = {PROBE: first, COMPANION: 0, WARMUP: -1}
         tasks: dict[str, set[asyncio.Task]] = {PROBE: set(), COMPANION: set()}
         start = await run.team.start(level, 0.005)

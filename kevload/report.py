@@ -43,7 +43,7 @@ def cell_text(cell: CellSummary | None) -> str:
     One distinct output that is not the serial one reads ``1 all≠serial``: the copies agree with each
     other, not with the serial answer. ``1 ~`` is latent drift: the serial text, other logprobs. ``t1``: a
     conversation that leaves the serial one at turn 1 (``turns_text``). ``†``: some counted samples never had
-    c − 1 others in flight (``never_full_text``).
+    c − 1 others in flight (``never_full_text``). ``✂3``: kevload cut 3 requests of the level (``load.cancel_share``).
     """
     if cell is None:
         return "-"
@@ -56,6 +56,8 @@ def cell_text(cell: CellSummary | None) -> str:
         text += f" t{cell.first_divergent_turn}"
     if cell.samples_never_full:
         text += " †"
+    if cell.cancelled:
+        text += f" ✂{cell.cancelled}"
     if cell.short:
         text += f" ({cell.ok}/{cell.asked})"
     return text
@@ -227,7 +229,10 @@ def footnotes(summary: RunSummary) -> list[str]:
             notes.append(f"{name}: {unknown_overlap_text(c)}")
         if c.server_note:
             notes.append(f"{name}: {c.server_note}")
+        if c.cancelled:
+            notes.append(f"{name}: ✂ {cancelled_text(c)}")
     notes += missing_texts(summary)
+    notes += cancel_findings(summary)
     loaded = [c for c in summary.probe_cells() if c.full_load_share is not None]
     if loaded:
         low = min(loaded, key=lambda c: (c.full_load_share, c.level_order))
@@ -235,8 +240,38 @@ def footnotes(summary: RunSummary) -> list[str]:
                      f"{low.full_load_share:.1%} of their time (lowest: {low.label})")
     if summary.companion_requests:
         notes.append(f"companions: {summary.companion_errors} of {summary.companion_requests} requests failed"
-                     + (f" ({counts_text(summary.companion_errors_by_type)})" if summary.companion_errors else ""))
+                     + (f" ({counts_text(summary.companion_errors_by_type)})" if summary.companion_errors else "")
+                     + (f"; {summary.cancelled} cut by kevload (load.cancel_share: cancelled, not failed)"
+                        if summary.cancelled is not None else ""))
     return notes
+
+
+def cancelled_text(cell: CellSummary) -> str:
+    """``12 requests of the level cut; 9 of 20 ok samples had a cut in flight (3 ≠ serial), 11 had none (0 ≠
+    serial)``: a probe cell's level's cuts and how its samples split beside them."""
+    apart = cell.ok - (cell.beside_cancelled or 0)
+    return (f"{cell.cancelled} requests of the level cut by kevload; {cell.beside_cancelled} of {cell.ok} ok samples "
+            f"had a cut in flight ({cell.divergent_beside_cancelled} ≠ serial), {apart} had none "
+            f"({cell.divergent_apart_from_cancelled} ≠ serial)")
+
+
+def cancel_findings(summary: RunSummary) -> list[str]:
+    """The cancellation findings, each with the counts that make it checkable from the records."""
+    cells = {c.name: c for c in summary.probe_cells()}
+    lines = []
+    for name in summary.drift_beside_cancelled_cells or ():
+        c = cells[name]
+        lines.append(f"finding: {c.label}: probe drifted only beside cancellations: all {c.divergent_beside_cancelled}"
+                     f" divergent samples had a cut in flight, none of the {c.ok - c.beside_cancelled} without one "
+                     f"diverged (one-sided Fisher p = {c.cancel_p_value:.3g})")
+    for row in summary.drift_with_cancelled_levels or ():
+        probe, _, mode = row.rpartition("@")
+        mine = sorted((c for c in cells.values() if (c.probe, c.mode) == (probe, mode)), key=lambda c: c.level_order)
+        drifted = ", ".join(f"{c.level} (✂{c.cancelled})" for c in mine if c.drift)
+        held = ", ".join(c.level for c in mine[1:] if not c.drift and c.cancelled == 0)
+        lines.append(f"finding: {probe} ({mode}): probe drifted only in levels with cancellations: {drifted}; "
+                     f"held the serial output where none was cut: {held}")
+    return lines
 
 
 def table(summary: RunSummary) -> Table:

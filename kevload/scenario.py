@@ -191,6 +191,13 @@ class Load:
     # Each probe sample cold, then warm (kevload.prefixcache), and how cold is made.
     prefix_cache: PrefixCache = "off"
     cache_reset: CacheReset = "auto"
+    # Companions the client abandons mid-answer (kevload.cancel): this share of them, seeded by load.seed, cut
+    # after so many seconds or so many streamed chunks, whichever comes first.
+    cancel_share: float = rule(0.0, min=0, max=1, expected="a share between 0 and 1")
+    cancel_after_s: float | None = rule(None, above=0, max=MAX_SECONDS,
+                                        expected=f"seconds above 0, at most {MAX_SECONDS:,}")
+    cancel_after_tokens: int | None = rule(None, min=1, max=MAX_SAMPLES,
+                                           expected=f"an integer from 1 to {MAX_SAMPLES:,} (streamed chunks)")
 
 
 _DEFAULT_LOAD = Load()
@@ -406,6 +413,16 @@ def _load(fail: _Failer, load: Load) -> Load:
                  "load.ramp.every_s) is set too; remove one of them", load.until_bound)
         if load.max_samples < load.samples:
             fail("load.max_samples", f"an integer >= load.samples ({load.samples})", load.max_samples)
+    if load.cancel_share and load.cancel_after_s is None and load.cancel_after_tokens is None:
+        fail("load.cancel_share", "load.cancel_after_s or load.cancel_after_tokens beside it (when to cut)",
+             load.cancel_share)
+    if load.cancel_after_tokens is not None and not load.stream:
+        # Without streaming nothing arrives before the whole answer: there is no token to count.
+        fail("load.cancel_after_tokens", "load.stream = true beside it (only a streamed answer arrives token by "
+             "token)", load.cancel_after_tokens)
+    if load.cancel_share and load.mode == "single":
+        fail("load.cancel_share", 'a mode with companions ("mixed", "prefix" or "needle"): only companions are '
+             "cancelled", load.cancel_share)
     if load.trace:
         _traced(fail, load)
     if load.prefix_cache == "cold_warm":

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from kevload.cancel import CancelAt
 from kevload.client import Client, Outcome, build_body
 from kevload.conversation import conversation_sha256, history_sha256
 from kevload.level import Level
@@ -79,8 +80,9 @@ class Sender:
         self._stop = stop
 
     async def send(self, level: Level, cell: Cell, role: Role, item: Probe, sample: int, *, at: float = 0.0,
-                   t_scheduled: float | None = None) -> Record:
-        """``at``: seconds into the level (scheduled, in the open loop), which decides a ramp-up's sends."""
+                   t_scheduled: float | None = None, cancel: CancelAt | None = None) -> Record:
+        """``at``: seconds into the level (scheduled, in the open loop), which decides a ramp-up's sends.
+        ``cancel``: when the client abandons this request (``kevload.cancel``); its slot sends the next at once."""
         seq, request_id = self._number()
         body = self._body(item, request_id)
         state = None
@@ -91,7 +93,7 @@ class Sender:
         # Nothing between a slot's answer and this claim suspends: a slot that resends at once keeps c in flight.
         claim = level.claim(role, at)
         try:
-            outcome, retries, cut = await self._exchange(level, body, request_id)
+            outcome, retries, cut = await self._exchange(level, body, request_id, cancel)
         finally:
             self._hear_stop()  # before the answer is weighed: one that comes after a stop does not count
             counted = level.release(claim)
@@ -99,13 +101,16 @@ class Sender:
         return record(outcome, body, run_id=self.run_id, seq=seq, probe=item.id, role=role, mode=cell.mode,
                       concurrency=cell.concurrency, rate=cell.rate, sample=sample, in_flight=claim.others,
                       counted=counted and not (cut is not None and cut.stop), max_in_flight=cell.max_in_flight,
-                      t_scheduled=t_scheduled, retries=retries, request_id=request_id, cache=state)
+                      t_scheduled=t_scheduled, retries=retries, request_id=request_id, cache=state,
+                      cancel_planned=cancel is not None)
 
     async def converse(self, level: Level, cell: Cell, role: Role, item: Probe, sample: int, *, at: float = 0.0,
-                       t_scheduled: float | None = None) -> AsyncIterator[Record]:
+                       t_scheduled: float | None = None, cancel: CancelAt | None = None) -> AsyncIterator[Record]:
         """A conversation sample: its turns one after another in this slot, each a request and a record, turn k
         asked with the answers turns 0 … k − 1 received (or those the file gives). It ends at its last turn or at
-        the first that failed (no answer to go on with), or at a stop (nothing is sent after it).
+        the first that failed (no answer to go on with), or at a stop (nothing is sent after it). A conversation
+        ``load.cancel_share`` chose is abandoned in the first turn the cut reaches: that turn is ``cancelled`` and
+        ends it, as a user closing the tab ends the chat.
 
         The sample holds one claim from its first send to its last answer, as one request would: its first turn's
         claim decides whether the level counts it, every later turn counts only if it too went with c − 1 others
@@ -125,7 +130,7 @@ class Sender:
                 seq, request_id = self._number()
                 conversation = conversation or request_id
                 body = self._body(asked, request_id)
-                outcome, retries, cut = await self._exchange(level, body, request_id)
+                outcome, retries, cut = await self._exchange(level, body, request_id, cancel)
                 self._hear_stop()
                 ends = k == len(item.turns) - 1 or outcome.status != "ok"
                 counted = counted and claim.counted and not (cut is not None and cut.stop)
@@ -139,7 +144,7 @@ class Sender:
                               counted=counted, max_in_flight=cell.max_in_flight,
                               t_scheduled=t_scheduled if k == 0 else None, retries=retries, request_id=request_id,
                               turn=k, turns=len(item.turns), conversation=conversation, history=list(asked.messages),
-                              history_sha256=history_sha256(asked.messages))
+                              history_sha256=history_sha256(asked.messages), cancel_planned=cancel is not None)
                 if done.sha256 is not None:
                     chained = conversation_sha256(chained, done.sha256, done.finish_reason)
                     done = replace(done, conversation_sha256=chained)
@@ -164,12 +169,13 @@ class Sender:
         nonce = f"kevload-{request_id}" if load.nonce else None
         return build_body(self.scenario.target, item, self.scenario.params, stream=load.stream, nonce=nonce)
 
-    async def _exchange(self, level: Level, body: dict[str, Any], request_id: str) -> tuple[Outcome, int, Cut | None]:
+    async def _exchange(self, level: Level, body: dict[str, Any], request_id: str,
+                        cancel: CancelAt | None = None) -> tuple[Outcome, int, Cut | None]:
         """The request sent, retried after a 429/503 as the policy says, or cut: the outcome, the retries, the cut."""
         retries, cut = 0, None
         t_send = time.perf_counter()
         try:
-            outcome = await self.client.send(body, request_id=request_id)
+            outcome = await self.client.send(body, request_id=request_id, cancel=cancel)
             while (wait := self.retry.delay(outcome, retries)) is not None and not self._stop.is_set():
                 # Backing off is not being in flight: the other slots' sends meanwhile are not at full load.
                 level.pause()
@@ -178,7 +184,7 @@ class Sender:
                 finally:
                     level.resume()
                 retries += 1
-                outcome = await self.client.send(body, request_id=request_id)
+                outcome = await self.client.send(body, request_id=request_id, cancel=cancel)
         except asyncio.CancelledError as exc:
             cut = next((arg for arg in exc.args if isinstance(arg, Cut)), None)
             if cut is None:  # torn down, not cut: nothing to record

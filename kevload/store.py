@@ -80,6 +80,8 @@ class Record:
     # how many prompt tokens the server said it served from its cache (None: it did not say).
     cache: str | None = None
     cached_tokens: int | None = None
+    # A companion load.cancel_share chose to cut (kevload.cancel): ``cancelled`` if the cut came before its answer.
+    cancel_planned: bool = False
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Record:

@@ -182,6 +182,17 @@ class CellSummary(_Json):
     # them differ from the serial answer; the first turn (0-based) where one does: where it leaves the serial one.
     turns: tuple[dict[str, int], ...] | None = written_with("turns")
     first_divergent_turn: int | None = written_with("turns")
+    # Cut by kevload (load.cancel_share, kevload.cancel); absent where the run cut nothing. A companion cell: its
+    # requests cut. A probe cell: the requests of its level cut (counted or not) while its samples ran (first send
+    # to last answer), its ok samples with such a cut in flight, and how many of those and of the others left the
+    # serial output; whether the divergent ones were all beside a cut, unlikely by chance (the one-sided Fisher
+    # p-value under kevload.cancel.FINDING_P).
+    cancelled: int | None = written_with("cancelled")
+    beside_cancelled: int | None = written_with("cancelled")
+    divergent_beside_cancelled: int | None = written_with("cancelled")
+    divergent_apart_from_cancelled: int | None = written_with("cancelled")
+    cancel_p_value: float | None = written_with("cancelled")
+    drift_only_beside_cancelled: bool | None = written_with("cancelled")
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> CellSummary:
@@ -262,6 +273,12 @@ class RunSummary(_Json):
     # load.prefix_cache: how cold samples were made and each probe's cold and warm answers compared
     # (kevload.prefixcache.ColdWarm); absent without it.
     prefix_cache: dict[str, Any] | None = written_with("prefix_cache")
+    # Requests kevload cut (load.cancel_share): neither answers nor errors; absent where the run cut nothing. The
+    # findings: probe cells whose divergent samples all had a cut in flight (CellSummary.drift_only_beside_cancelled),
+    # and probes (``p1@mixed``) that drifted only in levels with cuts while a loaded level without any held.
+    cancelled: int | None = written_with("cancelled")
+    drift_beside_cancelled_cells: tuple[str, ...] | None = written_with("cancelled")
+    drift_with_cancelled_levels: tuple[str, ...] | None = written_with("cancelled")
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> RunSummary:

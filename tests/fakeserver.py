@@ -98,6 +98,9 @@ class Behaviour:
     reset_fails_after: int | None = None  # resets after this many answer 500 (a reset failing mid-run)
     cached_tokens: str | None = None  # say what was served from the cache: "usage" (vLLM) or "timings" (llama.cpp)
     props: bool = False             # GET /props answers as llama.cpp's does
+    # Outputs vary for a request that was held (before its answer is made) while a client closed another
+    # request's stream: a batch that changed under it because a neighbour was cancelled, and nothing else.
+    drift_when_cancelled: bool = False
 
 
 class FakeServer:
@@ -117,6 +120,8 @@ class FakeServer:
         self.prefix_hits = 0  # prompt words answered from the "cache": a prompt seen before, counted on admission
         self.metrics_polls = 0
         self.resets = 0  # POSTs to the reset endpoint answered
+        # Streams the client closed before their end: (X-Request-Id, time.monotonic() when the server saw it).
+        self.disconnects: list[tuple[str | None, float]] = []
         self._next_id = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -222,7 +227,7 @@ class FakeServer:
             self.prefix_hits += len(prompt.split())
         me = self._next_id
         self._next_id += 1
-        state = {"prompt": prompt, "max_overlap": 1, "prompts": {prompt},
+        state = {"prompt": prompt, "max_overlap": 1, "prompts": {prompt}, "arrived": time.monotonic(),
                  "cached": prompt in self.seen_prompts and body.get("cache_prompt", True) is not False}
         self._active[me] = state
         hold = b.on_arrival(index, len(self._active)) if b.on_arrival is not None else None
@@ -258,7 +263,18 @@ class FakeServer:
         logprobs = self._logprobs(body, text, state["max_overlap"])
         cached = len(prompt.split()) if state["cached"] else 0
         if body.get("stream"):
-            return await self._stream(request, body, text, chat, fault, logprobs, cached)
+            written = [time.monotonic()]
+            try:
+                return await self._stream(request, body, text, chat, fault, logprobs, cached, written)
+            except ConnectionError:
+                # The client went away mid-stream: the server's batch changes under what it held then. The close
+                # came after the last chunk that was written, and is seen only at the next write: requests that
+                # arrived in between may have come after it, so only those held before that last chunk drift.
+                self.disconnects.append((request.headers.get("X-Request-Id"), time.monotonic()))
+                for other in self._active.values():
+                    if other["arrived"] < written[0]:
+                        other["neighbour_cancelled"] = True
+                return web.Response(status=499)  # nobody reads it: the connection is gone
         return self._whole(body, text, chat, fault, logprobs, cached)
 
     async def _reset(self, request: web.Request) -> web.Response:
@@ -393,12 +409,13 @@ class FakeServer:
             noisy = random.Random(f"{key.hex()}-{seed}") if seed is not None and b.seed_honoured else random.Random()
         crowded = b.drift_at is not None and state["max_overlap"] >= b.drift_at
         mixed = b.drift_when_mixed and len(state["prompts"]) > 1
+        cancelled = b.drift_when_cancelled and state.get("neighbour_cancelled", False)
         cold = b.cold_differs and prompt not in self.seen_prompts and (
             body.get("cache_prompt", True) or not b.cache_switch)
         self.seen_prompts.add(prompt)
         if crowded and b.batched_variant:
             words[b.diverge_at_word] = "batched"
-        elif noisy is None and (crowded or mixed or b.always_drift or turn_drift):
+        elif noisy is None and (crowded or mixed or cancelled or b.always_drift or turn_drift):
             noisy = random.Random()
         if noisy is not None:
             words[b.diverge_at_word:] = [noisy.choice(WORDS) for _ in words[b.diverge_at_word:]]
@@ -452,7 +469,8 @@ class FakeServer:
         return {}
 
     async def _stream(self, request: web.Request, body: dict[str, Any], text: str, chat: bool,
-                      fault: str | None, logprobs: list[float] | None = None, cached: int = 0) -> web.StreamResponse:
+                      fault: str | None, logprobs: list[float] | None = None, cached: int = 0,
+                      written: list[float] | None = None) -> web.StreamResponse:
         b = self.behaviour
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         if fault == "wrong_content_type":
@@ -487,6 +505,8 @@ class FakeServer:
             if logprobs is not None:
                 choice["logprobs"] = self._logprob_doc([piece], [logprobs[i]], chat, i)
             await self._event(response, {"choices": [choice], "system_fingerprint": "fake-1"}, fault)
+            if written is not None:
+                written[0] = time.monotonic()
             if b.chunk_delay:
                 await asyncio.sleep(b.chunk_delay)
         if chat and b.tool_calls:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from kevload.store import read_records
 from tests.conftest import run_cli, write_scenario
+from tests.fakeserver import Behaviour, FakeServer
 
 _TRACE = ('{"timestamp": 0, "input_length": 4, "output_length": 2}\n'
           '{"timestamp": 500, "input_length": 4, "output_length": 2}\n')
@@ -26,3 +28,27 @@ def test_combinations_without_a_true_claim_exit_2(tmp_path, probe, load, message
     code, output = run_cli("run", scenario, "--out", tmp_path / "run")
     assert code == 2 and message in output and "Traceback" not in output, output
     assert not (tmp_path / "run" / "records.jsonl").exists()
+
+
+def test_a_cancelled_companion_conversation_ends_at_the_turn_the_cut_reached(tmp_path):
+    """A companion conversation chosen to be cut is abandoned in its first turn, as a user closing the tab ends
+    the chat: that turn is cancelled and no later turn of it is sent; conversations not chosen run every turn."""
+    (tmp_path / "talks.jsonl").write_text('{"id": "t", "turns": ["one", "two", "three"], "max_tokens": 8}\n')
+    scenario = write_scenario(tmp_path / "s.toml", "", mode="mixed", concurrency=[1, 3], samples=6, stream=True,
+                              companions="talks.jsonl", cancel_share=0.5, cancel_after_tokens=2)
+    with FakeServer(Behaviour(latency=0.02, chunk_delay=0.01)) as server:
+        code, output = run_cli("run", scenario, "--out", tmp_path / "run",
+                               "--set", f'target.base_url="{server.url}"')
+    assert code == 0, output
+    companions = [r for r in read_records(tmp_path / "run" / "records.jsonl") if r["role"] == "companion"]
+    by_talk: dict[str, list[dict]] = {}
+    for r in companions:
+        by_talk.setdefault(r["conversation"], []).append(r)
+    cut = [turns for turns in by_talk.values() if turns[0]["cancel_planned"]]
+    whole = [turns for turns in by_talk.values() if not turns[0]["cancel_planned"]]
+    assert cut and whole
+    for turns in cut:
+        # Cut in turn 0 after its 2 chunks (unless the level's end cut it first): nothing sent after.
+        assert [r["turn"] for r in turns] == [0] and turns[0]["status"] in ("cancelled", "timeout"), turns
+    assert all([r["turn"] for r in turns] == [0, 1, 2] for turns in whole if turns[-1]["status"] == "ok")
+    assert len(server.disconnects) == sum(1 for turns in cut if turns[0]["status"] == "cancelled")

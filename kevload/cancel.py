@@ -1,0 +1,101 @@
+"""Companions the client abandons mid-answer (``load.cancel_*``), as a user closing a tab: which ones, when, and
+what the probe's samples beside those cuts say.
+
+Which companions are cut is a pure function of the seed, the probe, the level and the companion's number in it,
+so a rerun with the same ``load.seed`` cuts the same ones whatever the server's speed. The cut itself is the
+client's (``Client.send``'s ``cancel``): the connection is closed, which is how a server learns that a client went
+away, so it aborts the request and its batch changes. A cut request is recorded with the status ``cancelled``, a
+word of kevload's: no answer and no error of the server's.
+
+Whether a probe drifted *because of* the cuts is read from the records alone: a probe sample is beside a cut when a
+request of its level was cut while it was in flight (send to last byte), and the cell says how its divergent
+samples split between those beside a cut and those not (``beside_cuts``, ``only_beside_cuts``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+# The status of a request kevload cut on purpose: neither compared nor an error.
+CANCELLED = "cancelled"
+# The one-sided p-value under which "drifted only beside cuts" is said: below it, a drift that ignores the cuts
+# would rarely have put every divergent sample beside one.
+FINDING_P = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class CancelAt:
+    """When one request is cut: after ``after_s`` seconds from its send, or once ``after_chunks`` streamed chunks
+    carried a piece of the answer, whichever comes first (None: not by that measure)."""
+
+    after_s: float | None = None
+    after_chunks: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CancelPlan:
+    """``load.cancel_share`` of a level's companions, chosen by ``load.seed``, each cut at ``at``."""
+
+    share: float
+    at: CancelAt
+    seed: int
+
+    @classmethod
+    def of(cls, share: float, after_s: float | None, after_tokens: int | None, seed: int) -> CancelPlan | None:
+        """The plan of a [load] table; None when it cuts nothing."""
+        if share <= 0 or (after_s is None and after_tokens is None):
+            return None
+        return cls(share, CancelAt(after_s, after_tokens), seed)
+
+    def chosen(self, probe: str, level: str, worker: int, sample: int) -> bool:
+        """Whether the ``sample``-th companion a worker sends at ``level`` (``c=4``, ``r=5/s``) of ``probe`` is cut.
+
+        A hash, not a random stream: the choice does not depend on how many were asked before (a resume, a
+        retry) nor move the seeded companion picker."""
+        digest = hashlib.sha256(f"{self.seed}\0{probe}\0{level}\0{worker}\0{sample}".encode()).digest()
+        return int.from_bytes(digest[:8], "big") / 2 ** 64 < self.share
+
+
+@dataclass(frozen=True, slots=True)
+class BesideCuts:
+    """A probe cell's ok samples split by whether a request of their level was cut while they were in flight."""
+
+    beside: int               # ok samples with a cut in flight
+    divergent_beside: int     # … of them not the serial output
+    apart: int                # ok samples with no cut in flight
+    divergent_apart: int      # … of them not the serial output
+
+    @property
+    def p_value(self) -> float | None:
+        """One-sided Fisher exact test: the chance that the divergent samples fall beside cuts at least this often if
+        divergence ignored the cuts (each sample as likely to diverge wherever it ran). None without divergence."""
+        divergent = self.divergent_beside + self.divergent_apart
+        total = self.beside + self.apart
+        if not divergent:
+            return None
+        tail = sum(math.comb(self.beside, k) * math.comb(self.apart, divergent - k)
+                   for k in range(self.divergent_beside, min(self.beside, divergent) + 1))
+        return tail / math.comb(total, divergent)
+
+    @property
+    def only_beside_cuts(self) -> bool:
+        """The finding "drifted only beside cancellations": every divergent sample had a cut in flight, none of the
+        samples without one diverged, and that split is unlikely by chance (``FINDING_P``)."""
+        p = self.p_value
+        return bool(self.divergent_beside and not self.divergent_apart and p is not None and p < FINDING_P)
+
+
+def beside_cuts(samples: Iterable[tuple[float, float, bool]], cuts: Iterable[float]) -> BesideCuts:
+    """``samples``: each ok probe sample's (send, last byte, whether it diverged from the serial output); ``cuts``:
+    the times the level's requests were cut. A cut at the very send or last byte counts as in flight."""
+    times = sorted(cuts)
+    counts = [0, 0, 0, 0]
+    for t_send, t_last, divergent in samples:
+        inside = bisect.bisect_right(times, t_last) - bisect.bisect_left(times, t_send) > 0
+        counts[(0 if inside else 2) + divergent] += 1
+    return BesideCuts(beside=counts[0] + counts[1], divergent_beside=counts[1], apart=counts[2] + counts[3],
+                      divergent_apart=counts[3])

@@ -1,0 +1,40 @@
+"""End to end on real vLLM (its CPU build): a companion kevload cuts is aborted by the server, which names it by
+kevload's X-Request-Id in its log and stops decoding it."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from kevload.servers import pid_alive
+from kevload.store import read_records
+from kevload.targets import running_target
+from tests.conftest import load_summary, run_cli, write_scenario
+
+pytestmark = pytest.mark.e2e
+
+PROBE = [{"id": "p1", "prompt": "Write a short story about a robot learning to paint.", "max_tokens": 16}]
+# Companions long enough that a cut after 2 tokens is always mid-answer.
+COMPANIONS = "\n".join(f'{{"prompt": "Tell a long story about the number {n}.", "max_tokens": 64}}' for n in range(4))
+
+
+def test_vllm_aborts_each_request_kevload_cuts(tmp_path):
+    (tmp_path / "companions.jsonl").write_text(COMPANIONS + "\n")
+    with running_target("vllm", max_num_seqs=4, enforce_eager=True, extra_args=("--enable-log-requests",),
+                        log=lambda message: None) as target:
+        scenario = write_scenario(tmp_path / "s.toml", target.url, probes=PROBE,
+                                  target={"model": target.model, "timeout": 120}, mode="mixed",
+                                  companions=str(tmp_path / "companions.jsonl"), concurrency=[1, 4], samples=4,
+                                  stream=True, cancel_share=1.0, cancel_after_tokens=2)
+        code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
+        log = target.log_path.read_text(errors="replace")
+    assert not pid_alive(target.pid)
+    assert code in (0, 1), output  # 1: the probe drifted, which cuts may well cause; this test is about the cuts
+    cut = [r for r in read_records(tmp_path / "run" / "records.jsonl") if r["status"] == "cancelled"]
+    assert cut and all(r["role"] == "companion" and r["chunks"] == 2 for r in cut)
+    aborted = {rid for line in re.findall(r"Aborted request\(s\) (\S+?)\.?$", log, re.M) for rid in line.split(",")}
+    # vLLM names a request chatcmpl-<X-Request-Id>-<suffix of its own>.
+    assert all(any(f"chatcmpl-{r['request_id']}-" in a for a in aborted) for r in cut), (cut, aborted)
+    summary = load_summary(tmp_path / "run")
+    assert summary["cancelled"] == len(cut) and summary["errors"] == 0 and summary["verdict"] != "target_failed"
