@@ -8,8 +8,12 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import run_cli, write_scenario
-from tests.fakeserver import FakeServer
+from kevload import reader
+from kevload.compare import summarize
+from kevload.reader import reduce_file
+from kevload.store import read_records
+from tests.conftest import load_summary, run_cli, write_scenario
+from tests.fakeserver import Behaviour, FakeServer
 
 TURNS = ["Name a colour.", "Why that one?", "Now a number.", "Thanks."]
 
@@ -23,6 +27,86 @@ class DriftsAtTurnOne(FakeServer):
         if sum(m.get("role") == "user" for m in body.get("messages", ())) == 2 and state["max_overlap"] >= 2:
             return f"{text} {random.choice(('kilo', 'lima', 'mike'))}{random.random()}"
         return text
+
+
+def test_turn_tally_holds_only_the_cells_samples_after_a_resume(tmp_path):
+    """A run cut after one turn of its third serial conversation, then resumed: that turn's record stays on disk,
+    counted when it was sent, but its conversation never ended, so it is no sample (the resume sends a whole new
+    one). The cell's per-turn ``same_history`` counted it anyway: 4 answers at turn 0 in a cell of 3."""
+    probe = {"id": "c1", "turns": TURNS, "max_tokens": 8}
+    with FakeServer(Behaviour(words=6)) as fake:
+        scenario = write_scenario(tmp_path / "s.toml", fake.url, probes=[probe], concurrency=[1, 2], samples=3,
+                                  logprobs=False)
+        run = tmp_path / "run"
+        assert run_cli("run", scenario, "--out", run, "--quiet")[0] == 0
+        lines = (run / "records.jsonl").read_text().splitlines(keepends=True)
+        (run / "records.jsonl").write_text("".join(lines[:2 * len(TURNS) + 1]))  # two conversations and one turn
+        meta = json.loads((run / "run.json").read_text())
+        (run / "run.json").write_text(json.dumps({**meta, "state": "interrupted"}))
+        code, output = run_cli("run", "--resume", run, "--quiet")
+        assert code == 0, output
+    for cell in load_summary(run)["cells"]:
+        assert cell["ok"] == 3
+        assert [t["same_history"] for t in cell["turns"]] == [3] * len(TURNS), cell["turns"]
+
+
+def test_turn_tally_leaves_out_conversations_that_are_no_sample(tmp_path):
+    """Companion conversations at c=3: those still talking when the probe's level ends send their later turns with
+    fewer others in flight, so they end uncounted; their earlier turns were counted when sent and went into the
+    companion cell's turn tally, more answers at turn 0 than the cell has conversations."""
+    (tmp_path / "chats.jsonl").write_text("".join(
+        json.dumps({"id": f"k{i}", "system": "Chat.", "turns": [f"Hello {i}", "More", "Bye"], "max_tokens": 6}) + "\n"
+        for i in range(2)))
+    probe = {"id": "c1", "turns": TURNS, "max_tokens": 8}
+    with FakeServer(Behaviour(words=6, latency=0.03)) as fake:
+        scenario = write_scenario(tmp_path / "s.toml", fake.url, probes=[probe], concurrency=[1, 3], samples=3,
+                                  logprobs=False, mode="mixed", companions="chats.jsonl")
+        code, output = run_cli("run", scenario, "--out", tmp_path / "run")
+        assert code == 0, output
+    ends = [r for r in read_records(tmp_path / "run" / "records.jsonl") if r["turn"] == r["turns"] - 1]
+    assert any(r["role"] == "companion" and not r["counted"] for r in ends)  # the case this test is about
+    for cell in load_summary(tmp_path / "run")["cells"]:
+        assert all(t["same_history"] <= cell["ok"] for t in cell["turns"]), (cell["probe"], cell["ok"], cell["turns"])
+
+
+def test_a_drift_in_an_answer_the_file_replaces_shows_in_the_example(tmp_path):
+    """``trip``'s shape: turn 1's answer is given, so the history of turn 2 holds the given text, not the answer
+    turn 1 received. A server that drifts only at turn 1: the cell rightly drifts (the conversation hashes differ),
+    but its example and first divergence were taken from a transcript built of the last turn's history, where turn
+    1's answer is not: both examples the same text, "first divergence at char N" where nothing differs."""
+    probe = {"id": "trip", "turns": ["a", {"user": "b", "assistant": "Given."}, "c"], "max_tokens": 8}
+    with DriftsAtTurnOne(Behaviour(words=6)) as fake:
+        scenario = write_scenario(tmp_path / "s.toml", fake.url, probes=[probe], concurrency=[1, 3], samples=3,
+                                  logprobs=False)
+        code, output = run_cli("run", scenario, "--out", tmp_path / "run")
+    assert code == 1, output
+    loaded = next(c for c in load_summary(tmp_path / "run")["cells"] if c["concurrency"] == 3)
+    assert loaded["drift"] and loaded["first_divergent_turn"] == 1
+    assert loaded["serial_example"] != loaded["divergent_example"]
+    serial, divergent = loaded["serial_example"], loaded["divergent_example"]
+    at = loaded["first_divergence_chars"] - loaded["example_offset"]
+    assert serial[:at] == divergent[:at] and serial[at] != divergent[at]
+    # The point is inside turn 1's answer as received: after its user line, before turn 2's.
+    assert "user: b\nassistant: " in serial[:at] and "user: c" not in serial[:at]
+
+
+def test_the_report_of_a_large_conversation_run_read_in_parts_is_the_one_read_whole(tmp_path, monkeypatch):
+    """A large records file is read by parallel processes in parts: a conversation's turns may fall in two parts.
+    The cells (samples, turns, examples) must be those of the file read in one piece."""
+    (tmp_path / "chats.jsonl").write_text("".join(
+        json.dumps({"id": f"k{i}", "turns": [f"Hello {i}", "More", "Bye"], "max_tokens": 6}) + "\n"
+        for i in range(2)))
+    probe = {"id": "trip", "turns": ["a", {"user": "b", "assistant": "Given."}, "c"], "max_tokens": 8}
+    with DriftsAtTurnOne(Behaviour(words=6)) as fake:
+        scenario = write_scenario(tmp_path / "s.toml", fake.url, probes=[probe], concurrency=[1, 3], samples=4,
+                                  logprobs=False, mode="mixed", companions="chats.jsonl")
+        run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
+    records = tmp_path / "run" / "records.jsonl"
+    monkeypatch.setattr(reader, "_PARALLEL_BYTES", 0)
+    whole = summarize(reduce_file(records, workers=1))
+    assert any(c.first_divergent_turn == 1 for c in whole.cells)
+    for workers in (3, 7):
+        assert summarize(reduce_file(records, workers=workers)) == whole
 
 
 @pytest.mark.parametrize("role", ["probes[0].dataset", "load.companions"])
