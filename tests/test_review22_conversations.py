@@ -122,3 +122,25 @@ def test_a_line_with_turns_and_a_messages_that_is_no_list_is_an_error_not_a_trac
     assert code == 2 and "Traceback" not in output, output
     assert f"{tmp_path / 'talks.jsonl'}:1: {role}: messages: expected" in output
 
+
+
+def test_failed_conversations_are_not_called_requests(tmp_path):
+    """Two conversations of four turns, each failing at its last turn: 8 requests sent, 2 failed. The verdict read
+    "target failed: 2 of 2 probe requests failed" and the companions' line counted conversations as requests too."""
+    (tmp_path / "chats.jsonl").write_text("".join(
+        json.dumps({"id": f"k{i}", "turns": [f"Hello {i}", "More", "Bye"], "max_tokens": 6}) + "\n" for i in range(2)))
+    with FakeServer(Behaviour(words=6, faults=[None, None, None, "http_500"] * 2)) as fake:
+        scenario = write_scenario(tmp_path / "s.toml", fake.url, probes=[{"id": "c1", "turns": TURNS}],
+                                  concurrency=[1], samples=2, logprobs=False)
+        code, output = run_cli("run", scenario, "--out", tmp_path / "run")
+        assert len(fake.requests) == 8
+    assert code == 3
+    assert "target failed: 2 of 2 probe conversations failed (http_500: 2)" in " ".join(output.split()), output
+    with FakeServer(Behaviour(words=6)) as fake:
+        scenario = write_scenario(tmp_path / "m.toml", fake.url, concurrency=[1, 2], samples=8, logprobs=False,
+                                  mode="mixed", companions="chats.jsonl")
+        code, output = run_cli("run", scenario, "--out", tmp_path / "mixed")
+    assert code == 0, output
+    companions = load_summary(tmp_path / "mixed")["companion_requests"]
+    assert companions
+    assert f"companions: 0 of {companions} conversations failed" in " ".join(output.split()), output
