@@ -144,3 +144,20 @@ def test_failed_conversations_are_not_called_requests(tmp_path):
     companions = load_summary(tmp_path / "mixed")["companion_requests"]
     assert companions
     assert f"companions: 0 of {companions} conversations failed" in " ".join(output.split()), output
+
+
+def test_cases_build_leaves_a_conversation_out_saying_why(tmp_path):
+    """A case is one request's input, asked again alone: `cases build` wrote a conversation probe's cells as cases
+    with input null and the last turn's answers as the outputs (a cell that drifted at turn 1 and agreed at its last
+    turn read "unstable" with one output), and `cases rerun` then refused its own file."""
+    probe = {"id": "c1", "turns": ["a", "b", "c"], "max_tokens": 8}
+    with DriftsAtTurnOne(Behaviour(words=6)) as fake:
+        scenario = write_scenario(tmp_path / "s.toml", fake.url, probes=[probe, {"id": "p1", "prompt": "hi"}],
+                                  concurrency=[1, 2], samples=3, logprobs=False)
+        assert run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")[0] == 1
+    code, output = run_cli("cases", "build", tmp_path / "run", "-o", tmp_path / "cases.jsonl")
+    assert code == 0, output
+    cases = [json.loads(line) for line in (tmp_path / "cases.jsonl").read_text().splitlines()]
+    assert [c["input"] for c in cases] == ["hi", "hi"]
+    assert "2 new, 0 kept, 2 skipped" in output
+    assert output.count("a conversation") == 2, output
