@@ -161,3 +161,22 @@ def test_cases_build_leaves_a_conversation_out_saying_why(tmp_path):
     assert [c["input"] for c in cases] == ["hi", "hi"]
     assert "2 new, 0 kept, 2 skipped" in output
     assert output.count("a conversation") == 2, output
+
+
+def test_a_sample_that_loses_full_load_mid_conversation_is_replaced(tmp_path):
+    """c=2, one slot's turn answered 429 and retried after 0.3 s: meanwhile the other slot's next turn went alone,
+    so its conversation, counted at its first turn, ended uncounted. The level had already counted it as one of its
+    samples and sent no other: the cell came out short, "2 of 3 asked ok (no errors: the run was cut short)", an
+    inconclusive verdict for a run that was neither cut nor short of answers."""
+    with FakeServer(Behaviour(words=6, faults=[None] * 12 + ["http_429"], retry_after="0.3")) as fake:
+        scenario = write_scenario(tmp_path / "s.toml", fake.url, probes=[{"id": "c1", "turns": TURNS}],
+                                  concurrency=[2], samples=3, logprobs=False, retries=1)
+        code, output = run_cli("run", scenario, "--out", tmp_path / "run")
+    records = list(read_records(tmp_path / "run" / "records.jsonl"))
+    first_counted = {r["conversation"] for r in records if r["turn"] == 0 and r["counted"]}
+    ends = [r for r in records if r["turn"] == r["turns"] - 1 and not r["counted"]]
+    # The case this test is about: counted at its first turn, uncounted at its end.
+    assert any(r["conversation"] in first_counted for r in ends)
+    assert "cut short" not in output
+    cell = load_summary(tmp_path / "run")["cells"][0]
+    assert code == 0 and cell["ok"] == 3 and not cell["short"], output
