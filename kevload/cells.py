@@ -27,8 +27,9 @@ from kevload.turnwise import TurnAnswer
 
 LATENCY_NAMES = ("e2e", "ttft", "tpot", "itl", "lateness")
 CellKey = tuple[str, str, str, int, float | None]  # probe, role, mode, concurrency, rate (open loop)
-# A conversation's turn kept until its sample ends: (turn, its answer given its history or None, the text received).
-KeptTurn = tuple[int, TurnAnswer | None, str]
+# A conversation's turn kept until its sample ends: (turn, its answer given its history or None, the text received,
+# its output tokens, its send).
+KeptTurn = tuple[int, TurnAnswer | None, str, int, float]
 # A closed-loop level as its spans are pooled: mode, concurrency. Two probes' levels of one concurrency never
 # overlap in time (a level ends only when nothing it sent is in flight), so pooling them adds no "other".
 SpanKey = tuple[str, int]
@@ -260,7 +261,8 @@ class Reduction:
         conversation, turn, ok = record["conversation"], record["turn"], record["status"] == "ok"
         if not ends_sample(turn, record["turns"], record["status"]):
             answer = (record["history_sha256"], record["sha256"], record.get("finish_reason")) if ok else None
-            self.talks.setdefault(conversation, []).append((turn, answer, record_answer(record) if ok else ""))
+            self.talks.setdefault(conversation, []).append((turn, answer, record_answer(record) if ok else "",
+                                                             record.get("completion_tokens") or 0, record["t_send"]))
             self._other(record)
             return
         earlier = self.talks.pop(conversation, [])
@@ -278,7 +280,7 @@ class Reduction:
             return
         key = (record["probe"], record["role"], record["mode"], record["concurrency"], record.get("rate"))
         ok = record["status"] == "ok"
-        answers = [(turn, answer) for turn, answer, _ in earlier]
+        answers = [(turn, answer) for turn, answer, *_ in earlier]
         if ok:
             answers.append((record["turn"], (record["history_sha256"], record["sha256"], record.get("finish_reason"))))
         for turn, answer in answers:
@@ -288,10 +290,15 @@ class Reduction:
         if ok:
             # The conversation's text and hash stand for the answer; its logprobs are each turn's, compared nowhere.
             record = {**record, "sha256": record["conversation_sha256"], "reasoning": None, "tool_calls": None,
-                      "output": transcript(record["history"], [text for _, _, text in earlier], record_answer(record)),
+                      "output": transcript(record["history"], [kept[2] for kept in earlier], record_answer(record)),
                       "token_ids": None, "tokens": None, "logprobs": None, "logprob_nonfinite": 0,
                       "params": {k: v for k, v in record["params"].items() if k not in ("logprobs", "top_logprobs")}}
         self._sample(record)
+        # Its latency is its last turn's, but its span and output are the whole conversation's (duration, tok/s).
+        cell = self.cells[key]
+        cell.t_start = min([cell.t_start, *(kept[4] for kept in earlier)])
+        if ok:
+            cell.output_tokens += sum(kept[3] for kept in earlier)
 
     def merge(self, other: Reduction) -> None:
         for key, turns in other.turns.items():

@@ -180,3 +180,18 @@ def test_a_sample_that_loses_full_load_mid_conversation_is_replaced(tmp_path):
     assert "cut short" not in output
     cell = load_summary(tmp_path / "run")["cells"][0]
     assert code == 0 and cell["ok"] == 3 and not cell["short"], output
+
+
+def test_a_conversation_cells_throughput_spans_whole_conversations(tmp_path):
+    """A cell's duration (and so req/s, tok/s) ran from its first sample's last turn: at c=1, 3 conversations of 4
+    turns read as if the first had taken one turn's time, and tok/s counted the last turns' tokens only."""
+    with FakeServer(Behaviour(words=6, latency=0.05)) as fake:
+        scenario = write_scenario(tmp_path / "s.toml", fake.url, probes=[{"id": "c1", "turns": TURNS}],
+                                  concurrency=[1], samples=3, logprobs=False)
+        assert run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")[0] == 0
+    turns = [r for r in read_records(tmp_path / "run" / "records.jsonl") if r["role"] == "probe"]
+    cell = load_summary(tmp_path / "run")["cells"][0]
+    start, end = min(r["t_send"] for r in turns), max(r["t_last_byte"] for r in turns)
+    assert cell["duration_s"] == pytest.approx(end - start, abs=1e-5)
+    assert cell["output_tokens"] == sum(r["completion_tokens"] for r in turns) == 3 * len(TURNS) * 6
+    assert cell["requests_per_s"] == pytest.approx(3 / (end - start), rel=1e-3)
