@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from kevload.conversation import ends_sample, transcript
+from kevload.conversation import as_received, ends_sample, transcript
 from kevload.envelope import LogprobTrack
 from kevload.overlap import FullLoad, Occupancy, Window
 from kevload.scenario import Slo
@@ -261,7 +261,8 @@ class Reduction:
         conversation, turn, ok = record["conversation"], record["turn"], record["status"] == "ok"
         if not ends_sample(turn, record["turns"], record["status"]):
             answer = (record["history_sha256"], record["sha256"], record.get("finish_reason")) if ok else None
-            self.talks.setdefault(conversation, []).append((turn, answer, record_answer(record) if ok else "",
+            text = as_received(record_answer(record), record.get("finish_reason")) if ok else ""
+            self.talks.setdefault(conversation, []).append((turn, answer, text,
                                                              record.get("completion_tokens") or 0, record["t_send"]))
             self._other(record)
             return

@@ -7,6 +7,7 @@ import random
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from kevload import reader
 from kevload.compare import summarize
@@ -195,3 +196,30 @@ def test_a_conversation_cells_throughput_spans_whole_conversations(tmp_path):
     assert cell["duration_s"] == pytest.approx(end - start, abs=1e-5)
     assert cell["output_tokens"] == sum(r["completion_tokens"] for r in turns) == 3 * len(TURNS) * 6
     assert cell["requests_per_s"] == pytest.approx(3 / (end - start), rel=1e-3)
+
+
+class CutAtTurnZero(FakeServer):
+    """The same text at every turn as the fake server gives, but turn 0 under load ends "length" instead of "stop":
+    the conversations differ there (their hashes chain each turn's finish_reason), their texts do not."""
+
+    def _whole(self, body: dict[str, Any], text: str, chat: bool, fault: str | None, logprobs: Any = None) -> Any:
+        response = super()._whole(body, text, chat, fault, logprobs)
+        if sum(m.get("role") == "user" for m in body.get("messages", ())) != 1 or len(self._active) < 1:
+            return response
+        doc = json.loads(response.body)
+        doc["choices"][0]["finish_reason"] = "length"
+        return web.json_response(doc)
+
+
+def test_a_conversation_that_differs_only_in_an_earlier_finish_reason_shows_it(tmp_path):
+    """A drifting cell whose conversations differ only in turn 0's finish_reason: its example was two identical
+    transcripts and 'first divergence at char N' past where both end, kind token."""
+    with CutAtTurnZero(Behaviour(words=6, latency=0.05)) as fake:
+        scenario = write_scenario(tmp_path / "s.toml", fake.url, probes=[{"id": "c1", "turns": TURNS[:2]}],
+                                  concurrency=[1, 3], samples=3, logprobs=False)
+        code, output = run_cli("run", scenario, "--out", tmp_path / "run")
+    assert code == 1, output
+    loaded = next(c for c in load_summary(tmp_path / "run")["cells"] if c["concurrency"] == 3)
+    assert loaded["drift"] and loaded["first_divergent_turn"] == 0
+    assert loaded["serial_example"] != loaded["divergent_example"]
+    assert "length" in loaded["divergent_example"] and "length" not in loaded["serial_example"]
