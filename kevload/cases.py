@@ -60,7 +60,10 @@ def build_cases(run_dirs: list[Path], cases_path: Path, *, target_name: str | No
     added, skipped = [], []
     for run_dir in run_dirs:
         for case in cases_from_run(RunDir.open(run_dir), target_name=target_name):
-            if not case["outputs"]:
+            if case["input"] is None:  # a probe's turns: its cells compare whole conversations
+                skipped.append(Skip(case["id"], str(run_dir), "a conversation (turns): a case is one request's "
+                                    "input, asked again alone"))
+            elif not case["outputs"]:
                 skipped.append(Skip(case["id"], str(run_dir), "no ok answer in the run"))
             elif case["id"] in source_of:
                 where = f"already in {cases_path}" if case["id"] in in_file else "given earlier in this build"

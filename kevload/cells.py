@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from kevload.cancel import CANCELLED
-from kevload.conversation import ends_sample, transcript
+from kevload.conversation import as_received, ends_sample, transcript
 from kevload.envelope import LogprobTrack
 from kevload.overlap import FullLoad, Occupancy, Window
 from kevload.scenario import Slo
@@ -28,6 +28,9 @@ from kevload.turnwise import TurnAnswer
 
 LATENCY_NAMES = ("e2e", "ttft", "tpot", "itl", "lateness")
 CellKey = tuple[str, str, str, int, float | None]  # probe, role, mode, concurrency, rate (open loop)
+# A conversation's turn kept until its sample ends: (turn, its answer given its history or None, the text received,
+# its output tokens, its send).
+KeptTurn = tuple[int, TurnAnswer | None, str, int, float]
 # A closed-loop level as its spans are pooled: mode, concurrency. Two probes' levels of one concurrency never
 # overlap in time (a level ends only when nothing it sent is in flight), so pooling them adds no "other".
 SpanKey = tuple[str, int]
@@ -234,6 +237,10 @@ class Reduction:
     # Every cut of a level (load.cancel_share), counted or not: the times its requests were cancelled.
     cuts: dict[CutKey, array] = field(default_factory=dict)
     cancel_planned: int = 0  # requests on record that load.cancel_share chose to cut (0: the run cut nothing)
+    # Conversations whose ending record this part has not read yet: their earlier turns, in order.
+    talks: dict[str, list[KeptTurn]] = field(default_factory=dict)
+    # Ending records whose conversation's first turns this part lacks, with the turns it has (``_turn``).
+    ends: dict[str, tuple[dict[str, Any], list[KeptTurn]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.limits = slo_limits(self.slo)
@@ -250,16 +257,17 @@ class Reduction:
             cuts.append(record["t_last_byte"])
         elif status != "ok":
             self.sent_errors[status] = self.sent_errors.get(status, 0) + 1
+        if record.get("turns") is not None:
+            self._turn(record)
+            return
         # Warm-ups and sends below full load (a level's ramp-up) are on record but are no evidence.
         if not counts_in_cell(record["role"], record.get("counted", True)):
             self._other(record)
             return
+        self._sample(record)
+
+    def _sample(self, record: dict[str, Any]) -> None:
         key = (record["probe"], record["role"], record["mode"], record["concurrency"], record.get("rate"))
-        turns = record.get("turns")
-        if turns is not None:
-            record = self._conversation(key, record, turns)
-            if record is None:
-                return
         cell = self.cells.get(key)
         if cell is None:
             probe = record["role"] == "probe"
@@ -281,25 +289,54 @@ class Reduction:
             spans.append(record["t_send"])
             spans.append(record["t_last_byte"])
 
-    def _conversation(self, key: CellKey, record: dict[str, Any], turns: int) -> dict[str, Any] | None:
-        """A counted turn of a conversation: its answer into the cell's turn tally; the record that ends the sample
-        (the last turn, or the turn that failed) as the sample the cell counts, whose output is the whole
-        conversation; None for an earlier turn (one of its level's others, no sample of its own)."""
-        turn, status = record["turn"], record["status"]
-        if status == "ok":
-            tally = self.turns.setdefault(key, {}).setdefault(turn, {})
-            answer = (record["history_sha256"], record["sha256"], record.get("finish_reason"))
-            tally[answer] = tally.get(answer, 0) + 1
-        if not ends_sample(turn, turns, status):
+    def _turn(self, record: dict[str, Any]) -> None:
+        """A turn of a conversation. An earlier one is one of its level's others, and kept (its answer) until the
+        record that ends its sample (the last turn, or the turn that failed) says whether the sample counts: a
+        conversation cut by a stop or a crash, or whose later turn went below full load, is no sample, nor are its
+        turns. A record that ends a conversation whose first turns this part lacks (a large file read in parts)
+        waits for ``merge`` to bring them."""
+        conversation, turn, ok = record["conversation"], record["turn"], record["status"] == "ok"
+        if not ends_sample(turn, record["turns"], record["status"]):
+            answer = (record["history_sha256"], record["sha256"], record.get("finish_reason")) if ok else None
+            text = as_received(record_answer(record), record.get("finish_reason")) if ok else ""
+            self.talks.setdefault(conversation, []).append((turn, answer, text,
+                                                             record.get("completion_tokens") or 0, record["t_send"]))
             self._other(record)
-            return None
-        if status != "ok":
-            return record
-        # The conversation's text and hash stand for the answer; its logprobs are each turn's, compared nowhere.
-        return {**record, "sha256": record["conversation_sha256"], "reasoning": None, "tool_calls": None,
-                "output": transcript(record["history"], record_answer(record)), "token_ids": None, "tokens": None,
-                "logprobs": None, "logprob_nonfinite": 0,
-                "params": {k: v for k, v in record["params"].items() if k not in ("logprobs", "top_logprobs")}}
+            return
+        earlier = self.talks.pop(conversation, [])
+        if turn and (not earlier or earlier[0][0] != 0):
+            self.ends[conversation] = (record, earlier)
+            return
+        self._end(record, earlier)
+
+    def _end(self, record: dict[str, Any], earlier: list[KeptTurn]) -> None:
+        """The record that ends a conversation sample, with its earlier turns. A counted one is the sample the cell
+        counts, its output the whole conversation, and every turn's answer goes into the cell's turn tally (each
+        given its own history); an uncounted one is one of its level's others."""
+        if not counts_in_cell(record["role"], record.get("counted", True)):
+            self._other(record)
+            return
+        key = (record["probe"], record["role"], record["mode"], record["concurrency"], record.get("rate"))
+        ok = record["status"] == "ok"
+        answers = [(turn, answer) for turn, answer, *_ in earlier]
+        if ok:
+            answers.append((record["turn"], (record["history_sha256"], record["sha256"], record.get("finish_reason"))))
+        for turn, answer in answers:
+            if answer is not None:
+                tally = self.turns.setdefault(key, {}).setdefault(turn, {})
+                tally[answer] = tally.get(answer, 0) + 1
+        if ok:
+            # The conversation's text and hash stand for the answer; its logprobs are each turn's, compared nowhere.
+            record = {**record, "sha256": record["conversation_sha256"], "reasoning": None, "tool_calls": None,
+                      "output": transcript(record["history"], [kept[2] for kept in earlier], record_answer(record)),
+                      "token_ids": None, "tokens": None, "logprobs": None, "logprob_nonfinite": 0,
+                      "params": {k: v for k, v in record["params"].items() if k not in ("logprobs", "top_logprobs")}}
+        self._sample(record)
+        # Its latency is its last turn's, but its span and output are the whole conversation's (duration, tok/s).
+        cell = self.cells[key]
+        cell.t_start = min([cell.t_start, *(kept[4] for kept in earlier)])
+        if ok:
+            cell.output_tokens += sum(kept[3] for kept in earlier)
 
     def merge(self, other: Reduction) -> None:
         for key, turns in other.turns.items():
@@ -322,6 +359,15 @@ class Reduction:
         for level, cuts in other.cuts.items():
             self.cuts.setdefault(level, array("d")).extend(cuts)
         self.cancel_planned += other.cancel_planned
+        # A conversation split between parts: this part has its first turns, ``other`` the later ones.
+        for conversation, earlier in other.talks.items():
+            self.talks.setdefault(conversation, []).extend(earlier)
+        for conversation, (record, earlier) in other.ends.items():
+            begun = self.talks.pop(conversation, None)
+            if begun is None:
+                self.ends[conversation] = (record, earlier)
+            else:
+                self._end(record, begun + earlier)
 
     def full_loads(self, unrecorded: list[Window] | None = None) -> dict[CellKey, FullLoad]:
         """Each cell of a closed-loop level c ≥ 2 against every request of its level: its cells' counted spans

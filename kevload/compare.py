@@ -236,8 +236,11 @@ def _cell_summary(probe: str, role: str, mode: str, level: Level, ref_level: Lev
     divergent = 0 if serial is None else ok - cell.counts.get(serial, 0)
     drift = ok > 0 and (len(cell.counts) > 1 or divergent > 0)
     by_digest: dict[str, int] = {}
-    for (digest, _finish), n in cell.counts.items():
+    first_seen: dict[str, int] = {}  # ties by the first request, as ``modal``: a file read in parts lists them alike
+    for (digest, finish), n in cell.counts.items():
         by_digest[digest] = by_digest.get(digest, 0) + n
+        first_seen[digest] = min(first_seen.get(digest, cell.first_seen[(digest, finish)]),
+                                 cell.first_seen[(digest, finish)])
     duration = round(cell.t_end - cell.t_start, 6) if ok + errors else None
     diverged = divergence(cell, reference.texts[serial], reference.tokens.get(serial), serial) \
         if drift and serial is not None and divergent else None
@@ -277,7 +280,7 @@ def _cell_summary(probe: str, role: str, mode: str, level: Level, ref_level: Lev
         first_divergence_words=diverged.first_words if diverged else None,
         modal_sha256=modal[0] if modal else None,
         modal_finish_reason=modal[1] if modal else None,
-        output_hashes=tuple(sorted(by_digest, key=lambda h: -by_digest[h])[:256]),
+        output_hashes=tuple(sorted(by_digest, key=lambda h: (-by_digest[h], first_seen[h]))[:256]),
         output_tokens=cell.output_tokens,
         duration_s=duration,
         latency={name: hist.summary() for name, hist in sorted(cell.latency.items()) if hist.n_total},

@@ -90,7 +90,17 @@ def conversation_sha256(before: str | None, answer_sha256: str, finish_reason: s
     return hashlib.sha256(f"{before or ''}\n{answer_sha256}\n{finish_reason}".encode()).hexdigest()
 
 
-def transcript(history: Sequence[dict[str, str]], answer: str) -> str:
+def as_received(text: str, finish_reason: str | None) -> str:
+    """An earlier turn's answer as the transcript shows it: its text, then how it ended where that was no stop
+    (``[length]``), so two conversations that differ only there differ in their transcripts too."""
+    return text if finish_reason in (None, "stop") else f"{text} [{finish_reason}]"
+
+
+def transcript(history: Sequence[dict[str, str]], received: Sequence[str], answer: str) -> str:
     """The conversation as one text, for a drifting cell's examples and character positions: each message of the
-    last turn's request as ``role: content``, then the answer it received."""
-    return "".join(f"{m['role']}: {m['content']}\n" for m in history) + f"assistant: {answer}"
+    last turn's request as ``role: content``, each earlier turn's answer as ``received`` (``as_received``; where the
+    file gives one, the history holds that instead, and the answer received would be in no text), then the last
+    answer."""
+    answers = iter(received)
+    return "".join(f"{m['role']}: {next(answers, m['content']) if m['role'] == 'assistant' else m['content']}\n"
+                   for m in history) + f"assistant: {answer}"

@@ -103,6 +103,9 @@ def _item(doc: Any, number: int, path: Path, what: str, role: SampleRole, max_to
     tokens = doc.get("max_tokens", max_tokens)
     if not isinstance(tokens, int) or isinstance(tokens, bool) or not _MAX_TOKENS.holds(tokens):
         raise ScenarioError(f"{where}: max_tokens: expected {_MAX_TOKENS.expected}, got {tokens!r}")
+    if "messages" in doc and not isinstance(doc["messages"], list):  # beside prompt or turns, never read till now
+        raise ScenarioError(f"{where}: messages: expected a non-empty list of {{role, content}} objects, "
+                            f"got {doc['messages']!r}")
     messages = tuple(doc["messages"]) if "messages" in doc else None
     turns = _turns(doc, where)
     if role == "companion":

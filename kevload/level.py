@@ -100,6 +100,11 @@ class Level:
         self.plan.returned(claim.role, claim.counted)
         return claim.counted and not (self.halted and isinstance(self.plan, ClosedLoop))
 
+    def lost(self, claim: Claim) -> None:
+        """A counted claim, released, whose sample lost its full load on the way (a conversation's later turn,
+        ``claim_turn``): the plan wants another sample in its place."""
+        self.plan.lost(claim.role)
+
     def pause(self) -> None:
         """A request left the wire for a while (a retry's back-off): it is not in flight meanwhile."""
         self.in_flight -= 1

@@ -187,6 +187,13 @@ def _grid(title: str, columns: tuple[str, ...], rows: list[list[str]]) -> Table:
     return grid
 
 
+def sample_noun(cells: Iterable[CellSummary]) -> str:
+    """What the samples of these cells are: requests, conversations (each one sample, whatever its turns), or
+    samples where there are both."""
+    talks = {c.turns is not None for c in cells}
+    return "samples" if len(talks) > 1 else "conversations" if talks == {True} else "requests"
+
+
 def short_text(cell: CellSummary) -> str:
     """``2 of 8 asked ok (timeout: 6)``: why a short cell is short."""
     errors = counts_text(cell.errors) if cell.errors else "no errors: the run was cut short"
@@ -239,7 +246,8 @@ def footnotes(summary: RunSummary) -> list[str]:
         notes.append("full load: at every level c ≥ 2, counted samples had c − 1 others in flight for at least "
                      f"{low.full_load_share:.1%} of their time (lowest: {low.label})")
     if summary.companion_requests:
-        notes.append(f"companions: {summary.companion_errors} of {summary.companion_requests} requests failed"
+        notes.append(f"companions: {summary.companion_errors} of {summary.companion_requests} "
+                     f"{sample_noun(summary.companion_cells())} failed"
                      + (f" ({counts_text(summary.companion_errors_by_type)})" if summary.companion_errors else "")
                      + (f"; {summary.cancelled} cut by kevload (load.cancel_share: cancelled, not failed)"
                         if summary.cancelled is not None else ""))
@@ -403,7 +411,7 @@ def verdict_line(summary: RunSummary) -> str:
     if verdict == "target_failed":
         errors, requests, by_type = summary.probe_errors, summary.probe_requests, summary.probe_errors_by_type
         empty = [f"{c.label}" for c in cells if c.ok == 0]
-        return (f"target failed: {errors} of {requests} probe requests failed ({counts_text(by_type)}); "
+        return (f"target failed: {errors} of {requests} probe {sample_noun(cells)} failed ({counts_text(by_type)}); "
                 f"limit is {summary.max_error_share:.0%}"
                 + (f"; no ok sample in {', '.join(empty)}" if empty else "") + _companions(summary))
     if verdict == "inconclusive":

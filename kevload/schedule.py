@@ -160,6 +160,12 @@ class ClosedLoop:
         if role == PROBE and counted:
             self._counted_in_flight -= 1
 
+    def lost(self, role: Role) -> None:
+        """A counted send that did not stay at full load to its end (a conversation whose later turn went without
+        c − 1 others): no sample after all, so another is wanted in its place."""
+        if role == PROBE:
+            self.counted -= 1
+
     def slot_done(self, role: Role) -> None:
         if role == PROBE:
             self._probe_slots_open -= 1
@@ -218,6 +224,9 @@ class OpenLoop:
 
     def returned(self, role: Role, counted: bool) -> None:
         """The open loop's schedule does not depend on answers."""
+
+    def lost(self, role: Role) -> None:
+        """Nor on which sends stayed samples."""
 
     def answered(self, answer: Hashable | None) -> None:
         """Nor on what they say: ``load.until_bound`` is for closed-loop levels only."""

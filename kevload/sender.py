@@ -136,7 +136,10 @@ class Sender:
                 counted = counted and claim.counted and not (cut is not None and cut.stop)
                 if ends:
                     held = False
-                    counted = level.release(first) and counted
+                    kept = level.release(first)
+                    if kept and not counted:  # counted when it began, then a later turn lost full load
+                        level.lost(first)
+                    counted = kept and counted
                 else:  # an answer after a halt lost its batch on the way, as Level.release says of one
                     counted = counted and not (level.halted and isinstance(level.plan, ClosedLoop))
                 done = record(outcome, body, run_id=self.run_id, seq=seq, probe=item.id, role=role, mode=cell.mode,

@@ -33,7 +33,7 @@ class TurnAgreement:
 
 def serial_path(serial: Tally) -> dict[int, TurnAnswer]:
     """The serial conversation, turn by turn: its most common history at each turn, and the most common answer
-    given that history (ties to the one first seen: the cell's records in order)."""
+    given that history (ties to the one first seen: the cell's samples in the order they ended)."""
     path = {}
     for turn, answers in serial.items():
         histories: dict[str, int] = {}
