@@ -484,9 +484,18 @@ def _probes_and_datasets(fail: _Failer, items: list[Any], load: Load,
         datasets.append(dataset)
         probes.extend(dataset.items)
     if load.trace:
-        datasets.append(read_trace(base / load.trace, what="load.trace", trace_format=load.trace_format,
-                                   seed=load.dataset_seed, max_requests=load.trace_max_requests,
-                                   block_tokens=load.trace_block_tokens))
+        trace = read_trace(base / load.trace, what="load.trace", trace_format=load.trace_format,
+                           seed=load.dataset_seed, max_requests=load.trace_max_requests,
+                           block_tokens=load.trace_block_tokens)
+        rates = [trace.rate(speedup) for speedup in load.trace_speedup]
+        if 0 in rates or len(set(rates)) < len(rates):
+            fail("load.trace_speedup", "speed-ups whose replays' rates differ at 6 decimals (r=…/s keys the level)",
+                 [f"r={rate:g}/s" for rate in rates])
+        # The probes are spread over the replay past the ramp, where they count.
+        if load.ramp_s >= (shortest := trace.span / max(load.trace_speedup)):
+            fail("load.ramp_s", f"less than the replay's span at the largest load.trace_speedup ({shortest:g} s)",
+                 load.ramp_s)
+        datasets.append(trace)
     if load.mode == "mixed" and load.companions != "builtin":
         datasets.append(read_dataset(base / load.companions, role="companion", what="load.companions",
                                      seed=load.dataset_seed, count=load.companion_count,
