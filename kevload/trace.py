@@ -8,7 +8,8 @@ offset ÷ the level's speed-up, as a companion with a synthetic prompt of its in
 as max_tokens, and ``load.samples`` probes spread evenly over the replay.
 
 Prompts are made of words, not tokens (no tokenizer is needed, nothing is downloaded): one word of ``VOCABULARY``
-is one token of the built-in targets' model (README: Trace replay, measured), and the chat template adds its own.
+is one token of the built-in targets' model after a space (README: Trace replay, measured; 11 are two opening a
+prompt), and the chat template adds its own.
 A Mooncake ``hash_ids`` entry is a block of ``load.trace_block_tokens`` words whose text depends only on the hash
 id and the seed, so two requests that share a hash id share that prefix, as the production requests did.
 """
@@ -32,8 +33,9 @@ MAX_SPEEDUP = 1_000_000       # load.trace_speedup: a week of trace replayed in 
 # The columns of BurstGPT's CSV that a replay reads (the others, Model, Total tokens and Log Type, are not needed).
 BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
 
-# Common English words, each one token (with its leading space or without) in SmolLM2's BPE vocabulary, as checked
-# with its tokenizer.json and by llama.cpp's prompt_tokens (README: Trace replay); other BPE vocabularies hold most.
+# Common English words, each one token after a space in SmolLM2's BPE vocabulary (11 are two opening a prompt), as
+# checked with its tokenizer.json and by llama.cpp's prompt_tokens (README: Trace replay); other BPE vocabularies hold
+# most.
 VOCABULARY = tuple("""
 time year people way day man thing woman life child world school state family student group country problem hand
 part place case week company system program question work government number night point home water room mother

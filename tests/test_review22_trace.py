@@ -114,3 +114,19 @@ def test_a_replay_rate_that_rounds_to_nothing_is_refused(tmp_path):
     code, output = run_cli("run", scenario, "--out", tmp_path / "run")
     assert code == 2 and "load.trace_speedup: expected speed-ups whose replays' rates differ at 6 decimals " \
         "(r=…/s keys the level)" in output and "Traceback" not in output, output
+
+
+def test_the_words_that_are_two_tokens_opening_a_prompt_are_the_readmes():
+    """The README said every word is one token "with its leading space or without": 11 are two without one, so a
+    prompt opening with one counts one more. Checked against SmolLM2's vocabulary where a run has cached it."""
+    from kevload.targets.cache import cache_root
+    from kevload.trace import VOCABULARY
+
+    found = sorted((cache_root() / "models").glob("*/tokenizer.json"))
+    if not found:
+        pytest.skip("no cached SmolLM2 tokenizer.json (the transformers target caches it)")
+    vocab = json.loads(found[0].read_text())["model"]["vocab"]
+    assert all("Ġ" + word in vocab for word in VOCABULARY)  # one token after a space (byte-level BPE's Ġ)
+    alone = [word for word in VOCABULARY if word not in vocab]
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert f"(`{' '.join(alone)}`)" in readme.replace("\n", " ")
