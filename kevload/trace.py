@@ -197,13 +197,13 @@ def _burstgpt(data: bytes, path: Path, what: str) -> Iterator[TraceRequest]:
         where = f"{path}:{number}: {what}"
         if len(row) < len(header):
             raise ScenarioError(f"{where}: expected {len(header)} columns as in the header, got {len(row)}")
-        # BurstGPT's files with failures (BurstGPT_1.csv, _2.csv) give a failed request 0 response tokens.
-        failed = _csv_number(row[answered]) == 0
-        yield TraceRequest(_number(_csv_number(row[at]), f"{where}: Timestamp", "seconds >= 0 (BurstGPT's)"),
-                           _tokens(_csv_number(row[asked]), f"{where}: Request tokens", MAX_TRACE_TOKENS),
-                           0 if failed else _tokens(_csv_number(row[answered]), f"{where}: Response tokens",
-                                                    MAX_TOKENS),
-                           (), number)
+        at_s = _number(_csv_number(row[at]), f"{where}: Timestamp", "seconds >= 0 (BurstGPT's)")
+        if _csv_number(row[answered]) == 0:
+            # BurstGPT's files with failures (BurstGPT_1.csv, _2.csv) give a failed request 0 response tokens.
+            yield TraceRequest(at_s, 0, 0, (), number)
+            continue
+        yield TraceRequest(at_s, _tokens(_csv_number(row[asked]), f"{where}: Request tokens", MAX_TRACE_TOKENS),
+                           _tokens(_csv_number(row[answered]), f"{where}: Response tokens", MAX_TOKENS), (), number)
 
 
 def _csv_number(cell: str) -> Any:

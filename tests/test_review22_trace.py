@@ -93,7 +93,7 @@ def test_burstgpt_failed_requests_are_skipped_and_counted(tmp_path, server):
     refused there (exit 2), so the trace the README names could not be replayed."""
     trace = tmp_path / "burst.csv"
     trace.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
-                     "5,ChatGPT,12,3,15,Conversation log\n6,ChatGPT,40,0,40,Conversation log\n"
+                     "5,ChatGPT,12,3,15,Conversation log\n6,ChatGPT,40,0,40,Conversation log\n6.5,GPT-4,0,0,0,API log\n"
                      "7,ChatGPT,9,2,11,API log\n")
     scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=1, trace=str(trace),
                               trace_speedup=[4])
@@ -103,7 +103,7 @@ def test_burstgpt_failed_requests_are_skipped_and_counted(tmp_path, server):
                         key=lambda r: r["t_scheduled"])
     assert [r["params"]["max_tokens"] for r in companions] == [3, 2]
     (dataset,) = json.loads((tmp_path / "run" / "run.json").read_text())["datasets"]
-    assert dataset["count"] == 2 and dataset["failed"] == 1 and dataset["lines"] == 3
+    assert dataset["count"] == 2 and dataset["failed"] == 2 and dataset["lines"] == 4
 
 
 def test_a_replay_rate_that_rounds_to_nothing_is_refused(tmp_path):
