@@ -130,3 +130,19 @@ def test_the_words_that_are_two_tokens_opening_a_prompt_are_the_readmes():
     alone = [word for word in VOCABULARY if word not in vocab]
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     assert f"(`{' '.join(alone)}`)" in readme.replace("\n", " ")
+
+
+def test_a_sweeps_setting_is_checked_against_the_trace(tmp_path):
+    """`sweep --grid load.ramp_s=…` (Scenario.with_settings) set a ramp longer than the replay, or a speed-up whose
+    rate rounds to 0, past the checks a file's own keys get: its probes fell before the ramp or never came."""
+    from kevload.errors import ScenarioError
+    from kevload.scenario import load_scenario
+
+    mooncake(tmp_path / "t.jsonl", BURST)
+    scenario = load_scenario(write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1],
+                                            trace="t.jsonl"))
+    with pytest.raises(ScenarioError, match="load.ramp_s: expected less than the replay's span"):
+        scenario.with_settings({"load.ramp_s": 10})
+    with pytest.raises(ScenarioError, match="load.trace_speedup: expected speed-ups whose replays' rates differ"):
+        scenario.with_settings({"load.trace_speedup": [1e-12]})
+    assert scenario.with_settings({"load.ramp_s": 1}).load.ramp_s == 1
