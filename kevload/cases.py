@@ -25,11 +25,14 @@ from kevload.runs import run_scenario
 from kevload.scenario import Load, Target, build_scenario, read_table
 from kevload.store import new_run_id, now_iso
 from kevload.summary import CellSummary, level_label
+from kevload.trace import trace_rates
 
 TRANSITIONS = ("unstable→stable", "stable→unstable", "changed", "no answer", "unchanged")
 # Which load keys shape the batch around the probe in each mode; the others do not change the case.
 _MODE_KEYS = {"single": (), "mixed": ("seed", "companions"), "prefix": ("seed", "prefix_lengths"),
               "needle": ("seed", "needle_length")}
+# What replays a trace level (load.trace) as the run did; its speed-up is the cell's own.
+_TRACE_KEYS = ("trace", "trace_format", "trace_max_requests", "trace_block_tokens", "dataset_seed")
 
 
 @dataclass(frozen=True)
@@ -135,17 +138,23 @@ def case_load(meta: dict[str, Any], cell: CellSummary, probe_index: int) -> dict
     if cell.rate is not None:
         load.update(rate=cell.rate, arrival=run_load.get("arrival", "constant"),
                     max_in_flight=run_load.get("max_in_flight", 0))
+    if cell.rate is not None and run_load.get("trace"):
+        # A trace level is its replay, not its mean rate: the rerun sends the trace again at the cell's speed-up.
+        speedups = run_load.get("trace_speedup") or [1.0]
+        speedup = dict(zip(trace_rates(meta.get("datasets", []), speedups), speedups, strict=False)).get(cell.rate)
+        load.update({key: run_load[key] for key in _TRACE_KEYS if key in run_load}, trace_speedup=[speedup or 1.0])
     for key in _MODE_KEYS[mode]:
         load[key] = run_load[key]
     if "seed" in load:
         # The engine seeds each probe's companion picker with seed + the probe's index; a rerun sends
         # the case as the only probe (index 0), so the offset moves into the seed.
         load["seed"] += probe_index
-    if "companions" in load and load["companions"] != "builtin":
-        path = Path(load["companions"])
-        if not path.is_absolute():
-            path = Path(meta.get("scenario_source") or ".").parent / path
-        load["companions"] = str(path.resolve())
+    for key in ("companions", "trace"):
+        if key in load and load[key] != "builtin":
+            path = Path(load[key])
+            if not path.is_absolute():
+                path = Path(meta.get("scenario_source") or ".").parent / path
+            load[key] = str(path.resolve())
     if "prefix_lengths" in load:
         load["prefix_lengths"] = list(load["prefix_lengths"])
     return load
@@ -177,7 +186,10 @@ def rerun_load(case: dict[str, Any], times: int) -> tuple[dict[str, Any], dict[s
     recorded = case.get("load") or {"mode": mode, "concurrency": level, "rate": rate}
     load = {k: v for k, v in recorded.items() if k not in ("samples", "rate", "concurrency")}
     load.update(samples=times, max_error_share=0.5)
-    if recorded.get("rate") is not None:
+    if recorded.get("trace"):
+        # A trace level is judged against the serial answer, as the run judged it: c=1 first, then the replay.
+        load["concurrency"] = [1]
+    elif recorded.get("rate") is not None:
         # An open-loop level is its rate (its concurrency is the in-flight cap, kept in max_in_flight).
         # With Poisson arrivals the seed also draws the gaps; a case keeps the seed its companions used.
         load["rate"] = [recorded["rate"]]
@@ -214,7 +226,8 @@ async def rerun_cases(cases: list[dict[str, Any]], *, url: str, model: str, time
                                   load=read_table(Load, load, where="load", source=source), params=params,
                                   source=source)
         rerun = {"mode": load.get("mode", "single"), "concurrency": load.get("concurrency", [None])[-1],
-                 "rate": load["rate"][0] if "rate" in load else None, "samples": times,
+                 "rate": load["rate"][0] if "rate" in load else (case.get("load") or {}).get("rate"),
+                 "samples": times,
                  **{k: load[k] for k in ("seed", "companions", "prefix_lengths", "needle_length") if k in load},
                  "params": {**params, "max_tokens": max_tokens}}
         log(f"rerun {case['id']} ({describe_load(rerun)}) …")
@@ -297,19 +310,22 @@ def _counted(texts: Counter) -> list[dict[str, Any]]:
 
 
 def _note(cell: CellSummary, row: list[CellSummary]) -> str:
-    """The guide's note: at which levels (concurrency, or rate for open-loop runs) the probe drifted."""
+    """The guide's note: at which levels (concurrency, or rate for open-loop runs; both, by their labels, for a
+    trace's levels after the serial one) the probe drifted."""
     open_loop = cell.rate is not None
-    noun = "rate" if open_loop else "concurrency"
+    mixed = len({c.rate is None for c in row}) > 1
+    noun = "level" if mixed else "rate" if open_loop else "concurrency"
     levels = sorted(row, key=lambda c: c.level_order)
     unstable = [c for c in levels if c.drift]
 
     def named(cells: list[CellSummary]) -> str:
-        return ", ".join(f"{c.rate:g}/s" if open_loop else str(c.concurrency) for c in cells)
+        return ", ".join(c.level if mixed else f"{c.rate:g}/s" if open_loop else str(c.concurrency) for c in cells)
 
     if not unstable:
         return f"stable at {noun} {named(levels)} (n={cell.ok})"
     if unstable == levels:
-        return f"unstable at every {noun} level" + ("" if open_loop else ", serial included")
+        every = "every level" if mixed else f"every {noun} level"
+        return f"unstable at {every}" + ("" if open_loop and not mixed else ", serial included")
     if unstable == levels[levels.index(unstable[0]):]:
         return f"unstable only at {noun} ≥ {named(unstable[:1])}"
     return f"unstable at {noun} {named(unstable)}"

@@ -11,9 +11,9 @@ from kevload.trace import TraceDataset
 
 class TraceLoop(OpenLoop):
     """A trace level: the trace's arrivals at their offsets ÷ ``speedup``, each a companion of its own prompt, and
-    ``needed`` probes at fixed points, the k-th at (k + ½) ÷ ``needed`` of the replay's span, so each probe lands
-    inside the traffic rather than before its first request or after its last. As every open-loop level it keeps
-    its schedule whatever the server does, and counts every send past ``ramp_s``."""
+    ``needed`` probes at fixed points, the k-th at (k + ½) ÷ ``needed`` of the replay's span past ``ramp_s``, so
+    each probe lands inside the traffic rather than before its first request or after its last, and counts. As
+    every open-loop level it keeps its schedule whatever the server does, and counts every send past ``ramp_s``."""
 
     def __init__(self, trace: TraceDataset, speedup: float, *, needed: int, ramp_s: float = 0.0):
         super().__init__(trace.rate(speedup), needed=needed, companions=True, ramp_s=ramp_s)
@@ -21,8 +21,9 @@ class TraceLoop(OpenLoop):
         self.speedup = speedup
 
     def __iter__(self) -> Iterator[Send]:
-        span = self.trace.span / self.speedup
-        probes = [span * (k + 0.5) / self.needed for k in range(self.needed)]
+        # Past load.ramp_s (shorter than the replay, kevload.scenario checks), where every send counts.
+        span = self.trace.span / self.speedup - self.ramp_s
+        probes = [self.ramp_s + span * (k + 0.5) / self.needed for k in range(self.needed)]
         arrivals = self.trace.requests
         i = k = 0
         while i < len(arrivals) or k < len(probes):

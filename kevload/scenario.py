@@ -26,7 +26,7 @@ from kevload.conversation import BadTurns, parse_turns
 from kevload.datasets import Dataset, read_dataset
 from kevload.errors import ScenarioError
 from kevload.models import Probe, Rule, first_bad_message, key_of, rule, rule_of
-from kevload.trace import MAX_SPEEDUP, MAX_TRACE_TOKENS, read_trace
+from kevload.trace import MAX_SPEEDUP, MAX_TRACE_TOKENS, TraceDataset, read_trace, trace_of
 
 Mode = Literal["single", "mixed", "prefix", "needle"]
 Arrival = Literal["constant", "poisson"]
@@ -359,6 +359,8 @@ def validate(scenario: Scenario, *, source: str | None = None) -> Scenario:
         fail("probes.id", "unique ids", duplicates)
     load = _load(fail, _recheck(scenario.load, "load", fail))
     _conversations(fail, probes, scenario.datasets, load)
+    if (trace := trace_of(scenario.datasets)) is not None:  # a setting changed after the trace was read (a sweep's)
+        _fits_trace(fail, load, trace)
     return replace(scenario, target=target, probes=probes, load=load)
 
 
@@ -468,6 +470,18 @@ def _cold_warm(fail: _Failer, load: Load) -> None:
              "sample, one warm)", load.samples)
 
 
+def _fits_trace(fail: _Failer, load: Load, trace: TraceDataset) -> None:
+    """The keys that depend on the trace read: its levels' keys (rates) and the ramp its probes come after."""
+    rates = [trace.rate(speedup) for speedup in load.trace_speedup]
+    if 0 in rates or len(set(rates)) < len(rates):
+        fail("load.trace_speedup", "speed-ups whose replays' rates differ at 6 decimals (r=…/s keys the level)",
+             [f"r={rate:g}/s" for rate in rates])
+    # The probes are spread over the replay past the ramp, where they count.
+    if load.ramp_s >= (shortest := trace.span / max(load.trace_speedup)):
+        fail("load.ramp_s", f"less than the replay's span at the largest load.trace_speedup ({shortest:g} s)",
+             load.ramp_s)
+
+
 def _json_numbers(value: Any, key: str, fail: _Failer) -> None:
     """Every number in ``value`` is one a JSON body carries: finite (JSON has no inf or nan, which would be
     sent as null) and an integer within 64 bits."""
@@ -567,9 +581,11 @@ def _probes_and_datasets(fail: _Failer, items: list[Any], load: Load,
         datasets.append(dataset)
         probes.extend(dataset.items)
     if load.trace:
-        datasets.append(read_trace(base / load.trace, what="load.trace", trace_format=load.trace_format,
-                                   seed=load.dataset_seed, max_requests=load.trace_max_requests,
-                                   block_tokens=load.trace_block_tokens))
+        trace = read_trace(base / load.trace, what="load.trace", trace_format=load.trace_format,
+                           seed=load.dataset_seed, max_requests=load.trace_max_requests,
+                           block_tokens=load.trace_block_tokens)
+        _fits_trace(fail, load, trace)
+        datasets.append(trace)
     if load.mode == "mixed" and load.companions != "builtin":
         datasets.append(read_dataset(base / load.companions, role="companion", what="load.companions",
                                      seed=load.dataset_seed, count=load.companion_count,

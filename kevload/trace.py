@@ -8,7 +8,8 @@ offset ÷ the level's speed-up, as a companion with a synthetic prompt of its in
 as max_tokens, and ``load.samples`` probes spread evenly over the replay.
 
 Prompts are made of words, not tokens (no tokenizer is needed, nothing is downloaded): one word of ``VOCABULARY``
-is one token of the built-in targets' model (README: Trace replay, measured), and the chat template adds its own.
+is one token of the built-in targets' model after a space (README: Trace replay, measured; 11 are two opening a
+prompt), and the chat template adds its own.
 A Mooncake ``hash_ids`` entry is a block of ``load.trace_block_tokens`` words whose text depends only on the hash
 id and the seed, so two requests that share a hash id share that prefix, as the production requests did.
 """
@@ -32,8 +33,9 @@ MAX_SPEEDUP = 1_000_000       # load.trace_speedup: a week of trace replayed in 
 # The columns of BurstGPT's CSV that a replay reads (the others, Model, Total tokens and Log Type, are not needed).
 BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
 
-# Common English words, each one token (with its leading space or without) in SmolLM2's BPE vocabulary, as checked
-# with its tokenizer.json and by llama.cpp's prompt_tokens (README: Trace replay); other BPE vocabularies hold most.
+# Common English words, each one token after a space in SmolLM2's BPE vocabulary (11 are two opening a prompt), as
+# checked with its tokenizer.json and by llama.cpp's prompt_tokens (README: Trace replay); other BPE vocabularies hold
+# most.
 VOCABULARY = tuple("""
 time year people way day man thing woman life child world school state family student group country problem hand
 part place case week company system program question work government number night point home water room mother
@@ -68,6 +70,7 @@ class TraceDataset(Dataset):
     format: str = "mooncake"
     block_tokens: int = 512
     prompts: str = "words"
+    failed: int = 0  # BurstGPT's failed requests (0 response tokens): lines not replayed
     requests: tuple[TraceRequest, ...] = field(default=(), repr=False, compare=False)
 
     @property
@@ -81,7 +84,7 @@ class TraceDataset(Dataset):
 
     def to_json(self) -> dict[str, Any]:
         return {**super().to_json(), "format": self.format, "block_tokens": self.block_tokens,
-                "prompts": self.prompts, "span_s": self.span}
+                "prompts": self.prompts, "span_s": self.span, "failed": self.failed}
 
     def probe_for(self, index: int) -> Probe:
         """The companion sent for the ``index``-th request: a synthetic prompt of its length, its output length as
@@ -136,14 +139,18 @@ def read_trace(path: Path, *, what: str, trace_format: str, seed: int, max_reque
     rows = _mooncake(data, path, what) if trace_format == "mooncake" else _burstgpt(data, path, what)
     requests: list[TraceRequest] = []
     first: float | None = None
+    failed = 0
     for row in rows:
+        if not row.output_tokens:  # a failed request (BurstGPT's): it has no length to ask for
+            failed += 1
+            continue
         if first is None:
             first = row.offset
         elif requests and row.offset < requests[-1].offset + first:
             raise ScenarioError(f"{path}:{row.line}: {what}: expected arrivals in time order, this one is earlier "
                                 f"than line {requests[-1].line}'s")
         requests.append(TraceRequest(row.offset - first, row.input_tokens, row.output_tokens, row.hash_ids, row.line))
-    lines = len(requests)
+    lines = len(requests) + failed
     if max_requests:
         requests = requests[:max_requests]
     if len(requests) < 2 or requests[-1].offset <= 0:
@@ -152,7 +159,7 @@ def read_trace(path: Path, *, what: str, trace_format: str, seed: int, max_reque
                             f"{requests[-1].offset if requests else 0:g} s")
     return TraceDataset(role="companion", path=str(path), sha256=hashlib.sha256(data).hexdigest(), lines=lines,
                         seed=seed, count=len(requests), format=trace_format, block_tokens=block_tokens,
-                        requests=tuple(requests))
+                        failed=failed, requests=tuple(requests))
 
 
 def _mooncake(data: bytes, path: Path, what: str) -> Iterator[TraceRequest]:
@@ -190,10 +197,13 @@ def _burstgpt(data: bytes, path: Path, what: str) -> Iterator[TraceRequest]:
         where = f"{path}:{number}: {what}"
         if len(row) < len(header):
             raise ScenarioError(f"{where}: expected {len(header)} columns as in the header, got {len(row)}")
-        yield TraceRequest(_number(_csv_number(row[at]), f"{where}: Timestamp", "seconds >= 0 (BurstGPT's)"),
-                           _tokens(_csv_number(row[asked]), f"{where}: Request tokens", MAX_TRACE_TOKENS),
-                           _tokens(_csv_number(row[answered]), f"{where}: Response tokens", MAX_TOKENS),
-                           (), number)
+        at_s = _number(_csv_number(row[at]), f"{where}: Timestamp", "seconds >= 0 (BurstGPT's)")
+        if _csv_number(row[answered]) == 0:
+            # BurstGPT's files with failures (BurstGPT_1.csv, _2.csv) give a failed request 0 response tokens.
+            yield TraceRequest(at_s, 0, 0, (), number)
+            continue
+        yield TraceRequest(at_s, _tokens(_csv_number(row[asked]), f"{where}: Request tokens", MAX_TRACE_TOKENS),
+                           _tokens(_csv_number(row[answered]), f"{where}: Response tokens", MAX_TOKENS), (), number)
 
 
 def _csv_number(cell: str) -> Any:
