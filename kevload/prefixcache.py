@@ -129,10 +129,12 @@ async def pick_method(scenario: Scenario, api_key: str | None) -> Method:
 
 def marked_rounds(scenario: Scenario, run_id: str) -> Scenario:
     """The marker method's scenario: each probe's rounds as probes of their own, ``<probe>@r<k>``, each a cold sample
-    and two warm ones, their text opened by a marker no earlier request carried (the run id is new)."""
+    and two warm ones, their text opened by a marker no earlier request carried (the run id is new, and the marker
+    names the probe: two probes with the same opening, a shared system message, would otherwise share it too)."""
     rounds = scenario.load.samples // 2
-    # The round first: a server reuses the longest common prefix (llama.cpp to the token), so rounds must part at once.
-    probes = tuple(_marked(probe, f"[round {k} of {run_id}] ", f"{probe.id}@r{k}")
+    # The round first, then the probe: a server reuses the longest common prefix (llama.cpp to the token), so rounds
+    # and probes must part at once.
+    probes = tuple(_marked(probe, f"[round {k} of {probe.id} in {run_id}] ", f"{probe.id}@r{k}")
                    for probe in scenario.probes for k in range(rounds))
     return replace(scenario, probes=probes, load=replace(scenario.load, samples=round_length("marker")))
 

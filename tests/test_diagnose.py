@@ -174,7 +174,7 @@ def test_messages_file(tmp_path, server):
     assert code == 0, output
     assert json.loads(out.read_text())["verdict"] == "stable"
     # The system message as given; the cache step's marker opens it (kevload.prefixcache), so no cache keeps it.
-    assert all(re.fullmatch(r"(\[round \d+ of \S+\] )?Be brief\.", body["messages"][0]["content"])
+    assert all(re.fullmatch(r"(\[round \d+ of \S+ in \S+\] )?Be brief\.", body["messages"][0]["content"])
                for body in server.requests if "messages" in body and len(body["messages"]) == 2)
     bad = tmp_path / "bad.json"
     bad.write_text('{"role": "user"}')

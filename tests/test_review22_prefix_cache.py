@@ -1,0 +1,54 @@
+"""Review of load.prefix_cache (issue 22): crafted servers on which kevload once said something false about the
+cache, each kept as a test of what it says now."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from kevload import prefixcache
+from kevload.report import cache_lines
+from kevload.runs import run_scenario
+from kevload.scenario import scenario_from_dict
+from kevload.store import Record
+from tests.fakeserver import Behaviour, FakeServer
+
+
+def _run(tmp_path, server: FakeServer, probes: list[dict], **load):
+    raw = {"target": {"base_url": server.url, "model": "fake"}, "params": {"temperature": 0},
+           "load": {"prefix_cache": "cold_warm", "samples": 8, **load}, "probes": probes}
+    result = asyncio.run(run_scenario(scenario_from_dict(raw, source="test.toml"), tmp_path / "run"))
+    records = [Record.from_json(json.loads(line)) for line in (tmp_path / "run" / "records.jsonl").read_text()
+               .splitlines()]
+    return result.summary, records
+
+
+def test_a_marker_is_new_for_every_probe_not_only_every_round(tmp_path):
+    # Two probes with the same input at two lengths. The marker named the round and the run only, so the second
+    # probe's "cold" sample was the first probe's input again, served from the cache, and its rounds said "cold =
+    # warm in every round; no cache effect" of a server whose cached answers all differ from computed ones.
+    probes = [{"id": "short", "prompt": "tell me a story about a robot", "max_tokens": 4},
+              {"id": "long", "prompt": "tell me a story about a robot", "max_tokens": 12}]
+    with FakeServer(Behaviour(warm_differs=True)) as server:
+        summary, records = _run(tmp_path, server, probes)
+    by_probe = {c["probe"]: c for c in summary.prefix_cache["probes"]}
+    assert summary.prefix_cache["method"] == "marker"
+    assert {p: (c["equal_rounds"], c["cache_effect"]) for p, c in by_probe.items()} == {
+        "short": (0, True), "long": (0, True)}
+    assert "no cache effect" not in "\n".join(cache_lines(summary))
+    # No cold sample's input was sent before it.
+    sent: set[str] = set()
+    for body, r in zip(server.requests, [r for r in records if r.role == "probe"], strict=True):
+        assert r.cache == "warm" or body["messages"][-1]["content"] not in sent, r.probe
+        sent.add(body["messages"][-1]["content"])
+
+
+def test_markers_differ_across_probes_from_their_opening(tmp_path):
+    raw = {"target": {"base_url": "http://127.0.0.1:9/v1", "model": "fake"},
+           "load": {"prefix_cache": "cold_warm", "samples": 4, "cache_reset": "marker"},
+           "probes": [{"id": pid, "max_tokens": 4, "messages": [{"role": "system", "content": "Be brief."},
+                                                                 {"role": "user", "content": ask}]}
+                      for pid, ask in (("a", "A fact."), ("b", "Another fact."))]}
+    marked = prefixcache.marked_rounds(scenario_from_dict(raw, source="t.toml"), "RUN")
+    firsts = [p.messages[0]["content"] for p in marked.probes]
+    assert len(set(firsts)) == len(firsts) == 4  # a system message shared by both probes is cached by neither
