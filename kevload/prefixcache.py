@@ -175,8 +175,9 @@ class ColdWarm:
     warm: Side
     equal_rounds: int  # compared rounds whose cold answer is their first warm one
     warm_unstable_rounds: int  # compared rounds whose warm answers disagree among themselves (marker method)
-    # True: cold answers leave warm ones that agree among themselves; None: they differ, but the warm answers vary
-    # too (the server varies anyway: no claim about its cache); False: cold is warm in every round.
+    # True: cold answers leave warm ones that agree among themselves (with the same input every round, cold ones that
+    # agree among themselves too); None: they differ, but the warm answers vary too, or (same input) the cold ones
+    # (the server varies anyway: no claim about its cache); False: cold is warm in every round.
     cache_effect: bool | None
     first_divergence_chars: int | None  # earliest char where a cold answer leaves its warm one
     logprob_rounds: int  # compared rounds with logprobs on the cold and first warm answer
@@ -239,7 +240,9 @@ def _compare(probe: str, rounds: list[Round], method: str) -> ColdWarm:
     elif not differs:
         effect = False
     elif same_input:
-        effect = True if warm_distinct == 1 else None
+        # Every cold answer answers the same input in the same (empty) cache, every warm one likewise: if either side
+        # disagrees among itself the server varies anyway, and a cold answer leaving the warm ones shows nothing.
+        effect = True if warm_distinct == 1 and len({key(c) for c, _ in kept}) == 1 else None
     else:
         # Only rounds whose warm answers agree can show the cache; as many unstable ones make it noise.
         cold_differs = sum(key(c) != key(w[0]) and len({key(x) for x in w}) == 1 for c, w in kept)

@@ -52,3 +52,25 @@ def test_markers_differ_across_probes_from_their_opening(tmp_path):
     marked = prefixcache.marked_rounds(scenario_from_dict(raw, source="t.toml"), "RUN")
     firsts = [p.messages[0]["content"] for p in marked.probes]
     assert len(set(firsts)) == len(firsts) == 4  # a system message shared by both probes is cached by neither
+
+
+class _Glitch(FakeServer):
+    """No cache effect at all; one answer, the third request's (a cold sample), differs: a server that varies anyway."""
+
+    def _answer(self, body, prompt, state):
+        text = super()._answer(body, prompt, state)
+        return text + " glitch" if len(self.requests) == 3 else text
+
+
+def test_one_cold_answer_that_differs_from_the_other_cold_ones_is_no_cache_effect(tmp_path):
+    # Every round sends the same input after a reset, so the cold answers answer one question in one state: when they
+    # disagree among themselves the server varies anyway, and a differing cold answer says nothing of the cache.
+    probes = [{"id": "p1", "prompt": "tell me a story about a robot", "max_tokens": 12}]
+    with _Glitch(Behaviour(reset_endpoint="/reset_prefix_cache", cached_tokens="usage")) as server:
+        summary, _ = _run(tmp_path, server, probes)
+    (c,) = summary.prefix_cache["probes"]
+    assert (c["rounds"], c["equal_rounds"], c["cold"]["distinct"], c["warm"]["distinct"]) == (4, 3, 2, 1)
+    assert c["cache_effect"] is None
+    line = cache_lines(summary)[1]
+    assert "cache effect" not in line.replace("no claim about the cache", "")
+    assert "cold answers vary among themselves" in line
