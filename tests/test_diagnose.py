@@ -121,7 +121,8 @@ def test_server_nondeterministic(tmp_path, server):
     code, _, d = diagnose(tmp_path, server, params='{"temperature": 0}')
     assert code == 1
     assert d["verdict"] == "server_nondeterministic"
-    assert d["findings"]["cache_effect"] is False
+    # Its warm answers vary too: the cache step's run makes no claim about the cache, and neither does diagnose.
+    assert d["findings"]["cache_effect"] is None
 
 
 def test_rejected_field_is_dropped_and_reported(tmp_path, server):

@@ -74,3 +74,25 @@ def test_one_cold_answer_that_differs_from_the_other_cold_ones_is_no_cache_effec
     line = cache_lines(summary)[1]
     assert "cache effect" not in line.replace("no claim about the cache", "")
     assert "cold answers vary among themselves" in line
+
+
+def test_diagnose_makes_no_cache_claim_where_its_run_makes_none(tmp_path):
+    # The README: diagnose's cache_effect "is the runs' cache_effect". On a server whose answers vary serially with
+    # every randomness field fixed, the cache step's run says null (warm answers vary too: no claim about the cache);
+    # diagnose said false, "no cache effect", a claim its run did not make.
+    from click.testing import CliRunner
+
+    from kevload.cli import main
+    from kevload.summary import RunSummary
+
+    with FakeServer(Behaviour(always_drift=True, reset_endpoint="/reset_prefix_cache", cached_tokens="usage")) as s:
+        CliRunner().invoke(main, ["diagnose", "--url", s.url, "--model", "fake", "--prompt", "a robot",
+                                  "--params", '{"temperature": 0}', "--samples", "4",
+                                  "--json", str(tmp_path / "d.json"), "--out", str(tmp_path / "d")])
+    d = json.loads((tmp_path / "d.json").read_text())
+    step = next(s for s in d["steps"] if s["step"] == "cache")
+    run = RunSummary.from_json(json.loads((tmp_path / "d" / "cache" / "summary.json").read_text()))
+    (c,) = run.prefix_cache["probes"]
+    assert c["cache_effect"] is None and step["compared_rounds"] == 3
+    assert d["findings"]["cache_effect"] is c["cache_effect"]
+    assert d["verdict"] == "server_nondeterministic"
