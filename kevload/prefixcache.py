@@ -298,7 +298,7 @@ def _headers(scenario: Scenario, api_key: str | None) -> dict[str, str]:
 
 async def _post(url: str, headers: dict[str, str], timeout: float) -> tuple[bool, str]:
     """POST to a reset endpoint: (whether it reset, what it answered). vLLM answers ``{"success": false}`` with 200
-    when blocks are still held: that is no reset."""
+    when blocks are still held: that is no reset; nor is an HTML page, which some servers answer for every path."""
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session, \
                 session.post(url, headers=headers) as response:
@@ -307,6 +307,8 @@ async def _post(url: str, headers: dict[str, str], timeout: float) -> tuple[bool
         return False, f"no answer ({type(exc).__name__})"
     if response.status != 200:
         return False, f"{response.status}"
+    if response.content_type == "text/html":
+        return False, "200 with an HTML page"  # a web UI's page for any path: no server's reset answers so
     said = f"200 {text.strip()!r}" if text.strip() else "200"
     try:
         doc = json.loads(text)

@@ -96,3 +96,24 @@ def test_diagnose_makes_no_cache_claim_where_its_run_makes_none(tmp_path):
     assert c["cache_effect"] is None and step["compared_rounds"] == 3
     assert d["findings"]["cache_effect"] is c["cache_effect"]
     assert d["verdict"] == "server_nondeterministic"
+
+
+class _WebUi(FakeServer):
+    """No reset of any kind; like a server with a web UI, it answers every unknown path with its HTML page, 200."""
+
+    async def _reset(self, request):
+        from aiohttp import web
+
+        return web.Response(text="<!doctype html><html><body>Chat UI</body></html>", content_type="text/html")
+
+
+def test_an_html_page_answering_the_reset_is_no_reset(tmp_path):
+    # "auto" took the page's 200 for a reset: the run said "cold made by reset_prefix_cache" and every cold sample
+    # after the first was served from the cache.
+    probes = [{"id": "p1", "prompt": "tell me a story about a robot", "max_tokens": 12}]
+    with _WebUi(Behaviour(warm_differs=True)) as server:
+        summary, records = _run(tmp_path, server, probes)
+    assert summary.prefix_cache["method"] == "marker"
+    assert "POST /reset_prefix_cache answered 200 with an HTML page" in summary.prefix_cache["why"]
+    (c,) = summary.prefix_cache["probes"]
+    assert (c["rounds"], c["equal_rounds"], c["cache_effect"]) == (4, 0, True)
