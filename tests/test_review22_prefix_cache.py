@@ -117,3 +117,17 @@ def test_an_html_page_answering_the_reset_is_no_reset(tmp_path):
     assert "POST /reset_prefix_cache answered 200 with an HTML page" in summary.prefix_cache["why"]
     (c,) = summary.prefix_cache["probes"]
     assert (c["rounds"], c["equal_rounds"], c["cache_effect"]) == (4, 0, True)
+
+
+def test_a_ramp_up_is_refused_with_cold_warm(tmp_path):
+    # A ramp-up's uncounted sends came first: under the marker each round's counted "cold" sample was its input's
+    # fourth send, served from the cache, and a server whose cached answers all differ was called deterministic.
+    import pytest
+
+    from kevload.errors import ScenarioError
+
+    raw = {"target": {"base_url": "http://127.0.0.1:9/v1", "model": "fake"},
+           "load": {"prefix_cache": "cold_warm", "samples": 4, "cache_reset": "marker", "ramp_s": 0.12},
+           "probes": [{"id": "a", "prompt": "story one", "max_tokens": 4}]}
+    with pytest.raises(ScenarioError, match="t.toml: load.ramp_s: expected 0 with load.prefix_cache"):
+        scenario_from_dict(raw, source="t.toml")
