@@ -102,7 +102,7 @@ async def pick_method(scenario: Scenario, api_key: str | None) -> Method:
     that answers 200 has just reset the cache, which harms nothing before a run), llama.cpp (``GET /props`` with
     its ``default_generation_settings``), else a marker. A reset named outright is checked the same way, and one the
     server lacks stops the run before anything is sent (``CacheResetError``, exit 3): it would claim cold samples it
-    cannot make."""
+    cannot make. ``cache_prompt`` named outright is used as asked, its ``why`` saying what ``/props`` answered."""
     asked = scenario.load.cache_reset
     root, headers = origin(scenario.target.base_url), _headers(scenario, api_key)
     if asked == "marker":
@@ -119,8 +119,10 @@ async def pick_method(scenario: Scenario, api_key: str | None) -> Method:
     if asked in ("auto", "cache_prompt"):
         ok, said = await _llamacpp(root, headers)
         if ok or asked == "cache_prompt":
-            return Method("cache_prompt", f"GET /props {said}: cold samples are sent with cache_prompt: false, warm "
-                          "ones with cache_prompt: true")
+            # Named outright it is sent as asked: a llama.cpp behind a proxy that passes only /v1 has no /props.
+            return Method("cache_prompt", ("" if ok else "load.cache_reset = \"cache_prompt\", sent as asked though ")
+                          + f"GET /props {said}: cold samples are sent with cache_prompt: false, warm ones with "
+                          "cache_prompt: true")
         tried.append(f"GET /props {said}")
     if asked != "auto":
         raise CacheResetError(f"load.cache_reset = {asked!r}: the server has no such reset ({'; '.join(tried)})")

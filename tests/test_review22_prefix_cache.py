@@ -131,3 +131,14 @@ def test_a_ramp_up_is_refused_with_cold_warm(tmp_path):
            "probes": [{"id": "a", "prompt": "story one", "max_tokens": 4}]}
     with pytest.raises(ScenarioError, match="t.toml: load.ramp_s: expected 0 with load.prefix_cache"):
         scenario_from_dict(raw, source="t.toml")
+
+
+def test_cache_prompt_named_on_a_server_that_is_not_llamacpp_says_it_was_not_confirmed(tmp_path):
+    # The README said a method named outright that the server lacks stops the run (exit 3). cache_prompt is sent as
+    # asked (a llama.cpp behind a proxy that passes only /v1 has no /props to show): the run says so.
+    probes = [{"id": "p1", "prompt": "tell me a story about a robot", "max_tokens": 12}]
+    with FakeServer(Behaviour()) as server:
+        summary, _ = _run(tmp_path, server, probes, cache_reset="cache_prompt")
+    assert summary.prefix_cache["method"] == "cache_prompt"
+    why = summary.prefix_cache["why"]
+    assert why.startswith('load.cache_reset = "cache_prompt", sent as asked though GET /props answered 404')
