@@ -688,15 +688,12 @@ def cache_rounds(comparisons: Iterable[Mapping[str, Any]]) -> tuple[int, int, in
     vary anyway has each differing round counted unstable, not cold-differs."""
     compared = cold_differs = warm_unstable = 0
     for c in comparisons:
-        differing = c["rounds"] - c["equal_rounds"]
         compared += c["rounds"]
+        cold_differs += c["cold_differs_rounds"]
         if c["warm"]["distinct"] is None:  # marker: per round
             warm_unstable += c["warm_unstable_rounds"]
-            cold_differs += differing if c["cache_effect"] else 0
-        elif c["cache_effect"]:
-            cold_differs += differing
-        elif c["cache_effect"] is None:
-            warm_unstable += differing
+        elif c["warm"]["distinct"] > 1:
+            warm_unstable += c["rounds"] - c["equal_rounds"]
     return compared, cold_differs, warm_unstable
 
 

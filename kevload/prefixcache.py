@@ -177,6 +177,9 @@ class ColdWarm:
     warm: Side
     equal_rounds: int  # compared rounds whose cold answer is their first warm one
     warm_unstable_rounds: int  # compared rounds whose warm answers disagree among themselves (marker method)
+    # Compared rounds whose cold answer leaves warm ones that agree among themselves: within the round under the
+    # marker, across rounds with the same input (there a round's one warm answer must be every round's).
+    cold_differs_rounds: int
     # True: cold answers leave warm ones that agree among themselves (with the same input every round, cold ones that
     # agree among themselves too); None: they differ, but the warm answers vary too, or (same input) the cold ones
     # (the server varies anyway: no claim about its cache); False: cold is warm in every round.
@@ -236,6 +239,10 @@ def _compare(probe: str, rounds: list[Round], method: str) -> ColdWarm:
     warm_cached = [x.cached_tokens for _, w in kept for x in w if x.cached_tokens is not None]
     same_input = method != "marker"
     warm_distinct = len({key(x) for _, w in kept for x in w}) if same_input else None
+    if same_input:
+        cold_differs = len(kept) - equal if warm_distinct == 1 else 0
+    else:
+        cold_differs = sum(key(c) != key(w[0]) and len({key(x) for x in w}) == 1 for c, w in kept)
     differs = equal < len(kept)
     if not kept:
         effect: bool | None = None  # nothing compared, nothing claimed
@@ -247,13 +254,12 @@ def _compare(probe: str, rounds: list[Round], method: str) -> ColdWarm:
         effect = True if warm_distinct == 1 and len({key(c) for c, _ in kept}) == 1 else None
     else:
         # Only rounds whose warm answers agree can show the cache; as many unstable ones make it noise.
-        cold_differs = sum(key(c) != key(w[0]) and len({key(x) for x in w}) == 1 for c, w in kept)
         effect = True if cold_differs > unstable else None
     return ColdWarm(
         probe=probe, method=method, rounds=len(kept), contradicted=contradicted, confirmed=confirmed,
         cold=Side(len(kept), len({key(c) for c, _ in kept}) if same_input else None),
         warm=Side(sum(len(w) for _, w in kept), warm_distinct),
-        equal_rounds=equal, warm_unstable_rounds=unstable, cache_effect=effect,
+        equal_rounds=equal, warm_unstable_rounds=unstable, cold_differs_rounds=cold_differs, cache_effect=effect,
         first_divergence_chars=min(divergence) if divergence else None,
         logprob_rounds=len(diffs), logprob_bitwise=all(equal for equal, _ in diffs) if diffs else None,
         logprob_max_abs_diff=max(sizes) if sizes else None,

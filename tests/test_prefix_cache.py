@@ -184,7 +184,7 @@ def test_streamed_answers_carry_the_cached_tokens_too(tmp_path):
 
 def _comparison(rounds, equal, effect, warm_distinct, unstable=0):
     return {"rounds": rounds, "equal_rounds": equal, "cache_effect": effect, "warm_unstable_rounds": unstable,
-            "warm": {"distinct": warm_distinct}}
+            "cold_differs_rounds": rounds - equal if effect else 0, "warm": {"distinct": warm_distinct}}
 
 
 @pytest.mark.parametrize(("comparisons", "counts"), [

@@ -142,3 +142,39 @@ def test_cache_prompt_named_on_a_server_that_is_not_llamacpp_says_it_was_not_con
     assert summary.prefix_cache["method"] == "cache_prompt"
     why = summary.prefix_cache["why"]
     assert why.startswith('load.cache_reset = "cache_prompt", sent as asked though GET /props answered 404')
+
+
+class _Pattern(FakeServer):
+    """No cache at all; answers by arrival: (marker rounds of 3) round 0's and round 1's cold answers differ from
+    their agreeing warm ones, round 2's cold and second warm answers differ from its first warm one."""
+
+    odd = {0: " x", 3: " x", 6: " z", 8: " y"}
+
+    def _answer(self, body, prompt, state):
+        return super()._answer(body, prompt, state) + self.odd.get(len(self.requests) - 1, "")
+
+
+def test_diagnose_counts_a_marker_round_whose_warm_answers_disagree_as_unstable_only(tmp_path):
+    # diagnose's cold_differs_rounds is "rounds whose cold answer leaves warm ones that agree": round 2's warm
+    # answers disagree, so it is unstable, not cold-differs too (it was counted as both: 3 of 3 rounds).
+    from kevload.diagnose import cache_rounds
+
+    probes = [{"id": "p1", "prompt": "tell me a story about a robot", "max_tokens": 12}]
+    with _Pattern(Behaviour()) as server:
+        summary, _ = _run(tmp_path, server, probes, samples=6)
+    (c,) = summary.prefix_cache["probes"]
+    assert (c["rounds"], c["equal_rounds"], c["warm_unstable_rounds"], c["cache_effect"]) == (3, 0, 1, True)
+    assert cache_rounds(summary.prefix_cache["probes"]) == (3, 2, 1)
+
+
+def test_diagnose_counts_no_unstable_warm_round_where_the_warm_answers_all_agree(tmp_path):
+    # Same input every round (a reset), one odd cold answer: the warm answers all agree, so no round is "warm
+    # unstable" (it was counted as one); the cold answer that left them is the one cold-differs round.
+    from kevload.diagnose import cache_rounds
+
+    probes = [{"id": "p1", "prompt": "tell me a story about a robot", "max_tokens": 12}]
+    with _Glitch(Behaviour(reset_endpoint="/reset_prefix_cache")) as server:
+        summary, _ = _run(tmp_path, server, probes, samples=6)
+    (c,) = summary.prefix_cache["probes"]
+    assert (c["warm"]["distinct"], c["cold"]["distinct"], c["cache_effect"]) == (1, 2, None)
+    assert cache_rounds(summary.prefix_cache["probes"]) == (3, 1, 0)
