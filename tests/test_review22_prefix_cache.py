@@ -178,3 +178,16 @@ def test_diagnose_counts_no_unstable_warm_round_where_the_warm_answers_all_agree
     (c,) = summary.prefix_cache["probes"]
     assert (c["warm"]["distinct"], c["cold"]["distinct"], c["cache_effect"]) == (1, 2, None)
     assert cache_rounds(summary.prefix_cache["probes"]) == (3, 1, 0)
+
+
+def test_a_marker_run_against_its_baseline_sees_no_change_on_an_unchanged_server(tmp_path):
+    # Under the marker each run's rounds carry its own run id, so their inputs, and the answers, differ from the
+    # baseline's: --baseline called every answer "never seen in the baseline: the model or server changed".
+    from kevload.baseline import compare_to_baseline
+
+    probes = [{"id": "p1", "prompt": "tell me a story about a robot", "max_tokens": 12}]
+    with FakeServer(Behaviour()) as server:
+        before, _ = _run(tmp_path / "a", server, probes)
+        now, _ = _run(tmp_path / "b", server, probes)
+    assert before.prefix_cache["method"] == now.prefix_cache["method"] == "marker"
+    assert [c for c in compare_to_baseline(now, before) if c.regression] == []
