@@ -191,3 +191,19 @@ def test_a_marker_run_against_its_baseline_sees_no_change_on_an_unchanged_server
         now, _ = _run(tmp_path / "b", server, probes)
     assert before.prefix_cache["method"] == now.prefix_cache["method"] == "marker"
     assert [c for c in compare_to_baseline(now, before) if c.regression] == []
+
+
+def test_a_case_built_from_a_cold_warm_run_is_rerun_cold_and_warm(tmp_path):
+    # The case kept the cell's cold and warm answers (two outputs: "unstable") but not how they were made: its rerun
+    # sent the probe warm every time and called the unchanged server "unstable→stable".
+    from kevload.cases import build_cases, read_cases, rerun_cases
+
+    probes = [{"id": "p1", "prompt": "tell me a story about a robot", "max_tokens": 12}]
+    with FakeServer(Behaviour(warm_differs=True, reset_endpoint="/reset_prefix_cache")) as server:
+        _run(tmp_path, server, probes)
+        build_cases([tmp_path / "run"], tmp_path / "cases.jsonl")
+        (case,) = read_cases(tmp_path / "cases.jsonl")
+        assert case["verdict"] == "unstable"
+        (result,) = asyncio.run(rerun_cases([case], url=server.url, model="fake", times=4, out=tmp_path / "rerun",
+                                            log=lambda _: None))
+    assert result["transition"] == "unchanged", result
