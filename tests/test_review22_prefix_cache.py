@@ -207,3 +207,15 @@ def test_a_case_built_from_a_cold_warm_run_is_rerun_cold_and_warm(tmp_path):
         (result,) = asyncio.run(rerun_cases([case], url=server.url, model="fake", times=4, out=tmp_path / "rerun",
                                             log=lambda _: None))
     assert result["transition"] == "unchanged", result
+
+
+def test_a_named_reset_the_server_lacks_stops_the_run_before_it_sends_anything(tmp_path):
+    # The README: it "stops the run before it sends anything". The logprobs check went first.
+    import pytest
+
+    from kevload.prefixcache import CacheResetError
+
+    probes = [{"id": "p1", "prompt": "tell me a story about a robot", "max_tokens": 12}]
+    with FakeServer(Behaviour()) as server, pytest.raises(CacheResetError):
+        _run(tmp_path, server, probes, cache_reset="flush_cache")
+    assert (server.checks, server.requests) == (0, [])
