@@ -102,7 +102,8 @@ async def pick_method(scenario: Scenario, api_key: str | None) -> Method:
     that answers 200 has just reset the cache, which harms nothing before a run), llama.cpp (``GET /props`` with
     its ``default_generation_settings``), else a marker. A reset named outright is checked the same way, and one the
     server lacks stops the run before anything is sent (``CacheResetError``, exit 3): it would claim cold samples it
-    cannot make. ``cache_prompt`` named outright is used as asked, its ``why`` saying what ``/props`` answered."""
+    cannot make. ``cache_prompt`` named outright is used as asked, its ``why`` saying what ``/props`` answered; under
+    ``auto`` it is never picked where ``[params]`` sets ``cache_prompt`` itself (sent as written)."""
     asked = scenario.load.cache_reset
     root, headers = origin(scenario.target.base_url), _headers(scenario, api_key)
     if asked == "marker":
@@ -116,7 +117,10 @@ async def pick_method(scenario: Scenario, api_key: str | None) -> Method:
             return Method(name, f"POST {path} answered {said}" + (" (load.cache_reset = \"auto\")" if asked == "auto"
                                                                    else ""))
         tried.append(f"POST {path} answered {said}")
-    if asked in ("auto", "cache_prompt"):
+    if asked == "auto" and "cache_prompt" in scenario.params:
+        # The user's cache_prompt is theirs: overriding it on warm samples would measure a cache they turned off.
+        tried.append("[params] sets cache_prompt itself; sent as written")
+    elif asked in ("auto", "cache_prompt"):
         ok, said = await _llamacpp(root, headers)
         if ok or asked == "cache_prompt":
             # Named outright it is sent as asked: a llama.cpp behind a proxy that passes only /v1 has no /props.

@@ -219,3 +219,32 @@ def test_a_named_reset_the_server_lacks_stops_the_run_before_it_sends_anything(t
     with FakeServer(Behaviour()) as server, pytest.raises(CacheResetError):
         _run(tmp_path, server, probes, cache_reset="flush_cache")
     assert (server.checks, server.requests) == (0, [])
+
+
+def test_diagnose_keeps_the_users_cache_prompt_false_and_blames_no_cache(tmp_path):
+    # The user's requests say cache_prompt: false and their answers are stable. The cache step picked llama.cpp's
+    # cache_prompt method, sent its warm samples cache_prompt: true over the user's false, and the verdict was
+    # "cache", next "disable prompt caching": what the user already does.
+    from click.testing import CliRunner
+
+    from kevload.cli import main
+
+    with FakeServer(Behaviour(warm_differs=True, props=True, cached_tokens="timings")) as server:
+        CliRunner().invoke(main, ["diagnose", "--url", server.url, "--model", "fake", "--prompt", "a robot",
+                                  "--params", '{"temperature": 0, "cache_prompt": false}', "--samples", "4",
+                                  "--json", str(tmp_path / "d.json"), "--out", str(tmp_path / "d")])
+    assert all(body.get("cache_prompt") is False for body in server.requests
+               if "a robot" in body["messages"][-1]["content"])
+    d = json.loads((tmp_path / "d.json").read_text())
+    assert d["verdict"] != "cache" and d["findings"]["cache_effect"] is not True
+
+
+def test_params_that_set_cache_prompt_are_sent_as_written_under_auto(tmp_path):
+    probes = [{"id": "p1", "prompt": "tell me a story about a robot", "max_tokens": 12}]
+    with FakeServer(Behaviour(props=True)) as server:
+        raw = {"target": {"base_url": server.url, "model": "fake"}, "params": {"temperature": 0, "cache_prompt": True},
+               "load": {"prefix_cache": "cold_warm", "samples": 4}, "probes": probes}
+        result = asyncio.run(run_scenario(scenario_from_dict(raw, source="t.toml"), tmp_path / "run"))
+    assert all(body["cache_prompt"] is True for body in server.requests)
+    assert result.summary.prefix_cache["method"] == "marker"
+    assert "[params] sets cache_prompt itself" in result.summary.prefix_cache["why"]
