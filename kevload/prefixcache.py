@@ -228,7 +228,8 @@ def _compare(probe: str, rounds: list[Round], method: str) -> ColdWarm:
     contradicted = confirmed = 0
     for cold, warm in rounds:
         said = cold.cached_tokens is not None and all(w.cached_tokens is not None for w in warm)
-        if said and any(w.cached_tokens <= cold.cached_tokens for w in warm):
+        # A warm sample the server says reused nothing is not warm, whatever it said of the cold one.
+        if any(w.cached_tokens is not None and w.cached_tokens <= (cold.cached_tokens or 0) for w in warm):
             contradicted += 1  # the server says a warm sample hit its cache no more than the cold one: not warm
             continue
         confirmed += said

@@ -248,3 +248,27 @@ def test_params_that_set_cache_prompt_are_sent_as_written_under_auto(tmp_path):
     assert all(body["cache_prompt"] is True for body in server.requests)
     assert result.summary.prefix_cache["method"] == "marker"
     assert "[params] sets cache_prompt itself" in result.summary.prefix_cache["why"]
+
+
+class _SaysOnlyWarm(FakeServer):
+    """Its cache keeps nothing; it says what it reused on every other answer only (the warm samples'): 0 tokens."""
+
+    calls = 0
+
+    def _cache_account(self, cached):
+        self.calls += 1
+        return super()._cache_account(cached) if self.calls % 2 else {}  # the first call: the logprobs check
+
+
+def test_a_warm_sample_the_server_says_reused_nothing_is_not_claimed_warm(tmp_path):
+    # The cold answers said nothing, so the rounds were compared on kevload's word although the server said each
+    # warm sample reused 0 prompt tokens: "cold = warm in every round; no cache effect" of a cache that was off.
+    from tests.test_prefix_cache import _Forgetful
+
+    probes = [{"id": "p1", "prompt": "tell me a story about a robot", "max_tokens": 12}]
+    with _SaysOnlyWarm(Behaviour(reset_endpoint="/reset_prefix_cache", cached_tokens="usage")) as server:
+        server.seen_prompts = _Forgetful()
+        summary, records = _run(tmp_path, server, probes)
+    assert [r.cached_tokens for r in records] == [None, 0] * 4
+    (c,) = summary.prefix_cache["probes"]
+    assert (c["rounds"], c["contradicted"], c["cache_effect"]) == (0, 4, None)
