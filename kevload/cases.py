@@ -145,6 +145,9 @@ def case_load(meta: dict[str, Any], cell: CellSummary, probe_index: int) -> dict
         load.update({key: run_load[key] for key in _TRACE_KEYS if key in run_load}, trace_speedup=[speedup or 1.0])
     for key in _MODE_KEYS[mode]:
         load[key] = run_load[key]
+    if run_load.get("prefix_cache", "off") != "off":
+        # Its outputs are cold and warm answers: a rerun makes them the same way (the method the run used).
+        load.update(prefix_cache=run_load["prefix_cache"], cache_reset=meta["prefix_cache"]["method"])
     if "seed" in load:
         # The engine seeds each probe's companion picker with seed + the probe's index; a rerun sends
         # the case as the only probe (index 0), so the offset moves into the seed.

@@ -98,6 +98,8 @@ class StepResult:
     serialized_cells: tuple[str, ...] = ()
     # Cache steps: how their cold samples were made (kevload.prefixcache: the server's reset, cache_prompt, a marker).
     cache_method: str | None = None
+    # … and what its run said of the cache (summary.json prefix_cache cache_effect, over its probes): the finding.
+    cache_effect: bool | None = None
 
     @property
     def drift(self) -> bool:
@@ -119,7 +121,8 @@ class StepResult:
                   "warm_unstable_rounds": self.warm_unstable_rounds, "logprob_bitwise": self.logprob_bitwise,
                   "latent_cells": self.latent_cells or None, "latent_from": self.latent_from,
                   "logprob_gaps": self.logprob_gaps or None,
-                  "serialized_cells": self.serialized_cells or None, "cache_method": self.cache_method}
+                  "serialized_cells": self.serialized_cells or None, "cache_method": self.cache_method,
+                  "cache_effect": self.cache_effect}
         doc.update({k: list(v) if isinstance(v, tuple) else v for k, v in extras.items() if v is not None})
         return doc
 
@@ -314,6 +317,8 @@ def _seed_honoured(evidence: Evidence) -> bool | None:
 def _cache_effect(step: StepResult | None) -> bool | None:
     if step is None or not step.compared_rounds:
         return None
+    if step.cache_method is not None:
+        return step.cache_effect  # the run's own word: null where the answers vary anyway, not "no effect"
     cold, warm = step.cold_differs_rounds or 0, step.warm_unstable_rounds or 0
     # A cold answer that differs only as often as warm answers disagree anyway is noise, not the cache.
     return cold > 0 and cold >= warm
@@ -353,7 +358,7 @@ def _causes(evidence: Evidence, found: Findings) -> list[dict[str, str]]:
                                  "warm ones", _CACHE_NEXT))
         elif fixed.distinct > 1:
             causes.append(_cause("server_nondeterministic", "outputs vary serially with every randomness field "
-                                 "fixed and no cache effect", "the server itself is nondeterministic: check its "
+                                 "fixed and no cache effect shown", "the server itself is nondeterministic: check its "
                                  "deterministic-inference settings, kernels and version"))
         elif found.cache_effect:
             causes.append(_cause("cache", "the first (cold) answer to a prompt differs from the warm ones",
@@ -580,7 +585,7 @@ class _Diagnoser:
         compared, cold_differs, warm_unstable = cache_rounds(cache["probes"])
         self._add(replace(step, title=f"{title} (cold by {cache['method']})", compared_rounds=compared,
                           cold_differs_rounds=cold_differs, warm_unstable_rounds=warm_unstable,
-                          cache_method=cache["method"]))
+                          cache_method=cache["method"], cache_effect=cache_effect(cache["probes"])))
 
     async def _fresh_prompts(self, key: str, title: str, params: dict[str, Any], rounds: int = 3,
                              warm: int = 3) -> None:
@@ -683,16 +688,20 @@ def cache_rounds(comparisons: Iterable[Mapping[str, Any]]) -> tuple[int, int, in
     vary anyway has each differing round counted unstable, not cold-differs."""
     compared = cold_differs = warm_unstable = 0
     for c in comparisons:
-        differing = c["rounds"] - c["equal_rounds"]
         compared += c["rounds"]
+        cold_differs += c["cold_differs_rounds"]
         if c["warm"]["distinct"] is None:  # marker: per round
             warm_unstable += c["warm_unstable_rounds"]
-            cold_differs += differing if c["cache_effect"] else 0
-        elif c["cache_effect"]:
-            cold_differs += differing
-        elif c["cache_effect"] is None:
-            warm_unstable += differing
+        elif c["warm"]["distinct"] > 1:
+            warm_unstable += c["rounds"] - c["equal_rounds"]
     return compared, cold_differs, warm_unstable
+
+
+def cache_effect(comparisons: Iterable[Mapping[str, Any]]) -> bool | None:
+    """A cache step's finding from its run's probes: an effect where one shows it, none where every one says none,
+    else no claim (the run's null: answers that vary anyway, or nothing compared)."""
+    effects = [c["cache_effect"] for c in comparisons]
+    return True if True in effects else False if effects and all(e is False for e in effects) else None
 
 
 def _ok_probe_hashes(run_dir: Path) -> list[tuple[str, int, str]]:

@@ -102,7 +102,8 @@ async def pick_method(scenario: Scenario, api_key: str | None) -> Method:
     that answers 200 has just reset the cache, which harms nothing before a run), llama.cpp (``GET /props`` with
     its ``default_generation_settings``), else a marker. A reset named outright is checked the same way, and one the
     server lacks stops the run before anything is sent (``CacheResetError``, exit 3): it would claim cold samples it
-    cannot make."""
+    cannot make. ``cache_prompt`` named outright is used as asked, its ``why`` saying what ``/props`` answered; under
+    ``auto`` it is never picked where ``[params]`` sets ``cache_prompt`` itself (sent as written)."""
     asked = scenario.load.cache_reset
     root, headers = origin(scenario.target.base_url), _headers(scenario, api_key)
     if asked == "marker":
@@ -116,11 +117,16 @@ async def pick_method(scenario: Scenario, api_key: str | None) -> Method:
             return Method(name, f"POST {path} answered {said}" + (" (load.cache_reset = \"auto\")" if asked == "auto"
                                                                    else ""))
         tried.append(f"POST {path} answered {said}")
-    if asked in ("auto", "cache_prompt"):
+    if asked == "auto" and "cache_prompt" in scenario.params:
+        # The user's cache_prompt is theirs: overriding it on warm samples would measure a cache they turned off.
+        tried.append("[params] sets cache_prompt itself; sent as written")
+    elif asked in ("auto", "cache_prompt"):
         ok, said = await _llamacpp(root, headers)
         if ok or asked == "cache_prompt":
-            return Method("cache_prompt", f"GET /props {said}: cold samples are sent with cache_prompt: false, warm "
-                          "ones with cache_prompt: true")
+            # Named outright it is sent as asked: a llama.cpp behind a proxy that passes only /v1 has no /props.
+            return Method("cache_prompt", ("" if ok else "load.cache_reset = \"cache_prompt\", sent as asked though ")
+                          + f"GET /props {said}: cold samples are sent with cache_prompt: false, warm ones with "
+                          "cache_prompt: true")
         tried.append(f"GET /props {said}")
     if asked != "auto":
         raise CacheResetError(f"load.cache_reset = {asked!r}: the server has no such reset ({'; '.join(tried)})")
@@ -129,10 +135,12 @@ async def pick_method(scenario: Scenario, api_key: str | None) -> Method:
 
 def marked_rounds(scenario: Scenario, run_id: str) -> Scenario:
     """The marker method's scenario: each probe's rounds as probes of their own, ``<probe>@r<k>``, each a cold sample
-    and two warm ones, their text opened by a marker no earlier request carried (the run id is new)."""
+    and two warm ones, their text opened by a marker no earlier request carried (the run id is new, and the marker
+    names the probe: two probes with the same opening, a shared system message, would otherwise share it too)."""
     rounds = scenario.load.samples // 2
-    # The round first: a server reuses the longest common prefix (llama.cpp to the token), so rounds must part at once.
-    probes = tuple(_marked(probe, f"[round {k} of {run_id}] ", f"{probe.id}@r{k}")
+    # The round first, then the probe: a server reuses the longest common prefix (llama.cpp to the token), so rounds
+    # and probes must part at once.
+    probes = tuple(_marked(probe, f"[round {k} of {probe.id} in {run_id}] ", f"{probe.id}@r{k}")
                    for probe in scenario.probes for k in range(rounds))
     return replace(scenario, probes=probes, load=replace(scenario.load, samples=round_length("marker")))
 
@@ -173,8 +181,12 @@ class ColdWarm:
     warm: Side
     equal_rounds: int  # compared rounds whose cold answer is their first warm one
     warm_unstable_rounds: int  # compared rounds whose warm answers disagree among themselves (marker method)
-    # True: cold answers leave warm ones that agree among themselves; None: they differ, but the warm answers vary
-    # too (the server varies anyway: no claim about its cache); False: cold is warm in every round.
+    # Compared rounds whose cold answer leaves warm ones that agree among themselves: within the round under the
+    # marker, across rounds with the same input (there a round's one warm answer must be every round's).
+    cold_differs_rounds: int
+    # True: cold answers leave warm ones that agree among themselves (with the same input every round, cold ones that
+    # agree among themselves too); None: they differ, but the warm answers vary too, or (same input) the cold ones
+    # (the server varies anyway: no claim about its cache); False: cold is warm in every round.
     cache_effect: bool | None
     first_divergence_chars: int | None  # earliest char where a cold answer leaves its warm one
     logprob_rounds: int  # compared rounds with logprobs on the cold and first warm answer
@@ -216,7 +228,8 @@ def _compare(probe: str, rounds: list[Round], method: str) -> ColdWarm:
     contradicted = confirmed = 0
     for cold, warm in rounds:
         said = cold.cached_tokens is not None and all(w.cached_tokens is not None for w in warm)
-        if said and any(w.cached_tokens <= cold.cached_tokens for w in warm):
+        # A warm sample the server says reused nothing is not warm, whatever it said of the cold one.
+        if any(w.cached_tokens is not None and w.cached_tokens <= (cold.cached_tokens or 0) for w in warm):
             contradicted += 1  # the server says a warm sample hit its cache no more than the cold one: not warm
             continue
         confirmed += said
@@ -231,22 +244,27 @@ def _compare(probe: str, rounds: list[Round], method: str) -> ColdWarm:
     warm_cached = [x.cached_tokens for _, w in kept for x in w if x.cached_tokens is not None]
     same_input = method != "marker"
     warm_distinct = len({key(x) for _, w in kept for x in w}) if same_input else None
+    if same_input:
+        cold_differs = len(kept) - equal if warm_distinct == 1 else 0
+    else:
+        cold_differs = sum(key(c) != key(w[0]) and len({key(x) for x in w}) == 1 for c, w in kept)
     differs = equal < len(kept)
     if not kept:
         effect: bool | None = None  # nothing compared, nothing claimed
     elif not differs:
         effect = False
     elif same_input:
-        effect = True if warm_distinct == 1 else None
+        # Every cold answer answers the same input in the same (empty) cache, every warm one likewise: if either side
+        # disagrees among itself the server varies anyway, and a cold answer leaving the warm ones shows nothing.
+        effect = True if warm_distinct == 1 and len({key(c) for c, _ in kept}) == 1 else None
     else:
         # Only rounds whose warm answers agree can show the cache; as many unstable ones make it noise.
-        cold_differs = sum(key(c) != key(w[0]) and len({key(x) for x in w}) == 1 for c, w in kept)
         effect = True if cold_differs > unstable else None
     return ColdWarm(
         probe=probe, method=method, rounds=len(kept), contradicted=contradicted, confirmed=confirmed,
         cold=Side(len(kept), len({key(c) for c, _ in kept}) if same_input else None),
         warm=Side(sum(len(w) for _, w in kept), warm_distinct),
-        equal_rounds=equal, warm_unstable_rounds=unstable, cache_effect=effect,
+        equal_rounds=equal, warm_unstable_rounds=unstable, cold_differs_rounds=cold_differs, cache_effect=effect,
         first_divergence_chars=min(divergence) if divergence else None,
         logprob_rounds=len(diffs), logprob_bitwise=all(equal for equal, _ in diffs) if diffs else None,
         logprob_max_abs_diff=max(sizes) if sizes else None,
@@ -293,7 +311,7 @@ def _headers(scenario: Scenario, api_key: str | None) -> dict[str, str]:
 
 async def _post(url: str, headers: dict[str, str], timeout: float) -> tuple[bool, str]:
     """POST to a reset endpoint: (whether it reset, what it answered). vLLM answers ``{"success": false}`` with 200
-    when blocks are still held: that is no reset."""
+    when blocks are still held: that is no reset; nor is an HTML page, which some servers answer for every path."""
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session, \
                 session.post(url, headers=headers) as response:
@@ -302,6 +320,8 @@ async def _post(url: str, headers: dict[str, str], timeout: float) -> tuple[bool
         return False, f"no answer ({type(exc).__name__})"
     if response.status != 200:
         return False, f"{response.status}"
+    if response.content_type == "text/html":
+        return False, "200 with an HTML page"  # a web UI's page for any path: no server's reset answers so
     said = f"200 {text.strip()!r}" if text.strip() else "200"
     try:
         doc = json.loads(text)

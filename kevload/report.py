@@ -480,8 +480,10 @@ def cache_lines(summary: RunSummary) -> list[str]:
                      f"{c['first_divergence_chars']}, 0-based)")
         if c["warm_unstable_rounds"]:
             parts.append(f"warm answers disagree among themselves in {c['warm_unstable_rounds']} rounds")
+        varies = ("warm answers vary too" if (c["warm"]["distinct"] or 1) > 1 or c["warm_unstable_rounds"]
+                  else "cold answers vary among themselves")
         parts.append({True: "cache effect", False: "no cache effect on the text",
-                      None: "no claim about the cache (warm answers vary too)"}[c["cache_effect"]])
+                      None: f"no claim about the cache ({varies})"}[c["cache_effect"]])
         if c["logprob_rounds"]:
             size = c["logprob_max_abs_diff"]
             parts.append("logprobs bitwise equal" if c["logprob_bitwise"] else

@@ -104,10 +104,11 @@ async def _run_scenario(scenario: Scenario, run_dir: Path | None, *, on_record: 
         run_dir = run_dir or default_run_dir(run_id=run_id)
         refuse_existing(run_dir, overwrite=overwrite)
         meta, already, first_seq, answers = _run_meta(scenario, run_id, secrets), {}, 0, {}
-    # One check request decides whether the run asks for per-token logprobs (load.logprobs = "auto").
-    scenario, meta["logprobs"] = await ask_for_logprobs(scenario, api_key, stop=stop)
-    # Before the run directory is made: a reset the server lacks leaves nothing behind.
+    # Before anything is sent or the run directory is made: a reset the server lacks leaves nothing behind.
     scenario, cache = await _prefix_cache(scenario, meta, api_key, run_id)
+    # One check request decides whether the run asks for per-token logprobs (load.logprobs = "auto"); its prompt is
+    # its own, so it warms no probe's cache.
+    scenario, meta["logprobs"] = await ask_for_logprobs(scenario, api_key, stop=stop)
     if resume:
         # A run killed mid-write leaves a torn last line; appending after it would bury it mid-file.
         for path in RunDir(run_dir).record_files():

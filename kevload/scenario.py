@@ -459,6 +459,8 @@ def _cold_warm(fail: _Failer, load: Load) -> None:
             ("load.rate", load.rate, "none with load.prefix_cache = \"cold_warm\""),
             ("load.warmup", load.warmup, "0 with load.prefix_cache = \"cold_warm\" (a warm-up would warm the cache)"),
             ("load.duration", load.duration, "0 with load.prefix_cache = \"cold_warm\" (a round needs both samples)"),
+            ("load.ramp_s", load.ramp_s, "0 with load.prefix_cache = \"cold_warm\" (a ramp-up's sends would warm the "
+             "cache)"),
             ("load.until_bound", load.until_bound, "none with load.prefix_cache = \"cold_warm\""),
             ("load.workers", load.workers, "1 with load.prefix_cache = \"cold_warm\""),
             ("load.trace", load.trace, "none with load.prefix_cache = \"cold_warm\" (a replay is load, cold and "

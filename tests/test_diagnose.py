@@ -121,7 +121,8 @@ def test_server_nondeterministic(tmp_path, server):
     code, _, d = diagnose(tmp_path, server, params='{"temperature": 0}')
     assert code == 1
     assert d["verdict"] == "server_nondeterministic"
-    assert d["findings"]["cache_effect"] is False
+    # Its warm answers vary too: the cache step's run makes no claim about the cache, and neither does diagnose.
+    assert d["findings"]["cache_effect"] is None
 
 
 def test_rejected_field_is_dropped_and_reported(tmp_path, server):
@@ -174,7 +175,7 @@ def test_messages_file(tmp_path, server):
     assert code == 0, output
     assert json.loads(out.read_text())["verdict"] == "stable"
     # The system message as given; the cache step's marker opens it (kevload.prefixcache), so no cache keeps it.
-    assert all(re.fullmatch(r"(\[round \d+ of \S+\] )?Be brief\.", body["messages"][0]["content"])
+    assert all(re.fullmatch(r"(\[round \d+ of \S+ in \S+\] )?Be brief\.", body["messages"][0]["content"])
                for body in server.requests if "messages" in body and len(body["messages"]) == 2)
     bad = tmp_path / "bad.json"
     bad.write_text('{"role": "user"}')

@@ -92,7 +92,7 @@ def test_without_a_reset_a_fresh_marker_per_round_compares_the_same_input(tmp_pa
     assert "POST /reset_prefix_cache answered 404" in meta["prefix_cache"]["why"]
     assert meta["probes"] == [f"p1@r{k}" for k in range(4)]  # each round its own input, its own cell
     for k in range(4):
-        marker = f"[round {k} of {meta['run_id']}] "
+        marker = f"[round {k} of p1 in {meta['run_id']}] "
         prompts = {b["messages"][-1]["content"] for b in server.requests if b["messages"][-1]["content"].startswith(
             marker)}
         assert len(prompts) == 1  # cold and warm of one round: the same input
@@ -184,7 +184,7 @@ def test_streamed_answers_carry_the_cached_tokens_too(tmp_path):
 
 def _comparison(rounds, equal, effect, warm_distinct, unstable=0):
     return {"rounds": rounds, "equal_rounds": equal, "cache_effect": effect, "warm_unstable_rounds": unstable,
-            "warm": {"distinct": warm_distinct}}
+            "cold_differs_rounds": rounds - equal if effect else 0, "warm": {"distinct": warm_distinct}}
 
 
 @pytest.mark.parametrize(("comparisons", "counts"), [
@@ -222,8 +222,8 @@ def test_the_marker_opens_the_whole_input_so_a_shared_system_message_is_not_cach
                                                                  {"role": "user", "content": "A fact."}]}]}
     marked = prefixcache.marked_rounds(scenario_from_dict(raw, source="t.toml"), "RUN")
     assert [p.id for p in marked.probes] == ["p@r0", "p@r1"] and marked.load.samples == 3
-    assert [p.messages[0]["content"] for p in marked.probes] == ["[round 0 of RUN] Be brief.",
-                                                                 "[round 1 of RUN] Be brief."]
+    assert [p.messages[0]["content"] for p in marked.probes] == ["[round 0 of p in RUN] Be brief.",
+                                                                 "[round 1 of p in RUN] Be brief."]
     assert all(p.messages[1]["content"] == "A fact." for p in marked.probes)
 
 
