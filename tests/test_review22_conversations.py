@@ -202,8 +202,8 @@ class CutAtTurnZero(FakeServer):
     """The same text at every turn as the fake server gives, but turn 0 under load ends "length" instead of "stop":
     the conversations differ there (their hashes chain each turn's finish_reason), their texts do not."""
 
-    def _whole(self, body: dict[str, Any], text: str, chat: bool, fault: str | None, logprobs: Any = None) -> Any:
-        response = super()._whole(body, text, chat, fault, logprobs)
+    def _whole(self, body: dict[str, Any], text: str, chat: bool, fault: str | None, *rest: Any) -> Any:
+        response = super()._whole(body, text, chat, fault, *rest)
         if sum(m.get("role") == "user" for m in body.get("messages", ())) != 1 or len(self._active) < 1:
             return response
         doc = json.loads(response.body)
