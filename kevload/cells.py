@@ -237,6 +237,9 @@ class Reduction:
     # Every cut of a level (load.cancel_share), counted or not: the times its requests were cancelled.
     cuts: dict[CutKey, array] = field(default_factory=dict)
     cancel_planned: int = 0  # requests on record that load.cancel_share chose to cut (0: the run cut nothing)
+    # The run asked for cuts (load.cancel_share > 0): only then is every probe sample's span kept, to tell the samples
+    # beside a cut from the others; it is memory that grows with the samples, which no other run should pay.
+    cuts_asked: bool = False
     # Conversations whose ending record this part has not read yet: their earlier turns, in order.
     talks: dict[str, list[KeptTurn]] = field(default_factory=dict)
     # Ending records whose conversation's first turns this part lacks, with the turns it has (``_turn``).
@@ -274,7 +277,8 @@ class Reduction:
             cell = self.cells[key] = CellAccumulator(
                 max_in_flight=record.get("max_in_flight"), slo=self.limits,
                 spans=array("d") if record["concurrency"] > 1 and record.get("rate") is None else None,
-                sample_spans=array("d") if probe else None, sample_outputs=[] if probe else None)
+                sample_spans=array("d") if probe and self.cuts_asked else None,
+                sample_outputs=[] if probe and self.cuts_asked else None)
         cell.add(record)
         self.records += 1
 

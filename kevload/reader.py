@@ -20,19 +20,22 @@ from kevload.store import read_records
 _PARALLEL_BYTES = 32 << 20
 # How long a reduction's process may take to exit once its part is in, before it is killed.
 _EXIT_S = 5.0
-# A part of a file for one process: path, first byte, end (None: the file's end), the run's SLO.
-_Range = tuple[str, int, int | None, Slo | None]
+# A part of a file for one process: path, first byte, end (None: the file's end), the run's SLO, whether it cut.
+_Range = tuple[str, int, int | None, Slo | None, bool]
 
 
-def reduce_file(path: Path, workers: int | None = None, *, slo: Slo | None = None) -> Reduction:
-    """Reduce a records file; large files are split at line boundaries and read by parallel processes."""
+def reduce_file(path: Path, workers: int | None = None, *, slo: Slo | None = None,
+                cuts_asked: bool = False) -> Reduction:
+    """Reduce a records file; large files are split at line boundaries and read by parallel processes.
+    ``cuts_asked``: the run asked for cancellations (``Reduction.cuts_asked``)."""
     workers = workers or os.cpu_count() or 1
     size = path.stat().st_size
     if workers < 2 or size < _PARALLEL_BYTES:
-        return reduce_records(read_records(path), slo=slo)
+        return reduce_records(read_records(path), slo=slo, cuts_asked=cuts_asked)
     cuts = _line_cuts(path, size, workers)
     # The last part reads to the file's end, as the sequential reader does: only there may a line be torn.
-    ranges = [(str(path), start, None if end == size else end, slo) for start, end in zip(cuts, cuts[1:], strict=False)]
+    ranges = [(str(path), start, None if end == size else end, slo, cuts_asked)
+              for start, end in zip(cuts, cuts[1:], strict=False)]
     parts = _reduce_ranges(ranges)
     total = parts[0]
     for part in parts[1:]:
@@ -40,9 +43,10 @@ def reduce_file(path: Path, workers: int | None = None, *, slo: Slo | None = Non
     return total
 
 
-def reduce_records(records: Iterable[dict[str, Any]], *, slo: Slo | None = None) -> Reduction:
+def reduce_records(records: Iterable[dict[str, Any]], *, slo: Slo | None = None,
+                   cuts_asked: bool = False) -> Reduction:
     """Records as their JSON objects (``RunDir.record_dicts``, ``store.read_records``): the comparator's fast path."""
-    reduction = Reduction(slo=slo)
+    reduction = Reduction(slo=slo, cuts_asked=cuts_asked)
     for record in records:
         reduction.add(record)
     return reduction
@@ -123,6 +127,6 @@ def _range_main(pipe: multiprocessing.connection.Connection, args: _Range) -> No
         pipe.send((None, exc))
 
 
-def _reduce_range(path: str, start: int, end: int | None, slo: Slo | None) -> Reduction:
-    return reduce_records(read_records(Path(path), start, end), slo=slo)
+def _reduce_range(path: str, start: int, end: int | None, slo: Slo | None, cuts_asked: bool) -> Reduction:
+    return reduce_records(read_records(Path(path), start, end), slo=slo, cuts_asked=cuts_asked)
 

@@ -251,9 +251,10 @@ def finish_run(run_dir: Path, *, state: RunState | None = None, meta: dict[str, 
     # A level run for a duration has no asked number of samples: only samples-bound cells can be short.
     asked = None if meta["load"].get("duration") else meta["load"].get("samples")
     slo = Slo(**meta["load"]["slo"]) if meta["load"].get("slo") else None  # runs before SLOs have none
-    reduction = Reduction(slo=slo)
+    cuts_asked = bool(meta["load"].get("cancel_share"))
+    reduction = Reduction(slo=slo, cuts_asked=cuts_asked)
     for path in run.record_files():  # records.jsonl, or one file per worker
-        reduction.merge(reduce_file(path, slo=slo))
+        reduction.merge(reduce_file(path, slo=slo, cuts_asked=cuts_asked))
     summary = summarize(reduction, max_error_share=max_error_share,
                         samples_asked=asked, min_slo_attainment=meta["load"].get("min_slo_attainment"),
                         until_bound=meta["load"].get("until_bound"), max_samples=meta["load"].get("max_samples", 1000),

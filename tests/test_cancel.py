@@ -24,6 +24,10 @@ from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
 
 
+def reduce_cut(rows):
+    """Records of a run that asked for cuts, reduced as ``kevload report`` reduces them (run.json's cancel_share)."""
+    return reduce_records(rows, cuts_asked=True)
+
 def run(tmp_path, server, name: str = "run", **load) -> tuple[list[dict], dict, str]:
     settings = {"mode": "mixed", "concurrency": [1, 4], "samples": 12, "stream": True, **load}
     scenario = write_scenario(tmp_path / f"{name}.toml", server.url, **settings)
@@ -174,7 +178,7 @@ def crafted(level_cuts: dict[int, int], drifting: set[int]) -> list[dict]:
 
 
 def test_drift_only_in_levels_with_cuts_is_a_finding_the_counts_show():
-    summary = summarize(reduce_records(crafted({2: 0, 4: 5}, drifting={4})))
+    summary = summarize(reduce_cut(crafted({2: 0, 4: 5}, drifting={4})))
     cells = cells_by_level(summary)
     assert (cells[2].cancelled, cells[4].cancelled) == (0, 5)
     assert summary.drift_with_cancelled_levels == ("p1@mixed",)
@@ -193,7 +197,7 @@ def test_drift_only_in_levels_with_cuts_is_a_finding_the_counts_show():
     ({2: 0, 4: 5}, {1, 4}),   # the serial level itself drifts (8 distinct)
 ])
 def test_no_level_finding_unless_the_records_show_it(cuts, drifting):
-    summary = summarize(reduce_records(crafted(cuts, drifting)))
+    summary = summarize(reduce_cut(crafted(cuts, drifting)))
     assert summary.drift_with_cancelled_levels == ()
     assert not [x for x in cancel_findings(summary) if "levels" in x]
 
@@ -247,7 +251,7 @@ def test_a_probe_cell_counts_the_cuts_of_its_own_level_only():
     rows = crafted({4: 5}, drifting=set())
     late = [dict(r, probe="p2", seq=r["seq"] + 1000, t_send=r["t_send"] + 1000, t_last_byte=r["t_last_byte"] + 1000)
             for r in rows if r["role"] == "probe"]
-    summary = summarize(reduce_records(rows + late))
+    summary = summarize(reduce_cut(rows + late))
     assert cells_by_level(summary, "p1")[4].cancelled == 5
     assert cells_by_level(summary, "p2")[4].cancelled == 0
     assert summary.cancelled == 5
@@ -276,7 +280,7 @@ DRIFT_KINDS = ("new_drift", "fixed")
 
 
 def level_run(cuts: int, drifting: bool) -> RunSummary:
-    return summarize(reduce_records(crafted({4: cuts}, drifting={4} if drifting else set())))
+    return summarize(reduce_cut(crafted({4: cuts}, drifting={4} if drifting else set())))
 
 
 @pytest.mark.parametrize("now, then, kind", [
@@ -312,8 +316,8 @@ def test_a_cut_by_time_without_streaming_is_cancelled_with_no_chunk(tmp_path):
 def test_parts_of_a_records_file_merge_to_the_whole_run():
     # The parallel reader reduces parts of a large file apart: cuts, samples and counts must merge.
     rows = crafted({2: 0, 4: 5}, drifting={4})
-    whole = summarize(reduce_records(rows))
-    first, second = reduce_records(rows[::2]), reduce_records(rows[1::2])
+    whole = summarize(reduce_cut(rows))
+    first, second = reduce_cut(rows[::2]), reduce_cut(rows[1::2])
     first.merge(second)
     merged = summarize(first)
     names = ("cancelled", "beside_cancelled", "divergent_beside_cancelled", "divergent_apart_from_cancelled",
