@@ -217,3 +217,7 @@ def test_resume_sends_the_conversations_a_run_lacks(tmp_path):
     assert sorted(r["sample"] for r in serial_ends) == [0, 1, 2]
     assert sum(r["concurrency"] == 1 for r in records) == 3 * len(TURNS) + 1
     assert [c["ok"] for c in load_summary(run)["cells"]] == [3, 3]
+    # The cut conversation's first turn stays on disk, counted when sent, but it never ended: no sample, so the
+    # per-turn tally leaves it out (it once counted 4 answers at turn 0 in a cell of 3).
+    for cell in load_summary(run)["cells"]:
+        assert [t["same_history"] for t in cell["turns"]] == [3] * len(TURNS), cell["turns"]

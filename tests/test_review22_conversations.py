@@ -30,27 +30,6 @@ class DriftsAtTurnOne(FakeServer):
         return text
 
 
-def test_turn_tally_holds_only_the_cells_samples_after_a_resume(tmp_path):
-    """A run cut after one turn of its third serial conversation, then resumed: that turn's record stays on disk,
-    counted when it was sent, but its conversation never ended, so it is no sample (the resume sends a whole new
-    one). The cell's per-turn ``same_history`` counted it anyway: 4 answers at turn 0 in a cell of 3."""
-    probe = {"id": "c1", "turns": TURNS, "max_tokens": 8}
-    with FakeServer(Behaviour(words=6)) as fake:
-        scenario = write_scenario(tmp_path / "s.toml", fake.url, probes=[probe], concurrency=[1, 2], samples=3,
-                                  logprobs=False)
-        run = tmp_path / "run"
-        assert run_cli("run", scenario, "--out", run, "--quiet")[0] == 0
-        lines = (run / "records.jsonl").read_text().splitlines(keepends=True)
-        (run / "records.jsonl").write_text("".join(lines[:2 * len(TURNS) + 1]))  # two conversations and one turn
-        meta = json.loads((run / "run.json").read_text())
-        (run / "run.json").write_text(json.dumps({**meta, "state": "interrupted"}))
-        code, output = run_cli("run", "--resume", run, "--quiet")
-        assert code == 0, output
-    for cell in load_summary(run)["cells"]:
-        assert cell["ok"] == 3
-        assert [t["same_history"] for t in cell["turns"]] == [3] * len(TURNS), cell["turns"]
-
-
 def test_turn_tally_leaves_out_conversations_that_are_no_sample(tmp_path):
     """Companion conversations at c=3: those still talking when the probe's level ends send their later turns with
     fewer others in flight, so they end uncounted; their earlier turns were counted when sent and went into the
