@@ -342,8 +342,8 @@ async def _read_whole(raw: bytes, content_type: str, api: str, t_send: float, t_
 async def _read_stream(body: AsyncIterator[bytes], read: Callable[[], Awaitable[bytes]], content_type: str,
                        api: str, t_send: float, t_first_byte: float, after_chunks: int | None = None,
                        seen: list[int] | None = None) -> Outcome:
-    """``after_chunks``: return ``cancelled`` once that many chunks carried a piece of the answer (the caller then
-    closes the connection); ``seen[0]`` follows the chunks read, for a cut by time to report."""
+    """``after_chunks``: return ``cancelled`` once that many chunks carried a piece of the answer and no end of it was
+    read (the caller then closes the connection); ``seen[0]`` follows the chunks read, for a cut by time to report."""
     if "text/event-stream" not in content_type:
         await read()
         return Outcome(status="malformed", t_send=t_send, t_first_byte=t_first_byte, t_last_byte=time.perf_counter(),
@@ -395,11 +395,13 @@ async def _read_stream(body: AsyncIterator[bytes], read: Callable[[], Awaitable[
                     t_prev = now
                     if seen is not None:
                         seen[0] = chunks
-                    if after_chunks is not None and chunks >= after_chunks:
-                        return Outcome(status=CANCELLED, t_send=t_send, t_first_byte=t_first_byte,
-                                       t_first_token=t_first_token, t_last_byte=now, chunks=chunks,
-                                       error=f"cut by kevload after {chunks} chunks (load.cancel_after_tokens)")
                 finish_reason = _finish_reason(choice) or finish_reason
+            # Cut once the events of this read are taken: an answer whose end came with its cut-off chunk (vLLM's
+            # last token carries its finish_reason) or in the same read is whole, not cancelled.
+            if after_chunks is not None and chunks >= after_chunks and finish_reason is None and not done:
+                return Outcome(status=CANCELLED, t_send=t_send, t_first_byte=t_first_byte,
+                               t_first_token=t_first_token, t_last_byte=now, chunks=chunks,
+                               error=f"cut by kevload after {chunks} chunks (load.cancel_after_tokens)")
     except (SSEError, _Malformed) as exc:
         return failed("malformed", str(exc), time.perf_counter())
     t_last = time.perf_counter()
