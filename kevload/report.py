@@ -9,7 +9,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from kevload.summary import CellSummary, RunSummary, label_of, levels_of, name_parts, position_label
+from kevload.summary import CellSummary, RunSummary, held_without_cuts, label_of, levels_of, name_parts, position_label
 
 FORMATS = ("table", "json", "markdown", "html")
 
@@ -253,7 +253,7 @@ def cancel_findings(summary: RunSummary) -> list[str]:
         probe, _, mode = row.rpartition("@")
         mine = sorted((c for c in cells.values() if (c.probe, c.mode) == (probe, mode)), key=lambda c: c.level_order)
         drifted = ", ".join(f"{c.level} (✂{c.cancelled})" for c in mine if c.drift)
-        held = ", ".join(c.level for c in mine[1:] if not c.drift and c.cancelled == 0)
+        held = ", ".join(c.level for c in held_without_cuts(mine))
         lines.append(f"finding: {probe} ({mode}): probe drifted only in levels with cancellations: {drifted}; "
                      f"held the serial output where none was cut: {held}")
     return lines

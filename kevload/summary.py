@@ -290,3 +290,14 @@ class RunSummary(_Json):
 def levels_of(cells: Iterable[CellSummary]) -> list[str]:
     """The distinct level labels of ``cells`` in matrix order: closed-loop levels, then rates."""
     return [c.level for c in sorted({c.level: c for c in cells}.values(), key=lambda c: c.level_order)]
+
+
+def held_without_cuts(row: Iterable[CellSummary]) -> list[CellSummary]:
+    """One probe's cells of one mode: the loaded levels (not the serial one) that held the serial output with nothing
+    cut (``load.cancel_share``), each of the same kind as and heavier than every level that drifted — the evidence of
+    "drifted only in levels with cancellations". A lighter level that held is none: a server that drifts under
+    heavier load, cut or not, holds there too."""
+    ordered = sorted(row, key=lambda c: c.level_order)
+    drifted = [c for c in ordered if c.drift]
+    return [c for c in ordered[1:] if c.ok and not c.drift and c.cancelled == 0
+            and all(d.level_order[0] == c.level_order[0] and d.level_order < c.level_order for d in drifted)]

@@ -10,12 +10,17 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 
 from aiohttp import web
 
+from kevload.cancel import CANCELLED, CancelPlan
+from kevload.compare import summarize
+from kevload.reader import reduce_records
+from kevload.report import cancel_findings
 from kevload.store import read_records
-from tests.conftest import load_summary, run_cli, write_scenario
+from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
 
 
@@ -77,3 +82,68 @@ def test_an_answer_whose_end_came_in_the_same_read_as_its_cut_off_chunk_is_ok(tm
     planned = [r for r in rows if r.get("cancel_planned")]
     assert planned and all(r["status"] == "ok" and r["chunks"] == 6 for r in planned)
     assert summary["cancelled"] == 0
+
+
+def quiet_seed(share: float, quiet: str, busy: str, quiet_n: int, busy_n: int) -> int:
+    """A seed whose plan chooses none of the first ``quiet_n`` companions at level ``quiet`` and one of the first
+    ``busy_n`` at ``busy``."""
+    for seed in range(10_000):
+        plan = CancelPlan.of(share, None, 1, seed)
+        if not any(plan.chosen("p1", quiet, 0, k) for k in range(quiet_n)) and \
+                any(plan.chosen("p1", busy, 0, k) for k in range(busy_n)):
+            return seed
+    raise AssertionError("no seed")
+
+
+def test_no_level_finding_when_the_level_that_held_was_a_lighter_load(tmp_path):
+    # The server drifts once 3 requests overlap, whatever is cut: c=2 holds, c=4 drifts, cuts or none. The seed
+    # cuts nothing at c=2 and something at c=4, so "drifted only in levels with cancellations" would be said.
+    seed = quiet_seed(0.05, "c=2", "c=4", 40, 10)
+    behaviour = Behaviour(latency=0.02, chunk_delay=0.005, words=6, drift_at=3)
+    with FakeServer(behaviour) as server:
+        _, summary, output = run(tmp_path, server, "cut", concurrency=[1, 2, 4], samples=8, seed=seed,
+                                 cancel_share=0.05, cancel_after_tokens=1)
+        _, uncut, _ = run(tmp_path, server, "uncut", concurrency=[1, 2, 4], samples=8, seed=seed)
+    cells = cells_by_level(summary)
+    assert cells[2]["cancelled"] == 0 and not cells[2]["drift"]
+    assert cells[4]["cancelled"] > 0 and cells[4]["drift"]
+    # The truth: without any cut, c=4 drifts all the same.
+    assert cells_by_level(uncut)[4]["drift"]
+    assert summary["drift_with_cancelled_levels"] == []
+    assert "drifted only in levels with cancellations" not in output
+
+
+def crafted(levels: dict[int, tuple[int, str]]) -> list[dict]:
+    """Probe p1 at each level (8 samples in flight together) and companions, ``levels[c]``: (cuts, "serial",
+    "drift" or "failed")."""
+    rows: list[dict] = []
+
+    def add(role: str, level: int, output: str | None, status: str = "ok", **extra) -> None:
+        seq = len(rows)
+        base = level * 100.0
+        rows.append({"run_id": "r", "seq": seq, "probe": "p1" if role == "probe" else "c", "role": role,
+                     "mode": "mixed", "concurrency": level, "rate": None, "status": status, "output": output,
+                     "sha256": hashlib.sha256(output.encode()).hexdigest() if output else None,
+                     "finish_reason": "stop" if output else None, "chunks": 2, "t_send": base + seq * 0.001,
+                     "t_last_byte": base + 50, **extra})
+
+    for level, (cuts, kind) in sorted(levels.items()):
+        for k in range(8):
+            if kind == "failed":
+                add("probe", level, None, "http_500")
+            else:
+                add("probe", level, f"other {k}" if kind == "drift" else "serial")
+        for _ in range(cuts):
+            add("companion", level, None, CANCELLED, cancel_planned=True)
+        if level > 1:
+            add("companion", level, "companion answer")
+    return rows
+
+
+def test_the_level_finding_names_as_held_only_levels_with_answers():
+    # c=4 held with none cut; c=2 drifted with cuts; c=8 had no answer at all (every probe failed), nor any cut.
+    summary = summarize(reduce_records(crafted({1: (0, "serial"), 2: (4, "drift"), 4: (0, "serial"),
+                                                8: (0, "failed")})))
+    assert summary.drift_with_cancelled_levels == ("p1@mixed",)
+    [line] = cancel_findings(summary)
+    assert line.endswith("held the serial output where none was cut: c=4"), line
