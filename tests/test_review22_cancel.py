@@ -147,3 +147,13 @@ def test_the_level_finding_names_as_held_only_levels_with_answers():
     assert summary.drift_with_cancelled_levels == ("p1@mixed",)
     [line] = cancel_findings(summary)
     assert line.endswith("held the serial output where none was cut: c=4"), line
+
+
+def test_the_html_report_counts_no_cut_as_an_error(tmp_path):
+    with FakeServer(Behaviour(latency=0.01, chunk_delay=0.01)) as server:
+        rows, summary, _ = run(tmp_path, server, cancel_share=0.5, cancel_after_tokens=2)
+    assert summary["cancelled"] > 0 and summary["errors"] == 0
+    code, output = run_cli("report", tmp_path / "run", "--format", "html", "-o", tmp_path / "r.html")
+    assert code == 0, output
+    page = (tmp_path / "r.html").read_text()
+    assert " 0 errors in " in page, page[page.index("Errors over time"):][:600]
