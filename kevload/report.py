@@ -223,7 +223,7 @@ def footnotes(summary: RunSummary) -> list[str]:
         low = min(loaded, key=lambda c: (c.full_load_share, c.level_order))
         notes.append("full load: at every level c ≥ 2, counted samples had c − 1 others in flight for at least "
                      f"{low.full_load_share:.1%} of their time (lowest: {low.label})")
-    if summary.companion_requests:
+    if summary.companion_requests or summary.cancelled:  # every companion cut: the run's total of cuts still told
         notes.append(f"companions: {summary.companion_errors} of {summary.companion_requests} requests failed"
                      + (f" ({counts_text(summary.companion_errors_by_type)})" if summary.companion_errors else "")
                      + (f"; {summary.cancelled} cut by kevload (load.cancel_share: cancelled, not failed)"

@@ -157,3 +157,11 @@ def test_the_html_report_counts_no_cut_as_an_error(tmp_path):
     assert code == 0, output
     page = (tmp_path / "r.html").read_text()
     assert " 0 errors in " in page, page[page.index("Errors over time"):][:600]
+
+
+def test_the_runs_total_of_cuts_is_printed_when_every_companion_was_cut(tmp_path):
+    with FakeServer(Behaviour(latency=0.01, chunk_delay=0.01)) as server:
+        rows, summary, output = run(tmp_path, server, cancel_share=1.0, cancel_after_tokens=1)
+    cut = sum(1 for r in rows if r["status"] == CANCELLED)
+    assert cut and summary["cancelled"] == cut and summary["companion_requests"] == 0
+    assert f"{cut} cut by kevload" in output, output
