@@ -142,6 +142,7 @@ def _with_cuts(summary: CellSummary, cell: CellAccumulator, reference: CellAccum
     split = beside_cuts(((t_send, t_last, output != serial) for t_send, t_last, output in cell.samples()), cuts)
     p = split.p_value
     return replace(summary, cancelled=len(cuts), beside_cancelled=split.beside,
+                   beside_window_s=round(split.window_s, 6) if split.beside + split.apart else None,
                    divergent_beside_cancelled=split.divergent_beside,
                    divergent_apart_from_cancelled=split.divergent_apart,
                    cancel_p_value=None if p is None else round(p, 6),

@@ -180,11 +180,15 @@ class CellSummary(_Json):
     server_note: str | None = written_with("server_view")
     # Cut by kevload (load.cancel_share, kevload.cancel); absent where the run cut nothing. A companion cell: its
     # requests cut. A probe cell: the requests of its level cut (counted or not) while its samples ran (first send
-    # to last answer), its ok samples with such a cut in flight, and how many of those and of the others left the
+    # to last answer), its ok samples with such a cut in flight (within beside_window_s of their send), and how many
+    # of those and of the others left the
     # serial output; whether the divergent ones were all beside a cut, unlikely by chance (the one-sided Fisher
     # p-value under kevload.cancel.FINDING_P).
     cancelled: int | None = written_with("cancelled")
     beside_cancelled: int | None = written_with("cancelled")
+    # A sample is beside a cut when one came within this long of its send: the cell's shortest ok flight, the same
+    # time for every sample (a longer flight meets more cuts).
+    beside_window_s: float | None = written_with("cancelled")
     divergent_beside_cancelled: int | None = written_with("cancelled")
     divergent_apart_from_cancelled: int | None = written_with("cancelled")
     cancel_p_value: float | None = written_with("cancelled")

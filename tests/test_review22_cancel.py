@@ -5,6 +5,8 @@
 - "drifted only in levels with cancellations" is no finding when the level that held without cuts was a lighter
   load than the one that drifted: a server that drifts under load, cut or not, would say the same.
 - The level finding names as "held" only levels that had answers.
+- "drifted only beside cancellations" is no finding on a server that drifts on its slow (queued) answers, cut or
+  not: a longer flight meets more cuts, so every sample is given the same time to meet one.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import random
+import time
 
 from aiohttp import web
 
@@ -21,7 +25,7 @@ from kevload.reader import reduce_records
 from kevload.report import cancel_findings
 from kevload.store import read_records
 from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
-from tests.fakeserver import Behaviour, FakeServer
+from tests.fakeserver import WORDS, Behaviour, FakeServer
 
 
 class WholeAnswerServer(FakeServer):
@@ -165,3 +169,34 @@ def test_the_runs_total_of_cuts_is_printed_when_every_companion_was_cut(tmp_path
     cut = sum(1 for r in rows if r["status"] == CANCELLED)
     assert cut and summary["cancelled"] == cut and summary["companion_requests"] == 0
     assert f"{cut} cut by kevload" in output, output
+
+
+class SlowAnswersDrift(FakeServer):
+    """Under load, some requests are held long (queued: 0.6 s against 0.01 s); those answer otherwise, whatever is
+    cut. A slow probe sample's flight meets most of the cuts of its level, a fast one's few."""
+
+    def __init__(self):
+        rng = random.Random(7)
+        super().__init__(Behaviour(latency=0.01, chunk_delay=0.005, words=6,
+                                   on_arrival=lambda _, active: 0.6 if active > 1 and rng.random() < 0.3 else None))
+
+    def _answer(self, body, prompt, state):
+        text = super()._answer(body, prompt, state)
+        if time.monotonic() - state["arrived"] > 0.3:
+            words = text.split(" ")
+            words[3:] = [random.choice(WORDS) for _ in words[3:]]
+            text = " ".join(words)
+        return text
+
+
+def test_no_beside_finding_on_a_server_that_drifts_on_its_slow_answers_cut_or_not(tmp_path):
+    with SlowAnswersDrift() as server:
+        _, summary, output = run(tmp_path, server, "cut", concurrency=[1, 4], samples=30, cancel_share=0.8,
+                                 cancel_after_tokens=2)
+        _, uncut, _ = run(tmp_path, server, "uncut", concurrency=[1, 4], samples=30)
+    cell = cells_by_level(summary)[4]
+    assert cell["drift"] and cell["cancelled"] > 0
+    # The truth: without a cut it drifts all the same.
+    assert cells_by_level(uncut)[4]["drift"]
+    assert not cell["drift_only_beside_cancelled"], cell
+    assert "drifted only beside cancellations" not in output
