@@ -150,12 +150,15 @@ def _with_cuts(summary: CellSummary, cell: CellAccumulator, reference: CellAccum
 
 
 def _drift_with_cuts(cells: list[CellSummary]) -> tuple[str, ...]:
-    """Probes (``p1@mixed``) that drifted only in levels where requests were cut, while a heavier loaded level of
-    theirs with no cut held the serial output (``held_without_cuts``): more load without cancellations, as evidence."""
+    """Probes (``p1@mixed``) that drifted only in levels where requests were cut, and there only beside the cuts (no
+    sample without a cut in its window left the serial output: a level that drifts by its shape, cut or not, drifts
+    there too), while a heavier loaded level of theirs with no cut held the serial output (``held_without_cuts``):
+    more load without cancellations, as evidence."""
     found = []
     for (probe, mode), row in sorted(_by_probe(cells).items()):
         drifted = [c for c in row if c.drift]
-        if drifted and held_without_cuts(row) and all(c.cancelled for c in drifted):
+        if drifted and held_without_cuts(row) and all(c.cancelled and not c.divergent_apart_from_cancelled
+                                                      for c in drifted):
             found.append(f"{probe}@{mode}")
     return tuple(found)
 

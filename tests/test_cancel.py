@@ -166,8 +166,8 @@ def crafted(level_cuts: dict[int, int], drifting: set[int]) -> list[dict]:
         for k in range(8):
             add("probe", level, f"other {k}" if level in drifting else "serial")
         if level > 1:
-            for _ in range(level_cuts[level]):
-                add("companion", level, None, CANCELLED, cancel_planned=True)
+            for _ in range(level_cuts[level]):  # cut early: within every sample's window (its shortest flight)
+                add("companion", level, None, CANCELLED, cancel_planned=True, t_last_byte=level * 100.0 + 1)
             for _ in range(3):
                 add("companion", level, "companion answer")
     return rows

@@ -137,8 +137,8 @@ def crafted(levels: dict[int, tuple[int, str]]) -> list[dict]:
                 add("probe", level, None, "http_500")
             else:
                 add("probe", level, f"other {k}" if kind == "drift" else "serial")
-        for _ in range(cuts):
-            add("companion", level, None, CANCELLED, cancel_planned=True)
+        for _ in range(cuts):  # cut early: within every sample's window (its shortest flight)
+            add("companion", level, None, CANCELLED, cancel_planned=True, t_last_byte=level * 100.0 + 1)
         if level > 1:
             add("companion", level, "companion answer")
     return rows
@@ -200,3 +200,30 @@ def test_no_beside_finding_on_a_server_that_drifts_on_its_slow_answers_cut_or_no
     assert cells_by_level(uncut)[4]["drift"]
     assert not cell["drift_only_beside_cancelled"], cell
     assert "drifted only beside cancellations" not in output
+
+
+class DriftsInPairs(FakeServer):
+    """Drifts only in a batch of exactly two (a kernel of its own for that shape), cut or not."""
+
+    def _answer(self, body, prompt, state):
+        text = super()._answer(body, prompt, state)
+        if state["max_overlap"] == 2:
+            words = text.split(" ")
+            words[3:] = [random.choice(WORDS) for _ in words[3:]]
+            text = " ".join(words)
+        return text
+
+
+def test_no_level_finding_when_the_drifting_level_drifted_apart_from_its_cuts(tmp_path):
+    # c=2 drifts on every sample, its few cuts or none; c=4 holds. The seed cuts at c=2 and not at c=4.
+    seed = quiet_seed(0.05, "c=4", "c=2", 60, 8)
+    with DriftsInPairs(Behaviour(latency=0.1, chunk_delay=0.001, words=6)) as server:
+        _, summary, output = run(tmp_path, server, "cut", concurrency=[1, 2, 4], samples=8, seed=seed,
+                                 cancel_share=0.05, cancel_after_tokens=1)
+        _, uncut, _ = run(tmp_path, server, "uncut", concurrency=[1, 2, 4], samples=8, seed=seed)
+    cells = cells_by_level(summary)
+    assert cells[2]["cancelled"] > 0 and cells[2]["drift"]
+    assert cells[4]["cancelled"] == 0 and not cells[4]["drift"]
+    assert cells_by_level(uncut)[2]["drift"]  # the truth: c=2 drifts without a cut
+    assert summary["drift_with_cancelled_levels"] == []
+    assert "drifted only in levels with cancellations" not in output
