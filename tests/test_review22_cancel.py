@@ -227,3 +227,29 @@ def test_no_level_finding_when_the_drifting_level_drifted_apart_from_its_cuts(tm
     assert cells_by_level(uncut)[2]["drift"]  # the truth: c=2 drifts without a cut
     assert summary["drift_with_cancelled_levels"] == []
     assert "drifted only in levels with cancellations" not in output
+
+
+class SlowDone(FakeServer):
+    """Sends the whole answer and its finish_reason at once, then waits 0.5 s before [DONE] (a gateway's pace)."""
+
+    async def _stream(self, request, body, text, chat, fault, logprobs=None, written=None):
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        choice = {"index": 0, "delta": {"content": text}, "finish_reason": "stop"}
+        await response.write(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())
+        try:
+            await asyncio.sleep(0.5)
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except ConnectionError:
+            self.disconnects.append((request.headers.get("X-Request-Id"), 0.0))
+        return response
+
+
+def test_a_cut_by_time_after_the_answer_ended_leaves_it_whole(tmp_path):
+    with SlowDone(Behaviour(latency=0.01, words=4)) as server:
+        rows, summary, _ = run(tmp_path, server, samples=2, cancel_share=1.0, cancel_after_s=0.2)
+    planned = [r for r in rows if r.get("cancel_planned")]
+    assert planned and all(r["status"] == "ok" and r["finish_reason"] == "stop" for r in planned), \
+        [r["status"] for r in planned]
+    assert summary["cancelled"] == 0 and not server.disconnects
