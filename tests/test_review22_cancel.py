@@ -7,6 +7,9 @@
 - The level finding names as "held" only levels that had answers.
 - "drifted only beside cancellations" is no finding on a server that drifts on its slow (queued) answers, cut or
   not: a longer flight meets more cuts, so every sample is given the same time to meet one.
+- Nor is "drifted only in levels with cancellations" where the drifting level drifted apart from its cuts too.
+- The html report's timeline counts no cut as an error; the companions' line gives the run's cuts even when every
+  companion was cut; a cut by time that comes after the answer's end was read leaves the answer whole.
 """
 
 from __future__ import annotations
