@@ -8,8 +8,9 @@ away, so it aborts the request and its batch changes. A cut request is recorded 
 word of kevload's: no answer and no error of the server's.
 
 Whether a probe drifted *because of* the cuts is read from the records alone: a probe sample is beside a cut when a
-request of its level was cut while it was in flight (send to last byte), and the cell says how its divergent
-samples split between those beside a cut and those not (``beside_cuts``, ``only_beside_cuts``).
+request of its level was cut while it was in flight, within the cell's shortest flight from its send (every sample
+given the same time to meet a cut), and the cell says how its divergent samples split between those beside a cut
+and those not (``beside_cuts``, ``only_beside_cuts``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import bisect
 import hashlib
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # The status of a request kevload cut on purpose: neither compared nor an error.
 CANCELLED = "cancelled"
@@ -68,6 +69,7 @@ class BesideCuts:
     divergent_beside: int     # … of them not the serial output
     apart: int                # ok samples with no cut in flight
     divergent_apart: int      # … of them not the serial output
+    window_s: float = field(default=0.0, compare=False)  # how long after its send a sample meets a cut
 
     @property
     def p_value(self) -> float | None:
@@ -91,11 +93,16 @@ class BesideCuts:
 
 def beside_cuts(samples: Iterable[tuple[float, float, bool]], cuts: Iterable[float]) -> BesideCuts:
     """``samples``: each ok probe sample's (send, last byte, whether it diverged from the serial output); ``cuts``:
-    the times the level's requests were cut. A cut at the very send or last byte counts as in flight."""
+    the times the level's requests were cut. A sample is beside a cut when one came within the shortest sample's
+    flight from its send, the very send and end included: the same time for every sample, as a longer flight meets
+    more cuts, and a server that drifts on its slow answers (queued ones), cut or not, would otherwise seem to drift
+    beside the cuts."""
+    samples = list(samples)
     times = sorted(cuts)
+    window = min((t_last - t_send for t_send, t_last, _ in samples), default=0.0)
     counts = [0, 0, 0, 0]
-    for t_send, t_last, divergent in samples:
-        inside = bisect.bisect_right(times, t_last) - bisect.bisect_left(times, t_send) > 0
+    for t_send, _, divergent in samples:
+        inside = bisect.bisect_right(times, t_send + window) - bisect.bisect_left(times, t_send) > 0
         counts[(0 if inside else 2) + divergent] += 1
     return BesideCuts(beside=counts[0] + counts[1], divergent_beside=counts[1], apart=counts[2] + counts[3],
-                      divergent_apart=counts[3])
+                      divergent_apart=counts[3], window_s=window)

@@ -246,9 +246,12 @@ class Client:
         deadline = asyncio.timeout(self._max_seconds)
         cut = asyncio.timeout(cut_s)
         reconnects: list[int] = []
+        # An answer whose end was read is whole: the cut's clock stops there (what follows is [DONE] or the close).
+        ended = (lambda: cut.reschedule(None)) if cut_s is not None else None
         try:
             async with deadline, cut:  # the cut inside: its own expiry is told apart below
-                return await self._exchange(payload, headers, stream, t_send, reconnects, after_chunks, chunks)
+                return await self._exchange(payload, headers, stream, t_send, reconnects, after_chunks, chunks,
+                                            ended)
         except TimeoutError:
             if cut.expired():
                 return replace(self._failed(CANCELLED, t_send, f"cut by kevload after {cut_s:g} s "
@@ -260,12 +263,12 @@ class Client:
 
     async def _exchange(self, payload: bytes, headers: dict[str, str], stream: bool, t_send: float,
                         reconnects: list[int], after_chunks: int | None = None,
-                        chunks: list[int] | None = None) -> Outcome:
+                        chunks: list[int] | None = None, ended: Callable[[], None] | None = None) -> Outcome:
         try:
             response = await self._transport.send(payload, headers)
             reconnects.append(response.reconnects)
             try:
-                outcome = await self._answer(response, stream, t_send, after_chunks, chunks)
+                outcome = await self._answer(response, stream, t_send, after_chunks, chunks, ended)
             finally:
                 # Also on a cancel or the max_seconds cut: closing tells the server to stop.
                 response.close()
@@ -274,7 +277,7 @@ class Client:
         return replace(outcome, reconnects=response.reconnects) if response.reconnects else outcome
 
     async def _answer(self, response: Response, stream: bool, t_send: float, after_chunks: int | None = None,
-                      chunks: list[int] | None = None) -> Outcome:
+                      chunks: list[int] | None = None, ended: Callable[[], None] | None = None) -> Outcome:
         t_first_byte = time.perf_counter()
         status, headers = response.status, response.headers
         if status != 200:
@@ -286,7 +289,7 @@ class Client:
         content_type = headers.get("content-type", "")
         if stream:
             return await _read_stream(response.chunks(), response.read, content_type, self.target.api, t_send,
-                                      t_first_byte, after_chunks, chunks)
+                                      t_first_byte, after_chunks, chunks, ended)
         return await _read_whole(await response.read(), content_type, self.target.api, t_send, t_first_byte)
 
     def _failed(self, status: str, t_send: float, error: str, reconnects: int) -> Outcome:
@@ -344,9 +347,10 @@ async def _read_whole(raw: bytes, content_type: str, api: str, t_send: float, t_
 
 async def _read_stream(body: AsyncIterator[bytes], read: Callable[[], Awaitable[bytes]], content_type: str,
                        api: str, t_send: float, t_first_byte: float, after_chunks: int | None = None,
-                       seen: list[int] | None = None) -> Outcome:
-    """``after_chunks``: return ``cancelled`` once that many chunks carried a piece of the answer (the caller then
-    closes the connection); ``seen[0]`` follows the chunks read, for a cut by time to report."""
+                       seen: list[int] | None = None, ended: Callable[[], None] | None = None) -> Outcome:
+    """``after_chunks``: return ``cancelled`` once that many chunks carried a piece of the answer and no end of it was
+    read (the caller then closes the connection); ``seen[0]`` follows the chunks read, for a cut by time to report;
+    ``ended`` is called once the answer's end is read (a cut by time no longer applies)."""
     if "text/event-stream" not in content_type:
         await read()
         return Outcome(status="malformed", t_send=t_send, t_first_byte=t_first_byte, t_last_byte=time.perf_counter(),
@@ -398,11 +402,16 @@ async def _read_stream(body: AsyncIterator[bytes], read: Callable[[], Awaitable[
                     t_prev = now
                     if seen is not None:
                         seen[0] = chunks
-                    if after_chunks is not None and chunks >= after_chunks:
-                        return Outcome(status=CANCELLED, t_send=t_send, t_first_byte=t_first_byte,
-                                       t_first_token=t_first_token, t_last_byte=now, chunks=chunks,
-                                       error=f"cut by kevload after {chunks} chunks (load.cancel_after_tokens)")
                 finish_reason = _finish_reason(choice) or finish_reason
+            # Cut once the events of this read are taken: an answer whose end came with its cut-off chunk (vLLM's
+            # last token carries its finish_reason) or in the same read is whole, not cancelled.
+            if ended is not None and (finish_reason is not None or done):
+                ended()
+                ended = None
+            if after_chunks is not None and chunks >= after_chunks and finish_reason is None and not done:
+                return Outcome(status=CANCELLED, t_send=t_send, t_first_byte=t_first_byte,
+                               t_first_token=t_first_token, t_last_byte=now, chunks=chunks,
+                               error=f"cut by kevload after {chunks} chunks (load.cancel_after_tokens)")
     except (SSEError, _Malformed) as exc:
         return failed("malformed", str(exc), time.perf_counter())
     t_last = time.perf_counter()

@@ -21,7 +21,7 @@ from kevload.overlap import FullLoad, Window
 from kevload.schedule import UntilBound
 from kevload.servermetrics import Samples, cell_view
 from kevload.stats import drift_upper_bound
-from kevload.summary import CellSummary, RunSummary, level_label, level_order, levels_of
+from kevload.summary import CellSummary, RunSummary, held_without_cuts, level_label, level_order, levels_of
 from kevload.turnwise import TurnAgreement, by_turn, first_divergent_turn
 from kevload.verdict import meets_slo, probe_error_share, run_verdict, stop_reason
 from kevload.words import DIVERGENCE_KINDS
@@ -144,6 +144,7 @@ def _with_cuts(summary: CellSummary, cell: CellAccumulator, reference: CellAccum
     split = beside_cuts(((t_send, t_last, output != serial) for t_send, t_last, output in cell.samples()), cuts)
     p = split.p_value
     return replace(summary, cancelled=len(cuts), beside_cancelled=split.beside,
+                   beside_window_s=round(split.window_s, 6) if split.beside + split.apart else None,
                    divergent_beside_cancelled=split.divergent_beside,
                    divergent_apart_from_cancelled=split.divergent_apart,
                    cancel_p_value=None if p is None else round(p, 6),
@@ -151,14 +152,15 @@ def _with_cuts(summary: CellSummary, cell: CellAccumulator, reference: CellAccum
 
 
 def _drift_with_cuts(cells: list[CellSummary]) -> tuple[str, ...]:
-    """Probes (``p1@mixed``) that drifted only in levels where requests were cut, while a loaded level of theirs
-    (not the serial one) with no cut held the serial output: the same load without cancellations, as evidence."""
+    """Probes (``p1@mixed``) that drifted only in levels where requests were cut, and there only beside the cuts (no
+    sample without a cut in its window left the serial output: a level that drifts by its shape, cut or not, drifts
+    there too), while a heavier loaded level of theirs with no cut held the serial output (``held_without_cuts``):
+    more load without cancellations, as evidence."""
     found = []
     for (probe, mode), row in sorted(_by_probe(cells).items()):
-        reference = min(row, key=lambda c: c.level_order)
         drifted = [c for c in row if c.drift]
-        held = [c for c in row if c is not reference and c.ok and not c.drift and c.cancelled == 0]
-        if drifted and held and all(c.cancelled for c in drifted):
+        if drifted and held_without_cuts(row) and all(c.cancelled and not c.divergent_apart_from_cancelled
+                                                      for c in drifted):
             found.append(f"{probe}@{mode}")
     return tuple(found)
 

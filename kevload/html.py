@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from kevload.cancel import CANCELLED
 from kevload.report import (
     AGREEMENT_COLUMNS,
     SERVER_COLUMNS,
@@ -235,8 +236,12 @@ def _divergence(cells: Iterable[CellSummary]) -> str:
 
 def _timeline(records: Iterable[Record]) -> str:
     bins: dict[int, list[int]] = {}
+    cut = 0  # requests kevload cut on purpose (load.cancel_share): neither answers nor errors
     for r in records:
         if r.role == "warmup":
+            continue
+        if r.status == CANCELLED:
+            cut += 1
             continue
         second = int(r.t_last_byte)
         counts = bins.setdefault(second, [0, 0])
@@ -258,7 +263,8 @@ def _timeline(records: Iterable[Record]) -> str:
     svg_width = max(700, int(60 + width * bar_w))
     return (f'<svg width="{svg_width}" height="180" role="img" aria-label="requests per second">'
             f'{"".join(shapes)}<text x="40" y="176" font-size="11">requests finished per second: ok (green), '
-            f'errors (red); {errors} errors in {width} s, peak {peak}/s</text></svg>')
+            f'errors (red); {errors} errors in {width} s, peak {peak}/s'
+            f'{f"; {cut} cut by kevload (load.cancel_share), not shown" if cut else ""}</text></svg>')
 
 
 

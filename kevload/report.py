@@ -9,7 +9,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from kevload.summary import CellSummary, RunSummary, label_of, levels_of, name_parts, position_label
+from kevload.summary import CellSummary, RunSummary, held_without_cuts, label_of, levels_of, name_parts, position_label
 
 FORMATS = ("table", "json", "markdown", "html")
 
@@ -245,7 +245,7 @@ def footnotes(summary: RunSummary) -> list[str]:
         low = min(loaded, key=lambda c: (c.full_load_share, c.level_order))
         notes.append("full load: at every level c ≥ 2, counted samples had c − 1 others in flight for at least "
                      f"{low.full_load_share:.1%} of their time (lowest: {low.label})")
-    if summary.companion_requests:
+    if summary.companion_requests or summary.cancelled:  # every companion cut: the run's total of cuts still told
         notes.append(f"companions: {summary.companion_errors} of {summary.companion_requests} "
                      f"{sample_noun(summary.companion_cells())} failed"
                      + (f" ({counts_text(summary.companion_errors_by_type)})" if summary.companion_errors else "")
@@ -255,12 +255,18 @@ def footnotes(summary: RunSummary) -> list[str]:
 
 
 def cancelled_text(cell: CellSummary) -> str:
-    """``12 requests of the level cut; 9 of 20 ok samples had a cut in flight (3 ≠ serial), 11 had none (0 ≠
-    serial)``: a probe cell's level's cuts and how its samples split beside them."""
+    """``12 requests of the level cut; 9 of 20 ok samples had a cut within 0.41 s of their send (the cell's shortest
+    flight) (3 ≠ serial), 11 had none (0 ≠ serial)``: a probe cell's level's cuts and how its samples split beside
+    them."""
     apart = cell.ok - (cell.beside_cancelled or 0)
     return (f"{cell.cancelled} requests of the level cut by kevload; {cell.beside_cancelled} of {cell.ok} ok samples "
-            f"had a cut in flight ({cell.divergent_beside_cancelled} ≠ serial), {apart} had none "
-            f"({cell.divergent_apart_from_cancelled} ≠ serial)")
+            f"had a cut within {_window(cell)} ({cell.divergent_beside_cancelled} ≠ serial), {apart} "
+            f"had none ({cell.divergent_apart_from_cancelled} ≠ serial)")
+
+
+def _window(cell: CellSummary) -> str:
+    """How long after its send a sample meets a cut: the cell's shortest flight (``beside_window_s``)."""
+    return f"{cell.beside_window_s or 0:.3g} s of their send (the cell's shortest flight)"
 
 
 def cancel_findings(summary: RunSummary) -> list[str]:
@@ -270,13 +276,13 @@ def cancel_findings(summary: RunSummary) -> list[str]:
     for name in summary.drift_beside_cancelled_cells or ():
         c = cells[name]
         lines.append(f"finding: {c.label}: probe drifted only beside cancellations: all {c.divergent_beside_cancelled}"
-                     f" divergent samples had a cut in flight, none of the {c.ok - c.beside_cancelled} without one "
-                     f"diverged (one-sided Fisher p = {c.cancel_p_value:.3g})")
+                     f" divergent samples had a cut within {_window(c)}, none of the "
+                     f"{c.ok - c.beside_cancelled} without one diverged (one-sided Fisher p = {c.cancel_p_value:.3g})")
     for row in summary.drift_with_cancelled_levels or ():
         probe, _, mode = row.rpartition("@")
         mine = sorted((c for c in cells.values() if (c.probe, c.mode) == (probe, mode)), key=lambda c: c.level_order)
         drifted = ", ".join(f"{c.level} (✂{c.cancelled})" for c in mine if c.drift)
-        held = ", ".join(c.level for c in mine[1:] if not c.drift and c.cancelled == 0)
+        held = ", ".join(c.level for c in held_without_cuts(mine))
         lines.append(f"finding: {probe} ({mode}): probe drifted only in levels with cancellations: {drifted}; "
                      f"held the serial output where none was cut: {held}")
     return lines

@@ -184,11 +184,15 @@ class CellSummary(_Json):
     first_divergent_turn: int | None = written_with("turns")
     # Cut by kevload (load.cancel_share, kevload.cancel); absent where the run cut nothing. A companion cell: its
     # requests cut. A probe cell: the requests of its level cut (counted or not) while its samples ran (first send
-    # to last answer), its ok samples with such a cut in flight, and how many of those and of the others left the
+    # to last answer), its ok samples with such a cut in flight (within beside_window_s of their send), and how many
+    # of those and of the others left the
     # serial output; whether the divergent ones were all beside a cut, unlikely by chance (the one-sided Fisher
     # p-value under kevload.cancel.FINDING_P).
     cancelled: int | None = written_with("cancelled")
     beside_cancelled: int | None = written_with("cancelled")
+    # A sample is beside a cut when one came within this long of its send: the cell's shortest ok flight, the same
+    # time for every sample (a longer flight meets more cuts).
+    beside_window_s: float | None = written_with("cancelled")
     divergent_beside_cancelled: int | None = written_with("cancelled")
     divergent_apart_from_cancelled: int | None = written_with("cancelled")
     cancel_p_value: float | None = written_with("cancelled")
@@ -297,3 +301,14 @@ class RunSummary(_Json):
 def levels_of(cells: Iterable[CellSummary]) -> list[str]:
     """The distinct level labels of ``cells`` in matrix order: closed-loop levels, then rates."""
     return [c.level for c in sorted({c.level: c for c in cells}.values(), key=lambda c: c.level_order)]
+
+
+def held_without_cuts(row: Iterable[CellSummary]) -> list[CellSummary]:
+    """One probe's cells of one mode: the loaded levels (not the serial one) that held the serial output with nothing
+    cut (``load.cancel_share``), each of the same kind as and heavier than every level that drifted — the evidence of
+    "drifted only in levels with cancellations". A lighter level that held is none: a server that drifts under
+    heavier load, cut or not, holds there too."""
+    ordered = sorted(row, key=lambda c: c.level_order)
+    drifted = [c for c in ordered if c.drift]
+    return [c for c in ordered[1:] if c.ok and not c.drift and c.cancelled == 0
+            and all(d.level_order[0] == c.level_order[0] and d.level_order < c.level_order for d in drifted)]

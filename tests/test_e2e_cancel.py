@@ -32,7 +32,8 @@ def test_vllm_aborts_each_request_kevload_cuts(tmp_path):
     assert not pid_alive(target.pid)
     assert code in (0, 1), output  # 1: the probe drifted, which cuts may well cause; this test is about the cuts
     cut = [r for r in read_records(tmp_path / "run" / "records.jsonl") if r["status"] == "cancelled"]
-    assert cut and all(r["role"] == "companion" and r["chunks"] == 2 for r in cut)
+    # At least 2: chunks that came in the same read as the 2nd are read too (a cut answer's end might be among them).
+    assert cut and all(r["role"] == "companion" and r["chunks"] >= 2 for r in cut)
     aborted = {rid for line in re.findall(r"Aborted request\(s\) (\S+?)\.?$", log, re.M) for rid in line.split(",")}
     # vLLM names a request chatcmpl-<X-Request-Id>-<suffix of its own>.
     assert all(any(f"chatcmpl-{r['request_id']}-" in a for a in aborted) for r in cut), (cut, aborted)
