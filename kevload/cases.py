@@ -33,6 +33,8 @@ _MODE_KEYS = {"single": (), "mixed": ("seed", "companions"), "prefix": ("seed", 
               "needle": ("seed", "needle_length")}
 # What replays a trace level (load.trace) as the run did; its speed-up is the cell's own.
 _TRACE_KEYS = ("trace", "trace_format", "trace_max_requests", "trace_block_tokens", "dataset_seed")
+# The companions a run abandoned (load.cancel_share) and when (kevload.cancel).
+_CANCEL_KEYS = ("cancel_share", "cancel_after_s", "cancel_after_tokens")
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,10 @@ def case_load(meta: dict[str, Any], cell: CellSummary, probe_index: int) -> dict
         load.update({key: run_load[key] for key in _TRACE_KEYS if key in run_load}, trace_speedup=[speedup or 1.0])
     for key in _MODE_KEYS[mode]:
         load[key] = run_load[key]
+    if mode != "single" and run_load.get("cancel_share"):
+        # The companions it cut are part of that load: a probe that drifts only beside cuts, rerun without them,
+        # would be called fixed.
+        load.update({key: run_load[key] for key in _CANCEL_KEYS if run_load.get(key) is not None})
     if run_load.get("prefix_cache", "off") != "off":
         # Its outputs are cold and warm answers: a rerun makes them the same way (the method the run used).
         load.update(prefix_cache=run_load["prefix_cache"], cache_reset=meta["prefix_cache"]["method"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kevload.store import read_records
@@ -52,3 +54,26 @@ def test_a_cancelled_companion_conversation_ends_at_the_turn_the_cut_reached(tmp
         assert [r["turn"] for r in turns] == [0] and turns[0]["status"] in ("cancelled", "timeout"), turns
     assert all([r["turn"] for r in turns] == [0, 1, 2] for turns in whole if turns[-1]["status"] == "ok")
     assert len(server.disconnects) == sum(1 for turns in cut if turns[0]["status"] == "cancelled")
+
+
+def test_a_case_from_a_cancelled_run_is_rerun_with_its_cuts(tmp_path):
+    """A case keeps the load it was found in: a probe that drifted only beside cancelled companions, rerun among
+    the same companions but none of them cut, would be called fixed (unstable→stable) by a load it never had."""
+    scenario = write_scenario(tmp_path / "s.toml", "", mode="mixed", concurrency=[1, 3], samples=4, stream=True,
+                              cancel_share=0.5, cancel_after_tokens=2, cancel_after_s=9.0)
+    with FakeServer(Behaviour(latency=0.02, chunk_delay=0.01)) as server:
+        code, output = run_cli("run", scenario, "--out", tmp_path / "run",
+                               "--set", f'target.base_url="{server.url}"')
+    assert code == 0, output
+    code, output = run_cli("cases", "build", tmp_path / "run", "-o", tmp_path / "cases.jsonl")
+    assert code == 0, output
+    loads = [case["load"] for case in read_records(tmp_path / "cases.jsonl")]
+    assert loads and all(load["cancel_share"] == 0.5 and load["cancel_after_tokens"] == 2
+                         and load["cancel_after_s"] == 9.0 for load in loads if load["concurrency"] > 1), loads
+    with FakeServer(Behaviour(latency=0.02, chunk_delay=0.01)) as server:
+        code, output = run_cli("cases", "rerun", tmp_path / "cases.jsonl", "--url", server.url, "--model", "fake",
+                               "--times", "4", "-o", tmp_path / "after.jsonl", "--out", tmp_path / "reruns")
+    assert code in (0, 1), output
+    rerun = next(c for c in read_records(tmp_path / "after.jsonl") if c["load"]["concurrency"] > 1)
+    records = read_records(Path(rerun["rerun_dir"]) / "records.jsonl")
+    assert any(r["status"] == "cancelled" for r in records), records
