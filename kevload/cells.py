@@ -29,8 +29,8 @@ from kevload.turnwise import TurnAnswer
 LATENCY_NAMES = ("e2e", "ttft", "tpot", "itl", "lateness")
 CellKey = tuple[str, str, str, int, float | None]  # probe, role, mode, concurrency, rate (open loop)
 # A conversation's turn kept until its sample ends: (turn, its answer given its history or None, the text received,
-# its output tokens, its send).
-KeptTurn = tuple[int, TurnAnswer | None, str, int, float]
+# its output tokens, its send, the SLO bounds it missed: ``slo_missed``).
+KeptTurn = tuple[int, TurnAnswer | None, str, int, float, tuple[str, ...]]
 # A closed-loop level as its spans are pooled: mode, concurrency. Two probes' levels of one concurrency never
 # overlap in time (a level ends only when nothing it sent is in flight), so pooling them adds no "other".
 SpanKey = tuple[str, int]
@@ -168,6 +168,19 @@ class CellAccumulator:
             if value > limit:
                 misses[name] = misses.get(name, 0) + 1
 
+    def slo_fold(self, last: tuple[str, ...], earlier: set[str]) -> None:
+        """A conversation sample, counted by ``add`` on its last turn (which missed ``last``), is within the SLO only
+        if every turn was: the bounds its ``earlier`` turns missed count against it too, once per bound."""
+        if not earlier or "unmeasured" in last:
+            return
+        if not last:  # ``add`` counted it met
+            self.slo_met -= 1
+            if "unmeasured" in earlier:
+                self.slo_unmeasured += 1
+                return
+        for name in earlier - set(last) - {"unmeasured"}:
+            self.slo_misses[name] = self.slo_misses.get(name, 0) + 1
+
     def merge(self, other: CellAccumulator) -> None:
         """Fold another part of the same cell in (the parallel reader splits files)."""
         for digest, n in other.counts.items():
@@ -303,8 +316,9 @@ class Reduction:
         if not ends_sample(turn, record["turns"], record["status"]):
             answer = (record["history_sha256"], record["sha256"], record.get("finish_reason")) if ok else None
             text = as_received(record_answer(record), record.get("finish_reason")) if ok else ""
-            self.talks.setdefault(conversation, []).append((turn, answer, text,
-                                                             record.get("completion_tokens") or 0, record["t_send"]))
+            missed = slo_missed(self.limits, record) if ok and self.limits is not None else ()
+            self.talks.setdefault(conversation, []).append((turn, answer, text, record.get("completion_tokens") or 0,
+                                                             record["t_send"], missed))
             self._other(record)
             return
         earlier = self.talks.pop(conversation, [])
@@ -338,6 +352,8 @@ class Reduction:
         self._sample(record)
         # Its latency is its last turn's, but its span and output are the whole conversation's (duration, tok/s).
         cell = self.cells[key]
+        if ok and self.limits is not None:
+            cell.slo_fold(slo_missed(self.limits, record), {name for kept in earlier for name in kept[5]})
         cell.t_start = min([cell.t_start, *(kept[4] for kept in earlier)])
         if ok:
             cell.output_tokens += sum(kept[3] for kept in earlier)
@@ -391,6 +407,22 @@ class Reduction:
             for key in keys:
                 out[key] = occupancy.full_load(_span_rows(self.cells[key].spans), unrecorded)
         return out
+
+
+def slo_missed(limits: SloLimits, record: dict[str, Any]) -> tuple[str, ...]:
+    """The bounds an ok record is over (``CellAccumulator.add``'s rule, for one record): ``("unmeasured",)`` where
+    a bound needs a first token time it lacks; empty where it is within every bound."""
+    ttft_max, itl_max, tpot_max, e2e_max, needs_first_token = limits
+    t_send, t_last, t_first = record["t_send"], record["t_last_byte"], record.get("t_first_token")
+    chunks, tokens = record.get("chunks") or 0, record.get("completion_tokens") or 0
+    if t_first is None or not chunks:
+        return ("unmeasured",) if needs_first_token else ("e2e",) * (t_last - t_send > e2e_max)
+    ttft = t_first - t_send
+    tpot = (t_last - t_first) / ((tokens or chunks) - 1) if (tokens or chunks) > 1 else 0.0
+    itl = (t_last - t_first) / (chunks - 1) if chunks > 1 else 0.0
+    return tuple(name for name, value, limit in (("ttft", ttft, ttft_max), ("itl", itl, itl_max),
+                                                 ("tpot", tpot, tpot_max), ("e2e", t_last - t_send, e2e_max))
+                 if value > limit)
 
 
 def slo_limits(slo: Slo | None) -> SloLimits | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,20 @@ def test_a_case_from_a_cancelled_run_is_rerun_with_its_cuts(tmp_path):
     rerun = next(c for c in read_records(tmp_path / "after.jsonl") if c["load"]["concurrency"] > 1)
     records = read_records(Path(rerun["rerun_dir"]) / "records.jsonl")
     assert any(r["status"] == "cancelled" for r in records), records
+
+
+def test_a_conversation_is_within_the_slo_only_if_every_turn_was(tmp_path):
+    """A conversation cell's latency is its last turn's, but the SLO's attainment counts requests within every bound:
+    a conversation whose first turn took 400 ms was counted within `e2e_ms = 200` (100%, 'met') on its quick last
+    turn. Each bound an earlier turn missed counts against its conversation, once."""
+    scenario = write_scenario(tmp_path / "s.toml", "", probes=[{"id": "c", "turns": ["a", "b"], "max_tokens": 8}],
+                              concurrency=[1], samples=2, slo={"e2e_ms": 200}, min_slo_attainment=1.0)
+    # Serially the requests arrive turn 0, turn 1, turn 0, turn 1: every first turn is slow.
+    with FakeServer(Behaviour(latency=0.01, on_arrival=lambda i, _: 0.4 if i % 2 == 0 else None)) as server:
+        code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--set",
+                               f'target.base_url="{server.url}"')
+    assert code == 1 and "MISSED" in output, output
+    code, output = run_cli("report", tmp_path / "run", "--format", "json")
+    for summary in (json.loads(output), json.loads((tmp_path / "run" / "summary.json").read_text())):
+        cell = summary["cells"][0]
+        assert (cell["slo_met"], cell["slo_attainment"], cell["slo_misses"]) == (0, 0.0, {"e2e": 2}), cell
