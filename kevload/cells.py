@@ -355,6 +355,9 @@ class Reduction:
         if ok and self.limits is not None:
             cell.slo_fold(slo_missed(self.limits, record), {name for kept in earlier for name in kept[5]})
         cell.t_start = min([cell.t_start, *(kept[4] for kept in earlier)])
+        if ok and earlier and cell.sample_spans is not None:
+            # Beside a cut or not is the whole conversation's (kevload.cancel.beside_cuts): from its first send.
+            cell.sample_spans[-2] = earlier[0][4]
         if ok:
             cell.output_tokens += sum(kept[3] for kept in earlier)
 

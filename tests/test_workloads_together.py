@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import pytest
 
+from kevload.compare import summarize
+from kevload.reader import reduce_records
 from kevload.store import read_records
 from tests.conftest import run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
@@ -95,3 +98,45 @@ def test_a_conversation_is_within_the_slo_only_if_every_turn_was(tmp_path):
     for summary in (json.loads(output), json.loads((tmp_path / "run" / "summary.json").read_text())):
         cell = summary["cells"][0]
         assert (cell["slo_met"], cell["slo_attainment"], cell["slo_misses"]) == (0, 0.0, {"e2e": 2}), cell
+
+
+def _talks(samples: list[tuple[int, list[tuple[float, float]], str]], cuts: list[float]) -> list[dict]:
+    """Crafted records of conversation probe c: each sample (level, its turns' (send, last byte), its answers' tag)
+    two turns long; companions of c=2 cut at ``cuts``."""
+    rows: list[dict] = []
+
+    def add(**fields) -> None:
+        rows.append({"run_id": "r", "seq": len(rows), "mode": "mixed", "rate": None, "counted": True,
+                     "finish_reason": "stop", "chunks": 2, "params": {}, **fields})
+
+    for n, (level, spans, tag) in enumerate(samples):
+        chained, history = None, [{"role": "user", "content": "a"}]
+        for turn, (t_send, t_last) in enumerate(spans):
+            output = f"{tag}{turn}"
+            sha = hashlib.sha256(output.encode()).hexdigest()
+            chained = hashlib.sha256(f"{chained}{sha}".encode()).hexdigest()
+            add(probe="c", role="probe", concurrency=level, status="ok", output=output, sha256=sha, turn=turn,
+                turns=len(spans), conversation=f"talk{n}", history=list(history),
+                history_sha256=hashlib.sha256(json.dumps(history).encode()).hexdigest(), conversation_sha256=chained,
+                t_send=t_send, t_last_byte=t_last)
+            history += [{"role": "assistant", "content": output}, {"role": "user", "content": "b"}]
+    for t in cuts:
+        add(probe="x", role="companion", concurrency=2, status="cancelled", output=None, sha256=None,
+            finish_reason=None, cancel_planned=True, t_send=t - 0.1, t_last_byte=t)
+    return rows
+
+
+def test_a_conversation_sample_is_beside_a_cut_by_its_whole_flight_from_its_first_send():
+    """A conversation sample's output is the whole conversation: whether a cut came beside it is measured from its
+    first turn's send over the cell's shortest conversation, as its span. Measured on its last turn alone, four
+    conversations that diverged in a long first turn with no cut near (a cut only in their last turn, 5 s after
+    they began) were 'beside' those cuts, and kevload found that the probe 'drifted only beside cancellations'."""
+    serial = [(1, [(10.0 * k, 10.0 * k + 0.2), (10.0 * k + 0.2, 10.0 * k + 0.4)], "s") for k in range(4)]
+    long_divergent = [(2, [(200.0 + 10 * k, 205.0 + 10 * k), (205.0 + 10 * k, 205.5 + 10 * k)], "d") for k in range(4)]
+    short_serial = [(2, [(300.0 + 10 * k, 300.5 + 10 * k), (300.5 + 10 * k, 301.0 + 10 * k)], "s") for k in range(4)]
+    summary = summarize(reduce_records(_talks(serial + long_divergent + short_serial,
+                                              cuts=[205.2 + 10 * k for k in range(4)]), cuts_asked=True))
+    [cell] = [c for c in summary.probe_cells() if c.concurrency == 2]
+    assert cell.drift and cell.cancelled == 4
+    assert (cell.beside_cancelled, cell.divergent_apart_from_cancelled, cell.beside_window_s) == (0, 4, 1.0), cell
+    assert summary.drift_beside_cancelled_cells == ()
