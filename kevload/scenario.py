@@ -444,7 +444,9 @@ def _traced(fail: _Failer, load: Load) -> None:
     if load.arrival != "constant":
         fail("load.arrival", expected.format('"constant"', "sets the arrival times"), load.arrival)
     if load.duration:
-        fail("load.duration", expected.format("0", "level lasts the trace's span"), load.duration)
+        # A stepped ramp's every_s sets it too.
+        fail("load.duration", "0 with load.trace, nor load.ramp.every_s (the trace level lasts the trace's span)",
+             load.duration)
     if load.until_bound is not None:
         fail("load.until_bound", expected.format("none", "level sends on a schedule"), load.until_bound)
 
@@ -458,7 +460,8 @@ def _cold_warm(fail: _Failer, load: Load) -> None:
             ("load.mode", load.mode, "\"single\" with load.prefix_cache = \"cold_warm\""),
             ("load.rate", load.rate, "none with load.prefix_cache = \"cold_warm\""),
             ("load.warmup", load.warmup, "0 with load.prefix_cache = \"cold_warm\" (a warm-up would warm the cache)"),
-            ("load.duration", load.duration, "0 with load.prefix_cache = \"cold_warm\" (a round needs both samples)"),
+            ("load.duration", load.duration, "0 with load.prefix_cache = \"cold_warm\", nor load.ramp.every_s (a round "
+             "needs both samples)"),
             ("load.ramp_s", load.ramp_s, "0 with load.prefix_cache = \"cold_warm\" (a ramp-up's sends would warm the "
              "cache)"),
             ("load.until_bound", load.until_bound, "none with load.prefix_cache = \"cold_warm\""),

@@ -27,6 +27,15 @@ _TRACE = ('{"timestamp": 0, "input_length": 4, "output_length": 2}\n'
     # Cold and warm are compared serially; a replay is load.
     ({"id": "p", "prompt": "a"}, {"prefix_cache": "cold_warm", "samples": 2, "concurrency": [1], "trace": "t.jsonl"},
      'load.trace: expected none with load.prefix_cache = "cold_warm"'),
+    # A stepped ramp's every_s is its levels' duration: the error names the key the file has, not only load.duration.
+    ({"id": "p", "prompt": "a"},
+     {"trace": "t.jsonl", "concurrency": [1, 2],
+      "ramp": {"of": "concurrency", "from": 1, "to": 2, "step": 1, "every_s": 2}},
+     "load.duration: expected 0 with load.trace, nor load.ramp.every_s"),
+    ({"id": "p", "prompt": "a"},
+     {"prefix_cache": "cold_warm", "samples": 2, "concurrency": [1],
+      "ramp": {"of": "concurrency", "from": 1, "to": 1, "step": 1, "every_s": 2}},
+     'load.duration: expected 0 with load.prefix_cache = "cold_warm", nor load.ramp.every_s'),
 ])
 def test_combinations_without_a_true_claim_exit_2(tmp_path, probe, load, message):
     (tmp_path / "t.jsonl").write_text(_TRACE)
