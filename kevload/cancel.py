@@ -19,7 +19,7 @@ import bisect
 import hashlib
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 # The status of a request kevload cut on purpose: neither compared nor an error.
 CANCELLED = "cancelled"
@@ -35,6 +35,11 @@ class CancelAt:
 
     after_s: float | None = None
     after_chunks: int | None = None
+
+    def since(self, elapsed: float) -> CancelAt:
+        """The cut of a conversation's later turn, ``elapsed`` seconds after its first send: a conversation's
+        seconds count from there, as a user closing the tab ends the chat at a moment, whatever turn it is in."""
+        return self if self.after_s is None else replace(self, after_s=max(self.after_s - elapsed, 0.0))
 
 
 @dataclass(frozen=True, slots=True)

@@ -121,6 +121,7 @@ class Sender:
         answers: list[str] = []
         counted, conversation, chained = first.counted, None, None
         held = True
+        started = time.perf_counter()  # a cut by time counts from the first turn's send
         try:
             for k in range(len(item.turns)):
                 if k and level.halted:  # nothing is sent after a stop: the sample ends here, uncounted
@@ -130,7 +131,8 @@ class Sender:
                 seq, request_id = self._number()
                 conversation = conversation or request_id
                 body = self._body(asked, request_id)
-                outcome, retries, cut = await self._exchange(level, body, request_id, cancel)
+                at = cancel.since(time.perf_counter() - started) if cancel is not None and k else cancel
+                outcome, retries, cut = await self._exchange(level, body, request_id, at)
                 self._hear_stop()
                 ends = k == len(item.turns) - 1 or outcome.status != "ok"
                 counted = counted and claim.counted and not (cut is not None and cut.stop)

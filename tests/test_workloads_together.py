@@ -149,3 +149,25 @@ def test_a_conversation_sample_is_beside_a_cut_by_its_whole_flight_from_its_firs
     assert cell.drift and cell.cancelled == 4
     assert (cell.beside_cancelled, cell.divergent_apart_from_cancelled, cell.beside_window_s) == (0, 4, 1.0), cell
     assert summary.drift_beside_cancelled_cells == ()
+
+
+def test_a_companion_conversation_is_cut_by_time_from_its_first_send(tmp_path):
+    """load.cancel_after_s cuts a chosen companion so many seconds after its send; a conversation's send is its first
+    turn's, as a user who closes the tab 0.25 s into the chat. Each turn once had a clock of its own: turns of 0.15 s
+    never reached 0.25 s, and no chosen conversation was ever cut."""
+    (tmp_path / "talks.jsonl").write_text('{"id": "t", "turns": ["one", "two", "three"], "max_tokens": 8}\n')
+    scenario = write_scenario(tmp_path / "s.toml", "", mode="mixed", concurrency=[1, 2], samples=2,
+                              companions="talks.jsonl", cancel_share=1.0, cancel_after_s=0.25)
+    with FakeServer(Behaviour(latency=0.15)) as server:
+        code, output = run_cli("run", scenario, "--out", tmp_path / "run",
+                               "--set", f'target.base_url="{server.url}"')
+    assert code == 0, output
+    companions = [r for r in read_records(tmp_path / "run" / "records.jsonl") if r["role"] == "companion"]
+    by_talk: dict[str, list[dict]] = {}
+    for r in companions:
+        by_talk.setdefault(r["conversation"], []).append(r)
+    assert by_talk and all(r["cancel_planned"] for r in companions)
+    for turns in by_talk.values():
+        # Turn 0 answered at 0.15 s, turn 1 cut at 0.25 s (unless the level's end cut it first): turn 2 never sent.
+        assert [r["turn"] for r in turns] in ([0], [0, 1]) and turns[-1]["status"] == "cancelled", turns
+        assert turns[-1]["t_last_byte"] - turns[0]["t_send"] < 0.3, turns
