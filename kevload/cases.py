@@ -237,7 +237,8 @@ async def rerun_cases(cases: list[dict[str, Any]], *, url: str, model: str, time
         rerun = {"mode": load.get("mode", "single"), "concurrency": load.get("concurrency", [None])[-1],
                  "rate": load["rate"][0] if "rate" in load else (case.get("load") or {}).get("rate"),
                  "samples": times,
-                 **{k: load[k] for k in ("seed", "companions", "prefix_lengths", "needle_length") if k in load},
+                 **{k: load[k] for k in ("seed", "companions", "prefix_lengths", "needle_length", *_CANCEL_KEYS)
+                    if k in load},
                  "params": {**params, "max_tokens": max_tokens}}
         log(f"rerun {case['id']} ({describe_load(rerun)}) …")
         run_dir = out / case["id"]
@@ -308,8 +309,8 @@ def accept_changes(cases_path: Path, results: list[dict[str, Any]], *, now: str 
 def describe_load(rerun: dict[str, Any]) -> str:
     """One line: what a case's rerun sent (mode, level, companions seed, samples, params)."""
     level = level_label(rerun["concurrency"], rerun.get("rate"))
-    extra = "".join(f" {k}={rerun[k]}" for k in ("seed", "companions", "prefix_lengths", "needle_length")
-                    if k in rerun)
+    extra = "".join(f" {k}={rerun[k]}" for k in ("seed", "companions", "prefix_lengths", "needle_length",
+                                                  *_CANCEL_KEYS) if k in rerun)
     return (f"mode={rerun['mode']} {level}{extra} samples={rerun['samples']} "
             f"params={orjson.dumps(rerun['params'], option=orjson.OPT_SORT_KEYS).decode()}")
 

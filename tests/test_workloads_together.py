@@ -88,6 +88,8 @@ def test_a_case_from_a_cancelled_run_is_rerun_with_its_cuts(tmp_path):
                                "--times", "4", "-o", tmp_path / "after.jsonl", "--out", tmp_path / "reruns")
     assert code in (0, 1), output
     rerun = next(c for c in read_records(tmp_path / "after.jsonl") if c["load"]["concurrency"] > 1)
+    # What it printed and wrote that it sent says so.
+    assert (rerun["rerun"]["cancel_share"], rerun["rerun"]["cancel_after_tokens"]) == (0.5, 2), rerun["rerun"]
     records = read_records(Path(rerun["rerun_dir"]) / "records.jsonl")
     assert any(r["status"] == "cancelled" for r in records), records
 
