@@ -26,9 +26,9 @@ from kevload.cancel import CANCELLED, CancelPlan
 from kevload.compare import summarize
 from kevload.reader import reduce_records
 from kevload.report import cancel_findings
-from kevload.store import read_records
-from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
+from tests.conftest import cells_by_level, run_cli
 from tests.fakeserver import WORDS, Behaviour, FakeServer
+from tests.test_cancel import run as cancel_run
 
 
 class WholeAnswerServer(FakeServer):
@@ -64,11 +64,8 @@ class WholeAnswerServer(FakeServer):
 
 
 def run(tmp_path, server, name: str = "run", **load) -> tuple[list[dict], dict, str]:
-    settings = {"mode": "mixed", "concurrency": [1, 2], "samples": 4, "stream": True, **load}
-    scenario = write_scenario(tmp_path / f"{name}.toml", server.url, **settings)
-    code, output = run_cli("run", scenario, "--out", tmp_path / name)
-    assert code in (0, 1), output
-    return list(read_records(tmp_path / name / "records.jsonl")), load_summary(tmp_path / name), output
+    """test_cancel's run, smaller: c=1 and 2, 4 samples."""
+    return cancel_run(tmp_path, server, name, **{"concurrency": [1, 2], "samples": 4, **load})
 
 
 def test_an_answer_that_ended_on_its_cut_off_chunk_is_ok_not_cancelled(tmp_path):

@@ -49,16 +49,9 @@ def test_a_cancelled_companion_conversation_ends_at_the_turn_the_cut_reached(tmp
     """A companion conversation chosen to be cut is abandoned in its first turn, as a user closing the tab ends
     the chat: that turn is cancelled and no later turn of it is sent; conversations not chosen run every turn."""
     (tmp_path / "talks.jsonl").write_text('{"id": "t", "turns": ["one", "two", "three"], "max_tokens": 8}\n')
-    scenario = write_scenario(tmp_path / "s.toml", "", mode="mixed", concurrency=[1, 3], samples=6, stream=True,
-                              companions="talks.jsonl", cancel_share=0.5, cancel_after_tokens=2)
-    with FakeServer(Behaviour(latency=0.02, chunk_delay=0.01)) as server:
-        code, output = run_cli("run", scenario, "--out", tmp_path / "run",
-                               "--set", f'target.base_url="{server.url}"')
-    assert code == 0, output
-    companions = [r for r in read_records(tmp_path / "run" / "records.jsonl") if r["role"] == "companion"]
-    by_talk: dict[str, list[dict]] = {}
-    for r in companions:
-        by_talk.setdefault(r["conversation"], []).append(r)
+    server, companions, by_talk = _talks_cut(tmp_path, Behaviour(latency=0.02, chunk_delay=0.01),
+                                             concurrency=[1, 3], samples=6, stream=True, cancel_share=0.5,
+                                             cancel_after_tokens=2)
     cut = [turns for turns in by_talk.values() if turns[0]["cancel_planned"]]
     whole = [turns for turns in by_talk.values() if not turns[0]["cancel_planned"]]
     assert cut and whole
@@ -158,9 +151,20 @@ def test_a_companion_conversation_is_cut_by_time_from_its_first_send(tmp_path):
     turn's, as a user who closes the tab 0.25 s into the chat. Each turn once had a clock of its own: turns of 0.15 s
     never reached 0.25 s, and no chosen conversation was ever cut."""
     (tmp_path / "talks.jsonl").write_text('{"id": "t", "turns": ["one", "two", "three"], "max_tokens": 8}\n')
-    scenario = write_scenario(tmp_path / "s.toml", "", mode="mixed", concurrency=[1, 2], samples=2,
-                              companions="talks.jsonl", cancel_share=1.0, cancel_after_s=0.25)
-    with FakeServer(Behaviour(latency=0.15)) as server:
+    server, companions, by_talk = _talks_cut(tmp_path, Behaviour(latency=0.15), concurrency=[1, 2], samples=2,
+                                             cancel_share=1.0, cancel_after_s=0.25)
+    assert by_talk and all(r["cancel_planned"] for r in companions)
+    for turns in by_talk.values():
+        # Turn 0 answered at 0.15 s, turn 1 cut at 0.25 s (unless the level's end cut it first): turn 2 never sent.
+        assert [r["turn"] for r in turns] in ([0], [0, 1]) and turns[-1]["status"] == "cancelled", turns
+        assert turns[-1]["t_last_byte"] - turns[0]["t_send"] < 0.3, turns
+
+
+def _talks_cut(tmp_path, behaviour: Behaviour, **load) -> tuple[FakeServer, list[dict], dict[str, list[dict]]]:
+    """A mixed run among the companion conversations of talks.jsonl (written by the test) with ``load``'s cuts: the
+    server, the companion records, and those records by conversation."""
+    scenario = write_scenario(tmp_path / "s.toml", "", mode="mixed", companions="talks.jsonl", **load)
+    with FakeServer(behaviour) as server:
         code, output = run_cli("run", scenario, "--out", tmp_path / "run",
                                "--set", f'target.base_url="{server.url}"')
     assert code == 0, output
@@ -168,8 +172,4 @@ def test_a_companion_conversation_is_cut_by_time_from_its_first_send(tmp_path):
     by_talk: dict[str, list[dict]] = {}
     for r in companions:
         by_talk.setdefault(r["conversation"], []).append(r)
-    assert by_talk and all(r["cancel_planned"] for r in companions)
-    for turns in by_talk.values():
-        # Turn 0 answered at 0.15 s, turn 1 cut at 0.25 s (unless the level's end cut it first): turn 2 never sent.
-        assert [r["turn"] for r in turns] in ([0], [0, 1]) and turns[-1]["status"] == "cancelled", turns
-        assert turns[-1]["t_last_byte"] - turns[0]["t_send"] < 0.3, turns
+    return server, companions, by_talk
