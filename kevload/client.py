@@ -240,7 +240,8 @@ class Client:
         t_send = time.perf_counter()
         cut_s = cancel.after_s if cancel is not None else None
         after_chunks = cancel.after_chunks if cancel is not None else None
-        chunks = [0]  # streamed chunks read so far: what a cut by time reports
+        # Streamed chunks read so far, followed only where a cut by time may need to report them.
+        chunks = [0] if cut_s is not None else None
         if self._max_seconds is None and cut_s is None:
             return await self._exchange(payload, headers, stream, t_send, [], after_chunks, chunks)
         deadline = asyncio.timeout(self._max_seconds)
@@ -254,6 +255,7 @@ class Client:
                                             ended)
         except TimeoutError:
             if cut.expired():
+                assert chunks is not None  # a cut's clock ran: cut_s was given
                 return replace(self._failed(CANCELLED, t_send, f"cut by kevload after {cut_s:g} s "
                                             "(load.cancel_after_s)", sum(reconnects)), chunks=chunks[0])
             if not deadline.expired():
