@@ -152,19 +152,25 @@ def test_no_cancellation_fields_when_nothing_was_cut(tmp_path):
 
 # --- the level finding, on crafted records: what the matrix says is what the records hold ---
 
+def crafted_row(rows: list[dict], role: str, level: int, output: str | None, status: str = "ok", **extra) -> None:
+    """One crafted record of probe p1's run appended to ``rows``: at a level c ≥ 2 every request is in flight
+    together (sent in turn, all answered 50 s in), serially one after another."""
+    seq = len(rows)
+    base = level * 100.0
+    rows.append({"run_id": "r", "seq": seq, "probe": "p1" if role == "probe" else "c", "role": role,
+                 "mode": "mixed", "concurrency": level, "rate": None, "status": status, "output": output,
+                 "sha256": hashlib.sha256(output.encode()).hexdigest() if output else None,
+                 "finish_reason": "stop" if output else None, "chunks": 2, "t_send": base + seq * 0.001,
+                 "t_last_byte": base + 50 if level > 1 else base + seq * 0.001 + 0.0005, **extra})
+
+
 def crafted(level_cuts: dict[int, int], drifting: set[int]) -> list[dict]:
     """Probe p1 at each level (8 samples, all in flight together), companions beside it, ``level_cuts[c]`` of them
     cut; the probe's answers differ from serial at the levels in ``drifting``."""
     rows: list[dict] = []
 
-    def add(role: str, level: int, output: str | None, status: str = "ok", **extra) -> None:
-        seq = len(rows)
-        base = level * 100.0
-        rows.append({"run_id": "r", "seq": seq, "probe": "p1" if role == "probe" else "c", "role": role,
-                     "mode": "mixed", "concurrency": level, "rate": None, "status": status, "output": output,
-                     "sha256": hashlib.sha256(output.encode()).hexdigest() if output else None,
-                     "finish_reason": "stop" if output else None, "chunks": 2, "t_send": base + seq * 0.001,
-                     "t_last_byte": base + 50 if level > 1 else base + seq * 0.001 + 0.0005, **extra})
+    def add(*args, **extra) -> None:
+        crafted_row(rows, *args, **extra)
 
     for level in sorted({1, *level_cuts}):
         for k in range(8):

@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import random
 import time
@@ -28,6 +27,7 @@ from kevload.reader import reduce_records
 from kevload.report import cancel_findings
 from tests.conftest import cells_by_level, run_cli
 from tests.fakeserver import WORDS, Behaviour, FakeServer
+from tests.test_cancel import crafted_row
 from tests.test_cancel import run as cancel_run
 
 
@@ -122,14 +122,8 @@ def crafted(levels: dict[int, tuple[int, str]]) -> list[dict]:
     "drift" or "failed")."""
     rows: list[dict] = []
 
-    def add(role: str, level: int, output: str | None, status: str = "ok", **extra) -> None:
-        seq = len(rows)
-        base = level * 100.0
-        rows.append({"run_id": "r", "seq": seq, "probe": "p1" if role == "probe" else "c", "role": role,
-                     "mode": "mixed", "concurrency": level, "rate": None, "status": status, "output": output,
-                     "sha256": hashlib.sha256(output.encode()).hexdigest() if output else None,
-                     "finish_reason": "stop" if output else None, "chunks": 2, "t_send": base + seq * 0.001,
-                     "t_last_byte": base + 50, **extra})
+    def add(*args, **extra) -> None:
+        crafted_row(rows, *args, **extra)
 
     for level, (cuts, kind) in sorted(levels.items()):
         for k in range(8):
