@@ -10,6 +10,7 @@ beside the cuts.
 from __future__ import annotations
 
 import hashlib
+import json
 
 import pytest
 
@@ -125,6 +126,13 @@ def test_a_server_that_drifts_only_when_a_neighbour_is_cancelled_gives_the_findi
                if r["role"] == "probe" and r["concurrency"] == 4 and r["counted"]]
     split = beside_cuts(samples, cuts)
     assert (split.beside, split.divergent_beside) == (cell["beside_cancelled"], cell["divergent_beside_cancelled"])
+    # `kevload report` reads the run again, knowing from run.json that it cut (only then are sample spans kept): the
+    # same split and findings.
+    code, again = run_cli("report", tmp_path / "run", "--format", "json")
+    assert code == 1, again  # the verdict's exit code: nondeterministic
+    again = json.loads(again)
+    assert cells_by_level(again)[4] == cell
+    assert again["drift_beside_cancelled_cells"] == summary["drift_beside_cancelled_cells"]
 
 
 @pytest.mark.parametrize("behaviour", [
