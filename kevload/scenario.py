@@ -57,7 +57,8 @@ SEED_BOUNDS = {"min": -2**63, "max": 2**63 - 1}  # what TOML and run.json (JSON)
 REQUEST_ID_HEADER = "X-Request-Id"
 # Load keys that decide which lines the JSONL datasets contribute: setting one reads the files again.
 DATASET_KEYS = frozenset({"load.mode", "load.companions", "load.companion_count", "load.dataset_seed", "load.trace",
-                          "load.trace_format", "load.trace_max_requests", "load.trace_block_tokens"})
+                          "load.trace_format", "load.trace_max_requests", "load.trace_block_tokens",
+                          "load.trace_tokenizer"})
 METRICS_OFF = ("", "off")  # target.metrics_url values that read no metrics
 METRICS_URL_EXPECTED = '"auto", "off" (or "") or an http:// or https:// URL of Prometheus text, without user:password@'
 
@@ -188,6 +189,8 @@ class Load:
     # Mooncake's hash_ids blocks: tokens each (words of the synthetic prompt).
     trace_block_tokens: int = rule(512, min=1, max=MAX_TRACE_TOKENS,
                                    expected=f"an integer from 1 to {MAX_TRACE_TOKENS:,} (tokens a hash_ids block)")
+    # The model's tokenizer.json, relative to the scenario file: the prompts use only the words it makes one token.
+    trace_tokenizer: str = ""
     # Each probe sample cold, then warm (kevload.prefixcache), and how cold is made.
     prefix_cache: PrefixCache = "off"
     cache_reset: CacheReset = "auto"
@@ -427,6 +430,9 @@ def _load(fail: _Failer, load: Load) -> Load:
              "cancelled", load.cancel_share)
     if load.trace:
         _traced(fail, load)
+    elif load.trace_tokenizer:
+        fail("load.trace_tokenizer", "load.trace beside it (the tokenizer fits a replay's prompts)",
+             load.trace_tokenizer)
     if load.prefix_cache == "cold_warm":
         _cold_warm(fail, load)
     return replace(load, concurrency=tuple(sorted(set(load.concurrency))), rate=tuple(sorted(set(load.rate))),
@@ -588,7 +594,9 @@ def _probes_and_datasets(fail: _Failer, items: list[Any], load: Load,
     if load.trace:
         trace = read_trace(base / load.trace, what="load.trace", trace_format=load.trace_format,
                            seed=load.dataset_seed, max_requests=load.trace_max_requests,
-                           block_tokens=load.trace_block_tokens)
+                           block_tokens=load.trace_block_tokens,
+                           tokenizer=base / load.trace_tokenizer if load.trace_tokenizer else None,
+                           tokenizer_what="load.trace_tokenizer")
         _fits_trace(fail, load, trace)
         datasets.append(trace)
     if load.mode == "mixed" and load.companions != "builtin":

@@ -9,7 +9,8 @@ as max_tokens, and ``load.samples`` probes spread evenly over the replay.
 
 Prompts are made of words, not tokens (no tokenizer is needed, nothing is downloaded): one word of ``VOCABULARY``
 is one token of the built-in targets' model after a space (README: Trace replay, measured; 11 are two opening a
-prompt), and the chat template adds its own.
+prompt), and the chat template adds its own. Given the model's tokenizer.json (``load.trace_tokenizer``), only the
+words it makes one token each are used (``kevload.tokenwords``).
 A Mooncake ``hash_ids`` entry is a block of ``load.trace_block_tokens`` words whose text depends only on the hash
 id and the seed, so two requests that share a hash id share that prefix, as the production requests did.
 """
@@ -20,13 +21,14 @@ import csv
 import hashlib
 import io
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from kevload.datasets import Dataset
 from kevload.errors import ScenarioError
 from kevload.models import MAX_TOKENS, Probe, parse_jsonl
+from kevload.tokenwords import words_for
 
 MAX_TRACE_TOKENS = 1_000_000  # input tokens of one request: beyond any model's context
 MAX_SPEEDUP = 1_000_000       # load.trace_speedup: a week of trace replayed in under a second
@@ -65,13 +67,17 @@ class TraceRequest:
 class TraceDataset(Dataset):
     """The trace as run.json records it (a dataset of companions: its hash, lines, the requests replayed), and the
     requests themselves. ``format`` is the shape read (``mooncake`` or ``burstgpt``); ``prompts`` how the input
-    lengths were made (``words``: one vocabulary word a token, see the module's docstring)."""
+    lengths were made (``words``: one vocabulary word a token, see the module's docstring; ``tokenizer``: one of the
+    words a model's tokenizer makes one token each, ``tokenizer`` then saying which file and what it found)."""
 
     format: str = "mooncake"
     block_tokens: int = 512
     prompts: str = "words"
     failed: int = 0  # BurstGPT's failed requests (0 response tokens): lines not replayed
+    tokenizer: dict[str, Any] | None = None
     requests: tuple[TraceRequest, ...] = field(default=(), repr=False, compare=False)
+    # What the prompts are drawn from; travels with the trace to worker processes and Ray hosts (no tokenizer there).
+    words: tuple[str, ...] = field(default=VOCABULARY, repr=False, compare=False)
 
     @property
     def span(self) -> float:
@@ -83,14 +89,16 @@ class TraceDataset(Dataset):
         return replay_rate(self.count, self.span, speedup)
 
     def to_json(self) -> dict[str, Any]:
+        tokenizer = {"tokenizer": self.tokenizer} if self.tokenizer is not None else {}
         return {**super().to_json(), "format": self.format, "block_tokens": self.block_tokens,
-                "prompts": self.prompts, "span_s": self.span, "failed": self.failed}
+                "prompts": self.prompts, "span_s": self.span, "failed": self.failed, **tokenizer}
 
     def probe_for(self, index: int) -> Probe:
         """The companion sent for the ``index``-th request: a synthetic prompt of its length, its output length as
         max_tokens. Made when sent, not kept: a long trace's prompts would not fit in memory."""
         request = self.requests[index]
-        return Probe(id=f"trace:{request.line}", prompt=prompt_text(request, self.seed, self.block_tokens),
+        return Probe(id=f"trace:{request.line}",
+                     prompt=prompt_text(request, self.seed, self.block_tokens, self.words),
                      max_tokens=request.output_tokens)
 
 
@@ -106,30 +114,31 @@ def trace_rates(datasets: list[dict[str, Any]], speedups: list[float]) -> list[f
     return [] if trace is None else [replay_rate(trace["count"], trace["span_s"], s) for s in speedups]
 
 
-def prompt_text(request: TraceRequest, seed: int, block_tokens: int) -> str:
+def prompt_text(request: TraceRequest, seed: int, block_tokens: int, vocabulary: tuple[str, ...] = VOCABULARY) -> str:
     """``request.input_tokens`` words: its hash ids' blocks in order (the same id, the same words), then words of
     its own (seeded by its line) where the blocks run out. The words are counted, so a cut block is a prefix."""
     words: list[str] = []
     for hash_id in request.hash_ids:
         if len(words) >= request.input_tokens:
             break
-        words.extend(_words(f"{seed}:block:{hash_id}", block_tokens))
+        words.extend(_words(f"{seed}:block:{hash_id}", block_tokens, vocabulary))
     if len(words) < request.input_tokens:
-        words.extend(_words(f"{seed}:line:{request.line}", request.input_tokens - len(words)))
+        words.extend(_words(f"{seed}:line:{request.line}", request.input_tokens - len(words), vocabulary))
     return " ".join(words[:request.input_tokens])
 
 
-def _words(key: str, count: int) -> list[str]:
+def _words(key: str, count: int, vocabulary: tuple[str, ...]) -> list[str]:
     """``count`` words chosen by ``key``'s SHAKE-256 stream, two bytes a word: the same words on any machine and
     Python version (as ``datasets.sample``'s choice), in one hash call however long the prompt."""
     stream = hashlib.shake_256(key.encode()).digest(2 * count)
-    return [VOCABULARY[int.from_bytes(stream[i:i + 2], "big") % len(VOCABULARY)] for i in range(0, 2 * count, 2)]
+    return [vocabulary[int.from_bytes(stream[i:i + 2], "big") % len(vocabulary)] for i in range(0, 2 * count, 2)]
 
 
 def read_trace(path: Path, *, what: str, trace_format: str, seed: int, max_requests: int,
-               block_tokens: int) -> TraceDataset:
+               block_tokens: int, tokenizer: Path | None = None, tokenizer_what: str = "") -> TraceDataset:
     """Read and check every line of the trace at ``path`` (format ``auto``: by its first character, ``{`` for
-    Mooncake JSONL), keep its first ``max_requests`` (0: all). ``what`` names the scenario key in errors."""
+    Mooncake JSONL), keep its first ``max_requests`` (0: all). ``what`` names the scenario key in errors;
+    ``tokenizer``: the model's tokenizer.json the prompts' words are fitted to, named ``tokenizer_what``."""
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -157,9 +166,20 @@ def read_trace(path: Path, *, what: str, trace_format: str, seed: int, max_reque
         raise ScenarioError(f"{path}: {what}: expected at least two requests at different times (a replay's rate "
                             f"is its requests over its span), got {len(requests)} over "
                             f"{requests[-1].offset if requests else 0:g} s")
-    return TraceDataset(role="companion", path=str(path), sha256=hashlib.sha256(data).hexdigest(), lines=lines,
-                        seed=seed, count=len(requests), format=trace_format, block_tokens=block_tokens,
-                        failed=failed, requests=tuple(requests))
+    trace = TraceDataset(role="companion", path=str(path), sha256=hashlib.sha256(data).hexdigest(), lines=lines,
+                         seed=seed, count=len(requests), format=trace_format, block_tokens=block_tokens,
+                         failed=failed, requests=tuple(requests))
+    return trace if tokenizer is None else _fitted(trace, tokenizer, tokenizer_what)
+
+
+def _fitted(trace: TraceDataset, path: Path, what: str) -> TraceDataset:
+    """``trace`` with its prompts drawn from the words the tokenizer at ``path`` makes one token each, and run.json's
+    account of it: the file, the words kept and dropped, and how the first prompts encode."""
+    fitted = words_for(path, VOCABULARY, what=what)
+    trace = replace(trace, prompts="tokenizer", words=fitted.words)
+    # Lazily, in replay order: the check stops at its token budget, long before a long trace's end.
+    prompts = ((trace.probe_for(i).prompt or "", r.input_tokens) for i, r in enumerate(trace.requests))
+    return replace(trace, tokenizer={**fitted.to_json(), "checked": fitted.check(prompts)})
 
 
 def _mooncake(data: bytes, path: Path, what: str) -> Iterator[TraceRequest]:
