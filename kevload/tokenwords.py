@@ -64,12 +64,13 @@ def words_for(path: Path, vocabulary: Sequence[str], *, what: str) -> TokenizerW
     try:
         tokenizer = Tokenizer.from_str(data.decode("utf-8"))
     except Exception as exc:  # the library raises plain Exception for a file it cannot take
-        first = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
-        raise ScenarioError(f"{path}: {what}: expected a Hugging Face tokenizer.json, got an error reading it: "
-                            f"{first}") from None
+        raise _not_a_tokenizer(path, what, "reading it", exc) from None
 
     def encode(text: str) -> int:
-        return len(tokenizer.encode(text, add_special_tokens=False).ids)
+        try:
+            return len(tokenizer.encode(text, add_special_tokens=False).ids)
+        except Exception as exc:  # a model the file cannot run, e.g. a WordLevel without its unknown token
+            raise _not_a_tokenizer(path, what, "encoding with it", exc) from None
 
     # Opening a prompt (after a chat template's newline, too) a word has no space before it; inside one it has.
     kept = tuple(w for w in vocabulary if encode(w) == 1 and encode(f"{w} {w}") == 2)
@@ -78,3 +79,8 @@ def words_for(path: Path, vocabulary: Sequence[str], *, what: str) -> TokenizerW
                             f"(at least {MIN_WORDS} of kevload's {len(vocabulary)}), got {len(kept)}")
     return TokenizerWords(path=str(path), sha256=hashlib.sha256(data).hexdigest(), words=kept,
                           dropped=tuple(w for w in vocabulary if w not in kept), encode=encode)
+
+
+def _not_a_tokenizer(path: Path, what: str, doing: str, exc: Exception) -> ScenarioError:
+    first = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+    return ScenarioError(f"{path}: {what}: expected a Hugging Face tokenizer.json, got an error {doing}: {first}")
