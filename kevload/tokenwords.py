@@ -65,6 +65,9 @@ def words_for(path: Path, vocabulary: Sequence[str], *, what: str) -> TokenizerW
         tokenizer = Tokenizer.from_str(data.decode("utf-8"))
     except Exception as exc:  # the library raises plain Exception for a file it cannot take
         raise _not_a_tokenizer(path, what, "reading it", exc) from None
+    # A file saved for training may truncate or pad what it encodes; a server counts a prompt whole, unpadded.
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
 
     def encode(text: str) -> int:
         try:

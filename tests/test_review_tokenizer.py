@@ -3,12 +3,20 @@ a crafted tokenizer.json whose truth is known."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from kevload.trace import VOCABULARY
+from kevload.trace import VOCABULARY, read_trace
 from tests.conftest import run_cli, write_scenario
 from tests.test_trace import mooncake
-from tests.test_trace_tokenizer import ROWS
+from tests.test_trace_tokenizer import ROWS, SPLIT, tokens, wordpiece
+
+
+def fitted(tmp_path: Path, tokenizer: Path):
+    return read_trace(mooncake(tmp_path / "t.jsonl", ROWS), what="load.trace", trace_format="auto", seed=0,
+                      max_requests=0, block_tokens=8, tokenizer=tokenizer, tokenizer_what="load.trace_tokenizer")
 
 
 def test_a_tokenizer_whose_encode_raises_exits_2(tmp_path):
@@ -23,3 +31,23 @@ def test_a_tokenizer_whose_encode_raises_exits_2(tmp_path):
     code, output = run_cli("run", scenario, "--out", tmp_path / "run")
     assert code == 2 and "tok.json: load.trace_tokenizer: expected a Hugging Face tokenizer.json" in output, output
     assert "Missing [UNK] token" in output
+
+
+def test_the_files_truncation_and_padding_are_not_the_servers(tmp_path):
+    """A tokenizer.json saved with truncation (max_length 40) made `checked` say 10 of the 12 prompts were off by
+    up to -67 tokens, all of which encode at their lengths exactly; one saved with fixed padding had every word
+    refused as not one token. A server counts a prompt whole and unpadded."""
+    whole = wordpiece(tmp_path / "whole.json")
+    truncating = wordpiece(tmp_path / "trunc.json")
+    doc = json.loads(truncating.read_text())
+    doc["truncation"] = {"direction": "Right", "max_length": 40, "strategy": "LongestFirst", "stride": 0}
+    truncating.write_text(json.dumps(doc))
+    trace = fitted(tmp_path, truncating)
+    assert [tokens(whole, trace.probe_for(i).prompt) for i in range(len(ROWS))] == [i for _, i, _, _ in ROWS]
+    assert trace.tokenizer["checked"] == {"lines": 12, "exact": 12, "max_off": 0}
+
+    padding = Tokenizer.from_file(str(wordpiece(tmp_path / "pad.json")))
+    padding.enable_padding(length=16, pad_id=0, pad_token="[UNK]")
+    padding.save(str(tmp_path / "pad.json"))
+    trace = fitted(tmp_path, tmp_path / "pad.json")
+    assert trace.tokenizer["dropped"] == list(SPLIT) and trace.tokenizer["checked"]["exact"] == 12
