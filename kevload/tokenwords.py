@@ -19,6 +19,7 @@ from kevload.errors import ScenarioError
 
 MIN_WORDS = 32             # fewer one-token words than this: the tokenizer is not one for English text
 CHECK_TOKENS = 200_000     # the first prompts are encoded whole up to about this many tokens (well under a second)
+MAX_BYTES = 256 << 20      # the largest models' tokenizer.json are tens of MB; their weights, named by mistake, GBs
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,10 @@ def words_for(path: Path, vocabulary: Sequence[str], *, what: str) -> TokenizerW
         raise ScenarioError(f"{what}: the tokenizers package is not installed (pip install 'kevload[tokenizer]')"
                             ) from None
     try:
+        size = path.stat().st_size
+        if size > MAX_BYTES:  # refused unread: reading it whole would take that much memory
+            raise ScenarioError(f"{path}: {what}: expected a Hugging Face tokenizer.json (at most "
+                                f"{MAX_BYTES >> 20:,} MiB), got {size >> 20:,} MiB")
         data = path.read_bytes()
     except OSError as exc:
         raise ScenarioError(f"{path}: {what}: cannot read: {exc.strerror}") from None

@@ -51,3 +51,16 @@ def test_the_files_truncation_and_padding_are_not_the_servers(tmp_path):
     padding.save(str(tmp_path / "pad.json"))
     trace = fitted(tmp_path, tmp_path / "pad.json")
     assert trace.tokenizer["dropped"] == list(SPLIT) and trace.tokenizer["checked"]["exact"] == 12
+
+
+def test_a_file_too_large_for_a_tokenizer_is_refused_unread(tmp_path):
+    """A model's weights named by mistake (a .gguf, GBs) were read whole into memory: a MemoryError's traceback
+    where memory is bounded, the host's memory otherwise. A sparse file: nothing of it is on disk."""
+    mooncake(tmp_path / "t.jsonl", ROWS)
+    with (tmp_path / "model.gguf").open("wb") as handle:
+        handle.truncate(4 << 30)
+    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], trace="t.jsonl",
+                              trace_tokenizer="model.gguf")
+    code, output = run_cli("run", scenario, "--out", tmp_path / "run")
+    assert code == 2 and "model.gguf: load.trace_tokenizer: expected a Hugging Face tokenizer.json" in output, output
+    assert "4,096 MiB" in output
