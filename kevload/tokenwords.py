@@ -10,6 +10,7 @@ compare with the trace's input lengths (run.json).
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,14 +75,20 @@ def words_for(path: Path, vocabulary: Sequence[str], *, what: str) -> TokenizerW
     tokenizer.no_truncation()
     tokenizer.no_padding()
 
-    def encode(text: str) -> int:
+    def ids(text: str) -> tuple[int, ...]:
         try:
-            return len(tokenizer.encode(text, add_special_tokens=False).ids)
+            return tuple(tokenizer.encode(text, add_special_tokens=False).ids)
         except Exception as exc:  # a model the file cannot run, e.g. a WordLevel without its unknown token
             raise _not_a_tokenizer(path, what, "encoding with it", exc) from None
 
+    def encode(text: str) -> int:
+        return len(ids(text))
+
     # Opening a prompt (after a chat template's newline, too) a word has no space before it; inside one it has.
-    kept = tuple(w for w in vocabulary if encode(w) == 1 and encode(f"{w} {w}") == 2)
+    # Each its own token, too: a word the file does not know is its unknown token, as every other unknown word is.
+    alone = {w: ids(w) for w in vocabulary}
+    shared = Counter(alone.values())
+    kept = tuple(w for w in vocabulary if len(alone[w]) == 1 and shared[alone[w]] == 1 and encode(f"{w} {w}") == 2)
     if len(kept) < MIN_WORDS:
         raise ScenarioError(f"{path}: {what}: expected a tokenizer that makes common English words one token each "
                             f"(at least {MIN_WORDS} of kevload's {len(vocabulary)}), got {len(kept)}")

@@ -64,3 +64,24 @@ def test_a_file_too_large_for_a_tokenizer_is_refused_unread(tmp_path):
     code, output = run_cli("run", scenario, "--out", tmp_path / "run")
     assert code == 2 and "model.gguf: load.trace_tokenizer: expected a Hugging Face tokenizer.json" in output, output
     assert "4,096 MiB" in output
+
+
+def test_words_the_tokenizer_does_not_know_are_not_kept(tmp_path):
+    """A tokenizer that knows none of the words makes each its one unknown token: kevload kept all 188 (`words`
+    188, nothing dropped) of a file that is no tokenizer for English text, and every prompt it sent was the same
+    tokens, so a server's prefix cache reused what the trace never shared."""
+    tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(tmp_path / "tok.json"))
+    mooncake(tmp_path / "t.jsonl", ROWS)
+    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], trace="t.jsonl",
+                              trace_tokenizer="tok.json")
+    code, output = run_cli("run", scenario, "--out", tmp_path / "run")
+    assert code == 2 and "at least 32 of kevload's 188), got 0" in output, output
+    # Half the words unknown: those are dropped, the known ones kept.
+    known = VOCABULARY[::2]
+    tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0, **{w: i + 1 for i, w in enumerate(known)}}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(tmp_path / "half.json"))
+    trace = fitted(tmp_path, tmp_path / "half.json")
+    assert trace.words == known and trace.tokenizer["dropped"] == list(VOCABULARY[1::2])
