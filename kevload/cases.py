@@ -145,6 +145,9 @@ def case_load(meta: dict[str, Any], cell: CellSummary, probe_index: int) -> dict
         speedups = run_load.get("trace_speedup") or [1.0]
         speedup = dict(zip(trace_rates(meta.get("datasets", []), speedups), speedups, strict=False)).get(cell.rate)
         load.update({key: run_load[key] for key in _TRACE_KEYS if key in run_load}, trace_speedup=[speedup or 1.0])
+        if run_load.get("trace_tokenizer"):
+            # Its prompts were the words that file keeps; only where set, so the other trace cases keep their ids.
+            load["trace_tokenizer"] = run_load["trace_tokenizer"]
     for key in _MODE_KEYS[mode]:
         load[key] = run_load[key]
     if mode != "single" and run_load.get("cancel_share"):
@@ -158,7 +161,7 @@ def case_load(meta: dict[str, Any], cell: CellSummary, probe_index: int) -> dict
         # The engine seeds each probe's companion picker with seed + the probe's index; a rerun sends
         # the case as the only probe (index 0), so the offset moves into the seed.
         load["seed"] += probe_index
-    for key in ("companions", "trace"):
+    for key in ("companions", "trace", "trace_tokenizer"):
         if key in load and load[key] != "builtin":
             path = Path(load[key])
             if not path.is_absolute():

@@ -10,6 +10,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from kevload.trace import VOCABULARY, read_trace
 from tests.conftest import run_cli, write_scenario
+from tests.test_review22_trace import read, traced_run
 from tests.test_trace import mooncake
 from tests.test_trace_tokenizer import ROWS, SPLIT, tokens, wordpiece
 
@@ -85,3 +86,28 @@ def test_words_the_tokenizer_does_not_know_are_not_kept(tmp_path):
     tokenizer.save(str(tmp_path / "half.json"))
     trace = fitted(tmp_path, tmp_path / "half.json")
     assert trace.words == known and trace.tokenizer["dropped"] == list(VOCABULARY[1::2])
+
+
+def test_a_trace_cells_case_reruns_with_the_runs_tokenizer(tmp_path, server):
+    """`cases build` of a tokenizer-fitted trace level kept the trace but not load.trace_tokenizer: `cases rerun`
+    replayed the built-in words, prompts the run never sent (a split word's line one token longer)."""
+    wordpiece(tmp_path / "tokenizer.json")
+    traced_run(tmp_path, server.url, samples=2, trace_speedup=[2], trace_tokenizer="tokenizer.json")
+    cases_path = tmp_path / "cases.jsonl"
+    assert run_cli("cases", "build", tmp_path / "run", "-o", cases_path)[0] == 0
+    case = next(c for c in read(cases_path) if c["params"]["concurrency"] == 0)
+    assert Path(case["load"]["trace_tokenizer"]) == (tmp_path / "tokenizer.json").resolve()
+    # A trace level without a tokenizer: its case is the one it was before the key existed.
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    traced_run(plain, server.url, samples=2, trace_speedup=[2])
+    assert run_cli("cases", "build", plain / "run", "-o", plain / "cases.jsonl")[0] == 0
+    assert all("trace_tokenizer" not in c["load"] for c in read(plain / "cases.jsonl"))
+
+    server.requests.clear()
+    code, output = run_cli("cases", "rerun", cases_path, "--url", server.url, "--model", "fake", "--times", "2",
+                           "-o", tmp_path / "after.jsonl", "--out", tmp_path / "reruns")
+    assert code in (0, 1), output
+    sent = [b["messages"][-1]["content"] for b in server.requests]
+    traced = [p for p in sent if p.split()[0] in VOCABULARY]
+    assert traced and not {w for p in traced for w in p.split()} & set(SPLIT)
