@@ -76,11 +76,11 @@ def sample(total: int, count: int, seed: int) -> tuple[int, ...]:
 
 def check_unchanged(recorded: list[dict[str, Any]], datasets: tuple[Dataset, ...], where: str) -> None:
     """A resumed run must send what its first part sent: the same files (by hash), seed and counts, and a trace's
-    prompts the same words (its tokenizer file, by hash)."""
+    prompts the same words (its tokenizer file, by hash, and the words it dropped)."""
     keys = ("role", "sha256", "seed", "count")
     for old, new in itertools.zip_longest(recorded, (d.to_json() for d in datasets)):
         if old is None or new is None or any(old.get(k) != new[k] for k in keys) or \
-                _tokenizer_sha256(old) != _tokenizer_sha256(new):
+                _tokenizer_sha256(old) != _tokenizer_sha256(new) or _dropped(old) != _dropped(new):
             raise ScenarioError(f"{where}: datasets: expected the inputs the run started with ({_describe(old)}), "
                                 f"got {_describe(new)}; start a new run instead")
 
@@ -90,10 +90,17 @@ def _tokenizer_sha256(doc: dict[str, Any]) -> str | None:
     return tokenizer.get("sha256") if isinstance(tokenizer, dict) else None
 
 
+def _dropped(doc: dict[str, Any]) -> list[str] | None:
+    """The words a trace's tokenizer dropped: from the same file, another kevload or tokenizers may keep others."""
+    tokenizer = doc.get("tokenizer")
+    return tokenizer.get("dropped") if isinstance(tokenizer, dict) else None
+
+
 def _describe(doc: dict[str, Any] | None) -> str:
     if doc is None:
         return "no dataset"
-    words = f", words of tokenizer sha256 {str(_tokenizer_sha256(doc))[:12]}…" if _tokenizer_sha256(doc) else ""
+    words = f", words of tokenizer sha256 {str(_tokenizer_sha256(doc))[:12]}… ({len(_dropped(doc) or [])} " \
+        "dropped)" if _tokenizer_sha256(doc) else ""
     return f"{doc.get('role')} {doc.get('path')} sha256 {str(doc.get('sha256'))[:12]}… seed {doc.get('seed')} " \
            f"count {doc.get('count')}{words}"
 

@@ -111,3 +111,16 @@ def test_a_trace_cells_case_reruns_with_the_runs_tokenizer(tmp_path, server):
     sent = [b["messages"][-1]["content"] for b in server.requests]
     traced = [p for p in sent if p.split()[0] in VOCABULARY]
     assert traced and not {w for p in traced for w in p.split()} & set(SPLIT)
+
+
+def test_resume_refuses_other_words_from_the_same_tokenizer_file(tmp_path, server):
+    """--resume compared the tokenizer file's hash alone: a first part whose kevload (or tokenizers) kept other
+    words from the same file (run.json's dropped) was resumed with prompts it never sent."""
+    wordpiece(tmp_path / "tokenizer.json")
+    run = traced_run(tmp_path, server.url, samples=2, trace_speedup=[4], trace_tokenizer="tokenizer.json")
+    meta = json.loads((run / "run.json").read_text())
+    meta["datasets"][0]["tokenizer"]["dropped"] = list(SPLIT[:5])  # as a kevload that split fewer words wrote it
+    (run / "run.json").write_text(json.dumps(meta))
+    code, output = run_cli("run", "--resume", run)
+    assert code == 2 and "datasets: expected the inputs the run started with" in output, output
+    assert "(5 dropped)" in output and f"({len(SPLIT)} dropped)" in output and "Traceback" not in output
