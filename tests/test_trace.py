@@ -176,3 +176,14 @@ def test_workers_share_the_trace_each_arrival_sent_once(tmp_path, server):
     # One start for both workers: their records agree on the trace's clock to within a microsecond.
     start = companions[0]["t_scheduled"]
     assert [r["t_scheduled"] - start for r in companions] == pytest.approx([t / 2000 for t, *_ in rows], abs=1e-6)
+
+
+def test_resume_refuses_other_prompt_blocks_from_the_same_trace(tmp_path, server):
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2, trace_speedup=[4],
+                              trace=str(mooncake(tmp_path / "t.jsonl", BURST)), trace_block_tokens=16)
+    code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
+    assert code == 0, output
+    # The same file and seed, other blocks: a resumed part's prompts would not share the first part's prefixes.
+    code, output = run_cli("run", "--resume", tmp_path / "run", "--set", "load.trace_block_tokens=8")
+    assert code == 2 and "datasets: expected the inputs the run started with" in output, output
+    assert "Traceback" not in output
