@@ -33,6 +33,9 @@ _MODE_KEYS = {"single": (), "mixed": ("seed", "companions"), "prefix": ("seed", 
               "needle": ("seed", "needle_length")}
 # What replays a trace level (load.trace) as the run did; its speed-up is the cell's own.
 _TRACE_KEYS = ("trace", "trace_format", "trace_max_requests", "trace_block_tokens", "dataset_seed")
+# … and these where the run set them (only then, so the other trace cases keep their ids): the part of the trace
+# replayed, and the tokenizer whose words its prompts were.
+_TRACE_KEYS_IF_SET = ("trace_window_s", "trace_tokenizer")
 # The companions a run abandoned (load.cancel_share) and when (kevload.cancel).
 _CANCEL_KEYS = ("cancel_share", "cancel_after_s", "cancel_after_tokens")
 
@@ -145,9 +148,7 @@ def case_load(meta: dict[str, Any], cell: CellSummary, probe_index: int) -> dict
         speedups = run_load.get("trace_speedup") or [1.0]
         speedup = dict(zip(trace_rates(meta.get("datasets", []), speedups), speedups, strict=False)).get(cell.rate)
         load.update({key: run_load[key] for key in _TRACE_KEYS if key in run_load}, trace_speedup=[speedup or 1.0])
-        if run_load.get("trace_tokenizer"):
-            # Its prompts were the words that file keeps; only where set, so the other trace cases keep their ids.
-            load["trace_tokenizer"] = run_load["trace_tokenizer"]
+        load.update({key: run_load[key] for key in _TRACE_KEYS_IF_SET if run_load.get(key)})
     for key in _MODE_KEYS[mode]:
         load[key] = run_load[key]
     if mode != "single" and run_load.get("cancel_share"):

@@ -74,8 +74,9 @@ def sample(total: int, count: int, seed: int) -> tuple[int, ...]:
     return tuple(sorted(ranked[:count]))
 
 
-# A trace's keys that shape its prompts from the same file (a --set on --resume could change them).
-_PROMPT_SHAPE = ("format", "block_tokens")
+# A trace's keys that decide, from the same file, which requests it replays and their prompts (a --set on --resume
+# could change them).
+_REPLAYED = ("format", "block_tokens", "window_s")
 
 
 def check_unchanged(recorded: list[dict[str, Any]], datasets: tuple[Dataset, ...], where: str) -> None:
@@ -84,7 +85,7 @@ def check_unchanged(recorded: list[dict[str, Any]], datasets: tuple[Dataset, ...
     keys = ("role", "sha256", "seed", "count")
     for old, new in itertools.zip_longest(recorded, (d.to_json() for d in datasets)):
         if old is None or new is None or any(old.get(k) != new[k] for k in keys) or \
-                any(old.get(k) != new.get(k) for k in _PROMPT_SHAPE) or \
+                any(old.get(k) != new.get(k) for k in _REPLAYED) or \
                 _tokenizer_sha256(old) != _tokenizer_sha256(new) or _dropped(old) != _dropped(new):
             raise ScenarioError(f"{where}: datasets: expected the inputs the run started with ({_describe(old)}), "
                                 f"got {_describe(new)}; start a new run instead")

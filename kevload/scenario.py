@@ -26,7 +26,7 @@ from kevload.conversation import BadTurns, parse_turns
 from kevload.datasets import Dataset, read_dataset
 from kevload.errors import ScenarioError
 from kevload.models import Probe, Rule, first_bad_message, key_of, rule, rule_of
-from kevload.trace import MAX_SPEEDUP, MAX_TRACE_TOKENS, TraceDataset, read_trace, trace_of
+from kevload.trace import MAX_SPEEDUP, MAX_TRACE_SECONDS, MAX_TRACE_TOKENS, TraceDataset, read_trace, trace_of
 
 Mode = Literal["single", "mixed", "prefix", "needle"]
 Arrival = Literal["constant", "poisson"]
@@ -58,7 +58,7 @@ REQUEST_ID_HEADER = "X-Request-Id"
 # Load keys that decide which lines the JSONL datasets contribute: setting one reads the files again.
 DATASET_KEYS = frozenset({"load.mode", "load.companions", "load.companion_count", "load.dataset_seed", "load.trace",
                           "load.trace_format", "load.trace_max_requests", "load.trace_block_tokens",
-                          "load.trace_tokenizer"})
+                          "load.trace_window_s", "load.trace_tokenizer"})
 METRICS_OFF = ("", "off")  # target.metrics_url values that read no metrics
 METRICS_URL_EXPECTED = '"auto", "off" (or "") or an http:// or https:// URL of Prometheus text, without user:password@'
 
@@ -189,6 +189,10 @@ class Load:
     # Mooncake's hash_ids blocks: tokens each (words of the synthetic prompt).
     trace_block_tokens: int = rule(512, min=1, max=MAX_TRACE_TOKENS,
                                    expected=f"an integer from 1 to {MAX_TRACE_TOKENS:,} (tokens a hash_ids block)")
+    # [from, to]: the part of the trace replayed, in seconds after its first line (none: all of it).
+    trace_window_s: tuple[float, ...] = rule((), min=0, max=MAX_TRACE_SECONDS,
+                                             expected=f"[from, to], seconds after the trace's first line, from 0 to "
+                                             f"{MAX_TRACE_SECONDS:,}")
     # The model's tokenizer.json, relative to the scenario file: the prompts use only the words it makes one token.
     trace_tokenizer: str = ""
     # Each probe sample cold, then warm (kevload.prefixcache), and how cold is made.
@@ -433,6 +437,9 @@ def _load(fail: _Failer, load: Load) -> Load:
     elif load.trace_tokenizer:
         fail("load.trace_tokenizer", "load.trace beside it (the tokenizer fits a replay's prompts)",
              load.trace_tokenizer)
+    elif load.trace_window_s:
+        fail("load.trace_window_s", "load.trace beside it (the window is a part of a trace)",
+             list(load.trace_window_s))
     if load.prefix_cache == "cold_warm":
         _cold_warm(fail, load)
     return replace(load, concurrency=tuple(sorted(set(load.concurrency))), rate=tuple(sorted(set(load.rate))),
@@ -595,6 +602,7 @@ def _probes_and_datasets(fail: _Failer, items: list[Any], load: Load,
         trace = read_trace(base / load.trace, what="load.trace", trace_format=load.trace_format,
                            seed=load.dataset_seed, max_requests=load.trace_max_requests,
                            block_tokens=load.trace_block_tokens,
+                           window=_window(fail, load),
                            tokenizer=base / load.trace_tokenizer if load.trace_tokenizer else None,
                            tokenizer_what="load.trace_tokenizer")
         _fits_trace(fail, load, trace)
@@ -604,6 +612,17 @@ def _probes_and_datasets(fail: _Failer, items: list[Any], load: Load,
                                      seed=load.dataset_seed, count=load.companion_count,
                                      count_key="load.companion_count"))
     return tuple(probes), tuple(datasets)
+
+
+def _window(fail: _Failer, load: Load) -> tuple[float, float] | None:
+    """``load.trace_window_s`` as the trace is read with it, checked first: it decides which lines are replayed."""
+    if not load.trace_window_s:
+        return None
+    if len(load.trace_window_s) != 2 or load.trace_window_s[0] >= load.trace_window_s[1]:
+        fail("load.trace_window_s", "[from, to], two numbers of seconds after the trace's first line, from < to",
+             list(load.trace_window_s))
+    start, end = load.trace_window_s
+    return start, end
 
 
 class _Failer:

@@ -32,6 +32,7 @@ from kevload.tokenwords import words_for
 
 MAX_TRACE_TOKENS = 1_000_000  # input tokens of one request: beyond any model's context
 MAX_SPEEDUP = 1_000_000       # load.trace_speedup: a week of trace replayed in under a second
+MAX_TRACE_SECONDS = 10 * 365 * 86_400  # load.trace_window_s: BurstGPT's own traces span 121 days
 # The columns of BurstGPT's CSV that a replay reads (the others, Model, Total tokens and Log Type, are not needed).
 BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
 
@@ -74,6 +75,7 @@ class TraceDataset(Dataset):
     block_tokens: int = 512
     prompts: str = "words"
     failed: int = 0  # BurstGPT's failed requests (0 response tokens): lines not replayed
+    window_s: tuple[float, float] | None = None  # the part of the trace replayed, in seconds after its first line
     tokenizer: dict[str, Any] | None = None
     requests: tuple[TraceRequest, ...] = field(default=(), repr=False, compare=False)
     # What the prompts are drawn from; travels with the trace to worker processes and Ray hosts (no tokenizer there).
@@ -89,9 +91,10 @@ class TraceDataset(Dataset):
         return replay_rate(self.count, self.span, speedup)
 
     def to_json(self) -> dict[str, Any]:
+        window = {"window_s": list(self.window_s)} if self.window_s is not None else {}
         tokenizer = {"tokenizer": self.tokenizer} if self.tokenizer is not None else {}
         return {**super().to_json(), "format": self.format, "block_tokens": self.block_tokens,
-                "prompts": self.prompts, "span_s": self.span, "failed": self.failed, **tokenizer}
+                "prompts": self.prompts, "span_s": self.span, "failed": self.failed, **window, **tokenizer}
 
     def probe_for(self, index: int) -> Probe:
         """The companion sent for the ``index``-th request: a synthetic prompt of its length, its output length as
@@ -135,9 +138,11 @@ def _words(key: str, count: int, vocabulary: tuple[str, ...]) -> list[str]:
 
 
 def read_trace(path: Path, *, what: str, trace_format: str, seed: int, max_requests: int,
-               block_tokens: int, tokenizer: Path | None = None, tokenizer_what: str = "") -> TraceDataset:
+               block_tokens: int, window: tuple[float, float] | None = None, tokenizer: Path | None = None,
+               tokenizer_what: str = "") -> TraceDataset:
     """Read and check every line of the trace at ``path`` (format ``auto``: by its first character, ``{`` for
-    Mooncake JSONL), keep its first ``max_requests`` (0: all). ``what`` names the scenario key in errors;
+    Mooncake JSONL), keep the requests inside ``window`` (seconds after the trace's first line, from included, to
+    not), then the first ``max_requests`` of them (0: all). ``what`` names the scenario key in errors;
     ``tokenizer``: the model's tokenizer.json the prompts' words are fitted to, named ``tokenizer_what``."""
     try:
         data = path.read_bytes()
@@ -147,28 +152,35 @@ def read_trace(path: Path, *, what: str, trace_format: str, seed: int, max_reque
         trace_format = "mooncake" if data.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{") else "burstgpt"
     rows = _mooncake(data, path, what) if trace_format == "mooncake" else _burstgpt(data, path, what)
     requests: list[TraceRequest] = []
-    first: float | None = None
-    failed = 0
+    origin: float | None = None  # the trace's first line's time: what a window's seconds count from
+    previous: TraceRequest | None = None
+    lines = failed = 0
     for row in rows:
+        lines += 1
+        if origin is None:
+            origin = row.offset
         if not row.output_tokens:  # a failed request (BurstGPT's): it has no length to ask for
             failed += 1
             continue
-        if first is None:
-            first = row.offset
-        elif requests and row.offset < requests[-1].offset + first:
+        if previous is not None and row.offset < previous.offset:
             raise ScenarioError(f"{path}:{row.line}: {what}: expected arrivals in time order, this one is earlier "
-                                f"than line {requests[-1].line}'s")
-        requests.append(TraceRequest(row.offset - first, row.input_tokens, row.output_tokens, row.hash_ids, row.line))
-    lines = len(requests) + failed
+                                f"than line {previous.line}'s")
+        previous = row
+        if window is None or window[0] <= row.offset - origin < window[1]:
+            requests.append(row)
     if max_requests:
         requests = requests[:max_requests]
+    # Offsets count from the first request replayed.
+    start = requests[0].offset if requests else 0.0
+    requests = [replace(r, offset=r.offset - start) for r in requests]
     if len(requests) < 2 or requests[-1].offset <= 0:
+        inside = f" in load.trace_window_s {list(window)}" if window is not None else ""
         raise ScenarioError(f"{path}: {what}: expected at least two requests at different times (a replay's rate "
                             f"is its requests over its span), got {len(requests)} over "
-                            f"{requests[-1].offset if requests else 0:g} s")
+                            f"{requests[-1].offset if requests else 0:g} s{inside}")
     trace = TraceDataset(role="companion", path=str(path), sha256=hashlib.sha256(data).hexdigest(), lines=lines,
                          seed=seed, count=len(requests), format=trace_format, block_tokens=block_tokens,
-                         failed=failed, requests=tuple(requests))
+                         failed=failed, window_s=window, requests=tuple(requests))
     return trace if tokenizer is None else _fitted(trace, tokenizer, tokenizer_what)
 
 
