@@ -166,7 +166,9 @@ def read_trace(path: Path, *, what: str, trace_format: str, seed: int, max_reque
             raise ScenarioError(f"{path}:{row.line}: {what}: expected arrivals in time order, this one is earlier "
                                 f"than line {previous.line}'s")
         previous = row
-        if window is None or window[0] <= row.offset - origin < window[1]:
+        # To the microsecond: timestamps are milliseconds or seconds, and their difference in floats is not exact
+        # (16.4 − 5.3 is 11.099999999999998: the request 11.1 s after the first line would miss [11.1, …)).
+        if window is None or window[0] <= round(row.offset - origin, 6) < window[1]:
             requests.append(row)
     if max_requests:
         requests = requests[:max_requests]
