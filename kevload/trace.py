@@ -159,13 +159,14 @@ def read_trace(path: Path, *, what: str, trace_format: str, seed: int, max_reque
         lines += 1
         if origin is None:
             origin = row.offset
-        if not row.output_tokens:  # a failed request (BurstGPT's): it has no length to ask for
-            failed += 1
-            continue
+        # A failed line too: the first line's time is the window's origin, whether it failed or not.
         if previous is not None and row.offset < previous.offset:
             raise ScenarioError(f"{path}:{row.line}: {what}: expected arrivals in time order, this one is earlier "
                                 f"than line {previous.line}'s")
         previous = row
+        if not row.output_tokens:  # a failed request (BurstGPT's): it has no length to ask for
+            failed += 1
+            continue
         # To the microsecond: timestamps are milliseconds or seconds, and their difference in floats is not exact
         # (16.4 − 5.3 is 11.099999999999998: the request 11.1 s after the first line would miss [11.1, …)).
         if window is None or window[0] <= round(row.offset - origin, 6) < window[1]:

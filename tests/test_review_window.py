@@ -3,6 +3,9 @@ refusal did not say what changed."""
 
 from __future__ import annotations
 
+import pytest
+
+from kevload.errors import ScenarioError
 from kevload.store import read_records
 from kevload.trace import read_trace
 from tests.conftest import run_cli, write_scenario
@@ -31,6 +34,20 @@ def test_a_request_exactly_at_from_or_to_is_in_or_out_with_float_timestamps(tmp_
     # Mooncake's milliseconds: 14,400 ms is 11.1 s after 3,300 ms, read as 14.4 − 3.3 = 11.099999999999998.
     path = mooncake(tmp_path / "t.jsonl", [(3_300, 8, 4, []), (14_400, 8, 4, []), (15_000, 8, 4, [])])
     assert [r.line for r in read(path, (11.1, 12.0)).requests] == [2, 3]
+
+
+def test_a_failed_first_line_out_of_time_order_is_refused(tmp_path):
+    """The trace's first line is the window's origin even when it is a failed request (BurstGPT's Response tokens
+    0), and such lines were never checked for time order: a failed first line at 50 s before lines at 0 s moved
+    every window 50 s, silently (no window: the lines replayed as if in order)."""
+    path = burstgpt(tmp_path / "t.csv", [(50, 8, 0), (0, 8, 4), (5, 8, 4), (10, 8, 4)])
+    for window in (None, (0.0, 20.0)):
+        with pytest.raises(ScenarioError, match=r"t.csv:3: load.trace: expected arrivals in time order, this one "
+                                                r"is earlier than line 2's"):
+            read(path, window)
+    # In order, failed lines stay skipped and counted.
+    trace = read(burstgpt(tmp_path / "ok.csv", [(0, 8, 0), (10, 8, 4), (11, 8, 0), (12, 8, 4)]), (10.0, 13.0))
+    assert [r.line for r in trace.requests] == [3, 5] and trace.failed == 2 and trace.lines == 4
 
 
 def test_workers_send_the_window_alone(tmp_path, server):
