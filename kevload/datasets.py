@@ -107,8 +107,10 @@ def _describe(doc: dict[str, Any] | None) -> str:
         return "no dataset"
     words = f", words of tokenizer sha256 {str(_tokenizer_sha256(doc))[:12]}… ({len(_dropped(doc) or [])} " \
         "dropped)" if _tokenizer_sha256(doc) else ""
+    # A trace's blocks and window too: a --set of either alone would otherwise read "expected A, got A".
+    shape = "".join(f" {k} {doc[k]}" for k in _REPLAYED if k in doc)
     return f"{doc.get('role')} {doc.get('path')} sha256 {str(doc.get('sha256'))[:12]}… seed {doc.get('seed')} " \
-           f"count {doc.get('count')}{words}"
+           f"count {doc.get('count')}{shape}{words}"
 
 
 def _lines(data: bytes, path: Path, what: str) -> Iterator[tuple[int, Any]]:

@@ -50,6 +50,20 @@ def test_a_failed_first_line_out_of_time_order_is_refused(tmp_path):
     assert [r.line for r in trace.requests] == [3, 5] and trace.failed == 2 and trace.lines == 4
 
 
+def test_resume_refusal_says_what_changed(tmp_path, server):
+    """A --resume with another window (or block_tokens) was refused as "expected (A), got A": the same file, seed
+    and count on both sides, nothing saying which input differs."""
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2, trace_speedup=[2],
+                              trace=str(mooncake(tmp_path / "t.jsonl", ROWS)), trace_window_s=[11, 13],
+                              trace_block_tokens=16)
+    code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
+    assert code == 0, output
+    code, output = run_cli("run", "--resume", tmp_path / "run", "--set", "load.trace_window_s=[12, 14]")
+    assert code == 2 and "window_s [11.0, 13.0])" in output and "window_s [12.0, 14.0];" in output, output
+    code, output = run_cli("run", "--resume", tmp_path / "run", "--set", "load.trace_block_tokens=8")
+    assert code == 2 and "block_tokens 16 window_s" in output and "block_tokens 8 window_s" in output, output
+
+
 def test_workers_send_the_window_alone(tmp_path, server):
     scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2, workers=2,
                               trace=str(mooncake(tmp_path / "t.jsonl", ROWS)), trace_speedup=[2],
