@@ -20,16 +20,27 @@ def fitted(tmp_path: Path, tokenizer: Path):
                       max_requests=0, block_tokens=8, tokenizer=tokenizer, tokenizer_what="load.trace_tokenizer")
 
 
+def word_level(path: Path, vocab: dict[str, int]) -> Path:
+    """A tokenizer.json of whole words, ``[UNK]`` for the others (an error where ``vocab`` lacks it)."""
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(path))
+    return path
+
+
+def run_with(tmp_path: Path, tokenizer: str) -> tuple[int, str]:
+    """``kevload run`` of a trace with ``load.trace_tokenizer = tokenizer`` (a file in ``tmp_path``)."""
+    mooncake(tmp_path / "t.jsonl", ROWS)
+    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], trace="t.jsonl",
+                              trace_tokenizer=tokenizer)
+    return run_cli("run", scenario, "--out", tmp_path / "run")
+
+
 def test_a_tokenizer_whose_encode_raises_exits_2(tmp_path):
     """A WordLevel tokenizer without its unknown token raises on any word it lacks: kevload ended in a traceback
     (exit 1), not the refusal naming the file and the key."""
-    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(VOCABULARY[:100])}, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.save(str(tmp_path / "tok.json"))
-    mooncake(tmp_path / "t.jsonl", ROWS)
-    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], trace="t.jsonl",
-                              trace_tokenizer="tok.json")
-    code, output = run_cli("run", scenario, "--out", tmp_path / "run")
+    word_level(tmp_path / "tok.json", {w: i for i, w in enumerate(VOCABULARY[:100])})
+    code, output = run_with(tmp_path, "tok.json")
     assert code == 2 and "tok.json: load.trace_tokenizer: expected a Hugging Face tokenizer.json" in output, output
     assert "Missing [UNK] token" in output
 
@@ -57,12 +68,9 @@ def test_the_files_truncation_and_padding_are_not_the_servers(tmp_path):
 def test_a_file_too_large_for_a_tokenizer_is_refused_unread(tmp_path):
     """A model's weights named by mistake (a .gguf, GBs) were read whole into memory: a MemoryError's traceback
     where memory is bounded, the host's memory otherwise. A sparse file: nothing of it is on disk."""
-    mooncake(tmp_path / "t.jsonl", ROWS)
     with (tmp_path / "model.gguf").open("wb") as handle:
         handle.truncate(4 << 30)
-    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], trace="t.jsonl",
-                              trace_tokenizer="model.gguf")
-    code, output = run_cli("run", scenario, "--out", tmp_path / "run")
+    code, output = run_with(tmp_path, "model.gguf")
     assert code == 2 and "model.gguf: load.trace_tokenizer: expected a Hugging Face tokenizer.json" in output, output
     assert "4,096 MiB" in output
 
@@ -71,20 +79,13 @@ def test_words_the_tokenizer_does_not_know_are_not_kept(tmp_path):
     """A tokenizer that knows none of the words makes each its one unknown token: kevload kept all 188 (`words`
     188, nothing dropped) of a file that is no tokenizer for English text, and every prompt it sent was the same
     tokens, so a server's prefix cache reused what the trace never shared."""
-    tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.save(str(tmp_path / "tok.json"))
-    mooncake(tmp_path / "t.jsonl", ROWS)
-    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], trace="t.jsonl",
-                              trace_tokenizer="tok.json")
-    code, output = run_cli("run", scenario, "--out", tmp_path / "run")
+    word_level(tmp_path / "tok.json", {"[UNK]": 0})
+    code, output = run_with(tmp_path, "tok.json")
     assert code == 2 and "at least 32 of kevload's 188), got 0" in output, output
     # Half the words unknown: those are dropped, the known ones kept.
     known = VOCABULARY[::2]
-    tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0, **{w: i + 1 for i, w in enumerate(known)}}, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.save(str(tmp_path / "half.json"))
-    trace = fitted(tmp_path, tmp_path / "half.json")
+    half = word_level(tmp_path / "half.json", {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(known)}})
+    trace = fitted(tmp_path, half)
     assert trace.words == known and trace.tokenizer["dropped"] == list(VOCABULARY[1::2])
 
 
