@@ -86,27 +86,23 @@ def check_unchanged(recorded: list[dict[str, Any]], datasets: tuple[Dataset, ...
     for old, new in itertools.zip_longest(recorded, (d.to_json() for d in datasets)):
         if old is None or new is None or any(old.get(k) != new[k] for k in keys) or \
                 any(old.get(k) != new.get(k) for k in _REPLAYED) or \
-                _tokenizer_sha256(old) != _tokenizer_sha256(new) or _dropped(old) != _dropped(new):
+                any(_tokenizer(old, k) != _tokenizer(new, k) for k in ("sha256", "dropped")):
             raise ScenarioError(f"{where}: datasets: expected the inputs the run started with ({_describe(old)}), "
                                 f"got {_describe(new)}; start a new run instead")
 
 
-def _tokenizer_sha256(doc: dict[str, Any]) -> str | None:
+def _tokenizer(doc: dict[str, Any], key: str) -> Any:
+    """``key`` of a trace's tokenizer in run.json (None without one): its file's ``sha256``, and the words it
+    ``dropped``, which from the same file another kevload or tokenizers may choose otherwise."""
     tokenizer = doc.get("tokenizer")
-    return tokenizer.get("sha256") if isinstance(tokenizer, dict) else None
-
-
-def _dropped(doc: dict[str, Any]) -> list[str] | None:
-    """The words a trace's tokenizer dropped: from the same file, another kevload or tokenizers may keep others."""
-    tokenizer = doc.get("tokenizer")
-    return tokenizer.get("dropped") if isinstance(tokenizer, dict) else None
+    return tokenizer.get(key) if isinstance(tokenizer, dict) else None
 
 
 def _describe(doc: dict[str, Any] | None) -> str:
     if doc is None:
         return "no dataset"
-    words = f", words of tokenizer sha256 {str(_tokenizer_sha256(doc))[:12]}… ({len(_dropped(doc) or [])} " \
-        "dropped)" if _tokenizer_sha256(doc) else ""
+    words = f", words of tokenizer sha256 {str(_tokenizer(doc, 'sha256'))[:12]}… " \
+        f"({len(_tokenizer(doc, 'dropped') or [])} dropped)" if _tokenizer(doc, "sha256") else ""
     # A trace's blocks and window too: a --set of either alone would otherwise read "expected A, got A".
     shape = "".join(f" {k} {doc[k]}" for k in _REPLAYED if k in doc)
     return f"{doc.get('role')} {doc.get('path')} sha256 {str(doc.get('sha256'))[:12]}… seed {doc.get('seed')} " \
