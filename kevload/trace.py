@@ -154,6 +154,7 @@ def read_trace(path: Path, *, what: str, trace_format: str, seed: int, max_reque
     requests: list[TraceRequest] = []
     origin: float | None = None  # the trace's first line's time: what a window's seconds count from
     previous: TraceRequest | None = None
+    start: float | None = None
     lines = failed = 0
     for row in rows:
         lines += 1
@@ -170,12 +171,12 @@ def read_trace(path: Path, *, what: str, trace_format: str, seed: int, max_reque
         # To the microsecond: timestamps are milliseconds or seconds, and their difference in floats is not exact
         # (16.4 − 5.3 is 11.099999999999998: the request 11.1 s after the first line would miss [11.1, …)).
         if window is None or window[0] <= round(row.offset - origin, 6) < window[1]:
-            requests.append(row)
+            if start is None:  # offsets count from the first request replayed
+                start = row.offset
+            requests.append(TraceRequest(row.offset - start, row.input_tokens, row.output_tokens, row.hash_ids,
+                                         row.line))
     if max_requests:
         requests = requests[:max_requests]
-    # Offsets count from the first request replayed.
-    start = requests[0].offset if requests else 0.0
-    requests = [replace(r, offset=r.offset - start) for r in requests]
     if len(requests) < 2 or requests[-1].offset <= 0:
         inside = f" in load.trace_window_s {list(window)}" if window is not None else ""
         raise ScenarioError(f"{path}: {what}: expected at least two requests at different times (a replay's rate "
