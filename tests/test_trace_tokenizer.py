@@ -5,6 +5,9 @@ worker processes send the same words, and a bad tokenizer is refused (exit 2, fi
 from __future__ import annotations
 
 import json
+import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -128,3 +131,22 @@ def test_resume_refuses_a_changed_tokenizer(tmp_path, server):
     code, output = run_cli("run", "--resume", tmp_path / "run")
     assert code == 2 and "datasets: expected the inputs the run started with" in output, output
     assert "words of tokenizer sha256" in output and "Traceback" not in output
+
+
+def test_the_words_travel_with_the_trace_not_the_tokenizer(tmp_path):
+    """What a worker process or a Ray host gets is the pickled trace: it makes the driver's prompts without the
+    tokenizer file and without the tokenizers package."""
+    tok = wordpiece(tmp_path / "tokenizer.json")
+    fitted = read_trace(mooncake(tmp_path / "t.jsonl", ROWS), what="load.trace", trace_format="auto", seed=0,
+                        max_requests=0, block_tokens=8, tokenizer=tok, tokenizer_what="load.trace_tokenizer")
+    (tmp_path / "trace.pickle").write_bytes(pickle.dumps(fitted))
+    tok.unlink()
+    elsewhere = ("import pickle, sys\n"
+                 "sys.modules['tokenizers'] = None\n"  # any import of it fails
+                 "trace = pickle.loads(open(sys.argv[1], 'rb').read())\n"
+                 "print('\\n'.join(trace.probe_for(i).prompt for i in range(trace.count)))\n")
+    done = subprocess.run([sys.executable, "-c", elsewhere, str(tmp_path / "trace.pickle")], capture_output=True,
+                          text=True, timeout=60, cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [fitted.probe_for(i).prompt for i in range(len(ROWS))]
+    assert not {w for line in done.stdout.splitlines() for w in line.split()} & set(SPLIT)
