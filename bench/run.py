@@ -421,26 +421,28 @@ def until_bound(bound: float = 0.05) -> list[dict]:
                 scenario = scenario_from_dict(raw, source="bench", name=f"until-bound-{name}-{mode}")
                 start = time.perf_counter()
                 result = asyncio.run(run_scenario(scenario, out / f"{name}-{mode}"))
-                rows.append(_until_row(name, mode, result, time.perf_counter() - start))
+                rows.append(_until_row(name, mode, result.run_dir, result.summary, time.perf_counter() - start))
                 print_until([rows[-1]], bound)
     return rows
 
 
-def _until_row(name: str, mode: str, result, seconds: float) -> dict:
-    from kevload.store import RECORDS, read_records
+def _until_row(name: str, mode: str, run_dir: Path, summary, seconds: float) -> dict:
+    """One until-bound run as the table shows it: each probe cell's counted n and claim, from its ``RunSummary``,
+    beside every probe request its records show sent."""
+    from kevload.rundir import RunDir
 
     sent: dict[int, int] = {}
-    for r in read_records(result.run_dir / RECORDS):
-        if r["role"] == "probe":
-            sent[r["concurrency"]] = sent.get(r["concurrency"], 0) + 1
-    cells = [{"concurrency": c["concurrency"], "n": c["ok"] + sum(c["errors"].values()), "ok": c["ok"],
-              "distinct": c["distinct"], "stop_reason": c["stop_reason"], "drift": c["drift"],
-              "drift_rate_upper_95": c["drift_rate_upper_95"], "probe_requests": sent.get(c["concurrency"], 0),
-              # Added by the logprob comparison where the server returns logprobs; absent before it.
-              "logprob_bitwise": c.get("logprob_bitwise")}
-             for c in result.summary["cells"] if c["role"] == "probe"]
-    return {"target": name, "mode": mode, "verdict": result.summary["verdict"], "seconds": round(seconds, 1),
-            "probe_requests": sum(sent.values()), "run_dir": str(result.run_dir.relative_to(ROOT)), "cells": cells}
+    for r in RunDir(run_dir).records():
+        if r.role == "probe":
+            sent[r.concurrency] = sent.get(r.concurrency, 0) + 1
+    cells = [{"concurrency": c.concurrency, "n": c.ok + sum(c.errors.values()), "ok": c.ok,
+              "distinct": c.distinct, "stop_reason": c.stop_reason, "drift": c.drift,
+              "drift_rate_upper_95": c.drift_rate_upper_95, "probe_requests": sent.get(c.concurrency, 0),
+              # None where the server returned no logprobs to compare.
+              "logprob_bitwise": c.logprob_bitwise}
+             for c in summary.cells if c.role == "probe"]
+    return {"target": name, "mode": mode, "verdict": summary.verdict, "seconds": round(seconds, 1),
+            "probe_requests": sum(sent.values()), "run_dir": str(run_dir.relative_to(ROOT)), "cells": cells}
 
 
 def print_until(rows: list[dict], bound: float = 0.05) -> None:
@@ -601,7 +603,9 @@ def _stats(samples: list[dict]) -> dict:
         # The promise, from the records: the lowest full-load share of any run, the most samples never full.
         "full_load_share_min": min((s["full_load_share"] for s in samples if s.get("full_load_share") is not None),
                                    default=None),
-        "samples_never_full_max": max((s["samples_never_full"] or 0 for s in samples), default=None),
+        # Only kevload's runs have records to say it; wrk's, the reference client's and GuideLLM's rows say nothing.
+        "samples_never_full_max": max((s["samples_never_full"] or 0 for s in samples if "samples_never_full" in s),
+                                      default=None),
         "rps_median": statistics.median(rps),
         "rps_min": min(rps),
         "rps_max": max(rps),
