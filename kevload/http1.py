@@ -138,7 +138,18 @@ class _Response:
         self._finish(reuse=True)
 
     async def read(self) -> bytes:
-        return b"".join([data async for data in self.chunks()])
+        # The loop of ``chunks`` without an async generator: a whole body is read once per non-streamed request.
+        conn, parts = self._conn, []
+        try:
+            while (data := await conn.next_body()) is not None:
+                parts.append(data)
+        except BaseException:
+            # The error is kept on the connection with its traceback, and so with this frame: let the bytes go.
+            parts.clear()
+            self._finish(reuse=False)
+            raise
+        self._finish(reuse=True)
+        return b"".join(parts)
 
     def close(self) -> None:
         """Abandon the body (a connection with unread bytes is never reused)."""
