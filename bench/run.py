@@ -256,10 +256,13 @@ def run_reference(url: str, n: int, c: int, stream: bool, loop: str = "uvloop") 
     }
 
 
-def run_kevload(url: str, n: int, c: int, stream: bool, extra: list[str] = (), loop: str = "uvloop") -> dict:
+def run_kevload(url: str, n: int, c: int, stream: bool, extra: list[str] = (), loop: str = "uvloop",
+                client: Path = BENCH / "kevload_client.py") -> dict:
+    """kevload's run of ``n`` requests at ``c``; ``client``: the script that drives it (the smoke test's check of
+    itself drives a deliberately slowed one)."""
     argv = [
         sys.executable,
-        str(BENCH / "kevload_client.py"),
+        str(client),
         url,
         "--requests",
         str(n),

@@ -13,20 +13,51 @@ median from 1.22 to 0.99, one of 40 µs to 0.85), and a smaller one is what `mak
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
-from bench.run import Endpoint, run_kevload, run_reference
+from bench.run import BENCH, Endpoint, run_kevload, run_reference
 
 FLOOR = 0.9
 ROUNDS = 5  # alternating: a burst on the shared cores costs one round, not the median
 REQUESTS = 20000
 
+# kevload as it runs, but every record made SLOW_S later: the regression the bar is there to catch.
+SLOW_CLIENT = """
+import runpy, sys, time
+import kevload.sender as sender
+made = sender.record
+def record(*args, **kwargs):
+    until = time.perf_counter() + {wait}
+    while time.perf_counter() < until:
+        pass
+    return made(*args, **kwargs)
+sender.record = record
+sys.argv[0] = {client!r}
+runpy.run_path({client!r}, run_name="__main__")
+"""
+SLOW_S = 100e-6  # about doubles kevload's time per request on this machine (near 90 µs)
+
 
 def test_kevload_is_not_grossly_slower_than_the_reference_client():
+    ratios = _ratios(ROUNDS)
+    assert statistics.median(ratios) >= FLOOR, f"kevload / reference req/s: {ratios}"
+
+
+def test_a_slowed_kevload_falls_below_the_bar(tmp_path):
+    """The bar can be failed: kevload with a busy wait in every request's record, measured the same way."""
+    slow = tmp_path / "slow_client.py"
+    slow.write_text(SLOW_CLIENT.format(wait=SLOW_S, client=str(BENCH / "kevload_client.py")))
+    ratios = _ratios(3, client=slow)
+    assert statistics.median(ratios) < FLOOR, f"slowed kevload / reference req/s: {ratios}"
+
+
+def _ratios(rounds: int, client: Path | None = None) -> list[float]:
     ratios = []
     with Endpoint() as endpoint:
-        for _ in range(ROUNDS):
+        for _ in range(rounds):
             reference = run_reference(endpoint.plain, REQUESTS, 64, stream=False)
-            kevload = run_kevload(endpoint.plain, REQUESTS, 64, stream=False)
+            kevload = run_kevload(endpoint.plain, REQUESTS, 64, stream=False,
+                                  **({"client": client} if client is not None else {}))
             assert reference["loop"] == kevload["loop"] == "uvloop"
             ratios.append(kevload["rps"] / reference["rps"])
-    assert statistics.median(ratios) >= FLOOR, f"kevload / reference req/s: {ratios}"
+    return ratios
