@@ -27,16 +27,18 @@ class Change:
 
 
 def load_baseline(path: Path) -> RunSummary:
-    """A run directory or a summary.json file, from this version or an older one."""
+    """A run directory or a summary.json file, from this version or an older one, read typed: a key whose value does
+    not fit its field (null latencies, a number for a hash) is a ``RunDirError`` naming the file and the key, before
+    anything is sent."""
     summary_path = RunDir(path).summary_json if path.is_dir() else path
     summary = read_json(summary_path)
-    expected = f"{summary_path}: --baseline: expected a kevload summary.json or run directory"
+    expected = "expected a kevload summary.json or run directory"
     if not isinstance(summary, dict) or not isinstance(summary.get("cells"), list):
-        raise RunDirError(expected)
-    try:
-        return RunSummary.from_json(summary)
-    except (TypeError, AttributeError):  # a cell without its probe, role, mode or level: not a summary
-        raise RunDirError(expected) from None
+        raise RunDirError(f"{summary_path}: --baseline: {expected}")
+    problem = RunSummary.type_problem(summary)
+    if problem is not None:
+        raise RunDirError(f"{summary_path}: --baseline: {problem} ({expected})")
+    return RunSummary.from_json(summary)
 
 
 def compare_to_baseline(current: RunSummary, baseline: RunSummary, *,

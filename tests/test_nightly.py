@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
+import pytest
 import xmlschema
 
-from tests.conftest import run_cli, write_scenario
+from tests.conftest import load_summary, run_cli, write_scenario
 
 SCHEMA = xmlschema.XMLSchema(Path(__file__).parent / "data" / "junit.xsd")
 
@@ -78,3 +80,22 @@ def test_junit_xml_is_valid_and_names_the_drift(tmp_path, server):
                     failure["$"]), failure["$"]
     assert re.search(r"\(kinds: \d+× token", failure["$"]), failure["$"]
     assert doc["@failures"] == 1
+
+
+@pytest.mark.parametrize("key, value, named", [
+    ("latency", None, "cells[1].latency: expected an object of objects of numbers, got null"),
+    ("output_hashes", None, "cells[1].output_hashes: expected a list of strings, got null"),
+    ("output_hashes", [3], "cells[1].output_hashes[0]: expected a string, got 3"),
+    ("drift", "no", 'cells[1].drift: expected true or false, got "no"'),
+])
+def test_a_baseline_of_the_wrong_types_exits_2_before_anything_is_sent(tmp_path, server, key, value, named):
+    nightly(tmp_path, server, "good")
+    doc = load_summary(tmp_path / "good")
+    doc["cells"][1][key] = value
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    sent = len(server.requests)
+    code, output = nightly(tmp_path, server, "now", "--baseline", tmp_path / "bad.json")
+    assert code == 2, output
+    assert f"{tmp_path / 'bad.json'}: --baseline: {named}" in output
+    assert "Traceback" not in output
+    assert len(server.requests) == sent and not (tmp_path / "now").exists()
