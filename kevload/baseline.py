@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from kevload import exitcode
+from kevload.exitcode import ExitCode
 from kevload.prefixcache import base_probe
 from kevload.rundir import RunDir
 from kevload.store import RunDirError, read_json
@@ -58,6 +60,19 @@ def load_baseline(path: Path) -> RunSummary:
     if problem is not None:
         raise RunDirError(f"{summary_path}: --baseline: {problem} ({expected})")
     return RunSummary.from_json(summary)
+
+
+def judge(current: RunSummary, baseline: RunSummary, *, name: str, max_latency_regression: float = 0.2,
+          fail_on: FailOn = "drift") -> tuple[list[str], ExitCode]:
+    """The ``--baseline`` gate: the lines it prints and its exit code (``exitcode.for_run``). A run whose target
+    failed or gave too little evidence is compared with nothing: it exits TARGET on its own."""
+    if exitcode.for_summary(current) == ExitCode.TARGET:
+        return [], exitcode.for_run(current, fail_on=fail_on)
+    changes = compare_to_baseline(current, baseline, max_latency_regression=max_latency_regression, fail_on=fail_on)
+    regressions = sum(c.regression for c in changes)
+    lines = [f"{c.label} {c.kind} {c.cell}: {c.detail}" for c in changes]
+    lines.append(f"against baseline {name}: {regressions} regression(s)")
+    return lines, exitcode.for_run(current, fail_on=fail_on, regressions=regressions)
 
 
 def compare_to_baseline(current: RunSummary, baseline: RunSummary, *, max_latency_regression: float = 0.2,

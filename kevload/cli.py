@@ -163,7 +163,7 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
     """Run SCENARIO and print the uniqueness matrix. Exit 0 stable, 1 drift (or latent drift with
     --fail-on latent, or a cell under load.min_slo_attainment), 2 bad input, 3 target failed (or
     inconclusive: a cell with fewer ok probe samples than asked, or none at all)."""
-    from kevload.baseline import compare_to_baseline, load_baseline
+    from kevload.baseline import judge, load_baseline
 
     overrides = (*overrides, f"load.retries={retries}") if retries is not None else overrides
     overrides = (*overrides, f"load.dataset_seed={dataset_seed}") if dataset_seed is not None else overrides
@@ -227,15 +227,13 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
     _exit_if_signalled(signum)
     if exited is not None:
         raise exited
-    regressions = None
-    if reference is not None and exitcode.for_summary(result.summary) != ExitCode.TARGET:
-        changes = compare_to_baseline(result.summary, reference, max_latency_regression=max_latency_regression,
-                                      fail_on=fail_on)
-        for change in changes:
-            click.echo(f"{change.label} {change.kind} {change.cell}: {change.detail}")
-        regressions = sum(c.regression for c in changes)
-        click.echo(f"against baseline {baseline}: {regressions} regression(s)")
-    sys.exit(exitcode.for_run(result.summary, fail_on=fail_on, regressions=regressions))
+    if reference is None:
+        sys.exit(exitcode.for_run(result.summary, fail_on=fail_on))
+    lines, code = judge(result.summary, reference, name=str(baseline), max_latency_regression=max_latency_regression,
+                        fail_on=fail_on)
+    for line in lines:
+        click.echo(line)
+    sys.exit(code)
 
 
 @main.command()
