@@ -8,6 +8,7 @@ cases it already has. `rerun` reproduces that load and compares the answers with
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 from collections import Counter
@@ -18,11 +19,12 @@ from urllib.parse import urlparse
 
 import orjson
 
+from kevload.datasets import check_unchanged
 from kevload.errors import ScenarioError
 from kevload.models import Probe, iter_jsonl
 from kevload.rundir import RunDir
 from kevload.runs import run_scenario
-from kevload.scenario import Load, Target, build_scenario, read_table
+from kevload.scenario import Load, Target, build_scenario, read_table, scenario_from_dict
 from kevload.store import new_run_id, now_iso
 from kevload.summary import CellSummary, level_label
 from kevload.trace import trace_rates
@@ -67,7 +69,9 @@ def build_cases(run_dirs: list[Path], cases_path: Path, *, target_name: str | No
     in_file = set(source_of)
     added, skipped = [], []
     for run_dir in run_dirs:
-        for case in cases_from_run(RunDir.open(run_dir), target_name=target_name):
+        cases, unbuilt = cases_from_run(RunDir.open(run_dir), target_name=target_name)
+        skipped.extend(Skip(name, str(run_dir), reason) for name, reason in unbuilt)
+        for case in cases:
             if case["input"] is None:  # a probe's turns: its cells compare whole conversations
                 skipped.append(Skip(case["id"], str(run_dir), "a conversation (turns): a case is one request's "
                                     "input, asked again alone"))
@@ -94,12 +98,15 @@ def target_name_of(base_url: str) -> str:
     return f"{host}:{parsed.port or (443 if parsed.scheme == 'https' else 80)}"
 
 
-def cases_from_run(run: RunDir, *, target_name: str | None = None) -> list[dict[str, Any]]:
+def cases_from_run(run: RunDir, *, target_name: str | None = None) -> tuple[list[dict[str, Any]],
+                                                                             list[tuple[str, str]]]:
+    """One case per probe cell of the run, and (cell name, why) for each cell no case can be built from."""
     meta = run.meta()
     summary = run.summary()
     scenario = meta["scenario"]
-    probe_list = scenario.get("probes", [])
-    index_of = {p["id"]: i for i, p in enumerate(probe_list)}
+    probe_list, unread = _run_probes(run, meta)
+    # The probe's index is the engine's: what it seeds the companion picker with (case_load).
+    index_of = {str(p["id"]): i for i, p in enumerate(probe_list)}
     params = scenario.get("params", {})
     target = {"name": target_name or target_name_of(meta["target"]["base_url"]), "model": meta["target"]["model"]}
     recorded_at = meta.get("ended_at") or meta.get("started_at")
@@ -107,6 +114,8 @@ def cases_from_run(run: RunDir, *, target_name: str | None = None) -> list[dict[
     for r in run.evidence():
         outputs.setdefault((r.probe, r.concurrency, r.rate), Counter())[r.answer] += 1
     cells = [c for c in summary.probe_cells() if c.probe in index_of]
+    unbuilt = [(c.name, unread or _not_a_probe(c.probe, meta)) for c in summary.probe_cells()
+               if c.probe not in index_of]
     cases = []
     for c in cells:
         probe = probe_list[index_of[c.probe]]
@@ -131,7 +140,37 @@ def cases_from_run(run: RunDir, *, target_name: str | None = None) -> list[dict[
             "source_run": str(run.path),
             "recorded_at": recorded_at,
         })
-    return cases
+    return cases, unbuilt
+
+
+def _run_probes(run: RunDir, meta: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    """The run's probes as ``[[probes]]`` tables, in the order the engine numbered them: inline ones as written, and
+    each ``[[probes]] dataset = …`` entry as the lines the run chose from its file (read again, as ``--resume`` reads
+    them, and checked against the hashes run.json recorded). ([], why) where a dataset cannot be read as the run read
+    it: then no probe's index, nor a dataset probe's input, is known."""
+    raw = meta["scenario"].get("probes", [])
+    if not any(isinstance(item, dict) and "dataset" in item for item in raw):
+        return raw, ""
+    try:
+        scenario = scenario_from_dict(copy.deepcopy(meta["scenario"]), source=meta.get("scenario_source")
+                                      or str(run.run_json), name=meta.get("scenario_name", "scenario"))
+        if "datasets" in meta:
+            check_unchanged(meta["datasets"], scenario.datasets, str(run.run_json))
+    except ScenarioError as exc:
+        return [], f"its probes come from a dataset that cannot be read as the run read it: {exc}"
+    # A conversation has neither prompt nor messages: build_cases skips it, as it does an inline one.
+    return [{"id": p.id, "max_tokens": p.max_tokens,
+             **({"prompt": p.prompt} if p.prompt is not None else {}),
+             **({"messages": list(p.messages)} if p.messages is not None else {})} for p in scenario.probes], ""
+
+
+def _not_a_probe(probe: str, meta: dict[str, Any]) -> str:
+    """Why a cell's probe is none of the scenario's: a prefix-cache marker round, whose input opens with a marker of
+    that run's own (a case asked again would be another input), or a run.json that does not list it."""
+    if (meta.get("prefix_cache") or {}).get("method") == "marker":
+        return ("a load.prefix_cache marker round: its input opens with the run's own marker, so asked again it "
+                "is another input")
+    return "its probe is not among the scenario's probes in run.json"
 
 
 def case_load(meta: dict[str, Any], cell: CellSummary, probe_index: int) -> dict[str, Any]:

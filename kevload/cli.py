@@ -144,7 +144,8 @@ def _on_target(builtin: str | None, settings: TargetSettings | None,
 @click.option("--overwrite", is_flag=True, help="Let --out replace the run already in it (its records are removed).")
 @click.option("--quiet", is_flag=True, help="No progress bar and no table; only the verdict line.")
 @click.option("--baseline", type=click.Path(exists=True, path_type=Path),
-              help="An earlier run dir or summary.json: new drift, unseen outputs or slower latency exit 1.")
+              help="An earlier run dir or summary.json: new drift, unseen outputs, slower latency, or drift in a "
+                   "cell the baseline lacks or whose input changed exit 1.")
 @click.option("--max-latency-regression", type=_Finite(min=0), default=0.2, show_default=True,
               help="With --baseline: allowed relative growth of p50 e2e/TTFT latency.")
 @click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), help="Write JUnit XML here.")
@@ -162,7 +163,7 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
     """Run SCENARIO and print the uniqueness matrix. Exit 0 stable, 1 drift (or latent drift with
     --fail-on latent, or a cell under load.min_slo_attainment), 2 bad input, 3 target failed (or
     inconclusive: a cell with fewer ok probe samples than asked, or none at all)."""
-    from kevload.baseline import compare_to_baseline, load_baseline
+    from kevload.baseline import judge, load_baseline
 
     overrides = (*overrides, f"load.retries={retries}") if retries is not None else overrides
     overrides = (*overrides, f"load.dataset_seed={dataset_seed}") if dataset_seed is not None else overrides
@@ -226,15 +227,13 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
     _exit_if_signalled(signum)
     if exited is not None:
         raise exited
-    regressions = None
-    if reference is not None and exitcode.for_summary(result.summary) != ExitCode.TARGET:
-        changes = compare_to_baseline(result.summary, reference, max_latency_regression=max_latency_regression)
-        for change in changes:
-            click.echo(f"{'REGRESSION' if change.regression else 'improved'} {change.kind} {change.cell}: "
-                       f"{change.detail}")
-        regressions = sum(c.regression for c in changes)
-        click.echo(f"against baseline {baseline}: {regressions} regression(s)")
-    sys.exit(exitcode.for_run(result.summary, fail_on=fail_on, regressions=regressions))
+    if reference is None:
+        sys.exit(exitcode.for_run(result.summary, fail_on=fail_on))
+    lines, code = judge(result.summary, reference, name=str(baseline), max_latency_regression=max_latency_regression,
+                        fail_on=fail_on)
+    for line in lines:
+        click.echo(line)
+    sys.exit(code)
 
 
 @main.command()

@@ -1,5 +1,8 @@
 """Exit codes, which CI depends on: the one ``ExitCode`` enum and the one place each command's result is mapped
-to it, so the CLI holds no policy."""
+to it, so the CLI holds no policy. Each gate decides from everything it saw, not only from what matched; its rule
+is the docstring of its function here (``for_run`` with a baseline, ``for_rerun``, ``for_sweep``), and the README's
+"Gates: what each exit code means" says the same. Every gate exits 2, before anything is sent, for an input it
+cannot read typed (a baseline, a case file, a grid): the message names the file and the key."""
 
 from __future__ import annotations
 
@@ -34,15 +37,22 @@ def for_summary(summary: RunSummary) -> ExitCode:
 def for_run(summary: RunSummary, *, fail_on: Literal["drift", "latent"] = "drift",
             regressions: int | None = None) -> ExitCode:
     """``kevload run``: ``for_summary``; with ``fail_on`` latent, latent drift is DRIFT too and a cell where ok
-    samples came without logprobs TARGET (latent drift neither shown nor ruled out). Against a baseline
-    (``regressions``: the changes that are regressions; None without one) drift the baseline had too is no news
-    for a nightly job: only regressions and the SLO decide, unless the target failed."""
-    code = verdict_code = for_summary(summary)
+    samples came without logprobs TARGET (latent drift neither shown nor ruled out).
+
+    ``kevload run --baseline`` (``regressions``: the changes ``baseline.compare_to_baseline`` calls regressions;
+    None without a baseline): TARGET when the run itself is (target failed, inconclusive, or a logprob gap under
+    ``fail_on`` latent); else DRIFT when a regression or a cell under the SLO; else OK. Drift the baseline had too
+    is no news for a nightly job. A regression is, per probe cell matched by probe, mode and level: new drift (new
+    latent drift), an output never seen in the baseline, p50 e2e/TTFT slower than allowed, a baseline cell missing;
+    and, where the baseline has nothing to hold the cell against — a cell it lacks (``new_cell``), one whose input,
+    params or max_tokens changed (``input_changed``), one where it had no ok sample — whatever fails the run's own
+    rule (drift; latent drift too under ``fail_on`` latent)."""
+    code = for_summary(summary)
     if fail_on == "latent" and code == ExitCode.OK and summary.latent_cells:
         code = ExitCode.DRIFT
     elif fail_on == "latent" and code == ExitCode.OK and summary.logprob_gap_cells:
         code = ExitCode.TARGET
-    if regressions is not None and verdict_code != ExitCode.TARGET:
+    if regressions is not None and code != ExitCode.TARGET:
         code = ExitCode.DRIFT if regressions or summary.slo_failed_cells else ExitCode.OK
     return code
 

@@ -4,8 +4,9 @@ checked by (``Rule``), the one check of chat messages, and reading a user's JSON
 from __future__ import annotations
 
 import codecs
+import hashlib
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import MISSING, Field, dataclass, field, replace
+from dataclasses import MISSING, Field, asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,18 @@ class Probe:
         """Turn ``k`` of a conversation as the one chat request it is, given what turns 0 … k − 1 received."""
         assert self.turns is not None
         return replace(self, messages=messages_at(self.system, self.turns, k, answers), turns=None, system=None)
+
+
+def probe_inputs(probe: Probe, params: dict[str, Any]) -> dict[str, str | int]:
+    """What a probe asks, as a baseline compares it (``kevload.baseline``): a hash of its input (the prompt, the
+    messages, or a conversation's turns and system message), a hash of the request params, and max_tokens. Two runs
+    whose probe has the same three asked the same thing; a changed output is then the server's."""
+    asked = {k: v for k, v in asdict(probe).items() if k not in ("id", "max_tokens") and v is not None}
+    return {"input": _sha256(asked), "params": _sha256(params), "max_tokens": probe.max_tokens}
+
+
+def _sha256(value: Any) -> str:
+    return hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
 def first_bad_message(messages: Sequence[Any]) -> int | None:

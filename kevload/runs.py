@@ -20,6 +20,7 @@ from kevload.client import Client, ask_for_logprobs
 from kevload.compare import summarize
 from kevload.datasets import check_unchanged
 from kevload.errors import ClusterError, InputError, ScenarioError
+from kevload.models import probe_inputs
 from kevload.overlap import Window, unrecorded_windows
 from kevload.reader import reduce_file
 from kevload.rundir import RunDir
@@ -261,7 +262,7 @@ def finish_run(run_dir: Path, *, state: RunState | None = None, meta: dict[str, 
                         server=read_samples(run_dir), asked_cells=_asked_cells(meta),
                         unrecorded=_unrecorded_windows(run_dir, meta))
     summary = replace(summary, run_id=meta.get("run_id"), scenario=meta.get("scenario_name"),
-                      state=state or meta.get("state"))
+                      state=state or meta.get("state"), inputs=meta.get("inputs"))
     if meta.get("prefix_cache"):
         method = meta["prefix_cache"]["method"]
         summary = replace(summary, prefix_cache={**meta["prefix_cache"], "probes": [
@@ -349,6 +350,8 @@ def _run_meta(scenario: Scenario, run_id: str, secrets: list[str]) -> dict[str, 
         "load": asdict(scenario.load),
         "datasets": [dataset.to_json() for dataset in scenario.datasets],
         "probes": [probe.id for probe in scenario.probes],  # with load's levels: the cells the run asks for
+        # What each probe asks, hashed: a baseline tells a changed input from a changed server by it.
+        "inputs": {probe.id: probe_inputs(probe, scenario.params) for probe in scenario.probes},
         "target": redact({"base_url": scenario.target.base_url, "model": scenario.target.model,
                           "api": scenario.target.api}, secrets),
         "started_at": now_iso(),

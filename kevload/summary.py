@@ -11,9 +11,12 @@ it; JSON, baselines and metrics (``metrics.py`` looks fields up by name) follow 
 
 from __future__ import annotations
 
+import json
+import types
+import typing
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Literal, Union
 
 from kevload.words import DivergenceKind, RunState, SampleRole, StopReason, Verdict
 
@@ -74,6 +77,62 @@ class _Json:
         # A sequence field is a tuple here (frozen all the way down to its items), a list in JSON.
         return {key: tuple(value) if isinstance(known[key].default, tuple) and value is not None else value
                 for key, value in doc.items() if key in known}
+
+    @classmethod
+    def type_problem(cls, doc: dict[str, Any], where: str = "") -> str | None:
+        """The first key of ``doc`` whose value does not fit its field's declared type, as ``where.key: expected
+        …, got …``; None when every one fits. A key this version does not know, or one an older version did not
+        write, is no problem (``from_json`` leaves it out or takes the default)."""
+        hints = typing.get_type_hints(cls)
+        return next((problem for f in fields(cls) if f.name in doc  # type: ignore[arg-type]
+                     and (problem := _misfit(doc[f.name], hints[f.name], f"{where}{f.name}"))), None)
+
+
+def _misfit(value: Any, hint: Any, where: str) -> str | None:
+    """``where: expected …, got …`` for the deepest part of ``value``, read from JSON, that does not fit ``hint`` (a
+    field's type; ``where`` names it, ``cells[3].latency.e2e`` below it); None when all of it fits. JSON has one
+    number type: an integer fits a float, a boolean fits neither."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (Union, types.UnionType):
+        misfits = [_misfit(value, arg, where) for arg in args]
+        if None in misfits:
+            return None
+        # A container that fits one of the types but for an item: that item is the news, not the union.
+        deeper = [m for m in misfits if not m.startswith(f"{where}: ")]
+        return deeper[0] if deeper else f"{where}: expected {_expected(hint)}, got {_shown(value)}"
+    if origin in (tuple, list) and isinstance(value, list):
+        return next((m for i, v in enumerate(value) if (m := _misfit(v, args[0], f"{where}[{i}]"))), None)
+    if origin is dict and isinstance(value, dict):
+        return next((m for k, v in value.items() if (m := _misfit(v, args[1], f"{where}.{k}"))), None)
+    fits = (hint is Any or (hint is type(None) and value is None) or (origin is Literal and value in args)
+            or (hint is bool and isinstance(value, bool)) or (hint is str and isinstance(value, str))
+            or (hint in (int, float) and isinstance(value, hint if hint is int else int | float)
+                and not isinstance(value, bool)))
+    return None if fits else f"{where}: expected {_expected(hint)}, got {_shown(value)}"
+
+
+def _expected(hint: Any, plural: bool = False) -> str:
+    """What a field of type ``hint`` holds, in words: ``an object of numbers``."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (Union, types.UnionType):
+        return " or ".join(_expected(arg, plural) for arg in args)
+    if origin is Literal:
+        return "one of " + ", ".join(map(repr, args))
+    if origin in (tuple, list):
+        return f"{'lists' if plural else 'a list'} of {_expected(args[0], True)}"
+    if origin is dict:
+        return f"{'objects' if plural else 'an object'} of {_expected(args[1], True)}"
+    words = {type(None): ("null", "nulls"), bool: ("true or false", "booleans"), int: ("an integer", "integers"),
+             float: ("a number", "numbers"), str: ("a string", "strings"), Any: ("any value", "any values")}
+    if hint not in words:
+        raise TypeError(f"no JSON rule for {hint!r}")  # a field of a type added without one here
+    return words[hint][plural]
+
+
+def _shown(value: Any) -> str:
+    """A JSON value as an error message quotes it: short."""
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _plain(value: Any) -> Any:
@@ -271,6 +330,10 @@ class RunSummary(_Json):
     # Probe cells at c > 1 whose server ran fewer requests at a time than the level while others waited.
     server_limited_cells: tuple[str, ...] | None = written_with("server_limited_cells")
     cells: tuple[CellSummary, ...] = ()
+    # Per probe id, what it asked (models.probe_inputs: hashes of its input and params, its max_tokens), so a baseline
+    # tells a changed input from a changed server; absent in runs from before it was recorded. Under
+    # load.prefix_cache's marker method the ids are the probes', not their rounds'.
+    inputs: dict[str, dict[str, str | int]] | None = written_with("inputs")
     run_id: str | None = None
     scenario: str | None = None
     state: RunState | None = None
@@ -289,6 +352,22 @@ class RunSummary(_Json):
         values = cls._fields_from(doc)
         values["cells"] = tuple(CellSummary.from_json(c) for c in doc.get("cells") or ())
         return cls(**values)
+
+    @classmethod
+    def type_problem(cls, doc: dict[str, Any], where: str = "") -> str | None:
+        """``_Json.type_problem`` for the run's keys and each cell's (``cells[3].latency: …``)."""
+        if not isinstance(doc.get("cells", []), list):
+            return f"{where}cells: expected a list of cell objects, got {_shown(doc['cells'])}"
+        for i, cell in enumerate(doc.get("cells", [])):
+            if not isinstance(cell, dict):
+                return f"{where}cells[{i}]: expected a cell object, got {_shown(cell)}"
+            missing = [k for k in ("probe", "role", "mode", "concurrency") if k not in cell]
+            if missing:
+                return f"{where}cells[{i}]: expected the keys {', '.join(missing)} of every cell, missing"
+            problem = CellSummary.type_problem(cell, f"{where}cells[{i}].")
+            if problem:
+                return problem
+        return super().type_problem({k: v for k, v in doc.items() if k != "cells"}, where)
 
     def probe_cells(self) -> tuple[CellSummary, ...]:
         """The cells the verdict is about; companion cells only shaped the batch around them."""

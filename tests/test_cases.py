@@ -231,3 +231,29 @@ def test_a_case_in_the_guides_own_format(tmp_path, server):
     assert code == 1 and "changed: 1 (s001)" in output
     assert rows["s001"]["rerun"]["concurrency"] == 2 and rows["s001"]["matches_recorded"] is False
     assert server.requests[-1]["seed"] == 42
+
+
+def test_cases_are_built_from_dataset_probes_and_say_what_they_skip(tmp_path, server):
+    lines = [{"id": "d1", "prompt": "First line."},
+             {"messages": [{"role": "user", "content": "Second line."}], "max_tokens": 9},
+             {"id": "talk", "turns": [{"user": "Hi."}, {"user": "And then?"}]}]
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    probes = [{"id": "inline", "prompt": "Say something.", "max_tokens": 16}, {"dataset": "prompts.jsonl"}]
+    scenario = write_scenario(tmp_path / "s.toml", server.url, probes=probes, concurrency=[1], samples=2)
+    assert run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")[0] == 0
+    cases_path = tmp_path / "cases.jsonl"
+    code, output = run_cli("cases", "build", tmp_path / "run", "-o", cases_path)
+    assert code == 0 and "3 new, 0 kept, 1 skipped" in output, output
+    assert re.search(r"skipped talk-\w+ from .*: a conversation \(turns\)", output), output
+    by_input = {json.dumps(c["input"]): c for c in read(cases_path)}
+    assert by_input['"First line."']["params"]["max_tokens"] == 64
+    assert by_input[json.dumps([{"role": "user", "content": "Second line."}])]["params"]["max_tokens"] == 9
+    code, output, rows = rerun(cases_path, server, tmp_path)
+    assert code == 0 and "unchanged: 3" in output, output
+
+    # The file changed since the run: its lines are not what the run asked, so no case is made up from them.
+    (tmp_path / "prompts.jsonl").write_text(json.dumps({"id": "d1", "prompt": "Another line."}) + "\n")
+    code, output = run_cli("cases", "build", tmp_path / "run", "-o", tmp_path / "other.jsonl")
+    assert code == 0 and "0 new, 0 kept, 4 skipped" in output, output
+    assert "skipped d1@single/c=1 from" in output
+    assert "its probes come from a dataset that cannot be read as the run read it" in output

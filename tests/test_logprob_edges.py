@@ -336,6 +336,7 @@ def test_every_format_states_one_divergence_at_the_same_position():
     bitwise = Records().add(serial, n=4, tokens=tokens, logprobs=[-1.0] * 9)
     bitwise.add(serial, n=4, level=4, tokens=tokens, logprobs=[-1.0] * 9)
     assert [c.detail for c in compare_to_baseline(summary, bitwise.summary())] == [
+        "new cell (not in the baseline); 2 distinct in 8, first divergence at char 50 (0-based)",
         f"same text as serial, logprobs differ from {latent} (baseline: bitwise equal in 4 samples)"]
     # diagnose: the same cell, as its concurrency step records it.
     fixed = StepResult(key="fixed", title="2 randomness fixed (serial)", params={}, levels=(1,), samples=4, ok=4,
