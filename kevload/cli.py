@@ -19,7 +19,7 @@ from kevload import __version__, aio, exitcode
 from kevload.errors import InputError, KevloadError
 from kevload.exitcode import ExitCode
 from kevload.models import MAX_TOKENS, read_messages
-from kevload.report import FORMATS, render, slo_line, verdict_line
+from kevload.report import FORMATS, render, slo_line, verdict_line, visible
 from kevload.rundir import RunDir
 from kevload.runs import finish_run, refuse_existing, resumed_scenario, run_scenario
 from kevload.scenario import (
@@ -193,15 +193,16 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
     per_cell = max(sc.load.samples, samples_for_bound(sc.load.until_bound)) if sc.load.until_bound else sc.load.samples
     levels = len(sc.load.rate or sc.load.concurrency) + (len(sc.load.trace_speedup) if sc.load.trace else 0)
     total = len(sc.probes) * levels * per_cell
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=stderr, disable=quiet, transient=True)
+    # Plain text, not markup: a probe id such as "a[/b]" would stop the run with rich's MarkupError.
+    progress = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=stderr, disable=quiet, transient=True)
     with progress:
-        task = progress.add_task(f"{sc.name}", total=total)
+        task = progress.add_task(visible(sc.name), total=total)
 
         def on_record(record: Record) -> None:
             if record.role == "probe" and record.is_sample:
                 progress.update(task, advance=1,
-                                description=f"{record.probe} {level_label(record.concurrency, record.rate)}")
+                                description=f"{visible(record.probe)} {level_label(record.concurrency, record.rate)}")
 
         def work(url: str | None, model: str | None, stop):
             started = sc if url is None else sc.with_settings({"target.base_url": url, "target.model": model},
@@ -332,9 +333,9 @@ def _write_metrics(path: Path, summary: RunSummary, run_dir: Path) -> None:
 
 def _print_summary(summary: RunSummary, quiet: bool) -> None:
     if quiet:
-        click.echo(verdict_line(summary))
+        click.echo(visible(verdict_line(summary)))
         if summary.slo:
-            click.echo(slo_line(summary))
+            click.echo(visible(slo_line(summary)))
     else:
         render(summary, "table", Console())
 

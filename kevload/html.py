@@ -27,6 +27,7 @@ from kevload.report import (
     slo_bounds_text,
     slo_line,
     verdict_line,
+    visible,
 )
 from kevload.store import Record, redact
 from kevload.summary import CellSummary, RunSummary, levels_of, position_label
@@ -274,7 +275,9 @@ def _page(title: str, body: list[str]) -> str:
 
 
 def _e(value: Any) -> str:
-    return html.escape("" if value is None else str(value))
+    """Anything user- or server-derived, as HTML text or an attribute value: markup and quotes escaped, control
+    characters spelled (``report.visible``: ESC and NUL mean nothing on a page, and NUL is a parse error)."""
+    return html.escape(visible("" if value is None else str(value)))
 
 
 def _ms(seconds: float | None) -> str:

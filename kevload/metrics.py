@@ -9,6 +9,7 @@ and the terminator OpenMetrics parsers require, so both read the same file.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -135,16 +136,21 @@ def write_metrics(path: Path, summary: RunSummary, meta: dict[str, Any]) -> None
 
 
 def escape_label(value: str) -> str:
-    """Label value escaping of the text format: backslash, double quote and newline."""
+    """Label value escaping of the text format and OpenMetrics: backslash, double quote and newline; any other
+    character, a control character included, stands as itself between the quotes (both grammars allow it)."""
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def format_value(value: float | int | bool) -> str:
-    """Integers (and booleans) as integers; floats with repr, which round-trips every digit. Summaries hold
-    no infinities or NaN (JSON cannot carry them), so the format's own spellings of those are not needed."""
+    """Integers (and booleans) as integers; floats with repr, which round-trips every digit, and the non-finite
+    ones in the formats' spelling (``NaN``, ``+Inf``, ``-Inf``: a summary.json holds none, but a summary made in
+    the run has not been through JSON)."""
     if isinstance(value, bool | int):
         return str(int(value))
-    return repr(float(value))
+    value = float(value)
+    if math.isfinite(value):
+        return repr(value)
+    return "NaN" if math.isnan(value) else "+Inf" if value > 0 else "-Inf"
 
 
 Sample = tuple[tuple[str, dict[str, str]], float | int | bool]  # ((name suffix, labels), value)

@@ -15,7 +15,6 @@ contradicts (its warm sample reused no more prompt tokens than its cold one) is 
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Iterable
@@ -24,6 +23,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
+import orjson
 
 from kevload.errors import TargetError
 from kevload.models import Probe
@@ -36,6 +36,12 @@ RESETS = (("reset_prefix_cache", "/reset_prefix_cache"), ("flush_cache", "/flush
 # A probe's k-th round under the marker method is its own cell: ``<probe>@r<k>`` (its input differs per round).
 _ROUND_ID = re.compile(r"^(?P<probe>.*)@r(?P<round>\d+)$")
 _PROBE_TIMEOUT_S = 10.0
+# A reset's or /props' answer is read whole up to these sizes (SGLang's reset answer is 150 bytes; llama.cpp's
+# /props a few KiB, more with a long chat template): a larger one is judged too large, never read from a cut.
+MAX_RESET_BYTES = 64 << 10
+MAX_PROPS_BYTES = 4 << 20
+# How SGLang's /flush_cache opens its plain-text answer when it flushed (it refuses with a 400).
+_SGLANG_FLUSHED = "Cache flushed"
 
 
 class CacheResetError(TargetError):
@@ -310,34 +316,109 @@ def _headers(scenario: Scenario, api_key: str | None) -> dict[str, str]:
 
 
 async def _post(url: str, headers: dict[str, str], timeout: float) -> tuple[bool, str]:
-    """POST to a reset endpoint: (whether it reset, what it answered). vLLM answers ``{"success": false}`` with 200
-    when blocks are still held: that is no reset; nor is an HTML page, which some servers answer for every path."""
+    """POST to a reset endpoint: (whether it reset, what it answered, shortened for a line)."""
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session, \
                 session.post(url, headers=headers) as response:
-            text = (await response.text())[:200]
+            body = await _whole(response, MAX_RESET_BYTES)
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         return False, f"no answer ({type(exc).__name__})"
-    if response.status != 200:
-        return False, f"{response.status}"
-    if response.content_type == "text/html":
-        return False, "200 with an HTML page"  # a web UI's page for any path: no server's reset answers so
-    said = f"200 {text.strip()!r}" if text.strip() else "200"
+    return reset_answer(response.status, response.content_type, body)
+
+
+async def _whole(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
+    """The whole body, or None past ``limit`` bytes: an answer is judged whole or not at all, never from a cut
+    (a refusal cut short no longer parses and would read as some other answer)."""
+    body = bytearray()
+    async for chunk in response.content.iter_chunked(1 << 14):
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)
+
+
+def reset_answer(status: int, content_type: str, body: bytes | None) -> tuple[bool, str]:
+    """Whether a reset endpoint's answer says it reset the cache, and what it said (shortened for a line; the
+    decision is always taken on the whole body). A reset is a 200 with: an empty body (vLLM before it said
+    ``success``), a JSON object whose ``success`` is ``true`` or absent and whose ``error`` is absent or null (vLLM
+    answers ``{"success": false}`` when blocks are still held), or SGLang's plain text ``Cache flushed.`` (it refuses
+    with a 400). Anything else is no reset: JSON that is not such an object, a body that looks like JSON but does not
+    parse (cut or broken), other plain text, an HTML page (a web UI's answer to any path), a body over
+    ``MAX_RESET_BYTES``."""
+    if status != 200:
+        return False, f"{status}"
+    if body is None:
+        return False, f"200 with an answer over {MAX_RESET_BYTES >> 10} KiB"
+    if content_type == "text/html":
+        return False, "200 with an HTML page"
+    text = body.decode("utf-8", "replace").strip()
+    if not text:
+        return True, "200"
+    said = f"200 {_shown(text)}"
     try:
-        doc = json.loads(text)
-    except ValueError:
-        return True, said  # SGLang answers its flush in plain text
-    return not (isinstance(doc, dict) and doc.get("success", True) is not True), said
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        if text.startswith(_SGLANG_FLUSHED):
+            return True, said
+        looks_json = text.startswith(("{", "[", '"'))
+        return False, f"{said}: {'JSON that does not parse' if looks_json else 'not a reset answer'}"
+    if not isinstance(doc, dict):
+        return False, f"{said}: JSON {_json_type(doc)}, not an object"
+    success = doc.get("success", True)
+    if success is False:
+        return False, said
+    if success is not True:
+        return False, f"{said}: success is {_json_type(success)}, not true"
+    if doc.get("error") is not None:
+        return False, f"{said}: it holds an error"
+    return True, said
 
 
 async def _llamacpp(root: str, headers: dict[str, str]) -> tuple[bool, str]:
-    """Whether the server is llama.cpp's: its ``/props`` has ``default_generation_settings``."""
+    """Whether the server is llama.cpp's: its ``/props`` is a JSON object with a ``default_generation_settings``
+    object."""
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=_PROBE_TIMEOUT_S)) as session, \
                 session.get(root + "/props", headers=headers) as response:
-            doc = await response.json(content_type=None) if response.status == 200 else None
-    except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            body = await _whole(response, MAX_PROPS_BYTES) if response.status == 200 else b""
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         return False, f"no answer ({type(exc).__name__})"
-    if isinstance(doc, dict) and "default_generation_settings" in doc:
-        return True, "answered llama.cpp's props"
-    return False, f"answered {response.status}, not llama.cpp's props"
+    return props_answer(response.status, body)
+
+
+def props_answer(status: int, body: bytes | None) -> tuple[bool, str]:
+    """Whether a ``GET /props`` answer is llama.cpp's, and what came where it is not."""
+    if status != 200:
+        return False, f"answered {status}, not llama.cpp's props"
+    if body is None:
+        return False, f"answered 200 with over {MAX_PROPS_BYTES >> 20} MiB, not llama.cpp's props"
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False, f"answered 200 {_shown(body.decode('utf-8', 'replace'))}, not llama.cpp's props: not JSON"
+    if not isinstance(doc, dict):
+        return False, f"answered 200 with JSON {_json_type(doc)}, not llama.cpp's props"
+    if "default_generation_settings" not in doc:
+        return False, "answered 200 without default_generation_settings, not llama.cpp's props"
+    settings = doc["default_generation_settings"]
+    if not isinstance(settings, dict):
+        return False, (f"answered 200 whose default_generation_settings is a JSON {_json_type(settings)}, not "
+                       "llama.cpp's props")
+    return True, "answered llama.cpp's props"
+
+
+def _shown(text: str, limit: int = 200) -> str:
+    """Text for a line: at most ``limit`` characters (its length said where cut), quoted so that no control
+    character reaches a terminal."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}… ({len(text)} characters)"
+
+
+def _json_type(value: object) -> str:
+    """A decoded JSON value's type, in JSON's words."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}[type(value)]

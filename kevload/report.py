@@ -2,16 +2,55 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from kevload.summary import CellSummary, RunSummary, held_without_cuts, label_of, levels_of, name_parts, position_label
 
 FORMATS = ("table", "json", "markdown", "html")
+
+# Probe ids, scenario names and a server's outputs may hold any character JSON and TOML carry. Control characters
+# (C0 but tab and newline, DEL, C1) act on a terminal (ESC starts a sequence) and mean nothing in a report, so every
+# output spells them as their JSON escape, \u001b; XML 1.0 forbids most of C0 even escaped, and its parsers
+# refuse U+FFFE, U+FFFF and lone surrogates too.
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+_MARKDOWN = re.compile(r"[\\|<&\r\n]")
+_MARKDOWN_SPELLED = {"\\": "\\\\", "|": "\\|", "<": "&lt;", "&": "&amp;", "\r": "\\u000d", "\n": "\\u000a"}
+
+
+def _spelled(match: re.Match[str]) -> str:
+    return f"\\u{ord(match[0]):04x}"
+
+
+def visible(text: str) -> str:
+    """``text`` with each control character but tab and newline spelled as its JSON escape (``\\u001b``)."""
+    return _CONTROLS.sub(_spelled, text)
+
+
+def xml_text(text: str) -> str:
+    """``text`` with each character XML 1.0 cannot carry, even as a character reference, spelled ``\\u0001``
+    (the ``<``, ``&`` and quotes that it can carry are the XML writer's to escape)."""
+    return _NOT_XML.sub(_spelled, text)
+
+
+def markdown_cell(text: str) -> str:
+    """``text`` as one cell of a Markdown table (or one line of a list): a ``|`` would end the cell and a line break
+    the row, so they are escaped, as are ``\\`` (which would escape what follows) and ``<`` and ``&`` (raw HTML and
+    entities, which a Markdown renderer passes through); control characters spelled as in ``visible``."""
+    return visible(_MARKDOWN.sub(lambda m: _MARKDOWN_SPELLED[m[0]], text))
+
+
+def _plain(text: str, style: str = "") -> Text:
+    """A terminal cell or line as plain text: a string would be read as rich markup (``[red]``, and an unmatched
+    ``[/x]`` raises), so a probe id could restyle the table or stop the report."""
+    return Text(visible(text), style=style)
 
 
 def render(summary: RunSummary, fmt: str, console: Console | None = None) -> str | None:
@@ -23,16 +62,16 @@ def render(summary: RunSummary, fmt: str, console: Console | None = None) -> str
     console = console or Console()
     console.print(table(summary))
     for note in footnotes(summary):
-        console.print(note, highlight=False)
+        console.print(_plain(note))
     console.print(agreement_table(summary))
     console.print(latency_table(summary))
     if server_rows(summary):
         console.print(server_table(summary))
     for line in cache_lines(summary):
-        console.print(line, highlight=False)
-    console.print(verdict_line(summary))
+        console.print(_plain(line))
+    console.print(_plain(verdict_line(summary)))
     if summary.slo:
-        console.print(slo_line(summary), highlight=False)
+        console.print(_plain(slo_line(summary)))
     return None
 
 
@@ -183,7 +222,7 @@ def _grid(title: str, columns: tuple[str, ...], rows: list[list[str]]) -> Table:
     for name in columns:
         grid.add_column(name, justify="left" if name.startswith("probe") else "right")
     for row in rows:
-        grid.add_row(*row)
+        grid.add_row(*map(_plain, row))
     return grid
 
 
@@ -305,10 +344,10 @@ def table(summary: RunSummary) -> Table:
             text = cell_text(cell)
             style = ("red" if cell and cell.drift else "yellow" if not cell or not cell.ok or cell.short
                      else "green")
-            texts.append(f"[{style}]{text}[/{style}]")
+            texts.append(_plain(text, style))
         top = max(row.values(), key=lambda c: c.level_order)
         p50 = top.latency.get("e2e", {}).get("p50")
-        grid.add_row(f"{probe} ({mode})", *texts, str(min(c.ok for c in row.values())),
+        grid.add_row(_plain(f"{probe} ({mode})"), *texts, str(min(c.ok for c in row.values())),
                      f"{p50 * 1000:.0f} ms" if p50 is not None else "-", errors_text(row.values()))
     return grid
 
@@ -331,7 +370,7 @@ def latency_table(summary: RunSummary) -> Table:
     for c in sorted(summary.probe_cells(), key=lambda c: (c.probe, c.mode, c.level_order)):
         lat = c.latency
         late = lat.get("lateness", {}).get("p99")
-        grid.add_row(f"{c.probe} ({c.mode})", c.level, str(c.ok),
+        grid.add_row(_plain(f"{c.probe} ({c.mode})"), _plain(c.level), str(c.ok),
                      *(_p50_p99(lat.get(k)) for k in ("ttft", "itl", "tpot", "e2e")),
                      _fmt(c.output_tokens_per_s), _fmt(c.requests_per_s),
                      f"{late * 1000:.2f}" if late is not None else "-", full_load_text(c),
@@ -511,33 +550,34 @@ def cache_lines(summary: RunSummary) -> list[str]:
 def markdown(summary: RunSummary) -> str:
     cells = summary.probe_cells()
     levels = levels_of(cells)
-    lines = ["| probe (mode) | " + " | ".join(levels) + " | n/cell |",
+    md = markdown_cell
+    lines = ["| probe (mode) | " + " | ".join(map(md, levels)) + " | n/cell |",
              "| --- | " + " | ".join("---:" for _ in levels) + " | ---: |"]
     for (probe, mode), row in _rows(cells).items():
-        texts = [cell_text(row.get(level)).replace("DRIFT", "**DRIFT**") for level in levels]
-        lines.append(f"| {probe} ({mode}) | " + " | ".join(texts) + f" | {min(c.ok for c in row.values())} |")
+        texts = [md(cell_text(row.get(level))).replace("DRIFT", "**DRIFT**") for level in levels]
+        lines.append(f"| {md(probe)} ({md(mode)}) | " + " | ".join(texts) + f" | {min(c.ok for c in row.values())} |")
     notes = footnotes(summary)
     if notes:
-        lines += [""] + [f"- {note}" for note in notes]
+        lines += [""] + [f"- {md(note)}" for note in notes]
     lines += ["", "| " + " | ".join(AGREEMENT_COLUMNS) + " |",
               "| --- | " + " | ".join("---:" for _ in AGREEMENT_COLUMNS[1:]) + " |"]
-    lines += ["| " + " | ".join(row) + " |" for row in agreement_rows(summary)]
+    lines += ["| " + " | ".join(map(md, row)) + " |" for row in agreement_rows(summary)]
     rows = server_rows(summary)
     if rows:
         lines += ["", "| " + " | ".join(SERVER_COLUMNS) + " |",
                   "| --- | " + " | ".join("---:" for _ in SERVER_COLUMNS[1:]) + " |"]
-        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        lines += ["| " + " | ".join(map(md, row)) + " |" for row in rows]
     cache = cache_lines(summary)
     if cache:
-        lines += ["", cache[0], *[f"- {line.strip()}" for line in cache[1:]]]
-    lines += ["", verdict_line(summary), ""]
+        lines += ["", md(cache[0]), *[f"- {md(line.strip())}" for line in cache[1:]]]
+    lines += ["", md(verdict_line(summary)), ""]
     if summary.slo:
         lines += ["| probe (mode) | level | requests | within SLO | attainment | goodput/s |",
                   "| --- | --- | ---: | ---: | ---: | ---: |"]
         for c in sorted(cells, key=lambda c: (c.probe, c.mode, c.level_order)):
-            lines.append(f"| {c.probe} ({c.mode}) | {c.level} | {c.requests} "
-                         f"| {c.slo_met} | {attainment_text(c)} | {_fmt(c.goodput)} |")
-        lines += ["", slo_line(summary), ""]
+            lines.append(f"| {md(c.probe)} ({md(c.mode)}) | {md(c.level)} | {c.requests} "
+                         f"| {c.slo_met} | {md(attainment_text(c))} | {_fmt(c.goodput)} |")
+        lines += ["", md(slo_line(summary)), ""]
     return "\n".join(lines)
 
 
@@ -685,4 +725,9 @@ def junit_xml(summary: RunSummary, suite: str = "kevload", fail_on: str = "drift
         probe, mode, level = name_parts(name)
         case = ET.SubElement(group, "testcase", classname=f"{suite}.{probe}.{mode}", name=level, time="0.000")
         ET.SubElement(case, "failure", message="no counted sample", type="inconclusive").text = text
+    # ElementTree escapes < & and quotes but writes control characters as they are: a file no XML parser reads.
+    for element in root.iter():
+        element.attrib = {name: xml_text(value) for name, value in element.attrib.items()}
+        if element.text:
+            element.text = xml_text(element.text)
     return ET.tostring(root, encoding="unicode", xml_declaration=True)

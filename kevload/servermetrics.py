@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -60,8 +61,17 @@ SERVERS = (
 _VALUES = ("running", "waiting", "prefix_cache_hits", "kv_cache_usage")
 # Only the lines of series named above reach the parser: a vLLM page of ~600 lines costs ~17 ms to parse
 # whole, which would stall the event loop that sends the load ten times a second.
-_PREFIXES = tuple(f"{name}{end}" for names in SERVERS for value in _VALUES for name in getattr(names, value)
-                  for end in (" ", "{"))
+_NAMES = frozenset(name for names in SERVERS for value in _VALUES for name in getattr(names, value))
+# A sample line's metric name, by the exposition format's grammar: blanks (spaces or tabs, any number) or its
+# labels' brace end it. A prefix such as ``name + " "`` missed ``name<TAB>value``, which the format allows.
+_SAMPLE_NAME = re.compile(r"[ \t]*([a-zA-Z_:][a-zA-Z0-9_:]*)[ \t{]")
+# What each value may be: counts and the counter from 0 to 2^53 (a double's exact integers: past them a count is
+# no longer one, and 1e300 would be written as an int of 300 digits, which JSON encoders refuse), the KV share
+# from 0 to 1. A value outside is not a number of the view: NaN is how some exporters say "none", a negative count
+# is impossible.
+_COUNT = (0.0, float(1 << 53), "a count, from 0 to 2^53")
+_RANGES = {"running": _COUNT, "waiting": _COUNT, "prefix_cache_hits": (*_COUNT[:2], "a counter, from 0 to 2^53"),
+           "kv_cache_usage": (0.0, 1.0, "a share, from 0 to 1")}
 # URLs whose missing metrics were already said on stderr: a diagnosis or a sweep runs many runs on one server.
 _WARNED: set[str] = set()
 _NOT_FOUND = "HTTP 404"
@@ -83,10 +93,14 @@ def read_view(text: str, model: str | None = None) -> dict[str, Any] | None:
     value that server does not publish), or None when the page has none of the servers' series. Raises
     ``ValueError`` when one of those series' lines is not Prometheus text.
 
+    A value outside its range (``_RANGES``: NaN, ±Inf, a negative count, a KV share over 1) is None too, and the
+    sample says what came under ``unfit`` (``{"running": "vllm:num_requests_running = -3.0 (…)"}``).
+
     A series with label sets for ``model`` (``model_name``, as vLLM and SGLang label them) is read from those
     alone: the page may speak for other models' servers too (a gateway). Without one (no such label, or the
     target's model is an alias) every label set counts."""
-    lines = [line for line in text.splitlines() if line.startswith(_PREFIXES)]
+    # Lines end at \n alone, as the format says (splitlines would also cut a label value at \x85 or \u2028).
+    lines = [line for line in text.split("\n") if (name := _SAMPLE_NAME.match(line)) and name[1] in _NAMES]
     if not lines:
         return None
     labelled: dict[str, list[tuple[str | None, float]]] = {}
@@ -96,10 +110,14 @@ def read_view(text: str, model: str | None = None) -> dict[str, Any] | None:
     series = {name: [v for label, v in values if model is not None and label == model] or [v for _, v in values]
               for name, values in labelled.items()}
     for names in SERVERS:
-        view = {value: _published(series, getattr(names, value), max if value == "kv_cache_usage" else sum)
-                for value in _VALUES}
-        if view["running"] is not None or view["waiting"] is not None:
-            return {"server": names.server, **view}
+        view: dict[str, Any] = {}
+        unfit: dict[str, str] = {}
+        for value in _VALUES:
+            view[value], unfit_value = _published(series, getattr(names, value), value)
+            if unfit_value is not None:
+                unfit[value] = unfit_value
+        if view["running"] is not None or view["waiting"] is not None or unfit.keys() & {"running", "waiting"}:
+            return {"server": names.server, **view, **({"unfit": unfit} if unfit else {})}
     return None
 
 
@@ -109,10 +127,12 @@ class Sampler:
     ``clock()`` (the records' clock). ``info`` is what ``run.json`` keeps under ``server_metrics``; it is filled
     in as the sampler learns.
 
-    Nothing it meets fails the run. The first read decides: a page without the known series, an HTTP error,
+    Nothing it meets fails the run. The first answer decides: a page without the known series, an HTTP error,
     no answer within ``TIMEOUT_S`` or no connection make the metrics unavailable (``info["why"]``) and nothing
-    more is read. That is said in one line through ``warn``, once per URL and process, unless the URL was only
-    guessed (``auto``) and the server answered 404: most servers without metrics, nothing to warn about.
+    more is read. A page whose known lines do not parse decides nothing: reading goes on, and the reads that
+    failed so are written before the first that parses; where none does by the run's end, that is why the
+    metrics are unavailable. That is said in one line through ``warn``, once per URL and process, unless the URL was
+    only guessed (``auto``) and the server answered 404: most servers without metrics, nothing to warn about.
     A later read that fails is a line with its ``error``.
     """
 
@@ -140,31 +160,39 @@ class Sampler:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        if self.info["available"] is None:  # the run ended before the first read was answered
-            self._unavailable("no answer before the run ended")
+        if self.info["available"] is None:  # no page parsed, or none came, before the run ended
+            self._unavailable(self.info["last_error"] or "no answer before the run ended")
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         connector = aiohttp.TCPConnector(limit=1)
+        fd: int | None = None
+        early: list[dict[str, Any]] = []  # reads whose page did not parse, before one did: written once one does
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=TIMEOUT_S)) as http:
-            first = await self._read(http)
-            if isinstance(first, str):
-                self._unavailable(first)
-                return
-            self.info.update(available=True, server=first["server"])
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             try:
-                self._write(fd, first)
                 due = loop.time()
                 while True:
+                    sample = await self._read(http)
+                    if fd is None and not isinstance(sample, _Unparsed):
+                        if isinstance(sample, str):  # the first answer decides: no metrics here
+                            self._unavailable(sample)
+                            return
+                        self.info.update(available=True, server=sample["server"])
+                        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                        os.write(fd, b"".join(early))
+                    line = self._line(sample)
+                    if fd is None:
+                        early.append(line)
+                    else:
+                        os.write(fd, line)
                     due += INTERVAL_S
                     # A read slower than the interval skips the reads it overran rather than bunching them up, and
                     # parsing (which holds the interpreter from the load's requests) takes a tenth of the time at most.
                     due = max(due, loop.time() + PARSE_SHARE_INVERSE * self.parse_s)
                     await asyncio.sleep(due - loop.time())
-                    self._write(fd, await self._read(http))
             finally:
-                os.close(fd)
+                if fd is not None:
+                    os.close(fd)
 
     async def _read(self, http: aiohttp.ClientSession) -> dict[str, Any] | str:
         """One sample, or why there is none."""
@@ -189,7 +217,7 @@ class Sampler:
             # that sends the load and stamps its answers must not wait for it.
             view = await asyncio.to_thread(read_view, body.decode("utf-8", "replace"), self.model)
         except ValueError as exc:
-            return f"not Prometheus text ({exc})"
+            return _Unparsed(f"not Prometheus text ({exc})")
         finally:
             self.parse_s = time.perf_counter() - started
         if view is None:
@@ -204,15 +232,20 @@ class Sampler:
             _WARNED.add(self.url)
             self.warn(f"kevload: server metrics: {self.url}: {why}; the cells' server_* fields stay null")
 
-    def _write(self, fd: int, sample: dict[str, Any] | str) -> None:
+    def _line(self, sample: dict[str, Any] | str) -> bytes:
+        """The sample's line of ``server-metrics.jsonl``, counted in ``info``."""
         if isinstance(sample, str):
             self.info["failed"] += 1
-            self.info["last_error"] = sample
-            line = {"t": round(self.clock(), 6), "error": sample}
-        else:
-            self.info["samples"] += 1
-            line = sample
-        os.write(fd, orjson.dumps(line) + b"\n")
+            self.info["last_error"] = str(sample)
+            return orjson.dumps({"t": round(self.clock(), 6), "error": str(sample)}) + b"\n"
+        self.info["samples"] += 1
+        return orjson.dumps(sample) + b"\n"
+
+
+class _Unparsed(str):
+    """Why a read failed where the page came but one of the known series' lines did not parse: a later page may
+    (a value caught mid-write, an exporter's passing bug), so unlike an HTTP error or a page without the series it
+    does not decide that the server has no metrics. Only where no page of the run parses does it say so."""
 
 
 @dataclass(frozen=True)
@@ -289,12 +322,19 @@ def server_note(concurrency: int, running_max: float | None, waiting_max: float 
             "not kevload, set the level")
 
 
-def _published(series: dict[str, list[float]], names: tuple[str, ...], combine: Callable) -> float | None:
+def _published(series: dict[str, list[float]], names: tuple[str, ...], value: str) -> tuple[float | None, str | None]:
+    """The first of ``names`` the page publishes, combined over its label sets (the KV share: the largest, the
+    others: the sum), and what came where a label set's value, or the sum, is outside the value's range."""
+    low, high, what = _RANGES[value]
     for name in names:
         if name in series:
-            value = combine(series[name])
-            return _number(value) if math.isfinite(value) else None  # NaN and ±Inf say nothing here
-    return None
+            values = series[name]
+            combined = max(values) if value == "kv_cache_usage" else sum(values)
+            bad = next((v for v in (*values, combined) if not low <= v <= high), None)  # NaN fails both
+            if bad is not None:
+                return None, f"{name} = {bad!r} ({what})"
+            return _number(combined), None
+    return None, None
 
 
 def _largest(values: np.ndarray) -> float | None:

@@ -233,9 +233,22 @@ def test_ray_is_refused_before_any_cluster_is_reached(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+_SGLANG_FLUSHED = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
+                   "requests, the operation will not be performed.)\n")
+_LONG_NO = json.dumps({"success": False, "pad": "x" * 2000})
+
+
 @pytest.mark.parametrize(("status", "body", "ok"), [
     (200, '{"success": true}', True), (200, '{"success": false}', False), (200, "Cache flushed.", True),
-    (400, "pending requests", False), (404, "Not Found", False)])
+    (200, _SGLANG_FLUSHED, True), (200, "", True), (200, '{"success": true, "error": null}', True),
+    (400, "pending requests", False), (404, "Not Found", False),
+    # A "no" is read whole, whatever its length: cut, it would no longer parse.
+    (200, _LONG_NO, False), (200, _LONG_NO[:150], False),
+    # Typed: success must be the JSON true, the answer a JSON object; other text is no reset.
+    (200, '{"success": "true"}', False), (200, '{"success": 1}', False), (200, '{"success": null}', False),
+    (200, "[true]", False), (200, "true", False), (200, '"Cache flushed."', False),
+    (200, '{"error": "engine busy"}', False), (200, "False", False), (200, "pending requests", False),
+    (200, "{" * 5000, False), (200, " " * (70 << 10), False)])
 def test_what_counts_as_a_reset(status, body, ok):
     from aiohttp import web
 
@@ -324,3 +337,75 @@ def test_the_cli_says_a_failed_reset_in_one_line_and_exits_3(tmp_path):
                                                       "/flush_cache answered 500; the next sample could not be made "
                                                       "cold (load.cache_reset)")
     assert "Traceback" not in result.output
+
+
+class _LongRefusal(FakeServer):
+    """A vLLM whose resets after the first ``ok`` are refused with a long answer (blocks held, and much said)."""
+
+    def __init__(self, behaviour: Behaviour, ok: int):
+        super().__init__(behaviour)
+        self.ok = ok
+
+    async def _reset(self, request):
+        from aiohttp import web
+
+        if self.resets < self.ok:
+            return await super()._reset(request)
+        return web.Response(text=_LONG_NO, content_type="application/json")
+
+
+def test_a_long_refused_reset_mid_run_stops_it_with_exit_3(tmp_path):
+    path = tmp_path / "s.toml"
+    behaviour = Behaviour(warm_differs=True, reset_endpoint="/reset_prefix_cache", cached_tokens="usage")
+    with _LongRefusal(behaviour, ok=2) as server:
+        path.write_text(f'[target]\nbase_url = "{server.url}"\nmodel = "m"\n[load]\nprefix_cache = "cold_warm"\n'
+                        'samples = 8\n[[probes]]\nid = "p"\nprompt = "x"\nmax_tokens = 2\n')
+        result = CliRunner().invoke(main, ["run", str(path), "--out", str(tmp_path / "run"), "--quiet"])
+    assert result.exit_code == 3, result.output
+    line = result.output.strip().splitlines()[-1]
+    assert line.startswith("kevload: error: prefix cache reset failed mid-run: POST /reset_prefix_cache answered 200 ")
+    assert f"… ({len(_LONG_NO)} characters)" in line  # the line is shortened; the answer was judged whole
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["state"] == "aborted"
+    assert len(server.requests) == 2  # one round (cold, warm); no "cold" sample sent after the refusal
+
+
+@pytest.mark.parametrize("cache_reset", ["auto", "reset_prefix_cache"])
+def test_a_long_refused_reset_is_never_picked(tmp_path, cache_reset):
+    behaviour = Behaviour(reset_endpoint="/reset_prefix_cache")
+    if cache_reset == "auto":
+        with _LongRefusal(behaviour, ok=0) as server:
+            asyncio.run(run_scenario(scenario(server.url, cache_reset=cache_reset), tmp_path / "run"))
+        meta = json.loads((tmp_path / "run" / "run.json").read_text())
+        assert meta["prefix_cache"]["method"] == "marker"
+        assert "POST /reset_prefix_cache answered 200 " in meta["prefix_cache"]["why"]
+    else:
+        with _LongRefusal(behaviour, ok=0) as server, pytest.raises(CacheResetError, match="has no such reset"):
+            asyncio.run(run_scenario(scenario(server.url, cache_reset=cache_reset), tmp_path / "run"))
+        assert server.requests == []
+
+
+@pytest.mark.parametrize(("status", "body", "said"), [
+    (200, b'{"default_generation_settings": {"n_ctx": 2048}, "total_slots": 1}', "answered llama.cpp's props"),
+    (200, b'{"default_generation_settings": "yes"}', "default_generation_settings is a JSON string"),
+    (200, b'{"default_generation_settings": null}', "default_generation_settings is a JSON null"),
+    (200, b'["default_generation_settings"]', "JSON array"),
+    (200, b'{"total_slots": 1}', "without default_generation_settings"),
+    (200, b"\xff\xfe not json", "not JSON"), (200, b"[" * 5000, "not JSON"), (200, None, "over 4 MiB"),
+    (404, b"", "answered 404")])
+def test_props_are_read_typed(status, body, said):
+    ok, why = prefixcache.props_answer(status, body)
+    assert ok is (said == "answered llama.cpp's props")
+    assert said in why and (ok or why.endswith("not llama.cpp's props") or "not llama.cpp's props:" in why)
+
+
+def test_props_of_the_wrong_shape_fall_back_to_the_marker(tmp_path):
+    class _OddProps(FakeServer):
+        async def _props(self, request):
+            from aiohttp import web
+
+            return web.json_response({"default_generation_settings": ["n_ctx", 2048]})
+
+    with _OddProps(Behaviour()) as server:
+        asyncio.run(run_scenario(scenario(server.url), tmp_path / "run"))
+    why = json.loads((tmp_path / "run" / "run.json").read_text())["prefix_cache"]["why"]
+    assert "GET /props answered 200 whose default_generation_settings is a JSON array, not llama.cpp's props" in why

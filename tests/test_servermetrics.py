@@ -71,7 +71,8 @@ def test_a_vllm_page_is_summed_over_its_engines():
     ("tgi_batch_current_size 8\ntgi_queue_size 0\n",
      {"server": "tgi", "running": 8, "waiting": 0, "prefix_cache_hits": None, "kv_cache_usage": None}),
     ("llamacpp:requests_processing NaN\nllamacpp:requests_deferred 1\n",
-     {"server": "llamacpp", "running": None, "waiting": 1, "prefix_cache_hits": None, "kv_cache_usage": None}),
+     {"server": "llamacpp", "running": None, "waiting": 1, "prefix_cache_hits": None, "kv_cache_usage": None,
+      "unfit": {"running": "llamacpp:requests_processing = nan (a count, from 0 to 2^53)"}}),
 ], ids=["llamacpp", "sglang", "tgi", "nan"])
 def test_each_server_is_read_under_its_own_names(page, view):
     assert read_view(page) == view
@@ -450,3 +451,88 @@ def test_a_huge_metrics_page_never_stalls_the_requests_it_times(tmp_path):
     # before the first parse did, on a machine busy enough.
     meta = json.loads((tmp_path / "run" / "run.json").read_text())["server_metrics"]
     assert meta["available"] is True or meta["why"] == "no answer before the run ended", meta
+
+
+# --- the page read by the format's grammar, its values by their ranges ---
+
+@pytest.mark.parametrize("gap", ["\t", "  ", " \t ", "\t\t"])
+def test_a_name_and_value_apart_by_any_blanks_are_read(gap):
+    page = (f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{gap}3\n"
+            f"  vllm:num_requests_waiting{gap}2{gap}1700000000000\n"
+            f"vllm:num_requests_running_by_engine{gap}9\n")  # only starts like a known name: not read
+    assert read_view(page) == {"server": "vllm", "running": 3, "waiting": 2, "prefix_cache_hits": None,
+                               "kv_cache_usage": None}
+
+
+def test_a_label_value_with_a_unicode_line_break_stays_one_line():
+    page = 'vllm:num_requests_running{model_name="m\u2028x\x85y"} 3\nvllm:num_requests_waiting 0\n'
+    assert read_view(page)["running"] == 3
+
+
+@pytest.mark.parametrize(("line", "unfit"), [
+    ("vllm:num_requests_running -3", {"running": "vllm:num_requests_running = -3.0 (a count, from 0 to 2^53)"}),
+    ("vllm:num_requests_running +Inf", {"running": "vllm:num_requests_running = inf (a count, from 0 to 2^53)"}),
+    ("vllm:num_requests_running 1e300", {"running": "vllm:num_requests_running = 1e+300 (a count, from 0 to 2^53)"}),
+    ('vllm:num_requests_running{engine="0"} 5\nvllm:num_requests_running{engine="1"} -2',
+     {"running": "vllm:num_requests_running = -2.0 (a count, from 0 to 2^53)"}),  # never summed into 3
+    ("vllm:kv_cache_usage_perc 1.5\nvllm:num_requests_running 1",
+     {"kv_cache_usage": "vllm:kv_cache_usage_perc = 1.5 (a share, from 0 to 1)"}),
+    ("vllm:prefix_cache_hits_total NaN\nvllm:num_requests_running 1",
+     {"prefix_cache_hits": "vllm:prefix_cache_hits_total = nan (a counter, from 0 to 2^53)"})])
+def test_a_value_outside_its_range_is_no_number_and_says_what_came(line, unfit):
+    view = read_view(line + "\nvllm:num_requests_waiting 0\n")
+    assert view["server"] == "vllm" and view["unfit"] == unfit
+    assert all(view[value] is None for value in unfit)
+    orjson.dumps(view)  # what the sampler writes
+
+
+class _TabbedVllm(FakeServer):
+    """A vLLM whose /metrics separates each name from its value by a tab, as the exposition format allows, and
+    whose first ``broken`` pages hold a running line that does not parse."""
+
+    def __init__(self, behaviour: Behaviour, broken: int = 0, running: str | None = None):
+        super().__init__(behaviour)
+        self.broken, self.running = broken, running
+
+    async def _metrics(self, request):
+        self.metrics_polls += 1
+        running = self.running or str(len(self._active))
+        if self.metrics_polls <= self.broken:
+            running += "requests"
+        return web.Response(text=f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running\t{running}\n"
+                                 f"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting\t"
+                                 f"{len(self._queue)}\n")
+
+
+def test_a_tab_separated_page_gives_the_servers_view(tmp_path):
+    with _TabbedVllm(Behaviour(latency=0.3)) as fake:
+        code, output, summary = _run(tmp_path, fake, samples=4)
+    assert code == 0, output
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())["server_metrics"]
+    assert meta["available"] is True and meta["server"] == "vllm", meta
+    c4 = cells_by_level(summary)[4]
+    assert c4["server_view"] is True and c4["server_running_max"] == 4 and c4["server_waiting_max"] == 0
+
+
+def test_pages_that_do_not_parse_at_first_leave_the_later_ones_read(tmp_path):
+    with _TabbedVllm(Behaviour(latency=0.3), broken=2) as fake:
+        code, output, summary = _run(tmp_path, fake, samples=4)
+    assert code == 0, output
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())["server_metrics"]
+    assert meta["available"] is True and meta["failed"] == 2 and meta["last_error"].startswith("not Prometheus")
+    lines = [orjson.loads(line) for line in (tmp_path / "run" / SAMPLES).read_bytes().splitlines()]
+    assert [("error" in line) for line in lines[:3]] == [True, True, False]  # the failed reads kept, in order
+    assert cells_by_level(summary)[4]["server_running_max"] == 4
+
+
+def test_an_impossible_count_is_kept_as_a_finding_never_as_a_number(tmp_path):
+    with _TabbedVllm(Behaviour(latency=0.1), running="-3") as fake:
+        code, output, summary = _run(tmp_path, fake, samples=4)
+    assert code == 0, output
+    lines = [orjson.loads(line) for line in (tmp_path / "run" / SAMPLES).read_bytes().splitlines()]
+    assert lines and all(line["running"] is None for line in lines)
+    assert all(line["unfit"] == {"running": "vllm:num_requests_running = -3.0 (a count, from 0 to 2^53)"}
+               for line in lines)
+    for cell in summary["cells"]:
+        assert cell["server_view"] is True and cell["server_running_max"] is None
+        assert cell["server_waiting_max"] == 0
