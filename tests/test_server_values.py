@@ -9,6 +9,9 @@ import json
 import pytest
 
 from kevload.client import _read_stream, _read_whole
+from kevload.rundir import RunDir
+from tests.conftest import load_summary, run_cli, write_scenario
+from tests.fakeserver import Behaviour, FakeServer
 
 
 def whole(doc, token_limit=None):
@@ -121,3 +124,36 @@ def test_text_and_finish_reason_of_the_wrong_type_stay_malformed():
         outcome = whole(doc)
         assert outcome.status == "malformed" and outcome.output is None, outcome
         assert "$.choices[0]" in outcome.error
+
+
+class _Counts(FakeServer):
+    """Every answer says its completion_tokens as ``value``, whole or streamed (the text is the usual one)."""
+
+    value: object = None
+
+    def _cache_account(self, cached):
+        return {"usage": {"completion_tokens": self.value}}
+
+
+@pytest.mark.parametrize(("value", "stream"), [("12", False), ([12], False), (-3, False), (10**30, False),
+                                                (12.0, False), (-3, True), ("12", True)], ids=repr)
+def test_a_run_whose_server_miscounts_ends_complete_with_the_finding_on_record(tmp_path, value, stream):
+    server = _Counts(Behaviour(latency=0.01))
+    server.value = value
+    with server:
+        scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=3, stream=stream,
+                                  logprobs=False)
+        code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
+    assert code == 0, output  # a deterministic server: the miscount is no nondeterminism
+    assert "Traceback" not in output
+    run = RunDir(tmp_path / "run")
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["state"] == "complete"
+    records = [r for r in run.records() if r.role == "probe"]
+    assert records and all(r.completion_tokens is None and r.findings for r in records)
+    assert all(r.findings[0].startswith("usage.completion_tokens:") for r in records), records[0].findings
+    summary = load_summary(tmp_path / "run")
+    for cell in summary["cells"]:
+        assert cell["output_tokens"] == 0 and cell["output_tokens_per_s"] in (0, 0.0, None), cell
+        assert cell["findings"] == cell["ok"] > 0
+    code, report = run_cli("report", tmp_path / "run", "--format", "json")
+    assert code == 0 and json.loads(report) == summary
