@@ -214,13 +214,23 @@ def served():
 
 @st.composite
 def served_answers(draw):
+    """Half of them a good answer but for its usage (any JSON value in any count), half anything."""
     stream = draw(st.booleans())
+    if draw(st.booleans()):
+        usage = draw(usages | st.fixed_dictionaries({"prompt_tokens": counts, "completion_tokens": json_values}))
+        if not stream:
+            return False, encoded({"choices": [{"index": 0, "message": {"content": "hi"}, "finish_reason": "stop"}],
+                                   "usage": usage}), "application/json"
+        events = [{"choices": [{"index": 0, "delta": {"content": "hi"}}]},
+                  {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}, {"choices": [], "usage": usage}]
+        return True, b"".join(b"data: " + encoded(e) + b"\n\n" for e in events) + b"data: [DONE]\n\n", \
+            "text/event-stream"
     if stream:
         return True, draw(streams()), "text/event-stream"
     return False, encoded(draw(answers())), draw(st.sampled_from(["application/json"] * 4 + ["text/html"]))
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow])
 @given(answer=served_answers())
 def test_a_run_against_any_answer_ends_with_a_summary_the_report_repeats(served, tmp_path_factory, answer):
