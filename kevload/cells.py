@@ -67,6 +67,7 @@ class CellAccumulator:
     # Closed-loop levels c ≥ 2: every counted request's send and last-byte time, in turn (None: nothing to check).
     spans: array | None = None
     cancelled: int = 0  # requests kevload cut (load.cancel_share): neither answers nor errors
+    findings: int = 0  # ok requests whose answer held a value that did not fit its field (Record.findings)
     # Probe cells: each ok sample's send and last-byte time, in turn, and its output beside it, so that the samples
     # with a cut of their level in flight can be told from the others (kevload.cancel.beside_cuts).
     sample_spans: array | None = None
@@ -91,6 +92,8 @@ class CellAccumulator:
             else:
                 self.errors[status] = self.errors.get(status, 0) + 1
             return
+        if record.get("findings"):
+            self.findings += 1
         key = (record["sha256"], record.get("finish_reason"))
         count = self.counts.get(key)
         if count is None:
@@ -197,6 +200,7 @@ class CellAccumulator:
                 self.logprobs[digest] = track
         self.logprobs_missing += other.logprobs_missing
         self.logprob_nonfinite += other.logprob_nonfinite
+        self.findings += other.findings
         for status, n in other.errors.items():
             self.errors[status] = self.errors.get(status, 0) + n
         self.reconnects += other.reconnects

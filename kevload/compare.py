@@ -303,6 +303,7 @@ def _cell_summary(probe: str, role: str, mode: str, level: Level, ref_level: Lev
         logprobs_missing=logprobs.missing,
         logprobs_partial=logprobs.partial,
         logprob_nonfinite_samples=logprobs.nonfinite_samples,
+        findings=cell.findings or None,
         example_offset=diverged.example_offset if diverged else None,
         serial_example=diverged.serial_example if diverged else None,
         divergent_example=diverged.divergent_example if diverged else None,

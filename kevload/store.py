@@ -82,6 +82,8 @@ class Record:
     cached_tokens: int | None = None
     # A companion load.cancel_share chose to cut (kevload.cancel): ``cancelled`` if the cut came before its answer.
     cancel_planned: bool = False
+    # What the server sent that did not fit its field, "field: what was wrong and what came" (``client.Outcome``).
+    findings: list[str] | None = None
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Record:

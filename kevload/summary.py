@@ -210,6 +210,9 @@ class CellSummary(_Json):
     logprobs_missing: int | None = written_with("logprobs_missing")
     logprobs_partial: int | None = written_with("logprobs_missing")
     logprob_nonfinite_samples: int | None = written_with("logprobs_missing")
+    # Ok samples whose answer held a value that did not fit its field (a count that is no count, a logprob above 0):
+    # the value was dropped, the answer compared (absent: none had one).
+    findings: int | None = written_with("findings")
     # The drift example: both texts are the same window, starting at char example_offset.
     example_offset: int | None = written_with("example_offset")
     serial_example: str | None = written_with("example_offset")

@@ -233,11 +233,13 @@ def test_client_reads_logprobs_of_every_shape(api, style, ids, stream):
 
 
 def test_client_keeps_logprobs_aligned_with_their_tokens():
-    from kevload.client import _Accumulator
+    from kevload.client import _STRICT, _Accumulator
 
     acc = _Accumulator()
-    acc.take_extras({}, {"logprobs": {"tokens": ["a", " b", " c"], "token_logprobs": [None, -0.5]}})
-    acc.take_extras({}, {"logprobs": {"content": [{"token": " d", "logprob": -1, "id": 4}]}})
+    for event in (b'{"choices": [{"logprobs": {"tokens": ["a", " b", " c"], "token_logprobs": [null, -0.5]}}]}',
+                  b'{"choices": [{"logprobs": {"content": [{"token": " d", "logprob": -1, "id": 4}]}}]}'):
+        answer = _STRICT.decode(event)
+        acc.take_extras(answer, answer.choices[0])
     assert acc.tokens == ["a", " b", " c", " d"]
     assert acc.logprobs == [None, -0.5, None, -1.0]  # a missing one is null, never a shifted neighbour
     assert acc.logprob_ids is None  # one piece came without ids: no partial id list

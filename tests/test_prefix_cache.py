@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from kevload import prefixcache
 from kevload.cli import main
-from kevload.client import _Accumulator
+from kevload.client import _STRICT, _Accumulator
 from kevload.diagnose import cache_rounds
 from kevload.errors import InputError, ScenarioError
 from kevload.html import run_report
@@ -171,7 +171,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path):
     ({"usage": {"prompt_tokens": 40}}, None)])
 def test_the_client_reads_what_the_server_says_it_cached(doc, expected):
     acc = _Accumulator()
-    acc.take_extras(doc, None)
+    acc.take_extras(_STRICT.decode(json.dumps(doc)), None)
     assert acc.finish("stop", complete=True, t_send=0.0, t_last_byte=1.0).cached_tokens == expected
 
 
