@@ -11,8 +11,10 @@ import asyncio
 import hashlib
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any
+
+import msgspec
 
 from kevload.cancel import CancelAt
 from kevload.client import Client, Outcome, build_body
@@ -152,7 +154,7 @@ class Sender:
                               history_sha256=history_sha256(asked.messages), cancel_planned=cancel is not None)
                 if done.sha256 is not None:
                     chained = conversation_sha256(chained, done.sha256, done.finish_reason)
-                    done = replace(done, conversation_sha256=chained)
+                    done = msgspec.structs.replace(done, conversation_sha256=chained)
                 yield done
                 if ends:
                     return
@@ -199,7 +201,7 @@ class Sender:
 
 
 # Every field an Outcome shares with a Record is copied by name, so a field added to both travels on its own.
-_FROM_OUTCOME = tuple(f.name for f in fields(Record) if f.name in {g.name for g in fields(Outcome)})
+_FROM_OUTCOME = tuple(name for name in Record.__struct_fields__ if name in {g.name for g in fields(Outcome)})
 
 
 def record(outcome: Outcome, body: dict[str, Any], **given: Any) -> Record:
