@@ -24,7 +24,7 @@ from kevload.models import Probe
 from kevload.prefixcache import CacheControl
 from kevload.scenario import Scenario
 from kevload.schedule import PROBE, ClosedLoop, Role
-from kevload.store import Record, answer_text
+from kevload.store import TOKEN_COUNT_MAX, Record, answer_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,14 +202,29 @@ class Sender:
 
 # Every field an Outcome shares with a Record is copied by name, so a field added to both travels on its own.
 _FROM_OUTCOME = tuple(name for name in Record.__struct_fields__ if name in {g.name for g in fields(Outcome)})
+# The server's counts, as a record keeps them: what is no count in range is a finding, never a number on disk that
+# the run's own summary would refuse to read.
+_COUNTS = ("prompt_tokens", "completion_tokens", "cached_tokens")
 
 
 def record(outcome: Outcome, body: dict[str, Any], **given: Any) -> Record:
     output = outcome.output
     copied = {name: getattr(outcome, name) for name in _FROM_OUTCOME if name not in given}
+    for name in _COUNTS:
+        value = copied.get(name)
+        if value is not None and not (type(value) is int and 0 <= value <= TOKEN_COUNT_MAX):
+            copied[name] = None
+            copied["findings"] = [*(copied.get("findings") or ()),
+                                  f"{name}: expected an integer from 0 to {TOKEN_COUNT_MAX}, got {_shown(value)}"]
     return Record(
         **copied, **given,
         sha256=hashlib.sha256(answer_text(output, outcome.reasoning, outcome.tool_calls).encode()).hexdigest()
         if outcome.status == "ok" and output is not None else None,
         params={k: v for k, v in body.items() if k not in ("messages", "prompt")},
     )
+
+
+def _shown(value: Any) -> str:
+    """A value a server sent, as a finding shows it: its repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:39] + "…"
