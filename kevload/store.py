@@ -66,7 +66,7 @@ class Record(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     mode: str
     concurrency: Count  # 0 at an open-loop level
     rate: Annotated[float, msgspec.Meta(gt=0)] | None
-    sample: Count
+    sample: Annotated[int, msgspec.Meta(ge=-1)]  # from 0; -1: a warm-up of an open-loop level
     in_flight: Count  # other requests in flight when this one was sent
     # Sent at full load (closed loop: exactly concurrency - 1 others in flight); only these are compared. Records
     # from before it were all counted.
