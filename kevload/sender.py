@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import operator
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, fields
@@ -200,27 +201,35 @@ class Sender:
         return outcome, retries, cut
 
 
-# Every field an Outcome shares with a Record is copied by name, so a field added to both travels on its own.
+# Every field an Outcome shares with a Record is copied by name, so a field added to both travels on its own; read
+# in one call per request.
 _FROM_OUTCOME = tuple(name for name in Record.__struct_fields__ if name in {g.name for g in fields(Outcome)})
+_shared = operator.attrgetter(*_FROM_OUTCOME)
 # The server's counts, as a record keeps them: what is no count in range is a finding, never a number on disk that
 # the run's own summary would refuse to read.
 _COUNTS = ("prompt_tokens", "completion_tokens", "cached_tokens")
 
 
 def record(outcome: Outcome, body: dict[str, Any], **given: Any) -> Record:
-    output = outcome.output
-    copied = {name: getattr(outcome, name) for name in _FROM_OUTCOME if name not in given}
+    """The record of ``outcome``, built once: the fields it shares with the record, ``given`` (what the sender knows
+    of the request), the answer's hash and the body's parameters."""
+    values = dict(zip(_FROM_OUTCOME, _shared(outcome), strict=True))
     for name in _COUNTS:
-        value = copied.get(name)
-        if value is not None and not (type(value) is int and 0 <= value <= TOKEN_COUNT_MAX):
-            copied[name] = None
-            copied["findings"] = [*(copied.get("findings") or ()),
+        value = values.get(name)
+        if value is not None and (type(value) is not int or not 0 <= value <= TOKEN_COUNT_MAX):
+            values[name] = None
+            values["findings"] = [*(values.get("findings") or ()),
                                   f"{name}: expected an integer from 0 to {TOKEN_COUNT_MAX}, got {_shown(value)}"]
+    output = outcome.output
+    values.update(given)
+    params = body.copy()  # the body less its prompt: a copy and two pops cost a third of a filtering comprehension
+    params.pop("messages", None)
+    params.pop("prompt", None)
     return Record(
-        **copied, **given,
+        **values,
         sha256=hashlib.sha256(answer_text(output, outcome.reasoning, outcome.tool_calls).encode()).hexdigest()
         if outcome.status == "ok" and output is not None else None,
-        params={k: v for k, v in body.items() if k not in ("messages", "prompt")},
+        params=params,
     )
 
 
