@@ -33,6 +33,7 @@ from kevload.store import (
     default_run_dir,
     new_run_id,
     now_iso,
+    record_line,
     redact,
     request_part,
     url_secrets,
@@ -138,11 +139,12 @@ async def _run_scenario(scenario: Scenario, run_dir: Path | None, *, on_record: 
     reset_failed = False
     with RecordWriter(RunDir(run_dir).records_jsonl) as writer:
         try:
-            async with sampler, client, aclosing(stream.__aiter__()) as records:
-                async for record in records:
-                    writer.write(record)
+            async with sampler, client, aclosing(stream.batches()) as batches:
+                async for batch in batches:
+                    writer.write_lines(b"".join([record_line(record) for record in batch]))
                     if on_record is not None:
-                        on_record(record)
+                        for record in batch:
+                            on_record(record)
         except prefixcache.CacheResetError:
             reset_failed = True  # kevload's run failed, not the cells: it ends aborted, the error says why
             raise
