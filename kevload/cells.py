@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 from array import array
 from dataclasses import dataclass, field
-from typing import Any
 
+import msgspec
 import numpy as np
 
 from kevload.cancel import CANCELLED
@@ -23,7 +23,7 @@ from kevload.envelope import LogprobTrack
 from kevload.overlap import FullLoad, Occupancy, Window
 from kevload.scenario import Slo
 from kevload.stats import LatencyHistogram
-from kevload.store import counts_in_cell, record_answer
+from kevload.store import Record, counts_in_cell
 from kevload.turnwise import TurnAnswer
 
 LATENCY_NAMES = ("e2e", "ttft", "tpot", "itl", "lateness")
@@ -73,9 +73,9 @@ class CellAccumulator:
     sample_spans: array | None = None
     sample_outputs: list[OutputKey] | None = None
 
-    def add(self, record: dict[str, Any]) -> None:
+    def add(self, record: Record) -> None:
         # The comparator's hot loop (a million records in seconds): plain comparisons, no helpers.
-        t_send, t_last = record["t_send"], record["t_last_byte"]
+        t_send, t_last = record.t_send, record.t_last_byte
         spans = self.spans
         if spans is not None:
             spans.append(t_send)
@@ -84,23 +84,23 @@ class CellAccumulator:
             self.t_start = t_send
         if t_last > self.t_end:
             self.t_end = t_last
-        self.reconnects += record.get("reconnects", 0)
-        status = record["status"]
+        self.reconnects += record.reconnects
+        status = record.status
         if status != "ok":
             if status == CANCELLED:
                 self.cancelled += 1
             else:
                 self.errors[status] = self.errors.get(status, 0) + 1
             return
-        if record.get("findings"):
+        if record.findings:
             self.findings += 1
-        key = (record["sha256"], record.get("finish_reason"))
+        key = (record.sha256, record.finish_reason)
         count = self.counts.get(key)
         if count is None:
             self.counts[key] = 1
-            self.first_seen[key] = record["seq"]
-            self.texts[key] = record_answer(record)
-            toks = record.get("token_ids") or record.get("tokens")
+            self.first_seen[key] = record.seq
+            self.texts[key] = record.answer
+            toks = record.token_ids or record.tokens
             if toks:
                 self.tokens[key] = toks
         else:
@@ -110,37 +110,37 @@ class CellAccumulator:
             self.sample_spans.append(t_send)
             self.sample_spans.append(t_last)
             outputs.append(key)
-        logprobs = record.get("logprobs")
+        logprobs = record.logprobs
         # A vector of nulls only is no logprob at all: the server gave the field, not one value in it.
         if logprobs and (logprobs[0] is not None or logprobs.count(None) < len(logprobs)):
-            nonfinite = record.get("logprob_nonfinite")
+            nonfinite = record.logprob_nonfinite
             if nonfinite:
                 self.logprob_nonfinite += 1
             track = self.logprobs.get(key)
             if track is None:
-                self.logprobs[key] = LogprobTrack(logprobs, record["seq"], bool(nonfinite))
+                self.logprobs[key] = LogprobTrack(logprobs, record.seq, bool(nonfinite))
                 if key not in self.tokens:
                     # The output's first record came without logprobs (and their tokens): line it up by this one.
-                    toks = record.get("token_ids") or record.get("tokens")
+                    toks = record.token_ids or record.tokens
                     if toks:
                         self.tokens[key] = toks
             else:
-                track.add(logprobs, record["seq"], bool(nonfinite))
+                track.add(logprobs, record.seq, bool(nonfinite))
         else:
-            asked = (record.get("params") or {}).get("logprobs")
+            asked = record.params.get("logprobs")
             if asked is not None and asked is not False:  # completions' logprobs: 0 asks too
                 self.logprobs_missing += 1
-        tokens = record.get("completion_tokens") or 0
+        tokens = record.completion_tokens or 0
         self.output_tokens += tokens
         latency = self.latency
         e2e = t_last - t_send
         latency["e2e"].add(e2e)
-        scheduled = record.get("t_scheduled")
+        scheduled = record.t_scheduled
         if scheduled is not None:
             # How late the client sent it: the client, not the server, is the limit when this grows.
             latency["lateness"].add(t_send - scheduled)
-        t_first = record.get("t_first_token")
-        chunks = record.get("chunks") or 0
+        t_first = record.t_first_token
+        chunks = record.chunks
         # A one-token answer has no gap between tokens: nothing in it can miss an ITL or TPOT bound.
         ttft = itl = tpot = 0.0
         streamed = t_first is not None and chunks
@@ -260,69 +260,69 @@ class Reduction:
     # Conversations whose ending record this part has not read yet: their earlier turns, in order.
     talks: dict[str, list[KeptTurn]] = field(default_factory=dict)
     # Ending records whose conversation's first turns this part lacks, with the turns it has (``_turn``).
-    ends: dict[str, tuple[dict[str, Any], list[KeptTurn]]] = field(default_factory=dict)
+    ends: dict[str, tuple[Record, list[KeptTurn]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.limits = slo_limits(self.slo)
 
-    def add(self, record: dict[str, Any]) -> None:
+    def add(self, record: Record) -> None:
         self.sent += 1
-        status = record["status"]
-        self.cancel_planned += record.get("cancel_planned", False)
+        status = record.status
+        self.cancel_planned += record.cancel_planned
         if status == CANCELLED:
-            level = (record["mode"], record["concurrency"], record.get("rate"))
+            level = (record.mode, record.concurrency, record.rate)
             cuts = self.cuts.get(level)
             if cuts is None:
                 cuts = self.cuts[level] = array("d")
-            cuts.append(record["t_last_byte"])
+            cuts.append(record.t_last_byte)
         elif status != "ok":
             self.sent_errors[status] = self.sent_errors.get(status, 0) + 1
-        if record.get("turns") is not None:
+        if record.turns is not None:
             self._turn(record)
             return
         # Warm-ups and sends below full load (a level's ramp-up) are on record but are no evidence.
-        if not counts_in_cell(record["role"], record.get("counted", True)):
+        if not counts_in_cell(record.role, record.counted):
             self._other(record)
             return
         self._sample(record)
 
-    def _sample(self, record: dict[str, Any]) -> None:
-        key = (record["probe"], record["role"], record["mode"], record["concurrency"], record.get("rate"))
+    def _sample(self, record: Record) -> None:
+        key = (record.probe, record.role, record.mode, record.concurrency, record.rate)
         cell = self.cells.get(key)
         if cell is None:
-            probe = record["role"] == "probe"
+            probe = record.role == "probe"
             cell = self.cells[key] = CellAccumulator(
-                max_in_flight=record.get("max_in_flight"), slo=self.limits,
-                spans=array("d") if record["concurrency"] > 1 and record.get("rate") is None else None,
+                max_in_flight=record.max_in_flight, slo=self.limits,
+                spans=array("d") if record.concurrency > 1 and record.rate is None else None,
                 sample_spans=array("d") if probe and self.cuts_asked else None,
                 sample_outputs=[] if probe and self.cuts_asked else None)
         cell.add(record)
         self.records += 1
 
-    def _other(self, record: dict[str, Any]) -> None:
+    def _other(self, record: Record) -> None:
         """A request of a closed-loop level c ≥ 2 that is no sample of a cell: one of the others beside those that
         are."""
-        if record["concurrency"] > 1 and record.get("rate") is None:
-            level = (record["mode"], record["concurrency"])
+        if record.concurrency > 1 and record.rate is None:
+            level = (record.mode, record.concurrency)
             spans = self.uncounted_spans.get(level)
             if spans is None:
                 spans = self.uncounted_spans[level] = array("d")
-            spans.append(record["t_send"])
-            spans.append(record["t_last_byte"])
+            spans.append(record.t_send)
+            spans.append(record.t_last_byte)
 
-    def _turn(self, record: dict[str, Any]) -> None:
+    def _turn(self, record: Record) -> None:
         """A turn of a conversation. An earlier one is one of its level's others, and kept (its answer) until the
         record that ends its sample (the last turn, or the turn that failed) says whether the sample counts: a
         conversation cut by a stop or a crash, or whose later turn went below full load, is no sample, nor are its
         turns. A record that ends a conversation whose first turns this part lacks (a large file read in parts)
         waits for ``merge`` to bring them."""
-        conversation, turn, ok = record["conversation"], record["turn"], record["status"] == "ok"
-        if not ends_sample(turn, record["turns"], record["status"]):
-            answer = (record["history_sha256"], record["sha256"], record.get("finish_reason")) if ok else None
-            text = as_received(record_answer(record), record.get("finish_reason")) if ok else ""
+        conversation, turn, ok = record.conversation, record.turn, record.status == "ok"
+        if not ends_sample(turn, record.turns, record.status):
+            answer = (record.history_sha256, record.sha256, record.finish_reason) if ok else None
+            text = as_received(record.answer, record.finish_reason) if ok else ""
             missed = slo_missed(self.limits, record) if ok and self.limits is not None else ()
-            self.talks.setdefault(conversation, []).append((turn, answer, text, record.get("completion_tokens") or 0,
-                                                             record["t_send"], missed))
+            self.talks.setdefault(conversation, []).append((turn, answer, text, record.completion_tokens or 0,
+                                                             record.t_send, missed))
             self._other(record)
             return
         earlier = self.talks.pop(conversation, [])
@@ -331,28 +331,29 @@ class Reduction:
             return
         self._end(record, earlier)
 
-    def _end(self, record: dict[str, Any], earlier: list[KeptTurn]) -> None:
+    def _end(self, record: Record, earlier: list[KeptTurn]) -> None:
         """The record that ends a conversation sample, with its earlier turns. A counted one is the sample the cell
         counts, its output the whole conversation, and every turn's answer goes into the cell's turn tally (each
         given its own history); an uncounted one is one of its level's others."""
-        if not counts_in_cell(record["role"], record.get("counted", True)):
+        if not counts_in_cell(record.role, record.counted):
             self._other(record)
             return
-        key = (record["probe"], record["role"], record["mode"], record["concurrency"], record.get("rate"))
-        ok = record["status"] == "ok"
+        key = (record.probe, record.role, record.mode, record.concurrency, record.rate)
+        ok = record.status == "ok"
         answers = [(turn, answer) for turn, answer, *_ in earlier]
         if ok:
-            answers.append((record["turn"], (record["history_sha256"], record["sha256"], record.get("finish_reason"))))
+            answers.append((record.turn, (record.history_sha256, record.sha256, record.finish_reason)))
         for turn, answer in answers:
             if answer is not None:
                 tally = self.turns.setdefault(key, {}).setdefault(turn, {})
                 tally[answer] = tally.get(answer, 0) + 1
         if ok:
             # The conversation's text and hash stand for the answer; its logprobs are each turn's, compared nowhere.
-            record = {**record, "sha256": record["conversation_sha256"], "reasoning": None, "tool_calls": None,
-                      "output": transcript(record["history"], [kept[2] for kept in earlier], record_answer(record)),
-                      "token_ids": None, "tokens": None, "logprobs": None, "logprob_nonfinite": 0,
-                      "params": {k: v for k, v in record["params"].items() if k not in ("logprobs", "top_logprobs")}}
+            record = msgspec.structs.replace(
+                record, sha256=record.conversation_sha256, reasoning=None, tool_calls=None,
+                output=transcript(record.history, [kept[2] for kept in earlier], record.answer),
+                token_ids=None, tokens=None, logprobs=None, logprob_nonfinite=0,
+                params={k: v for k, v in record.params.items() if k not in ("logprobs", "top_logprobs")})
         self._sample(record)
         # Its latency is its last turn's, but its span and output are the whole conversation's (duration, tok/s).
         cell = self.cells[key]
@@ -416,12 +417,12 @@ class Reduction:
         return out
 
 
-def slo_missed(limits: SloLimits, record: dict[str, Any]) -> tuple[str, ...]:
+def slo_missed(limits: SloLimits, record: Record) -> tuple[str, ...]:
     """The bounds an ok record is over (``CellAccumulator.add``'s rule, for one record): ``("unmeasured",)`` where
     a bound needs a first token time it lacks; empty where it is within every bound."""
     ttft_max, itl_max, tpot_max, e2e_max, needs_first_token = limits
-    t_send, t_last, t_first = record["t_send"], record["t_last_byte"], record.get("t_first_token")
-    chunks, tokens = record.get("chunks") or 0, record.get("completion_tokens") or 0
+    t_send, t_last, t_first = record.t_send, record.t_last_byte, record.t_first_token
+    chunks, tokens = record.chunks, record.completion_tokens or 0
     if t_first is None or not chunks:
         return ("unmeasured",) if needs_first_token else ("e2e",) * (t_last - t_send > e2e_max)
     ttft = t_first - t_send

@@ -22,7 +22,7 @@ from kevload.http1 import LeanTransport
 from kevload.models import Probe
 from kevload.scenario import REQUEST_ID_HEADER, Scenario, Target
 from kevload.sse import SSEError, SSEParser
-from kevload.store import url_secrets, url_userinfo
+from kevload.store import TOKEN_COUNT_MAX, TokenCount, url_secrets, url_userinfo
 from kevload.transport import AiohttpTransport, Endpoint, Response, Transport, TransportError
 
 T = TypeVar("T")
@@ -331,10 +331,10 @@ class _Malformed(ValueError):
 # strict decoder refuses is read again field by field (``_lenient``): what is wrong in the text or its finish_reason
 # makes it malformed, a wrong count, token id or logprob is a finding and the value is dropped.
 
-# No served model has 2**31 tokens of context; a count or token id at or beyond it is no count (and 10**30 would make
-# an absurd tokens/s).
-COUNT_CAP = 2**31
-Count = Annotated[int, msgspec.Meta(ge=0, lt=COUNT_CAP)]
+# A count or token id is a record's ``TokenCount``: no served model has 2**31 tokens of context, and 10**30 would make
+# an absurd tokens/s. One range, so an answer the boundary let through is always a record the reader takes back.
+COUNT_CAP = TOKEN_COUNT_MAX + 1
+Count = TokenCount
 # A logprob is the log of a probability, so ≤ 0. Servers compute it in float32 (vLLM, SGLang: log_softmax of the
 # logits; llama.cpp: log of a normalised softmax), whose rounding can put the top token a few 1e-7 above 0; 1e-3
 # is far above any such rounding and far below a value that means something. The spelled non-finite values

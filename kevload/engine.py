@@ -12,6 +12,7 @@ import asyncio
 import collections
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,6 +111,10 @@ class RecordStream:
     def __aiter__(self) -> AsyncIterator[Record]:
         return self._runner.records()
 
+    def batches(self) -> AsyncIterator[list[Record]]:
+        """The records in lists, each of those that finished together (``_Run.batches``)."""
+        return self._runner.batches()
+
     @property
     def aborted(self) -> bool:
         return self._runner.aborted
@@ -147,12 +152,23 @@ class _Run:
         self._wake = asyncio.Event()
 
     async def records(self) -> AsyncIterator[Record]:
+        async with aclosing(self.batches()) as batches:  # closed with this stream: its driver is torn down at once
+            async for batch in batches:
+                for record in batch:
+                    yield record
+
+    async def batches(self) -> AsyncIterator[list[Record]]:
+        """The records as they finish, those that finished since the stream was last read in one list (a writer
+        writes them in one system call: per request that call cost more than building the record)."""
         driver = asyncio.create_task(self._drive())
         driver.add_done_callback(lambda _: self._wake.set())
         try:
             while True:
-                while self._ready:
-                    yield self._ready.popleft()
+                if self._ready:
+                    batch = list(self._ready)
+                    self._ready.clear()
+                    yield batch
+                    continue
                 if driver.done():
                     break
                 self._wake.clear()

@@ -47,6 +47,13 @@ class ServerError(TargetError):
     """The server did not come up; the message carries the end of its log."""
 
 
+class SummaryError(KevloadError):
+    """A run's records are on disk but no summary could be made of them: its verdict is unknown, so exit 3 as for
+    ``inconclusive`` (never 1, which says nondeterminism was found). ``run.json`` holds the run's end state anyway."""
+
+    exit_code = ExitCode.TARGET
+
+
 class ClusterError(KevloadError):
     """A run lost a worker (its process was killed, a Ray actor or its node died): its evidence is short, so exit 3
     as for ``inconclusive``; the records collected before stay in the run directory."""

@@ -9,12 +9,11 @@ import os
 import signal
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from kevload.cells import Reduction
 from kevload.errors import RunDirError
 from kevload.scenario import Slo
-from kevload.store import read_records
+from kevload.store import Record, read_typed
 
 # Below this a records file is read in-process: starting processes costs more than it saves.
 _PARALLEL_BYTES = 32 << 20
@@ -31,7 +30,7 @@ def reduce_file(path: Path, workers: int | None = None, *, slo: Slo | None = Non
     workers = workers or os.cpu_count() or 1
     size = path.stat().st_size
     if workers < 2 or size < _PARALLEL_BYTES:
-        return reduce_records(read_records(path), slo=slo, cuts_asked=cuts_asked)
+        return reduce_records(read_typed(path), slo=slo, cuts_asked=cuts_asked)
     cuts = _line_cuts(path, size, workers)
     # The last part reads to the file's end, as the sequential reader does: only there may a line be torn.
     ranges = [(str(path), start, None if end == size else end, slo, cuts_asked)
@@ -43,14 +42,12 @@ def reduce_file(path: Path, workers: int | None = None, *, slo: Slo | None = Non
     return total
 
 
-def reduce_records(records: Iterable[dict[str, Any]], *, slo: Slo | None = None,
-                   cuts_asked: bool = False) -> Reduction:
-    """Records as their JSON objects (``RunDir.record_dicts``, ``store.read_records``): the comparator's fast path."""
+def reduce_records(records: Iterable[Record], *, slo: Slo | None = None, cuts_asked: bool = False) -> Reduction:
+    """Records as read typed (``store.read_typed``), spelled logprobs kept spelled, folded into a ``Reduction``."""
     reduction = Reduction(slo=slo, cuts_asked=cuts_asked)
     for record in records:
         reduction.add(record)
     return reduction
-
 
 
 def _line_cuts(path: Path, size: int, parts: int) -> list[int]:
@@ -128,5 +125,5 @@ def _range_main(pipe: multiprocessing.connection.Connection, args: _Range) -> No
 
 
 def _reduce_range(path: str, start: int, end: int | None, slo: Slo | None, cuts_asked: bool) -> Reduction:
-    return reduce_records(read_records(Path(path), start, end), slo=slo, cuts_asked=cuts_asked)
+    return reduce_records(read_typed(Path(path), start, end), slo=slo, cuts_asked=cuts_asked)
 

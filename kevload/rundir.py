@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 
 from kevload.errors import RunDirError
-from kevload.store import RECORDS, RUN, SUMMARY, Record, read_json, read_records
+from kevload.store import RECORDS, RUN, SUMMARY, Record, read_json, read_records, read_typed
 from kevload.summary import RunSummary
 
 
@@ -71,23 +71,20 @@ class RunDir:
         return RunSummary.from_json(read_json(self.summary_json))
 
     def records(self) -> Iterator[Record]:
-        """Every record, typed, file after file; a line that is no record is a ``RunDirError``."""
+        """Every record, typed, file after file, non-finite logprobs as floats (``Record.floats``); a line that is no
+        record is a ``RunDirError`` naming it."""
         for path in self.record_files():
-            for doc in read_records(path):
-                try:
-                    yield Record.from_json(doc)
-                except (TypeError, AttributeError):
-                    raise RunDirError(f"{path}: a line is not a kevload record: {str(doc)[:80]}") from None
+            for record in read_typed(path):
+                yield record.floats()
+
+    def record_dicts(self) -> Iterator[dict[str, Any]]:
+        """Every record as the JSON object on disk, unchecked: what shows a record as written."""
+        for path in self.record_files():
+            yield from read_records(path)
 
     def evidence(self) -> Iterator[Record]:
         """The counted ok probe answers (``Record.is_evidence``): what the cells' claims rest on."""
         return (record for record in self.records() if record.is_evidence)
-
-    def record_dicts(self) -> Iterator[dict[str, Any]]:
-        """Every record as the JSON object on disk: the comparator's fast path (building a ``Record`` costs twice
-        what parsing its line does) and tools that show a record as written."""
-        for path in self.record_files():
-            yield from read_records(path)
 
     def find(self, request_id: str) -> dict[str, Any] | None:
         """The record of the request sent with ``X-Request-Id: request_id``, as written, or None.
@@ -122,6 +119,6 @@ def _run_ids(path: Path) -> set[str]:
             except (orjson.JSONDecodeError, KeyError, TypeError):
                 continue  # a torn last line; the reader decides whether the file is readable
             ids.add(run_id)
-            # orjson writes a Record with run_id first and no spaces: the same bytes open every line of a run.
+            # A Record is written with run_id first and no spaces: the same bytes open every line of a run.
             prefix = orjson.dumps({"run_id": run_id})[:-1] + b","
     return ids

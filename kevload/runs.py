@@ -19,7 +19,7 @@ from kevload.cells import Reduction
 from kevload.client import Client, ask_for_logprobs
 from kevload.compare import summarize
 from kevload.datasets import check_unchanged
-from kevload.errors import ClusterError, InputError, ScenarioError
+from kevload.errors import ClusterError, InputError, KevloadError, ScenarioError, SummaryError
 from kevload.models import probe_inputs
 from kevload.overlap import Window, unrecorded_windows
 from kevload.reader import reduce_file
@@ -34,6 +34,7 @@ from kevload.store import (
     default_run_dir,
     new_run_id,
     now_iso,
+    record_line,
     redact,
     request_part,
     url_secrets,
@@ -139,11 +140,12 @@ async def _run_scenario(scenario: Scenario, run_dir: Path | None, *, on_record: 
     reset_failed = False
     with RecordWriter(RunDir(run_dir).records_jsonl) as writer:
         try:
-            async with sampler, client, aclosing(stream.__aiter__()) as records:
-                async for record in records:
-                    writer.write(record)
+            async with sampler, client, aclosing(stream.batches()) as batches:
+                async for batch in batches:
+                    writer.write_lines(b"".join([record_line(record) for record in batch]))
                     if on_record is not None:
-                        on_record(record)
+                        for record in batch:
+                            on_record(record)
         except prefixcache.CacheResetError:
             reset_failed = True  # kevload's run failed, not the cells: it ends aborted, the error says why
             raise
@@ -242,12 +244,32 @@ def finish_run(run_dir: Path, *, state: RunState | None = None, meta: dict[str, 
                unrecorded: int | None = None) -> RunSummary:
     """(Re)compute ``summary.json`` from the records on disk and, if given, record the end state in ``run.json``,
     for the run and for the part of it that ends here, with the requests it sent that have no record
-    (``unrecorded``; None: not known, a worker was lost)."""
+    (``unrecorded``; None: not known, a worker was lost).
+
+    A run that ends always leaves its end state, never ``running``: where no summary can be made of its records,
+    run.json says the state all the same and the run fails with a ``SummaryError`` (exit 3), whatever went wrong."""
     run = RunDir(run_dir)
     meta = meta if meta is not None else run.meta()
     if state is not None and meta.get("parts"):
         meta = {**meta, "parts": [*meta["parts"][:-1], {**meta["parts"][-1], "state": state,
                                                          "unrecorded": unrecorded}]}
+    try:
+        summary = _summary(run, meta, state)
+    except Exception as exc:
+        if state is None:  # `kevload report`: a records file that is no run's says which line, as a RunDirError
+            raise
+        write_json(run.run_json, {**meta, "state": state, "ended_at": now_iso()})
+        raise SummaryError(f"{run_dir}: the run ended {state} but its records could not be summarized: "
+                           f"{exc if isinstance(exc, KevloadError) else f'{type(exc).__name__}: {exc}'}") from exc
+    write_json(run.summary_json, summary.to_json())
+    if state is not None:
+        meta = {**meta, "state": state, "ended_at": now_iso(), "records": summary.requests_sent}
+        write_json(run.run_json, meta)
+    return summary
+
+
+def _summary(run: RunDir, meta: dict[str, Any], state: RunState | None) -> RunSummary:
+    """The summary of the records on disk, as run.json describes the run."""
     max_error_share = meta["load"]["max_error_share"]
     # A level run for a duration has no asked number of samples: only samples-bound cells can be short.
     asked = None if meta["load"].get("duration") else meta["load"].get("samples")
@@ -259,18 +281,14 @@ def finish_run(run_dir: Path, *, state: RunState | None = None, meta: dict[str, 
     summary = summarize(reduction, max_error_share=max_error_share,
                         samples_asked=asked, min_slo_attainment=meta["load"].get("min_slo_attainment"),
                         until_bound=meta["load"].get("until_bound"), max_samples=meta["load"].get("max_samples", 1000),
-                        server=read_samples(run_dir), asked_cells=_asked_cells(meta),
-                        unrecorded=_unrecorded_windows(run_dir, meta))
+                        server=read_samples(run.path), asked_cells=_asked_cells(meta),
+                        unrecorded=_unrecorded_windows(run.path, meta))
     summary = replace(summary, run_id=meta.get("run_id"), scenario=meta.get("scenario_name"),
                       state=state or meta.get("state"), inputs=meta.get("inputs"))
     if meta.get("prefix_cache"):
         method = meta["prefix_cache"]["method"]
         summary = replace(summary, prefix_cache={**meta["prefix_cache"], "probes": [
             c.to_json() for c in prefixcache.cold_warm(run.records(), method)]})
-    write_json(run.summary_json, summary.to_json())
-    if state is not None:
-        meta = {**meta, "state": state, "ended_at": now_iso(), "records": summary.requests_sent}
-        write_json(run.run_json, meta)
     return summary
 
 

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import operator
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any
+
+import msgspec
 
 from kevload.cancel import CancelAt
 from kevload.client import Client, Outcome, build_body
@@ -152,7 +155,7 @@ class Sender:
                               history_sha256=history_sha256(asked.messages), cancel_planned=cancel is not None)
                 if done.sha256 is not None:
                     chained = conversation_sha256(chained, done.sha256, done.finish_reason)
-                    done = replace(done, conversation_sha256=chained)
+                    done = msgspec.structs.replace(done, conversation_sha256=chained)
                 yield done
                 if ends:
                     return
@@ -198,16 +201,25 @@ class Sender:
         return outcome, retries, cut
 
 
-# Every field an Outcome shares with a Record is copied by name, so a field added to both travels on its own.
-_FROM_OUTCOME = tuple(f.name for f in fields(Record) if f.name in {g.name for g in fields(Outcome)})
+# Every field an Outcome shares with a Record is copied by name, so a field added to both travels on its own; read
+# in one call per request.
+_FROM_OUTCOME = tuple(name for name in Record.__struct_fields__ if name in {g.name for g in fields(Outcome)})
+_shared = operator.attrgetter(*_FROM_OUTCOME)
 
 
 def record(outcome: Outcome, body: dict[str, Any], **given: Any) -> Record:
+    """The record of ``outcome``, built once: the fields it shares with the record, ``given`` (what the sender knows
+    of the request), the answer's hash and the body's parameters."""
+    values = dict(zip(_FROM_OUTCOME, _shared(outcome), strict=True))
     output = outcome.output
-    copied = {name: getattr(outcome, name) for name in _FROM_OUTCOME if name not in given}
+    values.update(given)
+    params = body.copy()  # the body less its prompt: a copy and two pops cost a third of a filtering comprehension
+    params.pop("messages", None)
+    params.pop("prompt", None)
     return Record(
-        **copied, **given,
+        **values,
         sha256=hashlib.sha256(answer_text(output, outcome.reasoning, outcome.tool_calls).encode()).hexdigest()
         if outcome.status == "ok" and output is not None else None,
-        params={k: v for k, v in body.items() if k not in ("messages", "prompt")},
+        params=params,
     )
+

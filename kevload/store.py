@@ -1,4 +1,4 @@
-"""Records and the files of a run: ``Record`` (one flushed line per request, read back by ``Record.from_json``),
+"""Records and the files of a run: ``Record`` (one flushed line per request, read back typed by ``read_typed``),
 the tolerant reader, JSON written atomically, run-dir names, secrets redacted (``rundir.RunDir`` reads a run)."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import math
 import os
 import secrets as _secrets
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, fields, replace
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, TypedDict
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+import msgspec
 import orjson
 
 from kevload.conversation import ends_sample
@@ -26,75 +26,105 @@ SUMMARY = "summary.json"
 RESULTS = Path("results")
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One finished request, as written to ``records.jsonl``. Times are ``time.perf_counter`` seconds."""
+# The ranges a record's values keep, checked where a records file is read (``RECORD_DECODER``): what is out of them
+# is no record kevload wrote, and no number the comparator may add.
+Count = Annotated[int, msgspec.Meta(ge=0)]
+# A token count a server reported (usage): at most 2³¹ − 1, far beyond any context window; a larger one is impossible,
+# and used as a number it would give tokens/s that are nonsense.
+TOKEN_COUNT_MAX = 2**31 - 1
+TokenCount = Annotated[int, msgspec.Meta(ge=0, le=TOKEN_COUNT_MAX)]
+# How a logprob a JSON number cannot hold is spelled on disk (``spell_logprobs``).
+Spelled = Literal["-Infinity", "Infinity", "NaN"]
+
+
+class ToolCall(TypedDict):
+    """A tool call of an answer, as hashed into it (``answer_text``)."""
+
+    name: str
+    arguments: str
+
+
+class Message(TypedDict):
+    """A message of a conversation turn's history, as sent."""
+
+    role: str
+    content: str
+
+
+class Record(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One finished request, as written to ``records.jsonl``. Times are ``time.perf_counter`` seconds.
+
+    A msgspec struct: built once per request, written straight to its line (``record_line``) and read back typed,
+    with the ranges above, by ``RECORD_DECODER``. Keyword-only, so fields added later keep their place in the line
+    with a default (what a record of an older version, which lacks them, meant); a key this version does not know
+    is ignored. Not tracked by the garbage collector: a record holds plain values and never a cycle."""
 
     run_id: str
-    seq: int
+    seq: Count
     probe: str
     role: Role
     mode: str
-    concurrency: int
-    rate: float | None
-    sample: int
-    in_flight: int  # other requests in flight when this one was sent
-    counted: bool  # sent at full load (closed loop: exactly concurrency - 1 others in flight); only these are compared
-    max_in_flight: int | None  # cap on requests in flight: c (closed loop), load.max_in_flight or None (open loop)
+    concurrency: Count  # 0 at an open-loop level
+    rate: Annotated[float, msgspec.Meta(gt=0)] | None
+    sample: Annotated[int, msgspec.Meta(ge=-1)]  # from 0; -1: a warm-up of an open-loop level
+    in_flight: Count  # other requests in flight when this one was sent
+    # Sent at full load (closed loop: exactly concurrency - 1 others in flight); only these are compared. Records
+    # from before it were all counted.
+    counted: bool = True
+    # Cap on requests in flight: c (closed loop), load.max_in_flight or None (open loop).
+    max_in_flight: Count | None = None
     status: str  # ``ok``, a transport failure (``timeout``, ``connect``, ``reset``, …) or ``http_<code>``
     output: str | None
     sha256: str | None
     finish_reason: str | None
-    prompt_tokens: int | None
-    completion_tokens: int | None
-    token_ids: list[int] | None
+    prompt_tokens: TokenCount | None
+    completion_tokens: TokenCount | None
+    token_ids: list[Count] | None
     tokens: list[str] | None
-    logprobs: list[float] | None
+    # Non-finite ones are floats in memory and spelled on disk (``spell_logprobs``); read back, the comparator takes
+    # them spelled, ``RunDir.records`` as floats again.
+    logprobs: list[float | Spelled | None] | None
     system_fingerprint: str | None
     t_scheduled: float | None
     t_send: float
     t_first_byte: float | None
     t_first_token: float | None
     t_last_byte: float
-    chunks: int
-    max_gap: float | None
+    chunks: Count
+    max_gap: Annotated[float, msgspec.Meta(ge=0)] | None
     error: str | None
-    retries: int
+    retries: Count
     params: dict[str, Any]
-    # Last and defaulted, so records written before these fields existed still build a Record.
+    # Defaulted, so records written before these fields existed still read.
     reasoning: str | None = None
-    tool_calls: list[dict[str, str]] | None = None
-    reconnects: int = 0
+    tool_calls: list[ToolCall] | None = None
+    reconnects: Count = 0
     request_id: str | None = None  # sent as X-Request-Id (``<run_id>[-r<resume>]-<seq>``): joins it with server logs
-    worker: int | None = None  # which worker process sent it (runs with load.workers > 1; None: one process)
+    worker: Count | None = None  # which worker process sent it (runs with load.workers > 1; None: one process)
     # Logprobs that are -inf, inf or NaN; ``logprobs`` then spells them as JSON cannot (``spell_logprobs``).
-    logprob_nonfinite: int = 0
+    logprob_nonfinite: Count = 0
     # A turn of a conversation sample (``kevload.conversation``); None on every request that is no turn of one.
-    turn: int | None = None  # its index, from 0
-    turns: int | None = None  # the conversation's turns
+    turn: Count | None = None  # its index, from 0
+    turns: Annotated[int, msgspec.Meta(ge=1)] | None = None  # the conversation's turns
     conversation: str | None = None  # the request_id of the sample's first turn: what ties its turns together
-    history: list[dict[str, str]] | None = None  # the messages sent: every earlier turn as answered, then this one
+    history: list[Message] | None = None  # the messages sent: every earlier turn as answered, then this one
     history_sha256: str | None = None  # of ``history``: turns with one hash were asked the same
     conversation_sha256: str | None = None  # every answer and finish_reason through this turn, chained
     # load.prefix_cache = "cold_warm" (kevload.prefixcache): whether kevload made this probe sample cold or warm, and
     # how many prompt tokens the server said it served from its cache (None: it did not say).
     cache: str | None = None
-    cached_tokens: int | None = None
+    cached_tokens: TokenCount | None = None
     # A companion load.cancel_share chose to cut (kevload.cancel): ``cancelled`` if the cut came before its answer.
     cancel_planned: bool = False
-    # What the server sent that did not fit its field, "field: what was wrong and what came" (``client.Outcome``).
+    # What the server sent that did not fit its field (``"<field>: <what was wrong and what came>"``): kept here,
+    # never used as a number. None: everything fitted.
     findings: list[str] | None = None
 
-    @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> Record:
-        """A record read back from a records file, of this version or an older one: a field an older record lacks
-        takes its default (``counted`` True: records from before it were all counted), a key this version does not
-        know is left out, spelled non-finite logprobs are floats again. Raises ``TypeError`` for a line that is no
-        record (a field every version writes is missing)."""
-        values = {key: value for key, value in doc.items() if key in _FIELDS}
-        if values.get("logprob_nonfinite") and values.get("logprobs"):
-            values["logprobs"] = [float(x) if isinstance(x, str) else x for x in values["logprobs"]]
-        return cls(**{**_ADDED_LATER, **values})
+    def floats(self) -> Record:
+        """This record with spelled non-finite logprobs as floats again (as it was before it was written)."""
+        if not self.logprob_nonfinite or not self.logprobs:
+            return self
+        return msgspec.structs.replace(self, logprobs=[float(x) if isinstance(x, str) else x for x in self.logprobs])
 
     @property
     def answer(self) -> str:
@@ -115,15 +145,13 @@ class Record:
 
 def counts_in_cell(role: str, counted: bool) -> bool:
     """The one rule of what a cell counts, probe or companion, ok or failed: a request sent at full load that is
-    no warm-up. Warm-ups and sends below full load (a level's ramp-up, its tail) are on record, and only that.
-
-    Takes the two fields rather than a ``Record`` so the comparator can ask it of the raw JSON it reads fast."""
+    no warm-up. Warm-ups and sends below full load (a level's ramp-up, its tail) are on record, and only that."""
     return counted and role != "warmup"
 
 
-_FIELDS = frozenset(f.name for f in fields(Record))
-# Fields that records written by earlier versions lack, and what they meant then.
-_ADDED_LATER: dict[str, Any] = {"counted": True, "max_in_flight": None}
+# One of each for every record of a process: msgspec builds its plan for a type once, on the first use.
+RECORD_DECODER = msgspec.json.Decoder(Record)
+_ENCODER = msgspec.json.Encoder()
 
 
 def answer_text(output: str | None, reasoning: str | None = None,
@@ -159,11 +187,6 @@ def request_part(request_id: str | None, run_id: str) -> int:
     return int(rest[1:rest.index("-")]) if rest.startswith("r") else 0
 
 
-def record_answer(record: dict[str, Any]) -> str:
-    """``answer_text`` of a record read back from ``records.jsonl``."""
-    return answer_text(record["output"], record.get("reasoning"), record.get("tool_calls"))
-
-
 def new_run_id(kind: str = "") -> str:
     """``<time>-<random>`` (``<kind>-<time>-<random>``): unique even for two runs started in the same second."""
     name = time.strftime("%Y%m%d-%H%M%S") + "-" + _secrets.token_hex(3)
@@ -180,11 +203,12 @@ def default_run_dir(kind: str = "", *, run_id: str | None = None) -> Path:
     return RESULTS / (run_id or new_run_id(kind))
 
 
-def record_line(record: Record | dict[str, Any]) -> bytes:
-    """One line of a records file, newline included; non-finite logprobs spelled (``spell_logprobs``)."""
-    if isinstance(record, Record) and record.logprob_nonfinite:
-        record = replace(record, logprobs=spell_logprobs(record.logprobs))
-    return orjson.dumps(record) + b"\n"
+def record_line(record: Record) -> bytes:
+    """One line of a records file, newline included; non-finite logprobs spelled (``spell_logprobs``), since msgspec,
+    as JSON must, would write them as null, a missing logprob."""
+    if record.logprob_nonfinite and record.logprobs:
+        record = msgspec.structs.replace(record, logprobs=spell_logprobs(record.logprobs))
+    return _ENCODER.encode(record) + b"\n"
 
 
 class RecordWriter:
@@ -197,7 +221,7 @@ class RecordWriter:
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self.count = 0
 
-    def write(self, record: Record | dict[str, Any]) -> None:
+    def write(self, record: Record) -> None:
         self.write_lines(record_line(record))
 
     def write_lines(self, lines: bytes) -> None:
@@ -219,10 +243,24 @@ class RecordWriter:
 
 
 def read_records(path: Path, start: int = 0, end: int | None = None) -> Iterator[dict[str, Any]]:
-    """Stream records back: every line of the file, or those that begin in bytes [``start``, ``end``) (a part read
-    in parallel; ``start`` at a line's beginning). A line that is not JSON is an error, except the file's last line
+    """Stream a JSON-lines file back as its objects (``server-metrics.jsonl``; a records file is read typed, by
+    ``read_typed``): every line, or those that begin in bytes [``start``, ``end``). A line that is not JSON is an
+    error, except the file's last line (what a process killed mid-write leaves torn), which is skipped."""
+    return _lines(path, start, end, orjson.loads, orjson.JSONDecodeError)
+
+
+def read_typed(path: Path, start: int = 0, end: int | None = None) -> Iterator[Record]:
+    """Stream a records file back as ``Record`` values, spelled logprobs kept spelled (``Record.floats``): every line,
+    or those that begin in bytes [``start``, ``end``) (a part read in parallel; ``start`` at a line's beginning).
+    A line that is no record (a value of the wrong type or out of its range, a field every version writes missing)
+    is a ``RunDirError`` naming the line and the field; a line that is not JSON too, except the file's last line
     (what a run killed mid-write leaves torn), which is skipped; a part that ends before the file does has no last
     line to excuse."""
+    return _lines(path, start, end, RECORD_DECODER.decode, msgspec.DecodeError)
+
+
+def _lines(path: Path, start: int, end: int | None, decode: Callable[[bytes], Any],
+           not_json: type[Exception]) -> Iterator[Any]:
     with path.open("rb") as handle:
         handle.seek(start)
         position, torn = start, None
@@ -230,8 +268,11 @@ def read_records(path: Path, start: int = 0, end: int | None = None) -> Iterator
             if torn is not None:
                 raise RunDirError(f"{torn}: not a JSON record")
             try:
-                yield orjson.loads(line)
-            except orjson.JSONDecodeError:
+                yield decode(line)
+            except msgspec.ValidationError as exc:  # JSON, but no record (a DecodeError too: caught first)
+                where = f"{path}:{number}" if start == 0 else f"{path}: the line at byte {position}"
+                raise RunDirError(f"{where}: not a kevload record: {exc}") from None
+            except not_json:
                 torn = f"{path}:{number}" if start == 0 else f"{path}: byte {position}"
             position += len(line)
             if end is not None and position >= end:

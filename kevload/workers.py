@@ -39,6 +39,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from kevload import engine
 from kevload.errors import InputError
 from kevload.level import Claim, Level, Plan
@@ -382,4 +384,4 @@ def stamp(record: Record, worker: int, offset: float, max_in_flight: int) -> Rec
              if (value := getattr(record, name)) is not None}
     if record.rate is not None:
         shift["max_in_flight"] = max_in_flight or None
-    return replace(record, worker=worker, **shift)
+    return msgspec.structs.replace(record, worker=worker, **shift)

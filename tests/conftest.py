@@ -5,14 +5,19 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from click.testing import CliRunner
 
+from kevload.cells import Reduction
 from kevload.cli import main
+from kevload.reader import reduce_records
 from kevload.servers import pid_alive
+from kevload.store import Record
 from kevload.summary import RunSummary
 from kevload.targets.cache import cache_root
 from tests.fakeserver import Behaviour, FakeServer
@@ -45,6 +50,26 @@ def no_stray_target_processes():
 def server():
     with FakeServer(Behaviour()) as fake:
         yield fake
+
+
+# A crafted record's fields that its test is not about, as a record kevload writes would hold them.
+_RECORD_FILLED = {"run_id": "r", "seq": 0, "probe": "p1", "role": "probe", "mode": "single", "concurrency": 1,
+                  "rate": None, "sample": 0, "in_flight": 0, "status": "ok", "output": None, "sha256": None,
+                  "finish_reason": None, "prompt_tokens": None, "completion_tokens": None, "token_ids": None,
+                  "tokens": None, "logprobs": None, "system_fingerprint": None, "t_scheduled": None, "t_send": 0.0,
+                  "t_first_byte": None, "t_first_token": None, "t_last_byte": 0.0, "chunks": 0, "max_gap": None,
+                  "error": None, "retries": 0, "params": {}}
+
+
+def filled(row: dict[str, Any]) -> dict[str, Any]:
+    """A crafted record with every field a records file's line holds."""
+    return {**_RECORD_FILLED, **row}
+
+
+def reduce_rows(rows: Iterable[dict[str, Any]], **options: Any) -> Reduction:
+    """Crafted records (their JSON objects, or a records file's as read) reduced as the comparator reduces a file:
+    each filled in and checked as a line of one is (``store.RECORD_DECODER``), then folded."""
+    return reduce_records((msgspec.convert(filled(row), Record) for row in rows), **options)
 
 
 def crafted_times(seq: int, level: int) -> dict[str, float]:

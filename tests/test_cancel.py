@@ -17,17 +17,16 @@ import pytest
 from kevload.baseline import compare_to_baseline
 from kevload.cancel import CANCELLED, BesideCuts, CancelPlan, beside_cuts
 from kevload.compare import summarize
-from kevload.reader import reduce_records
 from kevload.report import cancel_findings, cell_text, footnotes
 from kevload.store import read_records
 from kevload.summary import RunSummary
-from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
+from tests.conftest import cells_by_level, load_summary, reduce_rows, run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
 
 
 def reduce_cut(rows):
     """Records of a run that asked for cuts, reduced as ``kevload report`` reduces them (run.json's cancel_share)."""
-    return reduce_records(rows, cuts_asked=True)
+    return reduce_rows(rows, cuts_asked=True)
 
 def run(tmp_path, server, name: str = "run", **load) -> tuple[list[dict], dict, str]:
     settings = {"mode": "mixed", "concurrency": [1, 4], "samples": 12, "stream": True, **load}

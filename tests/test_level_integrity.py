@@ -210,9 +210,11 @@ def test_engine_run_yields_records_without_a_run_directory(tmp_path, server):
 
 def test_record_takes_every_shared_outcome_field_by_name():
     """Fields added to both Outcome and Record travel without touching the engine."""
-    shared = {f.name for f in fields(Outcome)} & {f.name for f in fields(Record)}
+    shared = {f.name for f in fields(Outcome)} & set(Record.__struct_fields__)
     values = {f.name: f"value-{f.name}" for f in fields(Outcome)}
-    values.update(status="ok", tool_calls=[{"name": "f", "arguments": "{}"}])
+    # Counts the record keeps only in their range: numbers of their own, each different.
+    values.update(status="ok", tool_calls=[{"name": "f", "arguments": "{}"}], prompt_tokens=3, completion_tokens=5,
+                  cached_tokens=2)
     record = sender.record(Outcome(**values), {"model": "m", "prompt": "x"}, run_id="r", seq=0, probe="p",
                             role=PROBE, mode="single", concurrency=1, rate=None, sample=0, in_flight=0, counted=True,
                             max_in_flight=1, t_scheduled=None, retries=0)

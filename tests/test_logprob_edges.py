@@ -24,13 +24,12 @@ from kevload.compare import summarize
 from kevload.diagnose import Evidence, StepResult, decide
 from kevload.html import run_report
 from kevload.metrics import metrics_text
-from kevload.reader import reduce_records
 from kevload.report import diagnosis_text, junit_xml, logprob_text, markdown, render, verdict_line
 from kevload.scenario import Probe, scenario_from_dict
 from kevload.store import spell_logprobs
 from kevload.summary import RunSummary
 from tests import test_logprobs as logprob_records
-from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
+from tests.conftest import cells_by_level, load_summary, reduce_rows, run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
 
 INF = math.inf
@@ -135,7 +134,7 @@ class Records(logprob_records.Records):
         return self
 
     def summary(self) -> RunSummary:
-        return summarize(reduce_records(self.rows))
+        return summarize(reduce_rows(self.rows))
 
     def cells(self) -> dict:
         return cells_by_level(self.summary())
@@ -169,7 +168,7 @@ def test_nonfinite_comparison_does_not_depend_on_order_or_split():
         records.add(TEXT, level=4, tokens=TOKENS, logprobs=[-1.0, -INF, math.nan, -4.0 - i * 1e-6])
     records.add(TEXT, level=4, tokens=TOKENS, logprobs=[-1.0, -INF, None, -4.0])
     whole = records.summary()
-    parts = [reduce_records(records.rows[i::3]) for i in range(3)]
+    parts = [reduce_rows(records.rows[i::3]) for i in range(3)]
     for part in parts[1:]:
         parts[0].merge(part)
     assert summarize(parts[0]) == whole

@@ -18,12 +18,11 @@ import pytest
 
 from kevload.client import Client, ask_for_logprobs, build_body, logprob_fields
 from kevload.compare import summarize
-from kevload.reader import reduce_records
 from kevload.report import cell_text, junit_xml, markdown, verdict_line
 from kevload.scenario import Probe, ScenarioError, load_scenario, scenario_from_dict
 from kevload.stats import mean_share_interval, wilson_interval
 from kevload.summary import RunSummary
-from tests.conftest import cells_by_level, crafted_times, load_summary, run_cli, write_scenario
+from tests.conftest import cells_by_level, crafted_times, load_summary, reduce_rows, run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
 
 # --- the pure parts: Wilson interval and the mean-share interval ---
@@ -80,7 +79,7 @@ class Records:
         return self
 
     def cells(self) -> dict[int, dict]:
-        return {c.concurrency: c for c in summarize(reduce_records(self.rows)).cells}
+        return {c.concurrency: c for c in summarize(reduce_rows(self.rows)).cells}
 
 
 SERIAL_TEXT, SERIAL_TOKENS, SERIAL_LP = "a b c d", [1, 2, 3, 4], [-1.0, -2.0, -3.0, -4.0]
@@ -127,7 +126,7 @@ def test_latent_drift_in_crafted_records():
     assert latent.logprob_max_abs_diff == 0.5
     assert cells[4].logprob_bitwise is True and not cells[4].latent_drift
     assert cell_text(latent) == "1 ~" and cell_text(cells[4]) == "1"
-    summary = summarize(reduce_records(records.rows))
+    summary = summarize(reduce_rows(records.rows))
     assert summary.verdict == "deterministic"  # latent drift is no text drift
     assert summary.latent_cells == ("p1@single/c=2",) and summary.matrix["latent"] == [[False, True, False]]
     assert verdict_line(summary).endswith("; latent drift (same text, other logprobs) in p1 (single) c=2 "
@@ -167,7 +166,7 @@ def test_a_shorter_vector_is_no_evidence_past_its_end():
     assert (cell.logprob_samples, cell.logprobs_partial, cell.logprobs_missing) == (2, 1, 0)
     assert cell.logprob_bitwise is None and cell.latent_drift is None and cell.logprob_gap
     assert "logprobs in 2 of 3 at p1 (single) c=2 (1 with fewer logprobs than tokens): no logprob claim" in \
-        verdict_line(summarize(reduce_records(records.rows)))
+        verdict_line(summarize(reduce_rows(records.rows)))
 
 
 def test_a_shorter_vector_that_differs_where_it_has_values_is_latent_drift():
@@ -183,13 +182,13 @@ def test_logprob_comparison_does_not_depend_on_record_order_or_file_split():
     for _ in range(300):  # more than it counts (16) and than one fold batch (256): the envelope keeps it exact
         noisy = [x + (rng.uniform(-1e-5, 1e-5) if i >= 1 else 0.0) for i, x in enumerate(SERIAL_LP)]
         records.add(SERIAL_TEXT, level=4, tokens=SERIAL_TOKENS, logprobs=noisy)
-    whole = summarize(reduce_records(records.rows))
+    whole = summarize(reduce_rows(records.rows))
     rows = list(records.rows)
     rng.shuffle(rows)
-    parts = [reduce_records(rows[i::3]) for i in range(3)]
+    parts = [reduce_rows(rows[i::3]) for i in range(3)]
     for part in parts[1:]:
         parts[0].merge(part)
-    assert summarize(parts[0]) == summarize(reduce_records(rows)) == whole
+    assert summarize(parts[0]) == summarize(reduce_rows(rows)) == whole
     cell = {c.concurrency: c for c in whole.cells}[4]
     expected = max(abs(r["logprobs"][i] - SERIAL_LP[i]) for r in records.rows[20:] for i in range(4))
     assert cell.logprob_max_abs_diff == expected and cell.first_logprob_divergence_token == 1

@@ -18,9 +18,9 @@ from kevload.errors import InputError, ScenarioError
 from kevload.html import run_report
 from kevload.prefixcache import CacheResetError
 from kevload.report import cache_lines, markdown
+from kevload.rundir import RunDir
 from kevload.runs import run_scenario
 from kevload.scenario import scenario_from_dict
-from kevload.store import Record
 from kevload.summary import RunSummary
 from tests.fakeserver import Behaviour, FakeServer
 
@@ -36,8 +36,7 @@ def run(tmp_path, behaviour: Behaviour, params: dict | None = None, **load):
     with FakeServer(behaviour) as server:
         result = asyncio.run(run_scenario(scenario(server.url, params, **load), tmp_path / "run"))
     meta = json.loads((tmp_path / "run" / "run.json").read_text())
-    records = [Record.from_json(json.loads(line)) for line in (tmp_path / "run" / "records.jsonl").read_text()
-               .splitlines()]
+    records = list(RunDir(tmp_path / "run").records())
     return server, result.summary, meta, records
 
 
@@ -286,7 +285,7 @@ def test_a_resumed_run_keeps_its_method_and_its_rounds(tmp_path, behaviour):
         after = json.loads((tmp_path / "run" / "run.json").read_text())
     assert code == 1
     assert after["prefix_cache"] == meta["prefix_cache"] and after["probes"] == meta["probes"]
-    rows = [Record.from_json(json.loads(line)) for line in records.read_text().splitlines()]
+    rows = list(RunDir(tmp_path / "run").records())
     c = RunSummary.from_json(json.loads((tmp_path / "run" / "summary.json").read_text())).prefix_cache["probes"][0]
     assert (c["rounds"], c["cache_effect"]) == (4, True)
     if meta["prefix_cache"]["method"] == "reset_prefix_cache":

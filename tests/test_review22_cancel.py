@@ -23,9 +23,8 @@ from aiohttp import web
 
 from kevload.cancel import CANCELLED, CancelPlan
 from kevload.compare import summarize
-from kevload.reader import reduce_records
 from kevload.report import cancel_findings
-from tests.conftest import cells_by_level, run_cli
+from tests.conftest import cells_by_level, reduce_rows, run_cli
 from tests.fakeserver import WORDS, Behaviour, FakeServer
 from tests.test_cancel import crafted_row
 from tests.test_cancel import run as cancel_run
@@ -141,7 +140,7 @@ def crafted(levels: dict[int, tuple[int, str]]) -> list[dict]:
 def test_the_level_finding_names_as_held_only_levels_with_answers():
     # c=4 held with none cut; c=2 drifted with cuts; c=8 had no answer at all (every probe failed), nor any cut.
     rows = crafted({1: (0, "serial"), 2: (4, "drift"), 4: (0, "serial"), 8: (0, "failed")})
-    summary = summarize(reduce_records(rows, cuts_asked=True))
+    summary = summarize(reduce_rows(rows, cuts_asked=True))
     assert summary.drift_with_cancelled_levels == ("p1@mixed",)
     [line] = cancel_findings(summary)
     assert line.endswith("held the serial output where none was cut: c=4"), line

@@ -8,9 +8,9 @@ import json
 
 from kevload import prefixcache
 from kevload.report import cache_lines
+from kevload.rundir import RunDir
 from kevload.runs import run_scenario
 from kevload.scenario import scenario_from_dict
-from kevload.store import Record
 from tests.fakeserver import Behaviour, FakeServer
 
 
@@ -18,8 +18,7 @@ def _run(tmp_path, server: FakeServer, probes: list[dict], **load):
     raw = {"target": {"base_url": server.url, "model": "fake"}, "params": {"temperature": 0},
            "load": {"prefix_cache": "cold_warm", "samples": 8, **load}, "probes": probes}
     result = asyncio.run(run_scenario(scenario_from_dict(raw, source="test.toml"), tmp_path / "run"))
-    records = [Record.from_json(json.loads(line)) for line in (tmp_path / "run" / "records.jsonl").read_text()
-               .splitlines()]
+    records = list(RunDir(tmp_path / "run").records())
     return result.summary, records
 
 

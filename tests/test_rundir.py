@@ -1,4 +1,4 @@
-"""Records read back typed: ``Record.from_json`` inverts the writer, and ``RunDir`` is how a run is read."""
+"""Records read back typed: the typed reader inverts the writer, and ``RunDir`` is how a run is read."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from kevload.errors import RunDirError
 from kevload.rundir import RunDir
-from kevload.store import Record, RecordWriter, record_line
+from kevload.store import Record, RecordWriter, read_typed, record_line
 
 
 def record(seq: int, **changes) -> Record:
@@ -23,19 +23,24 @@ def record(seq: int, **changes) -> Record:
     return Record(**{**values, **changes})
 
 
-def test_from_json_inverts_the_line_the_writer_writes():
-    plain = record(0, reasoning="think", tool_calls=[{"name": "f", "arguments": "{}"}], worker=1)
-    assert Record.from_json(orjson.loads(record_line(plain))) == plain
-    spelled = Record.from_json(orjson.loads(record_line(record(1, logprobs=[-math.inf, -0.25], logprob_nonfinite=1))))
-    assert spelled.logprobs == [-math.inf, -0.25]
+def test_the_typed_reader_inverts_the_line_the_writer_writes(tmp_path):
+    plain = record(0, reasoning="think", tool_calls=[{"name": "f", "arguments": "{}"}], worker=1,
+                   findings=["usage.completion_tokens: expected an integer, got '12'"])
+    spelled = record(1, logprobs=[-math.inf, -0.25, None], logprob_nonfinite=1)
+    (tmp_path / "records.jsonl").write_bytes(record_line(plain) + record_line(spelled))
+    assert list(RunDir(tmp_path).records()) == [plain, spelled]
+    # The comparator takes them as written: spelled, as strict JSON has them.
+    assert next(read_typed(tmp_path / "records.jsonl", len(record_line(plain)))).logprobs == ["-Infinity", -0.25, None]
 
 
-def test_from_json_reads_an_older_line_and_leaves_unknown_keys_out():
+def test_the_typed_reader_reads_an_older_line_and_leaves_unknown_keys_out(tmp_path):
     doc = orjson.loads(record_line(record(0)))
-    for key in ("counted", "max_in_flight", "request_id", "worker"):
+    for key in ("counted", "max_in_flight", "request_id", "worker", "findings", "cancel_planned", "cached_tokens"):
         del doc[key]
-    old = Record.from_json({**doc, "from_a_later_version": 1})
-    assert old.counted is True and old.max_in_flight is None and old.request_id is None
+    (tmp_path / "records.jsonl").write_bytes(orjson.dumps({**doc, "from_a_later_version": 1}) + b"\n")
+    (old,) = RunDir(tmp_path).records()
+    assert old.counted is True and old.max_in_flight is None and old.request_id is None and old.findings is None
+    assert old == record(0, max_in_flight=None, request_id=None)
 
 
 def test_evidence_is_the_counted_ok_probe_answers(tmp_path):

@@ -13,12 +13,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from kevload import reader
 from kevload.compare import summarize
 from kevload.metrics import metrics_text
-from kevload.reader import reduce_file, reduce_records
+from kevload.reader import reduce_file
 from kevload.report import junit_xml, markdown
 from kevload.scenario import Slo
 from kevload.summary import CellSummary, RunSummary
 from kevload.sweep import max_level_at_slo, sweep_markdown
-from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
+from tests.conftest import cells_by_level, filled, load_summary, reduce_rows, run_cli, write_scenario
 
 BOUNDS = Slo(ttft_ms=100, itl_ms=50, e2e_ms=1000)
 
@@ -50,7 +50,7 @@ def crafted() -> list[dict]:
 
 
 def test_crafted_records_give_exact_attainment_and_goodput():
-    cell = summarize(reduce_records(crafted(), slo=BOUNDS)).cells[0]
+    cell = summarize(reduce_rows(crafted(), slo=BOUNDS)).cells[0]
     assert cell.slo_met == 4
     assert cell.slo_attainment == 0.4  # 4 of 10: the failed request counts in the denominator
     assert cell.duration_s == 2.0 and cell.goodput == 2.0  # 4 requests within, over 2.0 s
@@ -63,19 +63,19 @@ def test_bounds_are_exact_not_histogram_bins():
     # 1000.4 ms and 999.6 ms share a 0.5 % histogram bin; the SLO tells them apart.
     just_over = record(0, e2e=1.0004, chunks=1)
     just_under = record(1, e2e=0.9996, chunks=1)
-    cell = summarize(reduce_records([just_over, just_under], slo=Slo(e2e_ms=1000))).cells[0]
+    cell = summarize(reduce_rows([just_over, just_under], slo=Slo(e2e_ms=1000))).cells[0]
     assert (cell.slo_met, cell.slo_misses) == (1, {"e2e": 1})
 
 
 def test_unstreamed_answers_meet_an_e2e_only_slo():
-    cell = summarize(reduce_records([record(0, ttft=None), record(1, ttft=None, e2e=2.0)],
+    cell = summarize(reduce_rows([record(0, ttft=None), record(1, ttft=None, e2e=2.0)],
                                     slo=Slo(e2e_ms=1000))).cells[0]
     assert (cell.slo_met, cell.slo_unmeasured, cell.slo_misses) == (1, 0, {"e2e": 1})
 
 
 def test_tpot_counts_tokens_not_chunks():
     # 11 tokens in 2 chunks: tpot (0.55 - 0.05) / 10 = 50 ms, on the bound; per chunk it would be 500 ms.
-    cell = summarize(reduce_records([record(0, e2e=0.55, chunks=2, tokens=11)], slo=Slo(tpot_ms=50))).cells[0]
+    cell = summarize(reduce_rows([record(0, e2e=0.55, chunks=2, tokens=11)], slo=Slo(tpot_ms=50))).cells[0]
     assert cell.slo_met == 1
 
 
@@ -83,18 +83,18 @@ def test_minimum_attainment_gates_probe_cells_only():
     records = [record(i, send=i * 0.1, e2e=0.5 if i % 4 else 2.0) for i in range(8)]  # 6 of 8 within
     records += [record(10 + i, send=i * 0.1, e2e=2.0, level=4) for i in range(4)]  # none within
     records += [record(20 + i, send=i * 0.1, e2e=2.0, level=4, role="companion") for i in range(4)]
-    summary = summarize(reduce_records(records, slo=Slo(e2e_ms=1000)), min_slo_attainment=0.75)
+    summary = summarize(reduce_rows(records, slo=Slo(e2e_ms=1000)), min_slo_attainment=0.75)
     cells = {(c.role, c.concurrency): c for c in summary.cells}
     assert cells[("probe", 1)].slo_attainment == 0.75 and cells[("probe", 1)].meets_slo is True
     assert cells[("probe", 4)].meets_slo is False and cells[("companion", 4)].meets_slo is False
     assert summary.slo_failed_cells == ("p1@single/c=4",)
     assert summary.slo == {"e2e_ms": 1000.0} and summary.min_slo_attainment == 0.75
     # Without a minimum the same cells are measured, not enforced.
-    assert summarize(reduce_records(records, slo=Slo(e2e_ms=1000))).slo_failed_cells == ()
+    assert summarize(reduce_rows(records, slo=Slo(e2e_ms=1000))).slo_failed_cells == ()
 
 
 def test_no_slo_adds_no_fields():
-    summary = summarize(reduce_records(crafted()))
+    summary = summarize(reduce_rows(crafted()))
     assert summary.slo is None and summary.slo_failed_cells == ()
     assert not any(key.startswith("slo") or key == "goodput" for key in summary.cells[0].to_json())
 
@@ -102,7 +102,7 @@ def test_no_slo_adds_no_fields():
 def test_parallel_reader_counts_the_slo_like_the_serial_one(tmp_path, monkeypatch):
     path = tmp_path / "records.jsonl"
     records = [dict(r, seq=100 * k + r["seq"]) for k in range(30) for r in crafted()]
-    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    path.write_bytes(b"".join(orjson.dumps(filled(r)) + b"\n" for r in records))
     monkeypatch.setattr(reader, "_PARALLEL_BYTES", 0)
     serial = summarize(reduce_file(path, workers=1, slo=BOUNDS))
     assert summarize(reduce_file(path, workers=3, slo=BOUNDS)) == serial
@@ -112,7 +112,7 @@ def test_parallel_reader_counts_the_slo_like_the_serial_one(tmp_path, monkeypatc
 def test_junit_fails_a_cell_under_the_minimum():
     records = [record(i, send=i * 0.1, e2e=0.5) for i in range(4)]
     records += [record(10 + i, send=i * 0.1, e2e=0.5 if i == 0 else 2.0, level=4) for i in range(4)]
-    summary = summarize(reduce_records(records, slo=Slo(e2e_ms=1000)), min_slo_attainment=0.5)
+    summary = summarize(reduce_rows(records, slo=Slo(e2e_ms=1000)), min_slo_attainment=0.5)
     root = ET.fromstring(junit_xml(summary))
     assert root.get("failures") == "1"
     cases = {case.get("name"): case for case in root.iter("testcase")}

@@ -18,11 +18,10 @@ from rich.console import Console
 from kevload.compare import summarize
 from kevload.divergence import divergence_kind, first_divergence_word
 from kevload.html import run_report
-from kevload.reader import reduce_records
 from kevload.report import cell_text, junit_xml, markdown, render, verdict_line
 from kevload.summary import CellSummary, RunSummary
 from kevload.sweep import sweep_cell_text
-from tests.conftest import cells_by_level, crafted_times, load_summary, run_cli, write_scenario
+from tests.conftest import cells_by_level, crafted_times, load_summary, reduce_rows, run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
 
 SERIAL = "alpha bravo charlie delta"
@@ -48,7 +47,7 @@ class Records:
         return self
 
     def summary(self, **options) -> RunSummary:
-        return summarize(reduce_records(self.rows), **options)
+        return summarize(reduce_rows(self.rows), **options)
 
 
 def table_text(summary: RunSummary) -> str:

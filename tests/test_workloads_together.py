@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 
 from kevload.compare import summarize
-from kevload.reader import reduce_records
 from kevload.store import read_records
-from tests.conftest import run_cli, write_scenario
+from tests.conftest import reduce_rows, run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
 
 _TRACE = ('{"timestamp": 0, "input_length": 4, "output_length": 2}\n'
@@ -138,7 +137,7 @@ def test_a_conversation_sample_is_beside_a_cut_by_its_whole_flight_from_its_firs
     serial = [(1, [(10.0 * k, 10.0 * k + 0.2), (10.0 * k + 0.2, 10.0 * k + 0.4)], "s") for k in range(4)]
     long_divergent = [(2, [(200.0 + 10 * k, 205.0 + 10 * k), (205.0 + 10 * k, 205.5 + 10 * k)], "d") for k in range(4)]
     short_serial = [(2, [(300.0 + 10 * k, 300.5 + 10 * k), (300.5 + 10 * k, 301.0 + 10 * k)], "s") for k in range(4)]
-    summary = summarize(reduce_records(_talks(serial + long_divergent + short_serial,
+    summary = summarize(reduce_rows(_talks(serial + long_divergent + short_serial,
                                               cuts=[205.2 + 10 * k for k in range(4)]), cuts_asked=True))
     [cell] = [c for c in summary.probe_cells() if c.concurrency == 2]
     assert cell.drift and cell.cancelled == 4
