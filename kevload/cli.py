@@ -638,6 +638,10 @@ def cases_rerun(cases_file: Path, url: str | None, model: str | None, times: int
 @click.option("--grid", "grids", multiple=True, required=True, metavar="NAME=V1,V2",
               help="An axis: a server placeholder/setting (slots=1,2,4) or a scenario key (load.mode=single,mixed).")
 @click.option("--ready-url", help="Readiness URL (default http://127.0.0.1:{port}/health).")
+@click.option("--ready-timeout", type=_Finite(min=1, max=MAX_SECONDS), metavar="SECONDS",
+              help="How long each setting's server may take to answer its readiness URL with 200 before that "
+              "setting fails and the sweep goes on (default 300 with --server-cmd; with --target the target's own: "
+              "llamacpp 180, transformers 300, vllm 600).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Scenario override, as for run.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Sweep directory.")
 @click.option("--quiet", is_flag=True, help="No progress and no table; only one verdict line per setting.")
@@ -645,8 +649,8 @@ def cases_rerun(cases_file: Path, url: str | None, model: str | None, times: int
               "'auto' (this machine's cluster), 'local' or host:port. Needs --server-cmd.")
 @click.option("--resources", metavar="JSON", help="What each setting's Ray task needs on its node, e.g. "
               """'{"GPU": 1}' (with --ray; default one CPU).""")
-def sweep_command(scenario, server_cmd, builtin, grids, ready_url, overrides, out, quiet, ray_address,
-                  resources) -> None:
+def sweep_command(scenario, server_cmd, builtin, grids, ready_url, ready_timeout, overrides, out, quiet,
+                  ray_address, resources) -> None:
     """Run SCENARIO for every setting in the grid and print one matrix: settings × levels."""
     from kevload.sweep import Grid, run_sweep, sweep_markdown
 
@@ -660,7 +664,7 @@ def sweep_command(scenario, server_cmd, builtin, grids, ready_url, overrides, ou
     with _ray_sweep(ray_address, resources, server_cmd) as elsewhere:
         sweep, signum = aio.run(lambda stop: run_sweep(
             scenario, list(overrides), grid, out=out, server_cmd=server_cmd, builtin=builtin, ready_url=ready_url,
-            stop=stop, log=log, elsewhere=elsewhere))
+            ready_timeout=ready_timeout, stop=stop, log=log, elsewhere=elsewhere))
     if quiet:
         for row in sweep["rows"]:
             click.echo(f"{row['setting']}: {row['verdict_line']}")

@@ -154,6 +154,9 @@ def sweep_lines(sweep: dict[str, Any]) -> list[str]:
         if row.get("error"):  # a server that died mid-run: its cells after that hold only failures
             lines.append(f"{row['setting']}: failed: {row['error'].splitlines()[0]}")
             continue
+        if row.get("verdict") == "not_run":
+            lines.append(f"{row['setting']}: {row['verdict_line']}")
+            continue
         if not cells:
             continue
         levels = lambda chosen: ",".join(str(c.concurrency) for c in chosen)  # noqa: E731

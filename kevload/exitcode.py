@@ -11,7 +11,7 @@ from enum import IntEnum
 from typing import Literal
 
 from kevload.summary import RunSummary
-from kevload.words import Verdict
+from kevload.words import SweepVerdict, Verdict
 
 
 class ExitCode(IntEnum):
@@ -57,10 +57,15 @@ def for_run(summary: RunSummary, *, fail_on: Literal["drift", "latent"] = "drift
     return code
 
 
-def for_sweep(verdicts: Iterable[Verdict]) -> ExitCode:
-    """A sweep: TARGET if any setting's target failed or was inconclusive, else DRIFT if any drifted."""
+def for_sweep(verdicts: Iterable[SweepVerdict]) -> ExitCode:
+    """``kevload sweep``, from its rows' verdicts (one row per setting of the grid, none left out). TARGET if any
+    setting is ``target_failed`` (its server did not get ready in time, exited, or stopped answering its
+    readiness URL with 200 during or right after its run, or its run failed), ``inconclusive`` or ``not_run``
+    (a setting not measured gives no evidence); else DRIFT if any is ``nondeterministic``; else OK. A level under
+    its SLO is no failure here: finding where it breaks is what a sweep is for. Bad input (the grid, the scenario,
+    the server command, settings whose run directories would collide) is USAGE before any server starts."""
     seen = set(verdicts)
-    if seen & {"target_failed", "inconclusive"}:
+    if seen & {"target_failed", "inconclusive", "not_run"}:
         return ExitCode.TARGET
     return ExitCode.DRIFT if "nondeterministic" in seen else ExitCode.OK
 

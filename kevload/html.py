@@ -88,11 +88,14 @@ def sweep_report(sweep: dict[str, Any]) -> str:
             f"<td>{_num(answered_per_s(by_level[lv]) if lv in by_level else None)}</td>" for lv in sweep["levels"])
             + "</tr>")
     throughput.append("</table>")
-    # A failed setting may have no cell at all (never run): the reason is its only trace, as in sweep.md.
+    # A setting that failed or never ran may have no cell at all: the reason is its only trace, as in sweep.md.
     failed = [f"<li>{_e(row['setting'])}: {_e(row['error'].splitlines()[0])}</li>" for row in sweep["rows"]
               if row.get("error")]
+    failed += [f"<li>{_e(row['setting'])}: {_e(row['verdict_line'])}</li>" for row in sweep["rows"]
+               if row.get("verdict") == "not_run"]
     body = ["<h1>kevload sweep</h1>", f"<pre>{_e(json.dumps(sweep['grid'], indent=2))}</pre>",
-            *_max_at_slo(sweep), *(["<h2>Failed settings</h2>", f"<ul>{''.join(failed)}</ul>"] if failed else []),
+            *_max_at_slo(sweep),
+            *(["<h2>Settings that failed or did not run</h2>", f"<ul>{''.join(failed)}</ul>"] if failed else []),
             "<h2>Distinct outputs per setting × level</h2>", _heatmap(rows, sweep["levels"]),
             "<h2>Throughput</h2>", "".join(throughput)]
     return _page("kevload sweep", body)

@@ -25,15 +25,17 @@ from kevload.errors import InputError, KevloadError
 from kevload.rundir import RunDir
 from kevload.runs import refuse_existing, run_scenario
 from kevload.scenario import Scenario
-from kevload.servers import free_port, start_server, wait_ready
+from kevload.servers import free_port, start_server, trouble, wait_ready
 from kevload.sweep import (
     READY_TIMEOUT_S,
     Grid,
-    _dirname,
     _fill,
     combinations,
+    failed_row,
     label,
+    not_run_row,
     server_argv,
+    server_failed,
     setting_row,
 )
 
@@ -101,20 +103,24 @@ class Gate:
 
 
 async def ray_rows(ray: Any, resources: dict[str, float], base: Scenario, grid: Grid, *,
-                   out: Path, server_cmd: str | None, ready_url: str | None, stop: asyncio.Event,
-                   log: Callable[[str], None]) -> list[dict[str, Any]]:
-    """The sweep's rows, each server setting run as a Ray task; in the grid's order, however they finish."""
+                   out: Path, server_cmd: str | None, ready_url: str | None, ready_timeout: float | None,
+                   stop: asyncio.Event, log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """The sweep's rows, each server setting run as a Ray task; in the grid's order, however they finish (a
+    setting stopped before it began has none: the sweep gives it its ``not_run`` row)."""
     check_capacity(ray, resources)
     settings = combinations(grid.server)
     combos = combinations(grid.scenario)
+    dirs, logs = grid.run_dirs(), grid.server_logs()
     # Scenarios are built here, datasets included: the nodes need neither the scenario file nor its datasets.
     runs = [[(label({**setting, **combo}), base.with_settings(combo, source="--grid"))
              for combo in combos] for setting in settings]
     for name, _ in (run for setting_runs in runs for run in setting_runs):
-        refuse_existing(out / _dirname(name), hint="give the sweep a fresh --out")
+        refuse_existing(out / dirs[name], hint="give the sweep a fresh --out")
     gate = ray.remote(num_cpus=0)(Gate).remote()
     task = ray.remote(run_setting).options(max_retries=0, **task_options(resources))  # cluster.connect ships kevload
-    refs = [task.remote(i, setting, runs[i], server_cmd, ready_url, gate) for i, setting in enumerate(settings)]
+    refs = [task.remote(i, setting, runs[i], server_cmd, ready_url, ready_timeout or READY_TIMEOUT_S, gate)
+            for i, setting in enumerate(settings)]
+    written = functools.partial(_rows, out, dirs, logs, combos, log=log)
     log(f"{len(refs)} server setting(s) sent to the Ray cluster, each on a node with "
         f"{json.dumps(resources) if resources else 'one CPU'} free …")
     waiting = {asyncio.wrap_future(ref.future()): i for i, ref in enumerate(refs)}
@@ -125,7 +131,7 @@ async def ray_rows(ray: Any, resources: dict[str, float], base: Scenario, grid: 
             done, _ = await asyncio.wait([*waiting, stopped], return_when=asyncio.FIRST_COMPLETED)
             for future in done - {stopped}:
                 i = waiting.pop(future)
-                rows[i] = _rows(out, settings[i], combos, _outcome(future), log)
+                rows[i] = written(settings[i], _outcome(future))
     finally:
         stopped.cancel()
         if waiting:  # stopped (or failed here): no setting begins any more; those running stop and return
@@ -137,7 +143,7 @@ async def ray_rows(ray: Any, resources: dict[str, float], base: Scenario, grid: 
             for future, i in waiting.items():
                 if i in begun:
                     await asyncio.wait([future])
-                    rows[i] = _rows(out, settings[i], combos, _outcome(future), log)
+                    rows[i] = written(settings[i], _outcome(future))
     return [row for i in sorted(rows) for row in rows[i]]
 
 
@@ -149,40 +155,48 @@ def _outcome(future: asyncio.Future) -> dict[str, Any]:
         return {"error": f"the Ray task failed: {_first_line(exc)}", "runs": []}
 
 
-def _rows(out: Path, setting: dict[str, Any], combos: list[dict[str, Any]], outcome: dict[str, Any],
-          log: Callable[[str], None]) -> list[dict[str, Any]]:
-    """Write what the task returned into the sweep directory and make its rows (a failed run: a failed row)."""
+def _rows(out: Path, dirs: dict[str, str], logs: dict[str, str], combos: list[dict[str, Any]],
+          setting: dict[str, Any], outcome: dict[str, Any], *, log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Write what the task returned into the sweep directory and make its rows, by the sequential sweep's rules:
+    a failed run, or a server that did not start, a failed row; a server that failed by the end of a run fails
+    that row, and the setting's later runs are ``not_run``."""
     out.mkdir(parents=True, exist_ok=True)
+    log_path = out / logs[label(setting)]
     if "server_log" in outcome:
-        (out / f"server-{_dirname(label(setting))}.log").write_bytes(outcome["server_log"])
+        log_path.write_bytes(outcome["server_log"])
     node = outcome.get("node")
     where = f" on {node['host']} (node {node['id'][:8]})" if node else ""
     by_name = {run["name"]: run for run in outcome["runs"]}
     rows = []
+    gone = None  # why the server could no longer serve, and during which run
     for combo in combos:
         name = label({**setting, **combo})
         run = by_name.get(name)
-        if run is None and not outcome.get("error"):
-            continue  # stopped before this run began: no row, as in the sequential sweep
-        run_dir = out / _dirname(name)
-        for relative, data in (run or {}).get("files", {}).items():
-            (run_dir / relative).parent.mkdir(parents=True, exist_ok=True)
-            (run_dir / relative).write_bytes(data)
-        error = (run or {}).get("error") or (None if run else outcome["error"])
-        if error is None:
-            row = setting_row(name, setting, combo, run_dir, RunDir(run_dir).summary())
+        if gone is not None:
+            row = not_run_row(setting, combo, gone)
+        elif run is None and not outcome.get("error"):
+            continue  # stopped before this run began: the sweep gives it its not_run row
         else:
-            row = {"setting": name, "server": setting, "scenario": combo,
-                   "run": str(run_dir) if (run or {}).get("files") else None, "verdict": "target_failed",
-                   "verdict_line": f"failed: {error.splitlines()[0]}", "cells": [], "error": error}
+            run_dir = out / dirs[name]
+            for relative, data in (run or {}).get("files", {}).items():
+                (run_dir / relative).parent.mkdir(parents=True, exist_ok=True)
+                (run_dir / relative).write_bytes(data)
+            error = (run or {}).get("error") or (None if run else outcome["error"])
+            if error is not None:
+                row = {**failed_row(setting, combo, error), "run": str(run_dir) if (run or {}).get("files") else None}
+            else:
+                row = setting_row(name, setting, combo, run_dir, RunDir(run_dir).summary())
+            if run is not None and run.get("server") is not None:
+                row = server_failed(row, f"the server {run['server']} during the run (its log: {log_path})")
+                gone = f"the server {run['server']} during {name} (its log: {log_path})"
         row = {**row, **({"node": node} if node else {}), **({"ran": run["ran"]} if run else {})}
-        log(f"  {name}{where}: {row['verdict_line']}" + ("" if error is None else "\n" + error))
+        log(f"  {name}{where}: {row['verdict_line']}" + ("" if not row.get("error") else "\n" + row["error"]))
         rows.append(row)
     return rows
 
 
 def run_setting(index: int, setting: dict[str, Any], runs: list[tuple[str, Scenario]], server_cmd: str,
-                ready_url: str | None, gate: Any) -> dict[str, Any]:
+                ready_url: str | None, ready_timeout: float, gate: Any) -> dict[str, Any]:
     """The Ray task (runs on the node): one server setting, its scenarios in order, the server stopped at the
     end however it ends; returns the runs' files, the server's log and where it ran."""
     import ray
@@ -192,13 +206,13 @@ def run_setting(index: int, setting: dict[str, Any], runs: list[tuple[str, Scena
         return {"node": node, "runs": []}  # the sweep was stopped before this setting began
     with tempfile.TemporaryDirectory(prefix="kevload-sweep-") as tmp, \
             asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        outcome = runner.run(_on_node(setting, runs, server_cmd, ready_url, gate, Path(tmp)))
+        outcome = runner.run(_on_node(setting, runs, server_cmd, ready_url, ready_timeout, gate, Path(tmp)))
         log = Path(tmp) / "server.log"
         return {**outcome, "node": node, "server_log": log.read_bytes() if log.is_file() else b""}
 
 
 async def _on_node(setting: dict[str, Any], runs: list[tuple[str, Scenario]], server_cmd: str,
-                   ready_url: str | None, gate: Any, tmp: Path) -> dict[str, Any]:
+                   ready_url: str | None, ready_timeout: float, gate: Any, tmp: Path) -> dict[str, Any]:
     stop = asyncio.Event()
     watch = asyncio.ensure_future(_watch(gate, stop))
     done: list[dict[str, Any]] = []
@@ -211,14 +225,19 @@ async def _on_node(setting: dict[str, Any], runs: list[tuple[str, Scenario]], se
         except OSError as exc:
             raise InputError(f"--server-cmd: cannot run {argv[0]!r}: {exc.strerror or exc}") from None
         try:
-            wait = functools.partial(wait_ready, server, _fill(ready_url or READY_URL, values),
-                                     timeout=READY_TIMEOUT_S, cancelled=stop.is_set)
+            url = _fill(ready_url or READY_URL, values)
+            wait = functools.partial(wait_ready, server, url, timeout=ready_timeout, cancelled=stop.is_set)
             if not await asyncio.get_running_loop().run_in_executor(None, wait):
                 return {"runs": done}  # stopped while the server was starting
-            for name, scenario in runs:
+            for k, (name, scenario) in enumerate(runs):
                 if stop.is_set():
                     break
-                done.append(await _run(name, _pointed_at(scenario, f"http://127.0.0.1:{port}/v1"), tmp, stop))
+                pointed = _pointed_at(scenario, f"http://127.0.0.1:{port}/v1")
+                done.append(await _run(name, pointed, tmp / f"run-{k}", stop))
+                # As in the sequential sweep: a server gone by the end of a run fails it, and ends the setting.
+                done[-1]["server"] = await asyncio.to_thread(trouble, server.pid, url)
+                if done[-1]["server"] is not None:
+                    break
         finally:
             server.stop()
     except KevloadError as exc:  # the server did not start: every run of this setting fails
@@ -228,9 +247,9 @@ async def _on_node(setting: dict[str, Any], runs: list[tuple[str, Scenario]], se
     return {"runs": done}
 
 
-async def _run(name: str, scenario: Scenario, tmp: Path, stop: asyncio.Event) -> dict[str, Any]:
-    """One scenario run on the node; a run that fails is a failed row, and the next run still gets its turn."""
-    run_dir = tmp / _dirname(name)
+async def _run(name: str, scenario: Scenario, run_dir: Path, stop: asyncio.Event) -> dict[str, Any]:
+    """One scenario run on the node (its files go back under the driver's name for it, so here it is numbered);
+    a run that fails is a failed row, and the next run still gets its turn."""
     started = time.time()
     error = None
     try:

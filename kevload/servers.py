@@ -111,6 +111,9 @@ async def stop_when_gone(pid: int, every: float = 0.25) -> None:
     await asyncio.to_thread(stop_group, pid)
 
 
+EXITING_S = 1.0  # how long a server that refused its readiness URL is given to be seen exiting
+
+
 def trouble(pid: int, health_url: str) -> str | None:
     """Why a server that was ready can no longer serve, or None: its process exited, or it no longer answers
     ``health_url`` with 200 (vLLM's API server lives on for a moment after its engine died, answering 500)."""
@@ -122,6 +125,12 @@ def trouble(pid: int, health_url: str) -> str | None:
     except urllib.error.HTTPError as exc:
         status = exc.code
     except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
+        # A process on its way out closes its sockets before it is gone: the moment it takes to go names it right.
+        deadline = time.monotonic() + EXITING_S
+        while time.monotonic() < deadline:
+            if not pid_alive(pid):
+                return "exited"
+            time.sleep(0.02)
         return f"stopped answering {health_url} ({exc})"
     return None if status == 200 else f"stopped answering {health_url} (HTTP {status})"
 

@@ -5,15 +5,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import itertools
 import math
 import re
 import shlex
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kevload.errors import ServerError
 from kevload.report import attainment_text, cell_text, slo_bounds_text, verdict_line
 from kevload.runs import run_scenario
 from kevload.scenario import ScenarioError, load_scenario, toml_value
@@ -24,7 +27,8 @@ from kevload.summary import CellSummary, RunSummary
 
 # {name} in --server-cmd and --ready-url; any other braces (JSON arguments) are left as they are.
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_-]*)\}")
-READY_TIMEOUT_S = 300.0
+READY_TIMEOUT_S = 300.0  # --ready-timeout's default for --server-cmd (a built-in target has its own)
+STOPPED = "the sweep was stopped (SIGINT or SIGTERM) before this setting ran"
 MAX_SETTINGS = 1000  # settings of one sweep: more is a typo, not a test
 
 
@@ -46,13 +50,45 @@ class Grid:
             if name in server or name in scenario:
                 raise ScenarioError(f"--grid {name}: given twice")
             axis = scenario if "." in name else server
-            axis[name] = [toml_value(v.strip()) for v in values.split(",") if v.strip()]
+            axis[name] = _distinct(name, [v.strip() for v in values.split(",") if v.strip()])
         # Counted before any setting is made: the settings are the product of the axes.
         settings = math.prod(len(values) for values in (*server.values(), *scenario.values()))
         if settings > MAX_SETTINGS:
             raise ScenarioError(f"--grid: expected at most {MAX_SETTINGS:,} settings (each is a run, one after "
                                 f"another), got {settings:,}")
         return cls(server=server, scenario=scenario)
+
+    def run_dirs(self) -> dict[str, str]:
+        """Each setting's run directory name, by its label (a row's ``setting``)."""
+        return apart([label({**s, **c}) for s in combinations(self.server) for c in combinations(self.scenario)])
+
+    def server_logs(self) -> dict[str, str]:
+        """Each server setting's log file name, by its label."""
+        names = apart([label(s) for s in combinations(self.server)])
+        return {name: f"server-{file}.log" for name, file in names.items()}
+
+
+def _distinct(name: str, texts: list[str]) -> list[Any]:
+    """An axis's values, each once: two that read the same (4,4 or 0.5,0.50) would be one setting run twice,
+    under one label and into one run directory."""
+    values = [toml_value(text) for text in texts]
+    seen: dict[str, str] = {}
+    for text, value in zip(texts, values, strict=True):
+        if str(value) in seen:
+            raise ScenarioError(f"--grid {name}: {seen[str(value)]} and {text} are the same setting ({name}={value}); "
+                                "give each value once")
+        seen[str(value)] = text
+    return values
+
+
+def apart(labels: list[str]) -> dict[str, str]:
+    """Each label's file name: its characters that a file name holds as they are, the others as ``_``. Labels
+    that would share a name (target.model=org/m and org_m) get a hash of the label after it, so each setting
+    keeps its own directory and log, and a rerun of the same grid names them the same."""
+    plain = {name: _dirname(name) for name in labels}
+    shared = Counter(plain.values())
+    return {name: file if shared[file] == 1 else f"{file}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+            for name, file in plain.items()}
 
 
 def combinations(axes: dict[str, list[Any]]) -> list[dict[str, Any]]:
@@ -66,9 +102,15 @@ def label(setting: dict[str, Any]) -> str:
 
 async def run_sweep(scenario_path: Path, overrides: list[str], grid: Grid, *, out: Path,
                     server_cmd: str | None = None, builtin: str | None = None, ready_url: str | None = None,
-                    stop: asyncio.Event | None = None, log: Callable[[str], None] = print,
+                    ready_timeout: float | None = None, stop: asyncio.Event | None = None,
+                    log: Callable[[str], None] = print,
                     elsewhere: Callable[..., Awaitable[list[dict[str, Any]]]] | None = None) -> dict[str, Any]:
     """Run every server setting × scenario setting; the server is stopped after each, however it ends.
+
+    Every setting gets a row: a server that does not start (not ready within ``ready_timeout``, None: 300 s or
+    the built-in target's own) fails its setting's rows and the sweep goes on; one that exited or stopped
+    answering its readiness URL by the end of a run fails that row, and its setting's later rows are ``not_run``;
+    a sweep stopped or ended by an error has a ``not_run`` row for each setting it did not reach.
 
     ``elsewhere`` runs the server settings instead of this loop, from the loaded scenario, and returns the rows
     (``kevload.raysweep``: side by side on a Ray cluster); the checks before and the matrix after are shared.
@@ -89,43 +131,56 @@ async def run_sweep(scenario_path: Path, overrides: list[str], grid: Grid, *, ou
             refuse_missing_settings(builtin, TargetSettings.from_options(setting))
     if elsewhere is not None:
         rows = await elsewhere(base, grid, out=out, server_cmd=server_cmd, ready_url=ready_url,
-                               stop=stop, log=log)
-        return write_sweep(out, grid, rows, complete=not stop.is_set())
+                               ready_timeout=ready_timeout, stop=stop, log=log)
+        return write_sweep(out, grid, rows, complete=not stop.is_set(), unrun=STOPPED)
+    dirs, logs, combos = grid.run_dirs(), grid.server_logs(), combinations(grid.scenario)
     rows: list[dict[str, Any]] = []
+    at = ""
     try:
         for server_setting in combinations(grid.server):
             if stop.is_set():
                 break
-            log(f"server {label(server_setting)}: starting …")
-            async with _server(server_setting, server_cmd, builtin, ready_url, out, stop, log) as up:
-                if up is None:  # stopped while the server was starting
-                    break
-                combos = combinations(grid.scenario)
-                for index, combo in enumerate(combos):
-                    if stop.is_set():
+            at = label(server_setting)
+            log(f"server {at}: starting …")
+            started = False
+            try:
+                async with _server(server_setting, server_cmd, builtin, ready_url, ready_timeout, out / logs[at],
+                                   stop, log) as up:
+                    started = True
+                    if up is None:  # stopped while the server was starting
                         break
-                    name = label({**server_setting, **combo})
-                    scenario = base.with_settings(up.sets, source="sweep").with_settings(combo, source="--grid")
-                    log(f"  running {name} …")
-                    result = await run_scenario(scenario, out / _dirname(name), stop=stop)
-                    rows.append(setting_row(name, server_setting, combo, result.run_dir, result.summary))
-                    failure = await asyncio.to_thread(up.failure)
-                    if failure is not None:  # the rest of this setting's scenario keys would only fail
-                        rows[-1]["error"] = f"the server {failure} during the run (its log: {up.log_path})"
+                    for index, combo in enumerate(combos):
+                        if stop.is_set():
+                            break
+                        at = name = label({**server_setting, **combo})
+                        scenario = base.with_settings(up.sets, source="sweep").with_settings(combo, source="--grid")
+                        log(f"  running {name} …")
+                        result = await run_scenario(scenario, out / dirs[name], stop=stop)
+                        row = setting_row(name, server_setting, combo, result.run_dir, result.summary)
+                        failure = await asyncio.to_thread(up.failure)
+                        if failure is None:
+                            rows.append(row)
+                            continue
+                        # However its run went, the setting's answers came from a server that did not last it.
+                        rows.append(server_failed(row, f"the server {failure} during the run (its log: {up.log_path})"))
                         log(f"  the server of {label(server_setting)} {failure} during the run; the end of its log:\n"
                             f"{log_tail(up.log_path) if up.log_path else ''}")
-                        # Each of them keeps its row, failed and saying why: a setting missing from the matrix
-                        # would read as never asked for.
-                        rows += [_not_run(server_setting, later, f"not run: the server {failure} during {name} (its "
-                                          f"log: {up.log_path})") for later in combos[index + 1:]]
+                        # The rest of this setting's scenario keys would only fail: each keeps its row, saying why.
+                        rows += [not_run_row(server_setting, later, f"the server {failure} during {name} (its "
+                                             f"log: {up.log_path})") for later in combos[index + 1:]]
                         break
-    except Exception:
-        # A server that fails to start ends the sweep; the settings that ran (minutes each on a real server)
-        # keep their rows, in a sweep that says it did not finish.
-        if rows:
-            write_sweep(out, grid, rows, complete=False)
+            except ServerError as exc:
+                if started:
+                    raise
+                # One setting's server may not start (say, too large a batch for the memory): the others still can.
+                log(f"  the server of {label(server_setting)} did not start: {exc}")
+                rows += [failed_row(server_setting, combo, str(exc)) for combo in combos]
+    except Exception as exc:
+        # Anything else ends the sweep (a server command that cannot run would fail every setting); the settings
+        # that ran (minutes each on a real server) keep their rows, the others say why they have none.
+        write_sweep(out, grid, rows, complete=False, unrun=f"the sweep ended at {at}: {_first_line(exc)}")
         raise
-    return write_sweep(out, grid, rows, complete=not stop.is_set())
+    return write_sweep(out, grid, rows, complete=not stop.is_set(), unrun=STOPPED)
 
 
 def setting_row(name: str, server: dict[str, Any], scenario: dict[str, Any], run_dir: Path,
@@ -136,13 +191,37 @@ def setting_row(name: str, server: dict[str, Any], scenario: dict[str, Any], run
                  "cells": [_cell(c) for c in summary.probe_cells()]}, summary)
 
 
-def _not_run(server: dict[str, Any], scenario: dict[str, Any], error: str) -> dict[str, Any]:
-    """The row of a setting that never ran: its server had already failed (the shape of kevload.raysweep's)."""
+def server_failed(row: dict[str, Any], error: str) -> dict[str, Any]:
+    """A setting's row whose server exited or stopped answering its readiness URL by the end of its run: failed,
+    whatever its run alone says (kept as ``run_verdict``)."""
+    return {**row, "verdict": "target_failed", "run_verdict": row["verdict"],
+            "verdict_line": f"failed: {error}; its run alone: {row['verdict_line']}", "error": error}
+
+
+def failed_row(server: dict[str, Any], scenario: dict[str, Any], error: str) -> dict[str, Any]:
+    """The row of a setting whose server did not start, or whose run failed: no cells, the reason instead."""
     return {"setting": label({**server, **scenario}), "server": server, "scenario": scenario, "run": None,
-            "verdict": "target_failed", "verdict_line": f"failed: {error}", "cells": [], "error": error}
+            "verdict": "target_failed", "verdict_line": f"failed: {error.splitlines()[0]}", "cells": [],
+            "error": error}
 
 
-def write_sweep(out: Path, grid: Grid, rows: list[dict[str, Any]], *, complete: bool) -> dict[str, Any]:
+def not_run_row(server: dict[str, Any], scenario: dict[str, Any], reason: str) -> dict[str, Any]:
+    """The row of a setting the sweep never ran, saying why: a setting missing from the matrix would read as
+    never asked for."""
+    return {"setting": label({**server, **scenario}), "server": server, "scenario": scenario, "run": None,
+            "verdict": "not_run", "verdict_line": f"not run: {reason}", "cells": [], "reason": reason}
+
+
+def every_setting(grid: Grid, rows: list[dict[str, Any]], reason: str) -> list[dict[str, Any]]:
+    """The rows in the grid's order, one per setting: a ``not_run`` row, for ``reason``, where none was made."""
+    made = {row["setting"]: row for row in rows}
+    return [made.get(label({**s, **c})) or not_run_row(s, c, reason)
+            for s in combinations(grid.server) for c in combinations(grid.scenario)]
+
+
+def write_sweep(out: Path, grid: Grid, rows: list[dict[str, Any]], *, complete: bool, unrun: str) -> dict[str, Any]:
+    """sweep.json and sweep.md, a row for every setting (``unrun``: why those without one did not run)."""
+    rows = every_setting(grid, rows, unrun)
     sweep = {"grid": {"server": grid.server, "scenario": grid.scenario}, "rows": rows,
              "levels": _levels(rows), "complete": complete}
     write_json(out / "sweep.json", sweep)
@@ -210,9 +289,12 @@ def sweep_markdown(sweep: dict[str, Any]) -> str:
     lines = ["| setting | probe (mode) | " + " | ".join(first + levels) + " |",
              "| --- | --- | " + " | ".join("---:" for _ in first + levels) + " |"]
     for row in sweep["rows"]:
-        if row.get("error"):  # a setting that failed on its own (kevload.raysweep): no cells, the reason instead
-            reason = row["error"].splitlines()[0].replace("|", "\\|")
-            lines.append(f"| {row['setting']} | failed: {reason} | " + " | ".join("-" for _ in first + levels) + " |")
+        # A setting that failed, or never ran: the reason, and its cells (if it has any) after it.
+        why = f"failed: {row['error']}" if row.get("error") else \
+            f"not run: {row['reason']}" if row.get("verdict") == "not_run" else None
+        if why is not None:
+            reason = why.splitlines()[0].replace("|", "\\|")
+            lines.append(f"| {row['setting']} | {reason} | " + " | ".join("-" for _ in first + levels) + " |")
         for probe, cells in _by_probe(row).items():
             texts = [sweep_cell_text(cells.get(level)) for level in levels]
             if slo:
@@ -336,14 +418,16 @@ class _Up:
 
 @contextlib.asynccontextmanager
 async def _server(setting: dict[str, Any], server_cmd: str | None, builtin: str | None, ready_url: str | None,
-                  out: Path, stop: asyncio.Event, log: Callable[[str], None]) -> AsyncIterator[_Up | None]:
+                  ready_timeout: float | None, log_path: Path, stop: asyncio.Event,
+                  log: Callable[[str], None]) -> AsyncIterator[_Up | None]:
     """Start the server for one setting (None: stopped while starting); it is stopped when the block ends,
     however it ends, a cancel during its start included. A server that exits while in use has the rest of its
     process group stopped at once, so the requests sent to it fail at once."""
     if builtin is not None:
         from kevload.targets import TargetSettings, serving
 
-        async with serving(builtin, TargetSettings.from_options(setting), log=log, stop=stop) as target:
+        async with serving(builtin, TargetSettings.from_options(setting), log=log, stop=stop,
+                           ready_timeout=ready_timeout) as target:
             yield None if target is None else _Up(
                 {"target.base_url": target.url, "target.model": target.model},
                 functools.partial(trouble, target.pid, f"http://127.0.0.1:{target.port}/health"), target.log_path)
@@ -355,7 +439,7 @@ async def _server(setting: dict[str, Any], server_cmd: str | None, builtin: str 
     values = {**setting, "port": port}
     argv = server_argv(server_cmd, values)
     try:
-        server = start_server(argv, out / f"server-{_dirname(label(setting))}.log")
+        server = start_server(argv, log_path)
     except OSError as exc:
         raise ScenarioError(f"--server-cmd: cannot run {argv[0]!r}: {exc.strerror or exc}") from None
     watch = None
@@ -363,7 +447,8 @@ async def _server(setting: dict[str, Any], server_cmd: str | None, builtin: str 
         url = _fill(ready_url or "http://127.0.0.1:{port}/health", values)
         # The pid is known here, in this task, before the wait starts: the finally below stops the server even
         # when this task is cancelled while the thread still polls (that thread then sees it gone and ends).
-        wait = functools.partial(wait_ready, server, url, timeout=READY_TIMEOUT_S, cancelled=stop.is_set)
+        wait = functools.partial(wait_ready, server, url, timeout=ready_timeout or READY_TIMEOUT_S,
+                                 cancelled=stop.is_set)
         future = asyncio.get_running_loop().run_in_executor(None, wait)
         future.add_done_callback(_retrieve)
         ready = await future
@@ -385,3 +470,8 @@ def _retrieve(future: asyncio.Future) -> None:
 
 def _dirname(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_.=" else "_" for ch in name)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -15,6 +15,9 @@ OK = "ok"
 
 Verdict = Literal["deterministic", "nondeterministic", "inconclusive", "target_failed"]
 VERDICTS: tuple[Verdict, ...] = get_args(Verdict)
+# A sweep row's verdict: its run's, or ``not_run`` for a setting the sweep never ran (it was stopped, it ended at
+# an earlier setting, or that setting's server had already failed); the row's ``reason`` says which.
+SweepVerdict = Literal[Verdict, "not_run"]
 # How an output leaves the serial one (``divergence.divergence_kind``).
 DivergenceKind = Literal["token", "length", "finish"]
 DIVERGENCE_KINDS: tuple[DivergenceKind, ...] = get_args(DivergenceKind)

@@ -19,6 +19,9 @@ def test_a_run_fails_on_latent_drift_only_when_asked_and_a_baseline_decides_by_i
 def test_sweeps_and_reruns_take_the_worst_setting_or_case():
     assert exitcode.for_sweep(["deterministic", "nondeterministic", "inconclusive"]) == ExitCode.TARGET
     assert exitcode.for_sweep(["deterministic", "nondeterministic"]) == ExitCode.DRIFT
+    # A setting the sweep never ran is no evidence: the sweep cannot pass without it.
+    assert exitcode.for_sweep(["deterministic", "not_run"]) == ExitCode.TARGET
+    assert exitcode.for_sweep(["deterministic", "deterministic"]) == ExitCode.OK
     moves = {"no answer": [], "changed": ["c1"], "stable→unstable": []}
     assert exitcode.for_rerun(moves, mismatched=[], accepted=False) == ExitCode.DRIFT
     assert exitcode.for_rerun(moves, mismatched=[], accepted=True) == ExitCode.OK

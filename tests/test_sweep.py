@@ -162,7 +162,7 @@ def test_cancel_while_the_server_starts_leaves_no_server(tmp_path, signum, code)
     script = f"import os, sys, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
     cmd = f"{sys.executable} -c {shlex.quote(script)} {{port}}"
     proc = subprocess.Popen([sys.executable, "-m", "kevload", "sweep", str(scenario), "--server-cmd", cmd,
-                             "--grid", "load.samples=2", "--out", str(tmp_path / "sw")],
+                             "--grid", "load.samples=2,3", "--out", str(tmp_path / "sw")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     server_pid = None
     try:
@@ -172,10 +172,16 @@ def test_cancel_while_the_server_starts_leaves_no_server(tmp_path, signum, code)
         server_pid = int(pid_file.read_text())
         assert pid_alive(server_pid)
         os.kill(proc.pid, signum)
-        _, stderr = proc.communicate(timeout=30)
+        stdout, stderr = proc.communicate(timeout=30)
         assert proc.returncode == code, stderr
         assert "Traceback" not in stderr
         assert not pid_alive(server_pid)
+        # The setting it stopped, and the one it never reached, each have a row that says why.
+        sweep = json.loads((tmp_path / "sw" / "sweep.json").read_text())
+        assert [(r["setting"], r["verdict"]) for r in sweep["rows"]] == [("load.samples=2", "not_run"),
+                                                                          ("load.samples=3", "not_run")]
+        assert all(r["reason"].startswith("the sweep was stopped") for r in sweep["rows"])
+        assert "| load.samples=3 | not run: the sweep was stopped" in stdout
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -243,8 +249,8 @@ def test_a_setting_whose_server_dies_mid_run_claims_no_throughput_and_no_row_is_
                           "n=1000,load.mode=mixed"]
     assert rows["n=12,load.mode=single"]["verdict"] == "target_failed"
     assert rows["n=12,load.mode=single"]["error"].startswith("the server exited during the run")
-    assert rows["n=12,load.mode=mixed"]["verdict"] == "target_failed" and rows["n=12,load.mode=mixed"]["cells"] == []
-    assert "n=12,load.mode=single" in rows["n=12,load.mode=mixed"]["error"]
+    assert rows["n=12,load.mode=mixed"]["verdict"] == "not_run" and rows["n=12,load.mode=mixed"]["cells"] == []
+    assert "the server exited during n=12,load.mode=single" in rows["n=12,load.mode=mixed"]["reason"]
     assert [rows[f"n=1000,load.mode={m}"]["verdict"] for m in ("single", "mixed")] == ["deterministic"] * 2
     # The dead setting's c=4 answered nothing: its cost is no rate at all, however fast its requests failed.
     dead = next(c for c in rows["n=12,load.mode=single"]["cells"] if c["level"] == "c=4")
@@ -265,14 +271,150 @@ def test_a_setting_whose_server_dies_mid_run_claims_no_throughput_and_no_row_is_
     assert sweep_cell_text(half).endswith(" · 4.0/s")
 
 
-def test_a_server_that_fails_to_start_keeps_the_rows_of_the_settings_before_it(tmp_path):
+def test_a_server_that_fails_to_start_fails_its_setting_and_the_sweep_goes_on(tmp_path):
     (tmp_path / "dying.py").write_text(DYING_SERVER)
     cmd = f"{sys.executable} {tmp_path / 'dying.py'} --port {{port}} --die-after {{n}}"
     scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1, 2], samples=3)
-    code, output = run_cli("sweep", scenario, "--server-cmd", cmd, "--grid", "n=1000,-1", "--out", tmp_path / "sw")
+    code, output = run_cli("sweep", scenario, "--server-cmd", cmd, "--grid", "n=1000,-1,999",
+                           "--grid", "load.mode=single,mixed", "--out", tmp_path / "sw")
     assert code == 3 and "cannot allocate the KV cache" in output, output
-    # The first setting ran (minutes, on a real server): its row is kept, and the sweep says it did not finish.
+    # Too large a batch for the memory fails that setting alone (both its rows, with the server's last words);
+    # the settings around it ran (minutes each, on a real server), and the sweep went through the grid.
     sweep = json.loads((tmp_path / "sw" / "sweep.json").read_text())
-    assert [(r["setting"], r["verdict"]) for r in sweep["rows"]] == [("n=1000", "deterministic")]
-    assert sweep["complete"] is False
-    assert "| n=1000 | p1 (single) |" in (tmp_path / "sw" / "sweep.md").read_text()
+    assert [(r["setting"], r["verdict"]) for r in sweep["rows"]] == [
+        ("n=1000,load.mode=single", "deterministic"), ("n=1000,load.mode=mixed", "deterministic"),
+        ("n=-1,load.mode=single", "target_failed"), ("n=-1,load.mode=mixed", "target_failed"),
+        ("n=999,load.mode=single", "deterministic"), ("n=999,load.mode=mixed", "deterministic")]
+    failed = sweep["rows"][2]
+    assert failed["error"].startswith("server exited while starting") and "cannot allocate the KV cache" in \
+        failed["error"] and failed["cells"] == [] and failed["run"] is None
+    assert sweep["complete"] is True
+    md = (tmp_path / "sw" / "sweep.md").read_text()
+    assert "| n=1000,load.mode=single | p1 (single) |" in md and "| n=-1,load.mode=mixed | failed: server exited" in md
+
+
+# A server that answers `--after` requests, then fails as `--how` says, right as its last answer leaves: it exits
+# (`exit`), or its readiness URL turns 503 (`503`). `--after -1`: it never gets ready (it never listens).
+SICK_SERVER = """
+import argparse, os, time
+from aiohttp import web
+parser = argparse.ArgumentParser()
+parser.add_argument("--port", type=int)
+parser.add_argument("--after", type=int)
+parser.add_argument("--how", choices=["exit", "503"], default="exit")
+args = parser.parse_args()
+if args.after < 0:
+    time.sleep(300)
+served = 0
+sick = False
+async def chat(request):
+    global served, sick
+    await request.read()
+    served += 1
+    print(f"served {served}", flush=True)
+    last = served == args.after
+    sick = sick or (last and args.how == "503")  # before the answer leaves: once it is in, /health says 503
+    response = web.json_response({"id": "x", "object": "chat.completion", "model": "fake", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "same"}, "finish_reason": "stop"}]})
+    if last and args.how == "exit":
+        await response.prepare(request)
+        await response.write_eof()
+        os._exit(0)
+    return response
+async def health(request):
+    return web.json_response({}, status=503 if sick else 200)
+app = web.Application()
+app.router.add_post("/v1/chat/completions", chat)
+app.router.add_get("/health", health)
+web.run_app(app, host="127.0.0.1", port=args.port, print=None)
+"""
+
+
+def sick_server(tmp_path: Path, scenario: Path, how: str = "exit") -> tuple[str, int]:
+    """The sick server's command, and how many requests one run of ``scenario`` sends (counted on a healthy one)."""
+    (tmp_path / "sick.py").write_text(SICK_SERVER)
+    cmd = f"{sys.executable} {tmp_path / 'sick.py'} --port {{port}} --after {{n}} --how {how}"
+    code, output = run_cli("sweep", scenario, "--server-cmd", cmd, "--grid", "n=100000", "--out", tmp_path / "count")
+    assert code == 0, output
+    served = re.findall(r"served (\d+)", (tmp_path / "count" / "server-n=100000.log").read_text())
+    return cmd, int(served[-1])
+
+
+@pytest.mark.parametrize(("how", "why"), [("exit", "the server exited during the run"),
+                                          ("503", "the server stopped answering http://127.0.0.1:")])
+def test_a_setting_whose_server_fails_right_after_its_last_answer_is_target_failed(tmp_path, how, why):
+    # One request at a time: the last one counted is the last one answered.
+    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], samples=4)
+    cmd, requests = sick_server(tmp_path, scenario, how)
+    out = tmp_path / "sw"
+    code, output = run_cli("sweep", scenario, "--server-cmd", cmd, "--grid", f"n={requests},100000", "--out", out)
+    assert code == 3, output
+    rows = {row["setting"]: row for row in json.loads((out / "sweep.json").read_text())["rows"]}
+    failed = rows[f"n={requests}"]
+    # Every answer came and held (its run alone is deterministic), from a server that did not last the run.
+    assert (failed["verdict"], failed["run_verdict"]) == ("target_failed", "deterministic")
+    assert failed["error"].startswith(why) and failed["verdict_line"].startswith(f"failed: {why}")
+    assert all(cell["ok"] == cell["asked"] for cell in failed["cells"])
+    assert rows["n=100000"]["verdict"] == "deterministic"  # the next setting still ran
+    assert f"| n={requests} | failed: {why}" in (out / "sweep.md").read_text()
+
+
+def test_a_server_never_ready_fails_its_setting_after_the_ready_timeout_and_the_sweep_goes_on(tmp_path):
+    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], samples=2)
+    (tmp_path / "sick.py").write_text(SICK_SERVER)
+    cmd = f"{sys.executable} {tmp_path / 'sick.py'} --port {{port}} --after {{n}}"
+    out = tmp_path / "sw"
+    started = time.monotonic()
+    code, output = run_cli("sweep", scenario, "--server-cmd", cmd, "--grid", "n=-1,100000",
+                           "--grid", "load.samples=2,3", "--ready-timeout", "2", "--out", out)
+    assert code == 3, output
+    assert time.monotonic() - started < READY_TIMEOUT_S / 10  # the option's 2 s, not the default
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert [(r["setting"], r["verdict"]) for r in sweep["rows"]] == [
+        ("n=-1,load.samples=2", "target_failed"), ("n=-1,load.samples=3", "target_failed"),
+        ("n=100000,load.samples=2", "deterministic"), ("n=100000,load.samples=3", "deterministic")]
+    assert sweep["rows"][0]["error"].startswith("server not ready at http://127.0.0.1:")
+    assert "after 2 s (" in sweep["rows"][0]["error"] and sweep["complete"]
+
+
+@pytest.mark.parametrize("values", ["4,4", "0.5,0.50", "true,True"])
+def test_grid_values_that_are_the_same_setting_are_refused_before_any_server_starts(tmp_path, values):
+    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], samples=2)
+    cmd = f"{sys.executable} {_server_script(tmp_path)} {{port}} {{x}}"
+    code, output = run_cli("sweep", scenario, "--server-cmd", cmd, "--grid", f"x={values}", "--out", tmp_path / "sw")
+    first, second = values.split(",")
+    assert code == 2 and f"--grid x: {first} and {second} are the same setting" in output, output
+    assert output.count("\n") == 1 and not (tmp_path / "argv.json").exists()  # no server was started
+
+
+def test_settings_whose_directory_names_collide_are_named_apart(tmp_path, server):
+    # org/m and org_m are two models, and a directory name holds no /: each run gets a directory of its own.
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2)
+    out = tmp_path / "sw"
+    code, output = run_cli("sweep", scenario, "--grid", "target.model=org/m,org_m", "--out", out)
+    assert code == 0, output
+    rows = json.loads((out / "sweep.json").read_text())["rows"]
+    assert [r["setting"] for r in rows] == ["target.model=org/m", "target.model=org_m"]
+    runs = [Path(r["run"]) for r in rows]
+    assert runs[0] != runs[1] and all(run.parent == out for run in runs)
+    assert [json.loads((run / "run.json").read_text())["target"]["model"] for run in runs] == ["org/m", "org_m"]
+
+
+def test_a_sweep_ended_by_an_error_gives_every_setting_a_row(tmp_path):
+    # The second setting's server command cannot be run: that ends the sweep (it is the command, so every setting
+    # would fail alike, exit 2); the first keeps its row, and the two it never ran say why, in every view.
+    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], samples=2)
+    script = _server_script(tmp_path)
+    missing = tmp_path / "no-such-python"
+    out = tmp_path / "sw"
+    code, output = run_cli("sweep", scenario, "--server-cmd", f"{{exe}} {script} {{port}}",
+                           "--grid", f"exe={sys.executable},{missing},{sys.executable}3", "--out", out)
+    assert code == 2 and "--server-cmd: cannot run" in output, output
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert [r["verdict"] for r in sweep["rows"]] == ["deterministic", "not_run", "not_run"]
+    assert not sweep["complete"]
+    why = f"not run: the sweep ended at exe={missing}: --server-cmd: cannot run"
+    assert all(row["verdict_line"].startswith(why) for row in sweep["rows"][1:])
+    assert (out / "sweep.md").read_text().count(f"| {why}") == 2
+    run_cli("report", out, "--format", "html", "-o", tmp_path / "sweep.html")
+    assert (tmp_path / "sweep.html").read_text().count(f"{sys.executable}3: {why}") == 1

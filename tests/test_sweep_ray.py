@@ -20,6 +20,7 @@ import pytest
 from kevload.servers import pid_alive
 from tests.conftest import run_cli, write_scenario
 from tests.raycluster import ray_cluster
+from tests.test_sweep import sick_server
 
 ROOT = Path(__file__).resolve().parents[1]
 # The fake server from any working directory: a Ray task does not run in this checkout.
@@ -111,6 +112,29 @@ def test_a_failed_setting_fails_only_its_rows(tmp_path, cluster, monkeypatch):
     assert "invalid int value" in (tmp_path / "sw" / "server-drift=oops.log").read_text()
 
 
+def test_a_server_failed_by_the_end_of_a_run_or_never_ready_fails_as_in_the_sequential_sweep(tmp_path, cluster):
+    # n=R: the server exits right after its first run's last answer; n=-1: it never gets ready (2 s allowed).
+    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], samples=4)
+    cmd, requests = sick_server(tmp_path, scenario)
+    grid = ["--grid", f"n={requests},-1,100000", "--grid", "load.samples=4,2", "--ready-timeout", "2"]
+    code_seq, output = run_cli("sweep", scenario, "--server-cmd", cmd, *grid, "--out", tmp_path / "seq")
+    code_ray, output = run_cli("sweep", scenario, "--server-cmd", cmd, *grid, "--out", tmp_path / "ray",
+                               "--ray", cluster)
+    assert code_ray == code_seq == 3, output
+    rows = json.loads((tmp_path / "ray" / "sweep.json").read_text())["rows"]
+    seq = json.loads((tmp_path / "seq" / "sweep.json").read_text())["rows"]
+    verdicts = [(r["setting"], r["verdict"], r.get("run_verdict")) for r in rows]
+    assert verdicts == [(r["setting"], r["verdict"], r.get("run_verdict")) for r in seq]
+    assert verdicts == [(f"n={requests},load.samples=4", "target_failed", "deterministic"),
+                        (f"n={requests},load.samples=2", "not_run", None),
+                        ("n=-1,load.samples=4", "target_failed", None), ("n=-1,load.samples=2", "target_failed", None),
+                        ("n=100000,load.samples=4", "deterministic", None),
+                        ("n=100000,load.samples=2", "deterministic", None)]
+    assert rows[0]["error"].startswith("the server exited during the run")
+    assert rows[1]["reason"].startswith(f"the server exited during n={requests},load.samples=4")
+    assert rows[2]["error"].startswith("server not ready at http://127.0.0.1:") and "after 2 s" in rows[2]["error"]
+
+
 def test_resources_no_node_has_are_refused_before_anything_starts(tmp_path, cluster):
     scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], samples=2)
     started = time.monotonic()
@@ -190,8 +214,9 @@ def test_ctrl_c_keeps_finished_rows_and_stops_every_server(tmp_path, cluster):
         assert "Traceback" not in rest
         assert not pid_alive(hang_pid)  # its task stopped it before the driver let go of the cluster
         sweep = json.loads((tmp_path / "sw" / "sweep.json").read_text())
-        assert [r["setting"] for r in sweep["rows"]] == ["kind=fast"] and not sweep["complete"]
-        assert sweep["rows"][0]["verdict"] == "deterministic"
+        assert [(r["setting"], r["verdict"]) for r in sweep["rows"]] == [("kind=fast", "deterministic"),
+                                                                          ("kind=hang", "not_run")]
+        assert sweep["rows"][1]["reason"].startswith("the sweep was stopped") and not sweep["complete"]
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -96,8 +96,10 @@ def refuse_missing_settings(name: str, settings: TargetSettings) -> None:
 
 
 def start_target(name: str, settings: TargetSettings | None = None, *, log: Callable[[str], None] = print,
-                 on_spawn: Callable[[RunningTarget], None] | None = None) -> RunningTarget:
-    """Provision (first time only), start and wait until the target answers; the process outlives this call.
+                 on_spawn: Callable[[RunningTarget], None] | None = None,
+                 ready_timeout: float | None = None) -> RunningTarget:
+    """Provision (first time only), start and wait until the target answers (within ``ready_timeout`` seconds;
+    None: the target's own bound); the process outlives this call.
 
     ``on_spawn`` learns of the process as soon as it exists, before the wait for readiness: a caller
     that must stop early (Ctrl-C) can stop it, which also ends the wait.
@@ -118,7 +120,7 @@ def start_target(name: str, settings: TargetSettings | None = None, *, log: Call
         on_spawn(target)
     log(f"waiting for {name} on {url} …")
     with heartbeat(log, f"waiting for {name} to load the model and answer"):
-        wait_ready(server, f"http://{HOST}:{port}/health", timeout=launch.ready_timeout,
+        wait_ready(server, f"http://{HOST}:{port}/health", timeout=ready_timeout or launch.ready_timeout,
                    extra_check=lambda: _warm_up(url, launch.model))
     return target
 
@@ -146,7 +148,7 @@ async def local_target(name: str, log: Callable[[str], None] = print, **options:
 
 @contextlib.asynccontextmanager
 async def serving(name: str, settings: TargetSettings, *, log: Callable[[str], None],
-                  stop: asyncio.Event) -> AsyncIterator[RunningTarget | None]:
+                  stop: asyncio.Event, ready_timeout: float | None = None) -> AsyncIterator[RunningTarget | None]:
     """A target for the block (None if ``stop`` came first), stopped when the block ends, however it ends.
 
     Starting blocks (provisioning, then polling for readiness), so it runs in a thread. Stopping the
@@ -163,7 +165,8 @@ async def serving(name: str, settings: TargetSettings, *, log: Callable[[str], N
         if stop.is_set() or abandoned.is_set():
             stop_target(target)
 
-    start = asyncio.ensure_future(asyncio.to_thread(start_target, name, settings, log=log, on_spawn=on_spawn))
+    start = asyncio.ensure_future(asyncio.to_thread(start_target, name, settings, log=log, on_spawn=on_spawn,
+                                                    ready_timeout=ready_timeout))
     try:
         await until_stopped(asyncio.shield(start), stop)
     except asyncio.CancelledError:
