@@ -20,6 +20,7 @@ from kevload.client import Client, ask_for_logprobs
 from kevload.compare import summarize
 from kevload.datasets import check_unchanged
 from kevload.errors import ClusterError, InputError, ScenarioError
+from kevload.graded import grading_json, gradings_of
 from kevload.overlap import Window, unrecorded_windows
 from kevload.reader import reduce_file
 from kevload.rundir import RunDir
@@ -259,7 +260,8 @@ def finish_run(run_dir: Path, *, state: RunState | None = None, meta: dict[str, 
                         samples_asked=asked, min_slo_attainment=meta["load"].get("min_slo_attainment"),
                         until_bound=meta["load"].get("until_bound"), max_samples=meta["load"].get("max_samples", 1000),
                         server=read_samples(run_dir), asked_cells=_asked_cells(meta),
-                        unrecorded=_unrecorded_windows(run_dir, meta))
+                        unrecorded=_unrecorded_windows(run_dir, meta),
+                        grading=gradings_of(meta, run.run_json), min_good_share=meta["load"].get("min_good_share"))
     summary = replace(summary, run_id=meta.get("run_id"), scenario=meta.get("scenario_name"),
                       state=state or meta.get("state"))
     if meta.get("prefix_cache"):
@@ -349,6 +351,8 @@ def _run_meta(scenario: Scenario, run_id: str, secrets: list[str]) -> dict[str, 
         "load": asdict(scenario.load),
         "datasets": [dataset.to_json() for dataset in scenario.datasets],
         "probes": [probe.id for probe in scenario.probes],  # with load's levels: the cells the run asks for
+        # Each graded probe's grader (kevload.grading): finish_run and `kevload report` grade from run.json alone.
+        **({"grading": gradings} if (gradings := grading_json(scenario.probes)) else {}),
         "target": redact({"base_url": scenario.target.base_url, "model": scenario.target.model,
                           "api": scenario.target.api}, secrets),
         "started_at": now_iso(),
