@@ -217,3 +217,20 @@ def test_a_graded_dataset_of_many_probes_prints_the_accuracy_table_not_the_matri
     few = RunSummary(verdict="deterministic", cells=cells[:4], accuracy=tuple(accuracy(cells[:4])), bad_cells=(),
                      accuracy_fell_levels=(), good_share_failed_cells=(), grade_errors=())
     assert "distinct outputs per probe × level" in _table(few) and "graded answers per level" in _table(few)
+
+
+def test_the_shipped_graded_set_is_what_its_seed_makes_and_every_item_grades_its_own_answer_good():
+    from kevload.gradedset import items, jsonl
+    from kevload.grading import checked
+    from kevload.scenario import load_scenario
+
+    scenarios = Path(__file__).resolve().parent.parent / "scenarios"
+    assert (scenarios / "graded.jsonl").read_bytes() == jsonl()  # `make graded-set` is up to date
+    probes = load_scenario(scenarios / "graded.toml").probes
+    assert len(probes) == 50 and all(p.grade for p in probes)
+    assert {p.id.split("-")[1] for p in probes} == {"en", "zh"}
+    for item in items():
+        grading = checked(item["expected"], item["grade"], None, scenarios)
+        right = json.dumps(item["expected"]) if item["grade"] == "json" else str(item["expected"])
+        assert grading.good(right, item["id"]), item
+        assert not grading.good("I do not know.", item["id"]), item
