@@ -234,3 +234,20 @@ def test_the_shipped_graded_set_is_what_its_seed_makes_and_every_item_grades_its
         right = json.dumps(item["expected"]) if item["grade"] == "json" else str(item["expected"])
         assert grading.good(right, item["id"]), item
         assert not grading.good("I do not know.", item["id"]), item
+
+
+def test_openmetrics_carry_the_graded_figures(tmp_path, server):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from kevload.metrics import metrics_text
+
+    _, _, summary = _run(tmp_path, server, sums_server)
+    text = metrics_text(RunSummary.from_json(summary), {})
+    values = {(s.name, s.labels.get("probe"), s.labels.get("level")): s.value
+              for family in text_string_to_metric_families(text) for s in family.samples}
+    assert values[("kevload_cell_flips_good_to_bad_samples", "s0", "c=4")] == 4
+    assert values[("kevload_cell_graded_good_samples", "s1", "c=4")] == 4
+    assert values[("kevload_level_accuracy_ratio", None, "single/c=4")] == 0.5
+    assert values[("kevload_level_good_to_bad_probes", None, "single/c=4")] == 3
+    assert values[("kevload_level_mcnemar_p", None, "single/c=4")] == 0.25
+    assert ("kevload_level_mcnemar_p", None, "single/c=1") not in values  # serial: no test against itself
