@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install test test-fast lint demo bench clean system-deps demo-deps
+.PHONY: install test test-fast lint demo bench clean system-deps demo-deps graded-set
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ test: install system-deps lint
 # Without the real targets: seconds, for quick iteration.
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not e2e" $(PYTEST_ARGS)
+
+# The graded set that ships: made from a seed (kevload.gradedset), the same bytes on every machine.
+graded-set: install
+	$(BIN)/python -m kevload.gradedset > scenarios/graded.jsonl
 
 demo: install demo-deps
 	$(BIN)/python -m kevload demo

@@ -151,9 +151,11 @@ def _on_target(builtin: str | None, settings: TargetSettings | None,
 @click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), help="Write JUnit XML here.")
 @click.option("--metrics", type=click.Path(dir_okay=False, path_type=Path), callback=lambda _c, _p, v: _metrics_path(v),
               help="Write the cells as Prometheus text here (node_exporter textfile collector, Pushgateway).")
-@click.option("--fail-on", type=click.Choice(["drift", "latent"]), default="drift", show_default=True,
+@click.option("--fail-on", type=click.Choice(["drift", "latent", "bad"]), default="drift", show_default=True,
               help="latent: latent drift (the serial text, other per-token logprobs) exits 1 too, and a cell "
-                   "where some ok samples came without logprobs exits 3 (inconclusive).")
+                   "where some ok samples came without logprobs exits 3 (inconclusive). bad: only answers load "
+                   "made worse exit 1 (graded probes: a good serial answer graded bad under load, or accuracy "
+                   "falling significantly); drift whose answers stay good exits 0.")
 @_on_target_options
 def run(scenario: Path | None, resume: Path | None, retries: int | None, overrides: tuple[str, ...],
         out: Path | None, overwrite: bool, quiet: bool, baseline: Path | None, max_latency_regression: float,
@@ -185,6 +187,9 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
     else:
         sc = load_scenario(scenario, list(overrides))
     sc.api_key()
+    if fail_on == "bad" and not any(p.grade for p in sc.probes):
+        raise InputError("--fail-on bad: expected probes with expected or grade (none of the scenario's "
+                         f"{len(sc.probes)} probes is graded)")
     if resume is None and out is not None:
         refuse_existing(out, overwrite=overwrite,
                                        hint=f"--resume {out} finishes it, --overwrite starts it afresh")

@@ -7,7 +7,7 @@ where outputs leave the serial one ``divergence.py``, agreement with it ``agreem
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -17,6 +17,8 @@ from kevload.agreement import agreement, logprob_agreement
 from kevload.cancel import beside_cuts
 from kevload.cells import CellAccumulator, Reduction
 from kevload.divergence import divergence
+from kevload.graded import Grader, graded_cell, with_accuracy
+from kevload.grading import Grading
 from kevload.overlap import FullLoad, Window
 from kevload.schedule import UntilBound
 from kevload.servermetrics import Samples, cell_view
@@ -34,7 +36,8 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
               samples_asked: int | None = None, min_slo_attainment: float | None = None,
               until_bound: float | None = None, max_samples: int = 1000,
               server: Samples | None = None, asked_cells: Iterable[AskedCell] | None = None,
-              unrecorded: list[Window] | None = None) -> RunSummary:
+              unrecorded: list[Window] | None = None, grading: Mapping[str, Grading] | None = None,
+              min_good_share: float | None = None) -> RunSummary:
     """The summary: ``cells`` (one per probe × role × mode × level), ``matrix`` and ``verdict``.
 
     The error share and the target-failed rule count probe requests only: companions only shape
@@ -61,7 +64,11 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
 
     ``server`` is what the server's ``/metrics`` said during the run (``servermetrics.read_samples``): each
     cell gets the ``server_*`` fields of its own time window, from its first counted send to its last answer.
+
+    ``grading`` (probe id: its grader) grades each graded probe's cells and the run per level (``kevload.graded``);
+    ``min_good_share`` (``load.min_good_share``) is the good share under which a graded probe cell fails.
     """
+    grader = Grader(grading) if grading else None
     until = UntilBound(until_bound, samples_asked or 1, max_samples) if until_bound else None
     full_loads = reduction.full_loads(unrecorded)
     cells: list[CellSummary] = []
@@ -80,6 +87,9 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
                 turns=_turns(reduction, (probe, role, mode, *level), (probe, role, mode, *levels[0])))
             if reduction.cancel_planned:
                 summary = _with_cuts(summary, cell, reference, reduction.cuts.get((mode, *level), ()))
+            if grader is not None and role == "probe" and probe in grader.gradings:
+                summary = graded_cell(summary, cell, reference, grader, serial=level == levels[0],
+                                      min_good_share=min_good_share)
             cells.append(summary)
     probe_cells = [c for c in cells if c.role == "probe"]
     companion_cells = [c for c in cells if c.role != "probe"]
@@ -91,7 +101,7 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
     missing = None if asked_cells is None else tuple(
         f"{probe}@{mode}/{level_label(concurrency, rate)}" for probe, mode, concurrency, rate in asked_cells
         if (probe, "probe", mode, concurrency, rate) not in reduction.cells)
-    return RunSummary(
+    run = RunSummary(
         verdict=run_verdict(probe_cells, max_error_share=max_error_share, missing=missing),
         requests=probe_requests + companion_requests,
         ok=sum(c.ok for c in cells),
@@ -130,6 +140,7 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
         if reduction.cancel_planned else None,
         drift_with_cancelled_levels=_drift_with_cuts(probe_cells) if reduction.cancel_planned else None,
     )
+    return with_accuracy(run, grader, min_good_share) if grader is not None else run
 
 
 def _with_cuts(summary: CellSummary, cell: CellAccumulator, reference: CellAccumulator,

@@ -16,6 +16,7 @@ from typing import Any
 
 from kevload.conversation import BadTurns, parse_turns
 from kevload.errors import ScenarioError
+from kevload.grading import BadGrading, checked
 from kevload.models import Probe, first_bad_message, parse_jsonl, rule_of
 from kevload.words import SampleRole
 
@@ -142,8 +143,22 @@ def _item(doc: Any, number: int, path: Path, what: str, role: SampleRole, max_to
     pid = doc.get("id", f"{path.stem}:{number}")
     if not isinstance(pid, str | int) or isinstance(pid, bool) or pid == "":
         raise ScenarioError(f"{where}: id: expected a non-empty string, got {pid!r}")
+    graded = _grading(doc, where, path.parent)
     return Probe(id=str(pid), prompt=doc.get("prompt"), messages=messages, max_tokens=tokens, turns=turns,
-                 system=doc.get("system"))
+                 system=doc.get("system"), **graded)
+
+
+def _grading(doc: dict[str, Any], where: str, base: Path) -> dict[str, Any]:
+    """A probe line's ``expected``, ``grade`` and ``grade_tolerance``, checked (a schema file is found from the
+    dataset's directory) and in normal form; nothing for an ungraded line."""
+    try:
+        graded = checked(doc.get("expected"), doc.get("grade"), doc.get("grade_tolerance"), base)
+    except BadGrading as bad:
+        got = "nothing" if bad.got is None else repr(bad.got)
+        raise ScenarioError(f"{where}: {bad.key}: expected {bad.expected}, got "
+                            f"{got if len(got) <= 80 else got[:77] + '...'}") from None
+    return {} if graded is None else {"expected": graded.expected, "grade": graded.grade,
+                                      "grade_tolerance": graded.tolerance}
 
 
 def _turns(doc: dict[str, Any], where: str) -> tuple[Any, ...] | None:

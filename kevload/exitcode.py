@@ -31,13 +31,18 @@ _FOR_VERDICT: Mapping[Verdict, ExitCode] = {"deterministic": ExitCode.OK, "nonde
 def for_summary(summary: RunSummary) -> ExitCode:
     """The verdict's code; otherwise DRIFT when a probe cell is under load.min_slo_attainment (TARGET stays)."""
     code = _FOR_VERDICT[summary.verdict]
-    return ExitCode.DRIFT if code == ExitCode.OK and summary.slo_failed_cells else code
+    if code != ExitCode.TARGET and summary.grade_errors:
+        # A user's grader failed: bad input, found late. Fixed, `kevload report` grades the same records again.
+        return ExitCode.USAGE
+    return ExitCode.DRIFT if code == ExitCode.OK and (summary.slo_failed_cells or summary.good_share_failed_cells) \
+        else code
 
 
-def for_run(summary: RunSummary, *, fail_on: Literal["drift", "latent"] = "drift",
+def for_run(summary: RunSummary, *, fail_on: Literal["drift", "latent", "bad"] = "drift",
             regressions: int | None = None) -> ExitCode:
     """``kevload run``: ``for_summary``; with ``fail_on`` latent, latent drift is DRIFT too and a cell where ok
-    samples came without logprobs TARGET (latent drift neither shown nor ruled out).
+    samples came without logprobs TARGET (latent drift neither shown nor ruled out); with ``fail_on`` bad, drift is
+    DRIFT only where load made an answer worse (kevload.graded).
 
     ``kevload run --baseline`` (``regressions``: the changes ``baseline.compare_to_baseline`` calls regressions;
     None without a baseline): TARGET when the run itself is (target failed, inconclusive, or a logprob gap under
@@ -52,6 +57,11 @@ def for_run(summary: RunSummary, *, fail_on: Literal["drift", "latent"] = "drift
         code = ExitCode.DRIFT
     elif fail_on == "latent" and code == ExitCode.OK and summary.logprob_gap_cells:
         code = ExitCode.TARGET
+    elif fail_on == "bad" and code == ExitCode.DRIFT:
+        # Only answers load made worse fail: an answer graded bad where serial was all good, a level whose accuracy
+        # fell significantly, or a gate; drift whose answers stay good passes.
+        worse = summary.bad_cells or summary.accuracy_fell_levels
+        code = ExitCode.DRIFT if worse or summary.slo_failed_cells or summary.good_share_failed_cells else ExitCode.OK
     if regressions is not None and code != ExitCode.TARGET:
         code = ExitCode.DRIFT if regressions or summary.slo_failed_cells else ExitCode.OK
     return code

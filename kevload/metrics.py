@@ -17,6 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from kevload.graded import level_name
 from kevload.summary import CellSummary, RunSummary
 from kevload.words import VERDICTS
 
@@ -64,6 +65,23 @@ CELL_FIELDS = (
     Field("goodput", "kevload_cell_goodput_requests_per_second",
           "Ok requests per second that met every SLO bound."),
     Field("slo_attainment", "kevload_cell_slo_attainment_ratio", "Share of ok requests that met every SLO bound."),
+    # Graded probes (kevload.graded).
+    Field("graded_good", "kevload_cell_graded_good_samples", "Counted ok samples whose answer was graded good."),
+    Field("graded_bad", "kevload_cell_graded_bad_samples", "Counted ok samples whose answer was graded bad."),
+    Field("good_share", "kevload_cell_good_share_ratio", "Share of the cell's graded samples graded good."),
+    Field("flips_good_to_bad", "kevload_cell_flips_good_to_bad_samples",
+          "Samples graded bad where every serial answer was good; no series where serial answers are mixed."),
+    Field("flips_bad_to_good", "kevload_cell_flips_bad_to_good_samples",
+          "Samples graded good where every serial answer was bad; no series where serial answers are mixed."),
+)
+
+# summary.json ``accuracy`` entries → one series per mode and level.
+LEVEL_FIELDS = (
+    Field("accuracy", "kevload_level_accuracy_ratio",
+          "Share of the probes graded at the level whose every answer there was good."),
+    Field("good_to_bad", "kevload_level_good_to_bad_probes", "Probes good serially and bad at the level."),
+    Field("bad_to_good", "kevload_level_bad_to_good_probes", "Probes bad serially and good at the level."),
+    Field("mcnemar_p", "kevload_level_mcnemar_p", "Exact McNemar p-value of the level's accuracy against serial."),
 )
 
 # summary.json ``latency`` keys → summary-type metrics with a ``quantile`` label.
@@ -109,6 +127,9 @@ def metrics_text(summary: RunSummary, meta: dict[str, Any]) -> str:
     _family(lines, RUN_VERDICT, "gauge", ((("", {**run, "verdict": v}), summary.verdict == v) for v in verdicts))
     for field in RUN_FIELDS:
         _family(lines, field, "gauge", _field_samples(field, [(run, summary)]))
+    for field in LEVEL_FIELDS:
+        _family(lines, field, "gauge", ((("", {**run, "level": level_name(entry)}), entry[field.key])
+                                        for entry in summary.accuracy or () if entry[field.key] is not None))
     ended = meta.get(RUN_END.key)
     _family(lines, RUN_END, "gauge", [(("", run), datetime.fromisoformat(ended).timestamp())] if ended else [])
     return "\n".join(lines + ["# EOF", ""])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import codecs
 import hashlib
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import MISSING, Field, asdict, dataclass, field, replace
 from pathlib import Path
@@ -68,6 +69,10 @@ class Probe:
     # A conversation (``kevload.conversation``): its user turns, sent one after another, and the system message.
     turns: tuple[Turn, ...] | None = None
     system: str | None = None
+    # What a good answer is and how it is judged (kevload.grading checks them at load); neither: ungraded.
+    expected: Any = rule(None, expected="a string, number, list or table (what a good answer is)")
+    grade: str | None = None
+    grade_tolerance: float = rule(0.0, min=0, below=math.inf, expected="a number >= 0")
 
     @property
     def text(self) -> str:

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from kevload import gradedview
 from kevload.summary import CellSummary, RunSummary, held_without_cuts, label_of, levels_of, name_parts, position_label
 
 FORMATS = ("table", "json", "markdown", "html")
@@ -60,11 +61,20 @@ def render(summary: RunSummary, fmt: str, console: Console | None = None) -> str
     if fmt == "markdown":
         return markdown(summary)
     console = console or Console()
-    console.print(table(summary))
-    for note in footnotes(summary):
-        console.print(_plain(note))
-    console.print(agreement_table(summary))
-    console.print(latency_table(summary))
+    # A graded dataset: one row per level, not hundreds per probe (summary.json and the HTML report keep those).
+    if gradedview.aggregate_only(summary):
+        console.print(gradedview.accuracy_table(summary))
+    else:
+        console.print(table(summary))
+        for note in footnotes(summary):
+            console.print(_plain(note))
+        console.print(agreement_table(summary))
+        if gradedview.graded(summary):
+            console.print(gradedview.accuracy_table(summary))
+    for line in gradedview.lines(summary):
+        console.print(_plain(line))
+    if not gradedview.aggregate_only(summary):
+        console.print(latency_table(summary))
     if server_rows(summary):
         console.print(server_table(summary))
     for line in cache_lines(summary):
@@ -99,7 +109,7 @@ def cell_text(cell: CellSummary | None) -> str:
         text += f" ✂{cell.cancelled}"
     if cell.short:
         text += f" ({cell.ok}/{cell.asked})"
-    return text
+    return text + gradedview.cell_mark(cell)
 
 
 def turns_text(cell: CellSummary) -> str:
@@ -448,6 +458,9 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+_VERDICT_CELLS = 10  # drifting cells the verdict line names
+
+
 def verdict_line(summary: RunSummary) -> str:
     """One sentence a person (or a CI log) can act on, with the sample size behind it."""
     verdict = summary.verdict
@@ -480,6 +493,8 @@ def verdict_line(summary: RunSummary) -> str:
                      + (f" (kinds: {kinds})" if kinds else ""))
     shortfall = len(short) + len(summary.missing_cells or ())
     also = f" (and {shortfall} cell(s) short of samples)" if shortfall else ""
+    if len(parts) > _VERDICT_CELLS:  # a dataset's hundreds of drifting cells: summary.json's drift_cells has them
+        parts = [*parts[:_VERDICT_CELLS], f"and {len(parts) - _VERDICT_CELLS} more drifting cells"]
     return "nondeterministic: " + "; ".join(parts) + also + _logprob_clause(cells)
 
 
@@ -570,6 +585,7 @@ def markdown(summary: RunSummary) -> str:
     cache = cache_lines(summary)
     if cache:
         lines += ["", md(cache[0]), *[f"- {md(line.strip())}" for line in cache[1:]]]
+    lines += gradedview.accuracy_markdown(summary) + [f"- {md(line)}" for line in gradedview.lines(summary)]
     lines += ["", md(verdict_line(summary)), ""]
     if summary.slo:
         lines += ["| probe (mode) | level | requests | within SLO | attainment | goodput/s |",

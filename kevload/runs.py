@@ -20,6 +20,7 @@ from kevload.client import Client, ask_for_logprobs
 from kevload.compare import summarize
 from kevload.datasets import check_unchanged
 from kevload.errors import ClusterError, InputError, KevloadError, ScenarioError, SummaryError
+from kevload.graded import grading_json, gradings_of
 from kevload.models import probe_inputs
 from kevload.overlap import Window, unrecorded_windows
 from kevload.reader import reduce_file
@@ -282,7 +283,8 @@ def _summary(run: RunDir, meta: dict[str, Any], state: RunState | None) -> RunSu
                         samples_asked=asked, min_slo_attainment=meta["load"].get("min_slo_attainment"),
                         until_bound=meta["load"].get("until_bound"), max_samples=meta["load"].get("max_samples", 1000),
                         server=read_samples(run.path), asked_cells=_asked_cells(meta),
-                        unrecorded=_unrecorded_windows(run.path, meta))
+                        unrecorded=_unrecorded_windows(run.path, meta),
+                        grading=gradings_of(meta, run.run_json), min_good_share=meta["load"].get("min_good_share"))
     summary = replace(summary, run_id=meta.get("run_id"), scenario=meta.get("scenario_name"),
                       state=state or meta.get("state"), inputs=meta.get("inputs"))
     if meta.get("prefix_cache"):
@@ -370,6 +372,8 @@ def _run_meta(scenario: Scenario, run_id: str, secrets: list[str]) -> dict[str, 
         "probes": [probe.id for probe in scenario.probes],  # with load's levels: the cells the run asks for
         # What each probe asks, hashed: a baseline tells a changed input from a changed server by it.
         "inputs": {probe.id: probe_inputs(probe, scenario.params) for probe in scenario.probes},
+        # Each graded probe's grader (kevload.grading): finish_run and `kevload report` grade from run.json alone.
+        **({"grading": gradings} if (gradings := grading_json(scenario.probes)) else {}),
         "target": redact({"base_url": scenario.target.base_url, "model": scenario.target.model,
                           "api": scenario.target.api}, secrets),
         "started_at": now_iso(),

@@ -25,6 +25,7 @@ from urllib.parse import urlparse
 from kevload.conversation import BadTurns, parse_turns
 from kevload.datasets import Dataset, read_dataset
 from kevload.errors import ScenarioError
+from kevload.grading import BadGrading, checked
 from kevload.models import Probe, Rule, first_bad_message, key_of, rule, rule_of
 from kevload.trace import MAX_SPEEDUP, MAX_TRACE_SECONDS, MAX_TRACE_TOKENS, TraceDataset, read_trace, trace_of
 
@@ -166,6 +167,8 @@ class Load:
     slo: Slo | None = None         # per-request latency bounds: slo_attainment and goodput per cell
     # A probe cell below this share fails (JUnit, exit 1).
     min_slo_attainment: float | None = rule(None, min=0, max=1, expected="a share between 0 and 1")
+    # A graded probe cell whose answers are graded good less often than this fails (exit 1; kevload.graded).
+    min_good_share: float | None = rule(None, min=0, max=1, expected="a share between 0 and 1")
     logprobs: Logprobs = rule("auto", expected='"auto", true or false')  # true, false, "auto" (if one check finds them)
     ramp: Ramp | None = None       # a stepped ramp, expanded into concurrency or rate (and duration)
     # Seconds at each level's load before its sends count (a timed warm-up).
@@ -359,12 +362,16 @@ def validate(scenario: Scenario, *, source: str | None = None) -> Scenario:
              params["n"])
     if not scenario.probes:
         fail("probes", "at least one [[probes]] table", list(scenario.probes))
-    probes = tuple(_probe(fail, p, f"probes[{i}]") for i, p in enumerate(scenario.probes))
+    base = Path(scenario.source).parent  # a schema file or a python grader is found from the scenario's directory
+    probes = tuple(_probe(fail, p, f"probes[{i}]", base) for i, p in enumerate(scenario.probes))
     ids = [p.id for p in probes]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:
         fail("probes.id", "unique ids", duplicates)
     load = _load(fail, _recheck(scenario.load, "load", fail))
+    if load.min_good_share is not None and not any(p.grade for p in probes):
+        fail("load.min_good_share", "probes with expected or grade beside it (the answers to grade)",
+             load.min_good_share)
     _conversations(fail, probes, scenario.datasets, load)
     if (trace := trace_of(scenario.datasets)) is not None:  # a setting changed after the trace was read (a sweep's)
         _fits_trace(fail, load, trace)
@@ -543,7 +550,7 @@ def _unramped(load: Load) -> Load:
     return replace(load, **derived, duration=_DEFAULT_LOAD.duration if load.ramp.every_s else load.duration)
 
 
-def _probe(fail: _Failer, probe: Probe, where: str) -> Probe:
+def _probe(fail: _Failer, probe: Probe, where: str, base: Path) -> Probe:
     probe = _recheck(probe, where, fail)
     given = [k for k in ("prompt", "messages", "turns") if getattr(probe, k) is not None]
     if len(given) != 1:
@@ -555,7 +562,22 @@ def _probe(fail: _Failer, probe: Probe, where: str) -> Probe:
     bad = first_bad_message(probe.messages or ())
     if bad is not None:
         fail(f"{where}.messages[{bad}]", "a table with string role and content", probe.messages[bad])
-    return probe
+    return _graded(fail, probe, where, base)
+
+
+def _graded(fail: _Failer, probe: Probe, where: str, base: Path) -> Probe:
+    """The probe with its grading keys checked (``grading.checked``) and in normal form: the grade named (picked
+    from ``expected`` when not given), a schema file read into ``expected``."""
+    try:
+        graded = checked(probe.expected, probe.grade, probe.grade_tolerance, base)
+    except BadGrading as bad:
+        fail(f"{where}.{bad.key}", bad.expected, bad.got)
+    if graded is None:
+        return probe
+    if probe.turns is not None:
+        # A conversation's output is its whole transcript: no one answer to judge.
+        fail(f"{where}.grade", "no grading on a conversation probe (turns)", graded.grade)
+    return replace(probe, expected=graded.expected, grade=graded.grade, grade_tolerance=graded.tolerance)
 
 
 def _with_turns(table: dict[str, Any], where: str, fail: _Failer) -> dict[str, Any]:
@@ -724,6 +746,8 @@ def _value(value: Any, hint: Any, rule: Rule, key: str, fail: _Failer) -> Any:
 
 def _scalar(value: Any, hint: Any) -> Any:
     """``value`` as a ``hint`` (bool, int, float, str, dict[str, X]), or ``_BAD``; an int is a float too."""
+    if hint is Any:  # a probe's expected answer: any TOML value, checked by its grader's rule (kevload.grading)
+        return value
     if hint is bool:
         return value if isinstance(value, bool) else _BAD
     if isinstance(value, bool):

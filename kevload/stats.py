@@ -138,3 +138,14 @@ class LatencyHistogram:
         index = int(np.searchsorted(cumulative, rank))
         centre = _LOW * _GROWTH ** (index - 0.5) if index > 0 else _LOW
         return min(max(centre, self.low), self.high)
+
+
+def mcnemar_exact(good_to_bad: int, bad_to_good: int) -> float:
+    """Two-sided exact McNemar p-value for paired good/bad outcomes: under "no change", each of the n discordant
+    pairs goes either way with probability 1/2, so the smaller count is Binomial(n, 1/2); p is twice its lower
+    tail, at most 1 (1 with no discordant pair: nothing says the two differ)."""
+    n = good_to_bad + bad_to_good
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(good_to_bad, bad_to_good) + 1))
+    return min(1.0, 2 * tail / 2**n)  # exact integers until the one division

@@ -259,6 +259,22 @@ class CellSummary(_Json):
     divergent_apart_from_cancelled: int | None = written_with("cancelled")
     cancel_p_value: float | None = written_with("cancelled")
     drift_only_beside_cancelled: bool | None = written_with("cancelled")
+    # A graded probe's cell (kevload.graded); absent for an ungraded one. Counted ok samples graded good and bad (and
+    # those whose own python grader failed: neither), the good share with its Wilson 95 % interval; the serial
+    # cell's grade (good, bad, or mixed: some of each); against it, samples graded bad where every serial answer was
+    # good and the reverse (None at the serial level itself, and where the serial answers are mixed or ungraded),
+    # with one flipped answer and the serial one beside it; whether the good share meets load.min_good_share.
+    graded_good: int | None = written_with("graded_good")
+    graded_bad: int | None = written_with("graded_good")
+    grade_failed: int | None = written_with("graded_good")
+    good_share: float | None = written_with("graded_good")
+    good_share_ci95: list[float] | None = written_with("graded_good")
+    serial_grade: str | None = written_with("graded_good")
+    flips_good_to_bad: int | None = written_with("graded_good")
+    flips_bad_to_good: int | None = written_with("graded_good")
+    flip_answer: str | None = written_with("flip_answer")
+    flip_serial_answer: str | None = written_with("flip_answer")
+    meets_good_share: bool | None = written_with("meets_good_share")
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> CellSummary:
@@ -349,6 +365,16 @@ class RunSummary(_Json):
     cancelled: int | None = written_with("cancelled")
     drift_beside_cancelled_cells: tuple[str, ...] | None = written_with("cancelled")
     drift_with_cancelled_levels: tuple[str, ...] | None = written_with("cancelled")
+    # Graded probes (kevload.graded); absent without any. Per level, over the probes graded there: accuracy with its
+    # interval and the paired comparison with serial (good_to_bad, bad_to_good, the exact McNemar p). The probe cells
+    # where load turned a good answer bad; the levels whose accuracy fell significantly (p < 0.05); the probe cells
+    # under load.min_good_share; what a user's python grader did wrong (each naming its probe).
+    accuracy: tuple[dict[str, Any], ...] | None = written_with("accuracy")
+    bad_cells: tuple[str, ...] | None = written_with("accuracy")
+    accuracy_fell_levels: tuple[str, ...] | None = written_with("accuracy")
+    min_good_share: float | None = written_with("accuracy")
+    good_share_failed_cells: tuple[str, ...] | None = written_with("accuracy")
+    grade_errors: tuple[str, ...] | None = written_with("accuracy")
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> RunSummary:

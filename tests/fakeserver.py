@@ -78,6 +78,9 @@ class Behaviour:
     on_arrival: Callable[[int, int], float | None] | None = None
     # A fault by the request's X-Request-Id (its seq tells which worker sent it), where ``faults`` gives none.
     fault_for: Callable[[str | None], str | None] | None = None
+    # The answer's text as a function of the prompt and the most requests at the server while it was held (1:
+    # alone): a server whose answers are known right or wrong, serially and under load (graded answers' tests).
+    answer_for: Callable[[str, int], str] | None = None
     # A batch limit: at most this many requests run at once, the others wait in a queue in arrival order (0: none).
     # Only running requests overlap each other (drift_at, drift_when_mixed count them).
     max_running: int = 0
@@ -393,6 +396,8 @@ class FakeServer:
 
     def _answer(self, body: dict[str, Any], prompt: str, state: dict[str, Any]) -> str:
         b = self.behaviour
+        if b.answer_for is not None:
+            return b.answer_for(prompt, state["max_overlap"])
         temperature = body.get("temperature", 1.0)
         seed = body.get("seed")
         key = hashlib.sha256((b.version + prompt).encode()).digest()
