@@ -8,7 +8,6 @@ cases it already has. `rerun` reproduces that load and compares the answers with
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import os
 from collections import Counter
@@ -19,12 +18,11 @@ from urllib.parse import urlparse
 
 import orjson
 
-from kevload.datasets import check_unchanged
 from kevload.errors import ScenarioError
 from kevload.models import Probe, iter_jsonl
 from kevload.rundir import RunDir
-from kevload.runs import run_scenario
-from kevload.scenario import Load, Target, build_scenario, read_table, scenario_from_dict
+from kevload.runs import recorded_scenario, run_scenario
+from kevload.scenario import Load, Target, build_scenario, read_table
 from kevload.store import new_run_id, now_iso
 from kevload.summary import CellSummary, level_label
 from kevload.trace import trace_rates
@@ -152,10 +150,7 @@ def _run_probes(run: RunDir, meta: dict[str, Any]) -> tuple[list[dict[str, Any]]
     if not any(isinstance(item, dict) and "dataset" in item for item in raw):
         return raw, ""
     try:
-        scenario = scenario_from_dict(copy.deepcopy(meta["scenario"]), source=meta.get("scenario_source")
-                                      or str(run.run_json), name=meta.get("scenario_name", "scenario"))
-        if "datasets" in meta:
-            check_unchanged(meta["datasets"], scenario.datasets, str(run.run_json))
+        scenario = recorded_scenario(run)
     except ScenarioError as exc:
         return [], f"its probes come from a dataset that cannot be read as the run read it: {exc}"
     # A conversation has neither prompt nor messages: build_cases skips it, as it does an inline one.

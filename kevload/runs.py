@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import platform
 import sys
 import time
@@ -234,8 +235,16 @@ def resumed_scenario(run_dir: Path, overrides: list[str]) -> Scenario:
     if "***" in urlsplit(str(raw.get("target", {}).get("base_url", ""))).netloc.rpartition("@")[0]:
         raise ScenarioError(f"{run_dir}/run.json: target.base_url: its user:password@ is not stored; rerun the "
                             "scenario file, or pass the URL again with --set 'target.base_url=\"…\"'")
-    scenario = scenario_from_dict(raw, source=meta.get("scenario_source") or str(run.run_json),
-                                  name=meta.get("scenario_name", "resumed"))
+    return recorded_scenario(run, raw, name="resumed")
+
+
+def recorded_scenario(run: RunDir, raw: dict[str, Any] | None = None, *, name: str = "scenario") -> Scenario:
+    """The scenario of run.json (``raw``: its table, changed), its datasets read again as the run read them: refused
+    (ScenarioError) where a dataset changed since, so a probe's input is never taken from another file's lines."""
+    meta = run.meta()
+    scenario = scenario_from_dict(raw if raw is not None else copy.deepcopy(meta["scenario"]),
+                                  source=meta.get("scenario_source") or str(run.run_json),
+                                  name=meta.get("scenario_name", name))
     if "datasets" in meta:  # runs from before datasets were recorded have nothing to compare with
         check_unchanged(meta["datasets"], scenario.datasets, str(run.run_json))
     return scenario
