@@ -257,3 +257,16 @@ def test_cases_are_built_from_dataset_probes_and_say_what_they_skip(tmp_path, se
     assert code == 0 and "0 new, 0 kept, 4 skipped" in output, output
     assert "skipped d1@single/c=1 from" in output
     assert "its probes come from a dataset that cannot be read as the run read it" in output
+
+
+def test_a_run_whose_summary_lacks_a_key_every_summary_has_is_refused_naming_it(tmp_path, server):
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2)
+    assert run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")[0] == 0
+    summary = tmp_path / "run" / "summary.json"
+    doc = json.loads(summary.read_text())
+    del doc["verdict"]
+    summary.write_text(json.dumps(doc))
+    code, output = run_cli("cases", "build", tmp_path / "run", "-o", tmp_path / "cases.jsonl")
+    assert code == 2, output  # before: a TypeError's traceback, exit 1
+    assert f"{summary}: verdict: expected" in output and "missing" in output, output
+    assert "Traceback" not in output and not (tmp_path / "cases.jsonl").exists()
