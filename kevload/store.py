@@ -243,20 +243,21 @@ class RecordWriter:
 
 
 def read_records(path: Path, start: int = 0, end: int | None = None) -> Iterator[dict[str, Any]]:
-    """Stream a JSON-lines file back as its objects (``server-metrics.jsonl``; a records file is read typed, by
-    ``read_typed``): every line, or those that begin in bytes [``start``, ``end``). A line that is not JSON is an
-    error, except the file's last line (what a process killed mid-write leaves torn), which is skipped."""
+    """Stream a JSON-lines file back as its objects, unchecked (a records file and ``server-metrics.jsonl`` are read
+    typed, by ``read_typed``): every line, or those that begin in bytes [``start``, ``end``). A line that is not JSON
+    is an error, except the file's last line (what a process killed mid-write leaves torn), which is skipped."""
     return _lines(path, start, end, orjson.loads, orjson.JSONDecodeError)
 
 
-def read_typed(path: Path, start: int = 0, end: int | None = None) -> Iterator[Record]:
+def read_typed(path: Path, start: int = 0, end: int | None = None, *,
+               decoder: msgspec.json.Decoder = RECORD_DECODER) -> Iterator[Any]:
     """Stream a records file back as ``Record`` values, spelled logprobs kept spelled (``Record.floats``): every line,
     or those that begin in bytes [``start``, ``end``) (a part read in parallel; ``start`` at a line's beginning).
     A line that is no record (a value of the wrong type or out of its range, a field every version writes missing)
     is a ``RunDirError`` naming the line and the field; a line that is not JSON too, except the file's last line
     (what a run killed mid-write leaves torn), which is skipped; a part that ends before the file does has no last
-    line to excuse."""
-    return _lines(path, start, end, RECORD_DECODER.decode, msgspec.DecodeError)
+    line to excuse. Another JSON-lines file of a run is read typed the same way by its own ``decoder``."""
+    return _lines(path, start, end, decoder.decode, msgspec.DecodeError)
 
 
 def _lines(path: Path, start: int, end: int | None, decode: Callable[[bytes], Any],
