@@ -29,6 +29,9 @@ RESULTS = Path("results")
 # The ranges a record's values keep, checked where a records file is read (``RECORD_DECODER``): what is out of them
 # is no record kevload wrote, and no number the comparator may add.
 Count = Annotated[int, msgspec.Meta(ge=0)]
+# A clock reading (``time.perf_counter``, or Unix time in a run with workers): within ±10¹² s (31,000 years), so that
+# any difference of two is a finite number of seconds; a larger one is no clock kevload read.
+Time = Annotated[float, msgspec.Meta(ge=-1e12, le=1e12)]
 # A token count a server reported (usage): at most 2³¹ − 1, far beyond any context window; a larger one is impossible,
 # and used as a number it would give tokens/s that are nonsense.
 TOKEN_COUNT_MAX = 2**31 - 1
@@ -85,11 +88,11 @@ class Record(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     # them spelled, ``RunDir.records`` as floats again.
     logprobs: list[float | Spelled | None] | None
     system_fingerprint: str | None
-    t_scheduled: float | None
-    t_send: float
-    t_first_byte: float | None
-    t_first_token: float | None
-    t_last_byte: float
+    t_scheduled: Time | None
+    t_send: Time
+    t_first_byte: Time | None
+    t_first_token: Time | None
+    t_last_byte: Time
     chunks: Count
     max_gap: Annotated[float, msgspec.Meta(ge=0)] | None
     error: str | None
@@ -119,6 +122,15 @@ class Record(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     # What the server sent that did not fit its field (``"<field>: <what was wrong and what came>"``): kept here,
     # never used as a number. None: everything fitted.
     findings: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        # A conversation's turn is read by what only turns record (its index, its conversation, the messages sent):
+        # one that lacks them is no record a run writes, and is refused where it is read (``read_typed``).
+        if self.turns is not None and (self.turn is None or self.turn >= self.turns or self.conversation is None
+                                       or self.history is None):
+            raise ValueError(f"a turn of a conversation of {self.turns} turns needs turn (0 to {self.turns - 1}), "
+                             f"conversation and history; got turn {self.turn}, conversation {self.conversation!r}, "
+                             f"history {'null' if self.history is None else 'given'}")
 
     def floats(self) -> Record:
         """This record with spelled non-finite logprobs as floats again (as it was before it was written)."""
