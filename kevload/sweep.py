@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kevload.errors import ServerError
-from kevload.report import attainment_text, cell_text, slo_bounds_text, verdict_line
+from kevload.report import attainment_text, cell_text, markdown_cell, slo_bounds_text, verdict_line
 from kevload.runs import run_scenario
 from kevload.scenario import ScenarioError, load_scenario, toml_value
 from kevload.servermetrics import CELL_FIELDS as SERVER_FIELDS
@@ -282,24 +282,27 @@ def _fill(text: str, values: dict[str, Any]) -> str:
 
 
 def sweep_markdown(sweep: dict[str, Any]) -> str:
-    """Settings × levels; with an SLO, the highest level at SLO comes first: what a capacity planner reads."""
+    """Settings × levels; with an SLO, the highest level at SLO comes first: what a capacity planner reads. Settings,
+    probe ids and reasons may hold any character (a ``|`` or a line break would split the table): each cell and
+    note is escaped (``report.markdown_cell``)."""
+    md = markdown_cell
     levels = sweep["levels"]
     slo = any(row.get("slo") for row in sweep["rows"])
     first = [f"max {_level_kind(levels)} at SLO"] if slo else []
-    lines = ["| setting | probe (mode) | " + " | ".join(first + levels) + " |",
+    lines = ["| setting | probe (mode) | " + " | ".join(map(md, first + levels)) + " |",
              "| --- | --- | " + " | ".join("---:" for _ in first + levels) + " |"]
     for row in sweep["rows"]:
         # A setting that failed, or never ran: the reason, and its cells (if it has any) after it.
         why = f"failed: {row['error']}" if row.get("error") else \
             f"not run: {row['reason']}" if row.get("verdict") == "not_run" else None
         if why is not None:
-            reason = why.splitlines()[0].replace("|", "\\|")
-            lines.append(f"| {row['setting']} | {reason} | " + " | ".join("-" for _ in first + levels) + " |")
+            lines.append(f"| {md(row['setting'])} | {md(why.splitlines()[0])} | "
+                         + " | ".join("-" for _ in first + levels) + " |")
         for probe, cells in _by_probe(row).items():
             texts = [sweep_cell_text(cells.get(level)) for level in levels]
             if slo:
                 texts.insert(0, (row.get("max_at_slo", {}).get(probe) or "none") if row.get("slo") else "-")
-            lines.append(f"| {row['setting']} | {probe} | " + " | ".join(texts) + " |")
+            lines.append(f"| {md(row['setting'])} | {md(probe)} | " + " | ".join(map(md, texts)) + " |")
     legend = ("cells: distinct outputs (DRIFT when they differ from serial; ~ the serial text with other logprobs; "
               "≡ logprobs bitwise equal to serial's) · requests answered per second · median end-to-end latency")
     if any(c.server_running_max is not None for row in sweep["rows"] for c in row_cells(row)):
@@ -311,7 +314,7 @@ def sweep_markdown(sweep: dict[str, Any]) -> str:
         notes.append(next(iter(slo_notes.values())))
     else:  # the grid sweeps the SLO itself: each setting says its own
         notes += [f"{setting}: {note}" for setting, note in slo_notes.items()]
-    return "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"
+    return "\n".join(lines) + "\n\n" + "\n".join(map(md, notes)) + "\n"
 
 
 def sweep_cell_text(cell: CellSummary | None) -> str:

@@ -418,3 +418,18 @@ def test_a_sweep_ended_by_an_error_gives_every_setting_a_row(tmp_path):
     assert (out / "sweep.md").read_text().count(f"| {why}") == 2
     run_cli("report", out, "--format", "html", "-o", tmp_path / "sweep.html")
     assert (tmp_path / "sweep.html").read_text().count(f"{sys.executable}3: {why}") == 1
+
+
+def test_sweep_md_keeps_its_columns_whatever_the_probe_id_and_setting_hold(tmp_path, server):
+    from tests.test_output_escaping import HOSTILE, _cells
+
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=2,
+                              probes=[{"id": HOSTILE, "prompt": "Say something.", "max_tokens": 16}])
+    out = tmp_path / "sw"
+    code, output = run_cli("sweep", scenario, "--grid", "params.stop=a|b,<i>c", "--out", out, "--quiet")
+    assert code == 0, output
+    for text in ((out / "sweep.md").read_text(), run_cli("report", out, "--format", "markdown")[1]):
+        rows = [line for line in text.splitlines() if line.startswith("|")]
+        assert len(rows) == 4, text  # header, rule, a row per setting: a line break in the probe id split rows
+        assert all(len(_cells(row)) == len(_cells(rows[0])) for row in rows), rows  # a | added columns
+        assert "\x1b" not in text and "<i>" not in text and "<b>" not in text
