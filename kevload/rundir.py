@@ -119,6 +119,8 @@ def _run_ids(path: Path) -> set[str]:
                 run_id = orjson.loads(line)["run_id"]
             except (orjson.JSONDecodeError, KeyError, TypeError):
                 continue  # a torn last line; the reader decides whether the file is readable
+            if not isinstance(run_id, str):
+                continue  # no record (a list is no set member, null no name to sort): the typed reader names its line
             ids.add(run_id)
             # A Record is written with run_id first and no spaces: the same bytes open every line of a run.
             prefix = orjson.dumps({"run_id": run_id})[:-1] + b","
