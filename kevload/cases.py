@@ -13,9 +13,10 @@ import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlparse
 
+import msgspec
 import orjson
 
 from kevload.errors import ScenarioError
@@ -207,14 +208,57 @@ def case_load(meta: dict[str, Any], cell: CellSummary, probe_index: int) -> dict
     return load
 
 
+# What a rerun reads of a case, typed (``read_cases``): a value of another type (a verdict no build writes, an id
+# that is no text, outputs that are no list, a level that is no count) is a bad case file, refused before anything is
+# sent; it crashed a rerun with a traceback or, read as a recorded output, was called a change of the model. The
+# other keys, and the [load] table's other keys (read by Load's own rules at the rerun), are kept as they are.
+_Level = Annotated[int, msgspec.Meta(ge=0)]
+_Rate = Annotated[float, msgspec.Meta(gt=0)]
+
+
+class _Output(msgspec.Struct, frozen=True):
+    text: str
+    count: Annotated[int, msgspec.Meta(ge=1)] = 1
+
+
+class _CaseTarget(msgspec.Struct, frozen=True):
+    name: str | None = None
+    model: str | None = None
+
+
+class _CaseParams(msgspec.Struct, frozen=True):
+    concurrency: _Level = 1
+    rate: _Rate | None = None
+
+
+class _CaseLoad(msgspec.Struct, frozen=True):
+    concurrency: _Level | None = None
+    rate: _Rate | None = None
+
+
+class _Case(msgspec.Struct, frozen=True):
+    id: Annotated[str, msgspec.Meta(min_length=1)]
+    input: str | list[Any]
+    params: _CaseParams
+    verdict: Literal["stable", "unstable"]
+    outputs: list[str | _Output] | None = None
+    expected: str | None = None
+    target: _CaseTarget | None = None
+    load: _CaseLoad | None = None
+
+
 def read_cases(path: Path) -> list[dict[str, Any]]:
+    """A case file's cases as written (keys a rerun does not read kept for ``accept_changes``), each checked against
+    what a rerun reads of it (``_Case``): a bad one is a ``ScenarioError`` naming its line and key."""
     cases = []
     for number, case in iter_jsonl(path, "case set"):
         missing = [f for f in ("id", "input", "params", "verdict") if not isinstance(case, dict) or f not in case]
         if missing:
             raise ScenarioError(f"{path}:{number}: case lacks {', '.join(missing)}")
-        if not isinstance(case["params"], dict) or not isinstance(case.get("load", {}), dict):
-            raise ScenarioError(f"{path}:{number}: case {case['id']}: params and load: expected JSON objects")
+        try:
+            msgspec.convert(case, _Case)
+        except msgspec.ValidationError as exc:
+            raise ScenarioError(f"{path}:{number}: case {case['id']!r}: {exc}") from None
         cases.append(case)
     return cases
 

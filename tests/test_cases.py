@@ -7,6 +7,8 @@ import re
 import time
 from pathlib import Path
 
+import pytest
+
 from kevload.workload import BUILTIN_COMPANIONS
 from tests.conftest import run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
@@ -270,3 +272,22 @@ def test_a_run_whose_summary_lacks_a_key_every_summary_has_is_refused_naming_it(
     assert code == 2, output  # before: a TypeError's traceback, exit 1
     assert f"{summary}: verdict: expected" in output and "missing" in output, output
     assert "Traceback" not in output and not (tmp_path / "cases.jsonl").exists()
+
+
+@pytest.mark.parametrize(("change", "key"), [
+    ({"verdict": "weird"}, "$.verdict"), ({"id": 5}, "$.id"), ({"input": None}, "$.input"),
+    ({"outputs": {"a": 1}}, "$.outputs"), ({"outputs": [5]}, "$.outputs[0]"), ({"outputs": [{}]}, "$.outputs[0]"),
+    ({"params": {"concurrency": "x"}}, "$.params.concurrency"), ({"load": {"concurrency": "x"}}, "$.load.concurrency"),
+    ({"expected": 5}, "$.expected"), ({"target": "x"}, "$.target")])
+def test_a_case_of_the_wrong_types_exits_2_naming_its_line_and_key_before_anything_is_sent(tmp_path, server, change,
+                                                                                         key):
+    case = {"id": "x", "input": "hi", "params": {}, "verdict": "stable", "outputs": [{"text": "a", "count": 1}]}
+    path = tmp_path / "cases.jsonl"
+    path.write_text(json.dumps(case) + "\n" + json.dumps({**case, **change}) + "\n")
+    code, output = run_cli("cases", "rerun", path, "--url", server.url, "--model", "fake", "--times", "2",
+                           "-o", tmp_path / "after.jsonl", "--out", tmp_path / "reruns")
+    # Before: a traceback after every case was sent (a verdict no build writes, outputs [{}]) or before (an id that
+    # is no text, a level that is no count), or exit 1 with outputs {"a": 1} read as the recorded answer "a".
+    assert code == 2, output
+    assert f"{path}:2: case" in output and key in output, output
+    assert server.requests == [] and not (tmp_path / "reruns").exists()
