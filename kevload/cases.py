@@ -26,6 +26,7 @@ from kevload.runs import recorded_scenario, run_scenario
 from kevload.scenario import Load, Target, build_scenario, read_table
 from kevload.store import new_run_id, now_iso
 from kevload.summary import CellSummary, level_label
+from kevload.sweep import apart
 from kevload.trace import trace_rates
 
 TRANSITIONS = ("unstable→stable", "stable→unstable", "changed", "no answer", "unchanged")
@@ -251,6 +252,7 @@ def read_cases(path: Path) -> list[dict[str, Any]]:
     """A case file's cases as written (keys a rerun does not read kept for ``accept_changes``), each checked against
     what a rerun reads of it (``_Case``): a bad one is a ``ScenarioError`` naming its line and key."""
     cases = []
+    lines: dict[str, int] = {}  # each id's line: a rerun's directory is named by it
     for number, case in iter_jsonl(path, "case set"):
         missing = [f for f in ("id", "input", "params", "verdict") if not isinstance(case, dict) or f not in case]
         if missing:
@@ -259,6 +261,10 @@ def read_cases(path: Path) -> list[dict[str, Any]]:
             msgspec.convert(case, _Case)
         except msgspec.ValidationError as exc:
             raise ScenarioError(f"{path}:{number}: case {case['id']!r}: {exc}") from None
+        if case["id"] in lines:
+            raise ScenarioError(f"{path}:{number}: case {case['id']!r}: the id of line {lines[case['id']]} too; "
+                                "give each case an id of its own")
+        lines[case["id"]] = number
         cases.append(case)
     return cases
 
@@ -298,11 +304,14 @@ async def rerun_cases(cases: list[dict[str, Any]], *, url: str, model: str, time
                       log=print) -> list[dict[str, Any]]:
     """Rerun each case ``times`` times under its recorded load; returns the cases with the results.
 
-    Each rerun writes ``OUT/cases-rerun-<run id>/<case id>/`` (OUT defaults to ``results``): a fresh
+    Each rerun writes ``OUT/cases-rerun-<run id>/<case id as a file name>/`` (OUT defaults to ``results``): a fresh
     directory, so a second rerun into the same OUT never mixes its records with the first one's.
     A case the stop event interrupted is left out: its answers are incomplete evidence.
     """
     out = (out or Path("results")) / f"cases-rerun-{new_run_id()}"
+    # A case id is its probe's id, which may hold any character (a /, .., a NUL): each rerun's directory is named
+    # from it as a sweep names a setting's, inside ``out`` and apart from every other case's.
+    dirs = apart([case["id"] for case in cases])
     results = []
     for case in cases:
         if stop is not None and stop.is_set():
@@ -323,7 +332,7 @@ async def rerun_cases(cases: list[dict[str, Any]], *, url: str, model: str, time
                     if k in load},
                  "params": {**params, "max_tokens": max_tokens}}
         log(f"rerun {case['id']} ({describe_load(rerun)}) …")
-        run_dir = out / case["id"]
+        run_dir = out / dirs[case["id"]]
         result = await run_scenario(scenario, run_dir, stop=stop)
         if result.state == "interrupted":
             break

@@ -472,7 +472,9 @@ def _retrieve(future: asyncio.Future) -> None:
 
 
 def _dirname(name: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "-_.=" else "_" for ch in name)
+    file = "".join(ch if ch.isalnum() or ch in "-_.=" else "_" for ch in name)
+    # Dots alone ("", ".", "..") name no directory of its own: this one or the one above it.
+    return file if file.strip(".") else file.replace(".", "_") + "_"
 
 
 def _first_line(exc: BaseException) -> str:

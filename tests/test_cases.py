@@ -291,3 +291,34 @@ def test_a_case_of_the_wrong_types_exits_2_naming_its_line_and_key_before_anythi
     assert code == 2, output
     assert f"{path}:2: case" in output and key in output, output
     assert server.requests == [] and not (tmp_path / "reruns").exists()
+
+
+def test_each_case_is_rerun_in_a_directory_of_its_own_inside_out_whatever_its_probe_id(tmp_path, server):
+    # Probe ids may hold any character: a case id is the probe id and a digest of the case, and names its rerun.
+    ids = ["../../outside", "a/b", "a_b", "a\u0000b", ".."]
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2,
+                              probes=[{"id": i, "prompt": "Say something.", "max_tokens": 8} for i in ids])
+    assert run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")[0] == 0
+    cases_path = tmp_path / "cases.jsonl"
+    assert run_cli("cases", "build", tmp_path / "run", "-o", cases_path)[0] == 0
+    with cases_path.open("a") as handle:  # a case file's own id, which no build writes
+        handle.write(json.dumps({**read(cases_path)[0], "id": ".."}) + "\n")
+    # Before: ../../outside wrote its run two levels above OUT, a/b one level down, a NUL raised ValueError, and ..
+    # ran into OUT itself.
+    code, _, after = rerun(cases_path, server, tmp_path)
+    assert code == 0
+    assert sorted(after) == sorted(case["id"] for case in read(cases_path))
+    (rerun_out,) = (tmp_path / "reruns").iterdir()
+    dirs = [Path(r["rerun_dir"]) for r in after.values()]
+    assert len(set(dirs)) == len(dirs) and all(d.parent == rerun_out and (d / "summary.json").is_file() for d in dirs)
+    assert not (tmp_path / "outside").exists() and not (tmp_path / "reruns" / "records.jsonl").exists()
+
+
+def test_a_case_file_holding_one_id_twice_is_refused_naming_both_lines(tmp_path, server):
+    case = {"id": "x", "input": "hi", "params": {}, "verdict": "stable"}
+    path = tmp_path / "cases.jsonl"
+    path.write_text(json.dumps(case) + "\n" + json.dumps({**case, "input": "ho"}) + "\n")
+    code, output = run_cli("cases", "rerun", path, "--url", server.url, "--model", "fake", "-o", tmp_path / "a",
+                           "--out", tmp_path / "reruns")
+    assert code == 2, output  # before: the second rerun found the first one's directory (exit 2 after a case ran)
+    assert f"{path}:2: case 'x': the id of line 1 too" in output and server.requests == []
