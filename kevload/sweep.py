@@ -84,11 +84,21 @@ def _distinct(name: str, texts: list[str]) -> list[Any]:
 def apart(labels: list[str]) -> dict[str, str]:
     """Each label's file name: its characters that a file name holds as they are, the others as ``_``. Labels
     that would share a name (target.model=org/m and org_m) get a hash of the label after it, so each setting
-    keeps its own directory and log, and a rerun of the same grid names them the same."""
+    keeps its own directory and log, and a rerun of the same grid names them the same. One longer than a file name
+    may be (255 bytes, a log's ``server-`` and ``.log`` around it) is cut to fit, with the hash after it."""
     plain = {name: _dirname(name) for name in labels}
     shared = Counter(plain.values())
-    return {name: file if shared[file] == 1 else f"{file}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+    return {name: file if shared[file] == 1 and len(file.encode()) <= _NAME_BYTES else
+            f"{_cut(file, _NAME_BYTES - 9)}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
             for name, file in plain.items()}
+
+
+_NAME_BYTES = 200  # a label's file name at most: 255 bytes less the server log's "server-" and ".log", and room
+
+
+def _cut(text: str, size: int) -> str:
+    """``text``'s first characters that fit in ``size`` bytes of UTF-8."""
+    return text.encode()[:size].decode(errors="ignore")
 
 
 def combinations(axes: dict[str, list[Any]]) -> list[dict[str, Any]]:

@@ -433,3 +433,15 @@ def test_sweep_md_keeps_its_columns_whatever_the_probe_id_and_setting_hold(tmp_p
         assert len(rows) == 4, text  # header, rule, a row per setting: a line break in the probe id split rows
         assert all(len(_cells(row)) == len(_cells(rows[0])) for row in rows), rows  # a | added columns
         assert "\x1b" not in text and "<i>" not in text and "<b>" not in text
+
+
+def test_a_setting_too_long_for_a_file_name_gets_a_directory_all_the_same(tmp_path, server):
+    # A file name holds at most 255 bytes; a model path or many axes make a longer label.
+    long = "org/" + "m" * 300
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2)
+    out = tmp_path / "sw"
+    code, output = run_cli("sweep", scenario, "--grid", f"target.model={long},{long}x", "--out", out)
+    assert code == 0, output  # before: OSError "File name too long" ended the sweep, exit 1 with a traceback
+    runs = [Path(r["run"]) for r in json.loads((out / "sweep.json").read_text())["rows"]]
+    assert runs[0] != runs[1] and all(run.parent == out and len(run.name.encode()) <= 255 for run in runs)
+    assert [json.loads((run / "run.json").read_text())["target"]["model"] for run in runs] == [long, f"{long}x"]
