@@ -16,14 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kevload.errors import ServerError
+import msgspec
+
+from kevload.errors import RunDirError, ServerError
 from kevload.report import attainment_text, cell_text, markdown_cell, slo_bounds_text, verdict_line
 from kevload.runs import run_scenario
 from kevload.scenario import ScenarioError, load_scenario, toml_value
 from kevload.servermetrics import CELL_FIELDS as SERVER_FIELDS
 from kevload.servers import free_port, log_tail, start_server, stop_when_gone, trouble, wait_ready
-from kevload.store import write_json
+from kevload.store import read_json, write_json
 from kevload.summary import CellSummary, RunSummary
+from kevload.words import SweepVerdict
 
 # {name} in --server-cmd and --ready-url; any other braces (JSON arguments) are left as they are.
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_-]*)\}")
@@ -236,6 +239,42 @@ def write_sweep(out: Path, grid: Grid, rows: list[dict[str, Any]], *, complete: 
              "levels": _levels(rows), "complete": complete}
     write_json(out / "sweep.json", sweep)
     (out / "sweep.md").write_text(sweep_markdown(sweep), encoding="utf-8")
+    return sweep
+
+
+class _Row(msgspec.Struct, frozen=True):
+    """What the matrix and the page read of a row of sweep.json (``read_sweep``); its cells by ``CellSummary``."""
+
+    setting: str
+    verdict: SweepVerdict
+    verdict_line: str
+    cells: list[dict[str, Any]]
+    error: str | None = None
+    reason: str | None = None
+    slo: dict[str, float] | None = None
+    min_slo_attainment: float | None = None
+    max_at_slo: dict[str, str | None] | None = None
+
+
+class _Sweep(msgspec.Struct, frozen=True):
+    rows: list[_Row]
+    levels: list[str]
+    grid: dict[str, Any] = {}
+
+
+def read_sweep(path: Path) -> dict[str, Any]:
+    """A sweep.json as written, checked against what ``sweep_markdown`` and the HTML page read of it: a key of
+    another type or missing (an edited file) is a ``RunDirError`` naming the file and the key (exit 2)."""
+    sweep = read_json(path)
+    try:
+        msgspec.convert(sweep, _Sweep)
+    except msgspec.ValidationError as exc:
+        raise RunDirError(f"{path}: not a kevload sweep.json: {exc}") from None
+    for i, row in enumerate(sweep["rows"]):
+        for j, cell in enumerate(row["cells"]):
+            problem = CellSummary.type_problem({"role": "probe", **cell}, f"rows[{i}].cells[{j}].")
+            if problem is not None:
+                raise RunDirError(f"{path}: not a kevload sweep.json: {problem}")
     return sweep
 
 

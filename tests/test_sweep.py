@@ -445,3 +445,21 @@ def test_a_setting_too_long_for_a_file_name_gets_a_directory_all_the_same(tmp_pa
     runs = [Path(r["run"]) for r in json.loads((out / "sweep.json").read_text())["rows"]]
     assert runs[0] != runs[1] and all(run.parent == out and len(run.name.encode()) <= 255 for run in runs)
     assert [json.loads((run / "run.json").read_text())["target"]["model"] for run in runs] == [long, f"{long}x"]
+
+
+@pytest.mark.parametrize(("edit", "named"), [
+    (lambda doc: doc.pop("rows"), "`rows`"), (lambda doc: doc.update(rows="x"), "$.rows"),
+    (lambda doc: doc.update(levels=None), "$.levels"),
+    (lambda doc: doc["rows"][0].update(setting=5), "$.rows[0].setting"),
+    (lambda doc: doc["rows"][0]["cells"][0].pop("mode"), "rows[0].cells[0].mode")])
+@pytest.mark.parametrize("fmt", ["markdown", "html"])
+def test_report_of_an_edited_sweep_json_exits_2_naming_the_key(tmp_path, server, edit, named, fmt):
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2)
+    out = tmp_path / "sw"
+    assert run_cli("sweep", scenario, "--grid", "load.stream=true,false", "--out", out, "--quiet")[0] == 0
+    doc = json.loads((out / "sweep.json").read_text())
+    edit(doc)
+    (out / "sweep.json").write_text(json.dumps(doc))
+    code, output = run_cli("report", out, "--format", fmt)
+    assert code == 2, output  # before: a KeyError, AttributeError or TypeError traceback, exit 1
+    assert f"{out / 'sweep.json'}: not a kevload sweep.json" in output and named in output, output
