@@ -23,8 +23,7 @@ from typing import Literal
 from kevload import exitcode
 from kevload.exitcode import ExitCode
 from kevload.prefixcache import base_probe
-from kevload.rundir import RunDir
-from kevload.store import RunDirError, read_json
+from kevload.rundir import RunDir, read_summary
 from kevload.summary import CellSummary, RunSummary, position_label
 
 LATENCY_METRICS = ("e2e", "ttft")
@@ -48,18 +47,10 @@ class Change:
 
 
 def load_baseline(path: Path) -> RunSummary:
-    """A run directory or a summary.json file, from this version or an older one, read typed: a key whose value does
-    not fit its field (null latencies, a number for a hash) is a ``RunDirError`` naming the file and the key, before
-    anything is sent."""
-    summary_path = RunDir(path).summary_json if path.is_dir() else path
-    summary = read_json(summary_path)
-    expected = "expected a kevload summary.json or run directory"
-    if not isinstance(summary, dict) or not isinstance(summary.get("cells"), list):
-        raise RunDirError(f"{summary_path}: --baseline: {expected}")
-    problem = RunSummary.type_problem(summary)
-    if problem is not None:
-        raise RunDirError(f"{summary_path}: --baseline: {problem} ({expected})")
-    return RunSummary.from_json(summary)
+    """A run directory or a summary.json file, from this version or an older one, read typed (``rundir.read_summary``):
+    a key that does not fit its field, or one every summary has that is missing, is a ``RunDirError`` naming the file
+    and the key, before anything is sent."""
+    return read_summary(RunDir(path).summary_json if path.is_dir() else path, "--baseline: ")
 
 
 def judge(current: RunSummary, baseline: RunSummary, *, name: str, max_latency_regression: float = 0.2,

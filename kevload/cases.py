@@ -13,9 +13,10 @@ import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlparse
 
+import msgspec
 import orjson
 
 from kevload.errors import ScenarioError
@@ -25,6 +26,7 @@ from kevload.runs import recorded_scenario, run_scenario
 from kevload.scenario import Load, Target, build_scenario, read_table
 from kevload.store import new_run_id, now_iso
 from kevload.summary import CellSummary, level_label
+from kevload.sweep import apart
 from kevload.trace import trace_rates
 
 TRANSITIONS = ("unstable→stable", "stable→unstable", "changed", "no answer", "unchanged")
@@ -207,14 +209,62 @@ def case_load(meta: dict[str, Any], cell: CellSummary, probe_index: int) -> dict
     return load
 
 
+# What a rerun reads of a case, typed (``read_cases``): a value of another type (a verdict no build writes, an id
+# that is no text, outputs that are no list, a level that is no count) is a bad case file, refused before anything is
+# sent; it crashed a rerun with a traceback or, read as a recorded output, was called a change of the model. The
+# other keys, and the [load] table's other keys (read by Load's own rules at the rerun), are kept as they are.
+_Level = Annotated[int, msgspec.Meta(ge=0)]
+_Rate = Annotated[float, msgspec.Meta(gt=0)]
+
+
+class _Output(msgspec.Struct, frozen=True):
+    text: str
+    count: Annotated[int, msgspec.Meta(ge=1)] = 1
+
+
+class _CaseTarget(msgspec.Struct, frozen=True):
+    name: str | None = None
+    model: str | None = None
+
+
+class _CaseParams(msgspec.Struct, frozen=True):
+    concurrency: _Level = 1
+    rate: _Rate | None = None
+
+
+class _CaseLoad(msgspec.Struct, frozen=True):
+    concurrency: _Level | None = None
+    rate: _Rate | None = None
+
+
+class _Case(msgspec.Struct, frozen=True):
+    id: Annotated[str, msgspec.Meta(min_length=1)]
+    input: str | list[Any]
+    params: _CaseParams
+    verdict: Literal["stable", "unstable"]
+    outputs: list[str | _Output] | None = None
+    expected: str | None = None
+    target: _CaseTarget | None = None
+    load: _CaseLoad | None = None
+
+
 def read_cases(path: Path) -> list[dict[str, Any]]:
+    """A case file's cases as written (keys a rerun does not read kept for ``accept_changes``), each checked against
+    what a rerun reads of it (``_Case``): a bad one is a ``ScenarioError`` naming its line and key."""
     cases = []
+    lines: dict[str, int] = {}  # each id's line: a rerun's directory is named by it
     for number, case in iter_jsonl(path, "case set"):
         missing = [f for f in ("id", "input", "params", "verdict") if not isinstance(case, dict) or f not in case]
         if missing:
             raise ScenarioError(f"{path}:{number}: case lacks {', '.join(missing)}")
-        if not isinstance(case["params"], dict) or not isinstance(case.get("load", {}), dict):
-            raise ScenarioError(f"{path}:{number}: case {case['id']}: params and load: expected JSON objects")
+        try:
+            msgspec.convert(case, _Case)
+        except msgspec.ValidationError as exc:
+            raise ScenarioError(f"{path}:{number}: case {case['id']!r}: {exc}") from None
+        if case["id"] in lines:
+            raise ScenarioError(f"{path}:{number}: case {case['id']!r}: the id of line {lines[case['id']]} too; "
+                                "give each case an id of its own")
+        lines[case["id"]] = number
         cases.append(case)
     return cases
 
@@ -254,11 +304,14 @@ async def rerun_cases(cases: list[dict[str, Any]], *, url: str, model: str, time
                       log=print) -> list[dict[str, Any]]:
     """Rerun each case ``times`` times under its recorded load; returns the cases with the results.
 
-    Each rerun writes ``OUT/cases-rerun-<run id>/<case id>/`` (OUT defaults to ``results``): a fresh
+    Each rerun writes ``OUT/cases-rerun-<run id>/<case id as a file name>/`` (OUT defaults to ``results``): a fresh
     directory, so a second rerun into the same OUT never mixes its records with the first one's.
     A case the stop event interrupted is left out: its answers are incomplete evidence.
     """
     out = (out or Path("results")) / f"cases-rerun-{new_run_id()}"
+    # A case id is its probe's id, which may hold any character (a /, .., a NUL): each rerun's directory is named
+    # from it as a sweep names a setting's, inside ``out`` and apart from every other case's.
+    dirs = apart([case["id"] for case in cases])
     results = []
     for case in cases:
         if stop is not None and stop.is_set():
@@ -279,7 +332,7 @@ async def rerun_cases(cases: list[dict[str, Any]], *, url: str, model: str, time
                     if k in load},
                  "params": {**params, "max_tokens": max_tokens}}
         log(f"rerun {case['id']} ({describe_load(rerun)}) …")
-        run_dir = out / case["id"]
+        run_dir = out / dirs[case["id"]]
         result = await run_scenario(scenario, run_dir, stop=stop)
         if result.state == "interrupted":
             break

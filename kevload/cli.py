@@ -33,7 +33,7 @@ from kevload.scenario import (
     toml_value,
 )
 from kevload.stats import samples_for_bound
-from kevload.store import Record, default_run_dir, read_json
+from kevload.store import Record, default_run_dir
 from kevload.summary import RunSummary, level_label
 from kevload.targets import NAMES, TargetSettings
 
@@ -292,9 +292,9 @@ def _report_sweep(sweep_dir: Path, fmt: str, output: Path | None) -> None:
     import orjson
 
     from kevload.html import sweep_report
-    from kevload.sweep import sweep_markdown
+    from kevload.sweep import read_sweep, sweep_markdown
 
-    sweep = read_json(sweep_dir / "sweep.json")
+    sweep = read_sweep(sweep_dir / "sweep.json")
     renderers = {"html": sweep_report, "markdown": sweep_markdown,
                  "json": lambda s: orjson.dumps(s, option=orjson.OPT_INDENT_2).decode(), "table": sweep_markdown}
     _emit(renderers[fmt](sweep), output)

@@ -46,7 +46,8 @@ def for_run(summary: RunSummary, *, fail_on: Literal["drift", "latent", "bad"] =
 
     ``kevload run --baseline`` (``regressions``: the changes ``baseline.compare_to_baseline`` calls regressions;
     None without a baseline): TARGET when the run itself is (target failed, inconclusive, or a logprob gap under
-    ``fail_on`` latent); else DRIFT when a regression or a cell under the SLO; else OK. Drift the baseline had too
+    ``fail_on`` latent); USAGE when a grader raised; else DRIFT when a regression or a cell under the SLO or
+    load.min_good_share; else OK. Drift the baseline had too
     is no news for a nightly job. A regression is, per probe cell matched by probe, mode and level: new drift (new
     latent drift), an output never seen in the baseline, p50 e2e/TTFT slower than allowed, a baseline cell missing;
     and, where the baseline has nothing to hold the cell against — a cell it lacks (``new_cell``), one whose input,
@@ -62,8 +63,11 @@ def for_run(summary: RunSummary, *, fail_on: Literal["drift", "latent", "bad"] =
         # fell significantly, or a gate; drift whose answers stay good passes.
         worse = summary.bad_cells or summary.accuracy_fell_levels
         code = ExitCode.DRIFT if worse or summary.slo_failed_cells or summary.good_share_failed_cells else ExitCode.OK
-    if regressions is not None and code != ExitCode.TARGET:
-        code = ExitCode.DRIFT if regressions or summary.slo_failed_cells else ExitCode.OK
+    # A baseline excuses only the drift it had too: a grader that raised (USAGE) and a cell under a gate of the run's
+    # own (the SLO, load.min_good_share) say nothing about drift, and stand as the run itself would have them.
+    if regressions is not None and code not in (ExitCode.TARGET, ExitCode.USAGE):
+        gated = summary.slo_failed_cells or summary.good_share_failed_cells
+        code = ExitCode.DRIFT if regressions or gated else ExitCode.OK
     return code
 
 

@@ -67,8 +67,9 @@ class RunDir:
         return read_json(self.run_json)
 
     def summary(self) -> RunSummary:
-        """``summary.json`` as it was last written (``runs.finish_run`` recomputes it from the records)."""
-        return RunSummary.from_json(read_json(self.summary_json))
+        """``summary.json`` as it was last written (``runs.finish_run`` recomputes it from the records), read typed: a
+        key that does not fit its field, or one every summary has that is missing, is a ``RunDirError`` naming it."""
+        return read_summary(self.summary_json)
 
     def records(self) -> Iterator[Record]:
         """Every record, typed, file after file, non-finite logprobs as floats (``Record.floats``); a line that is no
@@ -118,7 +119,23 @@ def _run_ids(path: Path) -> set[str]:
                 run_id = orjson.loads(line)["run_id"]
             except (orjson.JSONDecodeError, KeyError, TypeError):
                 continue  # a torn last line; the reader decides whether the file is readable
+            if not isinstance(run_id, str):
+                continue  # no record (a list is no set member, null no name to sort): the typed reader names its line
             ids.add(run_id)
             # A Record is written with run_id first and no spaces: the same bytes open every line of a run.
             prefix = orjson.dumps({"run_id": run_id})[:-1] + b","
     return ids
+
+
+def read_summary(path: Path, use: str = "") -> RunSummary:
+    """A ``summary.json``, from this version or an older one, read typed: a key whose value does not fit its field
+    (null latencies, a number for a hash), or one every summary has that is missing, is a ``RunDirError`` naming the
+    file and the key. ``use``: how the command names the file in the error (``--baseline: ``)."""
+    doc = read_json(path)
+    expected = "expected a kevload summary.json"
+    if not isinstance(doc, dict) or not isinstance(doc.get("cells"), list):
+        raise RunDirError(f"{path}: {use}{expected}")
+    problem = RunSummary.type_problem(doc)
+    if problem is not None:
+        raise RunDirError(f"{path}: {use}{problem} ({expected})")
+    return RunSummary.from_json(doc)

@@ -12,16 +12,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
+import msgspec
 import numpy as np
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from kevload.scenario import METRICS_OFF, Target
-from kevload.store import read_records, url_userinfo
+from kevload.store import read_typed, url_userinfo
 
 SAMPLES = "server-metrics.jsonl"
 INTERVAL_S = 0.1  # how often /metrics is read: a cell of a second still gets about ten samples
@@ -261,18 +262,37 @@ class Samples:
     kv_cache_usage: np.ndarray
 
 
+# One line of ``server-metrics.jsonl`` as read back, with the ranges the sampler wrote it in (``_RANGES``): a value
+# of another type or out of its range is no sample kevload wrote (an edited file), and no number a cell may show.
+_Count = Annotated[float, msgspec.Meta(ge=_COUNT[0], le=_COUNT[1])] | None
+
+
+class _SampleLine(msgspec.Struct, frozen=True, gc=False):
+    t: float
+    rtt_s: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    error: str | None = None  # a read that failed: its other fields are absent
+    running: _Count = None
+    waiting: _Count = None
+    prefix_cache_hits: _Count = None
+    kv_cache_usage: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
+
+
+_SAMPLE_DECODER = msgspec.json.Decoder(_SampleLine)
+
+
 def read_samples(run_dir: Path) -> Samples | None:
-    """The samples ``server-metrics.jsonl`` holds (reads that failed left out); None without the file."""
+    """The samples ``server-metrics.jsonl`` holds (reads that failed left out); None without the file. A line that is
+    no sample (a value of the wrong type or out of its range, no ``t``) is a ``RunDirError`` naming the line."""
     path = run_dir / SAMPLES
     if not path.is_file():
         return None
-    records = list(read_records(path))
-    rows = sorted((r for r in records if "error" not in r), key=lambda r: r["t"])
-    columns = {value: np.array([math.nan if r.get(value) is None else r[value] for r in rows], dtype=np.float64)
-               for value in _VALUES}
-    return Samples(t=np.array([r["t"] for r in rows], dtype=np.float64),
-                   rtt=np.array([r.get("rtt_s") or 0.0 for r in rows], dtype=np.float64),
-                   failed=np.array([r["t"] for r in records if "error" in r], dtype=np.float64), **columns)
+    records = list(read_typed(path, decoder=_SAMPLE_DECODER))
+    rows = sorted((r for r in records if r.error is None), key=lambda r: r.t)
+    columns = {value: np.array([math.nan if getattr(r, value) is None else getattr(r, value) for r in rows],
+                               dtype=np.float64) for value in _VALUES}
+    return Samples(t=np.array([r.t for r in rows], dtype=np.float64),
+                   rtt=np.array([r.rtt_s or 0.0 for r in rows], dtype=np.float64),
+                   failed=np.array([r.t for r in records if r.error is not None], dtype=np.float64), **columns)
 
 
 def cell_view(samples: Samples | None, t_start: float, t_end: float, concurrency: int) -> dict[str, Any]:

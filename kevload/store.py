@@ -29,6 +29,9 @@ RESULTS = Path("results")
 # The ranges a record's values keep, checked where a records file is read (``RECORD_DECODER``): what is out of them
 # is no record kevload wrote, and no number the comparator may add.
 Count = Annotated[int, msgspec.Meta(ge=0)]
+# A clock reading (``time.perf_counter``, or Unix time in a run with workers): within ±10¹² s (31,000 years), so that
+# any difference of two is a finite number of seconds; a larger one is no clock kevload read.
+Time = Annotated[float, msgspec.Meta(ge=-1e12, le=1e12)]
 # A token count a server reported (usage): at most 2³¹ − 1, far beyond any context window; a larger one is impossible,
 # and used as a number it would give tokens/s that are nonsense.
 TOKEN_COUNT_MAX = 2**31 - 1
@@ -85,11 +88,11 @@ class Record(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     # them spelled, ``RunDir.records`` as floats again.
     logprobs: list[float | Spelled | None] | None
     system_fingerprint: str | None
-    t_scheduled: float | None
-    t_send: float
-    t_first_byte: float | None
-    t_first_token: float | None
-    t_last_byte: float
+    t_scheduled: Time | None
+    t_send: Time
+    t_first_byte: Time | None
+    t_first_token: Time | None
+    t_last_byte: Time
     chunks: Count
     max_gap: Annotated[float, msgspec.Meta(ge=0)] | None
     error: str | None
@@ -119,6 +122,15 @@ class Record(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     # What the server sent that did not fit its field (``"<field>: <what was wrong and what came>"``): kept here,
     # never used as a number. None: everything fitted.
     findings: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        # A conversation's turn is read by what only turns record (its index, its conversation, the messages sent):
+        # one that lacks them is no record a run writes, and is refused where it is read (``read_typed``).
+        if self.turns is not None and (self.turn is None or self.turn >= self.turns or self.conversation is None
+                                       or self.history is None):
+            raise ValueError(f"a turn of a conversation of {self.turns} turns needs turn (0 to {self.turns - 1}), "
+                             f"conversation and history; got turn {self.turn}, conversation {self.conversation!r}, "
+                             f"history {'null' if self.history is None else 'given'}")
 
     def floats(self) -> Record:
         """This record with spelled non-finite logprobs as floats again (as it was before it was written)."""
@@ -243,20 +255,21 @@ class RecordWriter:
 
 
 def read_records(path: Path, start: int = 0, end: int | None = None) -> Iterator[dict[str, Any]]:
-    """Stream a JSON-lines file back as its objects (``server-metrics.jsonl``; a records file is read typed, by
-    ``read_typed``): every line, or those that begin in bytes [``start``, ``end``). A line that is not JSON is an
-    error, except the file's last line (what a process killed mid-write leaves torn), which is skipped."""
+    """Stream a JSON-lines file back as its objects, unchecked (a records file and ``server-metrics.jsonl`` are read
+    typed, by ``read_typed``): every line, or those that begin in bytes [``start``, ``end``). A line that is not JSON
+    is an error, except the file's last line (what a process killed mid-write leaves torn), which is skipped."""
     return _lines(path, start, end, orjson.loads, orjson.JSONDecodeError)
 
 
-def read_typed(path: Path, start: int = 0, end: int | None = None) -> Iterator[Record]:
+def read_typed(path: Path, start: int = 0, end: int | None = None, *,
+               decoder: msgspec.json.Decoder = RECORD_DECODER) -> Iterator[Any]:
     """Stream a records file back as ``Record`` values, spelled logprobs kept spelled (``Record.floats``): every line,
     or those that begin in bytes [``start``, ``end``) (a part read in parallel; ``start`` at a line's beginning).
     A line that is no record (a value of the wrong type or out of its range, a field every version writes missing)
     is a ``RunDirError`` naming the line and the field; a line that is not JSON too, except the file's last line
     (what a run killed mid-write leaves torn), which is skipped; a part that ends before the file does has no last
-    line to excuse."""
-    return _lines(path, start, end, RECORD_DECODER.decode, msgspec.DecodeError)
+    line to excuse. Another JSON-lines file of a run is read typed the same way by its own ``decoder``."""
+    return _lines(path, start, end, decoder.decode, msgspec.DecodeError)
 
 
 def _lines(path: Path, start: int, end: int | None, decode: Callable[[bytes], Any],

@@ -15,7 +15,7 @@ import json
 import types
 import typing
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal, Union
 
 from kevload.words import DivergenceKind, RunState, SampleRole, StopReason, Verdict
@@ -84,6 +84,10 @@ class _Json:
         …, got …``; None when every one fits. A key this version does not know, or one an older version did not
         write, is no problem (``from_json`` leaves it out or takes the default)."""
         hints = typing.get_type_hints(cls)
+        for f in fields(cls):  # type: ignore[arg-type]
+            # A field without a default is in every summary any version wrote: without it none can be built.
+            if f.name not in doc and f.default is MISSING and f.default_factory is MISSING:
+                return f"{where}{f.name}: expected {_expected(hints[f.name])}, missing"
         return next((problem for f in fields(cls) if f.name in doc  # type: ignore[arg-type]
                      and (problem := _misfit(doc[f.name], hints[f.name], f"{where}{f.name}"))), None)
 
@@ -390,9 +394,6 @@ class RunSummary(_Json):
         for i, cell in enumerate(doc.get("cells", [])):
             if not isinstance(cell, dict):
                 return f"{where}cells[{i}]: expected a cell object, got {_shown(cell)}"
-            missing = [k for k in ("probe", "role", "mode", "concurrency") if k not in cell]
-            if missing:
-                return f"{where}cells[{i}]: expected the keys {', '.join(missing)} of every cell, missing"
             problem = CellSummary.type_problem(cell, f"{where}cells[{i}].")
             if problem:
                 return problem

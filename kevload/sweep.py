@@ -16,14 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kevload.errors import ServerError
-from kevload.report import attainment_text, cell_text, slo_bounds_text, verdict_line
+import msgspec
+
+from kevload.errors import RunDirError, ServerError
+from kevload.report import attainment_text, cell_text, markdown_cell, slo_bounds_text, verdict_line
 from kevload.runs import run_scenario
 from kevload.scenario import ScenarioError, load_scenario, toml_value
 from kevload.servermetrics import CELL_FIELDS as SERVER_FIELDS
 from kevload.servers import free_port, log_tail, start_server, stop_when_gone, trouble, wait_ready
-from kevload.store import write_json
+from kevload.store import read_json, write_json
 from kevload.summary import CellSummary, RunSummary
+from kevload.words import SweepVerdict
 
 # {name} in --server-cmd and --ready-url; any other braces (JSON arguments) are left as they are.
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_-]*)\}")
@@ -84,11 +87,21 @@ def _distinct(name: str, texts: list[str]) -> list[Any]:
 def apart(labels: list[str]) -> dict[str, str]:
     """Each label's file name: its characters that a file name holds as they are, the others as ``_``. Labels
     that would share a name (target.model=org/m and org_m) get a hash of the label after it, so each setting
-    keeps its own directory and log, and a rerun of the same grid names them the same."""
+    keeps its own directory and log, and a rerun of the same grid names them the same. One longer than a file name
+    may be (255 bytes, a log's ``server-`` and ``.log`` around it) is cut to fit, with the hash after it."""
     plain = {name: _dirname(name) for name in labels}
     shared = Counter(plain.values())
-    return {name: file if shared[file] == 1 else f"{file}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+    return {name: file if shared[file] == 1 and len(file.encode()) <= _NAME_BYTES else
+            f"{_cut(file, _NAME_BYTES - 9)}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
             for name, file in plain.items()}
+
+
+_NAME_BYTES = 200  # a label's file name at most: 255 bytes less the server log's "server-" and ".log", and room
+
+
+def _cut(text: str, size: int) -> str:
+    """``text``'s first characters that fit in ``size`` bytes of UTF-8."""
+    return text.encode()[:size].decode(errors="ignore")
 
 
 def combinations(axes: dict[str, list[Any]]) -> list[dict[str, Any]]:
@@ -229,6 +242,42 @@ def write_sweep(out: Path, grid: Grid, rows: list[dict[str, Any]], *, complete: 
     return sweep
 
 
+class _Row(msgspec.Struct, frozen=True):
+    """What the matrix and the page read of a row of sweep.json (``read_sweep``); its cells by ``CellSummary``."""
+
+    setting: str
+    verdict: SweepVerdict
+    verdict_line: str
+    cells: list[dict[str, Any]]
+    error: str | None = None
+    reason: str | None = None
+    slo: dict[str, float] | None = None
+    min_slo_attainment: float | None = None
+    max_at_slo: dict[str, str | None] | None = None
+
+
+class _Sweep(msgspec.Struct, frozen=True):
+    rows: list[_Row]
+    levels: list[str]
+    grid: dict[str, Any] = {}
+
+
+def read_sweep(path: Path) -> dict[str, Any]:
+    """A sweep.json as written, checked against what ``sweep_markdown`` and the HTML page read of it: a key of
+    another type or missing (an edited file) is a ``RunDirError`` naming the file and the key (exit 2)."""
+    sweep = read_json(path)
+    try:
+        msgspec.convert(sweep, _Sweep)
+    except msgspec.ValidationError as exc:
+        raise RunDirError(f"{path}: not a kevload sweep.json: {exc}") from None
+    for i, row in enumerate(sweep["rows"]):
+        for j, cell in enumerate(row["cells"]):
+            problem = CellSummary.type_problem({"role": "probe", **cell}, f"rows[{i}].cells[{j}].")
+            if problem is not None:
+                raise RunDirError(f"{path}: not a kevload sweep.json: {problem}")
+    return sweep
+
+
 def check_server_cmd(server_cmd: str, ready_url: str | None, axes: list[str]) -> None:
     """Refuse a command kevload would run wrongly: no {port} (the server would listen where kevload does not
     look), a placeholder that is neither {port} nor a --grid axis, or an axis the command never uses."""
@@ -282,24 +331,27 @@ def _fill(text: str, values: dict[str, Any]) -> str:
 
 
 def sweep_markdown(sweep: dict[str, Any]) -> str:
-    """Settings × levels; with an SLO, the highest level at SLO comes first: what a capacity planner reads."""
+    """Settings × levels; with an SLO, the highest level at SLO comes first: what a capacity planner reads. Settings,
+    probe ids and reasons may hold any character (a ``|`` or a line break would split the table): each cell and
+    note is escaped (``report.markdown_cell``)."""
+    md = markdown_cell
     levels = sweep["levels"]
     slo = any(row.get("slo") for row in sweep["rows"])
     first = [f"max {_level_kind(levels)} at SLO"] if slo else []
-    lines = ["| setting | probe (mode) | " + " | ".join(first + levels) + " |",
+    lines = ["| setting | probe (mode) | " + " | ".join(map(md, first + levels)) + " |",
              "| --- | --- | " + " | ".join("---:" for _ in first + levels) + " |"]
     for row in sweep["rows"]:
         # A setting that failed, or never ran: the reason, and its cells (if it has any) after it.
         why = f"failed: {row['error']}" if row.get("error") else \
             f"not run: {row['reason']}" if row.get("verdict") == "not_run" else None
         if why is not None:
-            reason = why.splitlines()[0].replace("|", "\\|")
-            lines.append(f"| {row['setting']} | {reason} | " + " | ".join("-" for _ in first + levels) + " |")
+            lines.append(f"| {md(row['setting'])} | {md(why.splitlines()[0])} | "
+                         + " | ".join("-" for _ in first + levels) + " |")
         for probe, cells in _by_probe(row).items():
             texts = [sweep_cell_text(cells.get(level)) for level in levels]
             if slo:
                 texts.insert(0, (row.get("max_at_slo", {}).get(probe) or "none") if row.get("slo") else "-")
-            lines.append(f"| {row['setting']} | {probe} | " + " | ".join(texts) + " |")
+            lines.append(f"| {md(row['setting'])} | {md(probe)} | " + " | ".join(map(md, texts)) + " |")
     legend = ("cells: distinct outputs (DRIFT when they differ from serial; ~ the serial text with other logprobs; "
               "≡ logprobs bitwise equal to serial's) · requests answered per second · median end-to-end latency")
     if any(c.server_running_max is not None for row in sweep["rows"] for c in row_cells(row)):
@@ -311,7 +363,7 @@ def sweep_markdown(sweep: dict[str, Any]) -> str:
         notes.append(next(iter(slo_notes.values())))
     else:  # the grid sweeps the SLO itself: each setting says its own
         notes += [f"{setting}: {note}" for setting, note in slo_notes.items()]
-    return "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"
+    return "\n".join(lines) + "\n\n" + "\n".join(map(md, notes)) + "\n"
 
 
 def sweep_cell_text(cell: CellSummary | None) -> str:
@@ -469,7 +521,9 @@ def _retrieve(future: asyncio.Future) -> None:
 
 
 def _dirname(name: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "-_.=" else "_" for ch in name)
+    file = "".join(ch if ch.isalnum() or ch in "-_.=" else "_" for ch in name)
+    # Dots alone ("", ".", "..") name no directory of its own: this one or the one above it.
+    return file if file.strip(".") else file.replace(".", "_") + "_"
 
 
 def _first_line(exc: BaseException) -> str:

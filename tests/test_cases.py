@@ -7,6 +7,8 @@ import re
 import time
 from pathlib import Path
 
+import pytest
+
 from kevload.workload import BUILTIN_COMPANIONS
 from tests.conftest import run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
@@ -257,3 +259,66 @@ def test_cases_are_built_from_dataset_probes_and_say_what_they_skip(tmp_path, se
     assert code == 0 and "0 new, 0 kept, 4 skipped" in output, output
     assert "skipped d1@single/c=1 from" in output
     assert "its probes come from a dataset that cannot be read as the run read it" in output
+
+
+def test_a_run_whose_summary_lacks_a_key_every_summary_has_is_refused_naming_it(tmp_path, server):
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2)
+    assert run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")[0] == 0
+    summary = tmp_path / "run" / "summary.json"
+    doc = json.loads(summary.read_text())
+    del doc["verdict"]
+    summary.write_text(json.dumps(doc))
+    code, output = run_cli("cases", "build", tmp_path / "run", "-o", tmp_path / "cases.jsonl")
+    assert code == 2, output  # before: a TypeError's traceback, exit 1
+    assert f"{summary}: verdict: expected" in output and "missing" in output, output
+    assert "Traceback" not in output and not (tmp_path / "cases.jsonl").exists()
+
+
+@pytest.mark.parametrize(("change", "key"), [
+    ({"verdict": "weird"}, "$.verdict"), ({"id": 5}, "$.id"), ({"input": None}, "$.input"),
+    ({"outputs": {"a": 1}}, "$.outputs"), ({"outputs": [5]}, "$.outputs[0]"), ({"outputs": [{}]}, "$.outputs[0]"),
+    ({"params": {"concurrency": "x"}}, "$.params.concurrency"), ({"load": {"concurrency": "x"}}, "$.load.concurrency"),
+    ({"expected": 5}, "$.expected"), ({"target": "x"}, "$.target")])
+def test_a_case_of_the_wrong_types_exits_2_naming_its_line_and_key_before_anything_is_sent(tmp_path, server, change,
+                                                                                         key):
+    case = {"id": "x", "input": "hi", "params": {}, "verdict": "stable", "outputs": [{"text": "a", "count": 1}]}
+    path = tmp_path / "cases.jsonl"
+    path.write_text(json.dumps(case) + "\n" + json.dumps({**case, **change}) + "\n")
+    code, output = run_cli("cases", "rerun", path, "--url", server.url, "--model", "fake", "--times", "2",
+                           "-o", tmp_path / "after.jsonl", "--out", tmp_path / "reruns")
+    # Before: a traceback after every case was sent (a verdict no build writes, outputs [{}]) or before (an id that
+    # is no text, a level that is no count), or exit 1 with outputs {"a": 1} read as the recorded answer "a".
+    assert code == 2, output
+    assert f"{path}:2: case" in output and key in output, output
+    assert server.requests == [] and not (tmp_path / "reruns").exists()
+
+
+def test_each_case_is_rerun_in_a_directory_of_its_own_inside_out_whatever_its_probe_id(tmp_path, server):
+    # Probe ids may hold any character: a case id is the probe id and a digest of the case, and names its rerun.
+    ids = ["../../outside", "a/b", "a_b", "a\u0000b", ".."]
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2,
+                              probes=[{"id": i, "prompt": "Say something.", "max_tokens": 8} for i in ids])
+    assert run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")[0] == 0
+    cases_path = tmp_path / "cases.jsonl"
+    assert run_cli("cases", "build", tmp_path / "run", "-o", cases_path)[0] == 0
+    with cases_path.open("a") as handle:  # a case file's own id, which no build writes
+        handle.write(json.dumps({**read(cases_path)[0], "id": ".."}) + "\n")
+    # Before: ../../outside wrote its run two levels above OUT, a/b one level down, a NUL raised ValueError, and ..
+    # ran into OUT itself.
+    code, _, after = rerun(cases_path, server, tmp_path)
+    assert code == 0
+    assert sorted(after) == sorted(case["id"] for case in read(cases_path))
+    (rerun_out,) = (tmp_path / "reruns").iterdir()
+    dirs = [Path(r["rerun_dir"]) for r in after.values()]
+    assert len(set(dirs)) == len(dirs) and all(d.parent == rerun_out and (d / "summary.json").is_file() for d in dirs)
+    assert not (tmp_path / "outside").exists() and not (tmp_path / "reruns" / "records.jsonl").exists()
+
+
+def test_a_case_file_holding_one_id_twice_is_refused_naming_both_lines(tmp_path, server):
+    case = {"id": "x", "input": "hi", "params": {}, "verdict": "stable"}
+    path = tmp_path / "cases.jsonl"
+    path.write_text(json.dumps(case) + "\n" + json.dumps({**case, "input": "ho"}) + "\n")
+    code, output = run_cli("cases", "rerun", path, "--url", server.url, "--model", "fake", "-o", tmp_path / "a",
+                           "--out", tmp_path / "reruns")
+    assert code == 2, output  # before: the second rerun found the first one's directory (exit 2 after a case ran)
+    assert f"{path}:2: case 'x': the id of line 1 too" in output and server.requests == []

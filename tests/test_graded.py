@@ -251,3 +251,19 @@ def test_openmetrics_carry_the_graded_figures(tmp_path, server):
     assert values[("kevload_level_good_to_bad_probes", None, "single/c=4")] == 3
     assert values[("kevload_level_mcnemar_p", None, "single/c=4")] == 0.25
     assert ("kevload_level_mcnemar_p", None, "single/c=1") not in values  # serial: no test against itself
+
+
+def test_a_baseline_keeps_the_graded_gates_a_grader_that_raises_and_min_good_share(tmp_path, server):
+    # A baseline takes away only the drift it had too: what the run's own gates say about its answers stays.
+    graders = tmp_path / "kevload_test_graders_baseline.py"
+    graders.write_text("def check(answer, probe, expected):\n    return int(answer) == expected\n")
+    probes = sum_probes(grade="python:kevload_test_graders_baseline:check")
+    assert _run(tmp_path, server, sums_server, probes=probes, concurrency=[1], out="raised")[0] == 2
+    code, out, _ = _run(tmp_path, server, sums_server, "--baseline", tmp_path / "raised", probes=probes,
+                        concurrency=[1], out="raised-again")
+    assert code == 2, out  # before: 0 ("0 regression(s)"), although every answer of the run went ungraded
+    assert _run(tmp_path, server, sums_server, min_good_share=0.75, out="loaded")[0] == 1
+    code, out, summary = _run(tmp_path, server, sums_server, "--baseline", tmp_path / "loaded", min_good_share=0.75,
+                              out="loaded-again")
+    assert summary["good_share_failed_cells"] and "0 regression(s)" in out
+    assert code == 1, out  # before: 0, the cells under load.min_good_share passed as the SLO's never do

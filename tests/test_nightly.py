@@ -158,3 +158,19 @@ def test_a_baseline_of_the_wrong_types_exits_2_before_anything_is_sent(tmp_path,
     assert f"{tmp_path / 'bad.json'}: --baseline: {named}" in output
     assert "Traceback" not in output
     assert len(server.requests) == sent and not (tmp_path / "now").exists()
+
+
+@pytest.mark.parametrize("where", ["run", "cell"])
+def test_a_baseline_missing_a_key_every_summary_has_exits_2_naming_it(tmp_path, server, where):
+    nightly(tmp_path, server, "good")
+    doc = load_summary(tmp_path / "good")
+    if where == "run":
+        del doc["verdict"]
+    else:
+        del doc["cells"][1]["probe"]
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    code, output = nightly(tmp_path, server, "now", "--baseline", tmp_path / "bad.json")
+    assert code == 2, output  # before: a TypeError's traceback (missing verdict), exit 1
+    named = "verdict" if where == "run" else "cells[1].probe"
+    assert f"{tmp_path / 'bad.json'}: --baseline: {named}: expected" in output and "missing" in output, output
+    assert "Traceback" not in output and not (tmp_path / "now").exists()

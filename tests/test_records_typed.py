@@ -112,3 +112,22 @@ def test_a_run_whose_summary_fails_still_ends_in_its_final_state_and_never_exits
     assert "could not be summarized: TypeError: unsupported operand" in output
     meta = json.loads((tmp_path / "run" / "run.json").read_text())
     assert meta["state"] == "complete" and meta["ended_at"] and meta["parts"][-1]["state"] == "complete"
+
+
+@pytest.mark.parametrize("edit, named", [
+    ({"t_send": -1e308, "t_last_byte": 1e308}, "$.t_send"),
+    ({"t_first_token": 1e300}, "$.t_first_token"),
+    ({"turns": 2, "turn": 0, "conversation": "c", "history": None}, "history"),
+    ({"turns": 2, "turn": 2, "conversation": "c", "history": []}, "turn"),
+])
+def test_a_record_that_no_run_writes_is_refused_naming_its_line(tmp_path, healthy_run, edit, named):
+    # Times so far apart that their difference is no number, or a conversation turn without what every turn records:
+    # no run writes either, and neither may reach the comparator's arithmetic.
+    run = shutil.copytree(healthy_run, tmp_path / "run")
+    rows = [orjson.loads(line) for line in (run / "records.jsonl").read_bytes().splitlines()]
+    rows[1].update(edit)
+    (run / "records.jsonl").write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))
+    code, output = run_cli("report", run, "--format", "json")
+    assert code == 2, output  # before: a ValueError (an infinite latency binned) or a TypeError traceback, exit 1
+    assert f"{run / 'records.jsonl'}:2: not a kevload record" in output and named in output, output
+    assert "Traceback" not in output

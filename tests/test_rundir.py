@@ -58,3 +58,18 @@ def test_a_directory_without_records_is_no_run(tmp_path):
     with pytest.raises(RunDirError, match="not a kevload run directory"):
         RunDir.open(tmp_path)
     assert not RunDir(tmp_path).holds_run()
+
+
+
+@pytest.mark.parametrize("line", [0, 1, 2])
+@pytest.mark.parametrize("value", [[1], {"a": 1}, None, 5])
+def test_a_record_whose_run_id_is_no_string_is_refused_naming_its_line(tmp_path, line, value):
+    rows = [orjson.loads(record_line(record(seq))) for seq in range(3)]
+    rows[line]["run_id"] = value
+    path = tmp_path / "records.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))
+    run = RunDir(tmp_path)
+    # Before: an unhashable list or dict, or null sorted against the others' ids, raised a TypeError (report: exit 1).
+    assert run.run_id() == "r"
+    with pytest.raises(RunDirError, match=rf"records.jsonl:{line + 1}: not a kevload record: .*\$\.run_id"):
+        list(run.records())

@@ -246,6 +246,22 @@ def test_report_recomputes_the_view_from_disk(tmp_path):
     assert edited[4]["server_running_max"] == 4 and edited[4]["server_note"] is None
 
 
+@pytest.mark.parametrize("edit", [{"running": "abc"}, {"running": [1]}, {"running": True}, {"waiting": -5},
+                                  {"kv_cache_usage": 2}, {"t": None}, {"rtt_s": "x"}, {"running": 1e30}])
+def test_a_samples_file_with_a_value_no_sampler_writes_is_refused_naming_its_line(tmp_path, edit):
+    with FakeServer(Behaviour(latency=0.05, metrics="llamacpp")) as fake:
+        code, output, _ = _run(tmp_path, fake, concurrency=[1, 2], samples=3)
+    assert code == 0, output
+    path = tmp_path / "run" / SAMPLES
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines[1] = orjson.dumps({**orjson.loads(lines[1]), **edit}) + b"\n"
+    path.write_bytes(b"".join(lines))
+    code, output = run_cli("report", tmp_path / "run", "--format", "json")
+    # Before: a traceback (ValueError, TypeError) and exit 1, or a negative count taken as the server's.
+    assert code == 2, output
+    assert f"{path}:2: not a kevload record" in output and f"$.{next(iter(edit))}" in output
+
+
 def test_workers_stamp_the_samples_on_the_records_clock(tmp_path):
     # Records of a run with workers carry Unix times: the samples must too, or no sample falls in any window.
     with FakeServer(Behaviour(latency=0.12, max_running=1, metrics="vllm")) as fake:

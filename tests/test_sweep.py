@@ -418,3 +418,48 @@ def test_a_sweep_ended_by_an_error_gives_every_setting_a_row(tmp_path):
     assert (out / "sweep.md").read_text().count(f"| {why}") == 2
     run_cli("report", out, "--format", "html", "-o", tmp_path / "sweep.html")
     assert (tmp_path / "sweep.html").read_text().count(f"{sys.executable}3: {why}") == 1
+
+
+def test_sweep_md_keeps_its_columns_whatever_the_probe_id_and_setting_hold(tmp_path, server):
+    from tests.test_output_escaping import HOSTILE, _cells
+
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=2,
+                              probes=[{"id": HOSTILE, "prompt": "Say something.", "max_tokens": 16}])
+    out = tmp_path / "sw"
+    code, output = run_cli("sweep", scenario, "--grid", "params.stop=a|b,<i>c", "--out", out, "--quiet")
+    assert code == 0, output
+    for text in ((out / "sweep.md").read_text(), run_cli("report", out, "--format", "markdown")[1]):
+        rows = [line for line in text.splitlines() if line.startswith("|")]
+        assert len(rows) == 4, text  # header, rule, a row per setting: a line break in the probe id split rows
+        assert all(len(_cells(row)) == len(_cells(rows[0])) for row in rows), rows  # a | added columns
+        assert "\x1b" not in text and "<i>" not in text and "<b>" not in text
+
+
+def test_a_setting_too_long_for_a_file_name_gets_a_directory_all_the_same(tmp_path, server):
+    # A file name holds at most 255 bytes; a model path or many axes make a longer label.
+    long = "org/" + "m" * 300
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2)
+    out = tmp_path / "sw"
+    code, output = run_cli("sweep", scenario, "--grid", f"target.model={long},{long}x", "--out", out)
+    assert code == 0, output  # before: OSError "File name too long" ended the sweep, exit 1 with a traceback
+    runs = [Path(r["run"]) for r in json.loads((out / "sweep.json").read_text())["rows"]]
+    assert runs[0] != runs[1] and all(run.parent == out and len(run.name.encode()) <= 255 for run in runs)
+    assert [json.loads((run / "run.json").read_text())["target"]["model"] for run in runs] == [long, f"{long}x"]
+
+
+@pytest.mark.parametrize(("edit", "named"), [
+    (lambda doc: doc.pop("rows"), "`rows`"), (lambda doc: doc.update(rows="x"), "$.rows"),
+    (lambda doc: doc.update(levels=None), "$.levels"),
+    (lambda doc: doc["rows"][0].update(setting=5), "$.rows[0].setting"),
+    (lambda doc: doc["rows"][0]["cells"][0].pop("mode"), "rows[0].cells[0].mode")])
+@pytest.mark.parametrize("fmt", ["markdown", "html"])
+def test_report_of_an_edited_sweep_json_exits_2_naming_the_key(tmp_path, server, edit, named, fmt):
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2)
+    out = tmp_path / "sw"
+    assert run_cli("sweep", scenario, "--grid", "load.stream=true,false", "--out", out, "--quiet")[0] == 0
+    doc = json.loads((out / "sweep.json").read_text())
+    edit(doc)
+    (out / "sweep.json").write_text(json.dumps(doc))
+    code, output = run_cli("report", out, "--format", fmt)
+    assert code == 2, output  # before: a KeyError, AttributeError or TypeError traceback, exit 1
+    assert f"{out / 'sweep.json'}: not a kevload sweep.json" in output and named in output, output
