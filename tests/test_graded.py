@@ -329,3 +329,26 @@ def test_junit_fails_a_level_whose_accuracy_fell_and_a_cell_under_min_good_share
     assert "serial answers mixed good and bad, so no flip is counted" in cases[("kevload.p29.single", "c=4")][
         "system-out"][0]
     assert doc["@failures"] == 8 + 1 + 1  # the cells turned bad, the gate, the level
+
+
+def test_the_html_report_shows_accuracy_per_level_and_each_cells_flips_with_the_servers_text_escaped(
+        tmp_path, server):
+    import html as markup
+
+    def wrong_in_markup(prompt: str, overlap: int) -> str:  # even a: wrong under load, in markup a page must not run
+        a, b = map(int, re.findall(r"\d+", prompt))
+        return f"The sum is {a + b}." if overlap < 2 or a % 2 else f"<script>x</script> {a + b + 1}"
+
+    _run(tmp_path, server, wrong_in_markup)
+    code, _ = run_cli("report", tmp_path / "run", "--format", "html", "-o", tmp_path / "r.html")
+    page = (tmp_path / "r.html").read_text()
+    assert code == 1 and "<script>" not in page
+    section = page[page.index("<h2>Good or bad: graded answers</h2>"):]
+    levels = section[:section.index("</table>")]
+    assert "<td>single/c=4</td><td>6</td><td>3 good, 50.0% [18.8, 81.2]</td><td>3</td><td>0</td><td>0.25</td>" in \
+        levels
+    row = re.search(r"<tr><td>s0 \(single\) c=4</td>(.*?)</tr>", section).group(1)
+    assert row == ("<td>0</td><td>4</td><td>0.0% [0.0%, 49.0%]</td><td>good</td><td>4</td><td>0</td>"
+                   f"<td><pre>{markup.escape('<script>x</script> 4')}</pre></td><td><pre>The sum is 3.</pre></td>")
+    assert re.search(r"<tr><td>s1 \(single\) c=4</td><td>4</td><td>0</td><td>100.0% \[51.0%, 100.0%\]</td>"
+                     r"<td>good</td><td>0</td><td>0</td>", section)
