@@ -352,3 +352,26 @@ def test_the_html_report_shows_accuracy_per_level_and_each_cells_flips_with_the_
                    f"<td><pre>{markup.escape('<script>x</script> 4')}</pre></td><td><pre>The sum is 3.</pre></td>")
     assert re.search(r"<tr><td>s1 \(single\) c=4</td><td>4</td><td>0</td><td>100.0% \[51.0%, 100.0%\]</td>"
                      r"<td>good</td><td>0</td><td>0</td>", section)
+
+
+def _reworded(prompt: str, overlap: int, wrong: bool = False) -> str:
+    """Right serially; under load reworded, and one too many for an even a when ``wrong``."""
+    a, b = map(int, re.findall(r"\d+", prompt))
+    return f"The sum is {a + b}." if overlap < 2 else f"{a} plus {b} makes {a + b + (wrong and a % 2 == 0)}"
+
+
+def test_baseline_reports_accuracy_lost_where_drift_it_already_had_turns_answers_bad(tmp_path, server):
+    # Last night c=4 drifted already, every answer right: the drift is no news, answers turned wrong are.
+    code, _, _ = _run(tmp_path, server, _reworded, out="last")
+    assert code == 1
+    code, out, _ = _run(tmp_path, server, lambda p, o: _reworded(p, o, wrong=True), "--baseline", tmp_path / "last",
+                        out="tonight")
+    regressions = [line for line in out.splitlines() if line.startswith("REGRESSION")]
+    assert regressions == ["REGRESSION accuracy_lost single/c=4: accuracy 100.0% → 50.0% over 6 probes graded in "
+                           "both (6 → 3 good): 3 good→bad, 0 bad→good against the baseline, McNemar p 0.25"], out
+    assert code == 1
+    # The other way round it is an improvement, and the run passes against its baseline.
+    code, out, _ = _run(tmp_path, server, _reworded, "--baseline", tmp_path / "tonight", out="fixed")
+    assert "improved accuracy_gained single/c=4: accuracy 50.0% → 100.0% over 6 probes graded in both (3 → 6 good):" \
+        " 0 good→bad, 3 bad→good" in out
+    assert code == 0 and "REGRESSION" not in out, out
