@@ -620,7 +620,10 @@ def diagnosis_text(diagnosis: dict[str, Any]) -> str:
         one_other = step["distinct"] == 1 and step["drift_cells"]
         distinct = "1, all ≠ serial" if one_other else f"{step['distinct']} distinct"
         gaps = "".join(f"; {gap}" for gap in step.get("logprob_gaps", ()))
-        lines.append(f"  {step['title']}: {distinct}, n={step['ok']}{bound}{errors}{drift}{gaps}")
+        graded = "" if step.get("graded_good") is None else (
+            f", graded {step['graded_good']} good, {step['graded_bad']} bad"
+            + (f" ({step['flips_good_to_bad']} good→bad against serial)" if step.get("flips_good_to_bad") else ""))
+        lines.append(f"  {step['title']}: {distinct}{graded}, n={step['ok']}{bound}{errors}{drift}{gaps}")
     findings = ", ".join(f"{k}={_tri(v)}" for k, v in diagnosis["findings"].items())
     dropped = diagnosis.get("dropped_fields") or []
     lines.append(f"  findings: {findings}")
