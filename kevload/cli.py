@@ -637,7 +637,7 @@ def cases_rerun(cases_file: Path, url: str | None, model: str | None, times: int
 
     def work(started_url: str | None, started_model: str | None, stop):
         return rerun_cases(items, url=started_url or url, model=started_model or model, times=times, api=api,
-                           out=out, stop=stop, log=lambda m: stderr.print(m))
+                           out=out, stop=stop, log=lambda m: stderr.print(m), base=cases_file.parent)
 
     results, signum, exited = _on_target(builtin, settings, work)
     if results is None:
@@ -655,7 +655,12 @@ def cases_rerun(cases_file: Path, url: str | None, model: str | None, times: int
     mismatched = [r["id"] for r in results if r.get("matches_expected") is False]
     for r in results:
         if "matches_expected" in r:
-            click.echo(f"{r['id']}: {'matches' if r['matches_expected'] else 'does not match'} expected")
+            graded = r["graded_after"]
+            failed = f", {graded['failed']} not graded" if graded["failed"] else ""
+            click.echo(f"{r['id']}: {'matches' if r['matches_expected'] else 'does not match'} expected "
+                       f"({graded['good']} good, {graded['bad']} bad{failed} by grade {graded['grade']})")
+        for error in r.get("grade_errors", ()):
+            click.echo(f"{r['id']}: grader failed: {error}")
     if accept and moves["changed"]:
         updated = accept_changes(cases_file, results)
         click.echo(f"{cases_file}: accepted the new answers of {len(updated)} changed case(s); "

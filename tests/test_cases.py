@@ -257,3 +257,35 @@ def test_cases_are_built_from_dataset_probes_and_say_what_they_skip(tmp_path, se
     assert code == 0 and "0 new, 0 kept, 4 skipped" in output, output
     assert "skipped d1@single/c=1 from" in output
     assert "its probes come from a dataset that cannot be read as the run read it" in output
+
+
+def test_cases_from_a_graded_run_are_graded_on_rerun_by_their_grader_not_by_string_equality(tmp_path, server):
+    server.behaviour.latency = 0.1
+    server.behaviour.answer_for = lambda prompt, overlap: "The sum is 5."
+    probes = [{"id": "sum", "prompt": "What is 2 + 3?", "expected": 5}]
+    scenario = write_scenario(tmp_path / "s.toml", server.url, probes=probes, concurrency=[1, 4], samples=4)
+    assert run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")[0] == 0
+    cases_path = tmp_path / "cases.jsonl"
+    assert run_cli("cases", "build", tmp_path / "run", "-o", cases_path)[0] == 0
+    cases = read(cases_path)
+    assert [(c["expected"], c["grade"]) for c in cases] == [(5.0, "number")] * 2  # the run's grader, carried
+    # Reworded serially (still right: another text, so no string equality would match it), wrong under load.
+    server.behaviour.answer_for = lambda prompt, overlap: "5" if overlap < 2 else "6"
+    code, output, rows = rerun(cases_path, server, tmp_path)
+    rows = {r["params"]["concurrency"]: r for r in rows.values()}
+    assert rows[1]["matches_expected"] is True and rows[1]["matches_recorded"] is False
+    assert rows[1]["graded_after"] == {"grade": "number", "good": 4, "bad": 0, "failed": 0}
+    assert rows[4]["matches_expected"] is False
+    assert rows[4]["graded_after"] == {"grade": "number", "good": 0, "bad": 4, "failed": 0}
+    assert f"{rows[4]['id']}: does not match expected (0 good, 4 bad by grade number)" in output
+    assert code == 1
+
+
+def test_a_case_whose_grader_does_not_fit_is_refused_naming_its_line_and_key(tmp_path):
+    cases_path = tmp_path / "cases.jsonl"
+    case = {"id": "c1", "input": "x", "params": {}, "outputs": [], "verdict": "stable"}
+    cases_path.write_text(json.dumps(case) + "\n" + json.dumps({**case, "id": "c2", "expected": "(",
+                                                                "grade": "regex"}) + "\n")
+    code, output = run_cli("cases", "rerun", cases_path, "--url", "http://127.0.0.1:9/v1", "--model", "m",
+                           "-o", tmp_path / "after.jsonl")
+    assert code == 2 and f"{cases_path}:2: case c2: expected: expected " in output and "Traceback" not in output
