@@ -11,7 +11,13 @@ into the exit code, and its docstring states the whole gate):
 - a baseline cell without an ok sample observed nothing: the cell is judged as a new one, and said so;
 - otherwise: new drift, new latent drift, an output never seen in the baseline and slower p50 latency are
   regressions, drift or latent drift gone is an improvement (``fixed``);
-- a baseline cell this run lacks is ``missing_cell``, a regression.
+- a baseline cell this run lacks is ``missing_cell``, a regression;
+- per level, over the probes graded in both runs that ask the same (a changed ``expected`` or ``grade`` is a changed
+  input): a probe good there in the baseline (every answer graded good) and bad now is ``accuracy_lost``, a
+  regression whatever the McNemar p over the paired probes, which the line states: the same question answered
+  right before and wrong now is the change a nightly job exists to catch, and a fall too small to be significant
+  over few probes is still a right answer lost. Probes that only went bad→good are ``accuracy_gained``, an
+  improvement.
 """
 
 from __future__ import annotations
@@ -22,14 +28,16 @@ from typing import Literal
 
 from kevload import exitcode
 from kevload.exitcode import ExitCode
+from kevload.graded import probe_grade
 from kevload.prefixcache import base_probe
 from kevload.rundir import RunDir, read_summary
-from kevload.summary import CellSummary, RunSummary, position_label
+from kevload.stats import mcnemar_exact
+from kevload.summary import CellSummary, RunSummary, level_label, level_order, position_label
 
 LATENCY_METRICS = ("e2e", "ttft")
 # What changed in a cell against the baseline.
 ChangeKind = Literal["new_drift", "new_latent_drift", "unseen_output", "latency", "missing_cell", "new_cell",
-                     "input_changed", "fixed"]
+                     "input_changed", "fixed", "accuracy_lost", "accuracy_gained"]
 FailOn = Literal["drift", "latent"]
 
 
@@ -43,7 +51,8 @@ class Change:
     @property
     def label(self) -> str:
         """How the line starts: REGRESSION, improved (``fixed``) or note (a new or changed cell that held)."""
-        return "REGRESSION" if self.regression else "improved" if self.kind == "fixed" else "note"
+        return "REGRESSION" if self.regression else "improved" if self.kind in ("fixed", "accuracy_gained") \
+            else "note"
 
 
 def load_baseline(path: Path) -> RunSummary:
@@ -136,6 +145,36 @@ def compare_to_baseline(current: RunSummary, baseline: RunSummary, *, max_latenc
     for key, before in old.items():
         if key not in current_keys:
             changes.append(Change("missing_cell", before.name, "in the baseline but not in this run"))
+    return changes + accuracy_changes(current, baseline)
+
+
+def accuracy_changes(current: RunSummary, baseline: RunSummary) -> list[Change]:
+    """Per mode and level, the graded probes of both runs paired by probe (those asking the same in both): a probe
+    good in the baseline and bad now makes ``accuracy_lost``, a regression; only bad→good makes ``accuracy_gained``.
+    Nothing where no probe changed grade (a run without graded probes included)."""
+    then: dict[tuple, bool] = {}
+    for c in baseline.probe_cells():
+        if (grade := probe_grade(c)) is not None:
+            then[_key(c)] = grade
+    pairs: dict[tuple[str, int, float | None], list[tuple[bool, bool]]] = {}
+    for c in current.probe_cells():
+        now = probe_grade(c)
+        if now is None or _key(c) not in then or _input_change(current, baseline, c.probe):
+            continue
+        pairs.setdefault((c.mode, c.concurrency, c.rate), []).append((then[_key(c)], now))
+    changes = []
+    for (mode, concurrency, rate), graded in sorted(pairs.items(), key=lambda kv: (kv[0][0], level_order(*kv[0][1:]))):
+        lost = sum(1 for was, now in graded if was and not now)
+        gained = sum(1 for was, now in graded if now and not was)
+        if not lost and not gained:
+            continue
+        n = len(graded)
+        before, after = sum(was for was, _ in graded), sum(now for _, now in graded)
+        detail = (f"accuracy {before / n:.1%} → {after / n:.1%} over {n} probes graded in both ({before} → {after} "
+                  f"good): {lost} good→bad, {gained} bad→good against the baseline, McNemar p "
+                  f"{mcnemar_exact(lost, gained):.3g}")
+        changes.append(Change("accuracy_lost" if lost else "accuracy_gained",
+                              f"{mode}/{level_label(concurrency, rate)}", detail, regression=bool(lost)))
     return changes
 
 

@@ -20,6 +20,7 @@ import msgspec
 import orjson
 
 from kevload.errors import ScenarioError
+from kevload.grading import BadGrading, Grading, checked
 from kevload.models import Probe, iter_jsonl
 from kevload.rundir import RunDir
 from kevload.runs import recorded_scenario, run_scenario
@@ -133,6 +134,7 @@ def cases_from_run(run: RunDir, *, target_name: str | None = None) -> tuple[list
             "params": case_params,
             "outputs": _counted(texts),
             "expected": None,
+            **_case_grading(meta.get("grading", {}).get(c.probe)),
             "verdict": "unstable" if c.drift else "stable",
             "note": _note(c, [x for x in cells if x.probe == c.probe and x.mode == c.mode]),
             "target": target,
@@ -243,7 +245,7 @@ class _Case(msgspec.Struct, frozen=True):
     params: _CaseParams
     verdict: Literal["stable", "unstable"]
     outputs: list[str | _Output] | None = None
-    expected: str | None = None
+    expected: Any = None  # what its grader reads (case_grading checks it against the grade)
     target: _CaseTarget | None = None
     load: _CaseLoad | None = None
 
@@ -265,8 +267,28 @@ def read_cases(path: Path) -> list[dict[str, Any]]:
             raise ScenarioError(f"{path}:{number}: case {case['id']!r}: the id of line {lines[case['id']]} too; "
                                 "give each case an id of its own")
         lines[case["id"]] = number
+        try:
+            case_grading(case, path.parent)
+        except BadGrading as bad:
+            raise ScenarioError(f"{path}:{number}: case {case['id']}: {bad.key}: expected {bad.expected}, got "
+                                f"{str(bad.got)[:80]!r}") from None
         cases.append(case)
     return cases
+
+
+def case_grading(case: dict[str, Any], base: Path) -> Grading | None:
+    """A case's grader: its ``expected`` with its ``grade`` (picked from the kind of ``expected`` when not given, so a
+    plain string is ``exact`` after trimming whitespace) and ``grade_tolerance``, checked as a probe's keys are
+    (``grading.checked``; ``base``: where a schema file or a python grader is found); None without either key."""
+    return checked(case.get("expected"), case.get("grade"), case.get("grade_tolerance"), base)
+
+
+def _case_grading(doc: dict[str, Any] | None) -> dict[str, Any]:
+    """A built case's grading keys from the run's probe grader (run.json ``grading``); none for an ungraded probe."""
+    if doc is None:
+        return {}
+    return {"expected": doc["expected"], "grade": doc["grade"],
+            **({"grade_tolerance": doc["tolerance"]} if doc.get("tolerance") else {})}
 
 
 def recorded_texts(case: dict[str, Any]) -> set[str]:
@@ -301,12 +323,14 @@ def rerun_load(case: dict[str, Any], times: int) -> tuple[dict[str, Any], dict[s
 
 async def rerun_cases(cases: list[dict[str, Any]], *, url: str, model: str, times: int, api: str = "chat",
                       timeout: float = 60.0, out: Path | None = None, stop=None,
-                      log=print) -> list[dict[str, Any]]:
+                      log=print, base: Path | None = None) -> list[dict[str, Any]]:
     """Rerun each case ``times`` times under its recorded load; returns the cases with the results.
 
     Each rerun writes ``OUT/cases-rerun-<run id>/<case id as a file name>/`` (OUT defaults to ``results``): a fresh
     directory, so a second rerun into the same OUT never mixes its records with the first one's.
-    A case the stop event interrupted is left out: its answers are incomplete evidence.
+    A case the stop event interrupted is left out: its answers are incomplete evidence. A case with ``expected`` or
+    ``grade`` is graded by its grader (``case_grading``; ``base``, the case file's directory, finds a schema file or
+    a python grader): ``matches_expected`` when every answer at its level is graded good.
     """
     out = (out or Path("results")) / f"cases-rerun-{new_run_id()}"
     # A case id is its probe's id, which may hold any character (a /, .., a NUL): each rerun's directory is named
@@ -319,7 +343,10 @@ async def rerun_cases(cases: list[dict[str, Any]], *, url: str, model: str, time
         params, load = rerun_load(case, times)
         max_tokens = params.pop("max_tokens", 64)
         source = f"case {case['id']}"
-        probe = Probe(id="case", max_tokens=max_tokens,
+        grading = case_grading(case, base or Path.cwd())
+        graded = {} if grading is None else {"expected": grading.expected, "grade": grading.grade,
+                                             "grade_tolerance": grading.tolerance}
+        probe = Probe(id="case", max_tokens=max_tokens, **graded,
                       **{"prompt" if isinstance(case["input"], str) else "messages": case["input"]})
         # The case file's [load] table is read by Load's own field rules, like a scenario file's.
         scenario = build_scenario(Target(base_url=url, model=model, api=api, timeout=timeout), [probe],
@@ -347,8 +374,13 @@ async def rerun_cases(cases: list[dict[str, Any]], *, url: str, model: str, time
                  else "unstable" if cell.drift or len(texts) > 1 else "stable",
                  "matches_recorded": set(texts) <= recorded if texts and recorded else None,
                  "rerun_dir": str(run_dir)}
-        if case.get("expected") is not None:
-            after["matches_expected"] = set(texts) == {case["expected"]}
+        if grading is not None:
+            # The grader's verdict on every answer at the case's level (kevload.graded), not string equality.
+            after["graded_after"] = {"grade": grading.grade, "good": cell.graded_good or 0, "bad": cell.graded_bad or 0,
+                                     "failed": cell.grade_failed or 0}
+            after["matches_expected"] = bool(cell.graded_good) and not cell.graded_bad and not cell.grade_failed
+            if result.summary.grade_errors:
+                after["grade_errors"] = list(result.summary.grade_errors)
         after["transition"] = transition(after)
         results.append(after)
     return results

@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from kevload import __version__, aio, exitcode
 from kevload.errors import InputError, KevloadError
 from kevload.exitcode import ExitCode
+from kevload.grading import BadGrading, Grading, checked
 from kevload.models import MAX_TOKENS, read_messages
 from kevload.report import FORMATS, render, slo_line, verdict_line, visible
 from kevload.rundir import RunDir
@@ -471,10 +472,16 @@ def demo(targets: str, samples: int) -> None:
               "drift is seen or the 95% bound on its drift rate is this low (5% or 0.05), at most --max-samples.")
 @click.option("--max-samples", type=click.IntRange(min=2, max=MAX_SAMPLES), default=1000, show_default=True,
               help="With --until-bound: the most probe samples per cell.")
+@click.option("--expected", "expected_text", metavar="ANSWER", help="What a good answer is: each step says how many "
+              "answers were good and bad beside its distinct count. Read as JSON where it is a number, list or "
+              "object (42, [\"a\",\"b\"]), else as text.")
+@click.option("--grade", help="How answers are graded (exact, contains, regex, one_of, number, choice, json, "
+              "json_schema, python:module:function); default: picked from --expected's kind.")
+@click.option("--grade-tolerance", type=float, help="With --grade number: how far the answer's number may be.")
 @_on_target_options
 def diagnose_command(url, model, prompt, messages_file, params_json, max_tokens, samples, max_concurrency, api,
                      timeout, api_key_env, online, train, json_out, out, run_all, until_bound, max_samples,
-                     builtin, target_sets) -> None:
+                     expected_text, grade, grade_tolerance, builtin, target_sets) -> None:
     """Walk the guide's steps against a server and say which layer the problem is in."""
     import dataclasses
 
@@ -499,7 +506,10 @@ def diagnose_command(url, model, prompt, messages_file, params_json, max_tokens,
     messages = None
     if messages_file is not None:
         messages = read_messages(messages_file, "--messages")
-    probe = Probe(id="probe", prompt=prompt, messages=messages, max_tokens=max_tokens)
+    graded = _cli_grading(expected_text, grade, grade_tolerance)
+    probe = Probe(id="probe", prompt=prompt, messages=messages, max_tokens=max_tokens,
+                  **({} if graded is None else {"expected": graded.expected, "grade": graded.grade,
+                                                "grade_tolerance": graded.tolerance}))
     # With --target the URL is the started server's; a placeholder meanwhile lets the options be checked first.
     options = DiagnoseOptions(url=url or "http://127.0.0.1:1/v1", model=model or "", probe=probe, params=params,
                               api=api, samples=samples,
@@ -523,6 +533,27 @@ def diagnose_command(url, model, prompt, messages_file, params_json, max_tokens,
     if exited is not None:
         raise exited
     sys.exit(exitcode.for_diagnosis(target_failed=result.target_failed, verdict=result.verdict))
+
+
+def _cli_grading(expected_text: str | None, grade: str | None, tolerance: float | None) -> Grading | None:
+    """--expected/--grade/--grade-tolerance checked as a probe's keys are (``grading.checked``, a schema file or a
+    python grader found from the working directory); None when neither is given. A bad one is exit 2 naming it."""
+    import orjson
+
+    expected = expected_text
+    if expected_text is not None:
+        try:
+            parsed = orjson.loads(expected_text)
+        except orjson.JSONDecodeError:
+            parsed = None
+        # A number, list or object is meant as one (42 picks the number grader); anything else is the text itself.
+        if isinstance(parsed, int | float | list | dict | str) and not isinstance(parsed, bool):
+            expected = parsed
+    try:
+        return checked(expected, grade, tolerance, Path.cwd())
+    except BadGrading as bad:
+        raise InputError(f"--{bad.key.replace('_', '-')}: expected {bad.expected}, got {str(bad.got)[:80]!r}") \
+            from None
 
 
 @main.command("coverage")
@@ -606,7 +637,7 @@ def cases_rerun(cases_file: Path, url: str | None, model: str | None, times: int
 
     def work(started_url: str | None, started_model: str | None, stop):
         return rerun_cases(items, url=started_url or url, model=started_model or model, times=times, api=api,
-                           out=out, stop=stop, log=lambda m: stderr.print(m))
+                           out=out, stop=stop, log=lambda m: stderr.print(m), base=cases_file.parent)
 
     results, signum, exited = _on_target(builtin, settings, work)
     if results is None:
@@ -624,7 +655,12 @@ def cases_rerun(cases_file: Path, url: str | None, model: str | None, times: int
     mismatched = [r["id"] for r in results if r.get("matches_expected") is False]
     for r in results:
         if "matches_expected" in r:
-            click.echo(f"{r['id']}: {'matches' if r['matches_expected'] else 'does not match'} expected")
+            graded = r["graded_after"]
+            failed = f", {graded['failed']} not graded" if graded["failed"] else ""
+            click.echo(f"{r['id']}: {'matches' if r['matches_expected'] else 'does not match'} expected "
+                       f"({graded['good']} good, {graded['bad']} bad{failed} by grade {graded['grade']})")
+        for error in r.get("grade_errors", ()):
+            click.echo(f"{r['id']}: grader failed: {error}")
     if accept and moves["changed"]:
         updated = accept_changes(cases_file, results)
         click.echo(f"{cases_file}: accepted the new answers of {len(updated)} changed case(s); "

@@ -12,20 +12,25 @@ from rich.columns import Columns
 from rich.console import Console
 from rich.table import Table
 
-from kevload import exitcode
+from kevload import exitcode, gradedview
 from kevload.aio import until_stopped
 from kevload.diagnose import DiagnoseOptions, diagnose
 from kevload.models import Probe
 from kevload.report import cell_text
 from kevload.runs import run_scenario
-from kevload.scenario import load_scenario
+from kevload.scenario import Scenario, build_scenario, load_scenario
 from kevload.stats import drift_upper_bound
 from kevload.store import default_run_dir
-from kevload.summary import RunSummary, position_label
+from kevload.summary import RunSummary, label_of, position_label
 from kevload.sweep import Grid, answered_per_s, row_cells, setting_row, sweep_markdown, write_sweep
 from kevload.targets import RunningTarget, TargetSettings, serving
 
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "demo.toml"
+# Good or bad: a share of the shipped graded set at c=1 and c=4, graded per level against serial. Two samples a cell
+# keep it to about two minutes a target on two cores; the unit of the per-level test is the probe, not the sample.
+GRADED_SCENARIO = SCENARIO.with_name("graded.toml")
+GRADED_LEVELS = (1, 4)
+GRADED_SAMPLES = 2
 LABELS = {"llamacpp": "llama.cpp", "transformers": "transformers", "vllm": "vLLM"}
 # What each target runs with: four slots. vLLM in eager mode: torch.compile adds about 40 s to each of its
 # three starts (the column and two sweep settings), minutes on a loaded machine; the demo has 15 in all.
@@ -62,12 +67,15 @@ async def run_demo(names: list[str], *, samples: int, console: Console, stop: as
     """
     out = out or default_run_dir("demo")
     results: dict[str, list[tuple[str, RunSummary]]] = {}
+    graded: dict[str, RunSummary] = {}
     sweeps: dict[str, dict[str, Any]] = {}
     for name in names:
         if stop.is_set():
             break
         console.print(f"[bold]{LABELS[name]}[/bold]: starting (the first start builds or installs it) …")
-        results[name] = await _run_target(name, samples, out, console, stop)
+        results[name], graded_run = await _run_target(name, samples, out, console, stop)
+        if graded_run is not None:
+            graded[name] = graded_run
         step2 = next((s for step, s in results[name] if step == STEPS[1].name), None)
         if name in SWEEP_SLOTS and step2 is not None and not stop.is_set():
             sweeps[name] = await _sweep(name, step2, samples, out, console, stop)
@@ -77,6 +85,9 @@ async def run_demo(names: list[str], *, samples: int, console: Console, stop: as
     for name, steps in shown.items():
         console.print(headline(LABELS[name], steps))
         console.print(logprob_line(LABELS[name], steps))
+    for name, summary in graded.items():
+        for line in graded_lines(LABELS[name], summary):
+            console.print(line, markup=False, highlight=False)
     for name, sweep in sweeps.items():
         console.print(f"\n[bold]{LABELS[name]}: step 2 at each max_num_seqs (the max batch size)[/bold]")
         console.print(sweep_markdown(sweep), markup=False, highlight=False, soft_wrap=True)
@@ -87,6 +98,7 @@ async def run_demo(names: list[str], *, samples: int, console: Console, stop: as
     console.print(f"runs: {out}/ (re-read any with `kevload report DIR`)")
     failed = any(s.verdict == "target_failed" for steps in results.values() for _, s in steps)
     failed |= any(row["verdict"] == "target_failed" for sweep in sweeps.values() for row in sweep["rows"])
+    failed |= any(s.verdict == "target_failed" for s in graded.values())
     return exitcode.for_demo(target_failed=failed)
 
 
@@ -146,6 +158,42 @@ def logprob_line(label: str, steps: list[tuple[str, dict[str, Any]]]) -> str:
             + (f", largest |difference| {diff:.3g}" if diff is not None else "") + f"; {n} samples compared{gaps}")
 
 
+def graded_lines(label: str, summary: RunSummary) -> list[str]:
+    """The graded step: one line per level (accuracy [CI], good→bad and bad→good against serial, McNemar p), then
+    the items load turned bad, by name."""
+    if summary.verdict == "target_failed":
+        return [f"{label} graded: target failed ({', '.join(f'{k}: {v}' for k, v in summary.errors_by_type.items())})"]
+    if not summary.accuracy:
+        return [f"{label} graded: no answer graded"]
+    lines = [f"{label} graded {entry['n']} items, {gradedview.level_text(entry)}" for entry in summary.accuracy]
+    if summary.bad_cells:
+        lines.append(f"{label} graded: answers load turned bad: {', '.join(label_of(n) for n in summary.bad_cells)}")
+    return lines
+
+
+def graded_probes(probes: tuple[Probe, ...]) -> tuple[Probe, ...]:
+    """The demo's share of the graded set (ids ``kind-lang-i``): items 0 and 1 of every kind in both languages, and
+    item 2 of the sums and the counts — 24 probes."""
+    def kept(probe: Probe) -> bool:
+        kind, _, index = probe.id.split("-")
+        return int(index) < 2 or (int(index) == 2 and kind in ("sum", "count"))
+
+    return tuple(p for p in probes if kept(p))
+
+
+def graded_scenario(url: str, model: str) -> Scenario:
+    """scenarios/graded.toml against the started target, on the demo's share of its items, levels and samples."""
+    whole = load_scenario(GRADED_SCENARIO)
+    return build_scenario(replace(whole.target, base_url=url, model=model), graded_probes(whole.probes),
+                          load=replace(whole.load, concurrency=GRADED_LEVELS, samples=GRADED_SAMPLES),
+                          params=whole.params, name="graded (demo)", source="demo")
+
+
+async def run_graded(url: str, model: str, run_dir: Path, console: Console, stop: asyncio.Event) -> RunSummary:
+    console.print(f"  running {run_dir.name} (graded set, c={','.join(map(str, GRADED_LEVELS))}) …", style="dim")
+    return (await run_scenario(graded_scenario(url, model), run_dir, stop=stop)).summary
+
+
 def sweep_lines(sweep: dict[str, Any]) -> list[str]:
     """Per setting, what its outputs do against serial and what the highest level costs: the trade-off at a glance."""
     lines = []
@@ -179,27 +227,32 @@ def sweep_lines(sweep: dict[str, Any]) -> list[str]:
 
 
 async def _run_target(name: str, samples: int, out: Path, console: Console,
-                      stop: asyncio.Event) -> list[tuple[str, RunSummary]]:
+                      stop: asyncio.Event) -> tuple[list[tuple[str, RunSummary]], RunSummary | None]:
+    """The steps' runs, and the graded run (None where it did not run)."""
     log = _log(console)
     done: list[tuple[str, RunSummary]] = []
+    graded = None
     async with serving(name, SETTINGS[name], log=log, stop=stop) as target:
         if target is None:
-            return done
+            return done, graded
         for i, step in enumerate(STEPS):
             if stop.is_set():
-                return done
+                return done, graded
             _keep(done, step.name, await _run_step(target, step.settings, samples, out / f"{name}-step{i + 1}",
                                                    console, stop))
+        if stop.is_set():
+            return done, graded
+        graded = await run_graded(target.url, target.model, out / f"{name}-graded", console, stop)
         if name in SWEEP_SLOTS:
             # Its sweep below is the guide's next step (a smaller max batch size); diagnose would cost
             # minutes more (several on a loaded machine) than the demo's 15 allow.
             console.print(f"  {LABELS[name]}: diagnose left out here (its sweep follows); "
                           f"`kevload diagnose --target {name} --prompt …` runs it", style="dim")
             await _say_if_failed(target, console)
-            return done
+            return done, graded
         await _diagnose(target, out, console, stop)
     if stop.is_set():
-        return done
+        return done, graded
     verdicts = {step_name: s.verdict for step_name, s in done}
     drifted = [step for step in STEPS if step.fixed and verdicts.get(step.name, "deterministic") != "deterministic"]
     if drifted:
@@ -209,12 +262,12 @@ async def _run_target(name: str, samples: int, out: Path, console: Console,
         console.print(f"  {LABELS[name]} drifted; rerunning '{step.name}' (c=1 and c=4) with batching off …")
         async with serving(name, replace(SETTINGS[name], batching=False), log=log, stop=stop) as target:
             if target is None:
-                return done
+                return done, graded
             _keep(done, f"{step.name[0]} … batching off",
                   await _run_step(target, {**step.settings, "load.concurrency": [1, 4]}, samples,
                                   out / f"{name}-nobatch", console, stop))
             await _say_if_failed(target, console)
-    return done
+    return done, graded
 
 
 async def _diagnose(target: RunningTarget, out: Path, console: Console, stop: asyncio.Event) -> None:

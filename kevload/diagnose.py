@@ -100,6 +100,11 @@ class StepResult:
     cache_method: str | None = None
     # … and what its run said of the cache (summary.json prefix_cache cache_effect, over its probes): the finding.
     cache_effect: bool | None = None
+    # With --expected/--grade (kevload.graded): the step's answers graded good and bad over its probe cells, and
+    # those graded bad where every serial answer was good.
+    graded_good: int | None = None
+    graded_bad: int | None = None
+    flips_good_to_bad: int | None = None
 
     @property
     def drift(self) -> bool:
@@ -122,7 +127,8 @@ class StepResult:
                   "latent_cells": self.latent_cells or None, "latent_from": self.latent_from,
                   "logprob_gaps": self.logprob_gaps or None,
                   "serialized_cells": self.serialized_cells or None, "cache_method": self.cache_method,
-                  "cache_effect": self.cache_effect}
+                  "cache_effect": self.cache_effect, "graded_good": self.graded_good,
+                  "graded_bad": self.graded_bad, "flips_good_to_bad": self.flips_good_to_bad}
         doc.update({k: list(v) if isinstance(v, tuple) else v for k, v in extras.items() if v is not None})
         return doc
 
@@ -519,6 +525,11 @@ class _Diagnoser:
             logprob_gaps=tuple(logprob_gap_text(c, c.name) for c in probe_cells if c.logprob_gap),
             serialized_cells=tuple(c.name for c in probe_cells
                                    if c.server_note and c.server_running_max is not None and c.server_running_max <= 1))
+        graded = [c for c in probe_cells if c.graded_good is not None]
+        if graded:
+            step = replace(step, graded_good=sum(c.graded_good for c in graded),
+                           graded_bad=sum(c.graded_bad or 0 for c in graded),
+                           flips_good_to_bad=sum(c.flips_good_to_bad or 0 for c in graded))
         if key == "baseline":
             differing, after_first = differing_calls(_ok_probe_hashes(run_dir))
             step = replace(step, differing_calls=differing, distinct_after_first=after_first)

@@ -6,6 +6,9 @@ per level; the per-probe detail stays in summary.json and the HTML report."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from rich.table import Table
 
 from kevload.graded import level_name
@@ -52,6 +55,18 @@ def accuracy_rows(summary: RunSummary) -> list[list[str]]:
     return rows
 
 
+def level_text(entry: Mapping[str, Any]) -> str:
+    """One level of ``accuracy`` in a line (JUnit, the demo): accuracy with its interval, then against serial."""
+    low, high = entry["ci95"]
+    accuracy = "-" if entry["accuracy"] is None else f"{entry['accuracy']:.1%} [{low:.1%}, {high:.1%}]"
+    text = f"{level_name(entry)}: accuracy {accuracy} ({entry['good']} of {entry['n']} probes good)"
+    if entry["mcnemar_p"] is None:
+        return text + "; the serial level, the reference"
+    return (text + f"; against serial over {entry['paired']} paired probes: {entry['good_to_bad']} good→bad, "
+            f"{entry['bad_to_good']} bad→good, McNemar p {entry['mcnemar_p']:.3g}"
+            + (" (fell significantly)" if entry["fell"] else ""))
+
+
 def accuracy_table(summary: RunSummary) -> Table:
     grid = Table(title="graded answers per level (probes: good when every answer there is good; paired with serial)",
                  title_justify="left")
@@ -91,6 +106,29 @@ def cell_line(cell: CellSummary) -> str | None:
     if cell.drift:
         return f"{cell.label}: drift, answers as {cell.serial_grade or 'ungraded'} as serial ({counts})"
     return None
+
+
+def cell_figures(cell: CellSummary) -> str | None:
+    """A graded cell's figures in one line (JUnit, HTML): its good and bad answers with the good share and its
+    interval, and against serial the flips (or why none are counted), with one flipped answer beside the serial one;
+    None for an ungraded cell."""
+    if cell.graded_good is None:
+        return None
+    text = f"graded {cell.graded_good} good, {cell.graded_bad} bad" + (
+        f", {cell.grade_failed} not graded (grader failed)" if cell.grade_failed else "")
+    if cell.good_share is not None and cell.good_share_ci95:
+        low, high = cell.good_share_ci95
+        text += f", good share {cell.good_share:.1%} [{low:.1%}, {high:.1%}]"
+    if cell.level == cell.reference_level:
+        return text + f"; the serial reference (answers {cell.serial_grade or 'not graded'})"
+    if cell.flips_good_to_bad is None:
+        why = "mixed good and bad" if cell.serial_grade == "mixed" else "not graded"
+        return text + f"; serial answers {why}, so no flip is counted"
+    text += f"; against serial (all {cell.serial_grade}): {cell.flips_good_to_bad} good→bad, " \
+            f"{cell.flips_bad_to_good} bad→good"
+    if cell.flip_answer is not None:
+        text += f"; e.g. {_quote(cell.flip_answer)} where serial answered {_quote(cell.flip_serial_answer)}"
+    return text
 
 
 def _quote(text: str | None) -> str:

@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from kevload import gradedview
 from kevload.cancel import CANCELLED
 from kevload.report import (
     AGREEMENT_COLUMNS,
@@ -62,7 +63,7 @@ def run_report(summary: RunSummary, meta: dict[str, Any], records: Iterable[Reco
         f" · {_e(meta.get('started_at'))} – {_e(meta.get('ended_at'))} · state {_e(meta.get('state'))}</p>",
         f"<p class=verdict>{_e(verdict_line(summary))}</p>",
         "<h2>Distinct outputs per probe × level</h2>", _heatmap(rows, levels_of(cells)), _notes(summary),
-        "<h2>Agreement with the serial output</h2>", _agreement(summary),
+        "<h2>Agreement with the serial output</h2>", _agreement(summary), *_graded(summary),
         "<h2>Latency by level</h2>", _latency(cells), *_server_view(summary), *_cold_warm(summary),
         f"<p>{_e(slo_line(summary))}</p>" if summary.slo else "",
         "<h2>Where outputs first diverge</h2>", _divergence(cells),
@@ -151,6 +152,44 @@ def _agreement(summary: RunSummary) -> str:
                "sample's logprobs compared and bitwise equal to serial (=), or from which token and by how much "
                "they differ, or no claim where some ok samples came without logprobs. Positions count from 0.</p>")
     return "".join(out)
+
+
+def _graded(summary: RunSummary) -> list[str]:
+    """Graded probes (kevload.graded): accuracy per level against serial, then every graded cell with its flips and
+    one flipped answer beside the serial one (the per-probe detail a dataset's terminal table leaves out)."""
+    if not gradedview.graded(summary):
+        return []
+    levels = ["<table id=accuracy><tr>" + "".join(f"<th>{_e(n)}</th>" for n in gradedview.ACCURACY_COLUMNS)
+              + "</tr>"]
+    levels += ["<tr>" + "".join(f"<td>{_e(v)}</td>" for v in row) + "</tr>"
+               for row in gradedview.accuracy_rows(summary)]
+    columns = ("probe / level", "good", "bad", "good share [95% CI]", "serial answers", "good→bad", "bad→good",
+               "flipped answer", "serial answer")
+    cells = ["<table id=graded><tr>" + "".join(f"<th>{_e(n)}</th>" for n in columns) + "</tr>"]
+    for c in sorted(summary.probe_cells(), key=lambda c: (c.probe, c.mode, c.level_order)):
+        if c.graded_good is None:
+            continue
+        share = "–" if c.good_share is None else \
+            f"{c.good_share:.1%} [{c.good_share_ci95[0]:.1%}, {c.good_share_ci95[1]:.1%}]"
+        reference = c.level == c.reference_level
+        failed = f" ({c.grade_failed} not graded: grader failed)" if c.grade_failed else ""
+        values = (c.label, c.graded_good, f"{c.graded_bad}{failed}", share,
+                  "reference" if reference else c.serial_grade or "not graded",
+                  "" if reference else _count(c.flips_good_to_bad), "" if reference else _count(c.flips_bad_to_good))
+        cells.append("<tr>" + "".join(f"<td>{_e(v)}</td>" for v in values)
+                     + f"<td><pre>{_e(c.flip_answer or '')}</pre></td><td><pre>{_e(c.flip_serial_answer or '')}"
+                     "</pre></td></tr>")
+    notes = gradedview.lines(summary)
+    return ["<h2>Good or bad: graded answers</h2>", "".join(levels) + "</table>",
+            "<p>a probe is good at a level when every answer it got there is graded good; good→bad and bad→good "
+            "count probes against their own serial level, with the exact McNemar test over those pairs.</p>",
+            "".join(cells) + "</table><p>good→bad: answers graded bad where every serial answer was good (bad→good "
+            "the reverse); none counted where the serial answers are mixed.</p>",
+            "<ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>" if notes else ""]
+
+
+def _count(value: int | None) -> str:
+    return "not counted" if value is None else str(value)
 
 
 def _notes(summary: RunSummary) -> str:

@@ -620,7 +620,10 @@ def diagnosis_text(diagnosis: dict[str, Any]) -> str:
         one_other = step["distinct"] == 1 and step["drift_cells"]
         distinct = "1, all ≠ serial" if one_other else f"{step['distinct']} distinct"
         gaps = "".join(f"; {gap}" for gap in step.get("logprob_gaps", ()))
-        lines.append(f"  {step['title']}: {distinct}, n={step['ok']}{bound}{errors}{drift}{gaps}")
+        graded = "" if step.get("graded_good") is None else (
+            f", graded {step['graded_good']} good, {step['graded_bad']} bad"
+            + (f" ({step['flips_good_to_bad']} good→bad against serial)" if step.get("flips_good_to_bad") else ""))
+        lines.append(f"  {step['title']}: {distinct}{graded}, n={step['ok']}{bound}{errors}{drift}{gaps}")
     findings = ", ".join(f"{k}={_tri(v)}" for k, v in diagnosis["findings"].items())
     dropped = diagnosis.get("dropped_fields") or []
     lines.append(f"  findings: {findings}")
@@ -681,62 +684,49 @@ def _num(value: Any) -> str:
 
 def junit_xml(summary: RunSummary, suite: str = "kevload", fail_on: str = "drift") -> str:
     """JUnit XML, one testcase per probe × level; drift, no ok sample, a short cell or one under
-    ``load.min_slo_attainment`` is a failure, and with ``fail_on="latent"`` latent drift too, and a cell
-    whose logprobs cover only some of its samples (otherwise both are said in the case's output)."""
+    ``load.min_slo_attainment`` or ``load.min_good_share`` is a failure, and with ``fail_on="latent"`` latent drift
+    too, and a cell whose logprobs cover only some of its samples (otherwise both are said in the case's output).
+    With ``fail_on="bad"`` drift fails only where load turned an answer bad (``flips_good_to_bad``), as the exit code
+    does. A graded run adds one testcase per level for its accuracy, failing where it fell significantly."""
     from xml.etree import ElementTree as ET
 
     cells = summary.probe_cells()
-    slo_failed = set(summary.slo_failed_cells)
-    latent_fails = fail_on == "latent"
-    failures = sum(1 for c in cells if c.drift or c.ok == 0 or c.short or c.name in slo_failed
-                   or (latent_fails and (c.latent_drift or c.logprob_gap))) + len(summary.missing_cells or ())
+    verdicts = [(c, _junit_failure(c, summary, fail_on)) for c in cells]
+    levels = summary.accuracy or ()
+    failures = sum(1 for _, failure in verdicts if failure) + len(summary.missing_cells or ()) + sum(
+        1 for entry in levels if entry["fell"])
     seconds = sum(c.duration_s or 0 for c in cells)
-    tests = len(cells) + len(summary.missing_cells or ())
+    tests = len(cells) + len(summary.missing_cells or ()) + len(levels)
     root = ET.Element("testsuites", name=suite, tests=str(tests), failures=str(failures), errors="0",
                       time=f"{seconds:.3f}")
     group = ET.SubElement(root, "testsuite", name=summary.scenario or suite, tests=str(tests),
                           failures=str(failures), errors="0", skipped="0", time=f"{seconds:.3f}")
-    for c in cells:
+    for c, failure in verdicts:
         case = ET.SubElement(group, "testcase", classname=f"{suite}.{c.probe}.{c.mode}",
                              name=c.level, time=f"{c.duration_s or 0:.3f}")
-        short = f"; short: {short_text(c)}" if c.short else ""
-        # One failure per testcase: the SLO is named inside a determinism failure, or is the failure itself.
-        slo = (f"; under the SLO's minimum attainment {summary.min_slo_attainment:.1%}: "
-               f"{c.slo_attainment:.1%}, {slo_cell_text(c)}" if c.name in slo_failed else "")
-        if c.ok == 0:
-            ET.SubElement(case, "failure", message="no ok sample", type="target_failed").text = (
-                f"errors: {counts_text(c.errors)}{slo}")
-        elif c.drift:
-            kinds = kinds_text(c)
-            text = (f"{cell_phrase(c, ' samples')}; first divergence at "
-                    f"{position_label(char=c.first_divergence_chars, token=c.first_divergence_tokens)}; "
-                    f"{c.divergent_requests} requests differ from the serial output"
-                    + (f" (kinds: {kinds})" if kinds else "") + short + slo)
-            ET.SubElement(case, "failure", message=cell_phrase(c), type="nondeterminism").text = text
-        elif c.short:
-            ET.SubElement(case, "failure", message=f"short of samples: {c.ok} of {c.asked} ok",
-                          type="inconclusive").text = (
-                f"1 output in {c.ok} samples, fewer than the {c.asked} asked: {short_text(c)}{slo}")
-        elif c.latent_drift and latent_fails:
-            ET.SubElement(case, "failure", message=f"latent drift: {latent_text(c)}", type="latent_drift").text = (
-                f"1 output in {c.ok} samples, the serial text, but its per-token logprobs differ from the "
-                f"serial ones from {position_label(token=c.first_logprob_divergence_token)}: "
-                f"{logprob_text(c)}{slo}")
-        elif c.logprob_gap and latent_fails:
-            gap = logprob_gap_text(c, c.level)
-            ET.SubElement(case, "failure", message=gap, type="logprobs_missing").text = (
-                f"1 output in {c.ok} samples; latent drift can be neither shown nor ruled out: {gap}{slo}")
-        elif slo:
-            ET.SubElement(case, "failure", type="slo", message=(
-                f"SLO attainment {c.slo_attainment:.1%} under {summary.min_slo_attainment:.1%}")).text = (
-                f"SLO {slo_bounds_text(summary.slo)}: {slo_cell_text(c)}; 1 output in {c.ok} samples")
+        if failure is not None:
+            kind, message, text = failure
+            ET.SubElement(case, "failure", message=message, type=kind).text = text
+            continue
+        within = (f"; SLO attainment {c.slo_attainment:.1%} ({slo_cell_text(c)})"
+                  if c.slo_attainment is not None else "")
+        latent = f"; latent drift: {latent_text(c)}" if c.latent_drift else ""
+        graded = gradedview.cell_figures(c)
+        if c.drift:  # drift whose answers load did not make worse, under fail_on bad
+            head = f"{cell_phrase(c, ' samples')}, no answer turned bad by load"
         else:
-            within = (f"; SLO attainment {c.slo_attainment:.1%} ({slo_cell_text(c)})"
-                      if c.slo_attainment is not None else "")
-            latent = f"; latent drift: {latent_text(c)}" if c.latent_drift else ""
-            ET.SubElement(case, "system-out").text = (
-                f"1 output in {c.ok} samples; drift rate < {c.drift_rate_upper_95:.2%} at 95% confidence; "
-                f"logprobs vs serial: {logprob_text(c)}{latent}{within}")
+            head = (f"1 output in {c.ok} samples; drift rate < {c.drift_rate_upper_95:.2%} at 95% confidence; "
+                    f"logprobs vs serial: {logprob_text(c)}")
+        ET.SubElement(case, "system-out").text = head + latent + within + (f"; {graded}" if graded else "")
+    for entry in levels:
+        case = ET.SubElement(group, "testcase", classname=f"{suite}.accuracy.{entry['mode']}",
+                             name=gradedview.level_name(entry).partition("/")[2], time="0.000")
+        text = gradedview.level_text(entry)
+        if entry["fell"]:
+            ET.SubElement(case, "failure", type="accuracy_fell", message=(
+                f"accuracy fell against serial (McNemar p {entry['mcnemar_p']:.3g})")).text = text
+        else:
+            ET.SubElement(case, "system-out").text = text
     for name, text in zip(summary.missing_cells or (), missing_texts(summary), strict=True):
         probe, mode, level = name_parts(name)
         case = ET.SubElement(group, "testcase", classname=f"{suite}.{probe}.{mode}", name=level, time="0.000")
@@ -747,3 +737,49 @@ def junit_xml(summary: RunSummary, suite: str = "kevload", fail_on: str = "drift
         if element.text:
             element.text = xml_text(element.text)
     return ET.tostring(root, encoding="unicode", xml_declaration=True)
+
+
+def _junit_failure(c: CellSummary, summary: RunSummary, fail_on: str) -> tuple[str, str, str] | None:
+    """A probe cell's JUnit failure (type, message, text), or None when it passes. One failure per testcase: a gate
+    (SLO, good share) is named inside another failure, or is the failure itself."""
+    graded = gradedview.cell_figures(c)
+    graded = f"; {graded}" if graded else ""
+    slo = (f"; under the SLO's minimum attainment {summary.min_slo_attainment:.1%}: {c.slo_attainment:.1%}, "
+           f"{slo_cell_text(c)}" if c.name in summary.slo_failed_cells else "")
+    share = (f"; under load.min_good_share {summary.min_good_share:.1%}: good share {c.good_share:.1%}"
+             if c.name in (summary.good_share_failed_cells or ()) else "")
+    outputs = "1 output" if c.distinct == 1 else f"{c.distinct} distinct outputs"
+    latent_fails = fail_on == "latent"
+    # Under fail_on bad, drift fails only where an answer good in every serial sample came back bad (exitcode).
+    drift_fails = c.drift and (fail_on != "bad" or bool(c.flips_good_to_bad))
+    if c.ok == 0:
+        return "target_failed", "no ok sample", f"errors: {counts_text(c.errors)}{slo}{share}"
+    if drift_fails:
+        kinds = kinds_text(c)
+        short = f"; short: {short_text(c)}" if c.short else ""
+        text = (f"{cell_phrase(c, ' samples')}; first divergence at "
+                f"{position_label(char=c.first_divergence_chars, token=c.first_divergence_tokens)}; "
+                f"{c.divergent_requests} requests differ from the serial output"
+                + (f" (kinds: {kinds})" if kinds else "") + short + graded + slo + share)
+        if fail_on == "bad":
+            return "bad_answers", f"{c.flips_good_to_bad} answers good→bad under load", text
+        return "nondeterminism", cell_phrase(c), text
+    if c.short:
+        return "inconclusive", f"short of samples: {c.ok} of {c.asked} ok", (
+            f"{outputs} in {c.ok} samples, fewer than the {c.asked} asked: {short_text(c)}{graded}{slo}{share}")
+    if c.latent_drift and latent_fails:
+        return "latent_drift", f"latent drift: {latent_text(c)}", (
+            f"1 output in {c.ok} samples, the serial text, but its per-token logprobs differ from the "
+            f"serial ones from {position_label(token=c.first_logprob_divergence_token)}: "
+            f"{logprob_text(c)}{slo}{share}")
+    if c.logprob_gap and latent_fails:
+        gap = logprob_gap_text(c, c.level)
+        return "logprobs_missing", gap, (
+            f"1 output in {c.ok} samples; latent drift can be neither shown nor ruled out: {gap}{slo}{share}")
+    if slo:
+        return "slo", f"SLO attainment {c.slo_attainment:.1%} under {summary.min_slo_attainment:.1%}", (
+            f"SLO {slo_bounds_text(summary.slo)}: {slo_cell_text(c)}; {outputs} in {c.ok} samples{graded}{share}")
+    if share:
+        return "good_share", f"good share {c.good_share:.1%} under {summary.min_good_share:.1%}", (
+            f"{outputs} in {c.ok} samples{graded}{share}")
+    return None

@@ -278,7 +278,7 @@ def test_a_run_whose_summary_lacks_a_key_every_summary_has_is_refused_naming_it(
     ({"verdict": "weird"}, "$.verdict"), ({"id": 5}, "$.id"), ({"input": None}, "$.input"),
     ({"outputs": {"a": 1}}, "$.outputs"), ({"outputs": [5]}, "$.outputs[0]"), ({"outputs": [{}]}, "$.outputs[0]"),
     ({"params": {"concurrency": "x"}}, "$.params.concurrency"), ({"load": {"concurrency": "x"}}, "$.load.concurrency"),
-    ({"expected": 5}, "$.expected"), ({"target": "x"}, "$.target")])
+    ({"target": "x"}, "$.target")])
 def test_a_case_of_the_wrong_types_exits_2_naming_its_line_and_key_before_anything_is_sent(tmp_path, server, change,
                                                                                          key):
     case = {"id": "x", "input": "hi", "params": {}, "verdict": "stable", "outputs": [{"text": "a", "count": 1}]}
@@ -322,3 +322,35 @@ def test_a_case_file_holding_one_id_twice_is_refused_naming_both_lines(tmp_path,
                            "--out", tmp_path / "reruns")
     assert code == 2, output  # before: the second rerun found the first one's directory (exit 2 after a case ran)
     assert f"{path}:2: case 'x': the id of line 1 too" in output and server.requests == []
+
+
+def test_cases_from_a_graded_run_are_graded_on_rerun_by_their_grader_not_by_string_equality(tmp_path, server):
+    server.behaviour.latency = 0.1
+    server.behaviour.answer_for = lambda prompt, overlap: "The sum is 5."
+    probes = [{"id": "sum", "prompt": "What is 2 + 3?", "expected": 5}]
+    scenario = write_scenario(tmp_path / "s.toml", server.url, probes=probes, concurrency=[1, 4], samples=4)
+    assert run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")[0] == 0
+    cases_path = tmp_path / "cases.jsonl"
+    assert run_cli("cases", "build", tmp_path / "run", "-o", cases_path)[0] == 0
+    cases = read(cases_path)
+    assert [(c["expected"], c["grade"]) for c in cases] == [(5.0, "number")] * 2  # the run's grader, carried
+    # Reworded serially (still right: another text, so no string equality would match it), wrong under load.
+    server.behaviour.answer_for = lambda prompt, overlap: "5" if overlap < 2 else "6"
+    code, output, rows = rerun(cases_path, server, tmp_path)
+    rows = {r["params"]["concurrency"]: r for r in rows.values()}
+    assert rows[1]["matches_expected"] is True and rows[1]["matches_recorded"] is False
+    assert rows[1]["graded_after"] == {"grade": "number", "good": 4, "bad": 0, "failed": 0}
+    assert rows[4]["matches_expected"] is False
+    assert rows[4]["graded_after"] == {"grade": "number", "good": 0, "bad": 4, "failed": 0}
+    assert f"{rows[4]['id']}: does not match expected (0 good, 4 bad by grade number)" in output
+    assert code == 1
+
+
+def test_a_case_whose_grader_does_not_fit_is_refused_naming_its_line_and_key(tmp_path):
+    cases_path = tmp_path / "cases.jsonl"
+    case = {"id": "c1", "input": "x", "params": {}, "outputs": [], "verdict": "stable"}
+    cases_path.write_text(json.dumps(case) + "\n" + json.dumps({**case, "id": "c2", "expected": "(",
+                                                                "grade": "regex"}) + "\n")
+    code, output = run_cli("cases", "rerun", cases_path, "--url", "http://127.0.0.1:9/v1", "--model", "m",
+                           "-o", tmp_path / "after.jsonl")
+    assert code == 2 and f"{cases_path}:2: case c2: expected: expected " in output and "Traceback" not in output

@@ -76,3 +76,50 @@ def test_a_sweep_line_never_speaks_for_a_setting_whose_server_died():
     assert sweep_lines(sweep) == [
         "max_num_seqs=2: failed: the server exited during the run (its log: x.log)",
         "max_num_seqs=4: the serial text at c=4; at c=4 1.00 req/s (4 samples per cell)"]  # answered ones only
+
+
+def test_the_graded_step_runs_a_share_of_every_kind_in_both_languages_at_c1_and_c4():
+    from kevload.demo import GRADED_LEVELS, graded_scenario
+
+    scenario = graded_scenario("http://127.0.0.1:9/v1", "m")
+    kinds = {tuple(p.id.split("-")[:2]) for p in scenario.probes}
+    assert len(scenario.probes) == 24 and all(p.grade for p in scenario.probes)
+    assert kinds == {(k, lang) for k in ("sum", "count", "copy", "json", "choice") for lang in ("en", "zh")}
+    assert scenario.load.concurrency == GRADED_LEVELS == (1, 4) and scenario.load.samples == 2
+    assert scenario.target.base_url == "http://127.0.0.1:9/v1" and scenario.params == {"temperature": 0}
+
+
+def test_the_graded_step_prints_accuracy_per_level_and_the_flips_of_a_server_whose_truth_is_known(tmp_path):
+    import asyncio
+    import io
+    import re
+
+    from rich.console import Console
+
+    from kevload.demo import graded_lines, run_graded
+    from tests.fakeserver import Behaviour, FakeServer
+
+    def sums_only(prompt: str, overlap: int) -> str:
+        # Right on the English additions serially (sum-en-0: 9 + 2, sum-en-1: 14 + 23), one too many under load;
+        # every other item answered with nothing it wants.
+        found = re.match(r"What is (\d+) \+ (\d+)\?", prompt)
+        if not found:
+            return "I do not know."
+        return str(int(found[1]) + int(found[2]) + (overlap >= 2))
+
+    with FakeServer(Behaviour(latency=0.1, answer_for=sums_only)) as server:
+        console = Console(file=io.StringIO())
+        summary = asyncio.run(run_graded(server.url, "fake", tmp_path / "graded", console, asyncio.Event()))
+    assert graded_lines("llama.cpp", summary) == [
+        "llama.cpp graded 24 items, single/c=1: accuracy 8.3% [2.3%, 25.8%] (2 of 24 probes good); the serial "
+        "level, the reference",
+        "llama.cpp graded 24 items, single/c=4: accuracy 0.0% [0.0%, 13.8%] (0 of 24 probes good); against serial "
+        "over 24 paired probes: 2 good→bad, 0 bad→good, McNemar p 0.5",
+        "llama.cpp graded: answers load turned bad: sum-en-0 (single) c=4, sum-en-1 (single) c=4"]
+
+
+def test_a_graded_step_whose_target_failed_says_so_and_nothing_else():
+    summary = RunSummary.from_json({"verdict": "target_failed", "cells": [], "errors_by_type": {"http_500": 4}})
+    from kevload.demo import graded_lines
+
+    assert graded_lines("vLLM", summary) == ["vLLM graded: target failed (http_500: 4)"]

@@ -215,3 +215,31 @@ def test_diagnose_says_the_server_serialized_the_levels(tmp_path):
         code, output, d = diagnose(tmp_path / "batched", fake, params='{"temperature": 0}')
     assert code == 1 and d["verdict"] == "crosstalk"
     assert "serialized" not in d["reason"] and not any("serialized" in n for n in d["notes"])
+
+
+def test_diagnose_grades_each_steps_answers_beside_its_distinct_count(tmp_path, server):
+    # Right serially ("The answer is 42."), a wrong number once others are in flight: each step says how many answers
+    # were good and bad, and the concurrency steps how many load turned bad.
+    server.behaviour.latency = 0.1
+    server.behaviour.answer_for = lambda prompt, overlap: "The answer is 42." if overlap < 2 else "43"
+    code, output, d = diagnose(tmp_path, server, "--expected", "42", params='{"temperature": 0}')
+    steps = {s["step"]: s for s in d["steps"]}
+    assert (steps["baseline"]["graded_good"], steps["baseline"]["graded_bad"]) == (6, 0)
+    assert steps["baseline"]["flips_good_to_bad"] == 0
+    loaded = steps["concurrency_single"]  # c=1 right, c=2 and c=4 wrong: 6 samples each
+    assert (loaded["graded_good"], loaded["graded_bad"], loaded["flips_good_to_bad"]) == (6, 12, 12)
+    assert "1 repeat baseline (current params, serial, nonce on): 1 distinct, graded 6 good, 0 bad, n=6" in output
+    assert "4 concurrency [1, 2, 4], single: 1, all ≠ serial, graded 6 good, 12 bad (12 good→bad against serial)," \
+        in output
+    assert code == 1 and d["verdict"] == "crosstalk"
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--grade", "nonsense", "--expected", "x"], "--grade: expected "),
+    (["--grade", "regex", "--expected", "(["], "--expected: expected "),
+    (["--grade-tolerance", "1", "--expected", "x"], "--grade-tolerance: expected "),
+])
+def test_diagnose_refuses_a_bad_grader_before_sending(tmp_path, server, args, expected):
+    code, output = run_cli("diagnose", "--url", server.url, "--model", "m", "--prompt", "x", *args)
+    assert code == 2 and expected in output and "Traceback" not in output, output
+    assert server.requests == []

@@ -267,3 +267,127 @@ def test_a_baseline_keeps_the_graded_gates_a_grader_that_raises_and_min_good_sha
                               out="loaded-again")
     assert summary["good_share_failed_cells"] and "0 regression(s)" in out
     assert code == 1, out  # before: 0, the cells under load.min_good_share passed as the SLO's never do
+
+
+def _junit_cases(xml: str) -> tuple[dict, dict]:
+    import xmlschema
+
+    schema = xmlschema.XMLSchema(Path(__file__).parent / "data" / "junit.xsd")
+    schema.validate(xml)
+    doc = schema.to_dict(xml)
+    return doc, {(c["@classname"], c["@name"]): c for c in doc["testsuite"][0]["testcase"]}
+
+
+def test_junit_under_fail_on_bad_passes_drift_whose_answers_stay_good_and_fails_answers_turned_bad(
+        tmp_path, server):
+    from kevload.report import junit_xml
+
+    def reworded_or_wrong(prompt: str, overlap: int) -> str:  # s0 turns wrong under load, the rest only reworded
+        a, b = map(int, re.findall(r"\d+", prompt))
+        return f"The sum is {a + b}." if overlap < 2 else f"{a} plus {b} makes {a + b + (a == 0)}"
+
+    _, _, summary = _run(tmp_path, server, reworded_or_wrong)
+    summary = RunSummary.from_json(summary)
+    doc, cases = _junit_cases(junit_xml(summary, fail_on="bad"))
+    assert doc["@failures"] == 1 and doc["@tests"] == 12 + 2  # probe cells, then one case per level
+    failure = cases[("kevload.s0.single", "c=4")]["failure"][0]
+    assert failure["@type"] == "bad_answers" and failure["@message"] == "4 answers good→bad under load"
+    assert "graded 0 good, 4 bad" in failure["$"] and "against serial (all good): 4 good→bad, 0 bad→good" in \
+        failure["$"] and "e.g. '0 plus 3 makes 4' where serial answered 'The sum is 3.'" in failure["$"]
+    stayed = cases[("kevload.s1.single", "c=4")]
+    assert "failure" not in stayed
+    assert "no answer turned bad by load" in stayed["system-out"][0]
+    assert "graded 4 good, 0 bad, good share 100.0% [51.0%, 100.0%]; against serial (all good): 0 good→bad" in \
+        stayed["system-out"][0]
+    assert "the serial reference (answers good)" in cases[("kevload.s1.single", "c=1")]["system-out"][0]
+    loaded = cases[("kevload.accuracy.single", "c=4")]
+    assert "failure" not in loaded  # 1 of 6 probes: not significant
+    assert loaded["system-out"][0] == ("single/c=4: accuracy 83.3% [43.6%, 97.0%] (5 of 6 probes good); against "
+                                       "serial over 6 paired probes: 1 good→bad, 0 bad→good, McNemar p 1")
+    # Without --fail-on bad every drifted cell fails, the graded figures said inside.
+    doc, cases = _junit_cases(junit_xml(summary))
+    assert doc["@failures"] == 6
+    assert cases[("kevload.s1.single", "c=4")]["failure"][0]["@type"] == "nondeterminism"
+    assert "0 good→bad" in cases[("kevload.s1.single", "c=4")]["failure"][0]["$"]
+
+
+def test_junit_fails_a_level_whose_accuracy_fell_and_a_cell_under_min_good_share():
+    from kevload.report import junit_xml
+
+    def serial(i: int) -> CellSummary:  # p29's serial answers are mixed: 3 good, 1 bad
+        good, bad = (3, 1) if i == 29 else (4, 0)
+        return _cell(f"p{i}", 1, good, bad, serial_grade="mixed" if bad else "good", good_share=good / 4,
+                     good_share_ci95=[0.3, 1.0], distinct=1 + bad, drift_rate_upper_95=0.5)
+
+    def loaded(i: int) -> CellSummary:  # p0 … p7 turned bad under load
+        turned = i < 8
+        return _cell(f"p{i}", 4, 0 if turned else 4, 4 if turned else 0, serial_grade="mixed" if i == 29 else "good",
+                     good_share=0.0 if turned else 1.0, good_share_ci95=[0.0, 0.5] if turned else [0.5, 1.0],
+                     flips_good_to_bad=None if i == 29 else 4 if turned else 0,
+                     flips_bad_to_good=None if i == 29 else 0, drift=turned, distinct=1, drift_rate_upper_95=0.5,
+                     flip_answer="<b>wrong</b>\x1b" if turned else None, flip_serial_answer="right" if turned else None)
+
+    cells = tuple(c for i in range(30) for c in (serial(i), loaded(i)))
+    summary = RunSummary(verdict="nondeterministic", cells=cells, accuracy=tuple(accuracy(cells)),
+                         bad_cells=tuple(f"p{i}@single/c=4" for i in range(8)), accuracy_fell_levels=("single/c=4",),
+                         min_good_share=0.8, good_share_failed_cells=("p0@single/c=4", "p29@single/c=1"),
+                         grade_errors=())
+    doc, cases = _junit_cases(junit_xml(summary, fail_on="bad"))
+    fell = cases[("kevload.accuracy.single", "c=4")]["failure"][0]
+    assert fell["@type"] == "accuracy_fell"
+    assert f"8 good→bad, 1 bad→good, McNemar p {mcnemar_exact(8, 1):.3g} (fell significantly)" in fell["$"]
+    turned = cases[("kevload.p0.single", "c=4")]["failure"][0]
+    assert turned["@type"] == "bad_answers" and "under load.min_good_share 80.0%: good share 0.0%" in turned["$"]
+    assert "e.g. '<b>wrong</b>\\x1b' where serial answered 'right'" in turned["$"]  # the server's text, escaped
+    gate = cases[("kevload.p29.single", "c=1")]["failure"][0]
+    assert gate["@type"] == "good_share" and gate["@message"] == "good share 75.0% under 80.0%"
+    assert "serial reference (answers mixed)" in gate["$"]
+    assert "serial answers mixed good and bad, so no flip is counted" in cases[("kevload.p29.single", "c=4")][
+        "system-out"][0]
+    assert doc["@failures"] == 8 + 1 + 1  # the cells turned bad, the gate, the level
+
+
+def test_the_html_report_shows_accuracy_per_level_and_each_cells_flips_with_the_servers_text_escaped(
+        tmp_path, server):
+    import html as markup
+
+    def wrong_in_markup(prompt: str, overlap: int) -> str:  # even a: wrong under load, in markup a page must not run
+        a, b = map(int, re.findall(r"\d+", prompt))
+        return f"The sum is {a + b}." if overlap < 2 or a % 2 else f"<script>x</script> {a + b + 1}"
+
+    _run(tmp_path, server, wrong_in_markup)
+    code, _ = run_cli("report", tmp_path / "run", "--format", "html", "-o", tmp_path / "r.html")
+    page = (tmp_path / "r.html").read_text()
+    assert code == 1 and "<script>" not in page
+    section = page[page.index("<h2>Good or bad: graded answers</h2>"):]
+    levels = section[:section.index("</table>")]
+    assert "<td>single/c=4</td><td>6</td><td>3 good, 50.0% [18.8, 81.2]</td><td>3</td><td>0</td><td>0.25</td>" in \
+        levels
+    row = re.search(r"<tr><td>s0 \(single\) c=4</td>(.*?)</tr>", section).group(1)
+    assert row == ("<td>0</td><td>4</td><td>0.0% [0.0%, 49.0%]</td><td>good</td><td>4</td><td>0</td>"
+                   f"<td><pre>{markup.escape('<script>x</script> 4')}</pre></td><td><pre>The sum is 3.</pre></td>")
+    assert re.search(r"<tr><td>s1 \(single\) c=4</td><td>4</td><td>0</td><td>100.0% \[51.0%, 100.0%\]</td>"
+                     r"<td>good</td><td>0</td><td>0</td>", section)
+
+
+def _reworded(prompt: str, overlap: int, wrong: bool = False) -> str:
+    """Right serially; under load reworded, and one too many for an even a when ``wrong``."""
+    a, b = map(int, re.findall(r"\d+", prompt))
+    return f"The sum is {a + b}." if overlap < 2 else f"{a} plus {b} makes {a + b + (wrong and a % 2 == 0)}"
+
+
+def test_baseline_reports_accuracy_lost_where_drift_it_already_had_turns_answers_bad(tmp_path, server):
+    # Last night c=4 drifted already, every answer right: the drift is no news, answers turned wrong are.
+    code, _, _ = _run(tmp_path, server, _reworded, out="last")
+    assert code == 1
+    code, out, _ = _run(tmp_path, server, lambda p, o: _reworded(p, o, wrong=True), "--baseline", tmp_path / "last",
+                        out="tonight")
+    regressions = [line for line in out.splitlines() if line.startswith("REGRESSION")]
+    assert regressions == ["REGRESSION accuracy_lost single/c=4: accuracy 100.0% → 50.0% over 6 probes graded in "
+                           "both (6 → 3 good): 3 good→bad, 0 bad→good against the baseline, McNemar p 0.25"], out
+    assert code == 1
+    # The other way round it is an improvement, and the run passes against its baseline.
+    code, out, _ = _run(tmp_path, server, _reworded, "--baseline", tmp_path / "tonight", out="fixed")
+    assert "improved accuracy_gained single/c=4: accuracy 50.0% → 100.0% over 6 probes graded in both (3 → 6 good):" \
+        " 0 good→bad, 3 bad→good" in out
+    assert code == 0 and "REGRESSION" not in out, out
