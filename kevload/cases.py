@@ -22,12 +22,11 @@ import orjson
 from kevload.errors import ScenarioError
 from kevload.grading import BadGrading, Grading, checked
 from kevload.models import Probe, iter_jsonl
-from kevload.rundir import RunDir
+from kevload.rundir import RunDir, apart
 from kevload.runs import recorded_scenario, run_scenario
 from kevload.scenario import Load, Target, build_scenario, read_table
 from kevload.store import new_run_id, now_iso
 from kevload.summary import CellSummary, level_label
-from kevload.sweep import apart
 from kevload.trace import trace_rates
 
 TRANSITIONS = ("unstable→stable", "stable→unstable", "changed", "no answer", "unchanged")

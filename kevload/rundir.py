@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import hashlib
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,3 +141,29 @@ def read_summary(path: Path, use: str = "") -> RunSummary:
     if problem is not None:
         raise RunDirError(f"{path}: {use}{problem} ({expected})")
     return RunSummary.from_json(doc)
+
+
+def apart(labels: list[str]) -> dict[str, str]:
+    """Each label's file name: its characters that a file name holds as they are, the others as ``_``. Labels
+    that would share a name (target.model=org/m and org_m) get a hash of the label after it, so each setting
+    keeps its own directory and log, and a rerun of the same grid names them the same. One longer than a file name
+    may be (255 bytes, a log's ``server-`` and ``.log`` around it) is cut to fit, with the hash after it."""
+    plain = {name: _dirname(name) for name in labels}
+    shared = Counter(plain.values())
+    return {name: file if shared[file] == 1 and len(file.encode()) <= _NAME_BYTES else
+            f"{_cut(file, _NAME_BYTES - 9)}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+            for name, file in plain.items()}
+
+
+_NAME_BYTES = 200  # a label's file name at most: 255 bytes less the server log's "server-" and ".log", and room
+
+
+def _cut(text: str, size: int) -> str:
+    """``text``'s first characters that fit in ``size`` bytes of UTF-8."""
+    return text.encode()[:size].decode(errors="ignore")
+
+
+def _dirname(name: str) -> str:
+    file = "".join(ch if ch.isalnum() or ch in "-_.=" else "_" for ch in name)
+    # Dots alone ("", ".", "..") name no directory of its own: this one or the one above it.
+    return file if file.strip(".") else file.replace(".", "_") + "_"
