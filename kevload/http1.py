@@ -7,7 +7,13 @@ httptools (llhttp, the parser uvicorn and aiohttp use); this module keeps only t
 rules: a pool of keep-alive connections, one idle timer per wait ("no byte for T seconds"), reuse
 only after a clean, complete response, and one resend on a fresh connection when a reused one
 turns out to be closed.
+
+Requests are written in bursts (``LeanTransport.write``): the first made in an event-loop turn goes at once, those
+made after it in the same turn together, ``BURST`` at a time or when the turn is over. Written one by one, each write
+woke the idle server, which on shared cores preempted the client in the middle of its turn: a write took 15 µs of
+wall time for 7 µs of CPU, against 4.5 µs for 4.3 in bursts (nginx, c=64).
 """
+
 
 from __future__ import annotations
 
@@ -29,6 +35,13 @@ from kevload.transport import (
     TransportError,
 )
 
+# Requests written together at most: enough that the server is woken once for many, few enough that a request waits
+# for no more than BURST - 1 others to be made. Measured in-run at nginx, c=64, alternated with one write each: 8 ran
+# 1.30×, a request waiting 0.11 ms at the median and 0.74 ms at the 99th percentile between being made and written; a
+# whole turn (about 32) ran 1.34× for waits of 0.95 and 2.3 ms. The first request of a turn goes at once: one alone
+# in its turn (c=1) would otherwise wait for the turn's end, and ran 30 % slower so.
+BURST = 8
+
 
 class LeanTransport:
     """Keep-alive connections to one host:port; a connection is reused only after a clean, full response."""
@@ -49,6 +62,8 @@ class LeanTransport:
         self._head = f"POST {path} HTTP/1.1\r\nHost: {host}\r\n{headers}".encode("latin-1")
         self._idle: list[_Connection] = []
         self._all: set[_Connection] = set()
+        self._outgoing: list[tuple[_Connection, bytes]] = []  # requests made, not written yet
+        self._flush_queued = False
 
     async def send(self, body: bytes, headers: Mapping[str, str] | None = None) -> _Response:
         """Send one request on an idle connection, or a new one.
@@ -77,6 +92,32 @@ class LeanTransport:
                 break
         conn = await self._connect(reconnects)
         return await conn.request(payload, self, reconnects)
+
+    def write(self, conn: _Connection, payload: bytes) -> None:
+        """``payload`` goes out on ``conn``: at once if it is the first of this loop turn, else with the requests made
+        after that one, once ``BURST`` are waiting or when the turn is over."""
+        if not self._flush_queued:
+            self._flush_queued = True
+            conn.loop.call_soon(self._turn_over)
+            conn.transport.write(payload)
+            return
+        outgoing = self._outgoing
+        outgoing.append((conn, payload))
+        if len(outgoing) >= BURST:
+            self._flush()
+
+    def _turn_over(self) -> None:
+        self._flush_queued = False
+        self._flush()
+
+    def _flush(self) -> None:
+        outgoing, self._outgoing = self._outgoing, []
+        for conn, payload in outgoing:
+            # A request cut or failed meanwhile (its connection closed, or the server's close already seen) is not
+            # sent: its caller has the error, and a reused connection's request goes again on a fresh one.
+            transport = conn.transport
+            if transport is not None and conn.error is None and not transport.is_closing():
+                transport.write(payload)
 
     def release(self, conn: _Connection) -> None:
         if conn.usable():
@@ -300,7 +341,7 @@ class _Connection(asyncio.Protocol):
         self.reconnects = reconnects
         self.state = _State.HEAD
         self.body, self.body_size, self.bytes_in, self.head_fed = [], 0, 0, 0
-        self.transport.write(payload)
+        pool.write(self, payload)
         try:
             while self.state is _State.HEAD:
                 if self.error is not None:
