@@ -52,7 +52,8 @@ def for_run(summary: RunSummary, *, fail_on: Literal["drift", "latent", "bad"] =
     latent drift), an output never seen in the baseline, p50 e2e/TTFT slower than allowed, a baseline cell missing;
     and, where the baseline has nothing to hold the cell against — a cell it lacks (``new_cell``), one whose input,
     params or max_tokens changed (``input_changed``), one where it had no ok sample — whatever fails the run's own
-    rule (drift; latent drift too under ``fail_on`` latent)."""
+    rule (drift; latent drift too under ``fail_on`` latent). Under ``fail_on`` bad the drift kinds count only in a cell
+    whose answers load turned bad (``kevload.baseline``)."""
     code = for_summary(summary)
     if fail_on == "latent" and code == ExitCode.OK and summary.latent_cells:
         code = ExitCode.DRIFT
