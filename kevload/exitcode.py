@@ -92,11 +92,16 @@ def for_diagnosis(*, target_failed: bool, verdict: str) -> ExitCode:
     return ExitCode.OK if verdict == "stable" else ExitCode.DRIFT
 
 
-def for_rerun(moves: Mapping[str, Sequence[str]], *, mismatched: Sequence[str], accepted: bool) -> ExitCode:
-    """``cases rerun``: TARGET if a case got no answer; DRIFT if a stable case became unstable, one answers
-    something else (``changed``, unless accepted) or an ``expected`` output is not met."""
+def for_rerun(moves: Mapping[str, Sequence[str]], *, mismatched: Sequence[str], accepted: bool,
+              grader_failed: Sequence[str] = ()) -> ExitCode:
+    """``cases rerun``: TARGET if a case got no answer; USAGE if a case's ``python:`` grader raised (bad input found
+    late, as in ``for_run``: its answers are not graded, so "does not match expected" would be a guess); DRIFT if a
+    stable case became unstable, one answers something else (``changed``, unless accepted) or an ``expected`` output
+    is not met."""
     if moves["no answer"]:
         return ExitCode.TARGET
+    if grader_failed:
+        return ExitCode.USAGE
     changed = moves["changed"] and not accepted
     return ExitCode.DRIFT if moves["stable→unstable"] or changed or mismatched else ExitCode.OK
 

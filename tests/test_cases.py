@@ -354,3 +354,17 @@ def test_a_case_whose_grader_does_not_fit_is_refused_naming_its_line_and_key(tmp
     code, output = run_cli("cases", "rerun", cases_path, "--url", "http://127.0.0.1:9/v1", "--model", "m",
                            "-o", tmp_path / "after.jsonl")
     assert code == 2 and f"{cases_path}:2: case c2: expected: expected " in output and "Traceback" not in output
+
+
+def test_a_case_whose_python_grader_raises_is_bad_input_naming_the_case_not_a_mismatch(tmp_path, server):
+    # A grader that raises graded nothing: "does not match expected" (exit 1, drift to a CI) would be a guess.
+    (tmp_path / "kevload_test_case_grader.py").write_text("def check(answer, probe, expected):\n"
+                                                          "    raise ValueError('no verdict')\n")
+    cases_path = tmp_path / "cases.jsonl"
+    case = {"id": "c1", "input": "x", "params": {"temperature": 0}, "outputs": [], "verdict": "stable",
+            "expected": 5, "grade": "python:kevload_test_case_grader:check"}
+    cases_path.write_text(json.dumps(case) + "\n")
+    code, output, rows = rerun(cases_path, server, tmp_path)
+    assert code == 2, output
+    assert "c1: grader failed: python:kevload_test_case_grader:check raised ValueError: no verdict" in output
+    assert rows["c1"]["graded_after"]["failed"] == 4 and "Traceback" not in output
