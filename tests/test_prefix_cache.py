@@ -408,3 +408,17 @@ def test_props_of_the_wrong_shape_fall_back_to_the_marker(tmp_path):
         asyncio.run(run_scenario(scenario(server.url), tmp_path / "run"))
     why = json.loads((tmp_path / "run" / "run.json").read_text())["prefix_cache"]["why"]
     assert "GET /props answered 200 whose default_generation_settings is a JSON array, not llama.cpp's props" in why
+
+
+def test_each_marker_round_of_a_graded_probe_is_graded_by_its_probes_grader(tmp_path):
+    raw = {"target": {"base_url": "", "model": "fake"}, "params": {"temperature": 0},
+           "load": {"prefix_cache": "cold_warm", "samples": 4},
+           "probes": [{"id": "p1", "prompt": "tell a story", "max_tokens": 12, "expected": "^zzz", "grade": "regex"}]}
+    with FakeServer(Behaviour()) as server:
+        raw["target"]["base_url"] = server.url
+        result = asyncio.run(run_scenario(scenario_from_dict(raw, source="test.toml"), tmp_path / "run"))
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert meta["prefix_cache"]["method"] == "marker" and sorted(meta["grading"]) == ["p1@r0", "p1@r1"]
+    cells = result.summary.probe_cells()
+    assert {c.probe for c in cells} == {"p1@r0", "p1@r1"}
+    assert all((c.graded_good, c.graded_bad) == (0, c.ok) and c.ok for c in cells)  # no answer opens with zzz
