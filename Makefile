@@ -30,10 +30,11 @@ system-deps: demo-deps
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium nginx wrk >/dev/null)
 
 lint: install
-	$(BIN)/ruff check kevload tests bench
+	$(BIN)/ruff check kevload tests bench docs/hooks.py
 
 # The documentation site into site/ (gitignored): --strict fails on a broken link or anchor and on a page left out
-# of the nav. Not --quiet: it hides the warnings from --strict, which then passes a broken link.
+# of the nav; the CLI and scenario-key references are generated from the code as it builds. Not --quiet: it hides
+# the warnings from --strict, which then passes a broken link.
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
