@@ -1,6 +1,6 @@
 """Exit codes, which CI depends on: the one ``ExitCode`` enum and the one place each command's result is mapped
 to it, so the CLI holds no policy. Each gate decides from everything it saw, not only from what matched; its rule
-is the docstring of its function here (``for_run`` with a baseline, ``for_rerun``, ``for_sweep``), and the README's
+is the docstring of its function here (``for_run`` with a baseline, ``for_rerun``, ``for_sweep``), and docs/nightly.md's
 "Gates: what each exit code means" says the same. Every gate exits 2, before anything is sent, for an input it
 cannot read typed (a baseline, a case file, a grid): the message names the file and the key."""
 

@@ -25,7 +25,7 @@ def _rows(run_dir: Path) -> list[dict]:
 # --- nightly baseline -------------------------------------------------------------------------------
 
 def test_known_drift_against_its_own_baseline_is_no_news(tmp_path):
-    """README: 'drift the baseline already had is not news'. The same server, run twice, with crosstalk
+    """docs/nightly.md: 'drift the baseline already had is not news'. The same server, run twice, with crosstalk
     at c=4 both nights: tonight's random c=4 outputs differ from last night's, and kevload calls that
     'REGRESSION unseen_output …: the model or server changed' with exit 1, although nothing changed."""
     with FakeServer(Behaviour(drift_at=3, latency=0.1)) as server:
@@ -84,7 +84,7 @@ def test_a_large_response_header_within_the_head_limit(backend):
 # --- datasets ---------------------------------------------------------------------------------------
 
 def test_companion_line_with_bad_messages_is_refused_before_anything_is_sent(tmp_path, server):
-    """README: 'Every line is checked before anything is sent (a bad one: exit 2 naming file:line)'.
+    """docs/running.md: 'Every line is checked before anything is sent (a bad one: exit 2 naming file:line)'.
     A companion line whose messages lack `content` passed the check; with api = "completions" the
     companion slot died on it and the probe slot then sent uncounted copies forever (the run hung,
     about 20 requests a second, no record counted)."""
@@ -135,7 +135,7 @@ class _Overlap(FakeServer):
 
 
 def test_counted_sample_is_never_alone_at_the_server_while_another_slot_backs_off(tmp_path):
-    """README: 'every counted probe sample is sent with exactly c−1 other requests in flight', and
+    """docs/running.md: 'every counted probe sample is sent with exactly c−1 other requests in flight', and
     '"In flight" means sent by kevload and not yet answered'. With --retries, a 429 is answered, yet the
     slot that got it sits out Retry-After (1 s) still counted in flight: the other slot's samples in that
     second are recorded as counted at c=2 (in_flight 1) while the server works on them alone."""
@@ -168,7 +168,7 @@ class _BasicAuth(FakeServer):
 
 
 def test_resume_of_a_run_with_url_credentials_never_sends_the_redacted_placeholder(tmp_path):
-    """README: a user:password@ in base_url is written nowhere (***). Resuming such a run from run.json
+    """docs/running.md: a user:password@ in base_url is written nowhere (***). Resuming such a run from run.json
     would send 'Basic ***:' and end 'target failed': it is refused (exit 2, one line) until the URL is
     given again, and then the real credential goes out."""
     with _BasicAuth() as server:
@@ -188,7 +188,7 @@ def test_resume_of_a_run_with_url_credentials_never_sends_the_redacted_placehold
 
 
 def test_resume_of_a_duration_run_does_not_resend_completed_levels(tmp_path, server):
-    """README: '`kevload run --resume DIR` finishes an interrupted one'. A run with load.duration killed
+    """docs/running.md: '`kevload run --resume DIR` finishes an interrupted one'. A run with load.duration killed
     in its second rate level is resumed: the first level, complete on disk, is sent again for its whole
     duration, and its cell then counts both (twice the requests, a duration spanning the gap)."""
     server.behaviour.latency = 0.01

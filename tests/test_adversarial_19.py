@@ -190,7 +190,7 @@ def test_samples_whose_others_a_kill_left_unrecorded_are_not_called_never_full(t
 
 
 def test_a_second_ctrl_c_exits_130_not_the_nondeterminism_code(tmp_path):
-    """README: "a second signal of the same kind ends kevload at once"; exit codes: 1 is nondeterminism. A user who
+    """running.md: "a second signal of the same kind ends kevload at once"; exit codes: 1 is nondeterminism. A user who
     presses Ctrl-C twice (the requests in flight are slow to finish) must not read exit 1 in CI."""
     with FakeServer(Behaviour(latency=0.02)) as server:
         scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 4], samples=6)
@@ -224,7 +224,7 @@ class _HoldsTheCheck(FakeServer):
 
 
 def test_sigterm_during_the_logprobs_check_stops_at_once(tmp_path):
-    """README: a stop ends run at once, requests in flight get 2 s to finish. The start-up check is a request in
+    """running.md: a stop ends run at once, requests in flight get 2 s to finish. The start-up check is a request in
     flight too: a CI job's timeout must not wait for target.timeout."""
     with _HoldsTheCheck(Behaviour(latency=0.02)) as server:
         scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=4,

@@ -13,7 +13,7 @@ from kevload.workload import BUILTIN_COMPANIONS
 from tests.conftest import run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+GUIDE_PAGE = Path(__file__).resolve().parent.parent / "docs" / "guide.md"
 
 
 def read(path):
@@ -131,8 +131,8 @@ def test_rerun_notices_a_changed_answer_and_accepts_it(tmp_path, server):
     assert code == 0 and "changed: 0" in output
     assert all(r["matches_recorded"] is True for r in rows.values())
 
-    # The README's cases section names every field kevload writes, beside the guide's names.
-    section = README.read_text().split("Case sets, the regression suite", 1)[1].split("\n## ", 1)[0]
+    # The docs' cases section names every field kevload writes, beside the guide's names.
+    section = GUIDE_PAGE.read_text().split("Case sets, the regression suite", 1)[1].split("\n## ", 1)[0]
     written = set().union(*(set(c) for c in read(cases_path)), *(set(r) for r in rows.values()))
     assert [k for k in sorted(written) if f"`{k}`" not in section] == []
     for guide_name in ("编号", "输入", "参数", "多次调用结果", "期望结果", "判定", "备注"):

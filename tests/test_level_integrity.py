@@ -69,7 +69,7 @@ def test_single_mode_reaches_c_even_with_fewer_samples(tmp_path, server):
 
 @pytest.mark.parametrize("mode", ["single", "mixed", "needle"])
 def test_every_counted_probe_is_sent_with_c_minus_1_others(tmp_path, server, mode):
-    """Issue 10.2: the README's "exactly c requests are in flight", proven from the records."""
+    """Issue 10.2: docs/load-shapes.md's "exactly c requests are in flight", proven from the records."""
     server.behaviour.latency = 0.05
     scenario = write_scenario(tmp_path / "s.toml", server.url, mode=mode, concurrency=[1, 3, 5], samples=6,
                               needle_length=200)

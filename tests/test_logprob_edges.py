@@ -362,9 +362,9 @@ def test_diagnose_step_line_says_one_output_other_than_serial_as_the_matrix_does
     assert "1 distinct, n=3, drift at" not in output
 
 
-def test_readme_states_the_position_convention_once():
+def test_the_docs_state_the_position_convention_once():
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## Logprobs and agreement rates"):readme.index("## Sampling until")]
-    assert section.count("Positions count from 0") == 1
+    page = (Path(__file__).resolve().parent.parent / "docs" / "logprobs.md").read_text(encoding="utf-8")
+    assert page.startswith("# Logprobs and agreement rates")
+    assert page.count("Positions count from 0") == 1

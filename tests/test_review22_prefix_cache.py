@@ -76,7 +76,7 @@ def test_one_cold_answer_that_differs_from_the_other_cold_ones_is_no_cache_effec
 
 
 def test_diagnose_makes_no_cache_claim_where_its_run_makes_none(tmp_path):
-    # The README: diagnose's cache_effect "is the runs' cache_effect". On a server whose answers vary serially with
+    # workloads.md: diagnose's cache_effect "is the runs' cache_effect". On a server whose answers vary serially with
     # every randomness field fixed, the cache step's run says null (warm answers vary too: no claim about the cache);
     # diagnose said false, "no cache effect", a claim its run did not make.
     from click.testing import CliRunner
@@ -133,7 +133,7 @@ def test_a_ramp_up_is_refused_with_cold_warm(tmp_path):
 
 
 def test_cache_prompt_named_on_a_server_that_is_not_llamacpp_says_it_was_not_confirmed(tmp_path):
-    # The README said a method named outright that the server lacks stops the run (exit 3). cache_prompt is sent as
+    # workloads.md said a method named outright that the server lacks stops the run (exit 3). cache_prompt is sent as
     # asked (a llama.cpp behind a proxy that passes only /v1 has no /props to show): the run says so.
     probes = [{"id": "p1", "prompt": "tell me a story about a robot", "max_tokens": 12}]
     with FakeServer(Behaviour()) as server:
@@ -209,7 +209,7 @@ def test_a_case_built_from_a_cold_warm_run_is_rerun_cold_and_warm(tmp_path):
 
 
 def test_a_named_reset_the_server_lacks_stops_the_run_before_it_sends_anything(tmp_path):
-    # The README: it "stops the run before it sends anything". The logprobs check went first.
+    # docs/workloads.md: it "stops the run before it sends anything". The logprobs check went first.
     import pytest
 
     from kevload.prefixcache import CacheResetError

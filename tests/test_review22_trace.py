@@ -90,7 +90,7 @@ def test_a_ramp_as_long_as_the_replay_is_refused(tmp_path):
 
 def test_burstgpt_failed_requests_are_skipped_and_counted(tmp_path, server):
     """BurstGPT's own files (BurstGPT_1.csv, _2.csv) hold failed requests as `Response tokens` 0: every line was
-    refused there (exit 2), so the trace the README names could not be replayed."""
+    refused there (exit 2), so the trace the docs name could not be replayed."""
     trace = tmp_path / "burst.csv"
     trace.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
                      "5,ChatGPT,12,3,15,Conversation log\n6,ChatGPT,40,0,40,Conversation log\n6.5,GPT-4,0,0,0,API log\n"
@@ -116,8 +116,8 @@ def test_a_replay_rate_that_rounds_to_nothing_is_refused(tmp_path):
         "(r=…/s keys the level)" in output and "Traceback" not in output, output
 
 
-def test_the_words_that_are_two_tokens_opening_a_prompt_are_the_readmes():
-    """The README said every word is one token "with its leading space or without": 11 are two without one, so a
+def test_the_words_that_are_two_tokens_opening_a_prompt_are_the_docs():
+    """workloads.md said every word is one token "with its leading space or without": 11 are two without one, so a
     prompt opening with one counts one more. Checked against SmolLM2's vocabulary where a run has cached it."""
     from kevload.targets.cache import cache_root
     from kevload.trace import VOCABULARY
@@ -128,8 +128,8 @@ def test_the_words_that_are_two_tokens_opening_a_prompt_are_the_readmes():
     vocab = json.loads(found[0].read_text())["model"]["vocab"]
     assert all("Ġ" + word in vocab for word in VOCABULARY)  # one token after a space (byte-level BPE's Ġ)
     alone = [word for word in VOCABULARY if word not in vocab]
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    assert f"(`{' '.join(alone)}`)" in readme.replace("\n", " ")
+    page = (Path(__file__).resolve().parent.parent / "docs" / "workloads.md").read_text()
+    assert f"(`{' '.join(alone)}`)" in page.replace("\n", " ")
 
 
 def test_a_sweeps_setting_is_checked_against_the_trace(tmp_path):
