@@ -17,7 +17,7 @@ from kevload.scenario import load_scenario
 from kevload.schedule import COMPANION, PROBE, WARMUP, ClosedLoop, OpenLoop
 from kevload.store import RECORDS, Record, read_records
 from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
-from tests.fakeserver import FakeServer
+from tests.fakeserver import Behaviour, FakeServer
 
 TWO_PROBES = [{"id": "p1", "prompt": "Say something.", "max_tokens": 16},
               {"id": "p2", "prompt": "Tell me more.", "max_tokens": 16}]
@@ -254,3 +254,32 @@ def test_open_loop_schedule():
     timed = list(OpenLoop(10.0, needed=0, companions=False, duration=1.0, arrival="poisson", seed=3))
     assert all(s.at < 1.0 for s in timed) and timed == list(OpenLoop(10.0, needed=0, companions=False,
                                                                       duration=1.0, arrival="poisson", seed=3))
+
+
+class _Overlap(FakeServer):
+    """Notes, per request nonce, the most requests the server worked on at once while answering it."""
+
+    def __init__(self, behaviour):
+        super().__init__(behaviour)
+        self.overlap: dict[str, int] = {}
+
+    def _answer(self, body, prompt, state):
+        self.overlap[body.get("user")] = state["max_overlap"]
+        return super()._answer(body, prompt, state)
+
+
+def test_counted_sample_is_never_alone_at_the_server_while_another_slot_backs_off(tmp_path):
+    """README: 'every counted probe sample is sent with exactly c−1 other requests in flight', and
+    '"In flight" means sent by kevload and not yet answered'. With --retries, a 429 is answered, yet the
+    slot that got it sits out Retry-After (1 s) still counted in flight: the other slot's samples in that
+    second are recorded as counted at c=2 (in_flight 1) while the server works on them alone."""
+    faults = [None] * 9 + ["http_429"]
+    with _Overlap(Behaviour(latency=0.3, faults=faults, retry_after="1")) as server:
+        scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=6, nonce=True)
+        run_cli("run", scenario, "--out", tmp_path / "run", "--quiet", "--retries", "1")
+        overlap = server.overlap
+    counted = [r for r in _rows(tmp_path / "run") if r["concurrency"] == 2 and r["counted"]]
+    assert len(counted) == 6 and {r["in_flight"] for r in counted} == {1}
+    # Overlap over the whole answer, not at arrival: a partner sent in the same instant may arrive later.
+    alone = [r["seq"] for r in counted if overlap[r["params"]["user"]] < 2]
+    assert not alone, f"counted c=2 samples that found the server idle: seq {alone}"
