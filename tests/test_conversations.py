@@ -1,6 +1,8 @@
-"""Conversations (#22 item 1) against a crafted server whose truth is known: answers that depend on the whole chat
-and drift under load only from a chosen turn on. The matrix must name exactly that turn, the serial cell must stay
-bitwise, each turn's record must carry the history it was asked with, and the counted rule must hold per sample."""
+"""Conversations against a crafted server whose truth is known: answers that depend on the whole chat and drift under
+load only from a chosen turn on. The matrix must name exactly that turn, the serial cell must stay bitwise, each
+turn's record must carry the history it was asked with, and the counted rule must hold per sample. A cell's example,
+turn tally and throughput are those of whole conversations; a failed conversation is called a conversation, not a
+request; `cases build` leaves conversations out, saying why."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ def _rows(run_dir):
 
 @pytest.mark.parametrize("backend", ["lean", "aiohttp"])
 def test_leftover_companions_never_reach_the_next_cell(tmp_path, server, monkeypatch, backend):
-    """Issue 10.1: companions still running when p1's c=4 cell ends used to overlap p2's serial cell."""
+    """Companions still running when p1's c=4 cell ends used to overlap p2's serial cell."""
     monkeypatch.setenv("KEVLOAD_HTTP", backend)
     server.behaviour.drift_when_mixed = True
     server.behaviour.latency = 0.3  # non-streaming requests held long: cancelled ones outlive the cell
@@ -53,7 +53,7 @@ def test_leftover_companions_never_reach_the_next_cell(tmp_path, server, monkeyp
 
 
 def test_single_mode_reaches_c_even_with_fewer_samples(tmp_path, server):
-    """Issue 10.2: c=8 with 4 samples used to reach at most 4 in flight (3 others)."""
+    """A level of c=8 with 4 samples used to reach at most 4 in flight (3 others)."""
     server.behaviour.latency = 0.3
     server.behaviour.drift_at = 8
     server.behaviour.batched_variant = True  # the server answers differently once it holds 8 at once
@@ -69,7 +69,7 @@ def test_single_mode_reaches_c_even_with_fewer_samples(tmp_path, server):
 
 @pytest.mark.parametrize("mode", ["single", "mixed", "needle"])
 def test_every_counted_probe_is_sent_with_c_minus_1_others(tmp_path, server, mode):
-    """Issue 10.2: the README's "exactly c requests are in flight", proven from the records."""
+    """The README's "exactly c requests are in flight", proven from the records."""
     server.behaviour.latency = 0.05
     scenario = write_scenario(tmp_path / "s.toml", server.url, mode=mode, concurrency=[1, 3, 5], samples=6,
                               needle_length=200)
@@ -104,7 +104,7 @@ class _RoleFaults(FakeServer):
 
 
 def test_probe_errors_abort_however_many_companions_succeed(tmp_path):
-    """Issue 10.4: 7 fast, healthy companion slots used to dilute 100 % probe errors below the limit."""
+    """7 fast, healthy companion slots used to dilute 100 % probe errors below the limit."""
     with _RoleFaults(fail_probe=True, fail_delay=0.1) as fake:
         fake.behaviour.latency = 0.005
         scenario = write_scenario(tmp_path / "s.toml", fake.url, mode="mixed", concurrency=[8], samples=40)
@@ -115,7 +115,7 @@ def test_probe_errors_abort_however_many_companions_succeed(tmp_path):
 
 
 def test_companion_errors_never_abort(tmp_path):
-    """Issue 10.4: failing companions used to trigger the abort though every probe answered."""
+    """Failing companions used to trigger the abort though every probe answered."""
     with _RoleFaults(fail_probe=False, fail_delay=0.0) as fake:
         fake.behaviour.latency = 0.1
         scenario = write_scenario(tmp_path / "s.toml", fake.url, mode="mixed", concurrency=[4], samples=5)
@@ -127,7 +127,7 @@ def test_companion_errors_never_abort(tmp_path):
 
 
 def test_reused_out_is_refused_unless_overwrite(tmp_path, server):
-    """Issue 10.3: a second run into the same --out used to append to the first run's records."""
+    """A second run into the same --out used to append to the first run's records."""
     scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2)
     out = tmp_path / "nightly"
     assert run_cli("run", scenario, "--out", out, "--quiet")[0] == 0
@@ -157,7 +157,7 @@ def test_report_refuses_records_of_two_runs(tmp_path, server):
 
 
 def test_default_directories_are_unique_within_one_second(monkeypatch):
-    """Issue 10.3: diagnose-<time> and cases-rerun-<time> used to collide for two starts in one second."""
+    """The directories diagnose-<time> and cases-rerun-<time> used to collide for two starts in one second."""
     from kevload.diagnose import DiagnoseOptions, _Diagnoser
     from kevload.scenario import Probe
 
@@ -170,7 +170,7 @@ def test_default_directories_are_unique_within_one_second(monkeypatch):
 
 
 def test_resume_cuts_a_torn_last_line(tmp_path, server):
-    """Issue 10: appending after a torn line used to leave it mid-file, and the run became unreadable."""
+    """Appending after a torn line used to leave it mid-file, and the run became unreadable."""
     scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=3)
     out = tmp_path / "run"
     assert run_cli("run", scenario, "--out", out, "--quiet")[0] == 0
@@ -186,7 +186,7 @@ def test_resume_cuts_a_torn_last_line(tmp_path, server):
 
 
 def test_open_loop_cells_keep_max_in_flight_apart_from_concurrency(tmp_path, server):
-    """Issue 11.2: open-loop records stored load.max_in_flight in the concurrency field."""
+    """Open-loop records used to store load.max_in_flight in the concurrency field."""
     scenario = write_scenario(tmp_path / "s.toml", server.url, rate=[50], samples=10, max_in_flight=3)
     assert run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")[0] == 0
     assert {(r["concurrency"], r["max_in_flight"]) for r in _rows(tmp_path / "run")} == {(0, 3)}

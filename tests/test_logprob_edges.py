@@ -1,5 +1,5 @@
-"""Logprob claims at the edges (issue 19): non-finite numbers in a body, logprobs for only some samples,
-and one way of stating positions in every renderer.
+"""Logprob claims at the edges: non-finite numbers in a body, logprobs for only some samples, logprobs null or
+cut short under load (missing, not different), and one way of stating positions in every renderer.
 
 Each claim is tried against a server built to make it false: the fake server writes -inf, inf and NaN
 the way Python's ``json.dumps`` does (``-Infinity``, ``Infinity``, ``NaN``), or returns logprobs only
@@ -411,7 +411,7 @@ def test_logprobs_null_on_every_token_are_missing_not_latent_drift(tmp_path):
     assert loaded["logprobs_missing"] == loaded["ok"] == 6, loaded
     assert loaded.get("logprob_bitwise") is None and loaded.get("latent_drift") is None, loaded
     assert "latent drift" not in output and "logprobs in 0 of 6 at p1 (single) c=4: no logprob claim" in output
-    assert code == 3, output  # --fail-on latent: latent drift neither shown nor ruled out (today: 1)
+    assert code == 3, output  # --fail-on latent: latent drift neither shown nor ruled out (before: 1)
 
 
 def test_logprobs_with_fewer_entries_than_tokens_are_no_latent_drift(tmp_path):
@@ -421,4 +421,4 @@ def test_logprobs_with_fewer_entries_than_tokens_are_no_latent_drift(tmp_path):
     # Every logprob the server gave equals serial's at its position; the others were not given, not different.
     assert loaded.get("latent_drift") is not True and loaded.get("logprob_bitwise") is not False, loaded
     assert "latent drift" not in output, output
-    assert code == 3, output  # no logprob claim over the cut tokens: inconclusive with --fail-on latent (today: 1)
+    assert code == 3, output  # no logprob claim over the cut tokens: inconclusive with --fail-on latent (before: 1)

@@ -1,5 +1,6 @@
-"""Level c really was level c (issue 19): the share of each counted sample's life with c − 1 others in flight and
-the samples that never had them, from the records' send and last-byte times alone."""
+"""Level c really was level c: the share of each counted sample's life with c − 1 others in flight and the samples
+that never had them, from the records' send and last-byte times alone (after a kill, the others it left unrecorded
+unknown, not missing)."""
 
 from __future__ import annotations
 

@@ -413,6 +413,7 @@ def test_props_of_the_wrong_shape_fall_back_to_the_marker(tmp_path):
 
 
 def run_probes(tmp_path, server: FakeServer, probes: list[dict], **load):
+    """A cold_warm run of ``probes`` against ``server``, 8 samples unless ``load`` says: its summary and records."""
     raw = {"target": {"base_url": server.url, "model": "fake"}, "params": {"temperature": 0},
            "load": {"prefix_cache": "cold_warm", "samples": 8, **load}, "probes": probes}
     result = asyncio.run(run_scenario(scenario_from_dict(raw, source="test.toml"), tmp_path / "run"))

@@ -1,4 +1,4 @@
-"""Workers as Ray actors (issue 13): the local workers' promises hold across actors, and kevload without Ray never
+"""Workers as Ray actors: the local workers' promises hold across actors, and kevload without Ray never
 imports it. The cluster tests share one Ray cluster on this host (``tests/raycluster.py``); the two-node one is e2e."""
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """Stops: SIGINT and SIGTERM end every command the same way (130 or 143, records kept, run.json finished with its
-state, summary written), at once, with nothing sent after the stop and no process left behind. Each kevload
-runs as a real subprocess in its own process group with a kill timer (tests.bounded)."""
+state, summary written), at once, with nothing sent after the stop and no process left behind; a stop during the
+logprobs check is a stop too; a run stopped before a level (or an answer) was measured claims neither a verdict on
+it nor a failed target. Each kevload runs as a real subprocess in its own process group with a kill timer
+(tests.bounded)."""
 
 from __future__ import annotations
 
@@ -286,7 +288,7 @@ def test_a_stop_before_any_answer_is_no_target_failure(tmp_path):
     summary = load_summary(tmp_path / "run")
     assert summary["errors"] == 0
     assert summary["verdict"] != "target_failed", summary
-    assert "target failed" not in ended.stdout + ended.stderr, ended.stdout  # today: "0 of 0 … failed (none)"
+    assert "target failed" not in ended.stdout + ended.stderr, ended.stdout  # before: "0 of 0 … failed (none)"
 
 
 class _HoldsTheCheck(FakeServer):
@@ -319,5 +321,5 @@ def test_sigterm_during_the_logprobs_check_stops_at_once(tmp_path):
             took = time.monotonic() - at
         sent = len(server.requests)
     assert ended.code == 143, ended.stderr
-    assert took < 5.0, f"ended {took:.1f} s after SIGTERM"  # today: ~18 s, when the held check gave up
+    assert took < 5.0, f"ended {took:.1f} s after SIGTERM"  # before: ~18 s, when the held check gave up
     assert sent == 0

@@ -1,5 +1,6 @@
-"""Typed summaries (issue 11, item 1): summary.json written before the types existed reads back into
-``RunSummary`` and writes out byte for byte the same; the comparator's typed result is that same file."""
+"""Typed summaries: summary.json written before the types existed reads back into ``RunSummary`` and writes out byte
+for byte the same; the comparator's typed result is that same file; it counts every request sent beside those it
+counts as evidence."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Worker processes on one host (issue 13): a level's promise holds across the whole set of workers."""
+"""Worker processes on one host: a level's promise holds across the whole set of workers."""
 
 from __future__ import annotations
 
