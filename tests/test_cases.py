@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kevload.workload import BUILTIN_COMPANIONS
-from tests.conftest import run_cli, write_scenario
+from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
 
 GUIDE_PAGE = Path(__file__).resolve().parent.parent / "docs" / "guide.md"
@@ -368,3 +368,24 @@ def test_a_case_whose_python_grader_raises_is_bad_input_naming_the_case_not_a_mi
     assert code == 2, output
     assert "c1: grader failed: python:kevload_test_case_grader:check raised ValueError: no verdict" in output
     assert rows["c1"]["graded_after"]["failed"] == 4 and "Traceback" not in output
+
+
+def test_case_unstable_against_serial_stays_unstable_on_an_unchanged_server(tmp_path):
+    """A server that gives one other answer whenever two requests overlap: the run's c=2 cell reads
+    `1 all≠serial` (DRIFT, exit 1) and `cases build` records that case as unstable. `cases rerun` against
+    the very same server sends the case at c=2 only, sees one distinct answer (the same batched one it
+    recorded: `matches recorded`) and reported `unstable→stable`, exit 0: a fix that never happened. The
+    rerun now sends the serial level too and judges the c=2 cell against it, as the run did."""
+    with FakeServer(Behaviour(latency=0.1, drift_at=2, batched_variant=True)) as server:
+        scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=4)
+        assert run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")[0] == 1
+        c2 = cells_by_level(load_summary(tmp_path / "run"))[2]
+        assert c2["drift"] and c2["distinct"] == 1 and not c2["agrees_with_serial"]
+        cases = tmp_path / "cases.jsonl"
+        assert run_cli("cases", "build", tmp_path / "run", "-o", cases)[0] == 0
+        code, output = run_cli("cases", "rerun", cases, "--url", server.url, "--model", "fake", "--times", "4",
+                               "-o", tmp_path / "after.jsonl", "--out", tmp_path / "reruns")
+    after = {json.loads(line)["params"]["concurrency"]: json.loads(line)
+             for line in (tmp_path / "after.jsonl").read_text().splitlines()}
+    assert after[2]["verdict"] == "unstable"
+    assert after[2]["transition"] == "unchanged", output
