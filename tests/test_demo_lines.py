@@ -123,3 +123,18 @@ def test_a_graded_step_whose_target_failed_says_so_and_nothing_else():
     from kevload.demo import graded_lines
 
     assert graded_lines("vLLM", summary) == ["vLLM graded: target failed (http_500: 4)"]
+
+
+def test_where_outputs_leave_the_serial_one_reads_as_a_point_or_a_window():
+    def where(*drifting: dict) -> str:
+        return headline("t", steps(cell(1), *drifting, verdict="nondeterministic")).split(", ", 1)[1]
+
+    assert where(cell(4, distinct=2, drift=True, first_divergence_chars=7, last_divergence_chars=7)) == \
+        "outputs leave the serial one at char 7 (0-based)"
+    # A cell whose last divergence is unknown says nothing about the window's end: not "between char 7 and 0".
+    assert where(cell(2, distinct=2, drift=True, first_divergence_chars=7),
+                 cell(4, distinct=2, drift=True, first_divergence_chars=9, last_divergence_chars=None)) == \
+        "outputs leave the serial one at char 7 (0-based)"
+    assert where(cell(2, distinct=2, drift=True, first_divergence_chars=7, last_divergence_chars=12),
+                 cell(4, distinct=3, drift=True, first_divergence_chars=9, last_divergence_chars=31)) == \
+        "outputs leave the serial one between char 7 and 31 (0-based)"
