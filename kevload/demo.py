@@ -161,7 +161,7 @@ def logprob_line(label: str, steps: list[tuple[str, dict[str, Any]]]) -> str:
     diff = worst.logprob_max_abs_diff
     return (f"{label} logprobs: {len(differ)} of {len(cells)} fixed-param cells differ from serial "
             f"(c={','.join(map(str, levels))}), from {position_label(token=first)}"
-            + (f", largest |difference| {diff:.3g}" if diff is not None else "") + f"; {n} samples compared{gaps}")
+            + (f", largest |difference| {diff:.3g}" if diff else "") + f"; {n} samples compared{gaps}")
 
 
 def graded_lines(label: str, summary: RunSummary) -> list[str]:

@@ -211,13 +211,27 @@ def latent_text(cell: CellSummary) -> str:
     diff = cell.logprob_max_abs_diff
     return (f"same text as serial in {cell.ok} samples, logprobs differ from "
             f"{position_label(token=cell.first_logprob_divergence_token)}"
-            + (f", max abs diff {diff:.2g}" if diff is not None else "")
+            + (f", max abs diff {diff:.2g}" if diff else "")
             + (f"; {logprob_coverage_text(cell)}" if cell.logprob_gap else ""))
+
+
+def logprob_difference_text(cell: CellSummary) -> str:
+    """Where a cell's logprobs first leave the serial ones and by how much: ``≠ from token 3 (0-based), max abs diff
+    4.2e-06``; ``tokens differ from token 10 (0-based)`` where that first place is one whose tokens differ, which
+    has no serial logprob to compare with (the first position and the tokens' agree, and the tokens' is where an
+    output's tokens leave the serial ones). The size is the largest |difference| at positions whose tokens match
+    the serial ones, said only where one is not 0: "max abs diff 0" beside "≠" read as a difference of nothing."""
+    at = position_label(token=cell.first_logprob_divergence_token)
+    diff = cell.logprob_max_abs_diff
+    if cell.first_divergence_tokens is not None and cell.first_logprob_divergence_token == cell.first_divergence_tokens:
+        return f"tokens differ from {at}" + (f"; at matching tokens max abs diff {diff:.2g}" if diff else "")
+    return f"≠ from {at}" + (f", max abs diff {diff:.2g}" if diff else "")
 
 
 def logprob_text(cell: CellSummary) -> str:
     """The cell's logprobs against serial: ``bitwise = (8)``, ``≠ from token 3 (0-based), max abs diff 4.2e-06
-    (8)``, ``no claim: logprobs in 2 of 6`` or ``-``; with the samples that carried a non-finite logprob."""
+    (8)`` or ``tokens differ from token 10 (0-based) (8)`` (``logprob_difference_text``), ``no claim: logprobs in
+    2 of 6`` or ``-``; with the samples that carried a non-finite logprob."""
     n = cell.logprob_samples
     nonfinite = (f"; {cell.logprob_nonfinite_samples} with a non-finite logprob"
                  if cell.logprob_nonfinite_samples else "")
@@ -225,9 +239,7 @@ def logprob_text(cell: CellSummary) -> str:
         return f"no claim: {logprob_coverage_text(cell)}{nonfinite}" if cell.logprob_gap else "-"
     if cell.logprob_bitwise:
         return f"bitwise = ({n}){nonfinite}"
-    diff = cell.logprob_max_abs_diff
-    return (f"≠ from {position_label(token=cell.first_logprob_divergence_token)}"
-            + (f", max abs diff {diff:.2g}" if diff is not None else "")
+    return (logprob_difference_text(cell)
             + (f" ({n} of {cell.ok})" if cell.logprob_gap else f" ({n})") + nonfinite)
 
 

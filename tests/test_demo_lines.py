@@ -138,3 +138,11 @@ def test_where_outputs_leave_the_serial_one_reads_as_a_point_or_a_window():
     assert where(cell(2, distinct=2, drift=True, first_divergence_chars=7, last_divergence_chars=12),
                  cell(4, distinct=3, drift=True, first_divergence_chars=9, last_divergence_chars=31)) == \
         "outputs leave the serial one between char 7 and 31 (0-based)"
+
+
+def test_logprob_line_gives_no_size_of_0_for_cells_whose_tokens_differ():
+    line = logprob_line("x", steps(cell(1, logprob_samples=8, logprob_bitwise=True),
+                                   cell(4, logprob_samples=8, logprob_bitwise=False, logprob_max_abs_diff=0.0,
+                                        first_logprob_divergence_token=5, first_divergence_tokens=5)))
+    assert line == "x logprobs: 1 of 2 fixed-param cells differ from serial (c=4), from token 5 (0-based); " \
+        "16 samples compared"
