@@ -1,4 +1,4 @@
-"""The README's layout table is the import order: no module imports one listed below it."""
+"""The layout table (docs/architecture.md) is the import order: no module imports one listed below it."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _table_order() -> list[str]:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## Layout"):readme.index("## Benchmark")]
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = page[page.index("## Layout"):]
     order = []
     for line in section.splitlines():
         if line.startswith("| `kevload"):
@@ -46,7 +46,7 @@ def test_no_module_imports_one_below_it_in_the_layout():
                for p in (ROOT / "kevload").rglob("*.py")}
     unlisted = sorted(m for m in modules if rank_of(m) is None and m not in ("kevload", "kevload.__main__",
                                                                              "kevload.aio"))
-    assert unlisted == [], f"modules missing from the README's layout table: {unlisted}"
+    assert unlisted == [], f"modules missing from the layout table in docs/architecture.md: {unlisted}"
     upward = sorted((m, d) for m, path in modules.items() for d in _imports(path)
                     if d != "kevload" and rank_of(m) is not None and rank_of(d) is not None
                     and rank_of(d) > rank_of(m))
