@@ -22,7 +22,7 @@ from kevload.scenario import Scenario, build_scenario, load_scenario
 from kevload.stats import drift_upper_bound
 from kevload.store import default_run_dir
 from kevload.summary import CellSummary, RunSummary, label_of, position_label
-from kevload.sweep import Grid, answered_per_s, row_cells, setting_row, sweep_markdown, write_sweep
+from kevload.sweep import STOPPED, Grid, answered_per_s, row_cells, setting_row, sweep_markdown, write_sweep
 from kevload.targets import RunningTarget, TargetSettings, serving
 
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "demo.toml"
@@ -306,8 +306,11 @@ async def _sweep(name: str, step2: RunSummary, samples: int, out: Path, console:
             summary = await _run_step(target, STEPS[1].settings, samples, run_dir, console, stop)
             await _say_if_failed(target, console)
         rows[slots] = setting_row(f"max_num_seqs={slots}", {"max_num_seqs": slots}, {}, run_dir, summary)
-    grid = Grid(server={"max_num_seqs": sorted(rows)}, scenario={})
-    return write_sweep(sweep_dir, grid, [rows[k] for k in sorted(rows)], complete=not stop.is_set())
+    # Every planned setting gets its row, as `kevload sweep` gives it: one not reached is a not_run row saying why.
+    grid = Grid(server={"max_num_seqs": sorted({own, *SWEEP_SLOTS[name]})}, scenario={})
+    sweep_dir.mkdir(parents=True, exist_ok=True)  # no setting may have run to make it
+    unrun = STOPPED if stop.is_set() else "not run: the demo's sweep ended when a server before it failed to start"
+    return write_sweep(sweep_dir, grid, [rows[k] for k in sorted(rows)], complete=not stop.is_set(), unrun=unrun)
 
 
 def _log(console: Console) -> Callable[[str], None]:

@@ -146,3 +146,25 @@ def test_logprob_line_gives_no_size_of_0_for_cells_whose_tokens_differ():
                                         first_logprob_divergence_token=5, first_divergence_tokens=5)))
     assert line == "x logprobs: 1 of 2 fixed-param cells differ from serial (c=4), from token 5 (0-based); " \
         "16 samples compared"
+
+
+def test_the_demos_sweep_writes_a_row_for_every_setting_even_one_whose_server_never_started(tmp_path, monkeypatch):
+    import asyncio
+    import contextlib
+    import json
+
+    from rich.console import Console
+
+    from kevload import demo
+
+    @contextlib.asynccontextmanager
+    async def never_ready(*args, **kwargs):
+        yield None  # as `serving` does when the server fails to start
+
+    monkeypatch.setattr(demo, "serving", never_ready)
+    step2 = RunSummary.from_json({"verdict": "deterministic", "cells": [cell(1), cell(4)]})
+    sweep = asyncio.run(demo._sweep("vllm", step2, 8, tmp_path, Console(file=None, quiet=True), asyncio.Event()))
+    written = json.loads((tmp_path / "vllm-sweep" / "sweep.json").read_text())
+    assert written == sweep
+    assert [(row["setting"], row["verdict"]) for row in sweep["rows"]] == [
+        ("max_num_seqs=1", "not_run"), ("max_num_seqs=2", "not_run"), ("max_num_seqs=4", "deterministic")]
