@@ -39,9 +39,9 @@ test: install system-deps lint
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not e2e" $(PYTEST_ARGS)
 
-# The graded set that ships: made from a seed (kevload.gradedset), the same bytes on every machine.
+# The graded set that ships: made from a seed (kevload.inputs.gradedset), the same bytes on every machine.
 graded-set: install
-	$(BIN)/python -m kevload.gradedset > scenarios/graded.jsonl
+	$(BIN)/python -m kevload.inputs.gradedset > scenarios/graded.jsonl
 
 demo: install demo-deps
 	$(BIN)/python -m kevload demo
@@ -54,7 +54,7 @@ bench: install system-deps
 	  $(GUIDELLM)/bin/pip install --quiet --disable-pip-version-check guidellm==0.8.1)
 	# Measured against the open loop's schedule (bench/throttle.py), not a dependency of kevload.
 	$(BIN)/pip install --quiet --disable-pip-version-check asyncio-throttle==1.0.2
-	$(BIN)/python -c 'from kevload.targets.transformers_serve import model_dir; model_dir()'
+	$(BIN)/python -c 'from kevload.servers.targets.transformers_serve import model_dir; model_dir()'
 	$(BIN)/python bench/run.py
 
 clean:
