@@ -22,9 +22,9 @@ from kevload.load.runs import run_scenario
 from kevload.outputs import gradedview
 from kevload.outputs.report import cell_text
 from kevload.records.store import default_run_dir
-from kevload.servers.sweep import Grid, answered_per_s, row_cells, setting_row, sweep_markdown, write_sweep
+from kevload.servers.sweep import Grid, setting_row, sweep_markdown, write_sweep
 from kevload.servers.targets import RunningTarget, TargetSettings, serving
-from kevload.summary import RunSummary, label_of, position_label
+from kevload.summary import RunSummary, answered_per_s, label_of, position_label, row_cells
 
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "demo.toml"
 # Good or bad: a share of the shipped graded set at c=1 and c=4, graded per level against serial. Two samples a cell

@@ -255,7 +255,7 @@ class CellSummary(_Json):
     # to last answer), its ok samples with such a cut in flight (within beside_window_s of their send), and how many
     # of those and of the others left the
     # serial output; whether the divergent ones were all beside a cut, unlikely by chance (the one-sided Fisher
-    # p-value under kevload.load.cancel.FINDING_P).
+    # p-value under kevload.compare.cuts.FINDING_P).
     cancelled: int | None = written_with("cancelled")
     beside_cancelled: int | None = written_with("cancelled")
     # A sample is beside a cut when one came within this long of its send: the cell's shortest ok flight, the same
@@ -425,3 +425,16 @@ def held_without_cuts(row: Iterable[CellSummary]) -> list[CellSummary]:
     drifted = [c for c in ordered if c.drift]
     return [c for c in ordered[1:] if c.ok and not c.drift and c.cancelled == 0
             and all(d.level_order[0] == c.level_order[0] and d.level_order < c.level_order for d in drifted)]
+
+
+def answered_per_s(cell: CellSummary) -> float | None:
+    """What a setting costs: the answers it gives per second. ``requests_per_s`` also counts the failed requests,
+    and a dead server fails them faster than any live one answers."""
+    if not cell.ok or not cell.requests_per_s:
+        return None
+    return round(cell.requests_per_s * cell.ok / (cell.ok + sum(cell.errors.values())), 3)
+
+
+def row_cells(row: dict[str, Any]) -> list[CellSummary]:
+    """A sweep row (sweep.json)'s cells, read back from what sweep.json keeps of them (probe cells only)."""
+    return [CellSummary.from_json({"role": "probe", **cell}) for cell in row["cells"]]

@@ -23,8 +23,8 @@ from kevload.compare.stats import LatencyHistogram
 from kevload.compare.turnwise import TurnAnswer
 from kevload.inputs.conversation import as_received, ends_sample, transcript
 from kevload.inputs.scenario import Slo
-from kevload.load.cancel import CANCELLED
 from kevload.records.store import Record, counts_in_cell
+from kevload.words import CANCELLED
 
 LATENCY_NAMES = ("e2e", "ttft", "tpot", "itl", "lateness")
 CellKey = tuple[str, str, str, int, float | None]  # probe, role, mode, concurrency, rate (open loop)
@@ -69,7 +69,7 @@ class CellAccumulator:
     cancelled: int = 0  # requests kevload cut (load.cancel_share): neither answers nor errors
     findings: int = 0  # ok requests whose answer held a value that did not fit its field (Record.findings)
     # Probe cells: each ok sample's send and last-byte time, in turn, and its output beside it, so that the samples
-    # with a cut of their level in flight can be told from the others (kevload.load.cancel.beside_cuts).
+    # with a cut of their level in flight can be told from the others (kevload.compare.cuts.beside_cuts).
     sample_spans: array | None = None
     sample_outputs: list[OutputKey] | None = None
 
@@ -361,7 +361,7 @@ class Reduction:
             cell.slo_fold(slo_missed(self.limits, record), {name for kept in earlier for name in kept[5]})
         cell.t_start = min([cell.t_start, *(kept[4] for kept in earlier)])
         if ok and earlier and cell.sample_spans is not None:
-            # Beside a cut or not is the whole conversation's (kevload.load.cancel.beside_cuts): from its first send.
+            # Beside a cut or not is the whole conversation's (kevload.compare.cuts.beside_cuts): from its first send.
             cell.sample_spans[-2] = earlier[0][4]
         if ok:
             cell.output_tokens += sum(kept[3] for kept in earlier)

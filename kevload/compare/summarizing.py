@@ -15,15 +15,14 @@ import numpy as np
 
 from kevload.compare.agreement import agreement, logprob_agreement
 from kevload.compare.cells import CellAccumulator, Reduction
+from kevload.compare.cuts import beside_cuts
 from kevload.compare.divergence import divergence
 from kevload.compare.graded import Grader, graded_cell, with_accuracy
 from kevload.compare.overlap import FullLoad, Window
 from kevload.compare.stats import drift_upper_bound
 from kevload.compare.turnwise import TurnAgreement, by_turn, first_divergent_turn
-from kevload.compare.verdict import meets_slo, probe_error_share, run_verdict, stop_reason
+from kevload.compare.verdict import UntilBound, meets_slo, probe_error_share, run_verdict, stop_reason
 from kevload.inputs.grading import Grading
-from kevload.load.cancel import beside_cuts
-from kevload.load.schedule import UntilBound
 from kevload.records.servermetrics import Samples, cell_view
 from kevload.summary import CellSummary, RunSummary, held_without_cuts, level_label, level_order, levels_of
 from kevload.words import DIVERGENCE_KINDS

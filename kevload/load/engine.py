@@ -16,6 +16,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
+from kevload.compare.verdict import UntilBound
 from kevload.inputs.models import Probe
 from kevload.inputs.scenario import Scenario
 from kevload.inputs.trace import trace_of
@@ -24,7 +25,7 @@ from kevload.load.cancel import CancelPlan
 from kevload.load.level import Level, Plan
 from kevload.load.prefixcache import CacheControl
 from kevload.load.replay import TraceLoop
-from kevload.load.schedule import COMPANION, PROBE, WARMUP, ClosedLoop, OpenLoop, Role, UntilBound
+from kevload.load.schedule import COMPANION, PROBE, WARMUP, ClosedLoop, OpenLoop, Role
 from kevload.load.sender import Cell, Cut, Sender
 from kevload.records.store import Record
 from kevload.summary import level_label

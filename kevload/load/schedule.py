@@ -11,7 +11,7 @@ from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal, get_args
 
-from kevload.compare.stats import samples_for_bound
+from kevload.compare.verdict import UntilBound
 
 if TYPE_CHECKING:
     from kevload.inputs.models import Probe
@@ -29,37 +29,6 @@ class Send:
     role: Role
     at: float | None = None
     item: Probe | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class UntilBound:
-    """``load.until_bound``: take probe samples until drift is seen or the 95 % bound on the drift rate
-    falls to ``bound``, at most ``max_samples``; a drifting cell still takes ``min_samples`` (``load.samples``).
-
-    ``reason`` is the one rule, asked twice: by the strategy while the level runs (``sent`` counted
-    sends, ``errors`` of them answered with an error, so ``sent - errors`` are ok or still in flight),
-    and by the summary afterwards from the cell's records (every send answered). Both get the same
-    answer, so ``kevload report`` recomputes ``stop_reason`` from the records alone.
-    """
-
-    bound: float
-    min_samples: int
-    max_samples: int
-
-    @property
-    def goal(self) -> int:
-        """Clean ok samples that bound the drift rate at ``bound`` (at 95 %), and never fewer than asked."""
-        return max(self.min_samples, samples_for_bound(self.bound))
-
-    def reason(self, sent: int, errors: int, diverged: bool) -> str | None:
-        """Why counting stops now, or None while the cell still needs samples."""
-        if diverged and sent >= self.min_samples:
-            return "drift"
-        if not diverged and sent - errors >= self.goal:
-            return "bound"
-        if sent >= self.max_samples:
-            return "cap"
-        return None
 
 
 class ClosedLoop:

@@ -20,12 +20,11 @@ import msgspec
 from kevload.inputs.conversation import conversation_sha256, history_sha256
 from kevload.inputs.models import Probe
 from kevload.inputs.scenario import Scenario
-from kevload.load.cancel import CancelAt
 from kevload.load.level import Level
 from kevload.load.prefixcache import CacheControl
 from kevload.load.schedule import PROBE, ClosedLoop, Role
 from kevload.records.store import Record, answer_text
-from kevload.wire.client import Client, Outcome, build_body
+from kevload.wire.client import CancelAt, Client, Outcome, build_body
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,6 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from kevload.load.cancel import CANCELLED
 from kevload.outputs import gradedview
 from kevload.outputs.report import (
     AGREEMENT_COLUMNS,
@@ -31,8 +30,8 @@ from kevload.outputs.report import (
     visible,
 )
 from kevload.records.store import Record, redact
-from kevload.summary import CellSummary, RunSummary, levels_of, position_label
-from kevload.words import OK
+from kevload.summary import CellSummary, RunSummary, answered_per_s, levels_of, position_label, row_cells
+from kevload.words import CANCELLED, OK
 
 STABLE = "#2e7d32"
 DRIFT = "#c62828"
@@ -76,8 +75,6 @@ def run_report(summary: RunSummary, meta: dict[str, Any], records: Iterable[Reco
 
 
 def sweep_report(sweep: dict[str, Any]) -> str:
-    from kevload.servers.sweep import answered_per_s, row_cells
-
     rows: dict[str, dict[str, CellSummary]] = {}
     for row in sweep["rows"]:
         for cell in row_cells(row):

@@ -24,7 +24,7 @@ from kevload.records.rundir import apart
 from kevload.records.servermetrics import CELL_FIELDS as SERVER_FIELDS
 from kevload.records.store import read_json, write_json
 from kevload.servers.processes import free_port, log_tail, start_server, stop_when_gone, trouble, wait_ready
-from kevload.summary import CellSummary, RunSummary
+from kevload.summary import CellSummary, RunSummary, answered_per_s, row_cells
 from kevload.words import SweepVerdict
 
 # {name} in --server-cmd and --ready-url; any other braces (JSON arguments) are left as they are.
@@ -366,14 +366,6 @@ def sweep_cell_text(cell: CellSummary | None) -> str:
     return " · ".join(parts)
 
 
-def answered_per_s(cell: CellSummary) -> float | None:
-    """What a setting costs: the answers it gives per second. ``requests_per_s`` also counts the failed requests,
-    and a dead server fails them faster than any live one answers."""
-    if not cell.ok or not cell.requests_per_s:
-        return None
-    return round(cell.requests_per_s * cell.ok / (cell.ok + sum(cell.errors.values())), 3)
-
-
 def max_level_at_slo(cells: list[CellSummary]) -> str | None:
     """The highest level up to which every level met the SLO; None when even the lowest missed it.
 
@@ -425,11 +417,6 @@ SWEEP_CELL_FIELDS = ("probe", "mode", "concurrency", "rate", "ok", "asked", "sho
 
 def _cell(c: CellSummary) -> dict[str, Any]:
     return {**{k: getattr(c, k) for k in (*SWEEP_CELL_FIELDS, *SERVER_FIELDS)}, "level": c.level}
-
-
-def row_cells(row: dict[str, Any]) -> list[CellSummary]:
-    """A sweep row's cells, read back from what sweep.json keeps of them (probe cells only)."""
-    return [CellSummary.from_json({"role": "probe", **cell}) for cell in row["cells"]]
 
 
 def _levels(rows: list[dict[str, Any]]) -> list[str]:

@@ -19,13 +19,27 @@ import orjson
 
 from kevload.inputs.models import Probe
 from kevload.inputs.scenario import REQUEST_ID_HEADER, Scenario, Target
-from kevload.load.cancel import CANCELLED, CancelAt
 from kevload.records.store import TOKEN_COUNT_MAX, TokenCount, url_secrets, url_userinfo
 from kevload.wire.http1 import LeanTransport
 from kevload.wire.sse import SSEError, SSEParser
 from kevload.wire.transport import AiohttpTransport, Endpoint, Response, Transport, TransportError
+from kevload.words import CANCELLED
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class CancelAt:
+    """When one request is cut: after ``after_s`` seconds from its send, or once ``after_chunks`` streamed chunks
+    carried a piece of the answer, whichever comes first (None: not by that measure)."""
+
+    after_s: float | None = None
+    after_chunks: int | None = None
+
+    def since(self, elapsed: float) -> CancelAt:
+        """The cut of a conversation's later turn, ``elapsed`` seconds after its first send: a conversation's
+        seconds count from there, as a user closing the tab ends the chat at a moment, whatever turn it is in."""
+        return self if self.after_s is None else replace(self, after_s=max(self.after_s - elapsed, 0.0))
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
-from tests.test_transport import BODY, RawServer, exchange, run
+from tests.wire.test_transport import BODY, RawServer, exchange, run
 
 
 def _rows(run_dir: Path) -> list[dict]:

@@ -28,9 +28,9 @@ from kevload.outputs.report import diagnosis_text, junit_xml, logprob_text, mark
 from kevload.records.store import spell_logprobs
 from kevload.summary import RunSummary
 from kevload.wire.client import Client, _nonfinite_json, build_body, logprob_fields
-from tests import test_logprobs as logprob_records
 from tests.conftest import cells_by_level, load_summary, reduce_rows, run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
+from tests.wire import test_logprobs as logprob_records
 
 INF = math.inf
 NONFINITE = {1: -INF, 2: math.nan, 3: INF}  # token positions of the fake server's answer

@@ -10,9 +10,9 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from kevload.inputs.trace import VOCABULARY, read_trace
 from tests.conftest import run_cli, write_scenario
-from tests.test_review22_trace import read, traced_run
-from tests.test_trace import mooncake
-from tests.test_trace_tokenizer import ROWS, SPLIT, tokens, wordpiece
+from tests.inputs.test_trace import mooncake
+from tests.inputs.test_trace_tokenizer import ROWS, SPLIT, tokens, wordpiece
+from tests.load.test_review22_trace import read, traced_run
 
 
 def fitted(tmp_path: Path, tokenizer: Path):

@@ -17,7 +17,7 @@ from kevload.inputs.tokenwords import TokenizerWords
 from kevload.inputs.trace import VOCABULARY, read_trace
 from kevload.records.store import read_records
 from tests.conftest import run_cli, write_scenario
-from tests.test_trace import mooncake
+from tests.inputs.test_trace import mooncake
 
 # Long words a crafted vocabulary splits in two: about one word in five of a prompt.
 SPLIT = tuple(w for w in VOCABULARY if len(w) >= 7)

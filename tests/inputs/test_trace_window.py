@@ -13,7 +13,7 @@ from kevload.inputs.scenario import load_scenario
 from kevload.inputs.trace import read_trace
 from kevload.records.store import read_records
 from tests.conftest import run_cli, write_scenario
-from tests.test_trace import mooncake
+from tests.inputs.test_trace import mooncake
 
 # A request every 0.5 s of trace, from 10 s after the first line (line 1 at 0 s, line 2 at 10 s, …).
 ROWS = [(0, 8, 4, [])] + [(10_000 + 500 * i, 8 + i, 4, []) for i in range(12)]

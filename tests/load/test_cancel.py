@@ -14,12 +14,14 @@ import json
 
 import pytest
 
+from kevload.compare.cuts import BesideCuts, beside_cuts
 from kevload.compare.summarizing import summarize
-from kevload.load.cancel import CANCELLED, BesideCuts, CancelPlan, beside_cuts
+from kevload.load.cancel import CancelPlan
 from kevload.outputs.baseline import compare_to_baseline
 from kevload.outputs.report import cancel_findings, cell_text, footnotes
 from kevload.records.store import read_records
 from kevload.summary import RunSummary
+from kevload.words import CANCELLED
 from tests.conftest import cells_by_level, load_summary, reduce_rows, run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
 

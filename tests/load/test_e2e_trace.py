@@ -13,7 +13,7 @@ from kevload.records.store import read_records
 from kevload.servers.targets import running_target
 from kevload.servers.targets.transformers_serve import model_dir
 from tests.conftest import load_summary, run_cli, write_scenario
-from tests.test_e2e_targets import QUIET
+from tests.servers.test_e2e_targets import QUIET
 
 pytestmark = pytest.mark.e2e
 

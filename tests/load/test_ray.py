@@ -16,10 +16,10 @@ import pytest
 from kevload.records.rundir import RunDir
 from tests.bounded import Kevload
 from tests.conftest import load_summary, run_cli, write_scenario
+from tests.load.test_stop_batches import stop_mid_level
+from tests.load.test_workers import TWO_PROBES, _check_levels, check_c_in_flight
 from tests.raycluster import ray_cluster
-from tests.test_request_ids import kill_and_resume
-from tests.test_stop_batches import stop_mid_level
-from tests.test_workers import TWO_PROBES, _check_levels, check_c_in_flight
+from tests.wire.test_request_ids import kill_and_resume
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -22,12 +22,13 @@ import time
 from aiohttp import web
 
 from kevload.compare.summarizing import summarize
-from kevload.load.cancel import CANCELLED, CancelPlan
+from kevload.load.cancel import CancelPlan
 from kevload.outputs.report import cancel_findings
+from kevload.words import CANCELLED
 from tests.conftest import cells_by_level, reduce_rows, run_cli
 from tests.fakeserver import WORDS, Behaviour, FakeServer
-from tests.test_cancel import crafted_row
-from tests.test_cancel import run as cancel_run
+from tests.load.test_cancel import crafted_row
+from tests.load.test_cancel import run as cancel_run
 
 
 class WholeAnswerServer(FakeServer):

@@ -262,7 +262,7 @@ class _SaysOnlyWarm(FakeServer):
 def test_a_warm_sample_the_server_says_reused_nothing_is_not_claimed_warm(tmp_path):
     # The cold answers said nothing, so the rounds were compared on kevload's word although the server said each
     # warm sample reused 0 prompt tokens: "cold = warm in every round; no cache effect" of a cache that was off.
-    from tests.test_prefix_cache import _Forgetful
+    from tests.load.test_prefix_cache import _Forgetful
 
     probes = [{"id": "p1", "prompt": "tell me a story about a robot", "max_tokens": 12}]
     with _SaysOnlyWarm(Behaviour(reset_endpoint="/reset_prefix_cache", cached_tokens="usage")) as server:

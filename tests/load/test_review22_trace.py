@@ -10,7 +10,7 @@ import pytest
 
 from kevload.records.store import read_records
 from tests.conftest import load_summary, run_cli, write_scenario
-from tests.test_trace import BURST, mooncake
+from tests.inputs.test_trace import BURST, mooncake
 
 
 def read(path: Path) -> list[dict]:

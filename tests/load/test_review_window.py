@@ -9,8 +9,8 @@ from kevload.errors import ScenarioError
 from kevload.inputs.trace import read_trace
 from kevload.records.store import read_records
 from tests.conftest import run_cli, write_scenario
-from tests.test_trace import mooncake
-from tests.test_trace_window import ROWS
+from tests.inputs.test_trace import mooncake
+from tests.inputs.test_trace_window import ROWS
 
 
 def burstgpt(path, rows):

@@ -17,7 +17,7 @@ from kevload.outputs.metrics import escape_label
 from kevload.outputs.report import markdown_cell, visible, xml_text
 from tests.conftest import run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
-from tests.test_nightly import SCHEMA
+from tests.outputs.test_nightly import SCHEMA
 
 # Every character class a format cares about, in a probe id and in each output.
 HOSTILE = 'p\x00\x01\x1b[31m<b>&amp;"\'</script>]]>\n|x[/x]\x7f\x85\ufffe\\|'

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from kevload.servers.processes import pid_alive, stop_group
-from kevload.servers.sweep import READY_TIMEOUT_S, row_cells, sweep_cell_text
+from kevload.servers.sweep import READY_TIMEOUT_S, sweep_cell_text
+from kevload.summary import row_cells
 from tests.conftest import run_cli, write_scenario
 
 
@@ -421,7 +422,7 @@ def test_a_sweep_ended_by_an_error_gives_every_setting_a_row(tmp_path):
 
 
 def test_sweep_md_keeps_its_columns_whatever_the_probe_id_and_setting_hold(tmp_path, server):
-    from tests.test_output_escaping import HOSTILE, _cells
+    from tests.outputs.test_output_escaping import HOSTILE, _cells
 
     scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=2,
                               probes=[{"id": HOSTILE, "prompt": "Say something.", "max_tokens": 16}])

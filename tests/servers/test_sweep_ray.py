@@ -20,7 +20,7 @@ import pytest
 from kevload.servers.processes import pid_alive
 from tests.conftest import run_cli, write_scenario
 from tests.raycluster import ray_cluster
-from tests.test_sweep import sick_server
+from tests.servers.test_sweep import sick_server
 
 ROOT = Path(__file__).resolve().parents[2]
 # The fake server from any working directory: a Ray task does not run in this checkout.

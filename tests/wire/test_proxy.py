@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from kevload.servers.processes import free_port, start_server, wait_ready
-from tests.test_transport import BACKENDS, OK, RawServer, exchange, replying, run
+from tests.wire.test_transport import BACKENDS, OK, RawServer, exchange, replying, run
 
 
 def test_readiness_check_never_uses_http_proxy(tmp_path, monkeypatch):

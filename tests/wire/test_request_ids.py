@@ -16,8 +16,8 @@ from kevload.records.rundir import RunDir
 from kevload.records.store import RECORDS, read_records
 from kevload.wire.client import Client
 from tests.conftest import run_cli, write_scenario
-from tests.test_stop_batches import signal_mid_level
-from tests.test_transport import REQUEST, RawServer, answer_once_then_drop, target
+from tests.load.test_stop_batches import signal_mid_level
+from tests.wire.test_transport import REQUEST, RawServer, answer_once_then_drop, target
 
 BACKENDS = ["lean", "aiohttp"]
 
