@@ -31,6 +31,8 @@ system-deps: demo-deps
 
 lint: install
 	$(BIN)/ruff check kevload tests bench
+	# The architecture: the layers of setup.cfg's [importlinter] (a lower package never imports a higher one).
+	$(BIN)/lint-imports
 
 test: install system-deps lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
