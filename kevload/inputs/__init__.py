@@ -1,1 +1,1 @@
-"""kevload.inputs."""
+"""What is sent: scenarios, probes and graders, datasets, traces, conversations, workloads, the graded set."""

@@ -1,1 +1,1 @@
-"""kevload.records."""
+"""What a run leaves on disk: a typed record per request, the run directory, the server's metrics."""

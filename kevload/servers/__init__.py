@@ -1,1 +1,1 @@
-"""kevload.servers."""
+"""Servers kevload starts: processes, the built-in real targets, sweeps of settings (local or Ray tasks)."""
