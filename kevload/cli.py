@@ -668,7 +668,8 @@ def cases_rerun(cases_file: Path, url: str | None, model: str | None, times: int
     _exit_if_signalled(signum)
     if exited is not None:
         raise exited
-    sys.exit(exitcode.for_rerun(moves, mismatched=mismatched, accepted=accept))
+    sys.exit(exitcode.for_rerun(moves, mismatched=mismatched, accepted=accept,
+                                grader_failed=[r["id"] for r in results if r.get("grade_errors")]))
 
 
 @main.command("sweep")

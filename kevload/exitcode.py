@@ -1,6 +1,6 @@
 """Exit codes, which CI depends on: the one ``ExitCode`` enum and the one place each command's result is mapped
 to it, so the CLI holds no policy. Each gate decides from everything it saw, not only from what matched; its rule
-is the docstring of its function here (``for_run`` with a baseline, ``for_rerun``, ``for_sweep``), and the README's
+is the docstring of its function here (``for_run`` with a baseline, ``for_rerun``, ``for_sweep``), and docs/nightly.md's
 "Gates: what each exit code means" says the same. Every gate exits 2, before anything is sent, for an input it
 cannot read typed (a baseline, a case file, a grid): the message names the file and the key."""
 
@@ -52,7 +52,8 @@ def for_run(summary: RunSummary, *, fail_on: Literal["drift", "latent", "bad"] =
     latent drift), an output never seen in the baseline, p50 e2e/TTFT slower than allowed, a baseline cell missing;
     and, where the baseline has nothing to hold the cell against — a cell it lacks (``new_cell``), one whose input,
     params or max_tokens changed (``input_changed``), one where it had no ok sample — whatever fails the run's own
-    rule (drift; latent drift too under ``fail_on`` latent)."""
+    rule (drift; latent drift too under ``fail_on`` latent). Under ``fail_on`` bad the drift kinds count only in a cell
+    whose answers load turned bad (``kevload.outputs.baseline``)."""
     code = for_summary(summary)
     if fail_on == "latent" and code == ExitCode.OK and summary.latent_cells:
         code = ExitCode.DRIFT
@@ -91,11 +92,16 @@ def for_diagnosis(*, target_failed: bool, verdict: str) -> ExitCode:
     return ExitCode.OK if verdict == "stable" else ExitCode.DRIFT
 
 
-def for_rerun(moves: Mapping[str, Sequence[str]], *, mismatched: Sequence[str], accepted: bool) -> ExitCode:
-    """``cases rerun``: TARGET if a case got no answer; DRIFT if a stable case became unstable, one answers
-    something else (``changed``, unless accepted) or an ``expected`` output is not met."""
+def for_rerun(moves: Mapping[str, Sequence[str]], *, mismatched: Sequence[str], accepted: bool,
+              grader_failed: Sequence[str] = ()) -> ExitCode:
+    """``cases rerun``: TARGET if a case got no answer; USAGE if a case's ``python:`` grader raised (bad input found
+    late, as in ``for_run``: its answers are not graded, so "does not match expected" would be a guess); DRIFT if a
+    stable case became unstable, one answers something else (``changed``, unless accepted) or an ``expected`` output
+    is not met."""
     if moves["no answer"]:
         return ExitCode.TARGET
+    if grader_failed:
+        return ExitCode.USAGE
     changed = moves["changed"] and not accepted
     return ExitCode.DRIFT if moves["stable→unstable"] or changed or mismatched else ExitCode.OK
 

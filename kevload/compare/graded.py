@@ -1,7 +1,7 @@
 """Good or bad, beside same or different: each graded probe cell's answers graded (once per distinct output, from the
 texts the cell already keeps), flips against the serial cell, and accuracy per level with the paired test.
 
-Definitions (README: "Good or bad: graded answers"):
+Definitions (docs/graded.md: "Good or bad: graded answers"):
 
 - A cell's ``graded_good`` / ``graded_bad``: its counted ok samples whose answer is graded good / bad.
 - ``serial_grade``: ``good`` when every graded serial sample is good, ``bad`` when every one is bad, ``mixed``

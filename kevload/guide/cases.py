@@ -379,7 +379,8 @@ async def rerun_cases(cases: list[dict[str, Any]], *, url: str, model: str, time
                                      "failed": cell.grade_failed or 0}
             after["matches_expected"] = bool(cell.graded_good) and not cell.graded_bad and not cell.grade_failed
             if result.summary.grade_errors:
-                after["grade_errors"] = list(result.summary.grade_errors)
+                # Every rerun's probe is "case": the line is printed after the case's own id instead.
+                after["grade_errors"] = [e.removeprefix("probe 'case': ") for e in result.summary.grade_errors]
         after["transition"] = transition(after)
         results.append(after)
     return results

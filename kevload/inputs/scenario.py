@@ -44,7 +44,7 @@ APIS: tuple[str, ...] = get_args(Api)
 STREAMED_BOUNDS = ("ttft_ms", "itl_ms", "tpot_ms")
 SLO_BOUNDS = (*STREAMED_BOUNDS, "e2e_ms")
 MAX_RAMP_LEVELS = 1000  # each level is a cell run in turn: more than this is a typo, not a test
-# Every number's bound: far beyond any real test, far below what hurts the machine kevload runs on (README:
+# Every number's bound: far beyond any real test, far below what hurts the machine kevload runs on (docs/running.md:
 # Bounds). A level's slots, a needle's text and the worker processes are allocated in proportion to them.
 MAX_CONCURRENCY = 100_000   # requests in flight at one level, all workers together
 MAX_RATE = 100_000          # open-loop requests per second

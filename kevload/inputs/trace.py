@@ -9,7 +9,7 @@ offset ÷ the level's speed-up, as a companion with a synthetic prompt of its in
 as max_tokens, and ``load.samples`` probes spread evenly over the replay.
 
 Prompts are made of words, not tokens (no tokenizer is needed, nothing is downloaded): one word of ``VOCABULARY``
-is one token of the built-in targets' model after a space (README: Trace replay, measured; 11 are two opening a
+is one token of the built-in targets' model after a space (workloads.md: Trace replay, measured; 11 are two opening a
 prompt), and the chat template adds its own. Given the model's tokenizer.json (``load.trace_tokenizer``), only the
 words it makes one token each are used (``kevload.inputs.tokenwords``).
 A Mooncake ``hash_ids`` entry is a block of ``load.trace_block_tokens`` words whose text depends only on the hash
@@ -38,8 +38,8 @@ MAX_TRACE_SECONDS = 10 * 365 * 86_400  # load.trace_window_s: BurstGPT's own tra
 BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
 
 # Common English words, each one token after a space in SmolLM2's BPE vocabulary (11 are two opening a prompt), as
-# checked with its tokenizer.json and by llama.cpp's prompt_tokens (README: Trace replay); other BPE vocabularies hold
-# most.
+# checked with its tokenizer.json and by llama.cpp's prompt_tokens (docs/workloads.md: Trace replay); other BPE
+# vocabularies hold most.
 VOCABULARY = tuple("""
 time year people way day man thing woman life child world school state family student group country problem hand
 part place case week company system program question work government number night point home water room mother

@@ -318,6 +318,8 @@ async def _prefix_cache(scenario: Scenario, meta: dict[str, Any], api_key: str |
     if method.name == "marker":
         scenario = prefixcache.marked_rounds(scenario, run_id)
         meta["probes"] = [probe.id for probe in scenario.probes]
+        if meta.get("grading"):  # each round graded by its probe's grader, under the round's own id
+            meta["grading"] = grading_json(scenario.probes)
         meta["load"] = {**meta["load"], "samples": scenario.load.samples}
     return scenario, prefixcache.CacheControl(method, scenario, api_key)
 

@@ -18,6 +18,11 @@ into the exit code, and its docstring states the whole gate):
   right before and wrong now is the change a nightly job exists to catch, and a fall too small to be significant
   over few probes is still a right answer lost. Probes that only went bad→good are ``accuracy_gained``, an
   improvement.
+
+Under ``--fail-on bad`` the drift kinds (new drift, new latent drift, an unseen output, a new or changed cell that
+drifts) are regressions only in a cell whose answers load made worse (``flips_good_to_bad``), as the run's own rule
+has it: the gate "fail only when answers get worse" does not fail on a reworded right answer because a baseline is
+given. Latency, a missing cell and ``accuracy_lost`` stay regressions.
 """
 
 from __future__ import annotations
@@ -109,7 +114,7 @@ def compare_to_baseline(current: RunSummary, baseline: RunSummary, *, max_latenc
             changes.append(Change("new_drift", name, f"{cell.distinct} distinct in {cell.ok} "
                                   f"(baseline: 1 in {before.ok}), first divergence at "
                                   f"{position_label(char=cell.first_divergence_chars)}"
-                                  + _cuts_clause(cell, before)))
+                                  + _cuts_clause(cell, before), regression=_worse(cell, fail_on)))
         elif before.drift and not cell.drift and cell.ok:
             changes.append(Change("fixed", name,
                                   f"one output in {cell.ok} (baseline: {before.distinct} distinct)"
@@ -121,7 +126,8 @@ def compare_to_baseline(current: RunSummary, baseline: RunSummary, *, max_latenc
             then = (f"bitwise equal in {before.logprob_samples} samples" if before.logprob_bitwise else
                     f"no logprob claim, logprobs in {before.logprob_samples} of {before.ok}, those equal")
             changes.append(Change("new_latent_drift", name, f"same text as serial, logprobs differ from "
-                                  f"{position_label(token=cell.first_logprob_divergence_token)} (baseline: {then})"))
+                                  f"{position_label(token=cell.first_logprob_divergence_token)} (baseline: {then})",
+                                  regression=fail_on != "bad"))
         elif before.latent_drift and cell.logprob_bitwise and not cell.drift:
             changes.append(Change("fixed", name, f"logprobs bitwise equal to serial in {cell.logprob_samples} "
                                   "samples (baseline: latent drift)", regression=False))
@@ -134,7 +140,7 @@ def compare_to_baseline(current: RunSummary, baseline: RunSummary, *, max_latenc
             unknown = "" if baseline.inputs is not None else (" (the baseline does not record its inputs: a "
                                                               "changed input would read the same)")
             changes.append(Change("unseen_output", name, f"{len(unseen)} output(s) never seen in the baseline: "
-                                  f"the model or server changed{unknown}"))
+                                  f"the model or server changed{unknown}", regression=_worse(cell, fail_on)))
         for metric in LATENCY_METRICS:
             now = cell.latency.get(metric, {}).get("p50")
             then = before.latency.get(metric, {}).get("p50")
@@ -179,8 +185,17 @@ def accuracy_changes(current: RunSummary, baseline: RunSummary) -> list[Change]:
 
 
 def _fails_alone(cell: CellSummary, fail_on: FailOn) -> bool:
-    """Whether the cell fails the run's own rule, with no baseline: drift, or latent drift under --fail-on latent."""
+    """Whether the cell fails the run's own rule, with no baseline: drift, latent drift under --fail-on latent, an
+    answer load made worse under --fail-on bad."""
+    if fail_on == "bad":
+        return bool(cell.flips_good_to_bad)
     return cell.drift or (fail_on == "latent" and bool(cell.latent_drift))
+
+
+def _worse(cell: CellSummary, fail_on: FailOn) -> bool:
+    """Whether a change in the cell's outputs counts under ``fail_on``: always, but under --fail-on bad only where
+    load turned an answer bad."""
+    return fail_on != "bad" or bool(cell.flips_good_to_bad)
 
 
 def _drift_words(cell: CellSummary, fail_on: FailOn) -> str:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 
 from kevload.errors import RunDirError
@@ -65,8 +66,15 @@ class RunDir:
         return next(iter(ids), None)
 
     def meta(self) -> dict[str, Any]:
-        """``run.json``: the scenario as run, its load, target, parts and end state."""
-        return read_json(self.run_json)
+        """``run.json``: the scenario as run, its load, target, parts and end state, as written; the keys kevload
+        reads back from it checked typed first (``_RunJson``), so an edited one is a ``RunDirError`` naming the key,
+        never a traceback in whatever reads it later."""
+        doc = read_json(self.run_json)
+        try:
+            msgspec.convert(doc, _RunJson)
+        except msgspec.ValidationError as exc:
+            raise RunDirError(f"{self.run_json}: {exc} (expected a kevload run.json)") from None
+        return doc
 
     def summary(self) -> RunSummary:
         """``summary.json`` as it was last written (``runs.finish_run`` recomputes it from the records), read typed: a
@@ -107,6 +115,67 @@ class RunDir:
                     if isinstance(record, dict) and record.get("request_id") == request_id:
                         return record
         return None
+
+
+class _Slo(msgspec.Struct, forbid_unknown_fields=True):
+    ttft_ms: float | None = None
+    itl_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+
+
+class _Load(msgspec.Struct):
+    """The keys of run.json's ``load`` that its readers use (the summary, resume, case sets), with their types;
+    the scenario's own rules checked them when the run began."""
+
+    max_error_share: float
+    mode: str = "single"
+    concurrency: list[int] = []
+    rate: list[float] | None = None
+    samples: int | None = None
+    duration: float | None = None
+    slo: _Slo | None = None
+    cancel_share: float | None = None
+    min_slo_attainment: float | None = None
+    min_good_share: float | None = None
+    until_bound: float | None = None
+    max_samples: int = 1000
+    trace_speedup: list[float] | None = None
+
+
+class _Part(msgspec.Struct):
+    part: int
+    first_seq: int
+    workers: int
+    unrecorded: int | None = None
+
+
+class _Method(msgspec.Struct):
+    method: str
+    why: str = ""
+
+
+class _Target(msgspec.Struct):
+    base_url: str
+    model: str
+
+
+class _RunJson(msgspec.Struct):
+    """What kevload reads back from a run.json (other keys are kept as written and not read)."""
+
+    load: _Load
+    scenario: dict[str, Any] = {}
+    target: _Target | None = None
+    run_id: str | None = None
+    scenario_name: str | None = None
+    scenario_source: str | None = None
+    state: str | None = None
+    probes: list[str] | None = None
+    parts: list[_Part] | None = None
+    prefix_cache: _Method | None = None
+    datasets: list[dict[str, Any]] = []
+    grading: dict[str, dict[str, Any]] | None = None
+    inputs: dict[str, Any] | None = None
 
 
 def _run_ids(path: Path) -> set[str]:

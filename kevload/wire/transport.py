@@ -147,7 +147,7 @@ class AiohttpTransport:
         trace.on_connection_reuseconn.append(_mark_reused)
         connector = aiohttp.TCPConnector(limit=e.limit, ttl_dns_cache=None, force_close=force_close)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=e.timeout, sock_read=e.timeout)
-        # trust_env stays False: proxies from the environment are not used (see the README).
+        # trust_env stays False: proxies from the environment are not used (docs/running.md says so).
         # The head limit both backends share; aiohttp's own default stops at 8190 bytes per header line.
         return aiohttp.ClientSession(connector=connector, timeout=timeout, headers=dict(e.headers),
                                      trace_configs=[trace], max_line_size=MAX_HEAD_BYTES,

@@ -6,9 +6,8 @@ clients on the same event loop (uvloop, as kevload's CLI runs), so the loop is n
 Rounds of 20,000 requests: at 4,000 a round lasted 0.4 s, and a neighbour's burst on the 2 shared cores moved single
 rounds from 0.84 to 1.22. The ratio is of whole runs (start-up and summary included), so it sits below the in-run
 ratio `make bench` reports. On 2026-12-05, with requests written in bursts (``kevload.wire.http1.BURST``), two runs of
-five
-rounds ran 1.68-1.83 and 1.49-1.92 (medians 1.75 and 1.68; with one write per request 1.30-1.53), so the bar sits at
-1.5, below both medians by a tenth or more: a regression that adds about 12 % to kevload's time per request fails
+five rounds ran 1.68-1.83 and 1.49-1.92 (medians 1.75 and 1.68; with one write per request 1.30-1.53), so the bar sits
+at 1.5, below both medians by a tenth or more: a regression that adds about 12 % to kevload's time per request fails
 here, a smaller one is what `make bench` shows.
 """
 

@@ -1,4 +1,4 @@
-"""One error tree (issue 11, item 5): every kind of kevload error, raised anywhere under any command, reaches
+"""One error tree: every kind of kevload error, raised anywhere under any command, reaches
 the user as ``kevload: error: <message>`` and its exit code, from the one handler in ``cli.main``."""
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ def _refused(*args: object, code: str = NO_PROCESSES) -> str:
     return ended.stderr
 
 
-# (load keys, --set overrides, the message); each from issue 19 or its siblings.
+# (load keys, --set overrides, the message): each a number once taken as given and allocated in proportion to.
 SCENARIOS = [
     ({"concurrency": [1, 100_000_000]}, (),
      "load.concurrency: expected a non-empty list of integers from 1 to 100,000, got [1, 100000000]"),

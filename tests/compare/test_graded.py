@@ -391,3 +391,20 @@ def test_baseline_reports_accuracy_lost_where_drift_it_already_had_turns_answers
     assert "improved accuracy_gained single/c=4: accuracy 50.0% → 100.0% over 6 probes graded in both (3 → 6 good):" \
         " 0 good→bad, 3 bad→good" in out
     assert code == 0 and "REGRESSION" not in out, out
+
+
+def test_under_fail_on_bad_a_baseline_fails_new_drift_only_where_answers_turned_bad(tmp_path, server):
+    # Last night every level gave one answer. Tonight c=4 is reworded: new drift, every answer still right — the
+    # gate "fail only when answers get worse" passes it, baseline or not; wrong answers under load fail it.
+    code, _, _ = _run(tmp_path, server, lambda p, o: _reworded(p, 0), out="last")
+    assert code == 0
+    code, out, _ = _run(tmp_path, server, _reworded, "--baseline", tmp_path / "last", "--fail-on", "bad",
+                        out="reworded")
+    assert code == 0 and "REGRESSION" not in out, out
+    assert "note new_drift s0@single/c=4" in out  # said, not failed
+    code, out, _ = _run(tmp_path, server, _reworded, "--baseline", tmp_path / "last", out="reworded-drift")
+    assert code == 1 and "REGRESSION new_drift s0@single/c=4" in out  # the default gate still fails drift
+    code, out, _ = _run(tmp_path, server, lambda p, o: _reworded(p, o, wrong=True), "--baseline", tmp_path / "last",
+                        "--fail-on", "bad", out="wrong")
+    regressed = {line.split()[2].rstrip(":") for line in out.splitlines() if line.startswith("REGRESSION new_drift")}
+    assert code == 1 and regressed == {f"s{a}@single/c=4" for a, _ in SUMS if a % 2 == 0}, out

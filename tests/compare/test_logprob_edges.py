@@ -1,5 +1,5 @@
-"""Logprob claims at the edges (issue 19): non-finite numbers in a body, logprobs for only some samples,
-and one way of stating positions in every renderer.
+"""Logprob claims at the edges: non-finite numbers in a body, logprobs for only some samples, logprobs null or
+cut short under load (missing, not different), and one way of stating positions in every renderer.
 
 Each claim is tried against a server built to make it false: the fake server writes -inf, inf and NaN
 the way Python's ``json.dumps`` does (``-Infinity``, ``Infinity``, ``NaN``), or returns logprobs only
@@ -362,9 +362,63 @@ def test_diagnose_step_line_says_one_output_other_than_serial_as_the_matrix_does
     assert "1 distinct, n=3, drift at" not in output
 
 
-def test_readme_states_the_position_convention_once():
+def test_the_docs_state_the_position_convention_once():
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## Logprobs and agreement rates"):readme.index("## Sampling until")]
-    assert section.count("Positions count from 0") == 1
+    page = (Path(__file__).resolve().parents[2] / "docs" / "logprobs.md").read_text(encoding="utf-8")
+    assert page.startswith("# Logprobs and agreement rates")
+    assert page.count("Positions count from 0") == 1
+
+
+class _NullWhenCrowded(FakeServer):
+    """Per-token logprobs as numbers to a request that ran alone (the capability check, serial samples), and
+    ``"logprob": null`` on every token to one that had others beside it: a server that gives no values under load."""
+
+    def _logprobs(self, body, text, overlap):
+        values = super()._logprobs(body, text, overlap)
+        return [None] * len(values) if values is not None and overlap > 1 else values
+
+
+class _CutWhenCrowded(FakeServer):
+    """The serial logprobs in full; under load the same numbers for the first two tokens only, the rest left out
+    (fewer entries than tokens, the text unchanged)."""
+
+    def _logprobs(self, body, text, overlap):
+        self._cut = overlap > 1
+        return super()._logprobs(body, text, overlap)
+
+    def _logprob_doc(self, pieces, values, chat, start):
+        if self._cut:
+            pieces, values = pieces[:2], values[:2]
+        return super()._logprob_doc(pieces, values, chat, start)
+
+
+def _crowded_run(tmp_path, server_class):
+    with server_class(Behaviour(latency=0.1)) as server:
+        scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 4], samples=6)
+        code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet", "--fail-on", "latent")
+        # Ground truth: every counted loaded answer ran beside others, so it carried no (or cut) logprobs.
+        crowded = sum(1 for body in server.requests if body.get("logprobs"))
+    assert crowded > 0
+    return code, " ".join(output.split()), cells_by_level(load_summary(tmp_path / "run"))
+
+
+def test_logprobs_null_on_every_token_are_missing_not_latent_drift(tmp_path):
+    code, output, cells = _crowded_run(tmp_path, _NullWhenCrowded)
+    loaded = cells[4]
+    assert loaded["distinct"] == 1 and cells[1]["logprob_bitwise"] is True
+    # Not one logprob value came back at c=4: the samples asked and got none.
+    assert loaded["logprobs_missing"] == loaded["ok"] == 6, loaded
+    assert loaded.get("logprob_bitwise") is None and loaded.get("latent_drift") is None, loaded
+    assert "latent drift" not in output and "logprobs in 0 of 6 at p1 (single) c=4: no logprob claim" in output
+    assert code == 3, output  # --fail-on latent: latent drift neither shown nor ruled out (before: 1)
+
+
+def test_logprobs_with_fewer_entries_than_tokens_are_no_latent_drift(tmp_path):
+    code, output, cells = _crowded_run(tmp_path, _CutWhenCrowded)
+    loaded = cells[4]
+    assert loaded["distinct"] == 1 and loaded["token_agreement"] == 1.0
+    # Every logprob the server gave equals serial's at its position; the others were not given, not different.
+    assert loaded.get("latent_drift") is not True and loaded.get("logprob_bitwise") is not False, loaded
+    assert "latent drift" not in output, output
+    assert code == 3, output  # no logprob claim over the cut tokens: inconclusive with --fail-on latent (before: 1)

@@ -1,10 +1,17 @@
-"""Level c really was level c (issue 19): the share of each counted sample's life with c − 1 others in flight and
-the samples that never had them, from the records' send and last-byte times alone."""
+"""Level c really was level c: the share of each counted sample's life with c − 1 others in flight and the samples
+that never had them, from the records' send and last-byte times alone (after a kill, the others it left unrecorded
+unknown, not missing)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,8 +23,9 @@ from kevload.compare.summarizing import summarize
 from kevload.records.rundir import RunDir
 from kevload.wire.client import LOGPROBS_CHECK_USER
 from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
-from tests.fakeserver import FakeServer
+from tests.fakeserver import Behaviour, FakeServer
 
+ROOT = Path(__file__).resolve().parents[2]
 PROBE_PROMPT = "Say something."
 
 
@@ -263,3 +271,62 @@ def test_workers_full_load_is_computed_over_every_workers_records(tmp_path, serv
     alone = cells_by_level(summarize(reduce_file(first)))[3]
     assert alone.samples_never_full == alone.requests == 4 and alone.full_load_share == 0.0
     assert second.name == "records-1.jsonl"
+
+
+def _never_full_at_server(visits: list[list], rows: list[dict]) -> int:
+    """Counted records of a level c ≥ 2 that had c − 1 others at the server at no moment of their time there."""
+    spans = {visit[0]: (visit[2], visit[3]) for visit in visits}
+    never = 0
+    for r in rows:
+        if not (r["counted"] and r["concurrency"] > 1):
+            continue
+        arrived, finished = spans[r["request_id"]]
+        # The most others at once: count them at each arrival within its span (and at its own arrival).
+        moments = [arrived] + [a for rid, (a, _) in spans.items() if arrived < a < finished and rid != r["request_id"]]
+        most = max(sum(1 for rid, (a, f) in spans.items() if rid != r["request_id"] and a <= t and (f is None or f > t))
+                   for t in moments)
+        never += most < r["concurrency"] - 1
+    return never
+
+
+def test_samples_whose_others_a_kill_left_unrecorded_are_not_called_never_full(tmp_path):
+    """kill -9 mid-level while one slot's request is held 3 s at the server: the samples sent beside it had 3 others
+    (the held one among them) but the held one's record was never written. After --resume the cell must not say
+    they "never had 3 others in flight"."""
+    with FakeServer(Behaviour(latency=0.02)) as server:
+        scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[4], samples=300)
+        started: list[subprocess.Popen] = []
+        held: list[float] = []
+
+        def on_arrival(index, at_server):
+            if at_server >= 4 and not held:
+                held.append(time.monotonic())
+                return 3.0
+            if len(held) == 1 and time.monotonic() - held[0] > 1.0:
+                held.append(time.monotonic())
+                os.killpg(started[0].pid, signal.SIGKILL)
+            return None
+
+        server.behaviour.on_arrival = on_arrival
+        proc = subprocess.Popen([sys.executable, "-m", "kevload", "run", str(scenario), "--out", str(tmp_path / "run"),
+                                 "--quiet"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        started.append(proc)
+        try:
+            output = proc.communicate(timeout=60)[0]
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        server.behaviour.on_arrival = None
+        assert proc.returncode == -signal.SIGKILL and len(held) == 2, output
+        code, output = run_cli("run", "--resume", tmp_path / "run", "--quiet")
+        assert code == 0, output
+        time.sleep(3.5)  # the held request's visit ends at the server
+        visits = [list(v) for v in server.visits]
+    rows = list(RunDir(tmp_path / "run").record_dicts())
+    assert len(visits) > len(rows)  # the killed part sent requests it never recorded (the held one among them)
+    truth = _never_full_at_server(visits, rows)
+    cell = cells_by_level(load_summary(tmp_path / "run"))[4]
+    assert cell["samples_never_full"] == truth, (cell["samples_never_full"], truth, cell["full_load_share"])
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["state"] == "complete"

@@ -1,5 +1,6 @@
-"""Typed summaries (issue 11, item 1): summary.json written before the types existed reads back into
-``RunSummary`` and writes out byte for byte the same; the comparator's typed result is that same file."""
+"""Typed summaries: summary.json written before the types existed reads back into ``RunSummary`` and writes out byte
+for byte the same; the comparator's typed result is that same file; it counts every request sent beside those it
+counts as evidence."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from kevload.load.runs import finish_run
 from kevload.outputs.baseline import compare_to_baseline, load_baseline
 from kevload.outputs.report import markdown, verdict_line
 from kevload.records import servermetrics
-from kevload.records.store import RunDirError
+from kevload.records.store import RunDirError, read_records
 from kevload.summary import CellSummary, RunSummary
+from tests.conftest import load_summary, run_cli, write_scenario
 
 # Run directories written by kevload at 9f9b5f5, before summary.py: a mixed run with companions, drift, a
 # probe error, a short cell and an SLO; an open-loop run with rates.
@@ -114,3 +116,24 @@ def test_probe_cells_are_the_cells_the_verdict_is_about():
     assert {c.role for c in summary.probe_cells()} == {"probe"}
     assert len(summary.probe_cells()) == 6 and len(summary.companion_cells()) == len(summary.cells) - 6
     assert [c.name for c in summary.probe_cells() if c.drift] == list(summary.drift_cells)
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    return list(read_records(run_dir / "records.jsonl"))
+
+
+def test_requests_count_every_request_the_run_sent(tmp_path, server):
+    """A run with two warm-ups and c=4 sends more requests than it counts as evidence (the ramp-up and
+    the tail of each level): summary.json says both, and run.json's `records` is what was sent, never
+    the counted number alone (which once made 26 sent requests read as 16)."""
+    server.behaviour.latency = 0.05
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 4], samples=8, warmup=2)
+    code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
+    sent = len(server.requests)
+    assert code == 0 and f"({sent} requests, complete)" in output
+    assert len(_rows(tmp_path / "run")) == sent
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["records"] == sent
+    summary = load_summary(tmp_path / "run")
+    assert summary["requests_sent"] == sent and summary["errors_sent_by_type"] == {}
+    counted = [r for r in _rows(tmp_path / "run") if r["role"] != "warmup" and r["counted"]]
+    assert summary["requests"] == len(counted) < sent

@@ -1,8 +1,9 @@
-"""What a cell and a run say is true and checkable from the records (issue 10: item 4, divergence kinds,
-word positions, the divergence example, "1 distinct, all ≠ serial", reconnects).
+"""What a cell and a run say is true and checkable from the records (probe errors counted as probe errors,
+divergence kinds, word positions, the divergence example, "1 distinct, all ≠ serial", reconnects).
 
 The comparator tests build record lists directly: no server, exact expected numbers. One end-to-end
-run through the CLI shows item 4 with a server whose probe requests time out while companions succeed.
+run through the CLI shows probe errors counted apart with a server whose probe requests time out while companions
+succeed.
 """
 
 from __future__ import annotations
@@ -56,10 +57,10 @@ def table_text(summary: RunSummary) -> str:
     return out.getvalue()
 
 
-# --- item 4: probe errors are counted as probe errors; a short cell is never "deterministic" ---
+# --- probe errors are counted as probe errors; a short cell is never "deterministic" ---
 
 def probe_timeouts_among_companions() -> Records:
-    """The issue's case: c=4 has 6 of 8 probe requests timing out while 40 companions succeed."""
+    """c=4 has 6 of 8 probe requests timing out while 40 companions succeed."""
     records = Records().add(SERIAL, n=8, level=1)
     records.add(None, n=6, level=4, status="timeout").add(SERIAL, n=2, level=4)
     records.add("a companion answer", n=40, level=4, role="companion", probe="short-fact")

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from kevload.inputs.workload import BUILTIN_COMPANIONS
-from tests.conftest import run_cli, write_scenario
+from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+GUIDE_PAGE = Path(__file__).resolve().parents[2] / "docs" / "guide.md"
 
 
 def read(path):
@@ -131,8 +131,8 @@ def test_rerun_notices_a_changed_answer_and_accepts_it(tmp_path, server):
     assert code == 0 and "changed: 0" in output
     assert all(r["matches_recorded"] is True for r in rows.values())
 
-    # The README's cases section names every field kevload writes, beside the guide's names.
-    section = README.read_text().split("Case sets, the regression suite", 1)[1].split("\n## ", 1)[0]
+    # The docs' cases section names every field kevload writes, beside the guide's names.
+    section = GUIDE_PAGE.read_text().split("Case sets, the regression suite", 1)[1].split("\n## ", 1)[0]
     written = set().union(*(set(c) for c in read(cases_path)), *(set(r) for r in rows.values()))
     assert [k for k in sorted(written) if f"`{k}`" not in section] == []
     for guide_name in ("编号", "输入", "参数", "多次调用结果", "期望结果", "判定", "备注"):
@@ -354,3 +354,38 @@ def test_a_case_whose_grader_does_not_fit_is_refused_naming_its_line_and_key(tmp
     code, output = run_cli("cases", "rerun", cases_path, "--url", "http://127.0.0.1:9/v1", "--model", "m",
                            "-o", tmp_path / "after.jsonl")
     assert code == 2 and f"{cases_path}:2: case c2: expected: expected " in output and "Traceback" not in output
+
+
+def test_a_case_whose_python_grader_raises_is_bad_input_naming_the_case_not_a_mismatch(tmp_path, server):
+    # A grader that raises graded nothing: "does not match expected" (exit 1, drift to a CI) would be a guess.
+    (tmp_path / "kevload_test_case_grader.py").write_text("def check(answer, probe, expected):\n"
+                                                          "    raise ValueError('no verdict')\n")
+    cases_path = tmp_path / "cases.jsonl"
+    case = {"id": "c1", "input": "x", "params": {"temperature": 0}, "outputs": [], "verdict": "stable",
+            "expected": 5, "grade": "python:kevload_test_case_grader:check"}
+    cases_path.write_text(json.dumps(case) + "\n")
+    code, output, rows = rerun(cases_path, server, tmp_path)
+    assert code == 2, output
+    assert "c1: grader failed: python:kevload_test_case_grader:check raised ValueError: no verdict" in output
+    assert rows["c1"]["graded_after"]["failed"] == 4 and "Traceback" not in output
+
+
+def test_case_unstable_against_serial_stays_unstable_on_an_unchanged_server(tmp_path):
+    """A server that gives one other answer whenever two requests overlap: the run's c=2 cell reads
+    `1 all≠serial` (DRIFT, exit 1) and `cases build` records that case as unstable. `cases rerun` against
+    the very same server sends the case at c=2 only, sees one distinct answer (the same batched one it
+    recorded: `matches recorded`) and reported `unstable→stable`, exit 0: a fix that never happened. The
+    rerun now sends the serial level too and judges the c=2 cell against it, as the run did."""
+    with FakeServer(Behaviour(latency=0.1, drift_at=2, batched_variant=True)) as server:
+        scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=4)
+        assert run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")[0] == 1
+        c2 = cells_by_level(load_summary(tmp_path / "run"))[2]
+        assert c2["drift"] and c2["distinct"] == 1 and not c2["agrees_with_serial"]
+        cases = tmp_path / "cases.jsonl"
+        assert run_cli("cases", "build", tmp_path / "run", "-o", cases)[0] == 0
+        code, output = run_cli("cases", "rerun", cases, "--url", server.url, "--model", "fake", "--times", "4",
+                               "-o", tmp_path / "after.jsonl", "--out", tmp_path / "reruns")
+    after = {json.loads(line)["params"]["concurrency"]: json.loads(line)
+             for line in (tmp_path / "after.jsonl").read_text().splitlines()}
+    assert after[2]["verdict"] == "unstable"
+    assert after[2]["transition"] == "unchanged", output

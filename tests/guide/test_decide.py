@@ -276,7 +276,7 @@ def test_text_output_says_what_a_stable_verdict_rests_on():
     assert "evidence:" not in diagnosis_text(decide(evidence(concurrency_single=CROSSTALK)).to_json())
 
 
-# --- per-token logprobs: what a stable verdict rests on, and latent crosstalk (issue 12) ---
+# --- per-token logprobs: what a stable verdict rests on, and latent crosstalk ---
 
 BITWISE = {k: replace(CLEAN[k], logprob_bitwise=True) for k in ("fixed", "concurrency_single", "concurrency_mixed")}
 

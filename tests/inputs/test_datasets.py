@@ -170,3 +170,17 @@ def test_a_byte_order_mark_past_the_start_is_no_json(tmp_path, server):
     (tmp_path / "prompts.jsonl").write_text(lines[0] + BOM + "".join(lines[1:]), encoding="utf-8")
     code, output = run_cli("run", _scenario(tmp_path, server.url), "--out", tmp_path / "run")
     assert code == 2 and "prompts.jsonl:2: probes[0].dataset: expected one JSON object a line" in output
+
+
+def test_companion_line_with_bad_messages_is_refused_before_anything_is_sent(tmp_path, server):
+    """The docs: 'Every line is checked before anything is sent (a bad one: exit 2 naming file:line)'.
+    A companion line whose messages lack `content` passed the check; with api = "completions" the
+    companion slot died on it and the probe slot then sent uncounted copies forever (the run hung,
+    about 20 requests a second, no record counted)."""
+    (tmp_path / "companions.jsonl").write_text('{"prompt": "fine"}\n{"messages": [{"role": "user"}]}\n')
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=2, mode="mixed",
+                              companions="companions.jsonl", target={"api": "completions"})
+    code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
+    assert code == 2, output
+    assert "companions.jsonl:2" in output and "Traceback" not in output
+    assert not server.requests

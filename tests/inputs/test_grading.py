@@ -1,6 +1,5 @@
 """Graders (kevload.inputs.grading): each reads an answer the way it says, and every grading key is checked at load, in
-a
-scenario and on a JSONL line alike (file, line, key, what was expected; exit 2)."""
+a scenario and on a JSONL line alike (file, line, key, what was expected; exit 2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The workloads of #22 side by side: combinations whose claims would not hold are refused before anything is sent."""
+"""Conversations, cancellations, trace replay and the prefix cache side by side: combinations whose claims would not
+hold are refused before anything is sent."""
 
 from __future__ import annotations
 

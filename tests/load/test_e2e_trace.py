@@ -48,7 +48,7 @@ def test_llamacpp_counts_every_prompt_at_its_length_with_the_models_tokenizer(tm
     # SmolLM2's own tokenizer.json (the transformers target's conversion of the bundled model).
     tokenizer = model_dir(log=QUIET["log"]) / "tokenizer.json"
     dropped = set(words_for(tokenizer, VOCABULARY, what="load.trace_tokenizer").dropped)
-    # The words it makes two tokens opening a prompt, as the README lists them.
+    # The words it makes two tokens opening a prompt, as docs/workloads.md (Trace replay) lists them.
     assert dropped == set("morning guy garden autumn island village corner kitchen shoe dance sport".split())
     # BurstGPT lines have no hash ids: each prompt opens with words of its own. A seed under which the built-in
     # words open some of them with a split word, and not all (found, not assumed: the same on any machine).

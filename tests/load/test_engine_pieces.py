@@ -1,4 +1,4 @@
-"""The engine's pieces (issue 21): the retry policy, the stop condition, and a bug in one sender that surfaces as
+"""The engine's pieces: the retry policy, the stop condition, and a bug in one sender that surfaces as
 itself from the record stream (the level's task group cancels the other senders, unrecorded)."""
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from kevload.records import store
 from kevload.records.store import RECORDS, Record, read_records
 from kevload.wire.client import Client, Outcome
 from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
-from tests.fakeserver import FakeServer
+from tests.fakeserver import Behaviour, FakeServer
 
 TWO_PROBES = [{"id": "p1", "prompt": "Say something.", "max_tokens": 16},
               {"id": "p2", "prompt": "Tell me more.", "max_tokens": 16}]
@@ -30,7 +30,7 @@ def _rows(run_dir):
 
 @pytest.mark.parametrize("backend", ["lean", "aiohttp"])
 def test_leftover_companions_never_reach_the_next_cell(tmp_path, server, monkeypatch, backend):
-    """Issue 10.1: companions still running when p1's c=4 cell ends used to overlap p2's serial cell."""
+    """Companions still running when p1's c=4 cell ends used to overlap p2's serial cell."""
     monkeypatch.setenv("KEVLOAD_HTTP", backend)
     server.behaviour.drift_when_mixed = True
     server.behaviour.latency = 0.3  # non-streaming requests held long: cancelled ones outlive the cell
@@ -54,7 +54,7 @@ def test_leftover_companions_never_reach_the_next_cell(tmp_path, server, monkeyp
 
 
 def test_single_mode_reaches_c_even_with_fewer_samples(tmp_path, server):
-    """Issue 10.2: c=8 with 4 samples used to reach at most 4 in flight (3 others)."""
+    """A level of c=8 with 4 samples used to reach at most 4 in flight (3 others)."""
     server.behaviour.latency = 0.3
     server.behaviour.drift_at = 8
     server.behaviour.batched_variant = True  # the server answers differently once it holds 8 at once
@@ -70,7 +70,7 @@ def test_single_mode_reaches_c_even_with_fewer_samples(tmp_path, server):
 
 @pytest.mark.parametrize("mode", ["single", "mixed", "needle"])
 def test_every_counted_probe_is_sent_with_c_minus_1_others(tmp_path, server, mode):
-    """Issue 10.2: the README's "exactly c requests are in flight", proven from the records."""
+    """docs/load-shapes.md's "exactly c requests are in flight", proven from the records."""
     server.behaviour.latency = 0.05
     scenario = write_scenario(tmp_path / "s.toml", server.url, mode=mode, concurrency=[1, 3, 5], samples=6,
                               needle_length=200)
@@ -105,7 +105,7 @@ class _RoleFaults(FakeServer):
 
 
 def test_probe_errors_abort_however_many_companions_succeed(tmp_path):
-    """Issue 10.4: 7 fast, healthy companion slots used to dilute 100 % probe errors below the limit."""
+    """7 fast, healthy companion slots used to dilute 100 % probe errors below the limit."""
     with _RoleFaults(fail_probe=True, fail_delay=0.1) as fake:
         fake.behaviour.latency = 0.005
         scenario = write_scenario(tmp_path / "s.toml", fake.url, mode="mixed", concurrency=[8], samples=40)
@@ -116,7 +116,7 @@ def test_probe_errors_abort_however_many_companions_succeed(tmp_path):
 
 
 def test_companion_errors_never_abort(tmp_path):
-    """Issue 10.4: failing companions used to trigger the abort though every probe answered."""
+    """Failing companions used to trigger the abort though every probe answered."""
     with _RoleFaults(fail_probe=False, fail_delay=0.0) as fake:
         fake.behaviour.latency = 0.1
         scenario = write_scenario(tmp_path / "s.toml", fake.url, mode="mixed", concurrency=[4], samples=5)
@@ -128,7 +128,7 @@ def test_companion_errors_never_abort(tmp_path):
 
 
 def test_reused_out_is_refused_unless_overwrite(tmp_path, server):
-    """Issue 10.3: a second run into the same --out used to append to the first run's records."""
+    """A second run into the same --out used to append to the first run's records."""
     scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2)
     out = tmp_path / "nightly"
     assert run_cli("run", scenario, "--out", out, "--quiet")[0] == 0
@@ -158,7 +158,7 @@ def test_report_refuses_records_of_two_runs(tmp_path, server):
 
 
 def test_default_directories_are_unique_within_one_second(monkeypatch):
-    """Issue 10.3: diagnose-<time> and cases-rerun-<time> used to collide for two starts in one second."""
+    """The directories diagnose-<time> and cases-rerun-<time> used to collide for two starts in one second."""
     from kevload.guide.diagnose import DiagnoseOptions, _Diagnoser
     from kevload.inputs.scenario import Probe
 
@@ -171,7 +171,7 @@ def test_default_directories_are_unique_within_one_second(monkeypatch):
 
 
 def test_resume_cuts_a_torn_last_line(tmp_path, server):
-    """Issue 10: appending after a torn line used to leave it mid-file, and the run became unreadable."""
+    """Appending after a torn line used to leave it mid-file, and the run became unreadable."""
     scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=3)
     out = tmp_path / "run"
     assert run_cli("run", scenario, "--out", out, "--quiet")[0] == 0
@@ -187,7 +187,7 @@ def test_resume_cuts_a_torn_last_line(tmp_path, server):
 
 
 def test_open_loop_cells_keep_max_in_flight_apart_from_concurrency(tmp_path, server):
-    """Issue 11.2: open-loop records stored load.max_in_flight in the concurrency field."""
+    """Open-loop records used to store load.max_in_flight in the concurrency field."""
     scenario = write_scenario(tmp_path / "s.toml", server.url, rate=[50], samples=10, max_in_flight=3)
     assert run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")[0] == 0
     assert {(r["concurrency"], r["max_in_flight"]) for r in _rows(tmp_path / "run")} == {(0, 3)}
@@ -255,3 +255,32 @@ def test_open_loop_schedule():
     timed = list(OpenLoop(10.0, needed=0, companions=False, duration=1.0, arrival="poisson", seed=3))
     assert all(s.at < 1.0 for s in timed) and timed == list(OpenLoop(10.0, needed=0, companions=False,
                                                                       duration=1.0, arrival="poisson", seed=3))
+
+
+class _Overlap(FakeServer):
+    """Notes, per request nonce, the most requests the server worked on at once while answering it."""
+
+    def __init__(self, behaviour):
+        super().__init__(behaviour)
+        self.overlap: dict[str, int] = {}
+
+    def _answer(self, body, prompt, state):
+        self.overlap[body.get("user")] = state["max_overlap"]
+        return super()._answer(body, prompt, state)
+
+
+def test_counted_sample_is_never_alone_at_the_server_while_another_slot_backs_off(tmp_path):
+    """The docs: 'every counted probe sample is sent with exactly c−1 other requests in flight', and
+    '"In flight" means sent by kevload and not yet answered'. With --retries, a 429 is answered, yet the
+    slot that got it sits out Retry-After (1 s) still counted in flight: the other slot's samples in that
+    second are recorded as counted at c=2 (in_flight 1) while the server works on them alone."""
+    faults = [None] * 9 + ["http_429"]
+    with _Overlap(Behaviour(latency=0.3, faults=faults, retry_after="1")) as server:
+        scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=6, nonce=True)
+        run_cli("run", scenario, "--out", tmp_path / "run", "--quiet", "--retries", "1")
+        overlap = server.overlap
+    counted = [r for r in _rows(tmp_path / "run") if r["concurrency"] == 2 and r["counted"]]
+    assert len(counted) == 6 and {r["in_flight"] for r in counted} == {1}
+    # Overlap over the whole answer, not at arrival: a partner sent in the same instant may arrive later.
+    alone = [r["seq"] for r in counted if overlap[r["params"]["user"]] < 2]
+    assert not alone, f"counted c=2 samples that found the server idle: seq {alone}"

@@ -1,5 +1,4 @@
-"""The level's promise proved without a process (issue 21): N simulated workers drive ``kevload.load.level.Level``
-through
+"""The level's promise proved without a process: N simulated workers drive ``kevload.load.level.Level`` through
 random answer orders, retry back-offs, stops and resumes, one shared level (worker processes) or one level per
 worker with a coordinator's hold (Ray actors). Each rule is one step of the event loop (an answer and the slot's
 resend are one, as in the engine; a level's start is one instant for every worker)."""

@@ -1,4 +1,4 @@
-"""Workers as Ray actors (issue 13): the local workers' promises hold across actors, and kevload without Ray never
+"""Workers as Ray actors: the local workers' promises hold across actors, and kevload without Ray never
 imports it. The cluster tests share one Ray cluster on this host (``tests/raycluster.py``); the two-node one is e2e."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from kevload.records.rundir import RunDir
 from tests.bounded import Kevload
 from tests.conftest import load_summary, run_cli, write_scenario
 from tests.load.test_stop_batches import stop_mid_level
-from tests.load.test_workers import TWO_PROBES, _check_levels, check_c_in_flight
+from tests.load.test_workers import TWO_PROBES, _check_levels, check_c_in_flight, run_child
 from tests.raycluster import ray_cluster
 from tests.wire.test_request_ids import kill_and_resume
 
@@ -196,6 +196,65 @@ def test_a_dead_actor_ends_the_run_with_a_kevload_error(tmp_path, server, cluste
     assert "Traceback" not in output
     assert json.loads((run_dir / "run.json").read_text())["state"] == "interrupted"
     assert 3 <= len(_rows(run_dir)) <= len(server.requests)
+
+
+def test_an_actor_with_only_companion_slots_keeps_them_past_target_timeout(tmp_path, server, cluster):
+    """Mixed mode, c = 2, on two Ray actors (test_workers has it on worker processes): actor 1 holds the companion
+    slot, decides alone and is done from the start; its companion must run (uncounted hold or counted) until actor
+    0's probe slot is done, never be cut as a timeout."""
+    server.behaviour.latency = 0.15
+    scenario = write_scenario(tmp_path / "s.toml", server.url, mode="mixed", concurrency=[2], samples=8,
+                              workers=2, target={"timeout": 0.5})
+    done = run_child("run", scenario, "--out", tmp_path / "run", "--quiet", "--ray", cluster, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = list(RunDir(tmp_path / "run").record_dicts())
+    assert not [r for r in rows if r["status"] != "ok"], [r["error"] for r in rows if r["status"] != "ok"][:3]
+    probe = next(c for c in load_summary(tmp_path / "run")["cells"] if c["role"] == "probe")
+    assert probe["ok"] == 8 and not probe["samples_never_full"], probe
+
+
+def test_a_back_off_on_one_actor_flags_the_samples_the_other_counted_meanwhile(tmp_path, server, cluster):
+    """Actor 0's first request gets a 429 with Retry-After: 1 and backs off a second; actor 1 decides alone (actor
+    0's slot taken as busy) and counts samples meanwhile with one request in flight: the cell must say so."""
+    first = []
+
+    def fault_for(request_id):
+        seq = int(request_id.rsplit("-", 1)[1])
+        if seq % 2 == 0 and not first:
+            first.append(seq)
+            return "http_429"
+        return None
+
+    server.behaviour.latency = 0.1
+    server.behaviour.retry_after = "1"
+    server.behaviour.fault_for = fault_for
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[2], samples=10, workers=2, retries=1)
+    done = run_child("run", scenario, "--out", tmp_path / "run", "--quiet", "--ray", cluster, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = sorted(RunDir(tmp_path / "run").record_dicts(), key=lambda r: r["t_send"])
+    retried = next(r for r in rows if r["retries"])
+    alone = [r for r in rows if r["counted"] and r["worker"] == 1 and r["t_last_byte"] < retried["t_send"]]
+    assert len(alone) >= 3, rows  # counted while actor 0 backed off, each saying one other was in flight
+    probe = next(c for c in load_summary(tmp_path / "run")["cells"] if c["role"] == "probe")
+    assert probe["samples_never_full"] >= len(alone), probe
+
+
+@pytest.mark.parametrize("mode", ["needle"])
+def test_companion_modes_on_actors_give_the_verdict_of_one_process(tmp_path, server, cluster, mode):
+    """The probe slot on actor 0, companions on actors 0 and 1: drift at three in flight is found as in one
+    process, and no counted probe sample lacks its batch."""
+    server.behaviour.latency = 0.1
+    server.behaviour.drift_at = 3
+    server.behaviour.batched_variant = True
+    scenario = write_scenario(tmp_path / "s.toml", server.url, mode=mode, concurrency=[1, 3], samples=6, workers=2)
+    one = run_child("run", scenario, "--out", tmp_path / "one", "--quiet", "--workers", "1", timeout=120)
+    ray = run_child("run", scenario, "--out", tmp_path / "ray", "--quiet", "--ray", cluster, timeout=120)
+    assert one.returncode == ray.returncode == 1, (one.stdout + one.stderr, ray.stdout + ray.stderr)
+    cells = [{c["concurrency"]: (c["ok"], c["drift"], c.get("samples_never_full")) for c in load_summary(d)["cells"]
+              if c["role"] == "probe"} for d in (tmp_path / "one", tmp_path / "ray")]
+    assert cells[0] == cells[1], cells
+    rows = list(RunDir(tmp_path / "ray").record_dicts())
+    assert not [r for r in rows if r["status"] != "ok"]
 
 
 @pytest.mark.e2e

@@ -1,4 +1,4 @@
-"""A stop mid-level (issue 19): a counted sample kept its c − 1 companions at the server for its whole time there,
+"""A stop mid-level: a counted sample kept its c − 1 companions at the server for its whole time there,
 in one process and with worker processes (Ray actors: tests/load/test_ray.py). The server's own log is the proof."""
 
 from __future__ import annotations

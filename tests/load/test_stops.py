@@ -1,9 +1,12 @@
 """Stops: SIGINT and SIGTERM end every command the same way (130 or 143, records kept, run.json finished with its
-state, summary written), at once, with nothing sent after the stop and no process left behind. Each kevload
-runs as a real subprocess in its own process group with a kill timer (tests.bounded)."""
+state, summary written), at once, with nothing sent after the stop and no process left behind; a stop during the
+logprobs check is a stop too; a run stopped before a level (or an answer) was measured claims neither a verdict on
+it nor a failed target. Each kevload runs as a real subprocess in its own process group with a kill timer
+(tests.bounded)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -13,7 +16,8 @@ import pytest
 
 from kevload.records.rundir import RunDir
 from tests.bounded import PARALLEL_REDUCTION, Kevload, holder
-from tests.conftest import load_summary, write_scenario
+from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
+from tests.fakeserver import Behaviour, FakeServer
 
 EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 SIGNALS = pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -237,3 +241,85 @@ def test_a_worker_that_never_reports_after_a_halt_is_killed_not_waited_for(tmp_p
     assert 0 < len(list(RunDir(out).record_dicts())) <= len(server.requests)
     assert json.loads((out / "run.json").read_text())["state"] == "interrupted"
     assert load_summary(out)["state"] == "interrupted"
+
+
+def _interrupted(tmp_path, on_full, *, concurrency, samples=6):
+    """kevload run in its own group; ``on_full(kevload)`` is called at the server when ``concurrency`` requests are
+    there (held 30 s: no answer comes before the stop). Returns how kevload ended."""
+    with FakeServer(Behaviour(latency=0.02)) as server:
+        scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=concurrency, samples=samples)
+        fired: list[Kevload] = []
+        kevload_box: list[Kevload] = []
+
+        def on_arrival(index, at_server):
+            if max(concurrency) == 1 or at_server >= 2:
+                if at_server >= max(concurrency) and not fired:
+                    fired.append(kevload_box[0])
+                    on_full(kevload_box[0])
+                return 30.0
+            return None
+
+        server.behaviour.on_arrival = on_arrival
+        with Kevload("run", scenario, "--out", tmp_path / "run", "--quiet") as kevload:
+            kevload_box.append(kevload)
+            ended = kevload.end(timeout=60)
+        server.behaviour.on_arrival = None
+    assert fired, ended.stderr
+    return ended
+
+
+def test_an_interrupted_run_that_never_measured_a_level_is_not_deterministic(tmp_path):
+    # c=1 done, then Ctrl-C while c=4's first requests are at the server: no c=4 sample was ever counted.
+    ended = _interrupted(tmp_path, lambda k: k.signal(signal.SIGINT), concurrency=[1, 4])
+    assert ended.code == 130, ended.stderr
+    summary = load_summary(tmp_path / "run")
+    assert summary["state"] == "interrupted" and set(cells_by_level(summary)) == {1}
+    # "one output per probe at every level" is a claim about c=4 too, which has no sample.
+    assert summary["verdict"] != "deterministic", summary["verdict"]
+    assert "at every level" not in " ".join((ended.stdout + ended.stderr).split())
+    code, text = run_cli("report", tmp_path / "run")
+    assert code != 0, text  # a CI that re-reports the directory must not read "all held"
+
+
+def test_a_stop_before_any_answer_is_no_target_failure(tmp_path):
+    # Ctrl-C while the first request is at the server, before it answered: nothing failed, nothing was measured.
+    ended = _interrupted(tmp_path, lambda k: k.signal(signal.SIGINT), concurrency=[1])
+    assert ended.code == 130, ended.stderr
+    summary = load_summary(tmp_path / "run")
+    assert summary["errors"] == 0
+    assert summary["verdict"] != "target_failed", summary
+    assert "target failed" not in ended.stdout + ended.stderr, ended.stdout  # before: "0 of 0 … failed (none)"
+
+
+class _HoldsTheCheck(FakeServer):
+    """Holds kevload's one logprobs capability check 20 s (a server busy loading, say); answers the rest at once."""
+
+    def __init__(self, behaviour=None):
+        super().__init__(behaviour)
+        self.checks: list[float] = []
+
+    async def _handle(self, request):
+        from kevload.wire.client import LOGPROBS_CHECK_USER
+
+        body = await request.json()
+        if body.get("user") == LOGPROBS_CHECK_USER:
+            self.checks.append(time.monotonic())
+            await asyncio.sleep(20)
+        return await super()._handle(request)
+
+
+def test_sigterm_during_the_logprobs_check_stops_at_once(tmp_path):
+    """The docs: a stop ends run at once, requests in flight get 2 s to finish. The start-up check is a request in
+    flight too: a CI job's timeout must not wait for target.timeout."""
+    with _HoldsTheCheck(Behaviour(latency=0.02)) as server:
+        scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=4,
+                                  target={"timeout": 30})
+        with Kevload("run", scenario, "--out", tmp_path / "run", "--quiet") as kevload:
+            kevload.wait_for(lambda: bool(server.checks), timeout=30)
+            at = kevload.signal(signal.SIGTERM)
+            ended = kevload.end(timeout=40)
+            took = time.monotonic() - at
+        sent = len(server.requests)
+    assert ended.code == 143, ended.stderr
+    assert took < 5.0, f"ended {took:.1f} s after SIGTERM"  # before: ~18 s, when the held check gave up
+    assert sent == 0

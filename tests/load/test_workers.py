@@ -1,4 +1,4 @@
-"""Worker processes on one host (issue 13): a level's promise holds across the whole set of workers."""
+"""Worker processes on one host: a level's promise holds across the whole set of workers."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import asyncio
 import itertools
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,12 +20,19 @@ from kevload.records.rundir import RunDir
 from tests.bounded import processes
 from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
 
+ROOT = Path(__file__).resolve().parents[2]
 TWO_PROBES = [{"id": "p1", "prompt": "Say something.", "max_tokens": 16},
               {"id": "p2", "prompt": "Tell me more.", "max_tokens": 16}]
 
 
 def _rows(run_dir: Path) -> list[dict]:
     return list(RunDir(run_dir).record_dicts())
+
+
+def run_child(*args: object, timeout: float) -> subprocess.CompletedProcess:
+    """``kevload`` as a child process of its own (its workers or actors its own children), bounded in time."""
+    return subprocess.run([sys.executable, "-m", "kevload", *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
 
 
 def _children() -> list[str]:
@@ -118,6 +127,22 @@ def test_stop_ends_every_worker_and_resume_finishes_the_run(tmp_path, server):
     summary = load_summary(tmp_path / "run")
     assert all(c["ok"] == 6 for c in summary["cells"] if c["role"] == "probe")
     _check_levels(_rows(tmp_path / "run"), 2, levels=4)
+
+
+def test_a_worker_with_only_companion_slots_keeps_them_past_target_timeout(tmp_path, server):
+    """Mixed mode, c = 2, two workers: worker 0 has the probe slot, worker 1 one companion slot and no probe slot.
+    Worker 1's drain began at the level's start (no probe of its own to wait for) and cut its companion in flight
+    target.timeout seconds later, recorded as a companion "timeout" of the server's ("cut: … after the level's
+    probes were done") while the probes still counted and the server answered every request in 0.15 s."""
+    server.behaviour.latency = 0.15
+    scenario = write_scenario(tmp_path / "s.toml", server.url, mode="mixed", concurrency=[2], samples=8,
+                              workers=2, target={"timeout": 0.5})
+    done = run_child("run", scenario, "--out", tmp_path / "run", "--quiet", timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = list(RunDir(tmp_path / "run").record_dicts())
+    assert not [r for r in rows if r["status"] != "ok"], [r["error"] for r in rows if r["status"] != "ok"][:3]
+    probe = next(c for c in load_summary(tmp_path / "run")["cells"] if c["role"] == "probe")
+    assert probe["ok"] == 8 and not probe["samples_never_full"], probe
 
 
 @pytest.mark.parametrize(("load", "message"), [

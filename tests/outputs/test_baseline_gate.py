@@ -33,7 +33,7 @@ def summary(states: dict, inputs: dict[str, str], verdict: str | None = None) ->
 
 
 def reference(before: dict, after: dict, inputs_before: dict, inputs_after: dict) -> set[str]:
-    """The rule, as the README states it: the cells that are regressions."""
+    """The rule, as docs/nightly.md states it: the cells that are regressions."""
     regressed = set()
     for (probe, level), now in after.items():
         then = before[(probe, level)]

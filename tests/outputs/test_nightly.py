@@ -10,6 +10,7 @@ import pytest
 import xmlschema
 
 from tests.conftest import load_summary, run_cli, write_scenario
+from tests.fakeserver import Behaviour, FakeServer
 
 SCHEMA = xmlschema.XMLSchema(Path(__file__).parents[1] / "data" / "junit.xsd")
 
@@ -174,3 +175,16 @@ def test_a_baseline_missing_a_key_every_summary_has_exits_2_naming_it(tmp_path, 
     named = "verdict" if where == "run" else "cells[1].probe"
     assert f"{tmp_path / 'bad.json'}: --baseline: {named}: expected" in output and "missing" in output, output
     assert "Traceback" not in output and not (tmp_path / "now").exists()
+
+
+def test_known_drift_against_its_own_baseline_is_no_news(tmp_path):
+    """The docs: 'drift the baseline already had is not news'. The same server, run twice, with crosstalk
+    at c=4 both nights: tonight's random c=4 outputs differ from last night's, and kevload calls that
+    'REGRESSION unseen_output …: the model or server changed' with exit 1, although nothing changed."""
+    with FakeServer(Behaviour(drift_at=3, latency=0.1)) as server:
+        scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 4], samples=8)
+        assert run_cli("run", scenario, "--out", tmp_path / "night1", "--quiet")[0] == 1
+        code, output = run_cli("run", scenario, "--out", tmp_path / "night2", "--quiet",
+                               "--baseline", tmp_path / "night1")
+    assert "REGRESSION" not in output, output
+    assert code == 0, output

@@ -73,3 +73,49 @@ def test_a_record_whose_run_id_is_no_string_is_refused_naming_its_line(tmp_path,
     assert run.run_id() == "r"
     with pytest.raises(RunDirError, match=rf"records.jsonl:{line + 1}: not a kevload record: .*\$\.run_id"):
         list(run.records())
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    from tests.conftest import run_cli, write_scenario
+    from tests.fakeserver import FakeServer
+
+    tmp = tmp_path_factory.mktemp("run")
+    with FakeServer() as server:
+        scenario = write_scenario(tmp / "s.toml", server.url, concurrency=[1, 2], samples=3,
+                                  slo={"e2e_ms": 5000}, probes=[{"id": "p1", "prompt": "Say.", "max_tokens": 4,
+                                                                  "expected": "x", "grade": "contains"}])
+        code, output = run_cli("run", scenario, "--out", tmp / "run")
+    assert code in (0, 1), output
+    return tmp / "run"
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    (("load", "max_error_share"), "half"),
+    (("load",), None),
+    (("load", "samples"), "3"),
+    (("load", "slo"), {"e2e": 5}),
+    (("load", "concurrency"), "1,2"),
+    (("probes",), [{"id": "p1"}]),
+    (("parts",), [{"part": "0"}]),
+    (("run_id",), 7),
+    (("prefix_cache",), {"why": "no method"}),
+    (("target", "model"), None),
+    (("grading",), ["p1"]),
+])
+def test_an_edited_run_json_is_refused_by_report_naming_its_key(tmp_path, finished_run, key, value):
+    import shutil
+
+    from tests.conftest import run_cli
+
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    doc = orjson.loads((run / "run.json").read_bytes())
+    table = doc
+    for part in key[:-1]:
+        table = table[part]
+    table[key[-1]] = value
+    (run / "run.json").write_bytes(orjson.dumps(doc))
+    code, output = run_cli("report", run)
+    assert code == 2, output
+    assert "run.json" in output and key[-1] in output and "Traceback" not in output

@@ -64,7 +64,7 @@ def test_llamacpp_is_batch_invariant_here(tmp_path, llamacpp, mode):
     assert [cells[c]["distinct"] for c in (1, 2, 4)] == [1, 1, 1]
     assert all(cells[c]["ok"] == 8 for c in (1, 2, 4))
     assert code == 0
-    # What the README's demo section says of this server: the numerics agree too, bitwise, at every level.
+    # What docs/real-servers.md says of this server: the numerics agree too, bitwise, at every level.
     assert all(cells[c]["logprob_samples"] == 8 and cells[c]["logprob_bitwise"] for c in (1, 2, 4))
     # And the load was what the cell says: every counted sample sent with c - 1 others in flight.
     counted = [r for r in read_records(tmp_path / mode / "records.jsonl") if r["role"] == "probe" and r["counted"]]

@@ -1,4 +1,5 @@
-"""Failures get their type, are counted, and never enter the comparison."""
+"""Failures get their type, are counted as the server sent them, and never enter the comparison; retries only when
+asked, marked on the record, after the server's Retry-After."""
 
 from __future__ import annotations
 
@@ -100,3 +101,43 @@ def test_killed_run_keeps_finished_records(tmp_path, server):
     code, output = run_cli("report", out, "--format", "json")
     assert code == 3, output  # cut short: fewer samples than asked is inconclusive
     assert '"ok": ' in output
+
+
+def test_counts_equal_what_the_server_injected(tmp_path, server):
+    faults = ["http_500", None, "http_429", "reset_before", None, "malformed", "empty_choices", None, "http_503"]
+    server.behaviour.faults = faults
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=len(faults),
+                              max_error_share=1.0)
+    run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
+    cell = cells_by_level(load_summary(tmp_path / "run"))[1]
+    as_status = {"http_500": "http_500", "http_429": "http_429", "http_503": "http_503", "reset_before": "reset",
+                 "malformed": "malformed", "empty_choices": "malformed"}
+    expected: dict[str, int] = {}
+    for fault, n in server.injected.items():
+        expected[as_status[fault]] = expected.get(as_status[fault], 0) + n
+    assert cell["errors"] == dict(sorted(expected.items()))
+    assert cell["ok"] == faults.count(None) and cell["distinct"] == 1
+
+
+def test_no_retries_by_default_and_retries_marked(tmp_path, server):
+    server.behaviour.faults = ["http_429", "http_503", None, None]
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=3, max_error_share=1.0)
+    run_cli("run", scenario, "--out", tmp_path / "plain", "--quiet")
+    assert cells_by_level(load_summary(tmp_path / "plain"))[1]["errors"] == {"http_429": 1, "http_503": 1}
+
+    server.behaviour.faults = ["http_429", None, "http_503", "http_503", None, None]
+    server.requests.clear()
+    code, output = run_cli("run", scenario, "--out", tmp_path / "retried", "--quiet", "--retries", "2")
+    assert code == 0, output
+    rows = list(read_records(tmp_path / "retried" / "records.jsonl"))
+    assert [r["status"] for r in rows] == ["ok", "ok", "ok"]
+    assert [r["retries"] for r in rows] == [1, 2, 0]
+
+
+def test_retry_after_is_honoured(tmp_path, server):
+    server.behaviour.faults = ["http_429", None]
+    server.behaviour.retry_after = "0.6"
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=1)
+    code, _ = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet", "--retries", "1")
+    assert code == 0
+    assert server.arrivals[1] - server.arrivals[0] >= 0.6

@@ -1,4 +1,5 @@
-"""Header values are never stored: run.json keeps the names, error texts are scrubbed, resume asks for them again."""
+"""Header values and the API key are never stored: run.json keeps the names, error texts are scrubbed, resume asks
+for them again."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ from tests.fakeserver import FakeServer
 # Names no "sensitive header" pattern catches, each with a value that must not leak.
 HEADERS = {"Ocp-Apim-Subscription-Key": "ocp-val-5e81c0d2aa", "X-Auth": "xauth-val-77b3f1e9",
            "X-Access-Key": "xaccess-val-c4d21a06", "X-Custom": "xcustom-val-9f0e3b58"}
+
+SECRET = "sk-kevload-test-7f3a9c1e55d24b"  # an API key, read from the environment
+HEADER_SECRET = "hdr-kevload-test-91ab77c0"
 
 
 class EchoHeaders(FakeServer):
@@ -103,3 +107,25 @@ def test_html_masks_header_values_of_an_older_run_json():
     summary = RunSummary(verdict="deterministic")
     page = run_report(summary, meta, [])
     assert not _leaks(page) and "X-Access-Key" in page
+
+
+def test_secret_never_lands_anywhere(tmp_path, server, monkeypatch):
+    monkeypatch.setenv("KEVLOAD_SECRET_KEY", SECRET)
+    server.behaviour.faults = ["echo_auth", None, None]
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=3, max_error_share=1.0,
+                              target={"api_key_env": "KEVLOAD_SECRET_KEY", "headers": {"X-Api-Key": HEADER_SECRET}})
+    out = tmp_path / "run"
+    printed = [run_cli("run", scenario, "--out", out)[1]]
+    assert server.requests and f"Bearer {SECRET}" not in json.dumps(server.requests)  # key goes in a header only
+    for fmt in ("table", "json", "markdown"):
+        printed.append(run_cli("report", out, "--format", fmt)[1])
+    run_cli("report", out, "--format", "html", "-o", out / "report.html")
+    run_cli("run", scenario, "--out", tmp_path / "junit-run", "--junit", out / "junit.xml", "--quiet")
+    errors = [r["error"] for r in read_records(out / "records.jsonl") if r["error"]]
+    assert errors and "***" in errors[0]  # the echoed key was scrubbed, the evidence kept
+    for path in [*out.rglob("*"), *(tmp_path / "junit-run").rglob("*")]:
+        if path.is_file():
+            text = path.read_text(errors="replace")
+            assert SECRET not in text and HEADER_SECRET not in text, path
+    for text in printed:
+        assert SECRET not in text and HEADER_SECRET not in text

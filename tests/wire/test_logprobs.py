@@ -1,4 +1,4 @@
-"""Per-token logprobs (issue 12): asked for, read, compared with the serial reference; latent drift; agreement
+"""Per-token logprobs: asked for, read, compared with the serial reference; latent drift; agreement
 rates with intervals.
 
 The comparator tests build records directly (exact expected numbers, no server). The end-to-end tests

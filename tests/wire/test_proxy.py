@@ -1,4 +1,4 @@
-"""kevload talks to targets directly: proxies from the environment are never used (README says so)."""
+"""kevload talks to targets directly: proxies from the environment are never used (docs/running.md says so)."""
 
 from __future__ import annotations
 
