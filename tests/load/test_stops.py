@@ -24,7 +24,8 @@ SIGNALS = pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids
 
 # Reduces a run directory N times inside kevload's event loop, its SIGINT/SIGTERM handlers installed, with the
 # parallel reduction forced (four processes): a reduction that forks the loop's process hangs in about one of four.
-REDUCE_IN_LOOP = ("import os, sys; from pathlib import Path; from kevload import aio, reader; "
+REDUCE_IN_LOOP = ("import os, sys; from pathlib import Path; from kevload import aio; "
+                  "from kevload.compare import reader; "
                   "reader._PARALLEL_BYTES = 1; os.cpu_count = lambda: 4; from kevload.load.runs import finish_run\n"
                   "async def main(stop):\n"
                   "    for _ in range(int(sys.argv[2])): finish_run(Path(sys.argv[1]))\n"
