@@ -29,6 +29,7 @@ from kevload.inputs.scenario import (
     MAX_SECONDS,
     MAX_WORKERS,
     load_scenario,
+    quickstart_scenario,
     toml_value,
 )
 from kevload.load.runs import finish_run, refuse_existing, resumed_scenario, run_scenario
@@ -99,10 +100,19 @@ def _target_settings(builtin: str | None, target_sets: tuple[str, ...]) -> Targe
 
 def _url_or_target(url: str | None, model: str | None, builtin: str | None) -> None:
     """A server is given one way: --url and --model, or --target (which has its own)."""
-    if builtin is None and (url is None or model is None):
+    if builtin is None and (url is None) != (model is None):
+        raise InputError("--url needs --model NAME (the model name to send)" if model is None
+                         else "--model needs --url URL (the server's base URL)")
+    if builtin is None and url is None:
         raise InputError("give --url and --model, or --target NAME to start a built-in target")
     if builtin is not None and (url is not None or model is not None):
         raise InputError("--target starts its own server: give no --url or --model with it")
+
+
+def _quick_option(url: str | None, model: str | None, prompt: str | None) -> str | None:
+    """The first of run's quickstart options given (--url, --model, --prompt), to name it; None when none is."""
+    return next((name for name, value in (("--url", url), ("--model", model), ("--prompt", prompt))
+                 if value is not None), None)
 
 
 def _on_target(builtin: str | None, settings: TargetSettings | None,
@@ -125,6 +135,10 @@ def _on_target(builtin: str | None, settings: TargetSettings | None,
 
 @main.command()
 @click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path), required=False)
+@click.option("--url", help="Instead of SCENARIO: run the quickstart scenario against this base URL, e.g. "
+              "http://127.0.0.1:8000/v1 (with --model).")
+@click.option("--model", help="With --url: the model name to send.")
+@click.option("--prompt", help="With --url or --target and no SCENARIO: the quickstart probe's prompt.")
 @click.option("--resume", type=click.Path(file_okay=False, path_type=Path),
               help="Finish the samples an interrupted run did not get to, with its own scenario.")
 @click.option("--retries", type=click.IntRange(min=0, max=MAX_RETRIES),
@@ -158,14 +172,15 @@ def _on_target(builtin: str | None, settings: TargetSettings | None,
                    "made worse exit 1 (graded probes: a good serial answer graded bad under load, or accuracy "
                    "falling significantly); drift whose answers stay good exits 0.")
 @_on_target_options
-def run(scenario: Path | None, resume: Path | None, retries: int | None, overrides: tuple[str, ...],
+def run(scenario: Path | None, url: str | None, model: str | None, prompt: str | None,
+        resume: Path | None, retries: int | None, overrides: tuple[str, ...],
         out: Path | None, overwrite: bool, quiet: bool, baseline: Path | None, max_latency_regression: float,
         junit: Path | None, metrics: Path | None, dataset_seed: int | None,
         fail_on: str, until_bound: str | None,
         workers: int | None, ray_address: str | None, builtin: str | None, target_sets: tuple[str, ...]) -> None:
-    """Run SCENARIO and print the uniqueness matrix. Exit 0 stable, 1 drift (or latent drift with
-    --fail-on latent, or a cell under load.min_slo_attainment), 2 bad input, 3 target failed (or
-    inconclusive: a cell with fewer ok probe samples than asked, or none at all)."""
+    """Run SCENARIO (or, with --url and --model, the quickstart scenario) and print the uniqueness matrix.
+    Exit 0 stable, 1 drift (or latent drift with --fail-on latent, or a cell under load.min_slo_attainment),
+    2 bad input, 3 target failed (or inconclusive: a cell with fewer ok probe samples than asked, or none at all)."""
     from kevload.outputs.baseline import judge, load_baseline
 
     overrides = (*overrides, f"load.retries={retries}") if retries is not None else overrides
@@ -177,16 +192,26 @@ def run(scenario: Path | None, resume: Path | None, retries: int | None, overrid
     if builtin is not None and ray_address not in (None, "local"):
         raise InputError("--target starts its server at 127.0.0.1 of this host, which Ray workers on other hosts "
                          "cannot reach: start it with `kevload target start` and give its URL instead")
+    quick = _quick_option(url, model, prompt)
     if resume is not None:
-        if scenario is not None or out is not None or overwrite:
+        if scenario is not None or out is not None or overwrite or quick is not None:
             raise InputError("--resume RUN_DIR takes the scenario and directory of that run; "
-                            "give no SCENARIO, --out or --overwrite")
+                            "give no SCENARIO, --out, --overwrite, --url, --model or --prompt")
         sc = resumed_scenario(resume, list(overrides))
         out = resume
-    elif scenario is None:
-        raise InputError("missing SCENARIO (or --resume RUN_DIR)")
-    else:
+    elif scenario is not None:
+        if quick is not None:
+            raise InputError(f"{quick}: only without SCENARIO (it sets the quickstart scenario's; a scenario "
+                             "file's target is changed with --set, e.g. --set target.model=NAME)")
         sc = load_scenario(scenario, list(overrides))
+    elif quick is None and builtin is None:
+        raise InputError("missing SCENARIO (or --url URL --model NAME, or --resume RUN_DIR)")
+    else:
+        _url_or_target(url, model, builtin)
+        sc = quickstart_scenario(prompt, list(overrides))
+        if builtin is None:  # --target's URL and model are set once its server is up
+            sc = sc.with_settings({"target.base_url": url}, source="--url")
+            sc = sc.with_settings({"target.model": model}, source="--model")
     sc.api_key()
     if fail_on == "bad" and not any(p.grade for p in sc.probes):
         raise InputError("--fail-on bad: expected probes with expected or grade (none of the scenario's "

@@ -24,7 +24,7 @@ from kevload.outputs.report import cell_text
 from kevload.records.store import default_run_dir
 from kevload.servers.sweep import Grid, setting_row, sweep_markdown, write_sweep
 from kevload.servers.targets import RunningTarget, TargetSettings, serving
-from kevload.summary import RunSummary, answered_per_s, label_of, position_label, row_cells
+from kevload.summary import CellSummary, RunSummary, answered_per_s, label_of, position_label, row_cells
 
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "demo.toml"
 # Good or bad: a share of the shipped graded set at c=1 and c=4, graded per level against serial. Two samples a cell
@@ -120,8 +120,7 @@ def headline(label: str, steps: list[tuple[str, RunSummary]]) -> str:
         return (f"{label}: {sampling}fixed params stable under batching "
                 f"(n={sum(c.ok for c in cells)}, {n} per cell: drift rate < {drift_upper_bound(n):.0%} per cell)")
     first = min(drift, key=lambda c: c.first_divergence_chars if c.first_divergence_chars is not None else 0)
-    where = (f"outputs leave the serial one between char {first.first_divergence_chars} and "
-             f"{max(c.last_divergence_chars or 0 for c in drift)} (0-based)"
+    where = (f"outputs leave the serial one {_chars(first.first_divergence_chars, drift)} (0-based)"
              if first.first_divergence_chars is not None else "serial outputs already differ")
     levels = sorted({c.concurrency for c in drift})
     off = next((s for name, s in steps if "batching off" in name), None)
@@ -131,6 +130,13 @@ def headline(label: str, steps: list[tuple[str, RunSummary]]) -> str:
             off.verdict, off.verdict)
     return (f"{label}: {sampling}fixed params drift once batched (c={','.join(map(str, levels))}: up to "
             f"{max(c.distinct for c in drift)} distinct in {first.ok}), {where}{after}")
+
+
+def _chars(first: int, drift: list[CellSummary]) -> str:
+    """Where the drifting outputs leave the serial one: ``at char 7`` when every one leaves it there (a window of
+    one point, which read "between char 7 and 7"), else ``between char 7 and 31``."""
+    last = max((c.last_divergence_chars for c in drift if c.last_divergence_chars is not None), default=first)
+    return f"at char {first}" if last <= first else f"between char {first} and {last}"
 
 
 def logprob_line(label: str, steps: list[tuple[str, dict[str, Any]]]) -> str:
@@ -156,7 +162,7 @@ def logprob_line(label: str, steps: list[tuple[str, dict[str, Any]]]) -> str:
     diff = worst.logprob_max_abs_diff
     return (f"{label} logprobs: {len(differ)} of {len(cells)} fixed-param cells differ from serial "
             f"(c={','.join(map(str, levels))}), from {position_label(token=first)}"
-            + (f", largest |difference| {diff:.3g}" if diff is not None else "") + f"; {n} samples compared{gaps}")
+            + (f", largest |difference| {diff:.3g}" if diff else "") + f"; {n} samples compared{gaps}")
 
 
 def graded_lines(label: str, summary: RunSummary) -> list[str]:

@@ -10,6 +10,7 @@ Every error is one line naming the source, the key and what was expected.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import functools
 import math
@@ -275,6 +276,28 @@ def load_scenario(path: str | Path, overrides: list[str] = ()) -> Scenario:
     for override in overrides:
         apply_override(raw, override, source)
     return scenario_from_dict(raw, source=source, name=raw.get("name", path.stem))
+
+
+# scenarios/quickstart.toml's tables (a test keeps the two equal), here so that an installed kevload has them:
+# `kevload run --url URL --model NAME` runs this, a first command with no file and no TOML quoting.
+QUICKSTART: Mapping[str, Any] = types.MappingProxyType({
+    "target": {"base_url": "http://127.0.0.1:8080/v1", "model": "SmolLM2-135M-Instruct"},
+    "params": {"temperature": 0},
+    "load": {"concurrency": [1, 4], "samples": 8},
+    "probes": [{"id": "capital", "prompt": "What is the capital of France? Answer in one sentence.",
+                "max_tokens": 32}],
+})
+
+
+def quickstart_scenario(prompt: str | None = None, overrides: list[str] = ()) -> Scenario:
+    """The quickstart scenario, its one probe asking ``prompt`` (id "prompt") when given, ``overrides`` applied
+    as a file's are. Its target is the file's: the caller sets the server's with ``with_settings``."""
+    raw = {key: copy.deepcopy(table) for key, table in QUICKSTART.items()}  # the caller's to change, not ours
+    if prompt is not None:
+        raw["probes"][0].update(id="prompt", prompt=prompt)
+    for override in overrides:
+        apply_override(raw, override)
+    return scenario_from_dict(raw, source="quickstart", name="quickstart")
 
 
 def apply_override(raw: dict[str, Any], override: str, source: str = "--set") -> None:

@@ -66,7 +66,7 @@ def run_report(summary: RunSummary, meta: dict[str, Any], records: Iterable[Reco
         "<h2>Latency by level</h2>", _latency(cells), *_server_view(summary), *_cold_warm(summary),
         f"<p>{_e(slo_line(summary))}</p>" if summary.slo else "",
         "<h2>Where outputs first diverge</h2>", _divergence(cells),
-        "<h2>Errors over time</h2>", _timeline(records),
+        "<h2>Requests finished per second, ok and errors</h2>", _timeline(records),
         # Masked again here: a run.json written before header values stopped being stored may still hold some.
         "<h2>Run parameters</h2>",
         f"<pre>{_e(json.dumps(redact(meta.get('scenario'), []), indent=2, ensure_ascii=False))}</pre>",
@@ -302,8 +302,9 @@ def _timeline(records: Iterable[Record]) -> str:
                       f'height="{bad_h:.1f}" fill="{DRIFT}"/>')
     errors = sum(v[1] for v in bins.values())
     svg_width = max(700, int(60 + width * bar_w))
-    return (f'<svg width="{svg_width}" height="180" role="img" aria-label="requests per second">'
-            f'{"".join(shapes)}<text x="40" y="176" font-size="11">requests finished per second: ok (green), '
+    return (f'<svg width="{svg_width}" height="180" role="img" '
+            f'aria-label="requests finished per second, ok and errors">{"".join(shapes)}'
+            f'<text x="40" y="176" font-size="11">requests finished per second: ok (green), '
             f'errors (red); {errors} errors in {width} s, peak {peak}/s'
             f'{f"; {cut} cut by kevload (load.cancel_share), not shown" if cut else ""}</text></svg>')
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -61,28 +62,93 @@ def render(summary: RunSummary, fmt: str, console: Console | None = None) -> str
     if fmt == "markdown":
         return markdown(summary)
     console = console or Console()
+
+    def show(grid: Table) -> None:
+        for part in fitted(grid, console):
+            console.print(part)
+
     # A graded dataset: one row per level, not hundreds per probe (summary.json and the HTML report keep those).
     if gradedview.aggregate_only(summary):
-        console.print(gradedview.accuracy_table(summary))
+        show(gradedview.accuracy_table(summary))
     else:
-        console.print(table(summary))
+        show(table(summary))
         for note in footnotes(summary):
             console.print(_plain(note))
-        console.print(agreement_table(summary))
+        show(agreement_table(summary))
         if gradedview.graded(summary):
-            console.print(gradedview.accuracy_table(summary))
+            show(gradedview.accuracy_table(summary))
     for line in gradedview.lines(summary):
         console.print(_plain(line))
     if not gradedview.aggregate_only(summary):
-        console.print(latency_table(summary))
+        show(latency_table(summary))
     if server_rows(summary):
-        console.print(server_table(summary))
+        show(server_table(summary))
     for line in cache_lines(summary):
         console.print(_plain(line))
     console.print(_plain(verdict_line(summary)))
     if summary.slo:
         console.print(_plain(slo_line(summary)))
     return None
+
+
+KEY_COLUMNS = ("probe (mode)", "probe", "level")  # what a row is about: every part of a split table repeats them
+
+
+def fitted(grid: Table, console: Console) -> list[Table | Text]:
+    """``grid`` itself where its widest rows fit the console; else its columns split over as few tables as fit,
+    each repeating the leading key columns (probe, level). Squeezed to fit, rich cuts a probe name to ``capi…``
+    and a number to ``6467…`` (at 80 columns, the width of most CI logs, the latency table is 11 columns wide).
+    A probe name wider than a third of the console would leave each part room for a column or two: the probes
+    are then numbered, #1, #2, …, and a legend under the table names each in full. Only where the key columns
+    and one more do not fit either is a part squeezed: its key columns then fold, never cut."""
+    if _width(grid, console) <= console.width:
+        return [grid]
+    legend: list[Text] = []
+    if grid.columns[0].header == "probe (mode)" and _width(_part(grid, [0]), console) > console.width // 3:
+        grid, legend = _numbered(grid)
+    columns = grid.columns
+    keys = 0
+    while keys < len(columns) - 1 and columns[keys].header in KEY_COLUMNS:
+        keys += 1
+    parts: list[list[int]] = []
+    for index in range(keys, len(columns)):
+        if parts and _width(_part(grid, [*range(keys), *parts[-1], index]), console) <= console.width:
+            parts[-1].append(index)
+        else:
+            parts.append([index])
+    return [*(_part(grid, [*range(keys), *part], f" ({n} of {len(parts)})" if len(parts) > 1 else "", fold=keys)
+              for n, part in enumerate(parts, 1)), *legend]
+
+
+def _width(grid: Table, console: Console) -> int:
+    """The width ``grid`` takes with no cell wrapped or cut."""
+    return Measurement.get(console, console.options.update_width(10**6), grid).maximum
+
+
+def _part(grid: Table, indexes: list[int], suffix: str = "", fold: int = 0) -> Table:
+    """The columns at ``indexes`` of ``grid`` as a table of their own, titled as it is with ``suffix``."""
+    part = Table(title=f"{grid.title}{suffix}" if grid.title else None, title_justify=grid.title_justify)
+    for i in indexes:
+        column = grid.columns[i]
+        part.add_column(column.header, justify=column.justify, overflow="fold" if i < fold else column.overflow)
+    cells = [list(grid.columns[i].cells) for i in indexes]
+    for row in zip(*cells, strict=True):
+        part.add_row(*row)
+    return part
+
+
+def _numbered(grid: Table) -> tuple[Table, list[Text]]:
+    """``grid`` with its probe column as #1, #2, … (in the order rows name them) and the legend naming each."""
+    names = [cell.plain if isinstance(cell, Text) else str(cell) for cell in grid.columns[0].cells]
+    numbers = {name: f"#{n}" for n, name in enumerate(dict.fromkeys(names), 1)}
+    numbered = Table(title=grid.title, title_justify=grid.title_justify)
+    for column in grid.columns:
+        numbered.add_column("probe" if column is grid.columns[0] else column.header, justify=column.justify,
+                            overflow=column.overflow)
+    others = [list(column.cells) for column in grid.columns[1:]]
+    for name, *row in zip(names, *others, strict=True):
+        numbered.add_row(numbers[name], *row)
+    return numbered, [Text(f"{number} {name}") for name, number in numbers.items()]
 
 
 def cell_text(cell: CellSummary | None) -> str:
@@ -145,13 +211,27 @@ def latent_text(cell: CellSummary) -> str:
     diff = cell.logprob_max_abs_diff
     return (f"same text as serial in {cell.ok} samples, logprobs differ from "
             f"{position_label(token=cell.first_logprob_divergence_token)}"
-            + (f", max abs diff {diff:.2g}" if diff is not None else "")
+            + (f", max abs diff {diff:.2g}" if diff else "")
             + (f"; {logprob_coverage_text(cell)}" if cell.logprob_gap else ""))
+
+
+def logprob_difference_text(cell: CellSummary) -> str:
+    """Where a cell's logprobs first leave the serial ones and by how much: ``≠ from token 3 (0-based), max abs diff
+    4.2e-06``; ``tokens differ from token 10 (0-based)`` where that first place is one whose tokens differ, which
+    has no serial logprob to compare with (the first position and the tokens' agree, and the tokens' is where an
+    output's tokens leave the serial ones). The size is the largest |difference| at positions whose tokens match
+    the serial ones, said only where one is not 0: "max abs diff 0" beside "≠" read as a difference of nothing."""
+    at = position_label(token=cell.first_logprob_divergence_token)
+    diff = cell.logprob_max_abs_diff
+    if cell.first_divergence_tokens is not None and cell.first_logprob_divergence_token == cell.first_divergence_tokens:
+        return f"tokens differ from {at}" + (f"; at matching tokens max abs diff {diff:.2g}" if diff else "")
+    return f"≠ from {at}" + (f", max abs diff {diff:.2g}" if diff else "")
 
 
 def logprob_text(cell: CellSummary) -> str:
     """The cell's logprobs against serial: ``bitwise = (8)``, ``≠ from token 3 (0-based), max abs diff 4.2e-06
-    (8)``, ``no claim: logprobs in 2 of 6`` or ``-``; with the samples that carried a non-finite logprob."""
+    (8)`` or ``tokens differ from token 10 (0-based) (8)`` (``logprob_difference_text``), ``no claim: logprobs in
+    2 of 6`` or ``-``; with the samples that carried a non-finite logprob."""
     n = cell.logprob_samples
     nonfinite = (f"; {cell.logprob_nonfinite_samples} with a non-finite logprob"
                  if cell.logprob_nonfinite_samples else "")
@@ -159,9 +239,7 @@ def logprob_text(cell: CellSummary) -> str:
         return f"no claim: {logprob_coverage_text(cell)}{nonfinite}" if cell.logprob_gap else "-"
     if cell.logprob_bitwise:
         return f"bitwise = ({n}){nonfinite}"
-    diff = cell.logprob_max_abs_diff
-    return (f"≠ from {position_label(token=cell.first_logprob_divergence_token)}"
-            + (f", max abs diff {diff:.2g}" if diff is not None else "")
+    return (logprob_difference_text(cell)
             + (f" ({n} of {cell.ok})" if cell.logprob_gap else f" ({n})") + nonfinite)
 
 

@@ -123,3 +123,26 @@ def test_a_graded_step_whose_target_failed_says_so_and_nothing_else():
     from kevload.demo import graded_lines
 
     assert graded_lines("vLLM", summary) == ["vLLM graded: target failed (http_500: 4)"]
+
+
+def test_where_outputs_leave_the_serial_one_reads_as_a_point_or_a_window():
+    def where(*drifting: dict) -> str:
+        return headline("t", steps(cell(1), *drifting, verdict="nondeterministic")).split(", ", 1)[1]
+
+    assert where(cell(4, distinct=2, drift=True, first_divergence_chars=7, last_divergence_chars=7)) == \
+        "outputs leave the serial one at char 7 (0-based)"
+    # A cell whose last divergence is unknown says nothing about the window's end: not "between char 7 and 0".
+    assert where(cell(2, distinct=2, drift=True, first_divergence_chars=7),
+                 cell(4, distinct=2, drift=True, first_divergence_chars=9, last_divergence_chars=None)) == \
+        "outputs leave the serial one at char 7 (0-based)"
+    assert where(cell(2, distinct=2, drift=True, first_divergence_chars=7, last_divergence_chars=12),
+                 cell(4, distinct=3, drift=True, first_divergence_chars=9, last_divergence_chars=31)) == \
+        "outputs leave the serial one between char 7 and 31 (0-based)"
+
+
+def test_logprob_line_gives_no_size_of_0_for_cells_whose_tokens_differ():
+    line = logprob_line("x", steps(cell(1, logprob_samples=8, logprob_bitwise=True),
+                                   cell(4, logprob_samples=8, logprob_bitwise=False, logprob_max_abs_diff=0.0,
+                                        first_logprob_divergence_token=5, first_divergence_tokens=5)))
+    assert line == "x logprobs: 1 of 2 fixed-param cells differ from serial (c=4), from token 5 (0-based); " \
+        "16 samples compared"

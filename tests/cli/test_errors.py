@@ -51,7 +51,8 @@ def test_run_dir_error_exits_2_in_one_line(tmp_path):
 
 def test_option_error_exits_2_in_one_line():
     code, output = run_cli("run")
-    assert (code, one_line(output)) == (2, "kevload: error: missing SCENARIO (or --resume RUN_DIR)")
+    assert (code, one_line(output)) == \
+        (2, "kevload: error: missing SCENARIO (or --url URL --model NAME, or --resume RUN_DIR)")
 
 
 def test_grid_error_exits_2_in_one_line(tmp_path):

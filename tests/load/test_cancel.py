@@ -475,7 +475,7 @@ def test_the_html_report_counts_no_cut_as_an_error(tmp_path):
     code, output = run_cli("report", tmp_path / "run", "--format", "html", "-o", tmp_path / "r.html")
     assert code == 0, output
     page = (tmp_path / "r.html").read_text()
-    assert " 0 errors in " in page, page[page.index("Errors over time"):][:600]
+    assert " 0 errors in " in page, page[page.index("Requests finished per second"):][:600]
 
 
 def test_the_runs_total_of_cuts_is_printed_when_every_companion_was_cut(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 
@@ -71,3 +72,17 @@ def test_sweep_html(tmp_path, server):
     assert "load.mode=mixed" in page and "id=heatmap" in page
     image = screenshot(out, tmp_path / "sweep.png", tmp_path)
     assert colour_share(image, STABLE) > 0.001
+
+
+def test_the_timeline_is_titled_for_the_finished_requests_it_draws(tmp_path, server):
+    # Answers and one 500: the chart stacks both kinds each second, so a title naming only errors misreads it.
+    server.behaviour.faults = [None] * 3 + ["http_500"]
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=8, max_error_share=0.5)
+    run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
+    run_cli("report", tmp_path / "run", "--format", "html", "-o", tmp_path / "r.html")  # 3: the cell is short
+    page = (tmp_path / "r.html").read_text()
+    heading, chart = re.search(r"<h2>([^<]*)</h2>(<svg[^>]*aria-label=\"requests [^>]*>.*?</svg>)",
+                               page, re.S).groups()
+    assert heading == "Requests finished per second, ok and errors"
+    ok_heights = re.findall(r'height="([0-9.]+)" fill="#81c784"', chart)
+    assert any(float(h) > 0 for h in ok_heights) and "1 errors in" in chart

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import kevload.servers.targets as targets
-from kevload.inputs.scenario import ScenarioError
+from kevload.inputs.scenario import QUICKSTART, ScenarioError
 from kevload.records.store import read_records
 from kevload.servers.processes import pid_alive
 from kevload.servers.sweep import check_axes_used
@@ -215,6 +215,18 @@ def test_diagnose_on_a_builtin_target(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "d.json").read_text())["verdict"] == "stable"
     steps = [json.loads(p.read_text())["scenario"]["target"] for p in (tmp_path / "d").glob("*/run.json")]
     assert steps and all(t["model"] == "fake" and t["base_url"].startswith("http://127.0.0.1:") for t in steps)
+    assert pids and not any(pid_alive(pid) for pid in pids)
+
+
+def test_run_with_no_scenario_on_a_builtin_target_runs_the_quickstart_with_its_url_and_model(tmp_path, monkeypatch):
+    monkeypatch.setitem(targets.COMMANDS, "vllm", _fake_command(latency=0.02))
+    pids = _spawned_pids(monkeypatch)
+    code, output = run_cli("run", "--target", "vllm", "--prompt", "Name a prime.", "--set", "load.samples=3",
+                           "--out", tmp_path / "r", "--quiet")
+    assert code == 0, output
+    scenario = json.loads((tmp_path / "r" / "run.json").read_text())["scenario"]
+    assert scenario["target"]["model"] == "fake" and scenario["target"]["base_url"] != QUICKSTART["target"]["base_url"]
+    assert [p["prompt"] for p in scenario["probes"]] == ["Name a prime."]
     assert pids and not any(pid_alive(pid) for pid in pids)
 
 

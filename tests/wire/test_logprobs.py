@@ -19,8 +19,8 @@ import pytest
 from kevload.compare.stats import mean_share_interval, wilson_interval
 from kevload.compare.summarizing import summarize
 from kevload.inputs.scenario import Probe, ScenarioError, load_scenario, scenario_from_dict
-from kevload.outputs.report import cell_text, junit_xml, markdown, verdict_line
-from kevload.summary import RunSummary
+from kevload.outputs.report import cell_text, junit_xml, logprob_text, markdown, verdict_line
+from kevload.summary import CellSummary, RunSummary
 from kevload.wire.client import Client, ask_for_logprobs, build_body, logprob_fields
 from tests.conftest import cells_by_level, crafted_times, load_summary, reduce_rows, run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
@@ -407,3 +407,34 @@ def test_server_without_logprobs_compares_text_only_and_says_so_once(tmp_path, s
     assert all("logprob_bitwise" not in c and "latent_drift" not in c for c in summary["cells"])
     assert "logprobs" not in verdict_line(RunSummary.from_json(summary))
 
+
+
+def test_a_cell_whose_tokens_differ_says_so_not_a_logprob_difference_of_0(tmp_path):
+    # Outputs leave the serial text at word 5 once batched; the fake server's logprobs before it are the serial ones.
+    with FakeServer(Behaviour(drift_at=2, batched_variant=True, diverge_at_word=5)) as server:
+        scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 4], samples=8)
+        code, output = run_cli("run", scenario, "--out", tmp_path / "run")
+    assert code == 1, output
+    cell = RunSummary.from_json(load_summary(tmp_path / "run")).cells[-1]
+    assert cell.concurrency == 4 and cell.first_divergence_tokens == cell.first_logprob_divergence_token == 5
+    assert cell.logprob_max_abs_diff == 0.0 and cell.logprob_bitwise is False
+    text = markdown(RunSummary.from_json(load_summary(tmp_path / "run")))
+    assert "| tokens differ from token 5 (0-based) (8) |" in text
+    assert "max abs diff 0" not in text and "max abs diff 0" not in " ".join(output.split())
+
+
+def test_a_size_is_given_where_logprobs_at_matching_tokens_differ():
+    def cell(**fields) -> str:
+        return logprob_text(CellSummary.from_json({
+            "probe": "p", "mode": "single", "role": "probe", "concurrency": 4, "ok": 8, "logprob_samples": 8,
+            "logprob_bitwise": False, **fields}))
+
+    assert cell(first_logprob_divergence_token=3, logprob_max_abs_diff=4.2e-06) == \
+        "≠ from token 3 (0-based), max abs diff 4.2e-06 (8)"
+    assert cell(first_logprob_divergence_token=10, first_divergence_tokens=10, logprob_max_abs_diff=0.0) == \
+        "tokens differ from token 10 (0-based) (8)"
+    assert cell(first_logprob_divergence_token=10, first_divergence_tokens=10, logprob_max_abs_diff=0.25) == \
+        "tokens differ from token 10 (0-based); at matching tokens max abs diff 0.25 (8)"
+    # Other kinds at the same tokens (−inf for a number): a difference with no size, never "max abs diff 0".
+    assert cell(first_logprob_divergence_token=2, first_divergence_tokens=None, logprob_max_abs_diff=0.0) == \
+        "≠ from token 2 (0-based) (8)"
