@@ -31,6 +31,8 @@ system-deps: demo-deps
 
 lint: install
 	$(BIN)/ruff check kevload tests bench docs/hooks.py
+	# The architecture: the layers of setup.cfg's [importlinter] (a lower package never imports a higher one).
+	$(BIN)/lint-imports
 
 # The documentation site into site/ (gitignored): --strict fails on a broken link or anchor and on a page left out
 # of the nav; the CLI and scenario-key references are generated from the code as it builds. Not --quiet: it hides
@@ -45,9 +47,9 @@ test: install system-deps lint docs
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not e2e" $(PYTEST_ARGS)
 
-# The graded set that ships: made from a seed (kevload.gradedset), the same bytes on every machine.
+# The graded set that ships: made from a seed (kevload.inputs.gradedset), the same bytes on every machine.
 graded-set: install
-	$(BIN)/python -m kevload.gradedset > scenarios/graded.jsonl
+	$(BIN)/python -m kevload.inputs.gradedset > scenarios/graded.jsonl
 
 demo: install demo-deps
 	$(BIN)/python -m kevload demo
@@ -60,7 +62,7 @@ bench: install system-deps
 	  $(GUIDELLM)/bin/pip install --quiet --disable-pip-version-check guidellm==0.8.1)
 	# Measured against the open loop's schedule (bench/throttle.py), not a dependency of kevload.
 	$(BIN)/pip install --quiet --disable-pip-version-check asyncio-throttle==1.0.2
-	$(BIN)/python -c 'from kevload.targets.transformers_serve import model_dir; model_dir()'
+	$(BIN)/python -c 'from kevload.servers.targets.transformers_serve import model_dir; model_dir()'
 	$(BIN)/python bench/run.py
 
 clean:

@@ -7,8 +7,8 @@ import asyncio
 import json
 import time
 
-from kevload.cluster import connect
-from kevload.rayworkers import KevloadCoordinator
+from kevload.load.cluster import connect
+from kevload.load.rayworkers import KevloadCoordinator
 
 CALLERS, CALLS = 64, 200  # concurrent callers, calls each
 

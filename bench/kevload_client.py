@@ -14,9 +14,9 @@ import numpy as np
 import orjson
 import uvloop
 
-from kevload.rundir import RunDir
-from kevload.runs import run_scenario
-from kevload.scenario import scenario_from_dict
+from kevload.inputs.scenario import scenario_from_dict
+from kevload.load.runs import run_scenario
+from kevload.records.rundir import RunDir
 
 
 def rss_mb() -> float:

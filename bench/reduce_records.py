@@ -12,9 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-from kevload.compare import summarize
-from kevload.reader import reduce_file
-from kevload.scenario import Slo
+from kevload.compare.reader import reduce_file
+from kevload.compare.summarizing import summarize
+from kevload.inputs.scenario import Slo
 
 
 def hwm_mb() -> float:

@@ -30,7 +30,7 @@ ROOT = BENCH.parent
 STEP_REQUESTS = 2000  # per run measuring the step from an answer to the next send (one slot per worker)
 sys.path.insert(0, str(ROOT))
 
-from kevload.servers import free_port, start_server, stop_group, wait_ready  # noqa: E402
+from kevload.servers.processes import free_port, start_server, stop_group, wait_ready  # noqa: E402
 
 GUIDELLM_VENV = Path(os.environ.get("KEVLOAD_CACHE", Path.home() / ".cache" / "kevload")) / "bench" / "guidellm"
 WRK_LUA = (
@@ -408,9 +408,9 @@ UNTIL_RUNS = (("transformers", "single", [1, 4]), ("transformers", "mixed", [1, 
 def until_bound(bound: float = 0.05) -> list[dict]:
     """Per real target and mode, one run with load.until_bound: each cell's n, why it stopped, its bound,
     and every probe request sent (the uncounted ramp-up and tail copies included)."""
-    from kevload.runs import run_scenario
-    from kevload.scenario import scenario_from_dict
-    from kevload.targets import running_target
+    from kevload.inputs.scenario import scenario_from_dict
+    from kevload.load.runs import run_scenario
+    from kevload.servers.targets import running_target
 
     out = ROOT / "results" / "bench" / f"until-bound-{time.strftime('%Y%m%d-%H%M%S')}"
     rows = []
@@ -432,7 +432,7 @@ def until_bound(bound: float = 0.05) -> list[dict]:
 def _until_row(name: str, mode: str, run_dir: Path, summary, seconds: float) -> dict:
     """One until-bound run as the table shows it: each probe cell's counted n and claim, from its ``RunSummary``,
     beside every probe request its records show sent."""
-    from kevload.rundir import RunDir
+    from kevload.records.rundir import RunDir
 
     sent: dict[int, int] = {}
     for r in RunDir(run_dir).records():
@@ -469,10 +469,10 @@ def server_metrics_cost(rounds: int = 3) -> dict:
     parsed as a run does; llama.cpp's own CPU per /metrics read (idle, from /proc); and llama.cpp (4 slots,
     2 threads) at c=4 with /metrics not read, read every 0.25 s and every 0.1 s, alternated per round (req/s
     and e2e p50 of the cell: wall-clock figures, as noisy as the machine)."""
-    from kevload import servermetrics
-    from kevload.runs import run_scenario
-    from kevload.scenario import scenario_from_dict
-    from kevload.targets import running_target
+    from kevload.inputs.scenario import scenario_from_dict
+    from kevload.load.runs import run_scenario
+    from kevload.records import servermetrics
+    from kevload.servers.targets import running_target
 
     page = _vllm_sized_page()
     start, reads = time.process_time(), 200

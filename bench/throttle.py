@@ -19,7 +19,7 @@ import time
 import uvloop
 from asyncio_throttle import Throttler
 
-from kevload.engine import _sleep_until
+from kevload.load.engine import _sleep_until
 
 
 async def _kevload(rate: float, n: int) -> list[float]:

@@ -14,7 +14,7 @@ from dataclasses import MISSING, Field, fields, is_dataclass
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 # The one place the scenario module is named: the tables below are reached from it.
-SCENARIO_MODULE = "kevload.scenario"
+SCENARIO_MODULE = "kevload.inputs.scenario"
 MARKER = "<!-- scenario-keys -->"
 # The TOML tables, in the order a scenario file writes them; a dataclass inside one is a table of its own.
 TABLES = (("target", "Target"), ("[[probes]]", "Probe"), ("load", "Load"))

@@ -1,3 +1,59 @@
-"""kevload: load-test OpenAI-compatible LLM servers and find out whether the same input gives the same output."""
+"""kevload: load-test OpenAI-compatible LLM servers and find out whether the same input gives the same output.
+
+The Python API, importable from ``kevload`` itself::
+
+    import asyncio
+    import kevload
+
+    scenario = kevload.load_scenario("scenarios/quickstart.toml", ['target.base_url="http://127.0.0.1:8080/v1"'])
+    summary = asyncio.run(kevload.run_scenario(scenario))        # a RunSummary, also written to summary.json
+    raise SystemExit(kevload.exitcode.for_run(summary))            # 0 held, 1 drift, 3 inconclusive
+
+- scenarios: ``load_scenario`` (a TOML file and ``key=value`` overrides), ``build_scenario`` (in code, from a
+  ``Target``, ``Probe``\\ s and a ``Load``), ``Scenario`` (frozen; ``with_settings`` for a typed change);
+- running: ``run_scenario`` (records and ``summary.json`` in a run directory, resumable), ``diagnose`` with
+  ``DiagnoseOptions`` (the guide's steps);
+- reading: ``RunDir`` (a run directory: records, run.json, summary.json), ``read_summary``, ``summarize``
+  (records folded into a ``RunSummary`` again), ``RunSummary`` and ``CellSummary`` (frozen, ``to_json``);
+- outcomes: ``ExitCode`` and ``exitcode`` (each command's result as one code), the error tree ``KevloadError`` →
+  ``InputError`` (exit 2: ``ScenarioError``, ``RunDirError``) and ``TargetError`` (exit 3: ``ServerError``).
+
+Each name is imported on first use: ``import kevload`` (and so ``kevload --help``) loads none of them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
+
+# name → the module that defines it (imported on first use, so `import kevload.words` stays cheap)
+_API = {
+    "Scenario": "kevload.inputs.scenario", "Target": "kevload.inputs.scenario", "Load": "kevload.inputs.scenario",
+    "load_scenario": "kevload.inputs.scenario", "build_scenario": "kevload.inputs.scenario",
+    "Probe": "kevload.inputs.models",
+    "run_scenario": "kevload.load.runs",
+    "diagnose": "kevload.guide.diagnose", "DiagnoseOptions": "kevload.guide.diagnose",
+    "RunDir": "kevload.records.rundir", "read_summary": "kevload.records.rundir",
+    "summarize": "kevload.compare.summarizing",
+    "RunSummary": "kevload.summary", "CellSummary": "kevload.summary",
+    "ExitCode": "kevload.exitcode",
+    "KevloadError": "kevload.errors", "InputError": "kevload.errors", "ScenarioError": "kevload.errors",
+    "RunDirError": "kevload.errors", "TargetError": "kevload.errors", "ServerError": "kevload.errors",
+}
+__all__ = ["__version__", "exitcode", *_API]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "exitcode":
+        return importlib.import_module("kevload.exitcode")
+    if name not in _API:
+        raise AttributeError(f"module 'kevload' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_API[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -16,14 +16,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kevload import __version__, aio, exitcode
+from kevload.compare.stats import samples_for_bound
 from kevload.errors import InputError, KevloadError
 from kevload.exitcode import ExitCode
-from kevload.grading import BadGrading, Grading, checked
-from kevload.models import MAX_TOKENS, read_messages
-from kevload.report import FORMATS, render, slo_line, verdict_line, visible
-from kevload.rundir import RunDir
-from kevload.runs import finish_run, refuse_existing, resumed_scenario, run_scenario
-from kevload.scenario import (
+from kevload.inputs.grading import BadGrading, Grading, checked
+from kevload.inputs.models import MAX_TOKENS, read_messages
+from kevload.inputs.scenario import (
     APIS,
     MAX_CONCURRENCY,
     MAX_RETRIES,
@@ -34,10 +32,12 @@ from kevload.scenario import (
     quickstart_scenario,
     toml_value,
 )
-from kevload.stats import samples_for_bound
-from kevload.store import Record, default_run_dir
+from kevload.load.runs import finish_run, refuse_existing, resumed_scenario, run_scenario
+from kevload.outputs.report import FORMATS, render, slo_line, verdict_line, visible
+from kevload.records.rundir import RunDir
+from kevload.records.store import Record, default_run_dir
+from kevload.servers.targets import NAMES, TargetSettings
 from kevload.summary import RunSummary, level_label
-from kevload.targets import NAMES, TargetSettings
 
 stderr = Console(stderr=True)
 
@@ -125,7 +125,7 @@ def _on_target(builtin: str | None, settings: TargetSettings | None,
     if builtin is None:
         result, signum = aio.run(lambda stop: work(None, None, stop))
         return result, signum, None
-    from kevload.targets import on_target
+    from kevload.servers.targets import on_target
 
     log = (lambda m: None) if quiet else (lambda m: stderr.print(m, style="dim"))
     (result, exited), signum = aio.run(lambda stop: on_target(
@@ -181,7 +181,7 @@ def run(scenario: Path | None, url: str | None, model: str | None, prompt: str |
     """Run SCENARIO (or, with --url and --model, the quickstart scenario) and print the uniqueness matrix.
     Exit 0 stable, 1 drift (or latent drift with --fail-on latent, or a cell under load.min_slo_attainment),
     2 bad input, 3 target failed (or inconclusive: a cell with fewer ok probe samples than asked, or none at all)."""
-    from kevload.baseline import judge, load_baseline
+    from kevload.outputs.baseline import judge, load_baseline
 
     overrides = (*overrides, f"load.retries={retries}") if retries is not None else overrides
     overrides = (*overrides, f"load.dataset_seed={dataset_seed}") if dataset_seed is not None else overrides
@@ -251,7 +251,7 @@ def run(scenario: Path | None, url: str | None, model: str | None, prompt: str |
     part = f", {result.records} sent by this --resume" if resume is not None else ""
     stderr.print(f"records: {files} ({result.summary.requests_sent} requests{part}, {result.state})")
     if junit is not None:
-        from kevload.report import junit_xml
+        from kevload.outputs.report import junit_xml
 
         junit.write_text(junit_xml(result.summary, fail_on=fail_on), encoding="utf-8")
     if metrics is not None:
@@ -297,7 +297,7 @@ def report(run_dir: Path, fmt: str, output: Path | None, metrics: Path | None, r
     meta = run.meta()
     summary = finish_run(run_dir, meta=meta)
     if fmt == "html":
-        from kevload.html import run_report
+        from kevload.outputs.html import run_report
 
         _emit(run_report(summary, meta, run.records()), output)
     elif output is None:
@@ -317,8 +317,8 @@ def report(run_dir: Path, fmt: str, output: Path | None, metrics: Path | None, r
 def _report_sweep(sweep_dir: Path, fmt: str, output: Path | None) -> None:
     import orjson
 
-    from kevload.html import sweep_report
-    from kevload.sweep import read_sweep, sweep_markdown
+    from kevload.outputs.html import sweep_report
+    from kevload.servers.sweep import read_sweep, sweep_markdown
 
     sweep = read_sweep(sweep_dir / "sweep.json")
     renderers = {"html": sweep_report, "markdown": sweep_markdown,
@@ -353,7 +353,7 @@ def _metrics_path(path: Path | None) -> Path | None:
 
 
 def _write_metrics(path: Path, summary: RunSummary, run_dir: Path) -> None:
-    from kevload.metrics import write_metrics
+    from kevload.outputs.metrics import write_metrics
 
     try:
         write_metrics(path, summary, RunDir(run_dir).meta())
@@ -413,7 +413,7 @@ def _target_options(func):
 @_target_options
 def target_start(name: str, **options) -> None:
     """Build/install NAME once, start it and print its base URL as the last line."""
-    from kevload.targets import save_state, start_target, status_target
+    from kevload.servers.targets import save_state, start_target, status_target
 
     current = status_target(name)
     if current and current["running"]:
@@ -430,7 +430,7 @@ def target_start(name: str, **options) -> None:
 @click.argument("name", type=click.Choice(NAMES))
 def target_stop(name: str) -> None:
     """Stop NAME's whole process group."""
-    from kevload.targets import forget_state, status_target, stop_target
+    from kevload.servers.targets import forget_state, status_target, stop_target
 
     current = status_target(name)
     if current is None:
@@ -445,7 +445,7 @@ def target_stop(name: str) -> None:
 @click.argument("name", type=click.Choice(NAMES))
 def target_status(name: str) -> None:
     """Pid, port, model and settings of NAME, if it was started here."""
-    from kevload.targets import status_target
+    from kevload.servers.targets import status_target
 
     current = status_target(name)
     if current is None or not current["running"]:
@@ -512,9 +512,9 @@ def diagnose_command(url, model, prompt, messages_file, params_json, max_tokens,
 
     import orjson
 
-    from kevload.diagnose import DiagnoseOptions, check_options, diagnose
-    from kevload.models import Probe
-    from kevload.report import diagnosis_text
+    from kevload.guide.diagnose import DiagnoseOptions, check_options, diagnose
+    from kevload.inputs.models import Probe
+    from kevload.outputs.report import diagnosis_text
 
     if (prompt is None) == (messages_file is None):
         raise InputError("give exactly one of --prompt TEXT or --messages FILE")
@@ -593,8 +593,8 @@ def coverage_command(online: Path, train: Path, json_out: Path | None, flag_out:
     """Compare live inputs (ONLINE.jsonl) with the training set (TRAIN.jsonl): lengths, keywords, labels."""
     import orjson
 
-    from kevload.coverage import compare, flag_file, scan, segmenter
-    from kevload.report import coverage_text
+    from kevload.guide.coverage import compare, flag_file, scan, segmenter
+    from kevload.outputs.report import coverage_text
 
     seg = segmenter()
     online_side = scan(online, max_bad=max_bad, seg=seg)
@@ -619,7 +619,7 @@ def cases() -> None:
               "give the same name in every environment whose URLs differ.")
 def cases_build(run_dirs: tuple[Path, ...], output: Path, target_name: str | None) -> None:
     """Append one case per probe and setting from RUN_DIRS; existing cases are never dropped or rewritten."""
-    from kevload.cases import build_cases
+    from kevload.guide.cases import build_cases
 
     built = build_cases(list(run_dirs), output, target_name=target_name)
     click.echo(f"{output}: {built.new} new, {built.kept} kept, {len(built.skipped)} skipped")
@@ -650,7 +650,7 @@ def cases_rerun(cases_file: Path, url: str | None, model: str | None, times: int
     """
     import orjson
 
-    from kevload.cases import accept_changes, describe_load, read_cases, rerun_cases, transitions
+    from kevload.guide.cases import accept_changes, describe_load, read_cases, rerun_cases, transitions
 
     _url_or_target(url, model, builtin)
     settings = _target_settings(builtin, target_sets)
@@ -719,7 +719,7 @@ def cases_rerun(cases_file: Path, url: str | None, model: str | None, times: int
 def sweep_command(scenario, server_cmd, builtin, grids, ready_url, ready_timeout, overrides, out, quiet,
                   ray_address, resources) -> None:
     """Run SCENARIO for every setting in the grid and print one matrix: settings × levels."""
-    from kevload.sweep import Grid, run_sweep, sweep_markdown
+    from kevload.servers.sweep import Grid, run_sweep, sweep_markdown
 
     grid = Grid.parse(list(grids))
     if server_cmd is not None and builtin is not None:
@@ -756,8 +756,8 @@ def _ray_sweep(address: str | None, resources: str | None, server_cmd: str | Non
         # flight", and the matrix would not be the sequential sweep's.
         raise InputError("--ray needs --server-cmd: each setting's task starts its own server on its node; "
                          "settings sharing one target would load it at the same time")
-    from kevload.cluster import connect
-    from kevload.raysweep import parse_resources, ray_rows
+    from kevload.load.cluster import connect
+    from kevload.servers.raysweep import parse_resources, ray_rows
 
     wanted = parse_resources(resources or "{}")
     with connect(address) as ray:

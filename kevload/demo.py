@@ -12,18 +12,19 @@ from rich.columns import Columns
 from rich.console import Console
 from rich.table import Table
 
-from kevload import exitcode, gradedview
+from kevload import exitcode
 from kevload.aio import until_stopped
-from kevload.diagnose import DiagnoseOptions, diagnose
-from kevload.models import Probe
-from kevload.report import cell_text
-from kevload.runs import run_scenario
-from kevload.scenario import Scenario, build_scenario, load_scenario
-from kevload.stats import drift_upper_bound
-from kevload.store import default_run_dir
-from kevload.summary import CellSummary, RunSummary, label_of, position_label
-from kevload.sweep import STOPPED, Grid, answered_per_s, row_cells, setting_row, sweep_markdown, write_sweep
-from kevload.targets import RunningTarget, TargetSettings, serving
+from kevload.compare.stats import drift_upper_bound
+from kevload.guide.diagnose import DiagnoseOptions, diagnose
+from kevload.inputs.models import Probe
+from kevload.inputs.scenario import Scenario, build_scenario, load_scenario
+from kevload.load.runs import run_scenario
+from kevload.outputs import gradedview
+from kevload.outputs.report import cell_text
+from kevload.records.store import default_run_dir
+from kevload.servers.sweep import STOPPED, Grid, setting_row, sweep_markdown, write_sweep
+from kevload.servers.targets import RunningTarget, TargetSettings, serving
+from kevload.summary import CellSummary, RunSummary, answered_per_s, label_of, position_label, row_cells
 
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "demo.toml"
 # Good or bad: a share of the shipped graded set at c=1 and c=4, graded per level against serial. Two samples a cell

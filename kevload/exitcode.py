@@ -42,7 +42,7 @@ def for_run(summary: RunSummary, *, fail_on: Literal["drift", "latent", "bad"] =
             regressions: int | None = None) -> ExitCode:
     """``kevload run``: ``for_summary``; with ``fail_on`` latent, latent drift is DRIFT too and a cell where ok
     samples came without logprobs TARGET (latent drift neither shown nor ruled out); with ``fail_on`` bad, drift is
-    DRIFT only where load made an answer worse (kevload.graded).
+    DRIFT only where load made an answer worse (kevload.compare.graded).
 
     ``kevload run --baseline`` (``regressions``: the changes ``baseline.compare_to_baseline`` calls regressions;
     None without a baseline): TARGET when the run itself is (target failed, inconclusive, or a logprob gap under
@@ -53,7 +53,7 @@ def for_run(summary: RunSummary, *, fail_on: Literal["drift", "latent", "bad"] =
     and, where the baseline has nothing to hold the cell against — a cell it lacks (``new_cell``), one whose input,
     params or max_tokens changed (``input_changed``), one where it had no ok sample — whatever fails the run's own
     rule (drift; latent drift too under ``fail_on`` latent). Under ``fail_on`` bad the drift kinds count only in a cell
-    whose answers load turned bad (``kevload.baseline``)."""
+    whose answers load turned bad (``kevload.outputs.baseline``)."""
     code = for_summary(summary)
     if fail_on == "latent" and code == ExitCode.OK and summary.latent_cells:
         code = ExitCode.DRIFT

@@ -233,7 +233,8 @@ class CellSummary(_Json):
     meets_slo: bool | None = written_with("slo_met")
     slo_unmeasured: int | None = written_with("slo_met")
     slo_misses: dict[str, int] | None = written_with("slo_met")
-    # The server's own view while the cell ran (its /metrics, kevload.servermetrics): server_view says whether the
+    # The server's own view while the cell ran (its /metrics, kevload.records.servermetrics): server_view says whether
+    # the
     # run holds the server's samples (False: it published none, and the fields below are None).
     server_view: bool | None = written_with("server_view")
     server_samples: int | None = written_with("server_view")
@@ -244,16 +245,17 @@ class CellSummary(_Json):
     server_kv_cache_usage_max: float | None = written_with("server_view")
     # "server ran ≤ 1 at a time, 3 waiting: …" where the server held requests back at a level.
     server_note: str | None = written_with("server_view")
-    # A conversation cell (kevload.turnwise): per turn, the answers asked with the serial history and how many of
+    # A conversation cell (kevload.compare.turnwise): per turn, the answers asked with the serial history and how many
+    # of
     # them differ from the serial answer; the first turn (0-based) where one does: where it leaves the serial one.
     turns: tuple[dict[str, int], ...] | None = written_with("turns")
     first_divergent_turn: int | None = written_with("turns")
-    # Cut by kevload (load.cancel_share, kevload.cancel); absent where the run cut nothing. A companion cell: its
+    # Cut by kevload (load.cancel_share, kevload.load.cancel); absent where the run cut nothing. A companion cell: its
     # requests cut. A probe cell: the requests of its level cut (counted or not) while its samples ran (first send
     # to last answer), its ok samples with such a cut in flight (within beside_window_s of their send), and how many
     # of those and of the others left the
     # serial output; whether the divergent ones were all beside a cut, unlikely by chance (the one-sided Fisher
-    # p-value under kevload.cancel.FINDING_P).
+    # p-value under kevload.compare.cuts.FINDING_P).
     cancelled: int | None = written_with("cancelled")
     beside_cancelled: int | None = written_with("cancelled")
     # A sample is beside a cut when one came within this long of its send: the cell's shortest ok flight, the same
@@ -263,7 +265,8 @@ class CellSummary(_Json):
     divergent_apart_from_cancelled: int | None = written_with("cancelled")
     cancel_p_value: float | None = written_with("cancelled")
     drift_only_beside_cancelled: bool | None = written_with("cancelled")
-    # A graded probe's cell (kevload.graded); absent for an ungraded one. Counted ok samples graded good and bad (and
+    # A graded probe's cell (kevload.compare.graded); absent for an ungraded one. Counted ok samples graded good and
+    # bad (and
     # those whose own python grader failed: neither), the good share with its Wilson 95 % interval; the serial
     # cell's grade (good, bad, or mixed: some of each); against it, samples graded bad where every serial answer was
     # good and the reverse (None at the serial level itself, and where the serial answers are mixed or ungraded),
@@ -361,7 +364,7 @@ class RunSummary(_Json):
     scenario: str | None = None
     state: RunState | None = None
     # load.prefix_cache: how cold samples were made and each probe's cold and warm answers compared
-    # (kevload.prefixcache.ColdWarm); absent without it.
+    # (kevload.load.prefixcache.ColdWarm); absent without it.
     prefix_cache: dict[str, Any] | None = written_with("prefix_cache")
     # Requests kevload cut (load.cancel_share): neither answers nor errors; absent where the run cut nothing. The
     # findings: probe cells whose divergent samples all had a cut in flight (CellSummary.drift_only_beside_cancelled),
@@ -369,7 +372,8 @@ class RunSummary(_Json):
     cancelled: int | None = written_with("cancelled")
     drift_beside_cancelled_cells: tuple[str, ...] | None = written_with("cancelled")
     drift_with_cancelled_levels: tuple[str, ...] | None = written_with("cancelled")
-    # Graded probes (kevload.graded); absent without any. Per level, over the probes graded there: accuracy with its
+    # Graded probes (kevload.compare.graded); absent without any. Per level, over the probes graded there: accuracy
+    # with its
     # interval and the paired comparison with serial (good_to_bad, bad_to_good, the exact McNemar p). The probe cells
     # where load turned a good answer bad; the levels whose accuracy fell significantly (p < 0.05); the probe cells
     # under load.min_good_share; what a user's python grader did wrong (each naming its probe).
@@ -421,3 +425,16 @@ def held_without_cuts(row: Iterable[CellSummary]) -> list[CellSummary]:
     drifted = [c for c in ordered if c.drift]
     return [c for c in ordered[1:] if c.ok and not c.drift and c.cancelled == 0
             and all(d.level_order[0] == c.level_order[0] and d.level_order < c.level_order for d in drifted)]
+
+
+def answered_per_s(cell: CellSummary) -> float | None:
+    """What a setting costs: the answers it gives per second. ``requests_per_s`` also counts the failed requests,
+    and a dead server fails them faster than any live one answers."""
+    if not cell.ok or not cell.requests_per_s:
+        return None
+    return round(cell.requests_per_s * cell.ok / (cell.ok + sum(cell.errors.values())), 3)
+
+
+def row_cells(row: dict[str, Any]) -> list[CellSummary]:
+    """A sweep row (sweep.json)'s cells, read back from what sweep.json keeps of them (probe cells only)."""
+    return [CellSummary.from_json({"role": "probe", **cell}) for cell in row["cells"]]

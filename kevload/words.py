@@ -12,6 +12,8 @@ SampleRole = Literal["probe", "companion"]
 # ``ok`` is the one status compared; failures are transport words or ``http_<code>``, an open set, so a status
 # is a ``str`` and only this word is named.
 OK = "ok"
+# The status (a word of kevload's) of a request kevload cut on purpose: neither compared nor an error.
+CANCELLED = "cancelled"
 
 Verdict = Literal["deterministic", "nondeterministic", "inconclusive", "target_failed"]
 VERDICTS: tuple[Verdict, ...] = get_args(Verdict)

@@ -22,7 +22,7 @@ def cli(*setup: str) -> str:
 
 # The parallel reduction forced (any records file is "large", four processes): the path a run with records over
 # 32 MiB takes, without writing 32 MiB.
-PARALLEL_REDUCTION = cli("from kevload import reader", "reader._PARALLEL_BYTES = 1", "os.cpu_count = lambda: 4")
+PARALLEL_REDUCTION = cli("from kevload.compare import reader", "reader._PARALLEL_BYTES = 1", "os.cpu_count = lambda: 4")
 # Starting any process fails at once: a test of a bound on worker processes cannot start thousands of them.
 NO_START = ("import multiprocessing.process as mp", "mp.BaseProcess.start = lambda self: sys.exit('started a process')")
 NO_PROCESSES = cli(*NO_START)

@@ -13,13 +13,13 @@ import msgspec
 import pytest
 from click.testing import CliRunner
 
-from kevload.cells import Reduction
 from kevload.cli import main
-from kevload.reader import reduce_records
-from kevload.servers import pid_alive
-from kevload.store import Record
+from kevload.compare.cells import Reduction
+from kevload.compare.reader import reduce_records
+from kevload.records.store import Record
+from kevload.servers.processes import pid_alive
+from kevload.servers.targets.cache import cache_root
 from kevload.summary import RunSummary
-from kevload.targets.cache import cache_root
 from tests.fakeserver import Behaviour, FakeServer
 
 # Every process this session starts inherits this mark in its environment (targets are started with the

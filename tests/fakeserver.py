@@ -22,7 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
-from kevload.client import LOGPROBS_CHECK_USER
+from kevload.wire.client import LOGPROBS_CHECK_USER
 
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
          "quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
@@ -92,7 +92,8 @@ class Behaviour:
     # varies under load (another request overlapping it) only from this turn on (0-based: a request with more user
     # messages than this); serially it stays the same.
     drift_from_turn: int | None = None
-    # Prefix cache, warm and cold on purpose (kevload.prefixcache). An answer is served from the cache when its prompt
+    # Prefix cache, warm and cold on purpose (kevload.load.prefixcache). An answer is served from the cache when its
+    # prompt
     # was seen since the last reset and the request does not say cache_prompt: false (llama.cpp keeps a slot's
     # tokens after such a request too, so the next one may reuse them).
     warm_differs: bool = False      # an answer served from the cache differs from one computed afresh

@@ -1,0 +1,1 @@
+"""What is sent: scenarios, probes and graders, datasets, traces, conversations, workloads, the graded set."""

@@ -1,0 +1,312 @@
+"""Graders: whether an answer is good or bad, given what the probe expected (``expected``, ``grade``,
+``grade_tolerance`` on a probe). Pure functions of the answer's text, checked and compiled once at load.
+
+A probe with neither ``expected`` nor ``grade`` is ungraded. ``expected`` alone picks the grader from its kind (a
+string: ``exact``, a number: ``number``, a list: ``one_of``); ``json``, ``json_schema`` and ``python:…`` graders
+may go without ``expected`` (``json``: the answer parses; ``json_schema``: the schema is ``expected``, a table or
+the path of a JSON file; ``python:module:function``: gets ``expected`` as it is, None when absent).
+
+Grading runs once per distinct output of a cell (``kevload.compare.graded``), never per request.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import re
+import sys
+import unicodedata
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+GRADES = ("exact", "contains", "regex", "one_of", "number", "choice", "json", "json_schema")
+PYTHON = "python:"
+GRADE_EXPECTED = f"one of {', '.join(GRADES)} or python:module:function"
+# What each grader needs in ``expected`` (None: may be absent).
+_NEEDS = {"exact": "a string", "contains": "a non-empty string", "regex": "a regular expression (a string)",
+          "one_of": "a non-empty list of strings", "number": "a number (or a string holding one)",
+          "choice": "one letter from A to J", "json": None, "json_schema": None}
+LETTERS = "ABCDEFGHIJ"  # MMLU's four, MMLU-Pro's ten
+CHOICE_EXPECTED = f"one letter from {LETTERS[0]} to {LETTERS[-1]}"
+_MAX_SHOWN = 120  # characters of an answer quoted in an error
+
+
+class BadGrading(Exception):
+    """A probe's grading keys do not fit: which key, what it expects, what it got (the caller names the source)."""
+
+    def __init__(self, key: str, expected: str, got: Any):
+        super().__init__(key, expected, got)
+        self.key, self.expected, self.got = key, expected, got
+
+
+class GraderFailed(Exception):
+    """A user's grader raised or returned something other than True or False: a finding on the answer, not a crash."""
+
+
+@dataclass(frozen=True)
+class Grading:
+    """One probe's grader, as run.json keeps it: ``kevload report`` grades again from it alone. ``expected`` is
+    normal (one_of: a tuple; number: a float; choice: the upper-case letter; json_schema: the schema itself)."""
+
+    grade: str
+    expected: Any = None
+    tolerance: float = 0.0
+    # A python grader's function, imported at load (run.json keeps its name, from which it is imported again).
+    function: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"grade": self.grade, "expected": list(self.expected) if isinstance(self.expected, tuple)
+                else self.expected, "tolerance": self.tolerance}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any], base: Path) -> Grading:
+        """Read back from run.json, checked again (a python grader is imported again, from ``base`` first)."""
+        return checked(doc.get("expected"), doc.get("grade"), doc.get("tolerance", 0.0), base)
+
+    def good(self, answer: str, probe: str = "") -> bool:
+        """Whether ``answer`` (the whole text a cell keeps for an output) of ``probe`` (its id) is good;
+        ``GraderFailed`` when a user's grader raises or returns no bool."""
+        return _grade(self, content_of(answer), probe)
+
+
+def checked(expected: Any, grade: Any, tolerance: Any, base: Path) -> Grading | None:
+    """A probe's grading keys checked and made normal: None when the probe is ungraded (neither key given);
+    ``BadGrading`` naming the key otherwise. ``base`` is the directory a schema file or a python grader is found
+    from (the scenario's, or the dataset file's)."""
+    if expected is None and grade is None:
+        if tolerance not in (None, 0, 0.0):
+            raise BadGrading("grade_tolerance", "expected and grade = \"number\" beside it", tolerance)
+        return None
+    if grade is None:
+        grade = _default_grade(expected)
+    if not isinstance(grade, str) or not (grade in GRADES or grade.startswith(PYTHON)):
+        raise BadGrading("grade", GRADE_EXPECTED, grade)
+    tolerance = 0.0 if tolerance is None else tolerance
+    if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or not 0 <= tolerance < math.inf:
+        raise BadGrading("grade_tolerance", "a number >= 0 (how far the answer's number may be from expected)",
+                         tolerance)
+    if tolerance and grade != "number":
+        raise BadGrading("grade_tolerance", f'grade = "number" beside it (grade is "{grade}")', tolerance)
+    if grade.startswith(PYTHON):
+        # Imported now: a bad path fails before anything is sent.
+        return Grading(grade, expected, float(tolerance), python_grader(grade, base))
+    if expected is None and _NEEDS[grade] is not None:
+        raise BadGrading("expected", f"{_NEEDS[grade]} beside grade = \"{grade}\"", None)
+    return Grading(grade, _expected(grade, expected, base), float(tolerance))
+
+
+def _default_grade(expected: Any) -> str:
+    if isinstance(expected, str):
+        return "exact"
+    if isinstance(expected, int | float) and not isinstance(expected, bool):
+        return "number"
+    if isinstance(expected, list | tuple):
+        return "one_of"
+    raise BadGrading("grade", f"{GRADE_EXPECTED} beside this expected (only a string, a number or a list picks "
+                     "its grader)", None)
+
+
+def _expected(grade: str, expected: Any, base: Path) -> Any:
+    need = _NEEDS[grade]
+    if grade == "exact" and isinstance(expected, str):
+        return expected
+    if grade in ("contains", "regex") and isinstance(expected, str) and expected:
+        if grade == "regex":
+            try:
+                re.compile(expected)
+            except re.error as exc:
+                raise BadGrading("expected", f"a regular expression ({exc})", expected) from None
+        return expected
+    if grade == "one_of" and isinstance(expected, list | tuple) and expected and \
+            all(isinstance(x, str) for x in expected):
+        return tuple(expected)
+    if grade == "number":
+        value = _number(expected) if isinstance(expected, str) else expected
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+    if grade == "choice" and isinstance(expected, str) and len(expected.strip()) == 1 \
+            and expected.strip().upper() in LETTERS:
+        return expected.strip().upper()
+    if grade == "json":
+        return expected  # any JSON value (TOML's tables, lists, strings, numbers): the answer must equal it
+    if grade == "json_schema":
+        return _schema(expected, base)
+    raise BadGrading("expected", need, expected)
+
+
+def _schema(expected: Any, base: Path) -> dict[str, Any]:
+    """A JSON Schema given inline (a table) or as the path of a JSON file (relative to ``base``), checked against
+    its own metaschema now: a malformed schema is bad input, not a bad answer."""
+    import jsonschema
+
+    if isinstance(expected, str) and expected:
+        path = base / expected
+        try:
+            schema = orjson.loads(path.read_bytes())
+        except (OSError, orjson.JSONDecodeError) as exc:
+            raise BadGrading("expected", f"a JSON Schema file that reads as JSON ({path}: {exc})", expected) from None
+    elif isinstance(expected, dict):
+        schema = expected
+    else:
+        raise BadGrading("expected", 'a JSON Schema (a table, or the path of a JSON file) beside grade = '
+                         '"json_schema"', expected)
+    if not isinstance(schema, dict):
+        raise BadGrading("expected", "a JSON Schema object", schema)
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "the top"
+        raise BadGrading("expected", f"a valid JSON Schema (at {where}: {exc.message})", schema) from None
+    return schema
+
+
+def python_grader(grade: str, base: Path) -> Callable[..., Any]:
+    """The user's ``python:module:function``, imported (with ``base`` searched first, so a graders.py beside the
+    scenario is found); ``BadGrading`` when it is no importable callable."""
+    _, module_name, function_name = (grade.split(":", 2) + ["", ""])[:3]
+    shape = "python:module:function, an importable module and a function in it"
+    if not module_name or not function_name:
+        raise BadGrading("grade", shape, grade)
+    added = str(base.resolve())
+    sys.path.insert(0, added)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # the user's module: any error in it is theirs to see, named, not a traceback
+        raise BadGrading("grade", f"{shape} (importing {module_name}: {type(exc).__name__}: {exc})", grade) from None
+    finally:
+        sys.path.remove(added)
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise BadGrading("grade", f"{shape} ({module_name} has no function {function_name})", grade)
+    return function
+
+
+_REASONING = re.compile(r"\A<reasoning>\n.*?\n</reasoning>\n", re.DOTALL)
+
+
+def content_of(answer: str) -> str:
+    """The part of a cell's answer text that is graded: without the reasoning block ``store.answer_text`` puts
+    first (what a model thought is not its answer)."""
+    return _REASONING.sub("", answer, count=1)
+
+
+def _grade(grading: Grading, text: str, probe: str) -> bool:
+    grade, expected = grading.grade, grading.expected
+    if grade == "exact":
+        return text.strip() == expected.strip()
+    if grade == "contains":
+        return expected in text
+    if grade == "regex":
+        return re.search(expected, text) is not None
+    if grade == "one_of":
+        return text.strip() in {x.strip() for x in expected}
+    if grade == "number":
+        value = last_number(text)
+        return value is not None and abs(value - expected) <= grading.tolerance
+    if grade == "choice":
+        return choice_letter(text) == expected
+    if grade in ("json", "json_schema"):
+        value = parse_json(text)
+        if value is _NOT_JSON:
+            return False
+        if grade == "json":
+            return expected is None or same_json(value, expected)
+        import jsonschema
+
+        return jsonschema.validators.validator_for(expected)(expected).is_valid(value)
+    return _user_grade(grading, text, probe)
+
+
+def _user_grade(grading: Grading, text: str, probe: str) -> bool:
+    assert grading.function is not None  # ``checked`` imported it
+    try:
+        result = grading.function(text, probe, grading.expected)
+    except Exception as exc:  # the user's code: whatever it raises is a finding on this answer
+        raise GraderFailed(f"{grading.grade} raised {type(exc).__name__}: {exc} on the answer "
+                           f"{_shown(text)}") from None
+    if result is not True and result is not False:
+        shown = repr(result)
+        raise GraderFailed(f"{grading.grade} returned {shown[:_MAX_SHOWN]}, expected True or False, on the answer "
+                           f"{_shown(text)}")
+    return result
+
+
+def _shown(text: str) -> str:
+    return repr(text if len(text) <= _MAX_SHOWN else text[:_MAX_SHOWN] + "…")
+
+
+# A number as answers write it: an optional sign (not a hyphen between two words or numbers), thousands groups,
+# decimals, an exponent.
+_NUMBER = re.compile(r"(?<![0-9A-Za-z.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?(?![0-9])")
+
+
+def last_number(text: str) -> float | None:
+    """The last number in ``text`` (full-width digits read as digits, ``1,234`` as 1234), or None."""
+    found = _NUMBER.findall(unicodedata.normalize("NFKC", text))
+    return _number(found[-1]) if found else None
+
+
+def _number(text: str) -> float | None:
+    try:
+        value = float(text.strip().replace(",", ""))
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+# After the ways MMLU-style graders read a letter (simple-evals' "Answer: X" heads in several languages, lm-eval's
+# flexible extraction of "(X)"), our own order: an answer head, then a bare letter, then a leading "X." or "X)",
+# then the last "(X)". Letters A-J; markdown emphasis and LaTeX boxes around them are dropped first.
+_HEAD = re.compile(r"(?:(?i:\b(?:answer(?:\s+is)?|correct\s+(?:answer|option|choice)(?:\s+is)?|option|choice))|"
+                   r"答案(?:是|为|应为)?|正确答案(?:是|为)?|答|选项?|应选)"
+                   # A lower-case letter only after a colon or in brackets: "the answer is a cat" names no choice.
+                   r"\s*(?:[:：]\s*[(\[]?\s*([A-Ja-j])|[(\[]\s*([A-Ja-j])\s*[)\]]|([A-J]))(?![A-Za-z])")
+_BARE = re.compile(r"\A[(\[]?\s*([A-J])\s*[)\].:：]?\Z")
+_LEADING = re.compile(r"\A[(\[]?([A-J])[)\].:：]\s")
+_PARENS = re.compile(r"[(\[]([A-J])[)\]]")
+_MARKUP = re.compile(r"\*\*|__|\$|\\boxed\{|\\text(?:bf)?\{|\}")
+
+
+def choice_letter(text: str) -> str | None:
+    """The multiple-choice letter an answer gives (upper case), or None when it gives none."""
+    text = _MARKUP.sub("", unicodedata.normalize("NFKC", text)).strip()
+    heads = _HEAD.findall(text)
+    if heads:
+        return "".join(heads[-1]).upper()
+    for pattern in (_BARE, _LEADING):
+        found = pattern.match(text)
+        if found:
+            return found.group(1)
+    parens = _PARENS.findall(text)
+    return parens[-1] if parens else None
+
+
+_NOT_JSON = object()
+_FENCE = re.compile(r"\A```[A-Za-z]*\n(.*)\n```\Z", re.DOTALL)
+
+
+def parse_json(text: str) -> Any:
+    """The answer as JSON (one Markdown code fence around it is dropped: models add one), or ``_NOT_JSON``."""
+    text = text.strip()
+    fenced = _FENCE.match(text)
+    try:
+        return orjson.loads(fenced.group(1) if fenced else text)
+    except orjson.JSONDecodeError:
+        return _NOT_JSON
+
+
+def same_json(a: Any, b: Any) -> bool:
+    """JSON equality: objects by keys, numbers by value (1 = 1.0), but true is no number (Python's True == 1)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_json(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b

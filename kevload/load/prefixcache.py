@@ -1,0 +1,424 @@
+"""Prefix cache warm and cold, on purpose (``load.prefix_cache = "cold_warm"``): how a cold sample is made, and
+what the cold and warm answers say side by side.
+
+Each round sends the probe serially, cold (its prefix not in the server's cache), then warm (the same input, just
+served). Cold is made by the server's own reset where it has one — vLLM's ``POST /reset_prefix_cache``, SGLang's
+``POST /flush_cache`` — by llama.cpp's per-request ``cache_prompt: false``, or, where the server has none of these,
+by a fresh marker opening the probe's whole input in every round (its first send is cold, the next two warm; all
+three compare the same input). ``load.cache_reset = "auto"`` probes the endpoints in that order and falls back.
+
+A round's first sample is cold, the rest warm; a record says which in ``cache`` and keeps what the server said
+it served from its cache (``cached_tokens``: vLLM's ``usage.prompt_tokens_details.cached_tokens``, llama.cpp's
+``timings.cache_n``). ``cold_warm`` reduces a run's records to the comparison; a round the server's own account
+contradicts (its warm sample reused no more prompt tokens than its cold one) is left out of it, never claimed warm.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+import aiohttp
+import orjson
+
+from kevload.errors import TargetError
+from kevload.inputs.models import Probe
+from kevload.inputs.scenario import Scenario
+from kevload.records.store import Record
+
+CacheState = Literal["cold", "warm"]
+# The server's own resets, in the order "auto" tries them: (method, path).
+RESETS = (("reset_prefix_cache", "/reset_prefix_cache"), ("flush_cache", "/flush_cache"))
+# A probe's k-th round under the marker method is its own cell: ``<probe>@r<k>`` (its input differs per round).
+_ROUND_ID = re.compile(r"^(?P<probe>.*)@r(?P<round>\d+)$")
+_PROBE_TIMEOUT_S = 10.0
+# A reset's or /props' answer is read whole up to these sizes (SGLang's reset answer is 150 bytes; llama.cpp's
+# /props a few KiB, more with a long chat template): a larger one is judged too large, never read from a cut.
+MAX_RESET_BYTES = 64 << 10
+MAX_PROPS_BYTES = 4 << 20
+# How SGLang's /flush_cache opens its plain-text answer when it flushed (it refuses with a 400).
+_SGLANG_FLUSHED = "Cache flushed"
+
+
+class CacheResetError(TargetError):
+    """The server's reset failed mid-run: kevload cannot make the next sample cold, so the run stops (exit 3); no
+    cell is called drifted for it."""
+
+
+@dataclass(frozen=True)
+class Method:
+    """How cold samples are made in this run, and why that way (``run.json``'s ``prefix_cache``)."""
+
+    name: str  # reset_prefix_cache, flush_cache, cache_prompt or marker
+    why: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"method": self.name, "why": self.why}
+
+
+def round_length(method: str) -> int:
+    """Samples per round: cold, then warm; under the marker method a second warm one, since each round is another
+    input and only within a round can warm answers show whether the server varies anyway."""
+    return 3 if method == "marker" else 2
+
+
+def state_of(sample: int, method: str) -> CacheState:
+    """A round's first sample is cold, the rest the warm answers to the same input just after."""
+    return "cold" if sample % round_length(method) == 0 else "warm"
+
+
+def origin(base_url: str) -> str:
+    """The server's root (``http://host:port``): where vLLM and SGLang put their resets and llama.cpp ``/props``."""
+    parts = urlsplit(base_url)
+    # Without a user:password@ (never sent in a URL); an IPv6 host keeps its brackets.
+    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], "", "", ""))
+
+
+class CacheControl:
+    """Makes each probe sample cold or warm: resets before a cold one, and the body fields each needs."""
+
+    def __init__(self, method: Method, scenario: Scenario, api_key: str | None):
+        self.method = method
+        self.root = origin(scenario.target.base_url)
+        self.headers = _headers(scenario, api_key)
+        self.timeout = scenario.target.timeout
+
+    def state(self, sample: int) -> CacheState:
+        return state_of(sample, self.method.name)
+
+    async def prepare(self, state: CacheState) -> dict[str, Any]:
+        """Called just before a probe sample is sent; returns the fields to add to its body."""
+        if self.method.name == "cache_prompt":
+            return {"cache_prompt": state == "warm"}
+        if state == "cold" and self.method.name in dict(RESETS):
+            path = dict(RESETS)[self.method.name]
+            ok, said = await _post(self.root + path, self.headers, self.timeout)
+            if not ok:
+                raise CacheResetError(f"prefix cache reset failed mid-run: POST {path} answered {said}; the next "
+                                      "sample could not be made cold (load.cache_reset)")
+        return {}
+
+
+async def pick_method(scenario: Scenario, api_key: str | None) -> Method:
+    """The method ``load.cache_reset`` names, or for ``auto`` the first the server has: its reset endpoints (one
+    that answers 200 has just reset the cache, which harms nothing before a run), llama.cpp (``GET /props`` with
+    its ``default_generation_settings``), else a marker. A reset named outright is checked the same way, and one the
+    server lacks stops the run before anything is sent (``CacheResetError``, exit 3): it would claim cold samples it
+    cannot make. ``cache_prompt`` named outright is used as asked, its ``why`` saying what ``/props`` answered; under
+    ``auto`` it is never picked where ``[params]`` sets ``cache_prompt`` itself (sent as written)."""
+    asked = scenario.load.cache_reset
+    root, headers = origin(scenario.target.base_url), _headers(scenario, api_key)
+    if asked == "marker":
+        return Method("marker", "load.cache_reset = \"marker\": a fresh marker opens the probe in every round")
+    tried = []
+    for name, path in RESETS:
+        if asked not in ("auto", name):
+            continue
+        ok, said = await _post(root + path, headers, _PROBE_TIMEOUT_S)
+        if ok:
+            return Method(name, f"POST {path} answered {said}" + (" (load.cache_reset = \"auto\")" if asked == "auto"
+                                                                   else ""))
+        tried.append(f"POST {path} answered {said}")
+    if asked == "auto" and "cache_prompt" in scenario.params:
+        # The user's cache_prompt is theirs: overriding it on warm samples would measure a cache they turned off.
+        tried.append("[params] sets cache_prompt itself; sent as written")
+    elif asked in ("auto", "cache_prompt"):
+        ok, said = await _llamacpp(root, headers)
+        if ok or asked == "cache_prompt":
+            # Named outright it is sent as asked: a llama.cpp behind a proxy that passes only /v1 has no /props.
+            return Method("cache_prompt", ("" if ok else "load.cache_reset = \"cache_prompt\", sent as asked though ")
+                          + f"GET /props {said}: cold samples are sent with cache_prompt: false, warm ones with "
+                          "cache_prompt: true")
+        tried.append(f"GET /props {said}")
+    if asked != "auto":
+        raise CacheResetError(f"load.cache_reset = {asked!r}: the server has no such reset ({'; '.join(tried)})")
+    return Method("marker", f"no reset found ({'; '.join(tried)}): a fresh marker opens the probe in every round")
+
+
+def marked_rounds(scenario: Scenario, run_id: str) -> Scenario:
+    """The marker method's scenario: each probe's rounds as probes of their own, ``<probe>@r<k>``, each a cold sample
+    and two warm ones, their text opened by a marker no earlier request carried (the run id is new, and the marker
+    names the probe: two probes with the same opening, a shared system message, would otherwise share it too)."""
+    rounds = scenario.load.samples // 2
+    # The round first, then the probe: a server reuses the longest common prefix (llama.cpp to the token), so rounds
+    # and probes must part at once.
+    probes = tuple(_marked(probe, f"[round {k} of {probe.id} in {run_id}] ", f"{probe.id}@r{k}")
+                   for probe in scenario.probes for k in range(rounds))
+    return replace(scenario, probes=probes, load=replace(scenario.load, samples=round_length("marker")))
+
+
+def _marked(probe: Probe, marker: str, id: str) -> Probe:
+    """The probe with ``marker`` opening its whole input: the first message, not the last, or a system message
+    shared by every round would stay cached and the "cold" sample would reuse it."""
+    if probe.prompt is not None:
+        return replace(probe, id=id, prompt=marker + probe.prompt)
+    first = probe.messages[0]
+    return replace(probe, id=id, messages=({**first, "content": marker + first["content"]}, *probe.messages[1:]))
+
+
+def base_probe(probe: str, method: str) -> str:
+    """The probe a record belongs to: under the marker method its round's id without ``@r<k>``."""
+    match = _ROUND_ID.match(probe) if method == "marker" else None
+    return match["probe"] if match else probe
+
+
+@dataclass(frozen=True)
+class Side:
+    """One state's ok answers, over the rounds compared."""
+
+    n: int
+    distinct: int | None  # None under the marker method: each round is another input, so across rounds says nothing
+
+
+@dataclass(frozen=True)
+class ColdWarm:
+    """One probe's cold and warm answers compared, round by round (a round: one cold answer, the warm ones after)."""
+
+    probe: str
+    method: str
+    rounds: int  # rounds with ok cold and warm answers, compared
+    contradicted: int  # … left out: the server said a warm sample reused no more prompt tokens than the cold one
+    confirmed: int  # … the server said every warm sample reused more (the rest: it said nothing)
+    cold: Side
+    warm: Side
+    equal_rounds: int  # compared rounds whose cold answer is their first warm one
+    warm_unstable_rounds: int  # compared rounds whose warm answers disagree among themselves (marker method)
+    # Compared rounds whose cold answer leaves warm ones that agree among themselves: within the round under the
+    # marker, across rounds with the same input (there a round's one warm answer must be every round's).
+    cold_differs_rounds: int
+    # True: cold answers leave warm ones that agree among themselves (with the same input every round, cold ones that
+    # agree among themselves too); None: they differ, but the warm answers vary too, or (same input) the cold ones
+    # (the server varies anyway: no claim about its cache); False: cold is warm in every round.
+    cache_effect: bool | None
+    first_divergence_chars: int | None  # earliest char where a cold answer leaves its warm one
+    logprob_rounds: int  # compared rounds with logprobs on the cold and first warm answer
+    logprob_bitwise: bool | None  # every such round's tokens and logprobs bitwise equal (None: no such round)
+    logprob_max_abs_diff: float | None  # over positions before the first differing token (None: no such position)
+    cached_tokens_cold: int | None  # most prompt tokens the server said it reused for a cold sample
+    cached_tokens_warm: int | None  # fewest it said it reused for a warm one (None: it never said)
+
+    def to_json(self) -> dict[str, Any]:
+        doc = {k: v for k, v in self.__dict__.items() if k not in ("cold", "warm")}
+        return {**doc, "cold": self.cold.__dict__, "warm": self.warm.__dict__}
+
+
+Round = tuple[Record, list[Record]]  # its cold answer, its warm ones
+
+
+def cold_warm(records: Iterable[Record], method: str) -> list[ColdWarm]:
+    """Per probe, its counted cold and warm answers compared round by round (pure: records in, comparison out)."""
+    length = round_length(method)
+    rounds: dict[tuple[str, int], list[Record]] = {}
+    for r in records:
+        if r.role != "probe" or not r.is_sample or r.cache is None:
+            continue
+        probe = base_probe(r.probe, method)
+        number = int(_ROUND_ID.match(r.probe)["round"]) if probe != r.probe else r.sample // length
+        rounds.setdefault((probe, number), []).append(r)
+    by_probe: dict[str, list[Round]] = {}
+    for (probe, _), sent in sorted(rounds.items()):
+        pairs = by_probe.setdefault(probe, [])
+        cold = [r for r in sent if r.cache == "cold"]
+        warm = sorted((r for r in sent if r.cache == "warm"), key=lambda r: r.sample)
+        if len(cold) == 1 and len(warm) == length - 1 and all(r.status == "ok" for r in sent):
+            pairs.append((cold[0], warm))
+    return [_compare(probe, pairs, method) for probe, pairs in by_probe.items()]
+
+
+def _compare(probe: str, rounds: list[Round], method: str) -> ColdWarm:
+    kept: list[Round] = []
+    contradicted = confirmed = 0
+    for cold, warm in rounds:
+        said = cold.cached_tokens is not None and all(w.cached_tokens is not None for w in warm)
+        # A warm sample the server says reused nothing is not warm, whatever it said of the cold one.
+        if any(w.cached_tokens is not None and w.cached_tokens <= (cold.cached_tokens or 0) for w in warm):
+            contradicted += 1  # the server says a warm sample hit its cache no more than the cold one: not warm
+            continue
+        confirmed += said
+        kept.append((cold, warm))
+    key = _output
+    equal = sum(key(c) == key(w[0]) for c, w in kept)
+    unstable = sum(len({key(x) for x in w}) > 1 for _, w in kept)
+    divergence = [_first_diff(c.answer, w[0].answer) for c, w in kept if key(c) != key(w[0])]
+    diffs = [d for c, w in kept if (d := _logprob_diff(c, w[0])) is not None]
+    sizes = [size for _, size in diffs if size is not None]
+    cold_cached = [c.cached_tokens for c, _ in kept if c.cached_tokens is not None]
+    warm_cached = [x.cached_tokens for _, w in kept for x in w if x.cached_tokens is not None]
+    same_input = method != "marker"
+    warm_distinct = len({key(x) for _, w in kept for x in w}) if same_input else None
+    if same_input:
+        cold_differs = len(kept) - equal if warm_distinct == 1 else 0
+    else:
+        cold_differs = sum(key(c) != key(w[0]) and len({key(x) for x in w}) == 1 for c, w in kept)
+    differs = equal < len(kept)
+    if not kept:
+        effect: bool | None = None  # nothing compared, nothing claimed
+    elif not differs:
+        effect = False
+    elif same_input:
+        # Every cold answer answers the same input in the same (empty) cache, every warm one likewise: if either side
+        # disagrees among itself the server varies anyway, and a cold answer leaving the warm ones shows nothing.
+        effect = True if warm_distinct == 1 and len({key(c) for c, _ in kept}) == 1 else None
+    else:
+        # Only rounds whose warm answers agree can show the cache; as many unstable ones make it noise.
+        effect = True if cold_differs > unstable else None
+    return ColdWarm(
+        probe=probe, method=method, rounds=len(kept), contradicted=contradicted, confirmed=confirmed,
+        cold=Side(len(kept), len({key(c) for c, _ in kept}) if same_input else None),
+        warm=Side(sum(len(w) for _, w in kept), warm_distinct),
+        equal_rounds=equal, warm_unstable_rounds=unstable, cold_differs_rounds=cold_differs, cache_effect=effect,
+        first_divergence_chars=min(divergence) if divergence else None,
+        logprob_rounds=len(diffs), logprob_bitwise=all(equal for equal, _ in diffs) if diffs else None,
+        logprob_max_abs_diff=max(sizes) if sizes else None,
+        cached_tokens_cold=max(cold_cached) if cold_cached else None,
+        cached_tokens_warm=min(warm_cached) if warm_cached else None)
+
+
+def _output(r: Record) -> tuple[str | None, str | None]:
+    """An output is its text together with its finish_reason, as in every cell."""
+    return r.sha256, r.finish_reason
+
+
+def _first_diff(a: str, b: str) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+def _logprob_diff(cold: Record, warm: Record) -> tuple[bool, float | None] | None:
+    """(bitwise equal, largest |difference|) of two answers' logprobs, or None where one has none. Positions are
+    compared up to the first token that differs, which counts as differing (as against the serial reference); the
+    difference is over the positions with the same token (None: none had), a non-finite value against a finite
+    one counting as inf."""
+    if not cold.logprobs or not warm.logprobs or cold.tokens is None or warm.tokens is None:
+        return None
+    equal, worst, compared = len(cold.tokens) == len(warm.tokens), 0.0, 0
+    for ct, wt, cv, wv in zip(cold.tokens, warm.tokens, cold.logprobs, warm.logprobs, strict=False):
+        if ct != wt:
+            equal = False
+            break
+        compared += 1
+        if cv is None or wv is None or cv == wv or (math.isnan(cv) and math.isnan(wv)):
+            equal = equal and (cv is None) == (wv is None)
+            continue
+        equal = False
+        worst = max(worst, abs(cv - wv) if math.isfinite(cv) and math.isfinite(wv) else math.inf)
+    return equal, worst if compared else None
+
+
+def _headers(scenario: Scenario, api_key: str | None) -> dict[str, str]:
+    headers = dict(scenario.target.headers)
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    return headers
+
+
+async def _post(url: str, headers: dict[str, str], timeout: float) -> tuple[bool, str]:
+    """POST to a reset endpoint: (whether it reset, what it answered, shortened for a line)."""
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session, \
+                session.post(url, headers=headers) as response:
+            body = await _whole(response, MAX_RESET_BYTES)
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        return False, f"no answer ({type(exc).__name__})"
+    return reset_answer(response.status, response.content_type, body)
+
+
+async def _whole(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
+    """The whole body, or None past ``limit`` bytes: an answer is judged whole or not at all, never from a cut
+    (a refusal cut short no longer parses and would read as some other answer)."""
+    body = bytearray()
+    async for chunk in response.content.iter_chunked(1 << 14):
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)
+
+
+def reset_answer(status: int, content_type: str, body: bytes | None) -> tuple[bool, str]:
+    """Whether a reset endpoint's answer says it reset the cache, and what it said (shortened for a line; the
+    decision is always taken on the whole body). A reset is a 200 with: an empty body (vLLM before it said
+    ``success``), a JSON object whose ``success`` is ``true`` or absent and whose ``error`` is absent or null (vLLM
+    answers ``{"success": false}`` when blocks are still held), or SGLang's plain text ``Cache flushed.`` (it refuses
+    with a 400). Anything else is no reset: JSON that is not such an object, a body that looks like JSON but does not
+    parse (cut or broken), other plain text, an HTML page (a web UI's answer to any path), a body over
+    ``MAX_RESET_BYTES``."""
+    if status != 200:
+        return False, f"{status}"
+    if body is None:
+        return False, f"200 with an answer over {MAX_RESET_BYTES >> 10} KiB"
+    if content_type == "text/html":
+        return False, "200 with an HTML page"
+    text = body.decode("utf-8", "replace").strip()
+    if not text:
+        return True, "200"
+    said = f"200 {_shown(text)}"
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        if text.startswith(_SGLANG_FLUSHED):
+            return True, said
+        looks_json = text.startswith(("{", "[", '"'))
+        return False, f"{said}: {'JSON that does not parse' if looks_json else 'not a reset answer'}"
+    if not isinstance(doc, dict):
+        return False, f"{said}: JSON {_json_type(doc)}, not an object"
+    success = doc.get("success", True)
+    if success is False:
+        return False, said
+    if success is not True:
+        return False, f"{said}: success is {_json_type(success)}, not true"
+    if doc.get("error") is not None:
+        return False, f"{said}: it holds an error"
+    return True, said
+
+
+async def _llamacpp(root: str, headers: dict[str, str]) -> tuple[bool, str]:
+    """Whether the server is llama.cpp's: its ``/props`` is a JSON object with a ``default_generation_settings``
+    object."""
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=_PROBE_TIMEOUT_S)) as session, \
+                session.get(root + "/props", headers=headers) as response:
+            body = await _whole(response, MAX_PROPS_BYTES) if response.status == 200 else b""
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        return False, f"no answer ({type(exc).__name__})"
+    return props_answer(response.status, body)
+
+
+def props_answer(status: int, body: bytes | None) -> tuple[bool, str]:
+    """Whether a ``GET /props`` answer is llama.cpp's, and what came where it is not."""
+    if status != 200:
+        return False, f"answered {status}, not llama.cpp's props"
+    if body is None:
+        return False, f"answered 200 with over {MAX_PROPS_BYTES >> 20} MiB, not llama.cpp's props"
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False, f"answered 200 {_shown(body.decode('utf-8', 'replace'))}, not llama.cpp's props: not JSON"
+    if not isinstance(doc, dict):
+        return False, f"answered 200 with JSON {_json_type(doc)}, not llama.cpp's props"
+    if "default_generation_settings" not in doc:
+        return False, "answered 200 without default_generation_settings, not llama.cpp's props"
+    settings = doc["default_generation_settings"]
+    if not isinstance(settings, dict):
+        return False, (f"answered 200 whose default_generation_settings is a JSON {_json_type(settings)}, not "
+                       "llama.cpp's props")
+    return True, "answered llama.cpp's props"
+
+
+def _shown(text: str, limit: int = 200) -> str:
+    """Text for a line: at most ``limit`` characters (its length said where cut), quoted so that no control
+    character reaches a terminal."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}… ({len(text)} characters)"
+
+
+def _json_type(value: object) -> str:
+    """A decoded JSON value's type, in JSON's words."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}[type(value)]

@@ -1,0 +1,1 @@
+"""What a run shows: terminal tables, Markdown, HTML, Prometheus and JUnit, graded views, the baseline."""

@@ -1,0 +1,249 @@
+"""Nightly comparison of a run against an earlier one: new drift, unseen outputs, slower latency.
+
+The rule, cell by cell (probe cells, matched by probe id, mode and level; ``exitcode.for_run`` turns the regressions
+into the exit code, and its docstring states the whole gate):
+
+- a cell the baseline lacks is ``new_cell``: nothing to hold it against, so it is judged by the run's own rule alone —
+  drift there (latent drift too, under ``--fail-on latent``) is a regression, a cell that held is a note;
+- a cell whose probe asked something else than in the baseline (its input, params or max_tokens, by the hashes both
+  summaries record) is ``input_changed``: the baseline's outputs and latencies answered another question, so nothing
+  is held against them and nothing is blamed on the model or server; like a new cell, drift there is a regression;
+- a baseline cell without an ok sample observed nothing: the cell is judged as a new one, and said so;
+- otherwise: new drift, new latent drift, an output never seen in the baseline and slower p50 latency are
+  regressions, drift or latent drift gone is an improvement (``fixed``);
+- a baseline cell this run lacks is ``missing_cell``, a regression;
+- per level, over the probes graded in both runs that ask the same (a changed ``expected`` or ``grade`` is a changed
+  input): a probe good there in the baseline (every answer graded good) and bad now is ``accuracy_lost``, a
+  regression whatever the McNemar p over the paired probes, which the line states: the same question answered
+  right before and wrong now is the change a nightly job exists to catch, and a fall too small to be significant
+  over few probes is still a right answer lost. Probes that only went bad→good are ``accuracy_gained``, an
+  improvement.
+
+Under ``--fail-on bad`` the drift kinds (new drift, new latent drift, an unseen output, a new or changed cell that
+drifts) are regressions only in a cell whose answers load made worse (``flips_good_to_bad``), as the run's own rule
+has it: the gate "fail only when answers get worse" does not fail on a reworded right answer because a baseline is
+given. Latency, a missing cell and ``accuracy_lost`` stay regressions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from kevload import exitcode
+from kevload.compare.graded import probe_grade
+from kevload.compare.stats import mcnemar_exact
+from kevload.exitcode import ExitCode
+from kevload.load.prefixcache import base_probe
+from kevload.records.rundir import RunDir, read_summary
+from kevload.summary import CellSummary, RunSummary, level_label, level_order, position_label
+
+LATENCY_METRICS = ("e2e", "ttft")
+# What changed in a cell against the baseline.
+ChangeKind = Literal["new_drift", "new_latent_drift", "unseen_output", "latency", "missing_cell", "new_cell",
+                     "input_changed", "fixed", "accuracy_lost", "accuracy_gained"]
+FailOn = Literal["drift", "latent"]
+
+
+@dataclass(frozen=True)
+class Change:
+    kind: ChangeKind
+    cell: str
+    detail: str
+    regression: bool = True
+
+    @property
+    def label(self) -> str:
+        """How the line starts: REGRESSION, improved (``fixed``) or note (a new or changed cell that held)."""
+        return "REGRESSION" if self.regression else "improved" if self.kind in ("fixed", "accuracy_gained") \
+            else "note"
+
+
+def load_baseline(path: Path) -> RunSummary:
+    """A run directory or a summary.json file, from this version or an older one, read typed (``rundir.read_summary``):
+    a key that does not fit its field, or one every summary has that is missing, is a ``RunDirError`` naming the file
+    and the key, before anything is sent."""
+    return read_summary(RunDir(path).summary_json if path.is_dir() else path, "--baseline: ")
+
+
+def judge(current: RunSummary, baseline: RunSummary, *, name: str, max_latency_regression: float = 0.2,
+          fail_on: FailOn = "drift") -> tuple[list[str], ExitCode]:
+    """The ``--baseline`` gate: the lines it prints and its exit code (``exitcode.for_run``). A run whose target
+    failed or gave too little evidence is compared with nothing: it exits TARGET on its own."""
+    if exitcode.for_summary(current) == ExitCode.TARGET:
+        return [], exitcode.for_run(current, fail_on=fail_on)
+    changes = compare_to_baseline(current, baseline, max_latency_regression=max_latency_regression, fail_on=fail_on)
+    regressions = sum(c.regression for c in changes)
+    lines = [f"{c.label} {c.kind} {c.cell}: {c.detail}" for c in changes]
+    lines.append(f"against baseline {name}: {regressions} regression(s)")
+    return lines, exitcode.for_run(current, fail_on=fail_on, regressions=regressions)
+
+
+def compare_to_baseline(current: RunSummary, baseline: RunSummary, *, max_latency_regression: float = 0.2,
+                        fail_on: FailOn = "drift") -> list[Change]:
+    """What changed, cell by cell (probe cells only), by the rule above. An unchanged server asked the same gives an
+    empty list."""
+    old = {_key(c): c for c in baseline.probe_cells()}
+    # "Seen in the baseline" means at any level of the same probe and mode: a fixed level that
+    # returns to the serial output has not produced anything new.
+    seen_by_probe: dict[tuple[str, str], set[str]] = {}
+    for c in old.values():
+        seen_by_probe.setdefault((c.probe, c.mode), set()).update(c.output_hashes)
+    # Under load.prefix_cache's marker each run's rounds open with their own run id: other inputs than the
+    # baseline's, whose answers were never to be seen there.
+    fresh_inputs = any((s.prefix_cache or {}).get("method") == "marker" for s in (current, baseline))
+    changes: list[Change] = []
+    for cell in current.probe_cells():
+        name = cell.name
+        before = old.get(_key(cell))
+        if before is None:
+            changes.append(_judged_alone(cell, fail_on, "new_cell", "new cell (not in the baseline)"))
+            continue
+        changed = _input_change(current, baseline, cell.probe)
+        if changed:
+            changes.append(_judged_alone(cell, fail_on, "input_changed", f"input changed: {changed} (outputs and "
+                                         "latency not compared with the baseline's)"))
+            continue
+        if not before.ok:
+            if _fails_alone(cell, fail_on):
+                changes.append(Change("new_drift", name, f"{_drift_words(cell, fail_on)}; the baseline had no ok "
+                                      "sample here"))
+            continue
+        if cell.drift and not before.drift:
+            changes.append(Change("new_drift", name, f"{cell.distinct} distinct in {cell.ok} "
+                                  f"(baseline: 1 in {before.ok}), first divergence at "
+                                  f"{position_label(char=cell.first_divergence_chars)}"
+                                  + _cuts_clause(cell, before), regression=_worse(cell, fail_on)))
+        elif before.drift and not cell.drift and cell.ok:
+            changes.append(Change("fixed", name,
+                                  f"one output in {cell.ok} (baseline: {before.distinct} distinct)"
+                                  + _cuts_clause(before, cell), regression=False))
+        # Latent drift is news only against a baseline whose logprobs were compared and had none; a cell
+        # whose logprobs now cover only some samples is no change by itself, and latent drift among those
+        # it covers is still latent drift.
+        if cell.latent_drift and before.logprob_samples and not before.latent_drift and not before.drift:
+            then = (f"bitwise equal in {before.logprob_samples} samples" if before.logprob_bitwise else
+                    f"no logprob claim, logprobs in {before.logprob_samples} of {before.ok}, those equal")
+            changes.append(Change("new_latent_drift", name, f"same text as serial, logprobs differ from "
+                                  f"{position_label(token=cell.first_logprob_divergence_token)} (baseline: {then})",
+                                  regression=fail_on != "bad"))
+        elif before.latent_drift and cell.logprob_bitwise and not cell.drift:
+            changes.append(Change("fixed", name, f"logprobs bitwise equal to serial in {cell.logprob_samples} "
+                                  "samples (baseline: latent drift)", regression=False))
+        seen = seen_by_probe.get((cell.probe, cell.mode), set())
+        unseen = [h for h in cell.output_hashes if h not in seen]
+        # A cell that drifted then and drifts now draws new outputs every night: that is the known drift,
+        # not a changed model (a changed model shows in the cells that were stable, the serial one first).
+        known_drift = before.drift and cell.drift
+        if seen and unseen and not known_drift and not fresh_inputs:
+            unknown = "" if baseline.inputs is not None else (" (the baseline does not record its inputs: a "
+                                                              "changed input would read the same)")
+            changes.append(Change("unseen_output", name, f"{len(unseen)} output(s) never seen in the baseline: "
+                                  f"the model or server changed{unknown}", regression=_worse(cell, fail_on)))
+        for metric in LATENCY_METRICS:
+            now = cell.latency.get(metric, {}).get("p50")
+            then = before.latency.get(metric, {}).get("p50")
+            if now and then and now > then * (1 + max_latency_regression):
+                changes.append(Change("latency", name, f"{metric} p50 {now * 1000:.1f} ms vs {then * 1000:.1f} ms "
+                                      f"(+{now / then - 1:.0%}, limit +{max_latency_regression:.0%})"))
+    current_keys = {_key(c) for c in current.probe_cells()}
+    for key, before in old.items():
+        if key not in current_keys:
+            changes.append(Change("missing_cell", before.name, "in the baseline but not in this run"))
+    return changes + accuracy_changes(current, baseline)
+
+
+def accuracy_changes(current: RunSummary, baseline: RunSummary) -> list[Change]:
+    """Per mode and level, the graded probes of both runs paired by probe (those asking the same in both): a probe
+    good in the baseline and bad now makes ``accuracy_lost``, a regression; only bad→good makes ``accuracy_gained``.
+    Nothing where no probe changed grade (a run without graded probes included)."""
+    then: dict[tuple, bool] = {}
+    for c in baseline.probe_cells():
+        if (grade := probe_grade(c)) is not None:
+            then[_key(c)] = grade
+    pairs: dict[tuple[str, int, float | None], list[tuple[bool, bool]]] = {}
+    for c in current.probe_cells():
+        now = probe_grade(c)
+        if now is None or _key(c) not in then or _input_change(current, baseline, c.probe):
+            continue
+        pairs.setdefault((c.mode, c.concurrency, c.rate), []).append((then[_key(c)], now))
+    changes = []
+    for (mode, concurrency, rate), graded in sorted(pairs.items(), key=lambda kv: (kv[0][0], level_order(*kv[0][1:]))):
+        lost = sum(1 for was, now in graded if was and not now)
+        gained = sum(1 for was, now in graded if now and not was)
+        if not lost and not gained:
+            continue
+        n = len(graded)
+        before, after = sum(was for was, _ in graded), sum(now for _, now in graded)
+        detail = (f"accuracy {before / n:.1%} → {after / n:.1%} over {n} probes graded in both ({before} → {after} "
+                  f"good): {lost} good→bad, {gained} bad→good against the baseline, McNemar p "
+                  f"{mcnemar_exact(lost, gained):.3g}")
+        changes.append(Change("accuracy_lost" if lost else "accuracy_gained",
+                              f"{mode}/{level_label(concurrency, rate)}", detail, regression=bool(lost)))
+    return changes
+
+
+def _fails_alone(cell: CellSummary, fail_on: FailOn) -> bool:
+    """Whether the cell fails the run's own rule, with no baseline: drift, latent drift under --fail-on latent, an
+    answer load made worse under --fail-on bad."""
+    if fail_on == "bad":
+        return bool(cell.flips_good_to_bad)
+    return cell.drift or (fail_on == "latent" and bool(cell.latent_drift))
+
+
+def _worse(cell: CellSummary, fail_on: FailOn) -> bool:
+    """Whether a change in the cell's outputs counts under ``fail_on``: always, but under --fail-on bad only where
+    load turned an answer bad."""
+    return fail_on != "bad" or bool(cell.flips_good_to_bad)
+
+
+def _drift_words(cell: CellSummary, fail_on: FailOn) -> str:
+    if cell.drift:
+        return (f"{cell.distinct} distinct in {cell.ok}, first divergence at "
+                f"{position_label(char=cell.first_divergence_chars)}")
+    if fail_on == "latent" and cell.latent_drift:
+        return (f"same text as serial, logprobs differ from "
+                f"{position_label(token=cell.first_logprob_divergence_token)}")
+    return f"held: one output in {cell.ok}"
+
+
+def _judged_alone(cell: CellSummary, fail_on: FailOn, kind: ChangeKind, why: str) -> Change:
+    """A cell with nothing in the baseline to hold it against: a regression when it fails the run's own rule."""
+    return Change(kind, cell.name, f"{why}; {_drift_words(cell, fail_on)}", regression=_fails_alone(cell, fail_on))
+
+
+def _input_change(current: RunSummary, baseline: RunSummary, probe: str) -> str:
+    """What the probe asks that it did not in the baseline ("the prompt or messages, max_tokens 16 → 32"); "" when
+    it asks the same, or when either run did not record it (a run from before inputs were recorded)."""
+    now, then = (_inputs_of(s, probe) for s in (current, baseline))
+    if now is None or then is None:
+        return ""
+    parts = []
+    if now.get("input") != then.get("input"):
+        parts.append("the prompt or messages")
+    if now.get("params") != then.get("params"):
+        parts.append("params")
+    if now.get("max_tokens") != then.get("max_tokens"):
+        parts.append(f"max_tokens {then.get('max_tokens')} → {now.get('max_tokens')}")
+    return ", ".join(parts)
+
+
+def _inputs_of(summary: RunSummary, probe: str) -> dict[str, str | int] | None:
+    """The probe's recorded inputs; a marker round (``p1@r0``, load.prefix_cache) asks what its probe asks."""
+    if summary.inputs is None:
+        return None
+    return summary.inputs.get(base_probe(probe, (summary.prefix_cache or {}).get("method", "")))
+
+
+def _cuts_clause(drifted: CellSummary, held: CellSummary) -> str:
+    """Where the one of a pair of runs that drifted at a level had cancellations there (``load.cancel_share``) and
+    the one that held had none: the same level without them is the evidence (``--set load.cancel_share=0``)."""
+    if not drifted.cancelled or held.cancelled:
+        return ""
+    return (f"; probe drifted only in levels with cancellations: ✂{drifted.cancelled} where it drifted, none where "
+            "it held")
+
+
+def _key(cell: CellSummary) -> tuple:
+    return (cell.probe, cell.mode, cell.concurrency, cell.rate)

@@ -1,0 +1,247 @@
+"""Built-in real targets (llama.cpp server, transformers serve, vLLM): provision, start on 127.0.0.1, stop.
+
+``async with local_target("llamacpp", slots=4) as url:`` gives a base URL for the duration of the block.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kevload.aio import until_stopped
+from kevload.servers.processes import (
+    ServerError,
+    free_port,
+    log_tail,
+    pid_alive,
+    start_server,
+    stop_group,
+    stop_when_gone,
+    trouble,
+    wait_ready,
+)
+from kevload.servers.targets import llamacpp, transformers_serve, vllm
+from kevload.servers.targets.base import HOST, Command, Launch, TargetSettings
+from kevload.servers.targets.cache import ProvisionError, cache_root, heartbeat
+
+# Each built-in target owns its command line; this package only starts, waits for and stops them.
+COMMANDS: dict[str, Command] = {"llamacpp": llamacpp.command, "transformers": transformers_serve.command,
+                                "vllm": vllm.command}
+NAMES = tuple(COMMANDS)
+# Each target's command line alone, from its settings (no installing): what tells which settings it has.
+LAUNCHES = {"llamacpp": llamacpp.launch, "transformers": transformers_serve.launch, "vllm": vllm.launch}
+# Two values of each setting that give two command lines on a target that has it. Threads are on every target
+# (vLLM binds them to cores, the same two on a one-core machine); the model file and the port are not in launch.
+_PROBES: dict[str, tuple[Any, Any]] = {
+    "slots": (1, 2), "ctx_size": (64, 128), "batching": (True, False), "cache_prompt": (True, False),
+    "dtype": ("float32", "bfloat16"), "seed": (None, 1), "enforce_eager": (False, True), "max_model_len": (16, 32)}
+
+__all__ = ["COMMANDS", "LAUNCHES", "NAMES", "Launch", "ProvisionError", "RunningTarget", "ServerError",
+           "TargetSettings", "forget_state", "launch_key", "local_target", "on_target", "refuse_missing_settings",
+           "running_target", "save_state", "serving", "start_target", "status_target", "stop_target"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RunningTarget:
+    name: str
+    url: str
+    pid: int
+    port: int
+    model: str
+    settings: TargetSettings
+    log_path: Path
+    argv: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["log_path"] = str(self.log_path)
+        return doc
+
+    def failure(self) -> ServerError | None:
+        """None while the target still serves; otherwise which target, what went wrong and how its log ends."""
+        reason = trouble(self.pid, f"http://{HOST}:{self.port}/health")
+        if reason is None:
+            return None
+        return ServerError(f"{self.name} (pid {self.pid}) {reason} while in use; the end of its log "
+                           f"{self.log_path}:\n{log_tail(self.log_path)}")
+
+
+def launch_key(name: str, settings: TargetSettings) -> tuple:
+    """What starting ``name`` with ``settings`` runs: its command line, environment and model name."""
+    made = LAUNCHES[name](Path("/venv"), Path("/model"), settings, 1)
+    return made.argv, tuple(sorted(made.env.items())), made.model
+
+
+def refuse_missing_settings(name: str, settings: TargetSettings) -> None:
+    """A setting given (not its default) that ``name`` does not have is refused: dropped silently, it would be in
+    the run's record and a sweep's row labels, never in the server."""
+    default = TargetSettings()
+    for field_name, probes in _PROBES.items():
+        if getattr(settings, field_name) == getattr(default, field_name):
+            continue
+        if len({launch_key(name, replace(default, **{field_name: value})) for value in probes}) == 1:
+            have = ", ".join(f for f in _PROBES if len({launch_key(name, replace(default, **{f: v}))
+                                                        for v in _PROBES[f]}) > 1)
+            raise ProvisionError(f"{name} has no setting {field_name} (its settings: {have}, threads, gguf, port, "
+                                 "extra_args)")
+
+
+def start_target(name: str, settings: TargetSettings | None = None, *, log: Callable[[str], None] = print,
+                 on_spawn: Callable[[RunningTarget], None] | None = None,
+                 ready_timeout: float | None = None) -> RunningTarget:
+    """Provision (first time only), start and wait until the target answers (within ``ready_timeout`` seconds;
+    None: the target's own bound); the process outlives this call.
+
+    ``on_spawn`` learns of the process as soon as it exists, before the wait for readiness: a caller
+    that must stop early (Ctrl-C) can stop it, which also ends the wait.
+    """
+    settings = settings or TargetSettings()
+    if name not in COMMANDS:
+        raise ProvisionError(f"unknown target {name!r}; expected one of {', '.join(NAMES)}")
+    refuse_missing_settings(name, settings)
+    port = settings.port or free_port(HOST)
+    launch = COMMANDS[name](settings, port, log)
+    log_path = _state_dir() / f"{name}-{port}.log"
+    log_path.unlink(missing_ok=True)
+    server = start_server(list(launch.argv), log_path, env=launch.env)
+    url = f"http://{HOST}:{port}/v1"
+    target = RunningTarget(name=name, url=url, pid=server.pid, port=port, model=launch.model, settings=settings,
+                           log_path=log_path, argv=launch.argv)
+    if on_spawn is not None:
+        on_spawn(target)
+    log(f"waiting for {name} on {url} …")
+    with heartbeat(log, f"waiting for {name} to load the model and answer"):
+        wait_ready(server, f"http://{HOST}:{port}/health", timeout=ready_timeout or launch.ready_timeout,
+                   extra_check=lambda: _warm_up(url, launch.model))
+    return target
+
+
+def stop_target(target: RunningTarget | int) -> None:
+    stop_group(target.pid if isinstance(target, RunningTarget) else target)
+
+
+@contextlib.contextmanager
+def running_target(name: str, log: Callable[[str], None] = print, **options: Any) -> Iterator[RunningTarget]:
+    """Synchronous form for tests and scripts: the target is stopped when the block ends, however it ends."""
+    target = start_target(name, TargetSettings.from_options(options), log=log)
+    try:
+        yield target
+    finally:
+        stop_target(target)
+
+
+@contextlib.asynccontextmanager
+async def local_target(name: str, log: Callable[[str], None] = print, **options: Any) -> AsyncIterator[str]:
+    """``async with local_target("llamacpp", slots=4) as url``: a base URL while the block runs."""
+    async with serving(name, TargetSettings.from_options(options), log=log, stop=asyncio.Event()) as target:
+        yield target.url
+
+
+@contextlib.asynccontextmanager
+async def serving(name: str, settings: TargetSettings, *, log: Callable[[str], None],
+                  stop: asyncio.Event, ready_timeout: float | None = None) -> AsyncIterator[RunningTarget | None]:
+    """A target for the block (None if ``stop`` came first), stopped when the block ends, however it ends.
+
+    Starting blocks (provisioning, then polling for readiness), so it runs in a thread. Stopping the
+    spawned process is what ends that wait early: whichever of the thread (``on_spawn``) and this
+    coroutine sees both the process and the stop request (or this task's cancel) stops it. While the
+    block runs, a process that exits has the rest of its group stopped at once (``stop_when_gone``):
+    requests then fail at once, and ``target.failure()`` says so.
+    """
+    spawned: list[RunningTarget] = []
+    abandoned = threading.Event()
+
+    def on_spawn(target: RunningTarget) -> None:
+        spawned.append(target)
+        if stop.is_set() or abandoned.is_set():
+            stop_target(target)
+
+    start = asyncio.ensure_future(asyncio.to_thread(start_target, name, settings, log=log, on_spawn=on_spawn,
+                                                    ready_timeout=ready_timeout))
+    try:
+        await until_stopped(asyncio.shield(start), stop)
+    except asyncio.CancelledError:
+        await _abandon(start, spawned, abandoned)
+        raise
+    if stop.is_set():
+        await _abandon(start, spawned, abandoned)
+        yield None
+        return
+    target = start.result()
+    watch = asyncio.ensure_future(stop_when_gone(target.pid))
+    try:
+        yield target
+    finally:
+        watch.cancel()
+        await asyncio.to_thread(stop_target, target)
+
+
+async def on_target(name: str, settings: TargetSettings, work: Callable[[RunningTarget], Awaitable[T]], *,
+                    log: Callable[[str], None], stop: asyncio.Event) -> tuple[T | None, ServerError | None]:
+    """``work(target)`` with the built-in target running (``--target`` of run, diagnose, cases rerun).
+
+    Returns its result (None when stopped while the target started) and, when the target stopped
+    serving before ``work`` was done, the error to report once the result is shown.
+    """
+    async with serving(name, settings, log=log, stop=stop) as target:
+        if target is None:
+            return None, None
+        result = await work(target)
+        return result, await asyncio.to_thread(target.failure)
+
+
+async def _abandon(start: asyncio.Future, spawned: list[RunningTarget], abandoned: threading.Event) -> None:
+    """Stop whatever the start spawned (or will) and wait for its thread to end: a thread cannot be interrupted."""
+    abandoned.set()
+    for target in list(spawned):
+        await asyncio.to_thread(stop_target, target)
+    with contextlib.suppress(Exception):  # the start fails once its server is gone: that was the point
+        await asyncio.to_thread(stop_target, await start)
+
+
+# --- the state that `kevload target start|status|stop` keep between invocations ---
+
+def save_state(target: RunningTarget) -> Path:
+    path = _state_dir() / f"{target.name}.json"
+    path.write_text(json.dumps(target.to_json(), indent=2))
+    return path
+
+
+def status_target(name: str) -> dict[str, Any] | None:
+    """The recorded state of a target started by ``kevload target start``, with ``running`` checked live."""
+    path = _state_dir() / f"{name}.json"
+    if not path.is_file():
+        return None
+    doc = json.loads(path.read_text())
+    doc["running"] = pid_alive(doc["pid"])
+    return doc
+
+
+def forget_state(name: str) -> None:
+    (_state_dir() / f"{name}.json").unlink(missing_ok=True)
+
+
+def _state_dir() -> Path:
+    path = cache_root() / "run"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _warm_up(url: str, model: str) -> None:
+    """One tiny request: some servers answer /health before the model can serve (lazy load, first-call setup)."""
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                       "temperature": 0}).encode()
+    request = urllib.request.Request(f"{url}/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        response.read()
+

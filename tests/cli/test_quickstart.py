@@ -1,0 +1,73 @@
+"""`kevload run --url URL --model NAME [--prompt TEXT]`: the quickstart scenario with no file and no TOML quoting."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from kevload.inputs.scenario import QUICKSTART, quickstart_scenario
+from tests.conftest import load_summary, run_cli, write_scenario
+
+SCENARIOS = Path(__file__).parents[2] / "scenarios"
+
+
+def test_the_built_in_quickstart_is_the_scenario_file():
+    assert json.loads(json.dumps(dict(QUICKSTART))) == tomllib.loads((SCENARIOS / "quickstart.toml").read_text())
+
+
+def test_a_url_and_a_model_run_the_quickstart_scenario_and_write_its_run(tmp_path, server):
+    out = tmp_path / "run"
+    code, output = run_cli("run", "--url", server.url, "--model", "served-model", "--out", out, "--quiet")
+    assert code == 0, output
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["scenario"]["target"] == {"base_url": server.url, "model": "served-model"}
+    summary = load_summary(out)
+    assert {(c["probe"], c["concurrency"]) for c in summary["cells"] if c["role"] == "probe"} == \
+        {("capital", 1), ("capital", 4)}
+    asked = [r for r in server.requests if r["messages"][-1]["content"] == QUICKSTART["probes"][0]["prompt"]]
+    assert len(asked) == len(server.requests) == summary["requests_sent"]
+    assert {r["model"] for r in asked} == {"served-model"}
+
+
+def test_a_prompt_replaces_the_quickstart_question_and_set_still_applies(tmp_path, server):
+    out = tmp_path / "run"
+    code, output = run_cli("run", "--url", server.url, "--model", "m", "--prompt", "Name a prime.",
+                           "--set", "load.samples=3", "--out", out, "--quiet")
+    assert code == 0, output
+    cells = [c for c in load_summary(out)["cells"] if c["role"] == "probe"]
+    assert {c["probe"] for c in cells} == {"prompt"} and {c["asked"] for c in cells} == {3}
+    assert {r["messages"][-1]["content"] for r in server.requests} == {"Name a prime."}
+
+
+def test_the_quickstart_scenario_leaves_its_table_unchanged():
+    quickstart_scenario("other", ["load.concurrency=[2]"])
+    assert QUICKSTART["probes"][0]["id"] == "capital" and QUICKSTART["load"]["concurrency"] == [1, 4]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--url", "{url}"), "--url needs --model NAME"),
+    (("--model", "m"), "--model needs --url URL"),
+    (("--prompt", "hi"), "give --url and --model, or --target NAME"),
+    (("{scenario}", "--url", "{url}", "--model", "m"), "--url: only without SCENARIO"),
+    (("{scenario}", "--prompt", "hi"), "--prompt: only without SCENARIO"),
+    (("--resume", "{tmp}", "--url", "{url}", "--model", "m"), "give no SCENARIO, --out, --overwrite, --url"),
+    (("--url", "ftp://127.0.0.1/v1", "--model", "m"), "--url: target.base_url: expected an http:// or https:// URL"),
+    (("--url", "{url}", "--model", "m", "--target", "vllm"), "--target starts its own server: give no --url"),
+    ((), "missing SCENARIO (or --url URL --model NAME, or --resume RUN_DIR)"),
+])
+def test_quickstart_options_given_wrongly_are_bad_usage_naming_the_option(tmp_path, server, args, message):
+    scenario = write_scenario(tmp_path / "s.toml", server.url)
+    given = [a.format(url=server.url, scenario=scenario, tmp=tmp_path) for a in args]
+    code, output = run_cli("run", *given, "--out", tmp_path / "run")
+    assert code == 2 and message in output, output
+    assert "Traceback" not in output
+    assert server.requests == [] and not (tmp_path / "run").exists()
+
+
+def test_diagnose_names_the_missing_half_of_url_and_model(server):
+    code, output = run_cli("diagnose", "--url", server.url, "--prompt", "hi")
+    assert code == 2 and "--url needs --model NAME" in output, output
+    assert server.requests == []

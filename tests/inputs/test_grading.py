@@ -1,0 +1,181 @@
+"""Graders (kevload.inputs.grading): each reads an answer the way it says, and every grading key is checked at load, in
+a scenario and on a JSONL line alike (file, line, key, what was expected; exit 2)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kevload.errors import ScenarioError
+from kevload.inputs.grading import BadGrading, GraderFailed, checked, choice_letter, last_number
+from kevload.inputs.scenario import load_scenario
+from tests.conftest import run_cli, write_scenario
+
+HERE = Path(".")
+
+
+def good(answer: str, expected=None, grade=None, tolerance=None, base: Path = HERE) -> bool:
+    return checked(expected, grade, tolerance, base).good(answer, "p1")
+
+
+def test_exact_trims_whitespace_and_nothing_else():
+    assert good("  Paris\n", "Paris")
+    assert not good("paris", "Paris")
+    assert not good("Paris.", "Paris")
+
+
+def test_contains_regex_and_one_of():
+    assert good("It is Paris, of course.", "Paris", "contains")
+    assert not good("It is Lyon.", "Paris", "contains")
+    assert good("The answer: 42 apples", r"\b42\b", "regex")
+    assert not good("The answer: 420", r"\b42\b", "regex")
+    assert good(" yes ", ["Yes", "yes"])
+    assert not good("yes!", ["Yes", "yes"])
+
+
+@pytest.mark.parametrize(("answer", "number"), [
+    ("The sum is 12.", 12.0), ("12 + 30 = 42", 42.0), ("-7", -7.0), ("x = -3.5 then", -3.5),
+    ("1,234,567 people", 1234567.0), ("答案是４２。", 42.0), ("5-3=2", 2.0), ("none here", None),
+    ("1e3", 1000.0), ("version 2.0, answer 7", 7.0)])
+def test_last_number_reads_answers_as_written(answer, number):
+    assert last_number(answer) == number
+
+
+def test_number_grade_with_tolerance():
+    assert good("It is 42.", 42)
+    assert good("It is 42.0", "42", "number")  # a string holding a number, as datasets often carry them
+    assert not good("It is 43.", 42)
+    assert good("It is 3.15", 3.14159, tolerance=0.01)
+    assert not good("It is 3.2", 3.14159, tolerance=0.01)
+    assert not good("no number", 42)
+
+
+@pytest.mark.parametrize(("answer", "letter"), [
+    ("B", "B"), ("(C)", "C"), ("D.", "D"), ("A) Paris", "A"), ("Answer: B", "B"), ("The answer is (c).", "C"),
+    ("I think the correct answer is **D**", "D"), ("答案：Ｂ", "B"), ("答案是C。", "C"), ("选 A", "A"),
+    ("Let me see. A good guess: (B) fits.", "B"), ("Paris is the capital.", None), ("\\boxed{C}", "C"),
+    ("A is wrong; answer: C", "C"), ("The answer is a cat.", None), ("adoption B", None), ("answer: b", "B")])
+def test_choice_reads_the_letter_as_mmlu_graders_do(answer, letter):
+    assert choice_letter(answer) == letter
+
+
+def test_choice_grade():
+    assert good("Answer: b", "B", "choice")
+    assert not good("Answer: A", "B", "choice")
+    assert not good("Paris", "B", "choice")
+
+
+def test_json_and_json_schema(tmp_path):
+    assert good('{"a": 1}', grade="json")
+    assert good('```json\n{"a": 1}\n```', grade="json")  # the one fence models add
+    assert not good("{a: 1}", grade="json")
+    assert good('{"a": 1.0, "b": [true]}', {"a": 1, "b": [True]}, "json")
+    assert not good('{"a": 1, "b": [1]}', {"a": 1, "b": [True]}, "json")  # true is no number
+    schema = {"type": "object", "required": ["name"], "properties": {"age": {"type": "integer"}}}
+    assert good('{"name": "x", "age": 3}', schema, "json_schema")
+    assert not good('{"age": 3}', schema, "json_schema")
+    assert not good("not json", schema, "json_schema")
+    (tmp_path / "s.json").write_text(json.dumps(schema))
+    assert good('{"name": "x"}', "s.json", "json_schema", base=tmp_path)
+
+
+def test_reasoning_block_is_not_graded():
+    assert good("<reasoning>\nmaybe 41\n</reasoning>\n42", "42")
+
+
+def test_python_grader_gets_answer_probe_and_expected(tmp_path):
+    (tmp_path / "mygraders_a.py").write_text(
+        "def check(answer, probe, expected):\n    return answer.upper() == expected and probe == 'p1'\n"
+        "def boom(answer, probe, expected):\n    return int(answer) > 0\n"
+        "def vague(answer, probe, expected):\n    return 1\n")
+    assert good("ok", "OK", "python:mygraders_a:check", base=tmp_path)
+    assert not good("no", "OK", "python:mygraders_a:check", base=tmp_path)
+    with pytest.raises(GraderFailed, match=r"python:mygraders_a:boom raised ValueError: .* on the answer 'x'"):
+        good("x", None, "python:mygraders_a:boom", base=tmp_path)
+    with pytest.raises(GraderFailed, match="returned 1, expected True or False"):
+        good("x", None, "python:mygraders_a:vague", base=tmp_path)
+
+
+@pytest.mark.parametrize(("expected", "grade", "tolerance", "key", "words"), [
+    (None, "exact", None, "expected", "a string beside grade"),
+    ("x", "fuzzy", None, "grade", "one of exact, contains"),
+    ("(", "regex", None, "expected", "a regular expression"),
+    ([], "one_of", None, "expected", "a non-empty list of strings"),
+    ("forty", "number", None, "expected", "a number"),
+    ("AB", "choice", None, "expected", "one letter from A to J"),
+    (42, None, -1, "grade_tolerance", "a number >= 0"),
+    ("x", None, 0.5, "grade_tolerance", 'grade = "number" beside it'),
+    (None, None, 0.5, "grade_tolerance", "expected and grade"),
+    ({"type": "objekt"}, "json_schema", None, "expected", "a valid JSON Schema"),
+    ("missing.json", "json_schema", None, "expected", "a JSON Schema file that reads as JSON"),
+    (None, "python:no_such_module_xyz:f", None, "grade", "importing no_such_module_xyz"),
+    (None, "python:json:no_such_function", None, "grade", "json has no function no_such_function"),
+    (None, "python:json", None, "grade", "python:module:function"),
+    ({"a": 1}, None, None, "grade", "only a string, a number or a list picks its grader")])
+def test_bad_grading_keys_are_named(expected, grade, tolerance, key, words):
+    with pytest.raises(BadGrading) as bad:
+        checked(expected, grade, tolerance, HERE)
+    assert bad.value.key == key and words in bad.value.expected
+
+
+def test_no_keys_is_ungraded():
+    assert checked(None, None, None, HERE) is None
+
+
+def test_scenario_probe_grading_errors_exit_2(tmp_path):
+    path = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1",
+                          probes=[{"id": "p1", "prompt": "Pick.", "grade": "choice", "expected": "Z"}])
+    code, out = run_cli("run", path)
+    assert code == 2
+    assert f"{path}: probes[0].expected: expected one letter from A to J, got 'Z'" in out
+
+
+def test_scenario_malformed_schema_exits_2(tmp_path):
+    path = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", probes=[
+        {"id": "p1", "prompt": "JSON.", "grade": "json_schema", "expected": {"type": "object", "required": "a"}}])
+    code, out = run_cli("run", path)
+    assert code == 2 and "probes[0].expected: expected a valid JSON Schema (at required:" in out
+
+
+def test_dataset_line_grading_errors_name_file_and_line(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "1+1?", "expected": 2}\n{"prompt": "2+2?", "expected": "four", "grade": "number"}\n')
+    path = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", probes=[{"dataset": "d.jsonl"}])
+    with pytest.raises(ScenarioError, match=rf"{data}:2: probes\[0\].dataset: expected: expected a number"):
+        load_scenario(path)
+
+
+def test_dataset_schema_file_is_found_beside_the_dataset(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "schema.json").write_text('{"type": "array"}')
+    (tmp_path / "data" / "d.jsonl").write_text('{"prompt": "A list.", "grade": "json_schema", "expected": '
+                                               '"schema.json"}\n')
+    path = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", probes=[{"dataset": "data/d.jsonl"}])
+    (probe,) = load_scenario(path).probes
+    assert probe.grade == "json_schema" and probe.expected == {"type": "array"}
+
+
+def test_grading_keys_read_into_normal_form(tmp_path):
+    path = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", probes=[
+        {"id": "a", "prompt": "x", "expected": "4"}, {"id": "b", "prompt": "x", "expected": 4, "grade_tolerance": 1},
+        {"id": "c", "prompt": "x", "expected": ["yes", "y"]}, {"id": "d", "prompt": "x", "expected": "c",
+                                                               "grade": "choice"},
+        {"id": "e", "prompt": "x"}])
+    probes = {p.id: (p.grade, p.expected, p.grade_tolerance) for p in load_scenario(path).probes}
+    assert probes == {"a": ("exact", "4", 0.0), "b": ("number", 4.0, 1.0), "c": ("one_of", ("yes", "y"), 0.0),
+                      "d": ("choice", "C", 0.0), "e": (None, None, 0.0)}
+
+
+def test_min_good_share_needs_graded_probes(tmp_path):
+    path = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", min_good_share=0.9)
+    code, out = run_cli("run", path)
+    assert code == 2 and "load.min_good_share: expected probes with expected or grade beside it" in out
+
+
+def test_conversation_probes_are_not_graded(tmp_path):
+    path = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", probes=[
+        {"id": "p1", "turns": [{"user": "hi"}], "expected": "x"}])
+    code, out = run_cli("run", path)
+    assert code == 2 and "probes[0].grade: expected no grading on a conversation probe" in out
