@@ -6,7 +6,7 @@ The Python API, importable from ``kevload`` itself::
     import kevload
 
     scenario = kevload.load_scenario("scenarios/quickstart.toml", ['target.base_url="http://127.0.0.1:8080/v1"'])
-    summary = asyncio.run(kevload.run_scenario(scenario))        # a RunSummary, also written to summary.json
+    summary = asyncio.run(kevload.run_scenario(scenario)).summary  # a RunSummary, also written to summary.json
     raise SystemExit(kevload.exitcode.for_run(summary))            # 0 held, 1 drift, 3 inconclusive
 
 - scenarios: ``load_scenario`` (a TOML file and ``key=value`` overrides), ``build_scenario`` (in code, from a
