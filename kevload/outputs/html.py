@@ -140,10 +140,15 @@ def _heatmap(rows: dict[str, dict[str, CellSummary]], levels: list[str]) -> str:
     return "".join(out)
 
 
+def _rows_table(table_id: str, columns: Iterable[str], rows: Iterable[Iterable[object]]) -> str:
+    """A table's head and rows, every value escaped; the caller closes it (a note may follow inside the string)."""
+    return (f"<table id={table_id}><tr>" + "".join(f"<th>{_e(name)}</th>" for name in columns) + "</tr>"
+            + "".join("<tr>" + "".join(f"<td>{_e(value)}</td>" for value in row) + "</tr>" for row in rows))
+
+
 def _agreement(summary: RunSummary) -> str:
     rows = agreement_rows(summary)
-    out = ["<table id=agreement><tr>" + "".join(f"<th>{_e(name)}</th>" for name in AGREEMENT_COLUMNS) + "</tr>"]
-    out += ["<tr>" + "".join(f"<td>{_e(value)}</td>" for value in row) + "</tr>" for row in rows]
+    out = [_rows_table("agreement", AGREEMENT_COLUMNS, rows)]
     out.append("</table><p>exact match: share of samples with the serial output (Wilson interval); token agreement: "
                "mean share of token positions equal to serial before the first divergence; logprobs: every ok "
                "sample's logprobs compared and bitwise equal to serial (=), or from which token and by how much "
@@ -153,14 +158,10 @@ def _agreement(summary: RunSummary) -> str:
 
 def _graded(summary: RunSummary) -> list[str]:
     """Graded probes (kevload.compare.graded): accuracy per level against serial, then every graded cell with its flips
-    and
-    one flipped answer beside the serial one (the per-probe detail a dataset's terminal table leaves out)."""
+    and one flipped answer beside the serial one (the per-probe detail a dataset's terminal table leaves out)."""
     if not gradedview.graded(summary):
         return []
-    levels = ["<table id=accuracy><tr>" + "".join(f"<th>{_e(n)}</th>" for n in gradedview.ACCURACY_COLUMNS)
-              + "</tr>"]
-    levels += ["<tr>" + "".join(f"<td>{_e(v)}</td>" for v in row) + "</tr>"
-               for row in gradedview.accuracy_rows(summary)]
+    levels = [_rows_table("accuracy", gradedview.ACCURACY_COLUMNS, gradedview.accuracy_rows(summary))]
     columns = ("probe / level", "good", "bad", "good share [95% CI]", "serial answers", "good→bad", "bad→good",
                "flipped answer", "serial answer")
     cells = ["<table id=graded><tr>" + "".join(f"<th>{_e(n)}</th>" for n in columns) + "</tr>"]
@@ -209,8 +210,7 @@ def _server_view(summary: RunSummary) -> list[str]:
     rows = server_rows(summary)
     if not rows:
         return []
-    out = ["<table id=server><tr>" + "".join(f"<th>{_e(name)}</th>" for name in SERVER_COLUMNS) + "</tr>"]
-    out += ["<tr>" + "".join(f"<td>{_e(value)}</td>" for value in row) + "</tr>" for row in rows]
+    out = [_rows_table("server", SERVER_COLUMNS, rows)]
     out.append("</table><p>read from the server's /metrics (sent and answered) between the cell's first counted "
                "send and its last answer: requests it ran at once and held waiting; a level where it ran fewer than "
                "c at every read while others waited, no read failing, was set by the server's batch limit, not by "
