@@ -115,6 +115,12 @@ def _quick_option(url: str | None, model: str | None, prompt: str | None) -> str
                  if value is not None), None)
 
 
+_trust_graders_option = click.option(
+    "--trust-graders", is_flag=True,
+    help="Import the python: graders the run directory or case file names (from the directory the run found them "
+         "in). Without it they are refused: that file is data, and may come from anywhere.")
+
+
 def _on_target(builtin: str | None, settings: TargetSettings | None,
                work: Callable[[str | None, str | None, Any], Awaitable[Any]],
                quiet: bool = False) -> tuple[Any, int | None, Any]:
@@ -141,6 +147,7 @@ def _on_target(builtin: str | None, settings: TargetSettings | None,
 @click.option("--prompt", help="With --url or --target and no SCENARIO: the quickstart probe's prompt.")
 @click.option("--resume", type=click.Path(file_okay=False, path_type=Path),
               help="Finish the samples an interrupted run did not get to, with its own scenario.")
+@_trust_graders_option
 @click.option("--retries", type=click.IntRange(min=0, max=MAX_RETRIES),
               help="Retry 429/503 up to N times (Retry-After honoured).")
 @click.option("--dataset-seed", type=int, help="Which lines JSONL probe/companion datasets contribute "
@@ -173,7 +180,7 @@ def _on_target(builtin: str | None, settings: TargetSettings | None,
                    "falling significantly); drift whose answers stay good exits 0.")
 @_on_target_options
 def run(scenario: Path | None, url: str | None, model: str | None, prompt: str | None,
-        resume: Path | None, retries: int | None, overrides: tuple[str, ...],
+        resume: Path | None, trust_graders: bool, retries: int | None, overrides: tuple[str, ...],
         out: Path | None, overwrite: bool, quiet: bool, baseline: Path | None, max_latency_regression: float,
         junit: Path | None, metrics: Path | None, dataset_seed: int | None,
         fail_on: str, until_bound: str | None,
@@ -197,7 +204,7 @@ def run(scenario: Path | None, url: str | None, model: str | None, prompt: str |
         if scenario is not None or out is not None or overwrite or quick is not None:
             raise InputError("--resume RUN_DIR takes the scenario and directory of that run; "
                             "give no SCENARIO, --out, --overwrite, --url, --model or --prompt")
-        sc = resumed_scenario(resume, list(overrides))
+        sc = resumed_scenario(resume, list(overrides), trust_graders=trust_graders)
         out = resume
     elif scenario is not None:
         if quick is not None:
@@ -276,7 +283,9 @@ def run(scenario: Path | None, url: str | None, model: str | None, prompt: str |
               help="Also write the cells as Prometheus text here.")
 @click.option("--request", "request_id", metavar="ID",
               help="Print only the record of the request sent with this X-Request-Id, as JSON.")
-def report(run_dir: Path, fmt: str, output: Path | None, metrics: Path | None, request_id: str | None) -> None:
+@_trust_graders_option
+def report(run_dir: Path, fmt: str, output: Path | None, metrics: Path | None, request_id: str | None,
+           trust_graders: bool) -> None:
     """Recompute a run's summary from its records (no server needed) and render it; sweeps too (html, json)."""
     if (run_dir / "sweep.json").is_file() and not RunDir(run_dir).record_files():
         for option, given in (("--metrics", metrics), ("--request", request_id)):
@@ -295,7 +304,7 @@ def report(run_dir: Path, fmt: str, output: Path | None, metrics: Path | None, r
         return
     run.run_id()  # refuses a directory holding two runs
     meta = run.meta()
-    summary = finish_run(run_dir, meta=meta)
+    summary = finish_run(run_dir, meta=meta, trust_graders=trust_graders)
     if fmt == "html":
         from kevload.outputs.html import run_report
 
@@ -639,9 +648,10 @@ def cases_build(run_dirs: tuple[Path, ...], output: Path, target_name: str | Non
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Parent directory of the rerun runs (default results): each rerun makes OUT/cases-rerun-<id>/.")
+@_trust_graders_option
 @_on_target_options
 def cases_rerun(cases_file: Path, url: str | None, model: str | None, times: int, api: str, target_name: str | None,
-                accept: bool, output: Path, out: Path | None, builtin: str | None,
+                accept: bool, output: Path, out: Path | None, trust_graders: bool, builtin: str | None,
                 target_sets: tuple[str, ...]) -> None:
     """Rerun every case under its recorded load and compare with its recorded outputs.
 
@@ -654,7 +664,7 @@ def cases_rerun(cases_file: Path, url: str | None, model: str | None, times: int
 
     _url_or_target(url, model, builtin)
     settings = _target_settings(builtin, target_sets)
-    items = read_cases(cases_file)
+    items = read_cases(cases_file, trust_graders=trust_graders)
     if target_name is not None:
         items = [c for c in items if (c.get("target") or {}).get("name") == target_name]
         if not items:
@@ -685,7 +695,7 @@ def cases_rerun(cases_file: Path, url: str | None, model: str | None, times: int
             click.echo(f"{r['id']}: {'matches' if r['matches_expected'] else 'does not match'} expected "
                        f"({graded['good']} good, {graded['bad']} bad{failed} by grade {graded['grade']})")
         for error in r.get("grade_errors", ()):
-            click.echo(f"{r['id']}: grader failed: {error}")
+            click.echo(f"grader failed: {error}")  # it names the case: the rerun's probe is called by its id
     if accept and moves["changed"]:
         updated = accept_changes(cases_file, results)
         click.echo(f"{cases_file}: accepted the new answers of {len(updated)} changed case(s); "

@@ -23,7 +23,7 @@ from typing import Any
 from kevload.compare.cells import CellAccumulator, OutputKey
 from kevload.compare.stats import mcnemar_exact, wilson_interval
 from kevload.errors import ScenarioError
-from kevload.inputs.grading import BadGrading, GraderFailed, Grading
+from kevload.inputs.grading import IMPORT, BadGrading, GraderFailed, Grading, python_graders, refused_from
 from kevload.inputs.models import Probe
 from kevload.summary import CellSummary, RunSummary, level_label, level_order
 
@@ -150,18 +150,21 @@ def grading_json(probes: Iterable[Probe]) -> dict[str, dict[str, Any]]:
     return {p.id: Grading(p.grade, p.expected, p.grade_tolerance).to_json() for p in probes if p.grade is not None}
 
 
-def gradings_of(meta: Mapping[str, Any], where: Path) -> dict[str, Grading] | None:
-    """The graders run.json (``where``) keeps, checked again (a python grader imported from the scenario's
-    directory first); None for a run without graded probes."""
+def gradings_of(meta: Mapping[str, Any], where: Path, *, trust_graders: bool) -> dict[str, Grading] | None:
+    """The graders run.json (``where``) keeps, checked again; None for a run without graded probes. A python grader
+    is imported again from the directory the run found it in only with ``trust_graders`` (the run is this process's
+    own, or the user said so): a run directory is data, and never the place code is imported from."""
     docs = meta.get("grading")
     if not docs:
         return None
-    base = Path(meta.get("scenario_source") or where).parent
+    # Runs from before the directory was recorded: the scenario's, as the run read it.
+    base = Path(meta.get("scenario_source") or ".").parent
     out = {}
-    for probe, doc in docs.items():
-        try:
-            out[probe] = Grading.from_json(doc, base)
-        except BadGrading as bad:
-            raise ScenarioError(f"{where}: grading.{probe}.{bad.key}: expected {bad.expected}, got "
-                                f"{str(bad.got)[:80]}") from None
+    with python_graders(IMPORT if trust_graders else refused_from(f"the run directory {where.parent}")):
+        for probe, doc in docs.items():
+            try:
+                out[probe] = Grading.from_json(doc, base)
+            except BadGrading as bad:
+                raise ScenarioError(f"{where}: grading.{probe}.{bad.key}: expected {bad.expected}, got "
+                                    f"{str(bad.got)[:80]}") from None
     return out

@@ -20,7 +20,7 @@ import msgspec
 import orjson
 
 from kevload.errors import ScenarioError
-from kevload.inputs.grading import BadGrading, Grading, checked
+from kevload.inputs.grading import IMPORT, BadGrading, Grading, checked, python_graders, refused_from
 from kevload.inputs.models import Probe, iter_jsonl
 from kevload.inputs.scenario import Load, Target, build_scenario, read_table
 from kevload.inputs.trace import trace_rates
@@ -249,9 +249,10 @@ class _Case(msgspec.Struct, frozen=True):
     load: _CaseLoad | None = None
 
 
-def read_cases(path: Path) -> list[dict[str, Any]]:
+def read_cases(path: Path, *, trust_graders: bool = False) -> list[dict[str, Any]]:
     """A case file's cases as written (keys a rerun does not read kept for ``accept_changes``), each checked against
-    what a rerun reads of it (``_Case``): a bad one is a ``ScenarioError`` naming its line and key."""
+    what a rerun reads of it (``_Case``): a bad one is a ``ScenarioError`` naming its line and key. A case file is
+    data: a python grader it names is refused unless ``trust_graders``, and then imported."""
     cases = []
     lines: dict[str, int] = {}  # each id's line: a rerun's directory is named by it
     for number, case in iter_jsonl(path, "case set"):
@@ -267,7 +268,8 @@ def read_cases(path: Path) -> list[dict[str, Any]]:
                                 "give each case an id of its own")
         lines[case["id"]] = number
         try:
-            case_grading(case, path.parent)
+            with python_graders(IMPORT if trust_graders else refused_from(f"the case file {path}")):
+                case_grading(case, path.parent)
         except BadGrading as bad:
             raise ScenarioError(f"{path}:{number}: case {case['id']}: {bad.key}: expected {bad.expected}, got "
                                 f"{str(bad.got)[:80]!r}") from None
@@ -278,8 +280,12 @@ def read_cases(path: Path) -> list[dict[str, Any]]:
 def case_grading(case: dict[str, Any], base: Path) -> Grading | None:
     """A case's grader: its ``expected`` with its ``grade`` (picked from the kind of ``expected`` when not given, so a
     plain string is ``exact`` after trimming whitespace) and ``grade_tolerance``, checked as a probe's keys are
-    (``grading.checked``; ``base``: where a schema file or a python grader is found); None without either key."""
-    return checked(case.get("expected"), case.get("grade"), case.get("grade_tolerance"), base)
+    (``grading.checked``; ``base``: where a schema file is found, and a python grader unless the case keeps the
+    directory the run found it in, ``grader_dir``); None without either key."""
+    home = case.get("grader_dir")
+    if home is not None and not (isinstance(home, str) and Path(home).is_absolute()):
+        raise BadGrading("grader_dir", "the absolute path of the directory the python grader was imported from", home)
+    return checked(case.get("expected"), case.get("grade"), case.get("grade_tolerance"), Path(home) if home else base)
 
 
 def _case_grading(doc: dict[str, Any] | None) -> dict[str, Any]:
@@ -287,7 +293,8 @@ def _case_grading(doc: dict[str, Any] | None) -> dict[str, Any]:
     if doc is None:
         return {}
     return {"expected": doc["expected"], "grade": doc["grade"],
-            **({"grade_tolerance": doc["tolerance"]} if doc.get("tolerance") else {})}
+            **({"grade_tolerance": doc["tolerance"]} if doc.get("tolerance") else {}),
+            **({"grader_dir": doc["dir"]} if doc.get("dir") else {})}
 
 
 def recorded_texts(case: dict[str, Any]) -> set[str]:
@@ -342,10 +349,10 @@ async def rerun_cases(cases: list[dict[str, Any]], *, url: str, model: str, time
         params, load = rerun_load(case, times)
         max_tokens = params.pop("max_tokens", 64)
         source = f"case {case['id']}"
-        grading = case_grading(case, base or Path.cwd())
+        grading = case_grading(case, base or Path.cwd())  # the caller read the case (read_cases) and trusts it
         graded = {} if grading is None else {"expected": grading.expected, "grade": grading.grade,
                                              "grade_tolerance": grading.tolerance}
-        probe = Probe(id="case", max_tokens=max_tokens, **graded,
+        probe = Probe(id=case["id"], max_tokens=max_tokens, **graded,
                       **{"prompt" if isinstance(case["input"], str) else "messages": case["input"]})
         # The case file's [load] table is read by Load's own field rules, like a scenario file's.
         scenario = build_scenario(Target(base_url=url, model=model, api=api, timeout=timeout), [probe],
@@ -379,8 +386,7 @@ async def rerun_cases(cases: list[dict[str, Any]], *, url: str, model: str, time
                                      "failed": cell.grade_failed or 0}
             after["matches_expected"] = bool(cell.graded_good) and not cell.graded_bad and not cell.grade_failed
             if result.summary.grade_errors:
-                # Every rerun's probe is "case": the line is printed after the case's own id instead.
-                after["grade_errors"] = [e.removeprefix("probe 'case': ") for e in result.summary.grade_errors]
+                after["grade_errors"] = list(result.summary.grade_errors)  # each names the case: its probe's id
         after["transition"] = transition(after)
         results.append(after)
     return results

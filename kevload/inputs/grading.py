@@ -7,6 +7,9 @@ may go without ``expected`` (``json``: the answer parses; ``json_schema``: the s
 the path of a JSON file; ``python:module:function``: gets ``expected`` as it is, None when absent).
 
 Grading runs once per distinct output of a cell (``kevload.compare.graded``), never per request.
+
+A python grader is code. It is imported from a scenario the user runs; graders read back from a run directory or a
+case file (data, perhaps downloaded from elsewhere) are imported only where the user says so (``python_graders``).
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ import math
 import re
 import sys
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +38,28 @@ _NEEDS = {"exact": "a string", "contains": "a non-empty string", "regex": "a reg
 LETTERS = "ABCDEFGHIJ"  # MMLU's four, MMLU-Pro's ten
 CHOICE_EXPECTED = f"one letter from {LETTERS[0]} to {LETTERS[-1]}"
 _MAX_SHOWN = 120  # characters of an answer quoted in an error
+IMPORT = "import"  # python graders are imported (a scenario the user runs)
+NAMES_ONLY = "names only"  # their names are checked, nothing imported (inputs read back, no answer graded)
+_python_policy: ContextVar[str] = ContextVar("python_graders", default=IMPORT)
+
+
+@contextmanager
+def python_graders(policy: str) -> Iterator[None]:
+    """Within: python graders are imported (``IMPORT``), only their names checked (``NAMES_ONLY``), or refused with
+    ``policy`` as what was expected instead (any other text). A run.json or a case file can name any module and
+    function with arguments of its own making (``python:os:execl``): reading one must not run it unasked."""
+    token = _python_policy.set(policy)
+    try:
+        yield
+    finally:
+        _python_policy.reset(token)
+
+
+def refused_from(what: str) -> str:
+    """The policy that refuses python graders named in ``what`` (a run directory, a case file), saying how to allow
+    them."""
+    return (f"a grader that runs no code: {what} is data, and kevload imports the python graders it names only with "
+            "--trust-graders")
 
 
 class BadGrading(Exception):
@@ -59,13 +86,21 @@ class Grading:
     function: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
-        return {"grade": self.grade, "expected": list(self.expected) if isinstance(self.expected, tuple)
-                else self.expected, "tolerance": self.tolerance}
+        doc = {"grade": self.grade, "expected": list(self.expected) if isinstance(self.expected, tuple)
+               else self.expected, "tolerance": self.tolerance}
+        home = module_home(self.grade) if self.grade.startswith(PYTHON) else None
+        # Where the run found a python grader's module, whichever directory it is read back from later.
+        return {**doc, "dir": home} if home else doc
 
     @classmethod
     def from_json(cls, doc: dict[str, Any], base: Path) -> Grading:
-        """Read back from run.json, checked again (a python grader is imported again, from ``base`` first)."""
-        return checked(doc.get("expected"), doc.get("grade"), doc.get("tolerance", 0.0), base)
+        """Read back from run.json, checked again (a python grader is imported again: from the directory the run
+        found it in, else from ``base`` first)."""
+        home = doc.get("dir")
+        if home is not None and not (isinstance(home, str) and Path(home).is_absolute()):
+            raise BadGrading("dir", "the absolute path of the directory the python grader was imported from", home)
+        return checked(doc.get("expected"), doc.get("grade"), doc.get("tolerance", 0.0),
+                       Path(home) if home else base)
 
     def good(self, answer: str, probe: str = "") -> bool:
         """Whether ``answer`` (the whole text a cell keeps for an output) of ``probe`` (its id) is good;
@@ -92,6 +127,12 @@ def checked(expected: Any, grade: Any, tolerance: Any, base: Path) -> Grading | 
     if tolerance and grade != "number":
         raise BadGrading("grade_tolerance", f'grade = "number" beside it (grade is "{grade}")', tolerance)
     if grade.startswith(PYTHON):
+        policy = _python_policy.get()
+        if policy == NAMES_ONLY:
+            _python_name(grade)
+            return Grading(grade, expected, float(tolerance))
+        if policy != IMPORT:
+            raise BadGrading("grade", policy, grade)
         # Imported now: a bad path fails before anything is sent.
         return Grading(grade, expected, float(tolerance), python_grader(grade, base))
     if expected is None and _NEEDS[grade] is not None:
@@ -167,10 +208,8 @@ def _schema(expected: Any, base: Path) -> dict[str, Any]:
 def python_grader(grade: str, base: Path) -> Callable[..., Any]:
     """The user's ``python:module:function``, imported (with ``base`` searched first, so a graders.py beside the
     scenario is found); ``BadGrading`` when it is no importable callable."""
-    _, module_name, function_name = (grade.split(":", 2) + ["", ""])[:3]
-    shape = "python:module:function, an importable module and a function in it"
-    if not module_name or not function_name:
-        raise BadGrading("grade", shape, grade)
+    module_name, function_name = _python_name(grade)
+    shape = _PYTHON_SHAPE
     added = str(base.resolve())
     sys.path.insert(0, added)
     try:
@@ -183,6 +222,28 @@ def python_grader(grade: str, base: Path) -> Callable[..., Any]:
     if not callable(function):
         raise BadGrading("grade", f"{shape} ({module_name} has no function {function_name})", grade)
     return function
+
+
+_PYTHON_SHAPE = "python:module:function, an importable module and a function in it"
+
+
+def _python_name(grade: str) -> tuple[str, str]:
+    """(module, function) of ``python:module:function``; ``BadGrading`` when either is missing."""
+    _, module_name, function_name = (grade.split(":", 2) + ["", ""])[:3]
+    if not module_name or not function_name:
+        raise BadGrading("grade", _PYTHON_SHAPE, grade)
+    return module_name, function_name
+
+
+def module_home(grade: str) -> str | None:
+    """The directory the (imported) module of ``python:module:function`` was found from, absolute: the sys.path
+    entry a dotted name starts from. None for a module not imported or not from a file."""
+    module = sys.modules.get(_python_name(grade)[0])
+    origin = getattr(getattr(module, "__spec__", None), "origin", None)
+    if not origin or not Path(origin).is_file():
+        return None
+    depth = grade.split(":")[1].count(".") + (Path(origin).name == "__init__.py")
+    return str(Path(origin).resolve().parents[depth])
 
 
 _REASONING = re.compile(r"\A<reasoning>\n.*?\n</reasoning>\n", re.DOTALL)

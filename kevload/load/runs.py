@@ -23,6 +23,7 @@ from kevload.compare.reader import reduce_file
 from kevload.compare.summarizing import summarize
 from kevload.errors import ClusterError, InputError, KevloadError, ScenarioError, SummaryError
 from kevload.inputs.datasets import check_unchanged
+from kevload.inputs.grading import IMPORT, NAMES_ONLY, python_graders, refused_from
 from kevload.inputs.models import probe_inputs
 from kevload.inputs.scenario import Scenario, Slo, apply_override, scenario_from_dict
 from kevload.inputs.trace import trace_rates
@@ -154,7 +155,8 @@ async def _run_scenario(scenario: Scenario, run_dir: Path | None, *, on_record: 
             raise
         finally:
             state = "aborted" if stream.aborted or reset_failed else "interrupted" if stop.is_set() else "complete"
-            summary = finish_run(run_dir, state=state, meta=meta, unrecorded=stream.sent - writer.count)
+            summary = finish_run(run_dir, state=state, meta=meta, unrecorded=stream.sent - writer.count,
+                                 trust_graders=True)
     return RunResult(run_dir=run_dir, run_id=run_id, state=state, records=writer.count, summary=summary)
 
 
@@ -190,7 +192,7 @@ async def _run_workers(scenario: Scenario, run_dir: Path, meta: dict[str, Any], 
                                                             "coordinator_calls": calls}]}
         known = len(results) == scenario.load.workers and all(r.sent is not None for r in results)
         summary = finish_run(run_dir, state=state, meta=meta,
-                             unrecorded=sum(r.sent - r.records for r in results) if known else None)
+                             unrecorded=sum(r.sent - r.records for r in results) if known else None, trust_graders=True)
     lost = [r for r in results if r.lost]
     if lost:
         option = "--ray" if cluster is not None else "--workers"
@@ -217,10 +219,10 @@ def refuse_existing(run_dir: Path, *, overwrite: bool = False, hint: str = "give
     raise RunDirError(f"{run_dir}: already holds {held}; {hint}")
 
 
-def resumed_scenario(run_dir: Path, overrides: list[str]) -> Scenario:
+def resumed_scenario(run_dir: Path, overrides: list[str], *, trust_graders: bool = False) -> Scenario:
     """The scenario a run in ``run_dir`` was started with, ``overrides`` applied, to ``--resume`` it: refused where
     run.json cannot give back what the run sent (header values and URL credentials are stored as ***) or where its
-    datasets changed since."""
+    datasets changed since, and where it names a python grader unless ``trust_graders`` (``recorded_scenario``)."""
     run = RunDir.open(run_dir)
     meta = run.meta()
     raw = meta["scenario"]
@@ -236,26 +238,34 @@ def resumed_scenario(run_dir: Path, overrides: list[str]) -> Scenario:
     if "***" in urlsplit(str(raw.get("target", {}).get("base_url", ""))).netloc.rpartition("@")[0]:
         raise ScenarioError(f"{run_dir}/run.json: target.base_url: its user:password@ is not stored; rerun the "
                             "scenario file, or pass the URL again with --set 'target.base_url=\"…\"'")
-    return recorded_scenario(run, raw, name="resumed")
+    return recorded_scenario(run, raw, name="resumed",
+                             graders=IMPORT if trust_graders else refused_from(f"the run directory {run_dir}"))
 
 
-def recorded_scenario(run: RunDir, raw: dict[str, Any] | None = None, *, name: str = "scenario") -> Scenario:
+def recorded_scenario(run: RunDir, raw: dict[str, Any] | None = None, *, name: str = "scenario",
+                      graders: str = NAMES_ONLY) -> Scenario:
     """The scenario of run.json (``raw``: its table, changed), its datasets read again as the run read them: refused
-    (ScenarioError) where a dataset changed since, so a probe's input is never taken from another file's lines."""
+    (ScenarioError) where a dataset changed since, so a probe's input is never taken from another file's lines.
+    ``graders``: what becomes of the python graders it names (``grading.python_graders``); by default they are
+    named, not imported."""
     meta = run.meta()
-    scenario = scenario_from_dict(raw if raw is not None else copy.deepcopy(meta["scenario"]),
-                                  source=meta.get("scenario_source") or str(run.run_json),
-                                  name=meta.get("scenario_name", name))
+    with python_graders(graders):
+        scenario = scenario_from_dict(raw if raw is not None else copy.deepcopy(meta["scenario"]),
+                                      source=meta.get("scenario_source") or str(run.run_json),
+                                      name=meta.get("scenario_name", name))
     if "datasets" in meta:  # runs from before datasets were recorded have nothing to compare with
         check_unchanged(meta["datasets"], scenario.datasets, str(run.run_json))
     return scenario
 
 
 def finish_run(run_dir: Path, *, state: RunState | None = None, meta: dict[str, Any] | None = None,
-               unrecorded: int | None = None) -> RunSummary:
+               unrecorded: int | None = None, trust_graders: bool = False) -> RunSummary:
     """(Re)compute ``summary.json`` from the records on disk and, if given, record the end state in ``run.json``,
     for the run and for the part of it that ends here, with the requests it sent that have no record
     (``unrecorded``; None: not known, a worker was lost).
+
+    ``trust_graders``: import the python graders run.json names (``gradings_of``): the run is this process's own,
+    or the user said so.
 
     A run that ends always leaves its end state, never ``running``: where no summary can be made of its records,
     run.json says the state all the same and the run fails with a ``SummaryError`` (exit 3), whatever went wrong."""
@@ -265,7 +275,7 @@ def finish_run(run_dir: Path, *, state: RunState | None = None, meta: dict[str, 
         meta = {**meta, "parts": [*meta["parts"][:-1], {**meta["parts"][-1], "state": state,
                                                          "unrecorded": unrecorded}]}
     try:
-        summary = _summary(run, meta, state)
+        summary = _summary(run, meta, state, trust_graders)
     except Exception as exc:
         if state is None:  # `kevload report`: a records file that is no run's says which line, as a RunDirError
             raise
@@ -279,7 +289,7 @@ def finish_run(run_dir: Path, *, state: RunState | None = None, meta: dict[str, 
     return summary
 
 
-def _summary(run: RunDir, meta: dict[str, Any], state: RunState | None) -> RunSummary:
+def _summary(run: RunDir, meta: dict[str, Any], state: RunState | None, trust_graders: bool) -> RunSummary:
     """The summary of the records on disk, as run.json describes the run."""
     max_error_share = meta["load"]["max_error_share"]
     # A level run for a duration has no asked number of samples: only samples-bound cells can be short.
@@ -294,7 +304,8 @@ def _summary(run: RunDir, meta: dict[str, Any], state: RunState | None) -> RunSu
                         until_bound=meta["load"].get("until_bound"), max_samples=meta["load"].get("max_samples", 1000),
                         server=read_samples(run.path), asked_cells=_asked_cells(meta),
                         unrecorded=_unrecorded_windows(run.path, meta),
-                        grading=gradings_of(meta, run.run_json), min_good_share=meta["load"].get("min_good_share"))
+                        grading=gradings_of(meta, run.run_json, trust_graders=trust_graders),
+                        min_good_share=meta["load"].get("min_good_share"))
     summary = replace(summary, run_id=meta.get("run_id"), scenario=meta.get("scenario_name"),
                       state=state or meta.get("state"), inputs=meta.get("inputs"))
     if meta.get("prefix_cache"):
@@ -377,7 +388,8 @@ def _run_meta(scenario: Scenario, run_id: str, secrets: list[str]) -> dict[str, 
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "scenario_name": scenario.name,
-        "scenario_source": scenario.source,
+        # Absolute: --resume, cases and report find its datasets and graders from wherever they are run.
+        "scenario_source": str(Path(scenario.source).resolve()) if Path(scenario.source).is_file() else scenario.source,
         "scenario": redact(scenario.raw, secrets),
         "load": asdict(scenario.load),
         "datasets": [dataset.to_json() for dataset in scenario.datasets],

@@ -123,10 +123,73 @@ def test_a_grader_that_raises_is_named_with_its_probe_and_exits_2_and_report_gra
                        "str(int(expected))\n")
     import sys
     sys.modules.pop("kevload_test_graders_raise", None)
-    code, out = run_cli("report", tmp_path / "run", "--format", "json")
+    code, out = run_cli("report", tmp_path / "run", "--format", "json", "--trust-graders")
     fixed = json.loads(out)
     assert code == 1 and not fixed["grade_errors"]
     assert fixed["accuracy"][1]["good_to_bad"] == 3
+
+
+GRADER = "def check(answer, probe, expected):\n    return answer.split()[-1].rstrip('.') == str(int(expected))\n"
+
+
+def _python_graded_run(tmp_path: Path, server, module: str, *, dataset: bool = False) -> Path:
+    """A run started from ``tmp_path`` of ``suite/s.toml`` (a relative path), its probes graded by
+    ``python:MODULE:check`` written beside the scenario, or beside its dataset ``suite/data/items.jsonl``; the module
+    is then forgotten, as by a new process."""
+    import sys
+
+    suite = tmp_path / "suite"
+    grader_dir = suite / "data" if dataset else suite
+    grader_dir.mkdir(parents=True)
+    (grader_dir / f"{module}.py").write_text(GRADER)
+    server.behaviour.answer_for = sums_server
+    probes = sum_probes(grade=f"python:{module}:check")
+    if dataset:
+        (grader_dir / "items.jsonl").write_text("".join(json.dumps(p) + "\n" for p in probes))
+        probes = [{"dataset": "data/items.jsonl"}]
+    write_scenario(suite / "s.toml", server.url, probes=probes, samples=2, concurrency=[1])
+    code, output = run_cli("run", "suite/s.toml", "--out", "run", "--quiet")
+    assert code == 0, output
+    sys.modules.pop(module, None)
+    return tmp_path / "run"
+
+
+@pytest.mark.parametrize("dataset", [False, True], ids=["beside-the-scenario", "beside-the-dataset"])
+def test_report_with_trust_graders_finds_a_python_grader_where_the_run_found_it_from_any_directory(
+        tmp_path, server, monkeypatch, dataset):
+    monkeypatch.chdir(tmp_path)
+    module = f"kevload_test_home_{'dataset' if dataset else 'scenario'}"
+    run = _python_graded_run(tmp_path, server, module, dataset=dataset)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    code, out = run_cli("report", run, "--format", "json", "--trust-graders")
+    assert code == 0, out
+    assert json.loads(out)["accuracy"][0]["good"] == len(SUMS) == load_summary(run)["accuracy"][0]["good"]
+
+
+def test_report_imports_no_code_a_run_directory_names_without_trust_graders(tmp_path, server, monkeypatch):
+    """A run directory is data (a CI artifact, a colleague's upload): one whose run.json names a module in the run
+    directory itself, with no scenario to find it from, must not get it imported by `kevload report`."""
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    run = _python_graded_run(tmp_path, server, "kevload_test_honest")
+    marker = tmp_path / "imported"
+    (run / "kevload_test_planted.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n"
+                                                 "def check(answer, probe, expected):\n    return True\n")
+    meta = json.loads((run / "run.json").read_text())
+    meta.pop("scenario_source")
+    meta["grading"] = {p: {"grade": "python:kevload_test_planted:check", "expected": None, "tolerance": 0}
+                       for p in meta["grading"]}
+    (run / "run.json").write_text(json.dumps(meta))
+    code, out = run_cli("report", run)
+    assert code == 2 and "--trust-graders" in out and "Traceback" not in out
+    code, out = run_cli("report", run, "--trust-graders")  # nor from the run directory when trusted: never there
+    assert code == 2 and "No module named 'kevload_test_planted'" in out
+    assert not marker.exists() and "kevload_test_planted" not in sys.modules
+    code, out = run_cli("run", "--resume", run)  # resuming it would import it too
+    assert code == 2 and "--trust-graders" in out and not marker.exists()
 
 
 def test_report_recomputes_every_graded_figure_the_run_wrote(tmp_path, server):

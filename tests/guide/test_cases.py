@@ -170,7 +170,7 @@ def test_rerun_reproduces_mixed_load(tmp_path):
         assert f"{p2}: mode=mixed c=3 seed=8 companions=builtin samples=4 params=" in output
         assert rows[p2]["rerun"]["params"] == {"temperature": 0, "max_tokens": 16}
         # Same seed, same companion picks: the first one each companion worker sent matches the run's.
-        assert first_companions(Path(rows[p2]["rerun_dir"]), "case") == first_companions(tmp_path / "run", "p2")
+        assert first_companions(Path(rows[p2]["rerun_dir"]), p2) == first_companions(tmp_path / "run", "p2")
 
         # A new model version whose batches no longer drift: stable now, with answers never recorded.
         time.sleep(0.3)
@@ -364,10 +364,42 @@ def test_a_case_whose_python_grader_raises_is_bad_input_naming_the_case_not_a_mi
     case = {"id": "c1", "input": "x", "params": {"temperature": 0}, "outputs": [], "verdict": "stable",
             "expected": 5, "grade": "python:kevload_test_case_grader:check"}
     cases_path.write_text(json.dumps(case) + "\n")
-    code, output, rows = rerun(cases_path, server, tmp_path)
+    code, output, rows = rerun(cases_path, server, tmp_path, "--trust-graders")
     assert code == 2, output
-    assert "c1: grader failed: python:kevload_test_case_grader:check raised ValueError: no verdict" in output
+    assert "grader failed: probe 'c1': python:kevload_test_case_grader:check raised ValueError: no verdict" in output
     assert rows["c1"]["graded_after"]["failed"] == 4 and "Traceback" not in output
+
+
+def test_a_case_file_python_grader_is_imported_only_with_trust_graders_from_where_its_run_found_it(
+        tmp_path, server, monkeypatch):
+    """A case file is data: its python grader is refused (nothing imported) without --trust-graders; with it, the
+    grader is found where the run found it (the case keeps that directory), whatever directory the rerun runs in."""
+    import sys
+
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    marker = tmp_path / "imported"
+    (suite / "kevload_test_case_home.py").write_text(f"open({str(marker)!r}, 'a').write('x')\n"
+                                                     "def check(answer, probe, expected):\n    return True\n")
+    probes = [{"id": "p1", "prompt": "Say something.", "expected": 1, "grade": "python:kevload_test_case_home:check"}]
+    write_scenario(suite / "s.toml", server.url, probes=probes, concurrency=[1], samples=2)
+    monkeypatch.chdir(tmp_path)
+    assert run_cli("run", "suite/s.toml", "--out", "run", "--quiet")[0] == 0
+    assert run_cli("cases", "build", "run", "-o", "cases.jsonl")[0] == 0
+    sys.modules.pop("kevload_test_case_home")
+    marker.unlink()
+    (built,) = read(tmp_path / "cases.jsonl")
+    assert built["grader_dir"] == str(suite)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    code, output = run_cli("cases", "rerun", tmp_path / "cases.jsonl", "--url", server.url, "--model", "fake",
+                           "-o", tmp_path / "after.jsonl")
+    assert code == 2 and "--trust-graders" in output and "case file" in output
+    assert not marker.exists() and "kevload_test_case_home" not in sys.modules
+    code, output, rows = rerun(tmp_path / "cases.jsonl", server, tmp_path, "--trust-graders")
+    assert code == 0, output
+    assert rows[built["id"]]["graded_after"]["good"] == 4 and marker.exists()
 
 
 def test_case_unstable_against_serial_stays_unstable_on_an_unchanged_server(tmp_path):
