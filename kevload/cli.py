@@ -28,6 +28,7 @@ from kevload.inputs.scenario import (
     MAX_SAMPLES,
     MAX_SECONDS,
     MAX_WORKERS,
+    check_base_url,
     load_scenario,
     quickstart_scenario,
     toml_value,
@@ -528,6 +529,8 @@ def diagnose_command(url, model, prompt, messages_file, params_json, max_tokens,
     if (prompt is None) == (messages_file is None):
         raise InputError("give exactly one of --prompt TEXT or --messages FILE")
     _url_or_target(url, model, builtin)
+    if url is not None:
+        check_base_url(url, "--url")
     settings = _target_settings(builtin, target_sets)
     if (online is None) != (train is None):
         raise InputError("--online and --train go together")
@@ -663,6 +666,8 @@ def cases_rerun(cases_file: Path, url: str | None, model: str | None, times: int
     from kevload.guide.cases import accept_changes, describe_load, read_cases, rerun_cases, transitions
 
     _url_or_target(url, model, builtin)
+    if url is not None:
+        check_base_url(url, "--url")
     settings = _target_settings(builtin, target_sets)
     items = read_cases(cases_file, trust_graders=trust_graders)
     if target_name is not None:

@@ -69,8 +69,9 @@ def connect(address: str, option: str = "--ray") -> Iterator[Any]:
 
 def _reachable(address: str, option: str) -> None:
     host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
-        raise InputError(f"{option} {address}: expected 'local', 'auto' or a cluster address host:port")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:  # socket raises OverflowError past 65535
+        raise InputError(f"{option} {address}: expected 'local', 'auto' or a cluster address host:port "
+                         "(a port from 1 to 65535)")
     try:
         socket.create_connection((host, int(port)), timeout=_REACH_S).close()
     except OSError as exc:

@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 
 from kevload.errors import RunDirError, ServerError
-from kevload.inputs.scenario import ScenarioError, load_scenario, toml_value
+from kevload.inputs.scenario import ScenarioError, load_scenario, shown_url, toml_value, url_problem
 from kevload.load.runs import run_scenario
 from kevload.outputs.report import attainment_text, cell_text, markdown_cell, slo_bounds_text, verdict_line
 from kevload.records.rundir import apart
@@ -111,6 +111,8 @@ async def run_sweep(scenario_path: Path, overrides: list[str], grid: Grid, *, ou
     base = load_scenario(scenario_path, overrides)  # bad scenario, overrides or grid fail before any server starts
     for combo in combinations(grid.scenario):
         base.with_settings(combo, source="--grid")
+    if ready_url is not None and server_cmd is None:
+        raise ScenarioError("--ready-url: only with --server-cmd (a --target is waited for at its own health URL)")
     if server_cmd is not None:
         check_server_cmd(server_cmd, ready_url, list(grid.server))
     if builtin is not None:
@@ -268,6 +270,13 @@ def check_server_cmd(server_cmd: str, ready_url: str | None, axes: list[str]) ->
     if "port" not in used:
         raise ScenarioError("--server-cmd: needs {port} where the server takes its port: kevload picks a free "
                             "port per setting and points target.base_url at it")
+    # The highest port for {port}, so a digit too many shows; the axes' values are not known here.
+    filled = PLACEHOLDER.sub(lambda m: "65535" if m[1] == "port" else "1", ready_url or "")
+    if ready_url is not None and (problem := url_problem(filled)) is not None:
+        # Polled by urllib once each server starts: a blank or an open IPv6 bracket would end the sweep in a
+        # traceback there, a port too large wait out --ready-timeout for every setting.
+        raise ScenarioError("--ready-url: expected an http:// or https:// URL such as "
+                            f"http://127.0.0.1:{{port}}/health ({problem}), got {shown_url(ready_url)!r}")
     ready_names = set(PLACEHOLDER.findall(ready_url or ""))
     unknown = sorted((used | ready_names) - {"port", *axes})
     if unknown:
