@@ -19,6 +19,7 @@ from kevload import __version__, aio, exitcode
 from kevload.compare.stats import samples_for_bound
 from kevload.errors import InputError, KevloadError
 from kevload.exitcode import ExitCode
+from kevload.guide.diagnose import MIN_OK
 from kevload.inputs.grading import BadGrading, Grading, checked
 from kevload.inputs.models import MAX_TOKENS, read_messages
 from kevload.inputs.scenario import (
@@ -492,8 +493,8 @@ def demo(targets: str, samples: int) -> None:
               help="JSON file with a chat messages list, instead of --prompt.")
 @click.option("--params", "params_json", default="{}", help="Current request params as JSON (what production sends).")
 @click.option("--max-tokens", type=click.IntRange(min=1, max=MAX_TOKENS), default=48, show_default=True)
-@click.option("--samples", type=click.IntRange(min=2, max=MAX_SAMPLES), default=6, show_default=True,
-              help="Samples per step.")
+@click.option("--samples", type=click.IntRange(min=MIN_OK, max=MAX_SAMPLES), default=6, show_default=True,
+              help=f"Samples per step (at least {MIN_OK}: fewer ok ones leave a step nothing to conclude).")
 @click.option("--max-concurrency", type=click.IntRange(min=2, max=MAX_CONCURRENCY), default=4, show_default=True)
 @click.option("--api", type=click.Choice(APIS), default="chat", show_default=True)
 @click.option("--timeout", type=_Finite(min=0.1, max=MAX_SECONDS), default=60.0, show_default=True)

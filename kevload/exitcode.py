@@ -86,8 +86,9 @@ def for_sweep(verdicts: Iterable[SweepVerdict]) -> ExitCode:
 
 
 def for_diagnosis(*, target_failed: bool, verdict: str) -> ExitCode:
-    """``kevload diagnose``: TARGET when the target failed a step, OK when the output is stable, DRIFT for any cause."""
-    if target_failed:
+    """``kevload diagnose``: TARGET when the target failed a step or the verdict is ``inconclusive`` (too few ok
+    samples: evidence short, as for a run), OK when the output is stable, DRIFT for any cause."""
+    if target_failed or verdict == "inconclusive":
         return ExitCode.TARGET
     return ExitCode.OK if verdict == "stable" else ExitCode.DRIFT
 

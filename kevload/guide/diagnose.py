@@ -33,7 +33,7 @@ VERDICTS: tuple[Cause, ...] = get_args(Cause)
 FIXING_FIELDS: dict[str, Any] = {"temperature": 0, "top_p": 1, "top_k": 1, "seed": 1234, "do_sample": False}
 SEEDS = (1234, 987654, 55555)
 SAMPLING_TEMPERATURE = 0.8  # what the randomness findings sample at when the user's temperature is 0
-_MIN_OK = 3  # fewer ok samples than this in a step and nothing can be concluded from it
+MIN_OK = 3  # fewer ok samples than this in a step and nothing can be concluded from it (--samples' least)
 _TARGET_BOUND = 0.01
 # Steps that must all have run before "no cause found" may be called stable.
 _CONFIG_STEPS = ("baseline", "fixed", "cache", "concurrency_single", "concurrency_mixed")
@@ -294,7 +294,7 @@ def decide(evidence: Evidence, run_all: bool = False) -> Diagnosis:
     )
 
 
-def samples_needed(ok: int, samples: int, want: int = _MIN_OK) -> int | None:
+def samples_needed(ok: int, samples: int, want: int = MIN_OK) -> int | None:
     """Samples per step for ``want`` ok ones at the success share seen (ok of samples); None if none was ok."""
     if ok <= 0:
         return None
@@ -338,12 +338,12 @@ def _unusable(evidence: Evidence) -> tuple[str, str] | None:
         errors = counts_text(failed.errors)
         return (f"the target failed in step {failed.key} ({failed.ok} ok of {failed.samples}, errors {errors})",
                 f"fix the errors ({errors}) and rerun")
-    weak = [s for s in (evidence.step("baseline"), evidence.step("fixed")) if s is not None and s.ok < _MIN_OK]
+    weak = [s for s in (evidence.step("baseline"), evidence.step("fixed")) if s is not None and s.ok < MIN_OK]
     if not weak:
         return None
     step = min(weak, key=lambda s: s.ok)
     need = samples_needed(step.ok, step.samples)
-    reason = f"too few samples: {step.ok} ok of {step.samples} in step {step.key}, {_MIN_OK} at least are needed"
+    reason = f"too few samples: {step.ok} ok of {step.samples} in step {step.key}, {MIN_OK} at least are needed"
     if need is None:
         return reason, f"fix the errors ({counts_text(step.errors)}): no call succeeded"
     return reason, (f"raise --samples to {need} ({need - step.samples} more per step)"

@@ -25,3 +25,10 @@ def test_sweeps_and_reruns_take_the_worst_setting_or_case():
     moves = {"no answer": [], "changed": ["c1"], "stable→unstable": []}
     assert exitcode.for_rerun(moves, mismatched=[], accepted=False) == ExitCode.DRIFT
     assert exitcode.for_rerun(moves, mismatched=[], accepted=True) == ExitCode.OK
+
+
+def test_an_inconclusive_diagnosis_is_evidence_short_not_drift():
+    assert exitcode.for_diagnosis(target_failed=False, verdict="inconclusive") == ExitCode.TARGET
+    assert exitcode.for_diagnosis(target_failed=True, verdict="inconclusive") == ExitCode.TARGET
+    assert exitcode.for_diagnosis(target_failed=False, verdict="crosstalk") == ExitCode.DRIFT
+    assert exitcode.for_diagnosis(target_failed=False, verdict="stable") == ExitCode.OK

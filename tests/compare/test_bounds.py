@@ -78,7 +78,7 @@ def test_an_absurd_probe_max_tokens_is_refused_inline_and_in_a_dataset(tmp_path)
     (("diagnose", "--url", NOWHERE, "--model", "m", "--prompt", "x", "--timeout", "nan"),
      "Invalid value for '--timeout': 'nan' is not a finite number"),
     (("diagnose", "--url", NOWHERE, "--model", "m", "--prompt", "x", "--samples", "100000000000"),
-     "Invalid value for '--samples': 100000000000 is not in the range 2<=x<=10000000"),
+     "Invalid value for '--samples': 100000000000 is not in the range 3<=x<=10000000"),
     (("cases", "rerun", "cases.jsonl", "--url", NOWHERE, "--model", "m", "-o", "out.jsonl", "--times", "10000000000"),
      "Invalid value for '--times': 10000000000 is not in the range 2<=x<=10000000"),
     # Eight axes of ten values: 10⁸ settings, refused before one is made.

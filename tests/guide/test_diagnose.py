@@ -153,6 +153,14 @@ def test_inconclusive_when_target_fails(tmp_path, server):
     assert d["verdict"] == "inconclusive"
 
 
+def test_fewer_samples_than_a_step_can_conclude_from_are_bad_usage_before_anything_is_sent(tmp_path, server):
+    # Two samples always ended "inconclusive: 3 at least are needed", and exit 1, the drift code.
+    code, output = run_cli("diagnose", "--url", server.url, "--model", "fake", "--prompt", "hi", "--samples", "2",
+                           "--out", tmp_path / "runs")
+    assert code == 2 and "'--samples': 2 is not in the range 3<=x" in output, output
+    assert server.requests == [] and not (tmp_path / "runs").exists()
+
+
 @pytest.mark.parametrize(("args", "expected"), [
     (["--params", "[1]"], "--params: expected a JSON object"),
     (["--prompt", "x", "--messages", "m.json"], "exactly one of --prompt"),
