@@ -35,6 +35,7 @@ from kevload.inputs.scenario import (
     toml_value,
 )
 from kevload.load.runs import finish_run, refuse_existing, resumed_scenario, run_scenario
+from kevload.outputs import gradedview
 from kevload.outputs.report import FORMATS, render, slo_line, verdict_line, visible
 from kevload.records.rundir import RunDir
 from kevload.records.store import Record, default_run_dir
@@ -166,7 +167,8 @@ def _on_target(builtin: str | None, settings: TargetSettings | None,
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Run directory (default results/<run-id>); one that holds a run is refused.")
 @click.option("--overwrite", is_flag=True, help="Let --out replace the run already in it (its records are removed).")
-@click.option("--quiet", is_flag=True, help="No progress bar and no table; only the verdict line.")
+@click.option("--quiet", is_flag=True, help="No progress bar and no table; only the verdict line and a line for "
+              "each other reason the exit code is not 0.")
 @click.option("--baseline", type=click.Path(exists=True, path_type=Path),
               help="An earlier run dir or summary.json: new drift, unseen outputs, slower latency, or drift in a "
                    "cell the baseline lacks or whose input changed exit 1.")
@@ -374,10 +376,14 @@ def _write_metrics(path: Path, summary: RunSummary, run_dir: Path) -> None:
 
 
 def _print_summary(summary: RunSummary, quiet: bool) -> None:
+    """The table; quiet, the verdict line and one line for each other reason the run can exit non-zero (the SLO,
+    answers load turned bad, load.min_good_share, a grader that failed), in the table's words: a CI log that shows
+    a failed job shows why."""
     if quiet:
-        click.echo(visible(verdict_line(summary)))
-        if summary.slo:
-            click.echo(visible(slo_line(summary)))
+        lines = [verdict_line(summary), *([slo_line(summary)] if summary.slo else []),
+                 *gradedview.turned_bad_lines(summary), *gradedview.gate_lines(summary)]
+        for line in lines:
+            click.echo(visible(line))
     else:
         render(summary, "table", Console())
 

@@ -144,20 +144,31 @@ def lines(summary: RunSummary) -> list[str]:
     cells = [c for c in summary.probe_cells() if c.graded_good is not None]
     out = []
     if aggregate_only(summary):
-        flipped = [c.name for c in cells if c.flips_good_to_bad]
         stayed = [c.name for c in cells if cell_mark(c) == " ✓"]
-        if flipped:
-            out.append(f"{len(flipped)} probe cells with answers load turned bad: {_names(flipped)}")
+        out += turned_bad_lines(summary)
         if stayed:
             out.append(f"{len(stayed)} probe cells drifted with every answer still good")
     else:
         out += [line for c in cells if (line := cell_line(c)) is not None]
+    return out + gate_lines(summary)
+
+
+def turned_bad_lines(summary: RunSummary) -> list[str]:
+    """The probe cells where load turned a good serial answer bad, in one line (none without any): what
+    ``--fail-on bad`` fails on beside ``gate_lines``."""
+    flipped = summary.bad_cells or ()
+    return [f"{len(flipped)} probe cells with answers load turned bad: {_names(flipped)}"] if flipped else []
+
+
+def gate_lines(summary: RunSummary) -> list[str]:
+    """The graded reasons a run fails, one line each: accuracy that fell significantly, cells under
+    load.min_good_share, a python grader that failed."""
+    out = []
     if summary.accuracy_fell_levels:
         out.append("accuracy fell significantly (McNemar p < 0.05) at " + ", ".join(summary.accuracy_fell_levels))
     if summary.good_share_failed_cells:
         out.append(f"under load.min_good_share {summary.min_good_share:.1%}: {_names(summary.good_share_failed_cells)}")
-    out += [f"grader failed: {error}" for error in summary.grade_errors or ()]
-    return out
+    return out + [f"grader failed: {error}" for error in summary.grade_errors or ()]
 
 
 def _names(names: tuple[str, ...] | list[str]) -> str:
