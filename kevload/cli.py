@@ -112,6 +112,21 @@ def _url_or_target(url: str | None, model: str | None, builtin: str | None) -> N
         raise InputError("--target starts its own server: give no --url or --model with it")
 
 
+def _set_keys(overrides: tuple[str, ...]) -> list[tuple[str, str]]:
+    """Each ``--set KEY=VALUE`` as (how it was given, KEY); a malformed one is refused where it is applied."""
+    return [(f"--set {key}", key) for key in (o.partition("=")[0].strip() for o in overrides)]
+
+
+def _refuse_set_twice(sets: list[tuple[str, str]], options: list[tuple[str, str]]) -> None:
+    """An option that sets a scenario key (``options``: the option, the key) given with a --set or --grid of that key
+    or of a table around or inside it (``sets``: how, the key) is bad usage: one of the two would be dropped without
+    a word, the run sent somewhere or something else than the command line says."""
+    for option, key in options:
+        for how, other in sets:
+            if other == key or key.startswith(other + ".") or other.startswith(key + "."):
+                raise InputError(f"{option} and {how} both set {key}: give one of them")
+
+
 def _quick_option(url: str | None, model: str | None, prompt: str | None) -> str | None:
     """The first of run's quickstart options given (--url, --model, --prompt), to name it; None when none is."""
     return next((name for name, value in (("--url", url), ("--model", model), ("--prompt", prompt))
@@ -194,6 +209,13 @@ def run(scenario: Path | None, url: str | None, model: str | None, prompt: str |
     2 bad input, 3 target failed (or inconclusive: a cell with fewer ok probe samples than asked, or none at all)."""
     from kevload.outputs.baseline import judge, load_baseline
 
+    _refuse_set_twice(_set_keys(overrides), [
+        (option, key) for option, key, value in (
+            ("--url", "target.base_url", url), ("--model", "target.model", model), ("--prompt", "probes", prompt),
+            ("--target", "target.base_url", builtin), ("--target", "target.model", builtin),
+            ("--retries", "load.retries", retries), ("--dataset-seed", "load.dataset_seed", dataset_seed),
+            ("--until-bound", "load.until_bound", until_bound), ("--workers", "load.workers", workers))
+        if value is not None])
     overrides = (*overrides, f"load.retries={retries}") if retries is not None else overrides
     overrides = (*overrides, f"load.dataset_seed={dataset_seed}") if dataset_seed is not None else overrides
     if until_bound is not None:
@@ -746,6 +768,10 @@ def sweep_command(scenario, server_cmd, builtin, grids, ready_url, ready_timeout
     grid = Grid.parse(list(grids))
     if server_cmd is not None and builtin is not None:
         raise InputError("give one of --server-cmd or --target, not both")
+    # Each setting's started server is where its runs go: a URL or model set otherwise would be dropped or win.
+    _refuse_set_twice([*_set_keys(overrides), *((f"--grid {name}", name) for name in grid.scenario)],
+                      [("--server-cmd", "target.base_url")] if server_cmd is not None else
+                      [("--target", "target.base_url"), ("--target", "target.model")] if builtin is not None else [])
     if grid.server and server_cmd is None and builtin is None:
         raise InputError("server axes in --grid need exactly one of --server-cmd or --target")
     out = out or default_run_dir("sweep")

@@ -71,3 +71,45 @@ def test_diagnose_names_the_missing_half_of_url_and_model(server):
     code, output = run_cli("diagnose", "--url", server.url, "--prompt", "hi")
     assert code == 2 and "--url needs --model NAME" in output, output
     assert server.requests == []
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (("--url", "{url}", "--model", "m", "--set", 'target.base_url="{url}"'),
+     "--url and --set target.base_url both set target.base_url"),
+    (("--url", "{url}", "--model", "m", "--set", 'target={{base_url="{url}", model="m"}}'),
+     "--url and --set target both set target.base_url"),
+    (("--url", "{url}", "--model", "m", "--set", 'target.model="other"'),
+     "--model and --set target.model both set target.model"),
+    (("--url", "{url}", "--model", "m", "--prompt", "x", "--set", 'probes=[{{id="z", prompt="q"}}]'),
+     "--prompt and --set probes both set probes"),
+    (("--target", "llamacpp", "--set", 'target.model="other"'), "--target and --set target.model both set"),
+    (("{scenario}", "--retries", "2", "--set", "load.retries=3"), "--retries and --set load.retries both set"),
+    (("{scenario}", "--dataset-seed", "2", "--set", "load.dataset_seed=3"),
+     "--dataset-seed and --set load.dataset_seed both set"),
+    (("{scenario}", "--until-bound", "5%", "--set", "load.until_bound=0.1"),
+     "--until-bound and --set load.until_bound both set"),
+    (("{scenario}", "--workers", "2", "--set", "load.workers=1"), "--workers and --set load.workers both set"),
+])
+def test_an_option_and_a_set_of_the_same_key_are_bad_usage_naming_both(tmp_path, server, options, message):
+    # Before: the --set (or the option) was dropped without a word, and the run went elsewhere or asked otherwise.
+    scenario = write_scenario(tmp_path / "s.toml", server.url)
+    given = [a.format(url=server.url, scenario=scenario) for a in options]
+    code, output = run_cli("run", *given, "--out", tmp_path / "run")
+    assert code == 2 and message in output, output
+    assert "Traceback" not in output and len(output.strip().splitlines()) == 1
+    assert server.requests == [] and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (("--server-cmd", "true {port}", "--set", 'target.base_url="http://127.0.0.1:9/v1"'),
+     "--server-cmd and --set target.base_url both set target.base_url"),
+    (("--server-cmd", "true {port}", "--grid", "target.base_url=http://127.0.0.1:9/v1,http://127.0.0.1:10/v1"),
+     "--server-cmd and --grid target.base_url both set target.base_url"),
+    (("--target", "llamacpp", "--grid", "target.model=a,b"), "--target and --grid target.model both set target.model"),
+])
+def test_a_sweep_refuses_a_url_or_model_its_started_server_would_override(tmp_path, server, options, message):
+    scenario = write_scenario(tmp_path / "s.toml", server.url)
+    grid = [] if "--grid" in options else ["--grid", "load.samples=2,3"]
+    code, output = run_cli("sweep", scenario, *options, *grid, "--out", tmp_path / "sweep")
+    assert code == 2 and message in output, output
+    assert server.requests == [] and not (tmp_path / "sweep").exists()
