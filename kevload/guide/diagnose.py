@@ -44,6 +44,8 @@ _UNTIL_STEPS = ("fixed", "concurrency_single", "concurrency_mixed")
 
 @dataclass(frozen=True)
 class DiagnoseOptions:
+    """What ``diagnose`` is asked; ``online``, ``train`` and ``out`` may be given as str, and are held as Paths."""
+
     url: str
     model: str
     probe: Probe
@@ -59,6 +61,11 @@ class DiagnoseOptions:
     out: Path | None = None
     until_bound: float | None = None  # sample the _UNTIL_STEPS' cells until drift or this 95 % bound
     max_samples: int = 1000
+
+    def __post_init__(self) -> None:
+        for name in ("online", "train", "out"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, Path(getattr(self, name)))
 
 
 # --- what the steps measure ---

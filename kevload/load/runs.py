@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
 import platform
 import sys
 import time
@@ -58,7 +59,7 @@ class RunResult:
     summary: RunSummary
 
 
-async def run_scenario(scenario: Scenario, run_dir: Path | None = None, *,
+async def run_scenario(scenario: Scenario, run_dir: str | os.PathLike[str] | None = None, *,
                        on_record: Callable[[Record], None] | None = None,
                        stop: asyncio.Event | None = None, resume: bool = False,
                        overwrite: bool = False, ray: str | None = None) -> RunResult:
@@ -69,6 +70,7 @@ async def run_scenario(scenario: Scenario, run_dir: Path | None = None, *,
     ``overwrite``, which removes that run's files and starts afresh. ``ray`` (``local``, ``auto`` or
     ``host:port``) runs the workers as actors of that Ray cluster (``kevload.load.rayworkers``).
     """
+    run_dir = None if run_dir is None else Path(run_dir)
     if ray is None:
         if scenario.load.workers > 1:
             from kevload.load.workers import check_host

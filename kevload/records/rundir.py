@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,8 +26,11 @@ class RunDir:
 
     path: Path
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", Path(self.path))  # a str from the API too: every file is path / name
+
     @classmethod
-    def open(cls, path: Path) -> RunDir:
+    def open(cls, path: str | os.PathLike[str]) -> RunDir:
         """The run in ``path``; a directory without a records file is a ``RunDirError``."""
         run = cls(path)
         if not run.record_files():
@@ -198,11 +202,11 @@ def _run_ids(path: Path) -> set[str]:
     return ids
 
 
-def read_summary(path: Path, use: str = "") -> RunSummary:
+def read_summary(path: str | os.PathLike[str], use: str = "") -> RunSummary:
     """A ``summary.json``, from this version or an older one, read typed: a key whose value does not fit its field
     (null latencies, a number for a hash), or one every summary has that is missing, is a ``RunDirError`` naming the
     file and the key. ``use``: how the command names the file in the error (``--baseline: ``)."""
-    doc = read_json(path)
+    doc = read_json(Path(path))
     expected = "expected a kevload summary.json"
     if not isinstance(doc, dict) or not isinstance(doc.get("cells"), list):
         raise RunDirError(f"{path}: {use}{expected}")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import kevload
+from tests.conftest import write_scenario
 
 
 @pytest.mark.parametrize("name", sorted(kevload._API))
@@ -34,3 +36,15 @@ def test_a_scenario_loaded_through_the_api_is_the_scenario_type():
     path = Path(__file__).resolve().parents[2] / "scenarios" / "quickstart.toml"
     scenario = kevload.load_scenario(path, ['target.base_url="http://127.0.0.1:9/v1"'])
     assert isinstance(scenario, kevload.Scenario) and scenario.target.base_url == "http://127.0.0.1:9/v1"
+
+
+def test_the_api_takes_each_path_as_a_str_or_a_path(tmp_path, server):
+    scenario = kevload.load_scenario(str(write_scenario(tmp_path / "s.toml", server.url, samples=2)))
+    result = asyncio.run(kevload.run_scenario(scenario, str(tmp_path / "run")))  # before: AttributeError on .mkdir
+    assert result.run_dir == tmp_path / "run" and result.summary.verdict == "deterministic"
+    assert kevload.read_summary(str(tmp_path / "run" / "summary.json")).to_json() == result.summary.to_json()
+    assert kevload.RunDir.open(str(tmp_path / "run")).summary().to_json() == result.summary.to_json()
+    options = kevload.DiagnoseOptions(url=server.url, model="m", probe=kevload.Probe(id="p", prompt="hi"), params={},
+                                      samples=3, max_concurrency=2, out=str(tmp_path / "diag"))
+    diagnosis = asyncio.run(kevload.diagnose(options, log=lambda _: None))
+    assert diagnosis.verdict == "stable" and (tmp_path / "diag" / "baseline" / "summary.json").is_file()
