@@ -95,7 +95,8 @@ class _Json:
 def _misfit(value: Any, hint: Any, where: str) -> str | None:
     """``where: expected …, got …`` for the deepest part of ``value``, read from JSON, that does not fit ``hint`` (a
     field's type; ``where`` names it, ``cells[3].latency.e2e`` below it); None when all of it fits. JSON has one
-    number type: an integer fits a float, a boolean fits neither."""
+    number type: an integer fits a float, a boolean fits neither. Every number a summary types is a count, a
+    position, a time, a rate or a share, so none is negative: a graded_good of -3 is no count of good answers."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (Union, types.UnionType):
         misfits = [_misfit(value, arg, where) for arg in args]
@@ -111,7 +112,7 @@ def _misfit(value: Any, hint: Any, where: str) -> str | None:
     fits = (hint is Any or (hint is type(None) and value is None) or (origin is Literal and value in args)
             or (hint is bool and isinstance(value, bool)) or (hint is str and isinstance(value, str))
             or (hint in (int, float) and isinstance(value, hint if hint is int else int | float)
-                and not isinstance(value, bool)))
+                and not isinstance(value, bool) and value >= 0))
     return None if fits else f"{where}: expected {_expected(hint)}, got {_shown(value)}"
 
 
@@ -126,8 +127,10 @@ def _expected(hint: Any, plural: bool = False) -> str:
         return f"{'lists' if plural else 'a list'} of {_expected(args[0], True)}"
     if origin is dict:
         return f"{'objects' if plural else 'an object'} of {_expected(args[1], True)}"
-    words = {type(None): ("null", "nulls"), bool: ("true or false", "booleans"), int: ("an integer", "integers"),
-             float: ("a number", "numbers"), str: ("a string", "strings"), Any: ("any value", "any values")}
+    words = {type(None): ("null", "nulls"), bool: ("true or false", "booleans"),
+             int: ("a non-negative integer", "non-negative integers"),
+             float: ("a non-negative number", "non-negative numbers"),
+             str: ("a string", "strings"), Any: ("any value", "any values")}
     if hint not in words:
         raise TypeError(f"no JSON rule for {hint!r}")  # a field of a type added without one here
     return words[hint][plural]

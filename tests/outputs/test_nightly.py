@@ -143,10 +143,15 @@ def test_a_baseline_cell_without_an_ok_sample_is_quoted_as_such(tmp_path, server
 
 
 @pytest.mark.parametrize("key, value, named", [
-    ("latency", None, "cells[1].latency: expected an object of objects of numbers, got null"),
+    ("latency", None, "cells[1].latency: expected an object of objects of non-negative numbers, got null"),
     ("output_hashes", None, "cells[1].output_hashes: expected a list of strings, got null"),
     ("output_hashes", [3], "cells[1].output_hashes[0]: expected a string, got 3"),
     ("drift", "no", 'cells[1].drift: expected true or false, got "no"'),
+    # Counts, times and shares are never negative: a graded_good of -3 was read as a good answer.
+    ("graded_good", -3, "cells[1].graded_good: expected a non-negative integer or null, got -3"),
+    ("ok", -1, "cells[1].ok: expected a non-negative integer, got -1"),
+    ("errors", {"http_500": -2}, "cells[1].errors.http_500: expected a non-negative integer, got -2"),
+    ("latency", {"e2e": {"p50": -0.5}}, "cells[1].latency.e2e.p50: expected a non-negative number, got -0.5"),
 ])
 def test_a_baseline_of_the_wrong_types_exits_2_before_anything_is_sent(tmp_path, server, key, value, named):
     nightly(tmp_path, server, "good")
