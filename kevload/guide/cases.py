@@ -92,10 +92,14 @@ def build_cases(run_dirs: list[Path], cases_path: Path, *, target_name: str | No
 
 def target_name_of(base_url: str) -> str:
     """The server part of a case's identity: host and port (the path and any credentials left out)."""
-    parsed = urlparse(base_url)
-    host = parsed.hostname or ""
+    try:
+        parsed = urlparse(base_url)
+        host, port = parsed.hostname or "", parsed.port
+    except ValueError:  # an edited run.json: no run sends to such a URL
+        raise ScenarioError(f"target.base_url: expected a URL with a host and a port from 1 to 65535, got "
+                            f"{base_url!r}") from None
     host = f"[{host}]" if ":" in host else host
-    return f"{host}:{parsed.port or (443 if parsed.scheme == 'https' else 80)}"
+    return f"{host}:{port or (443 if parsed.scheme == 'https' else 80)}"
 
 
 def cases_from_run(run: RunDir, *, target_name: str | None = None) -> tuple[list[dict[str, Any]],
@@ -108,7 +112,11 @@ def cases_from_run(run: RunDir, *, target_name: str | None = None) -> tuple[list
     # The probe's index is the engine's: what it seeds the companion picker with (case_load).
     index_of = {str(p["id"]): i for i, p in enumerate(probe_list)}
     params = scenario.get("params", {})
-    target = {"name": target_name or target_name_of(meta["target"]["base_url"]), "model": meta["target"]["model"]}
+    try:
+        name = target_name or target_name_of(meta["target"]["base_url"])
+    except ScenarioError as bad:
+        raise ScenarioError(f"{run.run_json}: {bad}") from None
+    target = {"name": name, "model": meta["target"]["model"]}
     recorded_at = meta.get("ended_at") or meta.get("started_at")
     outputs: dict[tuple[str, int, float | None], Counter] = {}
     for r in run.evidence():

@@ -194,6 +194,16 @@ def first_companions(run_dir: Path, probe: str) -> list[str]:
     return [r["probe"] for r in records[start - 2:start]]
 
 
+def test_build_from_a_run_json_whose_url_cannot_be_read_names_the_file_and_key(tmp_path, server):
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2)
+    assert run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")[0] == 0
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    meta["target"]["base_url"] = "http://127.0.0.1:99999/v1"
+    (tmp_path / "run" / "run.json").write_text(json.dumps(meta))
+    code, output = run_cli("cases", "build", tmp_path / "run", "-o", tmp_path / "cases.jsonl")
+    assert code == 2 and "run.json: target.base_url: expected a URL" in output and "Traceback" not in output, output
+
+
 def test_bad_case_file_exits_2(tmp_path, server):
     bad = tmp_path / "cases.jsonl"
     bad.write_text('{"id": "x", "input": "hi"}\n')

@@ -96,6 +96,14 @@ def test_resume_of_a_run_with_url_credentials_never_sends_the_redacted_placehold
     assert sent and all(a == "Basic dXNlcjpzM2NyZXQtcHc=" for a in sent)
 
 
+@pytest.mark.parametrize("url", ["http://[::1/v1", "http://127.0.0.1:99999/v1", "http://127.0.0.1:8000/v1 "])
+def test_resume_with_a_url_that_cannot_be_sent_to_is_refused_naming_the_key(tmp_path, server, url):
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2)
+    assert run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")[0] == 0
+    code, output = run_cli("run", "--resume", tmp_path / "run", "--quiet", "--set", f'target.base_url="{url}"')
+    assert code == 2 and "target.base_url" in output and "Traceback" not in output, output
+
+
 def test_resume_of_a_duration_run_does_not_resend_completed_levels(tmp_path, server):
     """The docs: '`kevload run --resume DIR` finishes an interrupted one'. A run with load.duration killed
     in its second rate level is resumed: the first level, complete on disk, is sent again for its whole
