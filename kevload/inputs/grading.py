@@ -4,7 +4,7 @@
 A probe with neither ``expected`` nor ``grade`` is ungraded. ``expected`` alone picks the grader from its kind (a
 string: ``exact``, a number: ``number``, a list: ``one_of``); ``json``, ``json_schema`` and ``python:…`` graders
 may go without ``expected`` (``json``: the answer parses; ``json_schema``: the schema is ``expected``, a table or
-the path of a JSON file; ``python:module:function``: gets ``expected`` as it is, None when absent).
+the path of a JSON file; ``python:module:function``: gets ``expected`` as run.json keeps it, None when absent).
 
 Grading runs once per distinct output of a cell (``kevload.compare.graded``), never per request.
 """
@@ -32,6 +32,10 @@ _NEEDS = {"exact": "a string", "contains": "a non-empty string", "regex": "a reg
           "choice": "one letter from A to J", "json": None, "json_schema": None}
 LETTERS = "ABCDEFGHIJ"  # MMLU's four, MMLU-Pro's ten
 CHOICE_EXPECTED = f"one letter from {LETTERS[0]} to {LETTERS[-1]}"
+# run.json keeps ``expected`` as JSON and `kevload report` grades from it: a value JSON changes on the way (a TOML date
+# becomes a string, nan null) would grade the same answers otherwise there than in the run.
+JSON_EXPECTED = ("a value JSON keeps as it is (strings, finite numbers, integers within 64 bits, booleans, lists and "
+                 "tables of them; no TOML date or time, no nan or inf), as run.json keeps it for kevload report")
 _MAX_SHOWN = 120  # characters of an answer quoted in an error
 
 
@@ -85,18 +89,18 @@ def checked(expected: Any, grade: Any, tolerance: Any, base: Path) -> Grading | 
         grade = _default_grade(expected)
     if not isinstance(grade, str) or not (grade in GRADES or grade.startswith(PYTHON)):
         raise BadGrading("grade", GRADE_EXPECTED, grade)
-    tolerance = 0.0 if tolerance is None else tolerance
-    if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or not 0 <= tolerance < math.inf:
+    tol = 0.0 if tolerance is None else _finite(tolerance)
+    if tol is None or tol < 0:
         raise BadGrading("grade_tolerance", "a number >= 0 (how far the answer's number may be from expected)",
                          tolerance)
-    if tolerance and grade != "number":
+    if tol and grade != "number":
         raise BadGrading("grade_tolerance", f'grade = "number" beside it (grade is "{grade}")', tolerance)
     if grade.startswith(PYTHON):
         # Imported now: a bad path fails before anything is sent.
-        return Grading(grade, expected, float(tolerance), python_grader(grade, base))
+        return Grading(grade, _as_kept(expected), tol, python_grader(grade, base))
     if expected is None and _NEEDS[grade] is not None:
         raise BadGrading("expected", f"{_NEEDS[grade]} beside grade = \"{grade}\"", None)
-    return Grading(grade, _expected(grade, expected, base), float(tolerance))
+    return Grading(grade, _expected(grade, expected, base), tol)
 
 
 def _default_grade(expected: Any) -> str:
@@ -125,17 +129,58 @@ def _expected(grade: str, expected: Any, base: Path) -> Any:
             all(isinstance(x, str) for x in expected):
         return tuple(expected)
     if grade == "number":
-        value = _number(expected) if isinstance(expected, str) else expected
-        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-            return float(value)
+        value = _number(expected) if isinstance(expected, str) else _finite(expected)
+        if value is not None:
+            return value
     if grade == "choice" and isinstance(expected, str) and len(expected.strip()) == 1 \
             and expected.strip().upper() in LETTERS:
         return expected.strip().upper()
     if grade == "json":
-        return expected  # any JSON value (TOML's tables, lists, strings, numbers): the answer must equal it
+        return _as_kept(expected)  # any JSON value (TOML's tables, lists, strings, numbers): the answer must equal it
     if grade == "json_schema":
-        return _schema(expected, base)
+        return _as_kept(_schema(expected, base))
     raise BadGrading("expected", need, expected)
+
+
+def _finite(value: Any) -> float | None:
+    """A number as the float graders compare, or None: no bool, nothing beyond a float's range (a TOML integer may
+    have 400 digits), no nan or inf."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+_INT_RANGE = (-(2**63), 2**64)  # what orjson writes and reads back as an integer
+
+
+def _as_kept(expected: Any) -> Any:
+    """An ``expected`` that any value may be (``json``, ``json_schema``, ``python:``) as run.json keeps it (tables by
+    sorted key), so a grader sees the same value in the run and in `kevload report`; ``BadGrading`` naming the part
+    JSON would not keep as it is. The other graders' normal forms are strings, letters and finite floats already."""
+    misfit = _json_misfit(expected)
+    if misfit is not None:
+        raise BadGrading(f"expected{misfit[0]}", JSON_EXPECTED, misfit[1])
+    return orjson.loads(orjson.dumps(expected, option=orjson.OPT_SORT_KEYS))
+
+
+def _json_misfit(value: Any, where: str = "") -> tuple[str, Any] | None:
+    """The first part of ``value`` JSON does not keep as it is, as (its path below the value, the part); None when
+    every part fits."""
+    if value is None or isinstance(value, bool | str):
+        return None
+    if isinstance(value, int):
+        return None if _INT_RANGE[0] <= value < _INT_RANGE[1] else (where, value)
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (where, value)
+    if isinstance(value, list | tuple):
+        return next((m for i, v in enumerate(value) if (m := _json_misfit(v, f"{where}[{i}]"))), None)
+    if isinstance(value, dict):
+        return next((m for k, v in value.items() if (m := _json_misfit(v, f"{where}.{k}"))), None)
+    return where, value
 
 
 def _schema(expected: Any, base: Path) -> dict[str, Any]:

@@ -7,10 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kevload.errors import ScenarioError
-from kevload.inputs.grading import BadGrading, GraderFailed, checked, choice_letter, last_number
+from kevload.inputs.grading import GRADES, BadGrading, GraderFailed, Grading, checked, choice_letter, last_number
 from kevload.inputs.scenario import load_scenario
+from kevload.records.store import read_json, write_json
 from tests.conftest import run_cli, write_scenario
 
 HERE = Path(".")
@@ -179,3 +182,74 @@ def test_conversation_probes_are_not_graded(tmp_path):
         {"id": "p1", "turns": [{"user": "hi"}], "expected": "x"}])
     code, out = run_cli("run", path)
     assert code == 2 and "probes[0].grade: expected no grading on a conversation probe" in out
+
+
+@pytest.mark.parametrize(("toml", "grade", "key", "got"), [
+    ("1979-05-27", "json", "probes[0].expected", "datetime.date(1979, 5, 27)"),
+    ("nan", "json", "probes[0].expected", "nan"),
+    ("-inf", "json", "probes[0].expected", "-inf"),
+    ("{ when = 07:32:00 }", "json", "probes[0].expected.when", "datetime.time(7, 32)"),
+    ("[1, 1979-05-27T07:32:00Z]", "python:json:dumps", "probes[0].expected[1]", "datetime.datetime(1979, 5, 27"),
+    ("100000000000000000000", "json", "probes[0].expected", "100000000000000000000"),
+    ('{ type = "string", const = 1979-05-27 }', "json_schema", "probes[0].expected.const", "datetime.date")])
+def test_an_expected_json_would_change_is_refused_before_anything_is_sent(tmp_path, server, toml, grade, key, got):
+    # run.json keeps expected as JSON and `kevload report` grades from it: a TOML date (a string there), nan (null)
+    # or an integer beyond 64 bits (no JSON number orjson writes) would be graded otherwise there, or not written.
+    path = write_scenario(tmp_path / "s.toml", server.url, probes=[
+        {"id": "d", "prompt": "A date.", "grade": grade, "expected": "@EXPECTED@"}])
+    path.write_text(path.read_text().replace('"@EXPECTED@"', toml))
+    code, out = run_cli("run", path, "--out", tmp_path / "r")
+    assert code == 2, out
+    assert f"{path}: {key}: expected a value JSON keeps as it is" in out and f"got {got}" in out, out
+    assert server.requests == [] and "Traceback" not in out
+
+
+def test_an_expected_given_by_set_is_checked_the_same(tmp_path, server):
+    path = write_scenario(tmp_path / "s.toml", server.url)
+    code, out = run_cli("run", path, "--set", 'probes=[{id="n", prompt="x", grade="json", expected=nan}]')
+    assert code == 2 and "probes[0].expected: expected a value JSON keeps as it is" in out, out
+
+
+def test_a_number_beyond_a_floats_range_is_bad_grading_not_a_crash():
+    for expected, tolerance, key in ((10**400, None, "expected"), (42, 10**400, "grade_tolerance")):
+        with pytest.raises(BadGrading) as bad:
+            checked(expected, None, tolerance, HERE)
+        assert bad.value.key == key
+    assert checked(10**27, None, None, HERE).expected == 1e27  # beyond 64 bits, yet a float: its normal form fits
+
+
+# What TOML can give as ``expected`` (JSONL lines give less): dates, times, nan, inf, integers of any size.
+_LEAF = (st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=4)
+         | st.sampled_from(["A", "c", "42", "4.2e1", "(", "a+"]) | st.dates() | st.times() | st.datetimes())
+_TOML_VALUES = st.recursive(_LEAF, lambda inner: st.lists(inner, max_size=3)
+                            | st.dictionaries(st.text(max_size=3), inner, max_size=3), max_leaves=5)
+_USER_GRADER = "python:roundtrip_grader:same"
+
+
+@pytest.fixture(scope="module")
+def grader_dir(tmp_path_factory) -> Path:
+    base = tmp_path_factory.mktemp("graders")
+    # A user's grader that sees expected exactly: a date and the string run.json writes for it differ here.
+    (base / "roundtrip_grader.py").write_text("def same(answer, probe, expected):\n"
+                                              "    return answer == repr(expected)\n")
+    return base
+
+
+@settings(max_examples=300, deadline=None)
+@given(expected=_TOML_VALUES, grade=st.sampled_from((None, *GRADES, _USER_GRADER)),
+       tolerance=st.sampled_from((None, 0, 0.5)), answer=st.text(max_size=8))
+def test_every_grading_accepted_grades_alike_from_run_json(grader_dir, expected, grade, tolerance, answer):
+    """Whatever a scenario gives, a grading accepted at load grades every answer as the one `kevload report` reads
+    back from run.json does; what would not is refused at load (BadGrading, no other exception)."""
+    try:
+        grading = checked(expected, grade, tolerance, grader_dir)
+    except BadGrading:
+        return
+    if grading is None:
+        return
+    run_json = grader_dir / "run.json"
+    write_json(run_json, {"grading": {"p": grading.to_json()}})
+    again = Grading.from_json(read_json(run_json)["grading"]["p"], grader_dir)
+    written = json.dumps(read_json(run_json)["grading"]["p"]["expected"])
+    for text in (answer, written, f"The answer is {written}.", repr(expected), repr(grading.expected)):
+        assert grading.good(text, "p") == again.good(text, "p"), (text, grading, again)
