@@ -14,6 +14,7 @@ from kevload.errors import ScenarioError
 from kevload.inputs.grading import GRADES, BadGrading, GraderFailed, Grading, checked, choice_letter, last_number
 from kevload.inputs.scenario import load_scenario
 from kevload.records.store import read_json, write_json
+from tests.bounded import Kevload
 from tests.conftest import run_cli, write_scenario
 
 HERE = Path(".")
@@ -62,6 +63,55 @@ def test_number_grade_with_tolerance():
     ("A is wrong; answer: C", "C"), ("The answer is a cat.", None), ("adoption B", None), ("answer: b", "B")])
 def test_choice_reads_the_letter_as_mmlu_graders_do(answer, letter):
     assert choice_letter(answer) == letter
+
+
+@pytest.mark.parametrize(("answer", "letter"), [
+    ("Answer: C. Option A is wrong because it is a vehicle.", "C"), ("The correct answer is C, not option A.", "C"),
+    ("答案是C，选项A不对", "C"), ("The answer is C. Answer A is a distractor.", "C"),
+    ("The answer is option C. Option A is wrong.", "C"), ("答案是选项C，选项A不对", "C"),
+    ("I think option A is a trap; the correct option is D", "D"), ("选项A和选项C中，应选C", "C"),
+    ("The answer is B. Wait, no: the answer is C.", "C"),  # a model correcting itself: its last answer
+    ("Option B is correct.", "B"), ("Option A seems right", "A"),  # a mention alone is read where nothing else is
+    ("Answer: (b) because", "B"), ("The answer is\nD", "D"), ("The final answer is D.", "D")])
+def test_choice_an_answer_head_wins_over_a_mention_of_an_option(answer, letter):
+    assert choice_letter(answer) == letter
+
+
+@pytest.mark.parametrize(("answer", "letter"), [
+    ("The answer is I think B", "B"), ("The answer is, I think, B.", "B"), ("Answer: I would say D", "D"),
+    ("Answer: I'm not sure", None), ("Answer: a cat", None), ("Answer: A car is no fruit, so B", None),
+    ("The answer is a cat.", None),
+    # The letters themselves, where the words cannot be meant.
+    ("The answer is I.", "I"), ("The answer is I because it fits", "I"), ("Answer: a", "A"), ("Answer: I", "I"),
+    ("The answer is A because", "A"), ("The answer is A\nthe others are wrong", "A"), ("Option I seems right", "I"),
+    ("Answer: A Paris", "A"), ("I'd say the answer is (d)", "D")])
+def test_choice_reads_a_and_i_as_words_where_they_are_the_article_or_pronoun(answer, letter):
+    assert choice_letter(answer) == letter
+
+
+def test_choice_grades_an_answer_that_rules_an_option_out_by_its_answer(tmp_path, server):
+    server.behaviour.answer_for = lambda prompt, overlap: "Answer: C. Option A is wrong because a car is no fruit."
+    path = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2, probes=[
+        {"id": "fruit", "prompt": "Which is a fruit? A. car B. stone C. banana D. chair", "expected": "C",
+         "grade": "choice"}])
+    code, out = run_cli("run", path, "--out", tmp_path / "r", "--quiet")
+    (cell,) = json.loads((tmp_path / "r" / "summary.json").read_text())["cells"]
+    assert (cell["graded_good"], cell["graded_bad"]) == (2, 0), out
+    assert code == 0, out
+
+
+def test_an_answer_head_followed_by_blanks_is_graded_in_moments(tmp_path, server):
+    # The answer is the server's: blanks after a head ("Answer:" then 300 kB of tabs and newlines; no spaces, which
+    # the fake server would stream as 300 000 tokens) once cost a step per way to split them between the regex's
+    # gaps (minutes here, hours for a megabyte), and the run hung in its summary.
+    server.behaviour.answer_for = lambda prompt, overlap: "Answer:" + "\t\n" * 150_000 + "x(Answer:\t" + "\n" * 9
+    path = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2, probes=[
+        {"id": "pick", "prompt": "Pick one.", "expected": "B", "grade": "choice"}])
+    with Kevload("run", path, "--out", tmp_path / "r", "--quiet") as kevload:
+        ended = kevload.end(timeout=60)
+    assert ended.code == 0, ended.stderr
+    (cell,) = json.loads((tmp_path / "r" / "summary.json").read_text())["cells"]
+    assert (cell["graded_good"], cell["graded_bad"]) == (0, 2)
 
 
 def test_choice_grade():
