@@ -359,8 +359,9 @@ class RunSummary(_Json):
     # Probe cells at c > 1 whose server ran fewer requests at a time than the level while others waited.
     server_limited_cells: tuple[str, ...] | None = written_with("server_limited_cells")
     cells: tuple[CellSummary, ...] = ()
-    # Per probe id, what it asked (models.probe_inputs: hashes of its input and params, its max_tokens), so a baseline
-    # tells a changed input from a changed server; absent in runs from before it was recorded. Under
+    # Per probe id, what it asked (models.probe_inputs: hashes of its input and params, its max_tokens) and the hash
+    # of how it was graded, so a baseline tells a changed input from a changed server and pairs graded answers only
+    # under the same grader; absent in runs from before it was recorded (the grading hash: before it was apart). Under
     # load.prefix_cache's marker method the ids are the probes', not their rounds'.
     inputs: dict[str, dict[str, str | int]] | None = written_with("inputs")
     run_id: str | None = None

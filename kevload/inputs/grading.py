@@ -4,7 +4,7 @@
 A probe with neither ``expected`` nor ``grade`` is ungraded. ``expected`` alone picks the grader from its kind (a
 string: ``exact``, a number: ``number``, a list: ``one_of``); ``json``, ``json_schema`` and ``python:…`` graders
 may go without ``expected`` (``json``: the answer parses; ``json_schema``: the schema is ``expected``, a table or
-the path of a JSON file; ``python:module:function``: gets ``expected`` as it is, None when absent).
+the path of a JSON file; ``python:module:function``: gets ``expected`` as run.json keeps it, None when absent).
 
 Grading runs once per distinct output of a cell (``kevload.compare.graded``), never per request.
 
@@ -37,6 +37,10 @@ _NEEDS = {"exact": "a string", "contains": "a non-empty string", "regex": "a reg
           "choice": "one letter from A to J", "json": None, "json_schema": None}
 LETTERS = "ABCDEFGHIJ"  # MMLU's four, MMLU-Pro's ten
 CHOICE_EXPECTED = f"one letter from {LETTERS[0]} to {LETTERS[-1]}"
+# run.json keeps ``expected`` as JSON and `kevload report` grades from it: a value JSON changes on the way (a TOML date
+# becomes a string, nan null) would grade the same answers otherwise there than in the run.
+JSON_EXPECTED = ("a value JSON keeps as it is (strings, finite numbers, integers within 64 bits, booleans, lists and "
+                 "tables of them; no TOML date or time, no nan or inf), as run.json keeps it for kevload report")
 _MAX_SHOWN = 120  # characters of an answer quoted in an error
 IMPORT = "import"  # python graders are imported (a scenario the user runs)
 NAMES_ONLY = "names only"  # their names are checked, nothing imported (inputs read back, no answer graded)
@@ -120,11 +124,11 @@ def checked(expected: Any, grade: Any, tolerance: Any, base: Path) -> Grading | 
         grade = _default_grade(expected)
     if not isinstance(grade, str) or not (grade in GRADES or grade.startswith(PYTHON)):
         raise BadGrading("grade", GRADE_EXPECTED, grade)
-    tolerance = 0.0 if tolerance is None else tolerance
-    if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or not 0 <= tolerance < math.inf:
+    tol = 0.0 if tolerance is None else _finite(tolerance)
+    if tol is None or tol < 0:
         raise BadGrading("grade_tolerance", "a number >= 0 (how far the answer's number may be from expected)",
                          tolerance)
-    if tolerance and grade != "number":
+    if tol and grade != "number":
         raise BadGrading("grade_tolerance", f'grade = "number" beside it (grade is "{grade}")', tolerance)
     if grade.startswith(PYTHON):
         policy = _python_policy.get()
@@ -134,10 +138,10 @@ def checked(expected: Any, grade: Any, tolerance: Any, base: Path) -> Grading | 
         if policy != IMPORT:
             raise BadGrading("grade", policy, grade)
         # Imported now: a bad path fails before anything is sent.
-        return Grading(grade, expected, float(tolerance), python_grader(grade, base))
+        return Grading(grade, _as_kept(expected), tol, python_grader(grade, base))
     if expected is None and _NEEDS[grade] is not None:
         raise BadGrading("expected", f"{_NEEDS[grade]} beside grade = \"{grade}\"", None)
-    return Grading(grade, _expected(grade, expected, base), float(tolerance))
+    return Grading(grade, _expected(grade, expected, base), tol)
 
 
 def _default_grade(expected: Any) -> str:
@@ -166,17 +170,58 @@ def _expected(grade: str, expected: Any, base: Path) -> Any:
             all(isinstance(x, str) for x in expected):
         return tuple(expected)
     if grade == "number":
-        value = _number(expected) if isinstance(expected, str) else expected
-        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-            return float(value)
+        value = _number(expected) if isinstance(expected, str) else _finite(expected)
+        if value is not None:
+            return value
     if grade == "choice" and isinstance(expected, str) and len(expected.strip()) == 1 \
             and expected.strip().upper() in LETTERS:
         return expected.strip().upper()
     if grade == "json":
-        return expected  # any JSON value (TOML's tables, lists, strings, numbers): the answer must equal it
+        return _as_kept(expected)  # any JSON value (TOML's tables, lists, strings, numbers): the answer must equal it
     if grade == "json_schema":
-        return _schema(expected, base)
+        return _as_kept(_schema(expected, base))
     raise BadGrading("expected", need, expected)
+
+
+def _finite(value: Any) -> float | None:
+    """A number as the float graders compare, or None: no bool, nothing beyond a float's range (a TOML integer may
+    have 400 digits), no nan or inf."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+_INT_RANGE = (-(2**63), 2**64)  # what orjson writes and reads back as an integer
+
+
+def _as_kept(expected: Any) -> Any:
+    """An ``expected`` that any value may be (``json``, ``json_schema``, ``python:``) as run.json keeps it (tables by
+    sorted key), so a grader sees the same value in the run and in `kevload report`; ``BadGrading`` naming the part
+    JSON would not keep as it is. The other graders' normal forms are strings, letters and finite floats already."""
+    misfit = _json_misfit(expected)
+    if misfit is not None:
+        raise BadGrading(f"expected{misfit[0]}", JSON_EXPECTED, misfit[1])
+    return orjson.loads(orjson.dumps(expected, option=orjson.OPT_SORT_KEYS))
+
+
+def _json_misfit(value: Any, where: str = "") -> tuple[str, Any] | None:
+    """The first part of ``value`` JSON does not keep as it is, as (its path below the value, the part); None when
+    every part fits."""
+    if value is None or isinstance(value, bool | str):
+        return None
+    if isinstance(value, int):
+        return None if _INT_RANGE[0] <= value < _INT_RANGE[1] else (where, value)
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (where, value)
+    if isinstance(value, list | tuple):
+        return next((m for i, v in enumerate(value) if (m := _json_misfit(v, f"{where}[{i}]"))), None)
+    if isinstance(value, dict):
+        return next((m for k, v in value.items() if (m := _json_misfit(v, f"{where}.{k}"))), None)
+    return where, value
 
 
 def _schema(expected: Any, base: Path) -> dict[str, Any]:
@@ -319,13 +364,47 @@ def _number(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
-# After the ways MMLU-style graders read a letter (simple-evals' "Answer: X" heads in several languages, lm-eval's
-# flexible extraction of "(X)"), our own order: an answer head, then a bare letter, then a leading "X." or "X)",
-# then the last "(X)". Letters A-J; markdown emphasis and LaTeX boxes around them are dropped first.
-_HEAD = re.compile(r"(?:(?i:\b(?:answer(?:\s+is)?|correct\s+(?:answer|option|choice)(?:\s+is)?|option|choice))|"
-                   r"答案(?:是|为|应为)?|正确答案(?:是|为)?|答|选项?|应选)"
-                   # A lower-case letter only after a colon or in brackets: "the answer is a cat" names no choice.
-                   r"\s*(?:[:：]\s*[(\[]?\s*([A-Ja-j])|[(\[]\s*([A-Ja-j])\s*[)\]]|([A-J]))(?![A-Za-z])")
+# After the ways MMLU-style graders read a letter: simple-evals' "Answer: X" heads in several languages, MMLU-Pro's
+# "answer is (X)" then "Answer: X", lm-eval's flexible "(X)". Our own order: an answer head ("the answer is C",
+# "Answer: c", "答案是C", "选 A"), the last one where a model restates or corrects itself; only where none is there a
+# mention of an option ("Option B", "选项B", "answer C"), which may just as well be one ruled out ("C, not option
+# A"); then a bare letter, a leading "X." or "X)", the last "(X)". Letters A-J; markdown emphasis and LaTeX boxes
+# around them are dropped first.
+#
+# A and I are words too: after a colon a sentence may start with the article ("Answer: A car is no fruit, so B"), and
+# the pronoun may follow any answer head ("the answer is I think B", "Answer: I'm not sure"). There such a letter is
+# read only where no word follows that the word would take (a letter may be followed by these: "A because …"); an
+# option named ("option A seems right") is always a letter.
+_AFTER_LETTER = r"(?:because|since|as|and|or|is|was|which|but|so|for|with)\b"
+# The answer's text is the server's: each gap is bounded, and no two gaps meet, so a head followed by a megabyte of
+# blanks costs a few steps, not one per way to split the blanks between gaps.
+_GAP, _BLANKS = r"\s{0,8}", r"[ \t]{1,8}"
+
+
+def _letter(letters: str, words: str = "") -> str:
+    """One of ``letters`` (a regex class) that is no part of a word; one of ``words`` (taken out of ``letters``) only
+    where the article or pronoun it also is cannot be meant."""
+    if not words:
+        return rf"([{letters}])(?![A-Za-z'’])"
+    word = rf"[{words}](?!{_BLANKS}(?!{_AFTER_LETTER})[a-z])"
+    return rf"(?:((?![{words}])[{letters}])|({word}))(?![A-Za-z'’])"
+
+
+# What may follow a head: a letter after a colon (any case: "answer: b"), one in brackets, or a capital one; after an
+# answer head maybe with a hedge between ("the answer is, I think, B"; "Answer: I would say D").
+_HEDGE = rf"(?:(?:,[ \t]?)?I(?:['’][a-z]+)?{_BLANKS}(?!{_AFTER_LETTER})[a-z]+\b(?:{_BLANKS}say\b)?,?{_GAP})?"
+_OPEN = r"(?:[(\[]\s?)?"
+_BRACKETED = rf"{_GAP}[(\[]\s?([A-Ja-j])\s?[)\]]"
+_ANSWER_TAIL = (rf"(?:{_GAP}[:：]{_GAP}{_HEDGE}{_OPEN}{_letter('A-Ja-j', 'AIai')}|{_BRACKETED}"
+                rf"|{_GAP}{_HEDGE}{_letter('A-J', 'I')})")
+_NAMED = rf"(?:{_GAP}(?:(?i:option|choice)\b|选项))?"  # "the answer is option C": an answer head still
+# A lower-case letter only after a colon or in brackets: "the answer is a cat" names no choice.
+_ANSWER = re.compile(rf"(?:(?i:\b(?:answer|correct\s(?:option|choice))\s{{1,8}}(?:is|(?:would|should|must|will)\sbe)\b)"
+                     rf"|(?i:\banswer(?={_GAP}[:：(\[]))"
+                     rf"|正确答案(?:是|为)|答案(?:应该?)?(?:是|为)|答案?(?={_GAP}[:：])|应?选(?:择)?(?!项))"
+                     + _NAMED + _ANSWER_TAIL)
+_MENTION = re.compile(r"(?:(?i:\b(?:answer|option|choice))|选项|答案)"
+                      rf"(?:{_GAP}[:：]{_GAP}{_OPEN}{_letter('A-Ja-j', 'AIai')}|{_BRACKETED}|{_GAP}{_letter('A-J')})")
 _BARE = re.compile(r"\A[(\[]?\s*([A-J])\s*[)\].:：]?\Z")
 _LEADING = re.compile(r"\A[(\[]?([A-J])[)\].:：]\s")
 _PARENS = re.compile(r"[(\[]([A-J])[)\]]")
@@ -335,9 +414,10 @@ _MARKUP = re.compile(r"\*\*|__|\$|\\boxed\{|\\text(?:bf)?\{|\}")
 def choice_letter(text: str) -> str | None:
     """The multiple-choice letter an answer gives (upper case), or None when it gives none."""
     text = _MARKUP.sub("", unicodedata.normalize("NFKC", text)).strip()
-    heads = _HEAD.findall(text)
-    if heads:
-        return "".join(heads[-1]).upper()
+    for heads in (_ANSWER, _MENTION):
+        found = heads.findall(text)
+        if found:
+            return "".join(found[-1]).upper()
     for pattern in (_BARE, _LEADING):
         found = pattern.match(text)
         if found:

@@ -101,14 +101,25 @@ class Probe:
 
 def probe_inputs(probe: Probe, params: dict[str, Any]) -> dict[str, str | int]:
     """What a probe asks, as a baseline compares it (``kevload.outputs.baseline``): a hash of its input (the prompt, the
-    messages, or a conversation's turns and system message), a hash of the request params, and max_tokens. Two runs
-    whose probe has the same three asked the same thing; a changed output is then the server's."""
-    asked = {k: v for k, v in asdict(probe).items() if k not in ("id", "max_tokens") and v is not None}
-    return {"input": _sha256(asked), "params": _sha256(params), "max_tokens": probe.max_tokens}
+    messages, or a conversation's turns and system message), a hash of the request params, max_tokens, and apart
+    from them a hash of how its answers are graded (``expected``, ``grade``, ``grade_tolerance``; that of None when
+    ungraded). Two runs whose probe has the same first three asked the same thing; a changed output is then the
+    server's. A changed grading asks nothing else of the server: only the graded figures stop being comparable."""
+    # The grading keys at their defaults leave the input hash what it was when they were hashed with it (None values
+    # dropped, grade_tolerance 0.0 kept): an ungraded probe's hash matches a baseline's from before they were apart.
+    sent = replace(probe, expected=None, grade=None, grade_tolerance=0.0)
+    asked = {k: v for k, v in asdict(sent).items() if k not in ("id", "max_tokens") and v is not None}
+    graded = probe.grade is not None or probe.expected is not None
+    return {"input": _sha256(asked), "params": _sha256(params), "max_tokens": probe.max_tokens,
+            "grading": _sha256({"grade": probe.grade, "expected": probe.expected, "tolerance": probe.grade_tolerance})
+            if graded else UNGRADED}
 
 
 def _sha256(value: Any) -> str:
     return hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+UNGRADED = _sha256(None)  # ``probe_inputs``' "grading" of a probe without grading keys
 
 
 def first_bad_message(messages: Sequence[Any]) -> int | None:

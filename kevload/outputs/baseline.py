@@ -12,12 +12,14 @@ into the exit code, and its docstring states the whole gate):
 - otherwise: new drift, new latent drift, an output never seen in the baseline and slower p50 latency are
   regressions, drift or latent drift gone is an improvement (``fixed``);
 - a baseline cell this run lacks is ``missing_cell``, a regression;
-- per level, over the probes graded in both runs that ask the same (a changed ``expected`` or ``grade`` is a changed
-  input): a probe good there in the baseline (every answer graded good) and bad now is ``accuracy_lost``, a
-  regression whatever the McNemar p over the paired probes, which the line states: the same question answered
-  right before and wrong now is the change a nightly job exists to catch, and a fall too small to be significant
-  over few probes is still a right answer lost. Probes that only went bad→good are ``accuracy_gained``, an
-  improvement.
+- per level, over the probes graded in both runs that ask the same, each by the same grader: a probe good there in
+  the baseline (every answer graded good) and bad now is ``accuracy_lost``, a regression whatever the McNemar p over
+  the paired probes, which the line states: the same question answered right before and wrong now is the change a
+  nightly job exists to catch, and a fall too small to be significant over few probes is still a right answer lost.
+  Probes that only went bad→good are ``accuracy_gained``, an improvement;
+- a probe graded in both runs whose grading changed (``expected``, ``grade`` or ``grade_tolerance``: fixing a wrong
+  ``expected``) asks the server the same, so its outputs, drift and latency are compared as ever; but a grade by
+  another rule is no evidence about the server, so it is paired with nothing: ``grading_changed``, a note.
 
 Under ``--fail-on bad`` the drift kinds (new drift, new latent drift, an unseen output, a new or changed cell that
 drifts) are regressions only in a cell whose answers load made worse (``flips_good_to_bad``), as the run's own rule
@@ -35,6 +37,7 @@ from kevload import exitcode
 from kevload.compare.graded import probe_grade
 from kevload.compare.stats import mcnemar_exact
 from kevload.exitcode import ExitCode
+from kevload.inputs.models import UNGRADED
 from kevload.load.prefixcache import base_probe
 from kevload.records.rundir import RunDir, read_summary
 from kevload.summary import CellSummary, RunSummary, level_label, level_order, position_label
@@ -42,7 +45,7 @@ from kevload.summary import CellSummary, RunSummary, level_label, level_order, p
 LATENCY_METRICS = ("e2e", "ttft")
 # What changed in a cell against the baseline.
 ChangeKind = Literal["new_drift", "new_latent_drift", "unseen_output", "latency", "missing_cell", "new_cell",
-                     "input_changed", "fixed", "accuracy_lost", "accuracy_gained"]
+                     "input_changed", "fixed", "accuracy_lost", "accuracy_gained", "grading_changed"]
 FailOn = Literal["drift", "latent"]
 
 
@@ -155,20 +158,28 @@ def compare_to_baseline(current: RunSummary, baseline: RunSummary, *, max_latenc
 
 
 def accuracy_changes(current: RunSummary, baseline: RunSummary) -> list[Change]:
-    """Per mode and level, the graded probes of both runs paired by probe (those asking the same in both): a probe
-    good in the baseline and bad now makes ``accuracy_lost``, a regression; only bad→good makes ``accuracy_gained``.
-    Nothing where no probe changed grade (a run without graded probes included)."""
+    """Per mode and level, the graded probes of both runs paired by probe (those asking the same in both, graded by
+    the same rule): a probe good in the baseline and bad now makes ``accuracy_lost``, a regression; only bad→good
+    makes ``accuracy_gained``. A probe graded in both by another rule is a ``grading_changed`` note, paired with
+    nothing. Nothing where no probe changed grade (a run without graded probes included)."""
     then: dict[tuple, bool] = {}
     for c in baseline.probe_cells():
         if (grade := probe_grade(c)) is not None:
             then[_key(c)] = grade
     pairs: dict[tuple[str, int, float | None], list[tuple[bool, bool]]] = {}
+    regraded: set[str] = set()
     for c in current.probe_cells():
         now = probe_grade(c)
         if now is None or _key(c) not in then or _input_change(current, baseline, c.probe):
             continue
+        if _grading_changed(current, baseline, c.probe):
+            regraded.add(c.probe)
+            continue
         pairs.setdefault((c.mode, c.concurrency, c.rate), []).append((then[_key(c)], now))
-    changes = []
+    changes = [Change("grading_changed", probe, "graded by another rule than in the baseline (expected, grade or "
+                      "grade_tolerance changed): its grades are not paired with the baseline's, so no accuracy is "
+                      "lost or gained by them; its outputs are compared as before", regression=False)
+               for probe in sorted(regraded)]
     for (mode, concurrency, rate), graded in sorted(pairs.items(), key=lambda kv: (kv[0][0], level_order(*kv[0][1:]))):
         lost = sum(1 for was, now in graded if was and not now)
         gained = sum(1 for was, now in graded if now and not was)
@@ -221,12 +232,26 @@ def _input_change(current: RunSummary, baseline: RunSummary, probe: str) -> str:
         return ""
     parts = []
     if now.get("input") != then.get("input"):
-        parts.append("the prompt or messages")
+        # A summary from before the grading was hashed apart hashed it with the input: where either run grades the
+        # probe, which of the two changed cannot be told.
+        lumped = "grading" not in then and (now.get("grading", UNGRADED) != UNGRADED or _graded_in(baseline, probe))
+        parts.append("the prompt, messages or grading (the baseline hashed them as one)" if lumped
+                     else "the prompt or messages")
     if now.get("params") != then.get("params"):
         parts.append("params")
     if now.get("max_tokens") != then.get("max_tokens"):
         parts.append(f"max_tokens {then.get('max_tokens')} → {now.get('max_tokens')}")
     return ", ".join(parts)
+
+
+def _grading_changed(current: RunSummary, baseline: RunSummary, probe: str) -> bool:
+    """Whether the probe is graded by another rule than in the baseline (False where either run did not record it)."""
+    now, then = (_inputs_of(s, probe) or {} for s in (current, baseline))
+    return "grading" in now and "grading" in then and now["grading"] != then["grading"]
+
+
+def _graded_in(summary: RunSummary, probe: str) -> bool:
+    return any(probe_grade(c) is not None for c in summary.probe_cells() if c.probe == probe)
 
 
 def _inputs_of(summary: RunSummary, probe: str) -> dict[str, str | int] | None:

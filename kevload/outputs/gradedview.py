@@ -13,6 +13,7 @@ from typing import Any
 from rich.table import Table
 
 from kevload.compare.graded import level_name
+from kevload.outputs.spelling import visible
 from kevload.summary import CellSummary, RunSummary, label_of
 
 MATRIX_ROWS = 20  # graded probes past which the terminal shows the accuracy table instead of the matrix
@@ -133,8 +134,10 @@ def cell_figures(cell: CellSummary) -> str | None:
 
 
 def _quote(text: str | None) -> str:
+    """A server's answer quoted in a line: on one line, cut to 80 characters, its control characters spelled as every
+    output spells them (``spelling.visible``), whatever output the line goes to."""
     text = (text or "").replace("\n", "⏎")
-    return repr(text if len(text) <= 80 else text[:79] + "…")
+    return f"'{visible(text if len(text) <= 80 else text[:79] + '…')}'"
 
 
 def lines(summary: RunSummary) -> list[str]:

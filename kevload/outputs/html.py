@@ -27,8 +27,8 @@ from kevload.outputs.report import (
     slo_bounds_text,
     slo_line,
     verdict_line,
-    visible,
 )
+from kevload.outputs.spelling import visible
 from kevload.records.store import Record, redact
 from kevload.summary import CellSummary, RunSummary, answered_per_s, levels_of, position_label, row_cells
 from kevload.words import CANCELLED, OK

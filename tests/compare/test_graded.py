@@ -401,7 +401,7 @@ def test_junit_fails_a_level_whose_accuracy_fell_and_a_cell_under_min_good_share
     assert f"8 good→bad, 1 bad→good, McNemar p {mcnemar_exact(8, 1):.3g} (fell significantly)" in fell["$"]
     turned = cases[("kevload.p0.single", "c=4")]["failure"][0]
     assert turned["@type"] == "bad_answers" and "under load.min_good_share 80.0%: good share 0.0%" in turned["$"]
-    assert "e.g. '<b>wrong</b>\\x1b' where serial answered 'right'" in turned["$"]  # the server's text, escaped
+    assert "e.g. '<b>wrong</b>\\u001b' where serial answered 'right'" in turned["$"]  # the server's text, spelled
     gate = cases[("kevload.p29.single", "c=1")]["failure"][0]
     assert gate["@type"] == "good_share" and gate["@message"] == "good share 75.0% under 80.0%"
     assert "serial reference (answers mixed)" in gate["$"]

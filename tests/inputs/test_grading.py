@@ -7,10 +7,14 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kevload.errors import ScenarioError
-from kevload.inputs.grading import BadGrading, GraderFailed, checked, choice_letter, last_number
+from kevload.inputs.grading import GRADES, BadGrading, GraderFailed, Grading, checked, choice_letter, last_number
 from kevload.inputs.scenario import load_scenario
+from kevload.records.store import read_json, write_json
+from tests.bounded import Kevload
 from tests.conftest import run_cli, write_scenario
 
 HERE = Path(".")
@@ -59,6 +63,55 @@ def test_number_grade_with_tolerance():
     ("A is wrong; answer: C", "C"), ("The answer is a cat.", None), ("adoption B", None), ("answer: b", "B")])
 def test_choice_reads_the_letter_as_mmlu_graders_do(answer, letter):
     assert choice_letter(answer) == letter
+
+
+@pytest.mark.parametrize(("answer", "letter"), [
+    ("Answer: C. Option A is wrong because it is a vehicle.", "C"), ("The correct answer is C, not option A.", "C"),
+    ("答案是C，选项A不对", "C"), ("The answer is C. Answer A is a distractor.", "C"),
+    ("The answer is option C. Option A is wrong.", "C"), ("答案是选项C，选项A不对", "C"),
+    ("I think option A is a trap; the correct option is D", "D"), ("选项A和选项C中，应选C", "C"),
+    ("The answer is B. Wait, no: the answer is C.", "C"),  # a model correcting itself: its last answer
+    ("Option B is correct.", "B"), ("Option A seems right", "A"),  # a mention alone is read where nothing else is
+    ("Answer: (b) because", "B"), ("The answer is\nD", "D"), ("The final answer is D.", "D")])
+def test_choice_an_answer_head_wins_over_a_mention_of_an_option(answer, letter):
+    assert choice_letter(answer) == letter
+
+
+@pytest.mark.parametrize(("answer", "letter"), [
+    ("The answer is I think B", "B"), ("The answer is, I think, B.", "B"), ("Answer: I would say D", "D"),
+    ("Answer: I'm not sure", None), ("Answer: a cat", None), ("Answer: A car is no fruit, so B", None),
+    ("The answer is a cat.", None),
+    # The letters themselves, where the words cannot be meant.
+    ("The answer is I.", "I"), ("The answer is I because it fits", "I"), ("Answer: a", "A"), ("Answer: I", "I"),
+    ("The answer is A because", "A"), ("The answer is A\nthe others are wrong", "A"), ("Option I seems right", "I"),
+    ("Answer: A Paris", "A"), ("I'd say the answer is (d)", "D")])
+def test_choice_reads_a_and_i_as_words_where_they_are_the_article_or_pronoun(answer, letter):
+    assert choice_letter(answer) == letter
+
+
+def test_choice_grades_an_answer_that_rules_an_option_out_by_its_answer(tmp_path, server):
+    server.behaviour.answer_for = lambda prompt, overlap: "Answer: C. Option A is wrong because a car is no fruit."
+    path = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2, probes=[
+        {"id": "fruit", "prompt": "Which is a fruit? A. car B. stone C. banana D. chair", "expected": "C",
+         "grade": "choice"}])
+    code, out = run_cli("run", path, "--out", tmp_path / "r", "--quiet")
+    (cell,) = json.loads((tmp_path / "r" / "summary.json").read_text())["cells"]
+    assert (cell["graded_good"], cell["graded_bad"]) == (2, 0), out
+    assert code == 0, out
+
+
+def test_an_answer_head_followed_by_blanks_is_graded_in_moments(tmp_path, server):
+    # The answer is the server's: blanks after a head ("Answer:" then 300 kB of tabs and newlines; no spaces, which
+    # the fake server would stream as 300 000 tokens) once cost a step per way to split them between the regex's
+    # gaps (minutes here, hours for a megabyte), and the run hung in its summary.
+    server.behaviour.answer_for = lambda prompt, overlap: "Answer:" + "\t\n" * 150_000 + "x(Answer:\t" + "\n" * 9
+    path = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2, probes=[
+        {"id": "pick", "prompt": "Pick one.", "expected": "B", "grade": "choice"}])
+    with Kevload("run", path, "--out", tmp_path / "r", "--quiet") as kevload:
+        ended = kevload.end(timeout=60)
+    assert ended.code == 0, ended.stderr
+    (cell,) = json.loads((tmp_path / "r" / "summary.json").read_text())["cells"]
+    assert (cell["graded_good"], cell["graded_bad"]) == (0, 2)
 
 
 def test_choice_grade():
@@ -179,3 +232,74 @@ def test_conversation_probes_are_not_graded(tmp_path):
         {"id": "p1", "turns": [{"user": "hi"}], "expected": "x"}])
     code, out = run_cli("run", path)
     assert code == 2 and "probes[0].grade: expected no grading on a conversation probe" in out
+
+
+@pytest.mark.parametrize(("toml", "grade", "key", "got"), [
+    ("1979-05-27", "json", "probes[0].expected", "datetime.date(1979, 5, 27)"),
+    ("nan", "json", "probes[0].expected", "nan"),
+    ("-inf", "json", "probes[0].expected", "-inf"),
+    ("{ when = 07:32:00 }", "json", "probes[0].expected.when", "datetime.time(7, 32)"),
+    ("[1, 1979-05-27T07:32:00Z]", "python:json:dumps", "probes[0].expected[1]", "datetime.datetime(1979, 5, 27"),
+    ("100000000000000000000", "json", "probes[0].expected", "100000000000000000000"),
+    ('{ type = "string", const = 1979-05-27 }', "json_schema", "probes[0].expected.const", "datetime.date")])
+def test_an_expected_json_would_change_is_refused_before_anything_is_sent(tmp_path, server, toml, grade, key, got):
+    # run.json keeps expected as JSON and `kevload report` grades from it: a TOML date (a string there), nan (null)
+    # or an integer beyond 64 bits (no JSON number orjson writes) would be graded otherwise there, or not written.
+    path = write_scenario(tmp_path / "s.toml", server.url, probes=[
+        {"id": "d", "prompt": "A date.", "grade": grade, "expected": "@EXPECTED@"}])
+    path.write_text(path.read_text().replace('"@EXPECTED@"', toml))
+    code, out = run_cli("run", path, "--out", tmp_path / "r")
+    assert code == 2, out
+    assert f"{path}: {key}: expected a value JSON keeps as it is" in out and f"got {got}" in out, out
+    assert server.requests == [] and "Traceback" not in out
+
+
+def test_an_expected_given_by_set_is_checked_the_same(tmp_path, server):
+    path = write_scenario(tmp_path / "s.toml", server.url)
+    code, out = run_cli("run", path, "--set", 'probes=[{id="n", prompt="x", grade="json", expected=nan}]')
+    assert code == 2 and "probes[0].expected: expected a value JSON keeps as it is" in out, out
+
+
+def test_a_number_beyond_a_floats_range_is_bad_grading_not_a_crash():
+    for expected, tolerance, key in ((10**400, None, "expected"), (42, 10**400, "grade_tolerance")):
+        with pytest.raises(BadGrading) as bad:
+            checked(expected, None, tolerance, HERE)
+        assert bad.value.key == key
+    assert checked(10**27, None, None, HERE).expected == 1e27  # beyond 64 bits, yet a float: its normal form fits
+
+
+# What TOML can give as ``expected`` (JSONL lines give less): dates, times, nan, inf, integers of any size.
+_LEAF = (st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=4)
+         | st.sampled_from(["A", "c", "42", "4.2e1", "(", "a+"]) | st.dates() | st.times() | st.datetimes())
+_TOML_VALUES = st.recursive(_LEAF, lambda inner: st.lists(inner, max_size=3)
+                            | st.dictionaries(st.text(max_size=3), inner, max_size=3), max_leaves=5)
+_USER_GRADER = "python:roundtrip_grader:same"
+
+
+@pytest.fixture(scope="module")
+def grader_dir(tmp_path_factory) -> Path:
+    base = tmp_path_factory.mktemp("graders")
+    # A user's grader that sees expected exactly: a date and the string run.json writes for it differ here.
+    (base / "roundtrip_grader.py").write_text("def same(answer, probe, expected):\n"
+                                              "    return answer == repr(expected)\n")
+    return base
+
+
+@settings(max_examples=300, deadline=None)
+@given(expected=_TOML_VALUES, grade=st.sampled_from((None, *GRADES, _USER_GRADER)),
+       tolerance=st.sampled_from((None, 0, 0.5)), answer=st.text(max_size=8))
+def test_every_grading_accepted_grades_alike_from_run_json(grader_dir, expected, grade, tolerance, answer):
+    """Whatever a scenario gives, a grading accepted at load grades every answer as the one `kevload report` reads
+    back from run.json does; what would not is refused at load (BadGrading, no other exception)."""
+    try:
+        grading = checked(expected, grade, tolerance, grader_dir)
+    except BadGrading:
+        return
+    if grading is None:
+        return
+    run_json = grader_dir / "run.json"
+    write_json(run_json, {"grading": {"p": grading.to_json()}})
+    again = Grading.from_json(read_json(run_json)["grading"]["p"], grader_dir)
+    written = json.dumps(read_json(run_json)["grading"]["p"]["expected"])
+    for text in (answer, written, f"The answer is {written}.", repr(expected), repr(grading.expected)):
+        assert grading.good(text, "p") == again.good(text, "p"), (text, grading, again)

@@ -3,6 +3,7 @@ outputs hold: control characters (legal in JSON and TOML), markup, quotes, CDATA
 
 from __future__ import annotations
 
+import html
 import re
 from html.parser import HTMLParser
 from xml.etree import ElementTree as ET
@@ -14,7 +15,8 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as text_families
 
 from kevload.outputs.metrics import escape_label
-from kevload.outputs.report import markdown_cell, visible, xml_text
+from kevload.outputs.report import markdown_cell
+from kevload.outputs.spelling import visible, xml_text
 from tests.conftest import run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
 from tests.outputs.test_nightly import SCHEMA
@@ -160,3 +162,25 @@ def test_any_text_stays_in_its_markdown_cell(cells):
     row = "| " + " | ".join(markdown_cell(cell) for cell in cells) + " |"
     assert "\n" not in row and "\r" not in row
     assert len(_cells(row)) == len(cells)
+
+
+def test_a_flipped_answer_is_spelled_as_every_output_spells_control_characters(tmp_path, server):
+    # Right alone, a hostile answer under load: each output quotes the flipped answer beside the serial one, with
+    # its control characters spelled as JSON escapes (\u001b) as everything else is, not as Python's repr (\x1b).
+    server.behaviour.latency = 0.1
+    server.behaviour.answer_for = lambda prompt, overlap: "right" if overlap < 2 else "wrong\x1b[2J\x7f\x85<b>"
+    path = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 4], samples=4,
+                          probes=[{"id": "p1", "prompt": "Say right.", "expected": "right"}])
+    code, terminal = run_cli("run", path, "--out", tmp_path / "run", "--junit", tmp_path / "junit.xml")
+    assert code == 1, terminal
+    spelled = "wrong\\u001b[2J\\u007f\\u0085"
+    junit = ET.fromstring((tmp_path / "junit.xml").read_text(encoding="utf-8"))
+    failures = " ".join(f.text or "" for f in junit.iter("failure"))
+    _, markdown = run_cli("report", tmp_path / "run", "--format", "markdown")
+    run_cli("report", tmp_path / "run", "--format", "html", "-o", tmp_path / "r.html")
+    page = (tmp_path / "r.html").read_text(encoding="utf-8")
+    for name, text in (("terminal", terminal.replace("\n", "")), ("junit", failures), ("markdown", markdown),
+                       ("html", page)):
+        assert "\\x1b" not in text and "\\x85" not in text and "\x1b" not in text, name
+        assert spelled in text.replace("\\\\", "\\"), name  # Markdown escapes the escape's backslash
+    assert html.escape(f"e.g. '{spelled}<b>' where serial answered 'right'") in page
