@@ -11,6 +11,7 @@ it; JSON, baselines and metrics (``metrics.py`` looks fields up by name) follow 
 
 from __future__ import annotations
 
+import functools
 import json
 import types
 import typing
@@ -73,10 +74,11 @@ class _Json:
 
     @classmethod
     def _fields_from(cls, doc: dict[str, Any]) -> dict[str, Any]:
-        known = {f.name: f for f in fields(cls)}  # type: ignore[arg-type]
-        # A sequence field is a tuple here (frozen all the way down to its items), a list in JSON.
-        return {key: tuple(value) if isinstance(known[key].default, tuple) and value is not None else value
-                for key, value in doc.items() if key in known}
+        # A sequence field is a tuple here (frozen, as the summary made in memory), a list in JSON.
+        sequences = _sequence_fields(cls)
+        names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        return {key: tuple(value) if key in sequences and value is not None else value
+                for key, value in doc.items() if key in names}
 
     @classmethod
     def type_problem(cls, doc: dict[str, Any], where: str = "") -> str | None:
@@ -90,6 +92,15 @@ class _Json:
                 return f"{where}{f.name}: expected {_expected(hints[f.name])}, missing"
         return next((problem for f in fields(cls) if f.name in doc  # type: ignore[arg-type]
                      and (problem := _misfit(doc[f.name], hints[f.name], f"{where}{f.name}"))), None)
+
+
+@functools.cache
+def _sequence_fields(cls: type) -> frozenset[str]:
+    """The fields of ``cls`` typed as a tuple (``tuple[str, ...] | None`` too): by type, not by default, since a
+    field written only by some runs defaults to None."""
+    hints = typing.get_type_hints(cls)
+    return frozenset(f.name for f in fields(cls)  # type: ignore[arg-type]
+                     if any(typing.get_origin(h) is tuple for h in (hints[f.name], *typing.get_args(hints[f.name]))))
 
 
 def _misfit(value: Any, hint: Any, where: str) -> str | None:
