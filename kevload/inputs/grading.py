@@ -134,7 +134,7 @@ def checked(expected: Any, grade: Any, tolerance: Any, base: Path) -> Grading | 
         policy = _python_policy.get()
         if policy == NAMES_ONLY:
             _python_name(grade)
-            return Grading(grade, expected, float(tolerance))
+            return Grading(grade, _as_kept(expected), tol)
         if policy != IMPORT:
             raise BadGrading("grade", policy, grade)
         # Imported now: a bad path fails before anything is sent.

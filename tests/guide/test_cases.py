@@ -380,6 +380,25 @@ def test_a_case_whose_python_grader_raises_is_bad_input_naming_the_case_not_a_mi
     assert rows["c1"]["graded_after"]["failed"] == 4 and "Traceback" not in output
 
 
+def test_build_of_a_dataset_run_graded_by_python_names_its_grader_without_importing_it(tmp_path, server):
+    import sys
+
+    marker = tmp_path / "imported"
+    (tmp_path / "kevload_test_lines_grader.py").write_text(f"open({str(marker)!r}, 'a').write('x')\n"
+                                                           "def check(answer, probe, expected):\n    return True\n")
+    (tmp_path / "items.jsonl").write_text(json.dumps({"id": "d1", "prompt": "Say something.",
+                                                     "grade": "python:kevload_test_lines_grader:check"}) + "\n")
+    write_scenario(tmp_path / "s.toml", server.url, probes=[{"dataset": "items.jsonl"}], concurrency=[1], samples=2)
+    assert run_cli("run", tmp_path / "s.toml", "--out", tmp_path / "run", "--quiet")[0] == 0
+    sys.modules.pop("kevload_test_lines_grader")
+    marker.unlink()
+    code, output = run_cli("cases", "build", tmp_path / "run", "-o", tmp_path / "cases.jsonl")
+    assert code == 0 and "1 new" in output, output
+    (case,) = read(tmp_path / "cases.jsonl")
+    assert case["grade"] == "python:kevload_test_lines_grader:check" and case["grader_dir"] == str(tmp_path)
+    assert not marker.exists()
+
+
 def test_a_case_file_python_grader_is_imported_only_with_trust_graders_from_where_its_run_found_it(
         tmp_path, server, monkeypatch):
     """A case file is data: its python grader is refused (nothing imported) without --trust-graders; with it, the
