@@ -105,6 +105,7 @@ async def _run_scenario(scenario: Scenario, run_dir: Path | None, *, on_record: 
     if resume:
         assert run_dir is not None
         meta, already, first_seq, answers = _resume_state(run_dir)
+        meta = _resumed_meta(meta, scenario, run_dir)
         run_id = meta["run_id"]
     else:
         run_id = new_run_id()
@@ -382,6 +383,29 @@ def _resume_state(run_dir: Path) -> tuple[dict[str, Any], dict[engine.LevelKey, 
             already[key] = already.get(key, 0) + 1
             answers.setdefault(key, []).append((r.sha256, r.finish_reason) if r.status == OK else None)
     return meta, already, next_seq, answers
+
+
+def _resumed_meta(meta: dict[str, Any], scenario: Scenario, run_dir: Path) -> dict[str, Any]:
+    """run.json's metadata for ``scenario`` to finish the run: refused (ScenarioError) where the scenario asks or
+    grades a probe otherwise than the run did (a --set of probes or params), since a cell holds the answers to one
+    input judged one way; and with the graders the scenario's (checked as --resume checks them, so imported only
+    when trusted), never run.json's ``grading`` table read as it stands."""
+    asked = {probe.id: probe_inputs(probe, scenario.params) for probe in scenario.probes}
+    recorded = meta.get("inputs")  # runs from before inputs were recorded have nothing to compare with
+    if recorded is not None:
+        for probe in sorted(set(asked) | set(recorded)):
+            # Entries from before the grading was hashed apart mixed it into "input": those compare what they can.
+            keys = ("input", "params", "max_tokens", "grading") if "grading" in recorded.get(probe, {}) else \
+                ("params", "max_tokens")
+            then, now = recorded.get(probe), asked.get(probe)
+            if then is None or now is None or any(then.get(k) != now.get(k) for k in keys):
+                what = "the run had no such probe" if then is None else "the resumed scenario has no such probe" \
+                    if now is None else f"its {', '.join(k for k in keys if then.get(k) != now.get(k))} changed"
+                raise ScenarioError(f"{run_dir}/run.json: --resume: probe {probe!r} would be asked or graded "
+                                    f"otherwise than the run did ({what}); a resume finishes the run as it was: "
+                                    "start a new run to ask something else")
+    grading = grading_json(scenario.probes)
+    return {**{k: v for k, v in meta.items() if k != "grading"}, **({"grading": grading} if grading else {})}
 
 
 def _run_meta(scenario: Scenario, run_id: str, secrets: list[str]) -> dict[str, Any]:

@@ -96,6 +96,51 @@ def test_resume_of_a_run_with_url_credentials_never_sends_the_redacted_placehold
     assert sent and all(a == "Basic dXNlcjpzM2NyZXQtcHc=" for a in sent)
 
 
+def _cut_run(tmp_path: Path, server, probes: list[dict]) -> Path:
+    """A finished run of ``probes`` at c=1, 4 samples, cut to its first two records as if killed."""
+    scenario = write_scenario(tmp_path / "s.toml", server.url, probes=probes, concurrency=[1], samples=4)
+    assert run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")[0] == 0
+    records = tmp_path / "run" / "records.jsonl"
+    records.write_text("".join(records.read_text().splitlines(keepends=True)[:2]))
+    return tmp_path / "run"
+
+
+@pytest.mark.parametrize(("change", "changed"), [
+    ('probes=[{id="p1",prompt="Say something else.",expected="x"}]', "its input changed"),
+    ('probes=[{id="p1",prompt="Say something.",expected="y"}]', "its grading changed"),
+    ("params.temperature=0.5", "its params changed"),
+    ('probes=[{id="p1",prompt="Say something.",expected="x"},{id="p2",prompt="q"}]', "the run had no such probe"),
+])
+def test_resume_refuses_a_scenario_that_asks_or_grades_otherwise_than_the_run(tmp_path, server, change, changed):
+    """A cell holds the answers to one input judged one way: a --set on --resume that changes either would mix two
+    inputs in a cell (drift the server never made) or grade half of it by another rule."""
+    run = _cut_run(tmp_path, server, [{"id": "p1", "prompt": "Say something.", "expected": "x"}])
+    before = len(server.requests)
+    code, output = run_cli("run", "--resume", run, "--quiet", "--set", change)
+    assert code == 2 and changed in output and "--resume" in output, output
+    assert len(server.requests) == before
+
+
+def test_resume_grades_by_the_scenario_not_by_a_grading_table_run_json_was_given(tmp_path, server):
+    """run.json's grading table is data: a resume grades by its scenario's graders (checked as --resume checks them),
+    so a python grader written into the table alone is never imported."""
+    import sys
+
+    run = _cut_run(tmp_path, server, [{"id": "p1", "prompt": "Say something.", "expected": "x"}])
+    marker = tmp_path / "imported"
+    (tmp_path / "kevload_test_table_only.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n"
+                                                         "def check(answer, probe, expected):\n    return True\n")
+    meta = json.loads((run / "run.json").read_text())
+    meta["grading"] = {"p1": {"grade": "python:kevload_test_table_only:check", "expected": None, "tolerance": 0,
+                              "dir": str(tmp_path)}}
+    (run / "run.json").write_text(json.dumps(meta))
+    code, output = run_cli("run", "--resume", run, "--quiet")
+    assert not marker.exists() and "kevload_test_table_only" not in sys.modules
+    summary = json.loads((run / "summary.json").read_text())
+    assert (code, summary["cells"][0]["graded_bad"]) == (0, 4), output  # "x" by exact, as the scenario says
+    assert json.loads((run / "run.json").read_text())["grading"]["p1"]["grade"] == "exact"
+
+
 @pytest.mark.parametrize("url", ["http://[::1/v1", "http://127.0.0.1:99999/v1", "http://127.0.0.1:8000/v1 "])
 def test_resume_with_a_url_that_cannot_be_sent_to_is_refused_naming_the_key(tmp_path, server, url):
     scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2)
