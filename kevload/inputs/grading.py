@@ -15,6 +15,7 @@ case file (data, perhaps downloaded from elsewhere) are imported only where the 
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import math
 import re
 import sys
@@ -256,6 +257,7 @@ def python_grader(grade: str, base: Path) -> Callable[..., Any]:
     module_name, function_name = _python_name(grade)
     shape = _PYTHON_SHAPE
     added = str(base.resolve())
+    _refuse_another_of_the_name(module_name.partition(".")[0], added, grade)
     sys.path.insert(0, added)
     try:
         module = importlib.import_module(module_name)
@@ -270,6 +272,18 @@ def python_grader(grade: str, base: Path) -> Callable[..., Any]:
 
 
 _PYTHON_SHAPE = "python:module:function, an importable module and a function in it"
+
+
+def _refuse_another_of_the_name(top: str, base: str, grade: str) -> None:
+    """``BadGrading`` where ``base`` holds a module ``top`` other than the one of that name already imported: Python
+    keeps one module per name, so a second graders.py beside another dataset would silently grade by the first."""
+    loaded = sys.modules.get(top)
+    found = importlib.machinery.PathFinder.find_spec(top, [base]) if loaded is not None else None
+    here = found.origin if found is not None else None
+    there = getattr(getattr(loaded, "__spec__", None), "origin", None)
+    if here and (there is None or Path(here).resolve() != Path(there).resolve()):
+        raise BadGrading("grade", f"{_PYTHON_SHAPE}, by a name no other module of the run has: {top} is already "
+                         f"{there or 'imported'}, not {here}; rename one", grade)
 
 
 def _python_name(grade: str) -> tuple[str, str]:

@@ -151,6 +151,26 @@ def test_python_grader_gets_answer_probe_and_expected(tmp_path):
         good("x", None, "python:mygraders_a:vague", base=tmp_path)
 
 
+def test_two_python_graders_of_one_module_name_in_two_directories_are_refused_not_mixed(tmp_path, server):
+    """Python keeps one module per name: the grader beside the second dataset would grade by the first's."""
+    import sys
+
+    for folder, right in (("a", "42"), ("b", "43")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "kevload_test_twin.py").write_text(
+            f"def check(answer, probe, expected):\n    return answer.strip() == {right!r}\n")
+        (tmp_path / folder / "items.jsonl").write_text(json.dumps(
+            {"id": folder, "prompt": "What is it?", "grade": "python:kevload_test_twin:check"}) + "\n")
+    scenario = write_scenario(tmp_path / "s.toml", server.url, probes=[{"dataset": "a/items.jsonl"},
+                                                                       {"dataset": "b/items.jsonl"}])
+    try:
+        code, output = run_cli("run", scenario, "--out", tmp_path / "run")
+    finally:
+        sys.modules.pop("kevload_test_twin", None)
+    assert code == 2 and not server.requests, output
+    assert f"{tmp_path / 'a' / 'kevload_test_twin.py'}" in output and f"{tmp_path / 'b'}" in output
+
+
 @pytest.mark.parametrize(("expected", "grade", "tolerance", "key", "words"), [
     (None, "exact", None, "expected", "a string beside grade"),
     ("x", "fuzzy", None, "grade", "one of exact, contains"),
