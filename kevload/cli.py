@@ -45,6 +45,11 @@ from kevload.summary import RunSummary, level_label
 stderr = Console(stderr=True)
 
 
+def _log_line(message: str) -> None:
+    """A progress line on stderr, as written: an id or a prompt in it may hold control characters or rich markup."""
+    stderr.print(visible(message), markup=False, highlight=False)
+
+
 class _Finite(click.FloatRange):
     """A FloatRange that refuses nan too, which passes every bound's comparison (and so would pass click's)."""
 
@@ -587,7 +592,7 @@ def diagnose_command(url, model, prompt, messages_file, params_json, max_tokens,
 
     def work(url: str | None, model: str | None, stop):
         given = options if url is None else dataclasses.replace(options, url=url, model=model)
-        return diagnose(given, log=lambda m: stderr.print(m), stop=stop)
+        return diagnose(given, log=_log_line, stop=stop)
 
     result, signum, exited = _on_target(builtin, settings, work)
     if result is None:
@@ -665,7 +670,7 @@ def cases_build(run_dirs: tuple[Path, ...], output: Path, target_name: str | Non
     built = build_cases(list(run_dirs), output, target_name=target_name)
     click.echo(f"{output}: {built.new} new, {built.kept} kept, {len(built.skipped)} skipped")
     for skip in built.skipped:
-        click.echo(f"  skipped {skip.id} from {skip.run}: {skip.reason}")
+        click.echo(visible(f"  skipped {skip.id} from {skip.run}: {skip.reason}"))
 
 
 @cases.command("rerun")
@@ -706,7 +711,7 @@ def cases_rerun(cases_file: Path, url: str | None, model: str | None, times: int
 
     def work(started_url: str | None, started_model: str | None, stop):
         return rerun_cases(items, url=started_url or url, model=started_model or model, times=times, api=api,
-                           out=out, stop=stop, log=lambda m: stderr.print(m), base=cases_file.parent)
+                           out=out, stop=stop, log=_log_line, base=cases_file.parent)
 
     results, signum, exited = _on_target(builtin, settings, work)
     if results is None:
@@ -716,20 +721,20 @@ def cases_rerun(cases_file: Path, url: str | None, model: str | None, times: int
             handle.write(orjson.dumps(r) + b"\n")
     for r in results:
         recorded = {True: "matches recorded", False: "NOT among recorded outputs", None: "nothing recorded"}
-        click.echo(f"{r['id']}: {describe_load(r['rerun'])} → {r['rerun_uniq']} distinct of {r['rerun_ok']}, "
-                   f"{r['verdict']}→{r['verdict_after']}, {recorded[r['matches_recorded']]}")
+        click.echo(visible(f"{r['id']}: {describe_load(r['rerun'])} → {r['rerun_uniq']} distinct of {r['rerun_ok']}, "
+                           f"{r['verdict']}→{r['verdict_after']}, {recorded[r['matches_recorded']]}"))
     moves = transitions(results)
     for key, ids in moves.items():
-        click.echo(f"{key}: {len(ids)}" + (f" ({', '.join(ids)})" if ids and key != "unchanged" else ""))
+        click.echo(visible(f"{key}: {len(ids)}" + (f" ({', '.join(ids)})" if ids and key != "unchanged" else "")))
     mismatched = [r["id"] for r in results if r.get("matches_expected") is False]
     for r in results:
         if "matches_expected" in r:
             graded = r["graded_after"]
             failed = f", {graded['failed']} not graded" if graded["failed"] else ""
-            click.echo(f"{r['id']}: {'matches' if r['matches_expected'] else 'does not match'} expected "
-                       f"({graded['good']} good, {graded['bad']} bad{failed} by grade {graded['grade']})")
+            click.echo(visible(f"{r['id']}: {'matches' if r['matches_expected'] else 'does not match'} expected "
+                               f"({graded['good']} good, {graded['bad']} bad{failed} by grade {graded['grade']})"))
         for error in r.get("grade_errors", ()):
-            click.echo(f"grader failed: {error}")  # it names the case: the rerun's probe is called by its id
+            click.echo(visible(f"grader failed: {error}"))  # it names the case: the rerun's probe is called by its id
     if accept and moves["changed"]:
         updated = accept_changes(cases_file, results)
         click.echo(f"{cases_file}: accepted the new answers of {len(updated)} changed case(s); "

@@ -204,6 +204,15 @@ def test_build_from_a_run_json_whose_url_cannot_be_read_names_the_file_and_key(t
     assert code == 2 and "run.json: target.base_url: expected a URL" in output and "Traceback" not in output, output
 
 
+def test_rerun_spells_a_case_id_s_control_characters_as_json_escapes(tmp_path, server):
+    cases_path = tmp_path / "cases.jsonl"
+    case = {"id": "c\u001b[2J1", "input": "x", "params": {"temperature": 0}, "outputs": [], "verdict": "stable",
+            "expected": "nothing like it"}
+    cases_path.write_text(json.dumps(case) + "\n")
+    code, output, _ = rerun(cases_path, server, tmp_path)
+    assert "\x1b" not in output and output.count("c\\u001b[2J1: ") == 2, output
+
+
 def test_bad_case_file_exits_2(tmp_path, server):
     bad = tmp_path / "cases.jsonl"
     bad.write_text('{"id": "x", "input": "hi"}\n')
