@@ -242,12 +242,63 @@ def _schema(expected: Any, base: Path) -> dict[str, Any]:
                          '"json_schema"', expected)
     if not isinstance(schema, dict):
         raise BadGrading("expected", "a JSON Schema object", schema)
+    validator = jsonschema.validators.validator_for(schema)
     try:
-        jsonschema.validators.validator_for(schema).check_schema(schema)
+        validator.check_schema(schema)
     except jsonschema.SchemaError as exc:
         where = "/".join(str(p) for p in exc.absolute_path) or "the top"
         raise BadGrading("expected", f"a valid JSON Schema (at {where}: {exc.message})", schema) from None
+    unresolved = _unresolved_reference(schema, validator)
+    if unresolved:
+        shown = f"the JSON Schema file {path}" if isinstance(expected, str) else "a JSON Schema"
+        raise BadGrading("expected", f"{shown} whose every reference resolves within it or to a JSON Schema "
+                         f"metaschema (kevload fetches no schema): {unresolved}", expected)
     return schema
+
+
+def _unresolved_reference(schema: dict[str, Any], validator: Any) -> str | None:
+    """The first reference (``$ref``, ``$dynamicRef``) in ``schema`` that its validator could not follow, with why;
+    None when each one resolves. Every subschema is visited, and every schema a reference leads to, with the
+    resolver the validator would have there (``referencing``'s, over ``_local_schemas``): a reference that resolves
+    nowhere would otherwise fail the grading of every answer, after the whole run was sent."""
+    import referencing.exceptions
+    import referencing.jsonschema
+
+    specification = referencing.jsonschema.specification_with(validator.ID_OF(validator.META_SCHEMA) or "",
+                                                              default=referencing.Specification.OPAQUE)
+    root = specification.create_resource(schema)
+    todo = [(root, _local_schemas().resolver_with_root(root))]
+    seen: set[int] = set()
+    while todo:
+        resource, resolver = todo.pop()
+        if id(resource.contents) in seen:
+            continue
+        seen.add(id(resource.contents))
+        for keyword in _REFERENCES:
+            ref = resource.contents.get(keyword) if isinstance(resource.contents, dict) else None
+            if not isinstance(ref, str) or keyword not in validator.VALIDATORS:
+                continue
+            try:
+                resolved = resolver.lookup(ref)
+            except referencing.exceptions.Unresolvable as exc:
+                return f"{keyword} {ref!r} ({type(exc).__name__}: {_cut(str(exc))})"
+            if not isinstance(resolved.contents, dict | bool):
+                return f"{keyword} {ref!r} (it leads to {_shown(str(resolved.contents))}, which is no schema)"
+            todo.append((specification.create_resource(resolved.contents), resolved.resolver))
+        todo.extend((sub, resolver.in_subresource(sub)) for sub in resource.subresources())
+    return None
+
+
+# What a validator follows by name ($recursiveRef, 2019-09's, may only be "#", which is always there).
+_REFERENCES = ("$ref", "$dynamicRef")
+
+
+def _local_schemas() -> Any:
+    """The registry json_schema resolves references with: the JSON Schema metaschemas jsonschema ships, and nothing
+    retrieved (jsonschema's default registry fetches a remote reference over the network, for each answer graded)."""
+    from jsonschema_specifications import REGISTRY
+
+    return REGISTRY
 
 
 def python_grader(grade: str, base: Path) -> Callable[..., Any]:
@@ -321,10 +372,22 @@ def _grade(grading: Grading, text: str, probe: str) -> bool:
             return False
         if grade == "json":
             return expected is None or same_json(value, expected)
-        import jsonschema
-
-        return jsonschema.validators.validator_for(expected)(expected).is_valid(value)
+        return _schema_grade(grading, value, text)
     return _user_grade(grading, text, probe)
+
+
+def _schema_grade(grading: Grading, value: Any, text: str) -> bool:
+    """Whether ``value`` (the answer as JSON) is valid by the schema; ``GraderFailed`` when the validator raises
+    instead of answering (load resolved every reference, yet a schema can still fail: one that refers to itself
+    without end, ``{"$ref": "#"}``, recurses until Python stops it)."""
+    import jsonschema
+
+    schema = grading.expected
+    try:
+        return jsonschema.validators.validator_for(schema)(schema, registry=_local_schemas()).is_valid(value)
+    except Exception as exc:  # the validator's failure on this answer is a finding on it, as a python grader's is
+        raise GraderFailed(f"json_schema raised {type(exc).__name__}: {_cut(str(exc))} on the answer "
+                           f"{_shown(text)}") from None
 
 
 def _user_grade(grading: Grading, text: str, probe: str) -> bool:
@@ -342,7 +405,11 @@ def _user_grade(grading: Grading, text: str, probe: str) -> bool:
 
 
 def _shown(text: str) -> str:
-    return repr(text if len(text) <= _MAX_SHOWN else text[:_MAX_SHOWN] + "…")
+    return repr(_cut(text))
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= _MAX_SHOWN else text[:_MAX_SHOWN] + "…"
 
 
 # A number as answers write it: an optional sign (not a hyphen between two words or numbers), thousands groups,

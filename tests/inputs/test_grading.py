@@ -4,6 +4,8 @@ a scenario and on a JSONL line alike (file, line, key, what was expected; exit 2
 from __future__ import annotations
 
 import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -190,6 +192,101 @@ def test_scenario_malformed_schema_exits_2(tmp_path):
         {"id": "p1", "prompt": "JSON.", "grade": "json_schema", "expected": {"type": "object", "required": "a"}}])
     code, out = run_cli("run", path)
     assert code == 2 and "probes[0].expected: expected a valid JSON Schema (at required:" in out
+
+
+@pytest.mark.parametrize(("schema", "why"), [
+    ({"$ref": "#/definitions/missing"}, "$ref '#/definitions/missing' (PointerToNowhere: "),
+    ({"properties": {"a": {"$ref": "#/$defs/b"}}, "$defs": {"b": {"$ref": "#/$defs/c"}}}, "$ref '#/$defs/c' ("),
+    ({"$dynamicRef": "#nowhere"}, "$dynamicRef '#nowhere' (NoSuchAnchor: "),
+    ({"$ref": "urn:example:elsewhere"}, "$ref 'urn:example:elsewhere' (Unresolvable: "),
+    ({"$ref": "#/enum/0", "enum": [3]}, "$ref '#/enum/0' (it leads to '3', which is no schema)")])
+def test_a_schema_reference_that_resolves_nowhere_is_refused_before_anything_is_sent(tmp_path, server, schema, why):
+    # It passed the metaschema check, and every answer's grading then failed on it after the whole run was sent.
+    path = write_scenario(tmp_path / "s.toml", server.url, probes=[
+        {"id": "p1", "prompt": "JSON.", "grade": "json_schema", "expected": schema}])
+    code, out = run_cli("run", path, "--out", tmp_path / "r")
+    assert code == 2, out
+    assert f"{path}: probes[0].expected: expected a JSON Schema whose every reference resolves within it" in out
+    assert why in out and "Traceback" not in out
+    assert server.requests == []
+
+
+def test_a_schema_files_unresolved_reference_names_the_file_and_the_dataset_line(tmp_path):
+    (tmp_path / "schema.json").write_text('{"type": "object", "properties": {"a": {"$ref": "#/$defs/a"}}}')
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "JSON.", "grade": "json_schema", "expected": "schema.json"}\n')
+    path = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", probes=[{"dataset": "d.jsonl"}])
+    with pytest.raises(ScenarioError, match=rf"{data}:1: probes\[0\].dataset: expected: expected the JSON Schema file "
+                                            rf"{tmp_path / 'schema.json'} whose every reference .*\$ref '#/\$defs/a'"):
+        load_scenario(path)
+
+
+@pytest.fixture
+def schema_host():
+    """An HTTP server on 127.0.0.1 holding a schema at /int.json, and the paths it was asked for."""
+    asked: list[str] = []
+
+    class Schema(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            asked.append(self.path)
+            body = b'{"type": "integer"}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    with ThreadingHTTPServer(("127.0.0.1", 0), Schema) as http:
+        thread = threading.Thread(target=http.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{http.server_address[1]}/int.json", asked
+        finally:
+            http.shutdown()
+            thread.join(timeout=5)
+
+
+def test_a_remote_schema_reference_is_refused_and_never_fetched(schema_host):
+    url, asked = schema_host
+    with pytest.raises(BadGrading) as bad:
+        checked({"$ref": url}, "json_schema", None, HERE)
+    assert f"$ref '{url}' (Unresolvable: " in bad.value.expected
+    # Nor when an answer is graded (jsonschema's own registry fetches a remote reference for each validation).
+    with pytest.raises(GraderFailed, match=r"json_schema raised .*Unresolvable: .* on the answer '3'"):
+        Grading("json_schema", {"$ref": url}).good("3")
+    assert asked == []
+
+
+def test_a_schema_that_fails_its_validator_is_a_failed_grade_in_the_run_and_in_report(tmp_path, server):
+    # {"$ref": "#"} resolves, yet validating anything with it recurses without end: the summary step raised
+    # RecursionError (the run ended 3, "could not be summarized") and `kevload report` printed a traceback.
+    server.behaviour.answer_for = lambda prompt, overlap: '{"a": 1}'
+    path = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2, probes=[
+        {"id": "p1", "prompt": "JSON.", "grade": "json_schema", "expected": {"$ref": "#"}}])
+    code, out = run_cli("run", path, "--out", tmp_path / "r", "--quiet")
+    assert code == 2 and "Traceback" not in out, out
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    (cell,) = summary["cells"]
+    assert (cell["graded_good"], cell["graded_bad"], cell["grade_failed"]) == (0, 0, 2)
+    assert summary["grade_errors"][0].startswith("probe 'p1': json_schema raised RecursionError: ")
+    code, out = run_cli("report", tmp_path / "r", "--format", "json")
+    assert code == 2 and json.loads(out)["grade_errors"] == summary["grade_errors"]
+
+
+def test_report_of_a_run_json_whose_schema_reference_resolves_nowhere_is_bad_input(tmp_path, server):
+    server.behaviour.answer_for = lambda prompt, overlap: '{"a": 1}'
+    path = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2, probes=[
+        {"id": "p1", "prompt": "JSON.", "grade": "json_schema", "expected": {"type": "object"}}])
+    assert run_cli("run", path, "--out", tmp_path / "r", "--quiet")[0] == 0
+    meta = read_json(tmp_path / "r" / "run.json")
+    meta["grading"]["p1"]["expected"] = {"$ref": "#/definitions/missing"}
+    write_json(tmp_path / "r" / "run.json", meta)
+    code, out = run_cli("report", tmp_path / "r", "--format", "json")
+    assert code == 2 and "Traceback" not in out, out
+    assert "grading.p1.expected: expected a JSON Schema whose every reference resolves" in out
 
 
 def test_dataset_line_grading_errors_name_file_and_line(tmp_path):
