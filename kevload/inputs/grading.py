@@ -342,13 +342,47 @@ def module_home(grade: str) -> str | None:
     return str(Path(origin).resolve().parents[depth])
 
 
-_REASONING = re.compile(r"\A<reasoning>\n.*?\n</reasoning>\n", re.DOTALL)
+# The reasoning block ``store.answer_text`` puts before the content (what a model thought is not its answer, and is
+# not graded). Mostly the tags alone; a reasoning that holds the closing tag line itself (or a content that begins
+# like a block) would be cut at the wrong place, so there the block gives the reasoning's length instead.
+REASONING_TAG = "<reasoning"  # what every block begins with: a text that does not is read back as it is
+_BLOCK_OPEN, _BLOCK_CLOSE = f"{REASONING_TAG}>\n", "\n</reasoning>\n"
+_SIZED, _SIZED_END = f'{REASONING_TAG} chars="', '">\n'
+_SIZE_DIGITS = 15  # the most a written length has: a longer number is no block of kevload's (and int() is bounded)
+
+
+def with_reasoning(reasoning: str | None, rest: str) -> str:
+    """``rest`` (the content, then the tool calls) behind the block of ``reasoning``, such that ``content_of`` gives
+    exactly ``rest`` back and no other (reasoning, rest) gives the same text. The plain tags wherever they read back
+    right, so answers hash as they always did; the sized block only where they would not."""
+    if reasoning:
+        text = f"{_BLOCK_OPEN}{reasoning}{_BLOCK_CLOSE}{rest}"
+        # Read back right when the first closing tag line after the opening is the one written after the reasoning.
+        # One that comes earlier holds all of "</reasoning>" inside the reasoning: a reasoning without "<" (most) is
+        # read right, known by memchr, not by the tag's search (some 50 times slower, per request).
+        if "<" not in reasoning or text.find(_BLOCK_CLOSE, len(_BLOCK_OPEN)) == len(_BLOCK_OPEN) + len(reasoning):
+            return text
+    elif content_of(rest) == rest:
+        return rest
+    reasoning = reasoning or ""
+    return f"{_SIZED}{len(reasoning)}{_SIZED_END}{reasoning}{_BLOCK_CLOSE}{rest}"
 
 
 def content_of(answer: str) -> str:
-    """The part of a cell's answer text that is graded: without the reasoning block ``store.answer_text`` puts
-    first (what a model thought is not its answer)."""
-    return _REASONING.sub("", answer, count=1)
+    """The part of a cell's answer text (``store.answer_text``) that is graded: the content and tool calls, without
+    the reasoning block (``with_reasoning``)."""
+    if answer.startswith(_SIZED):
+        digits_end = answer.find(_SIZED_END, len(_SIZED), len(_SIZED) + _SIZE_DIGITS + 1)
+        digits = answer[len(_SIZED):digits_end]
+        if digits_end > 0 and digits.isascii() and digits.isdigit():
+            end = digits_end + len(_SIZED_END) + int(digits)
+            if answer.startswith(_BLOCK_CLOSE, end):
+                return answer[end + len(_BLOCK_CLOSE):]
+    elif answer.startswith(_BLOCK_OPEN):
+        end = answer.find(_BLOCK_CLOSE, len(_BLOCK_OPEN))
+        if end >= 0:
+            return answer[end + len(_BLOCK_CLOSE):]
+    return answer
 
 
 def _grade(grading: Grading, text: str, probe: str) -> bool:

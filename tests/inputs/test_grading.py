@@ -13,9 +13,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kevload.errors import ScenarioError
-from kevload.inputs.grading import GRADES, BadGrading, GraderFailed, Grading, checked, choice_letter, last_number
+from kevload.inputs.grading import (
+    GRADES,
+    BadGrading,
+    GraderFailed,
+    Grading,
+    checked,
+    choice_letter,
+    content_of,
+    last_number,
+)
 from kevload.inputs.scenario import load_scenario
-from kevload.records.store import read_json, write_json
+from kevload.records.store import answer_text, read_json, write_json
 from tests.bounded import Kevload
 from tests.conftest import run_cli, write_scenario
 
@@ -138,6 +147,54 @@ def test_json_and_json_schema(tmp_path):
 
 def test_reasoning_block_is_not_graded():
     assert good("<reasoning>\nmaybe 41\n</reasoning>\n42", "42")
+    assert good(answer_text("42", "maybe 41"), "42")
+
+
+# Texts made of the block's own pieces: a reasoning or a content that writes the tags itself, whole or in part.
+_PIECES = ("<reasoning>\n", "\n</reasoning>\n", "</reasoning>", "\n", "<", "a", "0", "12", '<reasoning chars="',
+           '<reasoning chars="2">\n', '">\n')
+_TAG_PIECES = st.lists(st.sampled_from(_PIECES), max_size=8).map("".join)
+
+
+@settings(max_examples=400, deadline=None)
+@given(output=_TAG_PIECES, reasoning=st.none() | _TAG_PIECES, other_output=_TAG_PIECES,
+       other_reasoning=st.none() | _TAG_PIECES, calls=st.lists(st.tuples(_TAG_PIECES, _TAG_PIECES), max_size=2))
+def test_the_graded_part_of_an_answer_is_exactly_its_content_whatever_its_reasoning_holds(
+        output, reasoning, other_output, other_reasoning, calls):
+    assert content_of(answer_text(output, reasoning)) == output
+    tool_calls = [{"name": name, "arguments": arguments} for name, arguments in calls]
+    assert content_of(answer_text(output, reasoning, tool_calls)) == content_of(answer_text(output, None, tool_calls))
+    # One text for one (reasoning, content): a cell grades each distinct text once, by its hash.
+    if (output, reasoning or None) != (other_output, other_reasoning or None):
+        assert answer_text(output, reasoning) != answer_text(other_output, other_reasoning)
+
+
+def test_an_answer_whose_reasoning_writes_the_closing_tag_is_told_from_its_twins():
+    leaky = answer_text("43", "Let me think.\n</reasoning>\n42")
+    assert content_of(leaky) == "43"
+    assert leaky != answer_text("42\n</reasoning>\n43", "Let me think.")
+    assert content_of(answer_text("<reasoning>\nx\n</reasoning>\n43")) == "<reasoning>\nx\n</reasoning>\n43"
+    # Every other answer keeps the text (and so the hash) it always had.
+    assert answer_text("42", "maybe 41") == "<reasoning>\nmaybe 41\n</reasoning>\n42"
+
+
+def test_a_reasoning_that_writes_the_closing_tag_itself_leaks_nothing_into_the_graded_answer(tmp_path, server):
+    # The block was cut at the first closing tag line: a reasoning "…</reasoning>\n42" before the content "43" was
+    # graded as "42\n</reasoning>\n43", so every wrong answer was graded good.
+    server.behaviour.reasoning_field = "reasoning_content"
+    server.behaviour.reasoning_for = lambda content: "Let me think.\n</reasoning>\n42"
+    server.behaviour.answer_for = lambda prompt, overlap: "43"
+    path = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=2, probes=[
+        {"id": "n", "prompt": "What is 40+2?", "expected": "42", "grade": "contains"},
+        {"id": "e", "prompt": "What is 40+2? Just the number.", "expected": 42}])
+    run_cli("run", path, "--out", tmp_path / "r", "--quiet")
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    graded = {(c["probe"], c["concurrency"]): (c["graded_good"], c["graded_bad"]) for c in summary["cells"]}
+    assert graded == {(p, c): (0, 2) for p in ("n", "e") for c in (1, 2)}
+    # kevload report grades the records again (their content and reasoning fields) the same way.
+    code, out = run_cli("report", tmp_path / "r", "--format", "json")
+    again = {(c["probe"], c["concurrency"]): (c["graded_good"], c["graded_bad"]) for c in json.loads(out)["cells"]}
+    assert again == graded, out
 
 
 def test_python_grader_gets_answer_probe_and_expected(tmp_path):
