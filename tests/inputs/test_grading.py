@@ -58,6 +58,38 @@ def test_last_number_reads_answers_as_written(answer, number):
     assert last_number(answer) == number
 
 
+@pytest.mark.parametrize(("answer", "number"), [
+    # A minus sign, or a dash before the digit, is a minus; a dash between two numbers is none.
+    ("−42", -42.0), ("x = –3.5", -3.5), ("—7", -7.0), ("‒7", -7.0), ("－42", -42.0),
+    ("5−3=2", 2.0), ("pages 10–20", 20.0), ("The answer—42", 42.0),
+    # Vulgar fractions and the fraction slash: their value, alone or after a whole number.
+    ("½", 0.5), ("3½ cups", 3.5), ("2 ½", 2.5), ("−¾", -0.75), ("1⁄2", 0.5),
+    ("¹⁄₂", 0.5), ("3¹⁄₂", 3.5), ("1⁄0", None),
+    # Superscripts are powers (and a unit's square is no number); subscripts are no digits of the number before.
+    ("2⁴", 16.0), ("10⁻³", 0.001), ("1.5×10⁻³", 0.0015), ("3 x 10⁵", 3e5),
+    ("-2²", -4.0), ("5 m²", 5.0), ("x² = 9", 9.0), ("101₂", None), ("CO₂ is 44", 44.0),
+    ("9⁹⁹⁹⁹⁹⁹", None),
+    # Thousands apart by a space, no-break, thin or narrow no-break space, in groups of three; else two numbers.
+    ("1 000", 1000.0), ("1 000", 1000.0), ("1 000", 1000.0), ("1 000 000", 1e6),
+    ("12 345.5", 12345.5), ("1 2", 2.0), ("1 2345", 2345.0), ("1 00", 0.0)])
+def test_last_number_reads_math_typography_as_a_demanding_grader_does(answer, number):
+    read = last_number(answer)
+    assert read is None if number is None else read == pytest.approx(number)
+
+
+def test_a_server_writing_math_typography_is_graded_by_the_numbers_it_wrote(tmp_path, server):
+    # NFKC read "−42" as 42, "2⁴" as 24 and "1 000" as 0: each answer below was graded the other way round.
+    answers = {"neg": "The answer is −42.", "pow": "It is 2⁴.", "big": "About 1 000 of them."}
+    server.behaviour.answer_for = lambda prompt, overlap: answers[prompt.split()[0]]
+    path = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2, probes=[
+        {"id": "neg", "prompt": "neg 6 - 48?", "expected": -42}, {"id": "pow", "prompt": "pow 2 ** 4?", "expected": 24},
+        {"id": "big", "prompt": "big how many?", "expected": 1000}])
+    run_cli("run", path, "--out", tmp_path / "r", "--quiet")
+    cells = json.loads((tmp_path / "r" / "summary.json").read_text())["cells"]
+    assert {c["probe"]: (c["graded_good"], c["graded_bad"]) for c in cells} == {
+        "neg": (2, 0), "pow": (0, 2), "big": (2, 0)}
+
+
 def test_number_grade_with_tolerance():
     assert good("It is 42.", 42)
     assert good("It is 42.0", "42", "number")  # a string holding a number, as datasets often carry them
