@@ -531,10 +531,10 @@ def _number(text: str) -> float | None:
 # A"); then a bare letter, a leading "X." or "X)", the last "(X)". Letters A-J; markdown emphasis and LaTeX boxes
 # around them are dropped first.
 #
-# A and I are words too: after a colon a sentence may start with the article ("Answer: A car is no fruit, so B"), and
-# the pronoun may follow any answer head ("the answer is I think B", "Answer: I'm not sure"). There such a letter is
-# read only where no word follows that the word would take (a letter may be followed by these: "A because …"); an
-# option named ("option A seems right") is always a letter.
+# A and I are words too: after any answer head a sentence may start with the article ("Answer: A car is no fruit, so
+# B", "The answer is A cat") or the pronoun ("the answer is I think B", "Answer: I'm not sure"). There such a letter
+# is read only where no word follows that the word would take (a letter may be followed by these: "A because …"); an
+# option named ("option A seems right", "the answer is option A") is always a letter.
 _AFTER_LETTER = r"(?:because|since|as|and|or|is|was|which|but|so|for|with)\b"
 # The answer's text is the server's: each gap is bounded, and no two gaps meet, so a head followed by a megabyte of
 # blanks costs a few steps, not one per way to split the blanks between gaps.
@@ -551,18 +551,24 @@ def _letter(letters: str, words: str = "") -> str:
 
 
 # What may follow a head: a letter after a colon (any case: "answer: b"), one in brackets, or a capital one; after an
-# answer head maybe with a hedge between ("the answer is, I think, B"; "Answer: I would say D").
-_HEDGE = rf"(?:(?:,[ \t]?)?I(?:['’][a-z]+)?{_BLANKS}(?!{_AFTER_LETTER})[a-z]+\b(?:{_BLANKS}say\b)?,?{_GAP})?"
+# answer head maybe with a hedge between: the pronoun, up to three words, then maybe "say", "it is", "with" or "for"
+# ("the answer is, I think, B"; "Answer: I would say D"; "Answer: I am sure it is B"; "I'd go with C"). The head
+# says an answer follows, and these words only put the speaker between: the letter after them is the answer, as the
+# one after "I think" always was. A word the letter itself would take ("I is …", "I and J") ends no hedge.
+_HEDGE = (rf"(?:(?:,[ \t]?)?I(?:['’][a-z]+)?(?:{_BLANKS}(?!{_AFTER_LETTER})[a-z]+\b){{1,3}}"
+          rf"(?:{_BLANKS}(?:say|it{_BLANKS}is|it['’]s|with|for)\b)?,?{_GAP})?")
 _OPEN = r"(?:[(\[]\s?)?"
 _BRACKETED = rf"{_GAP}[(\[]\s?([A-Ja-j])\s?[)\]]"
+# After a colon, in brackets, or a capital letter (the article and the pronoun read as such after either head).
 _ANSWER_TAIL = (rf"(?:{_GAP}[:：]{_GAP}{_HEDGE}{_OPEN}{_letter('A-Ja-j', 'AIai')}|{_BRACKETED}"
-                rf"|{_GAP}{_HEDGE}{_letter('A-J', 'I')})")
-_NAMED = rf"(?:{_GAP}(?:(?i:option|choice)\b|选项))?"  # "the answer is option C": an answer head still
+                rf"|{_GAP}{_HEDGE}{_letter('A-J', 'AI')})")
+# An option named after a head or alone: its letter is a letter whatever follows ("option A seems right").
+_OPTION_TAIL = rf"(?:{_GAP}[:：]{_GAP}{_OPEN}{_letter('A-Ja-j')}|{_BRACKETED}|{_GAP}{_letter('A-J')})"
 # A lower-case letter only after a colon or in brackets: "the answer is a cat" names no choice.
 _ANSWER = re.compile(rf"(?:(?i:\b(?:answer|correct\s(?:option|choice))\s{{1,8}}(?:is|(?:would|should|must|will)\sbe)\b)"
                      rf"|(?i:\banswer(?={_GAP}[:：(\[]))"
                      rf"|正确答案(?:是|为)|答案(?:应该?)?(?:是|为)|答案?(?={_GAP}[:：])|应?选(?:择)?(?!项))"
-                     + _NAMED + _ANSWER_TAIL)
+                     rf"(?:{_GAP}(?:(?i:option|choice)\b|选项){_OPTION_TAIL}|{_ANSWER_TAIL})")
 _MENTION = re.compile(r"(?:(?i:\b(?:answer|option|choice))|选项|答案)"
                       rf"(?:{_GAP}[:：]{_GAP}{_OPEN}{_letter('A-Ja-j', 'AIai')}|{_BRACKETED}|{_GAP}{_letter('A-J')})")
 _BARE = re.compile(r"\A[(\[]?\s*([A-J])\s*[)\].:：]?\Z")

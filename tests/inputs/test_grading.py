@@ -132,6 +132,20 @@ def test_choice_reads_a_and_i_as_words_where_they_are_the_article_or_pronoun(ans
     assert choice_letter(answer) == letter
 
 
+@pytest.mark.parametrize(("answer", "letter"), [
+    # The article after either head form alike (the head without a colon read "The answer is A cat" as A).
+    ("The answer is A cat", None), ("Answer: A cat", None), ("The correct answer is A cat.", None),
+    ("The answer is A because it is a fruit", "A"), ("The answer is A. A cat is no fruit.", "A"),
+    # An option named after a head is a letter whatever follows.
+    ("The answer is option A seems right", "A"), ("Answer: B. No, the answer is option A, it seems", "A"),
+    # A hedge between the head and the letter: the head says an answer follows, the hedge only who says it.
+    ("Answer: I am sure it is B", "B"), ("The answer is, I am quite sure, C.", "C"), ("Answer: I'd go with C", "C"),
+    ("The answer is I am sure it's D", "D"), ("Answer: I think it is not B", None),
+    ("Answer: I am sure it is a cat", None), ("Answer: I am not sure between B and C", None)])
+def test_choice_reads_every_answer_head_alike_and_the_letter_after_a_hedge(answer, letter):
+    assert choice_letter(answer) == letter
+
+
 def test_choice_grades_an_answer_that_rules_an_option_out_by_its_answer(tmp_path, server):
     server.behaviour.answer_for = lambda prompt, overlap: "Answer: C. Option A is wrong because a car is no fruit."
     path = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2, probes=[
