@@ -57,6 +57,7 @@ class Behaviour:
     # ("reasoning_content" or "reasoning") beside the content; tool calls instead of content.
     reasoning_field: str | None = None
     reasoning_varies: bool = False  # the reasoning differs on every request, the content does not
+    reasoning_for: Callable[[str], str] | None = None  # the reasoning for an answer's content, where a test says it
     tool_calls: int = 0             # answer with this many tool calls (content null), arguments from the words
     tool_args_vary: bool = False    # the tool calls' arguments differ on every request
     version: str = ""               # a "model version": another version answers every prompt differently
@@ -557,6 +558,8 @@ def _finish(fault: str | None, b: Behaviour) -> str:
 
 
 def _reasoning_text(text: str, b: Behaviour) -> str:
+    if b.reasoning_for is not None:
+        return b.reasoning_for(text)
     noise = f" (attempt {secrets.token_hex(4)})" if b.reasoning_varies else ""
     return f"The user wants words; I will answer {text.split(' ')[0]}{noise}."
 

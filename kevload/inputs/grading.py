@@ -20,6 +20,7 @@ import math
 import re
 import sys
 import unicodedata
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -243,12 +244,63 @@ def _schema(expected: Any, base: Path) -> dict[str, Any]:
                          '"json_schema"', expected)
     if not isinstance(schema, dict):
         raise BadGrading("expected", "a JSON Schema object", schema)
+    validator = jsonschema.validators.validator_for(schema)
     try:
-        jsonschema.validators.validator_for(schema).check_schema(schema)
+        validator.check_schema(schema)
     except jsonschema.SchemaError as exc:
         where = "/".join(str(p) for p in exc.absolute_path) or "the top"
         raise BadGrading("expected", f"a valid JSON Schema (at {where}: {exc.message})", schema) from None
+    unresolved = _unresolved_reference(schema, validator)
+    if unresolved:
+        shown = f"the JSON Schema file {path}" if isinstance(expected, str) else "a JSON Schema"
+        raise BadGrading("expected", f"{shown} whose every reference resolves within it or to a JSON Schema "
+                         f"metaschema (kevload fetches no schema): {unresolved}", expected)
     return schema
+
+
+def _unresolved_reference(schema: dict[str, Any], validator: Any) -> str | None:
+    """The first reference (``$ref``, ``$dynamicRef``) in ``schema`` that its validator could not follow, with why;
+    None when each one resolves. Every subschema is visited, and every schema a reference leads to, with the
+    resolver the validator would have there (``referencing``'s, over ``_local_schemas``): a reference that resolves
+    nowhere would otherwise fail the grading of every answer, after the whole run was sent."""
+    import referencing.exceptions
+    import referencing.jsonschema
+
+    specification = referencing.jsonschema.specification_with(validator.ID_OF(validator.META_SCHEMA) or "",
+                                                              default=referencing.Specification.OPAQUE)
+    root = specification.create_resource(schema)
+    todo = [(root, _local_schemas().resolver_with_root(root))]
+    seen: set[int] = set()
+    while todo:
+        resource, resolver = todo.pop()
+        if id(resource.contents) in seen:
+            continue
+        seen.add(id(resource.contents))
+        for keyword in _REFERENCES:
+            ref = resource.contents.get(keyword) if isinstance(resource.contents, dict) else None
+            if not isinstance(ref, str) or keyword not in validator.VALIDATORS:
+                continue
+            try:
+                resolved = resolver.lookup(ref)
+            except referencing.exceptions.Unresolvable as exc:
+                return f"{keyword} {ref!r} ({type(exc).__name__}: {_cut(str(exc))})"
+            if not isinstance(resolved.contents, dict | bool):
+                return f"{keyword} {ref!r} (it leads to {_shown(str(resolved.contents))}, which is no schema)"
+            todo.append((specification.create_resource(resolved.contents), resolved.resolver))
+        todo.extend((sub, resolver.in_subresource(sub)) for sub in resource.subresources())
+    return None
+
+
+# What a validator follows by name ($recursiveRef, 2019-09's, may only be "#", which is always there).
+_REFERENCES = ("$ref", "$dynamicRef")
+
+
+def _local_schemas() -> Any:
+    """The registry json_schema resolves references with: the JSON Schema metaschemas jsonschema ships, and nothing
+    retrieved (jsonschema's default registry fetches a remote reference over the network, for each answer graded)."""
+    from jsonschema_specifications import REGISTRY
+
+    return REGISTRY
 
 
 def python_grader(grade: str, base: Path) -> Callable[..., Any]:
@@ -305,13 +357,47 @@ def module_home(grade: str) -> str | None:
     return str(Path(origin).resolve().parents[depth])
 
 
-_REASONING = re.compile(r"\A<reasoning>\n.*?\n</reasoning>\n", re.DOTALL)
+# The reasoning block ``store.answer_text`` puts before the content (what a model thought is not its answer, and is
+# not graded). Mostly the tags alone; a reasoning that holds the closing tag line itself (or a content that begins
+# like a block) would be cut at the wrong place, so there the block gives the reasoning's length instead.
+REASONING_TAG = "<reasoning"  # what every block begins with: a text that does not is read back as it is
+_BLOCK_OPEN, _BLOCK_CLOSE = f"{REASONING_TAG}>\n", "\n</reasoning>\n"
+_SIZED, _SIZED_END = f'{REASONING_TAG} chars="', '">\n'
+_SIZE_DIGITS = 15  # the most a written length has: a longer number is no block of kevload's (and int() is bounded)
+
+
+def with_reasoning(reasoning: str | None, rest: str) -> str:
+    """``rest`` (the content, then the tool calls) behind the block of ``reasoning``, such that ``content_of`` gives
+    exactly ``rest`` back and no other (reasoning, rest) gives the same text. The plain tags wherever they read back
+    right, so answers hash as they always did; the sized block only where they would not."""
+    if reasoning:
+        text = f"{_BLOCK_OPEN}{reasoning}{_BLOCK_CLOSE}{rest}"
+        # Read back right when the first closing tag line after the opening is the one written after the reasoning.
+        # One that comes earlier holds all of "</reasoning>" inside the reasoning: a reasoning without "<" (most) is
+        # read right, known by memchr, not by the tag's search (some 50 times slower, per request).
+        if "<" not in reasoning or text.find(_BLOCK_CLOSE, len(_BLOCK_OPEN)) == len(_BLOCK_OPEN) + len(reasoning):
+            return text
+    elif content_of(rest) == rest:
+        return rest
+    reasoning = reasoning or ""
+    return f"{_SIZED}{len(reasoning)}{_SIZED_END}{reasoning}{_BLOCK_CLOSE}{rest}"
 
 
 def content_of(answer: str) -> str:
-    """The part of a cell's answer text that is graded: without the reasoning block ``store.answer_text`` puts
-    first (what a model thought is not its answer)."""
-    return _REASONING.sub("", answer, count=1)
+    """The part of a cell's answer text (``store.answer_text``) that is graded: the content and tool calls, without
+    the reasoning block (``with_reasoning``)."""
+    if answer.startswith(_SIZED):
+        digits_end = answer.find(_SIZED_END, len(_SIZED), len(_SIZED) + _SIZE_DIGITS + 1)
+        digits = answer[len(_SIZED):digits_end]
+        if digits_end > 0 and digits.isascii() and digits.isdigit():
+            end = digits_end + len(_SIZED_END) + int(digits)
+            if answer.startswith(_BLOCK_CLOSE, end):
+                return answer[end + len(_BLOCK_CLOSE):]
+    elif answer.startswith(_BLOCK_OPEN):
+        end = answer.find(_BLOCK_CLOSE, len(_BLOCK_OPEN))
+        if end >= 0:
+            return answer[end + len(_BLOCK_CLOSE):]
+    return answer
 
 
 def _grade(grading: Grading, text: str, probe: str) -> bool:
@@ -335,10 +421,22 @@ def _grade(grading: Grading, text: str, probe: str) -> bool:
             return False
         if grade == "json":
             return expected is None or same_json(value, expected)
-        import jsonschema
-
-        return jsonschema.validators.validator_for(expected)(expected).is_valid(value)
+        return _schema_grade(grading, value, text)
     return _user_grade(grading, text, probe)
+
+
+def _schema_grade(grading: Grading, value: Any, text: str) -> bool:
+    """Whether ``value`` (the answer as JSON) is valid by the schema; ``GraderFailed`` when the validator raises
+    instead of answering (load resolved every reference, yet a schema can still fail: one that refers to itself
+    without end, ``{"$ref": "#"}``, recurses until Python stops it)."""
+    import jsonschema
+
+    schema = grading.expected
+    try:
+        return jsonschema.validators.validator_for(schema)(schema, registry=_local_schemas()).is_valid(value)
+    except Exception as exc:  # the validator's failure on this answer is a finding on it, as a python grader's is
+        raise GraderFailed(f"json_schema raised {type(exc).__name__}: {_cut(str(exc))} on the answer "
+                           f"{_shown(text)}") from None
 
 
 def _user_grade(grading: Grading, text: str, probe: str) -> bool:
@@ -356,18 +454,80 @@ def _user_grade(grading: Grading, text: str, probe: str) -> bool:
 
 
 def _shown(text: str) -> str:
-    return repr(text if len(text) <= _MAX_SHOWN else text[:_MAX_SHOWN] + "…")
+    return repr(_cut(text))
 
 
-# A number as answers write it: an optional sign (not a hyphen between two words or numbers), thousands groups,
-# decimals, an exponent.
-_NUMBER = re.compile(r"(?<![0-9A-Za-z.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?(?![0-9])")
+def _cut(text: str) -> str:
+    return text if len(text) <= _MAX_SHOWN else text[:_MAX_SHOWN] + "…"
+
+
+# A number as answers write it, read from the text as it is (NFKC, once used here, turns "2⁴" into "24" and "½" into
+# "1⁄2"): a sign (not a dash between two words or numbers: "5-3", "10–20"), thousands groups, decimals, an exponent,
+# then maybe a fraction ("3½"), a power ("2⁴", "10⁻³") or "× 10ⁿ". Digits are any script's (full-width ones too).
+_MINUS = "-\u2212\u2012\u2013\u2014\u2015\ufe63\uff0d"  # hyphen-minus, minus sign, figure/en/em dash, bar, small, wide
+_THOUSANDS = " \u00a0\u2009\u202f"  # a space, no-break, thin and narrow no-break: "1 000", "12 345 678"
+_SUPERSCRIPT = "⁰¹²³⁴⁵⁶⁷⁸⁹"
+_SUBSCRIPT = "₀₁₂₃₄₅₆₇₈₉"
+_VULGAR = "\u00bc-\u00be\u2150-\u215e\u2189"  # ¼ ½ ¾ ⅐ … ⅞ ↉
+_SUP, _SUB = f"[{_SUPERSCRIPT}]", f"[{_SUBSCRIPT}]"
+_NUMBER = re.compile(
+    # The first character's class up front: the scan skips a position that starts no number on one test (a text of
+    # blanks: ten times faster), before the lookbehind and the branches.
+    rf"(?=[{_MINUS}\d{_VULGAR}{_SUPERSCRIPT}])"
+    rf"(?<![\dA-Za-z.．])(?P<sign>[{_MINUS}])?(?:"
+    rf"(?P<over>\d+)\u2044(?P<under>\d+)"  # 1⁄2, with the fraction slash
+    rf"|(?P<alone>[{_VULGAR}])"  # ½
+    rf"|(?P<sup_over>{_SUP}+)\u2044(?P<sub_under>{_SUB}+)"  # ¹⁄₂
+    rf"|(?P<whole>\d{{1,3}}(?:[,，]\d{{3}})+|\d{{1,3}}(?:[{_THOUSANDS}]\d{{3}})+|\d+)(?P<decimals>[.．]\d+)?"
+    rf"(?:[eE](?P<exponent>[-+]?\d+))?"
+    rf"(?:[{_THOUSANDS}]?(?P<vulgar>[{_VULGAR}])"  # 3½, 3 ½
+    rf"|(?P<mixed_over>{_SUP}+)\u2044(?P<mixed_under>{_SUB}+)"  # 3¹⁄₂
+    rf"|\s?[×xX·⋅]\s?10(?P<times_ten>[⁻⁺]?{_SUP}+)"  # 1.5×10⁻³
+    rf"|(?P<power>[⁻⁺]?{_SUP}+))?"  # 2⁴
+    rf")(?![\d{_SUPERSCRIPT}{_SUBSCRIPT}⁻⁺\u2044])"  # nothing glued on after: "101₂" is no number read here
+)
+_ASCII_DIGITS = str.maketrans(f"{_SUPERSCRIPT}{_SUBSCRIPT}⁻⁺．", "01234567890123456789-+.", f",，{_THOUSANDS}")
 
 
 def last_number(text: str) -> float | None:
-    """The last number in ``text`` (full-width digits read as digits, ``1,234`` as 1234), or None."""
-    found = _NUMBER.findall(unicodedata.normalize("NFKC", text))
-    return _number(found[-1]) if found else None
+    """The last number in ``text``, or None (also where the last one has no finite value). Read as a math answer
+    writes it: ``1,234`` and ``1 234`` (a space, thin or narrow no-break between groups of 3) are 1234, ``−42`` (a
+    minus sign or a dash before the digit) is negative, ``½`` and ``3½`` their value, ``2⁴`` 16, ``1.5×10⁻³``
+    0.0015; any script's digits are digits."""
+    last = deque(_NUMBER.finditer(text), maxlen=1)  # the whole text is scanned at C speed, one match kept
+    return _number_of(last[0]) if last else None
+
+
+def _number_of(found: re.Match[str]) -> float | None:
+    """The value of one ``_NUMBER`` match; None where it has none (``1⁄0``, ``9⁹⁹⁹``)."""
+    part = found.groupdict()
+    try:
+        if part["over"] is not None:
+            value = _plain(part["over"]) / _plain(part["under"])
+        elif part["alone"] is not None:
+            value = unicodedata.numeric(part["alone"])
+        elif part["sup_over"] is not None:
+            value = _plain(part["sup_over"]) / _plain(part["sub_under"])
+        else:
+            value = _plain(part["whole"] + (part["decimals"] or "") + "e" + (part["exponent"] or "0"))
+            if part["vulgar"] is not None:
+                value += unicodedata.numeric(part["vulgar"])
+            elif part["mixed_over"] is not None:
+                value += _plain(part["mixed_over"]) / _plain(part["mixed_under"])
+            elif part["times_ten"] is not None:
+                value *= 10.0 ** _plain(part["times_ten"])
+            elif part["power"] is not None:
+                value **= _plain(part["power"])
+    except (ZeroDivisionError, OverflowError):
+        return None
+    value = -value if part["sign"] else value
+    return value if math.isfinite(value) else None
+
+
+def _plain(digits: str) -> float:
+    """A matched run of digits (any script's, superscript or subscript; thousands separators) as a float: float()
+    takes any script's decimal digits and a 10 000-digit run (where int() refuses past 4300)."""
+    return float(digits.translate(_ASCII_DIGITS))
 
 
 def _number(text: str) -> float | None:
@@ -385,10 +545,10 @@ def _number(text: str) -> float | None:
 # A"); then a bare letter, a leading "X." or "X)", the last "(X)". Letters A-J; markdown emphasis and LaTeX boxes
 # around them are dropped first.
 #
-# A and I are words too: after a colon a sentence may start with the article ("Answer: A car is no fruit, so B"), and
-# the pronoun may follow any answer head ("the answer is I think B", "Answer: I'm not sure"). There such a letter is
-# read only where no word follows that the word would take (a letter may be followed by these: "A because …"); an
-# option named ("option A seems right") is always a letter.
+# A and I are words too: after any answer head a sentence may start with the article ("Answer: A car is no fruit, so
+# B", "The answer is A cat") or the pronoun ("the answer is I think B", "Answer: I'm not sure"). There such a letter
+# is read only where no word follows that the word would take (a letter may be followed by these: "A because …"); an
+# option named ("option A seems right", "the answer is option A") is always a letter.
 _AFTER_LETTER = r"(?:because|since|as|and|or|is|was|which|but|so|for|with)\b"
 # The answer's text is the server's: each gap is bounded, and no two gaps meet, so a head followed by a megabyte of
 # blanks costs a few steps, not one per way to split the blanks between gaps.
@@ -405,18 +565,24 @@ def _letter(letters: str, words: str = "") -> str:
 
 
 # What may follow a head: a letter after a colon (any case: "answer: b"), one in brackets, or a capital one; after an
-# answer head maybe with a hedge between ("the answer is, I think, B"; "Answer: I would say D").
-_HEDGE = rf"(?:(?:,[ \t]?)?I(?:['’][a-z]+)?{_BLANKS}(?!{_AFTER_LETTER})[a-z]+\b(?:{_BLANKS}say\b)?,?{_GAP})?"
+# answer head maybe with a hedge between: the pronoun, up to three words, then maybe "say", "it is", "with" or "for"
+# ("the answer is, I think, B"; "Answer: I would say D"; "Answer: I am sure it is B"; "I'd go with C"). The head
+# says an answer follows, and these words only put the speaker between: the letter after them is the answer, as the
+# one after "I think" always was. A word the letter itself would take ("I is …", "I and J") ends no hedge.
+_HEDGE = (rf"(?:(?:,[ \t]?)?I(?:['’][a-z]+)?(?:{_BLANKS}(?!{_AFTER_LETTER})[a-z]+\b){{1,3}}"
+          rf"(?:{_BLANKS}(?:say|it{_BLANKS}is|it['’]s|with|for)\b)?,?{_GAP})?")
 _OPEN = r"(?:[(\[]\s?)?"
 _BRACKETED = rf"{_GAP}[(\[]\s?([A-Ja-j])\s?[)\]]"
+# After a colon, in brackets, or a capital letter (the article and the pronoun read as such after either head).
 _ANSWER_TAIL = (rf"(?:{_GAP}[:：]{_GAP}{_HEDGE}{_OPEN}{_letter('A-Ja-j', 'AIai')}|{_BRACKETED}"
-                rf"|{_GAP}{_HEDGE}{_letter('A-J', 'I')})")
-_NAMED = rf"(?:{_GAP}(?:(?i:option|choice)\b|选项))?"  # "the answer is option C": an answer head still
+                rf"|{_GAP}{_HEDGE}{_letter('A-J', 'AI')})")
+# An option named after a head or alone: its letter is a letter whatever follows ("option A seems right").
+_OPTION_TAIL = rf"(?:{_GAP}[:：]{_GAP}{_OPEN}{_letter('A-Ja-j')}|{_BRACKETED}|{_GAP}{_letter('A-J')})"
 # A lower-case letter only after a colon or in brackets: "the answer is a cat" names no choice.
 _ANSWER = re.compile(rf"(?:(?i:\b(?:answer|correct\s(?:option|choice))\s{{1,8}}(?:is|(?:would|should|must|will)\sbe)\b)"
                      rf"|(?i:\banswer(?={_GAP}[:：(\[]))"
                      rf"|正确答案(?:是|为)|答案(?:应该?)?(?:是|为)|答案?(?={_GAP}[:：])|应?选(?:择)?(?!项))"
-                     + _NAMED + _ANSWER_TAIL)
+                     rf"(?:{_GAP}(?:(?i:option|choice)\b|选项){_OPTION_TAIL}|{_ANSWER_TAIL})")
 _MENTION = re.compile(r"(?:(?i:\b(?:answer|option|choice))|选项|答案)"
                       rf"(?:{_GAP}[:：]{_GAP}{_OPEN}{_letter('A-Ja-j', 'AIai')}|{_BRACKETED}|{_GAP}{_letter('A-J')})")
 _BARE = re.compile(r"\A[(\[]?\s*([A-J])\s*[)\].:：]?\Z")

@@ -18,6 +18,7 @@ import orjson
 
 from kevload.errors import RunDirError
 from kevload.inputs.conversation import ends_sample
+from kevload.inputs.grading import REASONING_TAG, with_reasoning
 from kevload.words import OK, Role
 
 RECORDS = "records.jsonl"
@@ -172,18 +173,19 @@ def answer_text(output: str | None, reasoning: str | None = None,
     """The one text that is compared (hashed into ``sha256``, shown at divergence points): the whole answer.
 
     Exactly the content when there is no reasoning and no tool call, so plain answers hash as they
-    always did. Otherwise the reasoning comes first in ``<reasoning>`` tags, then the content, then
-    each tool call as ``<tool_call name="…">arguments</tool_call>``: a divergence inside the content
-    keeps its position after the reasoning block, and two answers that differ only in which field
-    carries a text still hash differently (short of a model writing these tag lines itself).
+    always did (short of a content that begins like a reasoning block itself). Otherwise the
+    reasoning comes first in ``<reasoning>`` tags, then the content, then each tool call as
+    ``<tool_call name="…">arguments</tool_call>``: a divergence inside the content keeps its
+    position after the reasoning block. The block is ``grading.with_reasoning``'s, which the graders
+    read back: the reasoning and the rest are always told apart, even where a model writes these tag
+    lines itself (the reasoning's length is then in the opening tag).
     """
-    if not reasoning and not tool_calls:
+    if not reasoning and not tool_calls and not (output and output.startswith(REASONING_TAG)):
         return output or ""
-    parts = [f"<reasoning>\n{reasoning}\n</reasoning>\n"] if reasoning else []
-    parts.append(output or "")
+    rest = [output or ""]
     for call in tool_calls or ():
-        parts.append(f'\n<tool_call name="{call["name"]}">\n{call["arguments"]}\n</tool_call>')
-    return "".join(parts)
+        rest.append(f'\n<tool_call name="{call["name"]}">\n{call["arguments"]}\n</tool_call>')
+    return with_reasoning(reasoning, "".join(rest))
 
 
 def spell_logprobs(values: list[float | None]) -> list[float | str | None]:

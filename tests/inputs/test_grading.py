@@ -4,6 +4,8 @@ a scenario and on a JSONL line alike (file, line, key, what was expected; exit 2
 from __future__ import annotations
 
 import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -11,9 +13,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kevload.errors import ScenarioError
-from kevload.inputs.grading import GRADES, BadGrading, GraderFailed, Grading, checked, choice_letter, last_number
+from kevload.inputs.grading import (
+    GRADES,
+    BadGrading,
+    GraderFailed,
+    Grading,
+    checked,
+    choice_letter,
+    content_of,
+    last_number,
+)
 from kevload.inputs.scenario import load_scenario
-from kevload.records.store import read_json, write_json
+from kevload.records.store import answer_text, read_json, write_json
 from tests.bounded import Kevload
 from tests.conftest import run_cli, write_scenario
 
@@ -45,6 +56,38 @@ def test_contains_regex_and_one_of():
     ("1e3", 1000.0), ("version 2.0, answer 7", 7.0)])
 def test_last_number_reads_answers_as_written(answer, number):
     assert last_number(answer) == number
+
+
+@pytest.mark.parametrize(("answer", "number"), [
+    # A minus sign, or a dash before the digit, is a minus; a dash between two numbers is none.
+    ("−42", -42.0), ("x = –3.5", -3.5), ("—7", -7.0), ("‒7", -7.0), ("－42", -42.0),
+    ("5−3=2", 2.0), ("pages 10–20", 20.0), ("The answer—42", 42.0),
+    # Vulgar fractions and the fraction slash: their value, alone or after a whole number.
+    ("½", 0.5), ("3½ cups", 3.5), ("2 ½", 2.5), ("−¾", -0.75), ("1⁄2", 0.5),
+    ("¹⁄₂", 0.5), ("3¹⁄₂", 3.5), ("1⁄0", None),
+    # Superscripts are powers (and a unit's square is no number); subscripts are no digits of the number before.
+    ("2⁴", 16.0), ("10⁻³", 0.001), ("1.5×10⁻³", 0.0015), ("3 x 10⁵", 3e5),
+    ("-2²", -4.0), ("5 m²", 5.0), ("x² = 9", 9.0), ("101₂", None), ("CO₂ is 44", 44.0),
+    ("9⁹⁹⁹⁹⁹⁹", None),
+    # Thousands apart by a space, no-break, thin or narrow no-break space, in groups of three; else two numbers.
+    ("1 000", 1000.0), ("1 000", 1000.0), ("1 000", 1000.0), ("1 000 000", 1e6),
+    ("12 345.5", 12345.5), ("1 2", 2.0), ("1 2345", 2345.0), ("1 00", 0.0)])
+def test_last_number_reads_math_typography_as_a_demanding_grader_does(answer, number):
+    read = last_number(answer)
+    assert read is None if number is None else read == pytest.approx(number)
+
+
+def test_a_server_writing_math_typography_is_graded_by_the_numbers_it_wrote(tmp_path, server):
+    # NFKC read "−42" as 42, "2⁴" as 24 and "1 000" as 0: each answer below was graded the other way round.
+    answers = {"neg": "The answer is −42.", "pow": "It is 2⁴.", "big": "About 1 000 of them."}
+    server.behaviour.answer_for = lambda prompt, overlap: answers[prompt.split()[0]]
+    path = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2, probes=[
+        {"id": "neg", "prompt": "neg 6 - 48?", "expected": -42}, {"id": "pow", "prompt": "pow 2 ** 4?", "expected": 24},
+        {"id": "big", "prompt": "big how many?", "expected": 1000}])
+    run_cli("run", path, "--out", tmp_path / "r", "--quiet")
+    cells = json.loads((tmp_path / "r" / "summary.json").read_text())["cells"]
+    assert {c["probe"]: (c["graded_good"], c["graded_bad"]) for c in cells} == {
+        "neg": (2, 0), "pow": (0, 2), "big": (2, 0)}
 
 
 def test_number_grade_with_tolerance():
@@ -86,6 +129,20 @@ def test_choice_an_answer_head_wins_over_a_mention_of_an_option(answer, letter):
     ("The answer is A because", "A"), ("The answer is A\nthe others are wrong", "A"), ("Option I seems right", "I"),
     ("Answer: A Paris", "A"), ("I'd say the answer is (d)", "D")])
 def test_choice_reads_a_and_i_as_words_where_they_are_the_article_or_pronoun(answer, letter):
+    assert choice_letter(answer) == letter
+
+
+@pytest.mark.parametrize(("answer", "letter"), [
+    # The article after either head form alike (the head without a colon read "The answer is A cat" as A).
+    ("The answer is A cat", None), ("Answer: A cat", None), ("The correct answer is A cat.", None),
+    ("The answer is A because it is a fruit", "A"), ("The answer is A. A cat is no fruit.", "A"),
+    # An option named after a head is a letter whatever follows.
+    ("The answer is option A seems right", "A"), ("Answer: B. No, the answer is option A, it seems", "A"),
+    # A hedge between the head and the letter: the head says an answer follows, the hedge only who says it.
+    ("Answer: I am sure it is B", "B"), ("The answer is, I am quite sure, C.", "C"), ("Answer: I'd go with C", "C"),
+    ("The answer is I am sure it's D", "D"), ("Answer: I think it is not B", None),
+    ("Answer: I am sure it is a cat", None), ("Answer: I am not sure between B and C", None)])
+def test_choice_reads_every_answer_head_alike_and_the_letter_after_a_hedge(answer, letter):
     assert choice_letter(answer) == letter
 
 
@@ -136,6 +193,54 @@ def test_json_and_json_schema(tmp_path):
 
 def test_reasoning_block_is_not_graded():
     assert good("<reasoning>\nmaybe 41\n</reasoning>\n42", "42")
+    assert good(answer_text("42", "maybe 41"), "42")
+
+
+# Texts made of the block's own pieces: a reasoning or a content that writes the tags itself, whole or in part.
+_PIECES = ("<reasoning>\n", "\n</reasoning>\n", "</reasoning>", "\n", "<", "a", "0", "12", '<reasoning chars="',
+           '<reasoning chars="2">\n', '">\n')
+_TAG_PIECES = st.lists(st.sampled_from(_PIECES), max_size=8).map("".join)
+
+
+@settings(max_examples=400, deadline=None)
+@given(output=_TAG_PIECES, reasoning=st.none() | _TAG_PIECES, other_output=_TAG_PIECES,
+       other_reasoning=st.none() | _TAG_PIECES, calls=st.lists(st.tuples(_TAG_PIECES, _TAG_PIECES), max_size=2))
+def test_the_graded_part_of_an_answer_is_exactly_its_content_whatever_its_reasoning_holds(
+        output, reasoning, other_output, other_reasoning, calls):
+    assert content_of(answer_text(output, reasoning)) == output
+    tool_calls = [{"name": name, "arguments": arguments} for name, arguments in calls]
+    assert content_of(answer_text(output, reasoning, tool_calls)) == content_of(answer_text(output, None, tool_calls))
+    # One text for one (reasoning, content): a cell grades each distinct text once, by its hash.
+    if (output, reasoning or None) != (other_output, other_reasoning or None):
+        assert answer_text(output, reasoning) != answer_text(other_output, other_reasoning)
+
+
+def test_an_answer_whose_reasoning_writes_the_closing_tag_is_told_from_its_twins():
+    leaky = answer_text("43", "Let me think.\n</reasoning>\n42")
+    assert content_of(leaky) == "43"
+    assert leaky != answer_text("42\n</reasoning>\n43", "Let me think.")
+    assert content_of(answer_text("<reasoning>\nx\n</reasoning>\n43")) == "<reasoning>\nx\n</reasoning>\n43"
+    # Every other answer keeps the text (and so the hash) it always had.
+    assert answer_text("42", "maybe 41") == "<reasoning>\nmaybe 41\n</reasoning>\n42"
+
+
+def test_a_reasoning_that_writes_the_closing_tag_itself_leaks_nothing_into_the_graded_answer(tmp_path, server):
+    # The block was cut at the first closing tag line: a reasoning "…</reasoning>\n42" before the content "43" was
+    # graded as "42\n</reasoning>\n43", so every wrong answer was graded good.
+    server.behaviour.reasoning_field = "reasoning_content"
+    server.behaviour.reasoning_for = lambda content: "Let me think.\n</reasoning>\n42"
+    server.behaviour.answer_for = lambda prompt, overlap: "43"
+    path = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=2, probes=[
+        {"id": "n", "prompt": "What is 40+2?", "expected": "42", "grade": "contains"},
+        {"id": "e", "prompt": "What is 40+2? Just the number.", "expected": 42}])
+    run_cli("run", path, "--out", tmp_path / "r", "--quiet")
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    graded = {(c["probe"], c["concurrency"]): (c["graded_good"], c["graded_bad"]) for c in summary["cells"]}
+    assert graded == {(p, c): (0, 2) for p in ("n", "e") for c in (1, 2)}
+    # kevload report grades the records again (their content and reasoning fields) the same way.
+    code, out = run_cli("report", tmp_path / "r", "--format", "json")
+    again = {(c["probe"], c["concurrency"]): (c["graded_good"], c["graded_bad"]) for c in json.loads(out)["cells"]}
+    assert again == graded, out
 
 
 def test_python_grader_gets_answer_probe_and_expected(tmp_path):
@@ -210,6 +315,101 @@ def test_scenario_malformed_schema_exits_2(tmp_path):
         {"id": "p1", "prompt": "JSON.", "grade": "json_schema", "expected": {"type": "object", "required": "a"}}])
     code, out = run_cli("run", path)
     assert code == 2 and "probes[0].expected: expected a valid JSON Schema (at required:" in out
+
+
+@pytest.mark.parametrize(("schema", "why"), [
+    ({"$ref": "#/definitions/missing"}, "$ref '#/definitions/missing' (PointerToNowhere: "),
+    ({"properties": {"a": {"$ref": "#/$defs/b"}}, "$defs": {"b": {"$ref": "#/$defs/c"}}}, "$ref '#/$defs/c' ("),
+    ({"$dynamicRef": "#nowhere"}, "$dynamicRef '#nowhere' (NoSuchAnchor: "),
+    ({"$ref": "urn:example:elsewhere"}, "$ref 'urn:example:elsewhere' (Unresolvable: "),
+    ({"$ref": "#/enum/0", "enum": [3]}, "$ref '#/enum/0' (it leads to '3', which is no schema)")])
+def test_a_schema_reference_that_resolves_nowhere_is_refused_before_anything_is_sent(tmp_path, server, schema, why):
+    # It passed the metaschema check, and every answer's grading then failed on it after the whole run was sent.
+    path = write_scenario(tmp_path / "s.toml", server.url, probes=[
+        {"id": "p1", "prompt": "JSON.", "grade": "json_schema", "expected": schema}])
+    code, out = run_cli("run", path, "--out", tmp_path / "r")
+    assert code == 2, out
+    assert f"{path}: probes[0].expected: expected a JSON Schema whose every reference resolves within it" in out
+    assert why in out and "Traceback" not in out
+    assert server.requests == []
+
+
+def test_a_schema_files_unresolved_reference_names_the_file_and_the_dataset_line(tmp_path):
+    (tmp_path / "schema.json").write_text('{"type": "object", "properties": {"a": {"$ref": "#/$defs/a"}}}')
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "JSON.", "grade": "json_schema", "expected": "schema.json"}\n')
+    path = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", probes=[{"dataset": "d.jsonl"}])
+    with pytest.raises(ScenarioError, match=rf"{data}:1: probes\[0\].dataset: expected: expected the JSON Schema file "
+                                            rf"{tmp_path / 'schema.json'} whose every reference .*\$ref '#/\$defs/a'"):
+        load_scenario(path)
+
+
+@pytest.fixture
+def schema_host():
+    """An HTTP server on 127.0.0.1 holding a schema at /int.json, and the paths it was asked for."""
+    asked: list[str] = []
+
+    class Schema(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            asked.append(self.path)
+            body = b'{"type": "integer"}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    with ThreadingHTTPServer(("127.0.0.1", 0), Schema) as http:
+        thread = threading.Thread(target=http.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{http.server_address[1]}/int.json", asked
+        finally:
+            http.shutdown()
+            thread.join(timeout=5)
+
+
+def test_a_remote_schema_reference_is_refused_and_never_fetched(schema_host):
+    url, asked = schema_host
+    with pytest.raises(BadGrading) as bad:
+        checked({"$ref": url}, "json_schema", None, HERE)
+    assert f"$ref '{url}' (Unresolvable: " in bad.value.expected
+    # Nor when an answer is graded (jsonschema's own registry fetches a remote reference for each validation).
+    with pytest.raises(GraderFailed, match=r"json_schema raised .*Unresolvable: .* on the answer '3'"):
+        Grading("json_schema", {"$ref": url}).good("3")
+    assert asked == []
+
+
+def test_a_schema_that_fails_its_validator_is_a_failed_grade_in_the_run_and_in_report(tmp_path, server):
+    # {"$ref": "#"} resolves, yet validating anything with it recurses without end: the summary step raised
+    # RecursionError (the run ended 3, "could not be summarized") and `kevload report` printed a traceback.
+    server.behaviour.answer_for = lambda prompt, overlap: '{"a": 1}'
+    path = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2, probes=[
+        {"id": "p1", "prompt": "JSON.", "grade": "json_schema", "expected": {"$ref": "#"}}])
+    code, out = run_cli("run", path, "--out", tmp_path / "r", "--quiet")
+    assert code == 2 and "Traceback" not in out, out
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    (cell,) = summary["cells"]
+    assert (cell["graded_good"], cell["graded_bad"], cell["grade_failed"]) == (0, 0, 2)
+    assert summary["grade_errors"][0].startswith("probe 'p1': json_schema raised RecursionError: ")
+    code, out = run_cli("report", tmp_path / "r", "--format", "json")
+    assert code == 2 and json.loads(out)["grade_errors"] == summary["grade_errors"]
+
+
+def test_report_of_a_run_json_whose_schema_reference_resolves_nowhere_is_bad_input(tmp_path, server):
+    server.behaviour.answer_for = lambda prompt, overlap: '{"a": 1}'
+    path = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2, probes=[
+        {"id": "p1", "prompt": "JSON.", "grade": "json_schema", "expected": {"type": "object"}}])
+    assert run_cli("run", path, "--out", tmp_path / "r", "--quiet")[0] == 0
+    meta = read_json(tmp_path / "r" / "run.json")
+    meta["grading"]["p1"]["expected"] = {"$ref": "#/definitions/missing"}
+    write_json(tmp_path / "r" / "run.json", meta)
+    code, out = run_cli("report", tmp_path / "r", "--format", "json")
+    assert code == 2 and "Traceback" not in out, out
+    assert "grading.p1.expected: expected a JSON Schema whose every reference resolves" in out
 
 
 def test_dataset_line_grading_errors_name_file_and_line(tmp_path):
