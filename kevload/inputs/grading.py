@@ -327,15 +327,39 @@ _PYTHON_SHAPE = "python:module:function, an importable module and a function in 
 
 
 def _refuse_another_of_the_name(top: str, base: str, grade: str) -> None:
-    """``BadGrading`` where ``base`` holds a module ``top`` other than the one of that name already imported: Python
-    keeps one module per name, so a second graders.py beside another dataset would silently grade by the first."""
+    """``BadGrading`` where ``base`` holds a module ``top`` while Python would take another of that name: one already
+    imported (a second graders.py beside another dataset would silently grade by the first) or one installed (a
+    jsonschema.py grader would stand in for the library kevload imports later). Python keeps one module per name."""
+    found = importlib.machinery.PathFinder.find_spec(top, [base])
+    if found is None:
+        return
     loaded = sys.modules.get(top)
-    found = importlib.machinery.PathFinder.find_spec(top, [base]) if loaded is not None else None
-    here = found.origin if found is not None else None
-    there = getattr(getattr(loaded, "__spec__", None), "origin", None)
-    if here and (there is None or Path(here).resolve() != Path(there).resolve()):
-        raise BadGrading("grade", f"{_PYTHON_SHAPE}, by a name no other module of the run has: {top} is already "
-                         f"{there or 'imported'}, not {here}; rename one", grade)
+    if loaded is not None and top in _imported_from:
+        there = _imported_from[top]  # a namespace package's own path follows sys.path, which no longer has its base
+    else:
+        other = loaded.__spec__ if loaded is not None else _spec_elsewhere(top, base)
+        there = _where(other) if other is not None else None
+    if there is not None and there != _where(found):
+        raise BadGrading("grade", f"{_PYTHON_SHAPE}, by a name no other module has: {top} is already "
+                         f"{', '.join(there) or 'imported'}, not {', '.join(_where(found))}; rename yours", grade)
+    _imported_from[top] = _where(found)
+
+
+_imported_from: dict[str, tuple[str, ...]] = {}  # top-level module name: where a grader's import found it
+
+
+def _spec_elsewhere(top: str, base: str) -> Any:
+    """The spec Python would import ``top`` by without ``base`` on its path (None: no such module)."""
+    path = [p for p in sys.path if Path(p or ".").resolve() != Path(base)]
+    builtin = importlib.machinery.BuiltinImporter.find_spec(top) or importlib.machinery.FrozenImporter.find_spec(top)
+    return builtin or importlib.machinery.PathFinder.find_spec(top, path)
+
+
+def _where(spec: Any) -> tuple[str, ...]:
+    """A module's place: its file, or a namespace package's directories (which have no file), resolved."""
+    places = [spec.origin] if spec.origin and spec.origin not in ("built-in", "frozen") else \
+        list(spec.submodule_search_locations or ()) or [spec.origin or ""]
+    return tuple(str(Path(p).resolve()) if p not in ("built-in", "frozen", "") else p for p in places)
 
 
 def _python_name(grade: str) -> tuple[str, str]:

@@ -276,6 +276,43 @@ def test_two_python_graders_of_one_module_name_in_two_directories_are_refused_no
     assert f"{tmp_path / 'a' / 'kevload_test_twin.py'}" in output and f"{tmp_path / 'b'}" in output
 
 
+def test_a_namespace_package_of_one_name_in_two_directories_is_refused_and_the_same_one_again_is_not(tmp_path):
+    import sys
+
+    from kevload.inputs.grading import python_grader
+
+    for folder in ("a", "b"):
+        (tmp_path / folder / "kevload_test_ns").mkdir(parents=True)  # no __init__.py: a namespace package
+        (tmp_path / folder / "kevload_test_ns" / "g.py").write_text("def check(answer, probe, expected):\n"
+                                                                    "    return True\n")
+    try:
+        first = python_grader("python:kevload_test_ns.g:check", tmp_path / "a")
+        assert python_grader("python:kevload_test_ns.g:check", tmp_path / "a") is first
+        with pytest.raises(BadGrading, match=r"kevload_test_ns is already .*/a/kevload_test_ns, not .*/b/"):
+            python_grader("python:kevload_test_ns.g:check", tmp_path / "b")
+    finally:
+        for name in ("kevload_test_ns", "kevload_test_ns.g"):
+            sys.modules.pop(name, None)
+
+
+def test_a_grader_module_named_after_an_installed_library_is_refused_before_it_stands_in_for_it(tmp_path):
+    import sys
+
+    import jsonschema
+
+    from kevload.inputs.grading import python_grader
+
+    (tmp_path / "jsonschema.py").write_text("def check(answer, probe, expected):\n    return True\n")
+    with pytest.raises(BadGrading, match=r"jsonschema is already .*site-packages.*, not .*jsonschema.py; rename"):
+        python_grader("python:jsonschema:check", tmp_path)
+    assert sys.modules["jsonschema"] is jsonschema
+    # One not imported yet (the standard library's tabnanny): found where Python would import it from.
+    (tmp_path / "tabnanny.py").write_text("def check(answer, probe, expected):\n    return True\n")
+    assert "tabnanny" not in sys.modules
+    with pytest.raises(BadGrading, match=r"tabnanny is already .*tabnanny.py, not .*rename"):
+        python_grader("python:tabnanny:check", tmp_path)
+
+
 @pytest.mark.parametrize(("expected", "grade", "tolerance", "key", "words"), [
     (None, "exact", None, "expected", "a string beside grade"),
     ("x", "fuzzy", None, "grade", "one of exact, contains"),
