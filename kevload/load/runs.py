@@ -404,6 +404,15 @@ def _resumed_meta(meta: dict[str, Any], scenario: Scenario, run_dir: Path) -> di
                 raise ScenarioError(f"{run_dir}/run.json: --resume: probe {probe!r} would be asked or graded "
                                     f"otherwise than the run did ({what}); a resume finishes the run as it was: "
                                     "start a new run to ask something else")
+    # What every request carries beside its probe's input: a resume that changed one would mix two askings in a cell.
+    carried = {"target.model": (scenario.target.model, meta["target"].get("model")),
+               "target.api": (scenario.target.api, meta["target"].get("api")),
+               **{f"load.{key}": (getattr(scenario.load, key), meta["load"].get(key))
+                  for key in ("nonce", "stream", "logprobs")}}
+    for key, (now, then) in carried.items():
+        if then is not None and now != then:
+            raise ScenarioError(f"{run_dir}/run.json: --resume: {key} would be {now!r} where the run sent {then!r}; "
+                                "a resume finishes the run as it was: start a new run to ask otherwise")
     grading = grading_json(scenario.probes)
     return {**{k: v for k, v in meta.items() if k != "grading"}, **({"grading": grading} if grading else {})}
 

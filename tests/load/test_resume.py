@@ -109,6 +109,10 @@ def _cut_run(tmp_path: Path, server, probes: list[dict]) -> Path:
     ('probes=[{id="p1",prompt="Say something else.",expected="x"}]', "its input changed"),
     ('probes=[{id="p1",prompt="Say something.",expected="y"}]', "its grading changed"),
     ("params.temperature=0.5", "its params changed"),
+    ('target.model="other"', "target.model would be 'other' where the run sent 'fake'"),
+    ('target.api="completions"', "target.api would be 'completions'"),
+    ("load.nonce=false", "load.nonce would be False where the run sent True"),
+    ("load.stream=true", "load.stream would be True"),
     ('probes=[{id="p1",prompt="Say something.",expected="x"},{id="p2",prompt="q"}]', "the run had no such probe"),
 ])
 def test_resume_refuses_a_scenario_that_asks_or_grades_otherwise_than_the_run(tmp_path, server, change, changed):
