@@ -250,7 +250,10 @@ def _schema(expected: Any, base: Path) -> dict[str, Any]:
     except jsonschema.SchemaError as exc:
         where = "/".join(str(p) for p in exc.absolute_path) or "the top"
         raise BadGrading("expected", f"a valid JSON Schema (at {where}: {exc.message})", schema) from None
-    unresolved = _unresolved_reference(schema, validator)
+    try:
+        unresolved = _unresolved_reference(schema, validator)
+    except Exception as exc:  # the referencing library's walk of an older draft (draft 3's extends) can raise
+        unresolved = f"its references could not be followed ({type(exc).__name__}: {_cut(str(exc))})"
     if unresolved:
         shown = f"the JSON Schema file {path}" if isinstance(expected, str) else "a JSON Schema"
         raise BadGrading("expected", f"{shown} whose every reference resolves within it or to a JSON Schema "

@@ -359,7 +359,10 @@ def test_scenario_malformed_schema_exits_2(tmp_path):
     ({"properties": {"a": {"$ref": "#/$defs/b"}}, "$defs": {"b": {"$ref": "#/$defs/c"}}}, "$ref '#/$defs/c' ("),
     ({"$dynamicRef": "#nowhere"}, "$dynamicRef '#nowhere' (NoSuchAnchor: "),
     ({"$ref": "urn:example:elsewhere"}, "$ref 'urn:example:elsewhere' (Unresolvable: "),
-    ({"$ref": "#/enum/0", "enum": [3]}, "$ref '#/enum/0' (it leads to '3', which is no schema)")])
+    ({"$ref": "#/enum/0", "enum": [3]}, "$ref '#/enum/0' (it leads to '3', which is no schema)"),
+    # Draft 3's extends: the referencing library's walk of it raised (a traceback, exit 1) where it is not refused.
+    ({"$schema": "http://json-schema.org/draft-03/schema#", "extends": {"type": "integer"}},
+     "its references could not be followed (AttributeError: ")])
 def test_a_schema_reference_that_resolves_nowhere_is_refused_before_anything_is_sent(tmp_path, server, schema, why):
     # It passed the metaschema check, and every answer's grading then failed on it after the whole run was sent.
     path = write_scenario(tmp_path / "s.toml", server.url, probes=[
