@@ -310,19 +310,19 @@ def python_grader(grade: str, base: Path) -> Callable[..., Any]:
     """The user's ``python:module:function``, imported (with ``base`` searched first, so a graders.py beside the
     scenario is found); ``BadGrading`` when it is no importable callable."""
     module_name, function_name = _python_name(grade)
-    shape = _PYTHON_SHAPE
     added = str(base.resolve())
     _refuse_another_of_the_name(module_name.partition(".")[0], added, grade)
     sys.path.insert(0, added)
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # the user's module: any error in it is theirs to see, named, not a traceback
-        raise BadGrading("grade", f"{shape} (importing {module_name}: {type(exc).__name__}: {exc})", grade) from None
+        raise BadGrading("grade", f"{_PYTHON_SHAPE} (importing {module_name}: {type(exc).__name__}: {exc})",
+                         grade) from None
     finally:
         sys.path.remove(added)
     function = getattr(module, function_name, None)
     if not callable(function):
-        raise BadGrading("grade", f"{shape} ({module_name} has no function {function_name})", grade)
+        raise BadGrading("grade", f"{_PYTHON_SHAPE} ({module_name} has no function {function_name})", grade)
     return function
 
 
@@ -380,7 +380,7 @@ def module_home(grade: str) -> str | None:
     origin = getattr(getattr(module, "__spec__", None), "origin", None)
     if not origin or not Path(origin).is_file():
         return None
-    depth = grade.split(":")[1].count(".") + (Path(origin).name == "__init__.py")
+    depth = _python_name(grade)[0].count(".") + (Path(origin).name == "__init__.py")
     return str(Path(origin).resolve().parents[depth])
 
 
