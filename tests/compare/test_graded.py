@@ -98,6 +98,28 @@ def test_a_server_wrong_serially_and_right_under_load_flips_bad_to_good(tmp_path
     assert code == 0  # answers got better: no failure under --fail-on bad
 
 
+def test_fail_on_bad_cannot_judge_a_probe_whose_serial_answers_are_mixed_and_min_good_share_gates_it(
+        tmp_path, server):
+    """docs/graded.md: no flip is counted against a mixed serial cell, so --fail-on bad passes a probe gone from 2
+    good of 4 serially to 0 of 4 under load; load.min_good_share fails it."""
+    import itertools
+
+    turns = itertools.count()
+
+    def mixed_then_wrong(prompt: str, overlap: int) -> str:
+        return ("42" if next(turns) % 2 == 0 else "43") if overlap < 2 else "43"
+
+    probes = [{"id": "m", "prompt": "What is 40 + 2?", "expected": 42}]
+    code, out, summary = _run(tmp_path, server, mixed_then_wrong, "--fail-on", "bad", probes=probes, out="bad")
+    cells = {c["concurrency"]: c for c in summary["cells"]}
+    assert (cells[1]["graded_good"], cells[1]["graded_bad"], cells[1]["serial_grade"]) == (2, 2, "mixed")
+    assert (cells[4]["graded_good"], cells[4]["graded_bad"], cells[4]["flips_good_to_bad"]) == (0, 4, None)
+    assert code == 0, out
+    code, out, _ = _run(tmp_path, server, mixed_then_wrong, "--fail-on", "bad", probes=probes, out="share",
+                        min_good_share=0.4)
+    assert code == 1 and "min_good_share" in out, out
+
+
 def test_min_good_share_gates_a_cell_whose_answers_are_too_often_bad(tmp_path, server):
     code, _, summary = _run(tmp_path, server, sums_server, min_good_share=0.75, concurrency=[1], out="serial")
     assert code == 0 and summary["good_share_failed_cells"] == []
