@@ -31,6 +31,7 @@ system-deps: demo-deps
 
 lint: install
 	$(BIN)/ruff check kevload tests bench docs/hooks.py
+	$(BIN)/ruff format --check kevload tests bench docs/hooks.py
 	# The architecture: the layers of setup.cfg's [importlinter] (a lower package never imports a higher one).
 	$(BIN)/lint-imports
 

@@ -17,14 +17,42 @@ def main(path: str, n: int) -> None:
             level = (1, 2, 4, 8)[seq % 4]
             pick = 0 if level < 4 else seq % 50  # levels 4 and 8 drift over 50 outputs
             t = seq * 0.001
-            handle.write(orjson.dumps({
-                "run_id": "bench", "seq": seq, "probe": f"p{seq % 10}", "role": "probe", "mode": "single",
-                "concurrency": level, "rate": None, "sample": seq // 40, "in_flight": level - 1, "status": "ok",
-                "output": OUTPUTS[pick], "sha256": HASHES[pick], "finish_reason": "stop", "prompt_tokens": 7,
-                "completion_tokens": 20, "token_ids": None, "tokens": None, "logprobs": None,
-                "system_fingerprint": None, "t_scheduled": None, "t_send": t, "t_first_byte": t + 0.01,
-                "t_first_token": t + 0.01, "t_last_byte": t + 0.05, "chunks": 20, "max_gap": 0.003, "error": None,
-                "retries": 0, "params": {"temperature": 0, "max_tokens": 20}}) + b"\n")
+            handle.write(
+                orjson.dumps(
+                    {
+                        "run_id": "bench",
+                        "seq": seq,
+                        "probe": f"p{seq % 10}",
+                        "role": "probe",
+                        "mode": "single",
+                        "concurrency": level,
+                        "rate": None,
+                        "sample": seq // 40,
+                        "in_flight": level - 1,
+                        "status": "ok",
+                        "output": OUTPUTS[pick],
+                        "sha256": HASHES[pick],
+                        "finish_reason": "stop",
+                        "prompt_tokens": 7,
+                        "completion_tokens": 20,
+                        "token_ids": None,
+                        "tokens": None,
+                        "logprobs": None,
+                        "system_fingerprint": None,
+                        "t_scheduled": None,
+                        "t_send": t,
+                        "t_first_byte": t + 0.01,
+                        "t_first_token": t + 0.01,
+                        "t_last_byte": t + 0.05,
+                        "chunks": 20,
+                        "max_gap": 0.003,
+                        "error": None,
+                        "retries": 0,
+                        "params": {"temperature": 0, "max_tokens": 20},
+                    }
+                )
+                + b"\n"
+            )
 
 
 if __name__ == "__main__":

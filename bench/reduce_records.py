@@ -29,10 +29,20 @@ def main() -> None:
     seconds = time.perf_counter() - start
     # The reader's own peak plus the largest worker's (children report theirs through getrusage).
     workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    print(json.dumps({"seconds": seconds, "cells": len(summary.cells), "requests": summary.requests,
-                      "rss_peak_mb": hwm_mb(), "worker_rss_peak_mb": workers}))
+    print(
+        json.dumps(
+            {
+                "seconds": seconds,
+                "cells": len(summary.cells),
+                "requests": summary.requests,
+                "rss_peak_mb": hwm_mb(),
+                "worker_rss_peak_mb": workers,
+            }
+        )
+    )
 
 
-# The reduction's processes are spawned and import this file again: only the script's own run reduces.
+# The reduction's processes are spawned and import this file again: only the script's own run
+# reduces.
 if __name__ == "__main__":
     main()

@@ -14,7 +14,12 @@ import uvloop
 
 
 async def main(url: str, concurrency: int, requests: int, stream: bool) -> dict:
-    body = {"model": "bench", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 20, "stream": stream}
+    body = {
+        "model": "bench",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 20,
+        "stream": stream,
+    }
     semaphore = asyncio.Semaphore(concurrency)
     outputs = []
 
@@ -35,7 +40,12 @@ async def main(url: str, concurrency: int, requests: int, stream: bool) -> dict:
         start = time.perf_counter()
         await asyncio.gather(*(one(session) for _ in range(requests)))
         seconds = time.perf_counter() - start
-    return {"requests": len(outputs), "seconds": seconds, "distinct": len(set(outputs)), "loop": loop_name()}
+    return {
+        "requests": len(outputs),
+        "seconds": seconds,
+        "distinct": len(set(outputs)),
+        "loop": loop_name(),
+    }
 
 
 def loop_name() -> str:

@@ -27,12 +27,16 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-STEP_REQUESTS = 2000  # per run measuring the step from an answer to the next send (one slot per worker)
+STEP_REQUESTS = (
+    2000  # per run measuring the step from an answer to the next send (one slot per worker)
+)
 sys.path.insert(0, str(ROOT))
 
 from kevload.servers.processes import free_port, start_server, stop_group, wait_ready  # noqa: E402
 
-GUIDELLM_VENV = Path(os.environ.get("KEVLOAD_CACHE", Path.home() / ".cache" / "kevload")) / "bench" / "guidellm"
+GUIDELLM_VENV = (
+    Path(os.environ.get("KEVLOAD_CACHE", Path.home() / ".cache" / "kevload")) / "bench" / "guidellm"
+)
 WRK_LUA = (
     'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
     'wrk.body = \'{"model": "bench", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 20}\'\n'
@@ -44,11 +48,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--requests", type=int, default=20000)
     parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--skip-long", action="store_true", help="skip the 200k-request and 1M-record runs")
-    parser.add_argument("--only", choices=("until-bound", "scaling", "server-metrics", "throttle"),
-                        help="run only this section (until-bound: real targets; scaling: worker processes; "
-                             "server-metrics: what sampling /metrics costs; throttle: asyncio-throttle against "
-                             "the open loop's schedule)")
+    parser.add_argument(
+        "--skip-long", action="store_true", help="skip the 200k-request and 1M-record runs"
+    )
+    parser.add_argument(
+        "--only",
+        choices=("until-bound", "scaling", "server-metrics", "throttle"),
+        help="run only this section (until-bound: real targets; scaling: worker processes; "
+        "server-metrics: what sampling /metrics costs; throttle: asyncio-throttle against "
+        "the open loop's schedule)",
+    )
     args = parser.parse_args(argv)
     if args.only == "throttle":
         return _write({"machine": _machine(), "throttle": throttle(args.repeats)}, "throttle")
@@ -60,8 +69,12 @@ def main(argv: list[str] | None = None) -> int:
         return _write({"machine": _machine(), "until_bound": until_bound()}, "until-bound")
     if args.only == "scaling":
         with Endpoint() as endpoint:
-            results = {"machine": _machine(), "concurrency": args.concurrency, "requests": args.requests,
-                       "scaling": scaling(endpoint, args)}
+            results = {
+                "machine": _machine(),
+                "concurrency": args.concurrency,
+                "requests": args.requests,
+                "scaling": scaling(endpoint, args),
+            }
         print_scaling(results["scaling"])
         return _write(results, "scaling")
     with Endpoint() as endpoint:
@@ -116,8 +129,9 @@ def scaling(endpoint: Endpoint, args: argparse.Namespace) -> dict:
     calls (one level a run).
     """
     counts = [1, 2] + ([4] if (os.cpu_count() or 1) >= 4 else [])
-    setups = [(f"workers={n}", ["--workers", str(n)]) for n in counts] + [("workers=2 ray local",
-                                                                           ["--workers", "2", "--ray", "local"])]
+    setups = [(f"workers={n}", ["--workers", str(n)]) for n in counts] + [
+        ("workers=2 ray local", ["--workers", "2", "--ray", "local"])
+    ]
     rows: dict[str, list[dict]] = {}
     for _ in range(args.repeats):
         for stream in (False, True):
@@ -126,26 +140,45 @@ def scaling(endpoint: Endpoint, args: argparse.Namespace) -> dict:
             for name, extra in setups:
                 run = run_kevload(url, args.requests, args.concurrency, stream, extra)
                 rows.setdefault(f"{mode} c={args.concurrency} {name}", []).append(run)
-        for workers, extra in ((1, []), (2, ["--workers", "2"]), (2, ["--workers", "2", "--ray", "local"])):
-            name = " ".join(["workers=2", *(["ray local"] if "--ray" in extra else [])]) if workers == 2 \
+        for workers, extra in (
+            (1, []),
+            (2, ["--workers", "2"]),
+            (2, ["--workers", "2", "--ray", "local"]),
+        ):
+            name = (
+                " ".join(["workers=2", *(["ray local"] if "--ray" in extra else [])])
+                if workers == 2
                 else "workers=1"
+            )
             run = run_kevload(endpoint.plain, STEP_REQUESTS, workers, False, extra)
             rows.setdefault(f"non-stream c={workers} {name}", []).append(run)
     table = {key: _stats(samples) for key, samples in rows.items()}
     rates = [coordinator_rate() for _ in range(args.repeats)]
-    return {**table, "coordinator calls/s": {"median": statistics.median(rates), "min": min(rates), "max": max(rates)}}
+    return {
+        **table,
+        "coordinator calls/s": {
+            "median": statistics.median(rates),
+            "min": min(rates),
+            "max": max(rates),
+        },
+    }
 
 
 def coordinator_rate() -> float:
     """Calls one coordinator actor answers per second, 64 callers at once (Ray's start not included)."""
-    out, *_ = measured([sys.executable, str(BENCH / "coordinator_rate.py")],
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out, *_ = measured(
+        [sys.executable, str(BENCH / "coordinator_rate.py")],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     return json.loads(out.strip().splitlines()[-1])["calls_per_s"]
 
 
 def print_scaling(table: dict) -> None:
-    print("| mode | c | workers | req/s in run | req/s whole run | answer → next send (ms) | coordinator calls / level "
-          "| full-load share (never full) | CPU s / 1000 req |")
+    print(
+        "| mode | c | workers | req/s in run | req/s whole run | answer → next send (ms) | "
+        "coordinator calls / level "
+        "| full-load share (never full) | CPU s / 1000 req |"
+    )
     print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for key, stats in table.items():
         if key == "coordinator calls/s":
@@ -159,13 +192,20 @@ def print_scaling(table: dict) -> None:
         calls = f"{stats['calls_median']:g}" if stats.get("calls_median") is not None else "–"
         full = stats.get("full_load_share_min")
         full = f"{full:.1%} ({stats['samples_never_full_max']})" if full is not None else "–"
-        print(f"| {mode} | {c} | {workers} | {stats['in_run_rps_median']:,.0f} ({stats['in_run_rps_min']:,.0f}–"
-              f"{stats['in_run_rps_max']:,.0f}) | {stats['rps_median']:,.0f} | {step} | {calls} | {full} "
-              f"| {stats['cpu_per_1000']:.3f} |")
+        print(
+            f"| {mode} | {c} | {workers} | {stats['in_run_rps_median']:,.0f} "
+            f"({stats['in_run_rps_min']:,.0f}–"
+            f"{stats['in_run_rps_max']:,.0f}) | {stats['rps_median']:,.0f} | {step} | {calls} | "
+            f"{full} "
+            f"| {stats['cpu_per_1000']:.3f} |"
+        )
     if "coordinator calls/s" in table:
         rate = table["coordinator calls/s"]
-        print(f"\none coordinator actor: {rate['median']:,.0f} calls/s ({rate['min']:,.0f}–{rate['max']:,.0f}), "
-              "64 callers at once")
+        print(
+            f"\none coordinator actor: {rate['median']:,.0f} calls/s "
+            f"({rate['min']:,.0f}–{rate['max']:,.0f}), "
+            "64 callers at once"
+        )
 
 
 class Endpoint:
@@ -218,8 +258,10 @@ def measured(argv: list[str], env: dict[str, str] | None = None) -> tuple[str, f
         wall = time.perf_counter() - start
         if proc.returncode != 0:
             errors.seek(0)
-            raise RuntimeError(f"{Path(argv[1] if len(argv) > 1 else argv[0]).name} failed ({proc.returncode}): "
-                               f"{errors.read().decode(errors='replace')[-800:]}")
+            raise RuntimeError(
+                f"{Path(argv[1] if len(argv) > 1 else argv[0]).name} failed ({proc.returncode}): "
+                f"{errors.read().decode(errors='replace')[-800:]}"
+            )
         output.seek(0)
         out = output.read().decode()
     return out, wall, usage.ru_utime + usage.ru_stime, peak
@@ -256,8 +298,15 @@ def run_reference(url: str, n: int, c: int, stream: bool, loop: str = "uvloop") 
     }
 
 
-def run_kevload(url: str, n: int, c: int, stream: bool, extra: list[str] = (), loop: str = "uvloop",
-                client: Path = BENCH / "kevload_client.py") -> dict:
+def run_kevload(
+    url: str,
+    n: int,
+    c: int,
+    stream: bool,
+    extra: list[str] = (),
+    loop: str = "uvloop",
+    client: Path = BENCH / "kevload_client.py",
+) -> dict:
     """kevload's run of ``n`` requests at ``c``; ``client``: the script that drives it (the smoke test's check of
     itself drives a deliberately slowed one)."""
     argv = [
@@ -274,7 +323,9 @@ def run_kevload(url: str, n: int, c: int, stream: bool, extra: list[str] = (), l
     ] + (["--stream"] if stream else [])
     out, wall, cpu, rss = measured(argv, env={**os.environ, "PYTHONPATH": str(ROOT)})
     doc = json.loads(out)
-    assert doc["records_written"] == doc["requests"] == doc["ok"], doc  # every request hashed and written
+    assert doc["records_written"] == doc["requests"] == doc["ok"], (
+        doc
+    )  # every request hashed and written
     return {
         "loop": doc["loop"],
         "rps": doc["requests"] / doc["seconds"],
@@ -300,7 +351,9 @@ def run_wrk(url: str, c: int, seconds: int = 4) -> dict:
         [wrk, "-t1", f"-c{c}", f"-d{seconds}s", "-s", script.name, f"{url}/chat/completions"]
     )
     os.unlink(script.name)
-    rps = float(next(line.split()[1] for line in out.splitlines() if line.startswith("Requests/sec")))
+    rps = float(
+        next(line.split()[1] for line in out.splitlines() if line.startswith("Requests/sec"))
+    )
     return {"rps": rps, "cpu_per_1000": 1000 * cpu / (rps * seconds), "rss_mb": rss}
 
 
@@ -345,12 +398,24 @@ def throughput(endpoint: Endpoint, args: argparse.Namespace) -> dict:
             # Alternate, so drift in machine load hits every client alike.
             for name, run in (
                 ("wrk", lambda u=url: run_wrk(u, args.concurrency)),
-                ("reference", lambda u=url, s=stream: run_reference(u, args.requests, args.concurrency, s)),
-                ("kevload", lambda u=url, s=stream: run_kevload(u, args.requests, args.concurrency, s)),
-                ("guidellm", lambda u=url: run_guidellm(u, min(args.requests, 3000), args.concurrency)),
+                (
+                    "reference",
+                    lambda u=url, s=stream: run_reference(u, args.requests, args.concurrency, s),
+                ),
+                (
+                    "kevload",
+                    lambda u=url, s=stream: run_kevload(u, args.requests, args.concurrency, s),
+                ),
+                (
+                    "guidellm",
+                    lambda u=url: run_guidellm(u, min(args.requests, 3000), args.concurrency),
+                ),
             ):
                 rows.setdefault(mode, {}).setdefault(name, []).append(run())
-    return {mode: {name: _stats(samples) for name, samples in by_client.items()} for mode, by_client in rows.items()}
+    return {
+        mode: {name: _stats(samples) for name, samples in by_client.items()}
+        for mode, by_client in rows.items()
+    }
 
 
 def schedule(endpoint: Endpoint, rate: float = 500.0, n: int = 5000, repeats: int = 3) -> dict:
@@ -397,12 +462,19 @@ def comparator(n: int = 1_000_000) -> dict:
     return {"records": n, **json.loads(out)}
 
 
-UNTIL_PROBE = {"id": "story", "prompt": "Write a short story about a robot learning to paint.",
-               # Short answers: every request is CPU generation on cores the client shares.
-               "max_tokens": 32}
-# (target, mode, levels): transformers' continuous batching drifts under load, llama.cpp's slots did not.
-UNTIL_RUNS = (("transformers", "single", [1, 4]), ("transformers", "mixed", [1, 4]),
-              ("llamacpp", "single", [1, 2, 4]))
+UNTIL_PROBE = {
+    "id": "story",
+    "prompt": "Write a short story about a robot learning to paint.",
+    # Short answers: every request is CPU generation on cores the client shares.
+    "max_tokens": 32,
+}
+# (target, mode, levels): transformers' continuous batching drifts under load, llama.cpp's slots did
+# not.
+UNTIL_RUNS = (
+    ("transformers", "single", [1, 4]),
+    ("transformers", "mixed", [1, 4]),
+    ("llamacpp", "single", [1, 2, 4]),
+)
 
 
 def until_bound(bound: float = 0.05) -> list[dict]:
@@ -415,16 +487,31 @@ def until_bound(bound: float = 0.05) -> list[dict]:
     out = ROOT / "results" / "bench" / f"until-bound-{time.strftime('%Y%m%d-%H%M%S')}"
     rows = []
     for name in dict.fromkeys(target for target, _, _ in UNTIL_RUNS):
-        with running_target(name, log=lambda m: print(f"  {m}", file=sys.stderr), slots=4) as target:
+        with running_target(
+            name, log=lambda m: print(f"  {m}", file=sys.stderr), slots=4
+        ) as target:
             for _, mode, levels in (run for run in UNTIL_RUNS if run[0] == name):
-                raw = {"target": {"base_url": target.url, "model": target.model, "timeout": 300},
-                       "params": {"temperature": 0, "top_p": 1, "seed": 1234},
-                       "load": {"mode": mode, "concurrency": levels, "samples": 8, "until_bound": bound},
-                       "probes": [UNTIL_PROBE]}
-                scenario = scenario_from_dict(raw, source="bench", name=f"until-bound-{name}-{mode}")
+                raw = {
+                    "target": {"base_url": target.url, "model": target.model, "timeout": 300},
+                    "params": {"temperature": 0, "top_p": 1, "seed": 1234},
+                    "load": {
+                        "mode": mode,
+                        "concurrency": levels,
+                        "samples": 8,
+                        "until_bound": bound,
+                    },
+                    "probes": [UNTIL_PROBE],
+                }
+                scenario = scenario_from_dict(
+                    raw, source="bench", name=f"until-bound-{name}-{mode}"
+                )
                 start = time.perf_counter()
                 result = asyncio.run(run_scenario(scenario, out / f"{name}-{mode}"))
-                rows.append(_until_row(name, mode, result.run_dir, result.summary, time.perf_counter() - start))
+                rows.append(
+                    _until_row(
+                        name, mode, result.run_dir, result.summary, time.perf_counter() - start
+                    )
+                )
                 print_until([rows[-1]], bound)
     return rows
 
@@ -438,26 +525,53 @@ def _until_row(name: str, mode: str, run_dir: Path, summary, seconds: float) -> 
     for r in RunDir(run_dir).records():
         if r.role == "probe":
             sent[r.concurrency] = sent.get(r.concurrency, 0) + 1
-    cells = [{"concurrency": c.concurrency, "n": c.ok + sum(c.errors.values()), "ok": c.ok,
-              "distinct": c.distinct, "stop_reason": c.stop_reason, "drift": c.drift,
-              "drift_rate_upper_95": c.drift_rate_upper_95, "probe_requests": sent.get(c.concurrency, 0),
-              # None where the server returned no logprobs to compare.
-              "logprob_bitwise": c.logprob_bitwise}
-             for c in summary.cells if c.role == "probe"]
-    return {"target": name, "mode": mode, "verdict": summary.verdict, "seconds": round(seconds, 1),
-            "probe_requests": sum(sent.values()), "run_dir": str(run_dir.relative_to(ROOT)), "cells": cells}
+    cells = [
+        {
+            "concurrency": c.concurrency,
+            "n": c.ok + sum(c.errors.values()),
+            "ok": c.ok,
+            "distinct": c.distinct,
+            "stop_reason": c.stop_reason,
+            "drift": c.drift,
+            "drift_rate_upper_95": c.drift_rate_upper_95,
+            "probe_requests": sent.get(c.concurrency, 0),
+            # None where the server returned no logprobs to compare.
+            "logprob_bitwise": c.logprob_bitwise,
+        }
+        for c in summary.cells
+        if c.role == "probe"
+    ]
+    return {
+        "target": name,
+        "mode": mode,
+        "verdict": summary.verdict,
+        "seconds": round(seconds, 1),
+        "probe_requests": sum(sent.values()),
+        "run_dir": str(run_dir.relative_to(ROOT)),
+        "cells": cells,
+    }
 
 
 def print_until(rows: list[dict], bound: float = 0.05) -> None:
     for row in rows:
-        print(f"\n{row['target']} {row['mode']}, --until-bound {bound:.0%}: {row['verdict']}, "
-              f"{row['probe_requests']} probe requests in {row['seconds']:.0f} s ({row['run_dir']})")
+        print(
+            f"\n{row['target']} {row['mode']}, --until-bound {bound:.0%}: {row['verdict']}, "
+            f"{row['probe_requests']} probe requests in {row['seconds']:.0f} s ({row['run_dir']})"
+        )
         for c in row["cells"]:
-            claim = (f"drift rate < {c['drift_rate_upper_95']:.2%}" if c["drift_rate_upper_95"] is not None
-                     else f"{c['distinct']} distinct")
-            bitwise = "" if c["logprob_bitwise"] is None else f", logprob_bitwise {c['logprob_bitwise']}"
-            print(f"  c={c['concurrency']}: n={c['n']} counted ({c['probe_requests']} probe requests sent), "
-                  f"stop {c['stop_reason']}, {claim}{bitwise}")
+            claim = (
+                f"drift rate < {c['drift_rate_upper_95']:.2%}"
+                if c["drift_rate_upper_95"] is not None
+                else f"{c['distinct']} distinct"
+            )
+            bitwise = (
+                "" if c["logprob_bitwise"] is None else f", logprob_bitwise {c['logprob_bitwise']}"
+            )
+            print(
+                f"  c={c['concurrency']}: n={c['n']} counted ({c['probe_requests']} probe requests "
+                f"sent), "
+                f"stop {c['stop_reason']}, {claim}{bitwise}"
+            )
 
 
 # Seconds between reads of the server's /metrics, None: not read (target.metrics_url = "off").
@@ -480,28 +594,57 @@ def server_metrics_cost(rounds: int = 3) -> dict:
         servermetrics.read_view(page)
     parse_ms = (time.process_time() - start) / reads * 1000
     runs: dict[str, list[dict]] = {}
-    with tempfile.TemporaryDirectory() as tmp, running_target("llamacpp", slots=4, log=lambda m: None) as target:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        running_target("llamacpp", slots=4, log=lambda m: None) as target,
+    ):
         server_ms = _server_cpu_ms_per_read(target.pid, target.url.removesuffix("/v1") + "/metrics")
         print(f"  llama.cpp: {server_ms:.3f} ms CPU per /metrics read", file=sys.stderr)
         for round_ in range(rounds):
             for interval in METRICS_INTERVALS:
                 servermetrics.INTERVAL_S = interval or servermetrics.INTERVAL_S
-                raw = {"target": {"base_url": target.url, "model": target.model, "timeout": 300,
-                                  "metrics_url": "auto" if interval else "off"},
-                       "params": {"temperature": 0, "seed": 1234},
-                       "load": {"concurrency": [4], "samples": 16}, "probes": [UNTIL_PROBE]}
+                raw = {
+                    "target": {
+                        "base_url": target.url,
+                        "model": target.model,
+                        "timeout": 300,
+                        "metrics_url": "auto" if interval else "off",
+                    },
+                    "params": {"temperature": 0, "seed": 1234},
+                    "load": {"concurrency": [4], "samples": 16},
+                    "probes": [UNTIL_PROBE],
+                }
                 scenario = scenario_from_dict(raw, source="bench", name="server-metrics")
-                cell = asyncio.run(run_scenario(scenario, Path(tmp) / f"{interval}-{round_}")).summary.cells[0]
+                cell = asyncio.run(
+                    run_scenario(scenario, Path(tmp) / f"{interval}-{round_}")
+                ).summary.cells[0]
                 name = "off" if interval is None else f"{interval:g} s"
-                runs.setdefault(name, []).append({"rps": cell.requests_per_s, "e2e_p50_s": cell.latency["e2e"]["p50"],
-                                                  "samples": cell.server_samples})
-                print(f"  round {round_ + 1}, /metrics {name}: {cell.requests_per_s:.2f} req/s", file=sys.stderr)
-    return {"parse_ms_per_read": round(parse_ms, 3), "page_bytes": len(page), "rounds": rounds,
-            "llamacpp_cpu_ms_per_read": round(server_ms, 3),
-            "llamacpp_c4": {name: {"rps_median": statistics.median(r["rps"] for r in rows),
-                                   "rps": [r["rps"] for r in rows],
-                                   "e2e_p50_median_s": statistics.median(r["e2e_p50_s"] for r in rows),
-                                   "samples": [r["samples"] for r in rows]} for name, rows in runs.items()}}
+                runs.setdefault(name, []).append(
+                    {
+                        "rps": cell.requests_per_s,
+                        "e2e_p50_s": cell.latency["e2e"]["p50"],
+                        "samples": cell.server_samples,
+                    }
+                )
+                print(
+                    f"  round {round_ + 1}, /metrics {name}: {cell.requests_per_s:.2f} req/s",
+                    file=sys.stderr,
+                )
+    return {
+        "parse_ms_per_read": round(parse_ms, 3),
+        "page_bytes": len(page),
+        "rounds": rounds,
+        "llamacpp_cpu_ms_per_read": round(server_ms, 3),
+        "llamacpp_c4": {
+            name: {
+                "rps_median": statistics.median(r["rps"] for r in rows),
+                "rps": [r["rps"] for r in rows],
+                "e2e_p50_median_s": statistics.median(r["e2e_p50_s"] for r in rows),
+                "samples": [r["samples"] for r in rows],
+            }
+            for name, rows in runs.items()
+        },
+    }
 
 
 def _server_cpu_ms_per_read(pid: int, url: str, reads: int = 2000) -> float:
@@ -526,32 +669,49 @@ def _vllm_sized_page() -> str:
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
     registry, labels = CollectorRegistry(), ["model_name", "engine"]
-    for name in ("num_requests_running", "num_requests_waiting", *(f"gauge_{i}" for i in range(12))):
+    for name in (
+        "num_requests_running",
+        "num_requests_waiting",
+        *(f"gauge_{i}" for i in range(12)),
+    ):
         Gauge(f"vllm:{name}", "doc", labels, registry=registry).labels("m", "0").set(2)
     for i in range(10):
         Counter(f"vllm:counter_{i}", "doc", labels, registry=registry).labels("m", "0").inc(5)
     for i in range(14):
-        Histogram(f"vllm:histogram_{i}", "doc", labels, buckets=[0.001 * 2**k for k in range(25)],
-                  registry=registry).labels("m", "0").observe(0.3)
+        Histogram(
+            f"vllm:histogram_{i}",
+            "doc",
+            labels,
+            buckets=[0.001 * 2**k for k in range(25)],
+            registry=registry,
+        ).labels("m", "0").observe(0.3)
     return generate_latest(registry).decode()
 
 
 def print_server_metrics(cost: dict) -> None:
-    print(f"\nserver metrics: the driver {cost['parse_ms_per_read']:.2f} ms CPU per read of a "
-          f"{cost['page_bytes']:,}-byte page, llama.cpp {cost['llamacpp_cpu_ms_per_read']:.3f} ms per read; "
-          f"llama.cpp c=4, {cost['rounds']} rounds, median:")
+    print(
+        f"\nserver metrics: the driver {cost['parse_ms_per_read']:.2f} ms CPU per read of a "
+        f"{cost['page_bytes']:,}-byte page, llama.cpp {cost['llamacpp_cpu_ms_per_read']:.3f} ms "
+        f"per read; "
+        f"llama.cpp c=4, {cost['rounds']} rounds, median:"
+    )
     for name, row in cost["llamacpp_c4"].items():
-        print(f"  /metrics {name}: {row['rps_median']:.2f} req/s ({', '.join(f'{r:.2f}' for r in row['rps'])}), "
-              f"e2e p50 {row['e2e_p50_median_s'] * 1000:.0f} ms, samples per cell {row['samples']}")
+        print(
+            f"  /metrics {name}: {row['rps_median']:.2f} req/s ({', '.join(f'{r:.2f}' for r in row['rps'])}), "
+            f"e2e p50 {row['e2e_p50_median_s'] * 1000:.0f} ms, samples per cell {row['samples']}"
+        )
 
 
 def print_table(results: dict) -> None:
     print(
         f"\nkevload bench — client and server share {results['machine']['cores']} cores; "
-        f"concurrency {results['concurrency']}, {results['requests']} requests a run; median (min–max)"
+        f"concurrency {results['concurrency']}, {results['requests']} requests a run; median "
+        f"(min–max)"
     )
-    # µs/req: wall time per request (1e6 / req/s), the client's and the server's together on the shared cores; for
-    # kevload also in-run (first send to last answer, without start-up and summary), the figure the ratio is held to.
+    # µs/req: wall time per request (1e6 / req/s), the client's and the server's together on the
+    # shared cores; for
+    # kevload also in-run (first send to last answer, without start-up and summary), the figure the
+    # ratio is held to.
     header = (
         f"{'mode':11} {'client':10} {'req/s':>24} {'µs/req':>7} {'in-run req/s':>13} {'µs/req':>7} "
         f"{'× reference':>20} {'× wrk':>8} {'CPU s/1k req':>13} {'peak RSS':>9}"
@@ -570,13 +730,19 @@ def print_table(results: dict) -> None:
             vs_wrk = f"{s['rps_median'] / wrk:.3f}" if wrk else "-"
             rss = f"{s['rss_mb']:.0f} MB" if s.get("rss_mb") else "-"
             in_run = s.get("in_run_rps_median")
-            in_run_cols = f"{in_run:>13,.0f} {1e6 / in_run:>7.1f}" if in_run else f"{'-':>13} {'-':>7}"
+            in_run_cols = (
+                f"{in_run:>13,.0f} {1e6 / in_run:>7.1f}" if in_run else f"{'-':>13} {'-':>7}"
+            )
             ratio += f" ({in_run / ref:.2f} in-run)" if in_run and ref else ""
-            print(f"{mode:11} {name:10} {span:>24} {1e6 / s['rps_median']:>7.1f} {in_run_cols} {ratio:>20} "
-                  f"{vs_wrk:>8} {s['cpu_per_1000']:>13.3f} {rss:>9}")
+            print(
+                f"{mode:11} {name:10} {span:>24} {1e6 / s['rps_median']:>7.1f} {in_run_cols} "
+                f"{ratio:>20} "
+                f"{vs_wrk:>8} {s['cpu_per_1000']:>13.3f} {rss:>9}"
+            )
     sch = results["schedule"]
     print(
-        f"\nschedule at {sch['rate']:.0f} req/s ({sch['requests']} requests × {sch['repeats']}): lateness p50 "
+        f"\nschedule at {sch['rate']:.0f} req/s ({sch['requests']} requests × {sch['repeats']}): "
+        f"lateness p50 "
         f"{sch['lateness_p50_ms']['median']:.3f} ms, p99 {sch['lateness_p99_ms']['median']:.3f} ms "
         f"(runs {sch['lateness_p99_ms']['min']:.3f}–{sch['lateness_p99_ms']['max']:.3f}), "
         f"max {sch['lateness_max_ms']['median']:.3f} ms"
@@ -585,13 +751,15 @@ def print_table(results: dict) -> None:
         m = results["flat_memory"]
         print(
             f"memory over {m['requests']:,} requests: RSS {m['rss_at_20k_mb']:.1f} MB at 20,000, "
-            f"{m['rss_end_mb']:.1f} MB at the end ({m['growth']:+.1%}); {m['records_written']:,} records written"
+            f"{m['rss_end_mb']:.1f} MB at the end ({m['growth']:+.1%}); {m['records_written']:,} "
+            f"records written"
         )
     if "comparator" in results:
         c = results["comparator"]
         print(
             f"comparator: {c['records']:,} records reduced to matrices in {c['seconds']:.2f} s, "
-            f"peak RSS {c['rss_peak_mb']:.0f} MB + {c['worker_rss_peak_mb']:.0f} MB per reader process "
+            f"peak RSS {c['rss_peak_mb']:.0f} MB + {c['worker_rss_peak_mb']:.0f} MB per reader "
+            f"process "
             f"({os.cpu_count()} readers)"
         )
 
@@ -606,16 +774,29 @@ def _stats(samples: list[dict]) -> dict:
     steps = [s["step_s"] for s in samples if s.get("step_s") is not None]
     calls = [s["coordinator_calls"] for s in samples if s.get("coordinator_calls") is not None]
     return {
-        **({"in_run_rps_median": statistics.median(in_run), "in_run_rps_min": min(in_run),
-            "in_run_rps_max": max(in_run)} if in_run else {}),
+        **(
+            {
+                "in_run_rps_median": statistics.median(in_run),
+                "in_run_rps_min": min(in_run),
+                "in_run_rps_max": max(in_run),
+            }
+            if in_run
+            else {}
+        ),
         "step_median": statistics.median(steps) if steps else None,
         "calls_median": statistics.median(calls) if calls else None,
-        # The promise, from the records: the lowest full-load share of any run, the most samples never full.
-        "full_load_share_min": min((s["full_load_share"] for s in samples if s.get("full_load_share") is not None),
-                                   default=None),
-        # Only kevload's runs have records to say it; wrk's, the reference client's and GuideLLM's rows say nothing.
-        "samples_never_full_max": max((s["samples_never_full"] or 0 for s in samples if "samples_never_full" in s),
-                                      default=None),
+        # The promise, from the records: the lowest full-load share of any run, the most samples
+        # never full.
+        "full_load_share_min": min(
+            (s["full_load_share"] for s in samples if s.get("full_load_share") is not None),
+            default=None,
+        ),
+        # Only kevload's runs have records to say it; wrk's, the reference client's and GuideLLM's
+        # rows say nothing.
+        "samples_never_full_max": max(
+            (s["samples_never_full"] or 0 for s in samples if "samples_never_full" in s),
+            default=None,
+        ),
         "rps_median": statistics.median(rps),
         "rps_min": min(rps),
         "rps_max": max(rps),
@@ -626,7 +807,11 @@ def _stats(samples: list[dict]) -> dict:
 
 
 def _ms(values: list[float]) -> dict:
-    return {"median": 1000 * statistics.median(values), "min": 1000 * min(values), "max": 1000 * max(values)}
+    return {
+        "median": 1000 * statistics.median(values),
+        "min": 1000 * min(values),
+        "max": 1000 * max(values),
+    }
 
 
 def _machine() -> dict:

@@ -50,8 +50,11 @@ def measure(rate: float = 200.0, n: int = 400, repeats: int = 3) -> dict:
     limiters = {
         "kevload": lambda: _kevload(rate, n),
         "throttle(1 per 1/rate)": lambda: _throttled(Throttler(1, period=1 / rate), rate, n),
-        # Its default poll (10 ms) is longer than the period at 200/s: polled at a tenth of the period, it can keep up.
-        "throttle(… 1/10 poll)": lambda: _throttled(Throttler(1, period=1 / rate, retry_interval=0.1 / rate), rate, n),
+        # Its default poll (10 ms) is longer than the period at 200/s: polled at a tenth of the
+        # period, it can keep up.
+        "throttle(… 1/10 poll)": lambda: _throttled(
+            Throttler(1, period=1 / rate, retry_interval=0.1 / rate), rate, n
+        ),
         "throttle(rate per 1 s)": lambda: _throttled(Throttler(int(rate), period=1.0), rate, n),
     }
     runs: dict[str, list[dict]] = {name: [] for name in limiters}
@@ -60,18 +63,39 @@ def measure(rate: float = 200.0, n: int = 400, repeats: int = 3) -> dict:
             cpu, wall = time.process_time(), time.perf_counter()
             late = sorted(uvloop.run(make()))
             cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-            runs[name].append({"p50": late[len(late) // 2] * 1e3, "p99": late[int(0.99 * (len(late) - 1))] * 1e3,
-                               "max": late[-1] * 1e3, "early": sum(x < -1e-4 for x in late) / n,
-                               "rate": n / wall, "cpu_ms_per_1k": cpu * 1e3 * 1000 / n})
-    return {"rate": rate, "sends": n, "repeats": repeats,
-            "limiters": {name: {key: round(statistics.median(r[key] for r in rows), 3) for key in rows[0]}
-                         for name, rows in runs.items()}}
+            runs[name].append(
+                {
+                    "p50": late[len(late) // 2] * 1e3,
+                    "p99": late[int(0.99 * (len(late) - 1))] * 1e3,
+                    "max": late[-1] * 1e3,
+                    "early": sum(x < -1e-4 for x in late) / n,
+                    "rate": n / wall,
+                    "cpu_ms_per_1k": cpu * 1e3 * 1000 / n,
+                }
+            )
+    return {
+        "rate": rate,
+        "sends": n,
+        "repeats": repeats,
+        "limiters": {
+            name: {key: round(statistics.median(r[key] for r in rows), 3) for key in rows[0]}
+            for name, rows in runs.items()
+        },
+    }
 
 
 def print_throttle(result: dict) -> None:
-    print(f"\nlimiter at {result['rate']:.0f} sends/s ({result['sends']} sends × {result['repeats']}, no request "
-          "behind them): lateness against the schedule")
-    print(f"{'limiter':24} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9} {'early':>7} {'sends/s':>8} {'CPU ms/1k':>10}")
+    print(
+        f"\nlimiter at {result['rate']:.0f} sends/s ({result['sends']} sends × "
+        f"{result['repeats']}, no request "
+        "behind them): lateness against the schedule"
+    )
+    print(
+        f"{'limiter':24} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9} {'early':>7} {'sends/s':>8} "
+        f"{'CPU ms/1k':>10}"
+    )
     for name, row in result["limiters"].items():
-        print(f"{name:24} {row['p50']:9.3f} {row['p99']:9.3f} {row['max']:9.3f} {row['early']:7.1%} "
-              f"{row['rate']:8.1f} {row['cpu_ms_per_1k']:10.1f}")
+        print(
+            f"{name:24} {row['p50']:9.3f} {row['p99']:9.3f} {row['max']:9.3f} {row['early']:7.1%} "
+            f"{row['rate']:8.1f} {row['cpu_ms_per_1k']:10.1f}"
+        )

@@ -16,7 +16,8 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 # The one place the scenario module is named: the tables below are reached from it.
 SCENARIO_MODULE = "kevload.inputs.scenario"
 MARKER = "<!-- scenario-keys -->"
-# The TOML tables, in the order a scenario file writes them; a dataclass inside one is a table of its own.
+# The TOML tables, in the order a scenario file writes them; a dataclass inside one is a table of
+# its own.
 TABLES = (("target", "Target"), ("[[probes]]", "Probe"), ("load", "Load"))
 
 
@@ -35,14 +36,22 @@ def _table(name: str, cls: type, module: types.ModuleType, note: str = "") -> st
     for f in fields(cls):
         inner = _unwrap(hints[f.name])
         if is_dataclass(inner):  # load.slo, load.ramp: a table of their own, after this one
-            nested.append(_table(f"{name}.{module.key_of(f)}", inner, module, notes.get(f.name, "")))
+            nested.append(
+                _table(f"{name}.{module.key_of(f)}", inner, module, notes.get(f.name, ""))
+            )
             continue
         rule = module.rule_of(f)
-        rows.append(f"| `{module.key_of(f)}` | {_type(hints[f.name])} | {_default(f)} | {_bounds(rule)} | "
-                    f"{_cell(rule.expected)} | {_cell(notes.get(f.name, ''))} |")
-    head = [f"## `{name}`", "", *([note, ""] if note else []),
-            "| key | type | default | bounds | accepted (the error's words) | note |",
-            "| --- | --- | --- | --- | --- | --- |"]
+        rows.append(
+            f"| `{module.key_of(f)}` | {_type(hints[f.name])} | {_default(f)} | {_bounds(rule)} | "
+            f"{_cell(rule.expected)} | {_cell(notes.get(f.name, ''))} |"
+        )
+    head = [
+        f"## `{name}`",
+        "",
+        *([note, ""] if note else []),
+        "| key | type | default | bounds | accepted (the error's words) | note |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     return "\n".join([*head, *rows, "", *nested])
 
 
@@ -81,8 +90,11 @@ def _default(f: Field) -> str:
 
 
 def _bounds(rule: Any) -> str:
-    said = [f"{sign} {_number(v)}" for sign, v in (("≥", rule.min), (">", rule.above), ("≤", rule.max),
-                                                     ("<", rule.below)) if v is not None and not math.isinf(v)]
+    said = [
+        f"{sign} {_number(v)}"
+        for sign, v in (("≥", rule.min), (">", rule.above), ("≤", rule.max), ("<", rule.below))
+        if v is not None and not math.isinf(v)
+    ]
     return ", ".join((["non-empty"] if rule.nonempty else []) + said)
 
 

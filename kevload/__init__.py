@@ -31,17 +31,27 @@ __version__ = "0.1.0"
 
 # name → the module that defines it (imported on first use, so `import kevload.words` stays cheap)
 _API = {
-    "Scenario": "kevload.inputs.scenario", "Target": "kevload.inputs.scenario", "Load": "kevload.inputs.scenario",
-    "load_scenario": "kevload.inputs.scenario", "build_scenario": "kevload.inputs.scenario",
+    "Scenario": "kevload.inputs.scenario",
+    "Target": "kevload.inputs.scenario",
+    "Load": "kevload.inputs.scenario",
+    "load_scenario": "kevload.inputs.scenario",
+    "build_scenario": "kevload.inputs.scenario",
     "Probe": "kevload.inputs.models",
     "run_scenario": "kevload.load.runs",
-    "diagnose": "kevload.guide.diagnose", "DiagnoseOptions": "kevload.guide.diagnose",
-    "RunDir": "kevload.records.rundir", "read_summary": "kevload.records.rundir",
+    "diagnose": "kevload.guide.diagnose",
+    "DiagnoseOptions": "kevload.guide.diagnose",
+    "RunDir": "kevload.records.rundir",
+    "read_summary": "kevload.records.rundir",
     "summarize": "kevload.compare.summarizing",
-    "RunSummary": "kevload.summary", "CellSummary": "kevload.summary",
+    "RunSummary": "kevload.summary",
+    "CellSummary": "kevload.summary",
     "ExitCode": "kevload.exitcode",
-    "KevloadError": "kevload.errors", "InputError": "kevload.errors", "ScenarioError": "kevload.errors",
-    "RunDirError": "kevload.errors", "TargetError": "kevload.errors", "ServerError": "kevload.errors",
+    "KevloadError": "kevload.errors",
+    "InputError": "kevload.errors",
+    "ScenarioError": "kevload.errors",
+    "RunDirError": "kevload.errors",
+    "TargetError": "kevload.errors",
+    "ServerError": "kevload.errors",
 }
 __all__ = ["__version__", "exitcode", *_API]
 

@@ -24,25 +24,42 @@ from kevload.outputs.report import cell_text
 from kevload.records.store import default_run_dir
 from kevload.servers.sweep import STOPPED, Grid, setting_row, sweep_markdown, write_sweep
 from kevload.servers.targets import RunningTarget, TargetSettings, serving
-from kevload.summary import CellSummary, RunSummary, answered_per_s, label_of, position_label, row_cells
+from kevload.summary import (
+    CellSummary,
+    RunSummary,
+    answered_per_s,
+    label_of,
+    position_label,
+    row_cells,
+)
 
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "demo.toml"
-# Good or bad: a share of the shipped graded set at c=1 and c=4, graded per level against serial. Two samples a cell
-# keep it to about two minutes a target on two cores; the unit of the per-level test is the probe, not the sample.
+# Good or bad: a share of the shipped graded set at c=1 and c=4, graded per level against serial.
+# Two samples a cell
+# keep it to about two minutes a target on two cores; the unit of the per-level test is the probe,
+# not the sample.
 GRADED_SCENARIO = SCENARIO.with_name("graded.toml")
 GRADED_LEVELS = (1, 4)
 GRADED_SAMPLES = 2
 LABELS = {"llamacpp": "llama.cpp", "transformers": "transformers", "vllm": "vLLM"}
-# What each target runs with: four slots. vLLM in eager mode: torch.compile adds about 40 s to each of its
-# three starts (the column and two sweep settings), minutes on a loaded machine; the demo has 15 in all.
-SETTINGS = {"llamacpp": TargetSettings(slots=4), "transformers": TargetSettings(slots=4),
-            "vllm": TargetSettings(slots=4, enforce_eager=True)}
-# The max-batch-size sweep: step 2 again at these max_num_seqs; the column's own setting (4) is its step 2.
+# What each target runs with: four slots. vLLM in eager mode: torch.compile adds about 40 s to each
+# of its
+# three starts (the column and two sweep settings), minutes on a loaded machine; the demo has 15 in
+# all.
+SETTINGS = {
+    "llamacpp": TargetSettings(slots=4),
+    "transformers": TargetSettings(slots=4),
+    "vllm": TargetSettings(slots=4, enforce_eager=True),
+}
+# The max-batch-size sweep: step 2 again at these max_num_seqs; the column's own setting (4) is its
+# step 2.
 SWEEP_SLOTS = {"vllm": (1, 2)}
 
 FIXED = {"temperature": 0, "top_p": 1, "seed": 1234}
 PRODUCTION = {"temperature": 0.8, "top_p": 0.95}
-DEMO_PROBE = Probe(id="story", prompt="Write a short story about a robot learning to paint.", max_tokens=32)
+DEMO_PROBE = Probe(
+    id="story", prompt="Write a short story about a robot learning to paint.", max_tokens=32
+)
 
 
 @dataclass(frozen=True)
@@ -59,8 +76,14 @@ STEPS = (
 )
 
 
-async def run_demo(names: list[str], *, samples: int, console: Console, stop: asyncio.Event,
-                   out: Path | None = None) -> exitcode.ExitCode:
+async def run_demo(
+    names: list[str],
+    *,
+    samples: int,
+    console: Console,
+    stop: asyncio.Event,
+    out: Path | None = None,
+) -> exitcode.ExitCode:
     """Run the steps against each target in turn; the exit code for what was seen (``exitcode.for_demo``).
 
     Once ``stop`` is set (Ctrl-C under ``aio.run``) the step in progress finishes with what it has,
@@ -73,7 +96,9 @@ async def run_demo(names: list[str], *, samples: int, console: Console, stop: as
     for name in names:
         if stop.is_set():
             break
-        console.print(f"[bold]{LABELS[name]}[/bold]: starting (the first start builds or installs it) …")
+        console.print(
+            f"[bold]{LABELS[name]}[/bold]: starting (the first start builds or installs it) …"
+        )
         results[name], graded_run = await _run_target(name, samples, out, console, stop)
         if graded_run is not None:
             graded[name] = graded_run
@@ -82,7 +107,9 @@ async def run_demo(names: list[str], *, samples: int, console: Console, stop: as
             sweeps[name] = await _sweep(name, step2, samples, out, console, stop)
     shown = {name: steps for name, steps in results.items() if steps}
     if shown:
-        console.print(Columns([_table(name, steps) for name, steps in shown.items()], padding=(0, 4)))
+        console.print(
+            Columns([_table(name, steps) for name, steps in shown.items()], padding=(0, 4))
+        )
     for name, steps in shown.items():
         console.print(headline(LABELS[name], steps))
         console.print(logprob_line(LABELS[name], steps))
@@ -90,7 +117,9 @@ async def run_demo(names: list[str], *, samples: int, console: Console, stop: as
         for line in graded_lines(LABELS[name], summary):
             console.print(line, markup=False, highlight=False)
     for name, sweep in sweeps.items():
-        console.print(f"\n[bold]{LABELS[name]}: step 2 at each max_num_seqs (the max batch size)[/bold]")
+        console.print(
+            f"\n[bold]{LABELS[name]}: step 2 at each max_num_seqs (the max batch size)[/bold]"
+        )
         console.print(sweep_markdown(sweep), markup=False, highlight=False, soft_wrap=True)
         for line in sweep_lines(sweep):
             console.print(line)
@@ -98,14 +127,18 @@ async def run_demo(names: list[str], *, samples: int, console: Console, stop: as
         console.print("stopped: the matrices hold what was collected before the stop")
     console.print(f"runs: {out}/ (re-read any with `kevload report DIR`)")
     failed = any(s.verdict == "target_failed" for steps in results.values() for _, s in steps)
-    failed |= any(row["verdict"] == "target_failed" for sweep in sweeps.values() for row in sweep["rows"])
+    failed |= any(
+        row["verdict"] == "target_failed" for sweep in sweeps.values() for row in sweep["rows"]
+    )
     failed |= any(s.verdict == "target_failed" for s in graded.values())
     return exitcode.for_demo(target_failed=failed)
 
 
 def headline(label: str, steps: list[tuple[str, RunSummary]]) -> str:
     """One line saying what the matrices show, with the sample size behind the claim."""
-    fixed = [(name, s) for name, s in steps if not name.startswith("1 ") and "batching off" not in name]
+    fixed = [
+        (name, s) for name, s in steps if not name.startswith("1 ") and "batching off" not in name
+    ]
     cells = [c for _, s in fixed for c in s.probe_cells()]
     baseline = next((s for name, s in steps if name.startswith("1 ")), None)
     base_distinct = baseline and max(c.distinct for c in baseline.probe_cells())
@@ -117,70 +150,109 @@ def headline(label: str, steps: list[tuple[str, RunSummary]]) -> str:
     drift = [c for c in cells if c.drift]
     if not drift:
         n = min(c.ok for c in cells)
-        return (f"{label}: {sampling}fixed params stable under batching "
-                f"(n={sum(c.ok for c in cells)}, {n} per cell: drift rate < {drift_upper_bound(n):.0%} per cell)")
-    first = min(drift, key=lambda c: c.first_divergence_chars if c.first_divergence_chars is not None else 0)
-    where = (f"outputs leave the serial one {_chars(first.first_divergence_chars, drift)} (0-based)"
-             if first.first_divergence_chars is not None else "serial outputs already differ")
+        return (
+            f"{label}: {sampling}fixed params stable under batching "
+            f"(n={sum(c.ok for c in cells)}, {n} per cell: drift rate < {drift_upper_bound(n):.0%} "
+            f"per cell)"
+        )
+    first = min(
+        drift, key=lambda c: c.first_divergence_chars if c.first_divergence_chars is not None else 0
+    )
+    where = (
+        f"outputs leave the serial one {_chars(first.first_divergence_chars, drift)} (0-based)"
+        if first.first_divergence_chars is not None
+        else "serial outputs already differ"
+    )
     levels = sorted({c.concurrency for c in drift})
     off = next((s for name, s in steps if "batching off" in name), None)
     after = ""
     if off is not None:
-        after = "; batching off: " + {"deterministic": "stable", "nondeterministic": "still drifts"}.get(
-            off.verdict, off.verdict)
-    return (f"{label}: {sampling}fixed params drift once batched (c={','.join(map(str, levels))}: up to "
-            f"{max(c.distinct for c in drift)} distinct in {first.ok}), {where}{after}")
+        after = "; batching off: " + {
+            "deterministic": "stable",
+            "nondeterministic": "still drifts",
+        }.get(off.verdict, off.verdict)
+    return (
+        f"{label}: {sampling}fixed params drift once batched (c={','.join(map(str, levels))}: up "
+        f"to "
+        f"{max(c.distinct for c in drift)} distinct in {first.ok}), {where}{after}"
+    )
 
 
 def _chars(first: int, drift: list[CellSummary]) -> str:
     """Where the drifting outputs leave the serial one: ``at char 7`` when every one leaves it there (a window of
     one point, which read "between char 7 and 7"), else ``between char 7 and 31``."""
-    last = max((c.last_divergence_chars for c in drift if c.last_divergence_chars is not None), default=first)
+    last = max(
+        (c.last_divergence_chars for c in drift if c.last_divergence_chars is not None),
+        default=first,
+    )
     return f"at char {first}" if last <= first else f"between char {first} and {last}"
 
 
 def logprob_line(label: str, steps: list[tuple[str, dict[str, Any]]]) -> str:
     """What the per-token logprobs of the fixed-parameter steps say against serial, level by level."""
-    cells = [c for name, s in steps if not name.startswith("1 ") for c in s.probe_cells()
-             if c.logprob_samples or c.logprob_gap]
+    cells = [
+        c
+        for name, s in steps
+        if not name.startswith("1 ")
+        for c in s.probe_cells()
+        if c.logprob_samples or c.logprob_gap
+    ]
     if not cells:
         return f"{label} logprobs: none returned, outputs compared as text only"
     differ = [c for c in cells if c.logprob_bitwise is False]
     n = sum(c.logprob_samples or 0 for c in cells)
     unclaimed = [c for c in cells if c.logprob_bitwise is None]
-    gaps = (f"; no claim in {len(unclaimed)} (c={','.join(str(c.concurrency) for c in unclaimed)}), where some "
-            "samples came without logprobs" if unclaimed else "")
+    gaps = (
+        f"; no claim in {len(unclaimed)} (c={','.join(str(c.concurrency) for c in unclaimed)}), "
+        f"where some "
+        "samples came without logprobs"
+        if unclaimed
+        else ""
+    )
     if not differ and not unclaimed:
         levels = sorted({c.concurrency for c in cells})
-        return (f"{label} logprobs: bitwise equal to serial in all {len(cells)} fixed-param cells "
-                f"(c={','.join(map(str, levels))}; {n} samples compared)")
+        return (
+            f"{label} logprobs: bitwise equal to serial in all {len(cells)} fixed-param cells "
+            f"(c={','.join(map(str, levels))}; {n} samples compared)"
+        )
     if not differ:
         return f"{label} logprobs: no difference from serial among the {n} samples compared{gaps}"
     worst = max(differ, key=lambda c: c.logprob_max_abs_diff or 0)
     first = min(c.first_logprob_divergence_token for c in differ)
     levels = sorted({c.concurrency for c in differ})
     diff = worst.logprob_max_abs_diff
-    return (f"{label} logprobs: {len(differ)} of {len(cells)} fixed-param cells differ from serial "
-            f"(c={','.join(map(str, levels))}), from {position_label(token=first)}"
-            + (f", largest |difference| {diff:.3g}" if diff else "") + f"; {n} samples compared{gaps}")
+    return (
+        f"{label} logprobs: {len(differ)} of {len(cells)} fixed-param cells differ from serial "
+        f"(c={','.join(map(str, levels))}), from {position_label(token=first)}"
+        + (f", largest |difference| {diff:.3g}" if diff else "")
+        + f"; {n} samples compared{gaps}"
+    )
 
 
 def graded_lines(label: str, summary: RunSummary) -> list[str]:
     """The graded step: one line per level (accuracy [CI], good→bad and bad→good against serial, McNemar p), then
     the items load turned bad, by name."""
     if summary.verdict == "target_failed":
-        return [f"{label} graded: target failed ({', '.join(f'{k}: {v}' for k, v in summary.errors_by_type.items())})"]
+        return [
+            f"{label} graded: target failed ({', '.join(f'{k}: {v}' for k, v in summary.errors_by_type.items())})"
+        ]
     if not summary.accuracy:
         return [f"{label} graded: no answer graded"]
-    lines = [f"{label} graded {entry['n']} items, {gradedview.level_text(entry)}" for entry in summary.accuracy]
+    lines = [
+        f"{label} graded {entry['n']} items, {gradedview.level_text(entry)}"
+        for entry in summary.accuracy
+    ]
     if summary.bad_cells:
-        lines.append(f"{label} graded: answers load turned bad: {', '.join(label_of(n) for n in summary.bad_cells)}")
+        lines.append(
+            f"{label} graded: answers load turned bad: {', '.join(label_of(n) for n in summary.bad_cells)}"
+        )
     return lines
 
 
 def graded_probes(probes: tuple[Probe, ...]) -> tuple[Probe, ...]:
     """The demo's share of the graded set (ids ``kind-lang-i``): items 0 and 1 of every kind in both languages, and
     item 2 of the sums and the counts — 24 probes."""
+
     def kept(probe: Probe) -> bool:
         kind, _, index = probe.id.split("-")
         return int(index) < 2 or (int(index) == 2 and kind in ("sum", "count"))
@@ -191,13 +263,23 @@ def graded_probes(probes: tuple[Probe, ...]) -> tuple[Probe, ...]:
 def graded_scenario(url: str, model: str) -> Scenario:
     """scenarios/graded.toml against the started target, on the demo's share of its items, levels and samples."""
     whole = load_scenario(GRADED_SCENARIO)
-    return build_scenario(replace(whole.target, base_url=url, model=model), graded_probes(whole.probes),
-                          load=replace(whole.load, concurrency=GRADED_LEVELS, samples=GRADED_SAMPLES),
-                          params=whole.params, name="graded (demo)", source="demo")
+    return build_scenario(
+        replace(whole.target, base_url=url, model=model),
+        graded_probes(whole.probes),
+        load=replace(whole.load, concurrency=GRADED_LEVELS, samples=GRADED_SAMPLES),
+        params=whole.params,
+        name="graded (demo)",
+        source="demo",
+    )
 
 
-async def run_graded(url: str, model: str, run_dir: Path, console: Console, stop: asyncio.Event) -> RunSummary:
-    console.print(f"  running {run_dir.name} (graded set, c={','.join(map(str, GRADED_LEVELS))}) …", style="dim")
+async def run_graded(
+    url: str, model: str, run_dir: Path, console: Console, stop: asyncio.Event
+) -> RunSummary:
+    console.print(
+        f"  running {run_dir.name} (graded set, c={','.join(map(str, GRADED_LEVELS))}) …",
+        style="dim",
+    )
     return (await run_scenario(graded_scenario(url, model), run_dir, stop=stop)).summary
 
 
@@ -220,21 +302,28 @@ def sweep_lines(sweep: dict[str, Any]) -> list[str]:
         if drift:
             said = f"text drifts at c={levels(drift)}"
         elif latent:
-            said = (f"the serial text everywhere, other logprobs at c={levels(latent)} "
-                    f"(largest |difference| {max(c.logprob_max_abs_diff or 0 for c in latent):.3g})")
+            said = (
+                f"the serial text everywhere, other logprobs at c={levels(latent)} "
+                f"(largest |difference| {max(c.logprob_max_abs_diff or 0 for c in latent):.3g})"
+            )
         elif all(c.logprob_bitwise for c in cells):
             said = f"logprobs bitwise equal to serial at c={levels(cells)}"
         else:
             said = f"the serial text at c={levels(cells)}"
         top = cells[-1]
         p50 = top.latency.get("e2e", {}).get("p50")
-        cost = f"{answered_per_s(top) or 0:.2f} req/s" + (f", p50 {p50:.1f} s" if p50 is not None else "")
-        lines.append(f"{row['setting']}: {said}; at c={top.concurrency} {cost} ({top.ok} samples per cell)")
+        cost = f"{answered_per_s(top) or 0:.2f} req/s" + (
+            f", p50 {p50:.1f} s" if p50 is not None else ""
+        )
+        lines.append(
+            f"{row['setting']}: {said}; at c={top.concurrency} {cost} ({top.ok} samples per cell)"
+        )
     return lines
 
 
-async def _run_target(name: str, samples: int, out: Path, console: Console,
-                      stop: asyncio.Event) -> tuple[list[tuple[str, RunSummary]], RunSummary | None]:
+async def _run_target(
+    name: str, samples: int, out: Path, console: Console, stop: asyncio.Event
+) -> tuple[list[tuple[str, RunSummary]], RunSummary | None]:
     """The steps' runs, and the graded run (None where it did not run)."""
     log = _log(console)
     done: list[tuple[str, RunSummary]] = []
@@ -245,73 +334,131 @@ async def _run_target(name: str, samples: int, out: Path, console: Console,
         for i, step in enumerate(STEPS):
             if stop.is_set():
                 return done, graded
-            _keep(done, step.name, await _run_step(target, step.settings, samples, out / f"{name}-step{i + 1}",
-                                                   console, stop))
+            _keep(
+                done,
+                step.name,
+                await _run_step(
+                    target, step.settings, samples, out / f"{name}-step{i + 1}", console, stop
+                ),
+            )
         if stop.is_set():
             return done, graded
         graded = await run_graded(target.url, target.model, out / f"{name}-graded", console, stop)
         if name in SWEEP_SLOTS:
-            # Its sweep below is the guide's next step (a smaller max batch size); diagnose would cost
+            # Its sweep below is the guide's next step (a smaller max batch size); diagnose would
+            # cost
             # minutes more (several on a loaded machine) than the demo's 15 allow.
-            console.print(f"  {LABELS[name]}: diagnose left out here (its sweep follows); "
-                          f"`kevload diagnose --target {name} --prompt …` runs it", style="dim")
+            console.print(
+                f"  {LABELS[name]}: diagnose left out here (its sweep follows); "
+                f"`kevload diagnose --target {name} --prompt …` runs it",
+                style="dim",
+            )
             await _say_if_failed(target, console)
             return done, graded
         await _diagnose(target, out, console, stop)
     if stop.is_set():
         return done, graded
     verdicts = {step_name: s.verdict for step_name, s in done}
-    drifted = [step for step in STEPS if step.fixed and verdicts.get(step.name, "deterministic") != "deterministic"]
+    drifted = [
+        step
+        for step in STEPS
+        if step.fixed and verdicts.get(step.name, "deterministic") != "deterministic"
+    ]
     if drifted:
-        # The guide's next move for crosstalk: turn batching off and run the same step again. The first
+        # The guide's next move for crosstalk: turn batching off and run the same step again. The
+        # first
         # drifting step, at its lowest and highest level only: unbatched CPU serving is slow.
         step = drifted[0]
-        console.print(f"  {LABELS[name]} drifted; rerunning '{step.name}' (c=1 and c=4) with batching off …")
-        async with serving(name, replace(SETTINGS[name], batching=False), log=log, stop=stop) as target:
+        console.print(
+            f"  {LABELS[name]} drifted; rerunning '{step.name}' (c=1 and c=4) with batching off …"
+        )
+        async with serving(
+            name, replace(SETTINGS[name], batching=False), log=log, stop=stop
+        ) as target:
             if target is None:
                 return done, graded
-            _keep(done, f"{step.name[0]} … batching off",
-                  await _run_step(target, {**step.settings, "load.concurrency": [1, 4]}, samples,
-                                  out / f"{name}-nobatch", console, stop))
+            _keep(
+                done,
+                f"{step.name[0]} … batching off",
+                await _run_step(
+                    target,
+                    {**step.settings, "load.concurrency": [1, 4]},
+                    samples,
+                    out / f"{name}-nobatch",
+                    console,
+                    stop,
+                ),
+            )
             await _say_if_failed(target, console)
     return done, graded
 
 
-async def _diagnose(target: RunningTarget, out: Path, console: Console, stop: asyncio.Event) -> None:
+async def _diagnose(
+    target: RunningTarget, out: Path, console: Console, stop: asyncio.Event
+) -> None:
     console.print("  diagnose (the guide's steps as one command) …", style="dim")
-    options = DiagnoseOptions(url=target.url, model=target.model, probe=DEMO_PROBE, params=PRODUCTION,
-                              samples=3, max_concurrency=4, timeout=120, run_all=True,
-                              out=out / f"{target.name}-diagnose")
+    options = DiagnoseOptions(
+        url=target.url,
+        model=target.model,
+        probe=DEMO_PROBE,
+        params=PRODUCTION,
+        samples=3,
+        max_concurrency=4,
+        timeout=120,
+        run_all=True,
+        out=out / f"{target.name}-diagnose",
+    )
     diagnosis = await until_stopped(diagnose(options, log=lambda m: None), stop)
     await _say_if_failed(target, console)
     if diagnosis is not None:
-        causes = "; ".join(f"{c['verdict']} ({c['reason']})" for c in diagnosis.causes) or diagnosis.reason
-        console.print(f"  {LABELS[target.name]} diagnose --all: {diagnosis.verdict}; causes found: {causes}")
+        causes = (
+            "; ".join(f"{c['verdict']} ({c['reason']})" for c in diagnosis.causes)
+            or diagnosis.reason
+        )
+        console.print(
+            f"  {LABELS[target.name]} diagnose --all: {diagnosis.verdict}; causes found: {causes}"
+        )
 
 
-async def _sweep(name: str, step2: RunSummary, samples: int, out: Path, console: Console,
-                 stop: asyncio.Event) -> dict[str, Any]:
+async def _sweep(
+    name: str, step2: RunSummary, samples: int, out: Path, console: Console, stop: asyncio.Event
+) -> dict[str, Any]:
     """Step 2 at each max_num_seqs, as `kevload sweep --target NAME --grid max_num_seqs=…` runs it; the column's
     own setting is its step 2 run, not run again."""
     own = SETTINGS[name].slots
-    rows = {own: setting_row(f"max_num_seqs={own}", {"max_num_seqs": own}, {}, out / f"{name}-step2", step2)}
+    rows = {
+        own: setting_row(
+            f"max_num_seqs={own}", {"max_num_seqs": own}, {}, out / f"{name}-step2", step2
+        )
+    }
     sweep_dir = out / f"{name}-sweep"
     for slots in SWEEP_SLOTS[name]:
         if stop.is_set():
             break
         console.print(f"  {LABELS[name]} max_num_seqs={slots}: restarting with it …", style="dim")
-        async with serving(name, replace(SETTINGS[name], slots=slots), log=_log(console), stop=stop) as target:
+        async with serving(
+            name, replace(SETTINGS[name], slots=slots), log=_log(console), stop=stop
+        ) as target:
             if target is None:
                 break
             run_dir = sweep_dir / f"max_num_seqs={slots}"
             summary = await _run_step(target, STEPS[1].settings, samples, run_dir, console, stop)
             await _say_if_failed(target, console)
-        rows[slots] = setting_row(f"max_num_seqs={slots}", {"max_num_seqs": slots}, {}, run_dir, summary)
-    # Every planned setting gets its row, as `kevload sweep` gives it: one not reached is a not_run row saying why.
+        rows[slots] = setting_row(
+            f"max_num_seqs={slots}", {"max_num_seqs": slots}, {}, run_dir, summary
+        )
+    # Every planned setting gets its row, as `kevload sweep` gives it: one not reached is a not_run
+    # row saying why.
     grid = Grid(server={"max_num_seqs": sorted({own, *SWEEP_SLOTS[name]})}, scenario={})
     sweep_dir.mkdir(parents=True, exist_ok=True)  # no setting may have run to make it
-    unrun = STOPPED if stop.is_set() else "not run: the demo's sweep ended when a server before it failed to start"
-    return write_sweep(sweep_dir, grid, [rows[k] for k in sorted(rows)], complete=not stop.is_set(), unrun=unrun)
+    unrun = (
+        STOPPED
+        if stop.is_set()
+        else "not run: the demo's sweep ended when a server before it failed to start"
+    )
+    return write_sweep(
+        sweep_dir, grid, [rows[k] for k in sorted(rows)], complete=not stop.is_set(), unrun=unrun
+    )
 
 
 def _log(console: Console) -> Callable[[str], None]:
@@ -330,11 +477,23 @@ def _keep(done: list[tuple[str, RunSummary]], name: str, summary: RunSummary) ->
         done.append((name, summary))
 
 
-async def _run_step(target: RunningTarget, settings: Mapping[str, Any], samples: int, run_dir: Path,
-                    console: Console, stop: asyncio.Event) -> RunSummary:
+async def _run_step(
+    target: RunningTarget,
+    settings: Mapping[str, Any],
+    samples: int,
+    run_dir: Path,
+    console: Console,
+    stop: asyncio.Event,
+) -> RunSummary:
     scenario = load_scenario(SCENARIO).with_settings(
-        {"target.base_url": target.url, "target.model": target.model, "load.samples": samples, **settings},
-        source="demo")
+        {
+            "target.base_url": target.url,
+            "target.model": target.model,
+            "load.samples": samples,
+            **settings,
+        },
+        source="demo",
+    )
     console.print(f"  running {run_dir.name} …", style="dim")
     return (await run_scenario(scenario, run_dir, stop=stop)).summary
 

@@ -15,31 +15,44 @@ from kevload.words import SweepVerdict, Verdict
 
 
 class ExitCode(IntEnum):
-    OK = 0            # everything held
-    DRIFT = 1         # nondeterminism found, a regression against a baseline, a level under its SLO
-    USAGE = 2         # bad usage or a bad scenario (errors.InputError)
-    TARGET = 3        # the target failed, or gave too little evidence to say (inconclusive)
+    OK = 0  # everything held
+    DRIFT = 1  # nondeterminism found, a regression against a baseline, a level under its SLO
+    USAGE = 2  # bad usage or a bad scenario (errors.InputError)
+    TARGET = 3  # the target failed, or gave too little evidence to say (inconclusive)
     INTERRUPTED = 130  # SIGINT, once what was collected is written
     TERMINATED = 143  # SIGTERM, likewise
 
 
-# inconclusive (a probe cell has fewer ok samples than asked) is no pass: the target did not give the evidence.
-_FOR_VERDICT: Mapping[Verdict, ExitCode] = {"deterministic": ExitCode.OK, "nondeterministic": ExitCode.DRIFT,
-                                            "target_failed": ExitCode.TARGET, "inconclusive": ExitCode.TARGET}
+# inconclusive (a probe cell has fewer ok samples than asked) is no pass: the target did not give
+# the evidence.
+_FOR_VERDICT: Mapping[Verdict, ExitCode] = {
+    "deterministic": ExitCode.OK,
+    "nondeterministic": ExitCode.DRIFT,
+    "target_failed": ExitCode.TARGET,
+    "inconclusive": ExitCode.TARGET,
+}
 
 
 def for_summary(summary: RunSummary) -> ExitCode:
     """The verdict's code; otherwise DRIFT when a probe cell is under load.min_slo_attainment (TARGET stays)."""
     code = _FOR_VERDICT[summary.verdict]
     if code != ExitCode.TARGET and summary.grade_errors:
-        # A user's grader failed: bad input, found late. Fixed, `kevload report` grades the same records again.
+        # A user's grader failed: bad input, found late. Fixed, `kevload report` grades the same
+        # records again.
         return ExitCode.USAGE
-    return ExitCode.DRIFT if code == ExitCode.OK and (summary.slo_failed_cells or summary.good_share_failed_cells) \
+    return (
+        ExitCode.DRIFT
+        if code == ExitCode.OK and (summary.slo_failed_cells or summary.good_share_failed_cells)
         else code
+    )
 
 
-def for_run(summary: RunSummary, *, fail_on: Literal["drift", "latent", "bad"] = "drift",
-            regressions: int | None = None) -> ExitCode:
+def for_run(
+    summary: RunSummary,
+    *,
+    fail_on: Literal["drift", "latent", "bad"] = "drift",
+    regressions: int | None = None,
+) -> ExitCode:
     """``kevload run``: ``for_summary``; with ``fail_on`` latent, latent drift is DRIFT too and a cell where ok
     samples came without logprobs TARGET (latent drift neither shown nor ruled out); with ``fail_on`` bad, drift is
     DRIFT only where load made an answer worse (kevload.compare.graded).
@@ -60,12 +73,19 @@ def for_run(summary: RunSummary, *, fail_on: Literal["drift", "latent", "bad"] =
     elif fail_on == "latent" and code == ExitCode.OK and summary.logprob_gap_cells:
         code = ExitCode.TARGET
     elif fail_on == "bad" and code == ExitCode.DRIFT:
-        # Only answers load made worse fail: an answer graded bad where serial was all good, a level whose accuracy
+        # Only answers load made worse fail: an answer graded bad where serial was all good, a level
+        # whose accuracy
         # fell significantly, or a gate; drift whose answers stay good passes.
         worse = summary.bad_cells or summary.accuracy_fell_levels
-        code = ExitCode.DRIFT if worse or summary.slo_failed_cells or summary.good_share_failed_cells else ExitCode.OK
-    # A baseline excuses only the drift it had too: a grader that raised (USAGE) and a cell under a gate of the run's
-    # own (the SLO, load.min_good_share) say nothing about drift, and stand as the run itself would have them.
+        code = (
+            ExitCode.DRIFT
+            if worse or summary.slo_failed_cells or summary.good_share_failed_cells
+            else ExitCode.OK
+        )
+    # A baseline excuses only the drift it had too: a grader that raised (USAGE) and a cell under a
+    # gate of the run's
+    # own (the SLO, load.min_good_share) say nothing about drift, and stand as the run itself would
+    # have them.
     if regressions is not None and code not in (ExitCode.TARGET, ExitCode.USAGE):
         gated = summary.slo_failed_cells or summary.good_share_failed_cells
         code = ExitCode.DRIFT if regressions or gated else ExitCode.OK
@@ -93,8 +113,13 @@ def for_diagnosis(*, target_failed: bool, verdict: str) -> ExitCode:
     return ExitCode.OK if verdict == "stable" else ExitCode.DRIFT
 
 
-def for_rerun(moves: Mapping[str, Sequence[str]], *, mismatched: Sequence[str], accepted: bool,
-              grader_failed: Sequence[str] = ()) -> ExitCode:
+def for_rerun(
+    moves: Mapping[str, Sequence[str]],
+    *,
+    mismatched: Sequence[str],
+    accepted: bool,
+    grader_failed: Sequence[str] = (),
+) -> ExitCode:
     """``cases rerun``: TARGET if a case got no answer; USAGE if a case's ``python:`` grader raised (bad input found
     late, as in ``for_run``: its answers are not graded, so "does not match expected" would be a guess); DRIFT if a
     stable case became unstable, one answers something else (``changed``, unless accepted) or an ``expected`` output

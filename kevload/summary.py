@@ -37,8 +37,12 @@ def level_label(concurrency: int, rate: float | None) -> str:
 def position_label(*, char: int | None = None, token: int | None = None) -> str:
     """``char 33 / token 11 (0-based)``: a position as every report states it. Positions count from 0,
     so a position is also how many chars or tokens agree before it."""
-    return " / ".join(f"{unit} {at}" for unit, at in (("char", char), ("token", token)) if at is not None) \
+    return (
+        " / ".join(
+            f"{unit} {at}" for unit, at in (("char", char), ("token", token)) if at is not None
+        )
         + " (0-based)"
+    )
 
 
 def name_parts(name: str) -> tuple[str, str, str]:
@@ -77,8 +81,11 @@ class _Json:
         # A sequence field is a tuple here (frozen, as the summary made in memory), a list in JSON.
         sequences = _sequence_fields(cls)
         names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
-        return {key: tuple(value) if key in sequences and value is not None else value
-                for key, value in doc.items() if key in names}
+        return {
+            key: tuple(value) if key in sequences and value is not None else value
+            for key, value in doc.items()
+            if key in names
+        }
 
     @classmethod
     def type_problem(cls, doc: dict[str, Any], where: str = "") -> str | None:
@@ -87,11 +94,19 @@ class _Json:
         write, is no problem (``from_json`` leaves it out or takes the default)."""
         hints = typing.get_type_hints(cls)
         for f in fields(cls):  # type: ignore[arg-type]
-            # A field without a default is in every summary any version wrote: without it none can be built.
+            # A field without a default is in every summary any version wrote: without it none can
+            # be built.
             if f.name not in doc and f.default is MISSING and f.default_factory is MISSING:
                 return f"{where}{f.name}: expected {_expected(hints[f.name])}, missing"
-        return next((problem for f in fields(cls) if f.name in doc  # type: ignore[arg-type]
-                     and (problem := _misfit(doc[f.name], hints[f.name], f"{where}{f.name}"))), None)
+        return next(
+            (
+                problem
+                for f in fields(cls)
+                if f.name in doc  # type: ignore[arg-type]
+                and (problem := _misfit(doc[f.name], hints[f.name], f"{where}{f.name}"))
+            ),
+            None,
+        )
 
 
 @functools.cache
@@ -99,8 +114,13 @@ def _sequence_fields(cls: type) -> frozenset[str]:
     """The fields of ``cls`` typed as a tuple (``tuple[str, ...] | None`` too): by type, not by default, since a
     field written only by some runs defaults to None."""
     hints = typing.get_type_hints(cls)
-    return frozenset(f.name for f in fields(cls)  # type: ignore[arg-type]
-                     if any(typing.get_origin(h) is tuple for h in (hints[f.name], *typing.get_args(hints[f.name]))))
+    return frozenset(
+        f.name
+        for f in fields(cls)  # type: ignore[arg-type]
+        if any(
+            typing.get_origin(h) is tuple for h in (hints[f.name], *typing.get_args(hints[f.name]))
+        )
+    )
 
 
 def _misfit(value: Any, hint: Any, where: str) -> str | None:
@@ -113,17 +133,31 @@ def _misfit(value: Any, hint: Any, where: str) -> str | None:
         misfits = [_misfit(value, arg, where) for arg in args]
         if None in misfits:
             return None
-        # A container that fits one of the types but for an item: that item is the news, not the union.
+        # A container that fits one of the types but for an item: that item is the news, not the
+        # union.
         deeper = [m for m in misfits if not m.startswith(f"{where}: ")]
         return deeper[0] if deeper else f"{where}: expected {_expected(hint)}, got {_shown(value)}"
     if origin in (tuple, list) and isinstance(value, list):
-        return next((m for i, v in enumerate(value) if (m := _misfit(v, args[0], f"{where}[{i}]"))), None)
+        return next(
+            (m for i, v in enumerate(value) if (m := _misfit(v, args[0], f"{where}[{i}]"))), None
+        )
     if origin is dict and isinstance(value, dict):
-        return next((m for k, v in value.items() if (m := _misfit(v, args[1], f"{where}.{k}"))), None)
-    fits = (hint is Any or (hint is type(None) and value is None) or (origin is Literal and value in args)
-            or (hint is bool and isinstance(value, bool)) or (hint is str and isinstance(value, str))
-            or (hint in (int, float) and isinstance(value, hint if hint is int else int | float)
-                and not isinstance(value, bool) and value >= 0))
+        return next(
+            (m for k, v in value.items() if (m := _misfit(v, args[1], f"{where}.{k}"))), None
+        )
+    fits = (
+        hint is Any
+        or (hint is type(None) and value is None)
+        or (origin is Literal and value in args)
+        or (hint is bool and isinstance(value, bool))
+        or (hint is str and isinstance(value, str))
+        or (
+            hint in (int, float)
+            and isinstance(value, hint if hint is int else int | float)
+            and not isinstance(value, bool)
+            and value >= 0
+        )
+    )
     return None if fits else f"{where}: expected {_expected(hint)}, got {_shown(value)}"
 
 
@@ -138,10 +172,14 @@ def _expected(hint: Any, plural: bool = False) -> str:
         return f"{'lists' if plural else 'a list'} of {_expected(args[0], True)}"
     if origin is dict:
         return f"{'objects' if plural else 'an object'} of {_expected(args[1], True)}"
-    words = {type(None): ("null", "nulls"), bool: ("true or false", "booleans"),
-             int: ("a non-negative integer", "non-negative integers"),
-             float: ("a non-negative number", "non-negative numbers"),
-             str: ("a string", "strings"), Any: ("any value", "any values")}
+    words = {
+        type(None): ("null", "nulls"),
+        bool: ("true or false", "booleans"),
+        int: ("a non-negative integer", "non-negative integers"),
+        float: ("a non-negative number", "non-negative numbers"),
+        str: ("a string", "strings"),
+        Any: ("any value", "any values"),
+    }
     if hint not in words:
         raise TypeError(f"no JSON rule for {hint!r}")  # a field of a type added without one here
     return words[hint][plural]
@@ -202,15 +240,20 @@ class CellSummary(_Json):
     output_tokens: int = 0
     duration_s: float | None = None
     latency: dict[str, dict[str, float]] = field(default_factory=dict)
-    # Closed-loop levels c ≥ 2, from the records' send and last-byte times: the share of the counted samples' time
-    # during which c − 1 others of the level were in flight, and the counted samples that never had them
+    # Closed-loop levels c ≥ 2, from the records' send and last-byte times: the share of the counted
+    # samples' time
+    # during which c − 1 others of the level were in flight, and the counted samples that never had
+    # them
     # (absent: an open-loop or serial level, nothing to reach).
     full_load_share: float | None = written_with("samples_never_full")
     samples_never_full: int | None = written_with("samples_never_full")
-    # Counted samples left out of both: they ran while requests a part of the run never recorded (killed, a worker
-    # lost) may have been in flight, so their others cannot be counted (absent: every request sent was recorded).
+    # Counted samples left out of both: they ran while requests a part of the run never recorded
+    # (killed, a worker
+    # lost) may have been in flight, so their others cannot be counted (absent: every request sent
+    # was recorded).
     overlap_unknown: int | None = written_with("overlap_unknown")
-    # Agreement with the serial output (exact matches; token positions where tokens exist), 95 % intervals.
+    # Agreement with the serial output (exact matches; token positions where tokens exist), 95 %
+    # intervals.
     exact_match_rate: float | None = written_with("exact_match_rate")
     exact_match_ci95: list[float] | None = written_with("exact_match_rate")
     token_agreement: float | None = written_with("exact_match_rate")
@@ -222,13 +265,16 @@ class CellSummary(_Json):
     first_logprob_divergence_token: int | None = written_with("logprob_samples")
     # The serial text with other logprobs.
     latent_drift: bool | None = written_with("logprob_samples")
-    # Where logprobs were asked for or returned: ok samples that asked and got none (or nulls only), ok samples
-    # with the serial tokens but fewer logprobs than tokens whose values given agree (no claim past their end),
+    # Where logprobs were asked for or returned: ok samples that asked and got none (or nulls only),
+    # ok samples
+    # with the serial tokens but fewer logprobs than tokens whose values given agree (no claim past
+    # their end),
     # and ok samples with a logprob of -inf, inf or NaN.
     logprobs_missing: int | None = written_with("logprobs_missing")
     logprobs_partial: int | None = written_with("logprobs_missing")
     logprob_nonfinite_samples: int | None = written_with("logprobs_missing")
-    # Ok samples whose answer held a value that did not fit its field (a count that is no count, a logprob above 0):
+    # Ok samples whose answer held a value that did not fit its field (a count that is no count, a
+    # logprob above 0):
     # the value was dropped, the answer compared (absent: none had one).
     findings: int | None = written_with("findings")
     # The drift example: both texts are the same window, starting at char example_offset.
@@ -240,14 +286,16 @@ class CellSummary(_Json):
     divergent_finish_reason: str | None = written_with("example_offset")
     requests_per_s: float | None = written_with("requests_per_s")
     output_tokens_per_s: float | None = written_with("requests_per_s")
-    # With an SLO (load.slo): requests within every bound, their share, per second, and why the others missed.
+    # With an SLO (load.slo): requests within every bound, their share, per second, and why the
+    # others missed.
     slo_met: int | None = written_with("slo_met")
     slo_attainment: float | None = written_with("slo_met")
     goodput: float | None = written_with("slo_met")
     meets_slo: bool | None = written_with("slo_met")
     slo_unmeasured: int | None = written_with("slo_met")
     slo_misses: dict[str, int] | None = written_with("slo_met")
-    # The server's own view while the cell ran (its /metrics, kevload.records.servermetrics): server_view says whether
+    # The server's own view while the cell ran (its /metrics, kevload.records.servermetrics):
+    # server_view says whether
     # the
     # run holds the server's samples (False: it published none, and the fields below are None).
     server_view: bool | None = written_with("server_view")
@@ -259,32 +307,44 @@ class CellSummary(_Json):
     server_kv_cache_usage_max: float | None = written_with("server_view")
     # "server ran ≤ 1 at a time, 3 waiting: …" where the server held requests back at a level.
     server_note: str | None = written_with("server_view")
-    # A conversation cell (kevload.compare.turnwise): per turn, the answers asked with the serial history and how many
+    # A conversation cell (kevload.compare.turnwise): per turn, the answers asked with the serial
+    # history and how many
     # of
-    # them differ from the serial answer; the first turn (0-based) where one does: where it leaves the serial one.
+    # them differ from the serial answer; the first turn (0-based) where one does: where it leaves
+    # the serial one.
     turns: tuple[dict[str, int], ...] | None = written_with("turns")
     first_divergent_turn: int | None = written_with("turns")
-    # Cut by kevload (load.cancel_share, kevload.load.cancel); absent where the run cut nothing. A companion cell: its
-    # requests cut. A probe cell: the requests of its level cut (counted or not) while its samples ran (first send
-    # to last answer), its ok samples with such a cut in flight (within beside_window_s of their send), and how many
+    # Cut by kevload (load.cancel_share, kevload.load.cancel); absent where the run cut nothing. A
+    # companion cell: its
+    # requests cut. A probe cell: the requests of its level cut (counted or not) while its samples
+    # ran (first send
+    # to last answer), its ok samples with such a cut in flight (within beside_window_s of their
+    # send), and how many
     # of those and of the others left the
-    # serial output; whether the divergent ones were all beside a cut, unlikely by chance (the one-sided Fisher
+    # serial output; whether the divergent ones were all beside a cut, unlikely by chance (the
+    # one-sided Fisher
     # p-value under kevload.compare.cuts.FINDING_P).
     cancelled: int | None = written_with("cancelled")
     beside_cancelled: int | None = written_with("cancelled")
-    # A sample is beside a cut when one came within this long of its send: the cell's shortest ok flight, the same
+    # A sample is beside a cut when one came within this long of its send: the cell's shortest ok
+    # flight, the same
     # time for every sample (a longer flight meets more cuts).
     beside_window_s: float | None = written_with("cancelled")
     divergent_beside_cancelled: int | None = written_with("cancelled")
     divergent_apart_from_cancelled: int | None = written_with("cancelled")
     cancel_p_value: float | None = written_with("cancelled")
     drift_only_beside_cancelled: bool | None = written_with("cancelled")
-    # A graded probe's cell (kevload.compare.graded); absent for an ungraded one. Counted ok samples graded good and
+    # A graded probe's cell (kevload.compare.graded); absent for an ungraded one. Counted ok samples
+    # graded good and
     # bad (and
-    # those whose own python grader failed: neither), the good share with its Wilson 95 % interval; the serial
-    # cell's grade (good, bad, or mixed: some of each); against it, samples graded bad where every serial answer was
-    # good and the reverse (None at the serial level itself, and where the serial answers are mixed or ungraded),
-    # with one flipped answer and the serial one beside it; whether the good share meets load.min_good_share.
+    # those whose own python grader failed: neither), the good share with its Wilson 95 % interval;
+    # the serial
+    # cell's grade (good, bad, or mixed: some of each); against it, samples graded bad where every
+    # serial answer was
+    # good and the reverse (None at the serial level itself, and where the serial answers are mixed
+    # or ungraded),
+    # with one flipped answer and the serial one beside it; whether the good share meets
+    # load.min_good_share.
     graded_good: int | None = written_with("graded_good")
     graded_bad: int | None = written_with("graded_good")
     grade_failed: int | None = written_with("graded_good")
@@ -340,7 +400,8 @@ class RunSummary(_Json):
     ok: int = 0
     errors: int = 0
     errors_by_type: dict[str, int] = field(default_factory=dict)
-    # Every request sent (records.jsonl's lines: warm-ups, ramp-ups and uncounted copies too), and their errors.
+    # Every request sent (records.jsonl's lines: warm-ups, ramp-ups and uncounted copies too), and
+    # their errors.
     requests_sent: int | None = written_with("requests_sent")
     errors_sent_by_type: dict[str, int] | None = written_with("requests_sent")
     probe_requests: int = 0
@@ -355,24 +416,30 @@ class RunSummary(_Json):
     until_bound: float | None = written_with("until_bound")
     drift_cells: tuple[str, ...] = ()
     short_cells: tuple[str, ...] = ()
-    # Probe cells the run asked for that have no counted sample at all (no cell): short too, by all their samples.
+    # Probe cells the run asked for that have no counted sample at all (no cell): short too, by all
+    # their samples.
     # None: the run does not list what it asked for (run.json from before it listed its probes).
     missing_cells: tuple[str, ...] | None = written_with("missing_cells")
     # Logprob evidence over the probe cells; absent where no logprobs were compared.
     logprob_samples: int | None = written_with("logprob_samples")
     latent_cells: tuple[str, ...] | None = written_with("logprob_samples")
-    # Probe cells where logprobs were in play but not every ok sample was compared (CellSummary.logprob_gap).
+    # Probe cells where logprobs were in play but not every ok sample was compared
+    # (CellSummary.logprob_gap).
     logprob_gap_cells: tuple[str, ...] | None = written_with("logprob_gap_cells")
     matrix: dict[str, Any] = field(default_factory=dict)
     slo: dict[str, float] | None = None
     min_slo_attainment: float | None = None
     slo_failed_cells: tuple[str, ...] = ()
-    # Probe cells at c > 1 whose server ran fewer requests at a time than the level while others waited.
+    # Probe cells at c > 1 whose server ran fewer requests at a time than the level while others
+    # waited.
     server_limited_cells: tuple[str, ...] | None = written_with("server_limited_cells")
     cells: tuple[CellSummary, ...] = ()
-    # Per probe id, what it asked (models.probe_inputs: hashes of its input and params, its max_tokens) and the hash
-    # of how it was graded, so a baseline tells a changed input from a changed server and pairs graded answers only
-    # under the same grader; absent in runs from before it was recorded (the grading hash: before it was apart). Under
+    # Per probe id, what it asked (models.probe_inputs: hashes of its input and params, its
+    # max_tokens) and the hash
+    # of how it was graded, so a baseline tells a changed input from a changed server and pairs
+    # graded answers only
+    # under the same grader; absent in runs from before it was recorded (the grading hash: before it
+    # was apart). Under
     # load.prefix_cache's marker method the ids are the probes', not their rounds'.
     inputs: dict[str, dict[str, str | int]] | None = written_with("inputs")
     run_id: str | None = None
@@ -381,16 +448,22 @@ class RunSummary(_Json):
     # load.prefix_cache: how cold samples were made and each probe's cold and warm answers compared
     # (kevload.load.prefixcache.ColdWarm); absent without it.
     prefix_cache: dict[str, Any] | None = written_with("prefix_cache")
-    # Requests kevload cut (load.cancel_share): neither answers nor errors; absent where the run cut nothing. The
-    # findings: probe cells whose divergent samples all had a cut in flight (CellSummary.drift_only_beside_cancelled),
-    # and probes (``p1@mixed``) that drifted only in levels with cuts while a loaded level without any held.
+    # Requests kevload cut (load.cancel_share): neither answers nor errors; absent where the run cut
+    # nothing. The
+    # findings: probe cells whose divergent samples all had a cut in flight
+    # (CellSummary.drift_only_beside_cancelled),
+    # and probes (``p1@mixed``) that drifted only in levels with cuts while a loaded level without
+    # any held.
     cancelled: int | None = written_with("cancelled")
     drift_beside_cancelled_cells: tuple[str, ...] | None = written_with("cancelled")
     drift_with_cancelled_levels: tuple[str, ...] | None = written_with("cancelled")
-    # Graded probes (kevload.compare.graded); absent without any. Per level, over the probes graded there: accuracy
+    # Graded probes (kevload.compare.graded); absent without any. Per level, over the probes graded
+    # there: accuracy
     # with its
-    # interval and the paired comparison with serial (good_to_bad, bad_to_good, the exact McNemar p). The probe cells
-    # where load turned a good answer bad; the levels whose accuracy fell significantly (p < 0.05); the probe cells
+    # interval and the paired comparison with serial (good_to_bad, bad_to_good, the exact McNemar
+    # p). The probe cells
+    # where load turned a good answer bad; the levels whose accuracy fell significantly (p < 0.05);
+    # the probe cells
     # under load.min_good_share; what a user's python grader did wrong (each naming its probe).
     accuracy: tuple[dict[str, Any], ...] | None = written_with("accuracy")
     bad_cells: tuple[str, ...] | None = written_with("accuracy")
@@ -428,7 +501,9 @@ class RunSummary(_Json):
 
 def levels_of(cells: Iterable[CellSummary]) -> list[str]:
     """The distinct level labels of ``cells`` in matrix order: closed-loop levels, then rates."""
-    return [c.level for c in sorted({c.level: c for c in cells}.values(), key=lambda c: c.level_order)]
+    return [
+        c.level for c in sorted({c.level: c for c in cells}.values(), key=lambda c: c.level_order)
+    ]
 
 
 def held_without_cuts(row: Iterable[CellSummary]) -> list[CellSummary]:
@@ -438,8 +513,16 @@ def held_without_cuts(row: Iterable[CellSummary]) -> list[CellSummary]:
     heavier load, cut or not, holds there too."""
     ordered = sorted(row, key=lambda c: c.level_order)
     drifted = [c for c in ordered if c.drift]
-    return [c for c in ordered[1:] if c.ok and not c.drift and c.cancelled == 0
-            and all(d.level_order[0] == c.level_order[0] and d.level_order < c.level_order for d in drifted)]
+    return [
+        c
+        for c in ordered[1:]
+        if c.ok
+        and not c.drift
+        and c.cancelled == 0
+        and all(
+            d.level_order[0] == c.level_order[0] and d.level_order < c.level_order for d in drifted
+        )
+    ]
 
 
 def answered_per_s(cell: CellSummary) -> float | None:

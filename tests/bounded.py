@@ -17,14 +17,23 @@ from pathlib import Path
 
 def cli(*setup: str) -> str:
     """``python -c`` code that runs kevload's CLI (its arguments from the command line) after ``setup``."""
-    return "; ".join(("import os, sys", *setup, "from kevload.cli import main", "main(sys.argv[1:])"))
+    return "; ".join(
+        ("import os, sys", *setup, "from kevload.cli import main", "main(sys.argv[1:])")
+    )
 
 
-# The parallel reduction forced (any records file is "large", four processes): the path a run with records over
+# The parallel reduction forced (any records file is "large", four processes): the path a run with
+# records over
 # 32 MiB takes, without writing 32 MiB.
-PARALLEL_REDUCTION = cli("from kevload.compare import reader", "reader._PARALLEL_BYTES = 1", "os.cpu_count = lambda: 4")
-# Starting any process fails at once: a test of a bound on worker processes cannot start thousands of them.
-NO_START = ("import multiprocessing.process as mp", "mp.BaseProcess.start = lambda self: sys.exit('started a process')")
+PARALLEL_REDUCTION = cli(
+    "from kevload.compare import reader", "reader._PARALLEL_BYTES = 1", "os.cpu_count = lambda: 4"
+)
+# Starting any process fails at once: a test of a bound on worker processes cannot start thousands
+# of them.
+NO_START = (
+    "import multiprocessing.process as mp",
+    "mp.BaseProcess.start = lambda self: sys.exit('started a process')",
+)
 NO_PROCESSES = cli(*NO_START)
 
 
@@ -39,13 +48,24 @@ class Ended:
 class Kevload:
     """``kevload ARGS`` (or ``python -c CODE ARGS``) started in a new session, so its pid is its group's id."""
 
-    def __init__(self, *args: object, code: str | None = None, memory_mb: int | None = None,
-                 cwd: Path | None = None):
+    def __init__(
+        self,
+        *args: object,
+        code: str | None = None,
+        memory_mb: int | None = None,
+        cwd: Path | None = None,
+    ):
         argv = [sys.executable, "-c", code] if code else [sys.executable, "-m", "kevload"]
         limit = None if memory_mb is None else memory_mb << 20
-        self.proc = subprocess.Popen([*argv, *(str(a) for a in args)], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=cwd,
-                                     preexec_fn=None if limit is None else lambda: _limit_memory(limit))
+        self.proc = subprocess.Popen(
+            [*argv, *(str(a) for a in args)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            cwd=cwd,
+            preexec_fn=None if limit is None else lambda: _limit_memory(limit),
+        )
         self.pgid = self.proc.pid
 
     def signal(self, signum: int, *, group: bool = False) -> float:
@@ -62,7 +82,9 @@ class Kevload:
         while not ready():
             if time.monotonic() > deadline or self.proc.poll() is not None:
                 self.end(timeout=1)
-                raise AssertionError(f"not ready in {timeout:g} s (exit code {self.proc.returncode})")
+                raise AssertionError(
+                    f"not ready in {timeout:g} s (exit code {self.proc.returncode})"
+                )
             time.sleep(0.01)
 
     def children(self) -> list[int]:
@@ -76,8 +98,11 @@ class Kevload:
         except subprocess.TimeoutExpired:
             os.killpg(self.pgid, signal.SIGKILL)
             stdout, stderr = self.proc.communicate()
-            raise AssertionError(f"still running after {timeout:g} s, killed; stderr:\n{stderr[-2000:]}") from None
-        # multiprocessing's resource tracker ends when it sees kevload's end: a moment, not a leftover.
+            raise AssertionError(
+                f"still running after {timeout:g} s, killed; stderr:\n{stderr[-2000:]}"
+            ) from None
+        # multiprocessing's resource tracker ends when it sees kevload's end: a moment, not a
+        # leftover.
         deadline = time.monotonic() + 2.0
         while (left := group_members(self.pgid)) and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -110,7 +135,9 @@ def processes() -> list[tuple[int, int, int, str]]:
             continue
         try:
             stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:160]
+            cmdline = (
+                (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:160]
+            )
         except OSError:
             continue
         # Fields after the command's name, which is in parentheses and may hold spaces.
@@ -129,6 +156,9 @@ def holder(parent: int, path: Path) -> int:
     for pid, ppid, _, _ in processes():
         if ppid == parent:
             with contextlib.suppress(OSError):
-                if any(os.path.realpath(fd) == str(path.resolve()) for fd in Path(f"/proc/{pid}/fd").iterdir()):
+                if any(
+                    os.path.realpath(fd) == str(path.resolve())
+                    for fd in Path(f"/proc/{pid}/fd").iterdir()
+                ):
                     return pid
     raise AssertionError(f"no child of {parent} has {path} open")

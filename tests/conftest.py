@@ -22,8 +22,10 @@ from kevload.servers.targets.cache import cache_root
 from kevload.summary import RunSummary
 from tests.fakeserver import Behaviour, FakeServer
 
-# Every process this session starts inherits this mark in its environment (targets are started with the
-# caller's environment), so the stray check below finds this session's servers and no other session's.
+# Every process this session starts inherits this mark in its environment (targets are started with
+# the
+# caller's environment), so the stray check below finds this session's servers and no other
+# session's.
 SESSION_MARK = f"KEVLOAD_TEST_SESSION={uuid.uuid4().hex}"
 os.environ["KEVLOAD_TEST_SESSION"] = SESSION_MARK.split("=", 1)[1]
 
@@ -37,7 +39,9 @@ def no_stray_target_processes():
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                cmdline = (
+                    (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                )
                 ours = SESSION_MARK.encode() in (entry / "environ").read_bytes().split(b"\0")
             except OSError:
                 continue
@@ -53,12 +57,37 @@ def server():
 
 
 # A crafted record's fields that its test is not about, as a record kevload writes would hold them.
-_RECORD_FILLED = {"run_id": "r", "seq": 0, "probe": "p1", "role": "probe", "mode": "single", "concurrency": 1,
-                  "rate": None, "sample": 0, "in_flight": 0, "status": "ok", "output": None, "sha256": None,
-                  "finish_reason": None, "prompt_tokens": None, "completion_tokens": None, "token_ids": None,
-                  "tokens": None, "logprobs": None, "system_fingerprint": None, "t_scheduled": None, "t_send": 0.0,
-                  "t_first_byte": None, "t_first_token": None, "t_last_byte": 0.0, "chunks": 0, "max_gap": None,
-                  "error": None, "retries": 0, "params": {}}
+_RECORD_FILLED = {
+    "run_id": "r",
+    "seq": 0,
+    "probe": "p1",
+    "role": "probe",
+    "mode": "single",
+    "concurrency": 1,
+    "rate": None,
+    "sample": 0,
+    "in_flight": 0,
+    "status": "ok",
+    "output": None,
+    "sha256": None,
+    "finish_reason": None,
+    "prompt_tokens": None,
+    "completion_tokens": None,
+    "token_ids": None,
+    "tokens": None,
+    "logprobs": None,
+    "system_fingerprint": None,
+    "t_scheduled": None,
+    "t_send": 0.0,
+    "t_first_byte": None,
+    "t_first_token": None,
+    "t_last_byte": 0.0,
+    "chunks": 0,
+    "max_gap": None,
+    "error": None,
+    "retries": 0,
+    "params": {},
+}
 
 
 def filled(row: dict[str, Any]) -> dict[str, Any]:
@@ -92,15 +121,25 @@ def toml_value(value: Any) -> str:
     return repr(value)
 
 
-def write_scenario(path: Path, url: str, *, probes: list[dict] | None = None, params: dict | None = None,
-                   target: dict | None = None, **load: Any) -> Path:
+def write_scenario(
+    path: Path,
+    url: str,
+    *,
+    probes: list[dict] | None = None,
+    params: dict | None = None,
+    target: dict | None = None,
+    **load: Any,
+) -> Path:
     """A scenario file for ``url``; keyword arguments go to [load]."""
     probes = probes or [{"id": "p1", "prompt": "Say something.", "max_tokens": 16}]
     target = {"base_url": url, "model": "fake", "timeout": 5, **(target or {})}
     lines = ["[target]"] + [f"{k} = {toml_value(v)}" for k, v in target.items()]
-    lines += ["", "[params]"] + [f"{k} = {toml_value(v)}" for k, v in (params or {"temperature": 0}).items()]
-    lines += ["", "[load]"] + [f"{k} = {toml_value(v)}" for k, v in
-                               {"concurrency": [1, 4], "samples": 8, **load}.items()]
+    lines += ["", "[params]"] + [
+        f"{k} = {toml_value(v)}" for k, v in (params or {"temperature": 0}).items()
+    ]
+    lines += ["", "[load]"] + [
+        f"{k} = {toml_value(v)}" for k, v in {"concurrency": [1, 4], "samples": 8, **load}.items()
+    ]
     for probe in probes:
         lines += ["", "[[probes]]"] + [f"{k} = {toml_value(v)}" for k, v in probe.items()]
     path.write_text("\n".join(lines) + "\n")
@@ -116,8 +155,12 @@ def load_summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
-def cells_by_level(summary: dict | RunSummary, probe: str = "p1", role: str = "probe") -> dict[int, Any]:
+def cells_by_level(
+    summary: dict | RunSummary, probe: str = "p1", role: str = "probe"
+) -> dict[int, Any]:
     """One probe's cells by concurrency: CellSummary objects from a RunSummary, dicts from summary.json."""
     if isinstance(summary, RunSummary):
         return {c.concurrency: c for c in summary.cells if c.probe == probe and c.role == role}
-    return {c["concurrency"]: c for c in summary["cells"] if c["probe"] == probe and c["role"] == role}
+    return {
+        c["concurrency"]: c for c in summary["cells"] if c["probe"] == probe and c["role"] == role
+    }

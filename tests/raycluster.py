@@ -19,7 +19,9 @@ _START_S = 60.0
 
 
 @contextmanager
-def ray_cluster(tmp: Path, *, nodes: int = 1, cpus: int = 1, resources: list[dict] | None = None) -> Iterator[str]:
+def ray_cluster(
+    tmp: Path, *, nodes: int = 1, cpus: int = 1, resources: list[dict] | None = None
+) -> Iterator[str]:
     """Yields the head's address; ``resources[i]`` are node i's custom resources (node 0 is the head)."""
     port = _free_port()
     address = f"127.0.0.1:{port}"
@@ -29,15 +31,36 @@ def ray_cluster(tmp: Path, *, nodes: int = 1, cpus: int = 1, resources: list[dic
         for node in range(nodes):
             temp = tmp / f"ray{node}"
             dirs.append(str(temp))
-            where = ["--head", "--port", str(port), "--include-dashboard", "false"] if node == 0 \
+            where = (
+                ["--head", "--port", str(port), "--include-dashboard", "false"]
+                if node == 0
                 else ["--address", address]
+            )
             extra = (resources or [])[node] if node < len(resources or []) else {}
             log = open(tmp / f"ray{node}.log", "wb")  # noqa: SIM115 - the process owns it until it ends
-            procs.append(subprocess.Popen(
-                [RAY, "start", "--block", *where, "--node-ip-address", "127.0.0.1", "--num-cpus", str(cpus),
-                 "--temp-dir", str(temp), "--disable-usage-stats", "--resources", json.dumps(extra)],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                env={**os.environ, "RAY_AUTH_MODE": "disabled"}))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        RAY,
+                        "start",
+                        "--block",
+                        *where,
+                        "--node-ip-address",
+                        "127.0.0.1",
+                        "--num-cpus",
+                        str(cpus),
+                        "--temp-dir",
+                        str(temp),
+                        "--disable-usage-stats",
+                        "--resources",
+                        json.dumps(extra),
+                    ],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+                )
+            )
             _wait_for_nodes(address, node + 1, procs, tmp)
         yield address
     finally:
@@ -77,15 +100,24 @@ def _assert_gone(dirs: list[str]) -> None:
 
 
 def _wait_for_nodes(address: str, count: int, procs: list[subprocess.Popen], tmp: Path) -> None:
-    probe = ("import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False); "
-             "print(sum(1 for n in ray.nodes() if n['Alive']))")
+    probe = (
+        "import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False); "
+        "print(sum(1 for n in ray.nodes() if n['Alive']))"
+    )
     deadline = time.monotonic() + _START_S
     while time.monotonic() < deadline:
         for node, proc in enumerate(procs):
             if proc.poll() is not None:
-                raise RuntimeError(f"ray node {node} exited: {(tmp / f'ray{node}.log').read_text()[-2000:]}")
-        done = subprocess.run([sys.executable, "-c", probe, address], capture_output=True, text=True, timeout=60,
-                              env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+                raise RuntimeError(
+                    f"ray node {node} exited: {(tmp / f'ray{node}.log').read_text()[-2000:]}"
+                )
+        done = subprocess.run(
+            [sys.executable, "-c", probe, address],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+        )
         if done.returncode == 0 and done.stdout.strip().splitlines()[-1:] == [str(count)]:
             return
         time.sleep(1)

@@ -21,8 +21,11 @@ class RecordingProxy:
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
                 body = self.rfile.read(int(self.headers["Content-Length"]))
-                request = urllib.request.Request(proxy.upstream + self.path, data=body,
-                                                 headers={"Content-Type": "application/json"})
+                request = urllib.request.Request(
+                    proxy.upstream + self.path,
+                    data=body,
+                    headers={"Content-Type": "application/json"},
+                )
                 try:
                     with urllib.request.urlopen(request, timeout=300) as response:
                         status, payload = response.status, response.read()

@@ -33,7 +33,9 @@ class LogprobAgreement:
     nonfinite_samples: int | None = None
 
 
-def agreement(cell: CellAccumulator, reference: CellAccumulator, serial: OutputKey | None) -> Agreement:
+def agreement(
+    cell: CellAccumulator, reference: CellAccumulator, serial: OutputKey | None
+) -> Agreement:
     """How often and how far the cell's outputs agree with the serial one, with 95 % intervals.
 
     ``exact_match_rate``: share of ok samples whose output is the serial output (Wilson interval).
@@ -55,15 +57,23 @@ def agreement(cell: CellAccumulator, reference: CellAccumulator, serial: OutputK
             shares.append((1.0, n))
         elif key in cell.tokens:
             tokens = cell.tokens[key]
-            shares.append((common_prefix_length(ref_tokens, tokens) / max(len(ref_tokens), len(tokens)), n))
+            shares.append(
+                (common_prefix_length(ref_tokens, tokens) / max(len(ref_tokens), len(tokens)), n)
+            )
     interval = mean_share_interval(shares)
     if interval is None:
         return Agreement(exact_match_rate=rate, exact_match_ci95=ci95)
-    return Agreement(exact_match_rate=rate, exact_match_ci95=ci95, token_agreement=round(interval[0], 6),
-                     token_agreement_ci95=[round(interval[1], 6), round(interval[2], 6)])
+    return Agreement(
+        exact_match_rate=rate,
+        exact_match_ci95=ci95,
+        token_agreement=round(interval[0], 6),
+        token_agreement_ci95=[round(interval[1], 6), round(interval[2], 6)],
+    )
 
 
-def logprob_agreement(cell: CellAccumulator, reference: CellAccumulator, serial: OutputKey | None) -> LogprobAgreement:
+def logprob_agreement(
+    cell: CellAccumulator, reference: CellAccumulator, serial: OutputKey | None
+) -> LogprobAgreement:
     """The cell's logprobs against the serial reference's at the same token positions.
 
     The reference is the most common logprob vector of the serial output in the serial cell. Each
@@ -82,8 +92,11 @@ def logprob_agreement(cell: CellAccumulator, reference: CellAccumulator, serial:
         tokens = cell.tokens.get(key)
         if ref_tokens and tokens:
             upto = common_prefix_length(ref_tokens, tokens)
-            # The serial text whose tokens (read from its logprobs) stop early has the serial tokens, not others.
-            same = tokens == ref_tokens or key == serial and upto == min(len(tokens), len(ref_tokens))
+            # The serial text whose tokens (read from its logprobs) stop early has the serial
+            # tokens, not others.
+            same = (
+                tokens == ref_tokens or key == serial and upto == min(len(tokens), len(ref_tokens))
+            )
             upto = len(ref_tokens) if same else upto
         elif key == serial:
             upto, same = len(ref), True
@@ -97,10 +110,18 @@ def logprob_agreement(cell: CellAccumulator, reference: CellAccumulator, serial:
         if diff is not None:
             diffs.append(diff)
     if not samples:
-        return LogprobAgreement(missing=missing, partial=partial if in_play else None, nonfinite_samples=nonfinite)
+        return LogprobAgreement(
+            missing=missing, partial=partial if in_play else None, nonfinite_samples=nonfinite
+        )
     # A difference among the compared samples is evidence whatever the others hold; equality is
-    # claimed only over every ok sample of the cell, never over the ones that happened to have logprobs.
-    return LogprobAgreement(samples=samples, bitwise=False if firsts else True if samples == cell.ok else None,
-                            max_abs_diff=max(diffs) if diffs else None,
-                            first_divergence_token=min(firsts) if firsts else None, missing=missing,
-                            partial=partial if in_play else None, nonfinite_samples=nonfinite)
+    # claimed only over every ok sample of the cell, never over the ones that happened to have
+    # logprobs.
+    return LogprobAgreement(
+        samples=samples,
+        bitwise=False if firsts else True if samples == cell.ok else None,
+        max_abs_diff=max(diffs) if diffs else None,
+        first_divergence_token=min(firsts) if firsts else None,
+        missing=missing,
+        partial=partial if in_play else None,
+        nonfinite_samples=nonfinite,
+    )

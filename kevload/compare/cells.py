@@ -27,17 +27,24 @@ from kevload.records.store import Record, counts_in_cell
 from kevload.words import CANCELLED
 
 LATENCY_NAMES = ("e2e", "ttft", "tpot", "itl", "lateness")
-CellKey = tuple[str, str, str, int, float | None]  # probe, role, mode, concurrency, rate (open loop)
-# A conversation's turn kept until its sample ends: (turn, its answer given its history or None, the text received,
+CellKey = tuple[
+    str, str, str, int, float | None
+]  # probe, role, mode, concurrency, rate (open loop)
+# A conversation's turn kept until its sample ends: (turn, its answer given its history or None, the
+# text received,
 # its output tokens, its send, the SLO bounds it missed: ``slo_missed``).
 KeptTurn = tuple[int, TurnAnswer | None, str, int, float, tuple[str, ...]]
-# A closed-loop level as its spans are pooled: mode, concurrency. Two probes' levels of one concurrency never
-# overlap in time (a level ends only when nothing it sent is in flight), so pooling them adds no "other".
+# A closed-loop level as its spans are pooled: mode, concurrency. Two probes' levels of one
+# concurrency never
+# overlap in time (a level ends only when nothing it sent is in flight), so pooling them adds no
+# "other".
 SpanKey = tuple[str, int]
 OutputKey = tuple[str, str | None]  # sha256 of the text, finish_reason
-# A level as its cuts are pooled: mode, concurrency, rate. Levels of one key never overlap in time (as SpanKey).
+# A level as its cuts are pooled: mode, concurrency, rate. Levels of one key never overlap in time
+# (as SpanKey).
 CutKey = tuple[str, int, float | None]
-# ttft, itl, tpot, e2e bounds in seconds (inf: not bounded), and whether one of the first three is given.
+# ttft, itl, tpot, e2e bounds in seconds (inf: not bounded), and whether one of the first three is
+# given.
 SloLimits = tuple[float, float, float, float, bool]
 
 
@@ -50,26 +57,34 @@ class CellAccumulator:
     texts: dict[OutputKey, str] = field(default_factory=dict)
     tokens: dict[OutputKey, list] = field(default_factory=dict)
     logprobs: dict[OutputKey, LogprobTrack] = field(default_factory=dict)
-    logprobs_missing: int = 0   # ok samples that asked for logprobs and got none
+    logprobs_missing: int = 0  # ok samples that asked for logprobs and got none
     logprob_nonfinite: int = 0  # ok samples with a logprob of -inf, inf or NaN
     errors: dict[str, int] = field(default_factory=dict)
     reconnects: int = 0
     latency: dict[str, LatencyHistogram] = field(
-        default_factory=lambda: {name: LatencyHistogram() for name in LATENCY_NAMES})
+        default_factory=lambda: {name: LatencyHistogram() for name in LATENCY_NAMES}
+    )
     output_tokens: int = 0
     max_in_flight: int | None = None  # the level's cap on requests in flight, from its records
     t_start: float = math.inf
     t_end: float = -math.inf
     slo: SloLimits | None = None
-    slo_met: int = 0          # ok requests within every bound
-    slo_unmeasured: int = 0   # ok requests without a first token time where a bound needs one
-    slo_misses: dict[str, int] = field(default_factory=dict)  # ok requests over each bound (ttft, itl, tpot, e2e)
-    # Closed-loop levels c ≥ 2: every counted request's send and last-byte time, in turn (None: nothing to check).
+    slo_met: int = 0  # ok requests within every bound
+    slo_unmeasured: int = 0  # ok requests without a first token time where a bound needs one
+    slo_misses: dict[str, int] = field(
+        default_factory=dict
+    )  # ok requests over each bound (ttft, itl, tpot, e2e)
+    # Closed-loop levels c ≥ 2: every counted request's send and last-byte time, in turn (None:
+    # nothing to check).
     spans: array | None = None
     cancelled: int = 0  # requests kevload cut (load.cancel_share): neither answers nor errors
-    findings: int = 0  # ok requests whose answer held a value that did not fit its field (Record.findings)
-    # Probe cells: each ok sample's send and last-byte time, in turn, and its output beside it, so that the samples
-    # with a cut of their level in flight can be told from the others (kevload.compare.cuts.beside_cuts).
+    findings: int = (
+        0  # ok requests whose answer held a value that did not fit its field (Record.findings)
+    )
+    # Probe cells: each ok sample's send and last-byte time, in turn, and its output beside it, so
+    # that the samples
+    # with a cut of their level in flight can be told from the others
+    # (kevload.compare.cuts.beside_cuts).
     sample_spans: array | None = None
     sample_outputs: list[OutputKey] | None = None
 
@@ -111,7 +126,8 @@ class CellAccumulator:
             self.sample_spans.append(t_last)
             outputs.append(key)
         logprobs = record.logprobs
-        # A vector of nulls only is no logprob at all: the server gave the field, not one value in it.
+        # A vector of nulls only is no logprob at all: the server gave the field, not one value in
+        # it.
         if logprobs and (logprobs[0] is not None or logprobs.count(None) < len(logprobs)):
             nonfinite = record.logprob_nonfinite
             if nonfinite:
@@ -120,7 +136,8 @@ class CellAccumulator:
             if track is None:
                 self.logprobs[key] = LogprobTrack(logprobs, record.seq, bool(nonfinite))
                 if key not in self.tokens:
-                    # The output's first record came without logprobs (and their tokens): line it up by this one.
+                    # The output's first record came without logprobs (and their tokens): line it up
+                    # by this one.
                     toks = record.token_ids or record.tokens
                     if toks:
                         self.tokens[key] = toks
@@ -144,7 +161,8 @@ class CellAccumulator:
         # A one-token answer has no gap between tokens: nothing in it can miss an ITL or TPOT bound.
         ttft = itl = tpot = 0.0
         streamed = t_first is not None and chunks
-        # Without streaming the first token arrives with the last: TTFT and TPOT would only restate e2e.
+        # Without streaming the first token arrives with the last: TTFT and TPOT would only restate
+        # e2e.
         if streamed:
             ttft = t_first - t_send
             latency["ttft"].add(ttft)
@@ -166,8 +184,12 @@ class CellAccumulator:
             self.slo_met += 1
             return
         misses = self.slo_misses
-        for name, value, limit in (("ttft", ttft, ttft_max), ("itl", itl, itl_max), ("tpot", tpot, tpot_max),
-                                   ("e2e", e2e, e2e_max)):
+        for name, value, limit in (
+            ("ttft", ttft, ttft_max),
+            ("itl", itl, itl_max),
+            ("tpot", tpot, tpot_max),
+            ("e2e", e2e, e2e_max),
+        ):
             if value > limit:
                 misses[name] = misses.get(name, 0) + 1
 
@@ -242,24 +264,32 @@ class Reduction:
 
     cells: dict[CellKey, CellAccumulator] = field(default_factory=dict)
     records: int = 0
-    # Every request on record, warm-ups and uncounted sends included: what was sent, not what is evidence.
+    # Every request on record, warm-ups and uncounted sends included: what was sent, not what is
+    # evidence.
     sent: int = 0
     sent_errors: dict[str, int] = field(default_factory=dict)
     slo: Slo | None = None
     limits: SloLimits | None = field(init=False, default=None)
-    # The spans of a closed-loop level's requests that are in no cell (warm-ups, ramp-ups, tails): "others" too.
+    # The spans of a closed-loop level's requests that are in no cell (warm-ups, ramp-ups, tails):
+    # "others" too.
     uncounted_spans: dict[SpanKey, array] = field(default_factory=dict)
     # Conversation cells: each turn's counted ok answers, by history (``kevload.compare.turnwise``).
     turns: dict[CellKey, dict[int, dict[TurnAnswer, int]]] = field(default_factory=dict)
-    # Every cut of a level (load.cancel_share), counted or not: the times its requests were cancelled.
+    # Every cut of a level (load.cancel_share), counted or not: the times its requests were
+    # cancelled.
     cuts: dict[CutKey, array] = field(default_factory=dict)
-    cancel_planned: int = 0  # requests on record that load.cancel_share chose to cut (0: the run cut nothing)
-    # The run asked for cuts (load.cancel_share > 0): only then is every probe sample's span kept, to tell the samples
-    # beside a cut from the others; it is memory that grows with the samples, which no other run should pay.
+    cancel_planned: int = (
+        0  # requests on record that load.cancel_share chose to cut (0: the run cut nothing)
+    )
+    # The run asked for cuts (load.cancel_share > 0): only then is every probe sample's span kept,
+    # to tell the samples
+    # beside a cut from the others; it is memory that grows with the samples, which no other run
+    # should pay.
     cuts_asked: bool = False
     # Conversations whose ending record this part has not read yet: their earlier turns, in order.
     talks: dict[str, list[KeptTurn]] = field(default_factory=dict)
-    # Ending records whose conversation's first turns this part lacks, with the turns it has (``_turn``).
+    # Ending records whose conversation's first turns this part lacks, with the turns it has
+    # (``_turn``).
     ends: dict[str, tuple[Record, list[KeptTurn]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -292,10 +322,12 @@ class Reduction:
         if cell is None:
             probe = record.role == "probe"
             cell = self.cells[key] = CellAccumulator(
-                max_in_flight=record.max_in_flight, slo=self.limits,
+                max_in_flight=record.max_in_flight,
+                slo=self.limits,
                 spans=array("d") if record.concurrency > 1 and record.rate is None else None,
                 sample_spans=array("d") if probe and self.cuts_asked else None,
-                sample_outputs=[] if probe and self.cuts_asked else None)
+                sample_outputs=[] if probe and self.cuts_asked else None,
+            )
         cell.add(record)
         self.records += 1
 
@@ -321,8 +353,9 @@ class Reduction:
             answer = (record.history_sha256, record.sha256, record.finish_reason) if ok else None
             text = as_received(record.answer, record.finish_reason) if ok else ""
             missed = slo_missed(self.limits, record) if ok and self.limits is not None else ()
-            self.talks.setdefault(conversation, []).append((turn, answer, text, record.completion_tokens or 0,
-                                                             record.t_send, missed))
+            self.talks.setdefault(conversation, []).append(
+                (turn, answer, text, record.completion_tokens or 0, record.t_send, missed)
+            )
             self._other(record)
             return
         earlier = self.talks.pop(conversation, [])
@@ -342,26 +375,42 @@ class Reduction:
         ok = record.status == "ok"
         answers = [(turn, answer) for turn, answer, *_ in earlier]
         if ok:
-            answers.append((record.turn, (record.history_sha256, record.sha256, record.finish_reason)))
+            answers.append(
+                (record.turn, (record.history_sha256, record.sha256, record.finish_reason))
+            )
         for turn, answer in answers:
             if answer is not None:
                 tally = self.turns.setdefault(key, {}).setdefault(turn, {})
                 tally[answer] = tally.get(answer, 0) + 1
         if ok:
-            # The conversation's text and hash stand for the answer; its logprobs are each turn's, compared nowhere.
+            # The conversation's text and hash stand for the answer; its logprobs are each turn's,
+            # compared nowhere.
             record = msgspec.structs.replace(
-                record, sha256=record.conversation_sha256, reasoning=None, tool_calls=None,
+                record,
+                sha256=record.conversation_sha256,
+                reasoning=None,
+                tool_calls=None,
                 output=transcript(record.history, [kept[2] for kept in earlier], record.answer),
-                token_ids=None, tokens=None, logprobs=None, logprob_nonfinite=0,
-                params={k: v for k, v in record.params.items() if k not in ("logprobs", "top_logprobs")})
+                token_ids=None,
+                tokens=None,
+                logprobs=None,
+                logprob_nonfinite=0,
+                params={
+                    k: v for k, v in record.params.items() if k not in ("logprobs", "top_logprobs")
+                },
+            )
         self._sample(record)
-        # Its latency is its last turn's, but its span and output are the whole conversation's (duration, tok/s).
+        # Its latency is its last turn's, but its span and output are the whole conversation's
+        # (duration, tok/s).
         cell = self.cells[key]
         if ok and self.limits is not None:
-            cell.slo_fold(slo_missed(self.limits, record), {name for kept in earlier for name in kept[5]})
+            cell.slo_fold(
+                slo_missed(self.limits, record), {name for kept in earlier for name in kept[5]}
+            )
         cell.t_start = min([cell.t_start, *(kept[4] for kept in earlier)])
         if ok and earlier and cell.sample_spans is not None:
-            # Beside a cut or not is the whole conversation's (kevload.compare.cuts.beside_cuts): from its first send.
+            # Beside a cut or not is the whole conversation's (kevload.compare.cuts.beside_cuts):
+            # from its first send.
             cell.sample_spans[-2] = earlier[0][4]
         if ok:
             cell.output_tokens += sum(kept[3] for kept in earlier)
@@ -387,7 +436,8 @@ class Reduction:
         for level, cuts in other.cuts.items():
             self.cuts.setdefault(level, array("d")).extend(cuts)
         self.cancel_planned += other.cancel_planned
-        # A conversation split between parts: this part has its first turns, ``other`` the later ones.
+        # A conversation split between parts: this part has its first turns, ``other`` the later
+        # ones.
         for conversation, earlier in other.talks.items():
             self.talks.setdefault(conversation, []).extend(earlier)
         for conversation, (record, earlier) in other.ends.items():
@@ -411,7 +461,9 @@ class Reduction:
             parts = [self.cells[key].spans for key in keys]
             if level in self.uncounted_spans:
                 parts.append(self.uncounted_spans[level])
-            occupancy = Occupancy.of(np.concatenate([_span_rows(spans) for spans in parts]), level[1])
+            occupancy = Occupancy.of(
+                np.concatenate([_span_rows(spans) for spans in parts]), level[1]
+            )
             for key in keys:
                 out[key] = occupancy.full_load(_span_rows(self.cells[key].spans), unrecorded)
         return out
@@ -428,19 +480,28 @@ def slo_missed(limits: SloLimits, record: Record) -> tuple[str, ...]:
     ttft = t_first - t_send
     tpot = (t_last - t_first) / ((tokens or chunks) - 1) if (tokens or chunks) > 1 else 0.0
     itl = (t_last - t_first) / (chunks - 1) if chunks > 1 else 0.0
-    return tuple(name for name, value, limit in (("ttft", ttft, ttft_max), ("itl", itl, itl_max),
-                                                 ("tpot", tpot, tpot_max), ("e2e", t_last - t_send, e2e_max))
-                 if value > limit)
+    return tuple(
+        name
+        for name, value, limit in (
+            ("ttft", ttft, ttft_max),
+            ("itl", itl, itl_max),
+            ("tpot", tpot, tpot_max),
+            ("e2e", t_last - t_send, e2e_max),
+        )
+        if value > limit
+    )
 
 
 def slo_limits(slo: Slo | None) -> SloLimits | None:
     """The SLO as the hot loop reads it: seconds, an unbounded measure as inf (a comparison that never fails)."""
     if slo is None:
         return None
-    seconds = [math.inf if ms is None else ms / 1000 for ms in (slo.ttft_ms, slo.itl_ms, slo.tpot_ms, slo.e2e_ms)]
+    seconds = [
+        math.inf if ms is None else ms / 1000
+        for ms in (slo.ttft_ms, slo.itl_ms, slo.tpot_ms, slo.e2e_ms)
+    ]
     return (*seconds, any(math.isfinite(x) for x in seconds[:3]))
 
 
 def _span_rows(spans: array) -> np.ndarray:
     return np.frombuffer(spans, dtype=np.float64).reshape(-1, 2)
-

@@ -12,7 +12,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-# The one-sided p-value under which "drifted only beside cuts" is said: below it, a drift that ignores the cuts
+# The one-sided p-value under which "drifted only beside cuts" is said: below it, a drift that
+# ignores the cuts
 # would rarely have put every divergent sample beside one.
 FINDING_P = 0.05
 
@@ -21,11 +22,13 @@ FINDING_P = 0.05
 class BesideCuts:
     """A probe cell's ok samples split by whether a request of their level was cut while they were in flight."""
 
-    beside: int               # ok samples with a cut in flight
-    divergent_beside: int     # … of them not the serial output
-    apart: int                # ok samples with no cut in flight
-    divergent_apart: int      # … of them not the serial output
-    window_s: float = field(default=0.0, compare=False)  # how long after its send a sample meets a cut
+    beside: int  # ok samples with a cut in flight
+    divergent_beside: int  # … of them not the serial output
+    apart: int  # ok samples with no cut in flight
+    divergent_apart: int  # … of them not the serial output
+    window_s: float = field(
+        default=0.0, compare=False
+    )  # how long after its send a sample meets a cut
 
     @property
     def p_value(self) -> float | None:
@@ -35,8 +38,10 @@ class BesideCuts:
         total = self.beside + self.apart
         if not divergent:
             return None
-        tail = sum(math.comb(self.beside, k) * math.comb(self.apart, divergent - k)
-                   for k in range(self.divergent_beside, min(self.beside, divergent) + 1))
+        tail = sum(
+            math.comb(self.beside, k) * math.comb(self.apart, divergent - k)
+            for k in range(self.divergent_beside, min(self.beside, divergent) + 1)
+        )
         return tail / math.comb(total, divergent)
 
     @property
@@ -44,7 +49,9 @@ class BesideCuts:
         """The finding "drifted only beside cancellations": every divergent sample had a cut in flight, none of the
         samples without one diverged, and that split is unlikely by chance (``FINDING_P``)."""
         p = self.p_value
-        return bool(self.divergent_beside and not self.divergent_apart and p is not None and p < FINDING_P)
+        return bool(
+            self.divergent_beside and not self.divergent_apart and p is not None and p < FINDING_P
+        )
 
 
 def beside_cuts(samples: Iterable[tuple[float, float, bool]], cuts: Iterable[float]) -> BesideCuts:
@@ -60,5 +67,10 @@ def beside_cuts(samples: Iterable[tuple[float, float, bool]], cuts: Iterable[flo
     for t_send, _, divergent in samples:
         inside = bisect.bisect_right(times, t_send + window) - bisect.bisect_left(times, t_send) > 0
         counts[(0 if inside else 2) + divergent] += 1
-    return BesideCuts(beside=counts[0] + counts[1], divergent_beside=counts[1], apart=counts[2] + counts[3],
-                      divergent_apart=counts[3], window_s=window)
+    return BesideCuts(
+        beside=counts[0] + counts[1],
+        divergent_beside=counts[1],
+        apart=counts[2] + counts[3],
+        divergent_apart=counts[3],
+        window_s=window,
+    )

@@ -18,7 +18,7 @@ _EXAMPLE_CONTEXT = 150
 class Divergence:
     """How a drifting cell's outputs leave the serial one (the ``CellSummary`` fields of the same names)."""
 
-    kinds: dict[str, int]       # divergent requests by kind
+    kinds: dict[str, int]  # divergent requests by kind
     first_chars: int
     last_chars: int
     first_words: int
@@ -32,7 +32,9 @@ class Divergence:
     divergent_finish_reason: str | None
 
 
-def divergence(cell: CellAccumulator, ref_text: str, ref_tokens: list | None, serial: OutputKey) -> Divergence:
+def divergence(
+    cell: CellAccumulator, ref_text: str, ref_tokens: list | None, serial: OutputKey
+) -> Divergence:
     """Where and how each output other than the serial one leaves it, and the example that shows it.
 
     The example is the output that leaves the serial one first (ties: the one seen first), so the
@@ -56,14 +58,24 @@ def divergence(cell: CellAccumulator, ref_text: str, ref_tokens: list | None, se
     at, _, example, kind = min(points)
     offset = max(0, at - _EXAMPLE_CONTEXT)
     window = slice(offset, offset + 2 * _EXAMPLE_CONTEXT)
-    return Divergence(kinds=kinds, first_chars=at, last_chars=max(p[0] for p in points), first_words=min(words),
-                      first_tokens=min(toks) if toks else None, example_offset=offset,
-                      serial_example=ref_text[window], divergent_example=cell.texts[example][window],
-                      divergent_example_kind=kind, serial_finish_reason=serial[1], divergent_finish_reason=example[1])
+    return Divergence(
+        kinds=kinds,
+        first_chars=at,
+        last_chars=max(p[0] for p in points),
+        first_words=min(words),
+        first_tokens=min(toks) if toks else None,
+        example_offset=offset,
+        serial_example=ref_text[window],
+        divergent_example=cell.texts[example][window],
+        divergent_example_kind=kind,
+        serial_finish_reason=serial[1],
+        divergent_finish_reason=example[1],
+    )
 
 
-def divergence_kind(reference: str, other: str, reference_finish: str | None = None,
-                    other_finish: str | None = None) -> DivergenceKind:
+def divergence_kind(
+    reference: str, other: str, reference_finish: str | None = None, other_finish: str | None = None
+) -> DivergenceKind:
     """How ``other`` differs from the serial ``reference`` output.
 
     ``finish``: the same text, ended for another reason (``finish_reason``). ``length``: one text is a
@@ -73,7 +85,11 @@ def divergence_kind(reference: str, other: str, reference_finish: str | None = N
     """
     if reference == other:
         return "finish" if reference_finish != other_finish else "token"
-    return "length" if common_prefix_length(reference, other) == min(len(reference), len(other)) else "token"
+    return (
+        "length"
+        if common_prefix_length(reference, other) == min(len(reference), len(other))
+        else "token"
+    )
 
 
 def first_divergence_word(reference: str, other: str, chars: int) -> int:
@@ -85,7 +101,11 @@ def first_divergence_word(reference: str, other: str, chars: int) -> int:
     """
     prefix = reference[:chars]
     words = len(prefix.split())
-    if prefix and not prefix[-1].isspace() and not (_word_ends(reference, chars) and _word_ends(other, chars)):
+    if (
+        prefix
+        and not prefix[-1].isspace()
+        and not (_word_ends(reference, chars) and _word_ends(other, chars))
+    ):
         words -= 1
     return words
 
@@ -113,4 +133,3 @@ def common_prefix_length(a: str | list, b: str | list) -> int:
     left, right = np.asarray(a[:n], dtype=object), np.asarray(b[:n], dtype=object)
     diff = np.flatnonzero(left != right)
     return int(diff[0]) if diff.size else n
-

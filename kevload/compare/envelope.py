@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-# Distinct logprob vectors counted per output, to pick the serial reference's most common one; beyond
+# Distinct logprob vectors counted per output, to pick the serial reference's most common one;
+# beyond
 # this the vectors still widen the envelope (so every comparison stays exact) but are not counted.
 _LOGPROB_VECTORS = 16
 # Differing vectors folded into the envelope together: one numpy pass per batch, not per record.
@@ -25,21 +26,39 @@ class LogprobTrack:
     reference is known.
     """
 
-    __slots__ = ("n", "vectors", "pending", "lo", "hi", "kinds", "len_min", "len_max", "lengths", "nonfinite")
+    __slots__ = (
+        "n",
+        "vectors",
+        "pending",
+        "lo",
+        "hi",
+        "kinds",
+        "len_min",
+        "len_max",
+        "lengths",
+        "nonfinite",
+    )
 
     def __init__(self, vector: list, seq: int, nonfinite: bool = False) -> None:
         self.n = 1
-        self.vectors: dict[tuple, list[int]] = {tuple(vector): [1, seq]}  # vector -> [count, first seq]
-        # Vectors other than a counted one wait here to be folded into the envelope in one batch. The
-        # envelope exists once a second, different vector was folded: until then the one counted vector
+        self.vectors: dict[tuple, list[int]] = {
+            tuple(vector): [1, seq]
+        }  # vector -> [count, first seq]
+        # Vectors other than a counted one wait here to be folded into the envelope in one batch.
+        # The
+        # envelope exists once a second, different vector was folded: until then the one counted
+        # vector
         # is the envelope, and a bitwise-stable output costs one dict lookup per record.
         self.pending: list[list] = []
         self.lo: np.ndarray | None = None
         self.hi: np.ndarray | None = None
         self.kinds: np.ndarray | None = None
         self.len_min = self.len_max = len(vector)
-        self.lengths: dict[int, int] = {len(vector): 1}  # vectors by length: which cover a reference in full
-        # A vector held spelled non-finite values (``store.spell_logprobs``): only then are they decoded.
+        self.lengths: dict[int, int] = {
+            len(vector): 1
+        }  # vectors by length: which cover a reference in full
+        # A vector held spelled non-finite values (``store.spell_logprobs``): only then are they
+        # decoded.
         self.nonfinite = nonfinite
 
     def add(self, vector: list, seq: int, nonfinite: bool = False) -> None:
@@ -81,7 +100,9 @@ class LogprobTrack:
         """The most common vector counted (ties: the one seen first)."""
         return list(max(self.vectors.items(), key=lambda kv: (kv[1][0], -kv[1][1]))[0])
 
-    def compare(self, reference: list, upto: int, same_tokens: bool) -> tuple[int | None, float | None, int]:
+    def compare(
+        self, reference: list, upto: int, same_tokens: bool
+    ) -> tuple[int | None, float | None, int]:
         """(first position < ``upto`` where a vector differs from ``reference``, largest |difference| there, how
         many vectors the comparison covers).
 
@@ -101,15 +122,24 @@ class LogprobTrack:
             lo, hi, kinds = _envelope([next(iter(self.vectors))[:m]], self.nonfinite)
         else:
             lo, hi, kinds = self.lo[:m], self.hi[:m], self.kinds[:m]
-        ref, _, ref_kinds = _envelope([reference[:m]], any(isinstance(x, str) for x in reference[:m]))
+        ref, _, ref_kinds = _envelope(
+            [reference[:m]], any(isinstance(x, str) for x in reference[:m])
+        )
         finite = ref_kinds == _FINITE
         equal = (kinds == ref_kinds) & (~finite | ((lo == ref) & (hi == ref)))
         differs = np.flatnonzero(~equal)
         first = int(differs[0]) if differs.size else None if same_tokens else m
         both = finite & ((kinds & _FINITE) != 0)
-        diff = float(np.max(np.maximum(hi[both] - ref[both], ref[both] - lo[both]))) if both.any() else None
-        covered = self.n if first is not None else sum(n for length, n in self.lengths.items()
-                                                        if length >= len(reference))
+        diff = (
+            float(np.max(np.maximum(hi[both] - ref[both], ref[both] - lo[both])))
+            if both.any()
+            else None
+        )
+        covered = (
+            self.n
+            if first is not None
+            else sum(n for length, n in self.lengths.items() if length >= len(reference))
+        )
         return first, diff, covered
 
     def _widen(self, vector: list) -> None:
@@ -158,13 +188,19 @@ def _envelope(vectors: list, nonfinite: bool = False) -> tuple[np.ndarray, np.nd
     ``float()`` reads them back, and a spelled ``"NaN"`` is kept apart from a null.
     """
     if nonfinite:
-        spelled_nan = np.array([[x == "NaN" for x in v] for v in vectors], dtype=bool).reshape(len(vectors), -1)
+        spelled_nan = np.array([[x == "NaN" for x in v] for v in vectors], dtype=bool).reshape(
+            len(vectors), -1
+        )
         vectors = [[float(x) if isinstance(x, str) else x for x in v] for v in vectors]
     values = np.array(vectors, dtype=np.float64).reshape(len(vectors), -1)
     finite = np.isfinite(values)
-    kinds = np.where(finite, _FINITE, np.where(np.isnan(values), _NULL, np.where(values > 0, _POS_INF, _NEG_INF)))
+    kinds = np.where(
+        finite, _FINITE, np.where(np.isnan(values), _NULL, np.where(values > 0, _POS_INF, _NEG_INF))
+    )
     if nonfinite:
         kinds = np.where(spelled_nan, _NAN, kinds)
-    return (np.where(finite, values, np.inf).min(axis=0), np.where(finite, values, -np.inf).max(axis=0),
-            np.bitwise_or.reduce(kinds.astype(np.uint8), axis=0))
-
+    return (
+        np.where(finite, values, np.inf).min(axis=0),
+        np.where(finite, values, -np.inf).max(axis=0),
+        np.bitwise_or.reduce(kinds.astype(np.uint8), axis=0),
+    )

@@ -23,7 +23,14 @@ from typing import Any
 from kevload.compare.cells import CellAccumulator, OutputKey
 from kevload.compare.stats import mcnemar_exact, wilson_interval
 from kevload.errors import ScenarioError
-from kevload.inputs.grading import IMPORT, BadGrading, GraderFailed, Grading, python_graders, refused_from
+from kevload.inputs.grading import (
+    IMPORT,
+    BadGrading,
+    GraderFailed,
+    Grading,
+    python_graders,
+    refused_from,
+)
 from kevload.inputs.models import Probe
 from kevload.summary import CellSummary, RunSummary, level_label, level_order
 
@@ -37,7 +44,9 @@ class Grader:
     not graded again at another (the serial cell's outputs are met at every level)."""
 
     gradings: Mapping[str, Grading]
-    known: dict[tuple[str, str], bool | None] = field(default_factory=dict)  # (probe, sha256): good, None: failed
+    known: dict[tuple[str, str], bool | None] = field(
+        default_factory=dict
+    )  # (probe, sha256): good, None: failed
     errors: dict[str, str] = field(default_factory=dict)  # probe: its python grader's first failure
 
     def grades(self, probe: str, cell: CellAccumulator) -> dict[OutputKey, bool | None]:
@@ -55,39 +64,77 @@ class Grader:
         return out
 
 
-def graded_cell(summary: CellSummary, cell: CellAccumulator, reference: CellAccumulator, grader: Grader, *,
-                serial: bool, min_good_share: float | None) -> CellSummary:
+def graded_cell(
+    summary: CellSummary,
+    cell: CellAccumulator,
+    reference: CellAccumulator,
+    grader: Grader,
+    *,
+    serial: bool,
+    min_good_share: float | None,
+) -> CellSummary:
     """A probe cell's graded figures (this module's definitions); ``serial``: the cell is its probe's reference."""
     grades = grader.grades(summary.probe, cell)
     good, bad, failed = _tally(cell.counts, grades)
     ref_good, ref_bad, _ = _tally(reference.counts, grader.grades(summary.probe, reference))
-    serial_grade = None if ref_good + ref_bad == 0 else "mixed" if ref_good and ref_bad else \
-        "good" if ref_good else "bad"
-    flips = None if serial or serial_grade not in ("good", "bad") else \
-        (bad, 0) if serial_grade == "good" else (0, good)
+    serial_grade = (
+        None
+        if ref_good + ref_bad == 0
+        else "mixed"
+        if ref_good and ref_bad
+        else "good"
+        if ref_good
+        else "bad"
+    )
+    flips = (
+        None
+        if serial or serial_grade not in ("good", "bad")
+        else (bad, 0)
+        if serial_grade == "good"
+        else (0, good)
+    )
     example = _flip_example(cell, reference, grades, serial_grade) if flips and any(flips) else None
     share = good / (good + bad) if good + bad else None
     return replace(
-        summary, graded_good=good, graded_bad=bad, grade_failed=failed,
+        summary,
+        graded_good=good,
+        graded_bad=bad,
+        grade_failed=failed,
         good_share=None if share is None else round(share, 6),
-        good_share_ci95=None if share is None else [round(x, 6) for x in wilson_interval(good, good + bad)],
+        good_share_ci95=None
+        if share is None
+        else [round(x, 6) for x in wilson_interval(good, good + bad)],
         serial_grade=serial_grade,
-        flips_good_to_bad=None if flips is None else flips[0], flips_bad_to_good=None if flips is None else flips[1],
-        flip_answer=example[0] if example else None, flip_serial_answer=example[1] if example else None,
-        meets_good_share=None if min_good_share is None else share is not None and share >= min_good_share)
+        flips_good_to_bad=None if flips is None else flips[0],
+        flips_bad_to_good=None if flips is None else flips[1],
+        flip_answer=example[0] if example else None,
+        flip_serial_answer=example[1] if example else None,
+        meets_good_share=None
+        if min_good_share is None
+        else share is not None and share >= min_good_share,
+    )
 
 
-def _tally(counts: Mapping[OutputKey, int], grades: Mapping[OutputKey, bool | None]) -> tuple[int, int, int]:
+def _tally(
+    counts: Mapping[OutputKey, int], grades: Mapping[OutputKey, bool | None]
+) -> tuple[int, int, int]:
     good = sum(n for key, n in counts.items() if grades[key] is True)
     bad = sum(n for key, n in counts.items() if grades[key] is False)
     return good, bad, sum(counts.values()) - good - bad
 
 
-def _flip_example(cell: CellAccumulator, reference: CellAccumulator, grades: Mapping[OutputKey, bool | None],
-                  serial_grade: str) -> tuple[str, str]:
+def _flip_example(
+    cell: CellAccumulator,
+    reference: CellAccumulator,
+    grades: Mapping[OutputKey, bool | None],
+    serial_grade: str,
+) -> tuple[str, str]:
     """The most common flipped output (ties: the first seen) and the serial one, each cut to ``_SHOWN`` chars."""
     flipped_to = serial_grade == "bad"
-    key = max((k for k, g in grades.items() if g is flipped_to), key=lambda k: (cell.counts[k], -cell.first_seen[k]))
+    key = max(
+        (k for k, g in grades.items() if g is flipped_to),
+        key=lambda k: (cell.counts[k], -cell.first_seen[k]),
+    )
     serial = reference.modal()
     return cell.texts[key][:_SHOWN], reference.texts[serial][:_SHOWN]
 
@@ -97,12 +144,14 @@ def with_accuracy(run: RunSummary, grader: Grader, min_good_share: float | None)
     cells = [c for c in run.probe_cells() if c.graded_good is not None]
     levels = accuracy(cells)
     return replace(
-        run, accuracy=tuple(levels),
+        run,
+        accuracy=tuple(levels),
         bad_cells=tuple(c.name for c in cells if c.flips_good_to_bad),
         accuracy_fell_levels=tuple(level_name(entry) for entry in levels if entry["fell"]),
         min_good_share=min_good_share,
         good_share_failed_cells=tuple(c.name for c in cells if c.meets_good_share is False),
-        grade_errors=tuple(grader.errors[p] for p in sorted(grader.errors)))
+        grade_errors=tuple(grader.errors[p] for p in sorted(grader.errors)),
+    )
 
 
 def probe_grade(cell: CellSummary) -> bool | None:
@@ -121,22 +170,39 @@ def accuracy(cells: Iterable[CellSummary]) -> list[dict[str, Any]]:
         by_level.setdefault((c.mode, c.concurrency, c.rate), {})[c.probe] = c
     serial = {(c.mode, c.probe): c for c in cells if c.level == c.reference_level}
     out = []
-    for (mode, concurrency, rate), row in sorted(by_level.items(), key=lambda kv: (kv[0][0], level_order(*kv[0][1:]))):
+    for (mode, concurrency, rate), row in sorted(
+        by_level.items(), key=lambda kv: (kv[0][0], level_order(*kv[0][1:]))
+    ):
         grades = {probe: g for probe, c in row.items() if (g := probe_grade(c)) is not None}
         n, good = len(grades), sum(grades.values())
         low, high = wilson_interval(good, n)
         reference = all(c.level == c.reference_level for c in row.values())
-        pairs = [(s, g) for probe, g in grades.items()
-                 if (ref := serial.get((mode, probe))) is not None and (s := probe_grade(ref)) is not None]
+        pairs = [
+            (s, g)
+            for probe, g in grades.items()
+            if (ref := serial.get((mode, probe))) is not None
+            and (s := probe_grade(ref)) is not None
+        ]
         to_bad = sum(1 for s, g in pairs if s and not g)
         to_good = sum(1 for s, g in pairs if g and not s)
         p = None if reference else mcnemar_exact(to_bad, to_good)
-        out.append({"mode": mode, **({"rate": rate} if rate is not None else {"concurrency": concurrency}),
-                    "n": n, "good": good, "accuracy": round(good / n, 6) if n else None,
-                    "ci95": [round(low, 6), round(high, 6)], "paired": None if reference else len(pairs),
-                    "good_to_bad": None if reference else to_bad, "bad_to_good": None if reference else to_good,
-                    "mcnemar_p": None if p is None else float(f"{p:.6g}"),  # small p-values keep their digits
-                    "fell": p is not None and to_bad > to_good and p < SIGNIFICANT})
+        out.append(
+            {
+                "mode": mode,
+                **({"rate": rate} if rate is not None else {"concurrency": concurrency}),
+                "n": n,
+                "good": good,
+                "accuracy": round(good / n, 6) if n else None,
+                "ci95": [round(low, 6), round(high, 6)],
+                "paired": None if reference else len(pairs),
+                "good_to_bad": None if reference else to_bad,
+                "bad_to_good": None if reference else to_good,
+                "mcnemar_p": None
+                if p is None
+                else float(f"{p:.6g}"),  # small p-values keep their digits
+                "fell": p is not None and to_bad > to_good and p < SIGNIFICANT,
+            }
+        )
     return out
 
 
@@ -147,10 +213,16 @@ def level_name(entry: Mapping[str, Any]) -> str:
 
 def grading_json(probes: Iterable[Probe]) -> dict[str, dict[str, Any]]:
     """run.json's ``grading``: each graded probe's grader by probe id (a schema file already read into it)."""
-    return {p.id: Grading(p.grade, p.expected, p.grade_tolerance).to_json() for p in probes if p.grade is not None}
+    return {
+        p.id: Grading(p.grade, p.expected, p.grade_tolerance).to_json()
+        for p in probes
+        if p.grade is not None
+    }
 
 
-def gradings_of(meta: Mapping[str, Any], where: Path, *, trust_graders: bool) -> dict[str, Grading] | None:
+def gradings_of(
+    meta: Mapping[str, Any], where: Path, *, trust_graders: bool
+) -> dict[str, Grading] | None:
     """The graders run.json (``where``) keeps, checked again; None for a run without graded probes. A python grader
     is imported again from the directory the run found it in only with ``trust_graders`` (the run is this process's
     own, or the user said so): a run directory is data, and never the place code is imported from."""
@@ -160,11 +232,15 @@ def gradings_of(meta: Mapping[str, Any], where: Path, *, trust_graders: bool) ->
     # Runs from before the directory was recorded: the scenario's, as the run read it.
     base = Path(meta.get("scenario_source") or ".").parent
     out = {}
-    with python_graders(IMPORT if trust_graders else refused_from(f"the run directory {where.parent}")):
+    with python_graders(
+        IMPORT if trust_graders else refused_from(f"the run directory {where.parent}")
+    ):
         for probe, doc in docs.items():
             try:
                 out[probe] = Grading.from_json(doc, base)
             except BadGrading as bad:
-                raise ScenarioError(f"{where}: grading.{probe}.{bad.key}: expected {bad.expected}, got "
-                                    f"{str(bad.got)[:80]}") from None
+                raise ScenarioError(
+                    f"{where}: grading.{probe}.{bad.key}: expected {bad.expected}, got "
+                    f"{str(bad.got)[:80]}"
+                ) from None
     return out

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# A stretch of time (from, to) in which requests a part of the run never recorded may have been in flight.
+# A stretch of time (from, to) in which requests a part of the run never recorded may have been in
+# flight.
 Window = tuple[float, float]
 
 
@@ -54,13 +55,21 @@ class Occupancy:
         end = np.maximum(spans[:, 1], send)
         times = np.unique(np.concatenate([send, end]))
         # In flight at t: sent at or before t and not yet answered at t.
-        in_flight = np.searchsorted(np.sort(send), times, "right") - np.searchsorted(np.sort(end), times, "right")
+        in_flight = np.searchsorted(np.sort(send), times, "right") - np.searchsorted(
+            np.sort(end), times, "right"
+        )
         full = in_flight[:-1] >= concurrency
-        return cls(concurrency, times, in_flight,
-                   np.concatenate([[0.0], np.cumsum(np.where(full, np.diff(times), 0.0))]),
-                   np.concatenate([[0], np.cumsum(full)]))
+        return cls(
+            concurrency,
+            times,
+            in_flight,
+            np.concatenate([[0.0], np.cumsum(np.where(full, np.diff(times), 0.0))]),
+            np.concatenate([[0], np.cumsum(full)]),
+        )
 
-    def full_load(self, samples: np.ndarray, unrecorded: Sequence[Window] | None = None) -> FullLoad:
+    def full_load(
+        self, samples: np.ndarray, unrecorded: Sequence[Window] | None = None
+    ) -> FullLoad:
         """``FullLoad`` of ``samples``, rows (send, last byte) that are among the level's spans; those that
         overlap one of the ``unrecorded`` windows are ``unknown``.
 
@@ -80,17 +89,23 @@ class Occupancy:
         # Float sums: a sample is never fuller than its own length.
         full = np.minimum(self.full_seconds[last] - self.full_seconds[first], seconds)
         ever_full = self.full_spans[last] > self.full_spans[first]
-        # A request of no length is left out of in_flight (it was sent and answered at once): the others at its
+        # A request of no length is left out of in_flight (it was sent and answered at once): the
+        # others at its
         # instant are exactly in_flight there.
         instant = last == first
         ever_full[instant] = self.in_flight[first[instant]] >= self.concurrency - 1
         total = float(seconds.sum())
-        return FullLoad(samples=len(samples), share=float(full.sum()) / total if total > 0 else None,
-                        never_full=int(np.count_nonzero(~ever_full)), unknown=unknown)
+        return FullLoad(
+            samples=len(samples),
+            share=float(full.sum()) / total if total > 0 else None,
+            never_full=int(np.count_nonzero(~ever_full)),
+            unknown=unknown,
+        )
 
 
-def unrecorded_windows(sends: Iterable[tuple[int, int, int, float, float]],
-                       parts: dict[int, tuple[int, int]]) -> list[Window]:
+def unrecorded_windows(
+    sends: Iterable[tuple[int, int, int, float, float]], parts: dict[int, tuple[int, int]]
+) -> list[Window]:
     """Where the records of ``parts`` (part → its first seq number and its workers) may miss requests: parts that
     sent some they never recorded (killed, a worker lost). ``sends`` are their records as (part, worker, seq,
     send, last byte).

@@ -19,12 +19,14 @@ from kevload.records.store import Record, read_typed
 _PARALLEL_BYTES = 32 << 20
 # How long a reduction's process may take to exit once its part is in, before it is killed.
 _EXIT_S = 5.0
-# A part of a file for one process: path, first byte, end (None: the file's end), the run's SLO, whether it cut.
+# A part of a file for one process: path, first byte, end (None: the file's end), the run's SLO,
+# whether it cut.
 _Range = tuple[str, int, int | None, Slo | None, bool]
 
 
-def reduce_file(path: Path, workers: int | None = None, *, slo: Slo | None = None,
-                cuts_asked: bool = False) -> Reduction:
+def reduce_file(
+    path: Path, workers: int | None = None, *, slo: Slo | None = None, cuts_asked: bool = False
+) -> Reduction:
     """Reduce a records file; large files are split at line boundaries and read by parallel processes.
     ``cuts_asked``: the run asked for cancellations (``Reduction.cuts_asked``)."""
     workers = workers or os.cpu_count() or 1
@@ -32,9 +34,12 @@ def reduce_file(path: Path, workers: int | None = None, *, slo: Slo | None = Non
     if workers < 2 or size < _PARALLEL_BYTES:
         return reduce_records(read_typed(path), slo=slo, cuts_asked=cuts_asked)
     cuts = _line_cuts(path, size, workers)
-    # The last part reads to the file's end, as the sequential reader does: only there may a line be torn.
-    ranges = [(str(path), start, None if end == size else end, slo, cuts_asked)
-              for start, end in zip(cuts, cuts[1:], strict=False)]
+    # The last part reads to the file's end, as the sequential reader does: only there may a line be
+    # torn.
+    ranges = [
+        (str(path), start, None if end == size else end, slo, cuts_asked)
+        for start, end in zip(cuts, cuts[1:], strict=False)
+    ]
     parts = _reduce_ranges(ranges)
     total = parts[0]
     for part in parts[1:]:
@@ -42,7 +47,9 @@ def reduce_file(path: Path, workers: int | None = None, *, slo: Slo | None = Non
     return total
 
 
-def reduce_records(records: Iterable[Record], *, slo: Slo | None = None, cuts_asked: bool = False) -> Reduction:
+def reduce_records(
+    records: Iterable[Record], *, slo: Slo | None = None, cuts_asked: bool = False
+) -> Reduction:
     """Records as read typed (``store.read_typed``), spelled logprobs kept spelled, folded into a ``Reduction``."""
     reduction = Reduction(slo=slo, cuts_asked=cuts_asked)
     for record in records:
@@ -76,19 +83,25 @@ def _reduce_ranges(ranges: list[_Range]) -> list[Reduction]:
     try:
         for args in ranges:
             receive, send = context.Pipe(duplex=False)
-            proc = context.Process(target=_range_main, args=(send, args), name="kevload-reduce", daemon=True)
+            proc = context.Process(
+                target=_range_main, args=(send, args), name="kevload-reduce", daemon=True
+            )
             proc.start()
             send.close()  # the child holds the only write end: its end, however it comes, is an EOF here
             pipes.append(receive)
             procs.append(proc)
         answers: dict[int, tuple[Reduction | None, RunDirError | None] | None] = {}
         while len(answers) < len(pipes):
-            for pipe in multiprocessing.connection.wait([p for i, p in enumerate(pipes) if i not in answers]):
+            for pipe in multiprocessing.connection.wait(
+                [p for i, p in enumerate(pipes) if i not in answers]
+            ):
                 index = pipes.index(pipe)
                 try:
                     answers[index] = pipe.recv()
                 except EOFError:
-                    answers[index] = None  # the process died before its part was in (OOM killer, kill -9)
+                    answers[index] = (
+                        None  # the process died before its part was in (OOM killer, kill -9)
+                    )
     except BaseException:  # a second Ctrl-C, say: nobody waits for the parts any more
         for proc in procs:
             proc.kill()
@@ -115,7 +128,8 @@ def _reduce_ranges(ranges: list[_Range]) -> list[Reduction]:
 
 
 def _range_main(pipe: multiprocessing.connection.Connection, args: _Range) -> None:
-    # The run's process owns stops: a Ctrl-C or SIGTERM to the process group must not end a part of its summary.
+    # The run's process owns stops: a Ctrl-C or SIGTERM to the process group must not end a part of
+    # its summary.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
@@ -124,6 +138,7 @@ def _range_main(pipe: multiprocessing.connection.Connection, args: _Range) -> No
         pipe.send((None, exc))
 
 
-def _reduce_range(path: str, start: int, end: int | None, slo: Slo | None, cuts_asked: bool) -> Reduction:
+def _reduce_range(
+    path: str, start: int, end: int | None, slo: Slo | None, cuts_asked: bool
+) -> Reduction:
     return reduce_records(read_typed(Path(path), start, end), slo=slo, cuts_asked=cuts_asked)
-

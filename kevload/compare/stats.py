@@ -28,7 +28,8 @@ def samples_for_bound(rate: float, confidence: float = 0.95) -> int:
     return math.ceil(math.log(1.0 - confidence) / math.log(1.0 - rate))
 
 
-# Two-sided 95 % normal quantile (scipy.stats.norm.ppf(0.975)); the only confidence the summaries use.
+# Two-sided 95 % normal quantile (scipy.stats.norm.ppf(0.975)); the only confidence the summaries
+# use.
 Z95 = 1.959963984540054
 
 
@@ -51,7 +52,9 @@ def wilson_interval(successes: float, n: int, z: float = Z95) -> tuple[float, fl
     return low, high
 
 
-def mean_share_interval(shares: list[tuple[float, int]], z: float = Z95) -> tuple[float, float, float] | None:
+def mean_share_interval(
+    shares: list[tuple[float, int]], z: float = Z95
+) -> tuple[float, float, float] | None:
     """Mean of per-sample shares in [0, 1], given as (share, how many samples had it), with its interval.
 
     The interval is Wilson's with the summed shares as successes and the samples as trials. Any
@@ -126,7 +129,9 @@ class LatencyHistogram:
         values = np.maximum(np.asarray(self._pending, dtype=np.float64), 0.0)
         self._pending.clear()
         with np.errstate(divide="ignore"):
-            index = np.where(values <= _LOW, 0, np.log(np.maximum(values, _LOW) / _LOW) / _LOG_GROWTH + 1)
+            index = np.where(
+                values <= _LOW, 0, np.log(np.maximum(values, _LOW) / _LOW) / _LOG_GROWTH + 1
+            )
         self._counts += np.bincount(np.minimum(index.astype(np.int64), _BINS - 1), minlength=_BINS)
         self.n += len(values)
         self.total += float(values.sum())

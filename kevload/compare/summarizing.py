@@ -21,22 +21,45 @@ from kevload.compare.graded import Grader, graded_cell, with_accuracy
 from kevload.compare.overlap import FullLoad, Window
 from kevload.compare.stats import drift_upper_bound
 from kevload.compare.turnwise import TurnAgreement, by_turn, first_divergent_turn
-from kevload.compare.verdict import UntilBound, meets_slo, probe_error_share, run_verdict, stop_reason
+from kevload.compare.verdict import (
+    UntilBound,
+    meets_slo,
+    probe_error_share,
+    run_verdict,
+    stop_reason,
+)
 from kevload.inputs.grading import Grading
 from kevload.records.servermetrics import Samples, cell_view
-from kevload.summary import CellSummary, RunSummary, held_without_cuts, level_label, level_order, levels_of
+from kevload.summary import (
+    CellSummary,
+    RunSummary,
+    held_without_cuts,
+    level_label,
+    level_order,
+    levels_of,
+)
 from kevload.words import DIVERGENCE_KINDS
 
-AskedCell = tuple[str, str, int, float | None]  # a probe cell a run asks for: probe, mode, concurrency, rate
+AskedCell = tuple[
+    str, str, int, float | None
+]  # a probe cell a run asks for: probe, mode, concurrency, rate
 Level = tuple[int, float | None]  # concurrency, rate (open loop)
 
 
-def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
-              samples_asked: int | None = None, min_slo_attainment: float | None = None,
-              until_bound: float | None = None, max_samples: int = 1000,
-              server: Samples | None = None, asked_cells: Iterable[AskedCell] | None = None,
-              unrecorded: list[Window] | None = None, grading: Mapping[str, Grading] | None = None,
-              min_good_share: float | None = None) -> RunSummary:
+def summarize(
+    reduction: Reduction,
+    *,
+    max_error_share: float = 1.0,
+    samples_asked: int | None = None,
+    min_slo_attainment: float | None = None,
+    until_bound: float | None = None,
+    max_samples: int = 1000,
+    server: Samples | None = None,
+    asked_cells: Iterable[AskedCell] | None = None,
+    unrecorded: list[Window] | None = None,
+    grading: Mapping[str, Grading] | None = None,
+    min_good_share: float | None = None,
+) -> RunSummary:
     """The summary: ``cells`` (one per probe × role × mode × level), ``matrix`` and ``verdict``.
 
     The error share and the target-failed rule count probe requests only: companions only shape
@@ -75,21 +98,43 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
     groups: dict[tuple[str, str, str], list[Level]] = {}
     for probe, role, mode, level, rate in reduction.cells:
         groups.setdefault((probe, role, mode), []).append((level, rate))
-    for (probe, role, mode), levels in sorted(groups.items(), key=lambda g: (g[0][1] != "probe", g[0])):
+    for (probe, role, mode), levels in sorted(
+        groups.items(), key=lambda g: (g[0][1] != "probe", g[0])
+    ):
         levels.sort(key=lambda lv: level_order(*lv))
         reference = reduction.cells[(probe, role, mode, *levels[0])]
         for level in levels:
             cell = reduction.cells[(probe, role, mode, *level)]
             summary = _cell_summary(
-                probe, role, mode, level, levels[0], cell, reference,
-                asked=samples_asked if role == "probe" else None, min_slo_attainment=min_slo_attainment,
-                until=until, full_load=full_loads.get((probe, role, mode, *level)), server=server,
-                turns=_turns(reduction, (probe, role, mode, *level), (probe, role, mode, *levels[0])))
+                probe,
+                role,
+                mode,
+                level,
+                levels[0],
+                cell,
+                reference,
+                asked=samples_asked if role == "probe" else None,
+                min_slo_attainment=min_slo_attainment,
+                until=until,
+                full_load=full_loads.get((probe, role, mode, *level)),
+                server=server,
+                turns=_turns(
+                    reduction, (probe, role, mode, *level), (probe, role, mode, *levels[0])
+                ),
+            )
             if reduction.cancel_planned:
-                summary = _with_cuts(summary, cell, reference, reduction.cuts.get((mode, *level), ()))
+                summary = _with_cuts(
+                    summary, cell, reference, reduction.cuts.get((mode, *level), ())
+                )
             if grader is not None and role == "probe" and probe in grader.gradings:
-                summary = graded_cell(summary, cell, reference, grader, serial=level == levels[0],
-                                      min_good_share=min_good_share)
+                summary = graded_cell(
+                    summary,
+                    cell,
+                    reference,
+                    grader,
+                    serial=level == levels[0],
+                    min_good_share=min_good_share,
+                )
             cells.append(summary)
     probe_cells = [c for c in cells if c.role == "probe"]
     companion_cells = [c for c in cells if c.role != "probe"]
@@ -98,9 +143,15 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
     companion_requests = sum(c.requests for c in companion_cells)
     companion_errors = companion_requests - sum(c.ok for c in companion_cells)
     compared = any(c.logprob_samples for c in probe_cells)
-    missing = None if asked_cells is None else tuple(
-        f"{probe}@{mode}/{level_label(concurrency, rate)}" for probe, mode, concurrency, rate in asked_cells
-        if (probe, "probe", mode, concurrency, rate) not in reduction.cells)
+    missing = (
+        None
+        if asked_cells is None
+        else tuple(
+            f"{probe}@{mode}/{level_label(concurrency, rate)}"
+            for probe, mode, concurrency, rate in asked_cells
+            if (probe, "probe", mode, concurrency, rate) not in reduction.cells
+        )
+    )
     run = RunSummary(
         verdict=run_verdict(probe_cells, max_error_share=max_error_share, missing=missing),
         requests=probe_requests + companion_requests,
@@ -122,29 +173,42 @@ def summarize(reduction: Reduction, *, max_error_share: float = 1.0,
         drift_cells=tuple(c.name for c in probe_cells if c.drift),
         short_cells=tuple(c.name for c in probe_cells if c.short),
         missing_cells=missing,
-        # Same text as serial, other logprobs: no verdict of its own (exit 1 only with --fail-on latent).
+        # Same text as serial, other logprobs: no verdict of its own (exit 1 only with --fail-on
+        # latent).
         latent_cells=tuple(c.name for c in probe_cells if c.latent_drift) if compared else None,
         logprob_gap_cells=tuple(c.name for c in probe_cells if c.logprob_gap)
-        if any(c.logprobs_missing is not None for c in probe_cells) else None,
+        if any(c.logprobs_missing is not None for c in probe_cells)
+        else None,
         logprob_samples=sum(c.logprob_samples or 0 for c in probe_cells) if compared else None,
         matrix=distinct_matrix(probe_cells),
         slo=reduction.slo.bounds() if reduction.slo else None,
         min_slo_attainment=min_slo_attainment if reduction.slo else None,
         # Only an explicit minimum gates: without one the SLO is measured, not enforced.
-        slo_failed_cells=tuple(c.name for c in probe_cells if min_slo_attainment is not None
-                               and reduction.slo and not c.meets_slo),
+        slo_failed_cells=tuple(
+            c.name
+            for c in probe_cells
+            if min_slo_attainment is not None and reduction.slo and not c.meets_slo
+        ),
         server_limited_cells=tuple(c.name for c in probe_cells if c.server_note),
         cells=tuple(cells),
-        cancelled=sum(len(cuts) for cuts in reduction.cuts.values()) if reduction.cancel_planned else None,
-        drift_beside_cancelled_cells=tuple(c.name for c in probe_cells if c.drift_only_beside_cancelled)
-        if reduction.cancel_planned else None,
-        drift_with_cancelled_levels=_drift_with_cuts(probe_cells) if reduction.cancel_planned else None,
+        cancelled=sum(len(cuts) for cuts in reduction.cuts.values())
+        if reduction.cancel_planned
+        else None,
+        drift_beside_cancelled_cells=tuple(
+            c.name for c in probe_cells if c.drift_only_beside_cancelled
+        )
+        if reduction.cancel_planned
+        else None,
+        drift_with_cancelled_levels=_drift_with_cuts(probe_cells)
+        if reduction.cancel_planned
+        else None,
     )
     return with_accuracy(run, grader, min_good_share) if grader is not None else run
 
 
-def _with_cuts(summary: CellSummary, cell: CellAccumulator, reference: CellAccumulator,
-               cuts: Iterable[float]) -> CellSummary:
+def _with_cuts(
+    summary: CellSummary, cell: CellAccumulator, reference: CellAccumulator, cuts: Iterable[float]
+) -> CellSummary:
     """A cell of a run that cut requests (``kevload.load.cancel``): a companion cell's own cuts; a probe cell's level's
     cuts while its samples ran (first send to last answer: another probe's level of the same concurrency runs at
     another time) and how its ok samples split beside them."""
@@ -152,14 +216,20 @@ def _with_cuts(summary: CellSummary, cell: CellAccumulator, reference: CellAccum
         return replace(summary, cancelled=cell.cancelled)
     cuts = [t for t in cuts if cell.t_start <= t <= cell.t_end]
     serial = reference.modal()
-    split = beside_cuts(((t_send, t_last, output != serial) for t_send, t_last, output in cell.samples()), cuts)
+    split = beside_cuts(
+        ((t_send, t_last, output != serial) for t_send, t_last, output in cell.samples()), cuts
+    )
     p = split.p_value
-    return replace(summary, cancelled=len(cuts), beside_cancelled=split.beside,
-                   beside_window_s=round(split.window_s, 6) if split.beside + split.apart else None,
-                   divergent_beside_cancelled=split.divergent_beside,
-                   divergent_apart_from_cancelled=split.divergent_apart,
-                   cancel_p_value=None if p is None else round(p, 6),
-                   drift_only_beside_cancelled=split.only_beside_cuts)
+    return replace(
+        summary,
+        cancelled=len(cuts),
+        beside_cancelled=split.beside,
+        beside_window_s=round(split.window_s, 6) if split.beside + split.apart else None,
+        divergent_beside_cancelled=split.divergent_beside,
+        divergent_apart_from_cancelled=split.divergent_apart,
+        cancel_p_value=None if p is None else round(p, 6),
+        drift_only_beside_cancelled=split.only_beside_cuts,
+    )
 
 
 def _drift_with_cuts(cells: list[CellSummary]) -> tuple[str, ...]:
@@ -170,8 +240,11 @@ def _drift_with_cuts(cells: list[CellSummary]) -> tuple[str, ...]:
     found = []
     for (probe, mode), row in sorted(_by_probe(cells).items()):
         drifted = [c for c in row if c.drift]
-        if drifted and held_without_cuts(row) and all(c.cancelled and not c.divergent_apart_from_cancelled
-                                                      for c in drifted):
+        if (
+            drifted
+            and held_without_cuts(row)
+            and all(c.cancelled and not c.divergent_apart_from_cancelled for c in drifted)
+        ):
             found.append(f"{probe}@{mode}")
     return tuple(found)
 
@@ -215,13 +288,23 @@ def distinct_matrix(cells: list[CellSummary]) -> dict[str, Any]:
         "short": short.tolist(),
         "latent": latent.tolist(),
         "samples_never_full": never_full,
-        # Conversation probes only: each cell's first turn (0-based) whose answer, given the serial history, differs.
-        **({"first_divergent_turn": _grid(cells, row_of, col_of, len(levels), "first_divergent_turn")}
-           if any(c.turns is not None for c in cells) else {}),
+        # Conversation probes only: each cell's first turn (0-based) whose answer, given the serial
+        # history, differs.
+        **(
+            {
+                "first_divergent_turn": _grid(
+                    cells, row_of, col_of, len(levels), "first_divergent_turn"
+                )
+            }
+            if any(c.turns is not None for c in cells)
+            else {}
+        ),
     }
 
 
-def _grid(cells: list[CellSummary], row_of: dict, col_of: dict, width: int, name: str) -> list[list[Any]]:
+def _grid(
+    cells: list[CellSummary], row_of: dict, col_of: dict, width: int, name: str
+) -> list[list[Any]]:
     """One field of every cell as rows × levels (None where a row has no cell at a level)."""
     grid: list[list[Any]] = [[None] * width for _ in row_of]
     for c in cells:
@@ -229,10 +312,22 @@ def _grid(cells: list[CellSummary], row_of: dict, col_of: dict, width: int, name
     return grid
 
 
-def _cell_summary(probe: str, role: str, mode: str, level: Level, ref_level: Level, cell: CellAccumulator,
-                  reference: CellAccumulator, *, asked: int | None, min_slo_attainment: float | None,
-                  until: UntilBound | None, full_load: FullLoad | None, server: Samples | None,
-                  turns: tuple[TurnAgreement, ...] | None = None) -> CellSummary:
+def _cell_summary(
+    probe: str,
+    role: str,
+    mode: str,
+    level: Level,
+    ref_level: Level,
+    cell: CellAccumulator,
+    reference: CellAccumulator,
+    *,
+    asked: int | None,
+    min_slo_attainment: float | None,
+    until: UntilBound | None,
+    full_load: FullLoad | None,
+    server: Samples | None,
+    turns: tuple[TurnAgreement, ...] | None = None,
+) -> CellSummary:
     """One cell against its serial reference (the group's first level), field by field.
 
     ``full_load_share`` and ``samples_never_full`` (``overlap.FullLoad``: over the samples whose others the records
@@ -249,14 +344,21 @@ def _cell_summary(probe: str, role: str, mode: str, level: Level, ref_level: Lev
     divergent = 0 if serial is None else ok - cell.counts.get(serial, 0)
     drift = ok > 0 and (len(cell.counts) > 1 or divergent > 0)
     by_digest: dict[str, int] = {}
-    first_seen: dict[str, int] = {}  # ties by the first request, as ``modal``: a file read in parts lists them alike
+    first_seen: dict[
+        str, int
+    ] = {}  # ties by the first request, as ``modal``: a file read in parts lists them alike
     for (digest, finish), n in cell.counts.items():
         by_digest[digest] = by_digest.get(digest, 0) + n
-        first_seen[digest] = min(first_seen.get(digest, cell.first_seen[(digest, finish)]),
-                                 cell.first_seen[(digest, finish)])
+        first_seen[digest] = min(
+            first_seen.get(digest, cell.first_seen[(digest, finish)]),
+            cell.first_seen[(digest, finish)],
+        )
     duration = round(cell.t_end - cell.t_start, 6) if ok + errors else None
-    diverged = divergence(cell, reference.texts[serial], reference.tokens.get(serial), serial) \
-        if drift and serial is not None and divergent else None
+    diverged = (
+        divergence(cell, reference.texts[serial], reference.tokens.get(serial), serial)
+        if drift and serial is not None and divergent
+        else None
+    )
     agreed = agreement(cell, reference, serial)
     logprobs = logprob_agreement(cell, reference, serial)
     slo = _slo_numbers(cell, ok + errors, duration) if cell.slo is not None else None
@@ -283,8 +385,9 @@ def _cell_summary(probe: str, role: str, mode: str, level: Level, ref_level: Lev
         divergent_requests=divergent,
         divergence_kinds=diverged.kinds if diverged else dict.fromkeys(DIVERGENCE_KINDS, 0),
         drift=drift,
-        stop_reason=stop_reason(role=role, requests=ok + errors, errors=errors, drift=drift, asked=asked,
-                                until=until),
+        stop_reason=stop_reason(
+            role=role, requests=ok + errors, errors=errors, drift=drift, asked=asked, until=until
+        ),
         drift_rate=round(divergent / ok, 6) if ok and level != ref_level else None,
         drift_rate_upper_95=round(drift_upper_bound(ok), 6) if ok and not drift else None,
         first_divergence_chars=diverged.first_chars if diverged else None,
@@ -296,8 +399,12 @@ def _cell_summary(probe: str, role: str, mode: str, level: Level, ref_level: Lev
         output_hashes=tuple(sorted(by_digest, key=lambda h: (-by_digest[h], first_seen[h]))[:256]),
         output_tokens=cell.output_tokens,
         duration_s=duration,
-        latency={name: hist.summary() for name, hist in sorted(cell.latency.items()) if hist.n_total},
-        full_load_share=None if full_load is None or full_load.share is None else round(full_load.share, 6),
+        latency={
+            name: hist.summary() for name, hist in sorted(cell.latency.items()) if hist.n_total
+        },
+        full_load_share=None
+        if full_load is None or full_load.share is None
+        else round(full_load.share, 6),
         samples_never_full=None if full_load is None else full_load.never_full,
         overlap_unknown=None if full_load is None else full_load.unknown,
         exact_match_rate=agreed.exact_match_rate,
@@ -308,9 +415,12 @@ def _cell_summary(probe: str, role: str, mode: str, level: Level, ref_level: Lev
         logprob_bitwise=logprobs.bitwise,
         logprob_max_abs_diff=logprobs.max_abs_diff,
         first_logprob_divergence_token=logprobs.first_divergence_token,
-        # Latent drift: every output has the serial text, yet the logprobs behind it differ. No claim either
+        # Latent drift: every output has the serial text, yet the logprobs behind it differ. No
+        # claim either
         # way where the logprobs make none (too few of the cell's samples had them, all alike).
-        latent_drift=None if logprobs.bitwise is None else bool(ok and not drift and not logprobs.bitwise),
+        latent_drift=None
+        if logprobs.bitwise is None
+        else bool(ok and not drift and not logprobs.bitwise),
         logprobs_missing=logprobs.missing,
         logprobs_partial=logprobs.partial,
         logprob_nonfinite_samples=logprobs.nonfinite_samples,
@@ -349,7 +459,9 @@ def _turns(reduction: Reduction, key: tuple, serial: tuple) -> tuple[TurnAgreeme
     return by_turn(reduction.turns.get(key, {}), reduction.turns.get(serial, {}))
 
 
-def _slo_numbers(cell: CellAccumulator, requests: int, duration_s: float | None) -> tuple[float, float | None]:
+def _slo_numbers(
+    cell: CellAccumulator, requests: int, duration_s: float | None
+) -> tuple[float, float | None]:
     """(attainment, goodput): requests within every bound over all of them, and per second of the cell."""
     attainment = cell.slo_met / requests if requests else 0.0
     return attainment, round(cell.slo_met / duration_s, 3) if duration_s else None

@@ -23,12 +23,16 @@ Tally = Mapping[int, Mapping[TurnAnswer, int]]
 class TurnAgreement:
     turn: int
     same_history: int  # counted ok answers of this turn asked with the serial history
-    differ: int        # of them, those that are not the serial answer (text or finish_reason)
-    distinct: int      # distinct answers among them
+    differ: int  # of them, those that are not the serial answer (text or finish_reason)
+    distinct: int  # distinct answers among them
 
     def to_json(self) -> dict[str, int]:
-        return {"turn": self.turn, "same_history": self.same_history, "differ": self.differ,
-                "distinct": self.distinct}
+        return {
+            "turn": self.turn,
+            "same_history": self.same_history,
+            "differ": self.differ,
+            "distinct": self.distinct,
+        }
 
 
 def serial_path(serial: Tally) -> dict[int, TurnAnswer]:
@@ -51,8 +55,14 @@ def by_turn(cell: Tally, serial: Tally) -> tuple[TurnAgreement, ...]:
     out = []
     for turn, reference in sorted(serial_path(serial).items()):
         same = {a: n for a, n in cell.get(turn, {}).items() if a[0] == reference[0]}
-        out.append(TurnAgreement(turn=turn, same_history=sum(same.values()),
-                                 differ=sum(n for a, n in same.items() if a != reference), distinct=len(same)))
+        out.append(
+            TurnAgreement(
+                turn=turn,
+                same_history=sum(same.values()),
+                differ=sum(n for a, n in same.items() if a != reference),
+                distinct=len(same),
+            )
+        )
     return tuple(out)
 
 

@@ -41,8 +41,9 @@ class UntilBound:
         return None
 
 
-def run_verdict(probe_cells: Sequence[CellSummary], *, max_error_share: float,
-                missing: Sequence[str] | None) -> Verdict:
+def run_verdict(
+    probe_cells: Sequence[CellSummary], *, max_error_share: float, missing: Sequence[str] | None
+) -> Verdict:
     """``target_failed`` (a probe cell whose counted requests all failed, or the probe error share over
     ``max_error_share``) · ``nondeterministic`` (a probe cell drifts; drift seen is drift, however few samples) ·
     ``inconclusive`` (no drift, but a probe cell is short of samples, an asked one is ``missing``, or no probe
@@ -67,8 +68,15 @@ def probe_error_share(probe_cells: Sequence[CellSummary]) -> float:
     return (requests - sum(c.ok for c in probe_cells)) / requests if requests else 0.0
 
 
-def stop_reason(*, role: str, requests: int, errors: int, drift: bool, asked: int | None,
-                until: UntilBound | None) -> StopReason | None:
+def stop_reason(
+    *,
+    role: str,
+    requests: int,
+    errors: int,
+    drift: bool,
+    asked: int | None,
+    until: UntilBound | None,
+) -> StopReason | None:
     """Why a probe cell stopped taking samples: ``bound``, ``drift``, ``cap`` (``load.until_bound``, the strategy's
     own rule asked of the cell's records) or ``samples`` (it had ``load.samples``); None for companion cells, a
     level run for a duration, or a cell the run was stopped in before its rule ended it."""

@@ -20,7 +20,14 @@ import msgspec
 import orjson
 
 from kevload.errors import ScenarioError
-from kevload.inputs.grading import IMPORT, BadGrading, Grading, checked, python_graders, refused_from
+from kevload.inputs.grading import (
+    IMPORT,
+    BadGrading,
+    Grading,
+    checked,
+    python_graders,
+    refused_from,
+)
 from kevload.inputs.models import Probe, iter_jsonl
 from kevload.inputs.scenario import Load, Target, build_scenario, read_table
 from kevload.inputs.trace import trace_rates
@@ -31,11 +38,16 @@ from kevload.summary import CellSummary, level_label
 
 TRANSITIONS = ("unstable→stable", "stable→unstable", "changed", "no answer", "unchanged")
 # Which load keys shape the batch around the probe in each mode; the others do not change the case.
-_MODE_KEYS = {"single": (), "mixed": ("seed", "companions"), "prefix": ("seed", "prefix_lengths"),
-              "needle": ("seed", "needle_length")}
+_MODE_KEYS = {
+    "single": (),
+    "mixed": ("seed", "companions"),
+    "prefix": ("seed", "prefix_lengths"),
+    "needle": ("seed", "needle_length"),
+}
 # What replays a trace level (load.trace) as the run did; its speed-up is the cell's own.
 _TRACE_KEYS = ("trace", "trace_format", "trace_max_requests", "trace_block_tokens", "dataset_seed")
-# … and these where the run set them (only then, so the other trace cases keep their ids): the part of the trace
+# … and these where the run set them (only then, so the other trace cases keep their ids): the part
+# of the trace
 # replayed, and the tokenizer whose words its prompts were.
 _TRACE_KEYS_IF_SET = ("trace_window_s", "trace_tokenizer")
 # The companions a run abandoned (load.cancel_share) and when (kevload.load.cancel).
@@ -58,7 +70,9 @@ class BuildReport:
     skipped: tuple[Skip, ...]
 
 
-def build_cases(run_dirs: list[Path], cases_path: Path, *, target_name: str | None = None) -> BuildReport:
+def build_cases(
+    run_dirs: list[Path], cases_path: Path, *, target_name: str | None = None
+) -> BuildReport:
     """Append one case per probe × level of each run; cases already in the file are never touched.
 
     A case that is already in the file, or that an earlier run in ``run_dirs`` gave, is skipped and
@@ -73,14 +87,29 @@ def build_cases(run_dirs: list[Path], cases_path: Path, *, target_name: str | No
         skipped.extend(Skip(name, str(run_dir), reason) for name, reason in unbuilt)
         for case in cases:
             if case["input"] is None:  # a probe's turns: its cells compare whole conversations
-                skipped.append(Skip(case["id"], str(run_dir), "a conversation (turns): a case is one request's "
-                                    "input, asked again alone"))
+                skipped.append(
+                    Skip(
+                        case["id"],
+                        str(run_dir),
+                        "a conversation (turns): a case is one request's input, asked again alone",
+                    )
+                )
             elif not case["outputs"]:
                 skipped.append(Skip(case["id"], str(run_dir), "no ok answer in the run"))
             elif case["id"] in source_of:
-                where = f"already in {cases_path}" if case["id"] in in_file else "given earlier in this build"
-                skipped.append(Skip(case["id"], str(run_dir), "same target, model, input, params and load as the "
-                                    f"case from {source_of[case['id']]} ({where})"))
+                where = (
+                    f"already in {cases_path}"
+                    if case["id"] in in_file
+                    else "given earlier in this build"
+                )
+                skipped.append(
+                    Skip(
+                        case["id"],
+                        str(run_dir),
+                        "same target, model, input, params and load as the "
+                        f"case from {source_of[case['id']]} ({where})",
+                    )
+                )
             else:
                 source_of[case["id"]] = str(run_dir)
                 added.append(case)
@@ -96,14 +125,17 @@ def target_name_of(base_url: str) -> str:
         parsed = urlparse(base_url)
         host, port = parsed.hostname or "", parsed.port
     except ValueError:  # an edited run.json: no run sends to such a URL
-        raise ScenarioError(f"target.base_url: expected a URL with a host and a port from 1 to 65535, got "
-                            f"{base_url!r}") from None
+        raise ScenarioError(
+            f"target.base_url: expected a URL with a host and a port from 1 to 65535, got "
+            f"{base_url!r}"
+        ) from None
     host = f"[{host}]" if ":" in host else host
     return f"{host}:{port or (443 if parsed.scheme == 'https' else 80)}"
 
 
-def cases_from_run(run: RunDir, *, target_name: str | None = None) -> tuple[list[dict[str, Any]],
-                                                                             list[tuple[str, str]]]:
+def cases_from_run(
+    run: RunDir, *, target_name: str | None = None
+) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
     """One case per probe cell of the run, and (cell name, why) for each cell no case can be built from."""
     meta = run.meta()
     summary = run.summary()
@@ -122,33 +154,42 @@ def cases_from_run(run: RunDir, *, target_name: str | None = None) -> tuple[list
     for r in run.evidence():
         outputs.setdefault((r.probe, r.concurrency, r.rate), Counter())[r.answer] += 1
     cells = [c for c in summary.probe_cells() if c.probe in index_of]
-    unbuilt = [(c.name, unread or _not_a_probe(c.probe, meta)) for c in summary.probe_cells()
-               if c.probe not in index_of]
+    unbuilt = [
+        (c.name, unread or _not_a_probe(c.probe, meta))
+        for c in summary.probe_cells()
+        if c.probe not in index_of
+    ]
     cases = []
     for c in cells:
         probe = probe_list[index_of[c.probe]]
         case_input = probe.get("prompt", probe.get("messages"))
-        case_params = {**params, "max_tokens": probe.get("max_tokens", 64), "mode": c.mode,
-                       "concurrency": c.concurrency}
+        case_params = {
+            **params,
+            "max_tokens": probe.get("max_tokens", 64),
+            "mode": c.mode,
+            "concurrency": c.concurrency,
+        }
         if c.rate is not None:
             case_params["rate"] = c.rate
         load = case_load(meta, c, index_of[c.probe])
         texts = outputs.get((c.probe, c.concurrency, c.rate), Counter())
         identity = {k: v for k, v in load.items() if k != "samples"}
-        cases.append({
-            "id": f"{c.probe}-{_digest([target, case_input, case_params, identity])}",
-            "input": case_input,
-            "params": case_params,
-            "outputs": _counted(texts),
-            "expected": None,
-            **_case_grading(meta.get("grading", {}).get(c.probe)),
-            "verdict": "unstable" if c.drift else "stable",
-            "note": _note(c, [x for x in cells if x.probe == c.probe and x.mode == c.mode]),
-            "target": target,
-            "load": load,
-            "source_run": str(run.path),
-            "recorded_at": recorded_at,
-        })
+        cases.append(
+            {
+                "id": f"{c.probe}-{_digest([target, case_input, case_params, identity])}",
+                "input": case_input,
+                "params": case_params,
+                "outputs": _counted(texts),
+                "expected": None,
+                **_case_grading(meta.get("grading", {}).get(c.probe)),
+                "verdict": "unstable" if c.drift else "stable",
+                "note": _note(c, [x for x in cells if x.probe == c.probe and x.mode == c.mode]),
+                "target": target,
+                "load": load,
+                "source_run": str(run.path),
+                "recorded_at": recorded_at,
+            }
+        )
     return cases, unbuilt
 
 
@@ -164,18 +205,28 @@ def _run_probes(run: RunDir, meta: dict[str, Any]) -> tuple[list[dict[str, Any]]
         scenario = recorded_scenario(run)
     except ScenarioError as exc:
         return [], f"its probes come from a dataset that cannot be read as the run read it: {exc}"
-    # A conversation has neither prompt nor messages: build_cases skips it, as it does an inline one.
-    return [{"id": p.id, "max_tokens": p.max_tokens,
-             **({"prompt": p.prompt} if p.prompt is not None else {}),
-             **({"messages": list(p.messages)} if p.messages is not None else {})} for p in scenario.probes], ""
+    # A conversation has neither prompt nor messages: build_cases skips it, as it does an inline
+    # one.
+    return [
+        {
+            "id": p.id,
+            "max_tokens": p.max_tokens,
+            **({"prompt": p.prompt} if p.prompt is not None else {}),
+            **({"messages": list(p.messages)} if p.messages is not None else {}),
+        }
+        for p in scenario.probes
+    ], ""
 
 
 def _not_a_probe(probe: str, meta: dict[str, Any]) -> str:
     """Why a cell's probe is none of the scenario's: a prefix-cache marker round, whose input opens with a marker of
     that run's own (a case asked again would be another input), or a run.json that does not list it."""
     if (meta.get("prefix_cache") or {}).get("method") == "marker":
-        return ("a load.prefix_cache marker round: its input opens with the run's own marker, so asked again it "
-                "is another input")
+        return (
+            "a load.prefix_cache marker round: its input opens with the run's own marker, so asked "
+            "again it "
+            "is another input"
+        )
     return "its probe is not among the scenario's probes in run.json"
 
 
@@ -183,28 +234,46 @@ def case_load(meta: dict[str, Any], cell: CellSummary, probe_index: int) -> dict
     """What a rerun needs to send the probe among the same requests as the run did."""
     run_load = meta["load"]
     mode = cell.mode
-    load: dict[str, Any] = {"mode": mode, "concurrency": cell.concurrency, "samples": cell.ok,
-                            "stream": run_load.get("stream", False)}
+    load: dict[str, Any] = {
+        "mode": mode,
+        "concurrency": cell.concurrency,
+        "samples": cell.ok,
+        "stream": run_load.get("stream", False),
+    }
     if cell.rate is not None:
-        load.update(rate=cell.rate, arrival=run_load.get("arrival", "constant"),
-                    max_in_flight=run_load.get("max_in_flight", 0))
+        load.update(
+            rate=cell.rate,
+            arrival=run_load.get("arrival", "constant"),
+            max_in_flight=run_load.get("max_in_flight", 0),
+        )
     if cell.rate is not None and run_load.get("trace"):
-        # A trace level is its replay, not its mean rate: the rerun sends the trace again at the cell's speed-up.
+        # A trace level is its replay, not its mean rate: the rerun sends the trace again at the
+        # cell's speed-up.
         speedups = run_load.get("trace_speedup") or [1.0]
-        speedup = dict(zip(trace_rates(meta.get("datasets", []), speedups), speedups, strict=False)).get(cell.rate)
-        load.update({key: run_load[key] for key in _TRACE_KEYS if key in run_load}, trace_speedup=[speedup or 1.0])
+        speedup = dict(
+            zip(trace_rates(meta.get("datasets", []), speedups), speedups, strict=False)
+        ).get(cell.rate)
+        load.update(
+            {key: run_load[key] for key in _TRACE_KEYS if key in run_load},
+            trace_speedup=[speedup or 1.0],
+        )
         load.update({key: run_load[key] for key in _TRACE_KEYS_IF_SET if run_load.get(key)})
     for key in _MODE_KEYS[mode]:
         load[key] = run_load[key]
     if mode != "single" and run_load.get("cancel_share"):
-        # The companions it cut are part of that load: a probe that drifts only beside cuts, rerun without them,
+        # The companions it cut are part of that load: a probe that drifts only beside cuts, rerun
+        # without them,
         # would be called fixed.
         load.update({key: run_load[key] for key in _CANCEL_KEYS if run_load.get(key) is not None})
     if run_load.get("prefix_cache", "off") != "off":
-        # Its outputs are cold and warm answers: a rerun makes them the same way (the method the run used).
-        load.update(prefix_cache=run_load["prefix_cache"], cache_reset=meta["prefix_cache"]["method"])
+        # Its outputs are cold and warm answers: a rerun makes them the same way (the method the run
+        # used).
+        load.update(
+            prefix_cache=run_load["prefix_cache"], cache_reset=meta["prefix_cache"]["method"]
+        )
     if "seed" in load:
-        # The engine seeds each probe's companion picker with seed + the probe's index; a rerun sends
+        # The engine seeds each probe's companion picker with seed + the probe's index; a rerun
+        # sends
         # the case as the only probe (index 0), so the offset moves into the seed.
         load["seed"] += probe_index
     for key in ("companions", "trace", "trace_tokenizer"):
@@ -218,10 +287,14 @@ def case_load(meta: dict[str, Any], cell: CellSummary, probe_index: int) -> dict
     return load
 
 
-# What a rerun reads of a case, typed (``read_cases``): a value of another type (a verdict no build writes, an id
-# that is no text, outputs that are no list, a level that is no count) is a bad case file, refused before anything is
-# sent; it crashed a rerun with a traceback or, read as a recorded output, was called a change of the model. The
-# other keys, and the [load] table's other keys (read by Load's own rules at the rerun), are kept as they are.
+# What a rerun reads of a case, typed (``read_cases``): a value of another type (a verdict no build
+# writes, an id
+# that is no text, outputs that are no list, a level that is no count) is a bad case file, refused
+# before anything is
+# sent; it crashed a rerun with a traceback or, read as a recorded output, was called a change of
+# the model. The
+# other keys, and the [load] table's other keys (read by Load's own rules at the rerun), are kept as
+# they are.
 _Level = Annotated[int, msgspec.Meta(ge=0)]
 _Rate = Annotated[float, msgspec.Meta(gt=0)]
 
@@ -264,7 +337,11 @@ def read_cases(path: Path, *, trust_graders: bool = False) -> list[dict[str, Any
     cases = []
     lines: dict[str, int] = {}  # each id's line: a rerun's directory is named by it
     for number, case in iter_jsonl(path, "case set"):
-        missing = [f for f in ("id", "input", "params", "verdict") if not isinstance(case, dict) or f not in case]
+        missing = [
+            f
+            for f in ("id", "input", "params", "verdict")
+            if not isinstance(case, dict) or f not in case
+        ]
         if missing:
             raise ScenarioError(f"{path}:{number}: case lacks {', '.join(missing)}")
         try:
@@ -272,15 +349,19 @@ def read_cases(path: Path, *, trust_graders: bool = False) -> list[dict[str, Any
         except msgspec.ValidationError as exc:
             raise ScenarioError(f"{path}:{number}: case {case['id']!r}: {exc}") from None
         if case["id"] in lines:
-            raise ScenarioError(f"{path}:{number}: case {case['id']!r}: the id of line {lines[case['id']]} too; "
-                                "give each case an id of its own")
+            raise ScenarioError(
+                f"{path}:{number}: case {case['id']!r}: the id of line {lines[case['id']]} too; "
+                "give each case an id of its own"
+            )
         lines[case["id"]] = number
         try:
             with python_graders(IMPORT if trust_graders else refused_from(f"the case file {path}")):
                 case_grading(case, path.parent)
         except BadGrading as bad:
-            raise ScenarioError(f"{path}:{number}: case {case['id']}: {bad.key}: expected {bad.expected}, got "
-                                f"{str(bad.got)[:80]!r}") from None
+            raise ScenarioError(
+                f"{path}:{number}: case {case['id']}: {bad.key}: expected {bad.expected}, got "
+                f"{str(bad.got)[:80]!r}"
+            ) from None
         cases.append(case)
     return cases
 
@@ -292,17 +373,29 @@ def case_grading(case: dict[str, Any], base: Path) -> Grading | None:
     directory the run found it in, ``grader_dir``); None without either key."""
     home = case.get("grader_dir")
     if home is not None and not (isinstance(home, str) and Path(home).is_absolute()):
-        raise BadGrading("grader_dir", "the absolute path of the directory the python grader was imported from", home)
-    return checked(case.get("expected"), case.get("grade"), case.get("grade_tolerance"), Path(home) if home else base)
+        raise BadGrading(
+            "grader_dir",
+            "the absolute path of the directory the python grader was imported from",
+            home,
+        )
+    return checked(
+        case.get("expected"),
+        case.get("grade"),
+        case.get("grade_tolerance"),
+        Path(home) if home else base,
+    )
 
 
 def _case_grading(doc: dict[str, Any] | None) -> dict[str, Any]:
     """A built case's grading keys from the run's probe grader (run.json ``grading``); none for an ungraded probe."""
     if doc is None:
         return {}
-    return {"expected": doc["expected"], "grade": doc["grade"],
-            **({"grade_tolerance": doc["tolerance"]} if doc.get("tolerance") else {}),
-            **({"grader_dir": doc["dir"]} if doc.get("dir") else {})}
+    return {
+        "expected": doc["expected"],
+        "grade": doc["grade"],
+        **({"grade_tolerance": doc["tolerance"]} if doc.get("tolerance") else {}),
+        **({"grader_dir": doc["dir"]} if doc.get("dir") else {}),
+    }
 
 
 def recorded_texts(case: dict[str, Any]) -> set[str]:
@@ -320,24 +413,39 @@ def rerun_load(case: dict[str, Any], times: int) -> tuple[dict[str, Any], dict[s
     load = {k: v for k, v in recorded.items() if k not in ("samples", "rate", "concurrency")}
     load.update(samples=times, max_error_share=0.5)
     if recorded.get("trace"):
-        # A trace level is judged against the serial answer, as the run judged it: c=1 first, then the replay.
+        # A trace level is judged against the serial answer, as the run judged it: c=1 first, then
+        # the replay.
         load["concurrency"] = [1]
     elif recorded.get("rate") is not None:
-        # An open-loop level is its rate (its concurrency is the in-flight cap, kept in max_in_flight).
-        # With Poisson arrivals the seed also draws the gaps; a case keeps the seed its companions used.
+        # An open-loop level is its rate (its concurrency is the in-flight cap, kept in
+        # max_in_flight).
+        # With Poisson arrivals the seed also draws the gaps; a case keeps the seed its companions
+        # used.
         load["rate"] = [recorded["rate"]]
     else:
-        # A closed-loop case at c>1 is judged as the run judged it: against the serial answer too, so its
-        # serial level is rerun first (same mode, seed, companions); copies that agree with each other but
+        # A closed-loop case at c>1 is judged as the run judged it: against the serial answer too,
+        # so its
+        # serial level is rerun first (same mode, seed, companions); copies that agree with each
+        # other but
         # not with the serial answer are drift, which the distinct count at c alone cannot see.
         level = int(recorded.get("concurrency", level))
         load["concurrency"] = [1, level] if level > 1 else [level]
     return params, load
 
 
-async def rerun_cases(cases: list[dict[str, Any]], *, url: str, model: str, times: int, api: str = "chat",
-                      timeout: float = 60.0, out: Path | None = None, stop=None,
-                      log=print, base: Path | None = None) -> list[dict[str, Any]]:
+async def rerun_cases(
+    cases: list[dict[str, Any]],
+    *,
+    url: str,
+    model: str,
+    times: int,
+    api: str = "chat",
+    timeout: float = 60.0,
+    out: Path | None = None,
+    stop=None,
+    log=print,
+    base: Path | None = None,
+) -> list[dict[str, Any]]:
     """Rerun each case ``times`` times under its recorded load; returns the cases with the results.
 
     Each rerun writes ``OUT/cases-rerun-<run id>/<case id as a file name>/`` (OUT defaults to ``results``): a fresh
@@ -347,7 +455,8 @@ async def rerun_cases(cases: list[dict[str, Any]], *, url: str, model: str, time
     a python grader): ``matches_expected`` when every answer at its level is graded good.
     """
     out = (out or Path("results")) / f"cases-rerun-{new_run_id()}"
-    # A case id is its probe's id, which may hold any character (a /, .., a NUL): each rerun's directory is named
+    # A case id is its probe's id, which may hold any character (a /, .., a NUL): each rerun's
+    # directory is named
     # from it as a sweep names a setting's, inside ``out`` and apart from every other case's.
     dirs = apart([case["id"] for case in cases])
     results = []
@@ -357,44 +466,88 @@ async def rerun_cases(cases: list[dict[str, Any]], *, url: str, model: str, time
         params, load = rerun_load(case, times)
         max_tokens = params.pop("max_tokens", 64)
         source = f"case {case['id']}"
-        grading = case_grading(case, base or Path.cwd())  # the caller read the case (read_cases) and trusts it
-        graded = {} if grading is None else {"expected": grading.expected, "grade": grading.grade,
-                                             "grade_tolerance": grading.tolerance}
-        probe = Probe(id=case["id"], max_tokens=max_tokens, **graded,
-                      **{"prompt" if isinstance(case["input"], str) else "messages": case["input"]})
+        grading = case_grading(
+            case, base or Path.cwd()
+        )  # the caller read the case (read_cases) and trusts it
+        graded = (
+            {}
+            if grading is None
+            else {
+                "expected": grading.expected,
+                "grade": grading.grade,
+                "grade_tolerance": grading.tolerance,
+            }
+        )
+        probe = Probe(
+            id=case["id"],
+            max_tokens=max_tokens,
+            **graded,
+            **{"prompt" if isinstance(case["input"], str) else "messages": case["input"]},
+        )
         # The case file's [load] table is read by Load's own field rules, like a scenario file's.
-        scenario = build_scenario(Target(base_url=url, model=model, api=api, timeout=timeout), [probe],
-                                  load=read_table(Load, load, where="load", source=source), params=params,
-                                  source=source)
-        rerun = {"mode": load.get("mode", "single"), "concurrency": load.get("concurrency", [None])[-1],
-                 "rate": load["rate"][0] if "rate" in load else (case.get("load") or {}).get("rate"),
-                 "samples": times,
-                 **{k: load[k] for k in ("seed", "companions", "prefix_lengths", "needle_length", *_CANCEL_KEYS)
-                    if k in load},
-                 "params": {**params, "max_tokens": max_tokens}}
+        scenario = build_scenario(
+            Target(base_url=url, model=model, api=api, timeout=timeout),
+            [probe],
+            load=read_table(Load, load, where="load", source=source),
+            params=params,
+            source=source,
+        )
+        rerun = {
+            "mode": load.get("mode", "single"),
+            "concurrency": load.get("concurrency", [None])[-1],
+            "rate": load["rate"][0] if "rate" in load else (case.get("load") or {}).get("rate"),
+            "samples": times,
+            **{
+                k: load[k]
+                for k in ("seed", "companions", "prefix_lengths", "needle_length", *_CANCEL_KEYS)
+                if k in load
+            },
+            "params": {**params, "max_tokens": max_tokens},
+        }
         log(f"rerun {case['id']} ({describe_load(rerun)}) …")
         run_dir = out / dirs[case["id"]]
         result = await run_scenario(scenario, run_dir, stop=stop)
         if result.state == "interrupted":
             break
-        # The case's own cell (the last level); a serial level run before it only feeds that cell's drift.
+        # The case's own cell (the last level); a serial level run before it only feeds that cell's
+        # drift.
         cell = max(result.summary.probe_cells(), key=lambda c: c.level_order)
-        texts = Counter(r.answer for r in RunDir(run_dir).evidence()
-                        if r.concurrency == cell.concurrency and r.rate == cell.rate)
+        texts = Counter(
+            r.answer
+            for r in RunDir(run_dir).evidence()
+            if r.concurrency == cell.concurrency and r.rate == cell.rate
+        )
         recorded = recorded_texts(case)
-        after = {**case, "rerun": rerun, "rerun_uniq": len(texts), "rerun_ok": cell.ok,
-                 "rerun_outputs": _counted(texts),
-                 "verdict_after": "no_answer" if not texts
-                 else "unstable" if cell.drift or len(texts) > 1 else "stable",
-                 "matches_recorded": set(texts) <= recorded if texts and recorded else None,
-                 "rerun_dir": str(run_dir)}
+        after = {
+            **case,
+            "rerun": rerun,
+            "rerun_uniq": len(texts),
+            "rerun_ok": cell.ok,
+            "rerun_outputs": _counted(texts),
+            "verdict_after": "no_answer"
+            if not texts
+            else "unstable"
+            if cell.drift or len(texts) > 1
+            else "stable",
+            "matches_recorded": set(texts) <= recorded if texts and recorded else None,
+            "rerun_dir": str(run_dir),
+        }
         if grading is not None:
-            # The grader's verdict on every answer at the case's level (kevload.compare.graded), not string equality.
-            after["graded_after"] = {"grade": grading.grade, "good": cell.graded_good or 0, "bad": cell.graded_bad or 0,
-                                     "failed": cell.grade_failed or 0}
-            after["matches_expected"] = bool(cell.graded_good) and not cell.graded_bad and not cell.grade_failed
+            # The grader's verdict on every answer at the case's level (kevload.compare.graded), not
+            # string equality.
+            after["graded_after"] = {
+                "grade": grading.grade,
+                "good": cell.graded_good or 0,
+                "bad": cell.graded_bad or 0,
+                "failed": cell.grade_failed or 0,
+            }
+            after["matches_expected"] = (
+                bool(cell.graded_good) and not cell.graded_bad and not cell.grade_failed
+            )
             if result.summary.grade_errors:
-                after["grade_errors"] = list(result.summary.grade_errors)  # each names the case: its probe's id
+                after["grade_errors"] = list(
+                    result.summary.grade_errors
+                )  # each names the case: its probe's id
         after["transition"] = transition(after)
         results.append(after)
     return results
@@ -417,7 +570,9 @@ def transitions(results: list[dict[str, Any]]) -> dict[str, list[str]]:
     return out
 
 
-def accept_changes(cases_path: Path, results: list[dict[str, Any]], *, now: str | None = None) -> list[str]:
+def accept_changes(
+    cases_path: Path, results: list[dict[str, Any]], *, now: str | None = None
+) -> list[str]:
     """Record the rerun answers of the ``changed`` cases as their outputs; the old ones move to ``history``.
 
     The file is rewritten through a temporary file and a rename, so a crash leaves the old file whole.
@@ -432,8 +587,12 @@ def accept_changes(cases_path: Path, results: list[dict[str, Any]], *, now: str 
         result = changed.get(case["id"])
         if result is None:
             continue
-        old = {"outputs": case.get("outputs"), "recorded_at": case.get("recorded_at"), "replaced_at": now,
-               "replaced_by": result["rerun_dir"]}
+        old = {
+            "outputs": case.get("outputs"),
+            "recorded_at": case.get("recorded_at"),
+            "replaced_at": now,
+            "replaced_by": result["rerun_dir"],
+        }
         case["history"] = [*case.get("history", []), old]
         case["outputs"] = result["rerun_outputs"]
         case["recorded_at"] = now
@@ -446,14 +605,21 @@ def accept_changes(cases_path: Path, results: list[dict[str, Any]], *, now: str 
 def describe_load(rerun: dict[str, Any]) -> str:
     """One line: what a case's rerun sent (mode, level, companions seed, samples, params)."""
     level = level_label(rerun["concurrency"], rerun.get("rate"))
-    extra = "".join(f" {k}={rerun[k]}" for k in ("seed", "companions", "prefix_lengths", "needle_length",
-                                                  *_CANCEL_KEYS) if k in rerun)
-    return (f"mode={rerun['mode']} {level}{extra} samples={rerun['samples']} "
-            f"params={orjson.dumps(rerun['params'], option=orjson.OPT_SORT_KEYS).decode()}")
+    extra = "".join(
+        f" {k}={rerun[k]}"
+        for k in ("seed", "companions", "prefix_lengths", "needle_length", *_CANCEL_KEYS)
+        if k in rerun
+    )
+    return (
+        f"mode={rerun['mode']} {level}{extra} samples={rerun['samples']} "
+        f"params={orjson.dumps(rerun['params'], option=orjson.OPT_SORT_KEYS).decode()}"
+    )
 
 
 def _counted(texts: Counter) -> list[dict[str, Any]]:
-    return [{"text": t, "count": n} for t, n in sorted(texts.items(), key=lambda kv: (-kv[1], kv[0]))]
+    return [
+        {"text": t, "count": n} for t, n in sorted(texts.items(), key=lambda kv: (-kv[1], kv[0]))
+    ]
 
 
 def _note(cell: CellSummary, row: list[CellSummary]) -> str:
@@ -466,14 +632,17 @@ def _note(cell: CellSummary, row: list[CellSummary]) -> str:
     unstable = [c for c in levels if c.drift]
 
     def named(cells: list[CellSummary]) -> str:
-        return ", ".join(c.level if mixed else f"{c.rate:g}/s" if open_loop else str(c.concurrency) for c in cells)
+        return ", ".join(
+            c.level if mixed else f"{c.rate:g}/s" if open_loop else str(c.concurrency)
+            for c in cells
+        )
 
     if not unstable:
         return f"stable at {noun} {named(levels)} (n={cell.ok})"
     if unstable == levels:
         every = "every level" if mixed else f"every {noun} level"
         return f"unstable at {every}" + ("" if open_loop and not mixed else ", serial included")
-    if unstable == levels[levels.index(unstable[0]):]:
+    if unstable == levels[levels.index(unstable[0]) :]:
         return f"unstable only at {noun} ≥ {named(unstable[:1])}"
     return f"unstable at {noun} {named(unstable)}"
 

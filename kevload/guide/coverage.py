@@ -20,12 +20,15 @@ from kevload.inputs.scenario import ScenarioError
 _LATIN = re.compile(r"[a-z][a-z0-9'_-]+")
 _CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
 STOPWORDS = frozenset(
-    "the a an and or of to in on for is are was were be been it this that with as at by from i you he she we they "
-    "my your our their me him her us them do does did not no yes can could would should will what which who how "
-    "why when where please about into than then so if but".split())
+    "the a an and or of to in on for is are was were be been it this that with as at by from i you "
+    "he she we they "
+    "my your our their me him her us them do does did not no yes can could would should will what "
+    "which who how "
+    "why when where please about into than then so if but".split()
+)
 _TOP = 20
-_RARE_FACTOR = 5.0   # a keyword counts as "rare in training" below 1/5 of its online share
-_MIN_SHARE = 0.01    # ...and only keywords in at least 1 % of online inputs are considered
+_RARE_FACTOR = 5.0  # a keyword counts as "rare in training" below 1/5 of its online share
+_MIN_SHARE = 0.01  # ...and only keywords in at least 1 % of online inputs are considered
 # Production logs have a torn last line (the writer was still writing) or a few broken ones; a file
 # that is mostly broken is the wrong file, and the statistics of what is left would mislead.
 DEFAULT_MAX_BAD = 10
@@ -40,7 +43,7 @@ class Segmenter:
 
 
 def _bigrams(run: str) -> list[str]:
-    return [run[i:i + 2] for i in range(len(run) - 1)]
+    return [run[i : i + 2] for i in range(len(run) - 1)]
 
 
 BIGRAMS = Segmenter("bigram", _bigrams)
@@ -63,7 +66,7 @@ def segmenter() -> Segmenter:
 
 @dataclass(frozen=True)
 class BadLine:
-    where: str   # file:line
+    where: str  # file:line
     reason: str
 
 
@@ -75,8 +78,11 @@ class Skipped:
     first: BadLine | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"count": self.count, "first": None if self.first is None else self.first.where,
-                "first_reason": None if self.first is None else self.first.reason}
+        return {
+            "count": self.count,
+            "first": None if self.first is None else self.first.where,
+            "first_reason": None if self.first is None else self.first.reason,
+        }
 
 
 @dataclass
@@ -108,7 +114,13 @@ class Side:
             rank = max(1, math.ceil(p * self.count))
             return int(values[np.searchsorted(cumulative, rank)])
 
-        return {"min": int(values[0]), "p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": int(values[-1])}
+        return {
+            "min": int(values[0]),
+            "p50": q(0.5),
+            "p90": q(0.9),
+            "p99": q(0.99),
+            "max": int(values[-1]),
+        }
 
 
 def keywords(text: str, seg: Segmenter = BIGRAMS) -> list[str]:
@@ -122,8 +134,9 @@ def keywords(text: str, seg: Segmenter = BIGRAMS) -> list[str]:
     return words
 
 
-def read_inputs(path: Path, *, max_bad: int = DEFAULT_MAX_BAD,
-                skipped: Skipped | None = None) -> Iterator[tuple[str, str | None]]:
+def read_inputs(
+    path: Path, *, max_bad: int = DEFAULT_MAX_BAD, skipped: Skipped | None = None
+) -> Iterator[tuple[str, str | None]]:
     """(input text, label) per line: ``input`` or ``messages`` (the last message's content), optional ``label``.
 
     A line that is not such an object is skipped and counted in ``skipped``; past ``max_bad`` of them
@@ -143,7 +156,12 @@ def read_inputs(path: Path, *, max_bad: int = DEFAULT_MAX_BAD,
             try:
                 doc = orjson.loads(line)
             except orjson.JSONDecodeError:
-                doc, reason = None, "not JSON" if line.endswith(b"\n") else "torn last line (no newline at the end)"
+                doc, reason = (
+                    None,
+                    "not JSON"
+                    if line.endswith(b"\n")
+                    else "torn last line (no newline at the end)",
+                )
             else:
                 reason = "expected an object with input (string) or messages (list)"
             text = _text_of(doc)
@@ -151,8 +169,10 @@ def read_inputs(path: Path, *, max_bad: int = DEFAULT_MAX_BAD,
                 skipped.count += 1
                 skipped.first = skipped.first or BadLine(f"{path}:{number}", reason)
                 if skipped.count > max_bad:
-                    raise ScenarioError(f"{path}: more than {max_bad} bad lines (--max-bad); the first, "
-                                        f"{skipped.first.where}: {skipped.first.reason}")
+                    raise ScenarioError(
+                        f"{path}: more than {max_bad} bad lines (--max-bad); the first, "
+                        f"{skipped.first.where}: {skipped.first.reason}"
+                    )
                 continue
             label = doc.get("label")
             yield text, None if label is None else str(label)
@@ -170,8 +190,11 @@ def compare(online: Side, train: Side) -> dict[str, Any]:
     train_len = train.length_stats()
     outside = 0
     if train.count:
-        outside = sum(n for length, n in online.lengths.items()
-                      if length < train_len["min"] or length > train_len["max"])
+        outside = sum(
+            n
+            for length, n in online.lengths.items()
+            if length < train_len["min"] or length > train_len["max"]
+        )
     return {
         "segmenter": online.segmenter.name,
         "online": _side_summary(online),
@@ -190,7 +213,13 @@ def rare_keywords(online: Side, train: Side, limit: int = _TOP) -> list[dict[str
             continue
         train_share = train.keywords.get(word, 0) / train.count if train.count else 0.0
         if train_share < share / _RARE_FACTOR:
-            rows.append({"keyword": word, "online_share": round(share, 6), "train_share": round(train_share, 6)})
+            rows.append(
+                {
+                    "keyword": word,
+                    "online_share": round(share, 6),
+                    "train_share": round(train_share, 6),
+                }
+            )
     rows.sort(key=lambda r: (r["train_share"] > 0, -r["online_share"], r["keyword"]))
     return rows[:limit]
 
@@ -217,11 +246,15 @@ def label_shift(online: Counter, train: Counter, eps: float = 1e-6) -> dict[str,
     }
 
 
-def boundary_reasons(text: str, label: str | None, train: Side, train_len: dict[str, Any]) -> list[str]:
+def boundary_reasons(
+    text: str, label: str | None, train: Side, train_len: dict[str, Any]
+) -> list[str]:
     """Why one input is a boundary sample with respect to the training set (empty: it is not)."""
     reasons = []
     if train.count and (len(text) < train_len["min"] or len(text) > train_len["max"]):
-        reasons.append(f"length {len(text)} outside training range {train_len['min']}..{train_len['max']}")
+        reasons.append(
+            f"length {len(text)} outside training range {train_len['min']}..{train_len['max']}"
+        )
     unseen = sorted({w for w in keywords(text, train.segmenter) if w not in train.keywords})
     if unseen:
         reasons.append("keywords unseen in training: " + ", ".join(unseen[:8]))
@@ -238,8 +271,12 @@ def flag_file(online_path: Path, train: Side, out: Path, *, max_bad: int = DEFAU
         for text, label in read_inputs(online_path, max_bad=max_bad):
             reasons = boundary_reasons(text, label, train, train_len)
             flagged += bool(reasons)
-            handle.write(orjson.dumps({"input": text, "label": label, "boundary": bool(reasons),
-                                       "reasons": reasons}) + b"\n")
+            handle.write(
+                orjson.dumps(
+                    {"input": text, "label": label, "boundary": bool(reasons), "reasons": reasons}
+                )
+                + b"\n"
+            )
     return flagged
 
 
@@ -249,14 +286,24 @@ def probe_coverage(probe_text: str, online_path: Path, train_path: Path) -> dict
     train = scan(train_path, seg=seg)
     reasons = boundary_reasons(probe_text, None, train, train.length_stats())
     report = compare(scan(online_path, seg=seg), train)
-    return {"outside": bool(reasons), "reasons": reasons, "train_length": report["train"]["length"],
-            "online_keywords_rare_in_train": report["online_keywords_rare_in_train"][:5]}
+    return {
+        "outside": bool(reasons),
+        "reasons": reasons,
+        "train_length": report["train"]["length"],
+        "online_keywords_rare_in_train": report["online_keywords_rare_in_train"][:5],
+    }
 
 
 def _side_summary(side: Side) -> dict[str, Any]:
-    return {"count": side.count, "skipped_lines": side.skipped.to_json(), "length": side.length_stats(),
-            "top_keywords": [{"keyword": w, "share": round(n / side.count, 6)} for w, n in
-                             sorted(side.keywords.items(), key=lambda kv: (-kv[1], kv[0]))[:_TOP]]}
+    return {
+        "count": side.count,
+        "skipped_lines": side.skipped.to_json(),
+        "length": side.length_stats(),
+        "top_keywords": [
+            {"keyword": w, "share": round(n / side.count, 6)}
+            for w, n in sorted(side.keywords.items(), key=lambda kv: (-kv[1], kv[0]))[:_TOP]
+        ],
+    }
 
 
 def _text_of(doc: Any) -> str | None:

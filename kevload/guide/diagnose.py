@@ -27,18 +27,29 @@ from kevload.summary import CellSummary, RunSummary, position_label
 from kevload.wire.client import Client, build_body
 
 # In the guide's order: the first cause found is the verdict, later ones are listed as also found.
-Cause = Literal["stable", "sampling", "crosstalk", "cache", "server_nondeterministic", "data", "inconclusive"]
+Cause = Literal[
+    "stable", "sampling", "crosstalk", "cache", "server_nondeterministic", "data", "inconclusive"
+]
 VERDICTS: tuple[Cause, ...] = get_args(Cause)
 # Field → value that removes its randomness; only the ones the server accepts are kept.
-FIXING_FIELDS: dict[str, Any] = {"temperature": 0, "top_p": 1, "top_k": 1, "seed": 1234, "do_sample": False}
+FIXING_FIELDS: dict[str, Any] = {
+    "temperature": 0,
+    "top_p": 1,
+    "top_k": 1,
+    "seed": 1234,
+    "do_sample": False,
+}
 SEEDS = (1234, 987654, 55555)
-SAMPLING_TEMPERATURE = 0.8  # what the randomness findings sample at when the user's temperature is 0
+SAMPLING_TEMPERATURE = (
+    0.8  # what the randomness findings sample at when the user's temperature is 0
+)
 MIN_OK = 3  # fewer ok samples than this in a step and nothing can be concluded from it (--samples' least)
 _TARGET_BOUND = 0.01
 # Steps that must all have run before "no cause found" may be called stable.
 _CONFIG_STEPS = ("baseline", "fixed", "cache", "concurrency_single", "concurrency_mixed")
 _SEED_HELPS_NOT = "Fixing the seed will not help on this server"
-# Steps whose cells back a claim of determinism: --until-bound samples these until the claim is strong.
+# Steps whose cells back a claim of determinism: --until-bound samples these until the claim is
+# strong.
 _UNTIL_STEPS = ("fixed", "concurrency_single", "concurrency_mixed")
 
 
@@ -59,7 +70,9 @@ class DiagnoseOptions:
     online: Path | None = None
     train: Path | None = None
     out: Path | None = None
-    until_bound: float | None = None  # sample the _UNTIL_STEPS' cells until drift or this 95 % bound
+    until_bound: float | None = (
+        None  # sample the _UNTIL_STEPS' cells until drift or this 95 % bound
+    )
     max_samples: int = 1000
 
     def __post_init__(self) -> None:
@@ -88,27 +101,44 @@ class StepResult:
     mode: str = "single"
     target_failed: bool = False
     # Measured by some steps only (None elsewhere).
-    differing_calls: tuple[int, ...] | None = None  # baseline: calls that differ from the most common output
-    distinct_after_first: int | None = None  # baseline: distinct outputs once the first (cold) call is left out
-    different_seeds_distinct: int | None = None  # seed_repeat: distinct outputs over SEEDS, one call each
-    compared_rounds: int | None = None  # cache steps: fresh prompts with a cold and at least one warm answer
-    cold_differs_rounds: int | None = None  # … whose warm answers agree and the cold one differs from them
+    differing_calls: tuple[int, ...] | None = (
+        None  # baseline: calls that differ from the most common output
+    )
+    distinct_after_first: int | None = (
+        None  # baseline: distinct outputs once the first (cold) call is left out
+    )
+    different_seeds_distinct: int | None = (
+        None  # seed_repeat: distinct outputs over SEEDS, one call each
+    )
+    compared_rounds: int | None = (
+        None  # cache steps: fresh prompts with a cold and at least one warm answer
+    )
+    cold_differs_rounds: int | None = (
+        None  # … whose warm answers agree and the cold one differs from them
+    )
     warm_unstable_rounds: int | None = None  # … whose warm answers disagree among themselves
-    # Per-token logprobs against the serial ones, where the server returned them: True when every probe
-    # cell compared them and all were bitwise equal, False when one differed, None when none was compared.
+    # Per-token logprobs against the serial ones, where the server returned them: True when every
+    # probe
+    # cell compared them and all were bitwise equal, False when one differed, None when none was
+    # compared.
     logprob_bitwise: bool | None = None
     latent_cells: tuple[str, ...] = ()  # cells with the serial text but other logprobs
     latent_from: int | None = None  # earliest token where a latent cell's logprobs differ
-    # Cells whose logprobs cover only some ok samples ("logprobs in 2 of 6 at p@single/c=4: no logprob claim").
+    # Cells whose logprobs cover only some ok samples ("logprobs in 2 of 6 at p@single/c=4: no
+    # logprob claim").
     logprob_gaps: tuple[str, ...] = ()
-    # Cells at c > 1 where the server's /metrics showed it running ≤ 1 request at a time while others waited.
+    # Cells at c > 1 where the server's /metrics showed it running ≤ 1 request at a time while
+    # others waited.
     serialized_cells: tuple[str, ...] = ()
-    # Cache steps: how their cold samples were made (kevload.load.prefixcache: the server's reset, cache_prompt, a
+    # Cache steps: how their cold samples were made (kevload.load.prefixcache: the server's reset,
+    # cache_prompt, a
     # marker).
     cache_method: str | None = None
-    # … and what its run said of the cache (summary.json prefix_cache cache_effect, over its probes): the finding.
+    # … and what its run said of the cache (summary.json prefix_cache cache_effect, over its
+    # probes): the finding.
     cache_effect: bool | None = None
-    # With --expected/--grade (kevload.compare.graded): the step's answers graded good and bad over its probe cells, and
+    # With --expected/--grade (kevload.compare.graded): the step's answers graded good and bad over
+    # its probe cells, and
     # those graded bad where every serial answer was good.
     graded_good: int | None = None
     graded_bad: int | None = None
@@ -124,20 +154,42 @@ class StepResult:
         return None if self.drift_cells or not self.ok else round(drift_upper_bound(self.ok), 4)
 
     def to_json(self) -> dict[str, Any]:
-        doc = {"step": self.key, "title": self.title, "params": dict(self.params), "mode": self.mode,
-               "levels": list(self.levels), "samples": self.samples, "ok": self.ok, "errors": dict(self.errors),
-               "distinct": self.distinct, "drift": self.drift, "drift_cells": list(self.drift_cells),
-               "drift_rate_upper_95": self.bound, "run": self.run}
-        extras = {"differing_calls": self.differing_calls, "distinct_after_first": self.distinct_after_first,
-                  "different_seeds_distinct": self.different_seeds_distinct,
-                  "compared_rounds": self.compared_rounds, "cold_differs_rounds": self.cold_differs_rounds,
-                  "warm_unstable_rounds": self.warm_unstable_rounds, "logprob_bitwise": self.logprob_bitwise,
-                  "latent_cells": self.latent_cells or None, "latent_from": self.latent_from,
-                  "logprob_gaps": self.logprob_gaps or None,
-                  "serialized_cells": self.serialized_cells or None, "cache_method": self.cache_method,
-                  "cache_effect": self.cache_effect, "graded_good": self.graded_good,
-                  "graded_bad": self.graded_bad, "flips_good_to_bad": self.flips_good_to_bad}
-        doc.update({k: list(v) if isinstance(v, tuple) else v for k, v in extras.items() if v is not None})
+        doc = {
+            "step": self.key,
+            "title": self.title,
+            "params": dict(self.params),
+            "mode": self.mode,
+            "levels": list(self.levels),
+            "samples": self.samples,
+            "ok": self.ok,
+            "errors": dict(self.errors),
+            "distinct": self.distinct,
+            "drift": self.drift,
+            "drift_cells": list(self.drift_cells),
+            "drift_rate_upper_95": self.bound,
+            "run": self.run,
+        }
+        extras = {
+            "differing_calls": self.differing_calls,
+            "distinct_after_first": self.distinct_after_first,
+            "different_seeds_distinct": self.different_seeds_distinct,
+            "compared_rounds": self.compared_rounds,
+            "cold_differs_rounds": self.cold_differs_rounds,
+            "warm_unstable_rounds": self.warm_unstable_rounds,
+            "logprob_bitwise": self.logprob_bitwise,
+            "latent_cells": self.latent_cells or None,
+            "latent_from": self.latent_from,
+            "logprob_gaps": self.logprob_gaps or None,
+            "serialized_cells": self.serialized_cells or None,
+            "cache_method": self.cache_method,
+            "cache_effect": self.cache_effect,
+            "graded_good": self.graded_good,
+            "graded_bad": self.graded_bad,
+            "flips_good_to_bad": self.flips_good_to_bad,
+        }
+        doc.update(
+            {k: list(v) if isinstance(v, tuple) else v for k, v in extras.items() if v is not None}
+        )
         return doc
 
 
@@ -181,13 +233,18 @@ class Findings:
     temperature_honoured: bool | None = None
     cache_effect: bool | None = None
     cache_off_converges: bool | None = None
-    # The text holds at c>1 but the logprobs do not, while serial logprobs agree: batching already moves
+    # The text holds at c>1 but the logprobs do not, while serial logprobs agree: batching already
+    # moves
     # the numerics. None where no concurrency step compared logprobs.
     latent_crosstalk: bool | None = None
 
     def to_json(self) -> dict[str, bool | None]:
-        doc = {"seed_honoured": self.seed_honoured, "greedy_at_temperature_0": self.greedy_at_temperature_0,
-               "temperature_honoured": self.temperature_honoured, "cache_effect": self.cache_effect}
+        doc = {
+            "seed_honoured": self.seed_honoured,
+            "greedy_at_temperature_0": self.greedy_at_temperature_0,
+            "temperature_honoured": self.temperature_honoured,
+            "cache_effect": self.cache_effect,
+        }
         if self.cache_off_converges is not None:
             doc["cache_off_converges"] = self.cache_off_converges
         if self.latent_crosstalk is not None:
@@ -209,17 +266,27 @@ class Diagnosis:
     causes: tuple[dict[str, str], ...] = ()  # every cause found, in the guide's order
     dropped_fields: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()  # findings a user should hear about whatever the verdict
-    # What a stable verdict rests on: "logprobs_bitwise" when the fixed and both concurrency steps compared
-    # per-token logprobs in every cell and found them bitwise equal to serial, else "text" (output hashes).
+    # What a stable verdict rests on: "logprobs_bitwise" when the fixed and both concurrency steps
+    # compared
+    # per-token logprobs in every cell and found them bitwise equal to serial, else "text" (output
+    # hashes).
     evidence: str = "text"
     target_failed: bool = False
     done: bool = False  # no further step can change the verdict (measuring stops here)
 
     def to_json(self) -> dict[str, Any]:
-        return {"verdict": self.verdict, "reason": self.reason, "next": self.next_step,
-                "steps": [s.to_json() for s in self.steps], "findings": self.findings.to_json(),
-                "runs": list(self.runs), "causes": [dict(c) for c in self.causes],
-                "dropped_fields": list(self.dropped_fields), "notes": list(self.notes), "evidence": self.evidence}
+        return {
+            "verdict": self.verdict,
+            "reason": self.reason,
+            "next": self.next_step,
+            "steps": [s.to_json() for s in self.steps],
+            "findings": self.findings.to_json(),
+            "runs": list(self.runs),
+            "causes": [dict(c) for c in self.causes],
+            "dropped_fields": list(self.dropped_fields),
+            "notes": list(self.notes),
+            "evidence": self.evidence,
+        }
 
 
 def findings(evidence: Evidence) -> Findings:
@@ -239,14 +306,18 @@ def findings(evidence: Evidence) -> Findings:
 def _latent_crosstalk(evidence: Evidence) -> bool | None:
     """Latent drift at c>1 in a concurrency step, with the serial logprobs of the fixed step and of that
     step's c=1 cell bitwise stable (a serially wobbling server is no crosstalk, as for the text)."""
-    steps = [s for s in (evidence.step("concurrency_single"), evidence.step("concurrency_mixed"))
-             if s is not None and s.logprob_bitwise is not None]
+    steps = [
+        s
+        for s in (evidence.step("concurrency_single"), evidence.step("concurrency_mixed"))
+        if s is not None and s.logprob_bitwise is not None
+    ]
     if not steps:
         return None
     fixed = evidence.step("fixed")
     serial_stable = fixed is None or fixed.logprob_bitwise is not False
     return serial_stable and any(
-        s.latent_cells and not any(_is_serial(c) for c in s.latent_cells) for s in steps)
+        s.latent_cells and not any(_is_serial(c) for c in s.latent_cells) for s in steps
+    )
 
 
 def _is_serial(cell: str) -> bool:
@@ -275,27 +346,45 @@ def decide(evidence: Evidence, run_all: bool = False) -> Diagnosis:
         causes = _causes(evidence, found)
         missing = [k for k in _CONFIG_STEPS if evidence.step(k) is None]
         if causes:
-            verdict, reason, next_step = causes[0]["verdict"], causes[0]["reason"], causes[0]["next"]
+            verdict, reason, next_step = (
+                causes[0]["verdict"],
+                causes[0]["reason"],
+                causes[0]["next"],
+            )
         elif missing:
-            verdict, reason = "inconclusive", f"no cause found yet; not measured: {', '.join(missing)}"
+            verdict, reason = (
+                "inconclusive",
+                f"no cause found yet; not measured: {', '.join(missing)}",
+            )
             next_step = "run the remaining steps"
         else:
             verdict, (reason, next_step) = "stable", _stable(evidence)
-        if verdict != "inconclusive" and found.temperature_honoured and found.seed_honoured is not True:
+        if (
+            verdict != "inconclusive"
+            and found.temperature_honoured
+            and found.seed_honoured is not True
+        ):
             next_step += f". {_SEED_HELPS_NOT}: {_seed_why_not(evidence)}"
     notes = list(_notes(evidence, found))
     serialized = _serialized_text(evidence)
     if serialized and verdict == "stable":
-        # What one output under concurrency rests on: the server never batched, so no crosstalk could show.
+        # What one output under concurrency rests on: the server never batched, so no crosstalk
+        # could show.
         reason += f"; {serialized}"
         next_step += "; to test batching, raise the server's batch limit (max_num_seqs, --parallel) and rerun"
     elif serialized:
         notes.insert(0, serialized)
     return Diagnosis(
-        verdict=verdict, reason=reason, next_step=next_step, findings=found,
+        verdict=verdict,
+        reason=reason,
+        next_step=next_step,
+        findings=found,
         steps=evidence.steps + ((evidence.data,) if evidence.data is not None else ()),
-        runs=evidence.runs, causes=tuple(causes), dropped_fields=evidence.dropped_fields,
-        notes=tuple(notes), evidence=_evidence(evidence),
+        runs=evidence.runs,
+        causes=tuple(causes),
+        dropped_fields=evidence.dropped_fields,
+        notes=tuple(notes),
+        evidence=_evidence(evidence),
         target_failed=any(s.target_failed for s in evidence.steps),
         done=unusable is not None or (bool(causes) and not run_all),
     )
@@ -324,7 +413,8 @@ def _seed_honoured(evidence: Evidence) -> bool | None:
         return None
     if varies:
         return False
-    # Repeats agree; if different seeds agree too, the seed has no visible effect: unmeasurable here.
+    # Repeats agree; if different seeds agree too, the seed has no visible effect: unmeasurable
+    # here.
     return True if (repeat.different_seeds_distinct or 0) > 1 else None
 
 
@@ -332,9 +422,12 @@ def _cache_effect(step: StepResult | None) -> bool | None:
     if step is None or not step.compared_rounds:
         return None
     if step.cache_method is not None:
-        return step.cache_effect  # the run's own word: null where the answers vary anyway, not "no effect"
+        return (
+            step.cache_effect
+        )  # the run's own word: null where the answers vary anyway, not "no effect"
     cold, warm = step.cold_differs_rounds or 0, step.warm_unstable_rounds or 0
-    # A cold answer that differs only as often as warm answers disagree anyway is noise, not the cache.
+    # A cold answer that differs only as often as warm answers disagree anyway is noise, not the
+    # cache.
     return cold > 0 and cold >= warm
 
 
@@ -343,9 +436,16 @@ def _unusable(evidence: Evidence) -> tuple[str, str] | None:
     failed = next((s for s in evidence.steps if s.target_failed), None)
     if failed is not None:
         errors = counts_text(failed.errors)
-        return (f"the target failed in step {failed.key} ({failed.ok} ok of {failed.samples}, errors {errors})",
-                f"fix the errors ({errors}) and rerun")
-    weak = [s for s in (evidence.step("baseline"), evidence.step("fixed")) if s is not None and s.ok < MIN_OK]
+        return (
+            f"the target failed in step {failed.key} ({failed.ok} ok of {failed.samples}, errors "
+            f"{errors})",
+            f"fix the errors ({errors}) and rerun",
+        )
+    weak = [
+        s
+        for s in (evidence.step("baseline"), evidence.step("fixed"))
+        if s is not None and s.ok < MIN_OK
+    ]
     if not weak:
         return None
     step = min(weak, key=lambda s: s.ok)
@@ -353,42 +453,89 @@ def _unusable(evidence: Evidence) -> tuple[str, str] | None:
     reason = f"too few samples: {step.ok} ok of {step.samples} in step {step.key}, {MIN_OK} at least are needed"
     if need is None:
         return reason, f"fix the errors ({counts_text(step.errors)}): no call succeeded"
-    return reason, (f"raise --samples to {need} ({need - step.samples} more per step)"
-                    + (f" or fix the errors ({counts_text(step.errors)})" if step.errors else ""))
+    return reason, (
+        f"raise --samples to {need} ({need - step.samples} more per step)"
+        + (f" or fix the errors ({counts_text(step.errors)})" if step.errors else "")
+    )
 
 
 def _causes(evidence: Evidence, found: Findings) -> list[dict[str, str]]:
-    baseline, fixed, cache = evidence.step("baseline"), evidence.step("fixed"), evidence.step("cache")
+    baseline, fixed, cache = (
+        evidence.step("baseline"),
+        evidence.step("fixed"),
+        evidence.step("cache"),
+    )
     causes: list[dict[str, str]] = []
-    # Variation only in the very first call is the cache's signature, not sampling's: the cache step decides.
-    if baseline is not None and fixed is not None and (baseline.distinct_after_first or 0) > 1 \
-            and fixed.distinct == 1:
-        causes.append(_cause("sampling", "outputs vary with the current params and converge once every "
-                             "randomness field is fixed", _sampling_next(found)))
-    # With fixed params drifting serially, only the cache step tells a cache from a nondeterministic server.
+    # Variation only in the very first call is the cache's signature, not sampling's: the cache step
+    # decides.
+    if (
+        baseline is not None
+        and fixed is not None
+        and (baseline.distinct_after_first or 0) > 1
+        and fixed.distinct == 1
+    ):
+        causes.append(
+            _cause(
+                "sampling",
+                "outputs vary with the current params and converge once every "
+                "randomness field is fixed",
+                _sampling_next(found),
+            )
+        )
+    # With fixed params drifting serially, only the cache step tells a cache from a nondeterministic
+    # server.
     if cache is not None and fixed is not None:
         if fixed.distinct > 1 and found.cache_effect:
-            causes.append(_cause("cache", "fixed-param serial outputs vary and the cold answer differs from "
-                                 "warm ones", _CACHE_NEXT))
+            causes.append(
+                _cause(
+                    "cache",
+                    "fixed-param serial outputs vary and the cold answer differs from warm ones",
+                    _CACHE_NEXT,
+                )
+            )
         elif fixed.distinct > 1:
-            causes.append(_cause("server_nondeterministic", "outputs vary serially with every randomness field "
-                                 "fixed and no cache effect shown", "the server itself is nondeterministic: check its "
-                                 "deterministic-inference settings, kernels and version"))
+            causes.append(
+                _cause(
+                    "server_nondeterministic",
+                    "outputs vary serially with every randomness field "
+                    "fixed and no cache effect shown",
+                    "the server itself is nondeterministic: check its "
+                    "deterministic-inference settings, kernels and version",
+                )
+            )
         elif found.cache_effect:
-            causes.append(_cause("cache", "the first (cold) answer to a prompt differs from the warm ones",
-                                 _CACHE_NEXT))
-    concurrent = [s for s in (evidence.step("concurrency_single"), evidence.step("concurrency_mixed")) if s]
+            causes.append(
+                _cause(
+                    "cache",
+                    "the first (cold) answer to a prompt differs from the warm ones",
+                    _CACHE_NEXT,
+                )
+            )
+    concurrent = [
+        s for s in (evidence.step("concurrency_single"), evidence.step("concurrency_mixed")) if s
+    ]
     where = [cell for s in concurrent for cell in s.drift_cells]
     # Crosstalk needs a stable serial reference: a server drifting serially drifts at every level.
     if where and fixed is not None and fixed.distinct == 1:
-        causes.append(_cause("crosstalk", "fixed params are stable serially but drift concurrently "
-                             f"({', '.join(where)})", "lower the max batch size or turn continuous batching off "
-                             "(and the prefix cache), then rerun this diagnosis"))
+        causes.append(
+            _cause(
+                "crosstalk",
+                f"fixed params are stable serially but drift concurrently ({', '.join(where)})",
+                "lower the max batch size or turn continuous batching off "
+                "(and the prefix cache), then rerun this diagnosis",
+            )
+        )
     # Data is the cause only when the config layer is clean.
     if evidence.data is not None and evidence.data.outside and not causes:
-        causes.append(_cause("data", "the config layer is clean but the probe lies outside the training "
-                             "distribution (" + "; ".join(evidence.data.reasons) + ")",
-                             "compare the live inputs with the training set (kevload coverage) and add such cases"))
+        causes.append(
+            _cause(
+                "data",
+                "the config layer is clean but the probe lies outside the training "
+                "distribution (" + "; ".join(evidence.data.reasons) + ")",
+                "compare the live inputs with the training set (kevload coverage) and add such "
+                "cases",
+            )
+        )
     return causes
 
 
@@ -400,8 +547,11 @@ def _cause(verdict: Cause, reason: str, next_step: str) -> dict[str, str]:
 
 
 def _sampling_next(found: Findings) -> str:
-    greedy = ("set temperature 0" if found.greedy_at_temperature_0 is not False
-              else "send the fixed step's params (temperature 0 alone still samples on this server)")
+    greedy = (
+        "set temperature 0"
+        if found.greedy_at_temperature_0 is not False
+        else "send the fixed step's params (temperature 0 alone still samples on this server)"
+    )
     if found.seed_honoured:
         return f"fix the seed (this server honours it) or {greedy}"
     if found.temperature_honoured:
@@ -421,39 +571,63 @@ def _seed_why_not(evidence: Evidence) -> str:
 
 
 def _stable(evidence: Evidence) -> tuple[str, str]:
-    checked = [s for s in evidence.steps if s.key in ("fixed", "concurrency_single", "concurrency_mixed")]
+    checked = [
+        s for s in evidence.steps if s.key in ("fixed", "concurrency_single", "concurrency_mixed")
+    ]
     n = min((s.ok for s in checked), default=0)
     need = samples_for_bound(_TARGET_BOUND)
-    return (f"one output in every step (n={n} per cell: drift rate < {drift_upper_bound(n):.0%} at 95% confidence)",
-            f"for a bound below {_TARGET_BOUND:.0%} per cell run {need} samples per cell (--samples {need}, "
-            f"or --until-bound {_TARGET_BOUND:.0%}), {max(need - n, 0)} more than now")
+    return (
+        f"one output in every step (n={n} per cell: drift rate < {drift_upper_bound(n):.0%} at 95% "
+        f"confidence)",
+        f"for a bound below {_TARGET_BOUND:.0%} per cell run {need} samples per cell (--samples "
+        f"{need}, "
+        f"or --until-bound {_TARGET_BOUND:.0%}), {max(need - n, 0)} more than now",
+    )
 
 
 def _serialized_text(evidence: Evidence) -> str | None:
     """Where crosstalk is absent (no concurrency step drifts) and the server ran ≤ 1 request at a time at a
     level of c > 1: that level was serialized by the server, so its one output says nothing about batching."""
-    steps = [s for s in (evidence.step("concurrency_single"), evidence.step("concurrency_mixed")) if s is not None]
+    steps = [
+        s
+        for s in (evidence.step("concurrency_single"), evidence.step("concurrency_mixed"))
+        if s is not None
+    ]
     cells = [c for s in steps for c in s.serialized_cells]
     if not cells or any(s.drift for s in steps):
         return None
-    return (f"the server ran ≤ 1 request at a time at {', '.join(cells)} while the others waited in its queue "
-            "(its /metrics): those levels were serialized by the server, not batched")
+    return (
+        f"the server ran ≤ 1 request at a time at {', '.join(cells)} while the others waited in "
+        f"its queue "
+        "(its /metrics): those levels were serialized by the server, not batched"
+    )
 
 
 def _notes(evidence: Evidence, found: Findings) -> Iterable[str]:
     if found.latent_crosstalk:
-        latent = [s for s in (evidence.step("concurrency_single"), evidence.step("concurrency_mixed"))
-                  if s is not None and s.latent_cells]
+        latent = [
+            s
+            for s in (evidence.step("concurrency_single"), evidence.step("concurrency_mixed"))
+            if s is not None and s.latent_cells
+        ]
         cells = ", ".join(c for s in latent for c in s.latent_cells)
         first = min(s.latent_from for s in latent if s.latent_from is not None)
-        yield ("latent crosstalk: under concurrency the text stays the serial one but the per-token logprobs "
-               f"differ ({cells}; from {position_label(token=first)}) while serial logprobs agree — batching already "
-               "changes the numerics, and a longer answer or another prompt can flip a token")
+        yield (
+            "latent crosstalk: under concurrency the text stays the serial one but the per-token "
+            "logprobs "
+            f"differ ({cells}; from {position_label(token=first)}) while serial logprobs agree — "
+            f"batching already "
+            "changes the numerics, and a longer answer or another prompt can flip a token"
+        )
     step = evidence.step("temperature")
     if found.temperature_honoured is False and step is not None:
-        yield (f"the server ignores temperature: at temperature {step.params['temperature']} without a seed it "
-               f"gave one output in {step.ok} calls (always greedy, or a temperature too low to vary) — "
-               "whoever sends temperature > 0 to sample is not sampling")
+        yield (
+            f"the server ignores temperature: at temperature {step.params['temperature']} without "
+            f"a seed it "
+            f"gave one output in {step.ok} calls (always greedy, or a temperature too low to vary) "
+            f"— "
+            "whoever sends temperature > 0 to sample is not sampling"
+        )
 
 
 # --- measuring ---
@@ -464,8 +638,9 @@ def check_options(options: DiagnoseOptions) -> None:
     _scenario(options, {}, [1], options.samples, until=True).api_key()
 
 
-async def diagnose(options: DiagnoseOptions, log: Callable[[str], None] = print,
-                   stop: asyncio.Event | None = None) -> Diagnosis:
+async def diagnose(
+    options: DiagnoseOptions, log: Callable[[str], None] = print, stop: asyncio.Event | None = None
+) -> Diagnosis:
     """The diagnosis; a ``stop`` (Ctrl-C, SIGTERM) ends it after the step it interrupts, which is left out of
     the evidence (its run directory, state interrupted, is kept and listed)."""
     diagnoser = _Diagnoser(options, log, stop or asyncio.Event())
@@ -487,7 +662,8 @@ class _Diagnoser:
         self.log = log
         self.stop = stop
         self.evidence = Evidence()
-        # The first step's run checks once whether the server returns logprobs; the later steps reuse the answer.
+        # The first step's run checks once whether the server returns logprobs; the later steps
+        # reuse the answer.
         self.logprobs: str | bool = "auto"
         self.out = options.out or default_run_dir("diagnose")
 
@@ -496,10 +672,21 @@ class _Diagnoser:
 
     async def run(self) -> Diagnosis:
         o = self.o
-        self._add(await self._measure("baseline", "1 repeat baseline (current params, serial, nonce on)",
-                                      o.params, [1], o.samples))
+        self._add(
+            await self._measure(
+                "baseline",
+                "1 repeat baseline (current params, serial, nonce on)",
+                o.params,
+                [1],
+                o.samples,
+            )
+        )
         fixed_params = await self._fixed_params()
-        self._add(await self._measure("fixed", "2 randomness fixed (serial)", fixed_params, [1], o.samples))
+        self._add(
+            await self._measure(
+                "fixed", "2 randomness fixed (serial)", fixed_params, [1], o.samples
+            )
+        )
         await self._randomness_findings()
         if self.decide().done:
             return self.decide()
@@ -514,30 +701,55 @@ class _Diagnoser:
 
     # --- steps ---
 
-    async def _measure(self, key: str, title: str, params: dict[str, Any], levels: list[int], samples: int, *,
-                       mode: Mode = "single", probes: list[Probe] | None = None,
-                       cache_reset: CacheReset | None = None) -> StepResult:
+    async def _measure(
+        self,
+        key: str,
+        title: str,
+        params: dict[str, Any],
+        levels: list[int],
+        samples: int,
+        *,
+        mode: Mode = "single",
+        probes: list[Probe] | None = None,
+        cache_reset: CacheReset | None = None,
+    ) -> StepResult:
         self.log(f"{title} …")
-        summary, run_dir = await self._run(key, params, levels, samples, mode=mode, probes=probes,
-                                           cache_reset=cache_reset)
+        summary, run_dir = await self._run(
+            key, params, levels, samples, mode=mode, probes=probes, cache_reset=cache_reset
+        )
         probe_cells = summary.probe_cells()
         latent = [c for c in probe_cells if c.latent_drift]
         step = StepResult(
-            key=key, title=title, params=params, mode=mode, levels=tuple(levels), samples=samples,
+            key=key,
+            title=title,
+            params=params,
+            mode=mode,
+            levels=tuple(levels),
+            samples=samples,
             ok=min((c.ok for c in probe_cells), default=0),
             distinct=max((c.distinct for c in probe_cells), default=0),
-            errors=summary.errors_by_type, drift_cells=summary.drift_cells, run=str(run_dir),
-            target_failed=summary.verdict == "target_failed", logprob_bitwise=logprob_bitwise(probe_cells),
+            errors=summary.errors_by_type,
+            drift_cells=summary.drift_cells,
+            run=str(run_dir),
+            target_failed=summary.verdict == "target_failed",
+            logprob_bitwise=logprob_bitwise(probe_cells),
             latent_cells=summary.latent_cells or (),
             latent_from=min((c.first_logprob_divergence_token for c in latent), default=None),
             logprob_gaps=tuple(logprob_gap_text(c, c.name) for c in probe_cells if c.logprob_gap),
-            serialized_cells=tuple(c.name for c in probe_cells
-                                   if c.server_note and c.server_running_max is not None and c.server_running_max <= 1))
+            serialized_cells=tuple(
+                c.name
+                for c in probe_cells
+                if c.server_note and c.server_running_max is not None and c.server_running_max <= 1
+            ),
+        )
         graded = [c for c in probe_cells if c.graded_good is not None]
         if graded:
-            step = replace(step, graded_good=sum(c.graded_good for c in graded),
-                           graded_bad=sum(c.graded_bad or 0 for c in graded),
-                           flips_good_to_bad=sum(c.flips_good_to_bad or 0 for c in graded))
+            step = replace(
+                step,
+                graded_good=sum(c.graded_good for c in graded),
+                graded_bad=sum(c.graded_bad or 0 for c in graded),
+                flips_good_to_bad=sum(c.flips_good_to_bad or 0 for c in graded),
+            )
         if key == "baseline":
             differing, after_first = differing_calls(_ok_probe_hashes(run_dir))
             step = replace(step, differing_calls=differing, distinct_after_first=after_first)
@@ -568,24 +780,45 @@ class _Diagnoser:
         n = max(self.o.samples // 2, 2)
         base = {k: v for k, v in self.o.params.items() if k not in FIXING_FIELDS}
         user_temperature = float(self.o.params.get("temperature", 0) or 0)
-        self._add(await self._measure("greedy", "2a temperature 0 without seed (greedy?)",
-                                      {**base, "temperature": 0}, [1], n))
+        self._add(
+            await self._measure(
+                "greedy",
+                "2a temperature 0 without seed (greedy?)",
+                {**base, "temperature": 0},
+                [1],
+                n,
+            )
+        )
         if "seed" not in self.evidence.dropped_fields:
             await self._seed_steps(base, max(user_temperature, SAMPLING_TEMPERATURE), n)
-        # The seed findings sample hot to see a seed's effect; this one asks about the user's own temperature.
+        # The seed findings sample hot to see a seed's effect; this one asks about the user's own
+        # temperature.
         temperature = user_temperature if user_temperature > 0 else SAMPLING_TEMPERATURE
-        self._add(await self._measure("temperature", f"2c temperature {temperature} without seed (sampling?)",
-                                      {**base, "temperature": temperature}, [1], n))
+        self._add(
+            await self._measure(
+                "temperature",
+                f"2c temperature {temperature} without seed (sampling?)",
+                {**base, "temperature": temperature},
+                [1],
+                n,
+            )
+        )
 
     async def _seed_steps(self, base: dict[str, Any], temperature: float, n: int) -> None:
-        same = await self._measure("seed_repeat", "2b one fixed seed repeated at temperature > 0",
-                                   {**base, "temperature": temperature, "seed": SEEDS[0]}, [1], n)
+        same = await self._measure(
+            "seed_repeat",
+            "2b one fixed seed repeated at temperature > 0",
+            {**base, "temperature": temperature, "seed": SEEDS[0]},
+            [1],
+            n,
+        )
         if same.ok >= 2 and same.distinct == 1:
             # Repeats agree: one call per other seed tells an honoured seed from one without effect.
             outputs: set[str] = set()
             for seed in SEEDS:
-                _, run_dir = await self._run(f"seed_{seed}", {**base, "temperature": temperature, "seed": seed},
-                                             [1], 1)
+                _, run_dir = await self._run(
+                    f"seed_{seed}", {**base, "temperature": temperature, "seed": seed}, [1], 1
+                )
                 outputs |= {sha for _, _, sha in _ok_probe_hashes(run_dir)}
             same = replace(same, different_seeds_distinct=len(outputs))
         self._add(same)
@@ -593,36 +826,76 @@ class _Diagnoser:
     async def _cache_step(self, fixed_params: dict[str, Any]) -> None:
         await self._cold_warm("cache", "3 cache: cold vs warm answers", fixed_params)
         if findings(self.evidence).cache_effect and "cache_prompt" not in fixed_params:
-            await self._fresh_prompts("cache_off", "3a cache: same with cache_prompt=false",
-                                      {**fixed_params, "cache_prompt": False})
+            await self._fresh_prompts(
+                "cache_off",
+                "3a cache: same with cache_prompt=false",
+                {**fixed_params, "cache_prompt": False},
+            )
 
-    async def _cold_warm(self, key: str, title: str, params: dict[str, Any], rounds: int = 3) -> None:
-        # load.prefix_cache: the server's own reset where it has one, else cache_prompt or a fresh marker per round
+    async def _cold_warm(
+        self, key: str, title: str, params: dict[str, Any], rounds: int = 3
+    ) -> None:
+        # load.prefix_cache: the server's own reset where it has one, else cache_prompt or a fresh
+        # marker per round
         # (cache_reset "auto"); rounds the server's cached_tokens contradict are not compared.
         step = await self._measure(key, title, params, [1], 2 * rounds, cache_reset="auto")
         cache = RunDir(Path(step.run)).summary().prefix_cache or {"method": None, "probes": []}
         compared, cold_differs, warm_unstable = cache_rounds(cache["probes"])
-        self._add(replace(step, title=f"{title} (cold by {cache['method']})", compared_rounds=compared,
-                          cold_differs_rounds=cold_differs, warm_unstable_rounds=warm_unstable,
-                          cache_method=cache["method"], cache_effect=cache_effect(cache["probes"])))
+        self._add(
+            replace(
+                step,
+                title=f"{title} (cold by {cache['method']})",
+                compared_rounds=compared,
+                cold_differs_rounds=cold_differs,
+                warm_unstable_rounds=warm_unstable,
+                cache_method=cache["method"],
+                cache_effect=cache_effect(cache["probes"]),
+            )
+        )
 
-    async def _fresh_prompts(self, key: str, title: str, params: dict[str, Any], rounds: int = 3,
-                             warm: int = 3) -> None:
-        # With the cache off nothing is warm: the question is only whether a prompt's first answer differs from the
-        # later ones. A fresh marker per round keeps each prompt new; the server's reset is not needed.
+    async def _fresh_prompts(
+        self, key: str, title: str, params: dict[str, Any], rounds: int = 3, warm: int = 3
+    ) -> None:
+        # With the cache off nothing is warm: the question is only whether a prompt's first answer
+        # differs from the
+        # later ones. A fresh marker per round keeps each prompt new; the server's reset is not
+        # needed.
         markers = [f"[{secrets.token_hex(4)}] " for _ in range(rounds)]
-        probes = [self.o.probe.with_text(m + self.o.probe.text, f"cold{m.strip('[] ')}") for m in markers]
+        probes = [
+            self.o.probe.with_text(m + self.o.probe.text, f"cold{m.strip('[] ')}") for m in markers
+        ]
         step = await self._measure(key, title, params, [1], 1 + warm, probes=probes)
         compared, cold_differs, warm_unstable = cold_warm_counts(_ok_probe_hashes(Path(step.run)))
-        self._add(replace(step, compared_rounds=compared, cold_differs_rounds=cold_differs,
-                          warm_unstable_rounds=warm_unstable))
+        self._add(
+            replace(
+                step,
+                compared_rounds=compared,
+                cold_differs_rounds=cold_differs,
+                warm_unstable_rounds=warm_unstable,
+            )
+        )
 
     async def _concurrency_step(self, fixed_params: dict[str, Any]) -> None:
         levels = _levels(self.o.max_concurrency)
-        self._add(await self._measure("concurrency_single", f"4 concurrency {levels}, single", fixed_params,
-                                      levels, self.o.samples))
-        self._add(await self._measure("concurrency_mixed", f"4 concurrency {levels}, mixed with companions",
-                                      fixed_params, levels, self.o.samples, mode="mixed"))
+        self._add(
+            await self._measure(
+                "concurrency_single",
+                f"4 concurrency {levels}, single",
+                fixed_params,
+                levels,
+                self.o.samples,
+            )
+        )
+        self._add(
+            await self._measure(
+                "concurrency_mixed",
+                f"4 concurrency {levels}, mixed with companions",
+                fixed_params,
+                levels,
+                self.o.samples,
+                mode="mixed",
+            )
+        )
 
     def _data_step(self) -> None:
         if self.o.online is None or self.o.train is None:
@@ -633,12 +906,29 @@ class _Diagnoser:
         result = probe_coverage(self.o.probe.text, self.o.online, self.o.train)
         self.evidence = replace(self.evidence, data=DataResult(result))
 
-    async def _run(self, key: str, params: dict[str, Any], levels: list[int], samples: int, *,
-                   mode: Mode = "single", probes: list[Probe] | None = None,
-                   cache_reset: CacheReset | None = None) -> tuple[RunSummary, Path]:
+    async def _run(
+        self,
+        key: str,
+        params: dict[str, Any],
+        levels: list[int],
+        samples: int,
+        *,
+        mode: Mode = "single",
+        probes: list[Probe] | None = None,
+        cache_reset: CacheReset | None = None,
+    ) -> tuple[RunSummary, Path]:
         run_dir = self.out / key
-        scenario = _scenario(self.o, params, levels, samples, mode=mode, probes=probes, until=key in _UNTIL_STEPS,
-                             logprobs=self.logprobs, cache_reset=cache_reset)
+        scenario = _scenario(
+            self.o,
+            params,
+            levels,
+            samples,
+            mode=mode,
+            probes=probes,
+            until=key in _UNTIL_STEPS,
+            logprobs=self.logprobs,
+            cache_reset=cache_reset,
+        )
         result = await run_scenario(scenario, run_dir, stop=self.stop)
         if result.state == "interrupted":
             self.evidence = replace(self.evidence, runs=self.evidence.runs + (str(run_dir),))
@@ -720,25 +1010,53 @@ def cache_effect(comparisons: Iterable[Mapping[str, Any]]) -> bool | None:
     """A cache step's finding from its run's probes: an effect where one shows it, none where every one says none,
     else no claim (the run's null: answers that vary anyway, or nothing compared)."""
     effects = [c["cache_effect"] for c in comparisons]
-    return True if True in effects else False if effects and all(e is False for e in effects) else None
+    return (
+        True if True in effects else False if effects and all(e is False for e in effects) else None
+    )
 
 
 def _ok_probe_hashes(run_dir: Path) -> list[tuple[str, int, str]]:
     return [(r.probe, r.sample, r.sha256) for r in RunDir(run_dir).evidence()]
 
 
-def _scenario(options: DiagnoseOptions, params: dict[str, Any], levels: list[int], samples: int, *,
-              mode: Mode = "single", probes: list[Probe] | None = None, until: bool = False,
-              logprobs: str | bool = "auto", cache_reset: CacheReset | None = None) -> Scenario:
-    target = Target(base_url=options.url, model=options.model, api=options.api, timeout=options.timeout,
-                    api_key_env=options.api_key_env or None)
-    load = Load(mode=mode, concurrency=tuple(levels), samples=samples, max_error_share=0.2, logprobs=logprobs)
+def _scenario(
+    options: DiagnoseOptions,
+    params: dict[str, Any],
+    levels: list[int],
+    samples: int,
+    *,
+    mode: Mode = "single",
+    probes: list[Probe] | None = None,
+    until: bool = False,
+    logprobs: str | bool = "auto",
+    cache_reset: CacheReset | None = None,
+) -> Scenario:
+    target = Target(
+        base_url=options.url,
+        model=options.model,
+        api=options.api,
+        timeout=options.timeout,
+        api_key_env=options.api_key_env or None,
+    )
+    load = Load(
+        mode=mode,
+        concurrency=tuple(levels),
+        samples=samples,
+        max_error_share=0.2,
+        logprobs=logprobs,
+    )
     if cache_reset is not None:
         load = replace(load, prefix_cache="cold_warm", cache_reset=cache_reset)
     if until and options.until_bound is not None:
         load = replace(load, until_bound=options.until_bound, max_samples=options.max_samples)
-    return build_scenario(target, probes or [options.probe], load=load, params=params, name="diagnose",
-                          source="diagnose")
+    return build_scenario(
+        target,
+        probes or [options.probe],
+        load=load,
+        params=params,
+        name="diagnose",
+        source="diagnose",
+    )
 
 
 def _levels(max_concurrency: int) -> list[int]:
@@ -747,4 +1065,3 @@ def _levels(max_concurrency: int) -> list[int]:
         levels.append(c)
         c *= 2
     return levels + [max_concurrency]
-

@@ -18,13 +18,17 @@ from typing import Any
 
 import orjson
 
-MAX_TURNS = 64  # a conversation's turns: each record keeps its history, so a record grows with the turn
+MAX_TURNS = (
+    64  # a conversation's turns: each record keeps its history, so a record grows with the turn
+)
 
 
 @dataclass(frozen=True)
 class Turn:
     user: str
-    assistant: str | None = None  # given: used as the history after this turn instead of the answer received
+    assistant: str | None = (
+        None  # given: used as the history after this turn instead of the answer received
+    )
 
 
 class BadTurns(ValueError):
@@ -50,7 +54,9 @@ def parse_turns(value: Any) -> tuple[Turn, ...]:
             turns.append(Turn(item))
             continue
         if not isinstance(item, dict) or set(item) - {"user", "assistant"}:
-            raise BadTurns(f"turns[{i}]", "a string or a table with user and optional assistant", item)
+            raise BadTurns(
+                f"turns[{i}]", "a string or a table with user and optional assistant", item
+            )
         if not isinstance(item.get("user"), str):
             raise BadTurns(f"turns[{i}].user", "a string", item.get("user"))
         if item.get("assistant") is not None and not isinstance(item["assistant"], str):
@@ -59,14 +65,20 @@ def parse_turns(value: Any) -> tuple[Turn, ...]:
     return tuple(turns)
 
 
-def messages_at(system: str | None, turns: Sequence[Turn], k: int,
-                answers: Sequence[str]) -> tuple[dict[str, str], ...]:
+def messages_at(
+    system: str | None, turns: Sequence[Turn], k: int, answers: Sequence[str]
+) -> tuple[dict[str, str], ...]:
     """The chat messages of turn ``k``'s request: ``answers`` are the answers turns 0 … k − 1 received, each
     replaced by the turn's given answer where the file has one."""
     messages = [{"role": "system", "content": system}] if system is not None else []
     for turn, received in zip(turns[:k], answers, strict=True):
         messages.append({"role": "user", "content": turn.user})
-        messages.append({"role": "assistant", "content": turn.assistant if turn.assistant is not None else received})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": turn.assistant if turn.assistant is not None else received,
+            }
+        )
     messages.append({"role": "user", "content": turns[k].user})
     return tuple(messages)
 
@@ -102,5 +114,10 @@ def transcript(history: Sequence[dict[str, str]], received: Sequence[str], answe
     file gives one, the history holds that instead, and the answer received would be in no text), then the last
     answer."""
     answers = iter(received)
-    return "".join(f"{m['role']}: {next(answers, m['content']) if m['role'] == 'assistant' else m['content']}\n"
-                   for m in history) + f"assistant: {answer}"
+    return (
+        "".join(
+            f"{m['role']}: {next(answers, m['content']) if m['role'] == 'assistant' else m['content']}\n"
+            for m in history
+        )
+        + f"assistant: {answer}"
+    )

@@ -34,18 +34,31 @@ GRADES = ("exact", "contains", "regex", "one_of", "number", "choice", "json", "j
 PYTHON = "python:"
 GRADE_EXPECTED = f"one of {', '.join(GRADES)} or python:module:function"
 # What each grader needs in ``expected`` (None: may be absent).
-_NEEDS = {"exact": "a string", "contains": "a non-empty string", "regex": "a regular expression (a string)",
-          "one_of": "a non-empty list of strings", "number": "a number (or a string holding one)",
-          "choice": "one letter from A to J", "json": None, "json_schema": None}
+_NEEDS = {
+    "exact": "a string",
+    "contains": "a non-empty string",
+    "regex": "a regular expression (a string)",
+    "one_of": "a non-empty list of strings",
+    "number": "a number (or a string holding one)",
+    "choice": "one letter from A to J",
+    "json": None,
+    "json_schema": None,
+}
 LETTERS = "ABCDEFGHIJ"  # MMLU's four, MMLU-Pro's ten
 CHOICE_EXPECTED = f"one letter from {LETTERS[0]} to {LETTERS[-1]}"
-# run.json keeps ``expected`` as JSON and `kevload report` grades from it: a value JSON changes on the way (a TOML date
+# run.json keeps ``expected`` as JSON and `kevload report` grades from it: a value JSON changes on
+# the way (a TOML date
 # becomes a string, nan null) would grade the same answers otherwise there than in the run.
-JSON_EXPECTED = ("a value JSON keeps as it is (strings, finite numbers, integers within 64 bits, booleans, lists and "
-                 "tables of them; no TOML date or time, no nan or inf), as run.json keeps it for kevload report")
+JSON_EXPECTED = (
+    "a value JSON keeps as it is (strings, finite numbers, integers within 64 bits, booleans, "
+    "lists and "
+    "tables of them; no TOML date or time, no nan or inf), as run.json keeps it for kevload report"
+)
 _MAX_SHOWN = 120  # characters of an answer quoted in an error
 IMPORT = "import"  # python graders are imported (a scenario the user runs)
-NAMES_ONLY = "names only"  # their names are checked, nothing imported (inputs read back, no answer graded)
+NAMES_ONLY = (
+    "names only"  # their names are checked, nothing imported (inputs read back, no answer graded)
+)
 _python_policy: ContextVar[str] = ContextVar("python_graders", default=IMPORT)
 
 
@@ -64,8 +77,11 @@ def python_graders(policy: str) -> Iterator[None]:
 def refused_from(what: str) -> str:
     """The policy that refuses python graders named in ``what`` (a run directory, a case file), saying how to allow
     them."""
-    return (f"a grader that runs no code: {what} is data, and kevload imports the python graders it names only with "
-            "--trust-graders")
+    return (
+        f"a grader that runs no code: {what} is data, and kevload imports the python graders it "
+        f"names only with "
+        "--trust-graders"
+    )
 
 
 class BadGrading(Exception):
@@ -88,14 +104,19 @@ class Grading:
     grade: str
     expected: Any = None
     tolerance: float = 0.0
-    # A python grader's function, imported at load (run.json keeps its name, from which it is imported again).
+    # A python grader's function, imported at load (run.json keeps its name, from which it is
+    # imported again).
     function: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
-        doc = {"grade": self.grade, "expected": list(self.expected) if isinstance(self.expected, tuple)
-               else self.expected, "tolerance": self.tolerance}
+        doc = {
+            "grade": self.grade,
+            "expected": list(self.expected) if isinstance(self.expected, tuple) else self.expected,
+            "tolerance": self.tolerance,
+        }
         home = module_home(self.grade) if self.grade.startswith(PYTHON) else None
-        # Where the run found a python grader's module, whichever directory it is read back from later.
+        # Where the run found a python grader's module, whichever directory it is read back from
+        # later.
         return {**doc, "dir": home} if home else doc
 
     @classmethod
@@ -104,9 +125,17 @@ class Grading:
         found it in, else from ``base`` first)."""
         home = doc.get("dir")
         if home is not None and not (isinstance(home, str) and Path(home).is_absolute()):
-            raise BadGrading("dir", "the absolute path of the directory the python grader was imported from", home)
-        return checked(doc.get("expected"), doc.get("grade"), doc.get("tolerance", 0.0),
-                       Path(home) if home else base)
+            raise BadGrading(
+                "dir",
+                "the absolute path of the directory the python grader was imported from",
+                home,
+            )
+        return checked(
+            doc.get("expected"),
+            doc.get("grade"),
+            doc.get("tolerance", 0.0),
+            Path(home) if home else base,
+        )
 
     def good(self, answer: str, probe: str = "") -> bool:
         """Whether ``answer`` (the whole text a cell keeps for an output) of ``probe`` (its id) is good;
@@ -120,7 +149,9 @@ def checked(expected: Any, grade: Any, tolerance: Any, base: Path) -> Grading | 
     from (the scenario's, or the dataset file's)."""
     if expected is None and grade is None:
         if tolerance not in (None, 0, 0.0):
-            raise BadGrading("grade_tolerance", "expected and grade = \"number\" beside it", tolerance)
+            raise BadGrading(
+                "grade_tolerance", 'expected and grade = "number" beside it', tolerance
+            )
         return None
     if grade is None:
         grade = _default_grade(expected)
@@ -128,10 +159,15 @@ def checked(expected: Any, grade: Any, tolerance: Any, base: Path) -> Grading | 
         raise BadGrading("grade", GRADE_EXPECTED, grade)
     tol = 0.0 if tolerance is None else _finite(tolerance)
     if tol is None or tol < 0:
-        raise BadGrading("grade_tolerance", "a number >= 0 (how far the answer's number may be from expected)",
-                         tolerance)
+        raise BadGrading(
+            "grade_tolerance",
+            "a number >= 0 (how far the answer's number may be from expected)",
+            tolerance,
+        )
     if tol and grade != "number":
-        raise BadGrading("grade_tolerance", f'grade = "number" beside it (grade is "{grade}")', tolerance)
+        raise BadGrading(
+            "grade_tolerance", f'grade = "number" beside it (grade is "{grade}")', tolerance
+        )
     if grade.startswith(PYTHON):
         policy = _python_policy.get()
         if policy == NAMES_ONLY:
@@ -142,7 +178,7 @@ def checked(expected: Any, grade: Any, tolerance: Any, base: Path) -> Grading | 
         # Imported now: a bad path fails before anything is sent.
         return Grading(grade, _as_kept(expected), tol, python_grader(grade, base))
     if expected is None and _NEEDS[grade] is not None:
-        raise BadGrading("expected", f"{_NEEDS[grade]} beside grade = \"{grade}\"", None)
+        raise BadGrading("expected", f'{_NEEDS[grade]} beside grade = "{grade}"', None)
     return Grading(grade, _expected(grade, expected, base), tol)
 
 
@@ -153,8 +189,12 @@ def _default_grade(expected: Any) -> str:
         return "number"
     if isinstance(expected, list | tuple):
         return "one_of"
-    raise BadGrading("grade", f"{GRADE_EXPECTED} beside this expected (only a string, a number or a list picks "
-                     "its grader)", None)
+    raise BadGrading(
+        "grade",
+        f"{GRADE_EXPECTED} beside this expected (only a string, a number or a list picks "
+        "its grader)",
+        None,
+    )
 
 
 def _expected(grade: str, expected: Any, base: Path) -> Any:
@@ -168,18 +208,28 @@ def _expected(grade: str, expected: Any, base: Path) -> Any:
             except re.error as exc:
                 raise BadGrading("expected", f"a regular expression ({exc})", expected) from None
         return expected
-    if grade == "one_of" and isinstance(expected, list | tuple) and expected and \
-            all(isinstance(x, str) for x in expected):
+    if (
+        grade == "one_of"
+        and isinstance(expected, list | tuple)
+        and expected
+        and all(isinstance(x, str) for x in expected)
+    ):
         return tuple(expected)
     if grade == "number":
         value = _number(expected) if isinstance(expected, str) else _finite(expected)
         if value is not None:
             return value
-    if grade == "choice" and isinstance(expected, str) and len(expected.strip()) == 1 \
-            and expected.strip().upper() in LETTERS:
+    if (
+        grade == "choice"
+        and isinstance(expected, str)
+        and len(expected.strip()) == 1
+        and expected.strip().upper() in LETTERS
+    ):
         return expected.strip().upper()
     if grade == "json":
-        return _as_kept(expected)  # any JSON value (TOML's tables, lists, strings, numbers): the answer must equal it
+        return _as_kept(
+            expected
+        )  # any JSON value (TOML's tables, lists, strings, numbers): the answer must equal it
     if grade == "json_schema":
         return _as_kept(_schema(expected, base))
     raise BadGrading("expected", need, expected)
@@ -220,7 +270,9 @@ def _json_misfit(value: Any, where: str = "") -> tuple[str, Any] | None:
     if isinstance(value, float):
         return None if math.isfinite(value) else (where, value)
     if isinstance(value, list | tuple):
-        return next((m for i, v in enumerate(value) if (m := _json_misfit(v, f"{where}[{i}]"))), None)
+        return next(
+            (m for i, v in enumerate(value) if (m := _json_misfit(v, f"{where}[{i}]"))), None
+        )
     if isinstance(value, dict):
         return next((m for k, v in value.items() if (m := _json_misfit(v, f"{where}.{k}"))), None)
     return where, value
@@ -236,12 +288,17 @@ def _schema(expected: Any, base: Path) -> dict[str, Any]:
         try:
             schema = orjson.loads(path.read_bytes())
         except (OSError, orjson.JSONDecodeError) as exc:
-            raise BadGrading("expected", f"a JSON Schema file that reads as JSON ({path}: {exc})", expected) from None
+            raise BadGrading(
+                "expected", f"a JSON Schema file that reads as JSON ({path}: {exc})", expected
+            ) from None
     elif isinstance(expected, dict):
         schema = expected
     else:
-        raise BadGrading("expected", 'a JSON Schema (a table, or the path of a JSON file) beside grade = '
-                         '"json_schema"', expected)
+        raise BadGrading(
+            "expected",
+            'a JSON Schema (a table, or the path of a JSON file) beside grade = "json_schema"',
+            expected,
+        )
     if not isinstance(schema, dict):
         raise BadGrading("expected", "a JSON Schema object", schema)
     validator = jsonschema.validators.validator_for(schema)
@@ -249,15 +306,25 @@ def _schema(expected: Any, base: Path) -> dict[str, Any]:
         validator.check_schema(schema)
     except jsonschema.SchemaError as exc:
         where = "/".join(str(p) for p in exc.absolute_path) or "the top"
-        raise BadGrading("expected", f"a valid JSON Schema (at {where}: {exc.message})", schema) from None
+        raise BadGrading(
+            "expected", f"a valid JSON Schema (at {where}: {exc.message})", schema
+        ) from None
     try:
         unresolved = _unresolved_reference(schema, validator)
-    except Exception as exc:  # the referencing library's walk of an older draft (draft 3's extends) can raise
-        unresolved = f"its references could not be followed ({type(exc).__name__}: {_cut(str(exc))})"
+    except (
+        Exception
+    ) as exc:  # the referencing library's walk of an older draft (draft 3's extends) can raise
+        unresolved = (
+            f"its references could not be followed ({type(exc).__name__}: {_cut(str(exc))})"
+        )
     if unresolved:
         shown = f"the JSON Schema file {path}" if isinstance(expected, str) else "a JSON Schema"
-        raise BadGrading("expected", f"{shown} whose every reference resolves within it or to a JSON Schema "
-                         f"metaschema (kevload fetches no schema): {unresolved}", expected)
+        raise BadGrading(
+            "expected",
+            f"{shown} whose every reference resolves within it or to a JSON Schema "
+            f"metaschema (kevload fetches no schema): {unresolved}",
+            expected,
+        )
     return schema
 
 
@@ -269,8 +336,9 @@ def _unresolved_reference(schema: dict[str, Any], validator: Any) -> str | None:
     import referencing.exceptions
     import referencing.jsonschema
 
-    specification = referencing.jsonschema.specification_with(validator.ID_OF(validator.META_SCHEMA) or "",
-                                                              default=referencing.Specification.OPAQUE)
+    specification = referencing.jsonschema.specification_with(
+        validator.ID_OF(validator.META_SCHEMA) or "", default=referencing.Specification.OPAQUE
+    )
     root = specification.create_resource(schema)
     todo = [(root, _local_schemas().resolver_with_root(root))]
     seen: set[int] = set()
@@ -294,7 +362,8 @@ def _unresolved_reference(schema: dict[str, Any], validator: Any) -> str | None:
     return None
 
 
-# What a validator follows by name ($recursiveRef, 2019-09's, may only be "#", which is always there).
+# What a validator follows by name ($recursiveRef, 2019-09's, may only be "#", which is always
+# there).
 _REFERENCES = ("$ref", "$dynamicRef")
 
 
@@ -315,14 +384,21 @@ def python_grader(grade: str, base: Path) -> Callable[..., Any]:
     sys.path.insert(0, added)
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:  # the user's module: any error in it is theirs to see, named, not a traceback
-        raise BadGrading("grade", f"{_PYTHON_SHAPE} (importing {module_name}: {type(exc).__name__}: {exc})",
-                         grade) from None
+    except (
+        Exception
+    ) as exc:  # the user's module: any error in it is theirs to see, named, not a traceback
+        raise BadGrading(
+            "grade",
+            f"{_PYTHON_SHAPE} (importing {module_name}: {type(exc).__name__}: {exc})",
+            grade,
+        ) from None
     finally:
         sys.path.remove(added)
     function = getattr(module, function_name, None)
     if not callable(function):
-        raise BadGrading("grade", f"{_PYTHON_SHAPE} ({module_name} has no function {function_name})", grade)
+        raise BadGrading(
+            "grade", f"{_PYTHON_SHAPE} ({module_name} has no function {function_name})", grade
+        )
     return function
 
 
@@ -338,31 +414,46 @@ def _refuse_another_of_the_name(top: str, base: str, grade: str) -> None:
         return
     loaded = sys.modules.get(top)
     if loaded is not None and top in _imported_from:
-        there = _imported_from[top]  # a namespace package's own path follows sys.path, which no longer has its base
+        there = _imported_from[
+            top
+        ]  # a namespace package's own path follows sys.path, which no longer has its base
     else:
         other = loaded.__spec__ if loaded is not None else _spec_elsewhere(top, base)
         there = _where(other) if other is not None else None
     if there is not None and there != _where(found):
-        raise BadGrading("grade", f"{_PYTHON_SHAPE}, by a name no other module has: {top} is already "
-                         f"{', '.join(there) or 'imported'}, not {', '.join(_where(found))}; rename yours", grade)
+        raise BadGrading(
+            "grade",
+            f"{_PYTHON_SHAPE}, by a name no other module has: {top} is already "
+            f"{', '.join(there) or 'imported'}, not {', '.join(_where(found))}; rename yours",
+            grade,
+        )
     _imported_from[top] = _where(found)
 
 
-_imported_from: dict[str, tuple[str, ...]] = {}  # top-level module name: where a grader's import found it
+_imported_from: dict[
+    str, tuple[str, ...]
+] = {}  # top-level module name: where a grader's import found it
 
 
 def _spec_elsewhere(top: str, base: str) -> Any:
     """The spec Python would import ``top`` by without ``base`` on its path (None: no such module)."""
     path = [p for p in sys.path if Path(p or ".").resolve() != Path(base)]
-    builtin = importlib.machinery.BuiltinImporter.find_spec(top) or importlib.machinery.FrozenImporter.find_spec(top)
+    builtin = importlib.machinery.BuiltinImporter.find_spec(
+        top
+    ) or importlib.machinery.FrozenImporter.find_spec(top)
     return builtin or importlib.machinery.PathFinder.find_spec(top, path)
 
 
 def _where(spec: Any) -> tuple[str, ...]:
     """A module's place: its file, or a namespace package's directories (which have no file), resolved."""
-    places = [spec.origin] if spec.origin and spec.origin not in ("built-in", "frozen") else \
-        list(spec.submodule_search_locations or ()) or [spec.origin or ""]
-    return tuple(str(Path(p).resolve()) if p not in ("built-in", "frozen", "") else p for p in places)
+    places = (
+        [spec.origin]
+        if spec.origin and spec.origin not in ("built-in", "frozen")
+        else list(spec.submodule_search_locations or ()) or [spec.origin or ""]
+    )
+    return tuple(
+        str(Path(p).resolve()) if p not in ("built-in", "frozen", "") else p for p in places
+    )
 
 
 def _python_name(grade: str) -> tuple[str, str]:
@@ -384,10 +475,15 @@ def module_home(grade: str) -> str | None:
     return str(Path(origin).resolve().parents[depth])
 
 
-# The reasoning block ``store.answer_text`` puts before the content (what a model thought is not its answer, and is
-# not graded). Mostly the tags alone; a reasoning that holds the closing tag line itself (or a content that begins
-# like a block) would be cut at the wrong place, so there the block gives the reasoning's length instead.
-REASONING_TAG = "<reasoning"  # what every block begins with: a text that does not is read back as it is
+# The reasoning block ``store.answer_text`` puts before the content (what a model thought is not its
+# answer, and is
+# not graded). Mostly the tags alone; a reasoning that holds the closing tag line itself (or a
+# content that begins
+# like a block) would be cut at the wrong place, so there the block gives the reasoning's length
+# instead.
+REASONING_TAG = (
+    "<reasoning"  # what every block begins with: a text that does not is read back as it is
+)
 _BLOCK_OPEN, _BLOCK_CLOSE = f"{REASONING_TAG}>\n", "\n</reasoning>\n"
 _SIZED, _SIZED_END = f'{REASONING_TAG} chars="', '">\n'
 _SIZE_DIGITS = 15  # the most a written length has: a longer number is no block of kevload's (and int() is bounded)
@@ -399,10 +495,14 @@ def with_reasoning(reasoning: str | None, rest: str) -> str:
     right, so answers hash as they always did; the sized block only where they would not."""
     if reasoning:
         text = f"{_BLOCK_OPEN}{reasoning}{_BLOCK_CLOSE}{rest}"
-        # Read back right when the first closing tag line after the opening is the one written after the reasoning.
-        # One that comes earlier holds all of "</reasoning>" inside the reasoning: a reasoning without "<" (most) is
+        # Read back right when the first closing tag line after the opening is the one written after
+        # the reasoning.
+        # One that comes earlier holds all of "</reasoning>" inside the reasoning: a reasoning
+        # without "<" (most) is
         # read right, known by memchr, not by the tag's search (some 50 times slower, per request).
-        if "<" not in reasoning or text.find(_BLOCK_CLOSE, len(_BLOCK_OPEN)) == len(_BLOCK_OPEN) + len(reasoning):
+        if "<" not in reasoning or text.find(_BLOCK_CLOSE, len(_BLOCK_OPEN)) == len(
+            _BLOCK_OPEN
+        ) + len(reasoning):
             return text
     elif content_of(rest) == rest:
         return rest
@@ -415,15 +515,15 @@ def content_of(answer: str) -> str:
     the reasoning block (``with_reasoning``)."""
     if answer.startswith(_SIZED):
         digits_end = answer.find(_SIZED_END, len(_SIZED), len(_SIZED) + _SIZE_DIGITS + 1)
-        digits = answer[len(_SIZED):digits_end]
+        digits = answer[len(_SIZED) : digits_end]
         if digits_end > 0 and digits.isascii() and digits.isdigit():
             end = digits_end + len(_SIZED_END) + int(digits)
             if answer.startswith(_BLOCK_CLOSE, end):
-                return answer[end + len(_BLOCK_CLOSE):]
+                return answer[end + len(_BLOCK_CLOSE) :]
     elif answer.startswith(_BLOCK_OPEN):
         end = answer.find(_BLOCK_CLOSE, len(_BLOCK_OPEN))
         if end >= 0:
-            return answer[end + len(_BLOCK_CLOSE):]
+            return answer[end + len(_BLOCK_CLOSE) :]
     return answer
 
 
@@ -460,10 +560,16 @@ def _schema_grade(grading: Grading, value: Any, text: str) -> bool:
 
     schema = grading.expected
     try:
-        return jsonschema.validators.validator_for(schema)(schema, registry=_local_schemas()).is_valid(value)
-    except Exception as exc:  # the validator's failure on this answer is a finding on it, as a python grader's is
-        raise GraderFailed(f"json_schema raised {type(exc).__name__}: {_cut(str(exc))} on the answer "
-                           f"{_shown(text)}") from None
+        return jsonschema.validators.validator_for(schema)(
+            schema, registry=_local_schemas()
+        ).is_valid(value)
+    except (
+        Exception
+    ) as exc:  # the validator's failure on this answer is a finding on it, as a python grader's is
+        raise GraderFailed(
+            f"json_schema raised {type(exc).__name__}: {_cut(str(exc))} on the answer "
+            f"{_shown(text)}"
+        ) from None
 
 
 def _user_grade(grading: Grading, text: str, probe: str) -> bool:
@@ -471,12 +577,15 @@ def _user_grade(grading: Grading, text: str, probe: str) -> bool:
     try:
         result = grading.function(text, probe, grading.expected)
     except Exception as exc:  # the user's code: whatever it raises is a finding on this answer
-        raise GraderFailed(f"{grading.grade} raised {type(exc).__name__}: {exc} on the answer "
-                           f"{_shown(text)}") from None
+        raise GraderFailed(
+            f"{grading.grade} raised {type(exc).__name__}: {exc} on the answer {_shown(text)}"
+        ) from None
     if result is not True and result is not False:
         shown = repr(result)
-        raise GraderFailed(f"{grading.grade} returned {shown[:_MAX_SHOWN]}, expected True or False, on the answer "
-                           f"{_shown(text)}")
+        raise GraderFailed(
+            f"{grading.grade} returned {shown[:_MAX_SHOWN]}, expected True or False, on the answer "
+            f"{_shown(text)}"
+        )
     return result
 
 
@@ -488,17 +597,23 @@ def _cut(text: str) -> str:
     return text if len(text) <= _MAX_SHOWN else text[:_MAX_SHOWN] + "…"
 
 
-# A number as answers write it, read from the text as it is (NFKC, once used here, turns "2⁴" into "24" and "½" into
-# "1⁄2"): a sign (not a dash between two words or numbers: "5-3", "10–20"), thousands groups, decimals, an exponent,
-# then maybe a fraction ("3½"), a power ("2⁴", "10⁻³") or "× 10ⁿ". Digits are any script's (full-width ones too).
+# A number as answers write it, read from the text as it is (NFKC, once used here, turns "2⁴" into
+# "24" and "½" into
+# "1⁄2"): a sign (not a dash between two words or numbers: "5-3", "10–20"), thousands groups,
+# decimals, an exponent,
+# then maybe a fraction ("3½"), a power ("2⁴", "10⁻³") or "× 10ⁿ". Digits are any script's
+# (full-width ones too).
 _MINUS = "-\u2212\u2012\u2013\u2014\u2015\ufe63\uff0d"  # hyphen-minus, minus sign, figure/en/em dash, bar, small, wide
-_THOUSANDS = " \u00a0\u2009\u202f"  # a space, no-break, thin and narrow no-break: "1 000", "12 345 678"
+_THOUSANDS = (
+    " \u00a0\u2009\u202f"  # a space, no-break, thin and narrow no-break: "1 000", "12 345 678"
+)
 _SUPERSCRIPT = "⁰¹²³⁴⁵⁶⁷⁸⁹"
 _SUBSCRIPT = "₀₁₂₃₄₅₆₇₈₉"
 _VULGAR = "\u00bc-\u00be\u2150-\u215e\u2189"  # ¼ ½ ¾ ⅐ … ⅞ ↉
 _SUP, _SUB = f"[{_SUPERSCRIPT}]", f"[{_SUBSCRIPT}]"
 _NUMBER = re.compile(
-    # The first character's class up front: the scan skips a position that starts no number on one test (a text of
+    # The first character's class up front: the scan skips a position that starts no number on one
+    # test (a text of
     # blanks: ten times faster), before the lookbehind and the branches.
     rf"(?=[{_MINUS}\d{_VULGAR}{_SUPERSCRIPT}])"
     rf"(?<![\dA-Za-z.．])(?P<sign>[{_MINUS}])?(?:"
@@ -513,7 +628,9 @@ _NUMBER = re.compile(
     rf"|(?P<power>[⁻⁺]?{_SUP}+))?"  # 2⁴
     rf")(?![\d{_SUPERSCRIPT}{_SUBSCRIPT}⁻⁺\u2044])"  # nothing glued on after: "101₂" is no number read here
 )
-_ASCII_DIGITS = str.maketrans(f"{_SUPERSCRIPT}{_SUBSCRIPT}⁻⁺．", "01234567890123456789-+.", f",，{_THOUSANDS}")
+_ASCII_DIGITS = str.maketrans(
+    f"{_SUPERSCRIPT}{_SUBSCRIPT}⁻⁺．", "01234567890123456789-+.", f",，{_THOUSANDS}"
+)
 
 
 def last_number(text: str) -> float | None:
@@ -521,7 +638,9 @@ def last_number(text: str) -> float | None:
     writes it: ``1,234`` and ``1 234`` (a space, thin or narrow no-break between groups of 3) are 1234, ``−42`` (a
     minus sign or a dash before the digit) is negative, ``½`` and ``3½`` their value, ``2⁴`` 16, ``1.5×10⁻³``
     0.0015; any script's digits are digits."""
-    last = deque(_NUMBER.finditer(text), maxlen=1)  # the whole text is scanned at C speed, one match kept
+    last = deque(
+        _NUMBER.finditer(text), maxlen=1
+    )  # the whole text is scanned at C speed, one match kept
     return _number_of(last[0]) if last else None
 
 
@@ -536,7 +655,9 @@ def _number_of(found: re.Match[str]) -> float | None:
         elif part["sup_over"] is not None:
             value = _plain(part["sup_over"]) / _plain(part["sub_under"])
         else:
-            value = _plain(part["whole"] + (part["decimals"] or "") + "e" + (part["exponent"] or "0"))
+            value = _plain(
+                part["whole"] + (part["decimals"] or "") + "e" + (part["exponent"] or "0")
+            )
             if part["vulgar"] is not None:
                 value += unicodedata.numeric(part["vulgar"])
             elif part["mixed_over"] is not None:
@@ -565,19 +686,28 @@ def _number(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
-# After the ways MMLU-style graders read a letter: simple-evals' "Answer: X" heads in several languages, MMLU-Pro's
-# "answer is (X)" then "Answer: X", lm-eval's flexible "(X)". Our own order: an answer head ("the answer is C",
-# "Answer: c", "答案是C", "选 A"), the last one where a model restates or corrects itself; only where none is there a
-# mention of an option ("Option B", "选项B", "answer C"), which may just as well be one ruled out ("C, not option
-# A"); then a bare letter, a leading "X." or "X)", the last "(X)". Letters A-J; markdown emphasis and LaTeX boxes
+# After the ways MMLU-style graders read a letter: simple-evals' "Answer: X" heads in several
+# languages, MMLU-Pro's
+# "answer is (X)" then "Answer: X", lm-eval's flexible "(X)". Our own order: an answer head ("the
+# answer is C",
+# "Answer: c", "答案是C", "选 A"), the last one where a model restates or corrects itself; only where
+# none is there a
+# mention of an option ("Option B", "选项B", "answer C"), which may just as well be one ruled out ("C,
+# not option
+# A"); then a bare letter, a leading "X." or "X)", the last "(X)". Letters A-J; markdown emphasis
+# and LaTeX boxes
 # around them are dropped first.
 #
-# A and I are words too: after any answer head a sentence may start with the article ("Answer: A car is no fruit, so
-# B", "The answer is A cat") or the pronoun ("the answer is I think B", "Answer: I'm not sure"). There such a letter
-# is read only where no word follows that the word would take (a letter may be followed by these: "A because …"); an
+# A and I are words too: after any answer head a sentence may start with the article ("Answer: A car
+# is no fruit, so
+# B", "The answer is A cat") or the pronoun ("the answer is I think B", "Answer: I'm not sure").
+# There such a letter
+# is read only where no word follows that the word would take (a letter may be followed by these: "A
+# because …"); an
 # option named ("option A seems right", "the answer is option A") is always a letter.
 _AFTER_LETTER = r"(?:because|since|as|and|or|is|was|which|but|so|for|with)\b"
-# The answer's text is the server's: each gap is bounded, and no two gaps meet, so a head followed by a megabyte of
+# The answer's text is the server's: each gap is bounded, and no two gaps meet, so a head followed
+# by a megabyte of
 # blanks costs a few steps, not one per way to split the blanks between gaps.
 _GAP, _BLANKS = r"\s{0,8}", r"[ \t]{1,8}"
 
@@ -591,27 +721,44 @@ def _letter(letters: str, words: str = "") -> str:
     return rf"(?:((?![{words}])[{letters}])|({word}))(?![A-Za-z'’])"
 
 
-# What may follow a head: a letter after a colon (any case: "answer: b"), one in brackets, or a capital one; after an
-# answer head maybe with a hedge between: the pronoun, up to three words, then maybe "say", "it is", "with" or "for"
-# ("the answer is, I think, B"; "Answer: I would say D"; "Answer: I am sure it is B"; "I'd go with C"). The head
-# says an answer follows, and these words only put the speaker between: the letter after them is the answer, as the
-# one after "I think" always was. A word the letter itself would take ("I is …", "I and J") ends no hedge.
-_HEDGE = (rf"(?:(?:,[ \t]?)?I(?:['’][a-z]+)?(?:{_BLANKS}(?!{_AFTER_LETTER})[a-z]+\b){{1,3}}"
-          rf"(?:{_BLANKS}(?:say|it{_BLANKS}is|it['’]s|with|for)\b)?,?{_GAP})?")
+# What may follow a head: a letter after a colon (any case: "answer: b"), one in brackets, or a
+# capital one; after an
+# answer head maybe with a hedge between: the pronoun, up to three words, then maybe "say", "it is",
+# "with" or "for"
+# ("the answer is, I think, B"; "Answer: I would say D"; "Answer: I am sure it is B"; "I'd go with
+# C"). The head
+# says an answer follows, and these words only put the speaker between: the letter after them is the
+# answer, as the
+# one after "I think" always was. A word the letter itself would take ("I is …", "I and J") ends no
+# hedge.
+_HEDGE = (
+    rf"(?:(?:,[ \t]?)?I(?:['’][a-z]+)?(?:{_BLANKS}(?!{_AFTER_LETTER})[a-z]+\b){{1,3}}"
+    rf"(?:{_BLANKS}(?:say|it{_BLANKS}is|it['’]s|with|for)\b)?,?{_GAP})?"
+)
 _OPEN = r"(?:[(\[]\s?)?"
 _BRACKETED = rf"{_GAP}[(\[]\s?([A-Ja-j])\s?[)\]]"
-# After a colon, in brackets, or a capital letter (the article and the pronoun read as such after either head).
-_ANSWER_TAIL = (rf"(?:{_GAP}[:：]{_GAP}{_HEDGE}{_OPEN}{_letter('A-Ja-j', 'AIai')}|{_BRACKETED}"
-                rf"|{_GAP}{_HEDGE}{_letter('A-J', 'AI')})")
-# An option named after a head or alone: its letter is a letter whatever follows ("option A seems right").
-_OPTION_TAIL = rf"(?:{_GAP}[:：]{_GAP}{_OPEN}{_letter('A-Ja-j')}|{_BRACKETED}|{_GAP}{_letter('A-J')})"
+# After a colon, in brackets, or a capital letter (the article and the pronoun read as such after
+# either head).
+_ANSWER_TAIL = (
+    rf"(?:{_GAP}[:：]{_GAP}{_HEDGE}{_OPEN}{_letter('A-Ja-j', 'AIai')}|{_BRACKETED}"
+    rf"|{_GAP}{_HEDGE}{_letter('A-J', 'AI')})"
+)
+# An option named after a head or alone: its letter is a letter whatever follows ("option A seems
+# right").
+_OPTION_TAIL = (
+    rf"(?:{_GAP}[:：]{_GAP}{_OPEN}{_letter('A-Ja-j')}|{_BRACKETED}|{_GAP}{_letter('A-J')})"
+)
 # A lower-case letter only after a colon or in brackets: "the answer is a cat" names no choice.
-_ANSWER = re.compile(rf"(?:(?i:\b(?:answer|correct\s(?:option|choice))\s{{1,8}}(?:is|(?:would|should|must|will)\sbe)\b)"
-                     rf"|(?i:\banswer(?={_GAP}[:：(\[]))"
-                     rf"|正确答案(?:是|为)|答案(?:应该?)?(?:是|为)|答案?(?={_GAP}[:：])|应?选(?:择)?(?!项))"
-                     rf"(?:{_GAP}(?:(?i:option|choice)\b|选项){_OPTION_TAIL}|{_ANSWER_TAIL})")
-_MENTION = re.compile(r"(?:(?i:\b(?:answer|option|choice))|选项|答案)"
-                      rf"(?:{_GAP}[:：]{_GAP}{_OPEN}{_letter('A-Ja-j', 'AIai')}|{_BRACKETED}|{_GAP}{_letter('A-J')})")
+_ANSWER = re.compile(
+    rf"(?:(?i:\b(?:answer|correct\s(?:option|choice))\s{{1,8}}(?:is|(?:would|should|must|will)\sbe)\b)"
+    rf"|(?i:\banswer(?={_GAP}[:：(\[]))"
+    rf"|正确答案(?:是|为)|答案(?:应该?)?(?:是|为)|答案?(?={_GAP}[:：])|应?选(?:择)?(?!项))"
+    rf"(?:{_GAP}(?:(?i:option|choice)\b|选项){_OPTION_TAIL}|{_ANSWER_TAIL})"
+)
+_MENTION = re.compile(
+    r"(?:(?i:\b(?:answer|option|choice))|选项|答案)"
+    rf"(?:{_GAP}[:：]{_GAP}{_OPEN}{_letter('A-Ja-j', 'AIai')}|{_BRACKETED}|{_GAP}{_letter('A-J')})"
+)
 _BARE = re.compile(r"\A[(\[]?\s*([A-J])\s*[)\].:：]?\Z")
 _LEADING = re.compile(r"\A[(\[]?([A-J])[)\].:：]\s")
 _PARENS = re.compile(r"[(\[]([A-J])[)\]]")

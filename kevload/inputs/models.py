@@ -16,7 +16,7 @@ import orjson
 from kevload.errors import ScenarioError
 from kevload.inputs.conversation import Turn, messages_at
 
-MAX_TOKENS = 10_000_000     # a probe's max_tokens: beyond the longest context served
+MAX_TOKENS = 10_000_000  # a probe's max_tokens: beyond the longest context served
 
 
 @dataclass(frozen=True)
@@ -25,21 +25,26 @@ class Rule:
     the error message uses for it (``expected``; empty: named from the type)."""
 
     expected: str = ""
-    min: float | None = None    # value >= min
+    min: float | None = None  # value >= min
     above: float | None = None  # value > above
-    max: float | None = None    # value <= max
+    max: float | None = None  # value <= max
     below: float | None = None  # value < below
     nonempty: bool = False
-    key: str = ""               # the TOML key, where the field's name cannot be it (a Python keyword)
+    key: str = ""  # the TOML key, where the field's name cannot be it (a Python keyword)
 
     def holds(self, value: Any) -> bool:
         """The bounds hold (for a list: it is non-empty where asked, and each item is within them)."""
         if isinstance(value, tuple | str | dict):
-            return (len(value) > 0 or not self.nonempty) and all(self.holds(x) for x in value
-                                                                 if isinstance(value, tuple))
+            return (len(value) > 0 or not self.nonempty) and all(
+                self.holds(x) for x in value if isinstance(value, tuple)
+            )
         # Each bound says what holds (x >= min), not what fails (x < min): NaN then fails them all.
-        return ((self.min is None or value >= self.min) and (self.above is None or value > self.above)
-                and (self.max is None or value <= self.max) and (self.below is None or value < self.below))
+        return (
+            (self.min is None or value >= self.min)
+            and (self.above is None or value > self.above)
+            and (self.max is None or value <= self.max)
+            and (self.below is None or value < self.below)
+        )
 
 
 def rule(default: Any = MISSING, *, factory: Any = MISSING, **kwargs: Any) -> Any:
@@ -63,13 +68,18 @@ _NO_RULE = Rule()
 class Probe:
     id: str = rule(nonempty=True, expected="a non-empty string")
     prompt: str | None = None
-    messages: tuple[dict[str, str], ...] | None = rule(None, nonempty=True,
-                                                       expected="a non-empty list of {role, content} tables")
-    max_tokens: int = rule(64, min=1, max=MAX_TOKENS, expected=f"an integer from 1 to {MAX_TOKENS:,}")
-    # A conversation (``kevload.inputs.conversation``): its user turns, sent one after another, and the system message.
+    messages: tuple[dict[str, str], ...] | None = rule(
+        None, nonempty=True, expected="a non-empty list of {role, content} tables"
+    )
+    max_tokens: int = rule(
+        64, min=1, max=MAX_TOKENS, expected=f"an integer from 1 to {MAX_TOKENS:,}"
+    )
+    # A conversation (``kevload.inputs.conversation``): its user turns, sent one after another, and
+    # the system message.
     turns: tuple[Turn, ...] | None = None
     system: str | None = None
-    # What a good answer is and how it is judged (kevload.inputs.grading checks them at load); neither: ungraded.
+    # What a good answer is and how it is judged (kevload.inputs.grading checks them at load);
+    # neither: ungraded.
     expected: Any = rule(None, expected="a string, number, list or table (what a good answer is)")
     grade: str | None = None
     grade_tolerance: float = rule(0.0, min=0, below=math.inf, expected="a number >= 0")
@@ -90,13 +100,19 @@ class Probe:
         if self.prompt is not None:
             return replace(self, id=id, prompt=text)
         if self.turns is not None:
-            return replace(self, id=id, turns=(*self.turns[:-1], replace(self.turns[-1], user=text)))
-        return replace(self, id=id, messages=(*self.messages[:-1], {**self.messages[-1], "content": text}))
+            return replace(
+                self, id=id, turns=(*self.turns[:-1], replace(self.turns[-1], user=text))
+            )
+        return replace(
+            self, id=id, messages=(*self.messages[:-1], {**self.messages[-1], "content": text})
+        )
 
     def turn(self, k: int, answers: Sequence[str]) -> Probe:
         """Turn ``k`` of a conversation as the one chat request it is, given what turns 0 … k − 1 received."""
         assert self.turns is not None
-        return replace(self, messages=messages_at(self.system, self.turns, k, answers), turns=None, system=None)
+        return replace(
+            self, messages=messages_at(self.system, self.turns, k, answers), turns=None, system=None
+        )
 
 
 def probe_inputs(probe: Probe, params: dict[str, Any]) -> dict[str, str | int]:
@@ -105,14 +121,25 @@ def probe_inputs(probe: Probe, params: dict[str, Any]) -> dict[str, str | int]:
     from them a hash of how its answers are graded (``expected``, ``grade``, ``grade_tolerance``; that of None when
     ungraded). Two runs whose probe has the same first three asked the same thing; a changed output is then the
     server's. A changed grading asks nothing else of the server: only the graded figures stop being comparable."""
-    # The grading keys at their defaults leave the input hash what it was when they were hashed with it (None values
-    # dropped, grade_tolerance 0.0 kept): an ungraded probe's hash matches a baseline's from before they were apart.
+    # The grading keys at their defaults leave the input hash what it was when they were hashed with
+    # it (None values
+    # dropped, grade_tolerance 0.0 kept): an ungraded probe's hash matches a baseline's from before
+    # they were apart.
     sent = replace(probe, expected=None, grade=None, grade_tolerance=0.0)
-    asked = {k: v for k, v in asdict(sent).items() if k not in ("id", "max_tokens") and v is not None}
+    asked = {
+        k: v for k, v in asdict(sent).items() if k not in ("id", "max_tokens") and v is not None
+    }
     graded = probe.grade is not None or probe.expected is not None
-    return {"input": _sha256(asked), "params": _sha256(params), "max_tokens": probe.max_tokens,
-            "grading": _sha256({"grade": probe.grade, "expected": probe.expected, "tolerance": probe.grade_tolerance})
-            if graded else UNGRADED}
+    return {
+        "input": _sha256(asked),
+        "params": _sha256(params),
+        "max_tokens": probe.max_tokens,
+        "grading": _sha256(
+            {"grade": probe.grade, "expected": probe.expected, "tolerance": probe.grade_tolerance}
+        )
+        if graded
+        else UNGRADED,
+    }
 
 
 def _sha256(value: Any) -> str:
@@ -125,8 +152,18 @@ UNGRADED = _sha256(None)  # ``probe_inputs``' "grading" of a probe without gradi
 def first_bad_message(messages: Sequence[Any]) -> int | None:
     """Where chat ``messages`` stop being ``{role, content}`` objects with string values: the index of the first
     that is not, or None when every one is (an empty list too: whether one may be empty is the caller's rule)."""
-    return next((i for i, m in enumerate(messages) if not (
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str))), None)
+    return next(
+        (
+            i
+            for i, m in enumerate(messages)
+            if not (
+                isinstance(m, dict)
+                and isinstance(m.get("role"), str)
+                and isinstance(m.get("content"), str)
+            )
+        ),
+        None,
+    )
 
 
 def read_messages(path: Path, what: str) -> tuple[dict[str, str], ...]:
@@ -134,7 +171,9 @@ def read_messages(path: Path, what: str) -> tuple[dict[str, str], ...]:
     try:
         messages = orjson.loads(path.read_bytes())
     except (OSError, orjson.JSONDecodeError) as exc:
-        raise ScenarioError(f"{path}: {what}: expected a JSON list of {{role, content}} objects ({exc})") from None
+        raise ScenarioError(
+            f"{path}: {what}: expected a JSON list of {{role, content}} objects ({exc})"
+        ) from None
     if not (isinstance(messages, list) and messages and first_bad_message(messages) is None):
         raise ScenarioError(f"{path}: {what}: expected a JSON list of {{role, content}} objects")
     return tuple(messages)
@@ -165,4 +204,6 @@ def parse_jsonl(lines: Iterable[bytes], path: Path, what: str) -> Iterator[tuple
         try:
             yield number, orjson.loads(line)
         except orjson.JSONDecodeError:
-            raise ScenarioError(f"{path}:{number}: {what}: expected one JSON object a line (JSONL)") from None
+            raise ScenarioError(
+                f"{path}:{number}: {what}: expected one JSON object a line (JSONL)"
+            ) from None

@@ -18,9 +18,11 @@ from typing import Any
 
 from kevload.errors import ScenarioError
 
-MIN_WORDS = 32             # fewer one-token words than this: the tokenizer is not one for English text
-CHECK_TOKENS = 200_000     # the first prompts are encoded whole up to about this many tokens (well under a second)
-MAX_BYTES = 256 << 20      # the largest models' tokenizer.json are tens of MB; their weights, named by mistake, GBs
+MIN_WORDS = 32  # fewer one-token words than this: the tokenizer is not one for English text
+CHECK_TOKENS = 200_000  # the first prompts are encoded whole up to about this many tokens (well under a second)
+MAX_BYTES = (
+    256 << 20
+)  # the largest models' tokenizer.json are tens of MB; their weights, named by mistake, GBs
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,12 @@ class TokenizerWords:
         return {"lines": lines, "exact": exact, "max_off": worst}
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "sha256": self.sha256, "words": len(self.words), "dropped": list(self.dropped)}
+        return {
+            "path": self.path,
+            "sha256": self.sha256,
+            "words": len(self.words),
+            "dropped": list(self.dropped),
+        }
 
 
 def words_for(path: Path, vocabulary: Sequence[str], *, what: str) -> TokenizerWords:
@@ -57,13 +64,16 @@ def words_for(path: Path, vocabulary: Sequence[str], *, what: str) -> TokenizerW
     try:
         from tokenizers import Tokenizer
     except ImportError:
-        raise ScenarioError(f"{what}: the tokenizers package is not installed (pip install 'kevload[tokenizer]')"
-                            ) from None
+        raise ScenarioError(
+            f"{what}: the tokenizers package is not installed (pip install 'kevload[tokenizer]')"
+        ) from None
     try:
         size = path.stat().st_size
         if size > MAX_BYTES:  # refused unread: reading it whole would take that much memory
-            raise ScenarioError(f"{path}: {what}: expected a Hugging Face tokenizer.json (at most "
-                                f"{MAX_BYTES >> 20:,} MiB), got {size >> 20:,} MiB")
+            raise ScenarioError(
+                f"{path}: {what}: expected a Hugging Face tokenizer.json (at most "
+                f"{MAX_BYTES >> 20:,} MiB), got {size >> 20:,} MiB"
+            )
         data = path.read_bytes()
     except OSError as exc:
         raise ScenarioError(f"{path}: {what}: cannot read: {exc.strerror}") from None
@@ -71,31 +81,49 @@ def words_for(path: Path, vocabulary: Sequence[str], *, what: str) -> TokenizerW
         tokenizer = Tokenizer.from_str(data.decode("utf-8"))
     except Exception as exc:  # the library raises plain Exception for a file it cannot take
         raise _not_a_tokenizer(path, what, "reading it", exc) from None
-    # A file saved for training may truncate or pad what it encodes; a server counts a prompt whole, unpadded.
+    # A file saved for training may truncate or pad what it encodes; a server counts a prompt whole,
+    # unpadded.
     tokenizer.no_truncation()
     tokenizer.no_padding()
 
     def ids(text: str) -> tuple[int, ...]:
         try:
             return tuple(tokenizer.encode(text, add_special_tokens=False).ids)
-        except Exception as exc:  # a model the file cannot run, e.g. a WordLevel without its unknown token
+        except (
+            Exception
+        ) as exc:  # a model the file cannot run, e.g. a WordLevel without its unknown token
             raise _not_a_tokenizer(path, what, "encoding with it", exc) from None
 
     def encode(text: str) -> int:
         return len(ids(text))
 
-    # Opening a prompt (after a chat template's newline, too) a word has no space before it; inside one it has.
-    # Each its own token, too: a word the file does not know is its unknown token, as every other unknown word is.
+    # Opening a prompt (after a chat template's newline, too) a word has no space before it; inside
+    # one it has.
+    # Each its own token, too: a word the file does not know is its unknown token, as every other
+    # unknown word is.
     alone = {w: ids(w) for w in vocabulary}
     shared = Counter(alone.values())
-    kept = tuple(w for w in vocabulary if len(alone[w]) == 1 and shared[alone[w]] == 1 and encode(f"{w} {w}") == 2)
+    kept = tuple(
+        w
+        for w in vocabulary
+        if len(alone[w]) == 1 and shared[alone[w]] == 1 and encode(f"{w} {w}") == 2
+    )
     if len(kept) < MIN_WORDS:
-        raise ScenarioError(f"{path}: {what}: expected a tokenizer that makes common English words one token each "
-                            f"(at least {MIN_WORDS} of kevload's {len(vocabulary)}), got {len(kept)}")
-    return TokenizerWords(path=str(path), sha256=hashlib.sha256(data).hexdigest(), words=kept,
-                          dropped=tuple(w for w in vocabulary if w not in kept), encode=encode)
+        raise ScenarioError(
+            f"{path}: {what}: expected a tokenizer that makes common English words one token each "
+            f"(at least {MIN_WORDS} of kevload's {len(vocabulary)}), got {len(kept)}"
+        )
+    return TokenizerWords(
+        path=str(path),
+        sha256=hashlib.sha256(data).hexdigest(),
+        words=kept,
+        dropped=tuple(w for w in vocabulary if w not in kept),
+        encode=encode,
+    )
 
 
 def _not_a_tokenizer(path: Path, what: str, doing: str, exc: Exception) -> ScenarioError:
     first = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
-    return ScenarioError(f"{path}: {what}: expected a Hugging Face tokenizer.json, got an error {doing}: {first}")
+    return ScenarioError(
+        f"{path}: {what}: expected a Hugging Face tokenizer.json, got an error {doing}: {first}"
+    )

@@ -15,17 +15,38 @@ BUILTIN_COMPANIONS: tuple[tuple[str, str, int], ...] = (
     ("short-fact", "What is the capital of France?", 16),
     ("list", "List five fruits that are red, one per line.", 48),
     ("code", "Write a Python function that returns the n-th Fibonacci number iteratively.", 96),
-    ("math", "A train travels 120 km in 1.5 hours. What is its average speed? Explain briefly.", 64),
-    ("story", "Tell a very short story about a lighthouse keeper who finds a message in a bottle.", 128),
-    ("translate", "Translate into German: The weather is nice today and we are going to the park.", 40),
+    (
+        "math",
+        "A train travels 120 km in 1.5 hours. What is its average speed? Explain briefly.",
+        64,
+    ),
+    (
+        "story",
+        "Tell a very short story about a lighthouse keeper who finds a message in a bottle.",
+        128,
+    ),
+    (
+        "translate",
+        "Translate into German: The weather is nice today and we are going to the park.",
+        40,
+    ),
     ("zh", "请用三句话介绍一下长城的历史。", 80),
     ("json", 'Return a JSON object with keys "name", "age" and "city" for a fictional person.', 48),
-    ("summary", (
-        "Summarise in two sentences: The printing press, invented by Johannes Gutenberg around 1440, "
-        "made books cheaper and faster to produce. Literacy spread across Europe, scientific ideas "
-        "travelled further, and the Reformation used pamphlets to reach ordinary people. Within fifty "
-        "years millions of books were in circulation, and the way knowledge was stored and shared "
-        "changed for good."), 72),
+    (
+        "summary",
+        (
+            "Summarise in two sentences: The printing press, invented by Johannes Gutenberg around "
+            "1440, "
+            "made books cheaper and faster to produce. Literacy spread across Europe, scientific "
+            "ideas "
+            "travelled further, and the Reformation used pamphlets to reach ordinary people. "
+            "Within fifty "
+            "years millions of books were in circulation, and the way knowledge was stored and "
+            "shared "
+            "changed for good."
+        ),
+        72,
+    ),
     ("one-word", "Answer with one word: is water wet?", 4),
     ("poem", "Write a four-line poem about autumn leaves.", 56),
     ("explain", "Explain to a ten-year-old why the sky is blue.", 112),
@@ -81,11 +102,15 @@ class CompanionPicker:
 
 
 def _mixed_pool(scenario: Scenario) -> list[Probe]:
-    # A load.companions file was read, checked and sampled with the scenario (kevload.inputs.datasets).
+    # A load.companions file was read, checked and sampled with the scenario
+    # (kevload.inputs.datasets).
     for dataset in scenario.datasets:
         if dataset.role == "companion":
             return list(dataset.items)
-    return [Probe(id=f"companion:{name}", prompt=text, max_tokens=tokens) for name, text, tokens in BUILTIN_COMPANIONS]
+    return [
+        Probe(id=f"companion:{name}", prompt=text, max_tokens=tokens)
+        for name, text, tokens in BUILTIN_COMPANIONS
+    ]
 
 
 def _prefix_pool(probe: Probe, lengths: Sequence[int]) -> list[Companion]:
@@ -103,5 +128,9 @@ def _needle_pool(length: int) -> list[Companion]:
     pool = []
     for _i, (name, text, _tokens) in enumerate(BUILTIN_COMPANIONS[:6]):
         body = (_FILLER * (length // len(_FILLER) + 1))[: max(length - len(text), 0)]
-        pool.append(Companion(Probe(id=f"companion:long-{name}", prompt=body + "\n\n" + text, max_tokens=64)))
+        pool.append(
+            Companion(
+                Probe(id=f"companion:long-{name}", prompt=body + "\n\n" + text, max_tokens=64)
+            )
+        )
     return pool

@@ -27,7 +27,9 @@ class CancelPlan:
     seed: int
 
     @classmethod
-    def of(cls, share: float, after_s: float | None, after_tokens: int | None, seed: int) -> CancelPlan | None:
+    def of(
+        cls, share: float, after_s: float | None, after_tokens: int | None, seed: int
+    ) -> CancelPlan | None:
         """The plan of a [load] table; None when it cuts nothing."""
         if share <= 0 or (after_s is None and after_tokens is None):
             return None
@@ -38,5 +40,7 @@ class CancelPlan:
 
         A hash, not a random stream: the choice does not depend on how many were asked before (a resume, a
         retry) nor move the seeded companion picker."""
-        digest = hashlib.sha256(f"{self.seed}\0{probe}\0{level}\0{worker}\0{sample}".encode()).digest()
-        return int.from_bytes(digest[:8], "big") / 2 ** 64 < self.share
+        digest = hashlib.sha256(
+            f"{self.seed}\0{probe}\0{level}\0{worker}\0{sample}".encode()
+        ).digest()
+        return int.from_bytes(digest[:8], "big") / 2**64 < self.share

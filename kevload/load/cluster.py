@@ -18,7 +18,9 @@ from typing import Any
 from kevload.errors import InputError
 
 LOCAL = "local"  # start a Ray instance on this machine for the run, stopped with it
-AUTO = "auto"  # the cluster this machine already belongs to (RAY_ADDRESS or the one `ray start` left)
+AUTO = (
+    "auto"  # the cluster this machine already belongs to (RAY_ADDRESS or the one `ray start` left)
+)
 _REACH_S = 5.0
 
 
@@ -27,7 +29,9 @@ def import_ray(option: str = "--ray") -> Any:
     try:
         import ray
     except ImportError as exc:
-        raise InputError(f"{option} needs Ray, which is not installed: pip install 'kevload[ray]' ({exc})") from None
+        raise InputError(
+            f"{option} needs Ray, which is not installed: pip install 'kevload[ray]' ({exc})"
+        ) from None
     return ray
 
 
@@ -41,10 +45,15 @@ def connect(address: str, option: str = "--ray") -> Iterator[Any]:
     ray = import_ray(option)
     if not address:
         raise InputError(f"{option}: expected 'local', 'auto' or a cluster address host:port")
-    # This kevload travels with the job (py_modules): every node runs the driver's code, whatever kevload it
+    # This kevload travels with the job (py_modules): every node runs the driver's code, whatever
+    # kevload it
     # has installed, so the objects driver and actors pickle between them match.
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False,
-                              "runtime_env": {"py_modules": [str(Path(__file__).resolve().parents[1])]}}
+    kwargs: dict[str, Any] = {
+        "include_dashboard": False,
+        "log_to_driver": False,
+        "configure_logging": False,
+        "runtime_env": {"py_modules": [str(Path(__file__).resolve().parents[1])]},
+    }
     if address == LOCAL:
         kwargs["num_cpus"] = os.cpu_count() or 1
     else:
@@ -55,9 +64,12 @@ def connect(address: str, option: str = "--ray") -> Iterator[Any]:
     try:
         ray.init(**kwargs)
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise InputError(f"{option} {address}: cannot connect to a Ray cluster there ({_first_line(exc)})") from None
+        raise InputError(
+            f"{option} {address}: cannot connect to a Ray cluster there ({_first_line(exc)})"
+        ) from None
     finally:
-        # ray.init installs a SIGTERM handler that exits at once; kevload's own (a stop that keeps what was
+        # ray.init installs a SIGTERM handler that exits at once; kevload's own (a stop that keeps
+        # what was
         # collected, exit 143) stays.
         if sigterm is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, sigterm)
@@ -69,13 +81,19 @@ def connect(address: str, option: str = "--ray") -> Iterator[Any]:
 
 def _reachable(address: str, option: str) -> None:
     host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:  # socket raises OverflowError past 65535
-        raise InputError(f"{option} {address}: expected 'local', 'auto' or a cluster address host:port "
-                         "(a port from 1 to 65535)")
+    if (
+        not host or not port.isdigit() or not 1 <= int(port) <= 65535
+    ):  # socket raises OverflowError past 65535
+        raise InputError(
+            f"{option} {address}: expected 'local', 'auto' or a cluster address host:port "
+            "(a port from 1 to 65535)"
+        )
     try:
         socket.create_connection((host, int(port)), timeout=_REACH_S).close()
     except OSError as exc:
-        raise InputError(f"{option} {address}: no Ray cluster answers there ({exc.strerror or exc})") from None
+        raise InputError(
+            f"{option} {address}: no Ray cluster answers there ({exc.strerror or exc})"
+        ) from None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -33,14 +33,16 @@ from kevload.wire.client import Client
 
 # How long in-flight requests may finish after a stop was asked for before they are cancelled.
 STOP_GRACE_S = 2.0
-# How often a worker with no probe slot of its own asks its level whether the level's probes are done.
+# How often a worker with no probe slot of its own asks its level whether the level's probes are
+# done.
 _PROBES_DONE_POLL_S = 0.05
 # The fewest counted probe errors that abort a run (``ErrorShare``), whatever their share.
 _ABORT_MIN_ERRORS = 20
 
 # (probe id, concurrency or None, rate or None) → counted probe samples a run already has.
 LevelKey = tuple[str, int | None, float | None]
-# A counted probe answer as the stop rule of load.until_bound sees it: (sha256, finish_reason), None for an error.
+# A counted probe answer as the stop rule of load.until_bound sees it: (sha256, finish_reason), None
+# for an error.
 Answer = tuple[str | None, str | None] | None
 
 
@@ -49,10 +51,19 @@ def level_key(probe: str, concurrency: int, rate: float | None) -> LevelKey:
     return (probe, None, rate) if rate is not None else (probe, concurrency, None)
 
 
-def run(scenario: Scenario, client: Client, *, run_id: str, stop: asyncio.Event | None = None,
-        already: dict[LevelKey, int] | None = None, first_seq: int = 0, part: int = 0,
-        answers: dict[LevelKey, list[Answer]] | None = None, team: Alone | None = None,
-        cache: CacheControl | None = None) -> RecordStream:
+def run(
+    scenario: Scenario,
+    client: Client,
+    *,
+    run_id: str,
+    stop: asyncio.Event | None = None,
+    already: dict[LevelKey, int] | None = None,
+    first_seq: int = 0,
+    part: int = 0,
+    answers: dict[LevelKey, list[Answer]] | None = None,
+    team: Alone | None = None,
+    cache: CacheControl | None = None,
+) -> RecordStream:
     """Every probe at every level; ``async for record in run(…)`` as requests finish.
 
     ``already`` holds the counted probe samples a resumed run has per level; only the missing
@@ -64,8 +75,20 @@ def run(scenario: Scenario, client: Client, *, run_id: str, stop: asyncio.Event 
     this run one of several workers sharing each level (``kevload.load.workers``); alone by default. ``cache`` makes
     each probe sample cold or warm (``load.prefix_cache``).
     """
-    return RecordStream(_Run(scenario, client, run_id, stop or asyncio.Event(), already or {}, first_seq,
-                                part, answers or {}, team or Alone(), cache))
+    return RecordStream(
+        _Run(
+            scenario,
+            client,
+            run_id,
+            stop or asyncio.Event(),
+            already or {},
+            first_seq,
+            part,
+            answers or {},
+            team or Alone(),
+            cache,
+        )
+    )
 
 
 class Alone:
@@ -129,31 +152,60 @@ class _Run:
     """One run: its probes at every level in turn, the stream of records, the stop and the stop condition, and the
     drain that ends each level."""
 
-    def __init__(self, scenario: Scenario, client: Client, run_id: str, stop: asyncio.Event,
-                 already: dict[LevelKey, int], first_seq: int, part: int, answers: dict[LevelKey, list[Answer]],
-                 team: Alone, cache: CacheControl | None = None):
+    def __init__(
+        self,
+        scenario: Scenario,
+        client: Client,
+        run_id: str,
+        stop: asyncio.Event,
+        already: dict[LevelKey, int],
+        first_seq: int,
+        part: int,
+        answers: dict[LevelKey, list[Answer]],
+        team: Alone,
+        cache: CacheControl | None = None,
+    ):
         self.team = team
         self.level: Level | None = None  # the level running now (one at a time)
         self.pools = [companions_for(probe, scenario) for probe in scenario.probes]
         self.scenario = scenario
         self.load = scenario.load
-        self.sender = Sender(scenario, client, run_id=run_id, part=part, first_seq=first_seq, worker=team.worker,
-                             workers=team.workers, hear_stop=self.halted, stop=stop, cache=cache)
+        self.sender = Sender(
+            scenario,
+            client,
+            run_id=run_id,
+            part=part,
+            first_seq=first_seq,
+            worker=team.worker,
+            workers=team.workers,
+            hear_stop=self.halted,
+            stop=stop,
+            cache=cache,
+        )
         self.stop = stop
         self.already = already
         self.answers = answers
-        # Per probe: the serial (first) level's modal answer, which later levels' answers are held against.
+        # Per probe: the serial (first) level's modal answer, which later levels' answers are held
+        # against.
         self.references: dict[str, Hashable | None] = {}
         self.errors = ErrorShare(self.load.max_error_share)
-        self.cancels = CancelPlan.of(self.load.cancel_share, self.load.cancel_after_s, self.load.cancel_after_tokens,
-                                     self.load.seed)
+        self.cancels = CancelPlan.of(
+            self.load.cancel_share,
+            self.load.cancel_after_s,
+            self.load.cancel_after_tokens,
+            self.load.seed,
+        )
         self.aborted = False
-        self._stopped_at: float | None = None  # one grace period from the stop, however many groups wait
+        self._stopped_at: float | None = (
+            None  # one grace period from the stop, however many groups wait
+        )
         self._ready: collections.deque[Record] = collections.deque()
         self._wake = asyncio.Event()
 
     async def records(self) -> AsyncIterator[Record]:
-        async with aclosing(self.batches()) as batches:  # closed with this stream: its driver is torn down at once
+        async with aclosing(
+            self.batches()
+        ) as batches:  # closed with this stream: its driver is torn down at once
             async for batch in batches:
                 for record in batch:
                     yield record
@@ -176,7 +228,9 @@ class _Run:
                 await self._wake.wait()
             try:
                 driver.result()  # a bug in a sender surfaces here rather than vanishing
-            except BaseExceptionGroup as group:  # a level's task group: the bug itself, as without a group
+            except (
+                BaseExceptionGroup
+            ) as group:  # a level's task group: the bug itself, as without a group
                 raise _first(group) from None
         finally:
             if not driver.done():
@@ -186,15 +240,22 @@ class _Run:
     async def _drive(self) -> None:
         load = self.load
         for index, probe in enumerate(self.scenario.probes):
-            # Workers pick from their own seeded sequences, so they do not send the same companions in step.
-            picker = CompanionPicker(self.pools[index], seed=load.seed + index + 7919 * self.team.worker)
-            # Open-loop rates replace the closed-loop concurrency levels when they are given; a trace's levels
+            # Workers pick from their own seeded sequences, so they do not send the same companions
+            # in step.
+            picker = CompanionPicker(
+                self.pools[index], seed=load.seed + index + 7919 * self.team.worker
+            )
+            # Open-loop rates replace the closed-loop concurrency levels when they are given; a
+            # trace's levels
             # follow them, so the serial level c=1 is the reference its probes are held against.
-            levels = [_OpenLevel(self, probe, rate, picker) for rate in load.rate] or \
-                [_ClosedLevel(self, probe, c, picker) for c in load.concurrency]
+            levels = [_OpenLevel(self, probe, rate, picker) for rate in load.rate] or [
+                _ClosedLevel(self, probe, c, picker) for c in load.concurrency
+            ]
             if (trace := trace_of(self.scenario.datasets)) is not None:
-                levels += [_OpenLevel(self, probe, trace.rate(speedup), picker, speedup=speedup)
-                           for speedup in load.trace_speedup]
+                levels += [
+                    _OpenLevel(self, probe, trace.rate(speedup), picker, speedup=speedup)
+                    for speedup in load.trace_speedup
+                ]
             for level in levels:
                 if self.halted():
                     return
@@ -218,20 +279,31 @@ class _Run:
         try:
             while pending and not self.stop.is_set():
                 timeout = None if deadline is None else max(deadline - loop.time(), 0.0)
-                done, pending = await asyncio.wait(pending | {stop_wait}, timeout=timeout,
-                                                   return_when=asyncio.FIRST_COMPLETED)
+                done, pending = await asyncio.wait(
+                    pending | {stop_wait}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
                 pending.discard(stop_wait)
                 for task in done - {stop_wait}:
                     task.result()  # a worker's bug surfaces here rather than vanishing
                 if pending and deadline is not None and loop.time() >= deadline:
-                    await self._cut(pending, Cut(f"cut: still in flight {cut_after:g} s after the level's probes "
-                                                 "were done"))
+                    await self._cut(
+                        pending,
+                        Cut(
+                            f"cut: still in flight {cut_after:g} s after the level's probes "
+                            "were done"
+                        ),
+                    )
                     pending = set()
             if pending:
                 if self._stopped_at is None:
                     self._stopped_at = loop.time()
-                await asyncio.wait(pending, timeout=max(self._stopped_at + STOP_GRACE_S - loop.time(), 0.0))
-                await self._cut(pending, Cut(f"cut: still in flight {STOP_GRACE_S:g} s after the stop", stop=True))
+                await asyncio.wait(
+                    pending, timeout=max(self._stopped_at + STOP_GRACE_S - loop.time(), 0.0)
+                )
+                await self._cut(
+                    pending,
+                    Cut(f"cut: still in flight {STOP_GRACE_S:g} s after the stop", stop=True),
+                )
         finally:
             stop_wait.cancel()
 
@@ -263,12 +335,22 @@ class _Run:
 
         async def send(role: Role, item: Probe, sample: int, **when: Any) -> None:
             plan = self.cancels
-            cut = plan is not None and role == COMPANION and plan.chosen(probe.id, label, self.team.worker, sample)
+            cut = (
+                plan is not None
+                and role == COMPANION
+                and plan.chosen(probe.id, label, self.team.worker, sample)
+            )
             cancel = plan.at if cut else None
             if item.turns is None:
-                self._note(level, role, await self.sender.send(level, cell, role, item, sample, cancel=cancel, **when))
+                self._note(
+                    level,
+                    role,
+                    await self.sender.send(level, cell, role, item, sample, cancel=cancel, **when),
+                )
                 return
-            async for record in self.sender.converse(level, cell, role, item, sample, cancel=cancel, **when):
+            async for record in self.sender.converse(
+                level, cell, role, item, sample, cancel=cancel, **when
+            ):
                 self._note(level, role, record)
 
         return send
@@ -303,14 +385,27 @@ class _ClosedLevel:
         if load.until_bound is None:
             if run.level_done(first):
                 return
-            plan = ClosedLoop(concurrency, load.samples - first, companions=bool(picker), warmup=load.warmup,
-                              ramp_s=load.ramp_s, duration=load.duration)
+            plan = ClosedLoop(
+                concurrency,
+                load.samples - first,
+                companions=bool(picker),
+                warmup=load.warmup,
+                ramp_s=load.ramp_s,
+                duration=load.duration,
+            )
         else:
-            # The serial level holds its answers against its own first one; later levels against its modal answer.
-            plan = ClosedLoop(concurrency, load.samples, companions=bool(picker), warmup=load.warmup,
-                              ramp_s=load.ramp_s, until=UntilBound(load.until_bound, load.samples, load.max_samples),
-                              reference=None if serial else run.references.get(probe.id),
-                              prior=run.answers.get(key, ()))
+            # The serial level holds its answers against its own first one; later levels against its
+            # modal answer.
+            plan = ClosedLoop(
+                concurrency,
+                load.samples,
+                companions=bool(picker),
+                warmup=load.warmup,
+                ramp_s=load.ramp_s,
+                until=UntilBound(load.until_bound, load.samples, load.max_samples),
+                reference=None if serial else run.references.get(probe.id),
+                prior=run.answers.get(key, ()),
+            )
         if plan.wants_samples:
             await self._slots(plan, first=first)
         if serial:
@@ -326,13 +421,16 @@ class _ClosedLevel:
         for i in range(plan.warmup if run.team.warms_up else 0):
             if run.halted():
                 break
-            # A warm-up in flight at a stop gets the grace any request in flight gets, not target.timeout.
+            # A warm-up in flight at a stop gets the grace any request in flight gets, not
+            # target.timeout.
             async with asyncio.TaskGroup() as group:
                 await run.wait([group.create_task(send(WARMUP, probe, i))], cut_after=None)
         samples = {PROBE: first, COMPANION: 0}
-        # The ramp-up and a timed level run from here, after the warm-ups; one start for every worker.
+        # The ramp-up and a timed level run from here, after the warm-ups; one start for every
+        # worker.
         start = await run.team.start(level, 0.0)
-        # Every worker's slots start at that one moment, so the level is full from its first sends on every host.
+        # Every worker's slots start at that one moment, so the level is full from its first sends
+        # on every host.
         await asyncio.sleep(max(start - time.perf_counter(), 0.0))
 
         async def slot(role: Role) -> None:
@@ -356,10 +454,16 @@ class _ClosedLevel:
             for role in slots:
                 tasks[role].append(group.create_task(slot(role)))
             if not tasks[PROBE]:
-                # No probe slot here (another worker runs it): the level's probes are done when it ends these
-                # companions (its probe slots closed, or the hold released); the cut counts from then, not from
+                # No probe slot here (another worker runs it): the level's probes are done when it
+                # ends these
+                # companions (its probe slots closed, or the hold released); the cut counts from
+                # then, not from
                 # this worker's start.
-                while not run.stop.is_set() and level.next(COMPANION) and not all(t.done() for t in tasks[COMPANION]):
+                while (
+                    not run.stop.is_set()
+                    and level.next(COMPANION)
+                    and not all(t.done() for t in tasks[COMPANION])
+                ):
                     await asyncio.wait(tasks[COMPANION], timeout=_PROBES_DONE_POLL_S)
             await run.drain(tasks[PROBE], tasks[COMPANION])
         await run.team.end(level)
@@ -373,9 +477,18 @@ class _OpenLevel:
     one; each record keeps its scheduled time, and lateness is reported per cell.
     """
 
-    def __init__(self, run: _Run, probe: Probe, rate: float, picker: CompanionPicker, speedup: float | None = None):
+    def __init__(
+        self,
+        run: _Run,
+        probe: Probe,
+        rate: float,
+        picker: CompanionPicker,
+        speedup: float | None = None,
+    ):
         self.run, self.probe, self.rate, self.picker = run, probe, rate, picker
-        self.speedup = speedup  # a trace level's (kevload.inputs.trace): its rate is the replay's mean rate
+        self.speedup = (
+            speedup  # a trace level's (kevload.inputs.trace): its rate is the replay's mean rate
+        )
 
     async def __call__(self) -> None:
         run, probe, picker = self.run, self.probe, self.picker
@@ -387,10 +500,20 @@ class _OpenLevel:
         trace = trace_of(run.scenario.datasets)
         if self.speedup is not None and trace is not None:
             # The closed-loop levels before it sent the warm-ups; its length is the trace's.
-            plan: OpenLoop = TraceLoop(trace, self.speedup, needed=load.samples - first, ramp_s=load.ramp_s)
+            plan: OpenLoop = TraceLoop(
+                trace, self.speedup, needed=load.samples - first, ramp_s=load.ramp_s
+            )
         else:
-            plan = OpenLoop(rate, needed=load.samples - first, companions=bool(picker), arrival=load.arrival,
-                            seed=load.seed, warmup=load.warmup, duration=load.duration, ramp_s=load.ramp_s)
+            plan = OpenLoop(
+                rate,
+                needed=load.samples - first,
+                companions=bool(picker),
+                arrival=load.arrival,
+                seed=load.seed,
+                warmup=load.warmup,
+                duration=load.duration,
+                ramp_s=load.ramp_s,
+            )
         cap = asyncio.Semaphore(load.max_in_flight) if load.max_in_flight else None
         level, _ = run.team.level(plan)
         run.level = level
@@ -401,13 +524,16 @@ class _OpenLevel:
 
         async def one(role: str, item: Probe, sample: int, at: float, scheduled: float) -> None:
             try:
-                if not run.halted():  # a stop (or an abort) between this task's making and its first step
+                if (
+                    not run.halted()
+                ):  # a stop (or an abort) between this task's making and its first step
                     await send(role, item, sample, at=at, t_scheduled=scheduled)
             finally:
                 if cap is not None:
                     cap.release()
 
-        # A stop ends the wait for the next arrival (or for room under the cap) at once: at a low rate the next
+        # A stop ends the wait for the next arrival (or for room under the cap) at once: at a low
+        # rate the next
         # one may be minutes away, and it is never sent.
         stopped = asyncio.ensure_future(run.stop.wait())
         async with asyncio.TaskGroup() as group:
@@ -417,15 +543,22 @@ class _OpenLevel:
                 role = planned.role
                 sample = samples[role]
                 if role != WARMUP:
-                    samples[role] += 1  # every worker numbers every arrival: sample numbers stay those of one process
+                    samples[role] += (
+                        1  # every worker numbers every arrival: sample numbers stay those of one process
+                    )
                 if not run.team.mine(arrival):
                     continue
                 scheduled = start + planned.at
-                if not await _sleep_until(scheduled, stopped) or cap is not None and not await _acquire(cap, stopped):
+                if (
+                    not await _sleep_until(scheduled, stopped)
+                    or cap is not None
+                    and not await _acquire(cap, stopped)
+                ):
                     break
                 item = planned.item or (picker.next().item if role == COMPANION else probe)
                 task = group.create_task(one(role, item, sample, planned.at, scheduled))
-                # The group awaits every request; these sets only say which are still in flight, for the drain.
+                # The group awaits every request; these sets only say which are still in flight, for
+                # the drain.
                 live = tasks[PROBE if role == PROBE else COMPANION]
                 live.add(task)
                 task.add_done_callback(live.discard)
@@ -448,7 +581,9 @@ class ErrorShare:
         """A counted probe's outcome; True when the run must stop now."""
         self.probes += 1
         self.errors += not ok
-        return not ok and self.errors >= _ABORT_MIN_ERRORS and self.errors / self.probes > self.limit
+        return (
+            not ok and self.errors >= _ABORT_MIN_ERRORS and self.errors / self.probes > self.limit
+        )
 
 
 def _first(group: BaseExceptionGroup) -> BaseException:

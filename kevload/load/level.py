@@ -49,7 +49,8 @@ class Level:
     this one's slots keep the level full with uncounted sends after its own plan is done, until ``release_hold``.
     """
 
-    # What worker processes share, by name, with the plan's COUNTERS (halted is the run's own flag; held and
+    # What worker processes share, by name, with the plan's COUNTERS (halted is the run's own flag;
+    # held and
     # done_here are each worker's).
     STATE = ("in_flight",)
 
@@ -59,9 +60,13 @@ class Level:
         self.in_flight = 0
         self.halted = False
         self.held = held
-        self.released = False  # the hold was let go: every worker's plan is done, so is the level here
+        self.released = (
+            False  # the hold was let go: every worker's plan is done, so is the level here
+        )
         self.done_here = False  # this worker's own plan is done: nothing of it counts any more
-        self.on_done: Callable[[], None] | None = None  # told once done_here is set (a Ray actor tells the others)
+        self.on_done: Callable[[], None] | None = (
+            None  # told once done_here is set (a Ray actor tells the others)
+        )
 
     def next(self, role: Role, at: float = 0.0) -> bool:
         """Whether the closed-loop slot of ``role`` sends again ``at`` seconds into the level."""

@@ -33,11 +33,14 @@ from kevload.records.store import Record
 CacheState = Literal["cold", "warm"]
 # The server's own resets, in the order "auto" tries them: (method, path).
 RESETS = (("reset_prefix_cache", "/reset_prefix_cache"), ("flush_cache", "/flush_cache"))
-# A probe's k-th round under the marker method is its own cell: ``<probe>@r<k>`` (its input differs per round).
+# A probe's k-th round under the marker method is its own cell: ``<probe>@r<k>`` (its input differs
+# per round).
 _ROUND_ID = re.compile(r"^(?P<probe>.*)@r(?P<round>\d+)$")
 _PROBE_TIMEOUT_S = 10.0
-# A reset's or /props' answer is read whole up to these sizes (SGLang's reset answer is 150 bytes; llama.cpp's
-# /props a few KiB, more with a long chat template): a larger one is judged too large, never read from a cut.
+# A reset's or /props' answer is read whole up to these sizes (SGLang's reset answer is 150 bytes;
+# llama.cpp's
+# /props a few KiB, more with a long chat template): a larger one is judged too large, never read
+# from a cut.
 MAX_RESET_BYTES = 64 << 10
 MAX_PROPS_BYTES = 4 << 20
 # How SGLang's /flush_cache opens its plain-text answer when it flushed (it refuses with a 400).
@@ -98,8 +101,10 @@ class CacheControl:
             path = dict(RESETS)[self.method.name]
             ok, said = await _post(self.root + path, self.headers, self.timeout)
             if not ok:
-                raise CacheResetError(f"prefix cache reset failed mid-run: POST {path} answered {said}; the next "
-                                      "sample could not be made cold (load.cache_reset)")
+                raise CacheResetError(
+                    f"prefix cache reset failed mid-run: POST {path} answered {said}; the next "
+                    "sample could not be made cold (load.cache_reset)"
+                )
         return {}
 
 
@@ -113,30 +118,46 @@ async def pick_method(scenario: Scenario, api_key: str | None) -> Method:
     asked = scenario.load.cache_reset
     root, headers = origin(scenario.target.base_url), _headers(scenario, api_key)
     if asked == "marker":
-        return Method("marker", "load.cache_reset = \"marker\": a fresh marker opens the probe in every round")
+        return Method(
+            "marker", 'load.cache_reset = "marker": a fresh marker opens the probe in every round'
+        )
     tried = []
     for name, path in RESETS:
         if asked not in ("auto", name):
             continue
         ok, said = await _post(root + path, headers, _PROBE_TIMEOUT_S)
         if ok:
-            return Method(name, f"POST {path} answered {said}" + (" (load.cache_reset = \"auto\")" if asked == "auto"
-                                                                   else ""))
+            return Method(
+                name,
+                f"POST {path} answered {said}"
+                + (' (load.cache_reset = "auto")' if asked == "auto" else ""),
+            )
         tried.append(f"POST {path} answered {said}")
     if asked == "auto" and "cache_prompt" in scenario.params:
-        # The user's cache_prompt is theirs: overriding it on warm samples would measure a cache they turned off.
+        # The user's cache_prompt is theirs: overriding it on warm samples would measure a cache
+        # they turned off.
         tried.append("[params] sets cache_prompt itself; sent as written")
     elif asked in ("auto", "cache_prompt"):
         ok, said = await _llamacpp(root, headers)
         if ok or asked == "cache_prompt":
-            # Named outright it is sent as asked: a llama.cpp behind a proxy that passes only /v1 has no /props.
-            return Method("cache_prompt", ("" if ok else "load.cache_reset = \"cache_prompt\", sent as asked though ")
-                          + f"GET /props {said}: cold samples are sent with cache_prompt: false, warm ones with "
-                          "cache_prompt: true")
+            # Named outright it is sent as asked: a llama.cpp behind a proxy that passes only /v1
+            # has no /props.
+            return Method(
+                "cache_prompt",
+                ("" if ok else 'load.cache_reset = "cache_prompt", sent as asked though ')
+                + f"GET /props {said}: cold samples are sent with cache_prompt: false, warm ones "
+                f"with "
+                "cache_prompt: true",
+            )
         tried.append(f"GET /props {said}")
     if asked != "auto":
-        raise CacheResetError(f"load.cache_reset = {asked!r}: the server has no such reset ({'; '.join(tried)})")
-    return Method("marker", f"no reset found ({'; '.join(tried)}): a fresh marker opens the probe in every round")
+        raise CacheResetError(
+            f"load.cache_reset = {asked!r}: the server has no such reset ({'; '.join(tried)})"
+        )
+    return Method(
+        "marker",
+        f"no reset found ({'; '.join(tried)}): a fresh marker opens the probe in every round",
+    )
 
 
 def marked_rounds(scenario: Scenario, run_id: str) -> Scenario:
@@ -144,11 +165,17 @@ def marked_rounds(scenario: Scenario, run_id: str) -> Scenario:
     and two warm ones, their text opened by a marker no earlier request carried (the run id is new, and the marker
     names the probe: two probes with the same opening, a shared system message, would otherwise share it too)."""
     rounds = scenario.load.samples // 2
-    # The round first, then the probe: a server reuses the longest common prefix (llama.cpp to the token), so rounds
+    # The round first, then the probe: a server reuses the longest common prefix (llama.cpp to the
+    # token), so rounds
     # and probes must part at once.
-    probes = tuple(_marked(probe, f"[round {k} of {probe.id} in {run_id}] ", f"{probe.id}@r{k}")
-                   for probe in scenario.probes for k in range(rounds))
-    return replace(scenario, probes=probes, load=replace(scenario.load, samples=round_length("marker")))
+    probes = tuple(
+        _marked(probe, f"[round {k} of {probe.id} in {run_id}] ", f"{probe.id}@r{k}")
+        for probe in scenario.probes
+        for k in range(rounds)
+    )
+    return replace(
+        scenario, probes=probes, load=replace(scenario.load, samples=round_length("marker"))
+    )
 
 
 def _marked(probe: Probe, marker: str, id: str) -> Probe:
@@ -157,7 +184,11 @@ def _marked(probe: Probe, marker: str, id: str) -> Probe:
     if probe.prompt is not None:
         return replace(probe, id=id, prompt=marker + probe.prompt)
     first = probe.messages[0]
-    return replace(probe, id=id, messages=({**first, "content": marker + first["content"]}, *probe.messages[1:]))
+    return replace(
+        probe,
+        id=id,
+        messages=({**first, "content": marker + first["content"]}, *probe.messages[1:]),
+    )
 
 
 def base_probe(probe: str, method: str) -> str:
@@ -171,7 +202,9 @@ class Side:
     """One state's ok answers, over the rounds compared."""
 
     n: int
-    distinct: int | None  # None under the marker method: each round is another input, so across rounds says nothing
+    distinct: (
+        int | None
+    )  # None under the marker method: each round is another input, so across rounds says nothing
 
 
 @dataclass(frozen=True)
@@ -186,18 +219,28 @@ class ColdWarm:
     cold: Side
     warm: Side
     equal_rounds: int  # compared rounds whose cold answer is their first warm one
-    warm_unstable_rounds: int  # compared rounds whose warm answers disagree among themselves (marker method)
-    # Compared rounds whose cold answer leaves warm ones that agree among themselves: within the round under the
-    # marker, across rounds with the same input (there a round's one warm answer must be every round's).
+    warm_unstable_rounds: (
+        int  # compared rounds whose warm answers disagree among themselves (marker method)
+    )
+    # Compared rounds whose cold answer leaves warm ones that agree among themselves: within the
+    # round under the
+    # marker, across rounds with the same input (there a round's one warm answer must be every
+    # round's).
     cold_differs_rounds: int
-    # True: cold answers leave warm ones that agree among themselves (with the same input every round, cold ones that
-    # agree among themselves too); None: they differ, but the warm answers vary too, or (same input) the cold ones
+    # True: cold answers leave warm ones that agree among themselves (with the same input every
+    # round, cold ones that
+    # agree among themselves too); None: they differ, but the warm answers vary too, or (same input)
+    # the cold ones
     # (the server varies anyway: no claim about its cache); False: cold is warm in every round.
     cache_effect: bool | None
     first_divergence_chars: int | None  # earliest char where a cold answer leaves its warm one
     logprob_rounds: int  # compared rounds with logprobs on the cold and first warm answer
-    logprob_bitwise: bool | None  # every such round's tokens and logprobs bitwise equal (None: no such round)
-    logprob_max_abs_diff: float | None  # over positions before the first differing token (None: no such position)
+    logprob_bitwise: (
+        bool | None
+    )  # every such round's tokens and logprobs bitwise equal (None: no such round)
+    logprob_max_abs_diff: (
+        float | None
+    )  # over positions before the first differing token (None: no such position)
     cached_tokens_cold: int | None  # most prompt tokens the server said it reused for a cold sample
     cached_tokens_warm: int | None  # fewest it said it reused for a warm one (None: it never said)
 
@@ -234,9 +277,15 @@ def _compare(probe: str, rounds: list[Round], method: str) -> ColdWarm:
     contradicted = confirmed = 0
     for cold, warm in rounds:
         said = cold.cached_tokens is not None and all(w.cached_tokens is not None for w in warm)
-        # A warm sample the server says reused nothing is not warm, whatever it said of the cold one.
-        if any(w.cached_tokens is not None and w.cached_tokens <= (cold.cached_tokens or 0) for w in warm):
-            contradicted += 1  # the server says a warm sample hit its cache no more than the cold one: not warm
+        # A warm sample the server says reused nothing is not warm, whatever it said of the cold
+        # one.
+        if any(
+            w.cached_tokens is not None and w.cached_tokens <= (cold.cached_tokens or 0)
+            for w in warm
+        ):
+            contradicted += (
+                1  # the server says a warm sample hit its cache no more than the cold one: not warm
+            )
             continue
         confirmed += said
         kept.append((cold, warm))
@@ -260,22 +309,34 @@ def _compare(probe: str, rounds: list[Round], method: str) -> ColdWarm:
     elif not differs:
         effect = False
     elif same_input:
-        # Every cold answer answers the same input in the same (empty) cache, every warm one likewise: if either side
-        # disagrees among itself the server varies anyway, and a cold answer leaving the warm ones shows nothing.
+        # Every cold answer answers the same input in the same (empty) cache, every warm one
+        # likewise: if either side
+        # disagrees among itself the server varies anyway, and a cold answer leaving the warm ones
+        # shows nothing.
         effect = True if warm_distinct == 1 and len({key(c) for c, _ in kept}) == 1 else None
     else:
-        # Only rounds whose warm answers agree can show the cache; as many unstable ones make it noise.
+        # Only rounds whose warm answers agree can show the cache; as many unstable ones make it
+        # noise.
         effect = True if cold_differs > unstable else None
     return ColdWarm(
-        probe=probe, method=method, rounds=len(kept), contradicted=contradicted, confirmed=confirmed,
+        probe=probe,
+        method=method,
+        rounds=len(kept),
+        contradicted=contradicted,
+        confirmed=confirmed,
         cold=Side(len(kept), len({key(c) for c, _ in kept}) if same_input else None),
         warm=Side(sum(len(w) for _, w in kept), warm_distinct),
-        equal_rounds=equal, warm_unstable_rounds=unstable, cold_differs_rounds=cold_differs, cache_effect=effect,
+        equal_rounds=equal,
+        warm_unstable_rounds=unstable,
+        cold_differs_rounds=cold_differs,
+        cache_effect=effect,
         first_divergence_chars=min(divergence) if divergence else None,
-        logprob_rounds=len(diffs), logprob_bitwise=all(equal for equal, _ in diffs) if diffs else None,
+        logprob_rounds=len(diffs),
+        logprob_bitwise=all(equal for equal, _ in diffs) if diffs else None,
         logprob_max_abs_diff=max(sizes) if sizes else None,
         cached_tokens_cold=max(cold_cached) if cold_cached else None,
-        cached_tokens_warm=min(warm_cached) if warm_cached else None)
+        cached_tokens_warm=min(warm_cached) if warm_cached else None,
+    )
 
 
 def _output(r: Record) -> tuple[str | None, str | None]:
@@ -284,7 +345,9 @@ def _output(r: Record) -> tuple[str | None, str | None]:
 
 
 def _first_diff(a: str, b: str) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
 
 
 def _logprob_diff(cold: Record, warm: Record) -> tuple[bool, float | None] | None:
@@ -318,8 +381,10 @@ def _headers(scenario: Scenario, api_key: str | None) -> dict[str, str]:
 async def _post(url: str, headers: dict[str, str], timeout: float) -> tuple[bool, str]:
     """POST to a reset endpoint: (whether it reset, what it answered, shortened for a line)."""
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session, \
-                session.post(url, headers=headers) as response:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session,
+            session.post(url, headers=headers) as response,
+        ):
             body = await _whole(response, MAX_RESET_BYTES)
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         return False, f"no answer ({type(exc).__name__})"
@@ -361,7 +426,10 @@ def reset_answer(status: int, content_type: str, body: bytes | None) -> tuple[bo
         if text.startswith(_SGLANG_FLUSHED):
             return True, said
         looks_json = text.startswith(("{", "[", '"'))
-        return False, f"{said}: {'JSON that does not parse' if looks_json else 'not a reset answer'}"
+        return (
+            False,
+            f"{said}: {'JSON that does not parse' if looks_json else 'not a reset answer'}",
+        )
     if not isinstance(doc, dict):
         return False, f"{said}: JSON {_json_type(doc)}, not an object"
     success = doc.get("success", True)
@@ -378,8 +446,10 @@ async def _llamacpp(root: str, headers: dict[str, str]) -> tuple[bool, str]:
     """Whether the server is llama.cpp's: its ``/props`` is a JSON object with a ``default_generation_settings``
     object."""
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=_PROBE_TIMEOUT_S)) as session, \
-                session.get(root + "/props", headers=headers) as response:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=_PROBE_TIMEOUT_S)) as session,
+            session.get(root + "/props", headers=headers) as response,
+        ):
             body = await _whole(response, MAX_PROPS_BYTES) if response.status == 200 else b""
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         return False, f"no answer ({type(exc).__name__})"
@@ -395,15 +465,21 @@ def props_answer(status: int, body: bytes | None) -> tuple[bool, str]:
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return False, f"answered 200 {_shown(body.decode('utf-8', 'replace'))}, not llama.cpp's props: not JSON"
+        return (
+            False,
+            f"answered 200 {_shown(body.decode('utf-8', 'replace'))}, not llama.cpp's props: not "
+            f"JSON",
+        )
     if not isinstance(doc, dict):
         return False, f"answered 200 with JSON {_json_type(doc)}, not llama.cpp's props"
     if "default_generation_settings" not in doc:
         return False, "answered 200 without default_generation_settings, not llama.cpp's props"
     settings = doc["default_generation_settings"]
     if not isinstance(settings, dict):
-        return False, (f"answered 200 whose default_generation_settings is a JSON {_json_type(settings)}, not "
-                       "llama.cpp's props")
+        return False, (
+            f"answered 200 whose default_generation_settings is a JSON {_json_type(settings)}, not "
+            "llama.cpp's props"
+        )
     return True, "answered llama.cpp's props"
 
 

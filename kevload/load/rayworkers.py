@@ -49,7 +49,9 @@ from kevload.records.store import RecordWriter, record_line
 
 _BATCH_S = 0.2  # how often the driver collects finished records
 _REPLY_S = 60.0  # an actor that does not answer a drain (or get placed) for this long is lost
-_START_MARGIN_S = 0.1  # a level starts this long after the barrier opens: time for the news to reach every host
+_START_MARGIN_S = (
+    0.1  # a level starts this long after the barrier opens: time for the news to reach every host
+)
 
 
 class KevloadCoordinator:
@@ -74,7 +76,8 @@ class KevloadCoordinator:
         gate = self._gate
         self._arrived += 1
         if self._arrived == self.workers:
-            # Nobody is between a level's start and its last done: the next level's count starts afresh.
+            # Nobody is between a level's start and its last done: the next level's count starts
+            # afresh.
             self._arrived, self._done = 0, 0
             self._start = time.time() + lead + _START_MARGIN_S
             self._gate = asyncio.Event()
@@ -93,8 +96,10 @@ class KevloadCoordinator:
             self._all_done = asyncio.Event()
             gate.set()
         else:
-            await asyncio.wait([asyncio.ensure_future(gate.wait()), asyncio.ensure_future(self._halted.wait())],
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                [asyncio.ensure_future(gate.wait()), asyncio.ensure_future(self._halted.wait())],
+                return_when=asyncio.FIRST_COMPLETED,
+            )
 
     def halt(self) -> None:
         self._calls += 1
@@ -122,7 +127,9 @@ class RayTeam(OneOfN):
     (``full_load_share``, ``samples_never_full``).
     """
 
-    def __init__(self, worker: int, workers: int, coordinator: Any, offset: float, stop: asyncio.Event):
+    def __init__(
+        self, worker: int, workers: int, coordinator: Any, offset: float, stop: asyncio.Event
+    ):
         super().__init__(worker, workers)
         self._coordinator = coordinator
         self._offset = offset  # this host's perf_counter → Unix time
@@ -133,10 +140,14 @@ class RayTeam(OneOfN):
         if not isinstance(plan, ClosedLoop):
             return Level(plan), ()
         slots = self.slots(plan)
-        mine = copy.copy(plan)  # the level's plan with this actor's share of its samples; the rest is the same
+        mine = copy.copy(
+            plan
+        )  # the level's plan with this actor's share of its samples; the rest is the same
         mine.needed = quota(plan.needed, plan.slots.count(PROBE), self.worker, self.workers)
         level = Level(mine, elsewhere=plan.concurrency - len(slots), held=self.workers > 1)
-        level.done_here = PROBE not in slots  # an actor with no probe slot has nothing of its own to finish
+        level.done_here = (
+            PROBE not in slots
+        )  # an actor with no probe slot has nothing of its own to finish
         return level, slots
 
     async def start(self, level: Level, lead: float) -> float:
@@ -173,14 +184,26 @@ def quota(needed: int, probe_slots: int, worker: int, workers: int) -> int:
     (dealt round-robin, as ``slots_of`` deals them) one more where they do not divide evenly."""
     if not probe_slots:
         return 0
-    return sum(needed // probe_slots + (slot < needed % probe_slots) for slot in range(worker, probe_slots, workers))
+    return sum(
+        needed // probe_slots + (slot < needed % probe_slots)
+        for slot in range(worker, probe_slots, workers)
+    )
 
 
 class KevloadWorker:
     """One worker (an async Ray actor): runs the engine with a ``RemoteShare``, keeps finished records for ``drain``."""
 
-    def __init__(self, worker: int, workers: int, scenario: Scenario, run_id: str,
-                 already: dict[engine.LevelKey, int], first_seq: int, part: int, coordinator: Any):
+    def __init__(
+        self,
+        worker: int,
+        workers: int,
+        scenario: Scenario,
+        run_id: str,
+        already: dict[engine.LevelKey, int],
+        first_seq: int,
+        part: int,
+        coordinator: Any,
+    ):
         self.worker, self.workers = worker, workers
         self.scenario, self.run_id = scenario, run_id
         self.already, self.first_seq, self.part = already, first_seq, part
@@ -197,13 +220,25 @@ class KevloadWorker:
         from kevload.wire.client import Client
 
         cap = self.scenario.load.max_in_flight
-        mine = replace(self.scenario, load=replace(self.scenario.load,
-                                                   max_in_flight=cap_of(cap, self.worker, self.workers)))
-        offset = clock_offset()  # this host's own: records carry Unix times from the host that sent them
+        mine = replace(
+            self.scenario,
+            load=replace(self.scenario.load, max_in_flight=cap_of(cap, self.worker, self.workers)),
+        )
+        offset = (
+            clock_offset()
+        )  # this host's own: records carry Unix times from the host that sent them
         client = Client(mine.target, mine.api_key())
         team = RayTeam(self.worker, self.workers, self.coordinator, offset, self._stop)
-        stream = engine.run(mine, client, run_id=self.run_id, stop=self._stop, already=self.already,
-                            first_seq=self.first_seq, part=self.part, team=team)
+        stream = engine.run(
+            mine,
+            client,
+            run_id=self.run_id,
+            stop=self._stop,
+            already=self.already,
+            first_seq=self.first_seq,
+            part=self.part,
+            team=team,
+        )
         watcher = asyncio.create_task(self._watch())
         count = 0
         try:
@@ -233,12 +268,23 @@ def check_cluster(ray: Any, scenario: Scenario) -> None:
     """Refuse a run the cluster has no room for, before anything is written: each worker actor takes one CPU."""
     cpus = ray.cluster_resources().get("CPU", 0)
     if cpus < scenario.load.workers:
-        raise InputError(f"--ray: load.workers = {scenario.load.workers}, but the cluster has {cpus:g} CPUs "
-                         "(each worker actor takes one)")
+        raise InputError(
+            f"--ray: load.workers = {scenario.load.workers}, but the cluster has {cpus:g} CPUs "
+            "(each worker actor takes one)"
+        )
 
 
-async def run_ray(ray: Any, scenario: Scenario, run_dir: Path, *, run_id: str, stop: asyncio.Event,
-                  already: dict[engine.LevelKey, int], first_seq: int, part: int) -> RayRun:
+async def run_ray(
+    ray: Any,
+    scenario: Scenario,
+    run_dir: Path,
+    *,
+    run_id: str,
+    stop: asyncio.Event,
+    already: dict[engine.LevelKey, int],
+    first_seq: int,
+    part: int,
+) -> RayRun:
     """Run the scenario on ``load.workers`` actors of the connected cluster; returns once all have ended.
 
     Each result carries the node its actor ran on. A lost actor (its process or node died, or it stopped
@@ -246,22 +292,29 @@ async def run_ray(ray: Any, scenario: Scenario, run_dir: Path, *, run_id: str, s
     """
     workers = scenario.load.workers
     coordinator = ray.remote(KevloadCoordinator).options(num_cpus=0).remote(workers)
-    # SPREAD: one actor per node where it can, so the workers add hosts' cores rather than share one host's.
+    # SPREAD: one actor per node where it can, so the workers add hosts' cores rather than share one
+    # host's.
     actor = ray.remote(KevloadWorker).options(num_cpus=1, scheduling_strategy="SPREAD")
-    actors = [actor.remote(w, workers, scenario, run_id, already, first_seq, part, coordinator)
-              for w in range(workers)]
+    actors = [
+        actor.remote(w, workers, scenario, run_id, already, first_seq, part, coordinator)
+        for w in range(workers)
+    ]
     try:
         nodes = await asyncio.wait_for(asyncio.gather(*(a.node.remote() for a in actors)), _REPLY_S)
     except (TimeoutError, ray.exceptions.RayError) as exc:
         _kill(ray, [coordinator, *actors])
-        raise ClusterError(f"--ray: the cluster did not start {workers} worker actors in {_REPLY_S:g} s "
-                           f"({_why(exc)})") from None
+        raise ClusterError(
+            f"--ray: the cluster did not start {workers} worker actors in {_REPLY_S:g} s "
+            f"({_why(exc)})"
+        ) from None
     runs = {actor.run.remote(): w for w, actor in enumerate(actors)}
     results: dict[int, WorkerResult] = {}
     drained: set[int] = set()  # actors whose last records are on disk (or that are lost)
     files = [RecordWriter(run_dir / records_name(w)) for w in range(workers)]
-    # The stop's time, taken before any actor can hear of it, in the records' terms (perf_counter plus an offset
-    # measured at the start, as each actor stamps its records): on one host the same clock, whatever NTP does since.
+    # The stop's time, taken before any actor can hear of it, in the records' terms (perf_counter
+    # plus an offset
+    # measured at the start, as each actor stamps its records): on one host the same clock, whatever
+    # NTP does since.
     offset = clock_offset()
     halted_at: float | None = None
 
@@ -282,8 +335,10 @@ async def run_ray(ray: Any, scenario: Scenario, run_dir: Path, *, run_id: str, s
     async def collect() -> None:
         """Append each actor's finished records to its file; an actor that ended is drained one last time."""
         live = [w for w in range(workers) if w not in drained]
-        replies = await asyncio.gather(*(asyncio.wait_for(actors[w].drain.remote(), _REPLY_S) for w in live),
-                                       return_exceptions=True)
+        replies = await asyncio.gather(
+            *(asyncio.wait_for(actors[w].drain.remote(), _REPLY_S) for w in live),
+            return_exceptions=True,
+        )
         for w, reply in zip(live, replies, strict=True):
             if isinstance(reply, bytes):
                 files[w].write_lines(reply if halted_at is None else _cut(reply, halted_at))
@@ -305,7 +360,9 @@ async def run_ray(ray: Any, scenario: Scenario, run_dir: Path, *, run_id: str, s
             except ray.exceptions.RayActorError as exc:
                 drained.add(w)
                 end(w, _lost(w, nodes[w], exc))
-            except ray.exceptions.RayTaskError as exc:  # a bug in the worker: shown as the local workers show it
+            except (
+                ray.exceptions.RayTaskError
+            ) as exc:  # a bug in the worker: shown as the local workers show it
                 end(w, WorkerResult(w, 0, False, str(exc), node=nodes[w]))
         await collect()
 
@@ -316,16 +373,27 @@ async def run_ray(ray: Any, scenario: Scenario, run_dir: Path, *, run_id: str, s
             await _wait_stop(stop, _BATCH_S)
             await settle()
     finally:
-        if len(drained) < workers:  # the driver itself was cancelled: stop the actors, keep what they finished
+        if (
+            len(drained) < workers
+        ):  # the driver itself was cancelled: stop the actors, keep what they finished
             halt()
-            await asyncio.wait([asyncio.ensure_future(ref) for ref in runs], timeout=engine.STOP_GRACE_S + 5)
+            await asyncio.wait(
+                [asyncio.ensure_future(ref) for ref in runs], timeout=engine.STOP_GRACE_S + 5
+            )
             await settle()
         for file in files:
             file.close()
         calls = await _calls(ray, coordinator)
         _kill(ray, [coordinator, *actors])
-    return RayRun([replace(results.get(w) or WorkerResult(w, 0, False, node=nodes[w]), records=files[w].count)
-                   for w in range(workers)], calls)
+    return RayRun(
+        [
+            replace(
+                results.get(w) or WorkerResult(w, 0, False, node=nodes[w]), records=files[w].count
+            )
+            for w in range(workers)
+        ],
+        calls,
+    )
 
 
 @dataclass(frozen=True)
@@ -356,7 +424,9 @@ def _cut(lines: bytes, stopped_at: float) -> bytes:
 
 
 def _lost(worker: int, node: str, exc: BaseException) -> WorkerResult:
-    return WorkerResult(worker, 0, False, f"lost on node {node[:12]} ({_why(exc)})", node=node, lost=True)
+    return WorkerResult(
+        worker, 0, False, f"lost on node {node[:12]} ({_why(exc)})", node=node, lost=True
+    )
 
 
 def _why(exc: BaseException) -> str:

@@ -22,14 +22,16 @@ class TraceLoop(OpenLoop):
         self.speedup = speedup
 
     def __iter__(self) -> Iterator[Send]:
-        # Past load.ramp_s (shorter than the replay, kevload.inputs.scenario checks), where every send counts.
+        # Past load.ramp_s (shorter than the replay, kevload.inputs.scenario checks), where every
+        # send counts.
         span = self.trace.span / self.speedup - self.ramp_s
         probes = [self.ramp_s + span * (k + 0.5) / self.needed for k in range(self.needed)]
         arrivals = self.trace.requests
         i = k = 0
         while i < len(arrivals) or k < len(probes):
             due = arrivals[i].offset / self.speedup if i < len(arrivals) else float("inf")
-            # A probe due at the same moment as an arrival goes first: the arrival then joins its batch.
+            # A probe due at the same moment as an arrival goes first: the arrival then joins its
+            # batch.
             if k < len(probes) and probes[k] <= due:
                 yield Send(PROBE, probes[k])
                 k += 1

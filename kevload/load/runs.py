@@ -58,10 +58,16 @@ class RunResult:
     summary: RunSummary
 
 
-async def run_scenario(scenario: Scenario, run_dir: str | os.PathLike[str] | None = None, *,
-                       on_record: Callable[[Record], None] | None = None,
-                       stop: asyncio.Event | None = None, resume: bool = False,
-                       overwrite: bool = False, ray: str | None = None) -> RunResult:
+async def run_scenario(
+    scenario: Scenario,
+    run_dir: str | os.PathLike[str] | None = None,
+    *,
+    on_record: Callable[[Record], None] | None = None,
+    stop: asyncio.Event | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    ray: str | None = None,
+) -> RunResult:
     """Run every probe at every level, writing records as they finish; returns once the summary is on disk.
 
     A directory that already holds a run is refused (``RunDirError``) unless ``resume`` — its records
@@ -75,30 +81,52 @@ async def run_scenario(scenario: Scenario, run_dir: str | os.PathLike[str] | Non
             from kevload.load.workers import check_host
 
             check_host(scenario)
-        return await _run_scenario(scenario, run_dir, on_record=on_record, stop=stop, resume=resume,
-                                   overwrite=overwrite)
+        return await _run_scenario(
+            scenario, run_dir, on_record=on_record, stop=stop, resume=resume, overwrite=overwrite
+        )
     if scenario.load.until_bound is not None:
         raise InputError("--ray: load.until_bound samples in one process; run it without --ray")
     if scenario.load.prefix_cache != "off":
-        raise InputError("--ray: load.prefix_cache sends its rounds in one process; run it without --ray")
+        raise InputError(
+            "--ray: load.prefix_cache sends its rounds in one process; run it without --ray"
+        )
     if resume and RunDir(run_dir).meta()["clock"].get("records") != "unix":
-        raise InputError(f"--ray: {run_dir} was recorded in one process (its own clock); resume it without --ray")
+        raise InputError(
+            f"--ray: {run_dir} was recorded in one process (its own clock); resume it without --ray"
+        )
     from kevload.load import rayworkers
     from kevload.load.cluster import connect
 
-    # Connected before the run directory exists: a cluster that cannot take the run leaves nothing behind.
+    # Connected before the run directory exists: a cluster that cannot take the run leaves nothing
+    # behind.
     with connect(ray) as ray_module:
         rayworkers.check_cluster(ray_module, scenario)
-        return await _run_scenario(scenario, run_dir, on_record=on_record, stop=stop, resume=resume,
-                                   overwrite=overwrite, cluster=(ray, ray_module))
+        return await _run_scenario(
+            scenario,
+            run_dir,
+            on_record=on_record,
+            stop=stop,
+            resume=resume,
+            overwrite=overwrite,
+            cluster=(ray, ray_module),
+        )
 
 
-async def _run_scenario(scenario: Scenario, run_dir: Path | None, *, on_record: Callable[[Record], None] | None,
-                        stop: asyncio.Event | None, resume: bool, overwrite: bool,
-                        cluster: tuple[str, Any] | None = None) -> RunResult:
+async def _run_scenario(
+    scenario: Scenario,
+    run_dir: Path | None,
+    *,
+    on_record: Callable[[Record], None] | None,
+    stop: asyncio.Event | None,
+    resume: bool,
+    overwrite: bool,
+    cluster: tuple[str, Any] | None = None,
+) -> RunResult:
     api_key = scenario.api_key()
-    # Header values are masked by name in run.json (redact); scrubbing them as substrings too would rewrite
-    # prompts that happen to contain a short value, and resume and `cases build` read the prompts from there.
+    # Header values are masked by name in run.json (redact); scrubbing them as substrings too would
+    # rewrite
+    # prompts that happen to contain a short value, and resume and `cases build` read the prompts
+    # from there.
     secrets = [s for s in [api_key, *url_secrets(scenario.target.base_url)] if s]
     client = Client(scenario.target, api_key)
     stop = stop or asyncio.Event()
@@ -112,17 +140,23 @@ async def _run_scenario(scenario: Scenario, run_dir: Path | None, *, on_record: 
         run_dir = run_dir or default_run_dir(run_id=run_id)
         refuse_existing(run_dir, overwrite=overwrite)
         meta, already, first_seq, answers = _run_meta(scenario, run_id, secrets), {}, 0, {}
-    # Before anything is sent or the run directory is made: a reset the server lacks leaves nothing behind.
+    # Before anything is sent or the run directory is made: a reset the server lacks leaves nothing
+    # behind.
     scenario, cache = await _prefix_cache(scenario, meta, api_key, run_id)
-    # One check request decides whether the run asks for per-token logprobs (load.logprobs = "auto"); its prompt is
+    # One check request decides whether the run asks for per-token logprobs (load.logprobs =
+    # "auto"); its prompt is
     # its own, so it warms no probe's cache.
     scenario, meta["logprobs"] = await ask_for_logprobs(scenario, api_key, stop=stop)
     if resume:
         # A run killed mid-write leaves a torn last line; appending after it would bury it mid-file.
         for path in RunDir(run_dir).record_files():
             cut_torn_tail(path)
-        meta = {"probes": [probe.id for probe in scenario.probes], **meta, "state": "running",
-                "resumed_at": [*meta.get("resumed_at", []), now_iso()]}
+        meta = {
+            "probes": [probe.id for probe in scenario.probes],
+            **meta,
+            "state": "running",
+            "resumed_at": [*meta.get("resumed_at", []), now_iso()],
+        }
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
         run = RunDir(run_dir)
@@ -132,17 +166,48 @@ async def _run_scenario(scenario: Scenario, run_dir: Path | None, *, on_record: 
             meta["clock"]["records"] = "unix"  # workers stamp Unix times (kevload.load.workers)
     offset = _records_offset(meta)
     sampler = Sampler(scenario.target, run_dir, clock=lambda: time.perf_counter() + offset)
-    meta["server_metrics"] = sampler.info  # the sampler fills it in; finish_run writes it as it ends
-    part = len(meta.get("resumed_at", []))  # this invocation: the k-th resume is part k, on disk before any send
-    # How its workers number their sends: what tells, if it never finishes, which requests it may not have recorded.
-    meta["parts"] = [*meta.get("parts", []), {"part": part, "first_seq": first_seq, "workers": scenario.load.workers,
-                                              "started_at": now_iso()}]
+    meta["server_metrics"] = (
+        sampler.info
+    )  # the sampler fills it in; finish_run writes it as it ends
+    part = len(
+        meta.get("resumed_at", [])
+    )  # this invocation: the k-th resume is part k, on disk before any send
+    # How its workers number their sends: what tells, if it never finishes, which requests it may
+    # not have recorded.
+    meta["parts"] = [
+        *meta.get("parts", []),
+        {
+            "part": part,
+            "first_seq": first_seq,
+            "workers": scenario.load.workers,
+            "started_at": now_iso(),
+        },
+    ]
     write_json(RunDir(run_dir).run_json, meta)
     if scenario.load.workers > 1 or meta["clock"].get("records") == "unix":
-        return await _run_workers(scenario, run_dir, meta, stop=stop, already=already, first_seq=first_seq,
-                                  part=part, cluster=cluster, sampler=sampler, offset=offset)
-    stream = engine.run(scenario, client, run_id=run_id, stop=stop, already=already, first_seq=first_seq, part=part,
-                        answers=answers, cache=cache)
+        return await _run_workers(
+            scenario,
+            run_dir,
+            meta,
+            stop=stop,
+            already=already,
+            first_seq=first_seq,
+            part=part,
+            cluster=cluster,
+            sampler=sampler,
+            offset=offset,
+        )
+    stream = engine.run(
+        scenario,
+        client,
+        run_id=run_id,
+        stop=stop,
+        already=already,
+        first_seq=first_seq,
+        part=part,
+        answers=answers,
+        cache=cache,
+    )
     reset_failed = False
     with RecordWriter(RunDir(run_dir).records_jsonl) as writer:
         try:
@@ -153,18 +218,43 @@ async def _run_scenario(scenario: Scenario, run_dir: Path | None, *, on_record: 
                         for record in batch:
                             on_record(record)
         except prefixcache.CacheResetError:
-            reset_failed = True  # kevload's run failed, not the cells: it ends aborted, the error says why
+            reset_failed = (
+                True  # kevload's run failed, not the cells: it ends aborted, the error says why
+            )
             raise
         finally:
-            state = "aborted" if stream.aborted or reset_failed else "interrupted" if stop.is_set() else "complete"
-            summary = finish_run(run_dir, state=state, meta=meta, unrecorded=stream.sent - writer.count,
-                                 trust_graders=True)
-    return RunResult(run_dir=run_dir, run_id=run_id, state=state, records=writer.count, summary=summary)
+            state = (
+                "aborted"
+                if stream.aborted or reset_failed
+                else "interrupted"
+                if stop.is_set()
+                else "complete"
+            )
+            summary = finish_run(
+                run_dir,
+                state=state,
+                meta=meta,
+                unrecorded=stream.sent - writer.count,
+                trust_graders=True,
+            )
+    return RunResult(
+        run_dir=run_dir, run_id=run_id, state=state, records=writer.count, summary=summary
+    )
 
 
-async def _run_workers(scenario: Scenario, run_dir: Path, meta: dict[str, Any], *, stop: asyncio.Event,
-                       already: dict[engine.LevelKey, int], first_seq: int, part: int,
-                       cluster: tuple[str, Any] | None, sampler: Sampler, offset: float) -> RunResult:
+async def _run_workers(
+    scenario: Scenario,
+    run_dir: Path,
+    meta: dict[str, Any],
+    *,
+    stop: asyncio.Event,
+    already: dict[engine.LevelKey, int],
+    first_seq: int,
+    part: int,
+    cluster: tuple[str, Any] | None,
+    sampler: Sampler,
+    offset: float,
+) -> RunResult:
     """The run on worker processes (``load.workers``), or on Ray actors when ``cluster`` is (address, ray);
     a run stamped in Unix times stays so when resumed. ``offset`` turns this host's perf_counter into the
     records' clock; the sampler reads the server's metrics while the workers run."""
@@ -177,39 +267,88 @@ async def _run_workers(scenario: Scenario, run_dir: Path, meta: dict[str, Any], 
             if cluster is not None:
                 from kevload.load import rayworkers
 
-                ray_run = await rayworkers.run_ray(cluster[1], scenario, run_dir, run_id=meta["run_id"], stop=stop,
-                                                   already=already, first_seq=first_seq, part=part)
+                ray_run = await rayworkers.run_ray(
+                    cluster[1],
+                    scenario,
+                    run_dir,
+                    run_id=meta["run_id"],
+                    stop=stop,
+                    already=already,
+                    first_seq=first_seq,
+                    part=part,
+                )
                 results, calls = ray_run.results, ray_run.coordinator_calls
             else:
-                results = await workers.run_workers(scenario, run_dir, run_id=meta["run_id"], stop=stop,
-                                                    already=already, first_seq=first_seq, part=part, offset=offset)
+                results = await workers.run_workers(
+                    scenario,
+                    run_dir,
+                    run_id=meta["run_id"],
+                    stop=stop,
+                    already=already,
+                    first_seq=first_seq,
+                    part=part,
+                    offset=offset,
+                )
     finally:
         aborted = any(r.aborted for r in results)
-        state = "aborted" if aborted else "interrupted" if stop.is_set() or len(results) < scenario.load.workers \
-            or any(r.error for r in results) else "complete"
+        state = (
+            "aborted"
+            if aborted
+            else "interrupted"
+            if stop.is_set()
+            or len(results) < scenario.load.workers
+            or any(r.error for r in results)
+            else "complete"
+        )
         if cluster is not None:
-            # Which node each worker actor ran on, by worker, and how often they called the coordinator: a run
+            # Which node each worker actor ran on, by worker, and how often they called the
+            # coordinator: a run
             # resumed on the cluster adds an entry.
-            meta = {**meta, "ray": [*meta.get("ray", []), {"address": cluster[0], "nodes": [r.node for r in results],
-                                                            "coordinator_calls": calls}]}
+            meta = {
+                **meta,
+                "ray": [
+                    *meta.get("ray", []),
+                    {
+                        "address": cluster[0],
+                        "nodes": [r.node for r in results],
+                        "coordinator_calls": calls,
+                    },
+                ],
+            }
         known = len(results) == scenario.load.workers and all(r.sent is not None for r in results)
-        summary = finish_run(run_dir, state=state, meta=meta,
-                             unrecorded=sum(r.sent - r.records for r in results) if known else None, trust_graders=True)
+        summary = finish_run(
+            run_dir,
+            state=state,
+            meta=meta,
+            unrecorded=sum(r.sent - r.records for r in results) if known else None,
+            trust_graders=True,
+        )
     lost = [r for r in results if r.lost]
     if lost:
         option = "--ray" if cluster is not None else "--workers"
-        raise ClusterError(f"{option}: worker {lost[0].worker} {lost[0].error}; {run_dir} keeps the "
-                           f"{summary.requests_sent} records collected (state {state}): "
-                           f"kevload run --resume {run_dir} finishes it")
+        raise ClusterError(
+            f"{option}: worker {lost[0].worker} {lost[0].error}; {run_dir} keeps the "
+            f"{summary.requests_sent} records collected (state {state}): "
+            f"kevload run --resume {run_dir} finishes it"
+        )
     failed = [r for r in results if r.error]
     if failed:
-        raise RuntimeError(f"worker {failed[0].worker} failed; the run keeps what was recorded "
-                           f"(state {state}):\n{failed[0].error}")
-    return RunResult(run_dir=run_dir, run_id=meta["run_id"], state=state, records=sum(r.records for r in results),
-                     summary=summary)
+        raise RuntimeError(
+            f"worker {failed[0].worker} failed; the run keeps what was recorded "
+            f"(state {state}):\n{failed[0].error}"
+        )
+    return RunResult(
+        run_dir=run_dir,
+        run_id=meta["run_id"],
+        state=state,
+        records=sum(r.records for r in results),
+        summary=summary,
+    )
 
 
-def refuse_existing(run_dir: Path, *, overwrite: bool = False, hint: str = "give a directory of its own") -> None:
+def refuse_existing(
+    run_dir: Path, *, overwrite: bool = False, hint: str = "give a directory of its own"
+) -> None:
     """A directory that holds a run is never appended to by a new one: two runs would merge into one matrix."""
     run = RunDir(run_dir)
     if overwrite or not run.holds_run():
@@ -221,7 +360,9 @@ def refuse_existing(run_dir: Path, *, overwrite: bool = False, hint: str = "give
     raise RunDirError(f"{run_dir}: already holds {held}; {hint}")
 
 
-def resumed_scenario(run_dir: Path, overrides: list[str], *, trust_graders: bool = False) -> Scenario:
+def resumed_scenario(
+    run_dir: Path, overrides: list[str], *, trust_graders: bool = False
+) -> Scenario:
     """The scenario a run in ``run_dir`` was started with, ``overrides`` applied, to ``--resume`` it: refused where
     run.json cannot give back what the run sent (header values and URL credentials are stored as ***) or where its
     datasets changed since, and where it names a python grader unless ``trust_graders`` (``recorded_scenario``)."""
@@ -230,40 +371,66 @@ def resumed_scenario(run_dir: Path, overrides: list[str], *, trust_graders: bool
     raw = meta["scenario"]
     for override in overrides:
         apply_override(raw, override)
-    # run.json keeps header names only; resuming without the values would send requests the run never sent.
-    missing = [name for name, value in raw.get("target", {}).get("headers", {}).items() if value == "***"]
+    # run.json keeps header names only; resuming without the values would send requests the run
+    # never sent.
+    missing = [
+        name for name, value in raw.get("target", {}).get("headers", {}).items() if value == "***"
+    ]
     if missing:
-        raise ScenarioError(f"{run_dir}/run.json: target.headers: values are not stored ({', '.join(missing)}); "
-                            "rerun the scenario file, or pass them again with "
-                            f"--set 'target.headers.{missing[0]}=\"…\"'")
-    # The same for credentials in base_url: run.json keeps them as ***, which is no credential to send.
-    # Split by hand: an overridden URL is checked (and named) by the scenario's own rule below, not by urlsplit here.
+        raise ScenarioError(
+            f"{run_dir}/run.json: target.headers: values are not stored ({', '.join(missing)}); "
+            "rerun the scenario file, or pass them again with "
+            f"--set 'target.headers.{missing[0]}=\"…\"'"
+        )
+    # The same for credentials in base_url: run.json keeps them as ***, which is no credential to
+    # send.
+    # Split by hand: an overridden URL is checked (and named) by the scenario's own rule below, not
+    # by urlsplit here.
     netloc = str(raw.get("target", {}).get("base_url", "")).partition("://")[2].partition("/")[0]
     if "***" in netloc.rpartition("@")[0]:
-        raise ScenarioError(f"{run_dir}/run.json: target.base_url: its user:password@ is not stored; rerun the "
-                            "scenario file, or pass the URL again with --set 'target.base_url=\"…\"'")
-    return recorded_scenario(run, raw, name="resumed",
-                             graders=IMPORT if trust_graders else refused_from(f"the run directory {run_dir}"))
+        raise ScenarioError(
+            f"{run_dir}/run.json: target.base_url: its user:password@ is not stored; rerun the "
+            "scenario file, or pass the URL again with --set 'target.base_url=\"…\"'"
+        )
+    return recorded_scenario(
+        run,
+        raw,
+        name="resumed",
+        graders=IMPORT if trust_graders else refused_from(f"the run directory {run_dir}"),
+    )
 
 
-def recorded_scenario(run: RunDir, raw: dict[str, Any] | None = None, *, name: str = "scenario",
-                      graders: str = NAMES_ONLY) -> Scenario:
+def recorded_scenario(
+    run: RunDir,
+    raw: dict[str, Any] | None = None,
+    *,
+    name: str = "scenario",
+    graders: str = NAMES_ONLY,
+) -> Scenario:
     """The scenario of run.json (``raw``: its table, changed), its datasets read again as the run read them: refused
     (ScenarioError) where a dataset changed since, so a probe's input is never taken from another file's lines.
     ``graders``: what becomes of the python graders it names (``grading.python_graders``); by default they are
     named, not imported."""
     meta = run.meta()
     with python_graders(graders):
-        scenario = scenario_from_dict(raw if raw is not None else copy.deepcopy(meta["scenario"]),
-                                      source=meta.get("scenario_source") or str(run.run_json),
-                                      name=meta.get("scenario_name", name))
+        scenario = scenario_from_dict(
+            raw if raw is not None else copy.deepcopy(meta["scenario"]),
+            source=meta.get("scenario_source") or str(run.run_json),
+            name=meta.get("scenario_name", name),
+        )
     if "datasets" in meta:  # runs from before datasets were recorded have nothing to compare with
         check_unchanged(meta["datasets"], scenario.datasets, str(run.run_json))
     return scenario
 
 
-def finish_run(run_dir: Path, *, state: RunState | None = None, meta: dict[str, Any] | None = None,
-               unrecorded: int | None = None, trust_graders: bool = False) -> RunSummary:
+def finish_run(
+    run_dir: Path,
+    *,
+    state: RunState | None = None,
+    meta: dict[str, Any] | None = None,
+    unrecorded: int | None = None,
+    trust_graders: bool = False,
+) -> RunSummary:
     """(Re)compute ``summary.json`` from the records on disk and, if given, record the end state in ``run.json``,
     for the run and for the part of it that ends here, with the requests it sent that have no record
     (``unrecorded``; None: not known, a worker was lost).
@@ -276,16 +443,25 @@ def finish_run(run_dir: Path, *, state: RunState | None = None, meta: dict[str, 
     run = RunDir(run_dir)
     meta = meta if meta is not None else run.meta()
     if state is not None and meta.get("parts"):
-        meta = {**meta, "parts": [*meta["parts"][:-1], {**meta["parts"][-1], "state": state,
-                                                         "unrecorded": unrecorded}]}
+        meta = {
+            **meta,
+            "parts": [
+                *meta["parts"][:-1],
+                {**meta["parts"][-1], "state": state, "unrecorded": unrecorded},
+            ],
+        }
     try:
         summary = _summary(run, meta, state, trust_graders)
     except Exception as exc:
-        if state is None:  # `kevload report`: a records file that is no run's says which line, as a RunDirError
+        if (
+            state is None
+        ):  # `kevload report`: a records file that is no run's says which line, as a RunDirError
             raise
         write_json(run.run_json, {**meta, "state": state, "ended_at": now_iso()})
-        raise SummaryError(f"{run_dir}: the run ended {state} but its records could not be summarized: "
-                           f"{exc if isinstance(exc, KevloadError) else f'{type(exc).__name__}: {exc}'}") from exc
+        raise SummaryError(
+            f"{run_dir}: the run ended {state} but its records could not be summarized: "
+            f"{exc if isinstance(exc, KevloadError) else f'{type(exc).__name__}: {exc}'}"
+        ) from exc
     write_json(run.summary_json, summary.to_json())
     if state is not None:
         meta = {**meta, "state": state, "ended_at": now_iso(), "records": summary.requests_sent}
@@ -293,34 +469,56 @@ def finish_run(run_dir: Path, *, state: RunState | None = None, meta: dict[str, 
     return summary
 
 
-def _summary(run: RunDir, meta: dict[str, Any], state: RunState | None, trust_graders: bool) -> RunSummary:
+def _summary(
+    run: RunDir, meta: dict[str, Any], state: RunState | None, trust_graders: bool
+) -> RunSummary:
     """The summary of the records on disk, as run.json describes the run."""
     max_error_share = meta["load"]["max_error_share"]
-    # A level run for a duration has no asked number of samples: only samples-bound cells can be short.
+    # A level run for a duration has no asked number of samples: only samples-bound cells can be
+    # short.
     asked = None if meta["load"].get("duration") else meta["load"].get("samples")
-    slo = Slo(**meta["load"]["slo"]) if meta["load"].get("slo") else None  # runs before SLOs have none
+    slo = (
+        Slo(**meta["load"]["slo"]) if meta["load"].get("slo") else None
+    )  # runs before SLOs have none
     cuts_asked = bool(meta["load"].get("cancel_share"))
     reduction = Reduction(slo=slo, cuts_asked=cuts_asked)
     for path in run.record_files():  # records.jsonl, or one file per worker
         reduction.merge(reduce_file(path, slo=slo, cuts_asked=cuts_asked))
-    summary = summarize(reduction, max_error_share=max_error_share,
-                        samples_asked=asked, min_slo_attainment=meta["load"].get("min_slo_attainment"),
-                        until_bound=meta["load"].get("until_bound"), max_samples=meta["load"].get("max_samples", 1000),
-                        server=read_samples(run.path), asked_cells=_asked_cells(meta),
-                        unrecorded=_unrecorded_windows(run.path, meta),
-                        grading=gradings_of(meta, run.run_json, trust_graders=trust_graders),
-                        min_good_share=meta["load"].get("min_good_share"))
-    summary = replace(summary, run_id=meta.get("run_id"), scenario=meta.get("scenario_name"),
-                      state=state or meta.get("state"), inputs=meta.get("inputs"))
+    summary = summarize(
+        reduction,
+        max_error_share=max_error_share,
+        samples_asked=asked,
+        min_slo_attainment=meta["load"].get("min_slo_attainment"),
+        until_bound=meta["load"].get("until_bound"),
+        max_samples=meta["load"].get("max_samples", 1000),
+        server=read_samples(run.path),
+        asked_cells=_asked_cells(meta),
+        unrecorded=_unrecorded_windows(run.path, meta),
+        grading=gradings_of(meta, run.run_json, trust_graders=trust_graders),
+        min_good_share=meta["load"].get("min_good_share"),
+    )
+    summary = replace(
+        summary,
+        run_id=meta.get("run_id"),
+        scenario=meta.get("scenario_name"),
+        state=state or meta.get("state"),
+        inputs=meta.get("inputs"),
+    )
     if meta.get("prefix_cache"):
         method = meta["prefix_cache"]["method"]
-        summary = replace(summary, prefix_cache={**meta["prefix_cache"], "probes": [
-            c.to_json() for c in prefixcache.cold_warm(run.records(), method)]})
+        summary = replace(
+            summary,
+            prefix_cache={
+                **meta["prefix_cache"],
+                "probes": [c.to_json() for c in prefixcache.cold_warm(run.records(), method)],
+            },
+        )
     return summary
 
 
-async def _prefix_cache(scenario: Scenario, meta: dict[str, Any], api_key: str | None,
-                        run_id: str) -> tuple[Scenario, prefixcache.CacheControl | None]:
+async def _prefix_cache(
+    scenario: Scenario, meta: dict[str, Any], api_key: str | None, run_id: str
+) -> tuple[Scenario, prefixcache.CacheControl | None]:
     """With load.prefix_cache: how cold samples are made (a resumed run keeps its method), on record in run.json
     before anything is sent; under the marker method each round is a probe of its own, and run.json lists those."""
     if scenario.load.prefix_cache == "off":
@@ -345,9 +543,14 @@ def _asked_cells(meta: dict[str, Any]) -> list[tuple[str, str, int, float | None
     if "probes" not in meta:
         return None
     load = meta["load"]
-    levels = [(0, rate) for rate in load.get("rate") or ()] or [(c, None) for c in load["concurrency"]]
-    levels += [(0, rate) for rate in trace_rates(meta.get("datasets", []), load.get("trace_speedup") or [1.0])
-               if load.get("trace")]
+    levels = [(0, rate) for rate in load.get("rate") or ()] or [
+        (c, None) for c in load["concurrency"]
+    ]
+    levels += [
+        (0, rate)
+        for rate in trace_rates(meta.get("datasets", []), load.get("trace_speedup") or [1.0])
+        if load.get("trace")
+    ]
     return [(probe, load["mode"], *level) for probe in meta["probes"] for level in levels]
 
 
@@ -357,18 +560,29 @@ def _unrecorded_windows(run_dir: Path, meta: dict[str, Any]) -> list[Window] | N
     run from before run.json kept its parts."""
     if "parts" not in meta:
         return None
-    # A part that never wrote its end (killed, or running now) may have sent anything; one that did says so.
-    lost = {p["part"]: (p["first_seq"], p["workers"]) for p in meta["parts"] if p.get("unrecorded", -1) != 0}
+    # A part that never wrote its end (killed, or running now) may have sent anything; one that did
+    # says so.
+    lost = {
+        p["part"]: (p["first_seq"], p["workers"])
+        for p in meta["parts"]
+        if p.get("unrecorded", -1) != 0
+    }
     if not lost:
         return None
     run_id = meta["run_id"]
-    sends = ((part, r.worker or 0, r.seq, r.t_send, r.t_last_byte)
-             for r in RunDir(run_dir).records() if (part := request_part(r.request_id, run_id)) in lost)
+    sends = (
+        (part, r.worker or 0, r.seq, r.t_send, r.t_last_byte)
+        for r in RunDir(run_dir).records()
+        if (part := request_part(r.request_id, run_id)) in lost
+    )
     return unrecorded_windows(sends, lost)
 
 
-def _resume_state(run_dir: Path) -> tuple[dict[str, Any], dict[engine.LevelKey, int], int,
-                                          dict[engine.LevelKey, list[engine.Answer]]]:
+def _resume_state(
+    run_dir: Path,
+) -> tuple[
+    dict[str, Any], dict[engine.LevelKey, int], int, dict[engine.LevelKey, list[engine.Answer]]
+]:
     """The run's metadata, its counted probe samples per level, the next sequence number and what those
     samples answered (for load.until_bound's stop rule)."""
     run = RunDir(run_dir)
@@ -381,7 +595,9 @@ def _resume_state(run_dir: Path) -> tuple[dict[str, Any], dict[engine.LevelKey, 
         if r.role == "probe" and r.is_sample:
             key = engine.level_key(r.probe, r.concurrency, r.rate)
             already[key] = already.get(key, 0) + 1
-            answers.setdefault(key, []).append((r.sha256, r.finish_reason) if r.status == OK else None)
+            answers.setdefault(key, []).append(
+                (r.sha256, r.finish_reason) if r.status == OK else None
+            )
     return meta, already, next_seq, answers
 
 
@@ -391,30 +607,54 @@ def _resumed_meta(meta: dict[str, Any], scenario: Scenario, run_dir: Path) -> di
     input judged one way; and with the graders the scenario's (checked as --resume checks them, so imported only
     when trusted), never run.json's ``grading`` table read as it stands."""
     asked = {probe.id: probe_inputs(probe, scenario.params) for probe in scenario.probes}
-    recorded = meta.get("inputs")  # runs from before inputs were recorded have nothing to compare with
+    recorded = meta.get(
+        "inputs"
+    )  # runs from before inputs were recorded have nothing to compare with
     if recorded is not None:
         for probe in sorted(set(asked) | set(recorded)):
-            # Entries from before the grading was hashed apart mixed it into "input": those compare what they can.
-            keys = ("input", "params", "max_tokens", "grading") if "grading" in recorded.get(probe, {}) else \
-                ("params", "max_tokens")
+            # Entries from before the grading was hashed apart mixed it into "input": those compare
+            # what they can.
+            keys = (
+                ("input", "params", "max_tokens", "grading")
+                if "grading" in recorded.get(probe, {})
+                else ("params", "max_tokens")
+            )
             then, now = recorded.get(probe), asked.get(probe)
             if then is None or now is None or any(then.get(k) != now.get(k) for k in keys):
-                what = "the run had no such probe" if then is None else "the resumed scenario has no such probe" \
-                    if now is None else f"its {', '.join(k for k in keys if then.get(k) != now.get(k))} changed"
-                raise ScenarioError(f"{run_dir}/run.json: --resume: probe {probe!r} would be asked or graded "
-                                    f"otherwise than the run did ({what}); a resume finishes the run as it was: "
-                                    "start a new run to ask something else")
-    # What every request carries beside its probe's input: a resume that changed one would mix two askings in a cell.
-    carried = {"target.model": (scenario.target.model, meta["target"].get("model")),
-               "target.api": (scenario.target.api, meta["target"].get("api")),
-               **{f"load.{key}": (getattr(scenario.load, key), meta["load"].get(key))
-                  for key in ("nonce", "stream", "logprobs")}}
+                what = (
+                    "the run had no such probe"
+                    if then is None
+                    else "the resumed scenario has no such probe"
+                    if now is None
+                    else f"its {', '.join(k for k in keys if then.get(k) != now.get(k))} changed"
+                )
+                raise ScenarioError(
+                    f"{run_dir}/run.json: --resume: probe {probe!r} would be asked or graded "
+                    f"otherwise than the run did ({what}); a resume finishes the run as it was: "
+                    "start a new run to ask something else"
+                )
+    # What every request carries beside its probe's input: a resume that changed one would mix two
+    # askings in a cell.
+    carried = {
+        "target.model": (scenario.target.model, meta["target"].get("model")),
+        "target.api": (scenario.target.api, meta["target"].get("api")),
+        **{
+            f"load.{key}": (getattr(scenario.load, key), meta["load"].get(key))
+            for key in ("nonce", "stream", "logprobs")
+        },
+    }
     for key, (now, then) in carried.items():
         if then is not None and now != then:
-            raise ScenarioError(f"{run_dir}/run.json: --resume: {key} would be {now!r} where the run sent {then!r}; "
-                                "a resume finishes the run as it was: start a new run to ask otherwise")
+            raise ScenarioError(
+                f"{run_dir}/run.json: --resume: {key} would be {now!r} where the run sent "
+                f"{then!r}; "
+                "a resume finishes the run as it was: start a new run to ask otherwise"
+            )
     grading = grading_json(scenario.probes)
-    return {**{k: v for k, v in meta.items() if k != "grading"}, **({"grading": grading} if grading else {})}
+    return {
+        **{k: v for k, v in meta.items() if k != "grading"},
+        **({"grading": grading} if grading else {}),
+    }
 
 
 def _run_meta(scenario: Scenario, run_id: str, secrets: list[str]) -> dict[str, Any]:
@@ -424,19 +664,32 @@ def _run_meta(scenario: Scenario, run_id: str, secrets: list[str]) -> dict[str, 
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "scenario_name": scenario.name,
-        # Absolute: --resume, cases and report find its datasets and graders from wherever they are run.
-        "scenario_source": str(Path(scenario.source).resolve()) if Path(scenario.source).is_file() else scenario.source,
+        # Absolute: --resume, cases and report find its datasets and graders from wherever they are
+        # run.
+        "scenario_source": str(Path(scenario.source).resolve())
+        if Path(scenario.source).is_file()
+        else scenario.source,
         "scenario": redact(scenario.raw, secrets),
         "load": asdict(scenario.load),
         "datasets": [dataset.to_json() for dataset in scenario.datasets],
-        "probes": [probe.id for probe in scenario.probes],  # with load's levels: the cells the run asks for
-        # What each probe asks, hashed: a baseline tells a changed input from a changed server by it.
+        "probes": [
+            probe.id for probe in scenario.probes
+        ],  # with load's levels: the cells the run asks for
+        # What each probe asks, hashed: a baseline tells a changed input from a changed server by
+        # it.
         "inputs": {probe.id: probe_inputs(probe, scenario.params) for probe in scenario.probes},
-        # Each graded probe's grader (kevload.inputs.grading): finish_run and `kevload report` grade from run.json
+        # Each graded probe's grader (kevload.inputs.grading): finish_run and `kevload report` grade
+        # from run.json
         # alone.
         **({"grading": gradings} if (gradings := grading_json(scenario.probes)) else {}),
-        "target": redact({"base_url": scenario.target.base_url, "model": scenario.target.model,
-                          "api": scenario.target.api}, secrets),
+        "target": redact(
+            {
+                "base_url": scenario.target.base_url,
+                "model": scenario.target.model,
+                "api": scenario.target.api,
+            },
+            secrets,
+        ),
         "started_at": now_iso(),
         "clock": {"perf_counter": time.perf_counter(), "unix": time.time()},
         "state": "running",

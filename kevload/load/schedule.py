@@ -52,13 +52,30 @@ class ClosedLoop:
     from the cell's first answer. ``prior`` are the answers a resumed level already has, in order.
     """
 
-    # The counters that change while the level runs, by name: what worker processes keep in shared memory.
+    # The counters that change while the level runs, by name: what worker processes keep in shared
+    # memory.
     # (``answers`` is not among them: ``load.until_bound`` runs in one process.)
-    COUNTERS: ClassVar[tuple[str, ...]] = ("counted", "errors", "diverged", "_counted_in_flight", "_probe_slots_open")
+    COUNTERS: ClassVar[tuple[str, ...]] = (
+        "counted",
+        "errors",
+        "diverged",
+        "_counted_in_flight",
+        "_probe_slots_open",
+    )
 
-    def __init__(self, concurrency: int, needed: int, *, companions: bool, warmup: int = 0,
-                 ramp_s: float = 0.0, duration: float = 0.0, until: UntilBound | None = None,
-                 reference: Hashable | None = None, prior: Iterable[Hashable | None] = ()):
+    def __init__(
+        self,
+        concurrency: int,
+        needed: int,
+        *,
+        companions: bool,
+        warmup: int = 0,
+        ramp_s: float = 0.0,
+        duration: float = 0.0,
+        until: UntilBound | None = None,
+        reference: Hashable | None = None,
+        prior: Iterable[Hashable | None] = (),
+    ):
         self.concurrency = concurrency
         self.needed = needed
         self.warmup = warmup  # sent one at a time before the slots start; never counted
@@ -75,8 +92,11 @@ class ClosedLoop:
             self.counted += 1
             self.answered(answer)
         probe_slots = 1 if companions and concurrency > 1 else concurrency
-        # Companion slots first: they are started first, so even the first probe finds them in flight.
-        self.slots: tuple[str, ...] = (COMPANION,) * (concurrency - probe_slots) + (PROBE,) * probe_slots
+        # Companion slots first: they are started first, so even the first probe finds them in
+        # flight.
+        self.slots: tuple[str, ...] = (COMPANION,) * (concurrency - probe_slots) + (
+            PROBE,
+        ) * probe_slots
         self._probe_slots_open = probe_slots
 
     def next(self, role: Role, at: float = 0.0) -> Send | None:
@@ -105,7 +125,9 @@ class ClosedLoop:
         if answer is None:
             self.errors += 1
             return
-        reference = self.reference if self.reference is not None else next(iter(self.answers), answer)
+        reference = (
+            self.reference if self.reference is not None else next(iter(self.answers), answer)
+        )
         self.diverged = self.diverged or answer != reference
         self.answers[answer] = self.answers.get(answer, 0) + 1
 
@@ -159,8 +181,18 @@ class OpenLoop:
 
     COUNTERS: ClassVar[tuple[str, ...]] = ()  # nothing changes as the level runs
 
-    def __init__(self, rate: float, *, needed: int, companions: bool, arrival: Arrival = "constant", seed: int = 0,
-                 warmup: int = 0, duration: float = 0.0, ramp_s: float = 0.0):
+    def __init__(
+        self,
+        rate: float,
+        *,
+        needed: int,
+        companions: bool,
+        arrival: Arrival = "constant",
+        seed: int = 0,
+        warmup: int = 0,
+        duration: float = 0.0,
+        ramp_s: float = 0.0,
+    ):
         self.rate = rate
         self.needed = needed
         self.probe_every = 4 if companions else 1

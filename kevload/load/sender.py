@@ -41,7 +41,7 @@ class RetryPolicy:
         """Seconds to wait before trying again after ``attempt`` retries, or None when ``outcome`` is final."""
         if outcome.status not in self.statuses or attempt >= self.retries:
             return None
-        wait = outcome.retry_after if outcome.retry_after is not None else self.base_s * 2 ** attempt
+        wait = outcome.retry_after if outcome.retry_after is not None else self.base_s * 2**attempt
         return min(wait, self.max_s)
 
 
@@ -67,22 +67,50 @@ class Cell:
 class Sender:
     """Sends the requests of a run, numbered in turn with the other workers, and makes each one's record."""
 
-    def __init__(self, scenario: Scenario, client: Client, *, run_id: str, part: int, first_seq: int, worker: int,
-                 workers: int, hear_stop: Callable[[], object], stop: asyncio.Event, cache: CacheControl | None = None):
+    def __init__(
+        self,
+        scenario: Scenario,
+        client: Client,
+        *,
+        run_id: str,
+        part: int,
+        first_seq: int,
+        worker: int,
+        workers: int,
+        hear_stop: Callable[[], object],
+        stop: asyncio.Event,
+        cache: CacheControl | None = None,
+    ):
         self.scenario, self.client, self.run_id = scenario, client, run_id
         self.cache = cache  # load.prefix_cache = "cold_warm": makes each probe sample cold or warm before it is sent
-        # Request ids: <run_id>-<seq> in the run's first part, <run_id>-r<k>-<seq> in its k-th resume. A killed part
-        # may have sent requests it never recorded, so numbering on from the records alone could repeat an id.
+        # Request ids: <run_id>-<seq> in the run's first part, <run_id>-r<k>-<seq> in its k-th
+        # resume. A killed part
+        # may have sent requests it never recorded, so numbering on from the records alone could
+        # repeat an id.
         self.ids = run_id if part == 0 else f"{run_id}-r{part}"
-        self.seq, self.step = first_seq + worker, workers  # workers number their sends in turn: seqs stay unique
+        self.seq, self.step = (
+            first_seq + worker,
+            workers,
+        )  # workers number their sends in turn: seqs stay unique
         self.sent = 0
         self.retry = RetryPolicy(scenario.load.retries)
-        # Tells the level now running of a stop, an abort or another worker's halt (the run's ``halted``).
+        # Tells the level now running of a stop, an abort or another worker's halt (the run's
+        # ``halted``).
         self._hear_stop = hear_stop
         self._stop = stop
 
-    async def send(self, level: Level, cell: Cell, role: Role, item: Probe, sample: int, *, at: float = 0.0,
-                   t_scheduled: float | None = None, cancel: CancelAt | None = None) -> Record:
+    async def send(
+        self,
+        level: Level,
+        cell: Cell,
+        role: Role,
+        item: Probe,
+        sample: int,
+        *,
+        at: float = 0.0,
+        t_scheduled: float | None = None,
+        cancel: CancelAt | None = None,
+    ) -> Record:
         """``at``: seconds into the level (scheduled, in the open loop), which decides a ramp-up's sends.
         ``cancel``: when the client abandons this request (``kevload.load.cancel``); its slot sends the next at once."""
         seq, request_id = self._number()
@@ -92,7 +120,8 @@ class Sender:
             # Before the claim: a reset is no part of the request's time in flight.
             state = self.cache.state(sample)
             body.update(await self.cache.prepare(state))
-        # Nothing between a slot's answer and this claim suspends: a slot that resends at once keeps c in flight.
+        # Nothing between a slot's answer and this claim suspends: a slot that resends at once keeps
+        # c in flight.
         claim = level.claim(role, at)
         try:
             outcome, retries, cut = await self._exchange(level, body, request_id, cancel)
@@ -100,14 +129,39 @@ class Sender:
             self._hear_stop()  # before the answer is weighed: one that comes after a stop does not count
             counted = level.release(claim)
         # A request the stop cut is no answer of the server's, at any level.
-        return record(outcome, body, run_id=self.run_id, seq=seq, probe=item.id, role=role, mode=cell.mode,
-                      concurrency=cell.concurrency, rate=cell.rate, sample=sample, in_flight=claim.others,
-                      counted=counted and not (cut is not None and cut.stop), max_in_flight=cell.max_in_flight,
-                      t_scheduled=t_scheduled, retries=retries, request_id=request_id, cache=state,
-                      cancel_planned=cancel is not None)
+        return record(
+            outcome,
+            body,
+            run_id=self.run_id,
+            seq=seq,
+            probe=item.id,
+            role=role,
+            mode=cell.mode,
+            concurrency=cell.concurrency,
+            rate=cell.rate,
+            sample=sample,
+            in_flight=claim.others,
+            counted=counted and not (cut is not None and cut.stop),
+            max_in_flight=cell.max_in_flight,
+            t_scheduled=t_scheduled,
+            retries=retries,
+            request_id=request_id,
+            cache=state,
+            cancel_planned=cancel is not None,
+        )
 
-    async def converse(self, level: Level, cell: Cell, role: Role, item: Probe, sample: int, *, at: float = 0.0,
-                       t_scheduled: float | None = None, cancel: CancelAt | None = None) -> AsyncIterator[Record]:
+    async def converse(
+        self,
+        level: Level,
+        cell: Cell,
+        role: Role,
+        item: Probe,
+        sample: int,
+        *,
+        at: float = 0.0,
+        t_scheduled: float | None = None,
+        cancel: CancelAt | None = None,
+    ) -> AsyncIterator[Record]:
         """A conversation sample: its turns one after another in this slot, each a request and a record, turn k
         asked with the answers turns 0 … k − 1 received (or those the file gives). It ends at its last turn or at
         the first that failed (no answer to go on with), or at a stop (nothing is sent after it). A conversation
@@ -126,14 +180,20 @@ class Sender:
         started = time.perf_counter()  # a cut by time counts from the first turn's send
         try:
             for k in range(len(item.turns)):
-                if k and level.halted:  # nothing is sent after a stop: the sample ends here, uncounted
+                if (
+                    k and level.halted
+                ):  # nothing is sent after a stop: the sample ends here, uncounted
                     return
                 claim = first if k == 0 else level.claim_turn(first)
                 asked = item.turn(k, answers)
                 seq, request_id = self._number()
                 conversation = conversation or request_id
                 body = self._body(asked, request_id)
-                at = cancel.since(time.perf_counter() - started) if cancel is not None and k else cancel
+                at = (
+                    cancel.since(time.perf_counter() - started)
+                    if cancel is not None and k
+                    else cancel
+                )
                 outcome, retries, cut = await self._exchange(level, body, request_id, at)
                 self._hear_stop()
                 ends = k == len(item.turns) - 1 or outcome.status != "ok"
@@ -141,17 +201,37 @@ class Sender:
                 if ends:
                     held = False
                     kept = level.release(first)
-                    if kept and not counted:  # counted when it began, then a later turn lost full load
+                    if (
+                        kept and not counted
+                    ):  # counted when it began, then a later turn lost full load
                         level.lost(first)
                     counted = kept and counted
                 else:  # an answer after a halt lost its batch on the way, as Level.release says of one
                     counted = counted and not (level.halted and isinstance(level.plan, ClosedLoop))
-                done = record(outcome, body, run_id=self.run_id, seq=seq, probe=item.id, role=role, mode=cell.mode,
-                              concurrency=cell.concurrency, rate=cell.rate, sample=sample, in_flight=claim.others,
-                              counted=counted, max_in_flight=cell.max_in_flight,
-                              t_scheduled=t_scheduled if k == 0 else None, retries=retries, request_id=request_id,
-                              turn=k, turns=len(item.turns), conversation=conversation, history=list(asked.messages),
-                              history_sha256=history_sha256(asked.messages), cancel_planned=cancel is not None)
+                done = record(
+                    outcome,
+                    body,
+                    run_id=self.run_id,
+                    seq=seq,
+                    probe=item.id,
+                    role=role,
+                    mode=cell.mode,
+                    concurrency=cell.concurrency,
+                    rate=cell.rate,
+                    sample=sample,
+                    in_flight=claim.others,
+                    counted=counted,
+                    max_in_flight=cell.max_in_flight,
+                    t_scheduled=t_scheduled if k == 0 else None,
+                    retries=retries,
+                    request_id=request_id,
+                    turn=k,
+                    turns=len(item.turns),
+                    conversation=conversation,
+                    history=list(asked.messages),
+                    history_sha256=history_sha256(asked.messages),
+                    cancel_planned=cancel is not None,
+                )
                 if done.sha256 is not None:
                     chained = conversation_sha256(chained, done.sha256, done.finish_reason)
                     done = msgspec.structs.replace(done, conversation_sha256=chained)
@@ -174,17 +254,23 @@ class Sender:
     def _body(self, item: Probe, request_id: str) -> dict[str, Any]:
         load = self.scenario.load
         nonce = f"kevload-{request_id}" if load.nonce else None
-        return build_body(self.scenario.target, item, self.scenario.params, stream=load.stream, nonce=nonce)
+        return build_body(
+            self.scenario.target, item, self.scenario.params, stream=load.stream, nonce=nonce
+        )
 
-    async def _exchange(self, level: Level, body: dict[str, Any], request_id: str,
-                        cancel: CancelAt | None = None) -> tuple[Outcome, int, Cut | None]:
+    async def _exchange(
+        self, level: Level, body: dict[str, Any], request_id: str, cancel: CancelAt | None = None
+    ) -> tuple[Outcome, int, Cut | None]:
         """The request sent, retried after a 429/503 as the policy says, or cut: the outcome, the retries, the cut."""
         retries, cut = 0, None
         t_send = time.perf_counter()
         try:
             outcome = await self.client.send(body, request_id=request_id, cancel=cancel)
-            while (wait := self.retry.delay(outcome, retries)) is not None and not self._stop.is_set():
-                # Backing off is not being in flight: the other slots' sends meanwhile are not at full load.
+            while (
+                wait := self.retry.delay(outcome, retries)
+            ) is not None and not self._stop.is_set():
+                # Backing off is not being in flight: the other slots' sends meanwhile are not at
+                # full load.
                 level.pause()
                 try:
                     await asyncio.sleep(wait)
@@ -196,13 +282,18 @@ class Sender:
             cut = next((arg for arg in exc.args if isinstance(arg, Cut)), None)
             if cut is None:  # torn down, not cut: nothing to record
                 raise
-            outcome = Outcome(status="timeout", t_send=t_send, t_last_byte=time.perf_counter(), error=cut.why)
+            outcome = Outcome(
+                status="timeout", t_send=t_send, t_last_byte=time.perf_counter(), error=cut.why
+            )
         return outcome, retries, cut
 
 
-# Every field an Outcome shares with a Record is copied by name, so a field added to both travels on its own; read
+# Every field an Outcome shares with a Record is copied by name, so a field added to both travels on
+# its own; read
 # in one call per request.
-_FROM_OUTCOME = tuple(name for name in Record.__struct_fields__ if name in {g.name for g in fields(Outcome)})
+_FROM_OUTCOME = tuple(
+    name for name in Record.__struct_fields__ if name in {g.name for g in fields(Outcome)}
+)
 _shared = operator.attrgetter(*_FROM_OUTCOME)
 
 
@@ -212,13 +303,17 @@ def record(outcome: Outcome, body: dict[str, Any], **given: Any) -> Record:
     values = dict(zip(_FROM_OUTCOME, _shared(outcome), strict=True))
     output = outcome.output
     values.update(given)
-    params = body.copy()  # the body less its prompt: a copy and two pops cost a third of a filtering comprehension
+    params = (
+        body.copy()
+    )  # the body less its prompt: a copy and two pops cost a third of a filtering comprehension
     params.pop("messages", None)
     params.pop("prompt", None)
     return Record(
         **values,
-        sha256=hashlib.sha256(answer_text(output, outcome.reasoning, outcome.tool_calls).encode()).hexdigest()
-        if outcome.status == "ok" and output is not None else None,
+        sha256=hashlib.sha256(
+            answer_text(output, outcome.reasoning, outcome.tool_calls).encode()
+        ).hexdigest()
+        if outcome.status == "ok" and output is not None
+        else None,
         params=params,
     )
-

@@ -52,9 +52,13 @@ START, HALTED, PASSED, LEVEL = 0, 1, 2, 3  # PASSED: arrivals at barriers, all w
 _STATE_SIZE = LEVEL + 16  # room for a level's declared state and its plan's counters
 _WATCH_S = 0.05  # how often a worker looks for a stop from the driver (or the driver's death)
 _BARRIER_S = 0.002  # how often a worker at a barrier looks whether the others are there
-_PER_CORE = 4  # worker processes per core at most (scenario.MAX_WORKERS bounds a run's on any cluster)
-# How long a worker may take to report after a halt (its stop's grace, then its last records) before the driver
-# takes it for lost: one killed while it held the shared lock leaves the others blocked on it, never seeing the halt.
+_PER_CORE = (
+    4  # worker processes per core at most (scenario.MAX_WORKERS bounds a run's on any cluster)
+)
+# How long a worker may take to report after a halt (its stop's grace, then its last records) before
+# the driver
+# takes it for lost: one killed while it held the shared lock leaves the others blocked on it, never
+# seeing the halt.
 _HALT_GRACE_S = engine.STOP_GRACE_S + 8.0
 
 
@@ -63,8 +67,12 @@ def check_host(scenario: Scenario) -> None:
     event loop of its own, and more than a few per core only compete for the cores (and take memory)."""
     cores = os.cpu_count() or 1
     if scenario.load.workers > _PER_CORE * cores:
-        raise InputError(f"load.workers: expected at most {_PER_CORE * cores} on this host ({_PER_CORE} per core, "
-                         f"{cores} cores), got {scenario.load.workers}; --ray spreads more over a cluster's hosts")
+        raise InputError(
+            f"load.workers: expected at most {_PER_CORE * cores} on this host ({_PER_CORE} per "
+            f"core, "
+            f"{cores} cores), got {scenario.load.workers}; --ray spreads more over a cluster's "
+            f"hosts"
+        )
 
 
 def records_name(worker: int) -> str:
@@ -109,11 +117,13 @@ class SharedLevel(Level):
     """
 
     def __init__(self, plan: Plan, state: Any):
-        # The raw array under the one lock: a synchronized array's own indexing would take the lock per item.
+        # The raw array under the one lock: a synchronized array's own indexing would take the lock
+        # per item.
         self._lock, self._state = state.get_lock(), state.get_obj()
         super().__init__(plan)
-        self._fields = [(self, name, type(getattr(self, name))) for name in Level.STATE] + \
-            [(plan, name, type(getattr(plan, name))) for name in plan.COUNTERS]
+        self._fields = [(self, name, type(getattr(self, name))) for name in Level.STATE] + [
+            (plan, name, type(getattr(plan, name))) for name in plan.COUNTERS
+        ]
         if LEVEL + len(self._fields) > _STATE_SIZE:
             raise RuntimeError(f"a level has {len(self._fields)} shared fields; raise _STATE_SIZE")
 
@@ -134,7 +144,9 @@ class SharedLevel(Level):
     def next(self, role: Role, at: float = 0.0) -> bool:
         with self._lock:
             self._load()
-            return super().next(role, at)  # a slot's question changes nothing but done_here, which is per worker
+            return super().next(
+                role, at
+            )  # a slot's question changes nothing but done_here, which is per worker
 
     def claim(self, role: Role, at: float = 0.0) -> Claim:
         with self._lock:
@@ -192,7 +204,9 @@ class OneOfN(engine.Alone):
         return self.worker == 0
 
     def slots(self, plan: Plan) -> tuple[Role, ...]:
-        return slots_of(plan.slots, self.worker, self.workers) if isinstance(plan, ClosedLoop) else ()
+        return (
+            slots_of(plan.slots, self.worker, self.workers) if isinstance(plan, ClosedLoop) else ()
+        )
 
     def mine(self, arrival: int) -> bool:
         return arrival % self.workers == self.worker
@@ -252,13 +266,25 @@ class WorkerResult:
     aborted: bool
     error: str | None = None
     node: str | None = None  # the Ray node a worker actor ran on (kevload.load.rayworkers)
-    lost: bool = False  # a worker process, Ray actor or node that died: the run lost a worker, not a bug
-    sent: int | None = None  # requests it numbered (None: not known, it died); more than ``records``: some unrecorded
+    lost: bool = (
+        False  # a worker process, Ray actor or node that died: the run lost a worker, not a bug
+    )
+    sent: int | None = (
+        None  # requests it numbered (None: not known, it died); more than ``records``: some unrecorded
+    )
 
 
-async def run_workers(scenario: Scenario, run_dir: Path, *, run_id: str, stop: asyncio.Event,
-                      already: dict[engine.LevelKey, int], first_seq: int, part: int,
-                      offset: float) -> list[WorkerResult]:
+async def run_workers(
+    scenario: Scenario,
+    run_dir: Path,
+    *,
+    run_id: str,
+    stop: asyncio.Event,
+    already: dict[engine.LevelKey, int],
+    first_seq: int,
+    part: int,
+    offset: float,
+) -> list[WorkerResult]:
     """Run the scenario on ``load.workers`` processes; returns once all have ended (each writes its own file).
 
     A stop (Ctrl-C, SIGTERM) reaches the workers through the HALTED flag in shared memory, which also ends
@@ -271,9 +297,25 @@ async def run_workers(scenario: Scenario, run_dir: Path, *, run_id: str, stop: a
     pipes, procs = [], []
     for worker in range(workers):
         receive, send = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_worker_main, name=f"kevload-worker-{worker}", daemon=True,
-                           args=(worker, workers, scenario, str(run_dir / records_name(worker)), run_id, already,
-                                 first_seq, part, offset, os.getpid(), state, send))
+        proc = ctx.Process(
+            target=_worker_main,
+            name=f"kevload-worker-{worker}",
+            daemon=True,
+            args=(
+                worker,
+                workers,
+                scenario,
+                str(run_dir / records_name(worker)),
+                run_id,
+                already,
+                first_seq,
+                part,
+                offset,
+                os.getpid(),
+                state,
+                send,
+            ),
+        )
         proc.start()
         send.close()
         pipes.append(receive)
@@ -289,7 +331,9 @@ async def run_workers(scenario: Scenario, run_dir: Path, *, run_id: str, stop: a
             for worker, (pipe, proc) in enumerate(zip(pipes, procs, strict=True)):
                 if worker in results:
                     continue
-                alive = proc.is_alive()  # read before the pipe: a worker sends its result, then exits
+                alive = (
+                    proc.is_alive()
+                )  # read before the pipe: a worker sends its result, then exits
                 try:
                     result = pipe.recv() if pipe.poll() else None
                 except EOFError:  # its end closed the pipe with no result in it
@@ -299,15 +343,23 @@ async def run_workers(scenario: Scenario, run_dir: Path, *, run_id: str, stop: a
                     if result.aborted or result.error:
                         _halt(flags)
                 elif not alive:
-                    # Killed (the OOM killer, kill -9): a lost worker, as a Ray actor's death is, not a bug.
+                    # Killed (the OOM killer, kill -9): a lost worker, as a Ray actor's death is,
+                    # not a bug.
                     proc.join(timeout=engine.STOP_GRACE_S)  # its exit code
-                    results[worker] = WorkerResult(worker, 0, False, f"died (exit code {proc.exitcode})", lost=True)
+                    results[worker] = WorkerResult(
+                        worker, 0, False, f"died (exit code {proc.exitcode})", lost=True
+                    )
                     _halt(flags)
                 elif halted_at is not None and time.monotonic() - halted_at > _HALT_GRACE_S:
                     proc.kill()  # its records so far are on disk already, one write each
                     proc.join(timeout=engine.STOP_GRACE_S)
-                    results[worker] = WorkerResult(worker, 0, False, f"did not stop within {_HALT_GRACE_S:g} s of the "
-                                                   "halt (killed)", lost=True)
+                    results[worker] = WorkerResult(
+                        worker,
+                        0,
+                        False,
+                        f"did not stop within {_HALT_GRACE_S:g} s of the halt (killed)",
+                        lost=True,
+                    )
             await asyncio.sleep(_WATCH_S)
     finally:
         if len(results) < workers:  # the driver itself was cancelled: take the workers down with it
@@ -321,16 +373,30 @@ async def run_workers(scenario: Scenario, run_dir: Path, *, run_id: str, stop: a
 
 
 def _halt(flags: Any) -> None:
-    # Every worker stops resending only after the flag is set, so an answer that finds it unset had its batch
-    # kept full to its end, and one that finds it set is not counted (engine). Written without the lock: a
+    # Every worker stops resending only after the flag is set, so an answer that finds it unset had
+    # its batch
+    # kept full to its end, and one that finds it set is not counted (engine). Written without the
+    # lock: a
     # process that dies never holds it up.
     flags[HALTED] = 1
 
 
-def _worker_main(worker: int, workers: int, scenario: Scenario, path: str, run_id: str,
-                 already: dict[engine.LevelKey, int], first_seq: int, part: int, offset: float, parent: int,
-                 state: Any, pipe: Any) -> None:
-    # Ctrl-C reaches the whole process group, and so does a CI timeout's SIGTERM: the driver alone decides, and
+def _worker_main(
+    worker: int,
+    workers: int,
+    scenario: Scenario,
+    path: str,
+    run_id: str,
+    already: dict[engine.LevelKey, int],
+    first_seq: int,
+    part: int,
+    offset: float,
+    parent: int,
+    state: Any,
+    pipe: Any,
+) -> None:
+    # Ctrl-C reaches the whole process group, and so does a CI timeout's SIGTERM: the driver alone
+    # decides, and
     # tells the workers through the HALTED flag.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -338,17 +404,40 @@ def _worker_main(worker: int, workers: int, scenario: Scenario, path: str, run_i
 
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            result = runner.run(_work(worker, workers, scenario, Path(path), run_id, already, first_seq, part,
-                                      offset, parent, state))
+            result = runner.run(
+                _work(
+                    worker,
+                    workers,
+                    scenario,
+                    Path(path),
+                    run_id,
+                    already,
+                    first_seq,
+                    part,
+                    offset,
+                    parent,
+                    state,
+                )
+            )
     except Exception:  # noqa: BLE001 - the driver shows it; a worker has no terminal of its own
         result = WorkerResult(worker, 0, False, traceback.format_exc(limit=8))
     pipe.send(result)
     pipe.close()
 
 
-async def _work(worker: int, workers: int, scenario: Scenario, path: Path, run_id: str,
-                already: dict[engine.LevelKey, int], first_seq: int, part: int, offset: float, parent: int,
-                state: Any) -> WorkerResult:
+async def _work(
+    worker: int,
+    workers: int,
+    scenario: Scenario,
+    path: Path,
+    run_id: str,
+    already: dict[engine.LevelKey, int],
+    first_seq: int,
+    part: int,
+    offset: float,
+    parent: int,
+    state: Any,
+) -> WorkerResult:
     from kevload.wire.client import Client
 
     stop = asyncio.Event()
@@ -356,17 +445,29 @@ async def _work(worker: int, workers: int, scenario: Scenario, path: Path, run_i
 
     async def watch() -> None:
         while not stop.is_set():
-            if flags[HALTED] or os.getppid() != parent:  # a stop, another worker's abort, or the driver died
+            if (
+                flags[HALTED] or os.getppid() != parent
+            ):  # a stop, another worker's abort, or the driver died
                 stop.set()
                 return
             await asyncio.sleep(_WATCH_S)
 
     cap = scenario.load.max_in_flight
-    mine = replace(scenario, load=replace(scenario.load, max_in_flight=cap_of(cap, worker, workers)))
+    mine = replace(
+        scenario, load=replace(scenario.load, max_in_flight=cap_of(cap, worker, workers))
+    )
     client = Client(mine.target, mine.api_key())
     team = Shared(worker, workers, state, stop)
-    stream = engine.run(mine, client, run_id=run_id, stop=stop, already=already, first_seq=first_seq, part=part,
-                        team=team)
+    stream = engine.run(
+        mine,
+        client,
+        run_id=run_id,
+        stop=stop,
+        already=already,
+        first_seq=first_seq,
+        part=part,
+        team=team,
+    )
     watcher = asyncio.create_task(watch())
     with RecordWriter(path) as writer:
         try:
@@ -380,8 +481,11 @@ async def _work(worker: int, workers: int, scenario: Scenario, path: Path, run_i
 
 def stamp(record: Record, worker: int, offset: float, max_in_flight: int) -> Record:
     """A worker's record as the run keeps it: its worker, Unix times, and the open loop's whole cap."""
-    shift = {name: value + offset for name in ("t_scheduled", "t_send", "t_first_byte", "t_first_token", "t_last_byte")
-             if (value := getattr(record, name)) is not None}
+    shift = {
+        name: value + offset
+        for name in ("t_scheduled", "t_send", "t_first_byte", "t_first_token", "t_last_byte")
+        if (value := getattr(record, name)) is not None
+    }
     if record.rate is not None:
         shift["max_in_flight"] = max_in_flight or None
     return msgspec.structs.replace(record, worker=worker, **shift)

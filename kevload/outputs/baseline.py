@@ -44,8 +44,19 @@ from kevload.summary import CellSummary, RunSummary, level_label, level_order, p
 
 LATENCY_METRICS = ("e2e", "ttft")
 # What changed in a cell against the baseline.
-ChangeKind = Literal["new_drift", "new_latent_drift", "unseen_output", "latency", "missing_cell", "new_cell",
-                     "input_changed", "fixed", "accuracy_lost", "accuracy_gained", "grading_changed"]
+ChangeKind = Literal[
+    "new_drift",
+    "new_latent_drift",
+    "unseen_output",
+    "latency",
+    "missing_cell",
+    "new_cell",
+    "input_changed",
+    "fixed",
+    "accuracy_lost",
+    "accuracy_gained",
+    "grading_changed",
+]
 FailOn = Literal["drift", "latent"]
 
 
@@ -59,8 +70,13 @@ class Change:
     @property
     def label(self) -> str:
         """How the line starts: REGRESSION, improved (``fixed``) or note (a new or changed cell that held)."""
-        return "REGRESSION" if self.regression else "improved" if self.kind in ("fixed", "accuracy_gained") \
+        return (
+            "REGRESSION"
+            if self.regression
+            else "improved"
+            if self.kind in ("fixed", "accuracy_gained")
             else "note"
+        )
 
 
 def load_baseline(path: Path) -> RunSummary:
@@ -70,21 +86,34 @@ def load_baseline(path: Path) -> RunSummary:
     return read_summary(RunDir(path).summary_json if path.is_dir() else path, "--baseline: ")
 
 
-def judge(current: RunSummary, baseline: RunSummary, *, name: str, max_latency_regression: float = 0.2,
-          fail_on: FailOn = "drift") -> tuple[list[str], ExitCode]:
+def judge(
+    current: RunSummary,
+    baseline: RunSummary,
+    *,
+    name: str,
+    max_latency_regression: float = 0.2,
+    fail_on: FailOn = "drift",
+) -> tuple[list[str], ExitCode]:
     """The ``--baseline`` gate: the lines it prints and its exit code (``exitcode.for_run``). A run whose target
     failed or gave too little evidence is compared with nothing: it exits TARGET on its own."""
     if exitcode.for_summary(current) == ExitCode.TARGET:
         return [], exitcode.for_run(current, fail_on=fail_on)
-    changes = compare_to_baseline(current, baseline, max_latency_regression=max_latency_regression, fail_on=fail_on)
+    changes = compare_to_baseline(
+        current, baseline, max_latency_regression=max_latency_regression, fail_on=fail_on
+    )
     regressions = sum(c.regression for c in changes)
     lines = [f"{c.label} {c.kind} {c.cell}: {c.detail}" for c in changes]
     lines.append(f"against baseline {name}: {regressions} regression(s)")
     return lines, exitcode.for_run(current, fail_on=fail_on, regressions=regressions)
 
 
-def compare_to_baseline(current: RunSummary, baseline: RunSummary, *, max_latency_regression: float = 0.2,
-                        fail_on: FailOn = "drift") -> list[Change]:
+def compare_to_baseline(
+    current: RunSummary,
+    baseline: RunSummary,
+    *,
+    max_latency_regression: float = 0.2,
+    fail_on: FailOn = "drift",
+) -> list[Change]:
     """What changed, cell by cell (probe cells only), by the rule above. An unchanged server asked the same gives an
     empty list."""
     old = {_key(c): c for c in baseline.probe_cells()}
@@ -93,67 +122,144 @@ def compare_to_baseline(current: RunSummary, baseline: RunSummary, *, max_latenc
     seen_by_probe: dict[tuple[str, str], set[str]] = {}
     for c in old.values():
         seen_by_probe.setdefault((c.probe, c.mode), set()).update(c.output_hashes)
-    # Under load.prefix_cache's marker each run's rounds open with their own run id: other inputs than the
+    # Under load.prefix_cache's marker each run's rounds open with their own run id: other inputs
+    # than the
     # baseline's, whose answers were never to be seen there.
-    fresh_inputs = any((s.prefix_cache or {}).get("method") == "marker" for s in (current, baseline))
+    fresh_inputs = any(
+        (s.prefix_cache or {}).get("method") == "marker" for s in (current, baseline)
+    )
     changes: list[Change] = []
     for cell in current.probe_cells():
         name = cell.name
         before = old.get(_key(cell))
         if before is None:
-            changes.append(_judged_alone(cell, fail_on, "new_cell", "new cell (not in the baseline)"))
+            changes.append(
+                _judged_alone(cell, fail_on, "new_cell", "new cell (not in the baseline)")
+            )
             continue
         changed = _input_change(current, baseline, cell.probe)
         if changed:
-            changes.append(_judged_alone(cell, fail_on, "input_changed", f"input changed: {changed} (outputs and "
-                                         "latency not compared with the baseline's)"))
+            changes.append(
+                _judged_alone(
+                    cell,
+                    fail_on,
+                    "input_changed",
+                    f"input changed: {changed} (outputs and "
+                    "latency not compared with the baseline's)",
+                )
+            )
             continue
         if not before.ok:
             if _fails_alone(cell, fail_on):
-                changes.append(Change("new_drift", name, f"{_drift_words(cell, fail_on)}; the baseline had no ok "
-                                      "sample here"))
+                changes.append(
+                    Change(
+                        "new_drift",
+                        name,
+                        f"{_drift_words(cell, fail_on)}; the baseline had no ok sample here",
+                    )
+                )
             continue
         if cell.drift and not before.drift:
-            changes.append(Change("new_drift", name, f"{cell.distinct} distinct in {cell.ok} "
-                                  f"(baseline: 1 in {before.ok}), first divergence at "
-                                  f"{position_label(char=cell.first_divergence_chars)}"
-                                  + _cuts_clause(cell, before), regression=_worse(cell, fail_on)))
+            changes.append(
+                Change(
+                    "new_drift",
+                    name,
+                    f"{cell.distinct} distinct in {cell.ok} "
+                    f"(baseline: 1 in {before.ok}), first divergence at "
+                    f"{position_label(char=cell.first_divergence_chars)}"
+                    + _cuts_clause(cell, before),
+                    regression=_worse(cell, fail_on),
+                )
+            )
         elif before.drift and not cell.drift and cell.ok:
-            changes.append(Change("fixed", name,
-                                  f"one output in {cell.ok} (baseline: {before.distinct} distinct)"
-                                  + _cuts_clause(before, cell), regression=False))
-        # Latent drift is news only against a baseline whose logprobs were compared and had none; a cell
-        # whose logprobs now cover only some samples is no change by itself, and latent drift among those
+            changes.append(
+                Change(
+                    "fixed",
+                    name,
+                    f"one output in {cell.ok} (baseline: {before.distinct} distinct)"
+                    + _cuts_clause(before, cell),
+                    regression=False,
+                )
+            )
+        # Latent drift is news only against a baseline whose logprobs were compared and had none; a
+        # cell
+        # whose logprobs now cover only some samples is no change by itself, and latent drift among
+        # those
         # it covers is still latent drift.
-        if cell.latent_drift and before.logprob_samples and not before.latent_drift and not before.drift:
-            then = (f"bitwise equal in {before.logprob_samples} samples" if before.logprob_bitwise else
-                    f"no logprob claim, logprobs in {before.logprob_samples} of {before.ok}, those equal")
-            changes.append(Change("new_latent_drift", name, f"same text as serial, logprobs differ from "
-                                  f"{position_label(token=cell.first_logprob_divergence_token)} (baseline: {then})",
-                                  regression=fail_on != "bad"))
+        if (
+            cell.latent_drift
+            and before.logprob_samples
+            and not before.latent_drift
+            and not before.drift
+        ):
+            then = (
+                f"bitwise equal in {before.logprob_samples} samples"
+                if before.logprob_bitwise
+                else f"no logprob claim, logprobs in {before.logprob_samples} of {before.ok}, those equal"
+            )
+            changes.append(
+                Change(
+                    "new_latent_drift",
+                    name,
+                    f"same text as serial, logprobs differ from "
+                    f"{position_label(token=cell.first_logprob_divergence_token)} (baseline: "
+                    f"{then})",
+                    regression=fail_on != "bad",
+                )
+            )
         elif before.latent_drift and cell.logprob_bitwise and not cell.drift:
-            changes.append(Change("fixed", name, f"logprobs bitwise equal to serial in {cell.logprob_samples} "
-                                  "samples (baseline: latent drift)", regression=False))
+            changes.append(
+                Change(
+                    "fixed",
+                    name,
+                    f"logprobs bitwise equal to serial in {cell.logprob_samples} "
+                    "samples (baseline: latent drift)",
+                    regression=False,
+                )
+            )
         seen = seen_by_probe.get((cell.probe, cell.mode), set())
         unseen = [h for h in cell.output_hashes if h not in seen]
-        # A cell that drifted then and drifts now draws new outputs every night: that is the known drift,
-        # not a changed model (a changed model shows in the cells that were stable, the serial one first).
+        # A cell that drifted then and drifts now draws new outputs every night: that is the known
+        # drift,
+        # not a changed model (a changed model shows in the cells that were stable, the serial one
+        # first).
         known_drift = before.drift and cell.drift
         if seen and unseen and not known_drift and not fresh_inputs:
-            unknown = "" if baseline.inputs is not None else (" (the baseline does not record its inputs: a "
-                                                              "changed input would read the same)")
-            changes.append(Change("unseen_output", name, f"{len(unseen)} output(s) never seen in the baseline: "
-                                  f"the model or server changed{unknown}", regression=_worse(cell, fail_on)))
+            unknown = (
+                ""
+                if baseline.inputs is not None
+                else (
+                    " (the baseline does not record its inputs: a "
+                    "changed input would read the same)"
+                )
+            )
+            changes.append(
+                Change(
+                    "unseen_output",
+                    name,
+                    f"{len(unseen)} output(s) never seen in the baseline: "
+                    f"the model or server changed{unknown}",
+                    regression=_worse(cell, fail_on),
+                )
+            )
         for metric in LATENCY_METRICS:
             now = cell.latency.get(metric, {}).get("p50")
             then = before.latency.get(metric, {}).get("p50")
             if now and then and now > then * (1 + max_latency_regression):
-                changes.append(Change("latency", name, f"{metric} p50 {now * 1000:.1f} ms vs {then * 1000:.1f} ms "
-                                      f"(+{now / then - 1:.0%}, limit +{max_latency_regression:.0%})"))
+                changes.append(
+                    Change(
+                        "latency",
+                        name,
+                        f"{metric} p50 {now * 1000:.1f} ms vs {then * 1000:.1f} ms "
+                        f"(+{now / then - 1:.0%}, limit +{max_latency_regression:.0%})",
+                    )
+                )
     current_keys = {_key(c) for c in current.probe_cells()}
     for key, before in old.items():
         if key not in current_keys:
-            changes.append(Change("missing_cell", before.name, "in the baseline but not in this run"))
+            changes.append(
+                Change("missing_cell", before.name, "in the baseline but not in this run")
+            )
     return changes + accuracy_changes(current, baseline)
 
 
@@ -176,22 +282,41 @@ def accuracy_changes(current: RunSummary, baseline: RunSummary) -> list[Change]:
             regraded.add(c.probe)
             continue
         pairs.setdefault((c.mode, c.concurrency, c.rate), []).append((then[_key(c)], now))
-    changes = [Change("grading_changed", probe, "graded by another rule than in the baseline (expected, grade or "
-                      "grade_tolerance changed): its grades are not paired with the baseline's, so no accuracy is "
-                      "lost or gained by them; its outputs are compared as before", regression=False)
-               for probe in sorted(regraded)]
-    for (mode, concurrency, rate), graded in sorted(pairs.items(), key=lambda kv: (kv[0][0], level_order(*kv[0][1:]))):
+    changes = [
+        Change(
+            "grading_changed",
+            probe,
+            "graded by another rule than in the baseline (expected, grade or "
+            "grade_tolerance changed): its grades are not paired with the baseline's, so no "
+            "accuracy is "
+            "lost or gained by them; its outputs are compared as before",
+            regression=False,
+        )
+        for probe in sorted(regraded)
+    ]
+    for (mode, concurrency, rate), graded in sorted(
+        pairs.items(), key=lambda kv: (kv[0][0], level_order(*kv[0][1:]))
+    ):
         lost = sum(1 for was, now in graded if was and not now)
         gained = sum(1 for was, now in graded if now and not was)
         if not lost and not gained:
             continue
         n = len(graded)
         before, after = sum(was for was, _ in graded), sum(now for _, now in graded)
-        detail = (f"accuracy {before / n:.1%} → {after / n:.1%} over {n} probes graded in both ({before} → {after} "
-                  f"good): {lost} good→bad, {gained} bad→good against the baseline, McNemar p "
-                  f"{mcnemar_exact(lost, gained):.3g}")
-        changes.append(Change("accuracy_lost" if lost else "accuracy_gained",
-                              f"{mode}/{level_label(concurrency, rate)}", detail, regression=bool(lost)))
+        detail = (
+            f"accuracy {before / n:.1%} → {after / n:.1%} over {n} probes graded in both ({before} "
+            f"→ {after} "
+            f"good): {lost} good→bad, {gained} bad→good against the baseline, McNemar p "
+            f"{mcnemar_exact(lost, gained):.3g}"
+        )
+        changes.append(
+            Change(
+                "accuracy_lost" if lost else "accuracy_gained",
+                f"{mode}/{level_label(concurrency, rate)}",
+                detail,
+                regression=bool(lost),
+            )
+        )
     return changes
 
 
@@ -211,17 +336,26 @@ def _worse(cell: CellSummary, fail_on: FailOn) -> bool:
 
 def _drift_words(cell: CellSummary, fail_on: FailOn) -> str:
     if cell.drift:
-        return (f"{cell.distinct} distinct in {cell.ok}, first divergence at "
-                f"{position_label(char=cell.first_divergence_chars)}")
+        return (
+            f"{cell.distinct} distinct in {cell.ok}, first divergence at "
+            f"{position_label(char=cell.first_divergence_chars)}"
+        )
     if fail_on == "latent" and cell.latent_drift:
-        return (f"same text as serial, logprobs differ from "
-                f"{position_label(token=cell.first_logprob_divergence_token)}")
+        return (
+            f"same text as serial, logprobs differ from "
+            f"{position_label(token=cell.first_logprob_divergence_token)}"
+        )
     return f"held: one output in {cell.ok}"
 
 
 def _judged_alone(cell: CellSummary, fail_on: FailOn, kind: ChangeKind, why: str) -> Change:
     """A cell with nothing in the baseline to hold it against: a regression when it fails the run's own rule."""
-    return Change(kind, cell.name, f"{why}; {_drift_words(cell, fail_on)}", regression=_fails_alone(cell, fail_on))
+    return Change(
+        kind,
+        cell.name,
+        f"{why}; {_drift_words(cell, fail_on)}",
+        regression=_fails_alone(cell, fail_on),
+    )
 
 
 def _input_change(current: RunSummary, baseline: RunSummary, probe: str) -> str:
@@ -232,11 +366,17 @@ def _input_change(current: RunSummary, baseline: RunSummary, probe: str) -> str:
         return ""
     parts = []
     if now.get("input") != then.get("input"):
-        # A summary from before the grading was hashed apart hashed it with the input: where either run grades the
+        # A summary from before the grading was hashed apart hashed it with the input: where either
+        # run grades the
         # probe, which of the two changed cannot be told.
-        lumped = "grading" not in then and (now.get("grading", UNGRADED) != UNGRADED or _graded_in(baseline, probe))
-        parts.append("the prompt, messages or grading (the baseline hashed them as one)" if lumped
-                     else "the prompt or messages")
+        lumped = "grading" not in then and (
+            now.get("grading", UNGRADED) != UNGRADED or _graded_in(baseline, probe)
+        )
+        parts.append(
+            "the prompt, messages or grading (the baseline hashed them as one)"
+            if lumped
+            else "the prompt or messages"
+        )
     if now.get("params") != then.get("params"):
         parts.append("params")
     if now.get("max_tokens") != then.get("max_tokens"):
@@ -266,8 +406,11 @@ def _cuts_clause(drifted: CellSummary, held: CellSummary) -> str:
     the one that held had none: the same level without them is the evidence (``--set load.cancel_share=0``)."""
     if not drifted.cancelled or held.cancelled:
         return ""
-    return (f"; probe drifted only in levels with cancellations: ✂{drifted.cancelled} where it drifted, none where "
-            "it held")
+    return (
+        f"; probe drifted only in levels with cancellations: ✂{drifted.cancelled} where it "
+        f"drifted, none where "
+        "it held"
+    )
 
 
 def _key(cell: CellSummary) -> tuple:

@@ -16,8 +16,10 @@ from kevload.compare.graded import level_name
 from kevload.outputs.spelling import visible
 from kevload.summary import CellSummary, RunSummary, label_of
 
-MATRIX_ROWS = 20  # graded probes past which the terminal shows the accuracy table instead of the matrix
-_LISTED = 5        # cells a many-probe run lists by name under a finding (the rest are counted)
+MATRIX_ROWS = (
+    20  # graded probes past which the terminal shows the accuracy table instead of the matrix
+)
+_LISTED = 5  # cells a many-probe run lists by name under a finding (the rest are counted)
 ACCURACY_COLUMNS = ("level", "n", "accuracy [95% CI]", "good→bad", "bad→good", "McNemar p")
 
 
@@ -48,30 +50,49 @@ def accuracy_rows(summary: RunSummary) -> list[list[str]]:
     rows = []
     for entry in summary.accuracy or ():
         low, high = entry["ci95"]
-        accuracy = "-" if entry["accuracy"] is None else \
-            f"{entry['accuracy']:.1%} [{low * 100:.1f}, {high * 100:.1f}]"
+        accuracy = (
+            "-"
+            if entry["accuracy"] is None
+            else f"{entry['accuracy']:.1%} [{low * 100:.1f}, {high * 100:.1f}]"
+        )
         serial = entry["mcnemar_p"] is None
-        rows.append([level_name(entry), str(entry["n"]), f"{entry['good']} good, {accuracy}",
-                     "serial" if serial else str(entry["good_to_bad"]), "" if serial else str(entry["bad_to_good"]),
-                     "" if serial else f"{entry['mcnemar_p']:.3g}" + (" (fell)" if entry["fell"] else "")])
+        rows.append(
+            [
+                level_name(entry),
+                str(entry["n"]),
+                f"{entry['good']} good, {accuracy}",
+                "serial" if serial else str(entry["good_to_bad"]),
+                "" if serial else str(entry["bad_to_good"]),
+                ""
+                if serial
+                else f"{entry['mcnemar_p']:.3g}" + (" (fell)" if entry["fell"] else ""),
+            ]
+        )
     return rows
 
 
 def level_text(entry: Mapping[str, Any]) -> str:
     """One level of ``accuracy`` in a line (JUnit, the demo): accuracy with its interval, then against serial."""
     low, high = entry["ci95"]
-    accuracy = "-" if entry["accuracy"] is None else f"{entry['accuracy']:.1%} [{low:.1%}, {high:.1%}]"
+    accuracy = (
+        "-" if entry["accuracy"] is None else f"{entry['accuracy']:.1%} [{low:.1%}, {high:.1%}]"
+    )
     text = f"{level_name(entry)}: accuracy {accuracy} ({entry['good']} of {entry['n']} probes good)"
     if entry["mcnemar_p"] is None:
         return text + "; the serial level, the reference"
-    return (text + f"; against serial over {entry['paired']} paired probes: {entry['good_to_bad']} good→bad, "
-            f"{entry['bad_to_good']} bad→good, McNemar p {entry['mcnemar_p']:.3g}"
-            + (" (fell significantly)" if entry["fell"] else ""))
+    return (
+        text + f"; against serial over {entry['paired']} paired probes: {entry['good_to_bad']} "
+        f"good→bad, "
+        f"{entry['bad_to_good']} bad→good, McNemar p {entry['mcnemar_p']:.3g}"
+        + (" (fell significantly)" if entry["fell"] else "")
+    )
 
 
 def accuracy_table(summary: RunSummary) -> Table:
-    grid = Table(title="graded answers per level (probes: good when every answer there is good; paired with serial)",
-                 title_justify="left")
+    grid = Table(
+        title="graded answers per level (probes: good when every answer there is good; paired with serial)",
+        title_justify="left",
+    )
     for name in ACCURACY_COLUMNS:
         grid.add_column(name, justify="left" if name == "level" else "right")
     for row in accuracy_rows(summary):
@@ -83,8 +104,12 @@ def accuracy_markdown(summary: RunSummary) -> list[str]:
     if not graded(summary):
         return []
     rule = "| --- | " + " | ".join("---:" for _ in ACCURACY_COLUMNS[1:]) + " |"
-    return ["", "| " + " | ".join(ACCURACY_COLUMNS) + " |", rule,
-            *("| " + " | ".join(row) + " |" for row in accuracy_rows(summary))]
+    return [
+        "",
+        "| " + " | ".join(ACCURACY_COLUMNS) + " |",
+        rule,
+        *("| " + " | ".join(row) + " |" for row in accuracy_rows(summary)),
+    ]
 
 
 def cell_line(cell: CellSummary) -> str | None:
@@ -92,13 +117,17 @@ def cell_line(cell: CellSummary) -> str | None:
     if cell.graded_good is None:
         return None
     counts = f"{cell.graded_good} good, {cell.graded_bad} bad" + (
-        f", {cell.grade_failed} not graded (grader failed)" if cell.grade_failed else "")
+        f", {cell.grade_failed} not graded (grader failed)" if cell.grade_failed else ""
+    )
     if cell.flips_good_to_bad or cell.flips_bad_to_good:
         way = "good→bad" if cell.flips_good_to_bad else "bad→good"
         n = cell.flips_good_to_bad or cell.flips_bad_to_good
-        return (f"{cell.label}: {n} {way} against a serial level whose answers were all "
-                f"{'good' if cell.flips_good_to_bad else 'bad'} ({counts}); e.g. {_quote(cell.flip_answer)} "
-                f"where serial answered {_quote(cell.flip_serial_answer)}")
+        return (
+            f"{cell.label}: {n} {way} against a serial level whose answers were all "
+            f"{'good' if cell.flips_good_to_bad else 'bad'} ({counts}); e.g. "
+            f"{_quote(cell.flip_answer)} "
+            f"where serial answered {_quote(cell.flip_serial_answer)}"
+        )
     if cell.serial_grade == "mixed" and cell.reference_level != cell.level:
         return f"{cell.label}: {counts}; serial answers mixed good and bad, so no flip is counted"
     if cell.serial_grade == "mixed":
@@ -117,7 +146,8 @@ def cell_figures(cell: CellSummary) -> str | None:
     if cell.graded_good is None:
         return None
     text = f"graded {cell.graded_good} good, {cell.graded_bad} bad" + (
-        f", {cell.grade_failed} not graded (grader failed)" if cell.grade_failed else "")
+        f", {cell.grade_failed} not graded (grader failed)" if cell.grade_failed else ""
+    )
     if cell.good_share is not None and cell.good_share_ci95:
         low, high = cell.good_share_ci95
         text += f", good share {cell.good_share:.1%} [{low:.1%}, {high:.1%}]"
@@ -126,8 +156,10 @@ def cell_figures(cell: CellSummary) -> str | None:
     if cell.flips_good_to_bad is None:
         why = "mixed good and bad" if cell.serial_grade == "mixed" else "not graded"
         return text + f"; serial answers {why}, so no flip is counted"
-    text += f"; against serial (all {cell.serial_grade}): {cell.flips_good_to_bad} good→bad, " \
-            f"{cell.flips_bad_to_good} bad→good"
+    text += (
+        f"; against serial (all {cell.serial_grade}): {cell.flips_good_to_bad} good→bad, "
+        f"{cell.flips_bad_to_good} bad→good"
+    )
     if cell.flip_answer is not None:
         text += f"; e.g. {_quote(cell.flip_answer)} where serial answered {_quote(cell.flip_serial_answer)}"
     return text
@@ -160,7 +192,11 @@ def turned_bad_lines(summary: RunSummary) -> list[str]:
     """The probe cells where load turned a good serial answer bad, in one line (none without any): what
     ``--fail-on bad`` fails on beside ``gate_lines``."""
     flipped = summary.bad_cells or ()
-    return [f"{len(flipped)} probe cells with answers load turned bad: {_names(flipped)}"] if flipped else []
+    return (
+        [f"{len(flipped)} probe cells with answers load turned bad: {_names(flipped)}"]
+        if flipped
+        else []
+    )
 
 
 def gate_lines(summary: RunSummary) -> list[str]:
@@ -168,9 +204,15 @@ def gate_lines(summary: RunSummary) -> list[str]:
     load.min_good_share, a python grader that failed."""
     out = []
     if summary.accuracy_fell_levels:
-        out.append("accuracy fell significantly (McNemar p < 0.05) at " + ", ".join(summary.accuracy_fell_levels))
+        out.append(
+            "accuracy fell significantly (McNemar p < 0.05) at "
+            + ", ".join(summary.accuracy_fell_levels)
+        )
     if summary.good_share_failed_cells:
-        out.append(f"under load.min_good_share {summary.min_good_share:.1%}: {_names(summary.good_share_failed_cells)}")
+        out.append(
+            f"under load.min_good_share {summary.min_good_share:.1%}: "
+            f"{_names(summary.good_share_failed_cells)}"
+        )
     return out + [f"grader failed: {error}" for error in summary.grade_errors or ()]
 
 

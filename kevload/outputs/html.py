@@ -30,13 +30,22 @@ from kevload.outputs.report import (
 )
 from kevload.outputs.spelling import visible
 from kevload.records.store import Record, redact
-from kevload.summary import CellSummary, RunSummary, answered_per_s, levels_of, position_label, row_cells
+from kevload.summary import (
+    CellSummary,
+    RunSummary,
+    answered_per_s,
+    levels_of,
+    position_label,
+    row_cells,
+)
 from kevload.words import CANCELLED, OK
 
 STABLE = "#2e7d32"
 DRIFT = "#c62828"
 SHORT = "#ef6c00"  # no drift seen, but fewer ok samples than asked: no claim either way
-LATENT = "#6a1b9a"  # the serial text, other per-token logprobs: numerics differ, no token flipped yet
+LATENT = (
+    "#6a1b9a"  # the serial text, other per-token logprobs: numerics differ, no token flipped yet
+)
 EMPTY = "#9e9e9e"
 
 _CSS = """
@@ -59,15 +68,26 @@ def run_report(summary: RunSummary, meta: dict[str, Any], records: Iterable[Reco
     body = [
         f"<h1>kevload run {_e(meta.get('run_id'))}: {_e(meta.get('scenario_name'))}</h1>",
         f"<p>target {_e(meta.get('target', {}).get('base_url'))} · model {_e(meta.get('target', {}).get('model'))}"
-        f" · {_e(meta.get('started_at'))} – {_e(meta.get('ended_at'))} · state {_e(meta.get('state'))}</p>",
+        f" · {_e(meta.get('started_at'))} – {_e(meta.get('ended_at'))} · state "
+        f"{_e(meta.get('state'))}</p>",
         f"<p class=verdict>{_e(verdict_line(summary))}</p>",
-        "<h2>Distinct outputs per probe × level</h2>", _heatmap(rows, levels_of(cells)), _notes(summary),
-        "<h2>Agreement with the serial output</h2>", _agreement(summary), *_graded(summary),
-        "<h2>Latency by level</h2>", _latency(cells), *_server_view(summary), *_cold_warm(summary),
+        "<h2>Distinct outputs per probe × level</h2>",
+        _heatmap(rows, levels_of(cells)),
+        _notes(summary),
+        "<h2>Agreement with the serial output</h2>",
+        _agreement(summary),
+        *_graded(summary),
+        "<h2>Latency by level</h2>",
+        _latency(cells),
+        *_server_view(summary),
+        *_cold_warm(summary),
         f"<p>{_e(slo_line(summary))}</p>" if summary.slo else "",
-        "<h2>Where outputs first diverge</h2>", _divergence(cells),
-        "<h2>Requests finished per second, ok and errors</h2>", _timeline(records),
-        # Masked again here: a run.json written before header values stopped being stored may still hold some.
+        "<h2>Where outputs first diverge</h2>",
+        _divergence(cells),
+        "<h2>Requests finished per second, ok and errors</h2>",
+        _timeline(records),
+        # Masked again here: a run.json written before header values stopped being stored may still
+        # hold some.
         "<h2>Run parameters</h2>",
         f"<pre>{_e(json.dumps(redact(meta.get('scenario'), []), indent=2, ensure_ascii=False))}</pre>",
     ]
@@ -79,23 +99,47 @@ def sweep_report(sweep: dict[str, Any]) -> str:
     for row in sweep["rows"]:
         for cell in row_cells(row):
             rows.setdefault(f"{row['setting']} · {cell.probe} ({cell.mode})", {})[cell.level] = cell
-    throughput = ["<table><tr><th>setting</th>" + "".join(f"<th>{_e(lv)} answered/s</th>" for lv in sweep["levels"])
-                  + "</tr>"]
+    throughput = [
+        "<table><tr><th>setting</th>"
+        + "".join(f"<th>{_e(lv)} answered/s</th>" for lv in sweep["levels"])
+        + "</tr>"
+    ]
     for name, by_level in rows.items():
-        throughput.append(f"<tr><td>{_e(name)}</td>" + "".join(
-            f"<td>{_num(answered_per_s(by_level[lv]) if lv in by_level else None)}</td>" for lv in sweep["levels"])
-            + "</tr>")
+        throughput.append(
+            f"<tr><td>{_e(name)}</td>"
+            + "".join(
+                f"<td>{_num(answered_per_s(by_level[lv]) if lv in by_level else None)}</td>"
+                for lv in sweep["levels"]
+            )
+            + "</tr>"
+        )
     throughput.append("</table>")
-    # A setting that failed or never ran may have no cell at all: the reason is its only trace, as in sweep.md.
-    failed = [f"<li>{_e(row['setting'])}: {_e(row['error'].splitlines()[0])}</li>" for row in sweep["rows"]
-              if row.get("error")]
-    failed += [f"<li>{_e(row['setting'])}: {_e(row['verdict_line'])}</li>" for row in sweep["rows"]
-               if row.get("verdict") == "not_run"]
-    body = ["<h1>kevload sweep</h1>", f"<pre>{_e(json.dumps(sweep['grid'], indent=2))}</pre>",
-            *_max_at_slo(sweep),
-            *(["<h2>Settings that failed or did not run</h2>", f"<ul>{''.join(failed)}</ul>"] if failed else []),
-            "<h2>Distinct outputs per setting × level</h2>", _heatmap(rows, sweep["levels"]),
-            "<h2>Throughput</h2>", "".join(throughput)]
+    # A setting that failed or never ran may have no cell at all: the reason is its only trace, as
+    # in sweep.md.
+    failed = [
+        f"<li>{_e(row['setting'])}: {_e(row['error'].splitlines()[0])}</li>"
+        for row in sweep["rows"]
+        if row.get("error")
+    ]
+    failed += [
+        f"<li>{_e(row['setting'])}: {_e(row['verdict_line'])}</li>"
+        for row in sweep["rows"]
+        if row.get("verdict") == "not_run"
+    ]
+    body = [
+        "<h1>kevload sweep</h1>",
+        f"<pre>{_e(json.dumps(sweep['grid'], indent=2))}</pre>",
+        *_max_at_slo(sweep),
+        *(
+            ["<h2>Settings that failed or did not run</h2>", f"<ul>{''.join(failed)}</ul>"]
+            if failed
+            else []
+        ),
+        "<h2>Distinct outputs per setting × level</h2>",
+        _heatmap(rows, sweep["levels"]),
+        "<h2>Throughput</h2>",
+        "".join(throughput),
+    ]
     return _page("kevload sweep", body)
 
 
@@ -109,50 +153,96 @@ def _max_at_slo(sweep: dict[str, Any]) -> list[str]:
         minimum = row.get("min_slo_attainment")
         within = f"≥ {minimum:.1%} within " if minimum is not None else "all within "
         for probe, level in row["max_at_slo"].items():
-            out.append(f"<tr><td>{_e(row['setting'])}</td><td>{_e(probe)}</td><td>{_e(level or 'none')}</td>"
-                       f"<td>{_e(within + slo_bounds_text(row['slo']))}</td></tr>")
+            out.append(
+                f"<tr><td>{_e(row['setting'])}</td><td>{_e(probe)}</td><td>{_e(level or 'none')}</td>"
+                f"<td>{_e(within + slo_bounds_text(row['slo']))}</td></tr>"
+            )
     return ["<h2>Highest level at SLO</h2>", "".join(out) + "</table>"]
 
 
 def _heatmap(rows: dict[str, dict[str, CellSummary]], levels: list[str]) -> str:
-    out = ["<table id=heatmap><tr><th>probe</th>" + "".join(f"<th>{_e(lv)}</th>" for lv in levels) + "</tr>"]
+    out = [
+        "<table id=heatmap><tr><th>probe</th>"
+        + "".join(f"<th>{_e(lv)}</th>" for lv in levels)
+        + "</tr>"
+    ]
     for name, by_level in rows.items():
         out.append(f"<tr><td>{_e(name)}</td>")
         for level in levels:
             cell = by_level.get(level)
             if cell is None or not cell.ok:
-                out.append(f'<td class=cell style="background:{EMPTY}">{_e(cell_text(cell) if cell else "–")}</td>')
+                out.append(
+                    f'<td class=cell style="background:{EMPTY}">{_e(cell_text(cell) if cell else "–")}</td>'
+                )
                 continue
-            colour = DRIFT if cell.drift else SHORT if cell.short else LATENT if cell.latent_drift else STABLE
-            title = cell_phrase(cell) + (f"; latent drift: {latent_text(cell)}" if cell.latent_drift else
-                                         f"; {logprob_gap_text(cell, cell.level)}" if cell.logprob_gap else "") \
-                + (f"; † {never_full_text(cell)}" if cell.samples_never_full else "") \
+            colour = (
+                DRIFT
+                if cell.drift
+                else SHORT
+                if cell.short
+                else LATENT
+                if cell.latent_drift
+                else STABLE
+            )
+            title = (
+                cell_phrase(cell)
+                + (
+                    f"; latent drift: {latent_text(cell)}"
+                    if cell.latent_drift
+                    else f"; {logprob_gap_text(cell, cell.level)}"
+                    if cell.logprob_gap
+                    else ""
+                )
+                + (f"; † {never_full_text(cell)}" if cell.samples_never_full else "")
                 + (f"; {cell.server_note}" if cell.server_note else "")
-            out.append(f'<td class=cell style="background:{colour}" title="{_e(title)}">'
-                       f'{_e(cell_text(cell))}</td>')
+            )
+            out.append(
+                f'<td class=cell style="background:{colour}" title="{_e(title)}">'
+                f"{_e(cell_text(cell))}</td>"
+            )
         out.append("</tr>")
-    out.append(f"</table><p class=legend>cell: distinct outputs · <span style='background:{STABLE}'></span>one "
-               f"output, same as serial <span style='background:{DRIFT}'></span>drift (all≠serial: the copies "
-               f"agree with each other, not with serial) <span style='background:{SHORT}'></span>no drift seen, "
-               f"fewer ok samples than asked (ok/asked) <span style='background:{LATENT}'></span>~ latent drift: the "
-               f"serial text, other per-token logprobs <span style='background:{EMPTY}'></span>no ok sample · † some "
-               "counted samples never had c − 1 others in flight (from the records' send and last-byte times)</p>")
+    out.append(
+        f"</table><p class=legend>cell: distinct outputs · <span "
+        f"style='background:{STABLE}'></span>one "
+        f"output, same as serial <span style='background:{DRIFT}'></span>drift (all≠serial: the "
+        f"copies "
+        f"agree with each other, not with serial) <span style='background:{SHORT}'></span>no drift "
+        f"seen, "
+        f"fewer ok samples than asked (ok/asked) <span style='background:{LATENT}'></span>~ latent "
+        f"drift: the "
+        f"serial text, other per-token logprobs <span style='background:{EMPTY}'></span>no ok "
+        f"sample · † some "
+        "counted samples never had c − 1 others in flight (from the records' send and last-byte "
+        "times)</p>"
+    )
     return "".join(out)
 
 
 def _rows_table(table_id: str, columns: Iterable[str], rows: Iterable[Iterable[object]]) -> str:
     """A table's head and rows, every value escaped; the caller closes it (a note may follow inside the string)."""
-    return (f"<table id={table_id}><tr>" + "".join(f"<th>{_e(name)}</th>" for name in columns) + "</tr>"
-            + "".join("<tr>" + "".join(f"<td>{_e(value)}</td>" for value in row) + "</tr>" for row in rows))
+    return (
+        f"<table id={table_id}><tr>"
+        + "".join(f"<th>{_e(name)}</th>" for name in columns)
+        + "</tr>"
+        + "".join(
+            "<tr>" + "".join(f"<td>{_e(value)}</td>" for value in row) + "</tr>" for row in rows
+        )
+    )
 
 
 def _agreement(summary: RunSummary) -> str:
     rows = agreement_rows(summary)
     out = [_rows_table("agreement", AGREEMENT_COLUMNS, rows)]
-    out.append("</table><p>exact match: share of samples with the serial output (Wilson interval); token agreement: "
-               "mean share of token positions equal to serial before the first divergence; logprobs: every ok "
-               "sample's logprobs compared and bitwise equal to serial (=), or from which token and by how much "
-               "they differ, or no claim where some ok samples came without logprobs. Positions count from 0.</p>")
+    out.append(
+        "</table><p>exact match: share of samples with the serial output (Wilson interval); token "
+        "agreement: "
+        "mean share of token positions equal to serial before the first divergence; logprobs: "
+        "every ok "
+        "sample's logprobs compared and bitwise equal to serial (=), or from which token and by "
+        "how much "
+        "they differ, or no claim where some ok samples came without logprobs. Positions count "
+        "from 0.</p>"
+    )
     return "".join(out)
 
 
@@ -161,30 +251,59 @@ def _graded(summary: RunSummary) -> list[str]:
     and one flipped answer beside the serial one (the per-probe detail a dataset's terminal table leaves out)."""
     if not gradedview.graded(summary):
         return []
-    levels = [_rows_table("accuracy", gradedview.ACCURACY_COLUMNS, gradedview.accuracy_rows(summary))]
-    columns = ("probe / level", "good", "bad", "good share [95% CI]", "serial answers", "good→bad", "bad→good",
-               "flipped answer", "serial answer")
+    levels = [
+        _rows_table("accuracy", gradedview.ACCURACY_COLUMNS, gradedview.accuracy_rows(summary))
+    ]
+    columns = (
+        "probe / level",
+        "good",
+        "bad",
+        "good share [95% CI]",
+        "serial answers",
+        "good→bad",
+        "bad→good",
+        "flipped answer",
+        "serial answer",
+    )
     cells = ["<table id=graded><tr>" + "".join(f"<th>{_e(n)}</th>" for n in columns) + "</tr>"]
     for c in sorted(summary.probe_cells(), key=lambda c: (c.probe, c.mode, c.level_order)):
         if c.graded_good is None:
             continue
-        share = "–" if c.good_share is None else \
-            f"{c.good_share:.1%} [{c.good_share_ci95[0]:.1%}, {c.good_share_ci95[1]:.1%}]"
+        share = (
+            "–"
+            if c.good_share is None
+            else f"{c.good_share:.1%} [{c.good_share_ci95[0]:.1%}, {c.good_share_ci95[1]:.1%}]"
+        )
         reference = c.level == c.reference_level
         failed = f" ({c.grade_failed} not graded: grader failed)" if c.grade_failed else ""
-        values = (c.label, c.graded_good, f"{c.graded_bad}{failed}", share,
-                  "reference" if reference else c.serial_grade or "not graded",
-                  "" if reference else _count(c.flips_good_to_bad), "" if reference else _count(c.flips_bad_to_good))
-        cells.append("<tr>" + "".join(f"<td>{_e(v)}</td>" for v in values)
-                     + f"<td><pre>{_e(c.flip_answer or '')}</pre></td><td><pre>{_e(c.flip_serial_answer or '')}"
-                     "</pre></td></tr>")
+        values = (
+            c.label,
+            c.graded_good,
+            f"{c.graded_bad}{failed}",
+            share,
+            "reference" if reference else c.serial_grade or "not graded",
+            "" if reference else _count(c.flips_good_to_bad),
+            "" if reference else _count(c.flips_bad_to_good),
+        )
+        cells.append(
+            "<tr>"
+            + "".join(f"<td>{_e(v)}</td>" for v in values)
+            + f"<td><pre>{_e(c.flip_answer or '')}</pre></td><td><pre>{_e(c.flip_serial_answer or '')}"
+            "</pre></td></tr>"
+        )
     notes = gradedview.lines(summary)
-    return ["<h2>Good or bad: graded answers</h2>", "".join(levels) + "</table>",
-            "<p>a probe is good at a level when every answer it got there is graded good; good→bad and bad→good "
-            "count probes against their own serial level, with the exact McNemar test over those pairs.</p>",
-            "".join(cells) + "</table><p>good→bad: answers graded bad where every serial answer was good (bad→good "
-            "the reverse); none counted where the serial answers are mixed.</p>",
-            "<ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>" if notes else ""]
+    return [
+        "<h2>Good or bad: graded answers</h2>",
+        "".join(levels) + "</table>",
+        "<p>a probe is good at a level when every answer it got there is graded good; good→bad and "
+        "bad→good "
+        "count probes against their own serial level, with the exact McNemar test over those "
+        "pairs.</p>",
+        "".join(cells)
+        + "</table><p>good→bad: answers graded bad where every serial answer was good (bad→good "
+        "the reverse); none counted where the serial answers are mixed.</p>",
+        "<ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>" if notes else "",
+    ]
 
 
 def _count(value: int | None) -> str:
@@ -201,8 +320,11 @@ def _cold_warm(summary: RunSummary) -> list[str]:
     lines = cache_lines(summary)
     if not lines:
         return []
-    return ["<h2>Prefix cache, cold vs warm</h2>", f"<p>{_e(lines[0])}</p>",
-            "<ul>" + "".join(f"<li>{_e(line.strip())}</li>" for line in lines[1:]) + "</ul>"]
+    return [
+        "<h2>Prefix cache, cold vs warm</h2>",
+        f"<p>{_e(lines[0])}</p>",
+        "<ul>" + "".join(f"<li>{_e(line.strip())}</li>" for line in lines[1:]) + "</ul>",
+    ]
 
 
 def _server_view(summary: RunSummary) -> list[str]:
@@ -211,10 +333,15 @@ def _server_view(summary: RunSummary) -> list[str]:
     if not rows:
         return []
     out = [_rows_table("server", SERVER_COLUMNS, rows)]
-    out.append("</table><p>read from the server's /metrics (sent and answered) between the cell's first counted "
-               "send and its last answer: requests it ran at once and held waiting; a level where it ran fewer than "
-               "c at every read while others waited, no read failing, was set by the server's batch limit, not by "
-               "kevload.</p>")
+    out.append(
+        "</table><p>read from the server's /metrics (sent and answered) between the cell's first "
+        "counted "
+        "send and its last answer: requests it ran at once and held waiting; a level where it ran "
+        "fewer than "
+        "c at every read while others waited, no read failing, was set by the server's batch "
+        "limit, not by "
+        "kevload.</p>"
+    )
     return ["<h2>The server's own view</h2>", "".join(out)]
 
 
@@ -222,9 +349,13 @@ def _latency(cells: Iterable[CellSummary]) -> str:
     cells = list(cells)
     metrics = ("ttft", "itl", "tpot", "e2e")
     slo = any(c.slo_attainment is not None for c in cells)
-    out = ["<table><tr><th>probe / level</th>" + "".join(f"<th>{m} p50</th><th>{m} p99</th>" for m in metrics)
-           + "<th>tok/s</th><th>req/s</th><th>errors</th><th>full load</th>"
-           + ("<th>SLO met</th><th>goodput/s</th>" if slo else "") + "</tr>"]
+    out = [
+        "<table><tr><th>probe / level</th>"
+        + "".join(f"<th>{m} p50</th><th>{m} p99</th>" for m in metrics)
+        + "<th>tok/s</th><th>req/s</th><th>errors</th><th>full load</th>"
+        + ("<th>SLO met</th><th>goodput/s</th>" if slo else "")
+        + "</tr>"
+    ]
     top = max((c.latency.get("e2e", {}).get("p99") or 0 for c in cells), default=0) or 1
     bars = []
     for i, c in enumerate(sorted(cells, key=lambda c: (c.probe, c.mode, c.level_order))):
@@ -233,21 +364,31 @@ def _latency(cells: Iterable[CellSummary]) -> str:
         for m in metrics:
             stats = lat.get(m) or {}
             out.append(f"<td>{_ms(stats.get('p50'))}</td><td>{_ms(stats.get('p99'))}</td>")
-        out.append(f"<td>{_num(c.output_tokens_per_s)}</td><td>{_num(c.requests_per_s)}</td>"
-                   f"<td>{_e(errors_text([c]))}</td><td>{_e(full_load_text(c))}</td>"
-                   + (f"<td>{_e(attainment_text(c))}</td><td>{_num(c.goodput)}</td>" if slo else "") + "</tr>")
+        out.append(
+            f"<td>{_num(c.output_tokens_per_s)}</td><td>{_num(c.requests_per_s)}</td>"
+            f"<td>{_e(errors_text([c]))}</td><td>{_e(full_load_text(c))}</td>"
+            + (f"<td>{_e(attainment_text(c))}</td><td>{_num(c.goodput)}</td>" if slo else "")
+            + "</tr>"
+        )
         e2e = lat.get("e2e") or {}
         y = 10 + i * 22
-        for value, colour, offset in ((e2e.get("p99"), "#90caf9", 0), (e2e.get("p50"), "#1565c0", 0)):
+        for value, colour, offset in (
+            (e2e.get("p99"), "#90caf9", 0),
+            (e2e.get("p50"), "#1565c0", 0),
+        ):
             if value:
-                bars.append(f'<rect x="{220 + offset}" y="{y}" width="{600 * value / top:.1f}" height="16" '
-                            f'fill="{colour}"/>')
+                bars.append(
+                    f'<rect x="{220 + offset}" y="{y}" width="{600 * value / top:.1f}" height="16" '
+                    f'fill="{colour}"/>'
+                )
         bars.append(f'<text x="4" y="{y + 12}" font-size="12">{_e(c.probe)} {_e(c.level)}</text>')
     out.append("</table>")
     height = 20 + 22 * len(cells)
-    out.append(f'<svg width="860" height="{height}" role="img" aria-label="e2e latency p50 and p99">{"".join(bars)}'
-               f'<text x="220" y="{height - 2}" font-size="11">e2e p50 (dark) and p99 (light), '
-               f'max {top * 1000:.0f} ms</text></svg>')
+    out.append(
+        f'<svg width="860" height="{height}" role="img" aria-label="e2e latency p50 and p99">{"".join(bars)}'
+        f'<text x="220" y="{height - 2}" font-size="11">e2e p50 (dark) and p99 (light), '
+        f"max {top * 1000:.0f} ms</text></svg>"
+    )
     return "".join(out)
 
 
@@ -265,13 +406,17 @@ def _divergence(cells: Iterable[CellSummary]) -> str:
         where = position_label(char=c.first_divergence_chars, token=c.first_divergence_tokens)
         finish = ""
         if c.divergent_example_kind == "finish":
-            finish = (f"\nsame text; finish_reason {c.serial_finish_reason} (serial) vs "
-                      f"{c.divergent_finish_reason}")
-        out.append(f"<h3>{_e(c.label)}: {_e(cell_phrase(c))}, "
-                   f"first divergence at {_e(where)}"
-                   f"{_e(f' (kinds: {kinds})' if kinds else '')}"
-                   f"</h3><pre>serial:    {lead}{_e(serial[:at])}<mark>{_e(serial[at:])}</mark>\n"
-                   f"divergent: {lead}{_e(other[:at])}<mark>{_e(other[at:])}</mark>{_e(finish)}</pre>")
+            finish = (
+                f"\nsame text; finish_reason {c.serial_finish_reason} (serial) vs "
+                f"{c.divergent_finish_reason}"
+            )
+        out.append(
+            f"<h3>{_e(c.label)}: {_e(cell_phrase(c))}, "
+            f"first divergence at {_e(where)}"
+            f"{_e(f' (kinds: {kinds})' if kinds else '')}"
+            f"</h3><pre>serial:    {lead}{_e(serial[:at])}<mark>{_e(serial[at:])}</mark>\n"
+            f"divergent: {lead}{_e(other[:at])}<mark>{_e(other[at:])}</mark>{_e(finish)}</pre>"
+        )
     return "".join(out)
 
 
@@ -297,22 +442,27 @@ def _timeline(records: Iterable[Record]) -> str:
     for second, (ok, bad) in sorted(bins.items()):
         x = 40 + (second - first) * bar_w
         ok_h, bad_h = 150 * ok / peak, 150 * bad / peak
-        shapes.append(f'<rect x="{x:.1f}" y="{160 - ok_h - bad_h:.1f}" width="{bar_w - 1:.1f}" height="{ok_h:.1f}" '
-                      f'fill="#81c784"/><rect x="{x:.1f}" y="{160 - bad_h:.1f}" width="{bar_w - 1:.1f}" '
-                      f'height="{bad_h:.1f}" fill="{DRIFT}"/>')
+        shapes.append(
+            f'<rect x="{x:.1f}" y="{160 - ok_h - bad_h:.1f}" width="{bar_w - 1:.1f}" height="{ok_h:.1f}" '
+            f'fill="#81c784"/><rect x="{x:.1f}" y="{160 - bad_h:.1f}" width="{bar_w - 1:.1f}" '
+            f'height="{bad_h:.1f}" fill="{DRIFT}"/>'
+        )
     errors = sum(v[1] for v in bins.values())
     svg_width = max(700, int(60 + width * bar_w))
-    return (f'<svg width="{svg_width}" height="180" role="img" '
-            f'aria-label="requests finished per second, ok and errors">{"".join(shapes)}'
-            f'<text x="40" y="176" font-size="11">requests finished per second: ok (green), '
-            f'errors (red); {errors} errors in {width} s, peak {peak}/s'
-            f'{f"; {cut} cut by kevload (load.cancel_share), not shown" if cut else ""}</text></svg>')
-
+    return (
+        f'<svg width="{svg_width}" height="180" role="img" '
+        f'aria-label="requests finished per second, ok and errors">{"".join(shapes)}'
+        f'<text x="40" y="176" font-size="11">requests finished per second: ok (green), '
+        f"errors (red); {errors} errors in {width} s, peak {peak}/s"
+        f"{f'; {cut} cut by kevload (load.cancel_share), not shown' if cut else ''}</text></svg>"
+    )
 
 
 def _page(title: str, body: list[str]) -> str:
-    return (f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{_e(title)}</title>"
-            f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>\n")
+    return (
+        f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{_e(title)}</title>"
+        f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>\n"
+    )
 
 
 def _e(value: Any) -> str:

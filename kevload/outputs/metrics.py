@@ -36,52 +36,146 @@ class Field:
 
 
 CELL_FIELDS = (
-    Field("distinct", "kevload_cell_distinct_outputs", "Distinct outputs among the cell's ok requests."),
-    Field("drift", "kevload_cell_drift", "1 if the cell's outputs drift from the serial reference, else 0."),
-    Field("drift_rate", "kevload_cell_drift_rate_ratio",
-          "Share of the cell's ok requests whose output differs from the serial reference (not at the reference "
-          "level)."),
-    Field("drift_rate_upper_95", "kevload_cell_drift_rate_upper_95_ratio",
-          "Upper 95% confidence bound on the drift rate of a cell without drift."),
-    Field("latent_drift", "kevload_cell_latent_drift",
-          "1 if outputs have the serial text but different logprobs, else 0; no series without a logprob claim."),
-    Field("logprob_bitwise", "kevload_cell_logprob_bitwise",
-          "1 if every ok sample's logprobs were compared and equal serial's bitwise, 0 if compared ones differ; "
-          "no series where only some ok samples had logprobs and those agree."),
-    Field("logprob_samples", "kevload_cell_logprob_compared_samples",
-          "Ok samples whose logprobs were compared with serial's."),
-    Field("logprobs_missing", "kevload_cell_logprob_missing_samples",
-          "Ok samples that asked for logprobs and got none."),
-    Field("logprob_nonfinite_samples", "kevload_cell_logprob_nonfinite_samples",
-          "Ok samples with a logprob of -inf, +inf or NaN."),
-    Field("divergence_kinds", "kevload_cell_divergent_outputs",
-          "Divergent outputs by how they leave the serial reference (token, length, finish).", label="kind"),
+    Field(
+        "distinct",
+        "kevload_cell_distinct_outputs",
+        "Distinct outputs among the cell's ok requests.",
+    ),
+    Field(
+        "drift",
+        "kevload_cell_drift",
+        "1 if the cell's outputs drift from the serial reference, else 0.",
+    ),
+    Field(
+        "drift_rate",
+        "kevload_cell_drift_rate_ratio",
+        "Share of the cell's ok requests whose output differs from the serial reference (not at "
+        "the reference "
+        "level).",
+    ),
+    Field(
+        "drift_rate_upper_95",
+        "kevload_cell_drift_rate_upper_95_ratio",
+        "Upper 95% confidence bound on the drift rate of a cell without drift.",
+    ),
+    Field(
+        "latent_drift",
+        "kevload_cell_latent_drift",
+        "1 if outputs have the serial text but different logprobs, else 0; no series without a "
+        "logprob claim.",
+    ),
+    Field(
+        "logprob_bitwise",
+        "kevload_cell_logprob_bitwise",
+        "1 if every ok sample's logprobs were compared and equal serial's bitwise, 0 if compared "
+        "ones differ; "
+        "no series where only some ok samples had logprobs and those agree.",
+    ),
+    Field(
+        "logprob_samples",
+        "kevload_cell_logprob_compared_samples",
+        "Ok samples whose logprobs were compared with serial's.",
+    ),
+    Field(
+        "logprobs_missing",
+        "kevload_cell_logprob_missing_samples",
+        "Ok samples that asked for logprobs and got none.",
+    ),
+    Field(
+        "logprob_nonfinite_samples",
+        "kevload_cell_logprob_nonfinite_samples",
+        "Ok samples with a logprob of -inf, +inf or NaN.",
+    ),
+    Field(
+        "divergence_kinds",
+        "kevload_cell_divergent_outputs",
+        "Divergent outputs by how they leave the serial reference (token, length, finish).",
+        label="kind",
+    ),
     Field("ok", "kevload_cell_ok_requests", "Requests in the cell that returned an output."),
-    Field("errors", "kevload_cell_error_requests", "Failed requests in the cell, by status.", label="status"),
-    Field("reconnects", "kevload_cell_reconnects",
-          "Requests resent once on a fresh connection after the reused one closed."),
-    Field("requests_per_s", "kevload_cell_requests_per_second", "Requests finished per second in the cell."),
-    Field("output_tokens_per_s", "kevload_cell_output_tokens_per_second", "Output tokens per second in the cell."),
-    Field("goodput", "kevload_cell_goodput_requests_per_second",
-          "Ok requests per second that met every SLO bound."),
-    Field("slo_attainment", "kevload_cell_slo_attainment_ratio", "Share of ok requests that met every SLO bound."),
+    Field(
+        "errors",
+        "kevload_cell_error_requests",
+        "Failed requests in the cell, by status.",
+        label="status",
+    ),
+    Field(
+        "reconnects",
+        "kevload_cell_reconnects",
+        "Requests resent once on a fresh connection after the reused one closed.",
+    ),
+    Field(
+        "requests_per_s",
+        "kevload_cell_requests_per_second",
+        "Requests finished per second in the cell.",
+    ),
+    Field(
+        "output_tokens_per_s",
+        "kevload_cell_output_tokens_per_second",
+        "Output tokens per second in the cell.",
+    ),
+    Field(
+        "goodput",
+        "kevload_cell_goodput_requests_per_second",
+        "Ok requests per second that met every SLO bound.",
+    ),
+    Field(
+        "slo_attainment",
+        "kevload_cell_slo_attainment_ratio",
+        "Share of ok requests that met every SLO bound.",
+    ),
     # Graded probes (kevload.compare.graded).
-    Field("graded_good", "kevload_cell_graded_good_samples", "Counted ok samples whose answer was graded good."),
-    Field("graded_bad", "kevload_cell_graded_bad_samples", "Counted ok samples whose answer was graded bad."),
-    Field("good_share", "kevload_cell_good_share_ratio", "Share of the cell's graded samples graded good."),
-    Field("flips_good_to_bad", "kevload_cell_flips_good_to_bad_samples",
-          "Samples graded bad where every serial answer was good; no series where serial answers are mixed."),
-    Field("flips_bad_to_good", "kevload_cell_flips_bad_to_good_samples",
-          "Samples graded good where every serial answer was bad; no series where serial answers are mixed."),
+    Field(
+        "graded_good",
+        "kevload_cell_graded_good_samples",
+        "Counted ok samples whose answer was graded good.",
+    ),
+    Field(
+        "graded_bad",
+        "kevload_cell_graded_bad_samples",
+        "Counted ok samples whose answer was graded bad.",
+    ),
+    Field(
+        "good_share",
+        "kevload_cell_good_share_ratio",
+        "Share of the cell's graded samples graded good.",
+    ),
+    Field(
+        "flips_good_to_bad",
+        "kevload_cell_flips_good_to_bad_samples",
+        "Samples graded bad where every serial answer was good; no series where serial answers are "
+        "mixed.",
+    ),
+    Field(
+        "flips_bad_to_good",
+        "kevload_cell_flips_bad_to_good_samples",
+        "Samples graded good where every serial answer was bad; no series where serial answers are "
+        "mixed.",
+    ),
 )
 
 # summary.json ``accuracy`` entries → one series per mode and level.
 LEVEL_FIELDS = (
-    Field("accuracy", "kevload_level_accuracy_ratio",
-          "Share of the probes graded at the level whose every answer there was good."),
-    Field("good_to_bad", "kevload_level_good_to_bad_probes", "Probes good serially and bad at the level."),
-    Field("bad_to_good", "kevload_level_bad_to_good_probes", "Probes bad serially and good at the level."),
-    Field("mcnemar_p", "kevload_level_mcnemar_p", "Exact McNemar p-value of the level's accuracy against serial."),
+    Field(
+        "accuracy",
+        "kevload_level_accuracy_ratio",
+        "Share of the probes graded at the level whose every answer there was good.",
+    ),
+    Field(
+        "good_to_bad",
+        "kevload_level_good_to_bad_probes",
+        "Probes good serially and bad at the level.",
+    ),
+    Field(
+        "bad_to_good",
+        "kevload_level_bad_to_good_probes",
+        "Probes bad serially and good at the level.",
+    ),
+    Field(
+        "mcnemar_p",
+        "kevload_level_mcnemar_p",
+        "Exact McNemar p-value of the level's accuracy against serial.",
+    ),
 )
 
 # summary.json ``latency`` keys → summary-type metrics with a ``quantile`` label.
@@ -89,26 +183,48 @@ LATENCY_FIELDS = (
     Field("e2e", "kevload_cell_e2e_latency_seconds", "End-to-end request latency."),
     Field("ttft", "kevload_cell_time_to_first_token_seconds", "Time to first token (streaming)."),
     Field("itl", "kevload_cell_inter_token_latency_seconds", "Inter-token latency (streaming)."),
-    Field("tpot", "kevload_cell_time_per_output_token_seconds", "Time per output token after the first (streaming)."),
-    Field("lateness", "kevload_cell_send_lateness_seconds",
-          "How late the client sent against the open-loop schedule; grows when the client is the limit."),
+    Field(
+        "tpot",
+        "kevload_cell_time_per_output_token_seconds",
+        "Time per output token after the first (streaming).",
+    ),
+    Field(
+        "lateness",
+        "kevload_cell_send_lateness_seconds",
+        "How late the client sent against the open-loop schedule; grows when the client is the "
+        "limit.",
+    ),
 )
 
 RUN_FIELDS = (
-    Field("requests", "kevload_run_requests",
-          "Requests counted as evidence (sent at full load), companions included; warm-ups and ramp-ups not."),
-    Field("requests_sent", "kevload_run_requests_sent",
-          "Every request the run sent: warm-ups, ramp-ups and uncounted copies included."),
-    Field("errors", "kevload_run_error_requests", "Failed requests in the run, companions included."),
+    Field(
+        "requests",
+        "kevload_run_requests",
+        "Requests counted as evidence (sent at full load), companions included; warm-ups and "
+        "ramp-ups not.",
+    ),
+    Field(
+        "requests_sent",
+        "kevload_run_requests_sent",
+        "Every request the run sent: warm-ups, ramp-ups and uncounted copies included.",
+    ),
+    Field(
+        "errors", "kevload_run_error_requests", "Failed requests in the run, companions included."
+    ),
     Field("probe_requests", "kevload_run_probe_requests", "Probe requests the run counted."),
     Field("probe_errors", "kevload_run_probe_error_requests", "Failed probe requests."),
-    Field("probe_error_share", "kevload_run_probe_error_ratio",
-          "Share of the run's probe requests that failed (the share the target-failed rule reads)."),
+    Field(
+        "probe_error_share",
+        "kevload_run_probe_error_ratio",
+        "Share of the run's probe requests that failed (the share the target-failed rule reads).",
+    ),
     Field("companion_errors", "kevload_run_companion_error_requests", "Failed companion requests."),
 )
 
 RUN_VERDICT = Field("verdict", "kevload_run_verdict", "1 for the run's verdict, 0 for the others.")
-RUN_END = Field("ended_at", "kevload_run_end_timestamp_seconds", "When the run ended, Unix time (run.json).")
+RUN_END = Field(
+    "ended_at", "kevload_run_end_timestamp_seconds", "When the run ended, Unix time (run.json)."
+)
 
 CELL_LABELS = ("scenario", "probe", "mode", "level", "run_id")
 
@@ -122,16 +238,35 @@ def metrics_text(summary: RunSummary, meta: dict[str, Any]) -> str:
         _family(lines, field, "gauge", _field_samples(field, cells))
     for field in LATENCY_FIELDS:
         _family(lines, field, "summary", _latency_samples(field, cells))
-    # Every verdict is listed, so a board can show the ones a run did not reach as 0 (one series each, a state set).
+    # Every verdict is listed, so a board can show the ones a run did not reach as 0 (one series
+    # each, a state set).
     verdicts = (*VERDICTS, *([summary.verdict] if summary.verdict not in VERDICTS else []))
-    _family(lines, RUN_VERDICT, "gauge", ((("", {**run, "verdict": v}), summary.verdict == v) for v in verdicts))
+    _family(
+        lines,
+        RUN_VERDICT,
+        "gauge",
+        ((("", {**run, "verdict": v}), summary.verdict == v) for v in verdicts),
+    )
     for field in RUN_FIELDS:
         _family(lines, field, "gauge", _field_samples(field, [(run, summary)]))
     for field in LEVEL_FIELDS:
-        _family(lines, field, "gauge", ((("", {**run, "level": level_name(entry)}), entry[field.key])
-                                        for entry in summary.accuracy or () if entry[field.key] is not None))
+        _family(
+            lines,
+            field,
+            "gauge",
+            (
+                (("", {**run, "level": level_name(entry)}), entry[field.key])
+                for entry in summary.accuracy or ()
+                if entry[field.key] is not None
+            ),
+        )
     ended = meta.get(RUN_END.key)
-    _family(lines, RUN_END, "gauge", [(("", run), datetime.fromisoformat(ended).timestamp())] if ended else [])
+    _family(
+        lines,
+        RUN_END,
+        "gauge",
+        [(("", run), datetime.fromisoformat(ended).timestamp())] if ended else [],
+    )
     return "\n".join(lines + ["# EOF", ""])
 
 
@@ -179,14 +314,18 @@ Sample = tuple[tuple[str, dict[str, str]], float | int | bool]  # ((name suffix,
 
 def _family(lines: list[str], field: Field, kind: str, samples: Iterable[Sample]) -> None:
     """HELP, TYPE and the samples of one family, contiguous as both formats require; nothing if no sample."""
-    body = [f"{field.name}{suffix}{{{_labels(labels)}}} {format_value(value)}"
-            for (suffix, labels), value in samples]
+    body = [
+        f"{field.name}{suffix}{{{_labels(labels)}}} {format_value(value)}"
+        for (suffix, labels), value in samples
+    ]
     if body:
         help_text = field.help.replace("\\", "\\\\").replace("\n", "\\n")
         lines += [f"# HELP {field.name} {help_text}", f"# TYPE {field.name} {kind}", *body]
 
 
-def _field_samples(field: Field, items: list[tuple[dict[str, str], CellSummary | RunSummary]]) -> Iterator[Sample]:
+def _field_samples(
+    field: Field, items: list[tuple[dict[str, str], CellSummary | RunSummary]]
+) -> Iterator[Sample]:
     for labels, item in items:
         # By name: a field the summary does not have (yet) gives no series, like a null one.
         value = getattr(item, field.key, None)
@@ -199,7 +338,9 @@ def _field_samples(field: Field, items: list[tuple[dict[str, str], CellSummary |
                 yield ("", {**labels, field.label: str(label_value)}), count
 
 
-def _latency_samples(field: Field, cells: list[tuple[dict[str, str], CellSummary]]) -> Iterator[Sample]:
+def _latency_samples(
+    field: Field, cells: list[tuple[dict[str, str], CellSummary]]
+) -> Iterator[Sample]:
     for labels, cell in cells:
         stats = cell.latency.get(field.key)
         if not stats or not stats.get("n"):

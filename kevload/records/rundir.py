@@ -27,7 +27,9 @@ class RunDir:
     path: Path
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "path", Path(self.path))  # a str from the API too: every file is path / name
+        object.__setattr__(
+            self, "path", Path(self.path)
+        )  # a str from the API too: every file is path / name
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> RunDir:
@@ -53,7 +55,11 @@ class RunDir:
     def record_files(self) -> list[Path]:
         """Every records file: ``records.jsonl`` and, for a run with workers, ``records-<worker>.jsonl`` by worker."""
         paths = [self.records_jsonl] if self.records_jsonl.is_file() else []
-        workers = [p for p in self.path.glob("records-*.jsonl") if p.stem.removeprefix("records-").isdigit()]
+        workers = [
+            p
+            for p in self.path.glob("records-*.jsonl")
+            if p.stem.removeprefix("records-").isdigit()
+        ]
         return paths + sorted(workers, key=lambda p: int(p.stem.removeprefix("records-")))
 
     def holds_run(self) -> bool:
@@ -65,8 +71,10 @@ class RunDir:
         ids = set().union(*(_run_ids(path) for path in self.record_files()))
         if len(ids) > 1:
             shown = ", ".join(sorted(ids)[:3]) + (", …" if len(ids) > 3 else "")
-            raise RunDirError(f"{self.path}: holds records of {len(ids)} runs ({shown}); "
-                              "one directory, one run: rerun into a fresh --out")
+            raise RunDirError(
+                f"{self.path}: holds records of {len(ids)} runs ({shown}); "
+                "one directory, one run: rerun into a fresh --out"
+            )
         return next(iter(ids), None)
 
     def meta(self) -> dict[str, Any]:
@@ -197,7 +205,8 @@ def _run_ids(path: Path) -> set[str]:
             if not isinstance(run_id, str):
                 continue  # no record (a list is no set member, null no name to sort): the typed reader names its line
             ids.add(run_id)
-            # A Record is written with run_id first and no spaces: the same bytes open every line of a run.
+            # A Record is written with run_id first and no spaces: the same bytes open every line of
+            # a run.
             prefix = orjson.dumps({"run_id": run_id})[:-1] + b","
     return ids
 
@@ -223,9 +232,12 @@ def apart(labels: list[str]) -> dict[str, str]:
     may be (255 bytes, a log's ``server-`` and ``.log`` around it) is cut to fit, with the hash after it."""
     plain = {name: _dirname(name) for name in labels}
     shared = Counter(plain.values())
-    return {name: file if shared[file] == 1 and len(file.encode()) <= _NAME_BYTES else
-            f"{_cut(file, _NAME_BYTES - 9)}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
-            for name, file in plain.items()}
+    return {
+        name: file
+        if shared[file] == 1 and len(file.encode()) <= _NAME_BYTES
+        else f"{_cut(file, _NAME_BYTES - 9)}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+        for name, file in plain.items()
+    }
 
 
 _NAME_BYTES = 200  # a label's file name at most: 255 bytes less the server log's "server-" and ".log", and room

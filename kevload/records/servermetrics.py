@@ -26,13 +26,24 @@ from kevload.records.store import read_typed, url_userinfo
 
 SAMPLES = "server-metrics.jsonl"
 INTERVAL_S = 0.1  # how often /metrics is read: a cell of a second still gets about ten samples
-TIMEOUT_S = 2.0  # one poll's bound, connecting included: a hanging /metrics costs this, never the run
+TIMEOUT_S = (
+    2.0  # one poll's bound, connecting included: a hanging /metrics costs this, never the run
+)
 MAX_BYTES = 8 << 20
 PARSE_SHARE_INVERSE = 9  # after a parse of p seconds the next read waits 9·p: parsing takes a tenth of the time at most
-# The cell fields (summary.json, sweep.json rows): server_view False and the others None where the server
+# The cell fields (summary.json, sweep.json rows): server_view False and the others None where the
+# server
 # publishes nothing.
-CELL_FIELDS = ("server_view", "server_samples", "server_running_max", "server_running_mean", "server_waiting_max",
-               "server_prefix_cache_hits", "server_kv_cache_usage_max", "server_note")
+CELL_FIELDS = (
+    "server_view",
+    "server_samples",
+    "server_running_max",
+    "server_running_mean",
+    "server_waiting_max",
+    "server_prefix_cache_hits",
+    "server_kv_cache_usage_max",
+    "server_note",
+)
 
 
 @dataclass(frozen=True)
@@ -42,38 +53,62 @@ class Names:
     model) is summed over them, except the KV-cache share, whose largest value is taken."""
 
     server: str
-    running: tuple[str, ...]            # requests the server is running (its batch)
-    waiting: tuple[str, ...]            # requests it holds in its queue
+    running: tuple[str, ...]  # requests the server is running (its batch)
+    waiting: tuple[str, ...]  # requests it holds in its queue
     prefix_cache_hits: tuple[str, ...] = ()  # counter: prompt tokens served from its prefix cache
-    kv_cache_usage: tuple[str, ...] = ()     # gauge: share of the KV cache in use, 0 to 1
+    kv_cache_usage: tuple[str, ...] = ()  # gauge: share of the KV cache in use, 0 to 1
 
 
 # Extend here for another server; names checked against each server's sources and documentation.
 SERVERS = (
-    Names("vllm", ("vllm:num_requests_running",), ("vllm:num_requests_waiting",),
-          ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
-          ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")),
-    Names("llamacpp", ("llamacpp:requests_processing",), ("llamacpp:requests_deferred",),
-          ("llamacpp:prompt_tokens_cached_total",)),
-    Names("sglang", ("sglang:num_running_reqs",), ("sglang:num_queue_reqs",), ("sglang:cached_tokens_total",),
-          ("sglang:token_usage",)),
+    Names(
+        "vllm",
+        ("vllm:num_requests_running",),
+        ("vllm:num_requests_waiting",),
+        ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+        ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    ),
+    Names(
+        "llamacpp",
+        ("llamacpp:requests_processing",),
+        ("llamacpp:requests_deferred",),
+        ("llamacpp:prompt_tokens_cached_total",),
+    ),
+    Names(
+        "sglang",
+        ("sglang:num_running_reqs",),
+        ("sglang:num_queue_reqs",),
+        ("sglang:cached_tokens_total",),
+        ("sglang:token_usage",),
+    ),
     Names("tgi", ("tgi_batch_current_size",), ("tgi_queue_size",)),
 )
 _VALUES = ("running", "waiting", "prefix_cache_hits", "kv_cache_usage")
-# Only the lines of series named above reach the parser: a vLLM page of ~600 lines costs ~17 ms to parse
+# Only the lines of series named above reach the parser: a vLLM page of ~600 lines costs ~17 ms to
+# parse
 # whole, which would stall the event loop that sends the load ten times a second.
 _NAMES = frozenset(name for names in SERVERS for value in _VALUES for name in getattr(names, value))
-# A sample line's metric name, by the exposition format's grammar: blanks (spaces or tabs, any number) or its
-# labels' brace end it. A prefix such as ``name + " "`` missed ``name<TAB>value``, which the format allows.
+# A sample line's metric name, by the exposition format's grammar: blanks (spaces or tabs, any
+# number) or its
+# labels' brace end it. A prefix such as ``name + " "`` missed ``name<TAB>value``, which the format
+# allows.
 _SAMPLE_NAME = re.compile(r"[ \t]*([a-zA-Z_:][a-zA-Z0-9_:]*)[ \t{]")
-# What each value may be: counts and the counter from 0 to 2^53 (a double's exact integers: past them a count is
-# no longer one, and 1e300 would be written as an int of 300 digits, which JSON encoders refuse), the KV share
-# from 0 to 1. A value outside is not a number of the view: NaN is how some exporters say "none", a negative count
+# What each value may be: counts and the counter from 0 to 2^53 (a double's exact integers: past
+# them a count is
+# no longer one, and 1e300 would be written as an int of 300 digits, which JSON encoders refuse),
+# the KV share
+# from 0 to 1. A value outside is not a number of the view: NaN is how some exporters say "none", a
+# negative count
 # is impossible.
 _COUNT = (0.0, float(1 << 53), "a count, from 0 to 2^53")
-_RANGES = {"running": _COUNT, "waiting": _COUNT, "prefix_cache_hits": (*_COUNT[:2], "a counter, from 0 to 2^53"),
-           "kv_cache_usage": (0.0, 1.0, "a share, from 0 to 1")}
-# URLs whose missing metrics were already said on stderr: a diagnosis or a sweep runs many runs on one server.
+_RANGES = {
+    "running": _COUNT,
+    "waiting": _COUNT,
+    "prefix_cache_hits": (*_COUNT[:2], "a counter, from 0 to 2^53"),
+    "kv_cache_usage": (0.0, 1.0, "a share, from 0 to 1"),
+}
+# URLs whose missing metrics were already said on stderr: a diagnosis or a sweep runs many runs on
+# one server.
 _WARNED: set[str] = set()
 _NOT_FOUND = "HTTP 404"
 
@@ -100,16 +135,26 @@ def read_view(text: str, model: str | None = None) -> dict[str, Any] | None:
     A series with label sets for ``model`` (``model_name``, as vLLM and SGLang label them) is read from those
     alone: the page may speak for other models' servers too (a gateway). Without one (no such label, or the
     target's model is an alias) every label set counts."""
-    # Lines end at \n alone, as the format says (splitlines would also cut a label value at \x85 or \u2028).
-    lines = [line for line in text.split("\n") if (name := _SAMPLE_NAME.match(line)) and name[1] in _NAMES]
+    # Lines end at \n alone, as the format says (splitlines would also cut a label value at \x85 or
+    # \u2028).
+    lines = [
+        line
+        for line in text.split("\n")
+        if (name := _SAMPLE_NAME.match(line)) and name[1] in _NAMES
+    ]
     if not lines:
         return None
     labelled: dict[str, list[tuple[str | None, float]]] = {}
     for family in text_string_to_metric_families("\n".join(lines) + "\n"):
         for sample in family.samples:
-            labelled.setdefault(sample.name, []).append((sample.labels.get("model_name"), float(sample.value)))
-    series = {name: [v for label, v in values if model is not None and label == model] or [v for _, v in values]
-              for name, values in labelled.items()}
+            labelled.setdefault(sample.name, []).append(
+                (sample.labels.get("model_name"), float(sample.value))
+            )
+    series = {
+        name: [v for label, v in values if model is not None and label == model]
+        or [v for _, v in values]
+        for name, values in labelled.items()
+    }
     for names in SERVERS:
         view: dict[str, Any] = {}
         unfit: dict[str, str] = {}
@@ -117,7 +162,11 @@ def read_view(text: str, model: str | None = None) -> dict[str, Any] | None:
             view[value], unfit_value = _published(series, getattr(names, value), value)
             if unfit_value is not None:
                 unfit[value] = unfit_value
-        if view["running"] is not None or view["waiting"] is not None or unfit.keys() & {"running", "waiting"}:
+        if (
+            view["running"] is not None
+            or view["waiting"] is not None
+            or unfit.keys() & {"running", "waiting"}
+        ):
             return {"server": names.server, **view, **({"unfit": unfit} if unfit else {})}
     return None
 
@@ -137,8 +186,14 @@ class Sampler:
     A later read that fails is a line with its ``error``.
     """
 
-    def __init__(self, target: Target, run_dir: Path, *, clock: Callable[[], float] = time.perf_counter,
-                 warn: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        target: Target,
+        run_dir: Path,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        warn: Callable[[str], None] | None = None,
+    ):
         url = metrics_url(target)
         self.url = url
         self.model = target.model
@@ -146,9 +201,16 @@ class Sampler:
         self.path = run_dir / SAMPLES
         self.clock = clock
         self.warn = warn or _to_stderr
-        self.info: dict[str, Any] = {"url": url, "available": None if url else False, "server": None,
-                                     "why": None if url else "target.metrics_url is off", "interval_s": INTERVAL_S,
-                                     "samples": 0, "failed": 0, "last_error": None}
+        self.info: dict[str, Any] = {
+            "url": url,
+            "available": None if url else False,
+            "server": None,
+            "why": None if url else "target.metrics_url is off",
+            "interval_s": INTERVAL_S,
+            "samples": 0,
+            "failed": 0,
+            "last_error": None,
+        }
         self._task: asyncio.Task | None = None
         self.parse_s = 0.0  # how long the last page took to parse
 
@@ -168,8 +230,12 @@ class Sampler:
         loop = asyncio.get_running_loop()
         connector = aiohttp.TCPConnector(limit=1)
         fd: int | None = None
-        early: list[dict[str, Any]] = []  # reads whose page did not parse, before one did: written once one does
-        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=TIMEOUT_S)) as http:
+        early: list[
+            dict[str, Any]
+        ] = []  # reads whose page did not parse, before one did: written once one does
+        async with aiohttp.ClientSession(
+            connector=connector, timeout=aiohttp.ClientTimeout(total=TIMEOUT_S)
+        ) as http:
             try:
                 due = loop.time()
                 while True:
@@ -187,8 +253,10 @@ class Sampler:
                     else:
                         os.write(fd, line)
                     due += INTERVAL_S
-                    # A read slower than the interval skips the reads it overran rather than bunching them up, and
-                    # parsing (which holds the interpreter from the load's requests) takes a tenth of the time at most.
+                    # A read slower than the interval skips the reads it overran rather than
+                    # bunching them up, and
+                    # parsing (which holds the interpreter from the load's requests) takes a tenth
+                    # of the time at most.
                     due = max(due, loop.time() + PARSE_SHARE_INVERSE * self.parse_s)
                     await asyncio.sleep(due - loop.time())
             finally:
@@ -214,7 +282,8 @@ class Sampler:
         answered = self.clock()
         started = time.perf_counter()
         try:
-            # In a thread: a page with many label sets of the series read takes long to parse, and the event loop
+            # In a thread: a page with many label sets of the series read takes long to parse, and
+            # the event loop
             # that sends the load and stamps its answers must not wait for it.
             view = await asyncio.to_thread(read_view, body.decode("utf-8", "replace"), self.model)
         except ValueError as exc:
@@ -224,14 +293,17 @@ class Sampler:
         if view is None:
             known = ", ".join(n.running[0] for n in SERVERS)
             return f"publishes none of the series kevload reads ({known}, …)"
-        # The server read its counters somewhere between the send and the answer: the middle is the best guess.
+        # The server read its counters somewhere between the send and the answer: the middle is the
+        # best guess.
         return {"t": round((sent + answered) / 2, 6), "rtt_s": round(answered - sent, 6), **view}
 
     def _unavailable(self, why: str) -> None:
         self.info.update(available=False, why=why)
         if not (self.guessed and why == _NOT_FOUND) and self.url not in _WARNED:
             _WARNED.add(self.url)
-            self.warn(f"kevload: server metrics: {self.url}: {why}; the cells' server_* fields stay null")
+            self.warn(
+                f"kevload: server metrics: {self.url}: {why}; the cells' server_* fields stay null"
+            )
 
     def _line(self, sample: dict[str, Any] | str) -> bytes:
         """The sample's line of ``server-metrics.jsonl``, counted in ``info``."""
@@ -254,7 +326,9 @@ class Samples:
     """A run's samples as arrays in time order; NaN where a value was not published."""
 
     t: np.ndarray
-    rtt: np.ndarray  # each read's send to answer: the server read its numbers somewhere in t ± rtt/2
+    rtt: (
+        np.ndarray
+    )  # each read's send to answer: the server read its numbers somewhere in t ± rtt/2
     failed: np.ndarray  # when each read that failed gave up (sent at most TIMEOUT_S before)
     running: np.ndarray
     waiting: np.ndarray
@@ -262,8 +336,10 @@ class Samples:
     kv_cache_usage: np.ndarray
 
 
-# One line of ``server-metrics.jsonl`` as read back, with the ranges the sampler wrote it in (``_RANGES``): a value
-# of another type or out of its range is no sample kevload wrote (an edited file), and no number a cell may show.
+# One line of ``server-metrics.jsonl`` as read back, with the ranges the sampler wrote it in
+# (``_RANGES``): a value
+# of another type or out of its range is no sample kevload wrote (an edited file), and no number a
+# cell may show.
 _Count = Annotated[float, msgspec.Meta(ge=_COUNT[0], le=_COUNT[1])] | None
 
 
@@ -288,14 +364,24 @@ def read_samples(run_dir: Path) -> Samples | None:
         return None
     records = list(read_typed(path, decoder=_SAMPLE_DECODER))
     rows = sorted((r for r in records if r.error is None), key=lambda r: r.t)
-    columns = {value: np.array([math.nan if getattr(r, value) is None else getattr(r, value) for r in rows],
-                               dtype=np.float64) for value in _VALUES}
-    return Samples(t=np.array([r.t for r in rows], dtype=np.float64),
-                   rtt=np.array([r.rtt_s or 0.0 for r in rows], dtype=np.float64),
-                   failed=np.array([r.t for r in records if r.error is not None], dtype=np.float64), **columns)
+    columns = {
+        value: np.array(
+            [math.nan if getattr(r, value) is None else getattr(r, value) for r in rows],
+            dtype=np.float64,
+        )
+        for value in _VALUES
+    }
+    return Samples(
+        t=np.array([r.t for r in rows], dtype=np.float64),
+        rtt=np.array([r.rtt_s or 0.0 for r in rows], dtype=np.float64),
+        failed=np.array([r.t for r in records if r.error is not None], dtype=np.float64),
+        **columns,
+    )
 
 
-def cell_view(samples: Samples | None, t_start: float, t_end: float, concurrency: int) -> dict[str, Any]:
+def cell_view(
+    samples: Samples | None, t_start: float, t_end: float, concurrency: int
+) -> dict[str, Any]:
     """What the server said while one cell ran: the samples sent and answered from the cell's first counted send
     to its last counted answer (the server read its numbers somewhere in between: a read that straddles the
     window's edge may hold another cell's). Gauges: their largest value (and the mean of running) in that
@@ -317,20 +403,29 @@ def cell_view(samples: Samples | None, t_start: float, t_end: float, concurrency
     if not np.isnan(running).all():
         out["server_running_mean"] = round(float(np.nanmean(running)), 3)
     before, after = np.flatnonzero(answered < t_start), np.flatnonzero(sent > t_end)
-    hits = samples.prefix_cache_hits[before[-1] if len(before) else 0:after[0] + 1 if len(after) else len(samples.t)]
+    hits = samples.prefix_cache_hits[
+        before[-1] if len(before) else 0 : after[0] + 1 if len(after) else len(samples.t)
+    ]
     published = hits[~np.isnan(hits)]
-    # Any drop between the two ends is a restart: the ends alone would hide what was counted before it.
+    # Any drop between the two ends is a restart: the ends alone would hide what was counted before
+    # it.
     if math.isfinite(hits[0]) and math.isfinite(hits[-1]) and (np.diff(published) >= 0).all():
         out["server_prefix_cache_hits"] = _number(hits[-1] - hits[0])
-    # The note says what the server never did in the whole window: a read that failed there may have been the
+    # The note says what the server never did in the whole window: a read that failed there may have
+    # been the
     # moment it did (a /metrics that fails while the server is busy leaves only its idle moments).
     failed = ((samples.failed >= t_start) & (samples.failed - TIMEOUT_S <= t_end)).any()
-    out["server_note"] = None if failed else \
-        server_note(concurrency, out["server_running_max"], out["server_waiting_max"])
+    out["server_note"] = (
+        None
+        if failed
+        else server_note(concurrency, out["server_running_max"], out["server_waiting_max"])
+    )
     return out
 
 
-def server_note(concurrency: int, running_max: float | None, waiting_max: float | None) -> str | None:
+def server_note(
+    concurrency: int, running_max: float | None, waiting_max: float | None
+) -> str | None:
     """``server ran ≤ 1 at a time, 3 waiting: …`` where the server held requests back at a level of *c* > 1:
     it ran fewer than *c* at any sample while others waited in its queue. None otherwise, and where no read saw it
     run anything: the cell's answers say it ran some, so those reads missed its work and bound nothing."""
@@ -338,11 +433,16 @@ def server_note(concurrency: int, running_max: float | None, waiting_max: float 
         return None
     if running_max >= concurrency or waiting_max < 1:
         return None
-    return (f"server ran ≤ {running_max:g} at a time, {waiting_max:g} waiting: the server's batch limit, "
-            "not kevload, set the level")
+    return (
+        f"server ran ≤ {running_max:g} at a time, {waiting_max:g} waiting: the server's batch "
+        f"limit, "
+        "not kevload, set the level"
+    )
 
 
-def _published(series: dict[str, list[float]], names: tuple[str, ...], value: str) -> tuple[float | None, str | None]:
+def _published(
+    series: dict[str, list[float]], names: tuple[str, ...], value: str
+) -> tuple[float | None, str | None]:
     """The first of ``names`` the page publishes, combined over its label sets (the KV share: the largest, the
     others: the sum), and what came where a label set's value, or the sum, is outside the value's range."""
     low, high, what = _RANGES[value]
@@ -350,7 +450,9 @@ def _published(series: dict[str, list[float]], names: tuple[str, ...], value: st
         if name in series:
             values = series[name]
             combined = max(values) if value == "kv_cache_usage" else sum(values)
-            bad = next((v for v in (*values, combined) if not low <= v <= high), None)  # NaN fails both
+            bad = next(
+                (v for v in (*values, combined) if not low <= v <= high), None
+            )  # NaN fails both
             if bad is not None:
                 return None, f"{name} = {bad!r} ({what})"
             return _number(combined), None

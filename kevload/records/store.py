@@ -27,13 +27,16 @@ SUMMARY = "summary.json"
 RESULTS = Path("results")
 
 
-# The ranges a record's values keep, checked where a records file is read (``RECORD_DECODER``): what is out of them
+# The ranges a record's values keep, checked where a records file is read (``RECORD_DECODER``): what
+# is out of them
 # is no record kevload wrote, and no number the comparator may add.
 Count = Annotated[int, msgspec.Meta(ge=0)]
-# A clock reading (``time.perf_counter``, or Unix time in a run with workers): within ±10¹² s (31,000 years), so that
+# A clock reading (``time.perf_counter``, or Unix time in a run with workers): within ±10¹² s
+# (31,000 years), so that
 # any difference of two is a finite number of seconds; a larger one is no clock kevload read.
 Time = Annotated[float, msgspec.Meta(ge=-1e12, le=1e12)]
-# A token count a server reported (usage): at most 2³¹ − 1, far beyond any context window; a larger one is impossible,
+# A token count a server reported (usage): at most 2³¹ − 1, far beyond any context window; a larger
+# one is impossible,
 # and used as a number it would give tokens/s that are nonsense.
 TOKEN_COUNT_MAX = 2**31 - 1
 TokenCount = Annotated[int, msgspec.Meta(ge=0, le=TOKEN_COUNT_MAX)]
@@ -72,7 +75,8 @@ class Record(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     rate: Annotated[float, msgspec.Meta(gt=0)] | None
     sample: Annotated[int, msgspec.Meta(ge=-1)]  # from 0; -1: a warm-up of an open-loop level
     in_flight: Count  # other requests in flight when this one was sent
-    # Sent at full load (closed loop: exactly concurrency - 1 others in flight); only these are compared. Records
+    # Sent at full load (closed loop: exactly concurrency - 1 others in flight); only these are
+    # compared. Records
     # from before it were all counted.
     counted: bool = True
     # Cap on requests in flight: c (closed loop), load.max_in_flight or None (open loop).
@@ -85,7 +89,8 @@ class Record(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     completion_tokens: TokenCount | None
     token_ids: list[Count] | None
     tokens: list[str] | None
-    # Non-finite ones are floats in memory and spelled on disk (``spell_logprobs``); read back, the comparator takes
+    # Non-finite ones are floats in memory and spelled on disk (``spell_logprobs``); read back, the
+    # comparator takes
     # them spelled, ``RunDir.records`` as floats again.
     logprobs: list[float | Spelled | None] | None
     system_fingerprint: str | None
@@ -103,42 +108,68 @@ class Record(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     reasoning: str | None = None
     tool_calls: list[ToolCall] | None = None
     reconnects: Count = 0
-    request_id: str | None = None  # sent as X-Request-Id (``<run_id>[-r<resume>]-<seq>``): joins it with server logs
-    worker: Count | None = None  # which worker process sent it (runs with load.workers > 1; None: one process)
-    # Logprobs that are -inf, inf or NaN; ``logprobs`` then spells them as JSON cannot (``spell_logprobs``).
+    request_id: str | None = (
+        None  # sent as X-Request-Id (``<run_id>[-r<resume>]-<seq>``): joins it with server logs
+    )
+    worker: Count | None = (
+        None  # which worker process sent it (runs with load.workers > 1; None: one process)
+    )
+    # Logprobs that are -inf, inf or NaN; ``logprobs`` then spells them as JSON cannot
+    # (``spell_logprobs``).
     logprob_nonfinite: Count = 0
-    # A turn of a conversation sample (``kevload.inputs.conversation``); None on every request that is no turn of one.
+    # A turn of a conversation sample (``kevload.inputs.conversation``); None on every request that
+    # is no turn of one.
     turn: Count | None = None  # its index, from 0
     turns: Annotated[int, msgspec.Meta(ge=1)] | None = None  # the conversation's turns
-    conversation: str | None = None  # the request_id of the sample's first turn: what ties its turns together
-    history: list[Message] | None = None  # the messages sent: every earlier turn as answered, then this one
+    conversation: str | None = (
+        None  # the request_id of the sample's first turn: what ties its turns together
+    )
+    history: list[Message] | None = (
+        None  # the messages sent: every earlier turn as answered, then this one
+    )
     history_sha256: str | None = None  # of ``history``: turns with one hash were asked the same
-    conversation_sha256: str | None = None  # every answer and finish_reason through this turn, chained
-    # load.prefix_cache = "cold_warm" (kevload.load.prefixcache): whether kevload made this probe sample cold or warm,
+    conversation_sha256: str | None = (
+        None  # every answer and finish_reason through this turn, chained
+    )
+    # load.prefix_cache = "cold_warm" (kevload.load.prefixcache): whether kevload made this probe
+    # sample cold or warm,
     # and
     # how many prompt tokens the server said it served from its cache (None: it did not say).
     cache: str | None = None
     cached_tokens: TokenCount | None = None
-    # A companion load.cancel_share chose to cut (kevload.load.cancel): ``cancelled`` if the cut came before its answer.
+    # A companion load.cancel_share chose to cut (kevload.load.cancel): ``cancelled`` if the cut
+    # came before its answer.
     cancel_planned: bool = False
-    # What the server sent that did not fit its field (``"<field>: <what was wrong and what came>"``): kept here,
+    # What the server sent that did not fit its field (``"<field>: <what was wrong and what
+    # came>"``): kept here,
     # never used as a number. None: everything fitted.
     findings: list[str] | None = None
 
     def __post_init__(self) -> None:
-        # A conversation's turn is read by what only turns record (its index, its conversation, the messages sent):
-        # one that lacks them is no record a run writes, and is refused where it is read (``read_typed``).
-        if self.turns is not None and (self.turn is None or self.turn >= self.turns or self.conversation is None
-                                       or self.history is None):
-            raise ValueError(f"a turn of a conversation of {self.turns} turns needs turn (0 to {self.turns - 1}), "
-                             f"conversation and history; got turn {self.turn}, conversation {self.conversation!r}, "
-                             f"history {'null' if self.history is None else 'given'}")
+        # A conversation's turn is read by what only turns record (its index, its conversation, the
+        # messages sent):
+        # one that lacks them is no record a run writes, and is refused where it is read
+        # (``read_typed``).
+        if self.turns is not None and (
+            self.turn is None
+            or self.turn >= self.turns
+            or self.conversation is None
+            or self.history is None
+        ):
+            raise ValueError(
+                f"a turn of a conversation of {self.turns} turns needs turn (0 to {self.turns - 1}), "
+                f"conversation and history; got turn {self.turn}, conversation "
+                f"{self.conversation!r}, "
+                f"history {'null' if self.history is None else 'given'}"
+            )
 
     def floats(self) -> Record:
         """This record with spelled non-finite logprobs as floats again (as it was before it was written)."""
         if not self.logprob_nonfinite or not self.logprobs:
             return self
-        return msgspec.structs.replace(self, logprobs=[float(x) if isinstance(x, str) else x for x in self.logprobs])
+        return msgspec.structs.replace(
+            self, logprobs=[float(x) if isinstance(x, str) else x for x in self.logprobs]
+        )
 
     @property
     def answer(self) -> str:
@@ -149,7 +180,9 @@ class Record(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     def is_sample(self) -> bool:
         """Whether a cell counts it as a sample (``counts_in_cell``): a conversation's by the record that ends it,
         its earlier turns are none."""
-        return counts_in_cell(self.role, self.counted) and ends_sample(self.turn, self.turns, self.status)
+        return counts_in_cell(self.role, self.counted) and ends_sample(
+            self.turn, self.turns, self.status
+        )
 
     @property
     def is_evidence(self) -> bool:
@@ -163,13 +196,15 @@ def counts_in_cell(role: str, counted: bool) -> bool:
     return counted and role != "warmup"
 
 
-# One of each for every record of a process: msgspec builds its plan for a type once, on the first use.
+# One of each for every record of a process: msgspec builds its plan for a type once, on the first
+# use.
 RECORD_DECODER = msgspec.json.Decoder(Record)
 _ENCODER = msgspec.json.Encoder()
 
 
-def answer_text(output: str | None, reasoning: str | None = None,
-                tool_calls: list[dict[str, str]] | None = None) -> str:
+def answer_text(
+    output: str | None, reasoning: str | None = None, tool_calls: list[dict[str, str]] | None = None
+) -> str:
     """The one text that is compared (hashed into ``sha256``, shown at divergence points): the whole answer.
 
     Exactly the content when there is no reasoning and no tool call, so plain answers hash as they
@@ -198,8 +233,8 @@ def spell_logprobs(values: list[float | None]) -> list[float | str | None]:
 def request_part(request_id: str | None, run_id: str) -> int:
     """Which invocation of a run sent a request: 0 for ``<run_id>-<seq>``, k for the k-th ``--resume``'s
     ``<run_id>-r<k>-<seq>``."""
-    rest = (request_id or "")[len(run_id) + 1:]
-    return int(rest[1:rest.index("-")]) if rest.startswith("r") else 0
+    rest = (request_id or "")[len(run_id) + 1 :]
+    return int(rest[1 : rest.index("-")]) if rest.startswith("r") else 0
 
 
 def new_run_id(kind: str = "") -> str:
@@ -264,8 +299,13 @@ def read_records(path: Path, start: int = 0, end: int | None = None) -> Iterator
     return _lines(path, start, end, orjson.loads, orjson.JSONDecodeError)
 
 
-def read_typed(path: Path, start: int = 0, end: int | None = None, *,
-               decoder: msgspec.json.Decoder = RECORD_DECODER) -> Iterator[Any]:
+def read_typed(
+    path: Path,
+    start: int = 0,
+    end: int | None = None,
+    *,
+    decoder: msgspec.json.Decoder = RECORD_DECODER,
+) -> Iterator[Any]:
     """Stream a records file back as ``Record`` values, spelled logprobs kept spelled (``Record.floats``): every line,
     or those that begin in bytes [``start``, ``end``) (a part read in parallel; ``start`` at a line's beginning).
     A line that is no record (a value of the wrong type or out of its range, a field every version writes missing)
@@ -275,8 +315,13 @@ def read_typed(path: Path, start: int = 0, end: int | None = None, *,
     return _lines(path, start, end, decoder.decode, msgspec.DecodeError)
 
 
-def _lines(path: Path, start: int, end: int | None, decode: Callable[[bytes], Any],
-           not_json: type[Exception]) -> Iterator[Any]:
+def _lines(
+    path: Path,
+    start: int,
+    end: int | None,
+    decode: Callable[[bytes], Any],
+    not_json: type[Exception],
+) -> Iterator[Any]:
     with path.open("rb") as handle:
         handle.seek(start)
         position, torn = start, None
@@ -285,7 +330,9 @@ def _lines(path: Path, start: int, end: int | None, decode: Callable[[bytes], An
                 raise RunDirError(f"{torn}: not a JSON record")
             try:
                 yield decode(line)
-            except msgspec.ValidationError as exc:  # JSON, but no record (a DecodeError too: caught first)
+            except (
+                msgspec.ValidationError
+            ) as exc:  # JSON, but no record (a DecodeError too: caught first)
                 where = f"{path}:{number}" if start == 0 else f"{path}: the line at byte {position}"
                 raise RunDirError(f"{where}: not a kevload record: {exc}") from None
             except not_json:
@@ -303,7 +350,8 @@ def cut_torn_tail(path: Path) -> int:
         size = handle.seek(0, os.SEEK_END)
         if size == 0:
             return 0
-        # A record line is far smaller than the whole file; read back from the end until a newline shows up.
+        # A record line is far smaller than the whole file; read back from the end until a newline
+        # shows up.
         keep, step = 0, 1 << 16
         while True:
             start = max(size - step, 0)

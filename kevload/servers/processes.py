@@ -48,12 +48,20 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def start_server(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> ServerProcess:
+def start_server(
+    argv: list[str], log_path: Path, env: dict[str, str] | None = None
+) -> ServerProcess:
     """Launch ``argv`` in a new session (so one signal reaches every process it spawns), logging to a file."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
-        popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                 env=env, start_new_session=True)
+        popen = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
     return ServerProcess(argv=argv, pid=popen.pid, log_path=log_path, _popen=popen)
 
 
@@ -61,8 +69,14 @@ def start_server(argv: list[str], log_path: Path, env: dict[str, str] | None = N
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def wait_ready(server: ServerProcess, url: str, *, timeout: float,
-               extra_check: Callable[[], None] | None = None, cancelled: Callable[[], bool] | None = None) -> bool:
+def wait_ready(
+    server: ServerProcess,
+    url: str,
+    *,
+    timeout: float,
+    extra_check: Callable[[], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> bool:
     """Poll ``url`` until it answers 200; fail fast if the process dies. Stops the server on failure.
 
     Returns False, with the server stopped, as soon as ``cancelled()`` is true (checked between polls).
@@ -75,7 +89,10 @@ def wait_ready(server: ServerProcess, url: str, *, timeout: float,
                 server.stop()
                 return False
             if not server.alive():
-                raise ServerError(f"server exited while starting ({' '.join(server.argv[:3])} …):\n{server.log_tail()}")
+                raise ServerError(
+                    f"server exited while starting ({' '.join(server.argv[:3])} "
+                    f"…):\n{server.log_tail()}"
+                )
             try:
                 with _DIRECT.open(url, timeout=2) as response:
                     healthy = response.status == 200
@@ -89,11 +106,15 @@ def wait_ready(server: ServerProcess, url: str, *, timeout: float,
                     try:
                         extra_check()
                     except Exception as exc:
-                        raise ServerError(f"server at {url} is up but its first request failed ({exc}):\n"
-                                          f"{server.log_tail()}") from None
+                        raise ServerError(
+                            f"server at {url} is up but its first request failed ({exc}):\n"
+                            f"{server.log_tail()}"
+                        ) from None
                 return True
             time.sleep(0.25)
-        raise ServerError(f"server not ready at {url} after {timeout:.0f} s ({last}):\n{server.log_tail()}")
+        raise ServerError(
+            f"server not ready at {url} after {timeout:.0f} s ({last}):\n{server.log_tail()}"
+        )
     except BaseException:
         server.stop()
         raise
@@ -125,7 +146,8 @@ def trouble(pid: int, health_url: str) -> str | None:
     except urllib.error.HTTPError as exc:
         status = exc.code
     except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
-        # A process on its way out closes its sockets before it is gone: the moment it takes to go names it right.
+        # A process on its way out closes its sockets before it is gone: the moment it takes to go
+        # names it right.
         deadline = time.monotonic() + EXITING_S
         while time.monotonic() < deadline:
             if not pid_alive(pid):

@@ -43,7 +43,9 @@ READY_URL = "http://127.0.0.1:{port}/health"  # as the sequential sweep's defaul
 POLL_S = 0.5  # how often a running task asks whether the sweep was stopped
 # Ray's names for the amounts ray.remote takes as keywords; any other name is a custom resource.
 KEYWORDS = {"CPU": "num_cpus", "GPU": "num_gpus", "memory": "memory"}
-EXAMPLE = """expected a JSON object of resource amounts, e.g. '{"GPU": 1}' or '{"CPU": 4, "slot": 1}'"""
+EXAMPLE = (
+    """expected a JSON object of resource amounts, e.g. '{"GPU": 1}' or '{"CPU": 4, "slot": 1}'"""
+)
 
 
 def parse_resources(text: str) -> dict[str, float]:
@@ -53,14 +55,17 @@ def parse_resources(text: str) -> dict[str, float]:
     except json.JSONDecodeError as exc:
         raise InputError(f"--resources {text!r}: not JSON ({exc.msg}); {EXAMPLE}") from None
     if not isinstance(value, dict) or not all(
-            isinstance(amount, int | float) and not isinstance(amount, bool) and amount >= 0
-            for amount in value.values()):
+        isinstance(amount, int | float) and not isinstance(amount, bool) and amount >= 0
+        for amount in value.values()
+    ):
         raise InputError(f"--resources {text!r}: {EXAMPLE}")
     return {name: float(amount) for name, amount in value.items()}
 
 
 def task_options(resources: dict[str, float]) -> dict[str, Any]:
-    options: dict[str, Any] = {KEYWORDS[name]: amount for name, amount in resources.items() if name in KEYWORDS}
+    options: dict[str, Any] = {
+        KEYWORDS[name]: amount for name, amount in resources.items() if name in KEYWORDS
+    }
     custom = {name: amount for name, amount in resources.items() if name not in KEYWORDS}
     return {**options, "resources": custom} if custom else options
 
@@ -75,10 +80,15 @@ def check_capacity(ray: Any, resources: dict[str, float]) -> None:
     for name, amount in wanted.items():
         most = max((node.get(name, 0) for node in nodes), default=0)
         if most < amount:
-            raise InputError(f"--resources: no node of the Ray cluster has {name}: {amount:g} (the most one node "
-                             f"has: {most:g}); nothing was started")
-    raise InputError(f"--resources: no single node of the Ray cluster has all of {json.dumps(resources)}; "
-                     "nothing was started")
+            raise InputError(
+                f"--resources: no node of the Ray cluster has {name}: {amount:g} (the most one "
+                f"node "
+                f"has: {most:g}); nothing was started"
+            )
+    raise InputError(
+        f"--resources: no single node of the Ray cluster has all of {json.dumps(resources)}; "
+        "nothing was started"
+    )
 
 
 class Gate:
@@ -102,27 +112,51 @@ class Gate:
         return self.stopped
 
 
-async def ray_rows(ray: Any, resources: dict[str, float], base: Scenario, grid: Grid, *,
-                   out: Path, server_cmd: str | None, ready_url: str | None, ready_timeout: float | None,
-                   stop: asyncio.Event, log: Callable[[str], None]) -> list[dict[str, Any]]:
+async def ray_rows(
+    ray: Any,
+    resources: dict[str, float],
+    base: Scenario,
+    grid: Grid,
+    *,
+    out: Path,
+    server_cmd: str | None,
+    ready_url: str | None,
+    ready_timeout: float | None,
+    stop: asyncio.Event,
+    log: Callable[[str], None],
+) -> list[dict[str, Any]]:
     """The sweep's rows, each server setting run as a Ray task; in the grid's order, however they finish (a
     setting stopped before it began has none: the sweep gives it its ``not_run`` row)."""
     check_capacity(ray, resources)
     settings = combinations(grid.server)
     combos = combinations(grid.scenario)
     dirs, logs = grid.run_dirs(), grid.server_logs()
-    # Scenarios are built here, datasets included: the nodes need neither the scenario file nor its datasets.
-    runs = [[(label({**setting, **combo}), base.with_settings(combo, source="--grid"))
-             for combo in combos] for setting in settings]
+    # Scenarios are built here, datasets included: the nodes need neither the scenario file nor its
+    # datasets.
+    runs = [
+        [
+            (label({**setting, **combo}), base.with_settings(combo, source="--grid"))
+            for combo in combos
+        ]
+        for setting in settings
+    ]
     for name, _ in (run for setting_runs in runs for run in setting_runs):
         refuse_existing(out / dirs[name], hint="give the sweep a fresh --out")
     gate = ray.remote(num_cpus=0)(Gate).remote()
-    task = ray.remote(run_setting).options(max_retries=0, **task_options(resources))  # cluster.connect ships kevload
-    refs = [task.remote(i, setting, runs[i], server_cmd, ready_url, ready_timeout or READY_TIMEOUT_S, gate)
-            for i, setting in enumerate(settings)]
+    task = ray.remote(run_setting).options(
+        max_retries=0, **task_options(resources)
+    )  # cluster.connect ships kevload
+    refs = [
+        task.remote(
+            i, setting, runs[i], server_cmd, ready_url, ready_timeout or READY_TIMEOUT_S, gate
+        )
+        for i, setting in enumerate(settings)
+    ]
     written = functools.partial(_rows, out, dirs, logs, combos, log=log)
-    log(f"{len(refs)} server setting(s) sent to the Ray cluster, each on a node with "
-        f"{json.dumps(resources) if resources else 'one CPU'} free …")
+    log(
+        f"{len(refs)} server setting(s) sent to the Ray cluster, each on a node with "
+        f"{json.dumps(resources) if resources else 'one CPU'} free …"
+    )
     waiting = {asyncio.wrap_future(ref.future()): i for i, ref in enumerate(refs)}
     rows: dict[int, list[dict[str, Any]]] = {}
     stopped = asyncio.ensure_future(stop.wait())
@@ -134,12 +168,16 @@ async def ray_rows(ray: Any, resources: dict[str, float], base: Scenario, grid: 
                 rows[i] = written(settings[i], _outcome(future))
     finally:
         stopped.cancel()
-        if waiting:  # stopped (or failed here): no setting begins any more; those running stop and return
+        if (
+            waiting
+        ):  # stopped (or failed here): no setting begins any more; those running stop and return
             begun = set(await asyncio.wrap_future(gate.stop.remote().future()))
             for future, i in waiting.items():
                 if i not in begun:
                     ray.cancel(refs[i])
-                    future.add_done_callback(_outcome)  # its TaskCancelledError, read so nobody warns of it
+                    future.add_done_callback(
+                        _outcome
+                    )  # its TaskCancelledError, read so nobody warns of it
             for future, i in waiting.items():
                 if i in begun:
                     await asyncio.wait([future])
@@ -155,8 +193,16 @@ def _outcome(future: asyncio.Future) -> dict[str, Any]:
         return {"error": f"the Ray task failed: {_first_line(exc)}", "runs": []}
 
 
-def _rows(out: Path, dirs: dict[str, str], logs: dict[str, str], combos: list[dict[str, Any]],
-          setting: dict[str, Any], outcome: dict[str, Any], *, log: Callable[[str], None]) -> list[dict[str, Any]]:
+def _rows(
+    out: Path,
+    dirs: dict[str, str],
+    logs: dict[str, str],
+    combos: list[dict[str, Any]],
+    setting: dict[str, Any],
+    outcome: dict[str, Any],
+    *,
+    log: Callable[[str], None],
+) -> list[dict[str, Any]]:
     """Write what the task returned into the sweep directory and make its rows, by the sequential sweep's rules:
     a failed run, or a server that did not start, a failed row; a server that failed by the end of a run fails
     that row, and the setting's later runs are ``not_run``."""
@@ -183,20 +229,35 @@ def _rows(out: Path, dirs: dict[str, str], logs: dict[str, str], combos: list[di
                 (run_dir / relative).write_bytes(data)
             error = (run or {}).get("error") or (None if run else outcome["error"])
             if error is not None:
-                row = {**failed_row(setting, combo, error), "run": str(run_dir) if (run or {}).get("files") else None}
+                row = {
+                    **failed_row(setting, combo, error),
+                    "run": str(run_dir) if (run or {}).get("files") else None,
+                }
             else:
                 row = setting_row(name, setting, combo, run_dir, RunDir(run_dir).summary())
             if run is not None and run.get("server") is not None:
-                row = server_failed(row, f"the server {run['server']} during the run (its log: {log_path})")
+                row = server_failed(
+                    row, f"the server {run['server']} during the run (its log: {log_path})"
+                )
                 gone = f"the server {run['server']} during {name} (its log: {log_path})"
         row = {**row, **({"node": node} if node else {}), **({"ran": run["ran"]} if run else {})}
-        log(f"  {name}{where}: {row['verdict_line']}" + ("" if not row.get("error") else "\n" + row["error"]))
+        log(
+            f"  {name}{where}: {row['verdict_line']}"
+            + ("" if not row.get("error") else "\n" + row["error"])
+        )
         rows.append(row)
     return rows
 
 
-def run_setting(index: int, setting: dict[str, Any], runs: list[tuple[str, Scenario]], server_cmd: str,
-                ready_url: str | None, ready_timeout: float, gate: Any) -> dict[str, Any]:
+def run_setting(
+    index: int,
+    setting: dict[str, Any],
+    runs: list[tuple[str, Scenario]],
+    server_cmd: str,
+    ready_url: str | None,
+    ready_timeout: float,
+    gate: Any,
+) -> dict[str, Any]:
     """The Ray task (runs on the node): one server setting, its scenarios in order, the server stopped at the
     end however it ends; returns the runs' files, the server's log and where it ran."""
     import ray
@@ -204,15 +265,26 @@ def run_setting(index: int, setting: dict[str, Any], runs: list[tuple[str, Scena
     node = {"id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname()}
     if not ray.get(gate.begin.remote(index)):
         return {"node": node, "runs": []}  # the sweep was stopped before this setting began
-    with tempfile.TemporaryDirectory(prefix="kevload-sweep-") as tmp, \
-            asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        outcome = runner.run(_on_node(setting, runs, server_cmd, ready_url, ready_timeout, gate, Path(tmp)))
+    with (
+        tempfile.TemporaryDirectory(prefix="kevload-sweep-") as tmp,
+        asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner,
+    ):
+        outcome = runner.run(
+            _on_node(setting, runs, server_cmd, ready_url, ready_timeout, gate, Path(tmp))
+        )
         log = Path(tmp) / "server.log"
         return {**outcome, "node": node, "server_log": log.read_bytes() if log.is_file() else b""}
 
 
-async def _on_node(setting: dict[str, Any], runs: list[tuple[str, Scenario]], server_cmd: str,
-                   ready_url: str | None, ready_timeout: float, gate: Any, tmp: Path) -> dict[str, Any]:
+async def _on_node(
+    setting: dict[str, Any],
+    runs: list[tuple[str, Scenario]],
+    server_cmd: str,
+    ready_url: str | None,
+    ready_timeout: float,
+    gate: Any,
+    tmp: Path,
+) -> dict[str, Any]:
     stop = asyncio.Event()
     watch = asyncio.ensure_future(_watch(gate, stop))
     done: list[dict[str, Any]] = []
@@ -223,10 +295,14 @@ async def _on_node(setting: dict[str, Any], runs: list[tuple[str, Scenario]], se
         try:
             server = start_server(argv, tmp / "server.log")
         except OSError as exc:
-            raise InputError(f"--server-cmd: cannot run {argv[0]!r}: {exc.strerror or exc}") from None
+            raise InputError(
+                f"--server-cmd: cannot run {argv[0]!r}: {exc.strerror or exc}"
+            ) from None
         try:
             url = _fill(ready_url or READY_URL, values)
-            wait = functools.partial(wait_ready, server, url, timeout=ready_timeout, cancelled=stop.is_set)
+            wait = functools.partial(
+                wait_ready, server, url, timeout=ready_timeout, cancelled=stop.is_set
+            )
             if not await asyncio.get_running_loop().run_in_executor(None, wait):
                 return {"runs": done}  # stopped while the server was starting
             for k, (name, scenario) in enumerate(runs):
@@ -234,7 +310,8 @@ async def _on_node(setting: dict[str, Any], runs: list[tuple[str, Scenario]], se
                     break
                 pointed = _pointed_at(scenario, f"http://127.0.0.1:{port}/v1")
                 done.append(await _run(name, pointed, tmp / f"run-{k}", stop))
-                # As in the sequential sweep: a server gone by the end of a run fails it, and ends the setting.
+                # As in the sequential sweep: a server gone by the end of a run fails it, and ends
+                # the setting.
                 done[-1]["server"] = await asyncio.to_thread(trouble, server.pid, url)
                 if done[-1]["server"] is not None:
                     break
@@ -255,9 +332,18 @@ async def _run(name: str, scenario: Scenario, run_dir: Path, stop: asyncio.Event
     try:
         await run_scenario(scenario, run_dir, stop=stop)
     except Exception as exc:  # noqa: BLE001 - any failure of one run fails only its row, with its message
-        error = f"the run failed: {_first_line(exc)}" if not isinstance(exc, KevloadError) else str(exc)
-    files = {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()} \
-        if run_dir.is_dir() else {}
+        error = (
+            f"the run failed: {_first_line(exc)}" if not isinstance(exc, KevloadError) else str(exc)
+        )
+    files = (
+        {
+            str(p.relative_to(run_dir)): p.read_bytes()
+            for p in sorted(run_dir.rglob("*"))
+            if p.is_file()
+        }
+        if run_dir.is_dir()
+        else {}
+    )
     return {"name": name, "files": files, "ran": [started, time.time()], "error": error}
 
 

@@ -19,24 +19,39 @@ import msgspec
 from kevload.errors import RunDirError, ServerError
 from kevload.inputs.scenario import ScenarioError, load_scenario, shown_url, toml_value, url_problem
 from kevload.load.runs import run_scenario
-from kevload.outputs.report import attainment_text, cell_text, markdown_cell, slo_bounds_text, verdict_line
+from kevload.outputs.report import (
+    attainment_text,
+    cell_text,
+    markdown_cell,
+    slo_bounds_text,
+    verdict_line,
+)
 from kevload.records.rundir import apart
 from kevload.records.servermetrics import CELL_FIELDS as SERVER_FIELDS
 from kevload.records.store import read_json, write_json
-from kevload.servers.processes import free_port, log_tail, start_server, stop_when_gone, trouble, wait_ready
+from kevload.servers.processes import (
+    free_port,
+    log_tail,
+    start_server,
+    stop_when_gone,
+    trouble,
+    wait_ready,
+)
 from kevload.summary import CellSummary, RunSummary, answered_per_s, row_cells
 from kevload.words import SweepVerdict
 
 # {name} in --server-cmd and --ready-url; any other braces (JSON arguments) are left as they are.
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_-]*)\}")
-READY_TIMEOUT_S = 300.0  # --ready-timeout's default for --server-cmd (a built-in target has its own)
+READY_TIMEOUT_S = (
+    300.0  # --ready-timeout's default for --server-cmd (a built-in target has its own)
+)
 STOPPED = "the sweep was stopped (SIGINT or SIGTERM) before this setting ran"
 MAX_SETTINGS = 1000  # settings of one sweep: more is a typo, not a test
 
 
 @dataclass(frozen=True)
 class Grid:
-    server: dict[str, list[Any]]    # placeholders in --server-cmd, or built-in target settings
+    server: dict[str, list[Any]]  # placeholders in --server-cmd, or built-in target settings
     scenario: dict[str, list[Any]]  # dotted scenario keys, swept without restarting anything
 
     @classmethod
@@ -47,8 +62,10 @@ class Grid:
             name, sep, values = spec.partition("=")
             name = name.strip()
             if not sep or not name or not values.strip():
-                raise ScenarioError(f"--grid {spec!r}: expected NAME=V1,V2 "
-                                    "(e.g. slots=1,2,4 or load.mode=single,mixed)")
+                raise ScenarioError(
+                    f"--grid {spec!r}: expected NAME=V1,V2 "
+                    "(e.g. slots=1,2,4 or load.mode=single,mixed)"
+                )
             if name in server or name in scenario:
                 raise ScenarioError(f"--grid {name}: given twice")
             axis = scenario if "." in name else server
@@ -56,13 +73,21 @@ class Grid:
         # Counted before any setting is made: the settings are the product of the axes.
         settings = math.prod(len(values) for values in (*server.values(), *scenario.values()))
         if settings > MAX_SETTINGS:
-            raise ScenarioError(f"--grid: expected at most {MAX_SETTINGS:,} settings (each is a run, one after "
-                                f"another), got {settings:,}")
+            raise ScenarioError(
+                f"--grid: expected at most {MAX_SETTINGS:,} settings (each is a run, one after "
+                f"another), got {settings:,}"
+            )
         return cls(server=server, scenario=scenario)
 
     def run_dirs(self) -> dict[str, str]:
         """Each setting's run directory name, by its label (a row's ``setting``)."""
-        return apart([label({**s, **c}) for s in combinations(self.server) for c in combinations(self.scenario)])
+        return apart(
+            [
+                label({**s, **c})
+                for s in combinations(self.server)
+                for c in combinations(self.scenario)
+            ]
+        )
 
     def server_logs(self) -> dict[str, str]:
         """Each server setting's log file name, by its label."""
@@ -77,26 +102,41 @@ def _distinct(name: str, texts: list[str]) -> list[Any]:
     seen: dict[str, str] = {}
     for text, value in zip(texts, values, strict=True):
         if str(value) in seen:
-            raise ScenarioError(f"--grid {name}: {seen[str(value)]} and {text} are the same setting ({name}={value}); "
-                                "give each value once")
+            raise ScenarioError(
+                f"--grid {name}: {seen[str(value)]} and {text} are the same setting "
+                f"({name}={value}); "
+                "give each value once"
+            )
         seen[str(value)] = text
     return values
 
 
 def combinations(axes: dict[str, list[Any]]) -> list[dict[str, Any]]:
     names = list(axes)
-    return [dict(zip(names, values, strict=True)) for values in itertools.product(*(axes[n] for n in names))]
+    return [
+        dict(zip(names, values, strict=True))
+        for values in itertools.product(*(axes[n] for n in names))
+    ]
 
 
 def label(setting: dict[str, Any]) -> str:
     return ",".join(f"{k}={v}" for k, v in setting.items()) or "as-is"
 
 
-async def run_sweep(scenario_path: Path, overrides: list[str], grid: Grid, *, out: Path,
-                    server_cmd: str | None = None, builtin: str | None = None, ready_url: str | None = None,
-                    ready_timeout: float | None = None, stop: asyncio.Event | None = None,
-                    log: Callable[[str], None] = print,
-                    elsewhere: Callable[..., Awaitable[list[dict[str, Any]]]] | None = None) -> dict[str, Any]:
+async def run_sweep(
+    scenario_path: Path,
+    overrides: list[str],
+    grid: Grid,
+    *,
+    out: Path,
+    server_cmd: str | None = None,
+    builtin: str | None = None,
+    ready_url: str | None = None,
+    ready_timeout: float | None = None,
+    stop: asyncio.Event | None = None,
+    log: Callable[[str], None] = print,
+    elsewhere: Callable[..., Awaitable[list[dict[str, Any]]]] | None = None,
+) -> dict[str, Any]:
     """Run every server setting × scenario setting; the server is stopped after each, however it ends.
 
     Every setting gets a row: a server that does not start (not ready within ``ready_timeout``, None: 300 s or
@@ -108,11 +148,15 @@ async def run_sweep(scenario_path: Path, overrides: list[str], grid: Grid, *, ou
     (``kevload.servers.raysweep``: side by side on a Ray cluster); the checks before and the matrix after are shared.
     """
     stop = stop or asyncio.Event()
-    base = load_scenario(scenario_path, overrides)  # bad scenario, overrides or grid fail before any server starts
+    base = load_scenario(
+        scenario_path, overrides
+    )  # bad scenario, overrides or grid fail before any server starts
     for combo in combinations(grid.scenario):
         base.with_settings(combo, source="--grid")
     if ready_url is not None and server_cmd is None:
-        raise ScenarioError("--ready-url: only with --server-cmd (a --target is waited for at its own health URL)")
+        raise ScenarioError(
+            "--ready-url: only with --server-cmd (a --target is waited for at its own health URL)"
+        )
     if server_cmd is not None:
         check_server_cmd(server_cmd, ready_url, list(grid.server))
     if builtin is not None:
@@ -124,8 +168,16 @@ async def run_sweep(scenario_path: Path, overrides: list[str], grid: Grid, *, ou
         for setting in combinations(grid.server):
             refuse_missing_settings(builtin, TargetSettings.from_options(setting))
     if elsewhere is not None:
-        rows = await elsewhere(base, grid, out=out, server_cmd=server_cmd, ready_url=ready_url,
-                               ready_timeout=ready_timeout, stop=stop, log=log)
+        rows = await elsewhere(
+            base,
+            grid,
+            out=out,
+            server_cmd=server_cmd,
+            ready_url=ready_url,
+            ready_timeout=ready_timeout,
+            stop=stop,
+            log=log,
+        )
         return write_sweep(out, grid, rows, complete=not stop.is_set(), unrun=STOPPED)
     dirs, logs, combos = grid.run_dirs(), grid.server_logs(), combinations(grid.scenario)
     rows: list[dict[str, Any]] = []
@@ -138,8 +190,16 @@ async def run_sweep(scenario_path: Path, overrides: list[str], grid: Grid, *, ou
             log(f"server {at}: starting …")
             started = False
             try:
-                async with _server(server_setting, server_cmd, builtin, ready_url, ready_timeout, out / logs[at],
-                                   stop, log) as up:
+                async with _server(
+                    server_setting,
+                    server_cmd,
+                    builtin,
+                    ready_url,
+                    ready_timeout,
+                    out / logs[at],
+                    stop,
+                    log,
+                ) as up:
                     started = True
                     if up is None:  # stopped while the server was starting
                         break
@@ -147,77 +207,140 @@ async def run_sweep(scenario_path: Path, overrides: list[str], grid: Grid, *, ou
                         if stop.is_set():
                             break
                         at = name = label({**server_setting, **combo})
-                        scenario = base.with_settings(up.sets, source="sweep").with_settings(combo, source="--grid")
+                        scenario = base.with_settings(up.sets, source="sweep").with_settings(
+                            combo, source="--grid"
+                        )
                         log(f"  running {name} …")
                         result = await run_scenario(scenario, out / dirs[name], stop=stop)
-                        row = setting_row(name, server_setting, combo, result.run_dir, result.summary)
+                        row = setting_row(
+                            name, server_setting, combo, result.run_dir, result.summary
+                        )
                         failure = await asyncio.to_thread(up.failure)
                         if failure is None:
                             rows.append(row)
                             continue
-                        # However its run went, the setting's answers came from a server that did not last it.
-                        rows.append(server_failed(row, f"the server {failure} during the run (its log: {up.log_path})"))
-                        log(f"  the server of {label(server_setting)} {failure} during the run; the end of its log:\n"
-                            f"{log_tail(up.log_path) if up.log_path else ''}")
-                        # The rest of this setting's scenario keys would only fail: each keeps its row, saying why.
-                        rows += [not_run_row(server_setting, later, f"the server {failure} during {name} (its "
-                                             f"log: {up.log_path})") for later in combos[index + 1:]]
+                        # However its run went, the setting's answers came from a server that did
+                        # not last it.
+                        rows.append(
+                            server_failed(
+                                row, f"the server {failure} during the run (its log: {up.log_path})"
+                            )
+                        )
+                        log(
+                            f"  the server of {label(server_setting)} {failure} during the run; "
+                            f"the end of its log:\n"
+                            f"{log_tail(up.log_path) if up.log_path else ''}"
+                        )
+                        # The rest of this setting's scenario keys would only fail: each keeps its
+                        # row, saying why.
+                        rows += [
+                            not_run_row(
+                                server_setting,
+                                later,
+                                f"the server {failure} during {name} (its log: {up.log_path})",
+                            )
+                            for later in combos[index + 1 :]
+                        ]
                         break
             except ServerError as exc:
                 if started:
                     raise
-                # One setting's server may not start (say, too large a batch for the memory): the others still can.
+                # One setting's server may not start (say, too large a batch for the memory): the
+                # others still can.
                 log(f"  the server of {label(server_setting)} did not start: {exc}")
                 rows += [failed_row(server_setting, combo, str(exc)) for combo in combos]
     except Exception as exc:
-        # Anything else ends the sweep (a server command that cannot run would fail every setting); the settings
-        # that ran (minutes each on a real server) keep their rows, the others say why they have none.
-        write_sweep(out, grid, rows, complete=False, unrun=f"the sweep ended at {at}: {_first_line(exc)}")
+        # Anything else ends the sweep (a server command that cannot run would fail every setting);
+        # the settings
+        # that ran (minutes each on a real server) keep their rows, the others say why they have
+        # none.
+        write_sweep(
+            out, grid, rows, complete=False, unrun=f"the sweep ended at {at}: {_first_line(exc)}"
+        )
         raise
     return write_sweep(out, grid, rows, complete=not stop.is_set(), unrun=STOPPED)
 
 
-def setting_row(name: str, server: dict[str, Any], scenario: dict[str, Any], run_dir: Path,
-                summary: RunSummary) -> dict[str, Any]:
+def setting_row(
+    name: str, server: dict[str, Any], scenario: dict[str, Any], run_dir: Path, summary: RunSummary
+) -> dict[str, Any]:
     """One setting's row of sweep.json: its run, verdict and probe cells."""
-    return _row({"setting": name, "server": server, "scenario": scenario, "run": str(run_dir),
-                 "verdict": summary.verdict, "verdict_line": verdict_line(summary),
-                 "cells": [_cell(c) for c in summary.probe_cells()]}, summary)
+    return _row(
+        {
+            "setting": name,
+            "server": server,
+            "scenario": scenario,
+            "run": str(run_dir),
+            "verdict": summary.verdict,
+            "verdict_line": verdict_line(summary),
+            "cells": [_cell(c) for c in summary.probe_cells()],
+        },
+        summary,
+    )
 
 
 def server_failed(row: dict[str, Any], error: str) -> dict[str, Any]:
     """A setting's row whose server exited or stopped answering its readiness URL by the end of its run: failed,
     whatever its run alone says (kept as ``run_verdict``)."""
-    return {**row, "verdict": "target_failed", "run_verdict": row["verdict"],
-            "verdict_line": f"failed: {error}; its run alone: {row['verdict_line']}", "error": error}
+    return {
+        **row,
+        "verdict": "target_failed",
+        "run_verdict": row["verdict"],
+        "verdict_line": f"failed: {error}; its run alone: {row['verdict_line']}",
+        "error": error,
+    }
 
 
 def failed_row(server: dict[str, Any], scenario: dict[str, Any], error: str) -> dict[str, Any]:
     """The row of a setting whose server did not start, or whose run failed: no cells, the reason instead."""
-    return {"setting": label({**server, **scenario}), "server": server, "scenario": scenario, "run": None,
-            "verdict": "target_failed", "verdict_line": f"failed: {error.splitlines()[0]}", "cells": [],
-            "error": error}
+    return {
+        "setting": label({**server, **scenario}),
+        "server": server,
+        "scenario": scenario,
+        "run": None,
+        "verdict": "target_failed",
+        "verdict_line": f"failed: {error.splitlines()[0]}",
+        "cells": [],
+        "error": error,
+    }
 
 
 def not_run_row(server: dict[str, Any], scenario: dict[str, Any], reason: str) -> dict[str, Any]:
     """The row of a setting the sweep never ran, saying why: a setting missing from the matrix would read as
     never asked for."""
-    return {"setting": label({**server, **scenario}), "server": server, "scenario": scenario, "run": None,
-            "verdict": "not_run", "verdict_line": f"not run: {reason}", "cells": [], "reason": reason}
+    return {
+        "setting": label({**server, **scenario}),
+        "server": server,
+        "scenario": scenario,
+        "run": None,
+        "verdict": "not_run",
+        "verdict_line": f"not run: {reason}",
+        "cells": [],
+        "reason": reason,
+    }
 
 
 def every_setting(grid: Grid, rows: list[dict[str, Any]], reason: str) -> list[dict[str, Any]]:
     """The rows in the grid's order, one per setting: a ``not_run`` row, for ``reason``, where none was made."""
     made = {row["setting"]: row for row in rows}
-    return [made.get(label({**s, **c})) or not_run_row(s, c, reason)
-            for s in combinations(grid.server) for c in combinations(grid.scenario)]
+    return [
+        made.get(label({**s, **c})) or not_run_row(s, c, reason)
+        for s in combinations(grid.server)
+        for c in combinations(grid.scenario)
+    ]
 
 
-def write_sweep(out: Path, grid: Grid, rows: list[dict[str, Any]], *, complete: bool, unrun: str) -> dict[str, Any]:
+def write_sweep(
+    out: Path, grid: Grid, rows: list[dict[str, Any]], *, complete: bool, unrun: str
+) -> dict[str, Any]:
     """sweep.json and sweep.md, a row for every setting (``unrun``: why those without one did not run)."""
     rows = every_setting(grid, rows, unrun)
-    sweep = {"grid": {"server": grid.server, "scenario": grid.scenario}, "rows": rows,
-             "levels": _levels(rows), "complete": complete}
+    sweep = {
+        "grid": {"server": grid.server, "scenario": grid.scenario},
+        "rows": rows,
+        "levels": _levels(rows),
+        "complete": complete,
+    }
     write_json(out / "sweep.json", sweep)
     (out / "sweep.md").write_text(sweep_markdown(sweep), encoding="utf-8")
     return sweep
@@ -268,24 +391,33 @@ def check_server_cmd(server_cmd: str, ready_url: str | None, axes: list[str]) ->
         raise ScenarioError(f"--server-cmd: cannot split into arguments ({exc})") from None
     used = {name for arg in argv for name in PLACEHOLDER.findall(arg)}
     if "port" not in used:
-        raise ScenarioError("--server-cmd: needs {port} where the server takes its port: kevload picks a free "
-                            "port per setting and points target.base_url at it")
+        raise ScenarioError(
+            "--server-cmd: needs {port} where the server takes its port: kevload picks a free "
+            "port per setting and points target.base_url at it"
+        )
     # The highest port for {port}, so a digit too many shows; the axes' values are not known here.
     filled = PLACEHOLDER.sub(lambda m: "65535" if m[1] == "port" else "1", ready_url or "")
     if ready_url is not None and (problem := url_problem(filled)) is not None:
-        # Polled by urllib once each server starts: a blank or an open IPv6 bracket would end the sweep in a
+        # Polled by urllib once each server starts: a blank or an open IPv6 bracket would end the
+        # sweep in a
         # traceback there, a port too large wait out --ready-timeout for every setting.
-        raise ScenarioError("--ready-url: expected an http:// or https:// URL such as "
-                            f"http://127.0.0.1:{{port}}/health ({problem}), got {shown_url(ready_url)!r}")
+        raise ScenarioError(
+            "--ready-url: expected an http:// or https:// URL such as "
+            f"http://127.0.0.1:{{port}}/health ({problem}), got {shown_url(ready_url)!r}"
+        )
     ready_names = set(PLACEHOLDER.findall(ready_url or ""))
     unknown = sorted((used | ready_names) - {"port", *axes})
     if unknown:
-        raise ScenarioError(f"--server-cmd: placeholder {{{unknown[0]}}} is neither {{port}} nor a --grid axis "
-                            f"(axes: {', '.join(axes) or 'none'})")
+        raise ScenarioError(
+            f"--server-cmd: placeholder {{{unknown[0]}}} is neither {{port}} nor a --grid axis "
+            f"(axes: {', '.join(axes) or 'none'})"
+        )
     unused = [axis for axis in axes if axis not in used]
     if unused:
-        raise ScenarioError(f"--grid {unused[0]}: --server-cmd has no {{{unused[0]}}}, so every setting would "
-                            "start the same server")
+        raise ScenarioError(
+            f"--grid {unused[0]}: --server-cmd has no {{{unused[0]}}}, so every setting would "
+            "start the same server"
+        )
 
 
 def check_axes_used(builtin: str, axes: dict[str, list[Any]]) -> None:
@@ -302,10 +434,14 @@ def check_axes_used(builtin: str, axes: dict[str, list[Any]]) -> None:
             continue
         alike: dict[str, set] = {}
         for setting, start in zip(settings, starts, strict=True):
-            alike.setdefault(repr({k: v for k, v in setting.items() if k != name}), set()).add(start)
+            alike.setdefault(repr({k: v for k, v in setting.items() if k != name}), set()).add(
+                start
+            )
         if all(len(group) == 1 for group in alike.values()):
-            raise ScenarioError(f"--grid {name}: every value starts the same {builtin} server (the target does not "
-                                "use this setting, or these values mean the same there)")
+            raise ScenarioError(
+                f"--grid {name}: every value starts the same {builtin} server (the target does not "
+                "use this setting, or these values mean the same there)"
+            )
 
 
 def server_argv(server_cmd: str, values: dict[str, Any]) -> list[str]:
@@ -326,25 +462,46 @@ def sweep_markdown(sweep: dict[str, Any]) -> str:
     levels = sweep["levels"]
     slo = any(row.get("slo") for row in sweep["rows"])
     first = [f"max {_level_kind(levels)} at SLO"] if slo else []
-    lines = ["| setting | probe (mode) | " + " | ".join(map(md, first + levels)) + " |",
-             "| --- | --- | " + " | ".join("---:" for _ in first + levels) + " |"]
+    lines = [
+        "| setting | probe (mode) | " + " | ".join(map(md, first + levels)) + " |",
+        "| --- | --- | " + " | ".join("---:" for _ in first + levels) + " |",
+    ]
     for row in sweep["rows"]:
         # A setting that failed, or never ran: the reason, and its cells (if it has any) after it.
-        why = f"failed: {row['error']}" if row.get("error") else \
-            f"not run: {row['reason']}" if row.get("verdict") == "not_run" else None
+        why = (
+            f"failed: {row['error']}"
+            if row.get("error")
+            else f"not run: {row['reason']}"
+            if row.get("verdict") == "not_run"
+            else None
+        )
         if why is not None:
-            lines.append(f"| {md(row['setting'])} | {md(why.splitlines()[0])} | "
-                         + " | ".join("-" for _ in first + levels) + " |")
+            lines.append(
+                f"| {md(row['setting'])} | {md(why.splitlines()[0])} | "
+                + " | ".join("-" for _ in first + levels)
+                + " |"
+            )
         for probe, cells in _by_probe(row).items():
             texts = [sweep_cell_text(cells.get(level)) for level in levels]
             if slo:
-                texts.insert(0, (row.get("max_at_slo", {}).get(probe) or "none") if row.get("slo") else "-")
-            lines.append(f"| {md(row['setting'])} | {md(probe)} | " + " | ".join(map(md, texts)) + " |")
-    legend = ("cells: distinct outputs (DRIFT when they differ from serial; ~ the serial text with other logprobs; "
-              "≡ logprobs bitwise equal to serial's) · requests answered per second · median end-to-end latency")
+                texts.insert(
+                    0, (row.get("max_at_slo", {}).get(probe) or "none") if row.get("slo") else "-"
+                )
+            lines.append(
+                f"| {md(row['setting'])} | {md(probe)} | " + " | ".join(map(md, texts)) + " |"
+            )
+    legend = (
+        "cells: distinct outputs (DRIFT when they differ from serial; ~ the serial text with other "
+        "logprobs; "
+        "≡ logprobs bitwise equal to serial's) · requests answered per second · median end-to-end "
+        "latency"
+    )
     if any(c.server_running_max is not None for row in sweep["rows"] for c in row_cells(row)):
-        legend += (" · the most requests the server ran at once (its /metrics; ≥ where its reads cannot bound it: "
-                   "some failed, or none saw the level's requests queued)")
+        legend += (
+            " · the most requests the server ran at once (its /metrics; ≥ where its reads cannot "
+            "bound it: "
+            "some failed, or none saw the level's requests queued)"
+        )
     notes = [legend + (" · share of requests within the SLO (✗: under it)" if slo else "")]
     slo_notes = {row["setting"]: _slo_note(row) for row in sweep["rows"] if row.get("slo")}
     if len(set(slo_notes.values())) == 1:
@@ -368,9 +525,13 @@ def sweep_cell_text(cell: CellSummary | None) -> str:
     if cell.slo_attainment is not None:
         parts.append(attainment_text(cell))
     if cell.server_running_max is not None:
-        # The most its reads saw running is only a floor: it is the ceiling where kevload itself held the level to
-        # it (closed loop; more is other clients' load) or where the footnote's rule says the batch limit did.
-        bounded = cell.server_note or (cell.rate is None and cell.server_running_max == cell.concurrency)
+        # The most its reads saw running is only a floor: it is the ceiling where kevload itself
+        # held the level to
+        # it (closed loop; more is other clients' load) or where the footnote's rule says the batch
+        # limit did.
+        bounded = cell.server_note or (
+            cell.rate is None and cell.server_running_max == cell.concurrency
+        )
         parts.append(f"server ran {'≤' if bounded else '≥'} {cell.server_running_max:g}")
     return " · ".join(parts)
 
@@ -392,8 +553,14 @@ def _row(row: dict[str, Any], summary: RunSummary) -> dict[str, Any]:
     """A sweep row with its SLO and, per probe, the highest level that met it."""
     if not summary.slo:
         return row
-    return {**row, "slo": summary.slo, "min_slo_attainment": summary.min_slo_attainment,
-            "max_at_slo": {probe: max_level_at_slo(list(cells.values())) for probe, cells in _by_probe(row).items()}}
+    return {
+        **row,
+        "slo": summary.slo,
+        "min_slo_attainment": summary.min_slo_attainment,
+        "max_at_slo": {
+            probe: max_level_at_slo(list(cells.values())) for probe, cells in _by_probe(row).items()
+        },
+    }
 
 
 def _level_kind(levels: list[str]) -> str:
@@ -404,9 +571,16 @@ def _level_kind(levels: list[str]) -> str:
 
 def _slo_note(row: dict[str, Any]) -> str:
     minimum = row.get("min_slo_attainment")
-    share = f"at least {minimum:.1%}" if minimum is not None else "all (no load.min_slo_attainment given)"
-    return (f"SLO {slo_bounds_text(row['slo'])}: a level meets it when {share} of its requests are within every "
-            "bound; max at SLO is the highest level up to which every level met it")
+    share = (
+        f"at least {minimum:.1%}"
+        if minimum is not None
+        else "all (no load.min_slo_attainment given)"
+    )
+    return (
+        f"SLO {slo_bounds_text(row['slo'])}: a level meets it when {share} of its requests are "
+        f"within every "
+        "bound; max at SLO is the highest level up to which every level met it"
+    )
 
 
 def _by_probe(row: dict[str, Any]) -> dict[str, dict[str, CellSummary]]:
@@ -416,12 +590,35 @@ def _by_probe(row: dict[str, Any]) -> dict[str, dict[str, CellSummary]]:
     return out
 
 
-# What sweep.json keeps of each probe cell (with its level label): enough for the matrix, the SLO column and
+# What sweep.json keeps of each probe cell (with its level label): enough for the matrix, the SLO
+# column and
 # the logprob evidence, under the names a run's summary.json gives them.
-SWEEP_CELL_FIELDS = ("probe", "mode", "concurrency", "rate", "ok", "asked", "short", "distinct", "drift",
-                     "agrees_with_serial", "first_divergence_chars", "logprob_samples", "logprob_bitwise",
-                     "logprob_max_abs_diff", "first_logprob_divergence_token", "latent_drift", "requests_per_s",
-                     "output_tokens_per_s", "errors", "latency", "slo_met", "slo_attainment", "goodput", "meets_slo")
+SWEEP_CELL_FIELDS = (
+    "probe",
+    "mode",
+    "concurrency",
+    "rate",
+    "ok",
+    "asked",
+    "short",
+    "distinct",
+    "drift",
+    "agrees_with_serial",
+    "first_divergence_chars",
+    "logprob_samples",
+    "logprob_bitwise",
+    "logprob_max_abs_diff",
+    "first_logprob_divergence_token",
+    "latent_drift",
+    "requests_per_s",
+    "output_tokens_per_s",
+    "errors",
+    "latency",
+    "slo_met",
+    "slo_attainment",
+    "goodput",
+    "meets_slo",
+)
 
 
 def _cell(c: CellSummary) -> dict[str, Any]:
@@ -444,20 +641,40 @@ class _Up:
 
 
 @contextlib.asynccontextmanager
-async def _server(setting: dict[str, Any], server_cmd: str | None, builtin: str | None, ready_url: str | None,
-                  ready_timeout: float | None, log_path: Path, stop: asyncio.Event,
-                  log: Callable[[str], None]) -> AsyncIterator[_Up | None]:
+async def _server(
+    setting: dict[str, Any],
+    server_cmd: str | None,
+    builtin: str | None,
+    ready_url: str | None,
+    ready_timeout: float | None,
+    log_path: Path,
+    stop: asyncio.Event,
+    log: Callable[[str], None],
+) -> AsyncIterator[_Up | None]:
     """Start the server for one setting (None: stopped while starting); it is stopped when the block ends,
     however it ends, a cancel during its start included. A server that exits while in use has the rest of its
     process group stopped at once, so the requests sent to it fail at once."""
     if builtin is not None:
         from kevload.servers.targets import TargetSettings, serving
 
-        async with serving(builtin, TargetSettings.from_options(setting), log=log, stop=stop,
-                           ready_timeout=ready_timeout) as target:
-            yield None if target is None else _Up(
-                {"target.base_url": target.url, "target.model": target.model},
-                functools.partial(trouble, target.pid, f"http://127.0.0.1:{target.port}/health"), target.log_path)
+        async with serving(
+            builtin,
+            TargetSettings.from_options(setting),
+            log=log,
+            stop=stop,
+            ready_timeout=ready_timeout,
+        ) as target:
+            yield (
+                None
+                if target is None
+                else _Up(
+                    {"target.base_url": target.url, "target.model": target.model},
+                    functools.partial(
+                        trouble, target.pid, f"http://127.0.0.1:{target.port}/health"
+                    ),
+                    target.log_path,
+                )
+            )
         return
     if server_cmd is None:
         yield _Up({}, lambda: None, None)  # only scenario keys are swept: the target stays as it is
@@ -468,20 +685,28 @@ async def _server(setting: dict[str, Any], server_cmd: str | None, builtin: str 
     try:
         server = start_server(argv, log_path)
     except OSError as exc:
-        raise ScenarioError(f"--server-cmd: cannot run {argv[0]!r}: {exc.strerror or exc}") from None
+        raise ScenarioError(
+            f"--server-cmd: cannot run {argv[0]!r}: {exc.strerror or exc}"
+        ) from None
     watch = None
     try:
         url = _fill(ready_url or "http://127.0.0.1:{port}/health", values)
-        # The pid is known here, in this task, before the wait starts: the finally below stops the server even
-        # when this task is cancelled while the thread still polls (that thread then sees it gone and ends).
-        wait = functools.partial(wait_ready, server, url, timeout=ready_timeout or READY_TIMEOUT_S,
-                                 cancelled=stop.is_set)
+        # The pid is known here, in this task, before the wait starts: the finally below stops the
+        # server even
+        # when this task is cancelled while the thread still polls (that thread then sees it gone
+        # and ends).
+        wait = functools.partial(
+            wait_ready, server, url, timeout=ready_timeout or READY_TIMEOUT_S, cancelled=stop.is_set
+        )
         future = asyncio.get_running_loop().run_in_executor(None, wait)
         future.add_done_callback(_retrieve)
         ready = await future
         watch = asyncio.ensure_future(stop_when_gone(server.pid))
-        up = _Up({"target.base_url": f"http://127.0.0.1:{port}/v1"}, functools.partial(trouble, server.pid, url),
-                 server.log_path)
+        up = _Up(
+            {"target.base_url": f"http://127.0.0.1:{port}/v1"},
+            functools.partial(trouble, server.pid, url),
+            server.log_path,
+        )
         yield up if ready else None
     finally:
         if watch is not None:

@@ -39,7 +39,11 @@ class CancelAt:
     def since(self, elapsed: float) -> CancelAt:
         """The cut of a conversation's later turn, ``elapsed`` seconds after its first send: a conversation's
         seconds count from there, as a user closing the tab ends the chat at a moment, whatever turn it is in."""
-        return self if self.after_s is None else replace(self, after_s=max(self.after_s - elapsed, 0.0))
+        return (
+            self
+            if self.after_s is None
+            else replace(self, after_s=max(self.after_s - elapsed, 0.0))
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,27 +68,41 @@ class Outcome:
     http_status: int | None = None
     retry_after: float | None = None
     error: str | None = None
-    # The rest of the answer besides ``output`` (the content); ``store.answer_text`` joins them for comparison.
+    # The rest of the answer besides ``output`` (the content); ``store.answer_text`` joins them for
+    # comparison.
     reasoning: str | None = None
     tool_calls: list[dict[str, str]] | None = None
-    reconnects: int = 0             # 1: resent on a fresh connection after a reused one had closed
-    logprob_nonfinite: int = 0      # logprobs that were -Infinity, Infinity or NaN (Python servers write them)
-    # Prompt tokens the server says it served from its prefix cache: usage.prompt_tokens_details.cached_tokens (vLLM
-    # with --enable-prompt-tokens-details, OpenAI), or llama.cpp's timings.cache_n; None where it says nothing.
+    reconnects: int = 0  # 1: resent on a fresh connection after a reused one had closed
+    logprob_nonfinite: int = (
+        0  # logprobs that were -Infinity, Infinity or NaN (Python servers write them)
+    )
+    # Prompt tokens the server says it served from its prefix cache:
+    # usage.prompt_tokens_details.cached_tokens (vLLM
+    # with --enable-prompt-tokens-details, OpenAI), or llama.cpp's timings.cache_n; None where it
+    # says nothing.
     cached_tokens: int | None = None
-    # What the server sent that does not fit its field (a count that is no non-negative integer, a logprob above 0,
-    # …): "field: what was wrong and what came". The value is dropped (None), the answer itself keeps its status.
+    # What the server sent that does not fit its field (a count that is no non-negative integer, a
+    # logprob above 0,
+    # …): "field: what was wrong and what came". The value is dropped (None), the answer itself
+    # keeps its status.
     findings: list[str] | None = None
 
 
-def build_body(target: Target, item: Probe, params: dict[str, Any], *, stream: bool,
-               nonce: str | None) -> dict[str, Any]:
+def build_body(
+    target: Target, item: Probe, params: dict[str, Any], *, stream: bool, nonce: str | None
+) -> dict[str, Any]:
     """The JSON body for one request: the user's params verbatim, plus model, input and stream flags."""
     body: dict[str, Any] = {"model": target.model}
     if target.api == "chat":
-        body["messages"] = list(item.messages) if item.messages else [{"role": "user", "content": item.prompt}]
+        body["messages"] = (
+            list(item.messages) if item.messages else [{"role": "user", "content": item.prompt}]
+        )
     else:
-        body["prompt"] = item.prompt if item.prompt is not None else "\n".join(m["content"] for m in item.messages)
+        body["prompt"] = (
+            item.prompt
+            if item.prompt is not None
+            else "\n".join(m["content"] for m in item.messages)
+        )
     body["max_tokens"] = item.max_tokens
     body.update(params)
     body["stream"] = stream
@@ -97,11 +115,14 @@ def build_body(target: Target, item: Probe, params: dict[str, Any], *, stream: b
     return body
 
 
-# The ``user`` field of the one request that checks whether a server returns logprobs, so logs (and the
+# The ``user`` field of the one request that checks whether a server returns logprobs, so logs (and
+# the
 # test server) can tell it from the run's own requests.
 LOGPROBS_CHECK_USER = "kevload-logprobs-check"
-# An ok answer without logprobs may still come from a server that returns them: llama.cpp sends a token that ends
-# inside a UTF-8 character as text ("\ufffd") with no logprob entry, and a sampler may pick the end token first.
+# An ok answer without logprobs may still come from a server that returns them: llama.cpp sends a
+# token that ends
+# inside a UTF-8 character as text ("\ufffd") with no logprob entry, and a sampler may pick the end
+# token first.
 # So the check is sent again, this many times in all, before it says the server returns none.
 LOGPROBS_CHECK_TRIES = 3
 
@@ -115,9 +136,12 @@ def logprob_fields(api: str) -> dict[str, Any]:
     return {"logprobs": True, "top_logprobs": 1} if api == "chat" else {"logprobs": 1}
 
 
-async def ask_for_logprobs(scenario: Scenario, api_key: str | None,
-                           warn: Callable[[str], None] | None = None,
-                           stop: asyncio.Event | None = None) -> tuple[Scenario, dict[str, Any]]:
+async def ask_for_logprobs(
+    scenario: Scenario,
+    api_key: str | None,
+    warn: Callable[[str], None] | None = None,
+    stop: asyncio.Event | None = None,
+) -> tuple[Scenario, dict[str, Any]]:
     """Decide once per run whether its requests ask for logprobs (``load.logprobs``).
 
     Returns the scenario to run (its params with the logprob fields when they are asked for) and what
@@ -137,13 +161,20 @@ async def ask_for_logprobs(scenario: Scenario, api_key: str | None,
     if asked is False:
         info["why"] = "load.logprobs = false"
         return scenario, info
-    with_logprobs = replace(scenario, params={**scenario.params, **logprob_fields(scenario.target.api)})
+    with_logprobs = replace(
+        scenario, params={**scenario.params, **logprob_fields(scenario.target.api)}
+    )
     if asked is True:
         info["why"] = "load.logprobs = true: asked for without a check"
         return with_logprobs, info
     check = Probe(id="logprobs-check", prompt="Say hi.", max_tokens=2)
-    body = build_body(scenario.target, check, with_logprobs.params, stream=scenario.load.stream,
-                      nonce=LOGPROBS_CHECK_USER)
+    body = build_body(
+        scenario.target,
+        check,
+        with_logprobs.params,
+        stream=scenario.load.stream,
+        nonce=LOGPROBS_CHECK_USER,
+    )
     async with Client(scenario.target, api_key) as client:
         answers: list[Outcome] = []
         for _ in range(LOGPROBS_CHECK_TRIES):
@@ -158,12 +189,18 @@ async def ask_for_logprobs(scenario: Scenario, api_key: str | None,
         info["available"] = True
         return with_logprobs, info
     if outcome.status == "ok" and not any(a.output or a.completion_tokens for a in answers):
-        # No answer held a token, so none said whether logprobs come: ask for them; the cells say where samples
+        # No answer held a token, so none said whether logprobs come: ask for them; the cells say
+        # where samples
         # came without (logprobs_missing).
-        info["why"] = f"the check's {LOGPROBS_CHECK_TRIES} answers held no token: asked for without proof"
+        info["why"] = (
+            f"the check's {LOGPROBS_CHECK_TRIES} answers held no token: asked for without proof"
+        )
         return with_logprobs, info
-    why = ("the server returned no per-token logprobs" if outcome.status == "ok"
-           else f"the check request failed ({outcome.status}: {outcome.error})")
+    why = (
+        "the server returned no per-token logprobs"
+        if outcome.status == "ok"
+        else f"the check request failed ({outcome.status}: {outcome.error})"
+    )
     info.update(available=False, why=why)
     (warn or _to_stderr)(f"kevload: logprobs: {why}; comparing output text only")
     return scenario, info
@@ -203,24 +240,41 @@ class Client:
     Transports raise only ``TransportError``s, whose ``status`` goes into the record as it is.
     """
 
-    def __init__(self, target: Target, api_key: str | None, *, limit: int = 0,
-                 transport: str | Transport | None = None):
+    def __init__(
+        self,
+        target: Target,
+        api_key: str | None,
+        *,
+        limit: int = 0,
+        transport: str | Transport | None = None,
+    ):
         self.target = target
         base, basic = url_userinfo(target.base_url)
         parts = urlsplit(base)
-        path = parts.path.rstrip("/") + ("/chat/completions" if target.api == "chat" else "/completions")
+        path = parts.path.rstrip("/") + (
+            "/chat/completions" if target.api == "chat" else "/completions"
+        )
         # The query stays after the path (Azure's ?api-version=…).
         self.url = urlunsplit(parts._replace(path=path))
-        # Error texts can echo request headers back (some gateways do). No header name tells which values are
-        # credentials (Ocp-Apim-Subscription-Key, X-Auth, …), so every header value is scrubbed, with the key.
-        self._secrets = [s for s in [api_key, *target.headers.values(), *url_secrets(target.base_url)] if s]
+        # Error texts can echo request headers back (some gateways do). No header name tells which
+        # values are
+        # credentials (Ocp-Apim-Subscription-Key, X-Auth, …), so every header value is scrubbed,
+        # with the key.
+        self._secrets = [
+            s for s in [api_key, *target.headers.values(), *url_secrets(target.base_url)] if s
+        ]
         headers = {"Content-Type": "application/json", **target.headers}
         if basic:
             headers["Authorization"] = f"Basic {basic}"
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
-        self._endpoint = Endpoint(url=self.url, headers=headers, timeout=target.timeout,
-                                  max_response_bytes=target.max_response_bytes, limit=limit)
+        self._endpoint = Endpoint(
+            url=self.url,
+            headers=headers,
+            timeout=target.timeout,
+            max_response_bytes=target.max_response_bytes,
+            limit=limit,
+        )
         self._max_seconds = target.max_seconds or None
         if transport is None:
             forced = os.environ.get("KEVLOAD_HTTP") == "aiohttp"
@@ -244,8 +298,9 @@ class Client:
             await self._transport.aclose()
             self._transport = None
 
-    async def send(self, body: dict[str, Any], *, request_id: str | None = None,
-                   cancel: CancelAt | None = None) -> Outcome:
+    async def send(
+        self, body: dict[str, Any], *, request_id: str | None = None, cancel: CancelAt | None = None
+    ) -> Outcome:
         """One exchange, sent with ``X-Request-Id: request_id`` (a random id when None): the id a
         server's logs and traces show for it. A resend on a fresh connection carries the same id.
 
@@ -262,36 +317,68 @@ class Client:
         # Streamed chunks read so far, followed only where a cut by time may need to report them.
         chunks = [0] if cut_s is not None else None
         if self._max_seconds is None and cut_s is None:
-            return await self._exchange(payload, headers, stream, t_send, [], after_chunks, chunks,
-                                        token_limit=token_limit)
+            return await self._exchange(
+                payload, headers, stream, t_send, [], after_chunks, chunks, token_limit=token_limit
+            )
         deadline = asyncio.timeout(self._max_seconds)
         cut = asyncio.timeout(cut_s)
         reconnects: list[int] = []
-        # An answer whose end was read is whole: the cut's clock stops there (what follows is [DONE] or the close).
+        # An answer whose end was read is whole: the cut's clock stops there (what follows is [DONE]
+        # or the close).
         ended = (lambda: cut.reschedule(None)) if cut_s is not None else None
         try:
             async with deadline, cut:  # the cut inside: its own expiry is told apart below
-                return await self._exchange(payload, headers, stream, t_send, reconnects, after_chunks, chunks,
-                                            ended, token_limit)
+                return await self._exchange(
+                    payload,
+                    headers,
+                    stream,
+                    t_send,
+                    reconnects,
+                    after_chunks,
+                    chunks,
+                    ended,
+                    token_limit,
+                )
         except TimeoutError:
             if cut.expired():
                 assert chunks is not None  # a cut's clock ran: cut_s was given
-                return replace(self._failed(CANCELLED, t_send, f"cut by kevload after {cut_s:g} s "
-                                            "(load.cancel_after_s)", sum(reconnects)), chunks=chunks[0])
+                return replace(
+                    self._failed(
+                        CANCELLED,
+                        t_send,
+                        f"cut by kevload after {cut_s:g} s (load.cancel_after_s)",
+                        sum(reconnects),
+                    ),
+                    chunks=chunks[0],
+                )
             if not deadline.expired():
                 raise
-            return self._failed("timeout", t_send, f"no complete answer within target.max_seconds = "
-                                f"{self._max_seconds:g} s", sum(reconnects))
+            return self._failed(
+                "timeout",
+                t_send,
+                f"no complete answer within target.max_seconds = {self._max_seconds:g} s",
+                sum(reconnects),
+            )
 
-    async def _exchange(self, payload: bytes, headers: dict[str, str], stream: bool, t_send: float,
-                        reconnects: list[int], after_chunks: int | None = None,
-                        chunks: list[int] | None = None, ended: Callable[[], None] | None = None,
-                        token_limit: int | None = None) -> Outcome:
+    async def _exchange(
+        self,
+        payload: bytes,
+        headers: dict[str, str],
+        stream: bool,
+        t_send: float,
+        reconnects: list[int],
+        after_chunks: int | None = None,
+        chunks: list[int] | None = None,
+        ended: Callable[[], None] | None = None,
+        token_limit: int | None = None,
+    ) -> Outcome:
         try:
             response = await self._transport.send(payload, headers)
             reconnects.append(response.reconnects)
             try:
-                outcome = await self._answer(response, stream, t_send, after_chunks, chunks, ended, token_limit)
+                outcome = await self._answer(
+                    response, stream, t_send, after_chunks, chunks, ended, token_limit
+                )
             finally:
                 # Also on a cancel or the max_seconds cut: closing tells the server to stop.
                 response.close()
@@ -299,27 +386,60 @@ class Client:
             return self._failed(exc.status, t_send, str(exc), exc.reconnects)
         return replace(outcome, reconnects=response.reconnects) if response.reconnects else outcome
 
-    async def _answer(self, response: Response, stream: bool, t_send: float, after_chunks: int | None = None,
-                      chunks: list[int] | None = None, ended: Callable[[], None] | None = None,
-                      token_limit: int | None = None) -> Outcome:
+    async def _answer(
+        self,
+        response: Response,
+        stream: bool,
+        t_send: float,
+        after_chunks: int | None = None,
+        chunks: list[int] | None = None,
+        ended: Callable[[], None] | None = None,
+        token_limit: int | None = None,
+    ) -> Outcome:
         t_first_byte = time.perf_counter()
         status, headers = response.status, response.headers
         if status != 200:
             text = (await response.read())[:400].decode("utf-8", "replace")
-            return Outcome(status=f"http_{status}", t_send=t_send, t_first_byte=t_first_byte,
-                           t_last_byte=time.perf_counter(), http_status=status,
-                           retry_after=_retry_after(headers.get("retry-after")),
-                           error=self._scrub(text.strip()) or response.reason)
+            return Outcome(
+                status=f"http_{status}",
+                t_send=t_send,
+                t_first_byte=t_first_byte,
+                t_last_byte=time.perf_counter(),
+                http_status=status,
+                retry_after=_retry_after(headers.get("retry-after")),
+                error=self._scrub(text.strip()) or response.reason,
+            )
         content_type = headers.get("content-type", "")
         if stream:
-            return await _read_stream(response.chunks(), response.read, content_type, self.target.api, t_send,
-                                      t_first_byte, after_chunks, chunks, ended, token_limit=token_limit)
-        return await _read_whole(await response.read(), content_type, self.target.api, t_send, t_first_byte,
-                                 token_limit=token_limit)
+            return await _read_stream(
+                response.chunks(),
+                response.read,
+                content_type,
+                self.target.api,
+                t_send,
+                t_first_byte,
+                after_chunks,
+                chunks,
+                ended,
+                token_limit=token_limit,
+            )
+        return await _read_whole(
+            await response.read(),
+            content_type,
+            self.target.api,
+            t_send,
+            t_first_byte,
+            token_limit=token_limit,
+        )
 
     def _failed(self, status: str, t_send: float, error: str, reconnects: int) -> Outcome:
-        return Outcome(status=status, t_send=t_send, t_last_byte=time.perf_counter(), error=self._scrub(error),
-                       reconnects=reconnects)
+        return Outcome(
+            status=status,
+            t_send=t_send,
+            t_last_byte=time.perf_counter(),
+            error=self._scrub(error),
+            reconnects=reconnects,
+        )
 
     def _scrub(self, text: str) -> str:
         for secret in self._secrets:
@@ -329,8 +449,13 @@ class Client:
 
 # finish_reason values by which the server says it gave up on the answer: failures, never compared.
 # Every other value (stop, length, tool_calls, eos_token, content_filter, …) ends a real answer.
-_FAILED_FINISH = {"abort": "aborted", "aborted": "aborted", "cancelled": "aborted", "canceled": "aborted",
-                  "error": "server_error"}
+_FAILED_FINISH = {
+    "abort": "aborted",
+    "aborted": "aborted",
+    "cancelled": "aborted",
+    "canceled": "aborted",
+    "error": "server_error",
+}
 
 
 class _Malformed(ValueError):
@@ -339,20 +464,30 @@ class _Malformed(ValueError):
 
 # --- the answer as the server sends it, typed (msgspec) ---
 #
-# Every answer is decoded once into these structs. The strict decoder is the fast path: a well-formed answer is
-# typed and range-checked in C (measured on a vLLM-like chat body of 128 tokens with logprobs: 50 µs against 90 µs
-# for orjson and dicts; 1.0 against 2.2 µs without logprobs; a stream chunk 0.5 against 0.9 µs). Only an answer the
-# strict decoder refuses is read again field by field (``_lenient``): what is wrong in the text or its finish_reason
+# Every answer is decoded once into these structs. The strict decoder is the fast path: a
+# well-formed answer is
+# typed and range-checked in C (measured on a vLLM-like chat body of 128 tokens with logprobs: 50 µs
+# against 90 µs
+# for orjson and dicts; 1.0 against 2.2 µs without logprobs; a stream chunk 0.5 against 0.9 µs).
+# Only an answer the
+# strict decoder refuses is read again field by field (``_lenient``): what is wrong in the text or
+# its finish_reason
 # makes it malformed, a wrong count, token id or logprob is a finding and the value is dropped.
 
-# A count or token id is a record's ``TokenCount``: no served model has 2**31 tokens of context, and 10**30 would make
-# an absurd tokens/s. One range, so an answer the boundary let through is always a record the reader takes back.
+# A count or token id is a record's ``TokenCount``: no served model has 2**31 tokens of context, and
+# 10**30 would make
+# an absurd tokens/s. One range, so an answer the boundary let through is always a record the reader
+# takes back.
 COUNT_CAP = TOKEN_COUNT_MAX + 1
 Count = TokenCount
-# A logprob is the log of a probability, so ≤ 0. Servers compute it in float32 (vLLM, SGLang: log_softmax of the
-# logits; llama.cpp: log of a normalised softmax), whose rounding can put the top token a few 1e-7 above 0; 1e-3
-# is far above any such rounding and far below a value that means something. The spelled non-finite values
-# (-Infinity, Infinity, NaN, read by ``_nonfinite_json``) are kept as they are: they are compared as what they mean.
+# A logprob is the log of a probability, so ≤ 0. Servers compute it in float32 (vLLM, SGLang:
+# log_softmax of the
+# logits; llama.cpp: log of a normalised softmax), whose rounding can put the top token a few 1e-7
+# above 0; 1e-3
+# is far above any such rounding and far below a value that means something. The spelled non-finite
+# values
+# (-Infinity, Infinity, NaN, read by ``_nonfinite_json``) are kept as they are: they are compared as
+# what they mean.
 LOGPROB_SLACK = 1e-3
 Logprob = Annotated[float, msgspec.Meta(le=LOGPROB_SLACK)]
 # Findings kept on one answer: a server that gets every chunk wrong says so in the first few.
@@ -368,7 +503,8 @@ class _Entry(msgspec.Struct):
 
 class _Logprobs(msgspec.Struct):
     # Chat (and llama.cpp's completions): {"content": [{"token", "logprob", "id"?}, …]};
-    # OpenAI-style completions: {"tokens": […], "token_logprobs": […]}. Streamed, one piece per chunk.
+    # OpenAI-style completions: {"tokens": […], "token_logprobs": […]}. Streamed, one piece per
+    # chunk.
     content: list[_Entry] | None = None
     tokens: list[str | None] | None = None
     token_logprobs: list[Logprob | None] | None = None
@@ -388,7 +524,8 @@ class _Message(msgspec.Struct):
     """A whole answer's message or one stream delta."""
 
     content: str | None = None
-    # vLLM and SGLang call it reasoning_content; newer vLLM, Ollama and OpenRouter call it reasoning.
+    # vLLM and SGLang call it reasoning_content; newer vLLM, Ollama and OpenRouter call it
+    # reasoning.
     reasoning_content: str | None = None
     reasoning: str | None = None
     tool_calls: list[_Call] | None = None
@@ -396,7 +533,9 @@ class _Message(msgspec.Struct):
 
 class _Choice(msgspec.Struct):
     index: Any = 0
-    text: str | None | msgspec.UnsetType = msgspec.UNSET  # completions; its presence says which kind of answer
+    text: str | None | msgspec.UnsetType = (
+        msgspec.UNSET
+    )  # completions; its presence says which kind of answer
     message: _Message | None = None
     delta: _Message | None = None
     finish_reason: str | None = None
@@ -426,7 +565,8 @@ class _Answer(msgspec.Struct):
     timings: _Timings | None = None
     system_fingerprint: str | None = None
     tokens: list[Count] | None = None  # llama.cpp's token ids
-    # An error object in place of an answer: {"error": …} (OpenAI, SGLang) or {"object": "error", "message"} (vLLM).
+    # An error object in place of an answer: {"error": …} (OpenAI, SGLang) or {"object": "error",
+    # "message"} (vLLM).
     error: Any = msgspec.UNSET
     object: Any = None
     message: Any = msgspec.UNSET
@@ -462,11 +602,28 @@ def _lenient(doc: dict[str, Any], findings: list[str]) -> _Answer:
     """An answer the strict decoder refused, read field by field: each count, token id, logprob and fingerprint
     that does not fit is a finding and dropped; the rest must fit its type, or ``_Malformed`` says where not."""
     choices = doc.get("choices")
-    kept = [{k: v for k, v in c.items() if k not in ("logprobs", "token_ids")} if isinstance(c, dict) else c
-            for c in choices] if isinstance(choices, list) else choices
+    kept = (
+        [
+            {k: v for k, v in c.items() if k not in ("logprobs", "token_ids")}
+            if isinstance(c, dict)
+            else c
+            for c in choices
+        ]
+        if isinstance(choices, list)
+        else choices
+    )
     try:
-        answer = msgspec.convert({**doc, "choices": kept, "usage": None, "timings": None, "system_fingerprint": None,
-                                  "tokens": None}, _Answer)
+        answer = msgspec.convert(
+            {
+                **doc,
+                "choices": kept,
+                "usage": None,
+                "timings": None,
+                "system_fingerprint": None,
+                "tokens": None,
+            },
+            _Answer,
+        )
     except msgspec.ValidationError as exc:
         raise _Malformed(str(exc)) from None
     answer.usage = _usage(doc.get("usage"), findings)
@@ -486,7 +643,7 @@ def _lenient(doc: dict[str, Any], findings: list[str]) -> _Answer:
 def _shown(value: Any) -> str:
     """A wrong value as its finding shows it: repr, at most ``_SHOWN`` characters."""
     text = repr(value)
-    return text if len(text) <= _SHOWN else text[:_SHOWN - 1] + "…"
+    return text if len(text) <= _SHOWN else text[: _SHOWN - 1] + "…"
 
 
 def _count(value: Any, where: str, findings: list[str]) -> int | None:
@@ -508,15 +665,28 @@ def _usage(value: Any, findings: list[str]) -> _Usage | None:
     if usage is None:
         return None
     details = _object(usage.get("prompt_tokens_details"), "usage.prompt_tokens_details", findings)
-    return _Usage(prompt_tokens=_count(usage.get("prompt_tokens"), "usage.prompt_tokens", findings),
-                  completion_tokens=_count(usage.get("completion_tokens"), "usage.completion_tokens", findings),
-                  prompt_tokens_details=None if details is None else _Details(
-                      _count(details.get("cached_tokens"), "usage.prompt_tokens_details.cached_tokens", findings)))
+    return _Usage(
+        prompt_tokens=_count(usage.get("prompt_tokens"), "usage.prompt_tokens", findings),
+        completion_tokens=_count(
+            usage.get("completion_tokens"), "usage.completion_tokens", findings
+        ),
+        prompt_tokens_details=None
+        if details is None
+        else _Details(
+            _count(
+                details.get("cached_tokens"), "usage.prompt_tokens_details.cached_tokens", findings
+            )
+        ),
+    )
 
 
 def _timings(value: Any, findings: list[str]) -> _Timings | None:
     timings = _object(value, "timings", findings)
-    return None if timings is None else _Timings(_count(timings.get("cache_n"), "timings.cache_n", findings))
+    return (
+        None
+        if timings is None
+        else _Timings(_count(timings.get("cache_n"), "timings.cache_n", findings))
+    )
 
 
 def _token_ids(value: Any, where: str, findings: list[str]) -> list[int] | None:
@@ -524,8 +694,10 @@ def _token_ids(value: Any, where: str, findings: list[str]) -> list[int] | None:
         return None
     if isinstance(value, list) and all(type(t) is int and 0 <= t < COUNT_CAP for t in value):
         return value
-    findings.append(f"{where}: expected a list of token ids (integers from 0 to {COUNT_CAP - 1}), got "
-                    f"{_shown(value)}")
+    findings.append(
+        f"{where}: expected a list of token ids (integers from 0 to {COUNT_CAP - 1}), got "
+        f"{_shown(value)}"
+    )
     return None
 
 
@@ -551,25 +723,41 @@ def _logprobs(value: Any, findings: list[str]) -> _Logprobs | None:
     if isinstance(content, list):
         entries = [e for e in content if isinstance(e, dict)]
         if len(entries) < len(content):
-            findings.append(f"logprobs.content: {len(content) - len(entries)} entries are no objects, the first "
-                            f"{_shown(next(e for e in content if not isinstance(e, dict)))}")
+            findings.append(
+                f"logprobs.content: {len(content) - len(entries)} entries are no objects, the "
+                f"first "
+                f"{_shown(next(e for e in content if not isinstance(e, dict)))}"
+            )
         ids = [e.get("id") for e in entries]
-        if any(i is not None for i in ids) and _token_ids(ids, "logprobs.content[].id", findings) is None:
+        if (
+            any(i is not None for i in ids)
+            and _token_ids(ids, "logprobs.content[].id", findings) is None
+        ):
             ids = [None] * len(entries)
-        parsed = _Logprobs(content=[_Entry(token=_token_text(e.get("token")), logprob=_logprob(e.get("logprob"), bad),
-                                           id=i) for e, i in zip(entries, ids, strict=True)])
+        parsed = _Logprobs(
+            content=[
+                _Entry(
+                    token=_token_text(e.get("token")), logprob=_logprob(e.get("logprob"), bad), id=i
+                )
+                for e, i in zip(entries, ids, strict=True)
+            ]
+        )
     elif isinstance(tokens, list):
         values = logprobs.get("token_logprobs")
         if values is not None and not isinstance(values, list):
             findings.append(f"logprobs.token_logprobs: expected a list, got {_shown(values)}")
             values = None
-        parsed = _Logprobs(tokens=[_token_text(t) for t in tokens],
-                           token_logprobs=[_logprob(x, bad) for x in values or ()])
+        parsed = _Logprobs(
+            tokens=[_token_text(t) for t in tokens],
+            token_logprobs=[_logprob(x, bad) for x in values or ()],
+        )
     else:
         return None
     if bad:
-        findings.append(f"logprobs: {len(bad)} values are no logprob (a number ≤ {LOGPROB_SLACK:g}), the first "
-                        f"{_shown(bad[0])}")
+        findings.append(
+            f"logprobs: {len(bad)} values are no logprob (a number ≤ {LOGPROB_SLACK:g}), the first "
+            f"{_shown(bad[0])}"
+        )
     return parsed
 
 
@@ -585,17 +773,29 @@ def _token_limit(body: dict[str, Any]) -> int | None:
     passes max_tokens as generate's max_new_tokens. So a completion_tokens above the request's limit is impossible.
     OpenAI's newer max_completion_tokens, where a scenario's params set it too, is the other name of the limit: the
     larger one bounds the count."""
-    limits = [v for v in (body.get("max_tokens"), body.get("max_completion_tokens"))
-              if type(v) is int and v > 0]
+    limits = [
+        v
+        for v in (body.get("max_tokens"), body.get("max_completion_tokens"))
+        if type(v) is int and v > 0
+    ]
     return max(limits) if limits else None
 
 
-async def _read_whole(raw: bytes, content_type: str, api: str, t_send: float, t_first_byte: float, *,
-                      token_limit: int | None = None) -> Outcome:
+async def _read_whole(
+    raw: bytes,
+    content_type: str,
+    api: str,
+    t_send: float,
+    t_first_byte: float,
+    *,
+    token_limit: int | None = None,
+) -> Outcome:
     t_last = time.perf_counter()
 
     def failed(status: str, why: str) -> Outcome:
-        return Outcome(status=status, t_send=t_send, t_first_byte=t_first_byte, t_last_byte=t_last, error=why)
+        return Outcome(
+            status=status, t_send=t_send, t_first_byte=t_first_byte, t_last_byte=t_last, error=why
+        )
 
     if "json" not in content_type:
         return failed("malformed", f"content type {content_type!r}, expected application/json")
@@ -613,21 +813,41 @@ async def _read_whole(raw: bytes, content_type: str, api: str, t_send: float, t_
     except _Malformed as exc:
         return failed("malformed", str(exc))
     acc.take_extras(answer, choice)
-    return acc.finish(choice.finish_reason or None, complete=True, t_send=t_send, t_first_byte=t_first_byte,
-                      t_first_token=t_last, t_last_byte=t_last)
+    return acc.finish(
+        choice.finish_reason or None,
+        complete=True,
+        t_send=t_send,
+        t_first_byte=t_first_byte,
+        t_first_token=t_last,
+        t_last_byte=t_last,
+    )
 
 
-async def _read_stream(body: AsyncIterator[bytes], read: Callable[[], Awaitable[bytes]], content_type: str,
-                       api: str, t_send: float, t_first_byte: float, after_chunks: int | None = None,
-                       seen: list[int] | None = None, ended: Callable[[], None] | None = None, *,
-                       token_limit: int | None = None) -> Outcome:
+async def _read_stream(
+    body: AsyncIterator[bytes],
+    read: Callable[[], Awaitable[bytes]],
+    content_type: str,
+    api: str,
+    t_send: float,
+    t_first_byte: float,
+    after_chunks: int | None = None,
+    seen: list[int] | None = None,
+    ended: Callable[[], None] | None = None,
+    *,
+    token_limit: int | None = None,
+) -> Outcome:
     """``after_chunks``: return ``cancelled`` once that many chunks carried a piece of the answer and no end of it was
     read (the caller then closes the connection); ``seen[0]`` follows the chunks read, for a cut by time to report;
     ``ended`` is called once the answer's end is read (a cut by time no longer applies)."""
     if "text/event-stream" not in content_type:
         await read()
-        return Outcome(status="malformed", t_send=t_send, t_first_byte=t_first_byte, t_last_byte=time.perf_counter(),
-                       error=f"content type {content_type!r}, expected text/event-stream")
+        return Outcome(
+            status="malformed",
+            t_send=t_send,
+            t_first_byte=t_first_byte,
+            t_last_byte=time.perf_counter(),
+            error=f"content type {content_type!r}, expected text/event-stream",
+        )
     parser = SSEParser()
     acc = _Accumulator(token_limit)
     finish_reason = None
@@ -637,14 +857,17 @@ async def _read_stream(body: AsyncIterator[bytes], read: Callable[[], Awaitable[
     chunks = 0
 
     def failed(status: str, why: str, now: float) -> Outcome:
-        return Outcome(status=status, t_send=t_send, t_first_byte=t_first_byte, t_last_byte=now, error=why)
+        return Outcome(
+            status=status, t_send=t_send, t_first_byte=t_first_byte, t_last_byte=now, error=why
+        )
 
     try:
         async for raw in body:
             now = time.perf_counter()
             for event, data in parser.feed(raw):
                 if event == "error":
-                    # However the server words it (with an "error" key or not), this event ends the answer.
+                    # However the server words it (with an "error" key or not), this event ends the
+                    # answer.
                     return failed("server_error", f"error event: {data[:200]!r}", now)
                 if not data:
                     continue  # an event without data (a named keep-alive) carries nothing
@@ -671,21 +894,40 @@ async def _read_stream(body: AsyncIterator[bytes], read: Callable[[], Awaitable[
                     if seen is not None:
                         seen[0] = chunks
                 finish_reason = choice.finish_reason or finish_reason
-            # Cut once the events of this read are taken: an answer whose end came with its cut-off chunk (vLLM's
+            # Cut once the events of this read are taken: an answer whose end came with its cut-off
+            # chunk (vLLM's
             # last token carries its finish_reason) or in the same read is whole, not cancelled.
             if ended is not None and (finish_reason is not None or done):
                 ended()
                 ended = None
-            if after_chunks is not None and chunks >= after_chunks and finish_reason is None and not done:
-                return Outcome(status=CANCELLED, t_send=t_send, t_first_byte=t_first_byte,
-                               t_first_token=t_first_token, t_last_byte=now, chunks=chunks,
-                               error=f"cut by kevload after {chunks} chunks (load.cancel_after_tokens)")
+            if (
+                after_chunks is not None
+                and chunks >= after_chunks
+                and finish_reason is None
+                and not done
+            ):
+                return Outcome(
+                    status=CANCELLED,
+                    t_send=t_send,
+                    t_first_byte=t_first_byte,
+                    t_first_token=t_first_token,
+                    t_last_byte=now,
+                    chunks=chunks,
+                    error=f"cut by kevload after {chunks} chunks (load.cancel_after_tokens)",
+                )
     except (SSEError, _Malformed) as exc:
         return failed("malformed", str(exc), time.perf_counter())
     t_last = time.perf_counter()
-    return acc.finish(finish_reason, complete=done, t_send=t_send, t_first_byte=t_first_byte,
-                      t_first_token=t_first_token or t_last, t_last_byte=t_last, chunks=chunks,
-                      max_gap=max_gap if chunks > 1 else None)
+    return acc.finish(
+        finish_reason,
+        complete=done,
+        t_send=t_send,
+        t_first_byte=t_first_byte,
+        t_first_token=t_first_token or t_last,
+        t_last_byte=t_last,
+        chunks=chunks,
+        max_gap=max_gap if chunks > 1 else None,
+    )
 
 
 def _nonfinite_json(raw: bytes | str) -> Any:
@@ -746,7 +988,8 @@ def _first_choice(answer: _Answer) -> _Choice | None:
 
 
 def _reasoning(message: _Message) -> str | None:
-    # A server that fills both fields fills them with the same text, so one of them is the reasoning.
+    # A server that fills both fields fills them with the same text, so one of them is the
+    # reasoning.
     return message.reasoning_content or message.reasoning
 
 
@@ -765,7 +1008,13 @@ def _tool_call_parts(calls: list[_Call] | None) -> list[tuple[int | None, str | 
     parts = []
     for call in calls or ():
         function = call.function or _Function()
-        parts.append((call.index if type(call.index) is int else None, function.name, _arguments(function.arguments)))
+        parts.append(
+            (
+                call.index if type(call.index) is int else None,
+                function.name,
+                _arguments(function.arguments),
+            )
+        )
     return parts
 
 
@@ -773,8 +1022,21 @@ class _Accumulator:
     """Collects the whole answer (content, reasoning, tool calls) from one message or many stream deltas,
     and what servers return besides it: usage, fingerprint, token ids, logprobs, and the findings on them."""
 
-    __slots__ = ("content", "reasoning", "calls", "usage", "fingerprint", "token_ids", "logprobs", "tokens",
-                 "logprob_ids", "nonfinite", "timings", "findings", "token_limit")
+    __slots__ = (
+        "content",
+        "reasoning",
+        "calls",
+        "usage",
+        "fingerprint",
+        "token_ids",
+        "logprobs",
+        "tokens",
+        "logprob_ids",
+        "nonfinite",
+        "timings",
+        "findings",
+        "token_limit",
+    )
 
     def __init__(self, token_limit: int | None = None) -> None:
         self.content: list[str] = []
@@ -787,11 +1049,16 @@ class _Accumulator:
         self.tokens: list[str] | None = None
         # Token ids beside the logprobs (llama.cpp's "id"); None once a piece came without them.
         self.logprob_ids: list[int] | None = []
-        # A piece was read with non-finite numbers (``_nonfinite_json``): only then can a logprob be -inf, inf or NaN.
+        # A piece was read with non-finite numbers (``_nonfinite_json``): only then can a logprob be
+        # -inf, inf or NaN.
         self.nonfinite = False
-        self.timings: _Timings | None = None  # llama.cpp's: its cache_n is the prompt tokens it reused
+        self.timings: _Timings | None = (
+            None  # llama.cpp's: its cache_n is the prompt tokens it reused
+        )
         self.findings: list[str] = []
-        self.token_limit = token_limit  # the request's max_tokens: no completion_tokens count can be above it
+        self.token_limit = (
+            token_limit  # the request's max_tokens: no completion_tokens count can be above it
+        )
 
     def take_message(self, choice: _Choice, api: str) -> None:
         """A whole (non-streamed) choice."""
@@ -817,7 +1084,8 @@ class _Accumulator:
         delta = choice.delta
         if delta is None:
             return False
-        # The stream's hot path: most deltas carry only content, so the rest is looked up only when present.
+        # The stream's hot path: most deltas carry only content, so the rest is looked up only when
+        # present.
         carried = False
         content = delta.content
         if content:
@@ -830,8 +1098,10 @@ class _Accumulator:
         if delta.tool_calls is None:
             return carried
         for index, name, arguments in _tool_call_parts(delta.tool_calls):
-            # Deltas of one call share its index: the name comes once, the arguments in pieces. Without
-            # an index, a delta naming a function starts the next call and any other continues the last.
+            # Deltas of one call share its index: the name comes once, the arguments in pieces.
+            # Without
+            # an index, a delta naming a function starts the next call and any other continues the
+            # last.
             if index is None:
                 index = (max(self.calls) + bool(name)) if self.calls else 0
             call = self.calls.setdefault(index, ["", []])
@@ -859,14 +1129,19 @@ class _Accumulator:
             return
         if logprobs.content is not None:
             entries = logprobs.content
-            self._extend([e.token for e in entries], [e.logprob for e in entries], [e.id for e in entries])
+            self._extend(
+                [e.token for e in entries], [e.logprob for e in entries], [e.id for e in entries]
+            )
         elif logprobs.tokens is not None:
             tokens = logprobs.tokens
             self._extend(tokens, logprobs.token_logprobs or [], [None] * len(tokens))
 
-    def _extend(self, tokens: list[str | None], logprobs: list[float | None], ids: list[int | None]) -> None:
-        # One logprob per token, position for position: a missing one is null, never a shifted neighbour.
-        values = logprobs[:len(tokens)]
+    def _extend(
+        self, tokens: list[str | None], logprobs: list[float | None], ids: list[int | None]
+    ) -> None:
+        # One logprob per token, position for position: a missing one is null, never a shifted
+        # neighbour.
+        values = logprobs[: len(tokens)]
         self.tokens = (self.tokens or []) + ["" if t is None else t for t in tokens]
         self.logprobs = (self.logprobs or []) + values + [None] * (len(tokens) - len(values))
         if self.logprob_ids is not None:
@@ -879,8 +1154,10 @@ class _Accumulator:
         """
         output = "".join(self.content)
         reasoning = "".join(self.reasoning) or None
-        tool_calls = [{"name": name, "arguments": "".join(pieces)}
-                      for _, (name, pieces) in sorted(self.calls.items())] or None
+        tool_calls = [
+            {"name": name, "arguments": "".join(pieces)}
+            for _, (name, pieces) in sorted(self.calls.items())
+        ] or None
         if finish_reason in _FAILED_FINISH:
             status, error = _FAILED_FINISH[finish_reason], f"finish_reason {finish_reason!r}"
         elif finish_reason is None and not complete:
@@ -892,22 +1169,43 @@ class _Accumulator:
             status, error = "ok", None
         usage = self.usage or _Usage()
         completion_tokens = usage.completion_tokens
-        if completion_tokens is not None and self.token_limit is not None and completion_tokens > self.token_limit:
-            self.findings.append(f"usage.completion_tokens: expected at most the request's max_tokens "
-                                 f"({self.token_limit}), got {completion_tokens}")
+        if (
+            completion_tokens is not None
+            and self.token_limit is not None
+            and completion_tokens > self.token_limit
+        ):
+            self.findings.append(
+                f"usage.completion_tokens: expected at most the request's max_tokens "
+                f"({self.token_limit}), got {completion_tokens}"
+            )
             completion_tokens = None
-        nonfinite = sum(1 for x in self.logprobs if x is not None and not math.isfinite(x)) \
-            if self.nonfinite and self.logprobs else 0
+        nonfinite = (
+            sum(1 for x in self.logprobs if x is not None and not math.isfinite(x))
+            if self.nonfinite and self.logprobs
+            else 0
+        )
         # A finding that every stream chunk repeats is said once.
         findings = list(dict.fromkeys(self.findings))[:MAX_FINDINGS] or None
-        return Outcome(status=status, error=error, output=output, reasoning=reasoning, tool_calls=tool_calls,
-                       finish_reason=finish_reason, prompt_tokens=usage.prompt_tokens,
-                       completion_tokens=completion_tokens,
-                       # Token ids compare more surely than token texts (llama.cpp names a partial UTF-8 token "").
-                       token_ids=self.token_ids or self.logprob_ids or None,
-                       logprobs=self.logprobs, tokens=self.tokens, system_fingerprint=self.fingerprint,
-                       logprob_nonfinite=nonfinite, cached_tokens=_cached_tokens(usage, self.timings),
-                       findings=findings, **fields)
+        return Outcome(
+            status=status,
+            error=error,
+            output=output,
+            reasoning=reasoning,
+            tool_calls=tool_calls,
+            finish_reason=finish_reason,
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=completion_tokens,
+            # Token ids compare more surely than token texts (llama.cpp names a partial UTF-8 token
+            # "").
+            token_ids=self.token_ids or self.logprob_ids or None,
+            logprobs=self.logprobs,
+            tokens=self.tokens,
+            system_fingerprint=self.fingerprint,
+            logprob_nonfinite=nonfinite,
+            cached_tokens=_cached_tokens(usage, self.timings),
+            findings=findings,
+            **fields,
+        )
 
 
 def _cached_tokens(usage: _Usage, timings: _Timings | None) -> int | None:

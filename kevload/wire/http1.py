@@ -14,7 +14,6 @@ woke the idle server, which on shared cores preempted the client in the middle o
 wall time for 7 µs of CPU, against 4.5 µs for 4.3 in bursts (nginx, c=64).
 """
 
-
 from __future__ import annotations
 
 import asyncio
@@ -35,10 +34,14 @@ from kevload.wire.transport import (
     TransportError,
 )
 
-# Requests written together at most: enough that the server is woken once for many, few enough that a request waits
-# for no more than BURST - 1 others to be made. Measured in-run at nginx, c=64, alternated with one write each: 8 ran
-# 1.30×, a request waiting 0.11 ms at the median and 0.74 ms at the 99th percentile between being made and written; a
-# whole turn (about 32) ran 1.34× for waits of 0.95 and 2.3 ms. The first request of a turn goes at once: one alone
+# Requests written together at most: enough that the server is woken once for many, few enough that
+# a request waits
+# for no more than BURST - 1 others to be made. Measured in-run at nginx, c=64, alternated with one
+# write each: 8 ran
+# 1.30×, a request waiting 0.11 ms at the median and 0.74 ms at the 99th percentile between being
+# made and written; a
+# whole turn (about 32) ran 1.34× for waits of 0.95 and 2.3 ms. The first request of a turn goes at
+# once: one alone
 # in its turn (c=1) would otherwise wait for the turn's end, and ran 30 % slower so.
 BURST = 8
 
@@ -74,8 +77,13 @@ class LeanTransport:
         ``reconnects`` (RFC 9112 §9.3.1). A fresh connection's failure is never retried: that would
         hide a server that drops requests.
         """
-        extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode("latin-1") if headers else b""
-        # Built once: a resend on a fresh connection below carries the same bytes, request id included.
+        extra = (
+            "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode("latin-1")
+            if headers
+            else b""
+        )
+        # Built once: a resend on a fresh connection below carries the same bytes, request id
+        # included.
         payload = self._head + extra + b"Content-Length: %d\r\n\r\n" % len(body) + body
         reconnects = 0
         while self._idle:
@@ -113,8 +121,10 @@ class LeanTransport:
     def _flush(self) -> None:
         outgoing, self._outgoing = self._outgoing, []
         for conn, payload in outgoing:
-            # A request cut or failed meanwhile (its connection closed, or the server's close already seen) is not
-            # sent: its caller has the error, and a reused connection's request goes again on a fresh one.
+            # A request cut or failed meanwhile (its connection closed, or the server's close
+            # already seen) is not
+            # sent: its caller has the error, and a reused connection's request goes again on a
+            # fresh one.
             transport = conn.transport
             if transport is not None and conn.error is None and not transport.is_closing():
                 transport.write(payload)
@@ -139,14 +149,21 @@ class LeanTransport:
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _Connection(loop, self.timeout, self.max_body), self.host, self.port),
-                self.timeout)
+                loop.create_connection(
+                    lambda: _Connection(loop, self.timeout, self.max_body), self.host, self.port
+                ),
+                self.timeout,
+            )
         except TimeoutError:
-            raise ConnectFailed(f"connect to {self.host}:{self.port} timed out after {self.timeout:g} s",
-                                reconnects=reconnects) from None
+            raise ConnectFailed(
+                f"connect to {self.host}:{self.port} timed out after {self.timeout:g} s",
+                reconnects=reconnects,
+            ) from None
         except OSError as exc:
-            raise ConnectFailed(f"cannot connect to {self.host}:{self.port}: {exc.strerror or exc}",
-                                reconnects=reconnects) from None
+            raise ConnectFailed(
+                f"cannot connect to {self.host}:{self.port}: {exc.strerror or exc}",
+                reconnects=reconnects,
+            ) from None
         self._all.add(conn)
         return conn
 
@@ -179,13 +196,15 @@ class _Response:
         self._finish(reuse=True)
 
     async def read(self) -> bytes:
-        # The loop of ``chunks`` without an async generator: a whole body is read once per non-streamed request.
+        # The loop of ``chunks`` without an async generator: a whole body is read once per
+        # non-streamed request.
         conn, parts = self._conn, []
         try:
             while (data := await conn.next_body()) is not None:
                 parts.append(data)
         except BaseException:
-            # The error is kept on the connection with its traceback, and so with this frame: let the bytes go.
+            # The error is kept on the connection with its traceback, and so with this frame: let
+            # the bytes go.
             parts.clear()
             self._finish(reuse=False)
             raise
@@ -210,9 +229,9 @@ class _Response:
 class _State(enum.Enum):
     """Where a connection is in its request/response cycle (httpcore's ``HTTPConnectionState``)."""
 
-    IDLE = "idle"      # open, no response outstanding: reused if the last response kept the connection alive
-    HEAD = "head"      # a request sent, its response's head not complete yet
-    BODY = "body"      # the head in, the body arriving
+    IDLE = "idle"  # open, no response outstanding: reused if the last response kept the connection alive
+    HEAD = "head"  # a request sent, its response's head not complete yet
+    BODY = "body"  # the head in, the body arriving
     CLOSED = "closed"  # ended with no response outstanding (a close-delimited body ends so): never reused
 
 
@@ -233,17 +252,18 @@ class _Connection(asyncio.Protocol):
         self.status = 0
         self.reason = b""
         self.headers: dict[str, str] = {}
-        self.head_size = 0            # this head's bytes, as the callbacks saw them
-        self.head_fed = 0             # bytes fed while the head was still open
+        self.head_size = 0  # this head's bytes, as the callbacks saw them
+        self.head_fed = 0  # bytes fed while the head was still open
         self.state = _State.IDLE
-        self.until_close = False      # body delimited by the end of the connection
+        self.until_close = False  # body delimited by the end of the connection
         self.body: list[bytes] = []
         self.body_size = 0
-        self.bytes_in = 0             # bytes received since the request went out
-        # A failure of the response in progress; an end of the connection in the middle of one is one too.
+        self.bytes_in = 0  # bytes received since the request went out
+        # A failure of the response in progress; an end of the connection in the middle of one is
+        # one too.
         self.error: TransportError | None = None
         self.waiter: asyncio.Future | None = None
-        self.keep_alive = True        # the connection may take another request once this response is in
+        self.keep_alive = True  # the connection may take another request once this response is in
         self.last_data = 0.0
         self.timer: asyncio.TimerHandle | None = None
 
@@ -268,10 +288,12 @@ class _Connection(asyncio.Protocol):
             self.keep_alive = False
             if self.error is None and self.state is not _State.IDLE:
                 self.error = BadResponse(f"bad response: {exc}", reconnects=self.reconnects)
-        # httptools holds an unfinished header line itself: count the bytes fed while the head is open.
+        # httptools holds an unfinished header line itself: count the bytes fed while the head is
+        # open.
         if self.state is _State.HEAD and self.head_fed > MAX_HEAD_BYTES and self.error is None:
-            self.error = BadResponse(f"response headers larger than {MAX_HEAD_BYTES} bytes",
-                                     reconnects=self.reconnects)
+            self.error = BadResponse(
+                f"response headers larger than {MAX_HEAD_BYTES} bytes", reconnects=self.reconnects
+            )
         if self.error is not None:
             # Nothing more is read from a connection that broke its framing or ran past the limit.
             self.close()
@@ -307,8 +329,9 @@ class _Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         # The limit holds for a head that arrived complete in one read too.
         if self.head_size > MAX_HEAD_BYTES:
-            self.error = BadResponse(f"response headers larger than {MAX_HEAD_BYTES} bytes",
-                                     reconnects=self.reconnects)
+            self.error = BadResponse(
+                f"response headers larger than {MAX_HEAD_BYTES} bytes", reconnects=self.reconnects
+            )
             raise _Stop
         status = self.parser.get_status_code()
         if 100 <= status < 200:
@@ -317,13 +340,18 @@ class _Connection(asyncio.Protocol):
         self.state = _State.BODY
         self.keep_alive = self.parser.should_keep_alive()
         headers = self.headers
-        self.until_close = ("content-length" not in headers and status not in (204, 304)
-                            and "chunked" not in headers.get("transfer-encoding", "").lower())
+        self.until_close = (
+            "content-length" not in headers
+            and status not in (204, 304)
+            and "chunked" not in headers.get("transfer-encoding", "").lower()
+        )
 
     def on_body(self, data: bytes) -> None:
         self.body_size += len(data)
         if self.body_size > self.max_body:
-            self.error = TooLarge(f"response body over {self.max_body} bytes", reconnects=self.reconnects)
+            self.error = TooLarge(
+                f"response body over {self.max_body} bytes", reconnects=self.reconnects
+            )
             raise _Stop
         self.body.append(data)
 
@@ -334,8 +362,12 @@ class _Connection(asyncio.Protocol):
     # --- requests ---
 
     def usable(self) -> bool:
-        return (self.state is _State.IDLE and self.transport is not None and self.keep_alive
-                and self.error is None)
+        return (
+            self.state is _State.IDLE
+            and self.transport is not None
+            and self.keep_alive
+            and self.error is None
+        )
 
     async def request(self, payload: bytes, pool: LeanTransport, reconnects: int) -> _Response:
         self.reconnects = reconnects
@@ -380,10 +412,13 @@ class _Connection(asyncio.Protocol):
         if self.state is _State.BODY and self.until_close and self.error is None:
             self.state = _State.CLOSED
         elif self.state is _State.HEAD and self.error is None:
-            self.error = ConnectionReset("connection closed before the response headers", reconnects=self.reconnects)
+            self.error = ConnectionReset(
+                "connection closed before the response headers", reconnects=self.reconnects
+            )
         elif self.state is _State.BODY and self.error is None:
-            self.error = ConnectionReset("connection closed in the middle of the response body",
-                                         reconnects=self.reconnects)
+            self.error = ConnectionReset(
+                "connection closed in the middle of the response body", reconnects=self.reconnects
+            )
         elif self.state is _State.IDLE:
             self.state = _State.CLOSED
         self._wake()
@@ -403,7 +438,9 @@ class _Connection(asyncio.Protocol):
         idle = self.loop.time() - self.last_data
         if idle >= self.timeout:
             if self.waiter is not None and not self.waiter.done():
-                self.waiter.set_exception(ReadTimeout(f"no byte for {self.timeout:g} s", reconnects=self.reconnects))
+                self.waiter.set_exception(
+                    ReadTimeout(f"no byte for {self.timeout:g} s", reconnects=self.reconnects)
+                )
         else:
             self.timer = self.loop.call_at(self.last_data + self.timeout, self._check_timeout)
 

@@ -62,16 +62,16 @@ class Endpoint:
 
     url: str
     headers: Mapping[str, str]
-    timeout: float                  # seconds without a byte
-    max_response_bytes: int         # body bytes past which a response is cut
-    limit: int = 0                  # connections (0: as many as requests in flight)
+    timeout: float  # seconds without a byte
+    max_response_bytes: int  # body bytes past which a response is cut
+    limit: int = 0  # connections (0: as many as requests in flight)
 
 
 class Response(Protocol):
     status: int
     reason: str
-    headers: Mapping[str, str]     # names in lower case
-    reconnects: int                 # 1 when the request was resent on a fresh connection
+    headers: Mapping[str, str]  # names in lower case
+    reconnects: int  # 1 when the request was resent on a fresh connection
 
     def chunks(self) -> AsyncIterator[bytes]:
         """The body as it arrives; raises ``TransportError`` (``TooLarge`` past the endpoint's limit)."""
@@ -112,7 +112,9 @@ def _aiohttp_errors(timeout: float, reconnects: int = 0) -> Iterator[None]:
     except TransportError:
         raise
     except Exception as exc:
-        target = next((mapped for source, mapped in _AIOHTTP_ERRORS if isinstance(exc, source)), None)
+        target = next(
+            (mapped for source, mapped in _AIOHTTP_ERRORS if isinstance(exc, source)), None
+        )
         if target is None:
             raise
         if target is ReadTimeout:
@@ -127,7 +129,9 @@ def _aiohttp_errors(timeout: float, reconnects: int = 0) -> Iterator[None]:
 def _malformed_payload(exc: aiohttp.ClientPayloadError) -> bool:
     """A body that breaks its framing (a bad chunk size) is malformed; one that stops short is a reset."""
     cause = exc.__cause__ or exc.__context__
-    return "chunk" in str(cause or exc).lower() and "not enough data" not in str(cause or exc).lower()
+    return (
+        "chunk" in str(cause or exc).lower() and "not enough data" not in str(cause or exc).lower()
+    )
 
 
 class AiohttpTransport:
@@ -147,20 +151,31 @@ class AiohttpTransport:
         trace.on_connection_reuseconn.append(_mark_reused)
         connector = aiohttp.TCPConnector(limit=e.limit, ttl_dns_cache=None, force_close=force_close)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=e.timeout, sock_read=e.timeout)
-        # trust_env stays False: proxies from the environment are not used (docs/running.md says so).
-        # The head limit both backends share; aiohttp's own default stops at 8190 bytes per header line.
-        return aiohttp.ClientSession(connector=connector, timeout=timeout, headers=dict(e.headers),
-                                     trace_configs=[trace], max_line_size=MAX_HEAD_BYTES,
-                                     max_field_size=MAX_HEAD_BYTES)
+        # trust_env stays False: proxies from the environment are not used (docs/running.md says
+        # so).
+        # The head limit both backends share; aiohttp's own default stops at 8190 bytes per header
+        # line.
+        return aiohttp.ClientSession(
+            connector=connector,
+            timeout=timeout,
+            headers=dict(e.headers),
+            trace_configs=[trace],
+            max_line_size=MAX_HEAD_BYTES,
+            max_field_size=MAX_HEAD_BYTES,
+        )
 
     async def send(self, body: bytes, headers: Mapping[str, str] | None = None) -> Response:
         seen = SimpleNamespace(reused=False)
         try:
             with _aiohttp_errors(self.endpoint.timeout):
-                response = await self._session.post(self._url, data=body, headers=headers, trace_request_ctx=seen)
+                response = await self._session.post(
+                    self._url, data=body, headers=headers, trace_request_ctx=seen
+                )
         except ConnectionReset as exc:
-            # A reused connection the server had closed: the request never reached it (RFC 9112 §9.3.1),
-            # so it goes once more on a connection opened for it; a fresh connection's failure stands.
+            # A reused connection the server had closed: the request never reached it (RFC 9112
+            # §9.3.1),
+            # so it goes once more on a connection opened for it; a fresh connection's failure
+            # stands.
             if not (seen.reused and _nothing_arrived(exc)):
                 raise
             if self._fresh is None:
@@ -181,10 +196,15 @@ def _nothing_arrived(exc: ConnectionReset) -> bool:
     cause = exc.__cause__
     if isinstance(cause, aiohttp.ServerDisconnectedError):
         return isinstance(cause.message, str)
-    return isinstance(cause, aiohttp.ClientOSError) and cause.errno in (errno.ECONNRESET, errno.EPIPE)
+    return isinstance(cause, aiohttp.ClientOSError) and cause.errno in (
+        errno.ECONNRESET,
+        errno.EPIPE,
+    )
 
 
-async def _mark_reused(session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object) -> None:
+async def _mark_reused(
+    session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object
+) -> None:
     if ctx.trace_request_ctx is not None:
         ctx.trace_request_ctx.reused = True
 
@@ -221,4 +241,3 @@ class _AiohttpResponse:
             self._response.release()
         else:
             self._response.close()
-

@@ -36,7 +36,9 @@ sender.record = record
 sys.argv[0] = {client!r}
 runpy.run_path({client!r}, run_name="__main__")
 """
-SLOW_S = 100e-6  # more than doubles kevload's time per request on this machine (near 65 µs a whole run)
+SLOW_S = (
+    100e-6  # more than doubles kevload's time per request on this machine (near 65 µs a whole run)
+)
 
 
 def test_kevload_is_not_grossly_slower_than_the_reference_client():
@@ -57,8 +59,13 @@ def _ratios(rounds: int, client: Path | None = None) -> list[float]:
     with Endpoint() as endpoint:
         for _ in range(rounds):
             reference = run_reference(endpoint.plain, REQUESTS, 64, stream=False)
-            kevload = run_kevload(endpoint.plain, REQUESTS, 64, stream=False,
-                                  **({"client": client} if client is not None else {}))
+            kevload = run_kevload(
+                endpoint.plain,
+                REQUESTS,
+                64,
+                stream=False,
+                **({"client": client} if client is not None else {}),
+            )
             assert reference["loop"] == kevload["loop"] == "uvloop"
             ratios.append(kevload["rps"] / reference["rps"])
     return ratios

@@ -7,75 +7,169 @@ from kevload.summary import RunSummary
 
 
 def cell(concurrency: int, **fields) -> dict:
-    return {"probe": "p", "mode": "single", "role": "probe", "concurrency": concurrency, "ok": 8, "distinct": 1,
-            "drift": False, "first_divergence_chars": None, "last_divergence_chars": None, **fields}
+    return {
+        "probe": "p",
+        "mode": "single",
+        "role": "probe",
+        "concurrency": concurrency,
+        "ok": 8,
+        "distinct": 1,
+        "drift": False,
+        "first_divergence_chars": None,
+        "last_divergence_chars": None,
+        **fields,
+    }
 
 
 def steps(*cells: dict, verdict: str = "deterministic") -> list[tuple[str, dict]]:
-    return [("2 fixed params, single", RunSummary.from_json({"verdict": verdict, "cells": list(cells)}))]
+    return [
+        ("2 fixed params, single", RunSummary.from_json({"verdict": verdict, "cells": list(cells)}))
+    ]
 
 
 def test_logprob_line_bitwise_everywhere():
-    line = logprob_line("llama.cpp", steps(cell(1, logprob_samples=8, logprob_bitwise=True),
-                                          cell(4, logprob_samples=8, logprob_bitwise=True)))
-    assert line == "llama.cpp logprobs: bitwise equal to serial in all 2 fixed-param cells (c=1,4; 16 samples compared)"
+    line = logprob_line(
+        "llama.cpp",
+        steps(
+            cell(1, logprob_samples=8, logprob_bitwise=True),
+            cell(4, logprob_samples=8, logprob_bitwise=True),
+        ),
+    )
+    assert (
+        line
+        == "llama.cpp logprobs: bitwise equal to serial in all 2 fixed-param cells (c=1,4; 16 samples compared)"
+    )
 
 
 def test_logprob_line_names_the_cells_that_differ():
-    line = logprob_line("x", steps(cell(1, logprob_samples=8, logprob_bitwise=True),
-                                   cell(2, logprob_samples=8, logprob_bitwise=False, logprob_max_abs_diff=0.0123,
-                                        first_logprob_divergence_token=7),
-                                   cell(4, logprob_samples=8, logprob_bitwise=False, logprob_max_abs_diff=0.5,
-                                        first_logprob_divergence_token=3)))
-    assert line == ("x logprobs: 2 of 3 fixed-param cells differ from serial (c=2,4), from token 3 (0-based), "
-                    "largest |difference| 0.5; 24 samples compared")
+    line = logprob_line(
+        "x",
+        steps(
+            cell(1, logprob_samples=8, logprob_bitwise=True),
+            cell(
+                2,
+                logprob_samples=8,
+                logprob_bitwise=False,
+                logprob_max_abs_diff=0.0123,
+                first_logprob_divergence_token=7,
+            ),
+            cell(
+                4,
+                logprob_samples=8,
+                logprob_bitwise=False,
+                logprob_max_abs_diff=0.5,
+                first_logprob_divergence_token=3,
+            ),
+        ),
+    )
+    assert line == (
+        "x logprobs: 2 of 3 fixed-param cells differ from serial (c=2,4), from token 3 (0-based), "
+        "largest |difference| 0.5; 24 samples compared"
+    )
 
 
 def test_logprob_line_without_logprobs_says_text_only():
-    assert logprob_line("t", steps(cell(1, logprob_samples=0), cell(4))) == \
-        "t logprobs: none returned, outputs compared as text only"
+    assert (
+        logprob_line("t", steps(cell(1, logprob_samples=0), cell(4)))
+        == "t logprobs: none returned, outputs compared as text only"
+    )
 
 
 def test_inconclusive_batching_off_step_is_not_called_drift():
     drifting = cell(4, distinct=3, drift=True, first_divergence_chars=5, last_divergence_chars=9)
-    shown = [*steps(cell(1), drifting, verdict="nondeterministic"),
-             ("2 … batching off", RunSummary.from_json({"verdict": "inconclusive", "cells": [cell(1), cell(4)]}))]
+    shown = [
+        *steps(cell(1), drifting, verdict="nondeterministic"),
+        (
+            "2 … batching off",
+            RunSummary.from_json({"verdict": "inconclusive", "cells": [cell(1), cell(4)]}),
+        ),
+    ]
     assert headline("t", shown).endswith("; batching off: inconclusive")
 
 
 def test_sweep_lines_say_what_each_setting_keeps_and_what_it_costs():
     latency = {"e2e": {"p50": 9.46}}
-    sweep = {"rows": [
-        {"setting": "max_num_seqs=1", "cells": [
-            cell(1, logprob_samples=8, logprob_bitwise=True, latent_drift=False, requests_per_s=0.4),
-            cell(4, logprob_samples=8, logprob_bitwise=True, latent_drift=False, requests_per_s=0.41,
-                 latency=latency)]},
-        {"setting": "max_num_seqs=4", "cells": [
-            cell(4, logprob_samples=8, logprob_bitwise=False, latent_drift=True, logprob_max_abs_diff=0.132,
-                 requests_per_s=1.25),
-            cell(1, logprob_samples=8, logprob_bitwise=True, latent_drift=False)]},
-        {"setting": "max_num_seqs=8", "cells": [cell(2, distinct=3, drift=True), cell(4, distinct=2, drift=True)]},
-        {"setting": "no logprobs", "cells": [cell(1), cell(2)]},
-        {"setting": "failed to start", "cells": []}]}
+    sweep = {
+        "rows": [
+            {
+                "setting": "max_num_seqs=1",
+                "cells": [
+                    cell(
+                        1,
+                        logprob_samples=8,
+                        logprob_bitwise=True,
+                        latent_drift=False,
+                        requests_per_s=0.4,
+                    ),
+                    cell(
+                        4,
+                        logprob_samples=8,
+                        logprob_bitwise=True,
+                        latent_drift=False,
+                        requests_per_s=0.41,
+                        latency=latency,
+                    ),
+                ],
+            },
+            {
+                "setting": "max_num_seqs=4",
+                "cells": [
+                    cell(
+                        4,
+                        logprob_samples=8,
+                        logprob_bitwise=False,
+                        latent_drift=True,
+                        logprob_max_abs_diff=0.132,
+                        requests_per_s=1.25,
+                    ),
+                    cell(1, logprob_samples=8, logprob_bitwise=True, latent_drift=False),
+                ],
+            },
+            {
+                "setting": "max_num_seqs=8",
+                "cells": [cell(2, distinct=3, drift=True), cell(4, distinct=2, drift=True)],
+            },
+            {"setting": "no logprobs", "cells": [cell(1), cell(2)]},
+            {"setting": "failed to start", "cells": []},
+        ]
+    }
     assert sweep_lines(sweep) == [
-        "max_num_seqs=1: logprobs bitwise equal to serial at c=1,4; at c=4 0.41 req/s, p50 9.5 s (8 samples per cell)",
-        "max_num_seqs=4: the serial text everywhere, other logprobs at c=4 (largest |difference| 0.132); "
+        "max_num_seqs=1: logprobs bitwise equal to serial at c=1,4; at c=4 0.41 req/s, p50 9.5 s "
+        "(8 samples per cell)",
+        "max_num_seqs=4: the serial text everywhere, other logprobs at c=4 (largest |difference| "
+        "0.132); "
         "at c=4 1.25 req/s (8 samples per cell)",
         "max_num_seqs=8: text drifts at c=2,4; at c=4 0.00 req/s (8 samples per cell)",
-        "no logprobs: the serial text at c=1,2; at c=2 0.00 req/s (8 samples per cell)"]
+        "no logprobs: the serial text at c=1,2; at c=2 0.00 req/s (8 samples per cell)",
+    ]
 
 
 def test_a_sweep_line_never_speaks_for_a_setting_whose_server_died():
-    # Its server died at c=4: nothing answered there, the requests failed at once. No "serial text at c=1,4", no
+    # Its server died at c=4: nothing answered there, the requests failed at once. No "serial text
+    # at c=1,4", no
     # throughput of failures: the line says the setting failed and why.
-    sweep = {"rows": [{"setting": "max_num_seqs=2", "error": "the server exited during the run (its log: x.log)",
-                       "cells": [cell(1, requests_per_s=0.8),
-                                 cell(4, ok=0, distinct=0, requests_per_s=873.4, errors={"connect": 8})]},
-                      {"setting": "max_num_seqs=4", "cells": [cell(4, ok=4, requests_per_s=2.0, errors={"timeout": 4},
-                                                                  short=True, asked=8)]}]}
+    sweep = {
+        "rows": [
+            {
+                "setting": "max_num_seqs=2",
+                "error": "the server exited during the run (its log: x.log)",
+                "cells": [
+                    cell(1, requests_per_s=0.8),
+                    cell(4, ok=0, distinct=0, requests_per_s=873.4, errors={"connect": 8}),
+                ],
+            },
+            {
+                "setting": "max_num_seqs=4",
+                "cells": [
+                    cell(4, ok=4, requests_per_s=2.0, errors={"timeout": 4}, short=True, asked=8)
+                ],
+            },
+        ]
+    }
     assert sweep_lines(sweep) == [
         "max_num_seqs=2: failed: the server exited during the run (its log: x.log)",
-        "max_num_seqs=4: the serial text at c=4; at c=4 1.00 req/s (4 samples per cell)"]  # answered ones only
+        "max_num_seqs=4: the serial text at c=4; at c=4 1.00 req/s (4 samples per cell)",
+    ]  # answered ones only
 
 
 def test_the_graded_step_runs_a_share_of_every_kind_in_both_languages_at_c1_and_c4():
@@ -84,12 +178,18 @@ def test_the_graded_step_runs_a_share_of_every_kind_in_both_languages_at_c1_and_
     scenario = graded_scenario("http://127.0.0.1:9/v1", "m")
     kinds = {tuple(p.id.split("-")[:2]) for p in scenario.probes}
     assert len(scenario.probes) == 24 and all(p.grade for p in scenario.probes)
-    assert kinds == {(k, lang) for k in ("sum", "count", "copy", "json", "choice") for lang in ("en", "zh")}
+    assert kinds == {
+        (k, lang) for k in ("sum", "count", "copy", "json", "choice") for lang in ("en", "zh")
+    }
     assert scenario.load.concurrency == GRADED_LEVELS == (1, 4) and scenario.load.samples == 2
-    assert scenario.target.base_url == "http://127.0.0.1:9/v1" and scenario.params == {"temperature": 0}
+    assert scenario.target.base_url == "http://127.0.0.1:9/v1" and scenario.params == {
+        "temperature": 0
+    }
 
 
-def test_the_graded_step_prints_accuracy_per_level_and_the_flips_of_a_server_whose_truth_is_known(tmp_path):
+def test_the_graded_step_prints_accuracy_per_level_and_the_flips_of_a_server_whose_truth_is_known(
+    tmp_path,
+):
     import asyncio
     import io
     import re
@@ -100,7 +200,8 @@ def test_the_graded_step_prints_accuracy_per_level_and_the_flips_of_a_server_who
     from tests.fakeserver import Behaviour, FakeServer
 
     def sums_only(prompt: str, overlap: int) -> str:
-        # Right on the English additions serially (sum-en-0: 9 + 2, sum-en-1: 14 + 23), one too many under load;
+        # Right on the English additions serially (sum-en-0: 9 + 2, sum-en-1: 14 + 23), one too many
+        # under load;
         # every other item answered with nothing it wants.
         found = re.match(r"What is (\d+) \+ (\d+)\?", prompt)
         if not found:
@@ -109,17 +210,24 @@ def test_the_graded_step_prints_accuracy_per_level_and_the_flips_of_a_server_who
 
     with FakeServer(Behaviour(latency=0.1, answer_for=sums_only)) as server:
         console = Console(file=io.StringIO())
-        summary = asyncio.run(run_graded(server.url, "fake", tmp_path / "graded", console, asyncio.Event()))
+        summary = asyncio.run(
+            run_graded(server.url, "fake", tmp_path / "graded", console, asyncio.Event())
+        )
     assert graded_lines("llama.cpp", summary) == [
-        "llama.cpp graded 24 items, single/c=1: accuracy 8.3% [2.3%, 25.8%] (2 of 24 probes good); the serial "
+        "llama.cpp graded 24 items, single/c=1: accuracy 8.3% [2.3%, 25.8%] (2 of 24 probes good); "
+        "the serial "
         "level, the reference",
-        "llama.cpp graded 24 items, single/c=4: accuracy 0.0% [0.0%, 13.8%] (0 of 24 probes good); against serial "
+        "llama.cpp graded 24 items, single/c=4: accuracy 0.0% [0.0%, 13.8%] (0 of 24 probes good); "
+        "against serial "
         "over 24 paired probes: 2 good→bad, 0 bad→good, McNemar p 0.5",
-        "llama.cpp graded: answers load turned bad: sum-en-0 (single) c=4, sum-en-1 (single) c=4"]
+        "llama.cpp graded: answers load turned bad: sum-en-0 (single) c=4, sum-en-1 (single) c=4",
+    ]
 
 
 def test_a_graded_step_whose_target_failed_says_so_and_nothing_else():
-    summary = RunSummary.from_json({"verdict": "target_failed", "cells": [], "errors_by_type": {"http_500": 4}})
+    summary = RunSummary.from_json(
+        {"verdict": "target_failed", "cells": [], "errors_by_type": {"http_500": 4}}
+    )
     from kevload.demo import graded_lines
 
     assert graded_lines("vLLM", summary) == ["vLLM graded: target failed (http_500: 4)"]
@@ -127,28 +235,57 @@ def test_a_graded_step_whose_target_failed_says_so_and_nothing_else():
 
 def test_where_outputs_leave_the_serial_one_reads_as_a_point_or_a_window():
     def where(*drifting: dict) -> str:
-        return headline("t", steps(cell(1), *drifting, verdict="nondeterministic")).split(", ", 1)[1]
+        return headline("t", steps(cell(1), *drifting, verdict="nondeterministic")).split(", ", 1)[
+            1
+        ]
 
-    assert where(cell(4, distinct=2, drift=True, first_divergence_chars=7, last_divergence_chars=7)) == \
-        "outputs leave the serial one at char 7 (0-based)"
-    # A cell whose last divergence is unknown says nothing about the window's end: not "between char 7 and 0".
-    assert where(cell(2, distinct=2, drift=True, first_divergence_chars=7),
-                 cell(4, distinct=2, drift=True, first_divergence_chars=9, last_divergence_chars=None)) == \
-        "outputs leave the serial one at char 7 (0-based)"
-    assert where(cell(2, distinct=2, drift=True, first_divergence_chars=7, last_divergence_chars=12),
-                 cell(4, distinct=3, drift=True, first_divergence_chars=9, last_divergence_chars=31)) == \
-        "outputs leave the serial one between char 7 and 31 (0-based)"
+    assert (
+        where(cell(4, distinct=2, drift=True, first_divergence_chars=7, last_divergence_chars=7))
+        == "outputs leave the serial one at char 7 (0-based)"
+    )
+    # A cell whose last divergence is unknown says nothing about the window's end: not "between char
+    # 7 and 0".
+    assert (
+        where(
+            cell(2, distinct=2, drift=True, first_divergence_chars=7),
+            cell(4, distinct=2, drift=True, first_divergence_chars=9, last_divergence_chars=None),
+        )
+        == "outputs leave the serial one at char 7 (0-based)"
+    )
+    assert (
+        where(
+            cell(2, distinct=2, drift=True, first_divergence_chars=7, last_divergence_chars=12),
+            cell(4, distinct=3, drift=True, first_divergence_chars=9, last_divergence_chars=31),
+        )
+        == "outputs leave the serial one between char 7 and 31 (0-based)"
+    )
 
 
 def test_logprob_line_gives_no_size_of_0_for_cells_whose_tokens_differ():
-    line = logprob_line("x", steps(cell(1, logprob_samples=8, logprob_bitwise=True),
-                                   cell(4, logprob_samples=8, logprob_bitwise=False, logprob_max_abs_diff=0.0,
-                                        first_logprob_divergence_token=5, first_divergence_tokens=5)))
-    assert line == "x logprobs: 1 of 2 fixed-param cells differ from serial (c=4), from token 5 (0-based); " \
+    line = logprob_line(
+        "x",
+        steps(
+            cell(1, logprob_samples=8, logprob_bitwise=True),
+            cell(
+                4,
+                logprob_samples=8,
+                logprob_bitwise=False,
+                logprob_max_abs_diff=0.0,
+                first_logprob_divergence_token=5,
+                first_divergence_tokens=5,
+            ),
+        ),
+    )
+    assert (
+        line
+        == "x logprobs: 1 of 2 fixed-param cells differ from serial (c=4), from token 5 (0-based); "
         "16 samples compared"
+    )
 
 
-def test_the_demos_sweep_writes_a_row_for_every_setting_even_one_whose_server_never_started(tmp_path, monkeypatch):
+def test_the_demos_sweep_writes_a_row_for_every_setting_even_one_whose_server_never_started(
+    tmp_path, monkeypatch
+):
     import asyncio
     import contextlib
     import json
@@ -163,8 +300,13 @@ def test_the_demos_sweep_writes_a_row_for_every_setting_even_one_whose_server_ne
 
     monkeypatch.setattr(demo, "serving", never_ready)
     step2 = RunSummary.from_json({"verdict": "deterministic", "cells": [cell(1), cell(4)]})
-    sweep = asyncio.run(demo._sweep("vllm", step2, 8, tmp_path, Console(file=None, quiet=True), asyncio.Event()))
+    sweep = asyncio.run(
+        demo._sweep("vllm", step2, 8, tmp_path, Console(file=None, quiet=True), asyncio.Event())
+    )
     written = json.loads((tmp_path / "vllm-sweep" / "sweep.json").read_text())
     assert written == sweep
     assert [(row["setting"], row["verdict"]) for row in sweep["rows"]] == [
-        ("max_num_seqs=1", "not_run"), ("max_num_seqs=2", "not_run"), ("max_num_seqs=4", "deterministic")]
+        ("max_num_seqs=1", "not_run"),
+        ("max_num_seqs=2", "not_run"),
+        ("max_num_seqs=4", "deterministic"),
+    ]

@@ -46,13 +46,18 @@ def test_scenario_error_exits_2_in_one_line(tmp_path):
 def test_run_dir_error_exits_2_in_one_line(tmp_path):
     code, output = run_cli("report", tmp_path)
     assert code == 2
-    assert one_line(output) == f"kevload: error: {tmp_path}: not a kevload run directory (no records.jsonl)"
+    assert (
+        one_line(output)
+        == f"kevload: error: {tmp_path}: not a kevload run directory (no records.jsonl)"
+    )
 
 
 def test_option_error_exits_2_in_one_line():
     code, output = run_cli("run")
-    assert (code, one_line(output)) == \
-        (2, "kevload: error: missing SCENARIO (or --url URL --model NAME, or --resume RUN_DIR)")
+    assert (code, one_line(output)) == (
+        2,
+        "kevload: error: missing SCENARIO (or --url URL --model NAME, or --resume RUN_DIR)",
+    )
 
 
 def test_grid_error_exits_2_in_one_line(tmp_path):
@@ -63,30 +68,42 @@ def test_grid_error_exits_2_in_one_line(tmp_path):
 
 def test_provision_error_in_a_nested_group_exits_2_in_one_line(monkeypatch):
     """`target start` is a command of a group inside the main group: the same handler covers it."""
+
     def failing_start(*_args, **_kwargs):
         raise ProvisionError("llamacpp: cmake failed (see ~/.cache/kevload/build.log)")
 
     monkeypatch.setattr(kevload.servers.targets, "status_target", lambda _name: None)
     monkeypatch.setattr(kevload.servers.targets, "start_target", failing_start)
     code, output = run_cli("target", "start", "llamacpp")
-    assert (code, one_line(output)) == (2, "kevload: error: llamacpp: cmake failed (see ~/.cache/kevload/build.log)")
+    assert (code, one_line(output)) == (
+        2,
+        "kevload: error: llamacpp: cmake failed (see ~/.cache/kevload/build.log)",
+    )
 
 
 def test_target_error_exits_3_with_the_server_log_under_its_line(tmp_path):
     """A server that dies while starting is the target failing (3), not bad input; its log follows the line."""
     scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1")
     # The message is made when it runs, so it is in the server's output, not in its command line.
-    died = f"{sys.executable} -c 'import sys; print(\"no such \" + \"model\"); sys.exit(1)' {{port}} {{slots}}"
-    code, output = run_cli("sweep", scenario, "--server-cmd", died, "--grid", "slots=1", "--out", tmp_path / "sw")
+    died = f'{sys.executable} -c \'import sys; print("no such " + "model"); sys.exit(1)\' {{port}} {{slots}}'
+    code, output = run_cli(
+        "sweep", scenario, "--server-cmd", died, "--grid", "slots=1", "--out", tmp_path / "sw"
+    )
     assert code == 3, output
     assert "Traceback" not in output
-    # The setting fails (the sweep goes on to any other): its row says why, the server's own words under it.
+    # The setting fails (the sweep goes on to any other): its row says why, the server's own words
+    # under it.
     assert "| slots=1 | failed: server exited while starting" in output, output
     assert "no such model" in output
 
 
-@pytest.mark.parametrize("error", [ScenarioError("a.toml: load.samples: expected an integer >= 1, got 0"),
-                                   ServerError("server not ready at http://127.0.0.1:1/health after 1 s")])
+@pytest.mark.parametrize(
+    "error",
+    [
+        ScenarioError("a.toml: load.samples: expected an integer >= 1, got 0"),
+        ServerError("server not ready at http://127.0.0.1:1/health after 1 s"),
+    ],
+)
 def test_any_kevload_error_from_deep_inside_a_command_is_handled(monkeypatch, tmp_path, error):
     import kevload.cli
 

@@ -13,11 +13,16 @@ def test_a_run_fails_on_latent_drift_only_when_asked_and_a_baseline_decides_by_i
     assert exitcode.for_run(latent, fail_on="latent") == ExitCode.DRIFT
     assert exitcode.for_run(RunSummary(verdict="nondeterministic"), regressions=0) == ExitCode.OK
     assert exitcode.for_run(RunSummary(verdict="target_failed"), regressions=0) == ExitCode.TARGET
-    assert exitcode.for_run(RunSummary(verdict="deterministic", slo_failed_cells=("p1@single/c=4",))) == ExitCode.DRIFT
+    assert (
+        exitcode.for_run(RunSummary(verdict="deterministic", slo_failed_cells=("p1@single/c=4",)))
+        == ExitCode.DRIFT
+    )
 
 
 def test_sweeps_and_reruns_take_the_worst_setting_or_case():
-    assert exitcode.for_sweep(["deterministic", "nondeterministic", "inconclusive"]) == ExitCode.TARGET
+    assert (
+        exitcode.for_sweep(["deterministic", "nondeterministic", "inconclusive"]) == ExitCode.TARGET
+    )
     assert exitcode.for_sweep(["deterministic", "nondeterministic"]) == ExitCode.DRIFT
     # A setting the sweep never ran is no evidence: the sweep cannot pass without it.
     assert exitcode.for_sweep(["deterministic", "not_run"]) == ExitCode.TARGET

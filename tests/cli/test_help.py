@@ -11,7 +11,11 @@ from tests.conftest import run_cli
 def _commands(group: click.Group, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     found = [path]
     for name, command in group.commands.items():
-        found += _commands(command, (*path, name)) if isinstance(command, click.Group) else [(*path, name)]
+        found += (
+            _commands(command, (*path, name))
+            if isinstance(command, click.Group)
+            else [(*path, name)]
+        )
     return found
 
 

@@ -23,29 +23,72 @@ def _always_43(prompt: str, overlap: int) -> str:
 # gate → (the server, the scenario's keys, run's options, the exit code, what a line must say)
 GATES = {
     "drift": (Behaviour(drift_at=2), {}, [], 1, "nondeterministic: p1 (single) c=4"),
-    "slo": (Behaviour(), {"slo": {"e2e_ms": 0.001}, "min_slo_attainment": 0.9}, [], 1,
-            "SLO e2e ≤ 0.001 ms: MISSED"),
-    "min_good_share": (Behaviour(answer_for=_always_43), {"probes": GRADED, "min_good_share": 0.5}, [], 1,
-                       "under load.min_good_share 50.0%: p1 (single) c=1, p1 (single) c=4"),
-    "bad_flips": (Behaviour(answer_for=_42_alone), {"probes": GRADED}, ["--fail-on", "bad"], 1,
-                  "1 probe cells with answers load turned bad: p1 (single) c=4"),
-    "grader_failed": (Behaviour(answer_for=_always_43),
-                      {"probes": [{**GRADED[0], "grade": "python:kevload_test_quiet_grader:check"}]}, [], 2,
-                      "grader failed: probe 'p1': python:kevload_test_quiet_grader:check raised ZeroDivisionError"),
-    "latent": (Behaviour(logprob_drift_at=2), {}, ["--fail-on", "latent"], 1,
-               "latent drift (same text, other logprobs) in p1 (single) c=4"),
-    "inconclusive": (Behaviour(faults=[None, None, "http_500"]), {"max_error_share": 0.5}, [], 3,
-                     "inconclusive: fewer ok probe samples than asked"),
-    "target_failed": (Behaviour(faults=["http_500"] * 100), {}, [], 3, "target failed: 8 of 8 probe requests failed"),
-    "baseline_regression": (Behaviour(drift_at=2), {}, ["--baseline", "{baseline}"], 1,
-                            "REGRESSION new_drift p1@single/c=4"),
+    "slo": (
+        Behaviour(),
+        {"slo": {"e2e_ms": 0.001}, "min_slo_attainment": 0.9},
+        [],
+        1,
+        "SLO e2e ≤ 0.001 ms: MISSED",
+    ),
+    "min_good_share": (
+        Behaviour(answer_for=_always_43),
+        {"probes": GRADED, "min_good_share": 0.5},
+        [],
+        1,
+        "under load.min_good_share 50.0%: p1 (single) c=1, p1 (single) c=4",
+    ),
+    "bad_flips": (
+        Behaviour(answer_for=_42_alone),
+        {"probes": GRADED},
+        ["--fail-on", "bad"],
+        1,
+        "1 probe cells with answers load turned bad: p1 (single) c=4",
+    ),
+    "grader_failed": (
+        Behaviour(answer_for=_always_43),
+        {"probes": [{**GRADED[0], "grade": "python:kevload_test_quiet_grader:check"}]},
+        [],
+        2,
+        "grader failed: probe 'p1': python:kevload_test_quiet_grader:check raised "
+        "ZeroDivisionError",
+    ),
+    "latent": (
+        Behaviour(logprob_drift_at=2),
+        {},
+        ["--fail-on", "latent"],
+        1,
+        "latent drift (same text, other logprobs) in p1 (single) c=4",
+    ),
+    "inconclusive": (
+        Behaviour(faults=[None, None, "http_500"]),
+        {"max_error_share": 0.5},
+        [],
+        3,
+        "inconclusive: fewer ok probe samples than asked",
+    ),
+    "target_failed": (
+        Behaviour(faults=["http_500"] * 100),
+        {},
+        [],
+        3,
+        "target failed: 8 of 8 probe requests failed",
+    ),
+    "baseline_regression": (
+        Behaviour(drift_at=2),
+        {},
+        ["--baseline", "{baseline}"],
+        1,
+        "REGRESSION new_drift p1@single/c=4",
+    ),
 }
 
 
 @pytest.mark.parametrize("gate", GATES)
 def test_every_non_zero_exit_of_a_quiet_run_prints_a_line_saying_why(tmp_path, gate):
     behaviour, keys, options, expected_code, why = GATES[gate]
-    (tmp_path / "kevload_test_quiet_grader.py").write_text("def check(answer, probe, expected):\n    return 1 / 0\n")
+    (tmp_path / "kevload_test_quiet_grader.py").write_text(
+        "def check(answer, probe, expected):\n    return 1 / 0\n"
+    )
     behaviour.latency = 0.1  # every counted c=4 sample meets others at the server
     keys = {"samples": 4, **keys}
     if "{baseline}" in options:

@@ -15,7 +15,9 @@ from tests.conftest import run_cli, write_scenario
 def test_parallel_reader_matches_serial(tmp_path, server, monkeypatch):
     server.behaviour.drift_at = 3
     server.behaviour.latency = 0.05
-    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 4], samples=24, mode="mixed")
+    scenario = write_scenario(
+        tmp_path / "s.toml", server.url, concurrency=[1, 4], samples=24, mode="mixed"
+    )
     run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
     records = tmp_path / "run" / "records.jsonl"
     with records.open("ab") as handle:

@@ -31,21 +31,27 @@ def test_deterministic_server_one_output_everywhere(tmp_path, server):
 
 def test_sampling_without_seed_drifts_even_serially(tmp_path, server):
     server.behaviour.sampling = True
-    code, _, summary = run(tmp_path, server, params={"temperature": 0.8}, concurrency=[1], samples=6)
+    code, _, summary = run(
+        tmp_path, server, params={"temperature": 0.8}, concurrency=[1], samples=6
+    )
     assert code == 1
     assert cells_by_level(summary)[1]["distinct"] > 1
 
 
 def test_fixed_seed_converges(tmp_path, server):
     server.behaviour.sampling = True
-    code, output, summary = run(tmp_path, server, params={"temperature": 0.8, "seed": 7}, concurrency=[1, 4])
+    code, output, summary = run(
+        tmp_path, server, params={"temperature": 0.8, "seed": 7}, concurrency=[1, 4]
+    )
     assert code == 0, output
     assert all(c["distinct"] == 1 for c in cells_by_level(summary).values())
 
 
 def test_drift_only_when_crowded(tmp_path, server):
     server.behaviour.drift_at = 3
-    server.behaviour.latency = 0.1  # long enough that concurrent requests surely overlap on a busy machine
+    server.behaviour.latency = (
+        0.1  # long enough that concurrent requests surely overlap on a busy machine
+    )
     code, _, summary = run(tmp_path, server, concurrency=[1, 2, 4], samples=8)
     assert code == 1
     cells = cells_by_level(summary)

@@ -35,41 +35,53 @@ def _full_load(level: list[tuple[float, float]], samples: list[int], concurrency
     return Occupancy.of(spans, concurrency).full_load(spans[samples])
 
 
-@pytest.mark.parametrize(("level", "samples", "c", "expected"), [
-    # Half overlapping at c=2: each had its one other for half its life.
-    ([(0, 10), (5, 15)], [0], 2, FullLoad(1, 0.5, 0)),
-    ([(0, 10), (5, 15)], [0, 1], 2, FullLoad(2, 0.5, 0)),
-    # Sent and answered at the same instants: together all along.
-    ([(0, 10), (0, 10)], [0, 1], 2, FullLoad(2, 1.0, 0)),
-    # Sent the instant the other was answered: never together.
-    ([(0, 10), (10, 20)], [0, 1], 2, FullLoad(2, 0.0, 2)),
-    # c=3: A had both others only while C ran; C had A and B all its life.
-    ([(0, 10), (2, 8), (4, 6)], [0], 3, FullLoad(1, 0.2, 0)),
-    ([(0, 10), (2, 8), (4, 6)], [1], 3, FullLoad(1, 2 / 6, 0)),
-    ([(0, 10), (2, 8), (4, 6)], [2], 3, FullLoad(1, 1.0, 0)),
-    # A probe that outlives the others: full until they stop.
-    ([(0, 10), (0, 4), (0, 4)], [0], 3, FullLoad(1, 0.4, 0)),
-    # One other in flight at every moment, but never two at once: c=3 is never reached.
-    ([(0, 10), (0, 5), (5, 10)], [0], 3, FullLoad(1, 0.0, 1)),
-    # Time-weighted: 5 of 10 s and 2 of 2 s make 7 of 12, not the mean of 0.5 and 1.0.
-    ([(0, 10), (20, 22), (5, 23)], [0, 1], 2, FullLoad(2, 7 / 12, 0)),
-    # More than c in flight is full load too.
-    ([(0, 10), (0, 10), (0, 10)], [0], 2, FullLoad(1, 1.0, 0)),
-    # A resend gap: the other slot's answer at 5, its next send at 5.5.
-    ([(0, 10), (0, 5), (5.5, 12)], [0], 2, FullLoad(1, 0.95, 0)),
-])
+@pytest.mark.parametrize(
+    ("level", "samples", "c", "expected"),
+    [
+        # Half overlapping at c=2: each had its one other for half its life.
+        ([(0, 10), (5, 15)], [0], 2, FullLoad(1, 0.5, 0)),
+        ([(0, 10), (5, 15)], [0, 1], 2, FullLoad(2, 0.5, 0)),
+        # Sent and answered at the same instants: together all along.
+        ([(0, 10), (0, 10)], [0, 1], 2, FullLoad(2, 1.0, 0)),
+        # Sent the instant the other was answered: never together.
+        ([(0, 10), (10, 20)], [0, 1], 2, FullLoad(2, 0.0, 2)),
+        # c=3: A had both others only while C ran; C had A and B all its life.
+        ([(0, 10), (2, 8), (4, 6)], [0], 3, FullLoad(1, 0.2, 0)),
+        ([(0, 10), (2, 8), (4, 6)], [1], 3, FullLoad(1, 2 / 6, 0)),
+        ([(0, 10), (2, 8), (4, 6)], [2], 3, FullLoad(1, 1.0, 0)),
+        # A probe that outlives the others: full until they stop.
+        ([(0, 10), (0, 4), (0, 4)], [0], 3, FullLoad(1, 0.4, 0)),
+        # One other in flight at every moment, but never two at once: c=3 is never reached.
+        ([(0, 10), (0, 5), (5, 10)], [0], 3, FullLoad(1, 0.0, 1)),
+        # Time-weighted: 5 of 10 s and 2 of 2 s make 7 of 12, not the mean of 0.5 and 1.0.
+        ([(0, 10), (20, 22), (5, 23)], [0, 1], 2, FullLoad(2, 7 / 12, 0)),
+        # More than c in flight is full load too.
+        ([(0, 10), (0, 10), (0, 10)], [0], 2, FullLoad(1, 1.0, 0)),
+        # A resend gap: the other slot's answer at 5, its next send at 5.5.
+        ([(0, 10), (0, 5), (5.5, 12)], [0], 2, FullLoad(1, 0.95, 0)),
+    ],
+)
 def test_full_load_of_hand_built_spans(level, samples, c, expected):
     assert _full_load(level, samples, c) == pytest.approx(expected)
 
 
-@pytest.mark.parametrize(("level", "c", "ever_full"), [
-    ([(5, 5), (0, 10)], 2, True),     # sent and answered inside another's life: that other was in flight
-    ([(10, 10), (0, 10)], 2, False),  # at the instant the other was answered: it was not
-    ([(0, 0), (0, 10)], 2, True),     # at the instant the other was sent: it was
-    ([(5, 5), (5, 5)], 2, False),     # two of no length: neither is in flight at any moment
-    ([(5, 5), (0, 10), (4, 6)], 3, True),
-])
-def test_a_sample_of_no_length_is_full_when_others_were_in_flight_at_its_instant(level, c, ever_full):
+@pytest.mark.parametrize(
+    ("level", "c", "ever_full"),
+    [
+        (
+            [(5, 5), (0, 10)],
+            2,
+            True,
+        ),  # sent and answered inside another's life: that other was in flight
+        ([(10, 10), (0, 10)], 2, False),  # at the instant the other was answered: it was not
+        ([(0, 0), (0, 10)], 2, True),  # at the instant the other was sent: it was
+        ([(5, 5), (5, 5)], 2, False),  # two of no length: neither is in flight at any moment
+        ([(5, 5), (0, 10), (4, 6)], 3, True),
+    ],
+)
+def test_a_sample_of_no_length_is_full_when_others_were_in_flight_at_its_instant(
+    level, c, ever_full
+):
     full = _full_load(level, [0], c)
     assert full == FullLoad(1, None, 0 if ever_full else 1)  # no time to weigh: no share
 
@@ -91,24 +103,31 @@ def _sends(part: int, worker: int, seqs: list[int]) -> list[tuple[int, int, int,
     return [(part, worker, seq, float(seq), seq + 0.5) for seq in seqs]
 
 
-@pytest.mark.parametrize(("sends", "parts", "expected"), [
-    # Seq 3 has no record: it left after seq 2's send, and may have run until the part's last recorded moment.
-    (_sends(0, 0, [0, 1, 2, 4, 5]), {0: (0, 1)}, [(2.0, 5.5)]),
-    # Nothing missing in between: what was lost was sent after the last recorded send (in flight at the kill).
-    (_sends(0, 0, [0, 1, 2]), {0: (0, 1)}, [(2.0, 2.5)]),
-    # The part's first send has no record: it may have run from the part's start.
-    (_sends(0, 0, [1, 2]), {0: (0, 1)}, [(-np.inf, 2.5)]),
-    # A resumed part numbers on from 7; two workers number in turn (7, 9, … and 8, 10, …): worker 1 lost 10.
-    (_sends(1, 0, [7, 9, 11]) + _sends(1, 1, [8, 12]), {1: (7, 2)}, [(8.0, 12.5)]),
-    # A worker with no record at all may have lost one from the start.
-    (_sends(0, 0, [0, 2, 4]), {0: (0, 2)}, [(-np.inf, 4.5)]),
-])
+@pytest.mark.parametrize(
+    ("sends", "parts", "expected"),
+    [
+        # Seq 3 has no record: it left after seq 2's send, and may have run until the part's last
+        # recorded moment.
+        (_sends(0, 0, [0, 1, 2, 4, 5]), {0: (0, 1)}, [(2.0, 5.5)]),
+        # Nothing missing in between: what was lost was sent after the last recorded send (in flight
+        # at the kill).
+        (_sends(0, 0, [0, 1, 2]), {0: (0, 1)}, [(2.0, 2.5)]),
+        # The part's first send has no record: it may have run from the part's start.
+        (_sends(0, 0, [1, 2]), {0: (0, 1)}, [(-np.inf, 2.5)]),
+        # A resumed part numbers on from 7; two workers number in turn (7, 9, … and 8, 10, …):
+        # worker 1 lost 10.
+        (_sends(1, 0, [7, 9, 11]) + _sends(1, 1, [8, 12]), {1: (7, 2)}, [(8.0, 12.5)]),
+        # A worker with no record at all may have lost one from the start.
+        (_sends(0, 0, [0, 2, 4]), {0: (0, 2)}, [(-np.inf, 4.5)]),
+    ],
+)
 def test_unrecorded_windows_start_at_the_last_send_before_a_lost_one(sends, parts, expected):
     assert unrecorded_windows(sends, parts) == expected
 
 
 def test_samples_in_an_unrecorded_window_are_unknown_and_the_others_still_checked():
-    # c=2: A (0–10) ran beside B; C (20–30) and D (40–50) ran alone; a window (35, 60) of lost requests covers D.
+    # c=2: A (0–10) ran beside B; C (20–30) and D (40–50) ran alone; a window (35, 60) of lost
+    # requests covers D.
     spans = np.array([(0, 10), (0, 10), (20, 30), (40, 50)], dtype=np.float64)
     occupancy = Occupancy.of(spans, 2)
     assert occupancy.full_load(spans[[0, 2, 3]]) == FullLoad(3, 10 / 30, 2)
@@ -137,9 +156,13 @@ def test_sweep_matches_counting_every_moment():
         full_seconds, seconds, never = 0.0, 0.0, 0
         for i in samples:
             s, e = level[i]
-            moments = [t + 0.5 for t in range(int(s), int(e))] or [s]  # each unit of its life, or its instant
-            at_full = [sum(1 for j, (s2, e2) in enumerate(level) if j != i and s2 <= t < e2) >= c - 1
-                       for t in moments]
+            moments = [t + 0.5 for t in range(int(s), int(e))] or [
+                s
+            ]  # each unit of its life, or its instant
+            at_full = [
+                sum(1 for j, (s2, e2) in enumerate(level) if j != i and s2 <= t < e2) >= c - 1
+                for t in moments
+            ]
             full_seconds += sum(at_full) if e > s else 0
             seconds += e - s
             never += not any(at_full)
@@ -174,36 +197,52 @@ class _RefusesCompanionsAtEachProbe(FakeServer):
                 waiter = asyncio.get_running_loop().create_future()
                 self.held.append(waiter)
                 try:
-                    await asyncio.wait_for(waiter, 1.0)  # the level's last companion: no probe comes
+                    await asyncio.wait_for(
+                        waiter, 1.0
+                    )  # the level's last companion: no probe comes
                 except TimeoutError:
                     return await super()._handle(request)
-                return web.json_response({"error": "busy"}, status=429, headers={"Retry-After": "0.75"})
+                return web.json_response(
+                    {"error": "busy"}, status=429, headers={"Retry-After": "0.75"}
+                )
         return await super()._handle(request)
 
 
 def test_counted_probes_the_server_ran_alone_are_flagged(tmp_path):
     with _RefusesCompanionsAtEachProbe() as fake:
         fake.behaviour.latency = 0.0
-        scenario = write_scenario(tmp_path / "s.toml", fake.url, mode="mixed", concurrency=[1, 2], samples=3,
-                                  retries=1)
+        scenario = write_scenario(
+            tmp_path / "s.toml", fake.url, mode="mixed", concurrency=[1, 2], samples=3, retries=1
+        )
         code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
-    assert code == 0, output  # the outputs agree: the verdict stands, the matrix says what it rests on
+    assert code == 0, (
+        output
+    )  # the outputs agree: the verdict stands, the matrix says what it rests on
     run_dir = tmp_path / "run"
-    counted = [r for r in RunDir(run_dir).record_dicts()
-               if r["role"] == "probe" and r["counted"] and r["concurrency"] == 2]
-    assert len(counted) == 3 and {r["in_flight"] for r in counted} == {1}  # kevload's own count said full
+    counted = [
+        r
+        for r in RunDir(run_dir).record_dicts()
+        if r["role"] == "probe" and r["counted"] and r["concurrency"] == 2
+    ]
+    assert len(counted) == 3 and {r["in_flight"] for r in counted} == {
+        1
+    }  # kevload's own count said full
     (run_dir / "summary.json").unlink()
     code, text = run_cli("report", run_dir, "--format", "json")  # recomputed from the records alone
     cells = cells_by_level(json.loads(text))
     assert (cells[2]["samples_never_full"], cells[2]["full_load_share"]) == (3, 0.0)
-    assert not {"samples_never_full", "full_load_share"} & cells[1].keys()  # serial: nothing to reach
+    assert (
+        not {"samples_never_full", "full_load_share"} & cells[1].keys()
+    )  # serial: nothing to reach
     assert json.loads(text)["matrix"]["samples_never_full"] == [[None, 3]]
     # Every request it sent is on record: nothing is left out of the check as unknown.
     assert json.loads((run_dir / "run.json").read_text())["parts"][0]["unrecorded"] == 0
     assert "overlap_unknown" not in cells[2]
     note = "p1 (mixed) c=2: † 3 of 3 counted samples never had 1 other in flight; 1 other for 0.0% of their time"
     code, table = run_cli("report", run_dir)
-    assert note in " ".join(table.split()) and "1 †" in table  # a note wraps at the terminal's width
+    assert (
+        note in " ".join(table.split()) and "1 †" in table
+    )  # a note wraps at the terminal's width
     code, md = run_cli("report", run_dir, "--format", "markdown")
     assert f"- {note}" in md and "| p1 (mixed) | 1 | 1 † | 3 |" in md
     code, page = run_cli("report", run_dir, "--format", "html")
@@ -217,13 +256,16 @@ def test_a_healthy_run_is_at_full_load(tmp_path, server):
     assert code == 0, output
     summary = load_summary(tmp_path / "run")
     cells = cells_by_level(summary)
-    # Only the slots' resend gaps (microseconds to a few ms against 200 ms answers) are below full load.
+    # Only the slots' resend gaps (microseconds to a few ms against 200 ms answers) are below full
+    # load.
     assert cells[4]["samples_never_full"] == 0 and 0.9 < cells[4]["full_load_share"] <= 1.0
     assert not {"samples_never_full", "full_load_share"} & cells[1].keys()
     code, table = run_cli("report", tmp_path / "run")
     assert "†" not in table
-    assert (f"full load: at every level c ≥ 2, counted samples had c − 1 others in flight for at least "
-            f"{cells[4]['full_load_share']:.1%} of their time (lowest: p1 (single) c=4)") in " ".join(table.split())
+    assert (
+        f"full load: at every level c ≥ 2, counted samples had c − 1 others in flight for at least "
+        f"{cells[4]['full_load_share']:.1%} of their time (lowest: p1 (single) c=4)"
+    ) in " ".join(table.split())
 
 
 def test_a_part_that_never_finished_leaves_its_last_samples_unknown(tmp_path, server):
@@ -234,7 +276,9 @@ def test_a_part_that_never_finished_leaves_its_last_samples_unknown(tmp_path, se
     assert run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")[0] == 0
     run_dir = tmp_path / "run"
     meta = json.loads((run_dir / "run.json").read_text())
-    meta["parts"][0] = {k: v for k, v in meta["parts"][0].items() if k not in ("state", "unrecorded")}
+    meta["parts"][0] = {
+        k: v for k, v in meta["parts"][0].items() if k not in ("state", "unrecorded")
+    }
     (run_dir / "run.json").write_text(json.dumps(meta))
     lines = (run_dir / "records.jsonl").read_text().splitlines(keepends=True)
     last = max(lines, key=lambda line: json.loads(line)["seq"])
@@ -243,12 +287,16 @@ def test_a_part_that_never_finished_leaves_its_last_samples_unknown(tmp_path, se
     cell = cells_by_level(json.loads(text))[2]
     assert cell["overlap_unknown"] > 0 and cell["samples_never_full"] == 0
     code, table = run_cli("report", run_dir)
-    assert (f"p1 (single) c=2: overlap unknown for {cell['overlap_unknown']} of {cell['ok']} counted samples"
-            in " ".join(table.split()))
+    assert (
+        f"p1 (single) c=2: overlap unknown for {cell['overlap_unknown']} of {cell['ok']} counted "
+        f"samples" in " ".join(table.split())
+    )
 
 
 def test_open_loop_levels_have_no_full_load(tmp_path, server):
-    scenario = write_scenario(tmp_path / "s.toml", server.url, rate=[40], samples=4, max_in_flight=2)
+    scenario = write_scenario(
+        tmp_path / "s.toml", server.url, rate=[40], samples=4, max_in_flight=2
+    )
     code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
     assert code == 0, output
     (cell,) = load_summary(tmp_path / "run")["cells"]
@@ -259,15 +307,18 @@ def test_open_loop_levels_have_no_full_load(tmp_path, server):
 def test_workers_full_load_is_computed_over_every_workers_records(tmp_path, server):
     """Mixed c=3 on two workers: the probe and one companion slot on worker 0, the other companion on worker 1."""
     server.behaviour.latency = 0.2
-    scenario = write_scenario(tmp_path / "s.toml", server.url, mode="mixed", concurrency=[1, 3], samples=4,
-                              workers=2)
+    scenario = write_scenario(
+        tmp_path / "s.toml", server.url, mode="mixed", concurrency=[1, 3], samples=4, workers=2
+    )
     code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
     assert code == 0, output
     cell = cells_by_level(load_summary(tmp_path / "run"))[3]
     assert cell["samples_never_full"] == 0 and cell["full_load_share"] > 0.9
     # Worker 0's file alone holds one of the two others: from it, no probe ever had both.
     first, second = RunDir(tmp_path / "run").record_files()
-    assert {r["worker"] for r in RunDir(tmp_path / "run").record_dicts() if r["role"] == "companion"} == {0, 1}
+    assert {
+        r["worker"] for r in RunDir(tmp_path / "run").record_dicts() if r["role"] == "companion"
+    } == {0, 1}
     alone = cells_by_level(summarize(reduce_file(first)))[3]
     assert alone.samples_never_full == alone.requests == 4 and alone.full_load_share == 0.0
     assert second.name == "records-1.jsonl"
@@ -281,10 +332,19 @@ def _never_full_at_server(visits: list[list], rows: list[dict]) -> int:
         if not (r["counted"] and r["concurrency"] > 1):
             continue
         arrived, finished = spans[r["request_id"]]
-        # The most others at once: count them at each arrival within its span (and at its own arrival).
-        moments = [arrived] + [a for rid, (a, _) in spans.items() if arrived < a < finished and rid != r["request_id"]]
-        most = max(sum(1 for rid, (a, f) in spans.items() if rid != r["request_id"] and a <= t and (f is None or f > t))
-                   for t in moments)
+        # The most others at once: count them at each arrival within its span (and at its own
+        # arrival).
+        moments = [arrived] + [
+            a for rid, (a, _) in spans.items() if arrived < a < finished and rid != r["request_id"]
+        ]
+        most = max(
+            sum(
+                1
+                for rid, (a, f) in spans.items()
+                if rid != r["request_id"] and a <= t and (f is None or f > t)
+            )
+            for t in moments
+        )
         never += most < r["concurrency"] - 1
     return never
 
@@ -308,9 +368,23 @@ def test_samples_whose_others_a_kill_left_unrecorded_are_not_called_never_full(t
             return None
 
         server.behaviour.on_arrival = on_arrival
-        proc = subprocess.Popen([sys.executable, "-m", "kevload", "run", str(scenario), "--out", str(tmp_path / "run"),
-                                 "--quiet"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "kevload",
+                "run",
+                str(scenario),
+                "--out",
+                str(tmp_path / "run"),
+                "--quiet",
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         started.append(proc)
         try:
             output = proc.communicate(timeout=60)[0]
@@ -325,8 +399,14 @@ def test_samples_whose_others_a_kill_left_unrecorded_are_not_called_never_full(t
         time.sleep(3.5)  # the held request's visit ends at the server
         visits = [list(v) for v in server.visits]
     rows = list(RunDir(tmp_path / "run").record_dicts())
-    assert len(visits) > len(rows)  # the killed part sent requests it never recorded (the held one among them)
+    assert len(visits) > len(
+        rows
+    )  # the killed part sent requests it never recorded (the held one among them)
     truth = _never_full_at_server(visits, rows)
     cell = cells_by_level(load_summary(tmp_path / "run"))[4]
-    assert cell["samples_never_full"] == truth, (cell["samples_never_full"], truth, cell["full_load_share"])
+    assert cell["samples_never_full"] == truth, (
+        cell["samples_never_full"],
+        truth,
+        cell["full_load_share"],
+    )
     assert json.loads((tmp_path / "run" / "run.json").read_text())["state"] == "complete"

@@ -22,7 +22,14 @@ from kevload.outputs.html import run_report
 from kevload.outputs.report import cell_text, junit_xml, markdown, render, verdict_line
 from kevload.servers.sweep import sweep_cell_text
 from kevload.summary import CellSummary, RunSummary
-from tests.conftest import cells_by_level, crafted_times, load_summary, reduce_rows, run_cli, write_scenario
+from tests.conftest import (
+    cells_by_level,
+    crafted_times,
+    load_summary,
+    reduce_rows,
+    run_cli,
+    write_scenario,
+)
 from tests.fakeserver import Behaviour, FakeServer
 
 SERIAL = "alpha bravo charlie delta"
@@ -34,17 +41,41 @@ class Records:
     def __init__(self) -> None:
         self.rows: list[dict] = []
 
-    def add(self, output: str | None, *, n: int = 1, level: int = 1, role: str = "probe", probe: str = "p1",
-            mode: str = "mixed", status: str = "ok", finish: str | None = "stop", **extra) -> Records:
+    def add(
+        self,
+        output: str | None,
+        *,
+        n: int = 1,
+        level: int = 1,
+        role: str = "probe",
+        probe: str = "p1",
+        mode: str = "mixed",
+        status: str = "ok",
+        finish: str | None = "stop",
+        **extra,
+    ) -> Records:
         for _ in range(n):
             seq = len(self.rows)
             ok = status == "ok"
-            self.rows.append({
-                "run_id": "r", "seq": seq, "probe": probe, "role": role, "mode": mode, "concurrency": level,
-                "rate": None, "status": status, "output": output if ok else None,
-                "sha256": hashlib.sha256(output.encode()).hexdigest() if ok else None,
-                "finish_reason": finish if ok else None, "completion_tokens": 4 if ok else None,
-                "chunks": 0, **crafted_times(seq, level), **extra})
+            self.rows.append(
+                {
+                    "run_id": "r",
+                    "seq": seq,
+                    "probe": probe,
+                    "role": role,
+                    "mode": mode,
+                    "concurrency": level,
+                    "rate": None,
+                    "status": status,
+                    "output": output if ok else None,
+                    "sha256": hashlib.sha256(output.encode()).hexdigest() if ok else None,
+                    "finish_reason": finish if ok else None,
+                    "completion_tokens": 4 if ok else None,
+                    "chunks": 0,
+                    **crafted_times(seq, level),
+                    **extra,
+                }
+            )
         return self
 
     def summary(self, **options) -> RunSummary:
@@ -59,6 +90,7 @@ def table_text(summary: RunSummary) -> str:
 
 # --- probe errors are counted as probe errors; a short cell is never "deterministic" ---
 
+
 def probe_timeouts_among_companions() -> Records:
     """c=4 has 6 of 8 probe requests timing out while 40 companions succeed."""
     records = Records().add(SERIAL, n=8, level=1)
@@ -69,7 +101,8 @@ def probe_timeouts_among_companions() -> Records:
 
 def test_probe_error_share_counts_probe_requests_only():
     summary = probe_timeouts_among_companions().summary(max_error_share=0.2, samples_asked=8)
-    # Counted over every request the share would be 9/59 < 20 %: companions diluting the probe's failures.
+    # Counted over every request the share would be 9/59 < 20 %: companions diluting the probe's
+    # failures.
     assert summary.probe_requests == 16 and summary.probe_errors == 6
     assert summary.probe_error_share == 0.375
     assert summary.probe_errors_by_type == {"timeout": 6}
@@ -77,7 +110,9 @@ def test_probe_error_share_counts_probe_requests_only():
     assert summary.companion_errors_by_type == {"http_500": 3}
     assert summary.verdict == "target_failed"
     line = verdict_line(summary)
-    assert line.startswith("target failed: 6 of 16 probe requests failed (timeout: 6); limit is 20%")
+    assert line.startswith(
+        "target failed: 6 of 16 probe requests failed (timeout: 6); limit is 20%"
+    )
     assert "companions (not counted): 3 of 43 failed (http_500: 3)" in line
 
 
@@ -92,21 +127,30 @@ def test_short_cell_makes_the_run_inconclusive_never_deterministic():
     assert cell_text(cells[4]) == "1 (2/8)" and cell_text(cells[1]) == "1"
     assert verdict_line(summary).startswith(
         "inconclusive: fewer ok probe samples than asked, so no claim of determinism; "
-        "p1 (mixed) c=4: 2 of 8 asked ok (timeout: 6)")
+        "p1 (mixed) c=4: 2 of 8 asked ok (timeout: 6)"
+    )
     assert "| p1 (mixed) | 1 | 1 (2/8) | 2 |" in markdown(summary)
     assert "1 (2/8)" in table_text(summary)
     xml = junit_xml(summary)
-    assert 'failures="1"' in xml and 'type="inconclusive"' in xml and "short of samples: 2 of 8 ok" in xml
+    assert (
+        'failures="1"' in xml
+        and 'type="inconclusive"' in xml
+        and "short of samples: 2 of 8 ok" in xml
+    )
 
 
 def test_short_cell_without_errors_says_the_run_was_cut_short():
     summary = Records().add(SERIAL, n=8, level=1).add(SERIAL, n=3, level=4).summary(samples_asked=8)
     assert summary.verdict == "inconclusive"
-    assert "p1 (mixed) c=4: 3 of 8 asked ok (no errors: the run was cut short)" in verdict_line(summary)
+    assert "p1 (mixed) c=4: 3 of 8 asked ok (no errors: the run was cut short)" in verdict_line(
+        summary
+    )
 
 
 def test_drift_in_a_short_cell_is_still_drift():
-    records = Records().add(SERIAL, n=8, level=1).add(SERIAL, n=2, level=4).add(SERIAL + " echo", level=4)
+    records = (
+        Records().add(SERIAL, n=8, level=1).add(SERIAL, n=2, level=4).add(SERIAL + " echo", level=4)
+    )
     summary = records.summary(samples_asked=8)
     assert summary.verdict == "nondeterministic"
     # Three requests at c=4 never had three others in flight: the records say so (†).
@@ -122,8 +166,10 @@ def test_a_level_asked_for_without_a_counted_sample_is_missing_and_short():
     assert summary.verdict == "inconclusive" and summary.missing_cells == ("p1@mixed/c=4",)
     assert {c.concurrency for c in summary.cells} == {1}  # no cell is made up for it
     missing = "p1 (mixed) c=4: no counted sample (the run was stopped before one was answered)"
-    assert verdict_line(summary) == ("inconclusive: a probe cell asked for has no counted sample, so no claim of "
-                                     f"determinism; {missing}")
+    assert verdict_line(summary) == (
+        "inconclusive: a probe cell asked for has no counted sample, so no claim of "
+        f"determinism; {missing}"
+    )
     assert f"- {missing}" in markdown(summary)
     xml = junit_xml(summary)
     assert 'tests="2" failures="1"' in xml and 'name="c=4"' in xml and missing in xml
@@ -132,21 +178,36 @@ def test_a_level_asked_for_without_a_counted_sample_is_missing_and_short():
     assert (whole.verdict, whole.missing_cells) == ("deterministic", ())
     # Drift elsewhere is still drift; the missing level is counted among the short ones.
     drift = Records().add(SERIAL, n=8, level=1).add(SERIAL + " echo", n=8, level=1)
-    assert "(and 1 cell(s) short of samples)" in verdict_line(drift.summary(samples_asked=8, asked_cells=ASKED))
+    assert "(and 1 cell(s) short of samples)" in verdict_line(
+        drift.summary(samples_asked=8, asked_cells=ASKED)
+    )
 
 
 def test_no_probe_request_at_all_is_inconclusive_never_a_target_failure():
     summary = Records().summary(samples_asked=8)
-    assert (summary.verdict, summary.probe_requests, summary.probe_error_share) == ("inconclusive", 0, 0.0)
-    assert verdict_line(summary) == "inconclusive: no probe sample was counted, so no claim of determinism"
+    assert (summary.verdict, summary.probe_requests, summary.probe_error_share) == (
+        "inconclusive",
+        0,
+        0.0,
+    )
+    assert (
+        verdict_line(summary)
+        == "inconclusive: no probe sample was counted, so no claim of determinism"
+    )
 
 
 def test_a_duration_too_short_to_send_anything_says_so(tmp_path, server):
-    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=4, duration=0.000001)
+    scenario = write_scenario(
+        tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=4, duration=0.000001
+    )
     code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
-    assert code == 3 and "target failed" not in output, output  # before: "target failed: 0 of 0 … failed (none)"
-    assert ("p1 (single) c=1: no counted sample (none was sent and answered within load.duration); "
-            "p1 (single) c=2: no counted sample") in output
+    assert code == 3 and "target failed" not in output, (
+        output
+    )  # before: "target failed: 0 of 0 … failed (none)"
+    assert (
+        "p1 (single) c=1: no counted sample (none was sent and answered within load.duration); "
+        "p1 (single) c=2: no counted sample"
+    ) in output
     assert load_summary(tmp_path / "run")["missing_cells"] == ["p1@single/c=1", "p1@single/c=2"]
 
 
@@ -177,8 +238,15 @@ class ProbeStallServer(FakeServer):
 
 def test_probe_timeouts_among_succeeding_companions_end_to_end(tmp_path):
     with ProbeStallServer("Say something.", range(9, 15)) as server:
-        scenario = write_scenario(tmp_path / "s.toml", server.url, mode="mixed", concurrency=[1, 4], samples=8,
-                                  max_error_share=1.0, target={"timeout": 0.8})
+        scenario = write_scenario(
+            tmp_path / "s.toml",
+            server.url,
+            mode="mixed",
+            concurrency=[1, 4],
+            samples=8,
+            max_error_share=1.0,
+            target={"timeout": 0.8},
+        )
         code, output = run_cli("run", scenario, "--out", tmp_path / "run")
     summary = RunSummary.from_json(load_summary(tmp_path / "run"))
     cell = cells_by_level(summary)[4]
@@ -192,6 +260,7 @@ def test_probe_timeouts_among_succeeding_companions_end_to_end(tmp_path):
 
 # --- divergence kinds against the serial reference ---
 
+
 def test_divergence_kind_pure():
     assert divergence_kind(SERIAL, "alpha bravo chXrlie delta") == "token"
     assert divergence_kind(SERIAL, "alpha bravo") == "length"
@@ -202,9 +271,11 @@ def test_divergence_kind_pure():
 def kinds_run() -> dict:
     records = Records().add(SERIAL, n=4, level=1)
     records.add(SERIAL, level=4)
-    records.add("alpha bravo chXrlie delta", n=2, level=4)     # token: differs inside the common length
-    records.add("alpha bravo", level=4, finish="length")        # length: a prefix, cut early
-    records.add(SERIAL, level=4, finish="length")               # finish: same text, another finish_reason
+    records.add(
+        "alpha bravo chXrlie delta", n=2, level=4
+    )  # token: differs inside the common length
+    records.add("alpha bravo", level=4, finish="length")  # length: a prefix, cut early
+    records.add(SERIAL, level=4, finish="length")  # finish: same text, another finish_reason
     return records.summary(samples_asked=4)
 
 
@@ -220,8 +291,14 @@ def test_divergence_kinds_are_counted_per_cell():
 
 def test_divergence_kinds_in_every_output():
     summary = kinds_run()
-    assert "- p1 (mixed) c=4: 4 distinct in 5, 4 ≠ serial; kinds: 2× token, 1× length, 1× finish" in markdown(summary)
-    assert "p1 (mixed) c=4: 4 distinct in 5, 4 ≠ serial; kinds: 2× token, 1× length, 1× finish" in table_text(summary)
+    assert (
+        "- p1 (mixed) c=4: 4 distinct in 5, 4 ≠ serial; kinds: 2× token, 1× length, 1× finish"
+        in markdown(summary)
+    )
+    assert (
+        "p1 (mixed) c=4: 4 distinct in 5, 4 ≠ serial; kinds: 2× token, 1× length, 1× finish"
+        in table_text(summary)
+    )
     assert "(kinds: 2× token, 1× length, 1× finish)" in verdict_line(summary)
     assert "(kinds: 2× token, 1× length, 1× finish)" in junit_xml(summary)
     page = run_report(summary, {}, [])
@@ -229,7 +306,12 @@ def test_divergence_kinds_in_every_output():
 
 
 def test_same_text_other_finish_reason_is_a_finish_divergence():
-    summary = Records().add(SERIAL, n=8, level=1).add(SERIAL, n=8, level=4, finish="length").summary(samples_asked=8)
+    summary = (
+        Records()
+        .add(SERIAL, n=8, level=1)
+        .add(SERIAL, n=8, level=4, finish="length")
+        .summary(samples_asked=8)
+    )
     cell = cells_by_level(summary)[4]
     assert cell.drift and cell.distinct == 1 and cell.divergence_kinds["finish"] == 8
     assert (cell.modal_finish_reason, cell.divergent_finish_reason) == ("length", "length")
@@ -238,6 +320,7 @@ def test_same_text_other_finish_reason_is_a_finish_divergence():
 
 
 # --- first_divergence_words ---
+
 
 def test_first_divergence_word_exact_positions():
     # Inside a word: words 0 and 1 agree, word 2 ("charlie" / "chXrlie") is the first to differ.
@@ -253,18 +336,27 @@ def test_first_divergence_word_exact_positions():
 
 
 def test_first_divergence_words_in_the_summary():
-    summary = Records().add(SERIAL, n=4, level=1).add("alpha bravo chXrlie delta", n=4, level=4).summary()
+    summary = (
+        Records().add(SERIAL, n=4, level=1).add("alpha bravo chXrlie delta", n=4, level=4).summary()
+    )
     cell = cells_by_level(summary)[4]
     assert (cell.first_divergence_chars, cell.first_divergence_words) == (14, 2)
 
 
 # --- the divergence example, and 1 distinct that is not the serial answer ---
 
+
 def test_example_is_the_output_whose_divergence_the_heading_states():
-    late = SERIAL + " echo foxtrot golf hotel XXXX"   # seen first, leaves serial at char 38
-    early = "zulu " + SERIAL                          # seen second, leaves serial at char 0
+    late = SERIAL + " echo foxtrot golf hotel XXXX"  # seen first, leaves serial at char 38
+    early = "zulu " + SERIAL  # seen second, leaves serial at char 0
     serial = SERIAL + " echo foxtrot golf hotel india"
-    records = Records().add(serial, n=4, level=1).add(late, level=4).add(early, level=4).add(serial, level=4)
+    records = (
+        Records()
+        .add(serial, n=4, level=1)
+        .add(late, level=4)
+        .add(early, level=4)
+        .add(serial, level=4)
+    )
     summary = records.summary()
     cell = cells_by_level(summary)[4]
     assert (cell.first_divergence_chars, cell.last_divergence_chars) == (0, 50)
@@ -286,24 +378,38 @@ def test_example_shows_a_divergence_far_into_the_text():
 
 
 def test_one_distinct_all_different_from_serial_reads_as_that_everywhere():
-    summary = Records().add(SERIAL, n=8, level=1).add("zulu " + SERIAL, n=8, level=4).summary(samples_asked=8)
+    summary = (
+        Records()
+        .add(SERIAL, n=8, level=1)
+        .add("zulu " + SERIAL, n=8, level=4)
+        .summary(samples_asked=8)
+    )
     cell = cells_by_level(summary)[4]
     assert (cell.distinct, cell.drift, cell.divergent_requests) == (1, True, 8)
     assert cell_text(cell) == "1 all≠serial"
     assert "| p1 (mixed) | 1 | 1 all≠serial | 8 |" in markdown(summary)
     assert "1 all≠serial" in table_text(summary)
-    assert "p1 (mixed) c=4: 1 distinct in 8, all ≠ serial, first divergence at char 0" in verdict_line(summary)
+    assert (
+        "p1 (mixed) c=4: 1 distinct in 8, all ≠ serial, first divergence at char 0"
+        in verdict_line(summary)
+    )
     xml = junit_xml(summary)
     assert 'message="1 distinct in 8, all ≠ serial"' in xml
     assert "1 distinct outputs in 8 samples, all ≠ serial; first divergence at char 0" in xml
     page = run_report(summary, {}, [])
-    assert ">1 all≠serial</td>" in page and "c=4: 1 distinct in 8, all ≠ serial, first divergence at char 0" in page
+    assert (
+        ">1 all≠serial</td>" in page
+        and "c=4: 1 distinct in 8, all ≠ serial, first divergence at char 0" in page
+    )
 
 
 # --- reconnects, when the records carry them ---
 
+
 def test_reconnects_are_summed_and_shown_beside_errors():
-    records = Records().add(SERIAL, n=3, level=1, reconnects=0).add(SERIAL, n=2, level=1, reconnects=1)
+    records = (
+        Records().add(SERIAL, n=3, level=1, reconnects=0).add(SERIAL, n=2, level=1, reconnects=1)
+    )
     records.add(None, level=1, status="reset", reconnects=1)
     summary = records.summary()
     cell = cells_by_level(summary)[1]

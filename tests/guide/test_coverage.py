@@ -11,15 +11,15 @@ from kevload.guide.coverage import keywords, label_shift, segmenter
 from tests.conftest import run_cli
 
 TRAIN = [
-    {"input": "reset my password", "label": "account"},        # 17 chars
-    {"input": "reset password please", "label": "account"},    # 21
-    {"input": "退款申请", "label": "billing"},                    # 4
-    {"input": "invoice missing", "label": "billing"},           # 15
+    {"input": "reset my password", "label": "account"},  # 17 chars
+    {"input": "reset password please", "label": "account"},  # 21
+    {"input": "退款申请", "label": "billing"},  # 4
+    {"input": "invoice missing", "label": "billing"},  # 15
 ]
 ONLINE = [
     {"messages": [{"role": "user", "content": "reset password"}], "label": "account"},  # 14
-    {"input": "退款进度查询", "label": "billing"},                                       # 6
-    {"input": "crypto wallet crypto refund is broken today", "label": "crypto"},        # 43
+    {"input": "退款进度查询", "label": "billing"},  # 6
+    {"input": "crypto wallet crypto refund is broken today", "label": "crypto"},  # 43
 ]
 
 
@@ -39,8 +39,9 @@ def test_keywords_latin_words_and_cjk_bigrams():
 
 def test_report_by_hand(tmp_path, files):
     online, train = files
-    code, output = run_cli("coverage", online, train, "--json", tmp_path / "c.json",
-                           "--flag", tmp_path / "flags.jsonl")
+    code, output = run_cli(
+        "coverage", online, train, "--json", tmp_path / "c.json", "--flag", tmp_path / "flags.jsonl"
+    )
     assert code == 0, output
     report = json.loads((tmp_path / "c.json").read_text())
     assert report["train"]["count"] == 4 and report["online"]["count"] == 3
@@ -60,8 +61,11 @@ def test_report_by_hand(tmp_path, files):
     labels = report["labels"]
     assert labels["train"] == {"account": 0.5, "billing": 0.5, "crypto": 0.0}
     assert labels["unseen_in_train"] == ["crypto"]
-    assert labels["js_divergence"] == pytest.approx(label_shift(
-        {"account": 1, "billing": 1, "crypto": 1}, {"account": 2, "billing": 2})["js_divergence"])
+    assert labels["js_divergence"] == pytest.approx(
+        label_shift({"account": 1, "billing": 1, "crypto": 1}, {"account": 2, "billing": 2})[
+            "js_divergence"
+        ]
+    )
     flags = [json.loads(line) for line in (tmp_path / "flags.jsonl").read_text().splitlines()]
     assert [f["boundary"] for f in flags] == [False, True, True]
     assert any("label 'crypto' unseen" in r for r in flags[2]["reasons"])
@@ -93,12 +97,22 @@ def test_production_log_with_bad_and_torn_lines(tmp_path, files):
     _, train = files
     log = tmp_path / "online.jsonl"
     good = [json.dumps(x, ensure_ascii=False) for x in ONLINE]
-    log.write_bytes("\n".join([good[0], "{not json", good[1], '["a list"]', good[2], '{"input": "cut of']).encode())
-    code, output = run_cli("coverage", log, train, "--json", tmp_path / "c.json", "--flag", tmp_path / "f.jsonl")
+    log.write_bytes(
+        "\n".join(
+            [good[0], "{not json", good[1], '["a list"]', good[2], '{"input": "cut of']
+        ).encode()
+    )
+    code, output = run_cli(
+        "coverage", log, train, "--json", tmp_path / "c.json", "--flag", tmp_path / "f.jsonl"
+    )
     assert code == 0, output
     report = json.loads((tmp_path / "c.json").read_text())
     assert report["online"]["count"] == 3 and report["online"]["length"]["max"] == 43
-    assert report["online"]["skipped_lines"] == {"count": 3, "first": f"{log}:2", "first_reason": "not JSON"}
+    assert report["online"]["skipped_lines"] == {
+        "count": 3,
+        "first": f"{log}:2",
+        "first_reason": "not JSON",
+    }
     assert report["train"]["skipped_lines"]["count"] == 0
     assert f"online: 3 bad line(s) skipped; the first, {log}:2: not JSON" in output
     assert len((tmp_path / "f.jsonl").read_text().splitlines()) == 3
@@ -107,17 +121,25 @@ def test_production_log_with_bad_and_torn_lines(tmp_path, files):
     torn.write_bytes(("\n".join(good) + '\n{"input": "half').encode())
     run_cli("coverage", torn, train, "--json", tmp_path / "t.json")
     skipped = json.loads((tmp_path / "t.json").read_text())["online"]["skipped_lines"]
-    assert skipped == {"count": 1, "first": f"{torn}:4", "first_reason": "torn last line (no newline at the end)"}
+    assert skipped == {
+        "count": 1,
+        "first": f"{torn}:4",
+        "first_reason": "torn last line (no newline at the end)",
+    }
 
     # Above --max-bad the file is refused, the first bad line named.
     code, output = run_cli("coverage", log, train, "--max-bad", "2")
-    assert code == 2 and f"more than 2 bad lines (--max-bad); the first, {log}:2: not JSON" in output
+    assert (
+        code == 2 and f"more than 2 bad lines (--max-bad); the first, {log}:2: not JSON" in output
+    )
 
 
 def test_a_byte_order_mark_opens_a_coverage_file(tmp_path, files):
     online, train = files
     online.write_text("\ufeff" + online.read_text(encoding="utf-8"), encoding="utf-8")
-    code, output = run_cli("coverage", online, train, "--json", tmp_path / "c.json", "--max-bad", "0")
+    code, output = run_cli(
+        "coverage", online, train, "--json", tmp_path / "c.json", "--max-bad", "0"
+    )
     assert code == 0, output
     report = json.loads((tmp_path / "c.json").read_text())
     assert report["online"]["count"] == 3 and report["online"]["skipped_lines"]["count"] == 0

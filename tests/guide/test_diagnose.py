@@ -14,19 +14,42 @@ from tests.fakeserver import Behaviour, FakeServer
 
 def diagnose(tmp_path, server, *extra, params='{"temperature": 0.8}'):
     out = tmp_path / "diag.json"
-    code, output = run_cli("diagnose", "--url", server.url, "--model", "fake", "--prompt", "Tell me a fact.",
-                           "--params", params, "--samples", "6", "--json", out, "--out", tmp_path / "runs", *extra)
+    code, output = run_cli(
+        "diagnose",
+        "--url",
+        server.url,
+        "--model",
+        "fake",
+        "--prompt",
+        "Tell me a fact.",
+        "--params",
+        params,
+        "--samples",
+        "6",
+        "--json",
+        out,
+        "--out",
+        tmp_path / "runs",
+        *extra,
+    )
     return code, output, json.loads(out.read_text())
 
 
 def test_stable(tmp_path, server):
-    server.behaviour.logprobs_supported = False  # text only: what a stable verdict rests on without logprobs
+    server.behaviour.logprobs_supported = (
+        False  # text only: what a stable verdict rests on without logprobs
+    )
     code, output, d = diagnose(tmp_path, server)
     assert code == 0, output
     assert d["verdict"] == "stable"
     assert d["evidence"] == "text" and "evidence: output text compared" in output
-    assert {s["step"] for s in d["steps"]} >= {"baseline", "fixed", "cache", "concurrency_single",
-                                               "concurrency_mixed"}
+    assert {s["step"] for s in d["steps"]} >= {
+        "baseline",
+        "fixed",
+        "cache",
+        "concurrency_single",
+        "concurrency_mixed",
+    }
     assert all(s["distinct"] == 1 for s in d["steps"] if "distinct" in s)
     assert "--samples 299" in output  # what a 1 % bound would need
     assert d["findings"]["cache_effect"] is False
@@ -76,7 +99,10 @@ def test_temperature_ignored_is_named(tmp_path, server):
     assert d["notes"] and "not sampling" in d["notes"][0]
     assert "will not help" not in d["next"]
     steps = {s["step"]: s for s in d["steps"]}
-    assert steps["temperature"]["params"] == {"temperature": 0.8} and steps["temperature"]["distinct"] == 1
+    assert (
+        steps["temperature"]["params"] == {"temperature": 0.8}
+        and steps["temperature"]["distinct"] == 1
+    )
 
 
 def test_temperature_step_uses_the_users_temperature(tmp_path, server):
@@ -121,7 +147,8 @@ def test_server_nondeterministic(tmp_path, server):
     code, _, d = diagnose(tmp_path, server, params='{"temperature": 0}')
     assert code == 1
     assert d["verdict"] == "server_nondeterministic"
-    # Its warm answers vary too: the cache step's run makes no claim about the cache, and neither does diagnose.
+    # Its warm answers vary too: the cache step's run makes no claim about the cache, and neither
+    # does diagnose.
     assert d["findings"]["cache_effect"] is None
 
 
@@ -136,7 +163,9 @@ def test_rejected_field_is_dropped_and_reported(tmp_path, server):
 
 def test_data_verdict(tmp_path, server):
     train = tmp_path / "train.jsonl"
-    train.write_text("\n".join(json.dumps({"input": f"weather report number {i} for today"}) for i in range(20)))
+    train.write_text(
+        "\n".join(json.dumps({"input": f"weather report number {i} for today"}) for i in range(20))
+    )
     online = tmp_path / "online.jsonl"
     online.write_text(json.dumps({"input": "Tell me a fact."}) + "\n")
     code, output, d = diagnose(tmp_path, server, "--online", online, "--train", train)
@@ -153,18 +182,34 @@ def test_inconclusive_when_target_fails(tmp_path, server):
     assert d["verdict"] == "inconclusive"
 
 
-def test_fewer_samples_than_a_step_can_conclude_from_are_bad_usage_before_anything_is_sent(tmp_path, server):
+def test_fewer_samples_than_a_step_can_conclude_from_are_bad_usage_before_anything_is_sent(
+    tmp_path, server
+):
     # Two samples always ended "inconclusive: 3 at least are needed", and exit 1, the drift code.
-    code, output = run_cli("diagnose", "--url", server.url, "--model", "fake", "--prompt", "hi", "--samples", "2",
-                           "--out", tmp_path / "runs")
+    code, output = run_cli(
+        "diagnose",
+        "--url",
+        server.url,
+        "--model",
+        "fake",
+        "--prompt",
+        "hi",
+        "--samples",
+        "2",
+        "--out",
+        tmp_path / "runs",
+    )
     assert code == 2 and "'--samples': 2 is not in the range 3<=x" in output, output
     assert server.requests == [] and not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize(("args", "expected"), [
-    (["--params", "[1]"], "--params: expected a JSON object"),
-    (["--prompt", "x", "--messages", "m.json"], "exactly one of --prompt"),
-])
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--params", "[1]"], "--params: expected a JSON object"),
+        (["--prompt", "x", "--messages", "m.json"], "exactly one of --prompt"),
+    ],
+)
 def test_bad_usage(tmp_path, args, expected):
     base = ["diagnose", "--url", "http://127.0.0.1:9/v1", "--model", "m"]
     if "--prompt" not in args:
@@ -175,16 +220,39 @@ def test_bad_usage(tmp_path, args, expected):
 
 def test_messages_file(tmp_path, server):
     messages = tmp_path / "m.json"
-    messages.write_text(json.dumps([{"role": "system", "content": "Be brief."},
-                                    {"role": "user", "content": "Tell me a fact."}]))
+    messages.write_text(
+        json.dumps(
+            [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Tell me a fact."},
+            ]
+        )
+    )
     out = tmp_path / "d.json"
-    code, output = run_cli("diagnose", "--url", server.url, "--model", "fake", "--messages", messages,
-                           "--samples", "3", "--json", out, "--out", tmp_path / "runs")
+    code, output = run_cli(
+        "diagnose",
+        "--url",
+        server.url,
+        "--model",
+        "fake",
+        "--messages",
+        messages,
+        "--samples",
+        "3",
+        "--json",
+        out,
+        "--out",
+        tmp_path / "runs",
+    )
     assert code == 0, output
     assert json.loads(out.read_text())["verdict"] == "stable"
-    # The system message as given; the cache step's marker opens it (kevload.load.prefixcache), so no cache keeps it.
-    assert all(re.fullmatch(r"(\[round \d+ of \S+ in \S+\] )?Be brief\.", body["messages"][0]["content"])
-               for body in server.requests if "messages" in body and len(body["messages"]) == 2)
+    # The system message as given; the cache step's marker opens it (kevload.load.prefixcache), so
+    # no cache keeps it.
+    assert all(
+        re.fullmatch(r"(\[round \d+ of \S+ in \S+\] )?Be brief\.", body["messages"][0]["content"])
+        for body in server.requests
+        if "messages" in body and len(body["messages"]) == 2
+    )
     bad = tmp_path / "bad.json"
     bad.write_text('{"role": "user"}')
     code, output = run_cli("diagnose", "--url", server.url, "--model", "fake", "--messages", bad)
@@ -193,16 +261,33 @@ def test_messages_file(tmp_path, server):
 
 def test_diagnose_names_latent_crosstalk_and_rests_stable_on_bitwise_logprobs(tmp_path):
     def run(server, out):
-        code, output = run_cli("diagnose", "--url", server.url, "--model", "fake", "--prompt", "Tell me a fact.",
-                               "--samples", "4", "--max-concurrency", "2", "--json", out / "d.json", "--out",
-                               out / "runs")
+        code, output = run_cli(
+            "diagnose",
+            "--url",
+            server.url,
+            "--model",
+            "fake",
+            "--prompt",
+            "Tell me a fact.",
+            "--samples",
+            "4",
+            "--max-concurrency",
+            "2",
+            "--json",
+            out / "d.json",
+            "--out",
+            out / "runs",
+        )
         return code, output, json.loads((out / "d.json").read_text())
 
     with FakeServer(Behaviour(logprob_drift_at=2, latency=0.2)) as server:
         code, output, d = run(server, tmp_path / "latent")
     assert code == 0 and d["verdict"] == "stable", output
     assert d["findings"]["latent_crosstalk"] is True and d["evidence"] == "text"
-    assert any(n.startswith("latent crosstalk: under concurrency the text stays the serial one") for n in d["notes"])
+    assert any(
+        n.startswith("latent crosstalk: under concurrency the text stays the serial one")
+        for n in d["notes"]
+    )
     with FakeServer(Behaviour(latency=0.05)) as server:
         code, output, d = run(server, tmp_path / "bitwise")
     assert code == 0 and d["verdict"] == "stable", output
@@ -211,14 +296,18 @@ def test_diagnose_names_latent_crosstalk_and_rests_stable_on_bitwise_logprobs(tm
 
 
 def test_diagnose_says_the_server_serialized_the_levels(tmp_path):
-    # Batched it would drift (drift_at=2), but it runs one request at a time: stable, and the reason says why.
+    # Batched it would drift (drift_at=2), but it runs one request at a time: stable, and the reason
+    # says why.
     with FakeServer(Behaviour(latency=0.06, drift_at=2, max_running=1, metrics="vllm")) as fake:
         code, output, d = diagnose(tmp_path, fake, params='{"temperature": 0}')
     assert code == 0, output
     assert d["verdict"] == "stable"
     assert "those levels were serialized by the server, not batched" in d["reason"]
     steps = {s["step"]: s for s in d["steps"]}
-    assert steps["concurrency_single"]["serialized_cells"] == ["probe@single/c=2", "probe@single/c=4"]
+    assert steps["concurrency_single"]["serialized_cells"] == [
+        "probe@single/c=2",
+        "probe@single/c=4",
+    ]
     with FakeServer(Behaviour(latency=0.06, drift_at=2, metrics="vllm")) as fake:
         code, output, d = diagnose(tmp_path / "batched", fake, params='{"temperature": 0}')
     assert code == 1 and d["verdict"] == "crosstalk"
@@ -226,27 +315,38 @@ def test_diagnose_says_the_server_serialized_the_levels(tmp_path):
 
 
 def test_diagnose_grades_each_steps_answers_beside_its_distinct_count(tmp_path, server):
-    # Right serially ("The answer is 42."), a wrong number once others are in flight: each step says how many answers
+    # Right serially ("The answer is 42."), a wrong number once others are in flight: each step says
+    # how many answers
     # were good and bad, and the concurrency steps how many load turned bad.
     server.behaviour.latency = 0.1
-    server.behaviour.answer_for = lambda prompt, overlap: "The answer is 42." if overlap < 2 else "43"
+    server.behaviour.answer_for = lambda prompt, overlap: (
+        "The answer is 42." if overlap < 2 else "43"
+    )
     code, output, d = diagnose(tmp_path, server, "--expected", "42", params='{"temperature": 0}')
     steps = {s["step"]: s for s in d["steps"]}
     assert (steps["baseline"]["graded_good"], steps["baseline"]["graded_bad"]) == (6, 0)
     assert steps["baseline"]["flips_good_to_bad"] == 0
     loaded = steps["concurrency_single"]  # c=1 right, c=2 and c=4 wrong: 6 samples each
     assert (loaded["graded_good"], loaded["graded_bad"], loaded["flips_good_to_bad"]) == (6, 12, 12)
-    assert "1 repeat baseline (current params, serial, nonce on): 1 distinct, graded 6 good, 0 bad, n=6" in output
-    assert "4 concurrency [1, 2, 4], single: 1, all ≠ serial, graded 6 good, 12 bad (12 good→bad against serial)," \
-        in output
+    assert (
+        "1 repeat baseline (current params, serial, nonce on): 1 distinct, graded 6 good, 0 bad, "
+        "n=6" in output
+    )
+    assert (
+        "4 concurrency [1, 2, 4], single: 1, all ≠ serial, graded 6 good, 12 bad (12 good→bad "
+        "against serial)," in output
+    )
     assert code == 1 and d["verdict"] == "crosstalk"
 
 
-@pytest.mark.parametrize(("args", "expected"), [
-    (["--grade", "nonsense", "--expected", "x"], "--grade: expected "),
-    (["--grade", "regex", "--expected", "(["], "--expected: expected "),
-    (["--grade-tolerance", "1", "--expected", "x"], "--grade-tolerance: expected "),
-])
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--grade", "nonsense", "--expected", "x"], "--grade: expected "),
+        (["--grade", "regex", "--expected", "(["], "--expected: expected "),
+        (["--grade-tolerance", "1", "--expected", "x"], "--grade-tolerance: expected "),
+    ],
+)
 def test_diagnose_refuses_a_bad_grader_before_sending(tmp_path, server, args, expected):
     code, output = run_cli("diagnose", "--url", server.url, "--model", "m", "--prompt", "x", *args)
     assert code == 2 and expected in output and "Traceback" not in output, output

@@ -19,30 +19,40 @@ def test_constant_rate_schedule(tmp_path, server):
     probes = sorted((r for r in rows if r["role"] == "probe"), key=lambda r: r["t_scheduled"])
     assert len(probes) == 40
     gaps = [b["t_scheduled"] - a["t_scheduled"] for a, b in zip(probes, probes[1:], strict=False)]
-    assert all(g == pytest.approx(1 / 40, abs=1e-9) for g in gaps)  # an absolute schedule, not sleeps
+    assert all(
+        g == pytest.approx(1 / 40, abs=1e-9) for g in gaps
+    )  # an absolute schedule, not sleeps
     lateness = sorted(r["t_send"] - r["t_scheduled"] for r in probes)
     assert lateness[0] >= 0
-    assert lateness[int(0.9 * len(lateness))] < 0.02  # generous: CI shares 2 cores; `make bench` measures it
+    assert (
+        lateness[int(0.9 * len(lateness))] < 0.02
+    )  # generous: CI shares 2 cores; `make bench` measures it
     cell = load_summary(tmp_path / "run")["cells"][0]
     assert cell["rate"] == 40 and cell["latency"]["lateness"]["n"] == 40
 
 
 def test_poisson_arrivals_and_cap(tmp_path, server):
     server.behaviour.latency = 0.05
-    scenario = write_scenario(tmp_path / "s.toml", server.url, rate=[100], arrival="poisson", samples=60,
-                              max_in_flight=2)
+    scenario = write_scenario(
+        tmp_path / "s.toml", server.url, rate=[100], arrival="poisson", samples=60, max_in_flight=2
+    )
     code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
     assert code == 0, output
     rows = sorted(read_records(tmp_path / "run" / "records.jsonl"), key=lambda r: r["t_scheduled"])
     gaps = [b["t_scheduled"] - a["t_scheduled"] for a, b in zip(rows, rows[1:], strict=False)]
     assert len(set(round(g, 9) for g in gaps)) > 30  # exponential gaps, not a constant
-    assert max(r["in_flight"] for r in rows) <= 1  # at most 2 in flight: one already out when sending
-    # The cap (2 × 50 ms) limits throughput to ~40/s, so the schedule falls behind: lateness shows it.
+    assert (
+        max(r["in_flight"] for r in rows) <= 1
+    )  # at most 2 in flight: one already out when sending
+    # The cap (2 × 50 ms) limits throughput to ~40/s, so the schedule falls behind: lateness shows
+    # it.
     assert rows[-1]["t_send"] - rows[-1]["t_scheduled"] > 0.3
 
 
 def test_duration_limit(tmp_path, server):
-    scenario = write_scenario(tmp_path / "s.toml", server.url, rate=[20], samples=1000, duration=0.5)
+    scenario = write_scenario(
+        tmp_path / "s.toml", server.url, rate=[20], samples=1000, duration=0.5
+    )
     run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
     rows = list(read_records(tmp_path / "run" / "records.jsonl"))
     assert 9 <= len(rows) <= 11
@@ -53,7 +63,9 @@ def test_percentiles_from_injected_delays(tmp_path, server):
     server.behaviour.ttft = 0.15
     server.behaviour.chunk_delay = 0.04
     server.behaviour.words = 6
-    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=6, stream=True)
+    scenario = write_scenario(
+        tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=6, stream=True
+    )
     code, output = run_cli("run", scenario, "--out", tmp_path / "run")
     assert code == 0, output
     for cell in load_summary(tmp_path / "run")["cells"]:

@@ -15,30 +15,60 @@ from tests.conftest import load_summary, run_cli, write_scenario
 
 pytestmark = pytest.mark.e2e
 
-PROBE = [{"id": "p1", "prompt": "Write a short story about a robot learning to paint.", "max_tokens": 16}]
-# Companions long enough that a cut after 2 tokens is always mid-answer, even where a loaded machine delays the
+PROBE = [
+    {"id": "p1", "prompt": "Write a short story about a robot learning to paint.", "max_tokens": 16}
+]
+# Companions long enough that a cut after 2 tokens is always mid-answer, even where a loaded machine
+# delays the
 # client's reading of the 2nd token by seconds (an answer the server has finished is not aborted).
-COMPANIONS = "\n".join(f'{{"prompt": "Tell a long story about the number {n}.", "max_tokens": 256}}' for n in range(4))
+COMPANIONS = "\n".join(
+    f'{{"prompt": "Tell a long story about the number {n}.", "max_tokens": 256}}' for n in range(4)
+)
 
 
 def test_vllm_aborts_each_request_kevload_cuts(tmp_path):
     (tmp_path / "companions.jsonl").write_text(COMPANIONS + "\n")
-    with running_target("vllm", max_num_seqs=4, enforce_eager=True, extra_args=("--enable-log-requests",),
-                        log=lambda message: None) as target:
-        scenario = write_scenario(tmp_path / "s.toml", target.url, probes=PROBE,
-                                  target={"model": target.model, "timeout": 120}, mode="mixed",
-                                  companions=str(tmp_path / "companions.jsonl"), concurrency=[1, 4], samples=4,
-                                  stream=True, cancel_share=1.0, cancel_after_tokens=2)
+    with running_target(
+        "vllm",
+        max_num_seqs=4,
+        enforce_eager=True,
+        extra_args=("--enable-log-requests",),
+        log=lambda message: None,
+    ) as target:
+        scenario = write_scenario(
+            tmp_path / "s.toml",
+            target.url,
+            probes=PROBE,
+            target={"model": target.model, "timeout": 120},
+            mode="mixed",
+            companions=str(tmp_path / "companions.jsonl"),
+            concurrency=[1, 4],
+            samples=4,
+            stream=True,
+            cancel_share=1.0,
+            cancel_after_tokens=2,
+        )
         code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
-        cut = [r for r in read_records(tmp_path / "run" / "records.jsonl") if r["status"] == "cancelled"]
+        cut = [
+            r
+            for r in read_records(tmp_path / "run" / "records.jsonl")
+            if r["status"] == "cancelled"
+        ]
         missing = _not_yet_aborted(target.log_path, cut)
     assert not pid_alive(target.pid)
-    assert code in (0, 1), output  # 1: the probe drifted, which cuts may well cause; this test is about the cuts
-    # At least 2: chunks that came in the same read as the 2nd are read too (a cut answer's end might be among them).
+    assert code in (0, 1), (
+        output
+    )  # 1: the probe drifted, which cuts may well cause; this test is about the cuts
+    # At least 2: chunks that came in the same read as the 2nd are read too (a cut answer's end
+    # might be among them).
     assert cut and all(r["role"] == "companion" and r["chunks"] >= 2 for r in cut)
     assert not missing, missing
     summary = load_summary(tmp_path / "run")
-    assert summary["cancelled"] == len(cut) and summary["errors"] == 0 and summary["verdict"] != "target_failed"
+    assert (
+        summary["cancelled"] == len(cut)
+        and summary["errors"] == 0
+        and summary["verdict"] != "target_failed"
+    )
 
 
 def _not_yet_aborted(log_path, cut, wait_s=30.0):
@@ -52,11 +82,24 @@ def _not_yet_aborted(log_path, cut, wait_s=30.0):
     deadline = time.monotonic() + wait_s
     while True:
         log = log_path.read_text(errors="replace")
-        aborted = {rid for line in re.findall(r"Aborted request\(s\) (\S+?)\.?$", log, re.M)
-                   for rid in line.split(",")}
+        aborted = {
+            rid
+            for line in re.findall(r"Aborted request\(s\) (\S+?)\.?$", log, re.M)
+            for rid in line.split(",")
+        }
         # vLLM names a request chatcmpl-<X-Request-Id>-<suffix of its own>.
         missing = [r for r in cut if not any(f"chatcmpl-{r['request_id']}-" in a for a in aborted)]
         if not missing or time.monotonic() > deadline:
-            return [(r["request_id"], r["chunks"], [line[:160] for line in log.splitlines()
-                                                    if f"chatcmpl-{r['request_id']}" in line]) for r in missing]
+            return [
+                (
+                    r["request_id"],
+                    r["chunks"],
+                    [
+                        line[:160]
+                        for line in log.splitlines()
+                        if f"chatcmpl-{r['request_id']}" in line
+                    ],
+                )
+                for r in missing
+            ]
         time.sleep(0.5)

@@ -25,14 +25,28 @@ def llamacpp():
 
 
 def test_live_conversation_on_llamacpp(tmp_path, llamacpp):
-    probe = {"id": "trip", "system": "You are a concise travel assistant.", "turns": TURNS, "max_tokens": 16}
-    scenario = write_scenario(tmp_path / "s.toml", llamacpp.url, probes=[probe], params={"temperature": 0, "seed": 1},
-                              target={"model": llamacpp.model, "timeout": 120}, concurrency=[1, 2], samples=2)
+    probe = {
+        "id": "trip",
+        "system": "You are a concise travel assistant.",
+        "turns": TURNS,
+        "max_tokens": 16,
+    }
+    scenario = write_scenario(
+        tmp_path / "s.toml",
+        llamacpp.url,
+        probes=[probe],
+        params={"temperature": 0, "seed": 1},
+        target={"model": llamacpp.model, "timeout": 120},
+        concurrency=[1, 2],
+        samples=2,
+    )
     code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
     assert code == 0, output
     summary = load_summary(tmp_path / "run")
     assert summary["matrix"]["first_divergent_turn"] == [[None, None]]
-    assert all(t["same_history"] == 2 and t["differ"] == 0 for c in summary["cells"] for t in c["turns"])
+    assert all(
+        t["same_history"] == 2 and t["differ"] == 0 for c in summary["cells"] for t in c["turns"]
+    )
     records = [r for r in read_records(tmp_path / "run" / "records.jsonl") if r["role"] == "probe"]
     by_conversation: dict[str, dict[int, dict]] = {}
     for r in records:
@@ -43,8 +57,12 @@ def test_live_conversation_on_llamacpp(tmp_path, llamacpp):
             continue
         checked += 1
         for k in (1, 2):
-            # The history of turn k holds what turn k - 1 was actually answered, as the record of it says.
-            assert turns[k]["history"][-2] == {"role": "assistant", "content": turns[k - 1]["output"]}
+            # The history of turn k holds what turn k - 1 was actually answered, as the record of it
+            # says.
+            assert turns[k]["history"][-2] == {
+                "role": "assistant",
+                "content": turns[k - 1]["output"],
+            }
             assert turns[k]["history_sha256"] == history_sha256(turns[k]["history"])
             assert turns[k]["in_flight"] == turns[2]["concurrency"] - 1
     assert checked == 4  # load.samples counted conversations at each of the two levels

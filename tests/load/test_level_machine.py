@@ -23,9 +23,13 @@ class Request:
     worker: int
     slot: int
     claim: Claim
-    fewest: int  # the fewest others in flight at the end of any step of its life (a start is one step)
+    fewest: (
+        int  # the fewest others in flight at the end of any step of its life (a start is one step)
+    )
     paused: bool = False
-    was_paused: bool = False  # a back-off anywhere during its life: the batch around it may have shrunk
+    was_paused: bool = (
+        False  # a back-off anywhere during its life: the batch around it may have shrunk
+    )
 
 
 @dataclass
@@ -36,13 +40,22 @@ class Worker:
 
 
 class LevelMachine(RuleBasedStateMachine):
-    @initialize(shared=st.booleans(), workers=st.integers(1, 3), levels=st.lists(st.integers(1, 6), min_size=1,
-                max_size=3), companions=st.booleans(), samples=st.integers(1, 8))
-    def setup(self, shared: bool, workers: int, levels: list[int], companions: bool, samples: int) -> None:
+    @initialize(
+        shared=st.booleans(),
+        workers=st.integers(1, 3),
+        levels=st.lists(st.integers(1, 6), min_size=1, max_size=3),
+        companions=st.booleans(),
+        samples=st.integers(1, 8),
+    )
+    def setup(
+        self, shared: bool, workers: int, levels: list[int], companions: bool, samples: int
+    ) -> None:
         self.shared, self.workers, self.levels = shared, workers, levels
         self.companions, self.samples = companions, samples
         self.index = 0  # the level running now
-        self.kept: dict[int, int] = {}  # counted probe samples per level, over every part of the run
+        self.kept: dict[
+            int, int
+        ] = {}  # counted probe samples per level, over every part of the run
         self.counted_ids: set[int] = set()
         self.flight: dict[int, Request] = {}
         self.next_id = 0
@@ -64,8 +77,11 @@ class LevelMachine(RuleBasedStateMachine):
             if self.shared:
                 level = shared
             else:  # as RayTeam.level builds it
-                mine = ClosedLoop(c, quota(needed, plan.slots.count(PROBE), w, self.workers),
-                                  companions=self.companions)
+                mine = ClosedLoop(
+                    c,
+                    quota(needed, plan.slots.count(PROBE), w, self.workers),
+                    companions=self.companions,
+                )
                 level = Level(mine, elsewhere=c - len(slots), held=self.workers > 1)
                 level.done_here = PROBE not in slots
             self.team.append(Worker(level, slots, set(range(len(slots)))))
@@ -90,7 +106,9 @@ class LevelMachine(RuleBasedStateMachine):
             assert claim.others == others, (claim, others)
         if claim.counted:
             assert claim.others == self.levels[self.index] - 1, claim
-        self.flight[self.next_id] = Request(self.index, w, slot, claim, fewest=self.levels[self.index])
+        self.flight[self.next_id] = Request(
+            self.index, w, slot, claim, fewest=self.levels[self.index]
+        )
         self.next_id += 1
 
     def _coordinate(self) -> None:
@@ -123,7 +141,9 @@ class LevelMachine(RuleBasedStateMachine):
     @precondition(lambda self: any(not r.paused for r in self.flight.values()))
     @rule(data=st.data())
     def answer(self, data: st.DataObject) -> None:
-        self._answer(data.draw(st.sampled_from(sorted(i for i, r in self.flight.items() if not r.paused))))
+        self._answer(
+            data.draw(st.sampled_from(sorted(i for i, r in self.flight.items() if not r.paused)))
+        )
 
     def _answer(self, request_id: int) -> None:
         request = self.flight.pop(request_id)
@@ -187,7 +207,9 @@ class LevelMachine(RuleBasedStateMachine):
     @rule()
     def finished(self) -> None:
         """The run is over: every level has exactly the samples asked for."""
-        assert not self.flight and all(self.kept.get(i, 0) == self.samples for i in range(len(self.levels)))
+        assert not self.flight and all(
+            self.kept.get(i, 0) == self.samples for i in range(len(self.levels))
+        )
 
     @invariant()
     def counts_agree(self) -> None:
@@ -196,11 +218,14 @@ class LevelMachine(RuleBasedStateMachine):
         levels = {id(worker.level): worker.level for worker in self.team}
         ours = sum(r.paused is False and r.level == self.index for r in self.flight.values())
         assert sum(level.in_flight for level in levels.values()) == ours
-        assert all(r.level == self.index for r in self.flight.values())  # no level overlaps the next
+        assert all(
+            r.level == self.index for r in self.flight.values()
+        )  # no level overlaps the next
         assert self.kept.get(self.index, 0) <= self.samples  # never more than asked
 
     def teardown(self) -> None:
-        # Answer everything, resume until done: every level ends with exactly its samples, each counted once.
+        # Answer everything, resume until done: every level ends with exactly its samples, each
+        # counted once.
         for _ in range(10_000):
             if self.index >= len(self.levels):
                 break
@@ -219,8 +244,12 @@ class LevelMachine(RuleBasedStateMachine):
         assert all(self.kept.get(i, 0) == self.samples for i in range(len(self.levels))), self.kept
 
 
-LevelMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None,
-                                          suppress_health_check=[HealthCheck.too_slow])
+LevelMachine.TestCase.settings = settings(
+    max_examples=150,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 TestLevelMachine = LevelMachine.TestCase
 
 
@@ -233,17 +262,27 @@ def test_worker_processes_share_exactly_the_declared_state():
 
     state = multiprocessing.get_context("spawn").Array("d", _STATE_SIZE)
     plans = [ClosedLoop(3, 2, companions=True), ClosedLoop(3, 2, companions=True)]
-    before = {name: value for name, value in vars(plans[0]).items() if isinstance(value, int | float)}
+    before = {
+        name: value for name, value in vars(plans[0]).items() if isinstance(value, int | float)
+    }
     leader, other = (SharedLevel(plan, state) for plan in plans)
     leader.publish()
     companions = [leader.claim("companion"), other.claim("companion")]
     probe = leader.claim(PROBE)
     assert [c.others for c in (*companions, probe)] == [0, 1, 2] and probe.counted
-    assert other.next(PROBE) and other.in_flight == 3  # each call brings the count up to date from the array
-    assert other.release(probe) and other.claim(PROBE).counted  # the plan's count travelled too: 2 samples
+    assert (
+        other.next(PROBE) and other.in_flight == 3
+    )  # each call brings the count up to date from the array
+    assert (
+        other.release(probe) and other.claim(PROBE).counted
+    )  # the plan's count travelled too: 2 samples
     other.slot_done(PROBE)
     other.halt()
     assert leader.halted and not leader.next("companion")  # the run's one flag
-    changed = {name for plan in plans for name, value in vars(plan).items() if isinstance(value, int | float)
-               and before.get(name) != value}
+    changed = {
+        name
+        for plan in plans
+        for name, value in vars(plan).items()
+        if isinstance(value, int | float) and before.get(name) != value
+    }
     assert changed <= set(ClosedLoop.COUNTERS), changed - set(ClosedLoop.COUNTERS)

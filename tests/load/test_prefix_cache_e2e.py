@@ -19,9 +19,19 @@ QUIET = {"log": lambda message: None}
 
 
 def _run(tmp_path: Path, target) -> tuple[int, dict, list]:
-    code, output = run_cli("run", SCENARIO, "--set", f'target.base_url="{target.url}"', "--set",
-                           f'target.model="{target.model}"', "--set", "load.samples=4", "--out", tmp_path / "run",
-                           "--quiet")
+    code, output = run_cli(
+        "run",
+        SCENARIO,
+        "--set",
+        f'target.base_url="{target.url}"',
+        "--set",
+        f'target.model="{target.model}"',
+        "--set",
+        "load.samples=4",
+        "--out",
+        tmp_path / "run",
+        "--quiet",
+    )
     assert code in (0, 1), output
     run = RunDir(tmp_path / "run")
     return code, run.summary().prefix_cache, [r for r in run.records() if r.role == "probe"]

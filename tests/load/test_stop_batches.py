@@ -18,12 +18,15 @@ from kevload.records.rundir import RunDir
 from tests.conftest import write_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
-HOLD_S = 1.0  # the request arriving as the stop comes is held this long: the others end long before it
+HOLD_S = (
+    1.0  # the request arriving as the stop comes is held this long: the others end long before it
+)
 GAP_S = 0.25  # the longest a counted sample may run with fewer than c − 1 others: a resend's gap, never a stop's
 
 
-def signal_mid_level(tmp_path: Path, server, signum: int, *run_args: str,
-                     hold: float | None = None) -> tuple[int, str, str]:
+def signal_mid_level(
+    tmp_path: Path, server, signum: int, *run_args: str, hold: float | None = None
+) -> tuple[int, str, str]:
     """Run c=4 in a process group of its own; at the tenth arrival that finds four requests at the server (mid-level)
     send ``signum`` to the group and hold the arriving request ``hold`` seconds. Returns the exit code, the output and
     that request's id."""
@@ -42,9 +45,24 @@ def signal_mid_level(tmp_path: Path, server, signum: int, *run_args: str,
         return hold
 
     server.behaviour.on_arrival = on_arrival
-    proc = subprocess.Popen([sys.executable, "-m", "kevload", "run", str(scenario), "--out", str(tmp_path / "run"),
-                             "--quiet", *run_args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kevload",
+            "run",
+            str(scenario),
+            "--out",
+            str(tmp_path / "run"),
+            "--quiet",
+            *run_args,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     started.append(proc)
     try:
         output = proc.communicate(timeout=120)[0]
@@ -60,7 +78,9 @@ def signal_mid_level(tmp_path: Path, server, signum: int, *run_args: str,
 def stop_mid_level(tmp_path: Path, server, *run_args: str) -> list[dict]:
     """Ctrl-C mid-level (``signal_mid_level``), the arriving request held ``HOLD_S``; returns the run's records once
     every counted one is shown to have kept its batch."""
-    code, output, held_id = signal_mid_level(tmp_path, server, signal.SIGINT, *run_args, hold=HOLD_S)
+    code, output, held_id = signal_mid_level(
+        tmp_path, server, signal.SIGINT, *run_args, hold=HOLD_S
+    )
     assert code == 130, output  # as a terminal's Ctrl-C: the whole process group
     rows = list(RunDir(tmp_path / "run").record_dicts())
     held = next(r for r in rows if r["request_id"] == held_id)
@@ -79,11 +99,15 @@ def check_full_batches(visits: list[list], rows: list[dict]) -> None:
             arrived, finished = spans[r["request_id"]]
             others = [span for rid, span in spans.items() if rid != r["request_id"]]
             short = _longest_short(arrived, finished, others, r["concurrency"] - 1)
-            assert short <= GAP_S, (f"{r['request_id']} (in_flight {r['in_flight']}) ran {short:.3f} s of its "
-                                    f"{finished - arrived:.3f} s with fewer than {r['concurrency'] - 1} others")
+            assert short <= GAP_S, (
+                f"{r['request_id']} (in_flight {r['in_flight']}) ran {short:.3f} s of its "
+                f"{finished - arrived:.3f} s with fewer than {r['concurrency'] - 1} others"
+            )
 
 
-def _longest_short(arrived: float, finished: float, others: list[tuple[float, float | None]], need: int) -> float:
+def _longest_short(
+    arrived: float, finished: float, others: list[tuple[float, float | None]], need: int
+) -> float:
     """The longest stretch of [arrived, finished] during which fewer than ``need`` of ``others`` were at the server."""
     events = []
     for start, end in others:
@@ -105,25 +129,55 @@ def _longest_short(arrived: float, finished: float, others: list[tuple[float, fl
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_stop_mid_level_leaves_no_counted_sample_without_its_batch(tmp_path, server, workers):
     rows = stop_mid_level(tmp_path, server, "--workers", str(workers))
-    assert sum(r["counted"] for r in rows if r["concurrency"] == 4) >= 9  # the level counted before the stop
+    assert (
+        sum(r["counted"] for r in rows if r["concurrency"] == 4) >= 9
+    )  # the level counted before the stop
 
 
 def test_longest_short_stretch():
-    assert _longest_short(0.0, 10.0, [(0.0, 10.0), (-1.0, 4.0), (4.0, 10.0)], 2) == 0.0  # a gap of zero
+    assert (
+        _longest_short(0.0, 10.0, [(0.0, 10.0), (-1.0, 4.0), (4.0, 10.0)], 2) == 0.0
+    )  # a gap of zero
     assert _longest_short(0.0, 10.0, [(0.0, 10.0), (-1.0, 4.0), (5.0, 11.0)], 2) == 1.0
-    assert _longest_short(0.0, 10.0, [(0.0, 3.0), (2.0, None)], 2) == 7.0  # short from 3 s to its end
+    assert (
+        _longest_short(0.0, 10.0, [(0.0, 3.0), (2.0, None)], 2) == 7.0
+    )  # short from 3 s to its end
     assert _longest_short(0.0, 10.0, [], 0) == 0.0
 
 
 def test_the_ray_driver_uncounts_closed_loop_answers_after_its_stop():
     """An actor hears of a stop a message later than the driver stopped the run, each at its own moment: the driver
     applies the rule to what it writes after its stop, by each record's answer time."""
-    rows = [{"run_id": "r", "seq": 0, "counted": True, "rate": None, "t_last_byte": 9.5, "output": "é"},
-            {"run_id": "r", "seq": 1, "counted": True, "rate": None, "t_last_byte": 10.5, "output": "b"},
-            {"run_id": "r", "seq": 2, "counted": True, "rate": 5.0, "t_last_byte": 10.5, "output": "c"},  # open loop
-            {"run_id": "r", "seq": 3, "counted": False, "rate": None, "t_last_byte": 11.0, "output": "d"}]
+    rows = [
+        {"run_id": "r", "seq": 0, "counted": True, "rate": None, "t_last_byte": 9.5, "output": "é"},
+        {
+            "run_id": "r",
+            "seq": 1,
+            "counted": True,
+            "rate": None,
+            "t_last_byte": 10.5,
+            "output": "b",
+        },
+        {
+            "run_id": "r",
+            "seq": 2,
+            "counted": True,
+            "rate": 5.0,
+            "t_last_byte": 10.5,
+            "output": "c",
+        },  # open loop
+        {
+            "run_id": "r",
+            "seq": 3,
+            "counted": False,
+            "rate": None,
+            "t_last_byte": 11.0,
+            "output": "d",
+        },
+    ]
     lines = b"".join(orjson.dumps(row) + b"\n" for row in rows)
     cut = _cut(lines, 10.0)
     assert cut.count(b"\n") == 4 and cut.startswith(lines.split(b"\n")[0])
-    assert [orjson.loads(line) for line in cut.splitlines()] == [{**rows[1], "counted": False} if i == 1 else row
-                                                                for i, row in enumerate(rows)]
+    assert [orjson.loads(line) for line in cut.splitlines()] == [
+        {**rows[1], "counted": False} if i == 1 else row for i, row in enumerate(rows)
+    ]

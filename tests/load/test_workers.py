@@ -21,8 +21,10 @@ from tests.bounded import processes
 from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
-TWO_PROBES = [{"id": "p1", "prompt": "Say something.", "max_tokens": 16},
-              {"id": "p2", "prompt": "Tell me more.", "max_tokens": 16}]
+TWO_PROBES = [
+    {"id": "p1", "prompt": "Say something.", "max_tokens": 16},
+    {"id": "p2", "prompt": "Tell me more.", "max_tokens": 16},
+]
 
 
 def _rows(run_dir: Path) -> list[dict]:
@@ -31,15 +33,23 @@ def _rows(run_dir: Path) -> list[dict]:
 
 def run_child(*args: object, timeout: float) -> subprocess.CompletedProcess:
     """``kevload`` as a child process of its own (its workers or actors its own children), bounded in time."""
-    return subprocess.run([sys.executable, "-m", "kevload", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "kevload", *map(str, args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _children() -> list[str]:
     """Processes whose parent is this one (the workers a run spawned), as ``pid: cmdline``."""
     me = os.getpid()
-    return [f"{pid}: {cmdline[:100]}" for pid, ppid, _, cmdline in processes()
-            if ppid == me and "spawn_main" in cmdline]
+    return [
+        f"{pid}: {cmdline[:100]}"
+        for pid, ppid, _, cmdline in processes()
+        if ppid == me and "spawn_main" in cmdline
+    ]
 
 
 def _check_levels(rows: list[dict], workers: int, levels: int) -> None:
@@ -53,8 +63,12 @@ def _check_levels(rows: list[dict], workers: int, levels: int) -> None:
     for r in rows:
         if r["role"] == "probe" and r["counted"]:
             assert r["in_flight"] == r["concurrency"] - 1, r
-    spans = [list(group) for _, group in itertools.groupby(sorted(rows, key=lambda r: r["t_send"]),
-                                                           key=lambda r: r["concurrency"])]
+    spans = [
+        list(group)
+        for _, group in itertools.groupby(
+            sorted(rows, key=lambda r: r["t_send"]), key=lambda r: r["concurrency"]
+        )
+    ]
     assert len(spans) == levels
     for earlier, later in itertools.pairwise(spans):
         assert min(r["t_send"] for r in later) >= max(r["t_last_byte"] for r in earlier)
@@ -62,7 +76,10 @@ def _check_levels(rows: list[dict], workers: int, levels: int) -> None:
 
 def test_slots_are_dealt_so_the_probe_slot_sits_on_worker_0():
     mixed = ClosedLoop(5, 8, companions=True).slots
-    assert [slots_of(mixed, w, 2) for w in range(2)] == [(COMPANION, COMPANION, PROBE), (COMPANION, COMPANION)]
+    assert [slots_of(mixed, w, 2) for w in range(2)] == [
+        (COMPANION, COMPANION, PROBE),
+        (COMPANION, COMPANION),
+    ]
     single = ClosedLoop(5, 8, companions=False).slots
     assert [len(slots_of(single, w, 3)) for w in range(3)] == [2, 2, 1]
     assert slots_of((PROBE,), 1, 2) == ()  # c=1: a worker without a slot only keeps the barrier
@@ -73,22 +90,37 @@ def test_slots_are_dealt_so_the_probe_slot_sits_on_worker_0():
 def test_workers_keep_c_in_flight_across_processes(tmp_path, server, mode):
     run_dir, rows = check_c_in_flight(tmp_path, server, mode)
     run_meta = json.loads((run_dir / "run.json").read_text())
-    assert run_meta["clock"]["records"] == "unix" and abs(rows[0]["t_send"] - run_meta["clock"]["unix"]) < 600
+    assert (
+        run_meta["clock"]["records"] == "unix"
+        and abs(rows[0]["t_send"] - run_meta["clock"]["unix"]) < 600
+    )
     assert not _children()
 
 
 def test_stable_server_passes_with_workers_as_with_one(tmp_path, server):
     server.behaviour.latency = 0.05
-    scenario = write_scenario(tmp_path / "s.toml", server.url, mode="mixed", concurrency=[1, 2, 3], samples=5)
+    scenario = write_scenario(
+        tmp_path / "s.toml", server.url, mode="mixed", concurrency=[1, 2, 3], samples=5
+    )
     one, output_one = run_cli("run", scenario, "--out", tmp_path / "one", "--quiet")
-    two, output_two = run_cli("run", scenario, "--out", tmp_path / "two", "--quiet", "--workers", "2")
+    two, output_two = run_cli(
+        "run", scenario, "--out", tmp_path / "two", "--quiet", "--workers", "2"
+    )
     assert one == two == 0, (output_one, output_two)
-    cells = [{(c["probe"], c["role"], c["concurrency"]): (c["ok"], c["distinct"]) for c in load_summary(d)["cells"]
-              if c["role"] == "probe"} for d in (tmp_path / "one", tmp_path / "two")]
+    cells = [
+        {
+            (c["probe"], c["role"], c["concurrency"]): (c["ok"], c["distinct"])
+            for c in load_summary(d)["cells"]
+            if c["role"] == "probe"
+        }
+        for d in (tmp_path / "one", tmp_path / "two")
+    ]
     assert cells[0] == cells[1]
     # report, cases and --resume read every records file of the run
     code, text = run_cli("report", tmp_path / "two", "--format", "json")
-    assert code == 0 and json.loads(text)["requests"] == sum(r["counted"] for r in _rows(tmp_path / "two"))
+    assert code == 0 and json.loads(text)["requests"] == sum(
+        r["counted"] for r in _rows(tmp_path / "two")
+    )
     code, text = run_cli("cases", "build", tmp_path / "two", "-o", tmp_path / "cases.jsonl")
     assert code == 0 and len((tmp_path / "cases.jsonl").read_text().splitlines()) == 3
 
@@ -108,8 +140,9 @@ def test_open_loop_splits_one_schedule(tmp_path, server):
 
 def test_stop_ends_every_worker_and_resume_finishes_the_run(tmp_path, server):
     server.behaviour.latency = 0.2
-    path = write_scenario(tmp_path / "s.toml", server.url, probes=TWO_PROBES, concurrency=[1, 2], samples=6,
-                          workers=2)
+    path = write_scenario(
+        tmp_path / "s.toml", server.url, probes=TWO_PROBES, concurrency=[1, 2], samples=6, workers=2
+    )
     scenario = load_scenario(path)
 
     async def interrupted():
@@ -135,24 +168,41 @@ def test_a_worker_with_only_companion_slots_keeps_them_past_target_timeout(tmp_p
     target.timeout seconds later, recorded as a companion "timeout" of the server's ("cut: … after the level's
     probes were done") while the probes still counted and the server answered every request in 0.15 s."""
     server.behaviour.latency = 0.15
-    scenario = write_scenario(tmp_path / "s.toml", server.url, mode="mixed", concurrency=[2], samples=8,
-                              workers=2, target={"timeout": 0.5})
+    scenario = write_scenario(
+        tmp_path / "s.toml",
+        server.url,
+        mode="mixed",
+        concurrency=[2],
+        samples=8,
+        workers=2,
+        target={"timeout": 0.5},
+    )
     done = run_child("run", scenario, "--out", tmp_path / "run", "--quiet", timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = list(RunDir(tmp_path / "run").record_dicts())
-    assert not [r for r in rows if r["status"] != "ok"], [r["error"] for r in rows if r["status"] != "ok"][:3]
+    assert not [r for r in rows if r["status"] != "ok"], [
+        r["error"] for r in rows if r["status"] != "ok"
+    ][:3]
     probe = next(c for c in load_summary(tmp_path / "run")["cells"] if c["role"] == "probe")
     assert probe["ok"] == 8 and not probe["samples_never_full"], probe
 
 
-@pytest.mark.parametrize(("load", "message"), [
-    ("workers = 0", "load.workers: expected an integer from 1 to 1,024"),
-    ("workers = 3\nmax_in_flight = 2\nrate = [5]", "load.max_in_flight: expected 0 or at least load.workers (3)"),
-])
+@pytest.mark.parametrize(
+    ("load", "message"),
+    [
+        ("workers = 0", "load.workers: expected an integer from 1 to 1,024"),
+        (
+            "workers = 3\nmax_in_flight = 2\nrate = [5]",
+            "load.max_in_flight: expected 0 or at least load.workers (3)",
+        ),
+    ],
+)
 def test_bad_worker_settings_are_refused(tmp_path, load, message):
     path = tmp_path / "s.toml"
-    path.write_text('[target]\nbase_url = "http://127.0.0.1:9/v1"\nmodel = "m"\n[[probes]]\nid = "p"\n'
-                    f'prompt = "x"\n[load]\n{load}\n')
+    path.write_text(
+        '[target]\nbase_url = "http://127.0.0.1:9/v1"\nmodel = "m"\n[[probes]]\nid = "p"\n'
+        f'prompt = "x"\n[load]\n{load}\n'
+    )
     code, output = run_cli("run", path)
     assert code == 2 and message in output and len(output.strip().splitlines()) == 1
 
@@ -164,12 +214,22 @@ def check_c_in_flight(tmp_path: Path, server, mode: str, *run_args: str) -> tupl
     server.behaviour.drift_at = 4
     server.behaviour.batched_variant = True
     server.behaviour.drift_when_mixed = False
-    scenario = write_scenario(tmp_path / "s.toml", server.url, probes=TWO_PROBES, mode=mode, concurrency=[1, 4],
-                              samples=4, workers=2)
+    scenario = write_scenario(
+        tmp_path / "s.toml",
+        server.url,
+        probes=TWO_PROBES,
+        mode=mode,
+        concurrency=[1, 4],
+        samples=4,
+        workers=2,
+    )
     code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet", *run_args)
     assert code == 1, output  # drift at c=4: four requests at once reached the server
     run_dir = tmp_path / "run"
-    assert [p.name for p in RunDir(run_dir).record_files()] == ["records-0.jsonl", "records-1.jsonl"]
+    assert [p.name for p in RunDir(run_dir).record_files()] == [
+        "records-0.jsonl",
+        "records-1.jsonl",
+    ]
     rows = _rows(run_dir)
     assert len(rows) == len(server.requests)  # every request sent has its record
     _check_levels(rows, 2, levels=4)  # c − 1 others across workers, levels one after another

@@ -18,11 +18,26 @@ from kevload.summary import RunSummary
 from tests.conftest import load_summary, run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
 
-# A quote, a backslash and a newline: each must be escaped in a label value, and come back unchanged.
+# A quote, a backslash and a newline: each must be escaped in a label value, and come back
+# unchanged.
 PROBE = 'say "hi"\\x\ny'
 CELL_LABELS = {"scenario", "probe", "mode", "level", "run_id"}
 # Arrival order: c=1 takes requests 0-7, c=4 requests 8-15; two failures land in each level.
-FAULTS = ["http_500", None, None, "malformed", None, None, None, None, None, None, "http_500", None, "http_503"]
+FAULTS = [
+    "http_500",
+    None,
+    None,
+    "malformed",
+    None,
+    None,
+    None,
+    None,
+    None,
+    None,
+    "http_500",
+    None,
+    "http_503",
+]
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +45,16 @@ def run(tmp_path_factory):
     """One run with drift at c=4 and injected errors; the server is gone once the fixture yields."""
     tmp = tmp_path_factory.mktemp("metrics")
     with FakeServer(Behaviour(drift_at=3, latency=0.1, faults=list(FAULTS))) as server:
-        scenario = write_scenario(tmp / "s.toml", server.url, stream=True, max_error_share=0.5,
-                                  probes=[{"id": PROBE, "prompt": "Say something.", "max_tokens": 16}])
-        code, output = run_cli("run", scenario, "--out", tmp / "run", "--quiet", "--metrics", tmp / "run.prom")
+        scenario = write_scenario(
+            tmp / "s.toml",
+            server.url,
+            stream=True,
+            max_error_share=0.5,
+            probes=[{"id": PROBE, "prompt": "Say something.", "max_tokens": 16}],
+        )
+        code, output = run_cli(
+            "run", scenario, "--out", tmp / "run", "--quiet", "--metrics", tmp / "run.prom"
+        )
     assert code == 1, output  # drift at c=4, errors under the limit
     return tmp
 
@@ -49,7 +71,7 @@ def assert_strict_escapes(text: str) -> None:
         chars = iter(line)
         for char in chars:
             if char == "\\":
-                assert next(chars, "") in ('\\', '"', "n"), line
+                assert next(chars, "") in ("\\", '"', "n"), line
 
 
 def by_labels(family, sample_name: str | None = None) -> dict[frozenset, float]:
@@ -59,8 +81,16 @@ def by_labels(family, sample_name: str | None = None) -> dict[frozenset, float]:
 
 def cell_key(cell: dict, **extra: str) -> frozenset:
     level = f"c={cell['concurrency']}"
-    return frozenset({"scenario": "s", "probe": cell["probe"], "mode": cell["mode"], "level": level,
-                      "run_id": cell["run_id"], **extra}.items())
+    return frozenset(
+        {
+            "scenario": "s",
+            "probe": cell["probe"],
+            "mode": cell["mode"],
+            "level": level,
+            "run_id": cell["run_id"],
+            **extra,
+        }.items()
+    )
 
 
 def probe_cells(summary: dict) -> list[dict]:
@@ -75,11 +105,15 @@ def test_run_metrics_parse_and_equal_the_summary(run):
     cells = probe_cells(summary)
     assert [c["probe"] for c in cells] == [PROBE, PROBE]
     assert {c["concurrency"]: c["drift"] for c in cells} == {1: False, 4: True}
-    counted_errors = [r for r in map(json.loads, (run / "run" / "records.jsonl").read_text().splitlines())
-                      if r["role"] == "probe" and r["counted"] and r["status"] != "ok"]
+    counted_errors = [
+        r
+        for r in map(json.loads, (run / "run" / "records.jsonl").read_text().splitlines())
+        if r["role"] == "probe" and r["counted"] and r["status"] != "ok"
+    ]
     assert sum(sum(c["errors"].values()) for c in cells) == len(counted_errors) > 0
 
-    # Every field a cell carries becomes a gauge with the same value; a field no cell carries, no family.
+    # Every field a cell carries becomes a gauge with the same value; a field no cell carries, no
+    # family.
     for field in CELL_FIELDS:
         carried = [c for c in cells if c.get(field.key) not in (None, {})]
         assert (field.name in found) == bool(carried), field.name
@@ -91,13 +125,24 @@ def test_run_metrics_parse_and_equal_the_summary(run):
             if field.label is None:
                 expected[cell_key(c)] = float(c[field.key])
             else:
-                expected.update({cell_key(c, **{field.label: k}): float(v) for k, v in c[field.key].items()})
+                expected.update(
+                    {cell_key(c, **{field.label: k}): float(v) for k, v in c[field.key].items()}
+                )
         assert by_labels(found[field.name]) == expected, field.name
-    for name in ("kevload_cell_distinct_outputs", "kevload_cell_drift", "kevload_cell_drift_rate_ratio",
-                 "kevload_cell_drift_rate_upper_95_ratio", "kevload_cell_ok_requests", "kevload_cell_error_requests",
-                 "kevload_cell_requests_per_second", "kevload_cell_output_tokens_per_second"):
+    for name in (
+        "kevload_cell_distinct_outputs",
+        "kevload_cell_drift",
+        "kevload_cell_drift_rate_ratio",
+        "kevload_cell_drift_rate_upper_95_ratio",
+        "kevload_cell_ok_requests",
+        "kevload_cell_error_requests",
+        "kevload_cell_requests_per_second",
+        "kevload_cell_output_tokens_per_second",
+    ):
         assert name in found, name
-    assert {dict(k)["status"] for k in by_labels(found["kevload_cell_error_requests"])} >= {"http_500"}
+    assert {dict(k)["status"] for k in by_labels(found["kevload_cell_error_requests"])} >= {
+        "http_500"
+    }
 
     # Latency: a summary per kind, quantiles 0.5 / 0.9 / 0.99 / 1 (the maximum), _count and _sum.
     for field in LATENCY_FIELDS:
@@ -107,45 +152,68 @@ def test_run_metrics_parse_and_equal_the_summary(run):
             continue
         family = found[field.name]
         assert family.type == "summary"
-        quantiles, counts, sums = by_labels(family), by_labels(family, field.name + "_count"), \
-            by_labels(family, field.name + "_sum")
+        quantiles, counts, sums = (
+            by_labels(family),
+            by_labels(family, field.name + "_count"),
+            by_labels(family, field.name + "_sum"),
+        )
         for c in carried:
             stats = c["latency"][field.key]
             for key, q in (("p50", "0.5"), ("p90", "0.9"), ("p99", "0.99"), ("max", "1")):
                 assert quantiles[cell_key(c, quantile=q)] == stats[key]
             assert counts[cell_key(c)] == stats["n"]
             assert sums[cell_key(c)] == pytest.approx(stats["mean"] * stats["n"], abs=1e-6)
-    for name in ("e2e_latency", "time_to_first_token", "inter_token_latency", "time_per_output_token"):
+    for name in (
+        "e2e_latency",
+        "time_to_first_token",
+        "inter_token_latency",
+        "time_per_output_token",
+    ):
         assert f"kevload_cell_{name}_seconds" in found, name
 
     run_labels = {"scenario": "s", "run_id": summary["run_id"]}
     verdicts = {dict(k)["verdict"]: v for k, v in by_labels(found["kevload_run_verdict"]).items()}
-    assert verdicts == {"deterministic": 0, "nondeterministic": 1, "inconclusive": 0, "target_failed": 0}
+    assert verdicts == {
+        "deterministic": 0,
+        "nondeterministic": 1,
+        "inconclusive": 0,
+        "target_failed": 0,
+    }
     assert summary["verdict"] == "nondeterministic"
-    for name, key in (("kevload_run_requests", "requests"), ("kevload_run_error_requests", "errors"),
-                      ("kevload_run_probe_error_ratio", "probe_error_share"),
-                      ("kevload_run_probe_requests", "probe_requests"),
-                      ("kevload_run_companion_error_requests", "companion_errors")):
+    for name, key in (
+        ("kevload_run_requests", "requests"),
+        ("kevload_run_error_requests", "errors"),
+        ("kevload_run_probe_error_ratio", "probe_error_share"),
+        ("kevload_run_probe_requests", "probe_requests"),
+        ("kevload_run_companion_error_requests", "companion_errors"),
+    ):
         assert by_labels(found[name]) == {frozenset(run_labels.items()): summary[key]}, name
     ended = json.loads((run / "run" / "run.json").read_text())["ended_at"]
     assert by_labels(found["kevload_run_end_timestamp_seconds"]) == {
-        frozenset(run_labels.items()): datetime.fromisoformat(ended).timestamp()}
+        frozenset(run_labels.items()): datetime.fromisoformat(ended).timestamp()
+    }
     assert abs(datetime.fromisoformat(ended).timestamp() - time.time()) < 3600
 
-    # Every series carries exactly the cell labels (plus its own), and the OpenMetrics parser agrees.
+    # Every series carries exactly the cell labels (plus its own), and the OpenMetrics parser
+    # agrees.
     for family in found.values():
         for sample in family.samples:
             extra = set(sample.labels) - CELL_LABELS
-            assert set(sample.labels) >= CELL_LABELS or family.name.startswith("kevload_run_"), sample
+            assert set(sample.labels) >= CELL_LABELS or family.name.startswith("kevload_run_"), (
+                sample
+            )
             assert len(extra) <= 1, sample
-    assert [(s.name, s.labels, s.value) for f in parse_openmetrics(text) for s in f.samples] == \
-        [(s.name, s.labels, s.value) for f in parse_prometheus(text) for s in f.samples]
+    assert [(s.name, s.labels, s.value) for f in parse_openmetrics(text) for s in f.samples] == [
+        (s.name, s.labels, s.value) for f in parse_prometheus(text) for s in f.samples
+    ]
 
 
 def test_report_writes_the_same_metrics_from_the_records(run):
     """No server (it stopped with the fixture), no summary.json: the records alone give the same file."""
     (run / "run" / "summary.json").unlink()
-    code, output = run_cli("report", run / "run", "--format", "json", "--metrics", run / "report.prom")
+    code, output = run_cli(
+        "report", run / "run", "--format", "json", "--metrics", run / "report.prom"
+    )
     assert code == 1, output
     assert (run / "report.prom").read_text() == (run / "run.prom").read_text()
 
@@ -159,8 +227,13 @@ def test_fields_other_parts_add_appear_only_when_present(run):
             cell.pop(key, None)
     c1, c4 = (c for c in richer["cells"] if c["role"] == "probe")
     c1["latent_drift"] = False
-    c4.update(latent_drift=True, goodput=12.5, slo_attainment=0.75, reconnects=2,
-              divergence_kinds={"token": 3, "length": 1})
+    c4.update(
+        latent_drift=True,
+        goodput=12.5,
+        slo_attainment=0.75,
+        reconnects=2,
+        divergence_kinds={"token": 3, "length": 1},
+    )
     found = families(metrics_text(RunSummary.from_json(richer), {}))
     key4 = cell_key({**c4, "run_id": summary["run_id"]})
     key1 = cell_key({**c1, "run_id": summary["run_id"]})
@@ -169,20 +242,29 @@ def test_fields_other_parts_add_appear_only_when_present(run):
     assert by_labels(found["kevload_cell_slo_attainment_ratio"]) == {key4: 0.75}
     assert by_labels(found["kevload_cell_reconnects"]) == {key4: 2.0}
     assert by_labels(found["kevload_cell_divergent_outputs"]) == {
-        key4 | {("kind", "token")}: 3.0, key4 | {("kind", "length")}: 1.0}
+        key4 | {("kind", "token")}: 3.0,
+        key4 | {("kind", "length")}: 1.0,
+    }
     assert "kevload_run_end_timestamp_seconds" not in found  # no ended_at given
 
     for cell in richer["cells"]:
         for key in optional:
             cell.pop(key, None)
     bare = families(metrics_text(RunSummary.from_json(richer), {}))
-    for name in ("kevload_cell_latent_drift", "kevload_cell_goodput_requests_per_second",
-                 "kevload_cell_slo_attainment_ratio", "kevload_cell_reconnects", "kevload_cell_divergent_outputs"):
+    for name in (
+        "kevload_cell_latent_drift",
+        "kevload_cell_goodput_requests_per_second",
+        "kevload_cell_slo_attainment_ratio",
+        "kevload_cell_reconnects",
+        "kevload_cell_divergent_outputs",
+    ):
         assert name not in bare, name
     assert "kevload_cell_distinct_outputs" in bare
 
 
-@pytest.mark.parametrize("probe", ['a"b', "back\\slash", "line\nbreak", "literal \\n not a newline", '\\"', ""])
+@pytest.mark.parametrize(
+    "probe", ['a"b', "back\\slash", "line\nbreak", "literal \\n not a newline", '\\"', ""]
+)
 def test_label_values_round_trip(run, probe):
     doc = load_summary(run / "run")
     for cell in doc["cells"]:
@@ -223,9 +305,14 @@ def test_the_file_is_replaced_whole_or_not_at_all(run, monkeypatch, tmp_path):
 def test_unwritable_metrics_path_fails_before_any_request(tmp_path, server):
     scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2)
     missing = tmp_path / "no-such-dir" / "m.prom"
-    code, output = run_cli("run", scenario, "--out", tmp_path / "r", "--quiet", "--metrics", missing)
+    code, output = run_cli(
+        "run", scenario, "--out", tmp_path / "r", "--quiet", "--metrics", missing
+    )
     assert code == 2
-    assert output.strip() == f"kevload: error: --metrics {missing}: expected a file in an existing, writable directory"
+    assert (
+        output.strip()
+        == f"kevload: error: --metrics {missing}: expected a file in an existing, writable directory"
+    )
     assert server.requests == []
     code, output = run_cli("report", tmp_path / "r", "--metrics", missing)
     assert code == 2 and output.startswith(f"kevload: error: --metrics {missing}: ")
@@ -234,4 +321,3 @@ def test_unwritable_metrics_path_fails_before_any_request(tmp_path, server):
     (sweep / "sweep.json").write_text("{}")
     code, output = run_cli("report", sweep, "--metrics", tmp_path / "m.prom")
     assert code == 2 and "is a sweep" in output and not (tmp_path / "m.prom").exists()
-

@@ -11,7 +11,9 @@ from xml.etree import ElementTree as ET
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as openmetrics_families,
+)
 from prometheus_client.parser import text_string_to_metric_families as text_families
 
 from kevload.outputs.metrics import escape_label
@@ -22,7 +24,7 @@ from tests.fakeserver import Behaviour, FakeServer
 from tests.outputs.test_nightly import SCHEMA
 
 # Every character class a format cares about, in a probe id and in each output.
-HOSTILE = 'p\x00\x01\x1b[31m<b>&amp;"\'</script>]]>\n|x[/x]\x7f\x85\ufffe\\|'
+HOSTILE = "p\x00\x01\x1b[31m<b>&amp;\"'</script>]]>\n|x[/x]\x7f\x85\ufffe\\|"
 
 
 class _HostileServer(FakeServer):
@@ -36,21 +38,39 @@ class _HostileServer(FakeServer):
 def hostile_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hostile")
     with _HostileServer(Behaviour(drift_at=3)) as server:
-        path = write_scenario(tmp / "s.toml", server.url, concurrency=[1, 4], samples=6,
-                              probes=[{"id": HOSTILE, "prompt": "Say something.", "max_tokens": 16}])
-        code, output = run_cli("run", path, "--out", tmp / "run", "--quiet", "--junit", tmp / "junit.xml",
-                               "--metrics", tmp / "kevload.prom")
+        path = write_scenario(
+            tmp / "s.toml",
+            server.url,
+            concurrency=[1, 4],
+            samples=6,
+            probes=[{"id": HOSTILE, "prompt": "Say something.", "max_tokens": 16}],
+        )
+        code, output = run_cli(
+            "run",
+            path,
+            "--out",
+            tmp / "run",
+            "--quiet",
+            "--junit",
+            tmp / "junit.xml",
+            "--metrics",
+            tmp / "kevload.prom",
+        )
     assert code == 1, output  # the probe drifts at c=4: the outputs have a failure to say
     return tmp
 
 
 def test_junit_is_well_formed_and_valid_with_control_characters_spelled(hostile_run):
     text = (hostile_run / "junit.xml").read_text(encoding="utf-8")
-    root = ET.fromstring(text)  # raised "not well-formed (invalid token)" on the raw \x00, \x01, \x1b
+    root = ET.fromstring(
+        text
+    )  # raised "not well-formed (invalid token)" on the raw \x00, \x01, \x1b
     SCHEMA.validate(text)
     cases = root.findall(".//testcase")
     assert {case.get("classname") for case in cases} == {f"kevload.{xml_text(HOSTILE)}.single"}
-    assert all("\\u0001" in case.get("classname") and "\\u001b" in case.get("classname") for case in cases)
+    assert all(
+        "\\u0001" in case.get("classname") and "\\u001b" in case.get("classname") for case in cases
+    )
     (failure,) = root.findall(".//failure")
     assert failure.get("type") == "nondeterminism"
 
@@ -58,8 +78,12 @@ def test_junit_is_well_formed_and_valid_with_control_characters_spelled(hostile_
 def test_prometheus_and_openmetrics_parsers_read_the_probe_back_exactly(hostile_run):
     text = (hostile_run / "kevload.prom").read_text(encoding="utf-8")
     for parse in (text_families, openmetrics_families):
-        probes = {sample.labels["probe"] for family in parse(text) for sample in family.samples
-                  if "probe" in sample.labels}
+        probes = {
+            sample.labels["probe"]
+            for family in parse(text)
+            for sample in family.samples
+            if "probe" in sample.labels
+        }
         assert probes == {HOSTILE}, parse
 
 
@@ -82,8 +106,30 @@ def test_html_report_holds_no_injected_tag(hostile_run):
     page = out.read_text(encoding="utf-8")
     parser = _Tags()
     parser.feed(page)
-    assert parser.tags <= {"html", "head", "meta", "title", "style", "body", "h1", "h2", "h3", "p", "table", "tr",
-                           "th", "td", "ul", "li", "pre", "mark", "svg", "rect", "text", "span"}, parser.tags
+    assert parser.tags <= {
+        "html",
+        "head",
+        "meta",
+        "title",
+        "style",
+        "body",
+        "h1",
+        "h2",
+        "h3",
+        "p",
+        "table",
+        "tr",
+        "th",
+        "td",
+        "ul",
+        "li",
+        "pre",
+        "mark",
+        "svg",
+        "rect",
+        "text",
+        "span",
+    }, parser.tags
     assert "b" not in parser.tags and "script" not in parser.tags
     shown = "".join(parser.text)
     assert visible(HOSTILE) in shown  # the id, as text, with its control characters spelled
@@ -105,7 +151,9 @@ def _cells(row: str) -> list[str]:
 def test_markdown_tables_keep_their_columns(hostile_run):
     code, text = run_cli("report", hostile_run / "run", "--format", "markdown")
     assert code == 1
-    assert "\x1b" not in text and "\x00" not in text and "<b>" not in text and "</script>" not in text
+    assert (
+        "\x1b" not in text and "\x00" not in text and "<b>" not in text and "</script>" not in text
+    )
     tables = [block.splitlines() for block in re.findall(r"(?m)(?:^\|.*\n)+", text)]
     assert len(tables) >= 2
     for rows in tables:
@@ -121,18 +169,42 @@ def test_the_terminal_table_neither_obeys_markup_nor_passes_escape_sequences(hos
 
 def test_a_run_shows_such_a_probe_in_its_progress_and_table_and_ends(tmp_path):
     with _HostileServer(Behaviour(drift_at=3)) as server:
-        path = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 4], samples=6,
-                              probes=[{"id": HOSTILE, "prompt": "Say something.", "max_tokens": 16}])
-        code, output = run_cli("run", path, "--out", tmp_path / "run")  # the progress bar raised MarkupError
+        path = write_scenario(
+            tmp_path / "s.toml",
+            server.url,
+            concurrency=[1, 4],
+            samples=6,
+            probes=[{"id": HOSTILE, "prompt": "Say something.", "max_tokens": 16}],
+        )
+        code, output = run_cli(
+            "run", path, "--out", tmp_path / "run"
+        )  # the progress bar raised MarkupError
     assert code == 1, output
     assert "\x1b" not in output and "\\u001b[31m" in output.replace("\n", "")
 
 
 # --- the escaping functions, over arbitrary text ---
 
-# Any text, with the characters each format cares about (and the ones XML cannot carry at all) made frequent.
-_SPECIAL = st.sampled_from(["\x00", "\x1b", "\r", "\n", "\ud800", "\udfff", "\ufffe", "\uffff", "]]>", "</", "&", "|",
-                            "\\", '"'])
+# Any text, with the characters each format cares about (and the ones XML cannot carry at all) made
+# frequent.
+_SPECIAL = st.sampled_from(
+    [
+        "\x00",
+        "\x1b",
+        "\r",
+        "\n",
+        "\ud800",
+        "\udfff",
+        "\ufffe",
+        "\uffff",
+        "]]>",
+        "</",
+        "&",
+        "|",
+        "\\",
+        '"',
+    ]
+)
 _ANY = st.lists(st.one_of(st.text(max_size=8), _SPECIAL), max_size=8).map("".join)
 
 
@@ -142,7 +214,9 @@ def test_any_text_makes_well_formed_junit(text):
     root = ET.Element("testsuites", name=xml_text(text))
     ET.SubElement(root, "failure", message=xml_text(text)).text = xml_text(text)
     back = ET.fromstring(ET.tostring(root, encoding="unicode", xml_declaration=True))
-    assert back.get("name") == xml_text(text)  # attributes keep even \r and \n (written as references)
+    assert back.get("name") == xml_text(
+        text
+    )  # attributes keep even \r and \n (written as references)
     # Character data: an XML parser reads a line end, \r\n or \r, as \n.
     assert (back[0].text or "") == xml_text(text).replace("\r\n", "\n").replace("\r", "\n")
 
@@ -165,13 +239,24 @@ def test_any_text_stays_in_its_markdown_cell(cells):
 
 
 def test_a_flipped_answer_is_spelled_as_every_output_spells_control_characters(tmp_path, server):
-    # Right alone, a hostile answer under load: each output quotes the flipped answer beside the serial one, with
-    # its control characters spelled as JSON escapes (\u001b) as everything else is, not as Python's repr (\x1b).
+    # Right alone, a hostile answer under load: each output quotes the flipped answer beside the
+    # serial one, with
+    # its control characters spelled as JSON escapes (\u001b) as everything else is, not as Python's
+    # repr (\x1b).
     server.behaviour.latency = 0.1
-    server.behaviour.answer_for = lambda prompt, overlap: "right" if overlap < 2 else "wrong\x1b[2J\x7f\x85<b>"
-    path = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 4], samples=4,
-                          probes=[{"id": "p1", "prompt": "Say right.", "expected": "right"}])
-    code, terminal = run_cli("run", path, "--out", tmp_path / "run", "--junit", tmp_path / "junit.xml")
+    server.behaviour.answer_for = lambda prompt, overlap: (
+        "right" if overlap < 2 else "wrong\x1b[2J\x7f\x85<b>"
+    )
+    path = write_scenario(
+        tmp_path / "s.toml",
+        server.url,
+        concurrency=[1, 4],
+        samples=4,
+        probes=[{"id": "p1", "prompt": "Say right.", "expected": "right"}],
+    )
+    code, terminal = run_cli(
+        "run", path, "--out", tmp_path / "run", "--junit", tmp_path / "junit.xml"
+    )
     assert code == 1, terminal
     spelled = "wrong\\u001b[2J\\u007f\\u0085"
     junit = ET.fromstring((tmp_path / "junit.xml").read_text(encoding="utf-8"))
@@ -179,8 +264,14 @@ def test_a_flipped_answer_is_spelled_as_every_output_spells_control_characters(t
     _, markdown = run_cli("report", tmp_path / "run", "--format", "markdown")
     run_cli("report", tmp_path / "run", "--format", "html", "-o", tmp_path / "r.html")
     page = (tmp_path / "r.html").read_text(encoding="utf-8")
-    for name, text in (("terminal", terminal.replace("\n", "")), ("junit", failures), ("markdown", markdown),
-                       ("html", page)):
+    for name, text in (
+        ("terminal", terminal.replace("\n", "")),
+        ("junit", failures),
+        ("markdown", markdown),
+        ("html", page),
+    ):
         assert "\\x1b" not in text and "\\x85" not in text and "\x1b" not in text, name
-        assert spelled in text.replace("\\\\", "\\"), name  # Markdown escapes the escape's backslash
+        assert spelled in text.replace("\\\\", "\\"), (
+            name
+        )  # Markdown escapes the escape's backslash
     assert html.escape(f"e.g. '{spelled}<b>' where serial answered 'right'") in page

@@ -13,7 +13,10 @@ from kevload.records.rundir import read_summary
 from tests.conftest import run_cli, write_scenario
 
 SHORT = ("capital", "planet")  # names a narrow table can repeat on every row
-LONG = ("capital_of_france", "largest_planet_in_the_solar_system")  # wider than a third of 80 columns
+LONG = (
+    "capital_of_france",
+    "largest_planet_in_the_solar_system",
+)  # wider than a third of 80 columns
 
 
 @pytest.fixture(scope="module")
@@ -23,9 +26,14 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("width")
     with FakeServer(Behaviour()) as server:
         for names in (SHORT, LONG):
-            scenario = write_scenario(tmp / f"{names[0]}.toml", server.url, concurrency=[1, 2, 4], samples=3,
-                                      probes=[{"id": p, "prompt": f"Tell me about {p}.", "max_tokens": 8}
-                                              for p in names], slo={"e2e_ms": 10_000})
+            scenario = write_scenario(
+                tmp / f"{names[0]}.toml",
+                server.url,
+                concurrency=[1, 2, 4],
+                samples=3,
+                probes=[{"id": p, "prompt": f"Tell me about {p}.", "max_tokens": 8} for p in names],
+                slo={"e2e_ms": 10_000},
+            )
             code, output = run_cli("run", scenario, "--out", tmp / names[0], "--quiet")
             assert code == 0, output
     return {names: tmp / names[0] for names in (SHORT, LONG)}
@@ -33,7 +41,11 @@ def runs(tmp_path_factory):
 
 def _table_text(run_dir, width: int) -> str:
     out = io.StringIO()
-    render(read_summary(run_dir / "summary.json"), "table", Console(file=out, width=width, color_system=None))
+    render(
+        read_summary(run_dir / "summary.json"),
+        "table",
+        Console(file=out, width=width, color_system=None),
+    )
     return out.getvalue()
 
 
@@ -49,14 +61,21 @@ def test_no_table_cell_is_cut_and_every_row_names_its_probe(runs, names, width):
     assert all(len(line) <= width for line in text.splitlines())
     rows = _rows(text)
     legend = dict(re.findall(r"^(#\d+) (.+)$", text, re.MULTILINE))
-    # Each row opens with its probe whole, or with a number the legend under its table names in full.
+    # Each row opens with its probe whole, or with a number the legend under its table names in
+    # full.
     for row in rows:
         first = row.split("│")[1].strip()
-        assert first in {f"{p} (single)" for p in names} or legend.get(first) in {f"{p} (single)" for p in names}, row
+        assert first in {f"{p} (single)" for p in names} or legend.get(first) in {
+            f"{p} (single)" for p in names
+        }, row
     for probe in names:
         named = [row for row in rows if f"│ {probe} (single) " in row]
-        numbered = [row for row in rows if legend.get(row.split("│")[1].strip()) == f"{probe} (single)"]
-        assert len(named) + len(numbered) >= 1 + 3 + 3  # the matrix, agreement and latency tables' rows
+        numbered = [
+            row for row in rows if legend.get(row.split("│")[1].strip()) == f"{probe} (single)"
+        ]
+        assert (
+            len(named) + len(numbered) >= 1 + 3 + 3
+        )  # the matrix, agreement and latency tables' rows
 
 
 def test_a_narrow_terminal_splits_a_wide_table_repeating_probe_and_level(runs):
@@ -67,12 +86,18 @@ def test_a_narrow_terminal_splits_a_wide_table_repeating_probe_and_level(runs):
         return titles, heads
 
     titles, heads = latency(80)
-    assert len(titles) >= 2 and titles[0].endswith(f"(1 of {len(titles)})") and len(heads) >= len(titles)
+    assert (
+        len(titles) >= 2
+        and titles[0].endswith(f"(1 of {len(titles)})")
+        and len(heads) >= len(titles)
+    )
     assert latency(200)[0] == ["latency (ms, p50 / p99) and throughput"]
 
 
 def test_long_probe_names_are_numbered_at_80_columns_and_written_out_at_200(runs):
-    assert re.search(r"^#1 capital_of_france \(single\)$", _table_text(runs[LONG], 80), re.MULTILINE)
+    assert re.search(
+        r"^#1 capital_of_france \(single\)$", _table_text(runs[LONG], 80), re.MULTILINE
+    )
     assert "#1" not in _table_text(runs[LONG], 200)
 
 

@@ -17,7 +17,9 @@ from tests.recording_proxy import RecordingProxy
 
 pytestmark = pytest.mark.e2e
 
-PROBE = [{"id": "p1", "prompt": "Write a short story about a robot learning to paint.", "max_tokens": 32}]
+PROBE = [
+    {"id": "p1", "prompt": "Write a short story about a robot learning to paint.", "max_tokens": 32}
+]
 QUIET = {"log": lambda message: None}
 
 
@@ -35,21 +37,33 @@ def transformers():
     assert not pid_alive(target.pid)
 
 
-def _run(tmp_path: Path, target, name: str, *, params: dict, url: str | None = None, **load) -> tuple[int, dict]:
-    scenario = write_scenario(tmp_path / f"{name}.toml", url or target.url, probes=PROBE, params=params,
-                              target={"model": target.model, "timeout": 120}, **load)
+def _run(
+    tmp_path: Path, target, name: str, *, params: dict, url: str | None = None, **load
+) -> tuple[int, dict]:
+    scenario = write_scenario(
+        tmp_path / f"{name}.toml",
+        url or target.url,
+        probes=PROBE,
+        params=params,
+        target={"model": target.model, "timeout": 120},
+        **load,
+    )
     code, output = run_cli("run", scenario, "--out", tmp_path / name, "--quiet")
     assert code in (0, 1), output
     return code, load_summary(tmp_path / name)
 
 
 def test_llamacpp_sampling_without_seed_varies(tmp_path, llamacpp):
-    code, summary = _run(tmp_path, llamacpp, "t08", params={"temperature": 0.8}, concurrency=[1], samples=8)
+    code, summary = _run(
+        tmp_path, llamacpp, "t08", params={"temperature": 0.8}, concurrency=[1], samples=8
+    )
     assert code == 1
     assert cells_by_level(summary)[1]["distinct"] > 1
 
 
-@pytest.mark.parametrize("params", [{"temperature": 0.8, "seed": 42}, {"temperature": 0}], ids=["seed", "greedy"])
+@pytest.mark.parametrize(
+    "params", [{"temperature": 0.8, "seed": 42}, {"temperature": 0}], ids=["seed", "greedy"]
+)
 def test_llamacpp_fixed_randomness_gives_one_output(tmp_path, llamacpp, params):
     code, summary = _run(tmp_path, llamacpp, "fixed", params=params, concurrency=[1], samples=8)
     assert code == 0
@@ -58,25 +72,44 @@ def test_llamacpp_fixed_randomness_gives_one_output(tmp_path, llamacpp, params):
 
 @pytest.mark.parametrize("mode", ["single", "mixed"])
 def test_llamacpp_is_batch_invariant_here(tmp_path, llamacpp, mode):
-    code, summary = _run(tmp_path, llamacpp, mode, params={"temperature": 0, "seed": 1}, mode=mode,
-                         concurrency=[1, 2, 4], samples=8)
+    code, summary = _run(
+        tmp_path,
+        llamacpp,
+        mode,
+        params={"temperature": 0, "seed": 1},
+        mode=mode,
+        concurrency=[1, 2, 4],
+        samples=8,
+    )
     cells = cells_by_level(summary)
     assert [cells[c]["distinct"] for c in (1, 2, 4)] == [1, 1, 1]
     assert all(cells[c]["ok"] == 8 for c in (1, 2, 4))
     assert code == 0
-    # What docs/real-servers.md says of this server: the numerics agree too, bitwise, at every level.
+    # What docs/real-servers.md says of this server: the numerics agree too, bitwise, at every
+    # level.
     assert all(cells[c]["logprob_samples"] == 8 and cells[c]["logprob_bitwise"] for c in (1, 2, 4))
     # And the load was what the cell says: every counted sample sent with c - 1 others in flight.
-    counted = [r for r in read_records(tmp_path / mode / "records.jsonl") if r["role"] == "probe" and r["counted"]]
+    counted = [
+        r
+        for r in read_records(tmp_path / mode / "records.jsonl")
+        if r["role"] == "probe" and r["counted"]
+    ]
     assert {(r["concurrency"], r["in_flight"]) for r in counted} == {(1, 0), (2, 1), (4, 3)}
 
 
 def test_llamacpp_stream_and_whole_agree(llamacpp):
-    body = {"model": llamacpp.model, "messages": [{"role": "user", "content": PROBE[0]["prompt"]}],
-            "max_tokens": 32, "temperature": 0}
+    body = {
+        "model": llamacpp.model,
+        "messages": [{"role": "user", "content": PROBE[0]["prompt"]}],
+        "max_tokens": 32,
+        "temperature": 0,
+    }
     whole = _post(llamacpp.url, body)["choices"][0]["message"]["content"]
-    request = urllib.request.Request(f"{llamacpp.url}/chat/completions", data=json.dumps({**body, "stream": True})
-                                     .encode(), headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{llamacpp.url}/chat/completions",
+        data=json.dumps({**body, "stream": True}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=120) as response:
         raw = response.read().decode()
     pieces = []
@@ -90,8 +123,14 @@ def test_llamacpp_stream_and_whole_agree(llamacpp):
 def test_transformers_greedy_serial_agrees_and_drifts_batched(tmp_path, transformers):
     # Drift is statistical: up to three attempts, each 8 samples per level.
     for attempt in range(3):
-        code, summary = _run(tmp_path, transformers, f"tf{attempt}", params={"temperature": 0, "seed": 1},
-                             concurrency=[1, 4], samples=8)
+        code, summary = _run(
+            tmp_path,
+            transformers,
+            f"tf{attempt}",
+            params={"temperature": 0, "seed": 1},
+            concurrency=[1, 4],
+            samples=8,
+        )
         cells = cells_by_level(summary)
         assert cells[1]["distinct"] == 1, "greedy serial calls must agree"
         if cells[4]["drift"]:
@@ -106,12 +145,22 @@ def test_counts_match_an_independent_check(tmp_path, request, which):
     target = request.getfixturevalue(which)
     upstream = target.url.removesuffix("/v1")
     with RecordingProxy(upstream) as proxy:
-        _run(tmp_path, target, "proxied", params={"temperature": 0}, url=proxy.url, mode="mixed",
-             concurrency=[1, 4], samples=8)
+        _run(
+            tmp_path,
+            target,
+            "proxied",
+            params={"temperature": 0},
+            url=proxy.url,
+            mode="mixed",
+            concurrency=[1, 4],
+            samples=8,
+        )
         exchanges = list(proxy.exchanges)
     # Which level each request belonged to, matched by the nonce kevload put in the "user" field.
-    level_of = {f"kevload-{r['run_id']}-{r['seq']}": (r["role"], r["concurrency"])
-                for r in read_records(tmp_path / "proxied" / "records.jsonl")}
+    level_of = {
+        f"kevload-{r['run_id']}-{r['seq']}": (r["role"], r["concurrency"])
+        for r in read_records(tmp_path / "proxied" / "records.jsonl")
+    }
     outputs: dict[int, set[str]] = defaultdict(set)
     for body, raw in exchanges:
         role, level = level_of.get(body["user"], ("companion", 0))
@@ -123,15 +172,21 @@ def test_counts_match_an_independent_check(tmp_path, request, which):
 
 
 def test_target_is_stopped_when_the_block_fails():
-    with pytest.raises(RuntimeError, match="boom"), running_target("llamacpp", slots=1, **QUIET) as target:
+    with (
+        pytest.raises(RuntimeError, match="boom"),
+        running_target("llamacpp", slots=1, **QUIET) as target,
+    ):
         assert pid_alive(target.pid)
         raise RuntimeError("boom")
     assert not pid_alive(target.pid)
 
 
 def _post(url: str, body: dict) -> dict:
-    request = urllib.request.Request(f"{url}/chat/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{url}/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=120) as response:
         return json.loads(response.read())
 
@@ -140,8 +195,12 @@ def test_target_cli_start_status_stop():
     import subprocess
     import sys
 
-    started = subprocess.run([sys.executable, "-m", "kevload", "target", "start", "llamacpp", "--slots", "2"],
-                             capture_output=True, text=True, timeout=300)
+    started = subprocess.run(
+        [sys.executable, "-m", "kevload", "target", "start", "llamacpp", "--slots", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert started.returncode == 0, started.stderr
     url = started.stdout.strip().splitlines()[-1]
     assert url.startswith("http://127.0.0.1:") and url.endswith("/v1")

@@ -34,67 +34,139 @@ def vllm_one():
 
 
 def test_one_sequence_at_a_time_is_bitwise_serial_at_every_level(tmp_path, vllm_one):
-    scenario = write_scenario(tmp_path / "one.toml", vllm_one.url, probes=PROBE, params={"temperature": 0},
-                              target={"model": vllm_one.model, "timeout": 120}, concurrency=[1, 2, 4], samples=4)
-    code, output = run_cli("run", scenario, "--out", tmp_path / "one", "--quiet", "--fail-on", "latent")
+    scenario = write_scenario(
+        tmp_path / "one.toml",
+        vllm_one.url,
+        probes=PROBE,
+        params={"temperature": 0},
+        target={"model": vllm_one.model, "timeout": 120},
+        concurrency=[1, 2, 4],
+        samples=4,
+    )
+    code, output = run_cli(
+        "run", scenario, "--out", tmp_path / "one", "--quiet", "--fail-on", "latent"
+    )
     assert code == 0, output
     cells = cells_by_level(load_summary(tmp_path / "one"))
     for level in (1, 2, 4):
         cell = cells[level]
         assert (cell["ok"], cell["distinct"], cell["drift"]) == (4, 1, False), cell
         # vLLM sends no token ids: its logprobs are found and aligned by token strings.
-        assert cell["logprob_samples"] == 4 and cell["logprob_bitwise"] and not cell["latent_drift"], cell
-    # kevload did hold c requests in flight; the server's batch limit is what made them one at a time,
+        assert (
+            cell["logprob_samples"] == 4 and cell["logprob_bitwise"] and not cell["latent_drift"]
+        ), cell
+    # kevload did hold c requests in flight; the server's batch limit is what made them one at a
+    # time,
     # as the server's own view says: never more than one running, the others waiting.
-    counted = [r for r in read_records(tmp_path / "one" / "records.jsonl") if r["role"] == "probe" and r["counted"]]
+    counted = [
+        r
+        for r in read_records(tmp_path / "one" / "records.jsonl")
+        if r["role"] == "probe" and r["counted"]
+    ]
     assert {(r["concurrency"], r["in_flight"]) for r in counted} == {(1, 0), (2, 1), (4, 3)}
-    assert all(cells[c]["server_samples"] > 0 and cells[c]["server_running_max"] <= 1 for c in (1, 2, 4)), cells
-    assert cells[4]["server_waiting_max"] >= 1 and "server ran ≤ 1 at a time" in cells[4]["server_note"], cells[4]
+    assert all(
+        cells[c]["server_samples"] > 0 and cells[c]["server_running_max"] <= 1 for c in (1, 2, 4)
+    ), cells
+    assert (
+        cells[4]["server_waiting_max"] >= 1
+        and "server ran ≤ 1 at a time" in cells[4]["server_note"]
+    ), cells[4]
 
 
 def test_vllm_publishes_its_own_view_on_metrics(vllm_one):
     base = vllm_one.url.removesuffix("/v1")
     with urllib.request.urlopen(f"{base}/metrics", timeout=10) as response:
         text = response.read().decode()
-    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
-        assert re.search(rf"^{re.escape(name)}\{{.*model_name=\"{vllm_one.model}\".*\}} ", text, re.M), name
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+    ):
+        assert re.search(
+            rf"^{re.escape(name)}\{{.*model_name=\"{vllm_one.model}\".*\}} ", text, re.M
+        ), name
 
 
 def test_diagnose_on_vllm_defaults_names_crosstalk_and_c4_leaves_serial(tmp_path):
     # vLLM's own defaults (compiled, batching, prefix caching): started by diagnose itself.
-    code, output = run_cli("diagnose", "--target", "vllm", "--prompt", PROMPT, "--max-tokens", "32",
-                           "--params", '{"temperature": 0}', "--samples", "3", "--max-concurrency", "4",
-                           "--timeout", "120", "--json", tmp_path / "d.json", "--out", tmp_path / "d")
+    code, output = run_cli(
+        "diagnose",
+        "--target",
+        "vllm",
+        "--prompt",
+        PROMPT,
+        "--max-tokens",
+        "32",
+        "--params",
+        '{"temperature": 0}',
+        "--samples",
+        "3",
+        "--max-concurrency",
+        "4",
+        "--timeout",
+        "120",
+        "--json",
+        tmp_path / "d.json",
+        "--out",
+        tmp_path / "d",
+    )
     assert code == 1, output
     diagnosis = json.loads((tmp_path / "d.json").read_text())
     assert "crosstalk" in {cause["verdict"] for cause in diagnosis["causes"]}, diagnosis
     # The concurrency step's own run: greedy serial calls agree bitwise, four in flight leave them.
     cells = cells_by_level(load_summary(tmp_path / "d" / "concurrency_single"), probe="probe")
-    assert cells[1]["distinct"] == 1 and cells[1]["logprob_samples"] == 3 and cells[1]["logprob_bitwise"], cells[1]
+    assert (
+        cells[1]["distinct"] == 1
+        and cells[1]["logprob_samples"] == 3
+        and cells[1]["logprob_bitwise"]
+    ), cells[1]
     assert cells[4]["drift"] or cells[4]["latent_drift"], cells[4]
     assert cells[4]["server_running_max"] > 1, cells[4]  # batched, by the server's own account
 
 
 def test_vllm_killed_mid_run_ends_the_run_exit_3_with_its_log(tmp_path):
     # Many samples: the run would go on for minutes if the dead server were not noticed.
-    scenario = write_scenario(tmp_path / "kill.toml", "http://127.0.0.1:9/v1", probes=PROBE,
-                              params={"temperature": 0}, target={"timeout": 120}, concurrency=[1, 4], samples=200)
+    scenario = write_scenario(
+        tmp_path / "kill.toml",
+        "http://127.0.0.1:9/v1",
+        probes=PROBE,
+        params={"temperature": 0},
+        target={"timeout": 120},
+        concurrency=[1, 4],
+        samples=200,
+    )
     run_dir = tmp_path / "kill"
     done = threading.Event()
     killed: list[int] = []
-    killer = threading.Thread(target=_kill_engine_when_answering, args=(run_dir, killed, done), daemon=True)
+    killer = threading.Thread(
+        target=_kill_engine_when_answering, args=(run_dir, killed, done), daemon=True
+    )
     killer.start()
     try:
-        code, output = run_cli("run", scenario, "--target", "vllm", "--target-set", "enforce_eager=true",
-                               "--out", run_dir, "--quiet")
+        code, output = run_cli(
+            "run",
+            scenario,
+            "--target",
+            "vllm",
+            "--target-set",
+            "enforce_eager=true",
+            "--out",
+            run_dir,
+            "--quiet",
+        )
     finally:
         done.set()
         killer.join(10)
     assert killed, output
     assert code == 3, output
-    # After its engine died the API server answers 500, then refuses connections, then exits: any is what it says.
-    assert re.search(r"kevload: error: vllm \(pid \d+\) (exited|stopped answering http://127\.0\.0\.1:\d+/health "
-                     r"\(.+\)) while in use", output), output
+    # After its engine died the API server answers 500, then refuses connections, then exits: any is
+    # what it says.
+    assert re.search(
+        r"kevload: error: vllm \(pid \d+\) (exited|stopped answering "
+        r"http://127\.0\.0\.1:\d+/health "
+        r"\(.+\)) while in use",
+        output,
+    ), output
     assert "EngineDeadError" in output  # the end of vLLM's own log, where it says what happened
     assert load_summary(run_dir)["verdict"] == "target_failed"
     assert not pid_alive(killed[0])
@@ -105,7 +177,9 @@ def _kill_engine_when_answering(run_dir: Path, killed: list[int], done: threadin
     while not done.is_set():
         records = run_dir / "records.jsonl"
         if records.is_file() and len(records.read_bytes().splitlines()) >= 2:
-            port = json.loads((run_dir / "run.json").read_text())["scenario"]["target"]["base_url"].split(":")[2]
+            port = json.loads((run_dir / "run.json").read_text())["scenario"]["target"][
+                "base_url"
+            ].split(":")[2]
             pid = _engine_core(port.split("/")[0])
             if pid is not None:
                 os.kill(pid, signal.SIGKILL)

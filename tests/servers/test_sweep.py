@@ -25,14 +25,30 @@ from tests.conftest import run_cli, write_scenario
 def test_sweep_server_setting_and_scenario_key(tmp_path):
     # A fake server process that drifts once `drift_at` requests overlap: the swept setting.
     cmd = f"{sys.executable} -m tests.fakeserver --port {{port}} --drift-at {{drift}}"
-    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1, 4], samples=8)
+    scenario = write_scenario(
+        tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1, 4], samples=8
+    )
     out = tmp_path / "sweep"
-    code, output = run_cli("sweep", scenario, "--server-cmd", cmd, "--grid", "drift=3,99",
-                           "--grid", "load.mode=single,mixed", "--out", out)
+    code, output = run_cli(
+        "sweep",
+        scenario,
+        "--server-cmd",
+        cmd,
+        "--grid",
+        "drift=3,99",
+        "--grid",
+        "load.mode=single,mixed",
+        "--out",
+        out,
+    )
     assert code == 1, output
     sweep = json.loads((out / "sweep.json").read_text())
-    assert [r["setting"] for r in sweep["rows"]] == ["drift=3,load.mode=single", "drift=3,load.mode=mixed",
-                                                     "drift=99,load.mode=single", "drift=99,load.mode=mixed"]
+    assert [r["setting"] for r in sweep["rows"]] == [
+        "drift=3,load.mode=single",
+        "drift=3,load.mode=mixed",
+        "drift=99,load.mode=single",
+        "drift=99,load.mode=mixed",
+    ]
     drift = {r["setting"]: {c["level"]: c["drift"] for c in r["cells"]} for r in sweep["rows"]}
     assert drift["drift=3,load.mode=single"] == {"c=1": False, "c=4": True}
     assert drift["drift=99,load.mode=single"] == {"c=1": False, "c=4": False}
@@ -46,21 +62,46 @@ def test_sweep_server_setting_and_scenario_key(tmp_path):
 def test_sweep_cells_carry_the_logprob_evidence_of_a_run(tmp_path):
     # The fake server's logprobs (not its text) move once `lp` requests overlap: the setting swept.
     cmd = f"{sys.executable} -m tests.fakeserver --port {{port}} --latency 0.05 --logprob-drift-at {{lp}}"
-    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1, 4], samples=6)
+    scenario = write_scenario(
+        tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1, 4], samples=6
+    )
     out = tmp_path / "sweep"
-    code, output = run_cli("sweep", scenario, "--server-cmd", cmd, "--grid", "lp=3,99", "--out", out)
+    code, output = run_cli(
+        "sweep", scenario, "--server-cmd", cmd, "--grid", "lp=3,99", "--out", out
+    )
     assert code == 0, output  # latent drift is no failure unless asked (run --fail-on latent)
     rows = {row["setting"]: row for row in json.loads((out / "sweep.json").read_text())["rows"]}
-    keys = ("logprob_samples", "logprob_bitwise", "logprob_max_abs_diff", "first_logprob_divergence_token",
-            "latent_drift", "agrees_with_serial", "latency", "requests_per_s")
+    keys = (
+        "logprob_samples",
+        "logprob_bitwise",
+        "logprob_max_abs_diff",
+        "first_logprob_divergence_token",
+        "latent_drift",
+        "agrees_with_serial",
+        "latency",
+        "requests_per_s",
+    )
     for row in rows.values():
-        run_cells = {c["concurrency"]: c for c in json.loads((Path(row["run"]) / "summary.json").read_text())["cells"]
-                     if c["role"] == "probe"}
-        for cell in row["cells"]:  # the same evidence, under the same names, as the run's own summary.json
-            assert {k: cell[k] for k in keys} == {k: run_cells[cell["concurrency"]][k] for k in keys}
+        run_cells = {
+            c["concurrency"]: c
+            for c in json.loads((Path(row["run"]) / "summary.json").read_text())["cells"]
+            if c["role"] == "probe"
+        }
+        for cell in row[
+            "cells"
+        ]:  # the same evidence, under the same names, as the run's own summary.json
+            assert {k: cell[k] for k in keys} == {
+                k: run_cells[cell["concurrency"]][k] for k in keys
+            }
     cells = {name: {c["level"]: c for c in row["cells"]} for name, row in rows.items()}
-    assert cells["lp=3"]["c=4"]["latent_drift"] is True and cells["lp=3"]["c=4"]["logprob_bitwise"] is False
-    assert cells["lp=3"]["c=1"]["logprob_bitwise"] is True and cells["lp=99"]["c=4"]["logprob_bitwise"] is True
+    assert (
+        cells["lp=3"]["c=4"]["latent_drift"] is True
+        and cells["lp=3"]["c=4"]["logprob_bitwise"] is False
+    )
+    assert (
+        cells["lp=3"]["c=1"]["logprob_bitwise"] is True
+        and cells["lp=99"]["c=4"]["logprob_bitwise"] is True
+    )
     md = (out / "sweep.md").read_text()
     cell = r"[\d.]+/s · p50 \d+ ms"
     assert re.search(rf"\| lp=3 \| p1 \(single\) \| 1 ≡ · {cell} \| 1 ~ · {cell} \|", md), md
@@ -69,7 +110,9 @@ def test_sweep_cells_carry_the_logprob_evidence_of_a_run(tmp_path):
 
 def test_scenario_keys_only_need_no_server(tmp_path, server):
     scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=4)
-    code, output = run_cli("sweep", scenario, "--grid", "load.stream=true,false", "--out", tmp_path / "sw")
+    code, output = run_cli(
+        "sweep", scenario, "--grid", "load.stream=true,false", "--out", tmp_path / "sw"
+    )
     assert code == 0, output
     assert len(json.loads((tmp_path / "sw" / "sweep.json").read_text())["rows"]) == 2
 
@@ -85,10 +128,17 @@ def test_bad_grid(tmp_path):
 @pytest.mark.e2e
 def test_sweep_builtin_llamacpp_slots(tmp_path):
     # A real server on two shared cores: the fake server's 5 s timeout is no bound on its answers.
-    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1, 2], samples=4,
-                              probes=[{"id": "p1", "prompt": "Name a colour.", "max_tokens": 8}],
-                              target={"timeout": 120})
-    code, output = run_cli("sweep", scenario, "--target", "llamacpp", "--grid", "slots=1,2", "--out", tmp_path / "sw")
+    scenario = write_scenario(
+        tmp_path / "s.toml",
+        "http://127.0.0.1:9/v1",
+        concurrency=[1, 2],
+        samples=4,
+        probes=[{"id": "p1", "prompt": "Name a colour.", "max_tokens": 8}],
+        target={"timeout": 120},
+    )
+    code, output = run_cli(
+        "sweep", scenario, "--target", "llamacpp", "--grid", "slots=1,2", "--out", tmp_path / "sw"
+    )
     assert code == 0, output
     sweep = json.loads((tmp_path / "sw" / "sweep.json").read_text())
     assert [r["server"] for r in sweep["rows"]] == [{"slots": 1}, {"slots": 2}]
@@ -101,55 +151,88 @@ ROOT = Path(__file__).resolve().parents[2]
 def _server_script(tmp_path: Path) -> Path:
     """A server command that records its arguments, then serves the fake server on the port it was given."""
     script = tmp_path / "srv.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import json, sys
         sys.path.insert(0, {str(ROOT)!r})
         open({str(tmp_path / "argv.json")!r}, "w").write(json.dumps(sys.argv[1:]))
         from tests.fakeserver import main
         sys.argv = [sys.argv[0], "--port", sys.argv[1], "--latency", "0.01"]
         main()
-    """))
+    """)
+    )
     return script
 
 
 def test_server_cmd_without_port_is_refused_at_once(tmp_path):
-    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], samples=2)
+    scenario = write_scenario(
+        tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], samples=2
+    )
     cmd = f"{sys.executable} -m tests.fakeserver --port 8000 --drift-at {{drift}}"
-    code, output = run_cli("sweep", scenario, "--server-cmd", cmd, "--grid", "drift=3", "--out", tmp_path / "sw")
+    code, output = run_cli(
+        "sweep", scenario, "--server-cmd", cmd, "--grid", "drift=3", "--out", tmp_path / "sw"
+    )
     assert code == 2 and "Traceback" not in output
     assert "--server-cmd: needs {port}" in output and output.count("\n") == 1
     assert not list((tmp_path / "sw").glob("server-*.log"))  # refused before anything was started
 
 
 def test_unknown_placeholder_and_unused_axis_are_named(tmp_path):
-    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], samples=2)
+    scenario = write_scenario(
+        tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], samples=2
+    )
     cmd = f"{sys.executable} -m tests.fakeserver --port {{port}} --drift-at {{drift_at}}"
-    code, output = run_cli("sweep", scenario, "--server-cmd", cmd, "--grid", "drift=3", "--out", tmp_path / "sw")
-    assert code == 2 and "placeholder {drift_at} is neither {port} nor a --grid axis (axes: drift)" in output
+    code, output = run_cli(
+        "sweep", scenario, "--server-cmd", cmd, "--grid", "drift=3", "--out", tmp_path / "sw"
+    )
+    assert (
+        code == 2
+        and "placeholder {drift_at} is neither {port} nor a --grid axis (axes: drift)" in output
+    )
     cmd = f"{sys.executable} -m tests.fakeserver --port {{port}}"
-    code, output = run_cli("sweep", scenario, "--server-cmd", cmd, "--grid", "drift=3,99", "--out", tmp_path / "sw")
+    code, output = run_cli(
+        "sweep", scenario, "--server-cmd", cmd, "--grid", "drift=3,99", "--out", tmp_path / "sw"
+    )
     assert code == 2 and "--grid drift: --server-cmd has no {drift}" in output
 
 
 def test_json_and_spaces_in_the_server_cmd(tmp_path):
-    # vLLM takes JSON arguments; a placeholder inside a quoted argument with spaces stays one argument.
-    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], samples=2)
-    cmd = (f"{sys.executable} {_server_script(tmp_path)} {{port}} "
-           """--override-generation-config '{"temperature": 0}' --tag 'slots {slots} of {"x": {slots}}'""")
-    code, output = run_cli("sweep", scenario, "--server-cmd", cmd, "--grid", "slots=3", "--out", tmp_path / "sw")
+    # vLLM takes JSON arguments; a placeholder inside a quoted argument with spaces stays one
+    # argument.
+    scenario = write_scenario(
+        tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], samples=2
+    )
+    cmd = (
+        f"{sys.executable} {_server_script(tmp_path)} {{port}} "
+        """--override-generation-config '{"temperature": 0}' --tag 'slots {slots} of {"x": {slots}}'"""
+    )
+    code, output = run_cli(
+        "sweep", scenario, "--server-cmd", cmd, "--grid", "slots=3", "--out", tmp_path / "sw"
+    )
     assert code == 0, output
     argv = json.loads((tmp_path / "argv.json").read_text())
-    assert argv[1:] == ["--override-generation-config", '{"temperature": 0}', "--tag", 'slots 3 of {"x": 3}']
+    assert argv[1:] == [
+        "--override-generation-config",
+        '{"temperature": 0}',
+        "--tag",
+        'slots 3 of {"x": 3}',
+    ]
     assert argv[0].isdigit()  # {port} was filled in
 
 
 def test_server_exiting_during_start_fails_at_once(tmp_path):
-    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], samples=2)
-    script = ("import sys; print('loading model.gguf', file=sys.stderr); "
-              "print('no such file', file=sys.stderr); sys.exit(3)")
+    scenario = write_scenario(
+        tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], samples=2
+    )
+    script = (
+        "import sys; print('loading model.gguf', file=sys.stderr); "
+        "print('no such file', file=sys.stderr); sys.exit(3)"
+    )
     cmd = f"{sys.executable} -c {shlex.quote(script)} {{port}}"
     started = time.monotonic()
-    code, output = run_cli("sweep", scenario, "--server-cmd", cmd, "--grid", "load.samples=2", "--out", tmp_path / "sw")
+    code, output = run_cli(
+        "sweep", scenario, "--server-cmd", cmd, "--grid", "load.samples=2", "--out", tmp_path / "sw"
+    )
     assert code == 3 and "server exited while starting" in output
     assert "loading model.gguf\nno such file" in output  # its last stderr lines
     assert time.monotonic() - started < READY_TIMEOUT_S / 5  # not the readiness timeout
@@ -157,14 +240,32 @@ def test_server_exiting_during_start_fails_at_once(tmp_path):
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_cancel_while_the_server_starts_leaves_no_server(tmp_path, signum, code):
-    # A server that never gets ready: it writes its pid and sleeps, so the cancel lands while kevload waits.
-    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], samples=2)
+    # A server that never gets ready: it writes its pid and sleeps, so the cancel lands while
+    # kevload waits.
+    scenario = write_scenario(
+        tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], samples=2
+    )
     pid_file = tmp_path / "server.pid"
     script = f"import os, sys, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
     cmd = f"{sys.executable} -c {shlex.quote(script)} {{port}}"
-    proc = subprocess.Popen([sys.executable, "-m", "kevload", "sweep", str(scenario), "--server-cmd", cmd,
-                             "--grid", "load.samples=2,3", "--out", str(tmp_path / "sw")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kevload",
+            "sweep",
+            str(scenario),
+            "--server-cmd",
+            cmd,
+            "--grid",
+            "load.samples=2,3",
+            "--out",
+            str(tmp_path / "sw"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     server_pid = None
     try:
         deadline = time.monotonic() + 30
@@ -179,8 +280,10 @@ def test_cancel_while_the_server_starts_leaves_no_server(tmp_path, signum, code)
         assert not pid_alive(server_pid)
         # The setting it stopped, and the one it never reached, each have a row that says why.
         sweep = json.loads((tmp_path / "sw" / "sweep.json").read_text())
-        assert [(r["setting"], r["verdict"]) for r in sweep["rows"]] == [("load.samples=2", "not_run"),
-                                                                          ("load.samples=3", "not_run")]
+        assert [(r["setting"], r["verdict"]) for r in sweep["rows"]] == [
+            ("load.samples=2", "not_run"),
+            ("load.samples=3", "not_run"),
+        ]
         assert all(r["reason"].startswith("the sweep was stopped") for r in sweep["rows"])
         assert "| load.samples=3 | not run: the sweep was stopped" in stdout
     finally:
@@ -193,12 +296,18 @@ def test_cancel_while_the_server_starts_leaves_no_server(tmp_path, signum, code)
 
 def test_sweep_quiet_prints_only_verdict_lines(tmp_path, server):
     scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=2)
-    code, output = run_cli("sweep", scenario, "--grid", "load.stream=true,false", "--out", tmp_path / "sw", "--quiet")
+    code, output = run_cli(
+        "sweep", scenario, "--grid", "load.stream=true,false", "--out", tmp_path / "sw", "--quiet"
+    )
     assert code == 0, output
     lines = output.splitlines()
-    assert [line.split(": ", 1)[0] for line in lines[:2]] == ["load.stream=True", "load.stream=False"]
+    assert [line.split(": ", 1)[0] for line in lines[:2]] == [
+        "load.stream=True",
+        "load.stream=False",
+    ]
     assert all(line.split(": ", 2)[1] == "deterministic" for line in lines[:2])
-    # Then only where the sweep was written (stderr, as `run --quiet` says where its records are): no table.
+    # Then only where the sweep was written (stderr, as `run --quiet` says where its records are):
+    # no table.
     assert lines[2].startswith("sweep: ") and "sweep.md" in "".join(lines[2:])
     assert "|" not in output and "running" not in output
 
@@ -236,66 +345,128 @@ web.run_app(app, host="127.0.0.1", port=args.port, print=None)
 def test_a_setting_whose_server_dies_mid_run_claims_no_throughput_and_no_row_is_lost(tmp_path):
     (tmp_path / "dying.py").write_text(DYING_SERVER)
     cmd = f"{sys.executable} {tmp_path / 'dying.py'} --port {{port}} --die-after {{n}}"
-    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1, 4], samples=8)
+    scenario = write_scenario(
+        tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1, 4], samples=8
+    )
     out = tmp_path / "sw"
     started = time.monotonic()
-    code, output = run_cli("sweep", scenario, "--server-cmd", cmd, "--grid", "n=12,1000",
-                           "--grid", "load.mode=single,mixed", "--out", out)
+    code, output = run_cli(
+        "sweep",
+        scenario,
+        "--server-cmd",
+        cmd,
+        "--grid",
+        "n=12,1000",
+        "--grid",
+        "load.mode=single,mixed",
+        "--out",
+        out,
+    )
     assert code == 3, output
     assert time.monotonic() - started < 60  # never waits for a dead server
     sweep = json.loads((out / "sweep.json").read_text())
     rows = {row["setting"]: row for row in sweep["rows"]}
-    # Every setting asked for has its row: the ones the dead server never ran say so, none is silently missing.
-    assert list(rows) == ["n=12,load.mode=single", "n=12,load.mode=mixed", "n=1000,load.mode=single",
-                          "n=1000,load.mode=mixed"]
+    # Every setting asked for has its row: the ones the dead server never ran say so, none is
+    # silently missing.
+    assert list(rows) == [
+        "n=12,load.mode=single",
+        "n=12,load.mode=mixed",
+        "n=1000,load.mode=single",
+        "n=1000,load.mode=mixed",
+    ]
     assert rows["n=12,load.mode=single"]["verdict"] == "target_failed"
     assert rows["n=12,load.mode=single"]["error"].startswith("the server exited during the run")
-    assert rows["n=12,load.mode=mixed"]["verdict"] == "not_run" and rows["n=12,load.mode=mixed"]["cells"] == []
-    assert "the server exited during n=12,load.mode=single" in rows["n=12,load.mode=mixed"]["reason"]
-    assert [rows[f"n=1000,load.mode={m}"]["verdict"] for m in ("single", "mixed")] == ["deterministic"] * 2
-    # The dead setting's c=4 answered nothing: its cost is no rate at all, however fast its requests failed.
+    assert (
+        rows["n=12,load.mode=mixed"]["verdict"] == "not_run"
+        and rows["n=12,load.mode=mixed"]["cells"] == []
+    )
+    assert (
+        "the server exited during n=12,load.mode=single" in rows["n=12,load.mode=mixed"]["reason"]
+    )
+    assert [rows[f"n=1000,load.mode={m}"]["verdict"] for m in ("single", "mixed")] == [
+        "deterministic"
+    ] * 2
+    # The dead setting's c=4 answered nothing: its cost is no rate at all, however fast its requests
+    # failed.
     dead = next(c for c in rows["n=12,load.mode=single"]["cells"] if c["level"] == "c=4")
     assert dead["ok"] == 0 and dead["requests_per_s"] > 0  # sweep.json keeps the run's own field
-    line = next(line for line in (out / "sweep.md").read_text().splitlines()
-                if line.startswith("| n=12,load.mode=single | p1 (single) |"))
+    line = next(
+        line
+        for line in (out / "sweep.md").read_text().splitlines()
+        if line.startswith("| n=12,load.mode=single | p1 (single) |")
+    )
     assert line.split(" | ")[-1].rstrip(" |") == "no ok (0/8)", line
     run_cli("report", out, "--format", "html", "-o", tmp_path / "sweep.html")
     throughput = (tmp_path / "sweep.html").read_text().split("<h2>Throughput</h2>", 1)[1]
-    dead_row = throughput.split("n=12,load.mode=single · p1 (single)</td>", 1)[1].split("</tr>", 1)[0]
+    dead_row = throughput.split("n=12,load.mode=single · p1 (single)</td>", 1)[1].split("</tr>", 1)[
+        0
+    ]
     assert dead_row.endswith("<td>–</td>"), dead_row
-    # The page names the failed settings and why, as sweep.md does: the one never run has no cell to show it.
+    # The page names the failed settings and why, as sweep.md does: the one never run has no cell to
+    # show it.
     page = (tmp_path / "sweep.html").read_text()
-    assert "n=12,load.mode=mixed" in page and "not run: the server exited during n=12,load.mode=single" in page
+    assert (
+        "n=12,load.mode=mixed" in page
+        and "not run: the server exited during n=12,load.mode=single" in page
+    )
     # Half answered in a second, half failed at once: 4 answers a second, not the 8 requests.
-    half = dataclasses.replace(row_cells(rows["n=12,load.mode=single"])[1], ok=4, errors={"connect": 4},
-                               requests_per_s=8.0)
+    half = dataclasses.replace(
+        row_cells(rows["n=12,load.mode=single"])[1], ok=4, errors={"connect": 4}, requests_per_s=8.0
+    )
     assert sweep_cell_text(half).endswith(" · 4.0/s")
 
 
 def test_a_server_that_fails_to_start_fails_its_setting_and_the_sweep_goes_on(tmp_path):
     (tmp_path / "dying.py").write_text(DYING_SERVER)
     cmd = f"{sys.executable} {tmp_path / 'dying.py'} --port {{port}} --die-after {{n}}"
-    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1, 2], samples=3)
-    code, output = run_cli("sweep", scenario, "--server-cmd", cmd, "--grid", "n=1000,-1,999",
-                           "--grid", "load.mode=single,mixed", "--out", tmp_path / "sw")
+    scenario = write_scenario(
+        tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1, 2], samples=3
+    )
+    code, output = run_cli(
+        "sweep",
+        scenario,
+        "--server-cmd",
+        cmd,
+        "--grid",
+        "n=1000,-1,999",
+        "--grid",
+        "load.mode=single,mixed",
+        "--out",
+        tmp_path / "sw",
+    )
     assert code == 3 and "cannot allocate the KV cache" in output, output
-    # Too large a batch for the memory fails that setting alone (both its rows, with the server's last words);
-    # the settings around it ran (minutes each, on a real server), and the sweep went through the grid.
+    # Too large a batch for the memory fails that setting alone (both its rows, with the server's
+    # last words);
+    # the settings around it ran (minutes each, on a real server), and the sweep went through the
+    # grid.
     sweep = json.loads((tmp_path / "sw" / "sweep.json").read_text())
     assert [(r["setting"], r["verdict"]) for r in sweep["rows"]] == [
-        ("n=1000,load.mode=single", "deterministic"), ("n=1000,load.mode=mixed", "deterministic"),
-        ("n=-1,load.mode=single", "target_failed"), ("n=-1,load.mode=mixed", "target_failed"),
-        ("n=999,load.mode=single", "deterministic"), ("n=999,load.mode=mixed", "deterministic")]
+        ("n=1000,load.mode=single", "deterministic"),
+        ("n=1000,load.mode=mixed", "deterministic"),
+        ("n=-1,load.mode=single", "target_failed"),
+        ("n=-1,load.mode=mixed", "target_failed"),
+        ("n=999,load.mode=single", "deterministic"),
+        ("n=999,load.mode=mixed", "deterministic"),
+    ]
     failed = sweep["rows"][2]
-    assert failed["error"].startswith("server exited while starting") and "cannot allocate the KV cache" in \
-        failed["error"] and failed["cells"] == [] and failed["run"] is None
+    assert (
+        failed["error"].startswith("server exited while starting")
+        and "cannot allocate the KV cache" in failed["error"]
+        and failed["cells"] == []
+        and failed["run"] is None
+    )
     assert sweep["complete"] is True
     md = (tmp_path / "sw" / "sweep.md").read_text()
-    assert "| n=1000,load.mode=single | p1 (single) |" in md and "| n=-1,load.mode=mixed | failed: server exited" in md
+    assert (
+        "| n=1000,load.mode=single | p1 (single) |" in md
+        and "| n=-1,load.mode=mixed | failed: server exited" in md
+    )
 
 
-# A server that answers `--after` requests, then fails as `--how` says, right as its last answer leaves: it exits
-# (`exit`), or its readiness URL turns 503 (`503`). `--after -1`: it never gets ready (it never listens).
+# A server that answers `--after` requests, then fails as `--how` says, right as its last answer
+# leaves: it exits
+# (`exit`), or its readiness URL turns 503 (`503`). `--after -1`: it never gets ready (it never
+# listens).
 SICK_SERVER = """
 import argparse, os, time
 from aiohttp import web
@@ -335,24 +506,38 @@ def sick_server(tmp_path: Path, scenario: Path, how: str = "exit") -> tuple[str,
     """The sick server's command, and how many requests one run of ``scenario`` sends (counted on a healthy one)."""
     (tmp_path / "sick.py").write_text(SICK_SERVER)
     cmd = f"{sys.executable} {tmp_path / 'sick.py'} --port {{port}} --after {{n}} --how {how}"
-    code, output = run_cli("sweep", scenario, "--server-cmd", cmd, "--grid", "n=100000", "--out", tmp_path / "count")
+    code, output = run_cli(
+        "sweep", scenario, "--server-cmd", cmd, "--grid", "n=100000", "--out", tmp_path / "count"
+    )
     assert code == 0, output
     served = re.findall(r"served (\d+)", (tmp_path / "count" / "server-n=100000.log").read_text())
     return cmd, int(served[-1])
 
 
-@pytest.mark.parametrize(("how", "why"), [("exit", "the server exited during the run"),
-                                          ("503", "the server stopped answering http://127.0.0.1:")])
-def test_a_setting_whose_server_fails_right_after_its_last_answer_is_target_failed(tmp_path, how, why):
+@pytest.mark.parametrize(
+    ("how", "why"),
+    [
+        ("exit", "the server exited during the run"),
+        ("503", "the server stopped answering http://127.0.0.1:"),
+    ],
+)
+def test_a_setting_whose_server_fails_right_after_its_last_answer_is_target_failed(
+    tmp_path, how, why
+):
     # One request at a time: the last one counted is the last one answered.
-    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], samples=4)
+    scenario = write_scenario(
+        tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], samples=4
+    )
     cmd, requests = sick_server(tmp_path, scenario, how)
     out = tmp_path / "sw"
-    code, output = run_cli("sweep", scenario, "--server-cmd", cmd, "--grid", f"n={requests},100000", "--out", out)
+    code, output = run_cli(
+        "sweep", scenario, "--server-cmd", cmd, "--grid", f"n={requests},100000", "--out", out
+    )
     assert code == 3, output
     rows = {row["setting"]: row for row in json.loads((out / "sweep.json").read_text())["rows"]}
     failed = rows[f"n={requests}"]
-    # Every answer came and held (its run alone is deterministic), from a server that did not last the run.
+    # Every answer came and held (its run alone is deterministic), from a server that did not last
+    # the run.
     assert (failed["verdict"], failed["run_verdict"]) == ("target_failed", "deterministic")
     assert failed["error"].startswith(why) and failed["verdict_line"].startswith(f"failed: {why}")
     assert all(cell["ok"] == cell["asked"] for cell in failed["cells"])
@@ -360,36 +545,64 @@ def test_a_setting_whose_server_fails_right_after_its_last_answer_is_target_fail
     assert f"| n={requests} | failed: {why}" in (out / "sweep.md").read_text()
 
 
-def test_a_server_never_ready_fails_its_setting_after_the_ready_timeout_and_the_sweep_goes_on(tmp_path):
-    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], samples=2)
+def test_a_server_never_ready_fails_its_setting_after_the_ready_timeout_and_the_sweep_goes_on(
+    tmp_path,
+):
+    scenario = write_scenario(
+        tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], samples=2
+    )
     (tmp_path / "sick.py").write_text(SICK_SERVER)
     cmd = f"{sys.executable} {tmp_path / 'sick.py'} --port {{port}} --after {{n}}"
     out = tmp_path / "sw"
     started = time.monotonic()
-    code, output = run_cli("sweep", scenario, "--server-cmd", cmd, "--grid", "n=-1,100000",
-                           "--grid", "load.samples=2,3", "--ready-timeout", "2", "--out", out)
+    code, output = run_cli(
+        "sweep",
+        scenario,
+        "--server-cmd",
+        cmd,
+        "--grid",
+        "n=-1,100000",
+        "--grid",
+        "load.samples=2,3",
+        "--ready-timeout",
+        "2",
+        "--out",
+        out,
+    )
     assert code == 3, output
     assert time.monotonic() - started < READY_TIMEOUT_S / 10  # the option's 2 s, not the default
     sweep = json.loads((out / "sweep.json").read_text())
     assert [(r["setting"], r["verdict"]) for r in sweep["rows"]] == [
-        ("n=-1,load.samples=2", "target_failed"), ("n=-1,load.samples=3", "target_failed"),
-        ("n=100000,load.samples=2", "deterministic"), ("n=100000,load.samples=3", "deterministic")]
+        ("n=-1,load.samples=2", "target_failed"),
+        ("n=-1,load.samples=3", "target_failed"),
+        ("n=100000,load.samples=2", "deterministic"),
+        ("n=100000,load.samples=3", "deterministic"),
+    ]
     assert sweep["rows"][0]["error"].startswith("server not ready at http://127.0.0.1:")
     assert "after 2 s (" in sweep["rows"][0]["error"] and sweep["complete"]
 
 
 @pytest.mark.parametrize("values", ["4,4", "0.5,0.50", "true,True"])
-def test_grid_values_that_are_the_same_setting_are_refused_before_any_server_starts(tmp_path, values):
-    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], samples=2)
+def test_grid_values_that_are_the_same_setting_are_refused_before_any_server_starts(
+    tmp_path, values
+):
+    scenario = write_scenario(
+        tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], samples=2
+    )
     cmd = f"{sys.executable} {_server_script(tmp_path)} {{port}} {{x}}"
-    code, output = run_cli("sweep", scenario, "--server-cmd", cmd, "--grid", f"x={values}", "--out", tmp_path / "sw")
+    code, output = run_cli(
+        "sweep", scenario, "--server-cmd", cmd, "--grid", f"x={values}", "--out", tmp_path / "sw"
+    )
     first, second = values.split(",")
     assert code == 2 and f"--grid x: {first} and {second} are the same setting" in output, output
-    assert output.count("\n") == 1 and not (tmp_path / "argv.json").exists()  # no server was started
+    assert (
+        output.count("\n") == 1 and not (tmp_path / "argv.json").exists()
+    )  # no server was started
 
 
 def test_settings_whose_directory_names_collide_are_named_apart(tmp_path, server):
-    # org/m and org_m are two models, and a directory name holds no /: each run gets a directory of its own.
+    # org/m and org_m are two models, and a directory name holds no /: each run gets a directory of
+    # its own.
     scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2)
     out = tmp_path / "sw"
     code, output = run_cli("sweep", scenario, "--grid", "target.model=org/m,org_m", "--out", out)
@@ -398,18 +611,33 @@ def test_settings_whose_directory_names_collide_are_named_apart(tmp_path, server
     assert [r["setting"] for r in rows] == ["target.model=org/m", "target.model=org_m"]
     runs = [Path(r["run"]) for r in rows]
     assert runs[0] != runs[1] and all(run.parent == out for run in runs)
-    assert [json.loads((run / "run.json").read_text())["target"]["model"] for run in runs] == ["org/m", "org_m"]
+    assert [json.loads((run / "run.json").read_text())["target"]["model"] for run in runs] == [
+        "org/m",
+        "org_m",
+    ]
 
 
 def test_a_sweep_ended_by_an_error_gives_every_setting_a_row(tmp_path):
-    # The second setting's server command cannot be run: that ends the sweep (it is the command, so every setting
-    # would fail alike, exit 2); the first keeps its row, and the two it never ran say why, in every view.
-    scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], samples=2)
+    # The second setting's server command cannot be run: that ends the sweep (it is the command, so
+    # every setting
+    # would fail alike, exit 2); the first keeps its row, and the two it never ran say why, in every
+    # view.
+    scenario = write_scenario(
+        tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], samples=2
+    )
     script = _server_script(tmp_path)
     missing = tmp_path / "no-such-python"
     out = tmp_path / "sw"
-    code, output = run_cli("sweep", scenario, "--server-cmd", f"{{exe}} {script} {{port}}",
-                           "--grid", f"exe={sys.executable},{missing},{sys.executable}3", "--out", out)
+    code, output = run_cli(
+        "sweep",
+        scenario,
+        "--server-cmd",
+        f"{{exe}} {script} {{port}}",
+        "--grid",
+        f"exe={sys.executable},{missing},{sys.executable}3",
+        "--out",
+        out,
+    )
     assert code == 2 and "--server-cmd: cannot run" in output, output
     sweep = json.loads((out / "sweep.json").read_text())
     assert [r["verdict"] for r in sweep["rows"]] == ["deterministic", "not_run", "not_run"]
@@ -424,15 +652,26 @@ def test_a_sweep_ended_by_an_error_gives_every_setting_a_row(tmp_path):
 def test_sweep_md_keeps_its_columns_whatever_the_probe_id_and_setting_hold(tmp_path, server):
     from tests.outputs.test_output_escaping import HOSTILE, _cells
 
-    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=2,
-                              probes=[{"id": HOSTILE, "prompt": "Say something.", "max_tokens": 16}])
+    scenario = write_scenario(
+        tmp_path / "s.toml",
+        server.url,
+        concurrency=[1, 2],
+        samples=2,
+        probes=[{"id": HOSTILE, "prompt": "Say something.", "max_tokens": 16}],
+    )
     out = tmp_path / "sw"
-    code, output = run_cli("sweep", scenario, "--grid", "params.stop=a|b,<i>c", "--out", out, "--quiet")
+    code, output = run_cli(
+        "sweep", scenario, "--grid", "params.stop=a|b,<i>c", "--out", out, "--quiet"
+    )
     assert code == 0, output
     for text in ((out / "sweep.md").read_text(), run_cli("report", out, "--format", "markdown")[1]):
         rows = [line for line in text.splitlines() if line.startswith("|")]
-        assert len(rows) == 4, text  # header, rule, a row per setting: a line break in the probe id split rows
-        assert all(len(_cells(row)) == len(_cells(rows[0])) for row in rows), rows  # a | added columns
+        assert len(rows) == 4, (
+            text
+        )  # header, rule, a row per setting: a line break in the probe id split rows
+        assert all(len(_cells(row)) == len(_cells(rows[0])) for row in rows), (
+            rows
+        )  # a | added columns
         assert "\x1b" not in text and "<i>" not in text and "<b>" not in text
 
 
@@ -441,23 +680,40 @@ def test_a_setting_too_long_for_a_file_name_gets_a_directory_all_the_same(tmp_pa
     long = "org/" + "m" * 300
     scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2)
     out = tmp_path / "sw"
-    code, output = run_cli("sweep", scenario, "--grid", f"target.model={long},{long}x", "--out", out)
-    assert code == 0, output  # before: OSError "File name too long" ended the sweep, exit 1 with a traceback
+    code, output = run_cli(
+        "sweep", scenario, "--grid", f"target.model={long},{long}x", "--out", out
+    )
+    assert code == 0, (
+        output
+    )  # before: OSError "File name too long" ended the sweep, exit 1 with a traceback
     runs = [Path(r["run"]) for r in json.loads((out / "sweep.json").read_text())["rows"]]
-    assert runs[0] != runs[1] and all(run.parent == out and len(run.name.encode()) <= 255 for run in runs)
-    assert [json.loads((run / "run.json").read_text())["target"]["model"] for run in runs] == [long, f"{long}x"]
+    assert runs[0] != runs[1] and all(
+        run.parent == out and len(run.name.encode()) <= 255 for run in runs
+    )
+    assert [json.loads((run / "run.json").read_text())["target"]["model"] for run in runs] == [
+        long,
+        f"{long}x",
+    ]
 
 
-@pytest.mark.parametrize(("edit", "named"), [
-    (lambda doc: doc.pop("rows"), "`rows`"), (lambda doc: doc.update(rows="x"), "$.rows"),
-    (lambda doc: doc.update(levels=None), "$.levels"),
-    (lambda doc: doc["rows"][0].update(setting=5), "$.rows[0].setting"),
-    (lambda doc: doc["rows"][0]["cells"][0].pop("mode"), "rows[0].cells[0].mode")])
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        (lambda doc: doc.pop("rows"), "`rows`"),
+        (lambda doc: doc.update(rows="x"), "$.rows"),
+        (lambda doc: doc.update(levels=None), "$.levels"),
+        (lambda doc: doc["rows"][0].update(setting=5), "$.rows[0].setting"),
+        (lambda doc: doc["rows"][0]["cells"][0].pop("mode"), "rows[0].cells[0].mode"),
+    ],
+)
 @pytest.mark.parametrize("fmt", ["markdown", "html"])
 def test_report_of_an_edited_sweep_json_exits_2_naming_the_key(tmp_path, server, edit, named, fmt):
     scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2)
     out = tmp_path / "sw"
-    assert run_cli("sweep", scenario, "--grid", "load.stream=true,false", "--out", out, "--quiet")[0] == 0
+    assert (
+        run_cli("sweep", scenario, "--grid", "load.stream=true,false", "--out", out, "--quiet")[0]
+        == 0
+    )
     doc = json.loads((out / "sweep.json").read_text())
     edit(doc)
     (out / "sweep.json").write_text(json.dumps(doc))

@@ -54,6 +54,7 @@ def finish(reason="stop") -> bytes:
 
 # --- the compared text ---
 
+
 def test_plain_answer_text_is_the_content_so_old_hashes_stay():
     assert answer_text("Hello world") == "Hello world"
     assert answer_text("Hello", reasoning="", tool_calls=[]) == "Hello"
@@ -61,34 +62,67 @@ def test_plain_answer_text_is_the_content_so_old_hashes_stay():
 
 
 def test_answer_text_keeps_every_part_apart():
-    text = answer_text("Paris.", "Capital of France?", [{"name": "lookup", "arguments": '{"q": 1}'}])
-    assert text == ('<reasoning>\nCapital of France?\n</reasoning>\nParis.'
-                    '\n<tool_call name="lookup">\n{"q": 1}\n</tool_call>')
+    text = answer_text(
+        "Paris.", "Capital of France?", [{"name": "lookup", "arguments": '{"q": 1}'}]
+    )
+    assert text == (
+        "<reasoning>\nCapital of France?\n</reasoning>\nParis."
+        '\n<tool_call name="lookup">\n{"q": 1}\n</tool_call>'
+    )
     # The same words in another field are another answer.
     assert answer_text("ab", "x") != answer_text("xab") != answer_text("b", "xa")
 
 
 # --- reading one response ---
 
+
 @pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
 def test_whole_reasoning_is_kept_and_compared(field):
-    out = whole({"choices": [{"index": 0, "finish_reason": "stop",
-                              "message": {"role": "assistant", "content": "42", field: "Think."}}]})
+    out = whole(
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "stop",
+                    "message": {"role": "assistant", "content": "42", field: "Think."},
+                }
+            ]
+        }
+    )
     assert (out.status, out.output, out.reasoning, out.tool_calls) == ("ok", "42", "Think.", None)
 
 
 @pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
 def test_streamed_reasoning_is_kept(field):
-    out = stream(delta(role="assistant"), delta(**{field: "Thi"}), delta(**{field: "nk."}), delta(content="42"),
-                 finish(), b"data: [DONE]\n\n")
+    out = stream(
+        delta(role="assistant"),
+        delta(**{field: "Thi"}),
+        delta(**{field: "nk."}),
+        delta(content="42"),
+        finish(),
+        b"data: [DONE]\n\n",
+    )
     assert (out.status, out.output, out.reasoning) == ("ok", "42", "Think.")
     assert out.chunks == 3  # reasoning pieces are generated tokens too (TTFT, inter-token gaps)
 
 
 def test_whole_tool_calls_are_an_answer_without_their_ids():
-    call = {"id": "call-9f2", "type": "function", "function": {"name": "get", "arguments": '{"city": "Oslo"}'}}
-    out = whole({"choices": [{"index": 0, "finish_reason": "tool_calls",
-                              "message": {"role": "assistant", "content": None, "tool_calls": [call]}}]})
+    call = {
+        "id": "call-9f2",
+        "type": "function",
+        "function": {"name": "get", "arguments": '{"city": "Oslo"}'},
+    }
+    out = whole(
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "tool_calls",
+                    "message": {"role": "assistant", "content": None, "tool_calls": [call]},
+                }
+            ]
+        }
+    )
     assert (out.status, out.output) == ("ok", "")
     assert out.tool_calls == [{"name": "get", "arguments": '{"city": "Oslo"}'}]
 
@@ -96,33 +130,78 @@ def test_whole_tool_calls_are_an_answer_without_their_ids():
 def test_object_arguments_are_compared_in_one_spelling():
     def answer(arguments):
         call = {"type": "function", "function": {"name": "get", "arguments": arguments}}
-        return whole({"choices": [{"index": 0, "finish_reason": "tool_calls",
-                                   "message": {"content": None, "tool_calls": [call]}}]}).tool_calls
+        return whole(
+            {
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "tool_calls",
+                        "message": {"content": None, "tool_calls": [call]},
+                    }
+                ]
+            }
+        ).tool_calls
 
-    assert answer({"b": 1, "a": 2}) == answer({"a": 2, "b": 1}) == [{"name": "get", "arguments": '{"a":2,"b":1}'}]
+    assert (
+        answer({"b": 1, "a": 2})
+        == answer({"a": 2, "b": 1})
+        == [{"name": "get", "arguments": '{"a":2,"b":1}'}]
+    )
 
 
 def test_streamed_tool_calls_are_joined_by_index():
     out = stream(
-        delta(tool_calls=[{"index": 0, "id": "c1", "type": "function", "function": {"name": "a", "arguments": ""}}]),
-        delta(tool_calls=[{"index": 1, "id": "c2", "type": "function", "function": {"name": "b", "arguments": "{"}}]),
+        delta(
+            tool_calls=[
+                {
+                    "index": 0,
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "a", "arguments": ""},
+                }
+            ]
+        ),
+        delta(
+            tool_calls=[
+                {
+                    "index": 1,
+                    "id": "c2",
+                    "type": "function",
+                    "function": {"name": "b", "arguments": "{"},
+                }
+            ]
+        ),
         delta(tool_calls=[{"index": 0, "function": {"arguments": '{"x"'}}]),
         delta(tool_calls=[{"index": 1, "function": {"name": None, "arguments": "}"}}]),
         delta(tool_calls=[{"index": 0, "function": {"arguments": ": 1}"}}]),
-        finish("tool_calls"), b"data: [DONE]\n\n")
+        finish("tool_calls"),
+        b"data: [DONE]\n\n",
+    )
     assert out.status == "ok"
-    assert out.tool_calls == [{"name": "a", "arguments": '{"x": 1}'}, {"name": "b", "arguments": "{}"}]
+    assert out.tool_calls == [
+        {"name": "a", "arguments": '{"x": 1}'},
+        {"name": "b", "arguments": "{}"},
+    ]
 
 
 def test_other_choices_never_mix_into_choice_zero():
-    out = stream(data({"choices": [{"index": 1, "delta": {"content": "B"}}]}), delta(content="A"),
-                 data({"choices": [{"index": 1, "delta": {"content": "B"}, "finish_reason": "stop"}]}),
-                 finish(), b"data: [DONE]\n\n")
+    out = stream(
+        data({"choices": [{"index": 1, "delta": {"content": "B"}}]}),
+        delta(content="A"),
+        data({"choices": [{"index": 1, "delta": {"content": "B"}, "finish_reason": "stop"}]}),
+        finish(),
+        b"data: [DONE]\n\n",
+    )
     assert (out.status, out.output) == ("ok", "A")
 
 
 def test_an_empty_answer_needs_a_finish_reason():
-    assert whole({"choices": [{"index": 0, "finish_reason": "stop", "message": {"content": ""}}]}).status == "ok"
+    assert (
+        whole(
+            {"choices": [{"index": 0, "finish_reason": "stop", "message": {"content": ""}}]}
+        ).status
+        == "ok"
+    )
     assert whole({"choices": [{"index": 0, "message": {"content": None}}]}).status == "malformed"
     assert stream(finish(), b"data: [DONE]\n\n").status == "ok"
     assert stream(delta(role="assistant"), b"data: [DONE]\n\n").status == "malformed"
@@ -130,19 +209,33 @@ def test_an_empty_answer_needs_a_finish_reason():
 
 @pytest.mark.parametrize(("reason", "status"), [("abort", "aborted"), ("error", "server_error")])
 def test_failed_finishes_are_failures(reason, status):
-    out = whole({"choices": [{"index": 0, "finish_reason": reason, "message": {"content": "partial"}}]})
+    out = whole(
+        {"choices": [{"index": 0, "finish_reason": reason, "message": {"content": "partial"}}]}
+    )
     assert (out.status, out.error) == (status, f"finish_reason {reason!r}")
     assert stream(delta(content="partial"), finish(reason), b"data: [DONE]\n\n").status == status
 
 
-@pytest.mark.parametrize("doc", [{"error": {"message": "boom"}}, {"object": "error", "message": "boom", "code": 500}])
+@pytest.mark.parametrize(
+    "doc", [{"error": {"message": "boom"}}, {"object": "error", "message": "boom", "code": 500}]
+)
 def test_error_objects_are_server_errors(doc):
     assert whole(doc).status == "server_error"
-    assert stream(delta(content="x"), data(doc), finish(), b"data: [DONE]\n\n").status == "server_error"
+    assert (
+        stream(delta(content="x"), data(doc), finish(), b"data: [DONE]\n\n").status
+        == "server_error"
+    )
 
 
-@pytest.mark.parametrize("event", [b'event: error\ndata: {"error": "boom"}\n\n', b"event: error\ndata: {}\n\n",
-                                   b"event: error\ndata: overloaded\n\n", b"event: error\n\n"])
+@pytest.mark.parametrize(
+    "event",
+    [
+        b'event: error\ndata: {"error": "boom"}\n\n',
+        b"event: error\ndata: {}\n\n",
+        b"event: error\ndata: overloaded\n\n",
+        b"event: error\n\n",
+    ],
+)
 def test_error_events_are_server_errors(event):
     out = stream(delta(content="x"), event, finish(), b"data: [DONE]\n\n")
     assert out.status == "server_error"
@@ -150,11 +243,18 @@ def test_error_events_are_server_errors(event):
 
 # --- whole runs against a server that answers like vLLM / SGLang ---
 
+
 def _run(tmp_path, server, *, stream, samples=4, **load):
-    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=samples, stream=stream,
-                              **load)
+    scenario = write_scenario(
+        tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=samples, stream=stream, **load
+    )
     code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
-    return code, output, load_summary(tmp_path / "run"), list(read_records(tmp_path / "run" / "records.jsonl"))
+    return (
+        code,
+        output,
+        load_summary(tmp_path / "run"),
+        list(read_records(tmp_path / "run" / "records.jsonl")),
+    )
 
 
 @pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
@@ -178,7 +278,9 @@ def test_steady_reasoning_is_one_output(tmp_path, server, streamed):
     assert [c["distinct"] for c in cells_by_level(summary).values()] == [1, 1]
     r = records[0]
     assert r["reasoning"].startswith("The user wants words")
-    assert r["sha256"] == hashlib.sha256(answer_text(r["output"], r["reasoning"]).encode()).hexdigest()
+    assert (
+        r["sha256"] == hashlib.sha256(answer_text(r["output"], r["reasoning"]).encode()).hexdigest()
+    )
     assert r["sha256"] != hashlib.sha256(r["output"].encode()).hexdigest()
 
 
@@ -214,22 +316,41 @@ def test_n_other_than_one_is_refused(tmp_path, server, n):
 
 
 def test_n_of_one_is_fine(tmp_path, server):
-    scenario = write_scenario(tmp_path / "s.toml", server.url, params={"temperature": 0, "n": 1},
-                              concurrency=[1], samples=2)
+    scenario = write_scenario(
+        tmp_path / "s.toml",
+        server.url,
+        params={"temperature": 0, "n": 1},
+        concurrency=[1],
+        samples=2,
+    )
     code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
     assert code == 0, output
 
 
-WHOLE_FAILURES = {"finish_abort": "aborted", "finish_error": "server_error", "error_object": "server_error"}
-STREAM_FAILURES = {**WHOLE_FAILURES, "error_event": "server_error", "error_event_bare": "server_error"}
+WHOLE_FAILURES = {
+    "finish_abort": "aborted",
+    "finish_error": "server_error",
+    "error_object": "server_error",
+}
+STREAM_FAILURES = {
+    **WHOLE_FAILURES,
+    "error_event": "server_error",
+    "error_event_bare": "server_error",
+}
 
 
 @pytest.mark.parametrize("streamed", [False, True])
 def test_failed_answers_are_counted_not_compared(tmp_path, server, backend, streamed):
     table = STREAM_FAILURES if streamed else WHOLE_FAILURES
     server.behaviour.faults = [None, *table, None]
-    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=len(table) + 2,
-                              stream=streamed, max_error_share=1.0)
+    scenario = write_scenario(
+        tmp_path / "s.toml",
+        server.url,
+        concurrency=[1],
+        samples=len(table) + 2,
+        stream=streamed,
+        max_error_share=1.0,
+    )
     code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
     cell = cells_by_level(load_summary(tmp_path / "run"))[1]
     expected: dict[str, int] = {}

@@ -46,8 +46,15 @@ def test_each_fault_is_typed_and_counted(tmp_path, server, stream, backend):
     faults = [None, *table, "trickle", None]
     server.behaviour.faults = faults
     server.behaviour.stall = 3.0
-    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=len(faults),
-                              stream=stream, max_error_share=1.0, target={"timeout": 0.6})
+    scenario = write_scenario(
+        tmp_path / "s.toml",
+        server.url,
+        concurrency=[1],
+        samples=len(faults),
+        stream=stream,
+        max_error_share=1.0,
+        target={"timeout": 0.6},
+    )
     code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
     summary = load_summary(tmp_path / "run")
     expected: dict[str, int] = {}
@@ -57,7 +64,9 @@ def test_each_fault_is_typed_and_counted(tmp_path, server, stream, backend):
     assert cell["errors"] == dict(sorted(expected.items()))
     assert cell["ok"] == 3  # two clean requests and the trickled one
     assert cell["distinct"] == 1, "a failure must never count as an output"
-    assert code == 3 and cell["short"], output  # 3 ok of the samples asked: inconclusive, never "deterministic"
+    assert code == 3 and cell["short"], (
+        output
+    )  # 3 ok of the samples asked: inconclusive, never "deterministic"
     statuses = [r["status"] for r in read_records(tmp_path / "run" / "records.jsonl")]
     assert statuses[0] == "ok" and statuses[-2:] == ["ok", "ok"]
 
@@ -73,7 +82,9 @@ def test_unreachable_target_exits_3(tmp_path, backend):
 
 def test_error_share_over_limit_exits_3(tmp_path, server):
     server.behaviour.faults = ["http_500"] * 3
-    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=6, max_error_share=0.2)
+    scenario = write_scenario(
+        tmp_path / "s.toml", server.url, concurrency=[1], samples=6, max_error_share=0.2
+    )
     code, _ = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
     assert code == 3
 
@@ -82,12 +93,17 @@ def test_killed_run_keeps_finished_records(tmp_path, server):
     server.behaviour.latency = 0.05
     scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=400)
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "kevload", "run", str(scenario), "--out", str(out), "--quiet"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kevload", "run", str(scenario), "--out", str(out), "--quiet"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     records = out / "records.jsonl"
     try:
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and (not records.exists() or records.read_bytes().count(b"\n") < 5):
+        while time.monotonic() < deadline and (
+            not records.exists() or records.read_bytes().count(b"\n") < 5
+        ):
             time.sleep(0.05)
     finally:
         os.kill(proc.pid, signal.SIGKILL)
@@ -104,14 +120,31 @@ def test_killed_run_keeps_finished_records(tmp_path, server):
 
 
 def test_counts_equal_what_the_server_injected(tmp_path, server):
-    faults = ["http_500", None, "http_429", "reset_before", None, "malformed", "empty_choices", None, "http_503"]
+    faults = [
+        "http_500",
+        None,
+        "http_429",
+        "reset_before",
+        None,
+        "malformed",
+        "empty_choices",
+        None,
+        "http_503",
+    ]
     server.behaviour.faults = faults
-    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=len(faults),
-                              max_error_share=1.0)
+    scenario = write_scenario(
+        tmp_path / "s.toml", server.url, concurrency=[1], samples=len(faults), max_error_share=1.0
+    )
     run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
     cell = cells_by_level(load_summary(tmp_path / "run"))[1]
-    as_status = {"http_500": "http_500", "http_429": "http_429", "http_503": "http_503", "reset_before": "reset",
-                 "malformed": "malformed", "empty_choices": "malformed"}
+    as_status = {
+        "http_500": "http_500",
+        "http_429": "http_429",
+        "http_503": "http_503",
+        "reset_before": "reset",
+        "malformed": "malformed",
+        "empty_choices": "malformed",
+    }
     expected: dict[str, int] = {}
     for fault, n in server.injected.items():
         expected[as_status[fault]] = expected.get(as_status[fault], 0) + n
@@ -121,13 +154,20 @@ def test_counts_equal_what_the_server_injected(tmp_path, server):
 
 def test_no_retries_by_default_and_retries_marked(tmp_path, server):
     server.behaviour.faults = ["http_429", "http_503", None, None]
-    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=3, max_error_share=1.0)
+    scenario = write_scenario(
+        tmp_path / "s.toml", server.url, concurrency=[1], samples=3, max_error_share=1.0
+    )
     run_cli("run", scenario, "--out", tmp_path / "plain", "--quiet")
-    assert cells_by_level(load_summary(tmp_path / "plain"))[1]["errors"] == {"http_429": 1, "http_503": 1}
+    assert cells_by_level(load_summary(tmp_path / "plain"))[1]["errors"] == {
+        "http_429": 1,
+        "http_503": 1,
+    }
 
     server.behaviour.faults = ["http_429", None, "http_503", "http_503", None, None]
     server.requests.clear()
-    code, output = run_cli("run", scenario, "--out", tmp_path / "retried", "--quiet", "--retries", "2")
+    code, output = run_cli(
+        "run", scenario, "--out", tmp_path / "retried", "--quiet", "--retries", "2"
+    )
     assert code == 0, output
     rows = list(read_records(tmp_path / "retried" / "records.jsonl"))
     assert [r["status"] for r in rows] == ["ok", "ok", "ok"]

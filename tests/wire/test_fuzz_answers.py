@@ -27,36 +27,91 @@ from tests.conftest import load_summary, run_cli, write_scenario
 
 STATUSES = {"ok", "malformed", "server_error", "aborted", "truncated"}
 
-# Every JSON type, numbers beyond 64 bits and non-finite ones (json.dumps writes NaN, Infinity) included.
-scalars = (st.none() | st.booleans() | st.integers(min_value=-2**70, max_value=2**70) | st.floats()
-           | st.text(max_size=12))
-json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3)
-                           | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=8)
+# Every JSON type, numbers beyond 64 bits and non-finite ones (json.dumps writes NaN, Infinity)
+# included.
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats()
+    | st.text(max_size=12)
+)
+json_values = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
 counts = st.integers(min_value=-5, max_value=2**40) | json_values
 usages = json_values | st.dictionaries(
-    st.sampled_from(["prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details"]),
-    counts | st.fixed_dictionaries({"cached_tokens": counts}), max_size=4)
-entries = st.fixed_dictionaries({}, optional={"token": st.text(max_size=4) | json_values,
-                                              "logprob": st.floats() | json_values, "id": counts})
-logprobs = json_values | st.fixed_dictionaries({"content": st.lists(entries | json_values, max_size=4)}) \
-    | st.fixed_dictionaries({"tokens": st.lists(st.text(max_size=3), max_size=4),
-                             "token_logprobs": st.lists(st.floats() | json_values, max_size=4) | json_values})
+    st.sampled_from(
+        ["prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details"]
+    ),
+    counts | st.fixed_dictionaries({"cached_tokens": counts}),
+    max_size=4,
+)
+entries = st.fixed_dictionaries(
+    {},
+    optional={
+        "token": st.text(max_size=4) | json_values,
+        "logprob": st.floats() | json_values,
+        "id": counts,
+    },
+)
+logprobs = (
+    json_values
+    | st.fixed_dictionaries({"content": st.lists(entries | json_values, max_size=4)})
+    | st.fixed_dictionaries(
+        {
+            "tokens": st.lists(st.text(max_size=3), max_size=4),
+            "token_logprobs": st.lists(st.floats() | json_values, max_size=4) | json_values,
+        }
+    )
+)
 texts = st.text(max_size=16) | json_values
 finish_reasons = st.sampled_from(["stop", "length", "abort", "error", "", None]) | json_values
 
 
 @st.composite
 def choices(draw, stream: bool):
-    choice = draw(st.fixed_dictionaries({"index": st.just(0) | json_values}, optional={
-        "finish_reason": finish_reasons, "logprobs": logprobs, "token_ids": st.lists(counts, max_size=3) | json_values,
-        "text": texts}))
+    choice = draw(
+        st.fixed_dictionaries(
+            {"index": st.just(0) | json_values},
+            optional={
+                "finish_reason": finish_reasons,
+                "logprobs": logprobs,
+                "token_ids": st.lists(counts, max_size=3) | json_values,
+                "text": texts,
+            },
+        )
+    )
     part = "delta" if stream else "message"
     if draw(st.booleans()):
-        choice[part] = draw(st.fixed_dictionaries({}, optional={
-            "content": texts, "reasoning_content": texts, "reasoning": texts,
-            "tool_calls": json_values | st.lists(st.fixed_dictionaries({}, optional={
-                "index": json_values, "function": json_values | st.fixed_dictionaries(
-                    {}, optional={"name": texts, "arguments": texts})}), max_size=2)}))
+        choice[part] = draw(
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "content": texts,
+                    "reasoning_content": texts,
+                    "reasoning": texts,
+                    "tool_calls": json_values
+                    | st.lists(
+                        st.fixed_dictionaries(
+                            {},
+                            optional={
+                                "index": json_values,
+                                "function": json_values
+                                | st.fixed_dictionaries(
+                                    {}, optional={"name": texts, "arguments": texts}
+                                ),
+                            },
+                        ),
+                        max_size=2,
+                    ),
+                },
+            )
+        )
     else:
         choice[part] = draw(json_values)
     return choice
@@ -67,10 +122,19 @@ def answers(draw, stream: bool = False):
     """An answer document, near the OpenAI shape (any field may hold any JSON value) or anything at all."""
     if draw(st.integers(0, 9)) == 0:
         return draw(json_values)
-    return draw(st.fixed_dictionaries({"choices": st.lists(choices(stream), max_size=2) | json_values}, optional={
-        "usage": usages, "timings": json_values | st.fixed_dictionaries({"cache_n": counts}),
-        "system_fingerprint": texts, "tokens": st.lists(counts, max_size=3) | json_values,
-        "error": json_values, "object": st.just("error") | json_values}))
+    return draw(
+        st.fixed_dictionaries(
+            {"choices": st.lists(choices(stream), max_size=2) | json_values},
+            optional={
+                "usage": usages,
+                "timings": json_values | st.fixed_dictionaries({"cache_n": counts}),
+                "system_fingerprint": texts,
+                "tokens": st.lists(counts, max_size=3) | json_values,
+                "error": json_values,
+                "object": st.just("error") | json_values,
+            },
+        )
+    )
 
 
 def encoded(doc) -> bytes:
@@ -80,10 +144,14 @@ def encoded(doc) -> bytes:
 @st.composite
 def streams(draw):
     """An SSE body: events of answers, garbage, comments, error events, [DONE] or not."""
-    events = draw(st.lists(
-        answers(stream=True).map(lambda d: b"data: " + encoded(d) + b"\n\n")
-        | st.binary(max_size=12) | st.sampled_from([b": keep-alive\n\n", b"event: error\ndata: x\n\n", b"\r\n"]),
-        max_size=6))
+    events = draw(
+        st.lists(
+            answers(stream=True).map(lambda d: b"data: " + encoded(d) + b"\n\n")
+            | st.binary(max_size=12)
+            | st.sampled_from([b": keep-alive\n\n", b"event: error\ndata: x\n\n", b"\r\n"]),
+            max_size=6,
+        )
+    )
     if draw(st.booleans()):
         events.append(b"data: [DONE]\n\n")
     return b"".join(events)
@@ -112,7 +180,9 @@ def check(outcome: Outcome) -> None:
     for token in outcome.token_ids or ():
         assert type(token) is int and 0 <= token < COUNT_CAP
     for value in outcome.logprobs or ():
-        assert value is None or (type(value) is float and (value <= LOGPROB_SLACK or not math.isfinite(value)))
+        assert value is None or (
+            type(value) is float and (value <= LOGPROB_SLACK or not math.isfinite(value))
+        )
     assert outcome.system_fingerprint is None or isinstance(outcome.system_fingerprint, str)
     assert outcome.finish_reason is None or isinstance(outcome.finish_reason, str)
     assert all(isinstance(f, str) and len(f) < 300 for f in outcome.findings or ())
@@ -121,7 +191,10 @@ def check(outcome: Outcome) -> None:
 
 
 def _timeless(outcome: Outcome) -> Outcome:
-    return replace(outcome, **{f.name: None for f in fields(Outcome) if f.name.startswith("t_") or f.name == "max_gap"})
+    return replace(
+        outcome,
+        **{f.name: None for f in fields(Outcome) if f.name.startswith("t_") or f.name == "max_gap"},
+    )
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -217,30 +290,65 @@ def served_answers(draw):
     """Half of them a good answer but for its usage (any JSON value in any count), half anything."""
     stream = draw(st.booleans())
     if draw(st.booleans()):
-        usage = draw(usages | st.fixed_dictionaries({"prompt_tokens": counts, "completion_tokens": json_values}))
+        usage = draw(
+            usages
+            | st.fixed_dictionaries({"prompt_tokens": counts, "completion_tokens": json_values})
+        )
         if not stream:
-            return False, encoded({"choices": [{"index": 0, "message": {"content": "hi"}, "finish_reason": "stop"}],
-                                   "usage": usage}), "application/json"
-        events = [{"choices": [{"index": 0, "delta": {"content": "hi"}}]},
-                  {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}, {"choices": [], "usage": usage}]
-        return True, b"".join(b"data: " + encoded(e) + b"\n\n" for e in events) + b"data: [DONE]\n\n", \
-            "text/event-stream"
+            return (
+                False,
+                encoded(
+                    {
+                        "choices": [
+                            {"index": 0, "message": {"content": "hi"}, "finish_reason": "stop"}
+                        ],
+                        "usage": usage,
+                    }
+                ),
+                "application/json",
+            )
+        events = [
+            {"choices": [{"index": 0, "delta": {"content": "hi"}}]},
+            {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+            {"choices": [], "usage": usage},
+        ]
+        return (
+            True,
+            b"".join(b"data: " + encoded(e) + b"\n\n" for e in events) + b"data: [DONE]\n\n",
+            "text/event-stream",
+        )
     if stream:
         return True, draw(streams()), "text/event-stream"
-    return False, encoded(draw(answers())), draw(st.sampled_from(["application/json"] * 4 + ["text/html"]))
+    return (
+        False,
+        encoded(draw(answers())),
+        draw(st.sampled_from(["application/json"] * 4 + ["text/html"])),
+    )
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                  HealthCheck.too_slow])
+@settings(
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(answer=served_answers())
-def test_a_run_against_any_answer_ends_with_a_summary_the_report_repeats(served, tmp_path_factory, answer):
+def test_a_run_against_any_answer_ends_with_a_summary_the_report_repeats(
+    served, tmp_path_factory, answer
+):
     stream, body, content_type = answer
     served.answer = (body, content_type)
     tmp = tmp_path_factory.mktemp("fuzz")
-    scenario = write_scenario(tmp / "s.toml", f"http://127.0.0.1:{served.port}/v1", concurrency=[1], samples=2,
-                              stream=stream, logprobs=False)
+    scenario = write_scenario(
+        tmp / "s.toml",
+        f"http://127.0.0.1:{served.port}/v1",
+        concurrency=[1],
+        samples=2,
+        stream=stream,
+        logprobs=False,
+    )
     code, output = run_cli("run", scenario, "--out", tmp / "run", "--quiet")
-    # The same answer every time is no nondeterminism: held (0) or the target failed (3), nothing else.
+    # The same answer every time is no nondeterminism: held (0) or the target failed (3), nothing
+    # else.
     assert code in (0, 3), output
     assert json.loads((tmp / "run" / "run.json").read_text())["state"] != "running"
     summary = load_summary(tmp / "run")

@@ -15,8 +15,12 @@ from tests.conftest import load_summary, run_cli, write_scenario
 from tests.fakeserver import FakeServer
 
 # Names no "sensitive header" pattern catches, each with a value that must not leak.
-HEADERS = {"Ocp-Apim-Subscription-Key": "ocp-val-5e81c0d2aa", "X-Auth": "xauth-val-77b3f1e9",
-           "X-Access-Key": "xaccess-val-c4d21a06", "X-Custom": "xcustom-val-9f0e3b58"}
+HEADERS = {
+    "Ocp-Apim-Subscription-Key": "ocp-val-5e81c0d2aa",
+    "X-Auth": "xauth-val-77b3f1e9",
+    "X-Access-Key": "xaccess-val-c4d21a06",
+    "X-Custom": "xcustom-val-9f0e3b58",
+}
 
 SECRET = "sk-kevload-test-7f3a9c1e55d24b"  # an API key, read from the environment
 HEADER_SECRET = "hdr-kevload-test-91ab77c0"
@@ -47,19 +51,34 @@ def _leaks(text: str) -> list[str]:
 
 
 def test_no_header_value_lands_anywhere(tmp_path, echo_server):
-    scenario = write_scenario(tmp_path / "s.toml", echo_server.url, concurrency=[1], samples=3,
-                              max_error_share=1.0, logprobs=False, target={"headers": HEADERS})
+    scenario = write_scenario(
+        tmp_path / "s.toml",
+        echo_server.url,
+        concurrency=[1],
+        samples=3,
+        max_error_share=1.0,
+        logprobs=False,
+        target={"headers": HEADERS},
+    )
     out = tmp_path / "run"
     printed = [run_cli("run", scenario, "--out", out)[1]]
-    assert all(seen.get(name) == value for seen in echo_server.seen_headers for name, value in HEADERS.items())
+    assert all(
+        seen.get(name) == value
+        for seen in echo_server.seen_headers
+        for name, value in HEADERS.items()
+    )
     for fmt in ("table", "json", "markdown", "html"):
         printed.append(run_cli("report", out, "--format", fmt)[1])
     run_cli("report", out, "--format", "html", "-o", out / "report.html")
     printed.append(run_cli("run", "--resume", out)[1])
     errors = [r["error"] for r in read_records(out / "records.jsonl") if r["error"]]
-    assert errors and "X-Custom" in errors[0] and "***" in errors[0]  # the echo was kept, its values scrubbed
+    assert (
+        errors and "X-Custom" in errors[0] and "***" in errors[0]
+    )  # the echo was kept, its values scrubbed
     meta = json.loads((out / "run.json").read_text())
-    assert meta["scenario"]["target"]["headers"] == dict.fromkeys(HEADERS, "***")  # the names stay on record
+    assert meta["scenario"]["target"]["headers"] == dict.fromkeys(
+        HEADERS, "***"
+    )  # the names stay on record
     files = [p for p in out.rglob("*") if p.is_file()]
     assert {p.name for p in files} >= {"run.json", "records.jsonl", "summary.json", "report.html"}
     for path in files:
@@ -70,8 +89,14 @@ def test_no_header_value_lands_anywhere(tmp_path, echo_server):
 
 def test_resume_asks_for_the_header_values_again(tmp_path, echo_server):
     echo_server.seen_headers.append({})  # no 401 this time
-    scenario = write_scenario(tmp_path / "s.toml", echo_server.url, concurrency=[1], samples=2,
-                              logprobs=False, target={"headers": HEADERS})
+    scenario = write_scenario(
+        tmp_path / "s.toml",
+        echo_server.url,
+        concurrency=[1],
+        samples=2,
+        logprobs=False,
+        target={"headers": HEADERS},
+    )
     out = tmp_path / "run"
     assert run_cli("run", scenario, "--out", out, "--quiet")[0] == 0
     code, output = run_cli("run", "--resume", out, "--set", "load.samples=4")
@@ -80,21 +105,33 @@ def test_resume_asks_for_the_header_values_again(tmp_path, echo_server):
     assert """--set 'target.headers.Ocp-Apim-Subscription-Key="…"'""" in output
 
     sent_before = len(echo_server.seen_headers)
-    again = [arg for name, value in HEADERS.items() for arg in ("--set", f'target.headers.{name}="{value}"')]
+    again = [
+        arg
+        for name, value in HEADERS.items()
+        for arg in ("--set", f'target.headers.{name}="{value}"')
+    ]
     code, output = run_cli("run", "--resume", out, "--set", "load.samples=4", *again, "--quiet")
     assert code == 0, output
     resumed = echo_server.seen_headers[sent_before:]
-    assert len(resumed) == 2 and all(seen.get("X-Custom") == HEADERS["X-Custom"] for seen in resumed)
+    assert len(resumed) == 2 and all(
+        seen.get("X-Custom") == HEADERS["X-Custom"] for seen in resumed
+    )
     assert load_summary(out)["requests"] == 4
     for path in out.rglob("*"):
         assert not _leaks(path.read_text(errors="replace")), path
 
 
 def test_a_prompt_that_contains_a_header_value_is_kept_whole(tmp_path, server):
-    # Values are masked by name, not replaced as substrings: run.json's prompts feed resume and `cases build`.
-    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=1,
-                              target={"headers": {"X-Env": "prod"}},
-                              probes=[{"id": "p1", "prompt": "Describe the product.", "max_tokens": 8}])
+    # Values are masked by name, not replaced as substrings: run.json's prompts feed resume and
+    # `cases build`.
+    scenario = write_scenario(
+        tmp_path / "s.toml",
+        server.url,
+        concurrency=[1],
+        samples=1,
+        target={"headers": {"X-Env": "prod"}},
+        probes=[{"id": "p1", "prompt": "Describe the product.", "max_tokens": 8}],
+    )
     assert run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")[0] == 0
     meta = json.loads((tmp_path / "run" / "run.json").read_text())
     assert meta["scenario"]["probes"][0]["prompt"] == "Describe the product."
@@ -102,7 +139,8 @@ def test_a_prompt_that_contains_a_header_value_is_kept_whole(tmp_path, server):
 
 
 def test_html_masks_header_values_of_an_older_run_json():
-    # run.json files written before values stopped being stored may hold them; the report must not show them.
+    # run.json files written before values stopped being stored may hold them; the report must not
+    # show them.
     meta = {"run_id": "r", "scenario": {"target": {"headers": dict(HEADERS)}}}
     summary = RunSummary(verdict="deterministic")
     page = run_report(summary, meta, [])
@@ -112,15 +150,25 @@ def test_html_masks_header_values_of_an_older_run_json():
 def test_secret_never_lands_anywhere(tmp_path, server, monkeypatch):
     monkeypatch.setenv("KEVLOAD_SECRET_KEY", SECRET)
     server.behaviour.faults = ["echo_auth", None, None]
-    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=3, max_error_share=1.0,
-                              target={"api_key_env": "KEVLOAD_SECRET_KEY", "headers": {"X-Api-Key": HEADER_SECRET}})
+    scenario = write_scenario(
+        tmp_path / "s.toml",
+        server.url,
+        concurrency=[1],
+        samples=3,
+        max_error_share=1.0,
+        target={"api_key_env": "KEVLOAD_SECRET_KEY", "headers": {"X-Api-Key": HEADER_SECRET}},
+    )
     out = tmp_path / "run"
     printed = [run_cli("run", scenario, "--out", out)[1]]
-    assert server.requests and f"Bearer {SECRET}" not in json.dumps(server.requests)  # key goes in a header only
+    assert server.requests and f"Bearer {SECRET}" not in json.dumps(
+        server.requests
+    )  # key goes in a header only
     for fmt in ("table", "json", "markdown"):
         printed.append(run_cli("report", out, "--format", fmt)[1])
     run_cli("report", out, "--format", "html", "-o", out / "report.html")
-    run_cli("run", scenario, "--out", tmp_path / "junit-run", "--junit", out / "junit.xml", "--quiet")
+    run_cli(
+        "run", scenario, "--out", tmp_path / "junit-run", "--junit", out / "junit.xml", "--quiet"
+    )
     errors = [r["error"] for r in read_records(out / "records.jsonl") if r["error"]]
     assert errors and "***" in errors[0]  # the echoed key was scrubbed, the evidence kept
     for path in [*out.rglob("*"), *(tmp_path / "junit-run").rglob("*")]:

@@ -20,7 +20,9 @@ async def serve(handler):
 async def read_request(reader):
     head = await reader.readuntil(b"\r\n\r\n")
     lines = head.split(b"\r\n")
-    length = int(next(line.split(b":")[1] for line in lines if line.lower().startswith(b"content-length")))
+    length = int(
+        next(line.split(b":")[1] for line in lines if line.lower().startswith(b"content-length"))
+    )
     return head, await reader.readexactly(length)
 
 
@@ -29,7 +31,9 @@ def run(coro):
 
 
 def lean(url, timeout):
-    return LeanTransport(transport.Endpoint(url=url, headers={}, timeout=timeout, max_response_bytes=2**20))
+    return LeanTransport(
+        transport.Endpoint(url=url, headers={}, timeout=timeout, max_response_bytes=2**20)
+    )
 
 
 @pytest.mark.parametrize("framing", ["length", "chunked", "close", "split"])
@@ -43,19 +47,28 @@ def test_framings(framing):
             if framing == "length":
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(BODY) + BODY)
             elif framing == "chunked":
-                writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-                             + b"5;ext=1\r\n" + BODY[:5] + b"\r\n" + b"%x\r\n" % (len(BODY) - 5) + BODY[5:]
-                             + b"\r\n0\r\nX-Trailer: 1\r\n\r\n")
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                    + b"5;ext=1\r\n"
+                    + BODY[:5]
+                    + b"\r\n"
+                    + b"%x\r\n" % (len(BODY) - 5)
+                    + BODY[5:]
+                    + b"\r\n0\r\nX-Trailer: 1\r\n\r\n"
+                )
             elif framing == "close":
                 writer.write(b"HTTP/1.0 200 OK\r\n\r\n" + BODY)
                 await writer.drain()
                 writer.close()
                 return
             else:  # every byte in its own write: the parser must resume anywhere
-                raw = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n" % len(BODY)
-                       + BODY + b"\r\n0\r\n\r\n")
+                raw = (
+                    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n" % len(BODY)
+                    + BODY
+                    + b"\r\n0\r\n\r\n"
+                )
                 for i in range(len(raw)):
-                    writer.write(raw[i:i + 1])
+                    writer.write(raw[i : i + 1])
                     await writer.drain()
             await writer.drain()
 
@@ -97,13 +110,16 @@ def test_keep_alive_reuses_one_connection():
     assert len(connections) == 1
 
 
-@pytest.mark.parametrize(("reply", "error"), [
-    (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort", transport.ConnectionReset),
-    (b"", transport.ConnectionReset),
-    (b"NOT HTTP\r\n\r\n", transport.BadResponse),
-    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", transport.BadResponse),
-    (None, transport.ReadTimeout),
-])
+@pytest.mark.parametrize(
+    ("reply", "error"),
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort", transport.ConnectionReset),
+        (b"", transport.ConnectionReset),
+        (b"NOT HTTP\r\n\r\n", transport.BadResponse),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", transport.BadResponse),
+        (None, transport.ReadTimeout),
+    ],
+)
 def test_failures_are_typed(reply, error):
     async def handler(reader, writer):
         await read_request(reader)

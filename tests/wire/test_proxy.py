@@ -15,8 +15,10 @@ def test_readiness_check_never_uses_http_proxy(tmp_path, monkeypatch):
     monkeypatch.setenv("http_proxy", dead)
     monkeypatch.setenv("no_proxy", "")
     port = free_port()
-    server = start_server([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)],
-                          tmp_path / "server.log")
+    server = start_server(
+        [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)],
+        tmp_path / "server.log",
+    )
     try:
         wait_ready(server, f"http://127.0.0.1:{port}/", timeout=20)
     finally:

@@ -13,12 +13,18 @@ STREAM = (
     b'data: {"a": 1}\r\n\r\n'
     b"event: message\nid: 7\ndata: line one\ndata: line two\n\n"
     b"data:no-space\r\r"
-    b"event: error\r\ndata: {\"error\": \"boom\"}\r\n\r\n"
+    b'event: error\r\ndata: {"error": "boom"}\r\n\r\n'
     b"event:error\n\n"
     b"data: [DONE]\n\n"
 )
-EXPECTED = [("message", '{"a": 1}'), ("message", "line one\nline two"), ("message", "no-space"),
-            ("error", '{"error": "boom"}'), ("error", ""), ("message", "[DONE]")]
+EXPECTED = [
+    ("message", '{"a": 1}'),
+    ("message", "line one\nline two"),
+    ("message", "no-space"),
+    ("error", '{"error": "boom"}'),
+    ("error", ""),
+    ("message", "[DONE]"),
+]
 
 
 def feed_all(chunks):
@@ -35,7 +41,7 @@ def test_whole_stream():
 
 @pytest.mark.parametrize("size", [1, 2, 3, 5, 7, 13])
 def test_split_into_fixed_reads(size):
-    chunks = [STREAM[i:i + size] for i in range(0, len(STREAM), size)]
+    chunks = [STREAM[i : i + size] for i in range(0, len(STREAM), size)]
     assert feed_all(chunks) == EXPECTED
 
 

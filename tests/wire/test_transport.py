@@ -23,7 +23,10 @@ from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
 
 BACKENDS = ["lean", "aiohttp"]
 BODY = b'{"choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}]}'
-OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(BODY) + BODY
+OK = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(BODY)
+    + BODY
+)
 REQUEST = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": False}
 
 
@@ -46,7 +49,9 @@ class RawServer:
 
         def serve() -> None:
             asyncio.set_event_loop(self.loop)
-            self.server = self.loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", 0))
+            self.server = self.loop.run_until_complete(
+                asyncio.start_server(self._serve, "127.0.0.1", 0)
+            )
             self.port = self.server.sockets[0].getsockname()[1]
             ready.set()
             self.loop.run_forever()
@@ -71,8 +76,11 @@ class RawServer:
 
     async def read_request(self, reader) -> bytes:
         head = await reader.readuntil(b"\r\n\r\n")
-        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                      if line.lower().startswith(b"content-length"))
+        length = next(
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length")
+        )
         await reader.readexactly(length)
         self.heads.append(head)
         return head
@@ -82,6 +90,7 @@ class RawServer:
             self.server.close()
             for task in list(self._tasks):
                 task.cancel()
+
         asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
@@ -106,7 +115,9 @@ def run(coro):
     return asyncio.run(coro)
 
 
-# --- healthy servers must not be reported as failed ------------------------------------------------
+# --- healthy servers must not be reported as failed
+# ------------------------------------------------
+
 
 async def answer_once_then_drop(reader, writer, server):
     """Answers the first request of a connection without ``Connection: close``, then closes the
@@ -124,7 +135,8 @@ def test_reused_connection_closed_by_the_server_is_resent_once(backend):
         outcomes = run(exchange(server.url(), backend, count=6))
     assert [o.status for o in outcomes] == ["ok"] * 6, [o.error for o in outcomes]
     reconnects = [o.reconnects for o in outcomes]
-    # Every reuse met a closed connection; aiohttp keeps no resend connection, so its next request starts fresh.
+    # Every reuse met a closed connection; aiohttp keeps no resend connection, so its next request
+    # starts fresh.
     assert reconnects == ([0, 1, 1, 1, 1, 1] if backend == "lean" else [0, 1, 0, 1, 0, 1])
     assert len(server.heads) == 6 + sum(reconnects) and server.connections == 6
 
@@ -145,7 +157,9 @@ def test_fresh_connection_failure_stays_an_error(backend):
 def test_reconnects_are_counted_per_cell(tmp_path, backend, monkeypatch):
     monkeypatch.setenv("KEVLOAD_HTTP", backend)
     with RawServer(answer_once_then_drop) as server:
-        scenario = write_scenario(tmp_path / "s.toml", server.url(), concurrency=[1], samples=5, nonce=False)
+        scenario = write_scenario(
+            tmp_path / "s.toml", server.url(), concurrency=[1], samples=5, nonce=False
+        )
         code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
     assert code == 0, output
     records = list(read_records(tmp_path / "run" / "records.jsonl"))
@@ -162,12 +176,15 @@ def replying(raw: bytes):
         writer.write(raw)
         await writer.drain()
         await reader.read()  # hold the connection until the client is done with it
+
     return handler
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_interim_responses_are_skipped(backend):
-    raw = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </style.css>\r\n\r\n" + OK
+    raw = (
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </style.css>\r\n\r\n" + OK
+    )
     with RawServer(replying(raw)) as server:
         [outcome] = run(exchange(server.url(), backend))
     assert (outcome.status, outcome.output) == ("ok", "hi"), outcome.error
@@ -182,12 +199,18 @@ def test_bare_lf_response_parses(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("raw", [
-    # Read as "all but the last 5 bytes", this once made a short success of BODY.
-    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: -5\r\n\r\n" + BODY + b"extra",
-    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n-5\r\n"
-    + BODY + b"\r\n0\r\n\r\n",
-], ids=["content-length", "chunk-size"])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # Read as "all but the last 5 bytes", this once made a short success of BODY.
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: -5\r\n\r\n"
+        + BODY
+        + b"extra",
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: "
+        b"chunked\r\n\r\n-5\r\n" + BODY + b"\r\n0\r\n\r\n",
+    ],
+    ids=["content-length", "chunk-size"],
+)
 def test_negative_length_is_malformed(backend, raw):
     with RawServer(replying(raw)) as server:
         [outcome] = run(exchange(server.url(), backend))
@@ -196,7 +219,9 @@ def test_negative_length_is_malformed(backend, raw):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_head_size_limit_holds_for_a_complete_head(backend):
-    headers = b"".join(b"X-Filler-%d: %s\r\n" % (i, b"v" * 400) for i in range(200))  # 80 KB, sent whole
+    headers = b"".join(
+        b"X-Filler-%d: %s\r\n" % (i, b"v" * 400) for i in range(200)
+    )  # 80 KB, sent whole
     raw = OK.replace(b"\r\n\r\n", b"\r\n" + headers + b"\r\n", 1)
     with RawServer(replying(raw)) as server:
         [outcome] = run(exchange(server.url(), backend))
@@ -207,9 +232,14 @@ def _answer_with(extra_head: bytes, body: bytes):
     async def handler(reader, writer, server):
         while True:
             await server.read_request(reader)
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" + extra_head
-                         + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                + extra_head
+                + b"Content-Length: %d\r\n\r\n" % len(body)
+                + body
+            )
             await writer.drain()
+
     return handler
 
 
@@ -218,21 +248,28 @@ def test_gzip_answer_to_a_request_without_accept_encoding(backend):
     """RFC 9110 §12.5.3: a request without Accept-Encoding accepts any content coding, so a server (or a
     proxy in front of it) may gzip its answers. The lean client sent no Accept-Encoding, got gzip and
     recorded every answer as 'malformed' (exit 3, target failed); aiohttp decompressed them."""
+
     async def gzip_unless_refused(reader, writer, server):
         while True:
             head = (await server.read_request(reader)).lower()
-            # As a gzip-ing proxy does: every coding is fine unless the client names the ones it takes.
+            # As a gzip-ing proxy does: every coding is fine unless the client names the ones it
+            # takes.
             asked = head.partition(b"accept-encoding:")[2].split(b"\r\n")[0]
             zipped = b"accept-encoding:" not in head or b"gzip" in asked
             body = gzip.compress(BODY) if zipped else BODY
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                         + (b"Content-Encoding: gzip\r\n" if zipped else b"")
-                         + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                + (b"Content-Encoding: gzip\r\n" if zipped else b"")
+                + b"Content-Length: %d\r\n\r\n" % len(body)
+                + body
+            )
             await writer.drain()
 
     with RawServer(gzip_unless_refused) as server:
         outcomes = run(exchange(server.url(), backend, count=2))
-    assert [(o.status, o.output) for o in outcomes] == [("ok", "hi")] * 2, [o.error for o in outcomes]
+    assert [(o.status, o.output) for o in outcomes] == [("ok", "hi")] * 2, [
+        o.error for o in outcomes
+    ]
 
 
 @pytest.mark.parametrize("backend", ["lean", "aiohttp"])
@@ -242,10 +279,13 @@ def test_a_large_response_header_within_the_head_limit(backend):
     gateway) made every https answer 'malformed' while the lean client took it."""
     with RawServer(_answer_with(b"X-Debug: " + b"a" * 12000 + b"\r\n", BODY)) as server:
         outcomes = run(exchange(server.url(), backend, count=2))
-    assert [(o.status, o.output) for o in outcomes] == [("ok", "hi")] * 2, [o.error for o in outcomes]
+    assert [(o.status, o.output) for o in outcomes] == [("ok", "hi")] * 2, [
+        o.error for o in outcomes
+    ]
 
 
 # --- a cancelled request closes its connection ----------------------------------------------------
+
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("phase", ["head", "body"])
@@ -255,11 +295,15 @@ def test_cancel_closes_the_connection(backend, phase):
     async def slow(reader, writer, server):
         await server.read_request(reader)
         if phase == "body":
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
-                         b"2\r\n{\"\r\n")
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: "
+                b"chunked\r\n\r\n"
+                b'2\r\n{"\r\n'
+            )
             await writer.drain()
         arrived.set()
-        # The client's close is an EOF here; a client that keeps the socket open leaves this waiting.
+        # The client's close is an EOF here; a client that keeps the socket open leaves this
+        # waiting.
         if await asyncio.wait_for(reader.read(), 20) == b"":
             server.aborted.set()
 
@@ -281,15 +325,23 @@ def test_cancel_closes_the_connection(backend, phase):
 
 # --- credentials and queries in base_url ---------------------------------------------------------
 
+
 def echo_head(status: bytes = b"200 OK"):
     async def handler(reader, writer, server):
         while True:
             head = await server.read_request(reader)
             text = json.dumps(head.decode("latin-1"))
-            body = b'{"choices": [{"message": {"content": %s}, "finish_reason": "stop"}]}' % text.encode()
-            writer.write(b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-                         % (status, len(body)) + body)
+            body = (
+                b'{"choices": [{"message": {"content": %s}, "finish_reason": "stop"}]}'
+                % text.encode()
+            )
+            writer.write(
+                b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                % (status, len(body))
+                + body
+            )
             await writer.drain()
+
     return handler
 
 
@@ -298,7 +350,9 @@ def test_query_in_base_url_follows_the_path(backend):
     with RawServer(echo_head()) as server:
         [outcome] = run(exchange(server.url("/openai/v1?api-version=2024-02-01"), backend))
     assert outcome.status == "ok", outcome.error
-    assert server.heads[0].startswith(b"POST /openai/v1/chat/completions?api-version=2024-02-01 HTTP/1.1\r\n")
+    assert server.heads[0].startswith(
+        b"POST /openai/v1/chat/completions?api-version=2024-02-01 HTTP/1.1\r\n"
+    )
 
 
 PASSWORD = "s3cr%40t-pw"  # percent-encoded "s3cr@t-pw"
@@ -345,7 +399,8 @@ def test_bad_base_url_error_hides_the_password(tmp_path):
     assert code == 2 and "target.base_url" in output and "s3cr" not in output
 
 
-# --- a runaway server: max_response_bytes and max_seconds -------------------------------------------
+# --- a runaway server: max_response_bytes and max_seconds
+# -------------------------------------------
 
 FIFTY_MB = 50 * 2**20
 
@@ -353,7 +408,10 @@ FIFTY_MB = 50 * 2**20
 async def fifty_megabytes(reader, writer, server):
     while True:
         await server.read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % FIFTY_MB)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+            % FIFTY_MB
+        )
         block = b"x" * 65536
         for _ in range(FIFTY_MB // len(block)):
             writer.write(block)
@@ -365,8 +423,9 @@ def test_runaway_answers_are_cut_and_stay_small(tmp_path, backend, monkeypatch):
     monkeypatch.setenv("KEVLOAD_HTTP", backend)
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     with RawServer(fifty_megabytes) as server:
-        scenario = write_scenario(tmp_path / "s.toml", server.url(), concurrency=[1, 4], samples=4,
-                                  max_error_share=1.0)
+        scenario = write_scenario(
+            tmp_path / "s.toml", server.url(), concurrency=[1, 4], samples=4, max_error_share=1.0
+        )
         run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
     records = list(read_records(tmp_path / "run" / "records.jsonl"))
     assert len(records) >= 8 and {r["status"] for r in records} == {"too_large"}
@@ -388,7 +447,10 @@ def test_max_response_bytes_is_the_cut(backend):
 def test_max_seconds_ends_a_never_ending_stream(backend):
     async def endless(reader, writer, server):
         await server.read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: "
+            b"chunked\r\n\r\n"
+        )
         event = b'data: {"choices": [{"delta": {"content": "x"}}]}\n\n'
         while True:  # a token every 50 ms, never a finish: the idle timeout never fires
             writer.write(b"%x\r\n%s\r\n" % (len(event), event))
@@ -396,7 +458,9 @@ def test_max_seconds_ends_a_never_ending_stream(backend):
             await asyncio.sleep(0.05)
 
     async def main(server):
-        async with Client(target(server.url(), timeout=5, max_seconds=0.5), None, transport=backend) as client:
+        async with Client(
+            target(server.url(), timeout=5, max_seconds=0.5), None, transport=backend
+        ) as client:
             return await asyncio.wait_for(client.send({**REQUEST, "stream": True}), 20)
 
     with RawServer(endless) as server:

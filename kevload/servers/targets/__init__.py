@@ -32,20 +32,55 @@ from kevload.servers.targets.base import HOST, Command, Launch, TargetSettings
 from kevload.servers.targets.cache import ProvisionError, cache_root, heartbeat
 
 # Each built-in target owns its command line; this package only starts, waits for and stops them.
-COMMANDS: dict[str, Command] = {"llamacpp": llamacpp.command, "transformers": transformers_serve.command,
-                                "vllm": vllm.command}
+COMMANDS: dict[str, Command] = {
+    "llamacpp": llamacpp.command,
+    "transformers": transformers_serve.command,
+    "vllm": vllm.command,
+}
 NAMES = tuple(COMMANDS)
-# Each target's command line alone, from its settings (no installing): what tells which settings it has.
-LAUNCHES = {"llamacpp": llamacpp.launch, "transformers": transformers_serve.launch, "vllm": vllm.launch}
-# Two values of each setting that give two command lines on a target that has it. Threads are on every target
-# (vLLM binds them to cores, the same two on a one-core machine); the model file and the port are not in launch.
+# Each target's command line alone, from its settings (no installing): what tells which settings it
+# has.
+LAUNCHES = {
+    "llamacpp": llamacpp.launch,
+    "transformers": transformers_serve.launch,
+    "vllm": vllm.launch,
+}
+# Two values of each setting that give two command lines on a target that has it. Threads are on
+# every target
+# (vLLM binds them to cores, the same two on a one-core machine); the model file and the port are
+# not in launch.
 _PROBES: dict[str, tuple[Any, Any]] = {
-    "slots": (1, 2), "ctx_size": (64, 128), "batching": (True, False), "cache_prompt": (True, False),
-    "dtype": ("float32", "bfloat16"), "seed": (None, 1), "enforce_eager": (False, True), "max_model_len": (16, 32)}
+    "slots": (1, 2),
+    "ctx_size": (64, 128),
+    "batching": (True, False),
+    "cache_prompt": (True, False),
+    "dtype": ("float32", "bfloat16"),
+    "seed": (None, 1),
+    "enforce_eager": (False, True),
+    "max_model_len": (16, 32),
+}
 
-__all__ = ["COMMANDS", "LAUNCHES", "NAMES", "Launch", "ProvisionError", "RunningTarget", "ServerError",
-           "TargetSettings", "forget_state", "launch_key", "local_target", "on_target", "refuse_missing_settings",
-           "running_target", "save_state", "serving", "start_target", "status_target", "stop_target"]
+__all__ = [
+    "COMMANDS",
+    "LAUNCHES",
+    "NAMES",
+    "Launch",
+    "ProvisionError",
+    "RunningTarget",
+    "ServerError",
+    "TargetSettings",
+    "forget_state",
+    "launch_key",
+    "local_target",
+    "on_target",
+    "refuse_missing_settings",
+    "running_target",
+    "save_state",
+    "serving",
+    "start_target",
+    "status_target",
+    "stop_target",
+]
 
 T = TypeVar("T")
 
@@ -71,8 +106,10 @@ class RunningTarget:
         reason = trouble(self.pid, f"http://{HOST}:{self.port}/health")
         if reason is None:
             return None
-        return ServerError(f"{self.name} (pid {self.pid}) {reason} while in use; the end of its log "
-                           f"{self.log_path}:\n{log_tail(self.log_path)}")
+        return ServerError(
+            f"{self.name} (pid {self.pid}) {reason} while in use; the end of its log "
+            f"{self.log_path}:\n{log_tail(self.log_path)}"
+        )
 
 
 def launch_key(name: str, settings: TargetSettings) -> tuple:
@@ -88,16 +125,29 @@ def refuse_missing_settings(name: str, settings: TargetSettings) -> None:
     for field_name, probes in _PROBES.items():
         if getattr(settings, field_name) == getattr(default, field_name):
             continue
-        if len({launch_key(name, replace(default, **{field_name: value})) for value in probes}) == 1:
-            have = ", ".join(f for f in _PROBES if len({launch_key(name, replace(default, **{f: v}))
-                                                        for v in _PROBES[f]}) > 1)
-            raise ProvisionError(f"{name} has no setting {field_name} (its settings: {have}, threads, gguf, port, "
-                                 "extra_args)")
+        if (
+            len({launch_key(name, replace(default, **{field_name: value})) for value in probes})
+            == 1
+        ):
+            have = ", ".join(
+                f
+                for f in _PROBES
+                if len({launch_key(name, replace(default, **{f: v})) for v in _PROBES[f]}) > 1
+            )
+            raise ProvisionError(
+                f"{name} has no setting {field_name} (its settings: {have}, threads, gguf, port, "
+                "extra_args)"
+            )
 
 
-def start_target(name: str, settings: TargetSettings | None = None, *, log: Callable[[str], None] = print,
-                 on_spawn: Callable[[RunningTarget], None] | None = None,
-                 ready_timeout: float | None = None) -> RunningTarget:
+def start_target(
+    name: str,
+    settings: TargetSettings | None = None,
+    *,
+    log: Callable[[str], None] = print,
+    on_spawn: Callable[[RunningTarget], None] | None = None,
+    ready_timeout: float | None = None,
+) -> RunningTarget:
     """Provision (first time only), start and wait until the target answers (within ``ready_timeout`` seconds;
     None: the target's own bound); the process outlives this call.
 
@@ -114,14 +164,26 @@ def start_target(name: str, settings: TargetSettings | None = None, *, log: Call
     log_path.unlink(missing_ok=True)
     server = start_server(list(launch.argv), log_path, env=launch.env)
     url = f"http://{HOST}:{port}/v1"
-    target = RunningTarget(name=name, url=url, pid=server.pid, port=port, model=launch.model, settings=settings,
-                           log_path=log_path, argv=launch.argv)
+    target = RunningTarget(
+        name=name,
+        url=url,
+        pid=server.pid,
+        port=port,
+        model=launch.model,
+        settings=settings,
+        log_path=log_path,
+        argv=launch.argv,
+    )
     if on_spawn is not None:
         on_spawn(target)
     log(f"waiting for {name} on {url} …")
     with heartbeat(log, f"waiting for {name} to load the model and answer"):
-        wait_ready(server, f"http://{HOST}:{port}/health", timeout=ready_timeout or launch.ready_timeout,
-                   extra_check=lambda: _warm_up(url, launch.model))
+        wait_ready(
+            server,
+            f"http://{HOST}:{port}/health",
+            timeout=ready_timeout or launch.ready_timeout,
+            extra_check=lambda: _warm_up(url, launch.model),
+        )
     return target
 
 
@@ -130,7 +192,9 @@ def stop_target(target: RunningTarget | int) -> None:
 
 
 @contextlib.contextmanager
-def running_target(name: str, log: Callable[[str], None] = print, **options: Any) -> Iterator[RunningTarget]:
+def running_target(
+    name: str, log: Callable[[str], None] = print, **options: Any
+) -> Iterator[RunningTarget]:
     """Synchronous form for tests and scripts: the target is stopped when the block ends, however it ends."""
     target = start_target(name, TargetSettings.from_options(options), log=log)
     try:
@@ -140,15 +204,25 @@ def running_target(name: str, log: Callable[[str], None] = print, **options: Any
 
 
 @contextlib.asynccontextmanager
-async def local_target(name: str, log: Callable[[str], None] = print, **options: Any) -> AsyncIterator[str]:
+async def local_target(
+    name: str, log: Callable[[str], None] = print, **options: Any
+) -> AsyncIterator[str]:
     """``async with local_target("llamacpp", slots=4) as url``: a base URL while the block runs."""
-    async with serving(name, TargetSettings.from_options(options), log=log, stop=asyncio.Event()) as target:
+    async with serving(
+        name, TargetSettings.from_options(options), log=log, stop=asyncio.Event()
+    ) as target:
         yield target.url
 
 
 @contextlib.asynccontextmanager
-async def serving(name: str, settings: TargetSettings, *, log: Callable[[str], None],
-                  stop: asyncio.Event, ready_timeout: float | None = None) -> AsyncIterator[RunningTarget | None]:
+async def serving(
+    name: str,
+    settings: TargetSettings,
+    *,
+    log: Callable[[str], None],
+    stop: asyncio.Event,
+    ready_timeout: float | None = None,
+) -> AsyncIterator[RunningTarget | None]:
     """A target for the block (None if ``stop`` came first), stopped when the block ends, however it ends.
 
     Starting blocks (provisioning, then polling for readiness), so it runs in a thread. Stopping the
@@ -165,8 +239,11 @@ async def serving(name: str, settings: TargetSettings, *, log: Callable[[str], N
         if stop.is_set() or abandoned.is_set():
             stop_target(target)
 
-    start = asyncio.ensure_future(asyncio.to_thread(start_target, name, settings, log=log, on_spawn=on_spawn,
-                                                    ready_timeout=ready_timeout))
+    start = asyncio.ensure_future(
+        asyncio.to_thread(
+            start_target, name, settings, log=log, on_spawn=on_spawn, ready_timeout=ready_timeout
+        )
+    )
     try:
         await until_stopped(asyncio.shield(start), stop)
     except asyncio.CancelledError:
@@ -185,8 +262,14 @@ async def serving(name: str, settings: TargetSettings, *, log: Callable[[str], N
         await asyncio.to_thread(stop_target, target)
 
 
-async def on_target(name: str, settings: TargetSettings, work: Callable[[RunningTarget], Awaitable[T]], *,
-                    log: Callable[[str], None], stop: asyncio.Event) -> tuple[T | None, ServerError | None]:
+async def on_target(
+    name: str,
+    settings: TargetSettings,
+    work: Callable[[RunningTarget], Awaitable[T]],
+    *,
+    log: Callable[[str], None],
+    stop: asyncio.Event,
+) -> tuple[T | None, ServerError | None]:
     """``work(target)`` with the built-in target running (``--target`` of run, diagnose, cases rerun).
 
     Returns its result (None when stopped while the target started) and, when the target stopped
@@ -199,16 +282,21 @@ async def on_target(name: str, settings: TargetSettings, work: Callable[[Running
         return result, await asyncio.to_thread(target.failure)
 
 
-async def _abandon(start: asyncio.Future, spawned: list[RunningTarget], abandoned: threading.Event) -> None:
+async def _abandon(
+    start: asyncio.Future, spawned: list[RunningTarget], abandoned: threading.Event
+) -> None:
     """Stop whatever the start spawned (or will) and wait for its thread to end: a thread cannot be interrupted."""
     abandoned.set()
     for target in list(spawned):
         await asyncio.to_thread(stop_target, target)
-    with contextlib.suppress(Exception):  # the start fails once its server is gone: that was the point
+    with contextlib.suppress(
+        Exception
+    ):  # the start fails once its server is gone: that was the point
         await asyncio.to_thread(stop_target, await start)
 
 
 # --- the state that `kevload target start|status|stop` keep between invocations ---
+
 
 def save_state(target: RunningTarget) -> Path:
     path = _state_dir() / f"{target.name}.json"
@@ -238,10 +326,16 @@ def _state_dir() -> Path:
 
 def _warm_up(url: str, model: str) -> None:
     """One tiny request: some servers answer /health before the model can serve (lazy load, first-call setup)."""
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
-                       "temperature": 0}).encode()
-    request = urllib.request.Request(f"{url}/chat/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
+    body = json.dumps(
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2,
+            "temperature": 0,
+        }
+    ).encode()
+    request = urllib.request.Request(
+        f"{url}/chat/completions", data=body, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=120) as response:
         response.read()
-

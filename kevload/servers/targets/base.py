@@ -57,7 +57,9 @@ class TargetSettings:
                 expected = ", ".join(sorted([*known, *ALIASES]))
                 raise ProvisionError(f"unknown target setting {name!r}; expected one of {expected}")
             if field_name in given:
-                raise ProvisionError(f"target setting {name!r}: {field_name} is given twice (one is an alias)")
+                raise ProvisionError(
+                    f"target setting {name!r}: {field_name} is given twice (one is an alias)"
+                )
             given[field_name] = _checked(known[field_name], name, value)
         return cls(**given)
 

@@ -61,27 +61,51 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def pip_download(requirement: str, sha256: str, into: Path, *, sdist: bool, log: Callable[[str], None]) -> Path:
+def pip_download(
+    requirement: str, sha256: str, into: Path, *, sdist: bool, log: Callable[[str], None]
+) -> Path:
     """Fetch one distribution file from the package index and check its pinned hash."""
     into.mkdir(parents=True, exist_ok=True)
-    args = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(into), requirement]
+    args = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--quiet",
+        "-d",
+        str(into),
+        requirement,
+    ]
     args[5:5] = ["--no-binary", ":all:"] if sdist else ["--only-binary", ":all:"]
     run_logged(args, log=log, what=f"download {requirement}")
     files = [p for p in into.iterdir() if p.is_file()]
     if len(files) != 1:
-        raise ProvisionError(f"download {requirement}: expected one file, got {[p.name for p in files]}")
+        raise ProvisionError(
+            f"download {requirement}: expected one file, got {[p.name for p in files]}"
+        )
     actual = sha256_file(files[0])
     if actual != sha256:
-        raise ProvisionError(f"download {requirement}: sha256 {actual} does not match pinned {sha256}")
+        raise ProvisionError(
+            f"download {requirement}: sha256 {actual} does not match pinned {sha256}"
+        )
     return files[0]
 
 
-def run_logged(args: list[str], *, log: Callable[[str], None], what: str, cwd: Path | None = None,
-               env: dict[str, str] | None = None) -> None:
+def run_logged(
+    args: list[str],
+    *,
+    log: Callable[[str], None],
+    what: str,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> None:
     """Run a build step; on failure raise with the tail of its output, which is where the reason is."""
     log(f"{what} …")
     with heartbeat(log, what):
-        proc = subprocess.run(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.run(
+            args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
     if proc.returncode != 0:
         tail = "\n".join(proc.stdout.splitlines()[-25:])
         raise ProvisionError(f"{what} failed (exit {proc.returncode}):\n{tail}")

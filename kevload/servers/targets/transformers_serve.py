@@ -42,16 +42,42 @@ def command(settings: TargetSettings, port: int, log: Log) -> Launch:
 
 def launch(venv: Path, model: Path, s: TargetSettings, port: int) -> Launch:
     """The command line alone, from the settings: no installing, no files touched."""
-    argv = [str(venv / "venv" / "bin" / "transformers"), "serve", str(model), "--host", HOST, "--port", str(port),
-            "--device", "cpu", "--dtype", s.dtype, "--log-level", "warning"]
+    argv = [
+        str(venv / "venv" / "bin" / "transformers"),
+        "serve",
+        str(model),
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+        "--dtype",
+        s.dtype,
+        "--log-level",
+        "warning",
+    ]
     if s.batching:
         # A fixed cache size: sizing from "free memory" breaks on CPU hosts with much RAM.
-        argv += ["--continuous-batching", "--cb-num-blocks", "64", "--cb-max-batch-tokens", "256",
-                 "--cb-max-memory-percent", "0.5"]
+        argv += [
+            "--continuous-batching",
+            "--cb-num-blocks",
+            "64",
+            "--cb-max-batch-tokens",
+            "256",
+            "--cb-max-memory-percent",
+            "0.5",
+        ]
     if s.seed is not None:
         argv += ["--default-seed", str(s.seed)]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": str(s.thread_count()),
-           "HF_HUB_DISABLE_TELEMETRY": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "OMP_NUM_THREADS": str(s.thread_count()),
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+    }
     return Launch(argv=(*argv, *s.extra_args), env=env, model=str(model), ready_timeout=300.0)
 
 
@@ -77,19 +103,41 @@ def model_dir(gguf: Path | None = None, log: Callable[[str], None] = print) -> P
 
 def _install(root: Path, log: Callable[[str], None]) -> dict:
     venv = root / "venv"
-    run_logged([sys.executable, "-m", "venv", str(venv)], log=log, what="create transformers virtualenv")
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    run_logged(pip + _REQUIREMENTS, log=log, what=f"install transformers {VERSION} and torch {TORCH} (CPU)")
-    check = subprocess.run([str(venv / "bin" / "python"), "-c", "import torch, transformers; print(torch.__version__)"],
-                           capture_output=True, text=True)
+    run_logged(
+        [sys.executable, "-m", "venv", str(venv)], log=log, what="create transformers virtualenv"
+    )
+    pip = [
+        str(venv / "bin" / "python"),
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+    ]
+    run_logged(
+        pip + _REQUIREMENTS, log=log, what=f"install transformers {VERSION} and torch {TORCH} (CPU)"
+    )
+    check = subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            "import torch, transformers; print(torch.__version__)",
+        ],
+        capture_output=True,
+        text=True,
+    )
     if check.returncode != 0 or not check.stdout.startswith(TORCH):
         raise ProvisionError(f"transformers virtualenv is broken: {check.stderr.strip()[-500:]}")
     return {"target": "transformers", "version": VERSION, "torch": TORCH}
 
 
 def _convert(env: Path, gguf: Path, root: Path, log: Callable[[str], None]) -> dict:
-    run_logged([str(python_in(env)), "-c", _CONVERT, str(gguf.parent), gguf.name, str(root)], log=log,
-               what=f"convert {gguf.name} to a transformers model", env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    run_logged(
+        [str(python_in(env)), "-c", _CONVERT, str(gguf.parent), gguf.name, str(root)],
+        log=log,
+        what=f"convert {gguf.name} to a transformers model",
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     if not (root / "config.json").is_file():
         raise ProvisionError(f"conversion of {gguf} wrote no config.json")
     return {"gguf": str(gguf), "identity": gguf_identity(gguf)}
