@@ -36,7 +36,7 @@ _API = {
     "Load": "kevload.inputs.scenario",
     "load_scenario": "kevload.inputs.scenario",
     "build_scenario": "kevload.inputs.scenario",
-    "Probe": "kevload.inputs.models",
+    "Probe": "kevload.inputs.probe",
     "run_scenario": "kevload.load.runs",
     "diagnose": "kevload.guide.diagnose",
     "DiagnoseOptions": "kevload.guide.diagnose",

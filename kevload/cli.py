@@ -21,7 +21,7 @@ from kevload.errors import InputError, KevloadError
 from kevload.exitcode import ExitCode
 from kevload.guide.diagnose import MIN_OK
 from kevload.inputs.grading import BadGrading, Grading, checked
-from kevload.inputs.models import MAX_TOKENS, read_messages
+from kevload.inputs.probe import MAX_TOKENS, read_messages
 from kevload.inputs.scenario import (
     APIS,
     MAX_CONCURRENCY,
@@ -885,7 +885,7 @@ def diagnose_command(
     import orjson
 
     from kevload.guide.diagnose import DiagnoseOptions, check_options, diagnose
-    from kevload.inputs.models import Probe
+    from kevload.inputs.probe import Probe
     from kevload.outputs.report import diagnosis_text
 
     if (prompt is None) == (messages_file is None):

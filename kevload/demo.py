@@ -16,7 +16,7 @@ from kevload import exitcode
 from kevload.aio import until_stopped
 from kevload.compare.stats import drift_upper_bound
 from kevload.guide.diagnose import DiagnoseOptions, diagnose
-from kevload.inputs.models import Probe
+from kevload.inputs.probe import Probe
 from kevload.inputs.scenario import Scenario, build_scenario, load_scenario
 from kevload.load.runs import run_scenario
 from kevload.outputs import gradedview

@@ -434,7 +434,7 @@ class RunSummary(_Json):
     # waited.
     server_limited_cells: tuple[str, ...] | None = written_with("server_limited_cells")
     cells: tuple[CellSummary, ...] = ()
-    # Per probe id, what it asked (models.probe_inputs: hashes of its input and params, its
+    # Per probe id, what it asked (probe.probe_inputs: hashes of its input and params, its
     # max_tokens) and the hash
     # of how it was graded, so a baseline tells a changed input from a changed server and pairs
     # graded answers only

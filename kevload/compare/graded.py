@@ -31,7 +31,7 @@ from kevload.inputs.grading import (
     python_graders,
     refused_from,
 )
-from kevload.inputs.models import Probe
+from kevload.inputs.probe import Probe
 from kevload.summary import CellSummary, RunSummary, level_label, level_order
 
 SIGNIFICANT = 0.05  # accuracy "fell" at a level: lower than serial over the paired probes, McNemar p under this

@@ -28,7 +28,7 @@ from kevload.inputs.grading import (
     python_graders,
     refused_from,
 )
-from kevload.inputs.models import Probe, iter_jsonl
+from kevload.inputs.probe import Probe, iter_jsonl
 from kevload.inputs.scenario import Load, Target, build_scenario, read_table
 from kevload.inputs.trace import trace_rates
 from kevload.load.runs import recorded_scenario, run_scenario

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from kevload.compare.stats import drift_upper_bound, samples_for_bound
-from kevload.inputs.models import Probe
+from kevload.inputs.probe import Probe
 from kevload.inputs.scenario import CacheReset, Load, Mode, Scenario, Target, build_scenario
 from kevload.load.runs import run_scenario
 from kevload.outputs.report import counts_text, logprob_gap_text

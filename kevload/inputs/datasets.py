@@ -17,7 +17,7 @@ from typing import Any
 from kevload.errors import ScenarioError
 from kevload.inputs.conversation import BadTurns, parse_turns
 from kevload.inputs.grading import BadGrading, checked
-from kevload.inputs.models import Probe, first_bad_message, parse_jsonl, rule_of
+from kevload.inputs.probe import Probe, first_bad_message, parse_jsonl, rule_of
 from kevload.words import SampleRole
 
 # A line's own max_tokens meets the rule of a probe's.

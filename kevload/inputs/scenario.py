@@ -28,7 +28,7 @@ from kevload.errors import ScenarioError
 from kevload.inputs.conversation import BadTurns, parse_turns
 from kevload.inputs.datasets import Dataset, read_dataset
 from kevload.inputs.grading import BadGrading, checked
-from kevload.inputs.models import Probe, Rule, first_bad_message, key_of, rule, rule_of
+from kevload.inputs.probe import Probe, Rule, first_bad_message, key_of, rule, rule_of
 from kevload.inputs.trace import (
     MAX_SPEEDUP,
     MAX_TRACE_SECONDS,

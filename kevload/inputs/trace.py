@@ -28,7 +28,7 @@ from typing import Any
 
 from kevload.errors import ScenarioError
 from kevload.inputs.datasets import Dataset
-from kevload.inputs.models import MAX_TOKENS, Probe, parse_jsonl
+from kevload.inputs.probe import MAX_TOKENS, Probe, parse_jsonl
 from kevload.inputs.tokenwords import words_for
 
 MAX_TRACE_TOKENS = 1_000_000  # input tokens of one request: beyond any model's context

@@ -6,7 +6,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kevload.inputs.models import Probe
+from kevload.inputs.probe import Probe
 from kevload.inputs.scenario import Scenario
 
 # Different kinds and lengths on purpose: batch composition (lengths, padding, kernels chosen)

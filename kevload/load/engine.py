@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kevload.compare.verdict import UntilBound
-from kevload.inputs.models import Probe
+from kevload.inputs.probe import Probe
 from kevload.inputs.scenario import Scenario
 from kevload.inputs.trace import trace_of
 from kevload.inputs.workload import CompanionPicker, companions_for

@@ -26,7 +26,7 @@ import aiohttp
 import orjson
 
 from kevload.errors import TargetError
-from kevload.inputs.models import Probe
+from kevload.inputs.probe import Probe
 from kevload.inputs.scenario import Scenario
 from kevload.records.store import Record
 

@@ -24,7 +24,7 @@ from kevload.compare.summarizing import summarize
 from kevload.errors import ClusterError, InputError, KevloadError, ScenarioError, SummaryError
 from kevload.inputs.datasets import check_unchanged
 from kevload.inputs.grading import IMPORT, NAMES_ONLY, python_graders, refused_from
-from kevload.inputs.models import probe_inputs
+from kevload.inputs.probe import probe_inputs
 from kevload.inputs.scenario import Scenario, Slo, apply_override, scenario_from_dict
 from kevload.inputs.trace import trace_rates
 from kevload.load import engine, prefixcache

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal, get_args
 from kevload.compare.verdict import UntilBound
 
 if TYPE_CHECKING:
-    from kevload.inputs.models import Probe
+    from kevload.inputs.probe import Probe
     from kevload.inputs.scenario import Arrival
 
 Role = Literal["probe", "companion", "warmup"]  # what a request is for; records.jsonl's role

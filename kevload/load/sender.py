@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 
 from kevload.inputs.conversation import conversation_sha256, history_sha256
-from kevload.inputs.models import Probe
+from kevload.inputs.probe import Probe
 from kevload.inputs.scenario import Scenario
 from kevload.load.level import Level
 from kevload.load.prefixcache import CacheControl

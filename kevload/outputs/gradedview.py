@@ -13,7 +13,7 @@ from typing import Any
 from rich.table import Table
 
 from kevload.compare.graded import level_name
-from kevload.outputs.spelling import visible
+from kevload.outputs.escaping import visible
 from kevload.summary import CellSummary, RunSummary, label_of
 
 MATRIX_ROWS = (
@@ -167,7 +167,7 @@ def cell_figures(cell: CellSummary) -> str | None:
 
 def _quote(text: str | None) -> str:
     """A server's answer quoted in a line: on one line, cut to 80 characters, its control characters spelled as every
-    output spells them (``spelling.visible``), whatever output the line goes to."""
+    output spells them (``escaping.visible``), whatever output the line goes to."""
     text = (text or "").replace("\n", "⏎")
     return f"'{visible(text if len(text) <= 80 else text[:79] + '…')}'"
 

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from kevload.outputs import gradedview
+from kevload.outputs.escaping import visible
 from kevload.outputs.report import (
     AGREEMENT_COLUMNS,
     SERVER_COLUMNS,
@@ -28,7 +29,6 @@ from kevload.outputs.report import (
     slo_line,
     verdict_line,
 )
-from kevload.outputs.spelling import visible
 from kevload.records.store import Record, redact
 from kevload.summary import (
     CellSummary,

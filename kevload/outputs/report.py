@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kevload.outputs import gradedview
-from kevload.outputs.spelling import visible, xml_text
+from kevload.outputs.escaping import visible, xml_text
 from kevload.summary import (
     CellSummary,
     RunSummary,

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 import msgspec
 import orjson
 
-from kevload.inputs.models import Probe
+from kevload.inputs.probe import Probe
 from kevload.inputs.scenario import REQUEST_ID_HEADER, Scenario, Target
 from kevload.records.store import TOKEN_COUNT_MAX, TokenCount, url_secrets, url_userinfo
 from kevload.wire.http1 import LeanTransport

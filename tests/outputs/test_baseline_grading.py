@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from kevload.inputs.conversation import Turn
-from kevload.inputs.models import UNGRADED, Probe, probe_inputs
+from kevload.inputs.probe import UNGRADED, Probe, probe_inputs
 from tests.conftest import run_cli, write_scenario
 
 PROMPT = "What is 40+2?"

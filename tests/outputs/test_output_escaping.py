@@ -16,9 +16,9 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families as text_families
 
+from kevload.outputs.escaping import visible, xml_text
 from kevload.outputs.metrics import escape_label
 from kevload.outputs.report import markdown_cell
-from kevload.outputs.spelling import visible, xml_text
 from tests.conftest import run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
 from tests.outputs.test_nightly import SCHEMA

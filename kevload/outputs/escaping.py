@@ -1,4 +1,4 @@
-"""How every output spells what it cannot show as it is.
+"""How every output escapes what it cannot show as it is.
 
 Probe ids, scenario names and a server's outputs may hold any character JSON and TOML carry. Control characters
 (C0 but tab and newline, DEL, C1) act on a terminal (ESC starts a sequence) and mean nothing in a report, so every
