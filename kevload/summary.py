@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal, Union
 
-from kevload.words import DivergenceKind, RunState, SampleRole, StopReason, Verdict
+from kevload.words import DivergenceKind, RunState, SampleRole, StopReason, Verdict, shortened
 
 _ANCHOR = "kevload.written_with"
 
@@ -187,8 +187,7 @@ def _expected(hint: Any, plural: bool = False) -> str:
 
 def _shown(value: Any) -> str:
     """A JSON value as an error message quotes it: short."""
-    text = json.dumps(value, ensure_ascii=False)
-    return text if len(text) <= 40 else text[:37] + "..."
+    return shortened(json.dumps(value, ensure_ascii=False), 40, "...")
 
 
 def _plain(value: Any) -> Any:

@@ -30,6 +30,8 @@ from typing import Any
 
 import orjson
 
+from kevload.words import shortened
+
 GRADES = ("exact", "contains", "regex", "one_of", "number", "choice", "json", "json_schema")
 PYTHON = "python:"
 GRADE_EXPECTED = f"one of {', '.join(GRADES)} or python:module:function"
@@ -594,7 +596,7 @@ def _shown(text: str) -> str:
 
 
 def _cut(text: str) -> str:
-    return text if len(text) <= _MAX_SHOWN else text[:_MAX_SHOWN] + "…"
+    return shortened(text, _MAX_SHOWN + len("…"))
 
 
 # A number as answers write it, read from the text as it is (NFKC, once used here, turns "2⁴" into

@@ -37,6 +37,7 @@ from kevload.inputs.trace import (
     read_trace,
     trace_of,
 )
+from kevload.words import shortened
 
 Mode = Literal["single", "mixed", "prefix", "needle"]
 Arrival = Literal["constant", "poisson"]
@@ -1381,5 +1382,4 @@ def _check_metrics_url(fail: _Failer, url: str) -> None:
 def _show(value: Any) -> str:
     if value is None:
         return "nothing"
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    return shortened(repr(value), 80, "...")

@@ -30,6 +30,7 @@ from kevload.errors import ScenarioError
 from kevload.inputs.datasets import Dataset
 from kevload.inputs.probe import MAX_TOKENS, Probe, parse_jsonl
 from kevload.inputs.tokenwords import words_for
+from kevload.words import shortened
 
 MAX_TRACE_TOKENS = 1_000_000  # input tokens of one request: beyond any model's context
 MAX_SPEEDUP = 1_000_000  # load.trace_speedup: a week of trace replayed in under a second
@@ -358,8 +359,7 @@ def _whole(value: Any) -> bool:
 
 
 def _show(value: Any) -> str:
-    text = "nothing" if value is None else repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    return "nothing" if value is None else shortened(repr(value), 80, "...")
 
 
 def trace_of(datasets: tuple[Dataset, ...]) -> TraceDataset | None:

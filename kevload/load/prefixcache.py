@@ -25,10 +25,12 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 import orjson
 
+from kevload.compare.divergence import common_prefix_length
 from kevload.errors import TargetError
 from kevload.inputs.probe import Probe
 from kevload.inputs.scenario import Scenario
 from kevload.records.store import Record
+from kevload.words import shortened
 
 CacheState = Literal["cold", "warm"]
 # The server's own resets, in the order "auto" tries them: (method, path).
@@ -292,7 +294,9 @@ def _compare(probe: str, rounds: list[Round], method: str) -> ColdWarm:
     key = _output
     equal = sum(key(c) == key(w[0]) for c, w in kept)
     unstable = sum(len({key(x) for x in w}) > 1 for _, w in kept)
-    divergence = [_first_diff(c.answer, w[0].answer) for c, w in kept if key(c) != key(w[0])]
+    divergence = [
+        common_prefix_length(c.answer, w[0].answer) for c, w in kept if key(c) != key(w[0])
+    ]
     diffs = [d for c, w in kept if (d := _logprob_diff(c, w[0])) is not None]
     sizes = [size for _, size in diffs if size is not None]
     cold_cached = [c.cached_tokens for c, _ in kept if c.cached_tokens is not None]
@@ -342,12 +346,6 @@ def _compare(probe: str, rounds: list[Round], method: str) -> ColdWarm:
 def _output(r: Record) -> tuple[str | None, str | None]:
     """An output is its text together with its finish_reason, as in every cell."""
     return r.sha256, r.finish_reason
-
-
-def _first_diff(a: str, b: str) -> int:
-    return next(
-        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
-    )
 
 
 def _logprob_diff(cold: Record, warm: Record) -> tuple[bool, float | None] | None:
@@ -486,7 +484,9 @@ def props_answer(status: int, body: bytes | None) -> tuple[bool, str]:
 def _shown(text: str, limit: int = 200) -> str:
     """Text for a line: at most ``limit`` characters (its length said where cut), quoted so that no control
     character reaches a terminal."""
-    return repr(text) if len(text) <= limit else f"{text[:limit]!r}… ({len(text)} characters)"
+    if len(text) <= limit:
+        return repr(text)
+    return f"{shortened(text, limit, mark='')!r}… ({len(text)} characters)"
 
 
 def _json_type(value: object) -> str:

@@ -23,7 +23,7 @@ from kevload.records.store import TOKEN_COUNT_MAX, TokenCount, url_secrets, url_
 from kevload.wire.http1 import LeanTransport
 from kevload.wire.sse import SSEError, SSEParser
 from kevload.wire.transport import AiohttpTransport, Endpoint, Response, Transport, TransportError
-from kevload.words import CANCELLED
+from kevload.words import CANCELLED, shortened
 
 T = TypeVar("T")
 
@@ -642,8 +642,7 @@ def _lenient(doc: dict[str, Any], findings: list[str]) -> _Answer:
 
 def _shown(value: Any) -> str:
     """A wrong value as its finding shows it: repr, at most ``_SHOWN`` characters."""
-    text = repr(value)
-    return text if len(text) <= _SHOWN else text[: _SHOWN - 1] + "…"
+    return shortened(repr(value), _SHOWN)
 
 
 def _count(value: Any, where: str, findings: list[str]) -> int | None:
