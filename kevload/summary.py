@@ -16,8 +16,8 @@ import json
 import types
 import typing
 from collections.abc import Iterable
-from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, Literal, Union
+from dataclasses import MISSING, Field, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union
 
 from kevload.words import DivergenceKind, RunState, SampleRole, StopReason, Verdict, shortened
 
@@ -67,9 +67,12 @@ def level_order(concurrency: int, rate: float | None) -> tuple[int, float]:
 class _Json:
     """to_json/from_json for a frozen dataclass: the field declarations are the format."""
 
+    if TYPE_CHECKING:  # every subclass is a dataclass: what ``fields`` takes
+        __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for f in fields(self):  # type: ignore[arg-type]
+        for f in fields(self):
             anchor = f.metadata.get(_ANCHOR)
             if anchor is not None and getattr(self, anchor) is None:
                 continue
@@ -79,8 +82,9 @@ class _Json:
     @classmethod
     def _fields_from(cls, doc: dict[str, Any]) -> dict[str, Any]:
         # A sequence field is a tuple here (frozen, as the summary made in memory), a list in JSON.
-        sequences = _sequence_fields(cls)
-        names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        # A class is hashable: mypy checks the instances' __hash__ against functools.cache instead.
+        sequences = _sequence_fields(cls)  # type: ignore[arg-type]
+        names = {f.name for f in fields(cls)}
         return {
             key: tuple(value) if key in sequences and value is not None else value
             for key, value in doc.items()
@@ -93,7 +97,7 @@ class _Json:
         …, got …``; None when every one fits. A key this version does not know, or one an older version did not
         write, is no problem (``from_json`` leaves it out or takes the default)."""
         hints = typing.get_type_hints(cls)
-        for f in fields(cls):  # type: ignore[arg-type]
+        for f in fields(cls):
             # A field without a default is in every summary any version wrote: without it none can
             # be built.
             if f.name not in doc and f.default is MISSING and f.default_factory is MISSING:
@@ -102,7 +106,7 @@ class _Json:
             (
                 problem
                 for f in fields(cls)
-                if f.name in doc  # type: ignore[arg-type]
+                if f.name in doc
                 and (problem := _misfit(doc[f.name], hints[f.name], f"{where}{f.name}"))
             ),
             None,
@@ -116,7 +120,7 @@ def _sequence_fields(cls: type) -> frozenset[str]:
     hints = typing.get_type_hints(cls)
     return frozenset(
         f.name
-        for f in fields(cls)  # type: ignore[arg-type]
+        for f in fields(cls)
         if any(
             typing.get_origin(h) is tuple for h in (hints[f.name], *typing.get_args(hints[f.name]))
         )
@@ -135,7 +139,7 @@ def _misfit(value: Any, hint: Any, where: str) -> str | None:
             return None
         # A container that fits one of the types but for an item: that item is the news, not the
         # union.
-        deeper = [m for m in misfits if not m.startswith(f"{where}: ")]
+        deeper = [m for m in misfits if m is not None and not m.startswith(f"{where}: ")]
         return deeper[0] if deeper else f"{where}: expected {_expected(hint)}, got {_shown(value)}"
     if origin in (tuple, list) and isinstance(value, list):
         return next(

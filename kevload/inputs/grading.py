@@ -36,7 +36,7 @@ GRADES = ("exact", "contains", "regex", "one_of", "number", "choice", "json", "j
 PYTHON = "python:"
 GRADE_EXPECTED = f"one of {', '.join(GRADES)} or python:module:function"
 # What each grader needs in ``expected`` (None: may be absent).
-_NEEDS = {
+_NEEDS: dict[str, str | None] = {
     "exact": "a string",
     "contains": "a non-empty string",
     "regex": "a regular expression (a string)",
@@ -132,12 +132,15 @@ class Grading:
                 "the absolute path of the directory the python grader was imported from",
                 home,
             )
-        return checked(
+        grading = checked(
             doc.get("expected"),
             doc.get("grade"),
             doc.get("tolerance", 0.0),
             Path(home) if home else base,
         )
+        if grading is None:  # run.json keeps only graded probes: one without a grader is no such entry
+            raise BadGrading("grade", GRADE_EXPECTED, None)
+        return grading
 
     def good(self, answer: str, probe: str = "") -> bool:
         """Whether ``answer`` (the whole text a cell keeps for an output) of ``probe`` (its id) is good;
@@ -234,6 +237,7 @@ def _expected(grade: str, expected: Any, base: Path) -> Any:
         )  # any JSON value (TOML's tables, lists, strings, numbers): the answer must equal it
     if grade == "json_schema":
         return _as_kept(_schema(expected, base))
+    assert need is not None  # json and json_schema, which need none, returned above
     raise BadGrading("expected", need, expected)
 
 
@@ -396,7 +400,7 @@ def python_grader(grade: str, base: Path) -> Callable[..., Any]:
         ) from None
     finally:
         sys.path.remove(added)
-    function = getattr(module, function_name, None)
+    function: object = getattr(module, function_name, None)
     if not callable(function):
         raise BadGrading(
             "grade", f"{_PYTHON_SHAPE} ({module_name} has no function {function_name})", grade
@@ -416,7 +420,7 @@ def _refuse_another_of_the_name(top: str, base: str, grade: str) -> None:
         return
     loaded = sys.modules.get(top)
     if loaded is not None and top in _imported_from:
-        there = _imported_from[
+        there: tuple[str, ...] | None = _imported_from[
             top
         ]  # a namespace package's own path follows sys.path, which no longer has its base
     else:
@@ -532,7 +536,7 @@ def content_of(answer: str) -> str:
 def _grade(grading: Grading, text: str, probe: str) -> bool:
     grade, expected = grading.grade, grading.expected
     if grade == "exact":
-        return text.strip() == expected.strip()
+        return bool(text.strip() == expected.strip())
     if grade == "contains":
         return expected in text
     if grade == "regex":
@@ -543,7 +547,7 @@ def _grade(grading: Grading, text: str, probe: str) -> bool:
         value = last_number(text)
         return value is not None and abs(value - expected) <= grading.tolerance
     if grade == "choice":
-        return choice_letter(text) == expected
+        return bool(choice_letter(text) == expected)
     if grade in ("json", "json_schema"):
         value = parse_json(text)
         if value is _NOT_JSON:
@@ -775,9 +779,9 @@ def choice_letter(text: str) -> str | None:
         if found:
             return "".join(found[-1]).upper()
     for pattern in (_BARE, _LEADING):
-        found = pattern.match(text)
-        if found:
-            return found.group(1)
+        matched = pattern.match(text)
+        if matched:
+            return matched[1]
     parens = _PARENS.findall(text)
     return parens[-1] if parens else None
 

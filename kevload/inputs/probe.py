@@ -52,11 +52,12 @@ def rule(default: Any = MISSING, *, factory: Any = MISSING, **kwargs: Any) -> An
     return field(default=default, default_factory=factory, metadata={"rule": Rule(**kwargs)})
 
 
-def rule_of(f: Field) -> Rule:
-    return f.metadata.get("rule", _NO_RULE)
+def rule_of(f: Field[Any]) -> Rule:
+    rule: Rule = f.metadata.get("rule", _NO_RULE)
+    return rule
 
 
-def key_of(f: Field) -> str:
+def key_of(f: Field[Any]) -> str:
     """The field's key in a TOML table."""
     return rule_of(f).key or f.name
 
@@ -103,6 +104,7 @@ class Probe:
             return replace(
                 self, id=id, turns=(*self.turns[:-1], replace(self.turns[-1], user=text))
             )
+        assert self.messages is not None  # a probe is a prompt, a chat or a conversation
         return replace(
             self, id=id, messages=(*self.messages[:-1], {**self.messages[-1], "content": text})
         )

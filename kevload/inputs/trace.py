@@ -351,7 +351,7 @@ def _tokens(value: Any, where: str, most: int) -> int:
         raise ScenarioError(
             f"{where}: expected an integer from 1 to {most:,} (tokens), got {_show(value)}"
         )
-    return value
+    return int(value)
 
 
 def _whole(value: Any) -> bool:

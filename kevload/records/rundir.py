@@ -34,7 +34,7 @@ class RunDir:
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> RunDir:
         """The run in ``path``; a directory without a records file is a ``RunDirError``."""
-        run = cls(path)
+        run = cls(Path(path))
         if not run.record_files():
             raise RunDirError(f"{path}: not a kevload run directory (no {RECORDS})")
         return run
@@ -81,7 +81,7 @@ class RunDir:
         """``run.json``: the scenario as run, its load, target, parts and end state, as written; the keys kevload
         reads back from it checked typed first (``_RunJson``), so an edited one is a ``RunDirError`` naming the key,
         never a traceback in whatever reads it later."""
-        doc = read_json(self.run_json)
+        doc: dict[str, Any] = read_json(self.run_json)
         try:
             msgspec.convert(doc, _RunJson)
         except msgspec.ValidationError as exc:

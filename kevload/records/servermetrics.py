@@ -211,12 +211,12 @@ class Sampler:
             "failed": 0,
             "last_error": None,
         }
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self.parse_s = 0.0  # how long the last page took to parse
 
     async def __aenter__(self) -> Sampler:
         if self.url is not None:
-            self._task = asyncio.create_task(self._run())
+            self._task = asyncio.create_task(self._run(self.url))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -226,12 +226,12 @@ class Sampler:
         if self.info["available"] is None:  # no page parsed, or none came, before the run ended
             self._unavailable(self.info["last_error"] or "no answer before the run ended")
 
-    async def _run(self) -> None:
+    async def _run(self, url: str) -> None:
         loop = asyncio.get_running_loop()
         connector = aiohttp.TCPConnector(limit=1)
         fd: int | None = None
         early: list[
-            dict[str, Any]
+            bytes
         ] = []  # reads whose page did not parse, before one did: written once one does
         async with aiohttp.ClientSession(
             connector=connector, timeout=aiohttp.ClientTimeout(total=TIMEOUT_S)
@@ -239,7 +239,7 @@ class Sampler:
             try:
                 due = loop.time()
                 while True:
-                    sample = await self._read(http)
+                    sample = await self._read(http, url)
                     if fd is None and not isinstance(sample, _Unparsed):
                         if isinstance(sample, str):  # the first answer decides: no metrics here
                             self._unavailable(sample)
@@ -263,11 +263,11 @@ class Sampler:
                 if fd is not None:
                     os.close(fd)
 
-    async def _read(self, http: aiohttp.ClientSession) -> dict[str, Any] | str:
+    async def _read(self, http: aiohttp.ClientSession, url: str) -> dict[str, Any] | str:
         """One sample, or why there is none."""
         sent = self.clock()
         try:
-            async with http.get(self.url, allow_redirects=False) as response:
+            async with http.get(url, allow_redirects=False) as response:
                 if response.status != 200:
                     return _NOT_FOUND if response.status == 404 else f"HTTP {response.status}"
                 body = bytearray()
@@ -299,8 +299,9 @@ class Sampler:
 
     def _unavailable(self, why: str) -> None:
         self.info.update(available=False, why=why)
-        if not (self.guessed and why == _NOT_FOUND) and self.url not in _WARNED:
-            _WARNED.add(self.url)
+        url = self.url  # None: no sampler ran, and it is unavailable from the start
+        if url is not None and not (self.guessed and why == _NOT_FOUND) and url not in _WARNED:
+            _WARNED.add(url)
             self.warn(
                 f"kevload: server metrics: {self.url}: {why}; the cells' server_* fields stay null"
             )

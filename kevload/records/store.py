@@ -203,7 +203,7 @@ _ENCODER = msgspec.json.Encoder()
 
 
 def answer_text(
-    output: str | None, reasoning: str | None = None, tool_calls: list[dict[str, str]] | None = None
+    output: str | None, reasoning: str | None = None, tool_calls: list[ToolCall] | None = None
 ) -> str:
     """The one text that is compared (hashed into ``sha256``, shown at divergence points): the whole answer.
 
@@ -223,11 +223,13 @@ def answer_text(
     return with_reasoning(reasoning, "".join(rest))
 
 
-def spell_logprobs(values: list[float | None]) -> list[float | str | None]:
+def spell_logprobs(values: list[float | Spelled | None]) -> list[float | Spelled | None]:
     """Logprobs as a record keeps them: a non-finite one as the string ``"-Infinity"``, ``"Infinity"`` or
     ``"NaN"`` (JSON has no such numbers, and orjson would write null, a missing logprob), every other
     value as it is. ``float()`` of the string gives the value back; the comparator keeps NaN apart from null."""
-    return [x if x is None or math.isfinite(x) else _spelling(x) for x in values]
+    return [
+        x if x is None or isinstance(x, str) or math.isfinite(x) else _spelling(x) for x in values
+    ]
 
 
 def request_part(request_id: str | None, run_id: str) -> int:
@@ -304,7 +306,7 @@ def read_typed(
     start: int = 0,
     end: int | None = None,
     *,
-    decoder: msgspec.json.Decoder = RECORD_DECODER,
+    decoder: msgspec.json.Decoder[Any] = RECORD_DECODER,
 ) -> Iterator[Any]:
     """Stream a records file back as ``Record`` values, spelled logprobs kept spelled (``Record.floats``): every line,
     or those that begin in bytes [``start``, ``end``) (a part read in parallel; ``start`` at a line's beginning).
@@ -424,5 +426,5 @@ def redact(value: Any, secrets: list[str]) -> Any:
     return value
 
 
-def _spelling(value: float) -> str:
+def _spelling(value: float) -> Spelled:
     return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"

@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
@@ -19,7 +19,13 @@ import orjson
 
 from kevload.inputs.probe import Probe
 from kevload.inputs.scenario import REQUEST_ID_HEADER, Scenario, Target
-from kevload.records.store import TOKEN_COUNT_MAX, TokenCount, url_secrets, url_userinfo
+from kevload.records.store import (
+    TOKEN_COUNT_MAX,
+    TokenCount,
+    ToolCall,
+    url_secrets,
+    url_userinfo,
+)
 from kevload.wire.http1 import LeanTransport
 from kevload.wire.sse import SSEError, SSEParser
 from kevload.wire.transport import AiohttpTransport, Endpoint, Response, Transport, TransportError
@@ -60,7 +66,7 @@ class Outcome:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     token_ids: list[int] | None = None
-    logprobs: list[float] | None = None
+    logprobs: list[float | None] | None = None
     tokens: list[str] | None = None
     system_fingerprint: str | None = None
     chunks: int = 0
@@ -71,7 +77,7 @@ class Outcome:
     # The rest of the answer besides ``output`` (the content); ``store.answer_text`` joins them for
     # comparison.
     reasoning: str | None = None
-    tool_calls: list[dict[str, str]] | None = None
+    tool_calls: list[ToolCall] | None = None
     reconnects: int = 0  # 1: resent on a fresh connection after a reused one had closed
     logprob_nonfinite: int = (
         0  # logprobs that were -Infinity, Infinity or NaN (Python servers write them)
@@ -101,7 +107,7 @@ def build_body(
         body["prompt"] = (
             item.prompt
             if item.prompt is not None
-            else "\n".join(m["content"] for m in item.messages)
+            else "\n".join(m["content"] for m in item.messages or ())
         )
     body["max_tokens"] = item.max_tokens
     body.update(params)
@@ -246,7 +252,7 @@ class Client:
         api_key: str | None,
         *,
         limit: int = 0,
-        transport: str | Transport | None = None,
+        transport: Literal["lean", "aiohttp"] | Transport | None = None,
     ):
         self.target = target
         base, basic = url_userinfo(target.base_url)
@@ -287,7 +293,7 @@ class Client:
     async def __aenter__(self) -> Client:
         if self._choice == "lean":
             self._transport = LeanTransport(self._endpoint)
-        elif self._choice == "aiohttp":
+        elif isinstance(self._choice, str):  # "aiohttp"
             self._transport = AiohttpTransport(self._endpoint)
         else:
             self._transport = self._choice
@@ -372,8 +378,10 @@ class Client:
         ended: Callable[[], None] | None = None,
         token_limit: int | None = None,
     ) -> Outcome:
+        transport = self._transport
+        assert transport is not None  # send's own check: one test of an attribute per attempt
         try:
-            response = await self._transport.send(payload, headers)
+            response = await transport.send(payload, headers)
             reconnects.append(response.reconnects)
             try:
                 outcome = await self._answer(
@@ -851,7 +859,8 @@ async def _read_stream(
     acc = _Accumulator(token_limit)
     finish_reason = None
     done = False
-    t_first_token = t_prev = None
+    t_first_token: float | None = None
+    t_prev = 0.0  # read only once a first token set it
     max_gap = 0.0
     chunks = 0
 
@@ -1044,7 +1053,7 @@ class _Accumulator:
         self.usage: _Usage | None = None
         self.fingerprint: str | None = None
         self.token_ids: list[int] | None = None
-        self.logprobs: list[float] | None = None
+        self.logprobs: list[float | None] | None = None
         self.tokens: list[str] | None = None
         # Token ids beside the logprobs (llama.cpp's "id"); None once a piece came without them.
         self.logprob_ids: list[int] | None = []
@@ -1144,7 +1153,8 @@ class _Accumulator:
         self.tokens = (self.tokens or []) + ["" if t is None else t for t in tokens]
         self.logprobs = (self.logprobs or []) + values + [None] * (len(tokens) - len(values))
         if self.logprob_ids is not None:
-            self.logprob_ids = self.logprob_ids + ids if None not in ids else None
+            # Every id given: the check proves ``ids`` a list[int].
+            self.logprob_ids = self.logprob_ids + cast(list[int], ids) if None not in ids else None
 
     def finish(self, finish_reason: str | None, *, complete: bool, **fields: Any) -> Outcome:
         """The outcome once the response ended: ``ok`` only for a finished, successful answer.
@@ -1153,7 +1163,7 @@ class _Accumulator:
         """
         output = "".join(self.content)
         reasoning = "".join(self.reasoning) or None
-        tool_calls = [
+        tool_calls: list[ToolCall] | None = [
             {"name": name, "arguments": "".join(pieces)}
             for _, (name, pieces) in sorted(self.calls.items())
         ] or None

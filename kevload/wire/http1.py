@@ -107,7 +107,9 @@ class LeanTransport:
         if not self._flush_queued:
             self._flush_queued = True
             conn.loop.call_soon(self._turn_over)
-            conn.transport.write(payload)
+            transport = conn.transport
+            assert transport is not None  # taken open (new, or usable()), with no await since
+            transport.write(payload)
             return
         outgoing = self._outgoing
         outgoing.append((conn, payload))
@@ -262,7 +264,7 @@ class _Connection(asyncio.Protocol):
         # A failure of the response in progress; an end of the connection in the middle of one is
         # one too.
         self.error: TransportError | None = None
-        self.waiter: asyncio.Future | None = None
+        self.waiter: asyncio.Future[None] | None = None
         self.keep_alive = True  # the connection may take another request once this response is in
         self.last_data = 0.0
         self.timer: asyncio.TimerHandle | None = None
@@ -270,6 +272,7 @@ class _Connection(asyncio.Protocol):
     # --- asyncio.Protocol ---
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # create_connection's transport, a Transport; asyncio.Protocol's signature says BaseTransport.
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
@@ -286,7 +289,9 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             # Bytes after a complete response only spoil the connection, not the response.
             self.keep_alive = False
-            if self.error is None and self.state is not _State.IDLE:
+            # feed_data's callbacks move the state on: mypy keeps the narrowing from above.
+            idle = self.state is _State.IDLE  # type: ignore[comparison-overlap]
+            if self.error is None and not idle:
                 self.error = BadResponse(f"bad response: {exc}", reconnects=self.reconnects)
         # httptools holds an unfinished header line itself: count the bytes fed while the head is
         # open.

@@ -70,8 +70,11 @@ class Endpoint:
 class Response(Protocol):
     status: int
     reason: str
-    headers: Mapping[str, str]  # names in lower case
     reconnects: int  # 1 when the request was resent on a fresh connection
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """Names in lower case."""
 
     def chunks(self) -> AsyncIterator[bytes]:
         """The body as it arrives; raises ``TransportError`` (``TooLarge`` past the endpoint's limit)."""
