@@ -39,7 +39,11 @@ KeptTurn = tuple[int, TurnAnswer | None, str, int, float, tuple[str, ...]]
 # overlap in time (a level ends only when nothing it sent is in flight), so pooling them adds no
 # "other".
 SpanKey = tuple[str, int]
-OutputKey = tuple[str, str | None]  # sha256 of the text, finish_reason
+OutputKey = tuple[
+    str | None, str | None
+]  # sha256 of the text (None: a record without one), finish_reason
+# An output's tokens: their ids where the server gave them, else their texts.
+Tokens = list[int] | list[str]
 # A level as its cuts are pooled: mode, concurrency, rate. Levels of one key never overlap in time
 # (as SpanKey).
 CutKey = tuple[str, int, float | None]
@@ -55,7 +59,7 @@ class CellAccumulator:
     counts: dict[OutputKey, int] = field(default_factory=dict)
     first_seen: dict[OutputKey, int] = field(default_factory=dict)
     texts: dict[OutputKey, str] = field(default_factory=dict)
-    tokens: dict[OutputKey, list] = field(default_factory=dict)
+    tokens: dict[OutputKey, Tokens] = field(default_factory=dict)
     logprobs: dict[OutputKey, LogprobTrack] = field(default_factory=dict)
     logprobs_missing: int = 0  # ok samples that asked for logprobs and got none
     logprob_nonfinite: int = 0  # ok samples with a logprob of -inf, inf or NaN
@@ -76,7 +80,7 @@ class CellAccumulator:
     )  # ok requests over each bound (ttft, itl, tpot, e2e)
     # Closed-loop levels c ≥ 2: every counted request's send and last-byte time, in turn (None:
     # nothing to check).
-    spans: array | None = None
+    spans: array[float] | None = None
     cancelled: int = 0  # requests kevload cut (load.cancel_share): neither answers nor errors
     findings: int = (
         0  # ok requests whose answer held a value that did not fit its field (Record.findings)
@@ -85,7 +89,7 @@ class CellAccumulator:
     # that the samples
     # with a cut of their level in flight can be told from the others
     # (kevload.compare.cuts.beside_cuts).
-    sample_spans: array | None = None
+    sample_spans: array[float] | None = None
     sample_outputs: list[OutputKey] | None = None
 
     def add(self, record: Record) -> None:
@@ -122,8 +126,10 @@ class CellAccumulator:
             self.counts[key] = count + 1
         outputs = self.sample_outputs
         if outputs is not None:
-            self.sample_spans.append(t_send)
-            self.sample_spans.append(t_last)
+            sample_spans = self.sample_spans
+            assert sample_spans is not None  # kept with sample_outputs
+            sample_spans.append(t_send)
+            sample_spans.append(t_last)
             outputs.append(key)
         logprobs = record.logprobs
         # A vector of nulls only is no logprob at all: the server gave the field, not one value in
@@ -160,10 +166,11 @@ class CellAccumulator:
         chunks = record.chunks
         # A one-token answer has no gap between tokens: nothing in it can miss an ITL or TPOT bound.
         ttft = itl = tpot = 0.0
-        streamed = t_first is not None and chunks
+        streamed = False
         # Without streaming the first token arrives with the last: TTFT and TPOT would only restate
         # e2e.
-        if streamed:
+        if t_first is not None and chunks:
+            streamed = True
             ttft = t_first - t_send
             latency["ttft"].add(ttft)
             if (tokens or chunks) > 1:
@@ -231,10 +238,15 @@ class CellAccumulator:
         self.output_tokens += other.output_tokens
         self.t_start = min(self.t_start, other.t_start)
         self.t_end = max(self.t_end, other.t_end)
-        if self.spans is not None:
+        if self.spans is not None and other.spans is not None:  # both or neither: one level
             self.spans.extend(other.spans)
         self.cancelled += other.cancelled
-        if self.sample_outputs is not None:
+        if (
+            self.sample_outputs is not None
+            and self.sample_spans is not None
+            and other.sample_outputs is not None
+            and other.sample_spans is not None
+        ):  # all or none: one cell, in a run that asked for cuts or not
             self.sample_spans.extend(other.sample_spans)
             self.sample_outputs.extend(other.sample_outputs)
         self.slo_met += other.slo_met
@@ -248,7 +260,9 @@ class CellAccumulator:
 
     def samples(self) -> list[tuple[float, float, OutputKey]]:
         """Each ok sample of a probe cell: (send, last byte, output)."""
-        spans, outputs = self.sample_spans, self.sample_outputs or []
+        spans, outputs = self.sample_spans, self.sample_outputs
+        if spans is None or outputs is None:
+            return []
         return [(spans[2 * i], spans[2 * i + 1], key) for i, key in enumerate(outputs)]
 
     def modal(self) -> OutputKey | None:
@@ -272,12 +286,12 @@ class Reduction:
     limits: SloLimits | None = field(init=False, default=None)
     # The spans of a closed-loop level's requests that are in no cell (warm-ups, ramp-ups, tails):
     # "others" too.
-    uncounted_spans: dict[SpanKey, array] = field(default_factory=dict)
+    uncounted_spans: dict[SpanKey, array[float]] = field(default_factory=dict)
     # Conversation cells: each turn's counted ok answers, by history (``kevload.compare.turnwise``).
     turns: dict[CellKey, dict[int, dict[TurnAnswer, int]]] = field(default_factory=dict)
     # Every cut of a level (load.cancel_share), counted or not: the times its requests were
     # cancelled.
-    cuts: dict[CutKey, array] = field(default_factory=dict)
+    cuts: dict[CutKey, array[float]] = field(default_factory=dict)
     cancel_planned: int = (
         0  # requests on record that load.cancel_share chose to cut (0: the run cut nothing)
     )
@@ -349,6 +363,7 @@ class Reduction:
         turns. A record that ends a conversation whose first turns this part lacks (a large file read in parts)
         waits for ``merge`` to bring them."""
         conversation, turn, ok = record.conversation, record.turn, record.status == "ok"
+        assert conversation is not None and turn is not None  # a turn's (Record.__post_init__)
         if not ends_sample(turn, record.turns, record.status):
             answer = (record.history_sha256, record.sha256, record.finish_reason) if ok else None
             text = as_received(record.answer, record.finish_reason) if ok else ""
@@ -375,6 +390,7 @@ class Reduction:
         ok = record.status == "ok"
         answers = [(turn, answer) for turn, answer, *_ in earlier]
         if ok:
+            assert record.turn is not None  # it ends a conversation: a turn of it
             answers.append(
                 (record.turn, (record.history_sha256, record.sha256, record.finish_reason))
             )
@@ -390,7 +406,9 @@ class Reduction:
                 sha256=record.conversation_sha256,
                 reasoning=None,
                 tool_calls=None,
-                output=transcript(record.history, [kept[2] for kept in earlier], record.answer),
+                output=transcript(
+                    record.history or (), [kept[2] for kept in earlier], record.answer
+                ),
                 token_ids=None,
                 tokens=None,
                 logprobs=None,
@@ -433,8 +451,8 @@ class Reduction:
             self.sent_errors[status] = self.sent_errors.get(status, 0) + n
         for level, spans in other.uncounted_spans.items():
             self.uncounted_spans.setdefault(level, array("d")).extend(spans)
-        for level, cuts in other.cuts.items():
-            self.cuts.setdefault(level, array("d")).extend(cuts)
+        for cut_level, cuts in other.cuts.items():
+            self.cuts.setdefault(cut_level, array("d")).extend(cuts)
         self.cancel_planned += other.cancel_planned
         # A conversation split between parts: this part has its first turns, ``other`` the later
         # ones.
@@ -452,20 +470,20 @@ class Reduction:
         (probes and companions) and its uncounted ones (warm-ups, ramp-ups, tails), from every records file
         reduced; its samples in an ``unrecorded`` window are left unknown. One level's occupancy at a time: memory
         follows the largest level, not the run."""
-        by_level: dict[SpanKey, list[CellKey]] = {}
+        by_level: dict[SpanKey, list[tuple[CellKey, array[float]]]] = {}
         for key, cell in self.cells.items():
             if cell.spans is not None:
-                by_level.setdefault((key[2], key[3]), []).append(key)
+                by_level.setdefault((key[2], key[3]), []).append((key, cell.spans))
         out: dict[CellKey, FullLoad] = {}
-        for level, keys in by_level.items():
-            parts = [self.cells[key].spans for key in keys]
+        for level, keyed in by_level.items():
+            parts = [spans for _, spans in keyed]
             if level in self.uncounted_spans:
                 parts.append(self.uncounted_spans[level])
             occupancy = Occupancy.of(
                 np.concatenate([_span_rows(spans) for spans in parts]), level[1]
             )
-            for key in keys:
-                out[key] = occupancy.full_load(_span_rows(self.cells[key].spans), unrecorded)
+            for key, spans in keyed:
+                out[key] = occupancy.full_load(_span_rows(spans), unrecorded)
         return out
 
 
@@ -500,8 +518,9 @@ def slo_limits(slo: Slo | None) -> SloLimits | None:
         math.inf if ms is None else ms / 1000
         for ms in (slo.ttft_ms, slo.itl_ms, slo.tpot_ms, slo.e2e_ms)
     ]
-    return (*seconds, any(math.isfinite(x) for x in seconds[:3]))
+    ttft, itl, tpot, e2e = seconds
+    return (ttft, itl, tpot, e2e, any(math.isfinite(x) for x in seconds[:3]))
 
 
-def _span_rows(spans: array) -> np.ndarray:
+def _span_rows(spans: array[float]) -> np.ndarray:
     return np.frombuffer(spans, dtype=np.float64).reshape(-1, 2)

@@ -3,11 +3,12 @@ its kind (``token``, ``length``, ``finish``) — and the example window a summar
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from kevload.compare.cells import CellAccumulator, OutputKey
+from kevload.compare.cells import CellAccumulator, OutputKey, Tokens
 from kevload.words import DIVERGENCE_KINDS, DivergenceKind
 
 # Characters of context kept on each side of a divergence point for the examples in the summary.
@@ -33,14 +34,14 @@ class Divergence:
 
 
 def divergence(
-    cell: CellAccumulator, ref_text: str, ref_tokens: list | None, serial: OutputKey
+    cell: CellAccumulator, ref_text: str, ref_tokens: Tokens | None, serial: OutputKey
 ) -> Divergence:
     """Where and how each output other than the serial one leaves it, and the example that shows it.
 
     The example is the output that leaves the serial one first (ties: the one seen first), so the
     divergence point stated for the cell is the one the example shows.
     """
-    kinds = dict.fromkeys(DIVERGENCE_KINDS, 0)
+    kinds: dict[str, int] = dict.fromkeys(DIVERGENCE_KINDS, 0)
     points: list[tuple[int, int, OutputKey, DivergenceKind]] = []  # chars, first seen, output, kind
     words, toks = [], []
     for key, n in cell.counts.items():
@@ -114,7 +115,7 @@ def _word_ends(text: str, at: int) -> bool:
     return at >= len(text) or text[at].isspace()
 
 
-def common_prefix_length(a: str | list, b: str | list) -> int:
+def common_prefix_length(a: str | Sequence[object], b: str | Sequence[object]) -> int:
     """Index of the first differing element (chars or tokens); the shorter length when one extends the other."""
     n = min(len(a), len(b))
     if n == 0:

@@ -3,8 +3,13 @@ does not grow with requests, compared exactly with the serial reference once it 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
+# One position of a vector: a logprob, a null (none given), or a spelled non-finite one
+# (``store.spell_logprobs``).
+Logprob = float | str | None
 # Distinct logprob vectors counted per output, to pick the serial reference's most common one;
 # beyond
 # this the vectors still widen the envelope (so every comparison stays exact) but are not counted.
@@ -39,9 +44,9 @@ class LogprobTrack:
         "nonfinite",
     )
 
-    def __init__(self, vector: list, seq: int, nonfinite: bool = False) -> None:
+    def __init__(self, vector: Sequence[Logprob], seq: int, nonfinite: bool = False) -> None:
         self.n = 1
-        self.vectors: dict[tuple, list[int]] = {
+        self.vectors: dict[tuple[Logprob, ...], list[int]] = {
             tuple(vector): [1, seq]
         }  # vector -> [count, first seq]
         # Vectors other than a counted one wait here to be folded into the envelope in one batch.
@@ -49,7 +54,7 @@ class LogprobTrack:
         # envelope exists once a second, different vector was folded: until then the one counted
         # vector
         # is the envelope, and a bitwise-stable output costs one dict lookup per record.
-        self.pending: list[list] = []
+        self.pending: list[Sequence[Logprob]] = []
         self.lo: np.ndarray | None = None
         self.hi: np.ndarray | None = None
         self.kinds: np.ndarray | None = None
@@ -61,7 +66,7 @@ class LogprobTrack:
         # decoded.
         self.nonfinite = nonfinite
 
-    def add(self, vector: list, seq: int, nonfinite: bool = False) -> None:
+    def add(self, vector: Sequence[Logprob], seq: int, nonfinite: bool = False) -> None:
         self.n += 1
         self.lengths[len(vector)] = self.lengths.get(len(vector), 0) + 1
         self.nonfinite = self.nonfinite or nonfinite
@@ -88,7 +93,7 @@ class LogprobTrack:
             if len(self.vectors) < _LOGPROB_VECTORS:
                 self.vectors[key] = [count, seq]
         self._flush()
-        if other.lo is not None:
+        if other.lo is not None and other.hi is not None and other.kinds is not None:
             self._fold(other.lo, other.hi, other.kinds)
         self.n += other.n
         for length, count in other.lengths.items():
@@ -96,12 +101,12 @@ class LogprobTrack:
         self.len_min = min(self.len_min, other.len_min)
         self.len_max = max(self.len_max, other.len_max)
 
-    def modal(self) -> list:
+    def modal(self) -> list[Logprob]:
         """The most common vector counted (ties: the one seen first)."""
         return list(max(self.vectors.items(), key=lambda kv: (kv[1][0], -kv[1][1]))[0])
 
     def compare(
-        self, reference: list, upto: int, same_tokens: bool
+        self, reference: Sequence[Logprob], upto: int, same_tokens: bool
     ) -> tuple[int | None, float | None, int]:
         """(first position < ``upto`` where a vector differs from ``reference``, largest |difference| there, how
         many vectors the comparison covers).
@@ -118,7 +123,7 @@ class LogprobTrack:
         """
         self._flush()
         m = min(upto, len(reference), self.len_max)
-        if self.lo is None:
+        if self.lo is None or self.hi is None or self.kinds is None:  # all three or none
             lo, hi, kinds = _envelope([next(iter(self.vectors))[:m]], self.nonfinite)
         else:
             lo, hi, kinds = self.lo[:m], self.hi[:m], self.kinds[:m]
@@ -142,7 +147,7 @@ class LogprobTrack:
         )
         return first, diff, covered
 
-    def _widen(self, vector: list) -> None:
+    def _widen(self, vector: Sequence[Logprob]) -> None:
         self.pending.append(vector)
         self.len_min = min(self.len_min, len(vector))
         self.len_max = max(self.len_max, len(vector))
@@ -152,7 +157,7 @@ class LogprobTrack:
     def _flush(self) -> None:
         if not self.pending:
             return
-        by_length: dict[int, list[list]] = {}
+        by_length: dict[int, list[Sequence[Logprob]]] = {}
         for vector in self.pending:
             by_length.setdefault(len(vector), []).append(vector)
         self.pending = []
@@ -161,7 +166,7 @@ class LogprobTrack:
 
     def _fold(self, lo: np.ndarray, hi: np.ndarray, kinds: np.ndarray) -> None:
         """Widen the envelope by another one; positions only one of them has are padded neutrally."""
-        if self.lo is None:
+        if self.lo is None or self.hi is None or self.kinds is None:  # all three or none
             # Until now every vector was the one counted: the envelope starts as that vector.
             self.lo, self.hi, self.kinds = _envelope([next(iter(self.vectors))], self.nonfinite)
         size = max(len(self.lo), len(lo))
@@ -180,7 +185,9 @@ class LogprobTrack:
 _NULL, _FINITE, _NAN, _NEG_INF, _POS_INF = 1, 2, 4, 8, 16
 
 
-def _envelope(vectors: list, nonfinite: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _envelope(
+    vectors: Sequence[Sequence[Logprob]], nonfinite: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Vectors of one length as an envelope: (min, max of the finite values, kinds seen) per position.
 
     A null (a token the server gave no logprob for) becomes NaN and is neutral for min and max, as are

@@ -44,7 +44,7 @@ class Grader:
     not graded again at another (the serial cell's outputs are met at every level)."""
 
     gradings: Mapping[str, Grading]
-    known: dict[tuple[str, str], bool | None] = field(
+    known: dict[tuple[str, str | None], bool | None] = field(
         default_factory=dict
     )  # (probe, sha256): good, None: failed
     errors: dict[str, str] = field(default_factory=dict)  # probe: its python grader's first failure
@@ -127,7 +127,7 @@ def _flip_example(
     cell: CellAccumulator,
     reference: CellAccumulator,
     grades: Mapping[OutputKey, bool | None],
-    serial_grade: str,
+    serial_grade: str | None,
 ) -> tuple[str, str]:
     """The most common flipped output (ties: the first seen) and the serial one, each cut to ``_SHOWN`` chars."""
     flipped_to = serial_grade == "bad"
@@ -136,6 +136,7 @@ def _flip_example(
         key=lambda k: (cell.counts[k], -cell.first_seen[k]),
     )
     serial = reference.modal()
+    assert serial is not None  # a serial grade: the reference had answers
     return cell.texts[key][:_SHOWN], reference.texts[serial][:_SHOWN]
 
 

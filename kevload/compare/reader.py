@@ -8,6 +8,7 @@ import multiprocessing.connection
 import os
 import signal
 from collections.abc import Iterable
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 from kevload.compare.cells import Reduction
@@ -95,6 +96,7 @@ def _reduce_ranges(ranges: list[_Range]) -> list[Reduction]:
             for pipe in multiprocessing.connection.wait(
                 [p for i, p in enumerate(pipes) if i not in answers]
             ):
+                assert isinstance(pipe, Connection)  # wait gives back the pipes it was given
                 index = pipes.index(pipe)
                 try:
                     answers[index] = pipe.recv()
@@ -123,6 +125,7 @@ def _reduce_ranges(ranges: list[_Range]) -> list[Reduction]:
         part, error = answer
         if error is not None:
             raise error
+        assert part is not None  # a part or its error
         parts.append(part)
     return parts
 

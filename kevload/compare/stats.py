@@ -20,7 +20,7 @@ def drift_upper_bound(n: int, confidence: float = 0.95) -> float:
     """Upper confidence bound on the drift rate after ``n`` clean samples (exact; ≈ 3/n at 95 %)."""
     if n <= 0:
         return 1.0
-    return 1.0 - (1.0 - confidence) ** (1.0 / n)
+    return 1.0 - float((1.0 - confidence) ** (1.0 / n))
 
 
 def samples_for_bound(rate: float, confidence: float = 0.95) -> int:
@@ -153,4 +153,4 @@ def mcnemar_exact(good_to_bad: int, bad_to_good: int) -> float:
     if n == 0:
         return 1.0
     tail = sum(math.comb(n, i) for i in range(min(good_to_bad, bad_to_good) + 1))
-    return min(1.0, 2 * tail / 2**n)  # exact integers until the one division
+    return min(1.0, 2 * tail / (1 << n))  # exact integers (1 << n is 2**n) until the one division

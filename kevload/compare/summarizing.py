@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from kevload.compare.agreement import agreement, logprob_agreement
-from kevload.compare.cells import CellAccumulator, Reduction
+from kevload.compare.cells import CellAccumulator, CellKey, Reduction
 from kevload.compare.cuts import beside_cuts
 from kevload.compare.divergence import divergence
 from kevload.compare.graded import Grader, graded_cell, with_accuracy
@@ -38,7 +38,7 @@ from kevload.summary import (
     level_order,
     levels_of,
 )
-from kevload.words import DIVERGENCE_KINDS
+from kevload.words import DIVERGENCE_KINDS, SampleRole
 
 AskedCell = tuple[
     str, str, int, float | None
@@ -96,8 +96,8 @@ def summarize(
     full_loads = reduction.full_loads(unrecorded)
     cells: list[CellSummary] = []
     groups: dict[tuple[str, str, str], list[Level]] = {}
-    for probe, role, mode, level, rate in reduction.cells:
-        groups.setdefault((probe, role, mode), []).append((level, rate))
+    for probe, role, mode, concurrency, rate in reduction.cells:
+        groups.setdefault((probe, role, mode), []).append((concurrency, rate))
     for (probe, role, mode), levels in sorted(
         groups.items(), key=lambda g: (g[0][1] != "probe", g[0])
     ):
@@ -303,7 +303,7 @@ def distinct_matrix(cells: list[CellSummary]) -> dict[str, Any]:
 
 
 def _grid(
-    cells: list[CellSummary], row_of: dict, col_of: dict, width: int, name: str
+    cells: list[CellSummary], row_of: dict[Any, int], col_of: dict[Any, int], width: int, name: str
 ) -> list[list[Any]]:
     """One field of every cell as rows × levels (None where a row has no cell at a level)."""
     grid: list[list[Any]] = [[None] * width for _ in row_of]
@@ -343,9 +343,9 @@ def _cell_summary(
     unseen_requests = sum(cell.counts[h] for h in unseen)
     divergent = 0 if serial is None else ok - cell.counts.get(serial, 0)
     drift = ok > 0 and (len(cell.counts) > 1 or divergent > 0)
-    by_digest: dict[str, int] = {}
+    by_digest: dict[str | None, int] = {}
     first_seen: dict[
-        str, int
+        str | None, int
     ] = {}  # ties by the first request, as ``modal``: a file read in parts lists them alike
     for (digest, finish), n in cell.counts.items():
         by_digest[digest] = by_digest.get(digest, 0) + n
@@ -365,7 +365,7 @@ def _cell_summary(
     view = cell_view(server, cell.t_start, cell.t_end, level[0])
     return CellSummary(
         probe=probe,
-        role=role,
+        role=cast(SampleRole, role),  # a cell's role: no warm-up makes one (counts_in_cell)
         mode=mode,
         concurrency=level[0],
         rate=level[1],
@@ -396,7 +396,11 @@ def _cell_summary(
         first_divergence_words=diverged.first_words if diverged else None,
         modal_sha256=modal[0] if modal else None,
         modal_finish_reason=modal[1] if modal else None,
-        output_hashes=tuple(sorted(by_digest, key=lambda h: (-by_digest[h], first_seen[h]))[:256]),
+        output_hashes=tuple(
+            h
+            for h in sorted(by_digest, key=lambda h: (-by_digest[h], first_seen[h]))[:256]
+            if h is not None  # an ok record without its hash (a crafted file) has no hash to list
+        ),
         output_tokens=cell.output_tokens,
         duration_s=duration,
         latency={
@@ -452,7 +456,7 @@ def _cell_summary(
     )
 
 
-def _turns(reduction: Reduction, key: tuple, serial: tuple) -> tuple[TurnAgreement, ...] | None:
+def _turns(reduction: Reduction, key: CellKey, serial: CellKey) -> tuple[TurnAgreement, ...] | None:
     """A conversation cell's turns against the serial cell's (``turnwise.by_turn``); None for any other cell."""
     if key not in reduction.turns and serial not in reduction.turns:
         return None

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 # A turn's counted ok answer as the comparator keeps it: (history_sha256, sha256, finish_reason).
-TurnAnswer = tuple[str, str, str | None]
+TurnAnswer = tuple[str | None, str | None, str | None]
 # One cell's turns: turn index → answer → how many.
 Tally = Mapping[int, Mapping[TurnAnswer, int]]
 
@@ -40,7 +40,7 @@ def serial_path(serial: Tally) -> dict[int, TurnAnswer]:
     given that history (ties to the one first seen: the cell's samples in the order they ended)."""
     path = {}
     for turn, answers in serial.items():
-        histories: dict[str, int] = {}
+        histories: dict[str | None, int] = {}
         for (history, _, _), n in answers.items():
             histories[history] = histories.get(history, 0) + n
         if not histories:

@@ -30,7 +30,7 @@ class UntilBound:
         """Clean ok samples that bound the drift rate at ``bound`` (at 95 %), and never fewer than asked."""
         return max(self.min_samples, samples_for_bound(self.bound))
 
-    def reason(self, sent: int, errors: int, diverged: bool) -> str | None:
+    def reason(self, sent: int, errors: int, diverged: bool) -> StopReason | None:
         """Why counting stops now, or None while the cell still needs samples."""
         if diverged and sent >= self.min_samples:
             return "drift"

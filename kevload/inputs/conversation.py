@@ -12,7 +12,7 @@ else the answer that turn actually received (a live conversation: the history gr
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,7 +108,9 @@ def as_received(text: str, finish_reason: str | None) -> str:
     return text if finish_reason in (None, "stop") else f"{text} [{finish_reason}]"
 
 
-def transcript(history: Sequence[dict[str, str]], received: Sequence[str], answer: str) -> str:
+def transcript(
+    history: Sequence[Mapping[str, object]], received: Sequence[str], answer: str
+) -> str:
     """The conversation as one text, for a drifting cell's examples and character positions: each message of the
     last turn's request as ``role: content``, each earlier turn's answer as ``received`` (``as_received``; where the
     file gives one, the history holds that instead, and the answer received would be in no text), then the last

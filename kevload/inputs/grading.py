@@ -138,7 +138,9 @@ class Grading:
             doc.get("tolerance", 0.0),
             Path(home) if home else base,
         )
-        if grading is None:  # run.json keeps only graded probes: one without a grader is no such entry
+        if (
+            grading is None
+        ):  # run.json keeps only graded probes: one without a grader is no such entry
             raise BadGrading("grade", GRADE_EXPECTED, None)
         return grading
 

@@ -18,7 +18,7 @@ import os
 import re
 import tomllib
 import types
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, NoReturn, Union, get_args, get_origin, get_type_hints
@@ -172,7 +172,11 @@ class Ramp:
         values: list[float] = []
         while True:
             k = len(values)
-            value = self.start + k * self.step if self.step else self.start * self.factor**k
+            if self.step:
+                value = self.start + k * self.step
+            else:
+                assert self.factor is not None  # a ramp has a step or a factor (_ramp)
+                value = self.start * self.factor**k
             if value > self.to * (
                 1 + 1e-9
             ):  # a float step landing a hair past ``to`` still lands on it
@@ -389,7 +393,7 @@ class Scenario:
         return validate(scenario, source=source)
 
 
-def load_scenario(path: str | Path, overrides: list[str] = ()) -> Scenario:
+def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> Scenario:
     """Read, override and validate a scenario file."""
     path = Path(path)
     source = str(path)
@@ -429,7 +433,7 @@ QUICKSTART: Mapping[str, Any] = types.MappingProxyType(
 )
 
 
-def quickstart_scenario(prompt: str | None = None, overrides: list[str] = ()) -> Scenario:
+def quickstart_scenario(prompt: str | None = None, overrides: Sequence[str] = ()) -> Scenario:
     """The quickstart scenario, its one probe asking ``prompt`` (id "prompt") when given, ``overrides`` applied
     as a file's are. Its target is the file's: the caller sets the server's with ``with_settings``."""
     raw = {
@@ -852,6 +856,7 @@ def _ramped(fail: _Failer, load: Load) -> Load:
     """The ramp's levels (and every_s) written into the load; a level or a length given beside it is a
     contradiction, unless it is the ramp's own (``validate`` runs again on what it returned)."""
     ramp = load.ramp
+    assert ramp is not None  # called for a load with a ramp
     levels = ramp.levels()
     own: dict[str, Any] = (
         {"concurrency": tuple(int(x) for x in levels)}
@@ -908,7 +913,9 @@ def _probe(fail: _Failer, probe: Probe, where: str, base: Path) -> Probe:
     bad = first_bad_message(probe.messages or ())
     if bad is not None:
         fail(
-            f"{where}.messages[{bad}]", "a table with string role and content", probe.messages[bad]
+            f"{where}.messages[{bad}]",
+            "a table with string role and content",
+            (probe.messages or ())[bad],
         )
     return _graded(fail, probe, where, base)
 
@@ -1092,7 +1099,8 @@ def _recheck(obj: Any, where: str, fail: _Failer) -> Any:
         **{
             f.name: _value(
                 getattr(obj, f.name),
-                _hints(type(obj))[f.name],
+                # A class is hashable: mypy checks an instance's __hash__ against functools.cache.
+                _hints(type(obj))[f.name],  # type: ignore[arg-type]
                 rule_of(f),
                 f"{where}.{key_of(f)}",
                 fail,
@@ -1121,17 +1129,17 @@ def _value(value: Any, hint: Any, rule: Rule, key: str, fail: _Failer) -> Any:
             close = difflib.get_close_matches(value, words, n=1) if isinstance(value, str) else []
             fail(key, expected + (f" (did you mean {close[0]}?)" if close else ""), value)
         return value
-    if is_dataclass(hint):
+    if isinstance(hint, type) and is_dataclass(hint):
         if isinstance(value, hint):
             return _recheck(value, key, fail)
         if not isinstance(value, dict):
             fail(key, rule.expected or "a table", value)
         return _build(hint, value, key, fail)
     if origin is tuple:
-        items = (
-            tuple(_scalar(x, args[0]) for x in value) if isinstance(value, list | tuple) else _BAD
-        )
-        if items is _BAD or _BAD in items or not rule.holds(items):
+        if not isinstance(value, list | tuple):
+            fail(key, expected, value)
+        items = tuple(_scalar(x, args[0]) for x in value)
+        if _BAD in items or not rule.holds(items):
             fail(key, expected, list(value) if isinstance(value, tuple) else value)
         return items
     converted = _scalar(value, hint)
@@ -1154,7 +1162,7 @@ def _scalar(value: Any, hint: Any) -> Any:
         return float(value) if isinstance(value, int | float) else _BAD
     if hint is int or hint is str:
         return value if isinstance(value, hint) else _BAD
-    if is_dataclass(
+    if isinstance(hint, type) and is_dataclass(
         hint
     ):  # an item of a list of tables, read into its dataclass before (a conversation's turns)
         return value if isinstance(value, hint) else _BAD
@@ -1208,12 +1216,14 @@ def _ramp(fail: _Failer, table: Mapping[str, Any], where: str) -> Ramp:
             else 0 < value <= MAX_RATE
         ):
             fail(f"{where}.{key}", expected, value)
-        return value
+        checked: float = value  # a number, checked above
+        return checked
 
     start, to = level("from", kind), level("to", kind)
-    for key, value in (("from", start), ("to", to)):
-        if value is None:
-            fail(f"{where}.{key}", kind, None)
+    if start is None:
+        fail(f"{where}.from", kind, None)
+    if to is None:
+        fail(f"{where}.to", kind, None)
     if to < start:
         fail(f"{where}.to", f"a level >= {where}.from ({start})", to)
     step = level("step", kind.replace("(requests per second)", "(added per level)"))
@@ -1227,7 +1237,11 @@ def _ramp(fail: _Failer, table: Mapping[str, Any], where: str) -> Ramp:
             "exactly one of step (levels step apart) or factor (each level factor times the last)",
             sorted(k for k in table if k in ("step", "factor") and table[k] is not None),
         )
-    count = (to - start) / step if step else math.log(to / start) / math.log(factor)
+    if step:
+        count = (to - start) / step
+    else:
+        assert factor is not None  # exactly one of step and factor, checked above
+        count = math.log(to / start) / math.log(factor)
     if count + 1 > MAX_RAMP_LEVELS:
         fail(
             where,
@@ -1280,7 +1294,8 @@ def _set_path(obj: Any, parts: list[str], value: Any, where: str, fail: _Failer)
         # Checked as a whole when validated: the kind of its levels depends on ``of``, which may be
         # set too.
         return replace(obj, **{f.name: value})
-    hint, key = _hints(type(obj))[f.name], f"{where}.{head}"
+    # A class is hashable: mypy checks an instance's __hash__ against functools.cache.
+    hint, key = _hints(type(obj))[f.name], f"{where}.{head}"  # type: ignore[arg-type]
     current = getattr(obj, f.name)
     if rest and is_dataclass(current):
         new = _set_path(current, rest, value, key, fail)
