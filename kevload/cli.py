@@ -36,7 +36,8 @@ from kevload.inputs.scenario import (
 )
 from kevload.load.runs import finish_run, refuse_existing, resumed_scenario, run_scenario
 from kevload.outputs import gradedview
-from kevload.outputs.report import FORMATS, render, slo_line, verdict_line, visible
+from kevload.outputs.escaping import visible
+from kevload.outputs.report import FORMATS, render, slo_line, verdict_line
 from kevload.records.rundir import RunDir
 from kevload.records.store import Record, default_run_dir
 from kevload.servers.targets import NAMES, TargetSettings

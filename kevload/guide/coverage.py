@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from kevload.inputs.scenario import ScenarioError
+from kevload.errors import ScenarioError
 
 _LATIN = re.compile(r"[a-z][a-z0-9'_-]+")
 _CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")

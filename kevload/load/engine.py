@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
+from collections.abc import AsyncGenerator, Callable, Coroutine, Hashable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -132,10 +132,10 @@ class RecordStream:
     def __init__(self, run: _Run):
         self._runner = run
 
-    def __aiter__(self) -> AsyncIterator[Record]:
+    def __aiter__(self) -> AsyncGenerator[Record, None]:
         return self._runner.records()
 
-    def batches(self) -> AsyncIterator[list[Record]]:
+    def batches(self) -> AsyncGenerator[list[Record], None]:
         """The records in lists, each of those that finished together (``_Run.batches``)."""
         return self._runner.batches()
 
@@ -202,7 +202,7 @@ class _Run:
         self._ready: collections.deque[Record] = collections.deque()
         self._wake = asyncio.Event()
 
-    async def records(self) -> AsyncIterator[Record]:
+    async def records(self) -> AsyncGenerator[Record, None]:
         async with aclosing(
             self.batches()
         ) as batches:  # closed with this stream: its driver is torn down at once
@@ -210,7 +210,7 @@ class _Run:
                 for record in batch:
                     yield record
 
-    async def batches(self) -> AsyncIterator[list[Record]]:
+    async def batches(self) -> AsyncGenerator[list[Record], None]:
         """The records as they finish, those that finished since the stream was last read in one list (a writer
         writes them in one system call: per request that call cost more than building the record)."""
         driver = asyncio.create_task(self._drive())
@@ -248,9 +248,9 @@ class _Run:
             # Open-loop rates replace the closed-loop concurrency levels when they are given; a
             # trace's levels
             # follow them, so the serial level c=1 is the reference its probes are held against.
-            levels = [_OpenLevel(self, probe, rate, picker) for rate in load.rate] or [
-                _ClosedLevel(self, probe, c, picker) for c in load.concurrency
-            ]
+            levels: list[_OpenLevel | _ClosedLevel] = [
+                _OpenLevel(self, probe, rate, picker) for rate in load.rate
+            ] or [_ClosedLevel(self, probe, c, picker) for c in load.concurrency]
             if (trace := trace_of(self.scenario.datasets)) is not None:
                 levels += [
                     _OpenLevel(self, probe, trace.rate(speedup), picker, speedup=speedup)
@@ -261,7 +261,9 @@ class _Run:
                     return
                 await level()
 
-    async def drain(self, probes: list[asyncio.Task], others: list[asyncio.Task]) -> None:
+    async def drain(
+        self, probes: list[asyncio.Task[None]], others: list[asyncio.Task[None]]
+    ) -> None:
         """End a level only when nothing it sent is in flight.
 
         Probe requests run to their own end (the client's timeouts bound them). Companions still
@@ -271,11 +273,11 @@ class _Run:
         await self.wait(probes, cut_after=None)
         await self.wait(others, cut_after=self.scenario.target.timeout)
 
-    async def wait(self, tasks: list[asyncio.Task], *, cut_after: float | None) -> None:
+    async def wait(self, tasks: list[asyncio.Task[None]], *, cut_after: float | None) -> None:
         loop = asyncio.get_running_loop()
         deadline = None if cut_after is None else loop.time() + cut_after
         stop_wait = asyncio.create_task(self.stop.wait())
-        pending = set(tasks)
+        pending: set[asyncio.Task[Any]] = set(tasks)
         try:
             while pending and not self.stop.is_set():
                 timeout = None if deadline is None else max(deadline - loop.time(), 0.0)
@@ -308,7 +310,7 @@ class _Run:
             stop_wait.cancel()
 
     @staticmethod
-    async def _cut(tasks: set[asyncio.Task], cut: Cut) -> None:
+    async def _cut(tasks: set[asyncio.Task[None]], cut: Cut) -> None:
         """Cancel requests still in flight (their connections close), each with the reason it is recorded with."""
         for task in tasks:
             task.cancel(cut)
@@ -327,7 +329,9 @@ class _Run:
         would run it for longer than load.duration)."""
         return counted > 0 if self.load.duration else counted >= self.load.samples
 
-    def sending(self, level: Level, cell: Cell, probe: Probe) -> Callable[..., Awaitable[None]]:
+    def sending(
+        self, level: Level, cell: Cell, probe: Probe
+    ) -> Callable[..., Coroutine[Any, Any, None]]:
         """What sends one request of this level of ``probe``: the sender's record goes to the stream, a counted
         probe's answer to the level (``load.until_bound``) and to the stop condition. A companion
         ``load.cancel_share`` chose is sent to be cut."""
@@ -340,7 +344,7 @@ class _Run:
                 and role == COMPANION
                 and plan.chosen(probe.id, label, self.team.worker, sample)
             )
-            cancel = plan.at if cut else None
+            cancel = plan.at if cut and plan is not None else None
             if item.turns is None:
                 self._note(
                     level,
@@ -450,7 +454,7 @@ class _ClosedLevel:
                 level.slot_done(role)
 
         async with asyncio.TaskGroup() as group:
-            tasks: dict[Role, list[asyncio.Task]] = {PROBE: [], COMPANION: []}
+            tasks: dict[Role, list[asyncio.Task[None]]] = {PROBE: [], COMPANION: []}
             for role in slots:
                 tasks[role].append(group.create_task(slot(role)))
             if not tasks[PROBE]:
@@ -519,7 +523,7 @@ class _OpenLevel:
         run.level = level
         send = run.sending(level, Cell(load.mode, 0, rate, load.max_in_flight or None), probe)
         samples = {PROBE: first, COMPANION: 0, WARMUP: -1}
-        tasks: dict[str, set[asyncio.Task]] = {PROBE: set(), COMPANION: set()}
+        tasks: dict[str, set[asyncio.Task[None]]] = {PROBE: set(), COMPANION: set()}
         start = await run.team.start(level, 0.005)
 
         async def one(role: str, item: Probe, sample: int, at: float, scheduled: float) -> None:
@@ -548,7 +552,9 @@ class _OpenLevel:
                     )
                 if not run.team.mine(arrival):
                     continue
-                scheduled = start + planned.at
+                at = planned.at
+                assert at is not None  # the open loop's plan times every send
+                scheduled = start + at
                 if (
                     not await _sleep_until(scheduled, stopped)
                     or cap is not None
@@ -556,7 +562,7 @@ class _OpenLevel:
                 ):
                     break
                 item = planned.item or (picker.next().item if role == COMPANION else probe)
-                task = group.create_task(one(role, item, sample, planned.at, scheduled))
+                task = group.create_task(one(role, item, sample, at, scheduled))
                 # The group awaits every request; these sets only say which are still in flight, for
                 # the drain.
                 live = tasks[PROBE if role == PROBE else COMPANION]
@@ -592,7 +598,7 @@ def _first(group: BaseExceptionGroup) -> BaseException:
     return _first(first) if isinstance(first, BaseExceptionGroup) else first
 
 
-async def _sleep_until(deadline: float, stopped: asyncio.Future) -> bool:
+async def _sleep_until(deadline: float, stopped: asyncio.Future[Any]) -> bool:
     """Sleep until ``deadline`` unless ``stopped`` is done first; True when the deadline came. On the timer,
     then a short spin yielding for the last half millisecond: timers are coarse."""
     delay = deadline - time.perf_counter()
@@ -603,7 +609,7 @@ async def _sleep_until(deadline: float, stopped: asyncio.Future) -> bool:
     return not stopped.done()
 
 
-async def _acquire(cap: asyncio.Semaphore, stopped: asyncio.Future) -> bool:
+async def _acquire(cap: asyncio.Semaphore, stopped: asyncio.Future[Any]) -> bool:
     """Room under the open loop's cap, unless ``stopped`` is done first; True when a place was taken."""
     if not cap.locked():
         await cap.acquire()  # returns at once

@@ -72,7 +72,9 @@ class Level:
         """Whether the closed-loop slot of ``role`` sends again ``at`` seconds into the level."""
         if self.halted or self.released:
             return False
-        if self.plan.next(role, at) is not None:
+        plan = self.plan
+        assert isinstance(plan, ClosedLoop)  # only a closed loop's slots ask
+        if plan.next(role, at) is not None:
             return True
         if role == PROBE and not self.done_here:
             self.done_here = True

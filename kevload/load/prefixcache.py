@@ -185,6 +185,7 @@ def _marked(probe: Probe, marker: str, id: str) -> Probe:
     shared by every round would stay cached and the "cold" sample would reuse it."""
     if probe.prompt is not None:
         return replace(probe, id=id, prompt=marker + probe.prompt)
+    assert probe.messages is not None  # a prompt or a chat: load.prefix_cache takes no conversation
     first = probe.messages[0]
     return replace(
         probe,
@@ -262,7 +263,8 @@ def cold_warm(records: Iterable[Record], method: str) -> list[ColdWarm]:
         if r.role != "probe" or not r.is_sample or r.cache is None:
             continue
         probe = base_probe(r.probe, method)
-        number = int(_ROUND_ID.match(r.probe)["round"]) if probe != r.probe else r.sample // length
+        matched = _ROUND_ID.match(r.probe)  # a round's own id: its number is in it
+        number = int(matched["round"]) if matched and probe != r.probe else r.sample // length
         rounds.setdefault((probe, number), []).append(r)
     by_probe: dict[str, list[Round]] = {}
     for (probe, _), sent in sorted(rounds.items()):
@@ -361,11 +363,14 @@ def _logprob_diff(cold: Record, warm: Record) -> tuple[bool, float | None] | Non
             equal = False
             break
         compared += 1
-        if cv is None or wv is None or cv == wv or (math.isnan(cv) and math.isnan(wv)):
+        if cv is None or wv is None or cv == wv:
             equal = equal and (cv is None) == (wv is None)
             continue
+        c, w = float(cv), float(wv)  # a spelled one (store.spell_logprobs) as the float it spells
+        if math.isnan(c) and math.isnan(w):
+            continue
         equal = False
-        worst = max(worst, abs(cv - wv) if math.isfinite(cv) and math.isfinite(wv) else math.inf)
+        worst = max(worst, abs(c - w) if math.isfinite(c) and math.isfinite(w) else math.inf)
     return equal, worst if compared else None
 
 
@@ -497,4 +502,5 @@ def _json_type(value: object) -> str:
         return "boolean"
     if isinstance(value, int | float):
         return "number"
-    return {str: "string", list: "array", dict: "object"}[type(value)]
+    names: dict[type, str] = {str: "string", list: "array", dict: "object"}
+    return names[type(value)]

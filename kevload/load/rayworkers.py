@@ -134,7 +134,7 @@ class RayTeam(OneOfN):
         self._coordinator = coordinator
         self._offset = offset  # this host's perf_counter → Unix time
         self._stop = stop
-        self._hold: asyncio.Task | None = None
+        self._hold: asyncio.Task[None] | None = None
 
     def level(self, plan: Plan) -> tuple[Level, tuple[Role, ...]]:
         if not isinstance(plan, ClosedLoop):
@@ -151,7 +151,7 @@ class RayTeam(OneOfN):
         return level, slots
 
     async def start(self, level: Level, lead: float) -> float:
-        start = await self._coordinator.arrive.remote(lead)
+        start: float | None = await self._coordinator.arrive.remote(lead)
         if start is None:
             self._stop.set()
             return time.perf_counter()

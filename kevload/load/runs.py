@@ -21,7 +21,14 @@ from kevload.compare.graded import grading_json, gradings_of
 from kevload.compare.overlap import Window, unrecorded_windows
 from kevload.compare.reader import reduce_file
 from kevload.compare.summarizing import summarize
-from kevload.errors import ClusterError, InputError, KevloadError, ScenarioError, SummaryError
+from kevload.errors import (
+    ClusterError,
+    InputError,
+    KevloadError,
+    RunDirError,
+    ScenarioError,
+    SummaryError,
+)
 from kevload.inputs.datasets import check_unchanged
 from kevload.inputs.grading import IMPORT, NAMES_ONLY, python_graders, refused_from
 from kevload.inputs.probe import probe_inputs
@@ -33,7 +40,6 @@ from kevload.records.servermetrics import Sampler, read_samples
 from kevload.records.store import (
     Record,
     RecordWriter,
-    RunDirError,
     cut_torn_tail,
     default_run_dir,
     new_run_id,
@@ -90,7 +96,7 @@ async def run_scenario(
         raise InputError(
             "--ray: load.prefix_cache sends its rounds in one process; run it without --ray"
         )
-    if resume and RunDir(run_dir).meta()["clock"].get("records") != "unix":
+    if resume and run_dir is not None and RunDir(run_dir).meta()["clock"].get("records") != "unix":
         raise InputError(
             f"--ray: {run_dir} was recorded in one process (its own clock); resume it without --ray"
         )
@@ -223,7 +229,7 @@ async def _run_scenario(
             )
             raise
         finally:
-            state = (
+            state: RunState = (
                 "aborted"
                 if stream.aborted or reset_failed
                 else "interrupted"
@@ -291,7 +297,7 @@ async def _run_workers(
                 )
     finally:
         aborted = any(r.aborted for r in results)
-        state = (
+        state: RunState = (
             "aborted"
             if aborted
             else "interrupted"
@@ -320,7 +326,7 @@ async def _run_workers(
             run_dir,
             state=state,
             meta=meta,
-            unrecorded=sum(r.sent - r.records for r in results) if known else None,
+            unrecorded=sum((r.sent or 0) - r.records for r in results) if known else None,
             trust_graders=True,
         )
     lost = [r for r in results if r.lost]

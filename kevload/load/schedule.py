@@ -94,7 +94,7 @@ class ClosedLoop:
         probe_slots = 1 if companions and concurrency > 1 else concurrency
         # Companion slots first: they are started first, so even the first probe finds them in
         # flight.
-        self.slots: tuple[str, ...] = (COMPANION,) * (concurrency - probe_slots) + (
+        self.slots: tuple[Role, ...] = (COMPANION,) * (concurrency - probe_slots) + (
             PROBE,
         ) * probe_slots
         self._probe_slots_open = probe_slots

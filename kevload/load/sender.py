@@ -189,12 +189,12 @@ class Sender:
                 seq, request_id = self._number()
                 conversation = conversation or request_id
                 body = self._body(asked, request_id)
-                at = (
+                cut_at = (
                     cancel.since(time.perf_counter() - started)
                     if cancel is not None and k
                     else cancel
                 )
-                outcome, retries, cut = await self._exchange(level, body, request_id, at)
+                outcome, retries, cut = await self._exchange(level, body, request_id, cut_at)
                 self._hear_stop()
                 ends = k == len(item.turns) - 1 or outcome.status != "ok"
                 counted = counted and claim.counted and not (cut is not None and cut.stop)
@@ -228,8 +228,8 @@ class Sender:
                     turn=k,
                     turns=len(item.turns),
                     conversation=conversation,
-                    history=list(asked.messages),
-                    history_sha256=history_sha256(asked.messages),
+                    history=list(asked.messages or ()),
+                    history_sha256=history_sha256(asked.messages or ()),
                     cancel_planned=cancel is not None,
                 )
                 if done.sha256 is not None:

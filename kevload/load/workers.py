@@ -34,6 +34,7 @@ import os
 import signal
 import time
 import traceback
+from collections.abc import MutableSequence
 from contextlib import aclosing
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -90,7 +91,7 @@ def clock_offset() -> float:
     return min(readings)[1]
 
 
-def slots_of(slots: tuple[str, ...], worker: int, workers: int) -> tuple[str, ...]:
+def slots_of(slots: tuple[Role, ...], worker: int, workers: int) -> tuple[Role, ...]:
     """This worker's share of a level's slots: dealt round-robin, probe slots first.
 
     The companion modes have one probe slot, which lands on worker 0; ``single`` spreads its probe
@@ -119,7 +120,8 @@ class SharedLevel(Level):
     def __init__(self, plan: Plan, state: Any):
         # The raw array under the one lock: a synchronized array's own indexing would take the lock
         # per item.
-        self._lock, self._state = state.get_lock(), state.get_obj()
+        self._lock = state.get_lock()
+        self._state: MutableSequence[float] = state.get_obj()  # the shared doubles
         super().__init__(plan)
         self._fields = [(self, name, type(getattr(self, name))) for name in Level.STATE] + [
             (plan, name, type(getattr(plan, name))) for name in plan.COUNTERS
@@ -127,7 +129,7 @@ class SharedLevel(Level):
         if LEVEL + len(self._fields) > _STATE_SIZE:
             raise RuntimeError(f"a level has {len(self._fields)} shared fields; raise _STATE_SIZE")
 
-    @property  # type: ignore[override]
+    @property
     def halted(self) -> bool:
         return self._state[HALTED] != 0  # a plain read: the flag only ever goes from 0 to 1
 
@@ -218,7 +220,8 @@ class Shared(OneOfN):
     def __init__(self, worker: int, workers: int, state: Any, stop: asyncio.Event):
         super().__init__(worker, workers)
         self._shared = state  # what each SharedLevel is built on
-        self._lock, self._state = state.get_lock(), state.get_obj()
+        self._lock = state.get_lock()
+        self._state: MutableSequence[float] = state.get_obj()  # the shared doubles
         self._stop = stop
         self._passed = 0  # barriers this worker has reached
 

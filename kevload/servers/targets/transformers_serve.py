@@ -7,9 +7,11 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from kevload.errors import ProvisionError
 from kevload.servers.targets.base import HOST, Launch, Log, TargetSettings
-from kevload.servers.targets.cache import ProvisionError, build_once, cache_root, run_logged
+from kevload.servers.targets.cache import build_once, cache_root, run_logged
 from kevload.servers.targets.model import default_gguf, gguf_identity
 
 VERSION = "5.24.0"
@@ -101,7 +103,7 @@ def model_dir(gguf: Path | None = None, log: Callable[[str], None] = print) -> P
     return dest
 
 
-def _install(root: Path, log: Callable[[str], None]) -> dict:
+def _install(root: Path, log: Callable[[str], None]) -> dict[str, Any]:
     venv = root / "venv"
     run_logged(
         [sys.executable, "-m", "venv", str(venv)], log=log, what="create transformers virtualenv"
@@ -131,7 +133,7 @@ def _install(root: Path, log: Callable[[str], None]) -> dict:
     return {"target": "transformers", "version": VERSION, "torch": TORCH}
 
 
-def _convert(env: Path, gguf: Path, root: Path, log: Callable[[str], None]) -> dict:
+def _convert(env: Path, gguf: Path, root: Path, log: Callable[[str], None]) -> dict[str, Any]:
     run_logged(
         [str(python_in(env)), "-c", _CONVERT, str(gguf.parent), gguf.name, str(root)],
         log=log,

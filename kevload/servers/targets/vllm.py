@@ -7,10 +7,12 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
+from kevload.errors import ProvisionError
 from kevload.servers.targets import transformers_serve
 from kevload.servers.targets.base import HOST, Launch, Log, TargetSettings
-from kevload.servers.targets.cache import ProvisionError, build_once, cache_root, run_logged
+from kevload.servers.targets.cache import build_once, cache_root, run_logged
 from kevload.servers.targets.model import MODEL_NAME
 
 VERSION = "0.32.0"
@@ -131,7 +133,7 @@ def compile_cache(env: Path) -> Path:
     return env / "vllm-cache"
 
 
-def _install(root: Path, log: Callable[[str], None]) -> dict:
+def _install(root: Path, log: Callable[[str], None]) -> dict[str, Any]:
     venv = root / "venv"
     python = str(venv / "bin" / "python")
     run_logged([sys.executable, "-m", "venv", str(venv)], log=log, what="create vllm virtualenv")
