@@ -188,7 +188,7 @@ def _chars(first: int, drift: list[CellSummary]) -> str:
     return f"at char {first}" if last <= first else f"between char {first} and {last}"
 
 
-def logprob_line(label: str, steps: list[tuple[str, dict[str, Any]]]) -> str:
+def logprob_line(label: str, steps: list[tuple[str, RunSummary]]) -> str:
     """What the per-token logprobs of the fixed-parameter steps say against serial, level by level."""
     cells = [
         c
@@ -218,7 +218,9 @@ def logprob_line(label: str, steps: list[tuple[str, dict[str, Any]]]) -> str:
     if not differ:
         return f"{label} logprobs: no difference from serial among the {n} samples compared{gaps}"
     worst = max(differ, key=lambda c: c.logprob_max_abs_diff or 0)
-    first = min(c.first_logprob_divergence_token for c in differ)
+    first = min(
+        (t for c in differ if (t := c.first_logprob_divergence_token) is not None), default=None
+    )
     levels = sorted({c.concurrency for c in differ})
     diff = worst.logprob_max_abs_diff
     return (
@@ -296,7 +298,10 @@ def sweep_lines(sweep: dict[str, Any]) -> list[str]:
             continue
         if not cells:
             continue
-        levels = lambda chosen: ",".join(str(c.concurrency) for c in chosen)  # noqa: E731
+
+        def levels(chosen: list[CellSummary]) -> str:
+            return ",".join(str(c.concurrency) for c in chosen)
+
         drift = [c for c in cells if c.drift]
         latent = [c for c in cells if c.latent_drift]
         if drift:

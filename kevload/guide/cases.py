@@ -8,9 +8,11 @@ cases it already has. `rerun` reproduces that load and compares the answers with
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -29,7 +31,7 @@ from kevload.inputs.grading import (
     refused_from,
 )
 from kevload.inputs.probe import Probe, iter_jsonl
-from kevload.inputs.scenario import Load, Target, build_scenario, read_table
+from kevload.inputs.scenario import Api, Load, Target, build_scenario, read_table
 from kevload.inputs.trace import trace_rates
 from kevload.load.runs import recorded_scenario, run_scenario
 from kevload.records.rundir import RunDir, apart
@@ -81,7 +83,8 @@ def build_cases(
     existing = read_cases(cases_path) if cases_path.exists() else []
     source_of = {case["id"]: case.get("source_run", str(cases_path)) for case in existing}
     in_file = set(source_of)
-    added, skipped = [], []
+    added: list[dict[str, Any]] = []
+    skipped: list[Skip] = []
     for run_dir in run_dirs:
         cases, unbuilt = cases_from_run(RunDir.open(run_dir), target_name=target_name)
         skipped.extend(Skip(name, str(run_dir), reason) for name, reason in unbuilt)
@@ -150,7 +153,7 @@ def cases_from_run(
         raise ScenarioError(f"{run.run_json}: {bad}") from None
     target = {"name": name, "model": meta["target"]["model"]}
     recorded_at = meta.get("ended_at") or meta.get("started_at")
-    outputs: dict[tuple[str, int, float | None], Counter] = {}
+    outputs: dict[tuple[str, int, float | None], Counter[str]] = {}
     for r in run.evidence():
         outputs.setdefault((r.probe, r.concurrency, r.rate), Counter())[r.answer] += 1
     cells = [c for c in summary.probe_cells() if c.probe in index_of]
@@ -439,11 +442,11 @@ async def rerun_cases(
     url: str,
     model: str,
     times: int,
-    api: str = "chat",
+    api: Api = "chat",
     timeout: float = 60.0,
     out: Path | None = None,
-    stop=None,
-    log=print,
+    stop: asyncio.Event | None = None,
+    log: Callable[[str], None] = print,
     base: Path | None = None,
 ) -> list[dict[str, Any]]:
     """Rerun each case ``times`` times under its recorded load; returns the cases with the results.
@@ -616,7 +619,7 @@ def describe_load(rerun: dict[str, Any]) -> str:
     )
 
 
-def _counted(texts: Counter) -> list[dict[str, Any]]:
+def _counted(texts: Counter[str]) -> list[dict[str, Any]]:
     return [
         {"text": t, "count": n} for t, n in sorted(texts.items(), key=lambda kv: (-kv[1], kv[0]))
     ]

@@ -91,9 +91,9 @@ class Side:
 
     segmenter: Segmenter = BIGRAMS
     count: int = 0
-    lengths: Counter = field(default_factory=Counter)
-    keywords: Counter = field(default_factory=Counter)  # document frequency
-    labels: Counter = field(default_factory=Counter)
+    lengths: Counter[int] = field(default_factory=Counter)
+    keywords: Counter[str] = field(default_factory=Counter)  # document frequency
+    labels: Counter[str] = field(default_factory=Counter)
     skipped: Skipped = field(default_factory=Skipped)
 
     def add(self, text: str, label: str | None) -> None:
@@ -189,12 +189,9 @@ def compare(online: Side, train: Side) -> dict[str, Any]:
     """The side-by-side report as a JSON-ready dict."""
     train_len = train.length_stats()
     outside = 0
-    if train.count:
-        outside = sum(
-            n
-            for length, n in online.lengths.items()
-            if length < train_len["min"] or length > train_len["max"]
-        )
+    low, high = train_len["min"], train_len["max"]
+    if low is not None and high is not None:  # the train side has lengths
+        outside = sum(n for length, n in online.lengths.items() if length < low or length > high)
     return {
         "segmenter": online.segmenter.name,
         "online": _side_summary(online),
@@ -206,7 +203,7 @@ def compare(online: Side, train: Side) -> dict[str, Any]:
 
 
 def rare_keywords(online: Side, train: Side, limit: int = _TOP) -> list[dict[str, Any]]:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for word, n in online.keywords.items():
         share = n / online.count
         if share < _MIN_SHARE:
@@ -224,7 +221,7 @@ def rare_keywords(online: Side, train: Side, limit: int = _TOP) -> list[dict[str
     return rows[:limit]
 
 
-def label_shift(online: Counter, train: Counter, eps: float = 1e-6) -> dict[str, Any]:
+def label_shift(online: Counter[str], train: Counter[str], eps: float = 1e-6) -> dict[str, Any]:
     """Label shares on both sides, PSI and Jensen–Shannon divergence (base 2, 0..1)."""
     names = sorted(set(online) | set(train))
     if not names:
@@ -309,8 +306,9 @@ def _side_summary(side: Side) -> dict[str, Any]:
 def _text_of(doc: Any) -> str | None:
     if not isinstance(doc, dict):
         return None
-    if isinstance(doc.get("input"), str):
-        return doc["input"]
+    text = doc.get("input")
+    if isinstance(text, str):
+        return text
     messages = doc.get("messages")
     if isinstance(messages, list) and messages and isinstance(messages[-1], dict):
         content = messages[-1].get("content")

@@ -14,11 +14,19 @@ import secrets
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 from kevload.compare.stats import drift_upper_bound, samples_for_bound
 from kevload.inputs.probe import Probe
-from kevload.inputs.scenario import CacheReset, Load, Mode, Scenario, Target, build_scenario
+from kevload.inputs.scenario import (
+    Api,
+    CacheReset,
+    Load,
+    Mode,
+    Scenario,
+    Target,
+    build_scenario,
+)
 from kevload.load.runs import run_scenario
 from kevload.outputs.report import counts_text, logprob_gap_text
 from kevload.records.rundir import RunDir
@@ -61,7 +69,7 @@ class DiagnoseOptions:
     model: str
     probe: Probe
     params: dict[str, Any]
-    api: str = "chat"
+    api: Api = "chat"
     samples: int = 6
     max_concurrency: int = 4
     timeout: float = 60.0
@@ -340,6 +348,7 @@ def decide(evidence: Evidence, run_all: bool = False) -> Diagnosis:
     found = findings(evidence)
     unusable = _unusable(evidence)
     causes: list[dict[str, str]] = []
+    verdict: Cause
     if unusable is not None:
         verdict, (reason, next_step) = "inconclusive", unusable
     else:
@@ -347,7 +356,7 @@ def decide(evidence: Evidence, run_all: bool = False) -> Diagnosis:
         missing = [k for k in _CONFIG_STEPS if evidence.step(k) is None]
         if causes:
             verdict, reason, next_step = (
-                causes[0]["verdict"],
+                cast(Cause, causes[0]["verdict"]),  # _cause wrote it from a Cause
                 causes[0]["reason"],
                 causes[0]["next"],
             )
@@ -409,7 +418,7 @@ def _seed_honoured(evidence: Evidence) -> bool | None:
         return False
     repeat = evidence.step("seed_repeat")
     varies = _varies(repeat)
-    if varies is None:
+    if varies is None or repeat is None:
         return None
     if varies:
         return False
@@ -664,7 +673,7 @@ class _Diagnoser:
         self.evidence = Evidence()
         # The first step's run checks once whether the server returns logprobs; the later steps
         # reuse the answer.
-        self.logprobs: str | bool = "auto"
+        self.logprobs: Literal["auto"] | bool = "auto"
         self.out = options.out or default_run_dir("diagnose")
 
     def decide(self) -> Diagnosis:
@@ -734,7 +743,10 @@ class _Diagnoser:
             target_failed=summary.verdict == "target_failed",
             logprob_bitwise=logprob_bitwise(probe_cells),
             latent_cells=summary.latent_cells or (),
-            latent_from=min((c.first_logprob_divergence_token for c in latent), default=None),
+            latent_from=min(
+                (t for c in latent if (t := c.first_logprob_divergence_token) is not None),
+                default=None,
+            ),
             logprob_gaps=tuple(logprob_gap_text(c, c.name) for c in probe_cells if c.logprob_gap),
             serialized_cells=tuple(
                 c.name
@@ -746,7 +758,7 @@ class _Diagnoser:
         if graded:
             step = replace(
                 step,
-                graded_good=sum(c.graded_good for c in graded),
+                graded_good=sum(c.graded_good or 0 for c in graded),
                 graded_bad=sum(c.graded_bad or 0 for c in graded),
                 flips_good_to_bad=sum(c.flips_good_to_bad or 0 for c in graded),
             )
@@ -814,7 +826,7 @@ class _Diagnoser:
         )
         if same.ok >= 2 and same.distinct == 1:
             # Repeats agree: one call per other seed tells an honoured seed from one without effect.
-            outputs: set[str] = set()
+            outputs: set[str | None] = set()
             for seed in SEEDS:
                 _, run_dir = await self._run(
                     f"seed_{seed}", {**base, "temperature": temperature, "seed": seed}, [1], 1
@@ -943,18 +955,18 @@ class _Diagnoser:
 # --- reductions of a step's records (pure) ---
 
 
-def differing_calls(rows: Iterable[tuple[str, int, str]]) -> tuple[tuple[int, ...], int]:
+def differing_calls(rows: Iterable[tuple[str, int, str | None]]) -> tuple[tuple[int, ...], int]:
     """Calls (by sample index) whose output differs from the most common one, and distinct outputs after call 0.
 
     ``rows`` are (probe, sample, sha256) of the ok probe answers of one serial run.
     """
     rows = list(rows)
-    counts: dict[str, int] = {}
+    counts: dict[str | None, int] = {}
     for _, _, sha in rows:
         counts[sha] = counts.get(sha, 0) + 1
     if not counts:
         return (), 0
-    modal = max(counts, key=counts.get)
+    modal = max(counts, key=counts.__getitem__)
     later = {sha for _, sample, sha in rows if sample > 0}
     return tuple(sample for _, sample, sha in rows if sha != modal), len(later)
 
@@ -968,12 +980,12 @@ def logprob_bitwise(cells: Iterable[CellSummary]) -> bool | None:
     return True if cells and all(c.logprob_bitwise for c in cells) else None
 
 
-def cold_warm_counts(rows: Iterable[tuple[str, int, str]]) -> tuple[int, int, int]:
+def cold_warm_counts(rows: Iterable[tuple[str, int, str | None]]) -> tuple[int, int, int]:
     """(rounds compared, rounds whose cold answer differs from agreeing warm ones, rounds whose warm answers disagree).
 
     ``rows`` are (probe, sample, sha256); each probe is one fresh prompt, sample 0 its cold answer.
     """
-    by_probe: dict[str, list[tuple[int, str]]] = {}
+    by_probe: dict[str, list[tuple[int, str | None]]] = {}
     for probe, sample, sha in rows:
         by_probe.setdefault(probe, []).append((sample, sha))
     compared = cold_differs = warm_unstable = 0
@@ -1015,7 +1027,7 @@ def cache_effect(comparisons: Iterable[Mapping[str, Any]]) -> bool | None:
     )
 
 
-def _ok_probe_hashes(run_dir: Path) -> list[tuple[str, int, str]]:
+def _ok_probe_hashes(run_dir: Path) -> list[tuple[str, int, str | None]]:
     return [(r.probe, r.sample, r.sha256) for r in RunDir(run_dir).evidence()]
 
 
@@ -1028,7 +1040,7 @@ def _scenario(
     mode: Mode = "single",
     probes: list[Probe] | None = None,
     until: bool = False,
-    logprobs: str | bool = "auto",
+    logprobs: Literal["auto"] | bool = "auto",
     cache_reset: CacheReset | None = None,
 ) -> Scenario:
     target = Target(

@@ -57,7 +57,7 @@ ChangeKind = Literal[
     "accuracy_gained",
     "grading_changed",
 ]
-FailOn = Literal["drift", "latent"]
+FailOn = Literal["drift", "latent", "bad"]
 
 
 @dataclass(frozen=True)
@@ -243,15 +243,14 @@ def compare_to_baseline(
                 )
             )
         for metric in LATENCY_METRICS:
-            now = cell.latency.get(metric, {}).get("p50")
-            then = before.latency.get(metric, {}).get("p50")
-            if now and then and now > then * (1 + max_latency_regression):
+            now, was = (c.latency.get(metric, {}).get("p50") for c in (cell, before))
+            if now and was and now > was * (1 + max_latency_regression):
                 changes.append(
                     Change(
                         "latency",
                         name,
-                        f"{metric} p50 {now * 1000:.1f} ms vs {then * 1000:.1f} ms "
-                        f"(+{now / then - 1:.0%}, limit +{max_latency_regression:.0%})",
+                        f"{metric} p50 {now * 1000:.1f} ms vs {was * 1000:.1f} ms "
+                        f"(+{now / was - 1:.0%}, limit +{max_latency_regression:.0%})",
                     )
                 )
     current_keys = {_key(c) for c in current.probe_cells()}
@@ -268,7 +267,7 @@ def accuracy_changes(current: RunSummary, baseline: RunSummary) -> list[Change]:
     the same rule): a probe good in the baseline and bad now makes ``accuracy_lost``, a regression; only bad→good
     makes ``accuracy_gained``. A probe graded in both by another rule is a ``grading_changed`` note, paired with
     nothing. Nothing where no probe changed grade (a run without graded probes included)."""
-    then: dict[tuple, bool] = {}
+    then: dict[tuple[str, str, int, float | None], bool] = {}
     for c in baseline.probe_cells():
         if (grade := probe_grade(c)) is not None:
             then[_key(c)] = grade
@@ -413,5 +412,5 @@ def _cuts_clause(drifted: CellSummary, held: CellSummary) -> str:
     )
 
 
-def _key(cell: CellSummary) -> tuple:
+def _key(cell: CellSummary) -> tuple[str, str, int, float | None]:
     return (cell.probe, cell.mode, cell.concurrency, cell.rate)

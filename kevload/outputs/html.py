@@ -271,7 +271,7 @@ def _graded(summary: RunSummary) -> list[str]:
             continue
         share = (
             "–"
-            if c.good_share is None
+            if c.good_share is None or c.good_share_ci95 is None  # written together
             else f"{c.good_share:.1%} [{c.good_share_ci95[0]:.1%}, {c.good_share_ci95[1]:.1%}]"
         )
         reference = c.level == c.reference_level
@@ -399,8 +399,9 @@ def _divergence(cells: Iterable[CellSummary]) -> str:
     out = []
     for c in drifted:
         # The example is the output that leaves the serial one at the char the heading states.
-        at = c.first_divergence_chars - (c.example_offset or 0)
-        serial, other = c.serial_example, c.divergent_example
+        # A drifted cell has its divergence point and examples: written together.
+        at = (c.first_divergence_chars or 0) - (c.example_offset or 0)
+        serial, other = c.serial_example or "", c.divergent_example or ""
         lead = "…" if c.example_offset else ""
         kinds = kinds_text(c)
         where = position_label(char=c.first_divergence_chars, token=c.first_divergence_tokens)

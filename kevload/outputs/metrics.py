@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -324,7 +324,7 @@ def _family(lines: list[str], field: Field, kind: str, samples: Iterable[Sample]
 
 
 def _field_samples(
-    field: Field, items: list[tuple[dict[str, str], CellSummary | RunSummary]]
+    field: Field, items: Sequence[tuple[dict[str, str], CellSummary | RunSummary]]
 ) -> Iterator[Sample]:
     for labels, item in items:
         # By name: a field the summary does not have (yet) gives no series, like a null one.

@@ -498,7 +498,7 @@ def cancel_findings(summary: RunSummary) -> list[str]:
             f"finding: {c.label}: probe drifted only beside cancellations: all "
             f"{c.divergent_beside_cancelled}"
             f" divergent samples had a cut within {_window(c)}, none of the "
-            f"{c.ok - c.beside_cancelled} without one diverged (one-sided Fisher p = "
+            f"{c.ok - (c.beside_cancelled or 0)} without one diverged (one-sided Fisher p = "
             f"{c.cancel_p_value:.3g})"
         )
     for row in summary.drift_with_cancelled_levels or ():
@@ -637,9 +637,11 @@ def server_table(summary: RunSummary) -> Table:
     )
 
 
-def slo_bounds_text(bounds: dict[str, float]) -> str:
+def slo_bounds_text(bounds: Mapping[str, float] | None) -> str:
     """``ttft ≤ 500 ms, e2e ≤ 10000 ms``."""
-    return ", ".join(f"{name.removesuffix('_ms')} ≤ {value:g} ms" for name, value in bounds.items())
+    return ", ".join(
+        f"{name.removesuffix('_ms')} ≤ {value:g} ms" for name, value in (bounds or {}).items()
+    )
 
 
 def attainment_text(cell: CellSummary) -> str:
@@ -670,7 +672,7 @@ def slo_line(summary: RunSummary) -> str:
     if not cells:
         return f"{head}: no probe cell"
     if minimum is None:
-        low = min(cells, key=lambda c: c.slo_attainment)
+        low = min(cells, key=lambda c: c.slo_attainment or 0.0)  # cells with one
         return (
             f"{head} (measured, not enforced: no load.min_slo_attainment): lowest attainment "
             f"{low.slo_attainment:.1%} at {low.probe} ({low.mode}) {low.level}, "
@@ -775,7 +777,7 @@ def _logprob_clause(cells: tuple[CellSummary, ...]) -> str:
     parts += [logprob_gap_text(c) for c in cells if c.logprob_gap]
     if not parts and cells and all(c.logprob_bitwise for c in cells):
         parts.append(
-            f"logprobs bitwise equal to serial in every cell (n={sum(c.logprob_samples for c in cells)})"
+            f"logprobs bitwise equal to serial in every cell (n={sum(c.logprob_samples or 0 for c in cells)})"
         )
     return "".join(f"; {part}" for part in parts)
 
