@@ -34,6 +34,8 @@ lint: install
 	$(BIN)/ruff format --check kevload tests bench docs/hooks.py
 	# The architecture: the layers of setup.cfg's [importlinter] (a lower package never imports a higher one).
 	$(BIN)/lint-imports
+	# The types: setup.cfg's [mypy] (strict, over kevload/).
+	$(BIN)/mypy
 
 # The documentation site into site/ (gitignored): --strict fails on a broken link or anchor and on a page left out
 # of the nav; the CLI and scenario-key references are generated from the code as it builds. Not --quiet: it hides

@@ -14,7 +14,11 @@ from kevload.exitcode import ExitCode
 
 T = TypeVar("T")
 
-EXIT_FOR_SIGNAL = {signal.SIGINT: ExitCode.INTERRUPTED, signal.SIGTERM: ExitCode.TERMINATED}
+# By signal number (a Signals is its int): what aio.run and interrupts report.
+EXIT_FOR_SIGNAL: dict[int, ExitCode] = {
+    signal.SIGINT: ExitCode.INTERRUPTED,
+    signal.SIGTERM: ExitCode.TERMINATED,
+}
 
 
 class SecondSignal(KeyboardInterrupt):

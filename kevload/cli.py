@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import math
 import os
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import click
 from rich.console import Console
@@ -29,6 +30,7 @@ from kevload.inputs.scenario import (
     MAX_SAMPLES,
     MAX_SECONDS,
     MAX_WORKERS,
+    Api,
     check_base_url,
     load_scenario,
     quickstart_scenario,
@@ -66,7 +68,7 @@ class _Main(click.Group):
     option callback and nested group runs inside this invoke. A Ctrl-C that reaches it (a second one, or one
     outside a run's loop) exits 130, a second SIGTERM 143: never click's "Aborted!" and 1, the drift code."""
 
-    def invoke(self, ctx: click.Context):
+    def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except KevloadError as exc:
@@ -170,7 +172,7 @@ _trust_graders_option = click.option(
 def _on_target(
     builtin: str | None,
     settings: TargetSettings | None,
-    work: Callable[[str | None, str | None, Any], Awaitable[Any]],
+    work: Callable[[str | None, str | None, asyncio.Event], Coroutine[Any, Any, Any]],
     quiet: bool = False,
 ) -> tuple[Any, int | None, Any]:
     """``work(url, model, stop)`` under ``aio.run``, with ``--target``'s server running for it when one is given
@@ -182,6 +184,7 @@ def _on_target(
         return result, signum, None
     from kevload.servers.targets import on_target
 
+    assert settings is not None  # _target_settings makes them with --target
     log = (lambda m: None) if quiet else (lambda m: stderr.print(m, style="dim"))
     (result, exited), signum = aio.run(
         lambda stop: on_target(
@@ -311,7 +314,7 @@ def run(
     junit: Path | None,
     metrics: Path | None,
     dataset_seed: int | None,
-    fail_on: str,
+    fail_on: Literal["drift", "latent", "bad"],  # click.Choice
     until_bound: str | None,
     workers: int | None,
     ray_address: str | None,
@@ -944,7 +947,11 @@ def diagnose_command(
     check_options(options)
 
     def work(url: str | None, model: str | None, stop):
-        given = options if url is None else dataclasses.replace(options, url=url, model=model)
+        given = (
+            options
+            if url is None
+            else dataclasses.replace(options, url=url, model=model or options.model)
+        )
         return diagnose(given, log=_log_line, stop=stop)
 
     result, signum, exited = _on_target(builtin, settings, work)
@@ -966,7 +973,7 @@ def _cli_grading(
     python grader found from the working directory); None when neither is given. A bad one is exit 2 naming it."""
     import orjson
 
-    expected = expected_text
+    expected: Any = expected_text
     if expected_text is not None:
         try:
             parsed = orjson.loads(expected_text)
@@ -1079,7 +1086,7 @@ def cases_rerun(
     url: str | None,
     model: str | None,
     times: int,
-    api: str,
+    api: Api,  # click.Choice(APIS)
     target_name: str | None,
     accept: bool,
     output: Path,
@@ -1114,10 +1121,12 @@ def cases_rerun(
             raise InputError(f"{cases_file}: no case of target {target_name!r}")
 
     def work(started_url: str | None, started_model: str | None, stop):
+        to_url, to_model = started_url or url, started_model or model
+        assert to_url is not None and to_model is not None  # one or the other: _url_or_target
         return rerun_cases(
             items,
-            url=started_url or url,
-            model=started_model or model,
+            url=to_url,
+            model=to_model,
             times=times,
             api=api,
             out=out,
