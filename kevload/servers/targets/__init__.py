@@ -82,7 +82,7 @@ __all__ = [
     "stop_target",
 ]
 
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -268,11 +268,11 @@ async def serving(
 async def on_target(
     name: str,
     settings: TargetSettings,
-    work: Callable[[RunningTarget], Awaitable[T]],
+    work: Callable[[RunningTarget], Awaitable[_T]],
     *,
     log: Callable[[str], None],
     stop: asyncio.Event,
-) -> tuple[T | None, ServerError | None]:
+) -> tuple[_T | None, ServerError | None]:
     """``work(target)`` with the built-in target running (``--target`` of run, diagnose, cases rerun).
 
     Returns its result (None when stopped while the target started) and, when the target stopped
