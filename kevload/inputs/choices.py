@@ -1,7 +1,8 @@
-"""The ``choice`` grader's reader: the multiple-choice letter an answer gives (``choice_letter``).
+"""The ``choice`` grader's reader: the multiple-choice letter an answer gives (``choice_letter``),
+as docs/graded.md's choice rule says, with the options the answer rules out never read as its pick.
 
 Linear in the answer's length (the answer is the server's): every gap in a pattern is bounded and no
-two gaps meet."""
+two gaps meet, and the words around an option are looked at within a bounded window."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ import unicodedata
 # languages, MMLU-Pro's "answer is (X)" then "Answer: X", lm-eval's flexible "(X)". Our own order:
 # an answer head ("the answer is C", "Answer: c", "答案是C", "选 A"), the last one where a model
 # restates or corrects itself; only where none is there a mention of an option ("Option B", "选项B",
-# "answer C"), which may just as well be one ruled out ("C, not option A"). Then a bare letter, a
-# leading "X." or "X)", the last "(X)". Letters A-J; markdown emphasis and LaTeX boxes around them
-# are dropped first.
+# "answer C"); a head or a mention the answer rules out ("option A is wrong", "not option A") counts
+# as neither. Then a bare letter, a leading "X." or "X)", the last "(X)". Letters A-J; markdown
+# emphasis and LaTeX boxes around them are dropped first.
 #
 # A and I are words too: after any answer head a sentence may start with the article ("Answer: A car
 # is no fruit, so B", "The answer is A cat") or the pronoun ("the answer is I think B", "Answer: I'm
@@ -72,22 +73,59 @@ _MENTION = re.compile(
 )
 
 
+# An option the answer rules out is never its pick: one after a negation or an elimination ("not
+# option A", "I eliminated option B", "rather than option C", "不是选项A", "排除选项B"), or one a verdict of
+# wrongness follows ("option A is wrong", "Option B would be wrong", "answer A is a distractor",
+# "选项A不对"). Looked at within ``_WINDOW`` characters of the option, so each mention costs a bounded
+# step.
+_WINDOW = 40
+_RULED_OUT_BEFORE = re.compile(
+    r"(?:(?i:\b(?:not|no|never|eliminat(?:e|es|ed|ing)|exclud(?:e|es|ed|ing)|except|without|against"
+    r"|rul(?:e|es|ed|ing)\s+out|rather\s+than|instead\s+of))[\s,:]*(?i:the\s+)?"
+    r"|(?:不是|并非|而非|排除|除了|不选)\s*)\Z"
+)
+_RULED_OUT_AFTER = re.compile(
+    r"\A[\s,]*(?:(?i:(?:is|was|would\s+be|will\s+be|must\s+be|seems|looks|appears)"
+    r"(?:\s+(?:to\s+be|clearly|also|definitely|obviously|certainly|surely))?"
+    r"\s+(?:wrong|incorrect|false|not\b|a\s+(?:trap|distractor)|out\b|ruled\s+out|eliminated"
+    r"|excluded|impossible)"
+    r"|(?:can(?:not|['’]t)|couldn['’]t|isn['’]t|wasn['’]t|won['’]t)\b|doesn['’]t\s+(?:fit|work))"
+    r"|(?:不对|不正确|错误|错|不是|被排除|可以排除))"
+)
 _BARE = re.compile(r"\A[(\[]?\s*([A-J])\s*[)\].:：]?\Z")
-_LEADING = re.compile(r"\A[(\[]?([A-J])[)\].:：]\s")
+# A leading letter: "B." "B)" "B:" and, for a letter that is no word ("C, not option A"), "C,".
+_LEADING = re.compile(r"\A(?:[(\[]?([A-J])[)\].:：]|([B-HJ]),)\s")
 _PARENS = re.compile(r"[(\[]([A-J])[)\]]")
 _MARKUP = re.compile(r"\*\*|__|\$|\\boxed\{|\\text(?:bf)?\{|\}")
 
 
 def choice_letter(text: str) -> str | None:
-    """The multiple-choice letter an answer gives (upper case), or None when it gives none."""
+    """The multiple-choice letter an answer gives (upper case), or None when it gives none: the last
+    answer head's letter, else the last option mentioned, leaving out every one the answer rules
+    out; else a bare or leading letter, else the last letter in brackets."""
     text = _MARKUP.sub("", unicodedata.normalize("NFKC", text)).strip()
-    for heads in (_ANSWER, _MENTION):
-        found = heads.findall(text)
-        if found:
-            return "".join(found[-1]).upper()
+    for heads, before in ((_ANSWER, False), (_MENTION, True)):
+        picked = None
+        for found in heads.finditer(text):
+            if not _ruled_out(text, found, before):
+                picked = found
+        if picked is not None:
+            return "".join(g for g in picked.groups() if g).upper()
     for pattern in (_BARE, _LEADING):
-        found = pattern.match(text)
-        if found:
-            return found.group(1)
+        matched = pattern.match(text)
+        if matched:
+            return "".join(g for g in matched.groups() if g)
     parens = _PARENS.findall(text)
     return parens[-1] if parens else None
+
+
+def _ruled_out(text: str, found: re.Match[str], before: bool) -> bool:
+    """Whether the option ``found`` names is ruled out by the words right after it (or, for a
+    mention, before)."""
+    if _RULED_OUT_AFTER.match(text[found.end() : found.end() + _WINDOW]):
+        return True
+    return (
+        before
+        and _RULED_OUT_BEFORE.search(text[max(found.start() - _WINDOW, 0) : found.start()])
+        is not None
+    )
