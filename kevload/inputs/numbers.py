@@ -220,10 +220,6 @@ def _vulgar_values() -> dict[str, Exact]:
 
 _VULGAR_VALUES = _vulgar_values()
 
-# ``expected`` as a string: an optional sign, digits with optional thousands commas, optional
-# decimals and exponent (what a dataset's answer column holds: "42", "-3.5", "1,234", "1e-3").
-_EXPECTED_TEXT = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?", re.ASCII)
-
 
 def exact_expected(value: Any) -> int | Decimal | None:
     """A number grader's ``expected`` as the exact value it was written as, or None where it is
@@ -238,11 +234,17 @@ def exact_expected(value: Any) -> int | Decimal | None:
         return Decimal(repr(value)) if value - value == 0 else None
     if isinstance(value, Decimal):
         return value if value.is_finite() else None
-    if isinstance(value, str) and _EXPECTED_TEXT.fullmatch(text := value.strip().replace(",", "")):
-        if re.fullmatch(r"[-+]?\d+", text) and len(text) <= 4000:
-            return int(text)
-        return Decimal(text)
-    return None
+    if not isinstance(value, str):
+        return None
+    # A dataset's answer column: "42", "-3.5", ".5", "1,234", "1e-3" (what float() took before, exactly).
+    text = value.strip().replace(",", "")
+    try:
+        number = Decimal(text)
+    except InvalidOperation:
+        return None
+    if not number.is_finite():
+        return None
+    return int(text) if re.fullmatch(r"[-+]?\d{1,4000}", text) else number
 
 
 def exact_tolerance(value: float | int | Decimal) -> Decimal:

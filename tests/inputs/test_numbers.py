@@ -267,7 +267,16 @@ def test_an_integer_beyond_64_bits_is_kept_exactly_from_toml_dataset_and_expecte
 
 @pytest.mark.parametrize(
     ("expected", "kept"),
-    [(42, 42), (1.1, 1.1), ("1.10", 1.1), (SQUARE, SQUARE), ("0.1000000000000000000001", None)],
+    [
+        (42, 42),
+        (1.1, 1.1),
+        ("1.10", 1.1),
+        (".5", 0.5),
+        (" +3 ", 3),
+        ("1,234", 1234),
+        (str(SQUARE), SQUARE),
+        ("0.1000000000000000000001", None),
+    ],
 )
 def test_run_json_keeps_expected_as_a_json_number_that_reads_back_as_written(expected, kept):
     grading = checked(expected, "number", None, HERE)
