@@ -970,9 +970,10 @@ def _cli_grading(
     expected: Any = expected_text
     if expected_text is not None:
         try:
-            # msgspec: an integer of any size is read as that integer (orjson reads the float near it).
+            # msgspec: an integer of any size is read as that integer (orjson reads the float
+            # near it).
             parsed = msgspec.json.decode(expected_text)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             parsed = None
         # A number, list or object is meant as one (42 picks the number grader); anything else is
         # the text itself. A decimal number is the decimal written, not the float near it.

@@ -62,7 +62,8 @@ _OPTION_TAIL = (
 )
 # A lower-case letter only after a colon or in brackets: "the answer is a cat" names no choice.
 _ANSWER = re.compile(
-    rf"(?:(?i:\b(?:answer|correct\s(?:option|choice))\s{{1,8}}(?:is|(?:would|should|must|will)\sbe)\b)"
+    rf"(?:(?i:\b(?:answer|correct\s(?:option|choice))\s{{1,8}}"
+    rf"(?:is|(?:would|should|must|will)\sbe)\b)"
     rf"|(?i:\banswer(?={_GAP}[:：(\[]))"
     rf"|正确答案(?:是|为)|答案(?:应该?)?(?:是|为)|答案?(?={_GAP}[:：])|应?选(?:择)?(?!项))"
     rf"(?:{_GAP}(?:(?i:option|choice)\b|选项){_OPTION_TAIL}|{_ANSWER_TAIL})"

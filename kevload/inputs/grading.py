@@ -27,6 +27,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 
 from kevload.inputs.choices import choice_letter
@@ -52,9 +53,9 @@ CHOICE_EXPECTED = f"one letter from {LETTERS[0]} to {LETTERS[-1]}"
 # the way (a TOML date
 # becomes a string, nan null) would grade the same answers otherwise there than in the run.
 JSON_EXPECTED = (
-    "a value JSON keeps as it is (strings, finite numbers, integers within 64 bits, booleans, "
-    "lists and "
-    "tables of them; no TOML date or time, no nan or inf), as run.json keeps it for kevload report"
+    "a value JSON keeps as it is (strings, finite numbers, integers of any size, booleans, lists "
+    "and tables of them; no TOML date or time, no nan or inf), as run.json keeps it for kevload "
+    "report"
 )
 _MAX_SHOWN = 120  # characters of an answer quoted in an error
 IMPORT = "import"  # python graders are imported (a scenario the user runs)
@@ -100,10 +101,10 @@ class GraderFailed(Exception):
 
 @dataclass(frozen=True)
 class Grading:
-    """One probe's grader, as run.json keeps it: ``kevload report`` grades again from it alone. ``expected`` is
-    normal (one_of: a tuple; number: its exact value, an int or a Decimal (``numbers.exact_expected``); choice:
-    the upper-case letter; json_schema: the schema itself). ``tolerance`` is read exactly as it is written
-    (``numbers.exact_tolerance``)."""
+    """One probe's grader, as run.json keeps it: ``kevload report`` grades again from it alone.
+    ``expected`` is normal (one_of: a tuple; number: its exact value, an int or a Decimal
+    (``numbers.exact_expected``); choice: the upper-case letter; json_schema: the schema itself).
+    ``tolerance`` is read exactly as it is written (``numbers.exact_tolerance``)."""
 
     grade: str
     expected: Any = None
@@ -250,8 +251,9 @@ def _expected(grade: str, expected: Any, base: Path) -> Any:
 
 
 def _finite(value: Any) -> float | None:
-    """``grade_tolerance`` as a float, or None: no bool, nothing beyond a float's range (a TOML integer may have 400
-    digits), no nan or inf. The number grader reads it exactly as written (``numbers.exact_tolerance``)."""
+    """``grade_tolerance`` as a float, or None: no bool, nothing beyond a float's range (a TOML
+    integer may have 400 digits), no nan or inf. The number grader reads it exactly as written
+    (``numbers.exact_tolerance``)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     try:
@@ -261,17 +263,19 @@ def _finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-_INT_RANGE = (-(2**63), 2**64)  # what orjson writes and reads back as an integer
-
-
 def _as_kept(expected: Any) -> Any:
     """An ``expected`` that any value may be (``json``, ``json_schema``, ``python:``) as run.json keeps it (tables by
     sorted key), so a grader sees the same value in the run and in `kevload report`; ``BadGrading`` naming the part
-    JSON would not keep as it is. The other graders' normal forms are strings, letters and finite floats already."""
+    JSON would not keep as it is. The other graders' normal forms are strings, letters and exact
+    numbers already. Round-tripped by msgspec, which keeps an integer of any size (orjson stops at
+    64 bits)."""
     misfit = _json_misfit(expected)
     if misfit is not None:
         raise BadGrading(f"expected{misfit[0]}", JSON_EXPECTED, misfit[1])
-    return orjson.loads(orjson.dumps(expected, option=orjson.OPT_SORT_KEYS))
+    return msgspec.json.decode(_SORTED.encode(expected))
+
+
+_SORTED = msgspec.json.Encoder(order="sorted")
 
 
 def _json_misfit(value: Any, where: str = "") -> tuple[str, Any] | None:
@@ -280,7 +284,7 @@ def _json_misfit(value: Any, where: str = "") -> tuple[str, Any] | None:
     if value is None or isinstance(value, bool | str):
         return None
     if isinstance(value, int):
-        return None if _INT_RANGE[0] <= value < _INT_RANGE[1] else (where, value)
+        return None
     if isinstance(value, float):
         return None if math.isfinite(value) else (where, value)
     if isinstance(value, list | tuple):
@@ -616,12 +620,15 @@ _FENCE = re.compile(r"\A```[A-Za-z]*\n(.*)\n```\Z", re.DOTALL)
 
 
 def parse_json(text: str) -> Any:
-    """The answer as JSON (one Markdown code fence around it is dropped: models add one), or ``_NOT_JSON``."""
+    """The answer as JSON (one Markdown code fence around it is dropped: models add one), or
+    ``_NOT_JSON``. Read by msgspec: an integer of any size is that integer (orjson reads one past 64
+    bits as a float near it, which equals no exact ``expected``); nesting past msgspec's depth is no
+    JSON, as past orjson's was."""
     text = text.strip()
     fenced = _FENCE.match(text)
     try:
-        return orjson.loads(fenced.group(1) if fenced else text)
-    except orjson.JSONDecodeError:
+        return msgspec.json.decode(fenced.group(1) if fenced else text)
+    except (msgspec.DecodeError, RecursionError):
         return _NOT_JSON
 
 

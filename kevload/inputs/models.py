@@ -151,7 +151,16 @@ def probe_inputs(probe: Probe, params: dict[str, Any]) -> dict[str, str | int]:
 
 
 def _sha256(value: Any) -> str:
-    return hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    try:
+        text = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except (
+        TypeError
+    ):  # an integer past 64 bits (an expected answer): msgspec writes it, as run.json does
+        text = _SORTED.encode(value)
+    return hashlib.sha256(text).hexdigest()
+
+
+_SORTED = msgspec.json.Encoder(order="sorted")
 
 
 UNGRADED = _sha256(None)  # ``probe_inputs``' "grading" of a probe without grading keys
@@ -210,10 +219,10 @@ def parse_jsonl(lines: Iterable[bytes], path: Path, what: str) -> Iterator[tuple
         if not line.strip():
             continue
         try:
-            # msgspec, not orjson: an integer beyond 64 bits (an expected answer) is read as that integer,
-            # where orjson reads the float nearest it.
+            # msgspec, not orjson: an integer beyond 64 bits (an expected answer) is read as
+            # that integer, where orjson reads the float nearest it.
             yield number, msgspec.json.decode(line)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):  # msgspec's depth limit is a RecursionError
             raise ScenarioError(
                 f"{path}:{number}: {what}: expected one JSON object a line (JSONL)"
             ) from None

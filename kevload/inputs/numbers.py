@@ -236,7 +236,8 @@ def exact_expected(value: Any) -> int | Decimal | None:
         return value if value.is_finite() else None
     if not isinstance(value, str):
         return None
-    # A dataset's answer column: "42", "-3.5", ".5", "1,234", "1e-3" (what float() took before, exactly).
+    # A dataset's answer column: "42", "-3.5", ".5", "1,234", "1e-3" (what float() took before,
+    # exactly).
     text = value.strip().replace(",", "")
     try:
         number = Decimal(text)

@@ -377,9 +377,10 @@ def write_json(path: Path, doc: Any) -> None:
 
 
 def json_bytes(doc: Any, *, indent: bool = False, sort: bool = False) -> bytes:
-    """``doc`` as JSON (``indent``: two spaces a level; ``sort``: keys sorted). Integers of any size are written as
-    the integers they are, as a number grader's ``expected`` may be one (123456789012345678901234567890): orjson
-    writes only 64 bits, so such a document is written by msgspec."""
+    """``doc`` as JSON (``indent``: two spaces a level; ``sort``: keys sorted). Integers of any
+    size are written as the integers they are, as a number grader's ``expected`` may be one
+    (123456789012345678901234567890): orjson writes only 64 bits, so such a document is written by
+    msgspec."""
     option = (orjson.OPT_INDENT_2 if indent else 0) | (orjson.OPT_SORT_KEYS if sort else 0)
     try:
         return orjson.dumps(doc, option=option)
@@ -393,13 +394,13 @@ _SORTED, _IN_ORDER = msgspec.json.Encoder(order="sorted"), msgspec.json.Encoder(
 
 
 def read_json(path: Path) -> Any:
-    """A JSON file read back exactly: an integer of any size as that integer (orjson would read one beyond 64
-    bits as the float nearest it)."""
+    """A JSON file read back exactly: an integer of any size as that integer (orjson would read one
+    beyond 64 bits as the float nearest it)."""
     try:
         return msgspec.json.decode(path.read_bytes())
     except FileNotFoundError:
         raise RunDirError(f"{path}: not found") from None
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:  # msgspec's depth limit: RecursionError
         raise RunDirError(f"{path}: not valid JSON: {exc}") from None
 
 

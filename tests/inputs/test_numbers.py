@@ -284,3 +284,58 @@ def test_run_json_keeps_expected_as_a_json_number_that_reads_back_as_written(exp
     # A decimal no double holds is kept as its text, which reads back exactly.
     assert written == (str(grading.expected) if kept is None else kept)
     assert checked(written, "number", None, HERE).expected == grading.expected
+
+
+def test_json_and_python_graders_keep_an_integer_beyond_64_bits_exactly(tmp_path, server):
+    # Once refused at load ("JSON would not keep it"): now run.json keeps it, the json grader reads
+    # the answer's integer as that integer, and a python grader gets it exact, in the run and in
+    # `kevload report` alike.
+    (tmp_path / "exact_graders.py").write_text(
+        "def huge(answer, probe, expected):\n"
+        f"    return expected == {{'n': {HUGE}}} and type(expected['n']) is int\n"
+    )
+    answers = {"right": f'{{"n": {HUGE}}}', "wrong": f'{{"n": {HUGE + 1}}}', "deep": "[" * 5000}
+    server.behaviour.answer_for = lambda prompt, overlap: answers[prompt.split()[0]]
+    probes = [
+        {
+            "id": f"{grade}-{answer}",
+            "prompt": f"{answer} n?",
+            "grade": grade,
+            "expected": {"n": HUGE},
+        }
+        for grade in ("json", "python:exact_graders:huge")
+        for answer in answers
+    ]
+    path = write_scenario(
+        tmp_path / "s.toml", server.url, concurrency=[1], samples=1, probes=probes
+    )
+    code, out = run_cli("run", path, "--out", tmp_path / "run", "--quiet")
+    assert code == 0, out
+    cells = {c["probe"]: c for c in load_summary(tmp_path / "run")["cells"]}
+    good = {probe: (c["graded_good"], c["graded_bad"]) for probe, c in cells.items()}
+    assert good == {
+        "json-right": (1, 0),
+        "json-wrong": (0, 1),
+        "json-deep": (0, 1),
+        "python:exact_graders:huge-right": (1, 0),
+        "python:exact_graders:huge-wrong": (1, 0),  # this grader looks at expected only
+        "python:exact_graders:huge-deep": (1, 0),
+    }
+    code, out = run_cli("report", tmp_path / "run", "--format", "json", "--trust-graders")
+    assert json.loads(out)["cells"] == load_summary(tmp_path / "run")["cells"], out
+
+
+def test_a_line_nested_past_the_json_readers_depth_is_bad_input_not_a_traceback(tmp_path):
+    # JSONL and run.json are read by msgspec (integers of any size), whose depth limit is a
+    # RecursionError: still the one clear error, exit 2, as orjson's was.
+    (tmp_path / "d.jsonl").write_text("[" * 5000 + "\n")
+    path = write_scenario(
+        tmp_path / "s.toml", "http://127.0.0.1:9/v1", probes=[{"dataset": "d.jsonl"}]
+    )
+    code, out = run_cli("run", path)
+    assert code == 2 and "d.jsonl:1: " in out and "expected one JSON object a line" in out, out
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "run.json").write_text("[" * 5000)
+    (tmp_path / "run" / "records.jsonl").write_text("")
+    code, out = run_cli("report", tmp_path / "run")
+    assert code != 0 and "run.json: not valid JSON" in out and "Traceback" not in out, out
