@@ -339,3 +339,25 @@ def test_a_line_nested_past_the_json_readers_depth_is_bad_input_not_a_traceback(
     (tmp_path / "run" / "records.jsonl").write_text("")
     code, out = run_cli("report", tmp_path / "run")
     assert code != 0 and "run.json: not valid JSON" in out and "Traceback" not in out, out
+
+
+def test_diagnose_expected_keeps_an_integer_beyond_64_bits_exactly(tmp_path, server):
+    # --expected was read as the float 1.2345678901234568e+29: the answer wrong by one in its last
+    # digit under load was graded good, and each step's run.json kept the float.
+    server.behaviour.latency = 0.1
+    server.behaviour.answer_for = lambda prompt, overlap: str(HUGE if overlap < 2 else HUGE - 1)
+    code, output = run_cli(
+        "diagnose", "--url", server.url, "--model", "fake", "--prompt", "Big?",
+        "--params", '{"temperature": 0}', "--samples", "6", "--json", tmp_path / "d.json",
+        "--out", tmp_path / "runs", "--expected", str(HUGE),
+    )  # fmt: skip
+    steps = {s["step"]: s for s in json.loads((tmp_path / "d.json").read_text())["steps"]}
+    assert (steps["baseline"]["graded_good"], steps["baseline"]["graded_bad"]) == (6, 0), output
+    loaded = steps["concurrency_single"]  # c=1 right, c=2 and c=4 wrong: 6 samples each
+    assert (loaded["graded_good"], loaded["graded_bad"], loaded["flips_good_to_bad"]) == (6, 12, 12)
+    kept = {
+        grader["expected"]
+        for run_json in (tmp_path / "runs").rglob("run.json")
+        for grader in json.loads(run_json.read_text())["grading"].values()
+    }
+    assert kept == {HUGE}
