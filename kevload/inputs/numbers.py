@@ -5,9 +5,10 @@ float anywhere on the way: an integer stays an integer of any size (999999980000
 9999999800000000), a decimal a ``Decimal`` (1.0 and 1.2 are both exactly 0.1 from 1.1), a fraction a
 ratio of two integers (⅓).
 
-Every step is bounded by the answer's length (the answer is the server's): a number whose exact
-value would need more than ``MAX_DIGITS`` digits (``9⁹⁹⁹⁹⁹⁹``, ``1e9999999999``) has no value here,
-as a float's overflow had none."""
+Every step is bounded by the answer's length (the answer is the server's): a power, a mixed number
+or a fraction whose exact value would take more than ``MAX_DIGITS`` digits to work out
+(``9⁹⁹⁹⁹⁹⁹``, ``1e999999999½``) has no value here, as a float's overflow had none; a plain number
+is held as written whatever its length or exponent (a Decimal compares in a few steps)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from decimal import (
 from fractions import Fraction
 from typing import Any
 
-MAX_DIGITS = 100_000  # the most digits an exact value read or computed here may span
+MAX_DIGITS = 100_000  # the most digits an exact value computed here may span
 # Exact arithmetic: a result that would be rounded raises (Inexact) instead; the precision never
 # binds, so the digits a result may need are bounded before each operation (``_span``).
 _EXACT = Context(
