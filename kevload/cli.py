@@ -41,7 +41,7 @@ from kevload.outputs import gradedview
 from kevload.outputs.escaping import visible
 from kevload.outputs.report import FORMATS, render, slo_line, verdict_line
 from kevload.records.rundir import RunDir
-from kevload.records.store import Record, default_run_dir
+from kevload.records.store import Record, default_run_dir, json_bytes
 from kevload.servers.targets import NAMES, TargetSettings
 from kevload.summary import RunSummary, level_label
 
@@ -971,17 +971,23 @@ def _cli_grading(
 ) -> Grading | None:
     """--expected/--grade/--grade-tolerance checked as a probe's keys are (``grading.checked``, a schema file or a
     python grader found from the working directory); None when neither is given. A bad one is exit 2 naming it."""
-    import orjson
+    from decimal import Decimal
+
+    import msgspec
 
     expected: Any = expected_text
     if expected_text is not None:
         try:
-            parsed = orjson.loads(expected_text)
-        except orjson.JSONDecodeError:
+            # msgspec: an integer of any size is read as that integer (orjson reads the float
+            # near it).
+            parsed = msgspec.json.decode(expected_text)
+        except (msgspec.DecodeError, RecursionError):
             parsed = None
         # A number, list or object is meant as one (42 picks the number grader); anything else is
-        # the text itself.
-        if isinstance(parsed, int | float | list | dict | str) and not isinstance(parsed, bool):
+        # the text itself. A decimal number is the decimal written, not the float near it.
+        if isinstance(parsed, float):
+            expected = Decimal(expected_text.strip())
+        elif isinstance(parsed, int | list | dict | str) and not isinstance(parsed, bool):
             expected = parsed
     try:
         return checked(expected, grade, tolerance, Path.cwd())
@@ -1100,7 +1106,6 @@ def cases_rerun(
     Exit 1 if a stable case became unstable, a stable case now answers something else (`changed`,
     unless --accept-changes) or an `expected` output is not met; 3 if a case got no answer.
     """
-    import orjson
 
     from kevload.guide.cases import (
         accept_changes,
@@ -1140,7 +1145,7 @@ def cases_rerun(
         _exit_if_signalled(signum)
     with output.open("wb") as handle:
         for r in results:
-            handle.write(orjson.dumps(r) + b"\n")
+            handle.write(json_bytes(r) + b"\n")
     for r in results:
         recorded = {
             True: "matches recorded",

@@ -35,7 +35,7 @@ from kevload.inputs.scenario import Api, Load, Target, build_scenario, read_tabl
 from kevload.inputs.trace import trace_rates
 from kevload.load.runs import recorded_scenario, run_scenario
 from kevload.records.rundir import RunDir, apart
-from kevload.records.store import new_run_id, now_iso
+from kevload.records.store import json_bytes, new_run_id, now_iso
 from kevload.summary import CellSummary, level_label
 
 TRANSITIONS = ("unstable→stable", "stable→unstable", "changed", "no answer", "unchanged")
@@ -118,7 +118,7 @@ def build_cases(
                 added.append(case)
     with cases_path.open("ab") as handle:
         for case in added:
-            handle.write(orjson.dumps(case) + b"\n")
+            handle.write(json_bytes(case) + b"\n")
     return BuildReport(new=len(added), kept=len(existing), skipped=tuple(skipped))
 
 
@@ -600,7 +600,7 @@ def accept_changes(
         case["outputs"] = result["rerun_outputs"]
         case["recorded_at"] = now
     tmp = cases_path.with_name(cases_path.name + ".tmp")
-    tmp.write_bytes(b"".join(orjson.dumps(case) + b"\n" for case in cases))
+    tmp.write_bytes(b"".join(json_bytes(case) + b"\n" for case in cases))
     os.replace(tmp, cases_path)
     return sorted(changed)
 

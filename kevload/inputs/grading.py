@@ -19,17 +19,19 @@ import importlib.machinery
 import math
 import re
 import sys
-import unicodedata
-from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 
+from kevload.inputs.choices import choice_letter
+from kevload.inputs.numbers import MAX_DIGITS, bounds, exact_expected, json_form, last_exact, within
 from kevload.words import shortened
 
 GRADES = ("exact", "contains", "regex", "one_of", "number", "choice", "json", "json_schema")
@@ -52,9 +54,9 @@ CHOICE_EXPECTED = f"one letter from {LETTERS[0]} to {LETTERS[-1]}"
 # the way (a TOML date
 # becomes a string, nan null) would grade the same answers otherwise there than in the run.
 JSON_EXPECTED = (
-    "a value JSON keeps as it is (strings, finite numbers, integers within 64 bits, booleans, "
-    "lists and "
-    "tables of them; no TOML date or time, no nan or inf), as run.json keeps it for kevload report"
+    "a value JSON keeps as it is (strings, finite numbers, integers of any size, booleans, lists "
+    "and tables of them; no TOML date or time, no nan or inf), as run.json keeps it for kevload "
+    "report"
 )
 _MAX_SHOWN = 120  # characters of an answer quoted in an error
 IMPORT = "import"  # python graders are imported (a scenario the user runs)
@@ -100,8 +102,10 @@ class GraderFailed(Exception):
 
 @dataclass(frozen=True)
 class Grading:
-    """One probe's grader, as run.json keeps it: ``kevload report`` grades again from it alone. ``expected`` is
-    normal (one_of: a tuple; number: a float; choice: the upper-case letter; json_schema: the schema itself)."""
+    """One probe's grader, as run.json keeps it: ``kevload report`` grades again from it alone.
+    ``expected`` is normal (one_of: a tuple; number: its exact value, an int or a Decimal
+    (``numbers.exact_expected``); choice: the upper-case letter; json_schema: the schema itself).
+    ``tolerance`` is read exactly as it is written (``numbers.exact_tolerance``)."""
 
     grade: str
     expected: Any = None
@@ -111,11 +115,12 @@ class Grading:
     function: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
-        doc = {
-            "grade": self.grade,
-            "expected": list(self.expected) if isinstance(self.expected, tuple) else self.expected,
-            "tolerance": self.tolerance,
-        }
+        expected = self.expected
+        if isinstance(expected, tuple):
+            expected = list(expected)
+        elif self.grade == "number":
+            expected = json_form(expected)  # exactly: an integer of any size, never a float near it
+        doc = {"grade": self.grade, "expected": expected, "tolerance": self.tolerance}
         home = module_home(self.grade) if self.grade.startswith(PYTHON) else None
         # Where the run found a python grader's module, whichever directory it is read back from
         # later.
@@ -175,6 +180,15 @@ def checked(expected: Any, grade: Any, tolerance: Any, base: Path) -> Grading | 
         raise BadGrading(
             "grade_tolerance", f'grade = "number" beside it (grade is "{grade}")', tolerance
         )
+    if grade == "number" and (value := exact_expected(expected)) is not None:
+        try:
+            bounds(value, tol)
+        except ValueError:
+            raise BadGrading(
+                "expected",
+                f"a number whose digits and grade_tolerance's span at most {MAX_DIGITS:,} places",
+                expected,
+            ) from None
     if grade.startswith(PYTHON):
         policy = _python_policy.get()
         if policy == NAMES_ONLY:
@@ -192,7 +206,7 @@ def checked(expected: Any, grade: Any, tolerance: Any, base: Path) -> Grading | 
 def _default_grade(expected: Any) -> str:
     if isinstance(expected, str):
         return "exact"
-    if isinstance(expected, int | float) and not isinstance(expected, bool):
+    if isinstance(expected, int | float | Decimal) and not isinstance(expected, bool):
         return "number"
     if isinstance(expected, list | tuple):
         return "one_of"
@@ -223,7 +237,7 @@ def _expected(grade: str, expected: Any, base: Path) -> Any:
     ):
         return tuple(expected)
     if grade == "number":
-        value = _number(expected) if isinstance(expected, str) else _finite(expected)
+        value = exact_expected(expected)
         if value is not None:
             return value
     if (
@@ -244,8 +258,9 @@ def _expected(grade: str, expected: Any, base: Path) -> Any:
 
 
 def _finite(value: Any) -> float | None:
-    """A number as the float graders compare, or None: no bool, nothing beyond a float's range (a TOML integer may
-    have 400 digits), no nan or inf."""
+    """``grade_tolerance`` as a float, or None: no bool, nothing beyond a float's range (a TOML
+    integer may have 400 digits), no nan or inf. The number grader reads it exactly as written
+    (``numbers.exact_tolerance``)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     try:
@@ -255,17 +270,19 @@ def _finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-_INT_RANGE = (-(2**63), 2**64)  # what orjson writes and reads back as an integer
-
-
 def _as_kept(expected: Any) -> Any:
     """An ``expected`` that any value may be (``json``, ``json_schema``, ``python:``) as run.json keeps it (tables by
     sorted key), so a grader sees the same value in the run and in `kevload report`; ``BadGrading`` naming the part
-    JSON would not keep as it is. The other graders' normal forms are strings, letters and finite floats already."""
+    JSON would not keep as it is. The other graders' normal forms are strings, letters and exact
+    numbers already. Round-tripped by msgspec, which keeps an integer of any size (orjson stops at
+    64 bits)."""
     misfit = _json_misfit(expected)
     if misfit is not None:
         raise BadGrading(f"expected{misfit[0]}", JSON_EXPECTED, misfit[1])
-    return orjson.loads(orjson.dumps(expected, option=orjson.OPT_SORT_KEYS))
+    return msgspec.json.decode(_SORTED.encode(expected))
+
+
+_SORTED = msgspec.json.Encoder(order="sorted")
 
 
 def _json_misfit(value: Any, where: str = "") -> tuple[str, Any] | None:
@@ -274,7 +291,7 @@ def _json_misfit(value: Any, where: str = "") -> tuple[str, Any] | None:
     if value is None or isinstance(value, bool | str):
         return None
     if isinstance(value, int):
-        return None if _INT_RANGE[0] <= value < _INT_RANGE[1] else (where, value)
+        return None
     if isinstance(value, float):
         return None if math.isfinite(value) else (where, value)
     if isinstance(value, list | tuple):
@@ -546,8 +563,8 @@ def _grade(grading: Grading, text: str, probe: str) -> bool:
     if grade == "one_of":
         return text.strip() in {x.strip() for x in expected}
     if grade == "number":
-        value = last_number(text)
-        return value is not None and abs(value - expected) <= grading.tolerance
+        value = last_exact(text)
+        return value is not None and within(value, *bounds(expected, grading.tolerance))
     if grade == "choice":
         return bool(choice_letter(text) == expected)
     if grade in ("json", "json_schema"):
@@ -605,200 +622,20 @@ def _cut(text: str) -> str:
     return shortened(text, _MAX_SHOWN + len("…"))
 
 
-# A number as answers write it, read from the text as it is (NFKC, once used here, turns "2⁴" into
-# "24" and "½" into
-# "1⁄2"): a sign (not a dash between two words or numbers: "5-3", "10–20"), thousands groups,
-# decimals, an exponent,
-# then maybe a fraction ("3½"), a power ("2⁴", "10⁻³") or "× 10ⁿ". Digits are any script's
-# (full-width ones too).
-_MINUS = "-\u2212\u2012\u2013\u2014\u2015\ufe63\uff0d"  # hyphen-minus, minus sign, figure/en/em dash, bar, small, wide
-_THOUSANDS = (
-    " \u00a0\u2009\u202f"  # a space, no-break, thin and narrow no-break: "1 000", "12 345 678"
-)
-_SUPERSCRIPT = "⁰¹²³⁴⁵⁶⁷⁸⁹"
-_SUBSCRIPT = "₀₁₂₃₄₅₆₇₈₉"
-_VULGAR = "\u00bc-\u00be\u2150-\u215e\u2189"  # ¼ ½ ¾ ⅐ … ⅞ ↉
-_SUP, _SUB = f"[{_SUPERSCRIPT}]", f"[{_SUBSCRIPT}]"
-_NUMBER = re.compile(
-    # The first character's class up front: the scan skips a position that starts no number on one
-    # test (a text of
-    # blanks: ten times faster), before the lookbehind and the branches.
-    rf"(?=[{_MINUS}\d{_VULGAR}{_SUPERSCRIPT}])"
-    rf"(?<![\dA-Za-z.．])(?P<sign>[{_MINUS}])?(?:"
-    rf"(?P<over>\d+)\u2044(?P<under>\d+)"  # 1⁄2, with the fraction slash
-    rf"|(?P<alone>[{_VULGAR}])"  # ½
-    rf"|(?P<sup_over>{_SUP}+)\u2044(?P<sub_under>{_SUB}+)"  # ¹⁄₂
-    rf"|(?P<whole>\d{{1,3}}(?:[,，]\d{{3}})+|\d{{1,3}}(?:[{_THOUSANDS}]\d{{3}})+|\d+)(?P<decimals>[.．]\d+)?"
-    rf"(?:[eE](?P<exponent>[-+]?\d+))?"
-    rf"(?:[{_THOUSANDS}]?(?P<vulgar>[{_VULGAR}])"  # 3½, 3 ½
-    rf"|(?P<mixed_over>{_SUP}+)\u2044(?P<mixed_under>{_SUB}+)"  # 3¹⁄₂
-    rf"|\s?[×xX·⋅]\s?10(?P<times_ten>[⁻⁺]?{_SUP}+)"  # 1.5×10⁻³
-    rf"|(?P<power>[⁻⁺]?{_SUP}+))?"  # 2⁴
-    rf")(?![\d{_SUPERSCRIPT}{_SUBSCRIPT}⁻⁺\u2044])"  # nothing glued on after: "101₂" is no number read here
-)
-_ASCII_DIGITS = str.maketrans(
-    f"{_SUPERSCRIPT}{_SUBSCRIPT}⁻⁺．", "01234567890123456789-+.", f",，{_THOUSANDS}"
-)
-
-
-def last_number(text: str) -> float | None:
-    """The last number in ``text``, or None (also where the last one has no finite value). Read as a math answer
-    writes it: ``1,234`` and ``1 234`` (a space, thin or narrow no-break between groups of 3) are 1234, ``−42`` (a
-    minus sign or a dash before the digit) is negative, ``½`` and ``3½`` their value, ``2⁴`` 16, ``1.5×10⁻³``
-    0.0015; any script's digits are digits."""
-    last = deque(
-        _NUMBER.finditer(text), maxlen=1
-    )  # the whole text is scanned at C speed, one match kept
-    return _number_of(last[0]) if last else None
-
-
-def _number_of(found: re.Match[str]) -> float | None:
-    """The value of one ``_NUMBER`` match; None where it has none (``1⁄0``, ``9⁹⁹⁹``)."""
-    part = found.groupdict()
-    try:
-        if part["over"] is not None:
-            value = _plain(part["over"]) / _plain(part["under"])
-        elif part["alone"] is not None:
-            value = unicodedata.numeric(part["alone"])
-        elif part["sup_over"] is not None:
-            value = _plain(part["sup_over"]) / _plain(part["sub_under"])
-        else:
-            value = _plain(
-                part["whole"] + (part["decimals"] or "") + "e" + (part["exponent"] or "0")
-            )
-            if part["vulgar"] is not None:
-                value += unicodedata.numeric(part["vulgar"])
-            elif part["mixed_over"] is not None:
-                value += _plain(part["mixed_over"]) / _plain(part["mixed_under"])
-            elif part["times_ten"] is not None:
-                value *= 10.0 ** _plain(part["times_ten"])
-            elif part["power"] is not None:
-                value **= _plain(part["power"])
-    except (ZeroDivisionError, OverflowError):
-        return None
-    value = -value if part["sign"] else value
-    return value if math.isfinite(value) else None
-
-
-def _plain(digits: str) -> float:
-    """A matched run of digits (any script's, superscript or subscript; thousands separators) as a float: float()
-    takes any script's decimal digits and a 10 000-digit run (where int() refuses past 4300)."""
-    return float(digits.translate(_ASCII_DIGITS))
-
-
-def _number(text: str) -> float | None:
-    try:
-        value = float(text.strip().replace(",", ""))
-    except ValueError:
-        return None
-    return value if math.isfinite(value) else None
-
-
-# After the ways MMLU-style graders read a letter: simple-evals' "Answer: X" heads in several
-# languages, MMLU-Pro's
-# "answer is (X)" then "Answer: X", lm-eval's flexible "(X)". Our own order: an answer head ("the
-# answer is C",
-# "Answer: c", "答案是C", "选 A"), the last one where a model restates or corrects itself; only where
-# none is there a
-# mention of an option ("Option B", "选项B", "answer C"), which may just as well be one ruled out ("C,
-# not option
-# A"); then a bare letter, a leading "X." or "X)", the last "(X)". Letters A-J; markdown emphasis
-# and LaTeX boxes
-# around them are dropped first.
-#
-# A and I are words too: after any answer head a sentence may start with the article ("Answer: A car
-# is no fruit, so
-# B", "The answer is A cat") or the pronoun ("the answer is I think B", "Answer: I'm not sure").
-# There such a letter
-# is read only where no word follows that the word would take (a letter may be followed by these: "A
-# because …"); an
-# option named ("option A seems right", "the answer is option A") is always a letter.
-_AFTER_LETTER = r"(?:because|since|as|and|or|is|was|which|but|so|for|with)\b"
-# The answer's text is the server's: each gap is bounded, and no two gaps meet, so a head followed
-# by a megabyte of
-# blanks costs a few steps, not one per way to split the blanks between gaps.
-_GAP, _BLANKS = r"\s{0,8}", r"[ \t]{1,8}"
-
-
-def _letter(letters: str, words: str = "") -> str:
-    """One of ``letters`` (a regex class) that is no part of a word; one of ``words`` (taken out of ``letters``) only
-    where the article or pronoun it also is cannot be meant."""
-    if not words:
-        return rf"([{letters}])(?![A-Za-z'’])"
-    word = rf"[{words}](?!{_BLANKS}(?!{_AFTER_LETTER})[a-z])"
-    return rf"(?:((?![{words}])[{letters}])|({word}))(?![A-Za-z'’])"
-
-
-# What may follow a head: a letter after a colon (any case: "answer: b"), one in brackets, or a
-# capital one; after an
-# answer head maybe with a hedge between: the pronoun, up to three words, then maybe "say", "it is",
-# "with" or "for"
-# ("the answer is, I think, B"; "Answer: I would say D"; "Answer: I am sure it is B"; "I'd go with
-# C"). The head
-# says an answer follows, and these words only put the speaker between: the letter after them is the
-# answer, as the
-# one after "I think" always was. A word the letter itself would take ("I is …", "I and J") ends no
-# hedge.
-_HEDGE = (
-    rf"(?:(?:,[ \t]?)?I(?:['’][a-z]+)?(?:{_BLANKS}(?!{_AFTER_LETTER})[a-z]+\b){{1,3}}"
-    rf"(?:{_BLANKS}(?:say|it{_BLANKS}is|it['’]s|with|for)\b)?,?{_GAP})?"
-)
-_OPEN = r"(?:[(\[]\s?)?"
-_BRACKETED = rf"{_GAP}[(\[]\s?([A-Ja-j])\s?[)\]]"
-# After a colon, in brackets, or a capital letter (the article and the pronoun read as such after
-# either head).
-_ANSWER_TAIL = (
-    rf"(?:{_GAP}[:：]{_GAP}{_HEDGE}{_OPEN}{_letter('A-Ja-j', 'AIai')}|{_BRACKETED}"
-    rf"|{_GAP}{_HEDGE}{_letter('A-J', 'AI')})"
-)
-# An option named after a head or alone: its letter is a letter whatever follows ("option A seems
-# right").
-_OPTION_TAIL = (
-    rf"(?:{_GAP}[:：]{_GAP}{_OPEN}{_letter('A-Ja-j')}|{_BRACKETED}|{_GAP}{_letter('A-J')})"
-)
-# A lower-case letter only after a colon or in brackets: "the answer is a cat" names no choice.
-_ANSWER = re.compile(
-    rf"(?:(?i:\b(?:answer|correct\s(?:option|choice))\s{{1,8}}(?:is|(?:would|should|must|will)\sbe)\b)"
-    rf"|(?i:\banswer(?={_GAP}[:：(\[]))"
-    rf"|正确答案(?:是|为)|答案(?:应该?)?(?:是|为)|答案?(?={_GAP}[:：])|应?选(?:择)?(?!项))"
-    rf"(?:{_GAP}(?:(?i:option|choice)\b|选项){_OPTION_TAIL}|{_ANSWER_TAIL})"
-)
-_MENTION = re.compile(
-    r"(?:(?i:\b(?:answer|option|choice))|选项|答案)"
-    rf"(?:{_GAP}[:：]{_GAP}{_OPEN}{_letter('A-Ja-j', 'AIai')}|{_BRACKETED}|{_GAP}{_letter('A-J')})"
-)
-_BARE = re.compile(r"\A[(\[]?\s*([A-J])\s*[)\].:：]?\Z")
-_LEADING = re.compile(r"\A[(\[]?([A-J])[)\].:：]\s")
-_PARENS = re.compile(r"[(\[]([A-J])[)\]]")
-_MARKUP = re.compile(r"\*\*|__|\$|\\boxed\{|\\text(?:bf)?\{|\}")
-
-
-def choice_letter(text: str) -> str | None:
-    """The multiple-choice letter an answer gives (upper case), or None when it gives none."""
-    text = _MARKUP.sub("", unicodedata.normalize("NFKC", text)).strip()
-    for heads in (_ANSWER, _MENTION):
-        found = heads.findall(text)
-        if found:
-            return "".join(found[-1]).upper()
-    for pattern in (_BARE, _LEADING):
-        matched = pattern.match(text)
-        if matched:
-            return matched[1]
-    parens = _PARENS.findall(text)
-    return parens[-1] if parens else None
-
-
 _NOT_JSON = object()
 _FENCE = re.compile(r"\A```[A-Za-z]*\n(.*)\n```\Z", re.DOTALL)
 
 
 def parse_json(text: str) -> Any:
-    """The answer as JSON (one Markdown code fence around it is dropped: models add one), or ``_NOT_JSON``."""
+    """The answer as JSON (one Markdown code fence around it is dropped: models add one), or
+    ``_NOT_JSON``. Read by msgspec: an integer of any size is that integer (orjson reads one past 64
+    bits as a float near it, which equals no exact ``expected``); nesting past msgspec's depth is no
+    JSON, as past orjson's was."""
     text = text.strip()
     fenced = _FENCE.match(text)
     try:
-        return orjson.loads(fenced.group(1) if fenced else text)
-    except orjson.JSONDecodeError:
+        return msgspec.json.decode(fenced.group(1) if fenced else text)
+    except (msgspec.DecodeError, RecursionError):
         return _NOT_JSON
 
 

@@ -8,13 +8,16 @@ import hashlib
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import MISSING, Field, asdict, dataclass, field, replace
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 
 from kevload.errors import ScenarioError
 from kevload.inputs.conversation import Turn, messages_at
+from kevload.inputs.numbers import hash_form
 
 MAX_TOKENS = 10_000_000  # a probe's max_tokens: beyond the longest context served
 
@@ -132,12 +135,17 @@ def probe_inputs(probe: Probe, params: dict[str, Any]) -> dict[str, str | int]:
         k: v for k, v in asdict(sent).items() if k not in ("id", "max_tokens") and v is not None
     }
     graded = probe.grade is not None or probe.expected is not None
+    expected = probe.expected
+    if probe.grade == "number" and isinstance(expected, int | Decimal):
+        expected = hash_form(
+            expected
+        )  # exact, and what runs before exact numbers hashed where it is that
     return {
         "input": _sha256(asked),
         "params": _sha256(params),
         "max_tokens": probe.max_tokens,
         "grading": _sha256(
-            {"grade": probe.grade, "expected": probe.expected, "tolerance": probe.grade_tolerance}
+            {"grade": probe.grade, "expected": expected, "tolerance": probe.grade_tolerance}
         )
         if graded
         else UNGRADED,
@@ -145,7 +153,16 @@ def probe_inputs(probe: Probe, params: dict[str, Any]) -> dict[str, str | int]:
 
 
 def _sha256(value: Any) -> str:
-    return hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    try:
+        text = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except (
+        TypeError
+    ):  # an integer past 64 bits (an expected answer): msgspec writes it, as run.json does
+        text = _SORTED.encode(value)
+    return hashlib.sha256(text).hexdigest()
+
+
+_SORTED = msgspec.json.Encoder(order="sorted")
 
 
 UNGRADED = _sha256(None)  # ``probe_inputs``' "grading" of a probe without grading keys
@@ -204,8 +221,10 @@ def parse_jsonl(lines: Iterable[bytes], path: Path, what: str) -> Iterator[tuple
         if not line.strip():
             continue
         try:
-            yield number, orjson.loads(line)
-        except orjson.JSONDecodeError:
+            # msgspec, not orjson: an integer beyond 64 bits (an expected answer) is read as
+            # that integer, where orjson reads the float nearest it.
+            yield number, msgspec.json.decode(line)
+        except (msgspec.DecodeError, RecursionError):  # msgspec's depth limit is a RecursionError
             raise ScenarioError(
                 f"{path}:{number}: {what}: expected one JSON object a line (JSONL)"
             ) from None

@@ -374,16 +374,35 @@ def cut_torn_tail(path: Path) -> int:
 def write_json(path: Path, doc: Any) -> None:
     """Write atomically: a reader sees the old file or the new one, never half of it."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
+    tmp.write_bytes(json_bytes(doc, indent=True, sort=True) + b"\n")
     os.replace(tmp, path)
 
 
-def read_json(path: Path) -> Any:
+def json_bytes(doc: Any, *, indent: bool = False, sort: bool = False) -> bytes:
+    """``doc`` as JSON (``indent``: two spaces a level; ``sort``: keys sorted). Integers of any
+    size are written as the integers they are, as a number grader's ``expected`` may be one
+    (123456789012345678901234567890): orjson writes only 64 bits, so such a document is written by
+    msgspec."""
+    option = (orjson.OPT_INDENT_2 if indent else 0) | (orjson.OPT_SORT_KEYS if sort else 0)
     try:
-        return orjson.loads(path.read_bytes())
+        return orjson.dumps(doc, option=option)
+    except TypeError:
+        # msgspec raises what orjson did where the cause is no integer's size.
+        written = (_SORTED if sort else _IN_ORDER).encode(doc)
+        return msgspec.json.format(written, indent=2) if indent else written
+
+
+_SORTED, _IN_ORDER = msgspec.json.Encoder(order="sorted"), msgspec.json.Encoder()
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file read back exactly: an integer of any size as that integer (orjson would read one
+    beyond 64 bits as the float nearest it)."""
+    try:
+        return msgspec.json.decode(path.read_bytes())
     except FileNotFoundError:
         raise RunDirError(f"{path}: not found") from None
-    except orjson.JSONDecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:  # msgspec's depth limit: RecursionError
         raise RunDirError(f"{path}: not valid JSON: {exc}") from None
 
 
