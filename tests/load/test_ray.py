@@ -220,11 +220,14 @@ def test_a_dead_actor_ends_the_run_with_a_kevload_error(tmp_path, server, cluste
         tmp_path / "s.toml", server.url, probes=TWO_PROBES, concurrency=[1, 2], samples=8, workers=2
     )
     run_dir = tmp_path / "run"
+    # Actors of an earlier test (or another run on this machine) may still be on their way out:
+    # this run's workers are the ones that were not there before it.
+    earlier = set(_actor_pids("KevloadWorker"))
     proc = _kevload(
         "run", scenario, "--out", run_dir, "--quiet", "--ray", cluster, start_new_session=True
     )
     _wait_for_records(run_dir, 3, proc)
-    actors = _actor_pids("KevloadWorker")
+    actors = [pid for pid in _actor_pids("KevloadWorker") if pid not in earlier]
     assert len(actors) == 2, actors
     os.kill(actors[-1], signal.SIGKILL)
     output = proc.communicate(timeout=120)[0]
