@@ -202,7 +202,14 @@ async def ask_for_logprobs(
         else f"the check request failed ({outcome.status}: {outcome.error})"
     )
     info.update(available=False, why=why)
-    (warn or _to_stderr)(f"kevload: logprobs: {why}; comparing output text only")
+    message = f"kevload: logprobs: {why}; comparing output text only"
+    if warn is not None:
+        warn(message)
+    elif (scenario.target.base_url, message) not in _SAID:
+        # A command that runs several steps against one server (demo, diagnose, sweep, cases rerun)
+        # checks before each: the same words six times said nothing new. run.json still has them.
+        _SAID.add((scenario.target.base_url, message))
+        _to_stderr(message)
     return scenario, info
 
 
@@ -225,6 +232,10 @@ async def unless_stopped(awaitable: Awaitable[T], stop: asyncio.Event | None) ->
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
     return None if task.cancelled() else task.result()
+
+
+# What ask_for_logprobs said on stderr in this process, by server: said once per server.
+_SAID: set[tuple[str, str]] = set()
 
 
 def _to_stderr(message: str) -> None:
