@@ -6,6 +6,7 @@ import contextlib
 import functools
 import math
 import os
+import shlex
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -689,7 +690,8 @@ def _target_options(func):
 @click.argument("name", type=click.Choice(NAMES))
 @_target_options
 def target_start(name: str, **options) -> None:
-    """Build/install NAME once, start it and print its base URL as the last line."""
+    """Build/install NAME once, start it and print the model name to send and its base URL (the last
+    line)."""
     from kevload.servers.targets import save_state, start_target, status_target
 
     current = status_target(name)
@@ -702,6 +704,11 @@ def target_start(name: str, **options) -> None:
     running = start_target(name, settings, log=lambda m: click.echo(m, err=True))
     save_state(running)
     click.echo(f"{name} pid {running.pid}, log {running.log_path}", err=True)
+    # The name the server answers to: for transformers a cache path, not SmolLM2-135M-Instruct.
+    click.echo(
+        f"model: {running.model} (kevload run --url {running.url} "
+        f"--model {shlex.quote(running.model)} --prompt …)"
+    )
     click.echo(running.url)
 
 
@@ -723,15 +730,17 @@ def target_stop(name: str) -> None:
 @target.command("status")
 @click.argument("name", type=click.Choice(NAMES))
 def target_status(name: str) -> None:
-    """Pid, port, model and settings of NAME, if it was started here."""
-    from kevload.servers.targets import status_target
+    """Pid, port, model and settings of NAME (those it has), if it was started here."""
+    from kevload.servers.targets import settings_of, status_target
 
     current = status_target(name)
     if current is None or not current["running"]:
         click.echo(f"{name}: not running")
         sys.exit(ExitCode.TARGET)
     settings = ", ".join(
-        f"{k}={v}" for k, v in current["settings"].items() if v not in (None, [], ())
+        f"{k}={v}"
+        for k, v in current["settings"].items()
+        if v not in (None, [], ()) and k in settings_of(name)
     )
     click.echo(
         f"{name}: running, pid {current['pid']}, port {current['port']}, url {current['url']}\n"
