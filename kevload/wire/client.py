@@ -17,10 +17,12 @@ from urllib.parse import urlsplit, urlunsplit
 import msgspec
 import orjson
 
+from kevload.errors import TargetError
 from kevload.inputs.models import Probe
 from kevload.inputs.scenario import REQUEST_ID_HEADER, Scenario, Target
 from kevload.records.store import TOKEN_COUNT_MAX, TokenCount, url_secrets, url_userinfo
 from kevload.wire.http1 import LeanTransport
+from kevload.wire.models import REFUSAL_STATUSES, refusal_message, served_models
 from kevload.wire.sse import SSEError, SSEParser
 from kevload.wire.transport import AiohttpTransport, Endpoint, Response, Transport, TransportError
 from kevload.words import CANCELLED
@@ -152,6 +154,8 @@ async def ask_for_logprobs(
     (stderr by default) and leaves the run to compare text only. A ``[params]`` that sets
     ``logprobs`` or ``top_logprobs`` itself is sent as written, unchecked. A ``stop`` cuts the check at once
     (its answer would decide nothing the stopped run still sends): nothing checked, and ``why`` says so.
+    A check refused with http 400/404 by a server whose ``/models`` lists other models than the
+    scenario's raises ``TargetError`` naming both, before the run sends anything.
     """
     asked = scenario.load.logprobs
     info: dict[str, Any] = {"asked": asked, "available": None, "why": None}
@@ -196,6 +200,13 @@ async def ask_for_logprobs(
             f"the check's {LOGPROBS_CHECK_TRIES} answers held no token: asked for without proof"
         )
         return with_logprobs, info
+    if outcome.status in REFUSAL_STATUSES:
+        # Every request of the run would be refused alike: say which model, and which it serves.
+        served = await served_models(scenario.target, api_key)
+        if served and scenario.target.model not in served:
+            raise TargetError(
+                refusal_message(scenario.target.model, outcome.status, outcome.error, served)
+            )
     why = (
         "the server returned no per-token logprobs"
         if outcome.status == "ok"
