@@ -191,7 +191,13 @@ def _on_target(
     return result, signum, exited
 
 
-@main.command()
+@main.command(
+    help="Run SCENARIO (or, with --url and --model, the quickstart scenario) and print the "
+    "uniqueness matrix.\n\n"
+    + "\n\n".join(
+        f"Exit {int(code)}: {words.replace('`', '')}." for code, words in exitcode.RUN_EXITS.items()
+    )
+)
 @click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path), required=False)
 @click.option(
     "--url",
@@ -318,9 +324,6 @@ def run(
     builtin: str | None,
     target_sets: tuple[str, ...],
 ) -> None:
-    """Run SCENARIO (or, with --url and --model, the quickstart scenario) and print the uniqueness matrix.
-    Exit 0 stable, 1 drift (or latent drift with --fail-on latent, or a cell under load.min_slo_attainment),
-    2 bad input, 3 target failed (or inconclusive: a cell with fewer ok probe samples than asked, or none at all)."""
     from kevload.outputs.baseline import judge, load_baseline
 
     _refuse_set_twice(
