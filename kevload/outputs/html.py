@@ -56,12 +56,13 @@ table{border-collapse:collapse;margin:8px 0} td,th{padding:6px 10px;border:1px s
 th:first-child,td:first-child{text-align:left}
 #heatmap td.cell{color:#fff;font-weight:600;min-width:64px;text-align:center}
 .verdict{font-size:16px;padding:8px 12px;background:#f5f5f5;border-left:4px solid #555}
-pre{background:#f7f7f7;padding:10px;overflow:auto;font-size:12px}
+pre{background:#f7f7f7;padding:10px;overflow:auto;font-size:12px;white-space:pre-wrap;
+overflow-wrap:anywhere}
 mark{background:#ffcdd2} .legend span{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px}
 #graded{width:100%}
 #graded td:not(.answer):not(:first-child),#graded td span{white-space:nowrap}
 #graded td.answer{text-align:left;vertical-align:top;min-width:10em}
-#graded td.answer pre{white-space:pre-wrap;overflow-wrap:anywhere;margin:0;max-height:9em}
+#graded td.answer pre{margin:0;max-height:9em}
 """
 
 
