@@ -1,6 +1,6 @@
 """MkDocs hook: the scenario keys' reference (docs/reference/scenario.md), rendered at build time from the scenario
 dataclasses' own fields, their types and the rules in their metadata, so the page cannot drift from what
-`kevload run` accepts."""
+`kevload run` accepts; and `kevload run`'s exit codes in docs/nightly.md, from kevload.exitcode.RUN_EXITS."""
 
 from __future__ import annotations
 
@@ -21,8 +21,19 @@ MARKER = "<!-- scenario-keys -->"
 TABLES = (("target", "Target"), ("[[probes]]", "Probe"), ("load", "Load"))
 
 
+# `kevload run`'s exit codes, in kevload.exitcode.RUN_EXITS' words (the README's table holds the same).
+RUN_EXITS_MARKER = "<!-- run-exit-codes -->"
+
+
 def on_page_markdown(markdown: str, **_: Any) -> str:
+    if RUN_EXITS_MARKER in markdown:
+        markdown = markdown.replace(RUN_EXITS_MARKER, run_exits())
     return markdown.replace(MARKER, scenario_keys()) if MARKER in markdown else markdown
+
+
+def run_exits() -> str:
+    exits = importlib.import_module("kevload.exitcode").RUN_EXITS
+    return "\n".join(f"- `{int(code)}`: {words}" for code, words in exits.items())
 
 
 def scenario_keys() -> str:

@@ -7,6 +7,7 @@ import contextlib
 import functools
 import math
 import os
+import shlex
 import sys
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
@@ -194,7 +195,13 @@ def _on_target(
     return result, signum, exited
 
 
-@main.command()
+@main.command(
+    help="Run SCENARIO (or, with --url and --model, the quickstart scenario) and print the "
+    "uniqueness matrix.\n\n"
+    + "\n\n".join(
+        f"Exit {int(code)}: {words.replace('`', '')}." for code, words in exitcode.RUN_EXITS.items()
+    )
+)
 @click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path), required=False)
 @click.option(
     "--url",
@@ -321,9 +328,6 @@ def run(
     builtin: str | None,
     target_sets: tuple[str, ...],
 ) -> None:
-    """Run SCENARIO (or, with --url and --model, the quickstart scenario) and print the uniqueness matrix.
-    Exit 0 stable, 1 drift (or latent drift with --fail-on latent, or a cell under load.min_slo_attainment),
-    2 bad input, 3 target failed (or inconclusive: a cell with fewer ok probe samples than asked, or none at all)."""
     from kevload.outputs.baseline import judge, load_baseline
 
     _refuse_set_twice(
@@ -693,7 +697,8 @@ def _target_options(func):
 @click.argument("name", type=click.Choice(NAMES))
 @_target_options
 def target_start(name: str, **options) -> None:
-    """Build/install NAME once, start it and print its base URL as the last line."""
+    """Build/install NAME once, start it and print the model name to send and its base URL (the last
+    line)."""
     from kevload.servers.targets import save_state, start_target, status_target
 
     current = status_target(name)
@@ -706,6 +711,11 @@ def target_start(name: str, **options) -> None:
     running = start_target(name, settings, log=lambda m: click.echo(m, err=True))
     save_state(running)
     click.echo(f"{name} pid {running.pid}, log {running.log_path}", err=True)
+    # The name the server answers to: for transformers a cache path, not SmolLM2-135M-Instruct.
+    click.echo(
+        f"model: {running.model} (kevload run --url {running.url} "
+        f"--model {shlex.quote(running.model)} --prompt …)"
+    )
     click.echo(running.url)
 
 
@@ -727,15 +737,17 @@ def target_stop(name: str) -> None:
 @target.command("status")
 @click.argument("name", type=click.Choice(NAMES))
 def target_status(name: str) -> None:
-    """Pid, port, model and settings of NAME, if it was started here."""
-    from kevload.servers.targets import status_target
+    """Pid, port, model and settings of NAME (those it has), if it was started here."""
+    from kevload.servers.targets import settings_of, status_target
 
     current = status_target(name)
     if current is None or not current["running"]:
         click.echo(f"{name}: not running")
         sys.exit(ExitCode.TARGET)
     settings = ", ".join(
-        f"{k}={v}" for k, v in current["settings"].items() if v not in (None, [], ())
+        f"{k}={v}"
+        for k, v in current["settings"].items()
+        if v not in (None, [], ()) and k in settings_of(name)
     )
     click.echo(
         f"{name}: running, pid {current['pid']}, port {current['port']}, url {current['url']}\n"
@@ -753,9 +765,18 @@ def target_status(name: str) -> None:
 @click.option(
     "--samples", type=click.IntRange(min=2, max=MAX_SAMPLES), default=8, show_default=True
 )
-def demo(targets: str, samples: int) -> None:
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=1, max=24 * 3600),
+    default=120,
+    show_default=True,
+    help="The least request timeout of every step (s); a server slower than it is given more: "
+    "2 × its slowest serial answer × the step's top level.",
+)
+def demo(targets: str, samples: int, timeout: float) -> None:
     """The guide's first three steps against the built-in real targets, matrices side by side, and vLLM's
-    max-batch-size sweep."""
+    max-batch-size sweep. Ends with a line per target: what it found, or which step failed and why.
+    Exit 0, or 3 when a target failed a step."""
     from kevload.demo import run_demo
 
     names = [t.strip() for t in targets.split(",") if t.strip()]
@@ -765,7 +786,9 @@ def demo(targets: str, samples: int) -> None:
             f"--targets: unknown target {bad[0]!r}; expected some of {', '.join(NAMES)}"
         )
     code, signum = aio.run(
-        lambda stop: run_demo(names, samples=samples, console=Console(), stop=stop)
+        lambda stop: run_demo(
+            names, samples=samples, console=Console(), stop=stop, timeout_floor=timeout
+        )
     )
     _exit_if_signalled(signum)
     sys.exit(code)

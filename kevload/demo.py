@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -14,6 +15,7 @@ from rich.table import Table
 
 from kevload import exitcode
 from kevload.aio import until_stopped
+from kevload.compare.graded import level_name
 from kevload.compare.stats import drift_upper_bound
 from kevload.guide.diagnose import DiagnoseOptions, diagnose
 from kevload.inputs.probe import Probe
@@ -55,6 +57,13 @@ SETTINGS = {
 # step 2.
 SWEEP_SLOTS = {"vllm": (1, 2)}
 
+# Each step's request timeout follows the server's own pace, so a slow machine is not read as a
+# failed server: the slowest serial answer of step 1, times the step's top level (a request there
+# shares the server with that many), times its share of max_tokens, times a margin for a loaded
+# machine's swings; never under the floor (`--timeout`, demo.toml's 120 s by default).
+TIMEOUT_FLOOR_S = 120.0
+TIMEOUT_MARGIN = 2.0
+
 FIXED = {"temperature": 0, "top_p": 1, "seed": 1234}
 PRODUCTION = {"temperature": 0.8, "top_p": 0.95}
 DEMO_PROBE = Probe(
@@ -67,6 +76,16 @@ class Step:
     name: str
     settings: Mapping[str, Any]  # dotted scenario keys set on demo.toml
     fixed: bool
+
+
+@dataclass(frozen=True)
+class Ran:
+    """A run the demo made against one target: what it is called in the closing lines, its summary
+    and the request timeout it ran with (seconds)."""
+
+    name: str
+    summary: RunSummary
+    timeout_s: float
 
 
 STEPS = (
@@ -83,28 +102,35 @@ async def run_demo(
     console: Console,
     stop: asyncio.Event,
     out: Path | None = None,
+    timeout_floor: float = TIMEOUT_FLOOR_S,
 ) -> exitcode.ExitCode:
     """Run the steps against each target in turn; the exit code for what was seen (``exitcode.for_demo``).
 
     Once ``stop`` is set (Ctrl-C under ``aio.run``) the step in progress finishes with what it has,
-    nothing new starts, servers are stopped, and what was collected is still shown.
+    nothing new starts, servers are stopped, and what was collected is still shown. The last lines
+    say, one per target, what it found or which step failed and why (``closing_line``).
     """
     out = out or default_run_dir("demo")
     results: dict[str, list[tuple[str, RunSummary]]] = {}
     graded: dict[str, RunSummary] = {}
     sweeps: dict[str, dict[str, Any]] = {}
+    ran: dict[str, list[Ran]] = {}
     for name in names:
         if stop.is_set():
             break
         console.print(
             f"[bold]{LABELS[name]}[/bold]: starting (the first start builds or installs it) …"
         )
-        results[name], graded_run = await _run_target(name, samples, out, console, stop)
+        ran[name] = []
+        results[name], graded_run = await _run_target(
+            name, samples, out, console, stop, ran[name], timeout_floor
+        )
         if graded_run is not None:
             graded[name] = graded_run
         step2 = next((s for step, s in results[name] if step == STEPS[1].name), None)
         if name in SWEEP_SLOTS and step2 is not None and not stop.is_set():
-            sweeps[name] = await _sweep(name, step2, samples, out, console, stop)
+            pace = Pace(timeout_floor, serial_seconds(results[name]))
+            sweeps[name] = await _sweep(name, step2, samples, out, console, stop, ran[name], pace)
     shown = {name: steps for name, steps in results.items() if steps}
     if shown:
         console.print(
@@ -126,12 +152,90 @@ async def run_demo(
     if stop.is_set():
         console.print("stopped: the matrices hold what was collected before the stop")
     console.print(f"runs: {out}/ (re-read any with `kevload report DIR`)")
-    failed = any(s.verdict == "target_failed" for steps in results.values() for _, s in steps)
+    failed = any(ran_.summary.verdict == "target_failed" for runs in ran.values() for ran_ in runs)
     failed |= any(
         row["verdict"] == "target_failed" for sweep in sweeps.values() for row in sweep["rows"]
     )
-    failed |= any(s.verdict == "target_failed" for s in graded.values())
-    return exitcode.for_demo(target_failed=failed)
+    code = exitcode.for_demo(target_failed=failed)
+    console.print("\n[bold]in short[/bold]")
+    for name, runs in ran.items():
+        console.print(closing_line(name, runs), markup=False, highlight=False)
+    if not stop.is_set():  # a stopped demo exits 130 or 143, as its signal says
+        said = "a target failed a step (said above)" if failed else "every step was answered"
+        console.print(f"exit {int(code)}: {said}", markup=False, highlight=False)
+    return code
+
+
+@dataclass(frozen=True)
+class Pace:
+    """One server's pace: each step's request timeout from its slowest serial answer in step 1."""
+
+    floor_s: float
+    serial_s: float | None = None  # None before step 1 answered: the floor alone
+
+    def timeout(self, level: int, max_tokens: int = DEMO_PROBE.max_tokens or 32) -> float:
+        if self.serial_s is None:
+            return self.floor_s
+        share = max_tokens / (DEMO_PROBE.max_tokens or 32)
+        return max(self.floor_s, float(math.ceil(TIMEOUT_MARGIN * self.serial_s * level * share)))
+
+
+def serial_seconds(steps: list[tuple[str, RunSummary]]) -> float | None:
+    """The slowest answered serial request (e2e seconds) of the steps' serial cells; None if none."""
+    times = [
+        c.latency.get("e2e", {}).get("max")
+        for _, s in steps
+        for c in s.probe_cells()
+        if c.concurrency == 1
+    ]
+    return max((t for t in times if t is not None), default=None)
+
+
+def closing_line(name: str, runs: list[Ran]) -> str:
+    """What one target's runs found, in a line; where one failed, the first such step and why."""
+    label = LABELS[name]
+    failed = next((r for r in runs if r.summary.verdict == "target_failed"), None)
+    if failed is not None:
+        return f"{label} {failed.name}: {_failure_words(name, failed)}"
+    if not runs:
+        return f"{label}: nothing ran (stopped before its first step answered)"
+    fixed = [c for r in runs if r.name[0] in "23" for c in r.summary.probe_cells()]
+    drift = sorted({c.concurrency for c in fixed if c.drift})
+    said = [
+        f"fixed params drift at c={','.join(map(str, drift))}"
+        if drift
+        else "fixed params stable under batching"
+        if fixed
+        else "no fixed-parameter step answered"
+    ]
+    graded = next((r.summary for r in runs if r.name == "graded"), None)
+    if graded is not None and graded.accuracy:
+        accuracy = ", ".join(
+            f"{e['accuracy']:.1%} at {level_name(e)}"
+            for e in graded.accuracy
+            if e["accuracy"] is not None
+        )
+        said.append(
+            f"graded accuracy {accuracy}, {len(graded.bad_cells or ())} answers turned bad under load"
+        )
+    return f"{label}: {'; '.join(said)}"
+
+
+def _failure_words(name: str, ran: Ran) -> str:
+    errors = dict(ran.summary.errors_by_type)
+    timeouts = errors.pop("timeout", 0)
+    words = []
+    if timeouts:
+        words.append(
+            f"{timeouts} request{'s' if timeouts > 1 else ''} timed out after {ran.timeout_s:g} s "
+            f"— the machine may be too slow; rerun with `kevload demo --targets {name} "
+            f"--timeout {2 * ran.timeout_s:g}`"
+        )
+    if errors:
+        words.append(
+            "requests failed (" + ", ".join(f"{k}: {v}" for k, v in sorted(errors.items())) + ")"
+        )
+    return "; ".join(words) or "target failed (the lines above say how)"
 
 
 def headline(label: str, steps: list[tuple[str, RunSummary]]) -> str:
@@ -233,22 +337,20 @@ def logprob_line(label: str, steps: list[tuple[str, RunSummary]]) -> str:
 
 def graded_lines(label: str, summary: RunSummary) -> list[str]:
     """The graded step: one line per level (accuracy [CI], good→bad and bad→good against serial, McNemar p), then
-    the items load turned bad, by name."""
-    if summary.verdict == "target_failed":
-        return [
-            f"{label} graded: target failed ({', '.join(f'{k}: {v}' for k, v in summary.errors_by_type.items())})"
-        ]
-    if not summary.accuracy:
-        return [f"{label} graded: no answer graded"]
+    the items load turned bad, by name; a target that failed says so after what was graded before."""
     lines = [
         f"{label} graded {entry['n']} items, {gradedview.level_text(entry)}"
-        for entry in summary.accuracy
+        for entry in summary.accuracy or ()
     ]
     if summary.bad_cells:
         lines.append(
-            f"{label} graded: answers load turned bad: {', '.join(label_of(n) for n in summary.bad_cells)}"
+            f"{label} graded: answers load turned bad: "
+            + ", ".join(label_of(n) for n in summary.bad_cells)
         )
-    return lines
+    if summary.verdict == "target_failed":
+        errors = ", ".join(f"{k}: {v}" for k, v in summary.errors_by_type.items())
+        lines.append(f"{label} graded: target failed ({errors})")
+    return lines or [f"{label} graded: no answer graded"]
 
 
 def graded_probes(probes: tuple[Probe, ...]) -> tuple[Probe, ...]:
@@ -262,11 +364,13 @@ def graded_probes(probes: tuple[Probe, ...]) -> tuple[Probe, ...]:
     return tuple(p for p in probes if kept(p))
 
 
-def graded_scenario(url: str, model: str) -> Scenario:
-    """scenarios/graded.toml against the started target, on the demo's share of its items, levels and samples."""
+def graded_scenario(url: str, model: str, timeout_s: float | None = None) -> Scenario:
+    """scenarios/graded.toml against the started target, on the demo's share of its items, levels and samples;
+    ``timeout_s`` its requests' timeout (None: the file's)."""
     whole = load_scenario(GRADED_SCENARIO)
+    target = replace(whole.target, base_url=url, model=model)
     return build_scenario(
-        replace(whole.target, base_url=url, model=model),
+        target if timeout_s is None else replace(target, timeout=timeout_s),
         graded_probes(whole.probes),
         load=replace(whole.load, concurrency=GRADED_LEVELS, samples=GRADED_SAMPLES),
         params=whole.params,
@@ -276,13 +380,27 @@ def graded_scenario(url: str, model: str) -> Scenario:
 
 
 async def run_graded(
-    url: str, model: str, run_dir: Path, console: Console, stop: asyncio.Event
-) -> RunSummary:
+    url: str,
+    model: str,
+    run_dir: Path,
+    console: Console,
+    stop: asyncio.Event,
+    pace: Pace | None = None,
+) -> Ran:
+    """The graded step, its timeout from ``pace`` (None: graded.toml's)."""
+    scenario = graded_scenario(url, model)
+    timeout = (
+        scenario.target.timeout
+        if pace is None
+        else pace.timeout(max(GRADED_LEVELS), max(p.max_tokens or 0 for p in scenario.probes))
+    )
     console.print(
-        f"  running {run_dir.name} (graded set, c={','.join(map(str, GRADED_LEVELS))}) …",
+        f"  running {run_dir.name} (graded set, c={','.join(map(str, GRADED_LEVELS))}, "
+        f"timeout {timeout:g} s) …",
         style="dim",
     )
-    return (await run_scenario(graded_scenario(url, model), run_dir, stop=stop)).summary
+    scenario = scenario.with_settings({"target.timeout": timeout}, source="demo")
+    return Ran("graded", (await run_scenario(scenario, run_dir, stop=stop)).summary, timeout)
 
 
 def sweep_lines(sweep: dict[str, Any]) -> list[str]:
@@ -327,40 +445,49 @@ def sweep_lines(sweep: dict[str, Any]) -> list[str]:
 
 
 async def _run_target(
-    name: str, samples: int, out: Path, console: Console, stop: asyncio.Event
+    name: str,
+    samples: int,
+    out: Path,
+    console: Console,
+    stop: asyncio.Event,
+    ran: list[Ran],
+    timeout_floor: float,
 ) -> tuple[list[tuple[str, RunSummary]], RunSummary | None]:
-    """The steps' runs, and the graded run (None where it did not run)."""
+    """The steps' runs, and the graded run (None where it did not run); every run also onto ``ran``."""
     log = _log(console)
     done: list[tuple[str, RunSummary]] = []
     graded = None
+    pace = Pace(timeout_floor)
     async with serving(name, SETTINGS[name], log=log, stop=stop) as target:
         if target is None:
             return done, graded
         for i, step in enumerate(STEPS):
             if stop.is_set():
                 return done, graded
-            _keep(
-                done,
-                step.name,
-                await _run_step(
-                    target, step.settings, samples, out / f"{name}-step{i + 1}", console, stop
-                ),
+            run = await _run_step(
+                target, step, samples, out / f"{name}-step{i + 1}", console, stop, pace
             )
+            ran.append(run)
+            _keep(done, step.name, run.summary)
+            pace = Pace(timeout_floor, serial_seconds(done))
         if stop.is_set():
             return done, graded
-        graded = await run_graded(target.url, target.model, out / f"{name}-graded", console, stop)
+        graded_run = await run_graded(
+            target.url, target.model, out / f"{name}-graded", console, stop, pace
+        )
+        ran.append(graded_run)
+        graded = graded_run.summary
         if name in SWEEP_SLOTS:
             # Its sweep below is the guide's next step (a smaller max batch size); diagnose would
-            # cost
-            # minutes more (several on a loaded machine) than the demo's 15 allow.
+            # cost minutes more (several on a loaded machine) than the demo's 15 allow.
             console.print(
-                f"  {LABELS[name]}: diagnose left out here (its sweep follows); "
-                f"`kevload diagnose --target {name} --prompt …` runs it",
+                f"  {LABELS[name]}: diagnose left out, the sweep follows "
+                f"(kevload diagnose --target {name})",
                 style="dim",
             )
             await _say_if_failed(target, console)
             return done, graded
-        await _diagnose(target, out, console, stop)
+        await _diagnose(target, out, console, stop, pace)
     if stop.is_set():
         return done, graded
     verdicts = {step_name: s.verdict for step_name, s in done}
@@ -371,8 +498,7 @@ async def _run_target(
     ]
     if drifted:
         # The guide's next move for crosstalk: turn batching off and run the same step again. The
-        # first
-        # drifting step, at its lowest and highest level only: unbatched CPU serving is slow.
+        # first drifting step, at its lowest and highest level only: unbatched CPU serving is slow.
         step = drifted[0]
         console.print(
             f"  {LABELS[name]} drifted; rerunning '{step.name}' (c=1 and c=4) with batching off …"
@@ -382,24 +508,24 @@ async def _run_target(
         ) as target:
             if target is None:
                 return done, graded
-            _keep(
-                done,
-                f"{step.name[0]} … batching off",
-                await _run_step(
-                    target,
-                    {**step.settings, "load.concurrency": [1, 4]},
-                    samples,
-                    out / f"{name}-nobatch",
-                    console,
-                    stop,
-                ),
+            off = Step(f"{step.name[0]} … batching off", step.settings, step.fixed)
+            run = await _run_step(
+                target,
+                replace(off, settings={**step.settings, "load.concurrency": [1, 4]}),
+                samples,
+                out / f"{name}-nobatch",
+                console,
+                stop,
+                pace,
             )
+            ran.append(run)
+            _keep(done, off.name, run.summary)
             await _say_if_failed(target, console)
     return done, graded
 
 
 async def _diagnose(
-    target: RunningTarget, out: Path, console: Console, stop: asyncio.Event
+    target: RunningTarget, out: Path, console: Console, stop: asyncio.Event, pace: Pace
 ) -> None:
     console.print("  diagnose (the guide's steps as one command) …", style="dim")
     options = DiagnoseOptions(
@@ -409,7 +535,7 @@ async def _diagnose(
         params=PRODUCTION,
         samples=3,
         max_concurrency=4,
-        timeout=120,
+        timeout=pace.timeout(4),
         run_all=True,
         out=out / f"{target.name}-diagnose",
     )
@@ -426,7 +552,14 @@ async def _diagnose(
 
 
 async def _sweep(
-    name: str, step2: RunSummary, samples: int, out: Path, console: Console, stop: asyncio.Event
+    name: str,
+    step2: RunSummary,
+    samples: int,
+    out: Path,
+    console: Console,
+    stop: asyncio.Event,
+    ran: list[Ran],
+    pace: Pace,
 ) -> dict[str, Any]:
     """Step 2 at each max_num_seqs, as `kevload sweep --target NAME --grid max_num_seqs=…` runs it; the column's
     own setting is its step 2 run, not run again."""
@@ -447,10 +580,12 @@ async def _sweep(
             if target is None:
                 break
             run_dir = sweep_dir / f"max_num_seqs={slots}"
-            summary = await _run_step(target, STEPS[1].settings, samples, run_dir, console, stop)
+            step = replace(STEPS[1], name=f"sweep max_num_seqs={slots}")
+            run = await _run_step(target, step, samples, run_dir, console, stop, pace)
+            ran.append(run)
             await _say_if_failed(target, console)
         rows[slots] = setting_row(
-            f"max_num_seqs={slots}", {"max_num_seqs": slots}, {}, run_dir, summary
+            f"max_num_seqs={slots}", {"max_num_seqs": slots}, {}, run_dir, run.summary
         )
     # Every planned setting gets its row, as `kevload sweep` gives it: one not reached is a not_run
     # row saying why.
@@ -484,23 +619,26 @@ def _keep(done: list[tuple[str, RunSummary]], name: str, summary: RunSummary) ->
 
 async def _run_step(
     target: RunningTarget,
-    settings: Mapping[str, Any],
+    step: Step,
     samples: int,
     run_dir: Path,
     console: Console,
     stop: asyncio.Event,
-) -> RunSummary:
+    pace: Pace,
+) -> Ran:
     scenario = load_scenario(SCENARIO).with_settings(
         {
             "target.base_url": target.url,
             "target.model": target.model,
             "load.samples": samples,
-            **settings,
+            **step.settings,
         },
         source="demo",
     )
-    console.print(f"  running {run_dir.name} …", style="dim")
-    return (await run_scenario(scenario, run_dir, stop=stop)).summary
+    timeout = pace.timeout(max(scenario.load.concurrency, default=1))
+    scenario = scenario.with_settings({"target.timeout": timeout}, source="demo")
+    console.print(f"  running {run_dir.name} (timeout {timeout:g} s) …", style="dim")
+    return Ran(step.name, (await run_scenario(scenario, run_dir, stop=stop)).summary, timeout)
 
 
 def _table(name: str, steps: list[tuple[str, RunSummary]]) -> Table:

@@ -23,6 +23,19 @@ class ExitCode(IntEnum):
     TERMINATED = 143  # SIGTERM, likewise
 
 
+# What each code of `kevload run` means, in the one set of words `run --help`, the README's gate table
+# and docs/nightly.md give (the first two held equal to it by a test, the third rendered from it).
+RUN_EXITS: Mapping[ExitCode, str] = {
+    ExitCode.OK: "everything held: one output everywhere (against a `--baseline`: nothing regressed)",
+    ExitCode.DRIFT: "nondeterminism, or a regression against `--baseline`, latent drift with "
+    "`--fail-on latent`, a cell under `load.min_slo_attainment` or `load.min_good_share`; with "
+    "`--fail-on bad` only an answer load made worse",
+    ExitCode.USAGE: "bad usage or bad input: one line naming the file, key or option and what was "
+    "expected",
+    ExitCode.TARGET: "the target failed or the evidence is short (`inconclusive`)",
+}
+
+
 # inconclusive (a probe cell has fewer ok samples than asked) is no pass: the target did not give
 # the evidence.
 _FOR_VERDICT: Mapping[Verdict, ExitCode] = {

@@ -107,6 +107,10 @@ class Behaviour:
     # order (0: none).
     # Only running requests overlap each other (drift_at, drift_when_mixed count them).
     max_running: int = 0
+    # The one model it serves, as GET /v1/models lists it; a request naming another gets vLLM's 404.
+    # None: any name is answered.
+    served_model: str | None = None
+    listed_models: tuple[str, ...] | None = None  # what /v1/models lists instead of served_model
     # GET /metrics: None (404, no metrics), "vllm" or "llamacpp" (Prometheus text in that server's
     # names, its
     # gauges what the server is doing now), "garbage" (an HTML page), "malformed" (a known series, a
@@ -222,6 +226,7 @@ class FakeServer:
         app.router.add_post("/v1/chat/completions", self._handle)
         app.router.add_post("/v1/completions", self._handle)
         app.router.add_get("/health", _health)
+        app.router.add_get("/v1/models", self._models)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/reset_prefix_cache", self._reset)
         app.router.add_post("/flush_cache", self._reset)
@@ -234,9 +239,19 @@ class FakeServer:
 
     # --- request handling ---
 
+    async def _models(self, request: web.Request) -> web.Response:
+        b = self.behaviour
+        names = b.listed_models if b.listed_models is not None else (b.served_model or "fake",)
+        data = [{"id": name, "object": "model"} for name in names]
+        return web.json_response({"object": "list", "data": data})
+
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         b = self.behaviour
         body = await request.json()
+        if b.served_model is not None and body.get("model") != b.served_model:
+            message = f"The model `{body.get('model')}` does not exist."
+            error = {"message": message, "type": "NotFoundError", "code": 404}
+            return web.json_response({"error": error}, status=404)
         chat = request.path.endswith("/chat/completions")
         if body.get("user") == LOGPROBS_CHECK_USER:
             # kevload's one capability check per run: answered, but neither recorded nor counted for

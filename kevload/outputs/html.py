@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -55,8 +56,13 @@ table{border-collapse:collapse;margin:8px 0} td,th{padding:6px 10px;border:1px s
 th:first-child,td:first-child{text-align:left}
 #heatmap td.cell{color:#fff;font-weight:600;min-width:64px;text-align:center}
 .verdict{font-size:16px;padding:8px 12px;background:#f5f5f5;border-left:4px solid #555}
-pre{background:#f7f7f7;padding:10px;overflow:auto;font-size:12px}
+pre{background:#f7f7f7;padding:10px;overflow:auto;font-size:12px;white-space:pre-wrap;
+overflow-wrap:anywhere}
 mark{background:#ffcdd2} .legend span{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px}
+#graded{width:100%}
+#graded td:not(.answer):not(:first-child),#graded td span{white-space:nowrap}
+#graded td.answer{text-align:left;vertical-align:top;min-width:10em}
+#graded td.answer pre{margin:0;max-height:9em}
 """
 
 
@@ -201,6 +207,10 @@ def _heatmap(rows: dict[str, dict[str, CellSummary]], levels: list[str]) -> str:
                 f"{_e(cell_text(cell))}</td>"
             )
         out.append("</tr>")
+    shown = " ".join(
+        cell_text(by_level.get(level)) for by_level in rows.values() for level in levels
+    )
+    marks = "".join(f" · {_e(words)}" for glyph, words in MATRIX_MARKS if re.search(glyph, shown))
     out.append(
         f"</table><p class=legend>cell: distinct outputs · <span "
         f"style='background:{STABLE}'></span>one "
@@ -213,9 +223,21 @@ def _heatmap(rows: dict[str, dict[str, CellSummary]], levels: list[str]) -> str:
         f"serial text, other per-token logprobs <span style='background:{EMPTY}'></span>no ok "
         f"sample · † some "
         "counted samples never had c − 1 others in flight (from the records' send and last-byte "
-        "times)</p>"
+        f"times){marks}</p>"
     )
     return "".join(out)
+
+
+# The matrix's marks beyond the colours (report.cell_text, gradedview.cell_mark): the legend explains
+# each one a matrix shows, by the pattern that finds it in the cells' texts.
+MATRIX_MARKS = (
+    (r"DRIFT", "DRIFT: more than one distinct output"),
+    (r"(?<![\w-])t\d", "t1: a conversation whose answers leave the serial ones at turn 1"),
+    (r"✂", "✂3: kevload cut 3 requests of the level (load.cancel_share)"),
+    (r"✗", "✗2: 2 answers graded bad where every serial answer was good"),
+    (r"↑", "↑1: 1 answer graded good where every serial answer was bad"),
+    (r"✓", "✓ drift whose answers all stay graded good"),
+)
 
 
 def _rows_table(table_id: str, columns: Iterable[str], rows: Iterable[Iterable[object]]) -> str:
@@ -285,11 +307,16 @@ def _graded(summary: RunSummary) -> list[str]:
             "" if reference else _count(c.flips_good_to_bad),
             "" if reference else _count(c.flips_bad_to_good),
         )
+        # Answers wrap inside their column (a long one scrolls within it), and a row without a flip
+        # has empty cells, not empty grey boxes: the page keeps to the window's width.
+        answers = "".join(
+            f"<td class=answer><pre>{_e(text)}</pre></td>" if text else "<td class=answer></td>"
+            for text in (c.flip_answer, c.flip_serial_answer)
+        )
+        # The label breaks only between probe id and level, never inside an id ("sum-en-0").
+        label = f"<td><span>{_e(c.probe)}</span> <span>({_e(c.mode)}) {_e(c.level)}</span></td>"
         cells.append(
-            "<tr>"
-            + "".join(f"<td>{_e(v)}</td>" for v in values)
-            + f"<td><pre>{_e(c.flip_answer or '')}</pre></td><td><pre>{_e(c.flip_serial_answer or '')}"
-            "</pre></td></tr>"
+            "<tr>" + label + "".join(f"<td>{_e(v)}</td>" for v in values[1:]) + answers + "</tr>"
         )
     notes = gradedview.lines(summary)
     return [

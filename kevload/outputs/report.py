@@ -38,11 +38,25 @@ _MARKDOWN_SPELLED = {
 }
 
 
+# A code span as CommonMark reads one: a run of backticks, and the next run of the same length.
+_CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)", re.DOTALL)
+_IN_CODE = re.compile(r"[|\r\n]")
+
+
 def markdown_cell(text: str) -> str:
     """``text`` as one cell of a Markdown table (or one line of a list): a ``|`` would end the cell and a line break
     the row, so they are escaped, as are ``\\`` (which would escape what follows) and ``<`` and ``&`` (raw HTML and
-    entities, which a Markdown renderer passes through); control characters spelled as in ``visible``."""
-    return visible(_MARKDOWN.sub(lambda m: _MARKDOWN_SPELLED[m[0]], text))
+    entities, which a Markdown renderer passes through); control characters spelled as in ``visible``. Inside a
+    code span only ``|`` and line breaks are: there ``&lt;`` would show as written, not as ``<``."""
+    spelled, end = [], 0
+    # A span holding a backslash is escaped whole, as before: in a code span "\\" shows as written, and
+    # a backslash before an escaped "|" would turn it back into the cell's end.
+    for span in (m for m in _CODE_SPAN.finditer(text) if "\\" not in m[0]):
+        spelled.append(_MARKDOWN.sub(lambda m: _MARKDOWN_SPELLED[m[0]], text[end : span.start()]))
+        spelled.append(_IN_CODE.sub(lambda m: _MARKDOWN_SPELLED[m[0]], span[0]))
+        end = span.end()
+    spelled.append(_MARKDOWN.sub(lambda m: _MARKDOWN_SPELLED[m[0]], text[end:]))
+    return visible("".join(spelled))
 
 
 def _plain(text: str, style: str = "") -> Text:
@@ -560,11 +574,9 @@ def errors_text(cells: Iterable[CellSummary]) -> str:
     return f"{errors} (+{reconnects} reconnects)" if reconnects else str(errors)
 
 
-def latency_table(summary: RunSummary) -> Table:
-    """Latency and throughput per probe × level, in milliseconds: the "is it fast" half of a run."""
-    grid = Table(title="latency (ms, p50 / p99) and throughput", title_justify="left")
-    slo = bool(summary.slo)
-    for name in (
+def latency_columns(summary: RunSummary) -> tuple[str, ...]:
+    slo = ("SLO met", "goodput/s") if summary.slo else ()
+    return (
         "probe (mode)",
         "level",
         "n",
@@ -576,23 +588,42 @@ def latency_table(summary: RunSummary) -> Table:
         "req/s",
         "late p99",
         "full load",
-        *(("SLO met", "goodput/s") if slo else ()),
-    ):
-        grid.add_column(name, justify="left" if name.startswith("probe") else "right")
+        *slo,
+    )
+
+
+def latency_rows(summary: RunSummary) -> list[list[str]]:
+    """Latency (ms, p50 / p99) and throughput per probe × level: the terminal's table and Markdown's."""
+    rows = []
     for c in sorted(summary.probe_cells(), key=lambda c: (c.probe, c.mode, c.level_order)):
         lat = c.latency
         late = lat.get("lateness", {}).get("p99")
-        grid.add_row(
-            _plain(f"{c.probe} ({c.mode})"),
-            _plain(c.level),
-            str(c.ok),
-            *(_p50_p99(lat.get(k)) for k in ("ttft", "itl", "tpot", "e2e")),
-            _fmt(c.output_tokens_per_s),
-            _fmt(c.requests_per_s),
-            f"{late * 1000:.2f}" if late is not None else "-",
-            full_load_text(c),
-            *((attainment_text(c), _fmt(c.goodput)) if slo else ()),
+        rows.append(
+            [
+                f"{c.probe} ({c.mode})",
+                c.level,
+                str(c.ok),
+                *(_p50_p99(lat.get(k)) for k in ("ttft", "itl", "tpot", "e2e")),
+                _fmt(c.output_tokens_per_s),
+                _fmt(c.requests_per_s),
+                f"{late * 1000:.2f}" if late is not None else "-",
+                full_load_text(c),
+                *((attainment_text(c), _fmt(c.goodput)) if summary.slo else ()),
+            ]
         )
+    return rows
+
+
+LATENCY_TITLE = "latency (ms, p50 / p99) and throughput"
+
+
+def latency_table(summary: RunSummary) -> Table:
+    """Latency and throughput per probe × level, in milliseconds: the "is it fast" half of a run."""
+    grid = Table(title=LATENCY_TITLE, title_justify="left")
+    for name in latency_columns(summary):
+        grid.add_column(name, justify="left" if name.startswith("probe") else "right")
+    for probe, level, *numbers in latency_rows(summary):
+        grid.add_row(_plain(probe), _plain(level), *numbers)
     return grid
 
 
@@ -891,6 +922,16 @@ def markdown(summary: RunSummary) -> str:
         "| --- | " + " | ".join("---:" for _ in AGREEMENT_COLUMNS[1:]) + " |",
     ]
     lines += ["| " + " | ".join(map(md, row)) + " |" for row in agreement_rows(summary)]
+    if not gradedview.aggregate_only(summary):
+        columns = latency_columns(summary)
+        lines += [
+            "",
+            f"{LATENCY_TITLE}:",
+            "",
+            "| " + " | ".join(columns) + " |",
+            "| --- | --- | " + " | ".join("---:" for _ in columns[2:]) + " |",
+        ]
+        lines += ["| " + " | ".join(map(md, row)) + " |" for row in latency_rows(summary)]
     rows = server_rows(summary)
     if rows:
         lines += [

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 import msgspec
 import orjson
 
+from kevload.errors import TargetError
 from kevload.inputs.probe import Probe
 from kevload.inputs.scenario import REQUEST_ID_HEADER, Scenario, Target
 from kevload.records.store import (
@@ -27,6 +28,7 @@ from kevload.records.store import (
     url_userinfo,
 )
 from kevload.wire.http1 import LeanTransport
+from kevload.wire.models import REFUSAL_STATUSES, refusal_message, served_models
 from kevload.wire.sse import SSEError, SSEParser
 from kevload.wire.transport import AiohttpTransport, Endpoint, Response, Transport, TransportError
 from kevload.words import CANCELLED, shortened
@@ -158,6 +160,8 @@ async def ask_for_logprobs(
     (stderr by default) and leaves the run to compare text only. A ``[params]`` that sets
     ``logprobs`` or ``top_logprobs`` itself is sent as written, unchecked. A ``stop`` cuts the check at once
     (its answer would decide nothing the stopped run still sends): nothing checked, and ``why`` says so.
+    A check refused with http 400/404 by a server whose ``/models`` lists other models than the
+    scenario's raises ``TargetError`` naming both, before the run sends anything.
     """
     asked = scenario.load.logprobs
     info: dict[str, Any] = {"asked": asked, "available": None, "why": None}
@@ -202,13 +206,27 @@ async def ask_for_logprobs(
             f"the check's {LOGPROBS_CHECK_TRIES} answers held no token: asked for without proof"
         )
         return with_logprobs, info
+    if outcome.status in REFUSAL_STATUSES:
+        # Every request of the run would be refused alike: say which model, and which it serves.
+        served = await served_models(scenario.target, api_key)
+        if served and scenario.target.model not in served:
+            raise TargetError(
+                refusal_message(scenario.target.model, outcome.status, outcome.error, served)
+            )
     why = (
         "the server returned no per-token logprobs"
         if outcome.status == "ok"
         else f"the check request failed ({outcome.status}: {outcome.error})"
     )
     info.update(available=False, why=why)
-    (warn or _to_stderr)(f"kevload: logprobs: {why}; comparing output text only")
+    message = f"kevload: logprobs: {why}; comparing output text only"
+    if warn is not None:
+        warn(message)
+    elif (scenario.target.base_url, message) not in _SAID:
+        # A command that runs several steps against one server (demo, diagnose, sweep, cases rerun)
+        # checks before each: the same words six times said nothing new. run.json still has them.
+        _SAID.add((scenario.target.base_url, message))
+        _to_stderr(message)
     return scenario, info
 
 
@@ -231,6 +249,10 @@ async def unless_stopped(awaitable: Awaitable[T], stop: asyncio.Event | None) ->
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
     return None if task.cancelled() else task.result()
+
+
+# What ask_for_logprobs said on stderr in this process, by server: said once per server.
+_SAID: set[tuple[str, str]] = set()
 
 
 def _to_stderr(message: str) -> None:

@@ -212,7 +212,7 @@ def test_the_graded_step_prints_accuracy_per_level_and_the_flips_of_a_server_who
         console = Console(file=io.StringIO())
         summary = asyncio.run(
             run_graded(server.url, "fake", tmp_path / "graded", console, asyncio.Event())
-        )
+        ).summary
     assert graded_lines("llama.cpp", summary) == [
         "llama.cpp graded 24 items, single/c=1: accuracy 8.3% [2.3%, 25.8%] (2 of 24 probes good); "
         "the serial "
@@ -301,7 +301,16 @@ def test_the_demos_sweep_writes_a_row_for_every_setting_even_one_whose_server_ne
     monkeypatch.setattr(demo, "serving", never_ready)
     step2 = RunSummary.from_json({"verdict": "deterministic", "cells": [cell(1), cell(4)]})
     sweep = asyncio.run(
-        demo._sweep("vllm", step2, 8, tmp_path, Console(file=None, quiet=True), asyncio.Event())
+        demo._sweep(
+            "vllm",
+            step2,
+            8,
+            tmp_path,
+            Console(file=None, quiet=True),
+            asyncio.Event(),
+            [],
+            demo.Pace(120),
+        )
     )
     written = json.loads((tmp_path / "vllm-sweep" / "sweep.json").read_text())
     assert written == sweep
@@ -310,3 +319,104 @@ def test_the_demos_sweep_writes_a_row_for_every_setting_even_one_whose_server_ne
         ("max_num_seqs=2", "not_run"),
         ("max_num_seqs=4", "deterministic"),
     ]
+
+
+def test_a_steps_timeout_follows_the_servers_serial_pace_above_its_floor():
+    from kevload.demo import Pace
+
+    assert Pace(120).timeout(4) == 120  # nothing measured yet: the floor
+    assert Pace(120, serial_s=5.0).timeout(4) == 120  # 2 × 5 s × 4 = 40 s: the floor
+    assert Pace(120, serial_s=20.0).timeout(4) == 160  # a slow machine: 2 × 20 s × 4
+    assert Pace(120, serial_s=20.0).timeout(1) == 120
+    assert Pace(10, serial_s=20.0).timeout(4, max_tokens=48) == 240  # 1.5 × the story's 32 tokens
+
+
+def _demo_against(
+    server, names, monkeypatch, out_dir, *, floor: float, slow_graded: frozenset[str] = frozenset()
+):
+    """run_demo with `serving` giving the crafted server for every target, the graded step on one
+    item, diagnose left out: the demo's own steps, timeouts and closing lines, in seconds."""
+    import asyncio
+    import contextlib
+    import io
+    import types
+
+    from rich.console import Console
+
+    from kevload import demo
+
+    @contextlib.asynccontextmanager
+    async def crafted(name, settings, **kwargs):
+        yield types.SimpleNamespace(name=name, url=server.url, model="m", failure=lambda: None)
+
+    async def no_diagnose(*args, **kwargs) -> None:
+        return None
+
+    real_graded = demo.run_graded
+
+    async def graded(url, model, run_dir, console, stop, pace=None):
+        slow = run_dir.name.split("-")[0] in slow_graded
+        # Every graded answer held past any timeout the demo could give: a target that times out.
+        server.behaviour.on_arrival = (lambda i, n: 30.0) if slow else None
+        return await real_graded(url, model, run_dir, console, stop, pace)
+
+    monkeypatch.setattr(demo, "serving", crafted)
+    monkeypatch.setattr(demo, "_diagnose", no_diagnose)
+    monkeypatch.setattr(demo, "run_graded", graded)
+    monkeypatch.setattr(demo, "graded_probes", lambda probes: probes[:1])
+    out = io.StringIO()
+    code = asyncio.run(
+        demo.run_demo(
+            names,
+            samples=2,
+            console=Console(file=out, width=200),
+            stop=asyncio.Event(),
+            out=out_dir,
+            timeout_floor=floor,
+        )
+    )
+    return code, out.getvalue()
+
+
+def test_the_demo_ends_with_a_line_per_target_naming_the_step_that_timed_out_and_why(
+    monkeypatch, tmp_path
+):
+    from tests.fakeserver import Behaviour, FakeServer
+
+    with FakeServer(Behaviour(latency=0.05)) as server:
+        code, printed = _demo_against(
+            server,
+            ["llamacpp", "transformers"],
+            monkeypatch,
+            tmp_path,
+            floor=1,
+            slow_graded=frozenset({"transformers"}),
+        )
+    closing = printed.split("in short\n", 1)[1].splitlines()
+    assert code == 3
+    assert closing[0].startswith(
+        "llama.cpp: fixed params stable under batching; graded accuracy "
+    ), closing
+    assert closing[1:] == [
+        "transformers graded: 4 requests timed out after 1 s — the machine may be too slow; "
+        "rerun with `kevload demo --targets transformers --timeout 2`",
+        "exit 3: a target failed a step (said above)",
+    ]
+    assert "transformers graded: target failed (timeout: 4)" in printed
+
+
+def test_a_slow_server_is_given_time_by_its_serial_pace_not_failed_by_the_floor(
+    monkeypatch, tmp_path
+):
+    import json
+
+    from tests.fakeserver import Behaviour, FakeServer
+
+    # 0.4 s alone, 0.4 s more per request beside it: 1.6 s at c=4, past a 1 s floor; step 1's
+    # serial pace gives c=4 2 × 0.4 × 4 = 3.2 s, rounded up to 4.
+    with FakeServer(Behaviour(latency=0.4, latency_per_overlap=0.4)) as server:
+        code, printed = _demo_against(server, ["llamacpp"], monkeypatch, tmp_path, floor=1)
+    run_json = json.loads((tmp_path / "llamacpp-step2" / "run.json").read_text())
+    assert code == 0, printed
+    assert run_json["scenario"]["target"]["timeout"] == 4
+    assert printed.split("in short\n", 1)[1].splitlines()[-1] == ("exit 0: every step was answered")

@@ -37,3 +37,27 @@ def test_an_inconclusive_diagnosis_is_evidence_short_not_drift():
     assert exitcode.for_diagnosis(target_failed=True, verdict="inconclusive") == ExitCode.TARGET
     assert exitcode.for_diagnosis(target_failed=False, verdict="crosstalk") == ExitCode.DRIFT
     assert exitcode.for_diagnosis(target_failed=False, verdict="stable") == ExitCode.OK
+
+
+def test_runs_exit_codes_are_one_set_of_words_in_help_readme_and_nightly_docs():
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    from tests.conftest import run_cli
+
+    root = Path(__file__).resolve().parents[2]
+    table = dict(
+        re.findall(r"^\| `(\d)` \| (.+) \|$", (root / "README.md").read_text(), re.MULTILINE)
+    )
+    assert table == {str(int(code)): words for code, words in exitcode.RUN_EXITS.items()}
+    help_text = " ".join(run_cli("run", "--help")[1].split())
+    for code, words in exitcode.RUN_EXITS.items():
+        assert f"Exit {int(code)}: {words.replace('`', '')}." in help_text
+    # docs/nightly.md's list is rendered from the same words when the site builds.
+    spec = importlib.util.spec_from_file_location("hooks", root / "docs" / "hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    nightly = hooks.on_page_markdown((root / "docs" / "nightly.md").read_text())
+    assert "- `1`: " + exitcode.RUN_EXITS[ExitCode.DRIFT] in nightly
+    assert hooks.RUN_EXITS_MARKER not in nightly

@@ -205,3 +205,41 @@ def test_a_sweep_refuses_a_url_or_model_its_started_server_would_override(
     code, output = run_cli("sweep", scenario, *options, *grid, "--out", tmp_path / "sweep")
     assert code == 2 and message in output, output
     assert server.requests == [] and not (tmp_path / "sweep").exists()
+
+
+SERVED = "/root/.cache/kevload/targets/transformers/model"
+
+
+def test_a_model_the_server_does_not_serve_is_named_with_the_one_it_serves(tmp_path):
+    # transformers serve serves its model by a cache path: `--model SmolLM2-135M-Instruct` was
+    # refused with http_400, its reason only in a side line about logprobs.
+    from tests.fakeserver import Behaviour, FakeServer
+
+    out = tmp_path / "run"
+    with FakeServer(Behaviour(served_model=SERVED)) as server:
+        code, output = run_cli(
+            "run", "--url", server.url, "--model", "SmolLM2-135M-Instruct", "--out", out
+        )
+        assert server.requests == []  # refused before the run sent anything
+    assert code == 3
+    assert (
+        "kevload: error: the server does not serve model 'SmolLM2-135M-Instruct' (http_404: "
+        in output
+    )
+    assert f"it serves '{SERVED}'; send that name (--model '{SERVED}', or target.model)" in output
+    assert "logprobs" not in output and not out.exists()
+
+
+def test_a_refusal_is_no_model_error_where_the_server_lists_the_model_asked_for(tmp_path):
+    from tests.fakeserver import Behaviour, FakeServer
+
+    # Refused with 404 though /v1/models lists the name sent: kevload cannot say the name is wrong,
+    # so the run goes on and fails as a run whose every request failed.
+    behaviour = Behaviour(served_model="other", listed_models=("m",))
+    with FakeServer(behaviour) as server:
+        code, output = run_cli(
+            "run", "--url", server.url, "--model", "m", "--out", tmp_path / "run", "--quiet"
+        )
+    assert code == 3, output
+    assert "does not serve" not in output and "http_404" in output
+    assert (tmp_path / "run" / "records.jsonl").exists()

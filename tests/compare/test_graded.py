@@ -720,14 +720,17 @@ def test_the_html_report_shows_accuracy_per_level_and_each_cells_flips_with_the_
         "<td>single/c=4</td><td>6</td><td>3 good, 50.0% [18.8, "
         "81.2]</td><td>3</td><td>0</td><td>0.25</td>" in levels
     )
-    row = re.search(r"<tr><td>s0 \(single\) c=4</td>(.*?)</tr>", section).group(1)
+    row = re.search(
+        r"<tr><td><span>s0</span> <span>\(single\) c=4</span></td>(.*?)</tr>", section
+    ).group(1)
     assert row == (
         "<td>0</td><td>4</td><td>0.0% [0.0%, 49.0%]</td><td>good</td><td>4</td><td>0</td>"
-        f"<td><pre>{markup.escape('<script>x</script> 4')}</pre></td><td><pre>The sum is "
-        f"3.</pre></td>"
+        f"<td class=answer><pre>{markup.escape('<script>x</script> 4')}</pre></td>"
+        "<td class=answer><pre>The sum is 3.</pre></td>"
     )
     assert re.search(
-        r"<tr><td>s1 \(single\) c=4</td><td>4</td><td>0</td><td>100.0% \[51.0%, 100.0%\]</td>"
+        r"<tr><td><span>s1</span> <span>\(single\) c=4</span></td><td>4</td><td>0</td>"
+        r"<td>100.0% \[51.0%, 100.0%\]</td>"
         r"<td>good</td><td>0</td><td>0</td>",
         section,
     )

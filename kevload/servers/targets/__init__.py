@@ -11,7 +11,7 @@ import json
 import threading
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -76,6 +76,7 @@ __all__ = [
     "refuse_missing_settings",
     "running_target",
     "save_state",
+    "settings_of",
     "serving",
     "start_target",
     "status_target",
@@ -120,24 +121,36 @@ def launch_key(
     return made.argv, tuple(sorted(made.env.items())), made.model
 
 
+# Settings every target has: the ones _PROBES cannot tell apart by the command line alone.
+_EVERY_TARGET = ("threads", "gguf", "port", "extra_args")
+
+
+def settings_of(name: str) -> tuple[str, ...]:
+    """The settings ``name`` has, in TargetSettings' order: those that change its command line, and
+    the ones every target has."""
+    default = TargetSettings()
+    return tuple(
+        f.name
+        for f in fields(TargetSettings)
+        if f.name in _EVERY_TARGET
+        or (
+            f.name in _PROBES
+            and len({launch_key(name, replace(default, **{f.name: v})) for v in _PROBES[f.name]})
+            > 1
+        )
+    )
+
+
 def refuse_missing_settings(name: str, settings: TargetSettings) -> None:
     """A setting given (not its default) that ``name`` does not have is refused: dropped silently, it would be in
     the run's record and a sweep's row labels, never in the server."""
     default = TargetSettings()
-    for field_name, probes in _PROBES.items():
-        if getattr(settings, field_name) == getattr(default, field_name):
-            continue
-        if (
-            len({launch_key(name, replace(default, **{field_name: value})) for value in probes})
-            == 1
-        ):
-            have = ", ".join(
-                f
-                for f in _PROBES
-                if len({launch_key(name, replace(default, **{f: v})) for v in _PROBES[f]}) > 1
-            )
+    have = settings_of(name)
+    for field_name in _PROBES:
+        if getattr(settings, field_name) != getattr(default, field_name) and field_name not in have:
+            named = ", ".join(f for f in have if f in _PROBES)
             raise ProvisionError(
-                f"{name} has no setting {field_name} (its settings: {have}, threads, gguf, port, "
+                f"{name} has no setting {field_name} (its settings: {named}, threads, gguf, port, "
                 "extra_args)"
             )
 
@@ -179,7 +192,7 @@ def start_target(
     if on_spawn is not None:
         on_spawn(target)
     log(f"waiting for {name} on {url} …")
-    with heartbeat(log, f"waiting for {name} to load the model and answer"):
+    with heartbeat(log, f"waiting for {name} to load its model"):
         wait_ready(
             server,
             f"http://{HOST}:{port}/health",

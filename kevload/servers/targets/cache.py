@@ -123,8 +123,7 @@ def heartbeat(log: Callable[[str], None], what: str, every: float = 30.0) -> Ite
 
     def beat() -> None:
         while not done.wait(every):
-            minutes, seconds = divmod(int(time.monotonic() - started), 60)
-            log(f"{what}: still going after {minutes}m{seconds:02d}s")
+            log(heartbeat_line(what, time.monotonic() - started))
 
     thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
     thread.start()
@@ -133,6 +132,23 @@ def heartbeat(log: Callable[[str], None], what: str, every: float = 30.0) -> Ite
     finally:
         done.set()
         thread.join()
+
+
+# A heartbeat line fits an 80-column terminal with the demo's two-space indent: dozens of them print
+# during a build, and one wrapped mid-phrase each time.
+HEARTBEAT_WIDTH = 78
+
+
+def heartbeat_line(what: str, elapsed_s: float) -> str:
+    """``build llama-server: still going after 1m30s``: the step without the parenthesis its first
+    line gave, cut with … where still too long for ``HEARTBEAT_WIDTH``."""
+    minutes, seconds = divmod(int(elapsed_s), 60)
+    tail = f": still going after {minutes}m{seconds:02d}s"
+    short = what.split(" (", 1)[0]
+    room = HEARTBEAT_WIDTH - len(tail)
+    if len(short) > room:
+        short = short[: room - 1].rsplit(" ", 1)[0] + "…"
+    return short + tail
 
 
 @contextlib.contextmanager
