@@ -502,7 +502,8 @@ def report(
     request_id: str | None,
     trust_graders: bool,
 ) -> None:
-    """Recompute a run's summary from its records (no server needed) and render it; sweeps and comparisons too."""
+    """Recompute a run's summary from its records (no server needed) and render it; sweeps and
+    comparisons too."""
     if (run_dir / "compare-run.json").is_file():
         from kevload.servers.rollout import finish
 
@@ -1403,8 +1404,9 @@ def compare_command(
     metrics: Path | None,
     quiet: bool,
 ) -> None:
-    """Compare two or more servers item by item under the same load (docs/compare.md). Exit 0 every candidate
-    answers as the reference, 1 one is worse, 2 bad usage, 3 a target failed or the evidence is short."""
+    """Compare two or more servers item by item under the same load (docs/compare.md). Exit 0 every
+    candidate answers as the reference, 1 one is worse, 2 bad usage, 3 a target failed or the
+    evidence is short."""
     from kevload.compare.gate import GateRules
     from kevload.servers import rollout
 

@@ -1,19 +1,24 @@
-"""The rollout gate (``kevload compare``'s exit code): does every candidate answer as the reference does?
+"""The rollout gate (``kevload compare``'s exit code): does every candidate answer as the reference
+does?
 
-Pure: a ``Comparison`` and the ``GateRules`` in, the code and one line per finding out. The rule (docs/compare.md,
-"The gate"):
+Pure: a ``Comparison`` and the ``GateRules`` in, the code and one line per finding out. The rule
+(docs/compare.md, "The gate"):
 
-- 3 (``TARGET``) when a target's run did not end complete, or a level lacks an item's answers on either side, or
-  a level has no item answered by both: the evidence is short. It wins over 1, as in ``exitcode.for_run``.
-- 1 (``DRIFT``) when a candidate is worse at a level: graded items with ``good_to_bad`` above ``bad_to_good`` and
-  the exact McNemar p under the level's share of α; ungraded items with a text the reference never gave, where
-  the reference gave one text per item (a stable server: one new text fails), or, where it varies, new texts
-  beyond its own spread (``rollout``'s ``new_texts_p`` under that share); or, with ``min_agreement``, instead of
-  both, their agreement under it; with ``fail_on_bad`` any ``good_to_bad``;
-  with ``max_latency_regression`` R, the p50 latency ratio's 95 % interval wholly above 1 + R.
-- α is shared out over every test the gate makes (Bonferroni: candidates × levels), so a comparison of many
-  levels does not fail by chance more often than one of one level: 20 comparisons of a server with a rebuild of
-  itself that varies by chance fail about once at α 0.05, not once per level.
+- 3 (``TARGET``) when a target's run did not end complete, or a level lacks an item's answers on
+  either side, or a level has no item answered by both: the evidence is short. It wins over 1, as in
+  ``exitcode.for_run``.
+- 1 (``DRIFT``) when a candidate is worse at a level: graded items with ``good_to_bad`` above
+  ``bad_to_good`` and the exact McNemar p under the level's share of α; ungraded items with a text
+  the reference never gave, where the reference gave one text per item (a stable server: one new
+  text fails), or, where it varies, new texts beyond its own spread (``rollout``'s ``new_texts_p``
+  under that share); or, with ``min_agreement``, instead of both, their agreement under it; with
+  ``fail_on_bad`` any ``good_to_bad``; with ``max_latency_regression`` R, the p50 latency ratio's 95
+  % interval wholly above 1 + R.
+- α is shared out over every test the gate makes (Bonferroni: candidates × levels), so a comparison
+  of many levels does not fail by chance more often than one of one level: 20 comparisons of a
+  server with a rebuild of itself that varies by chance fail about once at α 0.05, not once per
+  level.
+
 """
 
 from __future__ import annotations

@@ -1,21 +1,26 @@
-"""Two or more servers side by side (``kevload compare``): each candidate's answers paired item by item with the
-reference's at the same level, classed, counted and tested; latencies as ratios with bootstrap intervals; an N×N
-agreement matrix per level. Pure: ``Side`` values in (``sides.fold_side``), a ``Comparison`` out.
+"""Two or more servers side by side (``kevload compare``): each candidate's answers paired item by
+item with the reference's at the same level, classed, counted and tested; latencies as ratios with
+bootstrap intervals; an N×N agreement matrix per level. Pure: ``Side`` values in
+(``sides.fold_side``), a ``Comparison`` out.
 
 Definitions (docs/compare.md):
 
-- An item is a probe or a dataset line (a conversation: its whole transcript). At a level, each side's answers to
-  it are the texts of its counted ok samples. The item *agrees* when every text the candidate gave is among the
-  texts the reference gave there: against a reference that varies, its own spread is the yardstick.
+- An item is a probe or a dataset line (a conversation: its whole transcript). At a level, each
+  side's answers to it are the texts of its counted ok samples. The item *agrees* when every text
+  the candidate gave is among the texts the reference gave there: against a reference that varies,
+  its own spread is the yardstick.
 - ``reference_self_agreement``: the share of items at which every reference sample has one text.
-- ``latent``: the candidate's modal text is the reference's, both sent logprobs for it, and they differ.
-- A graded item is good on a side when every answer it got there is graded good (one bad answer: bad), as in a
-  run's accuracy (``compare.graded``); ``good_to_bad`` / ``bad_to_good`` count items, and the exact McNemar test is
-  over those discordant items.
-- ``new_texts``: candidate samples of ungraded items whose text the reference never gave. ``reference_varies``:
-  the reference gave more than one text for some ungraded item at the level; ``new_texts_p``: then, whether the
-  new texts are more than the reference's own spread explains (``stats.spread_p``, a permutation test stratified by
-  item; None where the reference varies nowhere: any new text is then one a stable server never gave).
+- ``latent``: the candidate's modal text is the reference's, both sent logprobs for it, and they
+  differ.
+- A graded item is good on a side when every answer it got there is graded good (one bad answer:
+  bad), as in a run's accuracy (``compare.graded``); ``good_to_bad`` / ``bad_to_good`` count items,
+  and the exact McNemar test is over those discordant items.
+- ``new_texts``: candidate samples of ungraded items whose text the reference never gave.
+  ``reference_varies``: the reference gave more than one text for some ungraded item at the level;
+  ``new_texts_p``: then, whether the new texts are more than the reference's own spread explains
+  (``stats.spread_p``, a permutation test stratified by item; None where the reference varies
+  nowhere: any new text is then one a stable server never gave).
+
 """
 
 from __future__ import annotations
@@ -46,7 +51,8 @@ _WINDOW = 60  # characters of each answer shown around where it parts
 
 @dataclass(frozen=True)
 class Parted:
-    """An item whose candidate answer parts from the reference's: where, and the two texts around that place."""
+    """An item whose candidate answer parts from the reference's: where, and the two texts around
+    that place."""
 
     item: str
     kind: str  # its class
@@ -74,7 +80,8 @@ class ItemResult:
 
 @dataclass(frozen=True)
 class LevelComparison:
-    """One candidate against the reference at one level (compare.json's ``candidates[].levels[]``)."""
+    """One candidate against the reference at one level (compare.json's
+    ``candidates[].levels[]``)."""
 
     mode: str
     concurrency: int
@@ -130,7 +137,8 @@ class CandidateComparison:
 
 @dataclass(frozen=True)
 class Comparison:
-    """compare.json: the reference, each candidate's levels, and the N×N agreement matrix per level."""
+    """compare.json: the reference, each candidate's levels, and the N×N agreement matrix per
+    level."""
 
     reference: str
     reference_state: str | None
@@ -158,7 +166,8 @@ class Comparison:
 def compare_sides(
     sides: Sequence[Side], reference: str, *, seed: int = 0, notes: Sequence[str] = ()
 ) -> Comparison:
-    """Each side other than ``reference`` against it, level by level, and every pair's agreement per level."""
+    """Each side other than ``reference`` against it, level by level, and every pair's agreement per
+    level."""
     by_name = {side.name: side for side in sides}
     ref = by_name[reference]
     grader = Grader(ref.gradings or {})
@@ -263,7 +272,8 @@ def compare_level(
 def compare_item(
     name: str, ref: CellAccumulator, cand: CellAccumulator, grader: Grader | None
 ) -> ItemResult:
-    """One item at one level: its class, where it parts, its logprobs, its new texts and its grades."""
+    """One item at one level: its class, where it parts, its logprobs, its new texts and its
+    grades."""
     texts = {key[0] for key in ref.counts}
     outside = [key for key in cand.counts if key[0] not in texts]
     ref_modal, cand_modal = ref.modal(), cand.modal()
@@ -317,7 +327,8 @@ def _kind(parts: bool, latent: bool, graded: tuple[bool, bool] | None) -> str:
 def _parting(
     name: str, ref: CellAccumulator, ref_key: OutputKey, cand: CellAccumulator, key: OutputKey
 ) -> tuple[int, int | None, Parted]:
-    """Where the candidate's answer ``key`` leaves the reference's modal one (char, token), and the example."""
+    """Where the candidate's answer ``key`` leaves the reference's modal one (char, token), and the
+    example."""
     ref_text, text = ref.texts[ref_key], cand.texts[key]
     at = common_prefix_length(ref_text, text)
     ref_tokens, tokens = ref.tokens.get(ref_key), cand.tokens.get(key)
@@ -330,8 +341,9 @@ def _parting(
 def _logprob_parting(
     ref: CellAccumulator, cand: CellAccumulator, key: OutputKey
 ) -> tuple[int | None, float | None]:
-    """For the candidate's modal text, which the reference gave too: the first token whose logprob differs from
-    the reference's modal vector for that text, and the largest difference (None, None: nothing to compare)."""
+    """For the candidate's modal text, which the reference gave too: the first token whose logprob
+    differs from the reference's modal vector for that text, and the largest difference (None, None:
+    nothing to compare)."""
     track = cand.logprobs.get(key)
     ref_key = key if key in ref.counts else next(k for k in ref.counts if k[0] == key[0])
     ref_track = ref.logprobs.get(ref_key)
@@ -343,7 +355,8 @@ def _logprob_parting(
 
 
 def _grade(grader: Grader, name: str, cell: CellAccumulator) -> bool | None:
-    """Good when every graded answer is good, bad with one bad, None with none graded (``graded.probe_grade``)."""
+    """Good when every graded answer is good, bad with one bad, None with none graded
+    (``graded.probe_grade``)."""
     grades = grader.grades(name, cell)
     if any(grades[k] is False for k in cell.counts):
         return False
@@ -359,8 +372,8 @@ def _answered(cell: CellAccumulator | None) -> bool:
 
 
 def latency_ratios(ref: LevelLoad, cand: LevelLoad, *, seed: int = 0) -> dict[str, Any]:
-    """Candidate over reference: p50 and p99 end-to-end and p50 time to first token, each with its seeded
-    bootstrap 95 % interval (None where a side has no value)."""
+    """Candidate over reference: p50 and p99 end-to-end and p50 time to first token, each with its
+    seeded bootstrap 95 % interval (None where a side has no value)."""
     out: dict[str, Any] = {}
     for name, values, other, q in (
         ("latency_p50_ratio", ref.e2e, cand.e2e, 0.5),
@@ -374,8 +387,8 @@ def latency_ratios(ref: LevelLoad, cand: LevelLoad, *, seed: int = 0) -> dict[st
 
 
 def agreement_matrix(sides: Sequence[Side]) -> list[dict[str, Any]]:
-    """Per level, ``agreement[i][j]``: the share of items answered by both where every text of target j is among
-    target i's (row i the reference); None without such an item."""
+    """Per level, ``agreement[i][j]``: the share of items answered by both where every text of
+    target j is among target i's (row i the reference); None without such an item."""
     levels = sorted({level for side in sides for level in side.items}, key=level_key)
     out = []
     for level in levels:

@@ -1,9 +1,10 @@
-"""One target's run as a rollout comparison reads it (``kevload compare``): each level's items — probes, dataset
-lines, conversations — with their answers, and the level's latencies, throughput and errors, from its records.
+"""One target's run as a rollout comparison reads it (``kevload compare``): each level's items —
+probes, dataset lines, conversations — with their answers, and the level's latencies, throughput and
+errors, from its records.
 
-The items are the run's own probe cells (``cells.Reduction``: a conversation's sample is its whole transcript), so
-a comparison sees each answer exactly as ``report`` does. Latencies are kept as values, not histograms: the
-comparison's bootstrap intervals resample them."""
+The items are the run's own probe cells (``cells.Reduction``: a conversation's sample is its whole
+transcript), so a comparison sees each answer exactly as ``report`` does. Latencies are kept as
+values, not histograms: the comparison's bootstrap intervals resample them."""
 
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ LevelId = tuple[str, int, float | None]  # mode, concurrency (0 at an open-loop 
 
 @dataclass
 class LevelLoad:
-    """What one target did at one level: its counted requests, their errors and output tokens, the span they ran
-    in, and each ok probe sample's end-to-end latency and time to first token (streamed answers only)."""
+    """What one target did at one level: its counted requests, their errors and output tokens, the
+    span they ran in, and each ok probe sample's end-to-end latency and time to first token
+    (streamed answers only)."""
 
     e2e: list[float] = field(default_factory=list)
     ttft: list[float] = field(default_factory=list)
@@ -35,7 +37,8 @@ class LevelLoad:
     t_end: float = -math.inf
 
     def add(self, record: Record) -> None:
-        """A request at full load that is no warm-up (``counts_in_cell``), probe or companion, any turn."""
+        """A request at full load that is no warm-up (``counts_in_cell``), probe or companion, any
+        turn."""
         self.requests += 1
         self.t_start = min(self.t_start, record.t_send)
         self.t_end = max(self.t_end, record.t_last_byte)
@@ -66,8 +69,9 @@ class LevelLoad:
 
 @dataclass
 class Side:
-    """One target of a comparison: its name, each level's items (probe id → its probe cell) and load, the graders
-    its run recorded, and how its run ended (``run.json``'s state; None: not known)."""
+    """One target of a comparison: its name, each level's items (probe id → its probe cell) and
+    load, the graders its run recorded, and how its run ended (``run.json``'s state; None: not
+    known)."""
 
     name: str
     items: dict[LevelId, dict[str, CellAccumulator]]
@@ -80,7 +84,8 @@ class Side:
 
 
 def level_key(level: LevelId) -> tuple[str, int, int, float]:
-    """Levels in the order a run sends them: by mode, closed-loop concurrencies first, then rates."""
+    """Levels in the order a run sends them: by mode, closed-loop concurrencies first, then
+    rates."""
     mode, concurrency, rate = level
     return (mode, 0, concurrency, 0.0) if rate is None else (mode, 1, 0, rate)
 
@@ -92,7 +97,8 @@ def fold_side(
     gradings: Mapping[str, Grading] | None = None,
     state: str | None = None,
 ) -> Side:
-    """A run's records (``RunDir.records``) folded into a ``Side``: one pass, the cells as ``report`` makes them."""
+    """A run's records (``RunDir.records``) folded into a ``Side``: one pass, the cells as
+    ``report`` makes them."""
     loads: dict[LevelId, LevelLoad] = {}
 
     def tapped() -> Iterator[Record]:

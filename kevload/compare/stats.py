@@ -156,7 +156,8 @@ def mcnemar_exact(good_to_bad: int, bad_to_good: int) -> float:
     return min(1.0, 2 * tail / 2**n)  # exact integers until the one division
 
 
-# Resamples of a bootstrap interval, and how many are drawn at once (memory: draws × samples floats).
+# Resamples of a bootstrap interval, and how many are drawn at once (memory: draws × samples
+# floats).
 BOOTSTRAP_DRAWS = 2000
 _BOOTSTRAP_CHUNK = 100
 
@@ -164,11 +165,12 @@ _BOOTSTRAP_CHUNK = 100
 def bootstrap_ratio(
     reference: list[float], candidate: list[float], q: float, *, seed: int = 0
 ) -> tuple[float, float, float] | None:
-    """The ratio of the ``q`` quantiles, candidate over reference, with its 95 % percentile-bootstrap interval.
+    """The ratio of the ``q`` quantiles, candidate over reference, with its 95 %
+    percentile-bootstrap interval.
 
-    Each side is resampled on its own (two independent samples of requests), ``BOOTSTRAP_DRAWS`` times, with
-    numpy's generator seeded by ``seed``: the same records give the same interval. None where a side has no
-    value or the reference's quantile is 0 (no ratio)."""
+    Each side is resampled on its own (two independent samples of requests), ``BOOTSTRAP_DRAWS``
+    times, with numpy's generator seeded by ``seed``: the same records give the same interval. None
+    where a side has no value or the reference's quantile is 0 (no ratio)."""
     if not reference or not candidate:
         return None
     ref, cand = np.asarray(reference, dtype=np.float64), np.asarray(candidate, dtype=np.float64)
@@ -192,15 +194,16 @@ PERMUTATIONS = 2000  # relabelings drawn by ``spread_p``
 def spread_p(
     items: list[tuple[list[int], list[int]]], *, seed: int = 0, draws: int = PERMUTATIONS
 ) -> float:
-    """Whether a candidate's answers leave the reference's more than its spread explains: the p-value of a
-    permutation test stratified by item, seeded (the same answers give the same p).
+    """Whether a candidate's answers leave the reference's more than its spread explains: the
+    p-value of a permutation test stratified by item, seeded (the same answers give the same p).
 
-    ``items``: per item, the text of each reference sample and of each candidate sample, as labels. The statistic
-    is, per item, how many candidate samples have a text no reference sample has, standardized by its
-    distribution over relabelings of that item's samples, summed over items. Under "both sides draw from the same
-    answers" every relabeling within an item is as likely as the one seen, so the p-value is exact up to the
-    draws; an item whose samples all have one text has no relabeling that differs and adds nothing. Samples of
-    one item are exchangeable, never pooled across items. 1 with no item that can differ."""
+    ``items``: per item, the text of each reference sample and of each candidate sample, as labels.
+    The statistic is, per item, how many candidate samples have a text no reference sample has,
+    standardized by its distribution over relabelings of that item's samples, summed over items.
+    Under "both sides draw from the same answers" every relabeling within an item is as likely as
+    the one seen, so the p-value is exact up to the draws; an item whose samples all have one text
+    has no relabeling that differs and adds nothing. Samples of one item are exchangeable, never
+    pooled across items. 1 with no item that can differ."""
     rng = np.random.default_rng(seed)
     observed, null, used = 0.0, np.zeros(draws), False
     for ref, cand in items:

@@ -1,12 +1,14 @@
-"""``kevload compare``'s runs: every target gets the scenario's probes at the scenario's levels in one time window,
-each into a run directory of its own (``DIR/<name>/``, an ordinary run: ``report``, ``--baseline`` and ``cases`` read
-it), then the comparison is computed from their records (``compare.rollout``) into ``DIR/compare.json``.
+"""``kevload compare``'s runs: every target gets the scenario's probes at the scenario's levels in
+one time window, each into a run directory of its own (``DIR/<name>/``, an ordinary run: ``report``,
+``--baseline`` and ``cases`` read it), then the comparison is computed from their records
+(``compare.rollout``) into ``DIR/compare.json``.
 
-In turns by default — the reference at the first level, then each candidate at that level, then the next level —
-so a slow hour reads as slow for every target alike; with ``together`` every target runs its whole scenario at the
-same time (servers that share no hardware). Each turn is ``run_scenario`` with its ``levels``: a comparison's
-per-request cost is a run's. ``DIR/compare-run.json`` keeps the targets, so ``resume`` finishes a stopped
-comparison (each target's run resumed) and ``kevload report DIR`` recomputes it."""
+In turns by default — the reference at the first level, then each candidate at that level, then the
+next level — so a slow hour reads as slow for every target alike; with ``together`` every target
+runs its whole scenario at the same time (servers that share no hardware). Each turn is
+``run_scenario`` with its ``levels``: a comparison's per-request cost is a run's.
+``DIR/compare-run.json`` keeps the targets, so ``resume`` finishes a stopped comparison (each
+target's run resumed) and ``kevload report DIR`` recomputes it."""
 
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ COMPARE = "compare.json"
 
 @dataclass(frozen=True)
 class Target:
-    """One server of a comparison: its name, and the scenario as sent to it (its URL and model set)."""
+    """One server of a comparison: its name, and the scenario as sent to it (its URL and model
+    set)."""
 
     name: str
     scenario: Scenario
@@ -45,8 +48,8 @@ def scenario_levels(scenario: Scenario) -> list[Level]:
 
 
 def check_targets(names: Sequence[str], reference: str | None) -> str:
-    """The reference's name; bad usage (``InputError``) for fewer than two targets, a name twice, an unknown
-    reference."""
+    """The reference's name; bad usage (``InputError``) for fewer than two targets, a name twice, an
+    unknown reference."""
     if len(names) < 2:
         raise InputError(
             f"compare: expected at least two targets (--url NAME=URL or --target NAME=BUILTIN), "
@@ -68,8 +71,9 @@ def check_scenario(scenario: Scenario) -> None:
     """What a comparison cannot pair level by level is refused before anything is sent."""
     if scenario.load.trace:
         raise InputError(
-            f"{scenario.source}: load.trace: compare pairs items at the scenario's concurrencies or "
-            "rates; a trace's replay is not compared yet (run it with `kevload run` per server)"
+            f"{scenario.source}: load.trace: compare pairs items at the scenario's concurrencies "
+            "or rates; a trace's replay is not compared yet (run it with `kevload run` per "
+            "server)"
         )
     if scenario.load.until_bound is not None:
         raise InputError(
@@ -89,10 +93,10 @@ async def run_comparison(
     on_record: Callable[[str, Record], None] | None = None,
     reference_run: Path | None = None,
 ) -> dict[str, RunResult | None]:
-    """Every target's run into ``out/<name>/`` (the reference's only when no ``reference_run`` is given), in turns or
-    ``together``; a target whose run ends aborted or raises is skipped for the levels left, and the others go
-    on. Returns each target's last result (None: it never ran). ``resume``: each run directory that holds a run
-    is resumed, the samples it lacks sent."""
+    """Every target's run into ``out/<name>/`` (the reference's only when no ``reference_run`` is
+    given), in turns or ``together``; a target whose run ends aborted or raises is skipped for the
+    levels left, and the others go on. Returns each target's last result (None: it never ran).
+    ``resume``: each run directory that holds a run is resumed, the samples it lacks sent."""
     stop = stop or asyncio.Event()
     dirs = target_dirs([t.name for t in targets], out)
     if not resume:
@@ -170,7 +174,8 @@ def write_manifest(
 
 
 def read_manifest(out: Path) -> dict[str, Any]:
-    """``compare-run.json``, checked for what its readers use; a directory without one is no comparison."""
+    """``compare-run.json``, checked for what its readers use; a directory without one is no
+    comparison."""
     path = out / MANIFEST
     if not path.is_file():
         raise RunDirError(f"{out}: not a kevload comparison ({MANIFEST} missing)")
@@ -189,8 +194,8 @@ def read_manifest(out: Path) -> dict[str, Any]:
 
 
 def read_side(name: str, run_dir: Path, *, trust_graders: bool) -> Side:
-    """A target's run directory folded for the comparison; a target that never wrote a record is a side with
-    nothing at any level (its levels then lack every item: evidence short)."""
+    """A target's run directory folded for the comparison; a target that never wrote a record is a
+    side with nothing at any level (its levels then lack every item: evidence short)."""
     run = RunDir(run_dir)
     if not run.record_files():
         return Side(name=name, items={}, load={}, state="missing")
@@ -200,7 +205,8 @@ def read_side(name: str, run_dir: Path, *, trust_graders: bool) -> Side:
 
 
 def finish_comparison(out: Path, *, trust_graders: bool = False, seed: int = 0) -> Comparison:
-    """Recompute ``out/compare.json`` from the targets' records (after a comparison, or by ``report``)."""
+    """Recompute ``out/compare.json`` from the targets' records (after a comparison, or by
+    ``report``)."""
     doc = read_manifest(out)
     sides = [
         read_side(t["name"], out / t["run_dir"], trust_graders=trust_graders)

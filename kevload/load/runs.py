@@ -74,14 +74,15 @@ async def run_scenario(
 ) -> RunResult:
     """Run every probe at every level, writing records as they finish; returns once the summary is on disk.
 
-    ``levels`` (concurrency, rate) — closed-loop ``(c, None)``, open-loop ``(0, r)``: send only these of the
-    scenario's levels in this invocation, the others left to a later ``resume`` (``kevload compare`` takes its
-    targets level by level in turns). run.json records the scenario whole, so the run is one run of every level.
-
     A directory that already holds a run is refused (``RunDirError``) unless ``resume`` — its records
     are kept and only the probe samples missing from each level are sent, under the same run id — or
     ``overwrite``, which removes that run's files and starts afresh. ``ray`` (``local``, ``auto`` or
     ``host:port``) runs the workers as actors of that Ray cluster (``kevload.load.rayworkers``).
+
+    ``levels`` (concurrency, rate) — closed-loop ``(c, None)``, open-loop ``(0, r)``: send only
+    these of the scenario's levels in this invocation, the others left to a later ``resume``
+    (``kevload compare`` takes its targets level by level in turns). run.json records the scenario
+    whole, so the run is one run of every level.
     """
     run_dir = None if run_dir is None else Path(run_dir)
     if ray is None:
@@ -365,7 +366,8 @@ async def _run_workers(
 
 
 def only_levels(scenario: Scenario, levels: Sequence[Level]) -> Scenario:
-    """``scenario`` sending only ``levels`` of its own (``run_scenario``'s ``levels``); one it lacks is refused."""
+    """``scenario`` sending only ``levels`` of its own (``run_scenario``'s ``levels``); one it lacks
+    is refused."""
     asked: list[Level] = (
         [(c, None) for c in scenario.load.concurrency] if not scenario.load.rate else []
     )

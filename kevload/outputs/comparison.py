@@ -1,6 +1,7 @@
-"""What a comparison of servers shows (``kevload compare``, ``kevload report`` on its directory): the terminal table
-(candidate × level, within 80 columns) with a few items that parted, Markdown, JUnit (a testcase per candidate ×
-level) and OpenMetrics text; ``compare.json`` itself is ``Comparison.to_json``."""
+"""What a comparison of servers shows (``kevload compare``, ``kevload report`` on its directory):
+the terminal table (candidate × level, within 80 columns) with a few items that parted, Markdown,
+JUnit (a testcase per candidate × level) and OpenMetrics text; ``compare.json`` itself is
+``Comparison.to_json``."""
 
 from __future__ import annotations
 
@@ -47,8 +48,8 @@ def _rows(comparison: Comparison) -> Iterator[tuple[CandidateComparison, LevelCo
 
 
 def table(comparison: Comparison, result: GateResult | None = None) -> str:
-    """The terminal table: a row per candidate × level, then the items that parted (a few each), the notes and
-    the gate's findings; every line at most 80 columns."""
+    """The terminal table: a row per candidate × level, then the items that parted (a few each), the
+    notes and the gate's findings; every line at most 80 columns."""
     lines = [_cut(f"reference: {comparison.reference}", WIDTH), _HEAD]
     for candidate, level in _rows(comparison):
         accuracy = (
@@ -117,8 +118,8 @@ def markdown(comparison: Comparison, result: GateResult | None = None) -> str:
 
 
 def junit_xml(comparison: Comparison, result: GateResult, suite: str = "kevload-compare") -> str:
-    """JUnit XML: one testcase per candidate × level, failing with the gate's findings there (a candidate's run
-    that did not end complete fails each of its levels)."""
+    """JUnit XML: one testcase per candidate × level, failing with the gate's findings there (a
+    candidate's run that did not end complete fails each of its levels)."""
     from xml.etree import ElementTree as ET
 
     cases = []

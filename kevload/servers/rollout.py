@@ -1,6 +1,7 @@
-"""``kevload compare``: before a rollout, two or more servers — given by URL or started from the built-in targets —
-get the same scenario at the same levels in one time window (``load.comparing``), and their answers are compared
-item by item (``compare.rollout``), gated (``compare.gate``) and shown (``outputs.comparison``)."""
+"""``kevload compare``: before a rollout, two or more servers — given by URL or started from the
+built-in targets — get the same scenario at the same levels in one time window (``load.comparing``),
+and their answers are compared item by item (``compare.rollout``), gated (``compare.gate``) and
+shown (``outputs.comparison``)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ GATE = "gate.json"
 
 @dataclass(frozen=True)
 class Given:
-    """The targets as the command line names them, in order: (name, URL or built-in target name, built-in)."""
+    """The targets as the command line names them, in order: (name, URL or built-in target name,
+    built-in)."""
 
     targets: list[tuple[str, str, bool]]
     models: dict[str | None, str]  # by target name; None: every target without its own
@@ -44,7 +46,8 @@ class Outcome:
 
 
 def named(specs: Sequence[str], option: str) -> list[tuple[str, str]]:
-    """``NAME=VALUE`` pairs of an option given several times; one without a name is bad usage naming it."""
+    """``NAME=VALUE`` pairs of an option given several times; one without a name is bad usage naming
+    it."""
     out = []
     for spec in specs:
         name, sep, value = spec.partition("=")
@@ -57,7 +60,8 @@ def named(specs: Sequence[str], option: str) -> list[tuple[str, str]]:
 
 
 def given(urls: Sequence[str], builtins: Sequence[str], models: Sequence[str]) -> Given:
-    """The command line's targets (``--url`` ones first, then ``--target`` ones) and models, checked."""
+    """The command line's targets (``--url`` ones first, then ``--target`` ones) and models,
+    checked."""
     targets = [(n, u, False) for n, u in named(urls, "--url")]
     for name, builtin in named(builtins, "--target"):
         if builtin not in NAMES:
@@ -92,8 +96,8 @@ def compare(
     rules: GateRules,
     log: Callable[[str], None],
 ) -> tuple[Outcome, int | None]:
-    """The whole command: the targets' runs, then the comparison written (compare.json, compare.md) and gated.
-    Returns it with the signal that stopped the runs, if any."""
+    """The whole command: the targets' runs, then the comparison written (compare.json, compare.md)
+    and gated. Returns it with the signal that stopped the runs, if any."""
     names = [t[0] for t in targets.targets]
     if reference_run is not None:
         names = [reference or "reference", *names]
@@ -139,8 +143,9 @@ def compare(
 
 
 def finish(out: Path, rules: GateRules | None, *, trust_graders: bool) -> Outcome:
-    """compare.json recomputed from the runs, compare.md beside it, and the gate, whose rules and findings go to
-    gate.json; ``rules`` None (``kevload report``): the rules gate.json recorded, else the defaults."""
+    """compare.json recomputed from the runs, compare.md beside it, and the gate, whose rules and
+    findings go to gate.json; ``rules`` None (``kevload report``): the rules gate.json recorded,
+    else the defaults."""
     if rules is None:
         rules = _recorded_rules(out / GATE)
     comparison = comparing.finish_comparison(out, trust_graders=trust_graders)
@@ -172,7 +177,8 @@ async def _target_scenario(
     log: Callable[[str], None],
     stop: asyncio.Event,
 ) -> Scenario | None:
-    """The scenario as sent to one target: its URL and model (a built-in target started for the command)."""
+    """The scenario as sent to one target: its URL and model (a built-in target started for the
+    command)."""
     model = targets.models.get(name, targets.models.get(None))
     if not builtin:
         settings = {"target.base_url": where, **({"target.model": model} if model else {})}
@@ -198,7 +204,8 @@ def _resumed(out: Path) -> Scenario:
 
 
 def given_again(out: Path) -> Given:
-    """A stopped comparison's targets as it recorded them (``--resume`` without --url): their URLs and models."""
+    """A stopped comparison's targets as it recorded them (``--resume`` without --url): their URLs
+    and models."""
     doc = comparing.read_manifest(out)
     targets = [t for t in doc["targets"] if t.get("base_url")]
     if "reference_run" in doc:

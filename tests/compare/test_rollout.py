@@ -1,6 +1,7 @@
-"""The rollout comparison and its gate on crafted records whose truth is known: a rebuild, a new version with
-planted wrong, reworded and latent items and a latency factor, a server wrong only under load, a server whose
-answers vary by chance (the gate's calibration), evidence short, rates, the N×N matrix."""
+"""The rollout comparison and its gate on crafted records whose truth is known: a rebuild, a new
+version with planted wrong, reworded and latent items and a latency factor, a server wrong only
+under load, a server whose answers vary by chance (the gate's calibration), evidence short, rates,
+the N×N matrix."""
 
 from __future__ import annotations
 
@@ -84,8 +85,8 @@ def test_a_rebuild_agrees_on_every_item_and_passes():
 
 
 def planted() -> tuple:
-    """40 sums (sum{i}: the answer is i + 2): the new version gets 8 wrong, rewords 6 (still right), moves
-    the logprobs of 9, and is 30 % slower; three samples each at c=1."""
+    """40 sums (sum{i}: the answer is i + 2): the new version gets 8 wrong, rewords 6 (still right),
+    moves the logprobs of 9, and is 30 % slower; three samples each at c=1."""
     wrong, reworded, latent = range(0, 8), range(8, 14), range(14, 23)
     old, new = [], []
     rng = random.Random(7)
@@ -166,7 +167,8 @@ def test_wrong_only_under_load_parts_at_c4_alone():
 
 
 def chance_side(name: str, rng: random.Random, items: int = 30, samples: int = 5) -> object:
-    """A server whose answers vary by chance: each item has a usual text and, one time in five, a second one."""
+    """A server whose answers vary by chance: each item has a usual text and, one time in five, a
+    second one."""
     rows = [
         (f"p{i}", f"answer {i}" if rng.random() < 0.8 else f"answer {i} otherwise", c, 0.1)
         for i in range(items)
@@ -177,10 +179,10 @@ def chance_side(name: str, rng: random.Random, items: int = 30, samples: int = 5
 
 
 def test_a_server_that_varies_by_chance_against_itself_alarms_at_most_at_the_rate_alpha():
-    # The gate's rule holds its false alarms to α (0.05) per comparison, whatever the levels: 20 repeats give
-    # one alarm on average, so 20 alone cannot tell a rule at α from one twice as loose. 100 repeats can: a
-    # rule at α gives more than 10 alarms 1 time in 90; the loose rule this replaced (new texts counted per
-    # sample against a Poisson prediction) gave 33 of 300.
+    # The gate's rule holds its false alarms to α (0.05) per comparison, whatever the levels: 20
+    # repeats give one alarm on average, so 20 alone cannot tell a rule at α from one twice as
+    # loose. 100 repeats can: a rule at α gives more than 10 alarms 1 time in 90; the loose rule
+    # this replaced (new texts counted per sample against a Poisson prediction) gave 33 of 300.
     alarms = 0
     for repeat in range(100):
         rng = random.Random(1000 + repeat)
@@ -223,8 +225,8 @@ def test_rates_are_paired_by_rate():
 
 
 def test_a_candidate_that_changes_answers_is_found_beside_a_reference_that_varies():
-    # The reference varies by chance on every item; the candidate gives other texts for 5 of 30 items: what the
-    # spread explains is let through, those 5 are not.
+    # The reference varies by chance on every item; the candidate gives other texts for 5 of 30
+    # items: what the spread explains is let through, those 5 are not.
     rng = random.Random(3)
     ref = chance_side("old", rng)
     rows = [

@@ -1,6 +1,6 @@
-"""``kevload compare`` against crafted servers whose truth is known: a rebuild, a new version with planted wrong and
-reworded answers and a latency factor, answers wrong only under load, a candidate that dies mid-run, conversations,
-rates, a stopped comparison resumed, bad usage."""
+"""``kevload compare`` against crafted servers whose truth is known: a rebuild, a new version with
+planted wrong and reworded answers and a latency factor, answers wrong only under load, a candidate
+that dies mid-run, conversations, rates, a stopped comparison resumed, bad usage."""
 
 from __future__ import annotations
 
