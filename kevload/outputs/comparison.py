@@ -5,6 +5,7 @@ JUnit (a testcase per candidate × level) and OpenMetrics text; ``compare.json``
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterator
 
 from kevload.compare.gate import GateResult
@@ -73,7 +74,8 @@ def table(comparison: Comparison, result: GateResult | None = None) -> str:
             lines.append(_cut(f"    cand {example.candidate!r}", WIDTH))
     lines += [_cut(f"note: {note}", WIDTH) for note in comparison.notes]
     if result is not None:
-        lines += [_cut(line, WIDTH) for line in result.lines]
+        for line in result.lines:  # wrapped, not cut: a finding's reason is at its end
+            lines += textwrap.wrap(visible(line), WIDTH, subsequent_indent="  ")
         lines.append(f"gate: exit {int(result.code)}")
     return "\n".join(lines)
 
