@@ -71,6 +71,14 @@ def test_a_rebuild_passes_and_every_target_is_a_run_directory(tmp_path, servers)
     code, again = run_cli("report", tmp_path / "cmp")
     assert code == 0 and "reference: old" in again
     assert json.loads((tmp_path / "cmp" / "old" / "run.json").read_text())["state"] == "complete"
+    # In turns: the reference at c=1, the candidate at c=1, then the reference at c=2, then the candidate.
+    turns = sorted(
+        (record["t_send"], name, record["concurrency"])
+        for name in ("old", "new")
+        for record in map(json.loads, (tmp_path / "cmp" / name / "records.jsonl").open())
+    )
+    order = [turn[1:] for i, turn in enumerate(turns) if i == 0 or turn[1:] != turns[i - 1][1:]]
+    assert order == [("old", 1), ("new", 1), ("old", 2), ("new", 2)]
 
 
 def test_a_new_version_with_planted_wrong_and_reworded_items_is_counted_exactly(tmp_path, servers):
@@ -205,3 +213,71 @@ def test_bad_usage_exits_2_naming_the_option(tmp_path, args, message):
     code, output = run_cli("compare", path, "--out", tmp_path / "cmp", *args)
     assert code == 2 and message in output, output
     assert not (tmp_path / "cmp").exists()
+
+
+def test_three_targets_give_each_candidate_and_the_n_by_n_matrix(tmp_path, servers):
+    old, new = servers
+    with FakeServer(Behaviour(answer_for=lambda p, o: "Something else.")) as other:
+        path = write_scenario(
+            tmp_path / "s.toml", old.url, probes=sums()[:4], concurrency=[1], samples=2
+        )
+        code, output = run_cli(
+            "compare", path, "--url", f"a={old.url}", "--url", f"b={new.url}",
+            "--url", f"c={other.url}", "--out", tmp_path / "cmp", "--quiet", "--fail-on", "bad",
+        )  # fmt: skip
+    assert code == 1, output
+    doc = _doc(tmp_path)
+    assert [c["name"] for c in doc["candidates"]] == ["b", "c"]
+    (matrix,) = doc["matrix"]
+    assert matrix["targets"] == ["a", "b", "c"]
+    assert matrix["agreement"] == [[1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 1.0]]
+    # 4 of 4 flipped is no significant change (McNemar p 0.125), so --fail-on bad is what fails c;
+    # --quiet prints the findings and the exit line, only c's.
+    assert "c single/c=1: answers made wrong: 4 good→bad (--fail-on bad)" in output, output
+    assert "b single" not in output
+
+
+def test_logprobs_that_move_under_the_same_text_are_latent(tmp_path, servers):
+    old, new = servers
+    new.behaviour.version = "v2"  # the same texts (answer_for), other per-token logprobs
+    code, output = _compare(tmp_path, old, new, concurrency=[1], probes=sums()[:4])
+    assert code == 0, output  # latent items are reported, not gated
+    (level,) = _doc(tmp_path)["candidates"][0]["levels"]
+    assert level["latent"] == 4 and level["classes"]["latent"] == 4 and level["agreement"] == 1.0
+    assert level["latent_first_token"] == 0 and level["latent_max_logprob_diff"] > 0
+
+
+def test_a_saved_reference_run_stands_for_a_server_that_no_longer_runs(tmp_path, servers):
+    old, new = servers
+    path = write_scenario(
+        tmp_path / "s.toml", old.url, probes=sums()[:4], concurrency=[1], samples=2
+    )
+    assert run_cli("run", path, "--out", tmp_path / "saved", "--quiet")[0] == 0
+    code, output = run_cli(
+        "compare", path, "--reference-run", tmp_path / "saved", "--reference", "old",
+        "--url", f"new={new.url}", "--out", tmp_path / "cmp",
+    )  # fmt: skip
+    assert code == 0, output
+    doc = _doc(tmp_path)
+    assert doc["reference"] == "old" and doc["candidates"][0]["levels"][0]["agreement"] == 1.0
+    assert any("saved run" in note for note in doc["notes"])
+    assert not (tmp_path / "cmp" / "old").exists()  # the saved run was read, not run again
+    code, markdown = run_cli("report", tmp_path / "cmp", "--format", "markdown")
+    assert code == 0 and "| new | single/c=1 | 4 | 100%" in markdown, markdown
+
+
+def test_together_runs_every_target_in_the_same_window(tmp_path, servers):
+    for server in servers:
+        server.behaviour.latency = 0.05
+    code, output = _compare(
+        tmp_path, *servers, "--together", concurrency=[1], samples=3, probes=sums()[:3]
+    )
+    assert code == 0, output
+    spans = {}
+    for name in ("old", "new"):
+        lines = (tmp_path / "cmp" / name / "records.jsonl").read_text().splitlines()
+        sends = [json.loads(line)["t_send"] for line in lines]
+        spans[name] = (min(sends), max(sends))
+    # Both ran at once: each started before the other ended.
+    assert spans["old"][0] < spans["new"][1] and spans["new"][0] < spans["old"][1]
+    assert "--together" in " ".join(_doc(tmp_path)["notes"])
