@@ -71,7 +71,7 @@ def test_a_rebuild_passes_and_every_target_is_a_run_directory(tmp_path, servers)
     code, again = run_cli("report", tmp_path / "cmp")
     assert code == 0 and "reference: old" in again
     assert json.loads((tmp_path / "cmp" / "old" / "run.json").read_text())["state"] == "complete"
-    # In turns: the reference at c=1, the candidate at c=1, then the reference at c=2, then the candidate.
+    # In turns: the reference at c=1, the candidate at c=1, then both at c=2 in that order.
     turns = sorted(
         (record["t_send"], name, record["concurrency"])
         for name in ("old", "new")
