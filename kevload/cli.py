@@ -507,10 +507,9 @@ def report(
     if (run_dir / "compare-run.json").is_file():
         from kevload.servers.rollout import finish
 
-        if fmt == "html" or request_id is not None:
+        if request_id is not None:
             raise InputError(
-                f"{'--format html' if fmt == 'html' else '--request'}: not for a comparison "
-                f"({run_dir}); give one of its run directories"
+                f"--request: not for a comparison ({run_dir}); give one of its run directories"
             )
         outcome = finish(run_dir, None, trust_graders=trust_graders)
         _show_comparison(outcome, fmt, output, None, metrics)
@@ -1436,6 +1435,7 @@ def compare_command(
         log=(lambda m: None) if quiet else (lambda m: stderr.print(m, style="dim")),
     )
     _show_comparison(outcome, "quiet" if quiet else "table", None, junit, metrics)
+    stderr.print(f"compare: {outcome.out}/compare.json, .md, .html")
     _exit_if_signalled(signum)
     sys.exit(outcome.result.code)
 
@@ -1455,6 +1455,7 @@ def _show_comparison(
         renderers = {
             "table": shown.table,
             "markdown": shown.markdown,
+            "html": shown.html_page,
             "json": lambda c, _: orjson.dumps(c.to_json(), option=orjson.OPT_INDENT_2).decode(),
         }
         _emit(renderers[fmt](outcome.comparison, outcome.result), output)
@@ -1462,4 +1463,3 @@ def _show_comparison(
         junit.write_text(shown.junit_xml(outcome.comparison, outcome.result), encoding="utf-8")
     if metrics is not None:
         metrics.write_text(shown.metrics_text(outcome.comparison), encoding="utf-8")
-    stderr.print(f"compare: {outcome.out}/compare.json, {outcome.out}/compare.md")

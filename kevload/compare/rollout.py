@@ -58,6 +58,7 @@ class Parted:
     kind: str  # its class
     at_char: int
     at_token: int | None
+    offset: int  # the char both windows below start at
     reference: str
     candidate: str
 
@@ -335,7 +336,7 @@ def _parting(
     at_token = common_prefix_length(ref_tokens, tokens) if ref_tokens and tokens else None
     start = max(0, at - _WINDOW // 2)
     window = slice(start, start + _WINDOW)
-    return at, at_token, Parted(name, "", at, at_token, ref_text[window], text[window])
+    return at, at_token, Parted(name, "", at, at_token, start, ref_text[window], text[window])
 
 
 def _logprob_parting(

@@ -5,6 +5,7 @@ JUnit (a testcase per candidate × level) and OpenMetrics text; ``compare.json``
 
 from __future__ import annotations
 
+import html
 import textwrap
 from collections.abc import Iterator
 
@@ -199,3 +200,54 @@ def metrics_text(comparison: Comparison) -> str:
             shown = ",".join(f'{k}="{escape_label(v)}"' for k, v in labels.items())
             lines.append(f"{name}{{{shown}}} {format_value(value)}")
     return "\n".join([*lines, "# EOF"]) + "\n"
+
+
+_CSS = (
+    "body{font:14px/1.45 system-ui,sans-serif;margin:24px;color:#212121;max-width:1200px}"
+    "table{border-collapse:collapse;margin:8px 0}td,th{padding:6px 10px;border:1px solid #ddd}"
+    "pre{background:#f7f7f7;padding:8px;margin:0;white-space:pre-wrap;font-size:12px}"
+    "mark{background:#ffcdd2}.fail{border-left:4px solid #c62828;padding-left:8px}"
+)
+
+
+def _h(value: object) -> str:
+    """Server- or user-derived text as HTML: markup and quotes escaped, control characters spelled."""
+    return html.escape(visible("" if value is None else str(value)))
+
+
+def _marked(text: str, at: int) -> str:
+    """A window of an answer with everything from where it parts marked."""
+    return f"<pre>{_h(text[:at])}<mark>{_h(text[at:])}</mark></pre>"
+
+
+def html_page(comparison: Comparison, result: GateResult) -> str:
+    """One self-contained page: the table, then each item that parted, reference and candidate side by side
+    with the first divergence marked, then the gate's findings."""
+    rows = "".join(
+        f"<tr><td>{_h(c.name)}</td><td>{_h(_level(lv))}</td><td>{lv.items}</td>"
+        f"<td>{_pct(lv.agreement)}</td><td>{lv.latent}</td>"
+        f"<td>{_pct(lv.accuracy_reference)} → {_pct(lv.accuracy_candidate)}</td>"
+        f"<td>{lv.good_to_bad} / {lv.bad_to_good}</td><td>{_p(lv.mcnemar_p)}</td>"
+        f"<td>{_ratio(lv)}</td></tr>"
+        for c, lv in _rows(comparison)
+    )
+    parted = "".join(
+        f"<h3>{_h(c.name)} {_h(_level(lv))}: {_h(e.item)} ({_h(e.kind)}, at char {e.at_char})</h3>"
+        f"<table><tr><th>{_h(comparison.reference)}</th><th>{_h(c.name)}</th></tr><tr>"
+        f"<td>{_marked(e.reference, e.at_char - e.offset)}</td>"
+        f"<td>{_marked(e.candidate, e.at_char - e.offset)}</td></tr></table>"
+        for c, lv in _rows(comparison)
+        for e in lv.examples
+    )
+    findings = "".join(f"<p class=fail>{_h(line)}</p>" for line in result.lines)
+    return (
+        f"<!doctype html><html lang=en><head><meta charset=utf-8><title>compared with "
+        f"{_h(comparison.reference)}</title><style>{_CSS}</style></head><body>"
+        f"<h1>Compared with {_h(comparison.reference)}</h1><table><tr><th>candidate</th>"
+        "<th>level</th><th>items</th><th>agreement</th><th>latent</th><th>accuracy ref → cand</th>"
+        f"<th>good→bad / bad→good</th><th>McNemar p</th><th>p50 ratio</th></tr>{rows}</table>"
+        f"<h2>Items that parted</h2>{parted or '<p>None.</p>'}"
+        f"<h2>Gate: exit {int(result.code)}</h2>{findings}"
+        + "".join(f"<p>note: {_h(n)}</p>" for n in comparison.notes)
+        + "</body></html>\n"
+    )

@@ -143,14 +143,15 @@ def compare(
 
 
 def finish(out: Path, rules: GateRules | None, *, trust_graders: bool) -> Outcome:
-    """compare.json recomputed from the runs, compare.md beside it, and the gate, whose rules and
-    findings go to gate.json; ``rules`` None (``kevload report``): the rules gate.json recorded,
+    """compare.json recomputed from the runs, compare.md and compare.html beside it, and the gate,
+    whose rules and findings go to gate.json; ``rules`` None (``kevload report``): the rules gate.json recorded,
     else the defaults."""
     if rules is None:
         rules = _recorded_rules(out / GATE)
     comparison = comparing.finish_comparison(out, trust_graders=trust_graders)
     result = gate(comparison, rules)
     (out / "compare.md").write_text(shown.markdown(comparison, result), encoding="utf-8")
+    (out / "compare.html").write_text(shown.html_page(comparison, result), encoding="utf-8")
     doc = {"code": int(result.code), "findings": result.lines, "rules": asdict(rules)}
     write_json(out / GATE, doc)
     return Outcome(comparison=comparison, result=result, out=out)

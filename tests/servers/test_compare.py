@@ -281,3 +281,16 @@ def test_together_runs_every_target_in_the_same_window(tmp_path, servers):
     # Both ran at once: each started before the other ended.
     assert spans["old"][0] < spans["new"][1] and spans["new"][0] < spans["old"][1]
     assert "--together" in " ".join(_doc(tmp_path)["notes"])
+
+
+def test_the_html_page_marks_where_each_parted_item_leaves_the_reference(tmp_path, servers):
+    old, new = servers
+    new.behaviour.answer_for = lambda p, o: right(p, 1).replace("answer", "<b>sum</b>")
+    code, output = _compare(tmp_path, old, new, concurrency=[1], samples=2, probes=sums()[:2])
+    assert code == 0, output  # reworded and still right: no graded item turned bad
+    page = (tmp_path / "cmp" / "compare.html").read_text()
+    # Escaped, and marked from the first char that differs ("The " is shared).
+    assert "<pre>The <mark>answer is 2.</mark></pre>" in page
+    assert "<pre>The <mark>&lt;b&gt;sum&lt;/b&gt; is 2.</mark></pre>" in page
+    code, again = run_cli("report", tmp_path / "cmp", "--format", "html")
+    assert code == 0 and again.strip() == page.strip()
