@@ -211,7 +211,8 @@ _CSS = (
 
 
 def _h(value: object) -> str:
-    """Server- or user-derived text as HTML: markup and quotes escaped, control characters spelled."""
+    """Server- or user-derived text as HTML: markup and quotes escaped, control characters
+    spelled."""
     return html.escape(visible("" if value is None else str(value)))
 
 
@@ -221,8 +222,8 @@ def _marked(text: str, at: int) -> str:
 
 
 def html_page(comparison: Comparison, result: GateResult) -> str:
-    """One self-contained page: the table, then each item that parted, reference and candidate side by side
-    with the first divergence marked, then the gate's findings."""
+    """One self-contained page: the table, then each item that parted, reference and candidate side
+    by side with the first divergence marked, then the gate's findings."""
     rows = "".join(
         f"<tr><td>{_h(c.name)}</td><td>{_h(_level(lv))}</td><td>{lv.items}</td>"
         f"<td>{_pct(lv.agreement)}</td><td>{lv.latent}</td>"

@@ -144,8 +144,8 @@ def compare(
 
 def finish(out: Path, rules: GateRules | None, *, trust_graders: bool) -> Outcome:
     """compare.json recomputed from the runs, compare.md and compare.html beside it, and the gate,
-    whose rules and findings go to gate.json; ``rules`` None (``kevload report``): the rules gate.json recorded,
-    else the defaults."""
+    whose rules and findings go to gate.json; ``rules`` None (``kevload report``): the rules
+    gate.json recorded, else the defaults."""
     if rules is None:
         rules = _recorded_rules(out / GATE)
     comparison = comparing.finish_comparison(out, trust_graders=trust_graders)
