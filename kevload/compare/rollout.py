@@ -209,16 +209,8 @@ def compare_level(
         )
         for name in paired
     ]
-    agree = [r for r in results if r.at_char is None]
-    classes = {kind: sum(r.kind == kind for r in results) for kind in ITEM_CLASSES}
-    latent = [r for r in results if r.kind == "latent"]
-    parted = [r for r in results if r.at_char is not None]
-    pairs = [r.graded for r in results if r.graded is not None]
-    to_bad = sum(1 for g in pairs if g[0] and not g[1])
-    to_good = sum(1 for g in pairs if g[1] and not g[0])
-    ungraded = [r for r in results if r.graded is None]
-    varies = any(len(set(r.labels[0])) > 1 for r in ungraded)
-    low_high = wilson_interval(len(agree), len(results)) if results else None
+    agree = sum(r.at_char is None for r in results)
+    low_high = wilson_interval(agree, len(results)) if results else None
     ref_load, cand_load = ref.load.get(level, LevelLoad()), cand.load.get(level, LevelLoad())
     return LevelComparison(
         mode=mode,
@@ -226,48 +218,77 @@ def compare_level(
         rate=rate,
         items=len(results),
         items_missing=[n for n in names if n not in paired],
-        agreement=_round(len(agree) / len(results)) if results else None,
+        agreement=_round(agree / len(results)) if results else None,
         agreement_ci95=None if low_high is None else [_round(x) for x in low_high],
         reference_self_agreement=_round(
             sum(len(ref_items[n].counts) == 1 for n in paired) / len(paired)
         )
         if paired
         else None,
-        classes=classes,
-        latent=len(latent),
-        latent_max_logprob_diff=max(
-            (r.logprob_diff for r in latent if r.logprob_diff is not None), default=None
-        ),
-        latent_first_token=min(
-            (r.logprob_first for r in latent if r.logprob_first is not None), default=None
-        ),
-        first_divergence_chars_median=_median([r.at_char for r in parted]),
-        first_divergence_tokens_median=_median([r.at_token for r in parted]),
-        examples=[r.example for r in parted if r.example is not None][:EXAMPLES],
-        parted={
-            kind: [r.item for r in results if r.kind == kind]
-            for kind in ITEM_CLASSES
-            if kind != "identical" and classes[kind]
-        },
-        graded=len(pairs),
-        good_to_bad=to_bad,
-        bad_to_good=to_good,
-        mcnemar_p=float(f"{mcnemar_exact(to_bad, to_good):.6g}") if pairs else None,
-        accuracy_reference=_round(sum(g[0] for g in pairs) / len(pairs)) if pairs else None,
-        accuracy_candidate=_round(sum(g[1] for g in pairs) / len(pairs)) if pairs else None,
-        ungraded=len(ungraded),
-        ungraded_agreement=_round(sum(r.at_char is None for r in ungraded) / len(ungraded))
-        if ungraded
-        else None,
-        new_texts=sum(r.new for r in ungraded),
-        reference_varies=varies,
-        new_texts_p=float(f"{spread_p([r.labels for r in ungraded], seed=seed):.6g}")
-        if varies
-        else None,
+        **_parting_figures(results),
+        **_graded_figures(results),
+        **_text_figures(results, seed),
         latency=latency_ratios(ref_load, cand_load, seed=seed),
         reference_load=ref_load.throughput(),
         candidate_load=cand_load.throughput(),
     )
+
+
+def _parting_figures(results: Sequence[ItemResult]) -> dict[str, Any]:
+    """The classes, the latent items' logprobs, where the others part, and examples."""
+    classes = {kind: sum(r.kind == kind for r in results) for kind in ITEM_CLASSES}
+    latent = [r for r in results if r.kind == "latent"]
+    parted = [r for r in results if r.at_char is not None]
+    return {
+        "classes": classes,
+        "latent": len(latent),
+        "latent_max_logprob_diff": max(
+            (r.logprob_diff for r in latent if r.logprob_diff is not None), default=None
+        ),
+        "latent_first_token": min(
+            (r.logprob_first for r in latent if r.logprob_first is not None), default=None
+        ),
+        "first_divergence_chars_median": _median([r.at_char for r in parted]),
+        "first_divergence_tokens_median": _median([r.at_token for r in parted]),
+        "examples": [r.example for r in parted if r.example is not None][:EXAMPLES],
+        "parted": {
+            kind: [r.item for r in results if r.kind == kind]
+            for kind in ITEM_CLASSES
+            if kind != "identical" and classes[kind]
+        },
+    }
+
+
+def _graded_figures(results: Sequence[ItemResult]) -> dict[str, Any]:
+    """The graded items: the discordant ones, the exact McNemar p over them, each side's accuracy."""
+    pairs = [r.graded for r in results if r.graded is not None]
+    to_bad = sum(1 for g in pairs if g[0] and not g[1])
+    to_good = sum(1 for g in pairs if g[1] and not g[0])
+    return {
+        "graded": len(pairs),
+        "good_to_bad": to_bad,
+        "bad_to_good": to_good,
+        "mcnemar_p": float(f"{mcnemar_exact(to_bad, to_good):.6g}") if pairs else None,
+        "accuracy_reference": _round(sum(g[0] for g in pairs) / len(pairs)) if pairs else None,
+        "accuracy_candidate": _round(sum(g[1] for g in pairs) / len(pairs)) if pairs else None,
+    }
+
+
+def _text_figures(results: Sequence[ItemResult], seed: int) -> dict[str, Any]:
+    """The ungraded items: their agreement, the new texts, and those against the reference's spread."""
+    ungraded = [r for r in results if r.graded is None]
+    varies = any(len(set(r.labels[0])) > 1 for r in ungraded)
+    return {
+        "ungraded": len(ungraded),
+        "ungraded_agreement": _round(sum(r.at_char is None for r in ungraded) / len(ungraded))
+        if ungraded
+        else None,
+        "new_texts": sum(r.new for r in ungraded),
+        "reference_varies": varies,
+        "new_texts_p": float(f"{spread_p([r.labels for r in ungraded], seed=seed):.6g}")
+        if varies
+        else None,
+    }
 
 
 def compare_item(
