@@ -98,6 +98,11 @@ def compare(
 ) -> tuple[Outcome, int | None]:
     """The whole command: the targets' runs, then the comparison written (compare.json, compare.md)
     and gated. Returns it with the signal that stopped the runs, if any."""
+    if resume:  # the reference it was started with, and its saved run if it had one
+        recorded = comparing.read_manifest(out)
+        reference = reference or recorded["reference"]
+        if reference_run is None and "reference_run" in recorded:
+            reference_run = Path(recorded["reference_run"])
     names = [t[0] for t in targets.targets]
     if reference_run is not None:
         names = [reference or "reference", *names]

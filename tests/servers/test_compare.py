@@ -206,6 +206,7 @@ def test_a_stopped_comparison_resumes_where_it_stopped(tmp_path, servers):
             "--reference 'c'",
         ),
         (["--url", "http://127.0.0.1:9/v1", "--url", "b=http://127.0.0.1:8/v1"], "NAME=VALUE"),
+        (["--url", "a=http://127.0.0.1:9/v1", "--target", "b=nosuch"], "expected a built-in"),
     ],
 )
 def test_bad_usage_exits_2_naming_the_option(tmp_path, args, message):
@@ -294,3 +295,16 @@ def test_the_html_page_marks_where_each_parted_item_leaves_the_reference(tmp_pat
     assert "<pre>The <mark>&lt;b&gt;sum&lt;/b&gt; is 2.</mark></pre>" in page
     code, again = run_cli("report", tmp_path / "cmp", "--format", "html")
     assert code == 0 and again.strip() == page.strip()
+
+
+def test_a_model_named_for_one_target_is_sent_to_it_alone(tmp_path, servers):
+    code, output = _compare(
+        tmp_path, *servers, "--model", "new=other-model", concurrency=[1], samples=1,
+        probes=sums()[:1],
+    )  # fmt: skip
+    assert code == 0, output
+    sent = {
+        name: json.loads((tmp_path / "cmp" / name / "run.json").read_text())["target"]["model"]
+        for name in ("old", "new")
+    }
+    assert sent == {"old": "fake", "new": "other-model"}
