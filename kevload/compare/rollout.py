@@ -229,8 +229,8 @@ def compare_level(
         **_graded_figures(results),
         **_text_figures(results, seed),
         latency=latency_ratios(ref_load, cand_load, seed=seed),
-        reference_load=ref_load.throughput(),
-        candidate_load=cand_load.throughput(),
+        reference_load=ref_load.throughput(_met(ref, level)),
+        candidate_load=cand_load.throughput(_met(cand, level)),
     )
 
 
@@ -383,6 +383,10 @@ def _grade(grader: Grader, name: str, cell: CellAccumulator) -> bool | None:
     if any(grades[k] is False for k in cell.counts):
         return False
     return True if any(grades[k] is True for k in cell.counts) else None
+
+
+def _met(side: Side, level: LevelId) -> int | None:
+    return None if side.slo_met is None else side.slo_met.get(level, 0)
 
 
 def _graded(side: Side, name: str) -> bool:

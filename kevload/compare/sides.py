@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from kevload.compare.cells import CellAccumulator
 from kevload.compare.reader import reduce_records
 from kevload.inputs.grading import Grading
+from kevload.inputs.scenario import Slo
 from kevload.records.store import Record, counts_in_cell
 from kevload.words import CANCELLED, OK
 
@@ -56,15 +57,19 @@ class LevelLoad:
     def seconds(self) -> float:
         return max(self.t_end - self.t_start, 0.0) if self.requests else 0.0
 
-    def throughput(self) -> dict[str, float | int | None]:
-        """Requests and output tokens per second over the level's span, with the errors."""
+    def throughput(self, slo_met: int | None = None) -> dict[str, float | int | None]:
+        """Requests and output tokens per second over the level's span, with the errors; with an SLO,
+        ``goodput``: the requests within every bound (``slo_met``) per second."""
         span = self.seconds
-        return {
+        out: dict[str, float | int | None] = {
             "requests": self.requests,
             "errors": self.errors,
             "requests_per_s": round(self.ok / span, 3) if span > 0 else None,
             "tokens_per_s": round(self.output_tokens / span, 3) if span > 0 else None,
         }
+        if slo_met is not None:
+            out["goodput"] = round(slo_met / span, 3) if span > 0 else None
+        return out
 
 
 @dataclass
@@ -78,6 +83,9 @@ class Side:
     load: dict[LevelId, LevelLoad]
     gradings: Mapping[str, Grading] | None = None
     state: str | None = None
+    # Requests within every bound of the run's SLO at each level, probes and companions (None: no
+    # SLO).
+    slo_met: dict[LevelId, int] | None = None
 
     def levels(self) -> list[LevelId]:
         return sorted(set(self.items) | set(self.load), key=level_key)
@@ -96,6 +104,7 @@ def fold_side(
     *,
     gradings: Mapping[str, Grading] | None = None,
     state: str | None = None,
+    slo: Slo | None = None,
 ) -> Side:
     """A run's records (``RunDir.records``) folded into a ``Side``: one pass, the cells as
     ``report`` makes them."""
@@ -108,9 +117,18 @@ def fold_side(
                 loads.setdefault(level, LevelLoad()).add(record)
             yield record
 
-    reduction = reduce_records(tapped())
+    reduction = reduce_records(tapped(), slo=slo)
     items: dict[LevelId, dict[str, CellAccumulator]] = {}
+    met: dict[LevelId, int] = {}
     for (probe, role, mode, concurrency, rate), cell in reduction.cells.items():
+        met[(mode, concurrency, rate)] = met.get((mode, concurrency, rate), 0) + cell.slo_met
         if role == "probe":
             items.setdefault((mode, concurrency, rate), {})[probe] = cell
-    return Side(name=name, items=items, load=loads, gradings=gradings, state=state)
+    return Side(
+        name=name,
+        items=items,
+        load=loads,
+        gradings=gradings,
+        state=state,
+        slo_met=met if slo is not None else None,
+    )

@@ -22,7 +22,7 @@ from kevload.compare.graded import gradings_of
 from kevload.compare.rollout import Comparison, compare_sides
 from kevload.compare.sides import Side, fold_side
 from kevload.errors import InputError, RunDirError, SummaryError, TargetError
-from kevload.inputs.scenario import Scenario
+from kevload.inputs.scenario import Scenario, Slo
 from kevload.load.runs import Level, RunResult, run_scenario
 from kevload.records.rundir import RunDir, apart
 from kevload.records.store import Record, now_iso, read_json, write_json
@@ -201,7 +201,8 @@ def read_side(name: str, run_dir: Path, *, trust_graders: bool) -> Side:
         return Side(name=name, items={}, load={}, state="missing")
     meta = run.meta()
     gradings = gradings_of(meta, run.run_json, trust_graders=trust_graders)
-    return fold_side(name, run.records(), gradings=gradings, state=meta.get("state"))
+    slo = Slo(**meta["load"]["slo"]) if meta["load"].get("slo") else None
+    return fold_side(name, run.records(), gradings=gradings, state=meta.get("state"), slo=slo)
 
 
 def finish_comparison(out: Path, *, trust_graders: bool = False, seed: int = 0) -> Comparison:

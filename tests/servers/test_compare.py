@@ -308,3 +308,14 @@ def test_a_model_named_for_one_target_is_sent_to_it_alone(tmp_path, servers):
         for name in ("old", "new")
     }
     assert sent == {"old": "fake", "new": "other-model"}
+
+
+def test_goodput_under_the_slo_is_given_per_target_where_one_is_set(tmp_path, servers):
+    old, new = servers
+    old.behaviour.latency, new.behaviour.latency = 0.01, 0.2
+    code, output = _compare(
+        tmp_path, old, new, concurrency=[1], samples=3, probes=sums()[:2], slo={"e2e_ms": 100}
+    )
+    assert code == 0, output
+    (level,) = _doc(tmp_path)["candidates"][0]["levels"]
+    assert level["reference_load"]["goodput"] > 0 and level["candidate_load"]["goodput"] == 0
