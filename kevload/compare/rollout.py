@@ -260,7 +260,8 @@ def _parting_figures(results: Sequence[ItemResult]) -> dict[str, Any]:
 
 
 def _graded_figures(results: Sequence[ItemResult]) -> dict[str, Any]:
-    """The graded items: the discordant ones, the exact McNemar p over them, each side's accuracy."""
+    """The graded items: the discordant ones, the exact McNemar p over them, each side's
+    accuracy."""
     pairs = [r.graded for r in results if r.graded is not None]
     to_bad = sum(1 for g in pairs if g[0] and not g[1])
     to_good = sum(1 for g in pairs if g[1] and not g[0])
@@ -275,7 +276,8 @@ def _graded_figures(results: Sequence[ItemResult]) -> dict[str, Any]:
 
 
 def _text_figures(results: Sequence[ItemResult], seed: int) -> dict[str, Any]:
-    """The ungraded items: their agreement, the new texts, and those against the reference's spread."""
+    """The ungraded items: their agreement, the new texts, and those against the reference's
+    spread."""
     ungraded = [r for r in results if r.graded is None]
     varies = any(len(set(r.labels[0])) > 1 for r in ungraded)
     return {

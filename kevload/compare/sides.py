@@ -58,8 +58,8 @@ class LevelLoad:
         return max(self.t_end - self.t_start, 0.0) if self.requests else 0.0
 
     def throughput(self, slo_met: int | None = None) -> dict[str, float | int | None]:
-        """Requests and output tokens per second over the level's span, with the errors; with an SLO,
-        ``goodput``: the requests within every bound (``slo_met``) per second."""
+        """Requests and output tokens per second over the level's span, with the errors; with an
+        SLO, ``goodput``: the requests within every bound (``slo_met``) per second."""
         span = self.seconds
         out: dict[str, float | int | None] = {
             "requests": self.requests,
