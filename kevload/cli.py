@@ -1385,6 +1385,7 @@ def _ray_sweep(address: str | None, resources: str | None, server_cmd: str | Non
     callback=lambda _c, _p, v: _metrics_path(v),
 )
 @click.option("--quiet", is_flag=True, help="Only the gate's findings and its exit line.")
+@_trust_graders_option
 def compare_command(
     scenario: Path | None,
     urls: tuple[str, ...],
@@ -1402,6 +1403,7 @@ def compare_command(
     junit: Path | None,
     metrics: Path | None,
     quiet: bool,
+    trust_graders: bool,
 ) -> None:
     """Compare two or more servers item by item under the same load (docs/compare.md). Exit 0 every
     candidate answers as the reference, 1 one is worse, 2 bad usage, 3 a target failed or the
@@ -1433,6 +1435,7 @@ def compare_command(
         reference_run=reference_run,
         rules=rules,
         log=(lambda m: None) if quiet else (lambda m: stderr.print(m, style="dim")),
+        trust_graders=trust_graders,
     )
     _show_comparison(outcome, "quiet" if quiet else "table", None, junit, metrics)
     stderr.print(f"compare: {outcome.out}/compare.json, .md, .html")

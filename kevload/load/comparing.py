@@ -205,12 +205,20 @@ def read_side(name: str, run_dir: Path, *, trust_graders: bool) -> Side:
     return fold_side(name, run.records(), gradings=gradings, state=meta.get("state"), slo=slo)
 
 
-def finish_comparison(out: Path, *, trust_graders: bool = False, seed: int = 0) -> Comparison:
+def finish_comparison(
+    out: Path, *, trust_graders: bool = False, own: bool = False, seed: int = 0
+) -> Comparison:
     """Recompute ``out/compare.json`` from the targets' records (after a comparison, or by
-    ``report``)."""
+    ``report``). Python graders are imported with ``trust_graders``, or with ``own`` from the runs
+    this process just made (those under ``out``; a saved ``--reference-run`` is data from
+    elsewhere)."""
     doc = read_manifest(out)
     sides = [
-        read_side(t["name"], out / t["run_dir"], trust_graders=trust_graders)
+        read_side(
+            t["name"],
+            out / t["run_dir"],
+            trust_graders=trust_graders or (own and not Path(t["run_dir"]).is_absolute()),
+        )
         for t in doc["targets"]
     ]
     notes = []

@@ -15,6 +15,7 @@ import msgspec
 
 from kevload import aio
 from kevload.compare.gate import GateResult, GateRules, gate
+from kevload.compare.graded import gradings_of
 from kevload.compare.rollout import Comparison
 from kevload.errors import InputError, RunDirError, TargetError
 from kevload.inputs.grading import IMPORT
@@ -95,6 +96,7 @@ def compare(
     reference_run: Path | None,
     rules: GateRules,
     log: Callable[[str], None],
+    trust_graders: bool = False,
 ) -> tuple[Outcome, int | None]:
     """The whole command: the targets' runs, then the comparison written (compare.json, compare.md)
     and gated. Returns it with the signal that stopped the runs, if any."""
@@ -118,8 +120,9 @@ def compare(
                 f"--out {out}: not empty; give a directory of its own (or --resume {out})"
             )
     comparing.check_scenario(scenario)
-    if reference_run is not None:
-        RunDir.open(reference_run)
+    if reference_run is not None:  # read before anything is sent: its graders too
+        saved = RunDir.open(reference_run)
+        gradings_of(saved.meta(), saved.run_json, trust_graders=trust_graders)
 
     async def work(stop: asyncio.Event) -> None:
         async with contextlib.AsyncExitStack() as stack:
@@ -144,16 +147,19 @@ def compare(
             )
 
     _, signum = aio.run(work)
-    return finish(out, rules, trust_graders=True), signum
+    # Its own runs' python graders are imported; a saved reference run's only with trust_graders.
+    return finish(out, rules, trust_graders=trust_graders, own=True), signum
 
 
-def finish(out: Path, rules: GateRules | None, *, trust_graders: bool) -> Outcome:
+def finish(
+    out: Path, rules: GateRules | None, *, trust_graders: bool, own: bool = False
+) -> Outcome:
     """compare.json recomputed from the runs, compare.md and compare.html beside it, and the gate,
     whose rules and findings go to gate.json; ``rules`` None (``kevload report``): the rules
     gate.json recorded, else the defaults."""
     if rules is None:
         rules = _recorded_rules(out / GATE)
-    comparison = comparing.finish_comparison(out, trust_graders=trust_graders)
+    comparison = comparing.finish_comparison(out, trust_graders=trust_graders, own=own)
     result = gate(comparison, rules)
     (out / "compare.md").write_text(shown.markdown(comparison, result), encoding="utf-8")
     (out / "compare.html").write_text(shown.html_page(comparison, result), encoding="utf-8")

@@ -319,3 +319,24 @@ def test_goodput_under_the_slo_is_given_per_target_where_one_is_set(tmp_path, se
     assert code == 0, output
     (level,) = _doc(tmp_path)["candidates"][0]["levels"]
     assert level["reference_load"]["goodput"] > 0 and level["candidate_load"]["goodput"] == 0
+
+
+def test_a_saved_reference_runs_python_graders_are_imported_only_when_trusted(
+    tmp_path, monkeypatch, servers
+):
+    from tests.compare.test_graded import _python_graded_run
+
+    old, new = servers
+    monkeypatch.chdir(tmp_path)
+    saved = _python_graded_run(tmp_path, old, "kevload_test_compare_saved")
+    new.behaviour.answer_for = old.behaviour.answer_for
+    args = ["compare", "suite/s.toml", "--reference-run", saved, "--url", f"new={new.url}"]
+    code, output = run_cli(*args, "--out", "refused")
+    assert code == 2 and "--trust-graders" in output, output
+    assert not (tmp_path / "refused" / "new").exists()  # refused before anything was sent
+    code, output = run_cli(*args, "--out", "trusted", "--trust-graders")
+    assert code == 0, output
+    (level,) = json.loads((tmp_path / "trusted" / "compare.json").read_text())["candidates"][0][
+        "levels"
+    ]
+    assert level["graded"] == level["items"] > 0 and level["accuracy_reference"] == 1.0
