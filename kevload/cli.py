@@ -1359,30 +1359,51 @@ def _ray_sweep(address: str | None, resources: str | None, server_cmd: str | Non
     type=click.Path(file_okay=False, path_type=Path),
     help="A saved run of the reference (its server no longer runs): its records stand for it.",
 )
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Directory.")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory: a run directory per target, compare.json (default results/compare-<time>).",
+)
 @click.option("--together", is_flag=True, help="Run every target at once (no shared hardware).")
 @click.option(
     "--resume",
     type=click.Path(file_okay=False, path_type=Path),
     help="Finish a stopped comparison in this directory.",
 )
-@click.option("--alpha", type=_Finite(min=1e-6, max=0.5), default=0.05, show_default=True)
+@click.option(
+    "--alpha",
+    type=_Finite(min=1e-6, max=0.5),
+    default=0.05,
+    show_default=True,
+    help="The gate's false alarm rate, shared out over candidates × levels.",
+)
 @click.option(
     "--min-agreement",
     metavar="SHARE",
     help="Ungraded items: pass while this share (95% or 0.95) agrees.",
 )
-@click.option("--fail-on", type=click.Choice(["drift", "bad"]), default="drift", show_default=True)
+@click.option(
+    "--fail-on",
+    type=click.Choice(["drift", "bad"]),
+    default="drift",
+    show_default=True,
+    help="bad: any graded item good on the reference and bad on a candidate fails too.",
+)
 @click.option(
     "--max-latency-regression",
     type=_Finite(min=0),
     help="Fail when the p50 latency ratio's 95% interval lies wholly above 1 + R.",
 )
-@click.option("--junit", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--junit",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write JUnit XML here: a testcase per candidate × level.",
+)
 @click.option(
     "--metrics",
     type=click.Path(dir_okay=False, path_type=Path),
     callback=lambda _c, _p, v: _metrics_path(v),
+    help="Write the comparison as OpenMetrics text here.",
 )
 @click.option("--quiet", is_flag=True, help="Only the gate's findings and its exit line.")
 @_trust_graders_option
