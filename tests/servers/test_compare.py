@@ -55,8 +55,16 @@ def _doc(tmp_path) -> dict:
 
 
 def test_a_rebuild_passes_and_every_target_is_a_run_directory(tmp_path, servers):
-    code, output = _compare(tmp_path, *servers, concurrency=[1, 2])
+    code, output = _compare(
+        tmp_path, *servers, "--metrics", tmp_path / "m.prom", concurrency=[1, 2]
+    )
     assert code == 0, output
+    metrics = (tmp_path / "m.prom").read_text()
+    assert (
+        'kevload_compare_agreement_ratio{reference="old",candidate="new",mode="single",level="c=2"} 1.0'
+        in metrics
+    )
+    assert metrics.endswith("# EOF\n")
     doc = _doc(tmp_path)
     assert doc["reference"] == "old" and [c["name"] for c in doc["candidates"]] == ["new"]
     levels = doc["candidates"][0]["levels"]
