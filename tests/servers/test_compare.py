@@ -60,10 +60,8 @@ def test_a_rebuild_passes_and_every_target_is_a_run_directory(tmp_path, servers)
     )
     assert code == 0, output
     metrics = (tmp_path / "m.prom").read_text()
-    assert (
-        'kevload_compare_agreement_ratio{reference="old",candidate="new",mode="single",level="c=2"} 1.0'
-        in metrics
-    )
+    labels = 'reference="old",candidate="new",mode="single",level="c=2"'
+    assert f"kevload_compare_agreement_ratio{{{labels}}} 1.0" in metrics
     assert metrics.endswith("# EOF\n")
     doc = _doc(tmp_path)
     assert doc["reference"] == "old" and [c["name"] for c in doc["candidates"]] == ["new"]
