@@ -1430,6 +1430,7 @@ def compare_command(
     candidate answers as the reference, 1 one is worse, 2 bad usage, 3 a target failed or the
     evidence is short."""
     from kevload.compare.gate import GateRules
+    from kevload.errors import TargetError
     from kevload.servers import rollout
 
     if resume is not None and (scenario is not None or out is not None):
@@ -1458,6 +1459,9 @@ def compare_command(
         log=(lambda m: None) if quiet else (lambda m: stderr.print(m, style="dim")),
         trust_graders=trust_graders,
     )
+    if outcome is None:  # stopped while a --target started: nothing was sent
+        _exit_if_signalled(signum)
+        raise TargetError("compare: a --target did not start; no target was asked")
     _show_comparison(outcome, "quiet" if quiet else "table", None, junit, metrics)
     stderr.print(f"compare: {outcome.out}/compare.json, .md, .html")
     _exit_if_signalled(signum)

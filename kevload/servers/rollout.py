@@ -97,9 +97,10 @@ def compare(
     rules: GateRules,
     log: Callable[[str], None],
     trust_graders: bool = False,
-) -> tuple[Outcome, int | None]:
+) -> tuple[Outcome | None, int | None]:
     """The whole command: the targets' runs, then the comparison written (compare.json, compare.md)
-    and gated. Returns it with the signal that stopped the runs, if any."""
+    and gated. Returns it with the signal that stopped the runs, if any; None for it when stopped
+    while a built-in target started, before anything was sent."""
     if resume:  # the reference it was started with, and its saved run if it had one
         recorded = comparing.read_manifest(out)
         reference = reference or recorded["reference"]
@@ -147,6 +148,8 @@ def compare(
             )
 
     _, signum = aio.run(work)
+    if not (out / comparing.MANIFEST).is_file():
+        return None, signum
     # Its own runs' python graders are imported; a saved reference run's only with trust_graders.
     return finish(out, rules, trust_graders=trust_graders, own=True), signum
 
