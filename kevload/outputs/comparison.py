@@ -16,8 +16,8 @@ from kevload.outputs.report import markdown_cell
 from kevload.outputs.spelling import visible, xml_text
 
 WIDTH = 80
-_HEAD = f"{'candidate':<13} {'level':<10} {'agree':>6} {'accuracy ref→cand':>17} {'g→b/b→g':>8} "
-_HEAD += f"{'p':>7} {'p50×':>9}"
+_HEAD = f"{'candidate':<13} {'level':<10} {'items':>5} {'agree':>6} {'accuracy ref→cand':>17} "
+_HEAD += f"{'g→b/b→g':>8} {'p':>7} {'p50×':>6}"
 
 
 def _pct(value: float | None) -> str:
@@ -61,9 +61,9 @@ def table(comparison: Comparison, result: GateResult | None = None) -> str:
         )
         flips = f"{level.good_to_bad}/{level.bad_to_good}" if level.graded else "-"
         lines.append(
-            f"{_cut(candidate.name, 13):<13} {_cut(_level(level), 10):<10} "
+            f"{_cut(candidate.name, 13):<13} {_cut(_level(level), 10):<10} {level.items:>5} "
             f"{_pct(level.agreement):>6} {accuracy:>17} {flips:>8} {_p(level.mcnemar_p):>7} "
-            f"{_ratio(level):>9}"
+            f"{_ratio(level):>6}"
         )
     for candidate, level in _rows(comparison):
         for example in level.examples:
