@@ -154,3 +154,79 @@ def mcnemar_exact(good_to_bad: int, bad_to_good: int) -> float:
         return 1.0
     tail = sum(math.comb(n, i) for i in range(min(good_to_bad, bad_to_good) + 1))
     return min(1.0, 2 * tail / (1 << n))  # exact integers (1 << n is 2**n) until the one division
+
+
+# Resamples of a bootstrap interval, and how many are drawn at once (memory: draws × samples
+# floats).
+BOOTSTRAP_DRAWS = 2000
+_BOOTSTRAP_CHUNK = 100
+
+
+def bootstrap_ratio(
+    reference: list[float], candidate: list[float], q: float, *, seed: int = 0
+) -> tuple[float, float, float] | None:
+    """The ratio of the ``q`` quantiles, candidate over reference, with its 95 %
+    percentile-bootstrap interval.
+
+    Each side is resampled on its own (two independent samples of requests), ``BOOTSTRAP_DRAWS``
+    times, with numpy's generator seeded by ``seed``: the same records give the same interval. None
+    where a side has no value or the reference's quantile is 0 (no ratio)."""
+    if not reference or not candidate:
+        return None
+    ref, cand = np.asarray(reference, dtype=np.float64), np.asarray(candidate, dtype=np.float64)
+    base = float(np.quantile(ref, q))
+    if base <= 0:
+        return None
+    rng = np.random.default_rng(seed)
+    ratios = []
+    for start in range(0, BOOTSTRAP_DRAWS, _BOOTSTRAP_CHUNK):
+        draws = min(_BOOTSTRAP_CHUNK, BOOTSTRAP_DRAWS - start)
+        r = np.quantile(ref[rng.integers(0, ref.size, (draws, ref.size))], q, axis=1)
+        c = np.quantile(cand[rng.integers(0, cand.size, (draws, cand.size))], q, axis=1)
+        ratios.append(c / np.maximum(r, 1e-12))
+    low, high = np.quantile(np.concatenate(ratios), [0.025, 0.975])
+    return float(np.quantile(cand, q)) / base, float(low), float(high)
+
+
+PERMUTATIONS = 2000  # relabelings drawn by ``spread_p``
+
+
+def spread_p(
+    items: list[tuple[list[int], list[int]]], *, seed: int = 0, draws: int = PERMUTATIONS
+) -> float:
+    """Whether a candidate's answers leave the reference's more than its spread explains: the
+    p-value of a permutation test stratified by item, seeded (the same answers give the same p).
+
+    ``items``: per item, the text of each reference sample and of each candidate sample, as labels.
+    The statistic is, per item, how many candidate samples have a text no reference sample has,
+    standardized by its distribution over relabelings of that item's samples, summed over items.
+    Under "both sides draw from the same answers" every relabeling within an item is as likely as
+    the one seen, so the p-value is exact up to the draws; an item whose samples all have one text
+    has no relabeling that differs and adds nothing. Samples of one item are exchangeable, never
+    pooled across items. 1 with no item that can differ."""
+    rng = np.random.default_rng(seed)
+    observed, null, used = 0.0, np.zeros(draws), False
+    for ref, cand in items:
+        pooled = np.asarray([*ref, *cand], dtype=np.int64)
+        if len(ref) == 0 or len(cand) == 0 or np.all(pooled == pooled[0]):
+            continue
+        perms = pooled[np.argsort(rng.random((draws, pooled.size)), axis=1)]
+        counts = _outside(perms[:, : len(ref)], perms[:, len(ref) :])
+        seen = _outside(pooled[None, : len(ref)], pooled[None, len(ref) :])[0]
+        mean, sd = counts.mean(), counts.std()
+        if sd == 0:
+            continue
+        used = True
+        observed += (seen - mean) / sd
+        null += (counts - mean) / sd
+    if not used:
+        return 1.0
+    return float((1 + np.sum(null >= observed - 1e-9)) / (draws + 1))
+
+
+def _outside(ref: np.ndarray, cand: np.ndarray) -> np.ndarray:
+    """Per row: candidate entries whose label no reference entry of the row has."""
+    out = np.zeros(ref.shape[0])
+    for label in np.unique(np.concatenate([ref.ravel(), cand.ravel()])):
+        out += (cand == label).sum(axis=1) * ~(ref == label).any(axis=1)
+    return out

@@ -9,7 +9,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import aclosing
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -54,6 +54,9 @@ from kevload.summary import RunSummary
 from kevload.wire.client import Client, ask_for_logprobs
 from kevload.words import OK, RunState
 
+# A level of a scenario: (concurrency, None) closed loop, (0, rate) open loop.
+Level = tuple[int, float | None]
+
 
 @dataclass(frozen=True)
 class RunResult:
@@ -73,6 +76,7 @@ async def run_scenario(
     resume: bool = False,
     overwrite: bool = False,
     ray: str | None = None,
+    levels: Sequence[Level] | None = None,
 ) -> RunResult:
     """Run every probe at every level, writing records as they finish; returns once the summary is on disk.
 
@@ -80,6 +84,11 @@ async def run_scenario(
     are kept and only the probe samples missing from each level are sent, under the same run id — or
     ``overwrite``, which removes that run's files and starts afresh. ``ray`` (``local``, ``auto`` or
     ``host:port``) runs the workers as actors of that Ray cluster (``kevload.load.rayworkers``).
+
+    ``levels`` (concurrency, rate) — closed-loop ``(c, None)``, open-loop ``(0, r)``: send only
+    these of the scenario's levels in this invocation, the others left to a later ``resume``
+    (``kevload compare`` takes its targets level by level in turns). run.json records the scenario
+    whole, so the run is one run of every level.
     """
     run_dir = None if run_dir is None else Path(run_dir)
     if ray is None:
@@ -88,7 +97,13 @@ async def run_scenario(
 
             check_host(scenario)
         return await _run_scenario(
-            scenario, run_dir, on_record=on_record, stop=stop, resume=resume, overwrite=overwrite
+            scenario,
+            run_dir,
+            on_record=on_record,
+            stop=stop,
+            resume=resume,
+            overwrite=overwrite,
+            levels=levels,
         )
     if scenario.load.until_bound is not None:
         raise InputError("--ray: load.until_bound samples in one process; run it without --ray")
@@ -115,6 +130,7 @@ async def run_scenario(
             resume=resume,
             overwrite=overwrite,
             cluster=(ray, ray_module),
+            levels=levels,
         )
 
 
@@ -127,6 +143,7 @@ async def _run_scenario(
     resume: bool,
     overwrite: bool,
     cluster: tuple[str, Any] | None = None,
+    levels: Sequence[Level] | None = None,
 ) -> RunResult:
     api_key = scenario.api_key()
     # Header values are masked by name in run.json (redact); scrubbing them as substrings too would
@@ -190,6 +207,8 @@ async def _run_scenario(
         },
     ]
     write_json(RunDir(run_dir).run_json, meta)
+    if levels is not None:
+        scenario = only_levels(scenario, levels)
     if scenario.load.workers > 1 or meta["clock"].get("records") == "unix":
         return await _run_workers(
             scenario,
@@ -349,6 +368,30 @@ async def _run_workers(
         state=state,
         records=sum(r.records for r in results),
         summary=summary,
+    )
+
+
+def only_levels(scenario: Scenario, levels: Sequence[Level]) -> Scenario:
+    """``scenario`` sending only ``levels`` of its own (``run_scenario``'s ``levels``); one it lacks
+    is refused."""
+    asked: list[Level] = (
+        [(c, None) for c in scenario.load.concurrency] if not scenario.load.rate else []
+    )
+    asked += [(0, r) for r in scenario.load.rate]
+    missing = [level for level in levels if level not in asked]
+    if missing or scenario.load.trace:
+        raise ScenarioError(
+            f"{scenario.source}: levels {missing or list(levels)} are not the scenario's own "
+            f"({asked}{', and a trace' if scenario.load.trace else ''})"
+        )
+    rates = tuple(r for _, r in levels if r is not None)
+    return replace(
+        scenario,
+        load=replace(
+            scenario.load,
+            concurrency=tuple(c for c, r in levels if r is None) or scenario.load.concurrency,
+            rate=rates,
+        ),
     )
 
 
