@@ -100,10 +100,10 @@ def for_sweep(
     readiness URL with 200 during or right after its run, or its run failed), ``inconclusive`` or ``not_run``
     (a setting not measured gives no evidence); else DRIFT if any is ``nondeterministic``; else OK. A level under
     its SLO is no failure here: finding where it breaks is what a sweep is for. Bad input (the grid, the scenario,
-    the server command, settings whose run directories would collide) is USAGE before any server starts.
-    ``against_reference`` (with --reference: compare's gate over each setting against its reference setting) is
-    TARGET when a paired run ended short, DRIFT when a setting is worse than its reference: each counts here as
-    the same code from a row would."""
+    the server command, settings whose run directories would collide) is USAGE before any server
+    starts. ``against_reference`` (with --reference: compare's gate over each setting against its
+    reference setting) is TARGET when a paired run ended short, DRIFT when a setting is worse than
+    its reference: each counts here as the same code from a row would."""
     seen = set(verdicts)
     if seen & {"target_failed", "inconclusive", "not_run"} or against_reference == ExitCode.TARGET:
         return ExitCode.TARGET

@@ -42,7 +42,8 @@ READY_TIMEOUT_S = (
 )
 STOPPED = "the sweep was stopped (SIGINT or SIGTERM) before this setting ran"
 MAX_SETTINGS = 1000  # settings of one sweep: more is a typo, not a test
-# Every row in, the rows with their comparison and sweep.json's ``reference`` out (``sweepref.judge``).
+# Every row in; the rows with their comparison, and sweep.json's ``reference``, out
+# (``sweepref.judge``).
 Judge = Callable[[list[dict[str, Any]]], tuple[list[dict[str, Any]], dict[str, Any]]]
 
 
@@ -144,8 +145,8 @@ async def run_sweep(
 
     ``elsewhere`` runs the server settings instead of this loop, from the loaded scenario, and returns the rows
     (``kevload.servers.raysweep``: side by side on a Ray cluster); the checks before and the matrix after are shared.
-    ``judge`` (``sweepref.judge``, with --reference) pairs each setting with its reference setting once every
-    setting has its row.
+    ``judge`` (``sweepref.judge``, with --reference) pairs each setting with its reference setting
+    once every setting has its row.
     """
     stop = stop or asyncio.Event()
     base = load_scenario(
@@ -339,8 +340,8 @@ def write_sweep(
     unrun: str,
     judge: Judge | None = None,
 ) -> dict[str, Any]:
-    """sweep.json and sweep.md, a row for every setting (``unrun``: why those without one did not run);
-    with ``judge``, each row against its reference setting and sweep.json's ``reference``."""
+    """sweep.json and sweep.md, a row for every setting (``unrun``: why those without one did not
+    run); with ``judge``, each row against its reference setting and sweep.json's ``reference``."""
     rows = every_setting(grid, rows, unrun)
     reference = None
     if judge is not None:
@@ -506,8 +507,9 @@ def _fill(text: str, values: dict[str, Any]) -> str:
 def sweep_markdown(sweep: dict[str, Any], *, reference: bool = True) -> str:
     """Settings × levels; with an SLO, the highest level at SLO comes first: what a capacity planner reads. Settings,
     probe ids and reasons may hold any character (a ``|`` or a line break would split the table): each cell and
-    note is escaped (``report.markdown_cell``). With ``reference`` and a sweep made with --reference, each setting
-    against its reference setting follows (``sweepview.reference_markdown``)."""
+    note is escaped (``report.markdown_cell``). With ``reference`` and a sweep made with
+    --reference, each setting against its reference setting follows
+    (``sweepview.reference_markdown``)."""
     md = markdown_cell
     levels = sweep["levels"]
     slo = any(row.get("slo") for row in sweep["rows"])

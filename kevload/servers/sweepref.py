@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kevload.compare.gate import GateResult, GateRules, gate
+from kevload.compare.gate import GateRules, gate
 from kevload.compare.rollout import Comparison, LevelComparison, compare_sides
 from kevload.errors import ScenarioError
 from kevload.exitcode import ExitCode
@@ -169,15 +169,3 @@ def _code(codes: Sequence[ExitCode]) -> ExitCode:
     if ExitCode.TARGET in codes:
         return ExitCode.TARGET
     return ExitCode.DRIFT if ExitCode.DRIFT in codes else ExitCode.OK
-
-
-def gate_result(sweep: dict[str, Any]) -> GateResult | None:
-    """sweep.json's ``reference`` as the gate gave it (None: no --reference)."""
-    ref = sweep.get("reference")
-    if not ref:
-        return None
-    return GateResult(
-        code=ExitCode(ref["code"]),
-        lines=list(ref["findings"]),
-        alpha_per_test=ref["alpha_per_test"],
-    )

@@ -168,3 +168,13 @@ def test_the_sweep_page_shows_the_figures_and_the_price_of_holding(tmp_path):
                       ("wrong=8", "c=1"): 0.2, ("wrong=8", "c=2"): 0.2}  # fmt: skip
     assert svg[0].count("<circle") == 4
     assert "<title>wrong=8 c=1: 20% agree, " in svg[0]
+
+
+def test_a_reference_setting_whose_server_fails_pairs_nothing_and_the_sweep_exits_3(tmp_path):
+    # --wrong x: the server's own argument parser refuses it, so that setting's server never starts.
+    code, output, doc = _sweep(tmp_path, "--grid", "wrong=x,4", "--reference", "wrong=x")
+    assert code == 3, output
+    rows = {row["setting"]: row for row in doc["rows"]}
+    assert rows["wrong=x"]["verdict"] == "target_failed"
+    assert rows["wrong=4"]["against_reference"] == {"reference": "wrong=x", "levels": []}
+    assert "accuracy" not in rows["wrong=4"] and doc["reference"]["findings"] == []
