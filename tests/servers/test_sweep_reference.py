@@ -178,3 +178,21 @@ def test_a_reference_setting_whose_server_fails_pairs_nothing_and_the_sweep_exit
     assert rows["wrong=x"]["verdict"] == "target_failed"
     assert rows["wrong=4"]["against_reference"] == {"reference": "wrong=x", "levels": []}
     assert "accuracy" not in rows["wrong=4"] and doc["reference"]["findings"] == []
+
+
+def test_report_of_an_edited_reference_in_sweep_json_exits_2_naming_the_key(tmp_path):
+    code, output, doc = _sweep(tmp_path, "--grid", "wrong=0,4", "--reference", "wrong=0")
+    assert code == 0, output
+    path = tmp_path / "sweep" / "sweep.json"
+    for edit, named in (
+        (lambda d: d["rows"][1]["against_reference"]["levels"][0].pop("latent"), "`latent`"),
+        (lambda d: d["rows"][1]["against_reference"].update(levels=3), "against_reference.levels"),
+        (lambda d: d["reference"].update(findings=None), "$.reference.findings"),
+        (lambda d: d["rows"][0].update(accuracy=[1]), "$.rows[0].accuracy"),
+    ):
+        edited = json.loads(json.dumps(doc))
+        edit(edited)
+        path.write_text(json.dumps(edited))
+        for fmt in ("markdown", "html"):
+            code, output = run_cli("report", tmp_path / "sweep", "--format", fmt)
+            assert code == 2 and "not a kevload sweep.json" in output and named in output, output
