@@ -21,9 +21,9 @@ from kevload.outputs.sweepview import (
 )
 from kevload.summary import CellSummary, answered_per_s, row_cells
 
-_WRAP = (
-    "<style>td,th,li{overflow-wrap:anywhere}#heatmap td.cell{min-width:0;font-size:12px}</style>"
-)
+# Long settings wrap after their commas (``_name``) and, past that, inside a word: the page stays
+# within its width however many axes a setting has.
+_WRAP = "<style>td,li{overflow-wrap:break-word}#heatmap td.cell{font-size:12px}</style>"
 _W, _H, _PAD = 640, 320, 48  # the chart's size and its margin for the axes' labels
 _COLOURS = ("#1565c0", "#ef6c00", "#2e7d32", "#6a1b9a", "#c62828", "#00838f", "#5d4037")
 
@@ -81,14 +81,14 @@ def _reference(sweep: dict[str, Any]) -> list[str]:
     if not ref:
         return []
     rows = "".join(
-        f"<tr><td>{_e(setting)}</td><td>{_e(reference)}</td><td>{_e(level['level'])}</td>"
+        f"<tr><td>{_name(setting)}</td><td>{_name(reference)}</td><td>{_e(level['level'])}</td>"
         f"<td>{level['items']}</td><td>{_e(agreement_text(level))}</td><td>{level['latent']}</td>"
         f"<td>{_e(accuracy_text(level))}</td><td>{_e(flips_text(level))}</td>"
         f"<td>{_e(p_text(level['mcnemar_p']))}</td><td>{_e(ratio_text(level))}</td></tr>"
         for setting, reference, level in compared(sweep)
     )
     accuracy = "".join(
-        f"<tr><td>{_e(row['setting'])}{' (reference)' if _is_ref(row) else ''}</td>"
+        f"<tr><td>{_name(row['setting'])}{' (reference)' if _is_ref(row) else ''}</td>"
         + "".join(f"<td>{_e(lv)} {pct(share)}</td>" for lv, share in row["accuracy"].items())
         + "</tr>"
         for row in sweep["rows"]
@@ -97,13 +97,21 @@ def _reference(sweep: dict[str, Any]) -> list[str]:
     findings = "".join(f"<li>{_e(line)}</li>" for line in ref["findings"])
     return [
         f"<h2>Against the reference {_e(ref['axis'])}={_e(ref['value'])}: exit {ref['code']}</h2>",
-        f"<ul>{findings}</ul>" if findings else "<p>Every setting answers as its reference.</p>",
+        f"<ul>{findings}</ul>"
+        if findings
+        else "<p>The gate found no setting worse than its reference (α "
+        f"{ref['alpha_per_test']:.3g} per setting × level).</p>",
         _chart(sweep),
         "<table id=against><tr><th>setting</th><th>reference</th><th>level</th><th>items</th>"
         "<th>agreement (95%)</th><th>latent</th><th>accuracy ref → setting</th>"
         f"<th>good→bad / bad→good</th><th>McNemar p</th><th>p50 ratio</th></tr>{rows}</table>",
         f"<h3>Accuracy per setting</h3><table id=accuracy>{accuracy}</table>" if accuracy else "",
     ]
+
+
+def _name(setting: str) -> str:
+    """A setting's name as HTML, free to wrap after each of its axes."""
+    return _e(setting).replace(",", ",<wbr>")
 
 
 def _is_ref(row: dict[str, Any]) -> bool:
@@ -158,14 +166,22 @@ def _chart(sweep: dict[str, Any]) -> str:
             f'<text x="{_PAD - 4}" y="{y(rate) + 4:.1f}" text-anchor="end" font-size="11">'
             f"{_num(rate)}</text>"
         )
+    named: set[str] = set()
     for setting, level, agreement, rate in points:
+        # Levels of one setting often fall on one spot: each level's dot smaller than the one
+        # before, and translucent, so none hides another; the setting named once.
+        radius = max(3, 8 - 2 * levels.index(level))
         title = f"{setting} {level}: {pct(agreement)} agree, {rate:.2f} answers/s"
         marks.append(
-            f'<circle cx="{x(agreement):.1f}" cy="{y(rate):.1f}" r="5" fill="{colour[level]}">'
-            f"<title>{_e(title)}</title></circle>"
-            f'<text x="{x(agreement) - 8:.1f}" y="{y(rate) - 8:.1f}" text-anchor="end" '
-            f'font-size="10">{_e(setting)}</text>'
+            f'<circle cx="{x(agreement):.1f}" cy="{y(rate):.1f}" r="{radius}" '
+            f'fill="{colour[level]}" fill-opacity="0.75"><title>{_e(title)}</title></circle>'
         )
+        if setting not in named:
+            named.add(setting)
+            marks.append(
+                f'<text x="{x(agreement) - 10:.1f}" y="{y(rate) - 10:.1f}" text-anchor="end" '
+                f'font-size="10">{_e(setting)}</text>'
+            )
     legend = " ".join(f"<span style='background:{colour[lv]}'></span>{_e(lv)}" for lv in levels)
     return (
         f'<svg id=price width="{_W}" height="{_H}" role="img" '
@@ -182,7 +198,7 @@ def _matrix(rows: dict[str, dict[str, CellSummary]], levels: list[str]) -> str:
         + "</tr>"
     ]
     for name, by_level in rows.items():
-        out.append(f"<tr><td>{_e(name)}</td>")
+        out.append(f"<tr><td>{_name(name)}</td>")
         for level in levels:
             cell = by_level.get(level)
             colour = (

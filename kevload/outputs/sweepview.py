@@ -112,9 +112,18 @@ def reference_table(sweep: dict[str, Any]) -> str:
     the gate's findings and its exit line; every line at most 80 columns."""
     ref = sweep["reference"]
     lines = [_cut(f"against the reference {ref['axis']}={ref['value']}", WIDTH), _HEAD]
-    for setting, _, level in compared(sweep):
+    last = None
+    for setting, reference, level in compared(sweep):
+        shown = setting
+        if len(visible(setting)) > 14:
+            # A long setting (several axes) on a line of its own, whole, with its reference: cut,
+            # two settings would read alike.
+            if setting != last:
+                lines += textwrap.wrap(visible(f"{setting} against {reference}:"), WIDTH)
+            shown = ""
+        last = setting
         lines.append(
-            f"{_cut(setting, 14):<14} {_cut(level['level'], 8):<8} "
+            f"{_cut(shown, 14):<14} {_cut(level['level'], 8):<8} "
             f"{agreement_text(level):>13} {level['latent']:>6} {accuracy_text(level):>13} "
             f"{flips_text(level):>7} {p_text(level['mcnemar_p']):>6} {ratio_text(level):>5}"
         )

@@ -139,6 +139,14 @@ def test_each_setting_is_held_against_the_reference_with_its_other_axes(tmp_path
         "wrong=8,load.stream=False": "wrong=0,load.stream=False",
     }
     assert doc["reference"]["alpha_per_test"] == 0.0125  # 2 settings compared × 2 levels
+    # Names too long for the table's column stand whole on a line of their own, not cut alike.
+    table = output[output.index("against the reference wrong=0") :]
+    assert all(len(line) <= 80 for line in table.splitlines()), table
+    assert re.search(
+        r"^wrong=8,load\.stream=False against wrong=0,load\.stream=False:\n {15}c=1 +20% ",
+        table,
+        re.M,
+    ), table
 
 
 def test_the_sweep_page_shows_the_figures_and_the_price_of_holding(tmp_path):
