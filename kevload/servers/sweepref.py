@@ -11,8 +11,9 @@ sweep.json gains ``reference`` (the axis, value, rules, findings and the gate's 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -87,14 +88,11 @@ def judge(
         for ref_label, members in groups.items()
         if (comparison := _compare(by_label[ref_label], members)) is not None
     ]
-    tests = max(1, sum(len(c.levels) for cmp in comparisons for c in cmp.candidates))
+    tests = max(1, sum(map(_tests, comparisons)))
+    # The gate shares the α it is given over its own comparison's tests: giving each reference's
+    # comparison its part of α leaves every test of the sweep α / tests.
     results = [
-        gate(
-            cmp,
-            GateRules(
-                **{**asdict(rules), "alpha": rules.alpha * _tests(cmp) / tests},
-            ),
-        )
+        gate(cmp, dataclasses.replace(rules, alpha=rules.alpha * _tests(cmp) / tests))
         for cmp in comparisons
     ]
     against = {c.name: (cmp.reference, c.levels) for cmp in comparisons for c in cmp.candidates}
@@ -104,7 +102,11 @@ def judge(
     return out, {
         "axis": reference.axis,
         "value": reference.value,
-        "rules": asdict(rules),
+        "rules": {
+            "alpha": rules.alpha,
+            "min_agreement": rules.min_agreement,
+            "fail_on_bad": rules.fail_on_bad,
+        },
         "alpha_per_test": rules.alpha / tests,
         "findings": [line for r in results for line in r.lines],
         "code": int(code),

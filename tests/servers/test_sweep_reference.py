@@ -80,6 +80,31 @@ def test_fail_on_bad_fails_any_item_made_wrong(tmp_path):
     assert doc["reference"]["findings"] == [
         f"wrong=1 single/c={c}: answers made wrong: 1 good→bad (--fail-on bad)" for c in (1, 2)
     ]
+    assert doc["reference"]["rules"] == {"alpha": 0.05, "min_agreement": None, "fail_on_bad": True}
+
+
+def test_ungraded_items_fail_on_a_new_text_unless_min_agreement_allows_it(tmp_path):
+    # The same sums without expected answers: one item's text changes, nothing says it is wrong.
+    scenario = write_scenario(
+        tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], samples=2,
+        probes=[{k: v for k, v in probe.items() if k != "expected"} for probe in sums()],
+    )  # fmt: skip
+    for extra, code_wanted in (((), 1), (("--min-agreement", "85%"), 0)):
+        out = tmp_path / f"sweep{code_wanted}"
+        code, output = run_cli(
+            "sweep", scenario, "--server-cmd", CMD, "--grid", "wrong=0,1", "--out", out,
+            "--reference", "wrong=0", *extra,
+        )  # fmt: skip
+        assert code == code_wanted, output
+        doc = json.loads((out / "sweep.json").read_text())
+        (level,) = doc["rows"][1]["against_reference"]["levels"]
+        assert level["ungraded"] == SUMS and level["graded"] == 0 and level["new_texts"] == 2
+        assert level["agreement"] == 0.9 and "accuracy" not in doc["rows"][1]
+    assert "ungraded answers differ: 2 sample(s)" in doc_findings(tmp_path / "sweep1")
+
+
+def doc_findings(out) -> str:
+    return "\n".join(json.loads((out / "sweep.json").read_text())["reference"]["findings"])
 
 
 def test_a_setting_identical_to_the_reference_holds(tmp_path):
