@@ -562,16 +562,15 @@ def report(
 
 
 def _report_sweep(sweep_dir: Path, fmt: str, output: Path | None) -> None:
-    import orjson
 
-    from kevload.outputs.html import sweep_report
+    from kevload.outputs.sweephtml import sweep_report
     from kevload.servers.sweep import read_sweep, sweep_markdown
 
     sweep = read_sweep(sweep_dir / "sweep.json")
     renderers = {
         "html": sweep_report,
         "markdown": sweep_markdown,
-        "json": lambda s: orjson.dumps(s, option=orjson.OPT_INDENT_2).decode(),
+        "json": _indented_json,
         "table": sweep_markdown,
     }
     _emit(renderers[fmt](sweep), output)
@@ -1291,6 +1290,32 @@ def cases_rerun(
     help="What each setting's Ray task needs on its node, e.g. "
     """'{"GPU": 1}' (with --ray; default one CPU).""",
 )
+@click.option(
+    "--reference",
+    metavar="AXIS=VALUE",
+    help="Compare each setting's answers item by item with the setting that has AXIS at VALUE "
+    "(its other axes as its own), as compare does; exit 1 when one is worse.",
+)
+@click.option(
+    "--alpha",
+    type=_Finite(min=1e-6, max=0.5),
+    default=0.05,
+    show_default=True,
+    help="With --reference: the gate's false alarm rate, shared out over settings × levels.",
+)
+@click.option(
+    "--min-agreement",
+    metavar="SHARE",
+    help="With --reference: ungraded items pass while this share (95% or 0.95) agrees.",
+)
+@click.option(
+    "--fail-on",
+    type=click.Choice(["drift", "bad"]),
+    default="drift",
+    show_default=True,
+    help="With --reference, bad: any graded item good on the reference and bad on a setting "
+    "fails too.",
+)
 def sweep_command(
     scenario,
     server_cmd,
@@ -1303,11 +1328,32 @@ def sweep_command(
     quiet,
     ray_address,
     resources,
+    reference,
+    alpha,
+    min_agreement,
+    fail_on,
 ) -> None:
     """Run SCENARIO for every setting in the grid and print one matrix: settings × levels."""
+    from kevload.compare.gate import GateRules
+    from kevload.outputs.sweepview import reference_table
+    from kevload.servers import sweepref
     from kevload.servers.sweep import Grid, run_sweep, sweep_markdown
 
     grid = Grid.parse(list(grids))
+    judge = None
+    if reference is not None:
+        rules = GateRules(
+            alpha=alpha,
+            min_agreement=None
+            if min_agreement is None
+            else _share(min_agreement, "--min-agreement"),
+            fail_on_bad=fail_on == "bad",
+        )
+        judge = functools.partial(
+            sweepref.judge, reference=sweepref.Reference.parse(reference, grid), rules=rules
+        )
+    elif min_agreement is not None or fail_on != "drift" or alpha != 0.05:
+        raise InputError("--alpha, --min-agreement and --fail-on: only with --reference")
     if server_cmd is not None and builtin is not None:
         raise InputError("give one of --server-cmd or --target, not both")
     # Each setting's started server is where its runs go: a URL or model set otherwise would be
@@ -1338,16 +1384,27 @@ def sweep_command(
                 stop=stop,
                 log=log,
                 elsewhere=elsewhere,
+                judge=judge,
             )
         )
+    against = sweep.get("reference")
     if quiet:
         for row in sweep["rows"]:
             click.echo(f"{row['setting']}: {row['verdict_line']}")
+        for line in against["findings"] if against else []:
+            click.echo(line)
     else:
-        click.echo(sweep_markdown(sweep))
+        click.echo(sweep_markdown(sweep, reference=False))
+        if against:
+            click.echo(reference_table(sweep))
     stderr.print(f"sweep: {out}/sweep.json, {out}/sweep.md")
     _exit_if_signalled(signum)
-    sys.exit(exitcode.for_sweep(row["verdict"] for row in sweep["rows"]))
+    sys.exit(
+        exitcode.for_sweep(
+            (row["verdict"] for row in sweep["rows"]),
+            ExitCode(against["code"]) if against else None,
+        )
+    )
 
 
 @contextlib.contextmanager
@@ -1534,6 +1591,10 @@ def _show_comparison(
 
 
 def _comparison_json(comparison: Comparison, _result: object) -> str:
+    return _indented_json(comparison.to_json())
+
+
+def _indented_json(value: Any) -> str:
     import orjson
 
-    return orjson.dumps(comparison.to_json(), option=orjson.OPT_INDENT_2).decode()
+    return orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()

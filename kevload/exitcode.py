@@ -105,17 +105,23 @@ def for_run(
     return code
 
 
-def for_sweep(verdicts: Iterable[SweepVerdict]) -> ExitCode:
+def for_sweep(
+    verdicts: Iterable[SweepVerdict], against_reference: ExitCode | None = None
+) -> ExitCode:
     """``kevload sweep``, from its rows' verdicts (one row per setting of the grid, none left out). TARGET if any
     setting is ``target_failed`` (its server did not get ready in time, exited, or stopped answering its
     readiness URL with 200 during or right after its run, or its run failed), ``inconclusive`` or ``not_run``
     (a setting not measured gives no evidence); else DRIFT if any is ``nondeterministic``; else OK. A level under
     its SLO is no failure here: finding where it breaks is what a sweep is for. Bad input (the grid, the scenario,
-    the server command, settings whose run directories would collide) is USAGE before any server starts."""
+    the server command, settings whose run directories would collide) is USAGE before any server
+    starts. ``against_reference`` (with --reference: compare's gate over each setting against its
+    reference setting) is TARGET when a paired run ended short, DRIFT when a setting is worse than
+    its reference: each counts here as the same code from a row would."""
     seen = set(verdicts)
-    if seen & {"target_failed", "inconclusive", "not_run"}:
+    if seen & {"target_failed", "inconclusive", "not_run"} or against_reference == ExitCode.TARGET:
         return ExitCode.TARGET
-    return ExitCode.DRIFT if "nondeterministic" in seen else ExitCode.OK
+    drift = "nondeterministic" in seen or against_reference == ExitCode.DRIFT
+    return ExitCode.DRIFT if drift else ExitCode.OK
 
 
 def for_diagnosis(*, target_failed: bool, verdict: str) -> ExitCode:

@@ -34,10 +34,8 @@ from kevload.records.store import Record, redact
 from kevload.summary import (
     CellSummary,
     RunSummary,
-    answered_per_s,
     levels_of,
     position_label,
-    row_cells,
 )
 from kevload.words import CANCELLED, OK
 
@@ -98,55 +96,6 @@ def run_report(summary: RunSummary, meta: dict[str, Any], records: Iterable[Reco
         f"<pre>{_e(json.dumps(redact(meta.get('scenario'), []), indent=2, ensure_ascii=False))}</pre>",
     ]
     return _page(f"kevload {meta.get('run_id')}", body)
-
-
-def sweep_report(sweep: dict[str, Any]) -> str:
-    rows: dict[str, dict[str, CellSummary]] = {}
-    for row in sweep["rows"]:
-        for cell in row_cells(row):
-            rows.setdefault(f"{row['setting']} · {cell.probe} ({cell.mode})", {})[cell.level] = cell
-    throughput = [
-        "<table><tr><th>setting</th>"
-        + "".join(f"<th>{_e(lv)} answered/s</th>" for lv in sweep["levels"])
-        + "</tr>"
-    ]
-    for name, by_level in rows.items():
-        throughput.append(
-            f"<tr><td>{_e(name)}</td>"
-            + "".join(
-                f"<td>{_num(answered_per_s(by_level[lv]) if lv in by_level else None)}</td>"
-                for lv in sweep["levels"]
-            )
-            + "</tr>"
-        )
-    throughput.append("</table>")
-    # A setting that failed or never ran may have no cell at all: the reason is its only trace, as
-    # in sweep.md.
-    failed = [
-        f"<li>{_e(row['setting'])}: {_e(row['error'].splitlines()[0])}</li>"
-        for row in sweep["rows"]
-        if row.get("error")
-    ]
-    failed += [
-        f"<li>{_e(row['setting'])}: {_e(row['verdict_line'])}</li>"
-        for row in sweep["rows"]
-        if row.get("verdict") == "not_run"
-    ]
-    body = [
-        "<h1>kevload sweep</h1>",
-        f"<pre>{_e(json.dumps(sweep['grid'], indent=2))}</pre>",
-        *_max_at_slo(sweep),
-        *(
-            ["<h2>Settings that failed or did not run</h2>", f"<ul>{''.join(failed)}</ul>"]
-            if failed
-            else []
-        ),
-        "<h2>Distinct outputs per setting × level</h2>",
-        _heatmap(rows, sweep["levels"]),
-        "<h2>Throughput</h2>",
-        "".join(throughput),
-    ]
-    return _page("kevload sweep", body)
 
 
 def _max_at_slo(sweep: dict[str, Any]) -> list[str]:

@@ -19,13 +19,8 @@ import msgspec
 from kevload.errors import RunDirError, ScenarioError, ServerError
 from kevload.inputs.scenario import load_scenario, shown_url, toml_value, url_problem
 from kevload.load.runs import run_scenario
-from kevload.outputs.report import (
-    attainment_text,
-    cell_text,
-    markdown_cell,
-    slo_bounds_text,
-    verdict_line,
-)
+from kevload.outputs.report import markdown_cell, slo_bounds_text, verdict_line
+from kevload.outputs.sweepview import reference_markdown, sweep_cell_text
 from kevload.records.rundir import apart
 from kevload.records.servermetrics import CELL_FIELDS as SERVER_FIELDS
 from kevload.records.store import read_json, write_json
@@ -37,7 +32,7 @@ from kevload.servers.processes import (
     trouble,
     wait_ready,
 )
-from kevload.summary import CellSummary, RunSummary, answered_per_s, row_cells
+from kevload.summary import CellSummary, RunSummary, row_cells
 from kevload.words import SweepVerdict
 
 # {name} in --server-cmd and --ready-url; any other braces (JSON arguments) are left as they are.
@@ -47,6 +42,9 @@ READY_TIMEOUT_S = (
 )
 STOPPED = "the sweep was stopped (SIGINT or SIGTERM) before this setting ran"
 MAX_SETTINGS = 1000  # settings of one sweep: more is a typo, not a test
+# Every row in; the rows with their comparison, and sweep.json's ``reference``, out
+# (``sweepref.judge``).
+Judge = Callable[[list[dict[str, Any]]], tuple[list[dict[str, Any]], dict[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -136,6 +134,7 @@ async def run_sweep(
     stop: asyncio.Event | None = None,
     log: Callable[[str], None] = print,
     elsewhere: Callable[..., Awaitable[list[dict[str, Any]]]] | None = None,
+    judge: Judge | None = None,
 ) -> dict[str, Any]:
     """Run every server setting × scenario setting; the server is stopped after each, however it ends.
 
@@ -146,6 +145,8 @@ async def run_sweep(
 
     ``elsewhere`` runs the server settings instead of this loop, from the loaded scenario, and returns the rows
     (``kevload.servers.raysweep``: side by side on a Ray cluster); the checks before and the matrix after are shared.
+    ``judge`` (``sweepref.judge``, with --reference) pairs each setting with its reference setting
+    once every setting has its row.
     """
     stop = stop or asyncio.Event()
     base = load_scenario(
@@ -178,7 +179,7 @@ async def run_sweep(
             stop=stop,
             log=log,
         )
-        return write_sweep(out, grid, done, complete=not stop.is_set(), unrun=STOPPED)
+        return write_sweep(out, grid, done, complete=not stop.is_set(), unrun=STOPPED, judge=judge)
     dirs, logs, combos = grid.run_dirs(), grid.server_logs(), combinations(grid.scenario)
     rows: list[dict[str, Any]] = []
     at = ""
@@ -258,7 +259,7 @@ async def run_sweep(
             out, grid, rows, complete=False, unrun=f"the sweep ended at {at}: {_first_line(exc)}"
         )
         raise
-    return write_sweep(out, grid, rows, complete=not stop.is_set(), unrun=STOPPED)
+    return write_sweep(out, grid, rows, complete=not stop.is_set(), unrun=STOPPED, judge=judge)
 
 
 def setting_row(
@@ -331,15 +332,26 @@ def every_setting(grid: Grid, rows: list[dict[str, Any]], reason: str) -> list[d
 
 
 def write_sweep(
-    out: Path, grid: Grid, rows: list[dict[str, Any]], *, complete: bool, unrun: str
+    out: Path,
+    grid: Grid,
+    rows: list[dict[str, Any]],
+    *,
+    complete: bool,
+    unrun: str,
+    judge: Judge | None = None,
 ) -> dict[str, Any]:
-    """sweep.json and sweep.md, a row for every setting (``unrun``: why those without one did not run)."""
+    """sweep.json and sweep.md, a row for every setting (``unrun``: why those without one did not
+    run); with ``judge``, each row against its reference setting and sweep.json's ``reference``."""
     rows = every_setting(grid, rows, unrun)
+    reference = None
+    if judge is not None:
+        rows, reference = judge(rows)
     sweep = {
         "grid": {"server": grid.server, "scenario": grid.scenario},
         "rows": rows,
         "levels": _levels(rows),
         "complete": complete,
+        **({"reference": reference} if reference is not None else {}),
     }
     write_json(out / "sweep.json", sweep)
     (out / "sweep.md").write_text(sweep_markdown(sweep), encoding="utf-8")
@@ -358,12 +370,50 @@ class _Row(msgspec.Struct, frozen=True):
     slo: dict[str, float] | None = None
     min_slo_attainment: float | None = None
     max_at_slo: dict[str, str | None] | None = None
+    against_reference: _Against | None = None
+    accuracy: dict[str, float | None] | None = None
 
 
 class _Sweep(msgspec.Struct, frozen=True):
     rows: list[_Row]
     levels: list[str]
     grid: dict[str, Any] = {}
+    reference: _Reference | None = None
+
+
+class _Load(msgspec.Struct, frozen=True):
+    requests_per_s: float | None = None
+
+
+class _Level(msgspec.Struct, frozen=True):
+    """What the tables and the page read of a setting's level against its reference."""
+
+    level: str
+    items: int
+    agreement: float | None
+    agreement_ci95: list[float] | None
+    latent: int
+    graded: int
+    good_to_bad: int
+    bad_to_good: int
+    mcnemar_p: float | None
+    accuracy_reference: float | None
+    accuracy_candidate: float | None
+    latency_p50_ratio: float | None
+    reference_load: _Load
+    candidate_load: _Load
+
+
+class _Against(msgspec.Struct, frozen=True):
+    reference: str
+    levels: list[_Level] = []
+
+
+class _Reference(msgspec.Struct, frozen=True):
+    axis: str
+    value: Any
+    findings: list[str]
+    code: int
 
 
 def read_sweep(path: Path) -> dict[str, Any]:
@@ -454,10 +504,12 @@ def _fill(text: str, values: dict[str, Any]) -> str:
     return PLACEHOLDER.sub(lambda m: str(values[m[1]]) if m[1] in values else m[0], text)
 
 
-def sweep_markdown(sweep: dict[str, Any]) -> str:
+def sweep_markdown(sweep: dict[str, Any], *, reference: bool = True) -> str:
     """Settings × levels; with an SLO, the highest level at SLO comes first: what a capacity planner reads. Settings,
     probe ids and reasons may hold any character (a ``|`` or a line break would split the table): each cell and
-    note is escaped (``report.markdown_cell``)."""
+    note is escaped (``report.markdown_cell``). With ``reference`` and a sweep made with
+    --reference, each setting against its reference setting follows
+    (``sweepview.reference_markdown``)."""
     md = markdown_cell
     levels = sweep["levels"]
     slo = any(row.get("slo") for row in sweep["rows"])
@@ -508,32 +560,10 @@ def sweep_markdown(sweep: dict[str, Any]) -> str:
         notes.append(next(iter(slo_notes.values())))
     else:  # the grid sweeps the SLO itself: each setting says its own
         notes += [f"{setting}: {note}" for setting, note in slo_notes.items()]
-    return "\n".join(lines) + "\n\n" + "\n".join(map(md, notes)) + "\n"
-
-
-def sweep_cell_text(cell: CellSummary | None) -> str:
-    """What one setting does at one level, text and logprobs, and what it costs: ``1 ≡ · 2.1/s · p50 1900 ms``."""
-    if cell is None:
-        return "-"
-    parts = [cell_text(cell) + (" ≡" if cell.logprob_bitwise else "")]
-    answered = answered_per_s(cell)
-    if answered:
-        parts.append(f"{answered:.{2 if answered < 1 else 1}f}/s")
-    p50 = cell.latency.get("e2e", {}).get("p50")
-    if p50 is not None:
-        parts.append(f"p50 {p50 * 1000:.0f} ms")
-    if cell.slo_attainment is not None:
-        parts.append(attainment_text(cell))
-    if cell.server_running_max is not None:
-        # The most its reads saw running is only a floor: it is the ceiling where kevload itself
-        # held the level to
-        # it (closed loop; more is other clients' load) or where the footnote's rule says the batch
-        # limit did.
-        bounded = cell.server_note or (
-            cell.rate is None and cell.server_running_max == cell.concurrency
-        )
-        parts.append(f"server ran {'≤' if bounded else '≥'} {cell.server_running_max:g}")
-    return " · ".join(parts)
+    text = "\n".join(lines) + "\n\n" + "\n".join(map(md, notes)) + "\n"
+    if reference and sweep.get("reference"):
+        text += "\n" + reference_markdown(sweep)
+    return text
 
 
 def max_level_at_slo(cells: list[CellSummary]) -> str | None:

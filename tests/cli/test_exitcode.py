@@ -32,6 +32,15 @@ def test_sweeps_and_reruns_take_the_worst_setting_or_case():
     assert exitcode.for_rerun(moves, mismatched=[], accepted=True) == ExitCode.OK
 
 
+def test_a_sweep_against_its_reference_fails_as_its_rows_would():
+    held = ["deterministic", "deterministic"]
+    assert exitcode.for_sweep(held, ExitCode.OK) == ExitCode.OK
+    assert exitcode.for_sweep(held, ExitCode.DRIFT) == ExitCode.DRIFT  # a setting worse
+    assert exitcode.for_sweep(held, ExitCode.TARGET) == ExitCode.TARGET  # a paired run short
+    # A failed setting is evidence short whatever the comparison of the others found.
+    assert exitcode.for_sweep(["deterministic", "target_failed"], ExitCode.DRIFT) == ExitCode.TARGET
+
+
 def test_an_inconclusive_diagnosis_is_evidence_short_not_drift():
     assert exitcode.for_diagnosis(target_failed=False, verdict="inconclusive") == ExitCode.TARGET
     assert exitcode.for_diagnosis(target_failed=True, verdict="inconclusive") == ExitCode.TARGET
