@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import regex  # type: ignore[import-untyped]  # it ships no stubs
 
 GRADES = ("exact", "contains", "regex", "one_of", "number", "choice", "json", "json_schema")
 PYTHON = "python:"
@@ -137,10 +138,11 @@ class Grading:
             Path(home) if home else base,
         )
 
-    def good(self, answer: str, probe: str = "") -> bool:
+    def good(self, answer: str, probe: str = "", timeout: float | None = None) -> bool:
         """Whether ``answer`` (the whole text a cell keeps for an output) of ``probe`` (its id) is good;
-        ``GraderFailed`` when a user's grader raises or returns no bool."""
-        return _grade(self, content_of(answer), probe)
+        ``GraderFailed`` when a user's grader raises or returns no bool. ``timeout``: seconds a regex may match
+        (``TimeoutError`` past it); the other graders' bounds are ``gradeworker``'s."""
+        return _grade(self, content_of(answer), probe, timeout)
 
 
 def checked(expected: Any, grade: Any, tolerance: Any, base: Path) -> Grading | None:
@@ -204,8 +206,8 @@ def _expected(grade: str, expected: Any, base: Path) -> Any:
     if grade in ("contains", "regex") and isinstance(expected, str) and expected:
         if grade == "regex":
             try:
-                re.compile(expected)
-            except re.error as exc:
+                regex.compile(expected)
+            except regex.error as exc:
                 raise BadGrading("expected", f"a regular expression ({exc})", expected) from None
         return expected
     if (
@@ -318,10 +320,10 @@ def _schema(expected: Any, base: Path) -> dict[str, Any]:
             f"its references could not be followed ({type(exc).__name__}: {_cut(str(exc))})"
         )
     if unresolved:
-        shown = f"the JSON Schema file {path}" if isinstance(expected, str) else "a JSON Schema"
+        which = f"the JSON Schema file {path}" if isinstance(expected, str) else "a JSON Schema"
         raise BadGrading(
             "expected",
-            f"{shown} whose every reference resolves within it or to a JSON Schema "
+            f"{which} whose every reference resolves within it or to a JSON Schema "
             f"metaschema (kevload fetches no schema): {unresolved}",
             expected,
         )
@@ -356,7 +358,7 @@ def _unresolved_reference(schema: dict[str, Any], validator: Any) -> str | None:
             except referencing.exceptions.Unresolvable as exc:
                 return f"{keyword} {ref!r} ({type(exc).__name__}: {_cut(str(exc))})"
             if not isinstance(resolved.contents, dict | bool):
-                return f"{keyword} {ref!r} (it leads to {_shown(str(resolved.contents))}, which is no schema)"
+                return f"{keyword} {ref!r} (it leads to {shown(str(resolved.contents))}, which is no schema)"
             todo.append((specification.create_resource(resolved.contents), resolved.resolver))
         todo.extend((sub, resolver.in_subresource(sub)) for sub in resource.subresources())
     return None
@@ -527,14 +529,14 @@ def content_of(answer: str) -> str:
     return answer
 
 
-def _grade(grading: Grading, text: str, probe: str) -> bool:
+def _grade(grading: Grading, text: str, probe: str, timeout: float | None = None) -> bool:
     grade, expected = grading.grade, grading.expected
     if grade == "exact":
         return text.strip() == expected.strip()
     if grade == "contains":
         return expected in text
     if grade == "regex":
-        return re.search(expected, text) is not None
+        return regex.search(expected, text, timeout=timeout) is not None
     if grade == "one_of":
         return text.strip() in {x.strip() for x in expected}
     if grade == "number":
@@ -567,8 +569,7 @@ def _schema_grade(grading: Grading, value: Any, text: str) -> bool:
         Exception
     ) as exc:  # the validator's failure on this answer is a finding on it, as a python grader's is
         raise GraderFailed(
-            f"json_schema raised {type(exc).__name__}: {_cut(str(exc))} on the answer "
-            f"{_shown(text)}"
+            f"json_schema raised {type(exc).__name__}: {_cut(str(exc))} on the answer {shown(text)}"
         ) from None
 
 
@@ -576,20 +577,22 @@ def _user_grade(grading: Grading, text: str, probe: str) -> bool:
     assert grading.function is not None  # ``checked`` imported it
     try:
         result = grading.function(text, probe, grading.expected)
-    except Exception as exc:  # the user's code: whatever it raises is a finding on this answer
+    # The user's code, run in a process of its own (``gradeworker``): whatever it raises is a finding on this
+    # answer, sys.exit's SystemExit and a GeneratorExit too.
+    except BaseException as exc:  # noqa: BLE001
         raise GraderFailed(
-            f"{grading.grade} raised {type(exc).__name__}: {exc} on the answer {_shown(text)}"
+            f"{grading.grade} raised {type(exc).__name__}: {exc} on the answer {shown(text)}"
         ) from None
     if result is not True and result is not False:
-        shown = repr(result)
+        returned = repr(result)
         raise GraderFailed(
-            f"{grading.grade} returned {shown[:_MAX_SHOWN]}, expected True or False, on the answer "
-            f"{_shown(text)}"
+            f"{grading.grade} returned {returned[:_MAX_SHOWN]}, expected True or False, on the answer "
+            f"{shown(text)}"
         )
     return result
 
 
-def _shown(text: str) -> str:
+def shown(text: str) -> str:
     return repr(_cut(text))
 
 
