@@ -33,6 +33,8 @@ from kevload.inputs.grading import (
     Grading,
     python_graders,
     refused_from,
+    schema_files,
+    schema_refused_from,
 )
 from kevload.inputs.models import Probe
 from kevload.summary import CellSummary, RunSummary, level_label, level_order
@@ -271,8 +273,10 @@ def gradings_of(
     # Runs from before the directory was recorded: the scenario's, as the run read it.
     base = Path(meta.get("scenario_source") or ".").parent
     out = {}
-    with python_graders(
-        IMPORT if trust_graders else refused_from(f"the run directory {where.parent}")
+    what = f"the run directory {where.parent}"
+    with (
+        python_graders(IMPORT if trust_graders else refused_from(what)),
+        schema_files(None if trust_graders else schema_refused_from(what)),
     ):
         for probe, doc in docs.items():
             try:

@@ -75,6 +75,30 @@ def python_graders(policy: str) -> Iterator[None]:
         _python_policy.reset(token)
 
 
+# Where a json_schema's ``expected`` may be the path of a file to read (None), or why not: a run.json or a case
+# file is data, and the path it holds could name any file (a key); kevload reads it only where the user says so.
+_schema_files: ContextVar[str | None] = ContextVar("schema_files", default=None)
+
+
+@contextmanager
+def schema_files(refusal: str | None) -> Iterator[None]:
+    """Within: a json_schema given as a path is read (``refusal`` None) or refused unread, ``refusal`` saying what
+    was expected instead."""
+    token = _schema_files.set(refusal)
+    try:
+        yield
+    finally:
+        _schema_files.reset(token)
+
+
+def schema_refused_from(what: str) -> str:
+    """The refusal of schema files named in ``what`` (a run directory, a case file), saying how to allow them."""
+    return (
+        f"a JSON Schema kept in {what} (a table): a path there names a file, which kevload reads "
+        "only with --trust-graders"
+    )
+
+
 def refused_from(what: str) -> str:
     """The policy that refuses python graders named in ``what`` (a run directory, a case file), saying how to allow
     them."""
@@ -283,34 +307,47 @@ def _json_misfit(value: Any, where: str = "") -> tuple[str, Any] | None:
 def _schema(expected: Any, base: Path) -> dict[str, Any]:
     """A JSON Schema given inline (a table) or as the path of a JSON file (relative to ``base``), checked against
     its own metaschema now: a malformed schema is bad input, not a bad answer."""
-    import jsonschema
-
     if isinstance(expected, str) and expected:
+        refusal = _schema_files.get()
+        if refusal is not None:
+            raise BadGrading("expected", refusal, expected)  # unread: a path could name any file
         path = base / expected
         try:
             schema = orjson.loads(path.read_bytes())
         except (OSError, orjson.JSONDecodeError) as exc:
+            # orjson's and the OS's messages give the place, never the text: nothing of the file is shown.
             raise BadGrading(
                 "expected", f"a JSON Schema file that reads as JSON ({path}: {exc})", expected
             ) from None
-    elif isinstance(expected, dict):
-        schema = expected
-    else:
-        raise BadGrading(
-            "expected",
-            'a JSON Schema (a table, or the path of a JSON file) beside grade = "json_schema"',
-            expected,
-        )
-    if not isinstance(schema, dict):
-        raise BadGrading("expected", "a JSON Schema object", schema)
+        if not isinstance(schema, dict):
+            raise BadGrading("expected", f"a JSON Schema file holding an object ({path})", expected)
+        try:
+            return _checked_schema(schema, f"the JSON Schema file {path}", quoted=False)
+        except (
+            BadGrading
+        ) as bad:  # what it says of the schema, not the schema: the path is what was given
+            raise BadGrading(bad.key, bad.expected, expected) from None
+    if isinstance(expected, dict):
+        return _checked_schema(expected, "a JSON Schema", quoted=True)
+    raise BadGrading(
+        "expected",
+        'a JSON Schema (a table, or the path of a JSON file) beside grade = "json_schema"',
+        expected,
+    )
+
+
+def _checked_schema(schema: dict[str, Any], which: str, *, quoted: bool) -> dict[str, Any]:
+    """``schema`` checked against its metaschema and its references; ``quoted``: an error may quote parts of it
+    (it was given inline), else it names only the place (it was read from a file, whose text is never shown)."""
+    import jsonschema
+
     validator = jsonschema.validators.validator_for(schema)
     try:
         validator.check_schema(schema)
     except jsonschema.SchemaError as exc:
         where = "/".join(str(p) for p in exc.absolute_path) or "the top"
-        raise BadGrading(
-            "expected", f"a valid JSON Schema (at {where}: {exc.message})", schema
-        ) from None
+        why = exc.message if quoted else f"its metaschema's {exc.validator!r} fails there"
+        raise BadGrading("expected", f"a valid JSON Schema (at {where}: {why})", schema) from None
     try:
         unresolved = _unresolved_reference(schema, validator)
     except (
@@ -320,14 +357,19 @@ def _schema(expected: Any, base: Path) -> dict[str, Any]:
             f"its references could not be followed ({type(exc).__name__}: {_cut(str(exc))})"
         )
     if unresolved:
-        which = f"the JSON Schema file {path}" if isinstance(expected, str) else "a JSON Schema"
         raise BadGrading(
             "expected",
             f"{which} whose every reference resolves within it or to a JSON Schema "
-            f"metaschema (kevload fetches no schema): {unresolved}",
-            expected,
+            f"metaschema (kevload fetches no schema)"
+            + (f": {unresolved}" if quoted else f": one {_keyword_of(unresolved)} does not"),
+            schema,
         )
     return schema
+
+
+def _keyword_of(unresolved: str) -> str:
+    """Which kind of reference ``_unresolved_reference`` found, in kevload's words alone (none of the schema's)."""
+    return next((k for k in _REFERENCES if unresolved.startswith(f"{k} ")), "reference")
 
 
 def _unresolved_reference(schema: dict[str, Any], validator: Any) -> str | None:
