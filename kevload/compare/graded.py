@@ -37,6 +37,7 @@ from kevload.inputs.grading import (
     schema_refused_from,
 )
 from kevload.inputs.models import Probe
+from kevload.records.store import Record
 from kevload.summary import CellSummary, RunSummary, level_label, level_order
 
 SIGNIFICANT = 0.05  # accuracy "fell" at a level: lower than serial over the paired probes, McNemar p under this
@@ -73,6 +74,16 @@ class Grader:
                 self.known[seen] = self._grade(grading, text, probe)
             out[key] = self.known[seen]
         return out
+
+    def grade_record(self, record: Record) -> bool | None:
+        """One recorded answer's grade (None: its probe is ungraded, or its grader failed), from the same cache."""
+        grading = self.gradings.get(record.probe)
+        if grading is None:
+            return None
+        seen = (record.probe, record.sha256 or "")
+        if seen not in self.known:
+            self.known[seen] = self._grade(grading, record.answer, record.probe)
+        return self.known[seen]
 
     def _grade(self, grading: Grading, text: str, probe: str) -> bool | None:
         if aio.signal_since(self.since) is None:

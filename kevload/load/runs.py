@@ -17,6 +17,7 @@ from typing import Any
 
 from kevload import __version__, aio
 from kevload.compare.cells import Reduction
+from kevload.compare.coldwarm import cold_warm
 from kevload.compare.graded import Grader, grading_json, gradings_of
 from kevload.compare.overlap import Window, unrecorded_windows
 from kevload.compare.reader import reduce_file
@@ -504,6 +505,8 @@ def _summary(
             grader=grader,
             min_good_share=meta["load"].get("min_good_share"),
         )
+        if meta.get("prefix_cache"):
+            summary = _with_cold_warm(summary, meta["prefix_cache"], run, grader)
     summary = replace(
         summary,
         run_id=meta.get("run_id"),
@@ -511,16 +514,23 @@ def _summary(
         state=state or meta.get("state"),
         inputs=meta.get("inputs"),
     )
-    if meta.get("prefix_cache"):
-        method = meta["prefix_cache"]["method"]
-        summary = replace(
-            summary,
-            prefix_cache={
-                **meta["prefix_cache"],
-                "probes": [c.to_json() for c in prefixcache.cold_warm(run.records(), method)],
-            },
-        )
     return summary
+
+
+def _with_cold_warm(
+    summary: RunSummary, cache: dict[str, Any], run: RunDir, grader: Grader | None
+) -> RunSummary:
+    """The summary with load.prefix_cache's comparison (``compare.coldwarm``), its graded probes' warm answers
+    paired with their rounds' cold ones (by the run's grader, each distinct output graded once)."""
+    grade = grader.grade_record if grader is not None else None
+    probes = cold_warm(run.records(), cache["method"], grade)
+    return replace(
+        summary,
+        prefix_cache={**cache, "probes": [c.to_json() for c in probes]},
+        warm_bad_probes=None
+        if grader is None
+        else tuple(c.probe for c in probes if c.warm_good_to_bad),
+    )
 
 
 async def _prefix_cache(

@@ -200,9 +200,17 @@ def turned_bad_lines(summary: RunSummary) -> list[str]:
 
 
 def gate_lines(summary: RunSummary) -> list[str]:
-    """The graded reasons a run fails, one line each: accuracy that fell significantly, cells under
-    load.min_good_share, a python grader that failed."""
+    """The graded reasons a run fails, one line each: accuracy that fell significantly, answers the warm prefix
+    cache turned bad, cells under load.min_good_share, a python grader that failed."""
     out = []
+    if summary.warm_bad_probes:
+        turned = sum(
+            c.get("warm_good_to_bad") or 0 for c in (summary.prefix_cache or {}).get("probes", ())
+        )
+        out.append(
+            f"the warm cache turned {turned} answers bad (against their rounds' cold answers): "
+            f"{_names(summary.warm_bad_probes)}"
+        )
     if summary.accuracy_fell_levels:
         out.append(
             "accuracy fell significantly (McNemar p < 0.05) at "

@@ -789,7 +789,7 @@ def _companions(summary: RunSummary) -> str:
 
 
 def cache_lines(summary: RunSummary) -> list[str]:
-    """load.prefix_cache's cold-vs-warm lines (``kevload.load.prefixcache.ColdWarm``), each probe's under the method's;
+    """load.prefix_cache's cold-vs-warm lines (``kevload.compare.coldwarm.ColdWarm``), each probe's under the method's;
     none without it."""
     cache = summary.prefix_cache
     if cache is None:
@@ -835,6 +835,11 @@ def cache_lines(summary: RunSummary) -> list[str]:
                 None: f"no claim about the cache ({varies})",
             }[c["cache_effect"]]
         )
+        if c.get("warm_good_to_bad") is not None:
+            parts.append(
+                f"graded: the warm cache turned {c['warm_good_to_bad']} answers bad, "
+                f"{c['warm_bad_to_good']} good (each against its round's cold answer)"
+            )
         if c["logprob_rounds"]:
             size = c["logprob_max_abs_diff"]
             parts.append(
