@@ -1,5 +1,6 @@
-"""Running coroutines on uvloop, with SIGINT/SIGTERM turned into a stop request instead of a traceback; and the
-step a signal cuts short at once (``cut_short``: the summary's grading), where a stop request would wait for it."""
+"""Running coroutines on uvloop, with SIGINT/SIGTERM turned into a stop request instead of a
+traceback; and the step a signal cuts short at once (``cut_short``: the summary's grading), where a
+stop request would wait for it."""
 
 from __future__ import annotations
 
@@ -28,22 +29,24 @@ class SecondSignal(KeyboardInterrupt):
 
 
 class Cut(KeyboardInterrupt):
-    """A SIGINT or SIGTERM that came while ``cut_short`` held: the step stops where it is. A KeyboardInterrupt, so
-    no ``except Exception`` between the signal and the step swallows it."""
+    """A SIGINT or SIGTERM that came while ``cut_short`` held: the step stops where it is. A
+    KeyboardInterrupt, so no ``except Exception`` between the signal and the step swallows it."""
 
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
 
 
-# Every SIGINT/SIGTERM ``run`` received in this process, in order; and whether one raises ``Cut`` now. Module
-# state: signal handlers run in the main thread, between any two bytecodes, where no argument reaches them.
+# Every SIGINT/SIGTERM ``run`` received in this process, in order; and whether one raises ``Cut``
+# now. Module state: signal handlers run in the main thread, between any two bytecodes, where no
+# argument reaches them.
 _received: list[int] = []
 _cutting: list[bool] = [False]
 
 
 def signals_so_far() -> int:
-    """How many SIGINT/SIGTERM ``run`` received in this process: a step compares it with the count it began at."""
+    """How many SIGINT/SIGTERM ``run`` received in this process: a step compares it with the count
+    it began at."""
     return len(_received)
 
 
@@ -54,9 +57,9 @@ def signal_since(count: int) -> int | None:
 
 @contextlib.contextmanager
 def cut_short() -> Iterator[None]:
-    """Within: the first SIGINT/SIGTERM under ``run`` raises ``Cut`` as well as requesting the stop (a second one
-    raises ``SecondSignal`` as always). For synchronous work of unknown length (a user's grader) that a stop
-    request, seen by the event loop only after it, would not end."""
+    """Within: the first SIGINT/SIGTERM under ``run`` raises ``Cut`` as well as requesting the stop
+    (a second one raises ``SecondSignal`` as always). For synchronous work of unknown length (a
+    user's grader) that a stop request, seen by the event loop only after it, would not end."""
     before = _cutting[0]
     _cutting[0] = True
     try:

@@ -502,11 +502,12 @@ def report(
     request_id: str | None,
     trust_graders: bool,
 ) -> None:
-    """Recompute a run's summary from its records (no server needed) and render it; sweeps too (html, json).
+    """Recompute a run's summary from its records (no server needed) and render it; sweeps too
+    (html, json).
 
-    Exits with the run's own code, as `kevload run` without --baseline and --fail-on would: 0 held, 1 drift (or a
-    cell under an SLO or load.min_good_share), 2 bad input or a grader that failed, 3 target failed or evidence
-    short. A sweep's report exits 0."""
+    Exits with the run's own code, as `kevload run` without --baseline and --fail-on would: 0 held,
+    1 drift (or a cell under an SLO or load.min_good_share), 2 bad input or a grader that failed, 3
+    target failed or evidence short. A sweep's report exits 0."""
     if (run_dir / "sweep.json").is_file() and not RunDir(run_dir).record_files():
         for option, given in (("--metrics", metrics), ("--request", request_id)):
             if given is not None:

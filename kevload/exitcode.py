@@ -54,9 +54,9 @@ def for_run(
     regressions: int | None = None,
 ) -> ExitCode:
     """``kevload run``: ``for_summary``; with ``fail_on`` latent, latent drift is DRIFT too and a cell where ok
-    samples came without logprobs TARGET (latent drift neither shown nor ruled out); with ``fail_on`` bad, drift is
-    DRIFT only where load made an answer worse (kevload.compare.graded), or the warm prefix cache did
-    (kevload.compare.coldwarm).
+    samples came without logprobs TARGET (latent drift neither shown nor ruled out); with
+    ``fail_on`` bad, drift is DRIFT only where load made an answer worse (kevload.compare.graded),
+    or the warm prefix cache did (kevload.compare.coldwarm).
 
     ``kevload run --baseline`` (``regressions``: the changes ``baseline.compare_to_baseline`` calls regressions;
     None without a baseline): TARGET when the run itself is (target failed, inconclusive, or a logprob gap under

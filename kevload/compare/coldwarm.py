@@ -1,13 +1,14 @@
-"""Cold against warm answers (``load.prefix_cache = "cold_warm"``), compared round by round: pure, records in and
-the comparison out. Each round sends a probe serially, cold (its prefix not in the server's cache), then warm (the
-same input, just served); ``kevload.load.prefixcache`` makes the cold sample and says how. A round the server's own
-account contradicts (its warm sample reused no more prompt tokens than its cold one) is left out, never claimed
-warm.
+"""Cold against warm answers (``load.prefix_cache = "cold_warm"``), compared round by round: pure,
+records in and the comparison out. Each round sends a probe serially, cold (its prefix not in the
+server's cache), then warm (the same input, just served); ``kevload.load.prefixcache`` makes the
+cold sample and says how. A round the server's own account contradicts (its warm sample reused no
+more prompt tokens than its cold one) is left out, never claimed warm.
 
-Graded probes are paired here too: each warm answer with its own round's cold one (the cells cannot: each round is
-a serial sample, and a serial cell is the reference, compared with nothing). A warm answer graded bad where its
-round's cold one is good is a flip of its own, ``warm_good_to_bad`` ("the warm cache turned N answers bad"), and
-fails ``--fail-on bad`` as load's flips do; ``warm_bad_to_good`` the reverse.
+Graded probes are paired here too: each warm answer with its own round's cold one (the cells cannot:
+each round is a serial sample, and a serial cell is the reference, compared with nothing). A warm
+answer graded bad where its round's cold one is good is a flip of its own, ``warm_good_to_bad``
+("the warm cache turned N answers bad"), and fails ``--fail-on bad`` as load's flips do;
+``warm_bad_to_good`` the reverse.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ _ROUND_ID = re.compile(r"^(?P<probe>.*)@r(?P<round>\d+)$")
 
 
 def round_length(method: str) -> int:
-    """Samples per round: cold, then warm; under the marker method a second warm one, since each round is another
-    input and only within a round can warm answers show whether the server varies anyway."""
+    """Samples per round: cold, then warm; under the marker method a second warm one, since each
+    round is another input and only within a round can warm answers show whether the server varies
+    anyway."""
     return 3 if method == "marker" else 2
 
 
@@ -49,12 +51,14 @@ class Side:
 
 @dataclass(frozen=True)
 class ColdWarm:
-    """One probe's cold and warm answers compared, round by round (a round: one cold answer, the warm ones after)."""
+    """One probe's cold and warm answers compared, round by round (a round: one cold answer, the
+    warm ones after)."""
 
     probe: str
     method: str
     rounds: int  # rounds with ok cold and warm answers, compared
-    contradicted: int  # … left out: the server said a warm sample reused no more prompt tokens than the cold one
+    # … left out: the server said a warm sample reused no more prompt tokens than the cold one
+    contradicted: int
     confirmed: int  # … the server said every warm sample reused more (the rest: it said nothing)
     cold: Side
     warm: Side
@@ -83,7 +87,8 @@ class ColdWarm:
     )  # over positions before the first differing token (None: no such position)
     cached_tokens_cold: int | None  # most prompt tokens the server said it reused for a cold sample
     cached_tokens_warm: int | None  # fewest it said it reused for a warm one (None: it never said)
-    # Graded probes: warm answers graded bad whose round's cold answer is good, and the reverse (None: ungraded).
+    # Graded probes: warm answers graded bad whose round's cold answer is good, and the reverse
+    # (None: ungraded).
     warm_good_to_bad: int | None = None
     warm_bad_to_good: int | None = None
 
@@ -101,8 +106,9 @@ Grade = Callable[
 
 
 def cold_warm(records: Iterable[Record], method: str, grade: Grade | None = None) -> list[ColdWarm]:
-    """Per probe, its counted cold and warm answers compared round by round (pure: records in, comparison out);
-    with ``grade`` (None for a probe without a grader), each warm answer's grade against its round's cold one."""
+    """Per probe, its counted cold and warm answers compared round by round (pure: records in,
+    comparison out); with ``grade`` (None for a probe without a grader), each warm answer's grade
+    against its round's cold one."""
     length = round_length(method)
     rounds: dict[tuple[str, int], list[Record]] = {}
     for r in records:
@@ -122,8 +128,8 @@ def cold_warm(records: Iterable[Record], method: str, grade: Grade | None = None
 
 
 def _graded_flips(rounds: list[Round], grade: Grade) -> tuple[int, int] | None:
-    """(warm answers bad whose round's cold one is good, the reverse) over ``rounds``; None where no answer is
-    graded. An answer whose grader failed pairs with nothing."""
+    """(warm answers bad whose round's cold one is good, the reverse) over ``rounds``; None where no
+    answer is graded. An answer whose grader failed pairs with nothing."""
     to_bad = to_good = 0
     graded = False
     for cold, warm in rounds:
@@ -220,10 +226,10 @@ def _first_diff(a: str, b: str) -> int:
 
 
 def _logprob_diff(cold: Record, warm: Record) -> tuple[bool, float | None] | None:
-    """(bitwise equal, largest |difference|) of two answers' logprobs, or None where one has none. Positions are
-    compared up to the first token that differs, which counts as differing (as against the serial reference); the
-    difference is over the positions with the same token (None: none had), a non-finite value against a finite
-    one counting as inf."""
+    """(bitwise equal, largest |difference|) of two answers' logprobs, or None where one has none.
+    Positions are compared up to the first token that differs, which counts as differing (as against
+    the serial reference); the difference is over the positions with the same token (None: none
+    had), a non-finite value against a finite one counting as inf."""
     if not cold.logprobs or not warm.logprobs or cold.tokens is None or warm.tokens is None:
         return None
     equal, worst, compared = len(cold.tokens) == len(warm.tokens), 0.0, 0

@@ -47,10 +47,11 @@ _SHOWN = 300  # characters of a flipped answer (and the serial one) kept in the 
 @dataclass
 class Grader:
     """The run's graders by probe id, and each distinct output's grade once known: a text graded at one level is
-    not graded again at another (the serial cell's outputs are met at every level). Each answer is graded within
-    ``timeout`` seconds (``gradeworker``); a SIGINT/SIGTERM in the summary step (from ``since``, a count of
-    ``aio.signals_so_far``) cuts the grading short: every answer not graded by then is ``grade_failed``, and the
-    summary is made of the rest. Close it (``with``) to end its worker process."""
+    not graded again at another (the serial cell's outputs are met at every level). Each answer is
+    graded within ``timeout`` seconds (``gradeworker``); a SIGINT/SIGTERM in the summary step (from
+    ``since``, a count of ``aio.signals_so_far``) cuts the grading short: every answer not graded by
+    then is ``grade_failed``, and the summary is made of the rest. Close it (``with``) to end its
+    worker process."""
 
     gradings: Mapping[str, Grading]
     timeout: float = DEFAULT_TIMEOUT
@@ -76,7 +77,8 @@ class Grader:
         return out
 
     def grade_record(self, record: Record) -> bool | None:
-        """One recorded answer's grade (None: its probe is ungraded, or its grader failed), from the same cache."""
+        """One recorded answer's grade (None: its probe is ungraded, or its grader failed), from the
+        same cache."""
         grading = self.gradings.get(record.probe)
         if grading is None:
             return None

@@ -86,9 +86,9 @@ def summarize(
     ``server`` is what the server's ``/metrics`` said during the run (``servermetrics.read_samples``): each
     cell gets the ``server_*`` fields of its own time window, from its first counted send to its last answer.
 
-    ``grader`` (the run's graders by probe id, bounded in time) grades each graded probe's cells and the run per
-    level (``kevload.compare.graded``);
-    ``min_good_share`` (``load.min_good_share``) is the good share under which a graded probe cell fails.
+    ``grader`` (the run's graders by probe id, bounded in time) grades each graded probe's cells and
+    the run per level (``kevload.compare.graded``); ``min_good_share`` (``load.min_good_share``) is
+    the good share under which a graded probe cell fails.
     """
     until = UntilBound(until_bound, samples_asked or 1, max_samples) if until_bound else None
     full_loads = reduction.full_loads(unrecorded)

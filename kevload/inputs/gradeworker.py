@@ -2,17 +2,20 @@
 (``load.grade_timeout``); past it the answer is ``GraderFailed``, naming the grader and the bound.
 
 - ``regex``: in this process, by the ``regex`` package's own match timeout.
-- ``python:`` graders and ``json_schema``: in one worker process, killed when an answer takes longer. A thread
-  cannot be killed and a C loop (``re`` inside a schema's ``pattern``) ignores the bound a signal would set; a
-  process can always be killed. The worker also keeps whatever the user's code does (``sys.exit``, ``os._exit``,
-  ``GeneratorExit``, a print to stdout) away from kevload's process: each is a failure on that answer.
-- The rest (exact, contains, one_of, number, choice, json) are kevload's own, linear in the answer, in process.
+- ``python:`` graders and ``json_schema``: in one worker process, killed when an answer takes
+  longer. A thread cannot be killed and a C loop (``re`` inside a schema's ``pattern``) ignores the
+  bound a signal would set; a process can always be killed. The worker also keeps whatever the
+  user's code does (``sys.exit``, ``os._exit``, ``GeneratorExit``, a print to stdout) away from
+  kevload's process: each is a failure on that answer.
+- The rest (exact, contains, one_of, number, choice, json) are kevload's own, linear in the answer,
+  in process.
 
-A grader that runs past its bound once grades no further answer in that summary (each is ``GraderFailed``): a
-grader that loops on every answer costs one bound, not one per answer.
+A grader that runs past its bound once grades no further answer in that summary (each is
+``GraderFailed``): a grader that loops on every answer costs one bound, not one per answer.
 
-The worker starts on the first answer that needs it (a fresh Python that imports the graders again: about 0.1 s),
-then costs one round trip through a pipe per distinct output graded (measured in the tests' module docstring).
+The worker starts on the first answer that needs it (a fresh Python that imports the graders again:
+some 60 ms on the project's 2-core machine), then costs one round trip through a pipe per distinct
+output graded (some 70 µs there; tests/compare/test_grader_bounds.py measures both).
 """
 
 from __future__ import annotations
@@ -39,8 +42,8 @@ _HEADER = 4  # bytes of a frame's length, big-endian
 
 
 class BoundedGrader:
-    """Grades answers as ``Grading.good`` does, each within ``timeout`` seconds; close it (or use it as a context
-    manager) to end its worker."""
+    """Grades answers as ``Grading.good`` does, each within ``timeout`` seconds; close it (or use it
+    as a context manager) to end its worker."""
 
     def __init__(self, timeout: float = DEFAULT_TIMEOUT):
         self.timeout = timeout
@@ -50,8 +53,9 @@ class BoundedGrader:
         ] = {}  # a grader that ran past its bound: why it grades no more
 
     def good(self, grading: Grading, answer: str, probe: str) -> bool:
-        """Whether ``answer`` of ``probe`` is good; ``GraderFailed`` when the grader raised, returned no bool, or
-        took longer than the bound (then and for every later answer it would grade)."""
+        """Whether ``answer`` of ``probe`` is good; ``GraderFailed`` when the grader raised,
+        returned no bool, or took longer than the bound (then and for every later answer it would
+        grade)."""
         key = _identity(grading)
         if key in self._overrun:
             raise GraderFailed(self._overrun[key])
@@ -105,8 +109,9 @@ class BoundedGrader:
 
 
 def _identity(grading: Grading) -> str:
-    """What a grader is, for "it ran past its bound": a python grader by its function (whatever it is given), the
-    others by their expected value too (one regex looping says nothing of another)."""
+    """What a grader is, for "it ran past its bound": a python grader by its function (whatever it
+    is given), the others by their expected value too (one regex looping says nothing of
+    another)."""
     if grading.grade.startswith(PYTHON):
         return grading.grade
     return (
@@ -193,9 +198,10 @@ class _Worker:
 
 
 def serve() -> None:
-    """The worker's loop: read a frame, grade, answer, until stdin ends. The user's code sees no stdin and prints
-    to stderr: the frames have their own descriptors. Signals are the parent's to act on (a terminal's Ctrl-C
-    reaches the whole group); the worker dies with its parent on Linux."""
+    """The worker's loop: read a frame, grade, answer, until stdin ends. The user's code sees no
+    stdin and prints to stderr: the frames have their own descriptors. Signals are the parent's to
+    act on (a terminal's Ctrl-C reaches the whole group); the worker dies with its parent on
+    Linux."""
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
     _die_with_parent()
@@ -233,8 +239,8 @@ def _graded(message: dict[str, Any], graders: dict[int, Grading]) -> dict[str, A
 
 
 def _die_with_parent() -> None:
-    """Linux: the kernel kills this process when kevload's ends, even by SIGKILL (a looping grader left behind
-    would spin forever). Elsewhere the parent's ``close`` does it."""
+    """Linux: the kernel kills this process when kevload's ends, even by SIGKILL (a looping grader
+    left behind would spin forever). Elsewhere the parent's ``close`` does it."""
     with contextlib.suppress(Exception):
         import ctypes
 

@@ -75,15 +75,16 @@ def python_graders(policy: str) -> Iterator[None]:
         _python_policy.reset(token)
 
 
-# Where a json_schema's ``expected`` may be the path of a file to read (None), or why not: a run.json or a case
-# file is data, and the path it holds could name any file (a key); kevload reads it only where the user says so.
+# Where a json_schema's ``expected`` may be the path of a file to read (None), or why not: a
+# run.json or a case file is data, and the path it holds could name any file (a key); kevload reads
+# it only where the user says so.
 _schema_files: ContextVar[str | None] = ContextVar("schema_files", default=None)
 
 
 @contextmanager
 def schema_files(refusal: str | None) -> Iterator[None]:
-    """Within: a json_schema given as a path is read (``refusal`` None) or refused unread, ``refusal`` saying what
-    was expected instead."""
+    """Within: a json_schema given as a path is read (``refusal`` None) or refused unread,
+    ``refusal`` saying what was expected instead."""
     token = _schema_files.set(refusal)
     try:
         yield
@@ -92,7 +93,8 @@ def schema_files(refusal: str | None) -> Iterator[None]:
 
 
 def schema_refused_from(what: str) -> str:
-    """The refusal of schema files named in ``what`` (a run directory, a case file), saying how to allow them."""
+    """The refusal of schema files named in ``what`` (a run directory, a case file), saying how to
+    allow them."""
     return (
         f"a JSON Schema kept in {what} (a table): a path there names a file, which kevload reads "
         "only with --trust-graders"
@@ -164,8 +166,9 @@ class Grading:
 
     def good(self, answer: str, probe: str = "", timeout: float | None = None) -> bool:
         """Whether ``answer`` (the whole text a cell keeps for an output) of ``probe`` (its id) is good;
-        ``GraderFailed`` when a user's grader raises or returns no bool. ``timeout``: seconds a regex may match
-        (``TimeoutError`` past it); the other graders' bounds are ``gradeworker``'s."""
+        ``GraderFailed`` when a user's grader raises or returns no bool. ``timeout``: seconds a
+        regex may match (``TimeoutError`` past it); the other graders' bounds are
+        ``gradeworker``'s."""
         return _grade(self, content_of(answer), probe, timeout)
 
 
@@ -315,7 +318,8 @@ def _schema(expected: Any, base: Path) -> dict[str, Any]:
         try:
             schema = orjson.loads(path.read_bytes())
         except (OSError, orjson.JSONDecodeError) as exc:
-            # orjson's and the OS's messages give the place, never the text: nothing of the file is shown.
+            # orjson's and the OS's messages give the place, never the text: nothing of the file is
+            # shown.
             raise BadGrading(
                 "expected", f"a JSON Schema file that reads as JSON ({path}: {exc})", expected
             ) from None
@@ -337,8 +341,9 @@ def _schema(expected: Any, base: Path) -> dict[str, Any]:
 
 
 def _checked_schema(schema: dict[str, Any], which: str, *, quoted: bool) -> dict[str, Any]:
-    """``schema`` checked against its metaschema and its references; ``quoted``: an error may quote parts of it
-    (it was given inline), else it names only the place (it was read from a file, whose text is never shown)."""
+    """``schema`` checked against its metaschema and its references; ``quoted``: an error may quote
+    parts of it (it was given inline), else it names only the place (it was read from a file, whose
+    text is never shown)."""
     import jsonschema
 
     validator = jsonschema.validators.validator_for(schema)
@@ -368,7 +373,8 @@ def _checked_schema(schema: dict[str, Any], which: str, *, quoted: bool) -> dict
 
 
 def _keyword_of(unresolved: str) -> str:
-    """Which kind of reference ``_unresolved_reference`` found, in kevload's words alone (none of the schema's)."""
+    """Which kind of reference ``_unresolved_reference`` found, in kevload's words alone (none of
+    the schema's)."""
     return next((k for k in _REFERENCES if unresolved.startswith(f"{k} ")), "reference")
 
 
@@ -400,7 +406,8 @@ def _unresolved_reference(schema: dict[str, Any], validator: Any) -> str | None:
             except referencing.exceptions.Unresolvable as exc:
                 return f"{keyword} {ref!r} ({type(exc).__name__}: {_cut(str(exc))})"
             if not isinstance(resolved.contents, dict | bool):
-                return f"{keyword} {ref!r} (it leads to {shown(str(resolved.contents))}, which is no schema)"
+                led = shown(str(resolved.contents))
+                return f"{keyword} {ref!r} (it leads to {led}, which is no schema)"
             todo.append((specification.create_resource(resolved.contents), resolved.resolver))
         todo.extend((sub, resolver.in_subresource(sub)) for sub in resource.subresources())
     return None
@@ -619,8 +626,8 @@ def _user_grade(grading: Grading, text: str, probe: str) -> bool:
     assert grading.function is not None  # ``checked`` imported it
     try:
         result = grading.function(text, probe, grading.expected)
-    # The user's code, run in a process of its own (``gradeworker``): whatever it raises is a finding on this
-    # answer, sys.exit's SystemExit and a GeneratorExit too.
+    # The user's code, run in a process of its own (``gradeworker``): whatever it raises is a
+    # finding on this answer, sys.exit's SystemExit and a GeneratorExit too.
     except BaseException as exc:  # noqa: BLE001
         raise GraderFailed(
             f"{grading.grade} raised {type(exc).__name__}: {exc} on the answer {shown(text)}"
@@ -628,7 +635,8 @@ def _user_grade(grading: Grading, text: str, probe: str) -> bool:
     if result is not True and result is not False:
         returned = repr(result)
         raise GraderFailed(
-            f"{grading.grade} returned {returned[:_MAX_SHOWN]}, expected True or False, on the answer "
+            f"{grading.grade} returned {returned[:_MAX_SHOWN]}, expected True or False, on the "
+            "answer "
             f"{shown(text)}"
         )
     return result

@@ -251,7 +251,8 @@ class Load:
     # A graded probe cell whose answers are graded good less often than this fails (exit 1;
     # kevload.compare.graded).
     min_good_share: float | None = rule(None, min=0, max=1, expected="a share between 0 and 1")
-    # Seconds one answer's grading may take (kevload.inputs.gradeworker); past it the answer is grade_failed.
+    # Seconds one answer's grading may take (kevload.inputs.gradeworker); past it the answer is
+    # grade_failed.
     grade_timeout: float = rule(
         DEFAULT_TIMEOUT, above=0, max=MAX_SECONDS, expected=f"seconds > 0, at most {MAX_SECONDS:,}"
     )

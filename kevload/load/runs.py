@@ -452,7 +452,8 @@ def finish_run(
                 {**meta["parts"][-1], "state": state, "unrecorded": unrecorded},
             ],
         }
-    # A signal from here on cuts the grading short (``Grader``); one before it, during the run, does not.
+    # A signal from here on cuts the grading short (``Grader``); one before it, during the run, does
+    # not.
     since = aio.signals_so_far()
     try:
         summary = _summary(run, meta, state, trust_graders, since)
@@ -476,8 +477,8 @@ def finish_run(
 def _summary(
     run: RunDir, meta: dict[str, Any], state: RunState | None, trust_graders: bool, since: int
 ) -> RunSummary:
-    """The summary of the records on disk, as run.json describes the run; a signal after the ``since``-th
-    (``aio.signals_so_far``) cuts its grading short."""
+    """The summary of the records on disk, as run.json describes the run; a signal after the
+    ``since``-th (``aio.signals_so_far``) cuts its grading short."""
     max_error_share = meta["load"]["max_error_share"]
     # A level run for a duration has no asked number of samples: only samples-bound cells can be
     # short.
@@ -520,8 +521,9 @@ def _summary(
 def _with_cold_warm(
     summary: RunSummary, cache: dict[str, Any], run: RunDir, grader: Grader | None
 ) -> RunSummary:
-    """The summary with load.prefix_cache's comparison (``compare.coldwarm``), its graded probes' warm answers
-    paired with their rounds' cold ones (by the run's grader, each distinct output graded once)."""
+    """The summary with load.prefix_cache's comparison (``compare.coldwarm``), its graded probes'
+    warm answers paired with their rounds' cold ones (by the run's grader, each distinct output
+    graded once)."""
     grade = grader.grade_record if grader is not None else None
     probes = cold_warm(run.records(), cache["method"], grade)
     return replace(

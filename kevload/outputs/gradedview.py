@@ -89,9 +89,10 @@ def level_text(entry: Mapping[str, Any]) -> str:
     )
 
 
-# The terminal's table fits a CI log's 80 columns in one piece, its title too, for levels as wide as they come
-# (a rate, four-digit counts, a p of 1e-105 that fell): the good count goes with n, a trailing .0 goes from the
-# interval, "fell" is a mark (↓), and the box has no sides. Markdown and HTML keep the long forms.
+# The terminal's table fits a CI log's 80 columns in one piece, its title too, for levels as wide as
+# they come (a rate, four-digit counts, a p of 1e-105 that fell): the good count goes with n, a
+# trailing .0 goes from the interval, "fell" is a mark (↓), and the box has no sides. Markdown and
+# HTML keep the long forms.
 TERMINAL_COLUMNS = ("level", "good/n", "accuracy [95% CI]", "good→bad", "bad→good", "p")
 TERMINAL_TITLE = "graded answers per level: a probe is good where every answer is; ↓: fell"
 
@@ -226,8 +227,8 @@ def turned_bad_lines(summary: RunSummary) -> list[str]:
 
 
 def gate_lines(summary: RunSummary) -> list[str]:
-    """The graded reasons a run fails, one line each: accuracy that fell significantly, answers the warm prefix
-    cache turned bad, cells under load.min_good_share, a python grader that failed."""
+    """The graded reasons a run fails, one line each: accuracy that fell significantly, answers the
+    warm prefix cache turned bad, cells under load.min_good_share, a python grader that failed."""
     out = []
     if summary.warm_bad_probes:
         turned = sum(

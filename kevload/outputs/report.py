@@ -789,8 +789,8 @@ def _companions(summary: RunSummary) -> str:
 
 
 def cache_lines(summary: RunSummary) -> list[str]:
-    """load.prefix_cache's cold-vs-warm lines (``kevload.compare.coldwarm.ColdWarm``), each probe's under the method's;
-    none without it."""
+    """load.prefix_cache's cold-vs-warm lines (``kevload.compare.coldwarm.ColdWarm``), each probe's
+    under the method's; none without it."""
     cache = summary.prefix_cache
     if cache is None:
         return []

@@ -544,10 +544,11 @@ class _Choice(msgspec.Struct):
 
 
 def _answers_in_text(choice: _Choice, api: str) -> bool:
-    """Which field of a choice is the answer, the one place that decides it (and so what is hashed and graded):
-    completions' ``text`` under the completions API; under chat the ``message`` (or stream ``delta``), as that API
-    defines, ``text`` only where a choice has neither (a server answering chat in completions' shape). A chat
-    choice carrying both is read by its message: before, its ``text`` won."""
+    """Which field of a choice is the answer, the one place that decides it (and so what is hashed
+    and graded): completions' ``text`` under the completions API; under chat the ``message`` (or
+    stream ``delta``), as that API defines, ``text`` only where a choice has neither (a server
+    answering chat in completions' shape). A chat choice carrying both is read by its message:
+    before, its ``text`` won."""
     if api == "completions":
         return True
     return choice.text is not msgspec.UNSET and choice.message is None and choice.delta is None

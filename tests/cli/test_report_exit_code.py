@@ -1,5 +1,5 @@
-"""`kevload report` exits with the run's own code, and says so where it is read: its --help and the gates' table
-in docs/nightly.md."""
+"""`kevload report` exits with the run's own code, and says so where it is read: its --help and the
+gates' table in docs/nightly.md."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""A run directory (or a case file) names no file: a json_schema is graded from the schema run.json keeps; a path
-put there is refused unread without --trust-graders, and no error quotes a file's text (a CI artifact's run.json
-could name a local key file and print its start into the CI log)."""
+"""A run directory (or a case file) names no file: a json_schema is graded from the schema run.json
+keeps; a path put there is refused unread without --trust-graders, and no error quotes a file's text
+(a CI artifact's run.json could name a local key file and print its start into the CI log)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ SCHEMA = {"type": "object", "required": ["name"]}
 
 
 def _schema_run(tmp_path: Path, server) -> Path:
-    """A run graded by a json_schema from a file beside the scenario (run.json keeps the schema itself)."""
+    """A run graded by a json_schema from a file beside the scenario (run.json keeps the schema
+    itself)."""
     server.behaviour.answer_for = lambda prompt, overlap: '{"name": "x"}'
     (tmp_path / "schema.json").write_text(json.dumps(SCHEMA))
     probes = [{"id": "p", "prompt": "JSON?", "grade": "json_schema", "expected": "schema.json"}]

@@ -1,10 +1,11 @@
-"""Graders bounded: whatever a grader raises (BaseException too) or however long it takes, the run ends with its
-verdict, summary.json and run.json's final state; the failure is ``grade_failed`` naming the probe and the grader,
-exit 2. A SIGINT/SIGTERM while the summary grades stops it within about a second, with a summary and a final state.
+"""Graders bounded: whatever a grader raises (BaseException too) or however long it takes, the run
+ends with its verdict, summary.json and run.json's final state; the failure is ``grade_failed``
+naming the probe and the grader, exit 2. A SIGINT/SIGTERM while the summary grades stops it within
+about a second, with a summary and a final state.
 
-Measured on the project's 2-core machine (``test_the_cost_per_distinct_output_of_a_python_grader``): the worker
-process starts in about 0.1–0.3 s once per summary, then each distinct output costs one pipe round trip, some
-0.1 ms."""
+Measured on the project's 2-core machine (``test_the_cost_per_distinct_output_of_a_python_grader``):
+the worker process starts in some 60 ms once per summary, then each distinct output costs one pipe
+round trip, some 70 µs."""
 
 from __future__ import annotations
 
@@ -23,9 +24,9 @@ from tests.conftest import load_summary, write_scenario
 
 
 def _graded_run(tmp_path: Path, server, grader: str, **load) -> tuple[int, str]:
-    """``sum_probes`` graded by ``python:<module>:check`` (``grader`` is the module's text), the crafted server
-    right serially and wrong under load for s0, s2, s4; kevload in a process of its own with a kill timer (a
-    grader that hangs the run fails the test, not the suite)."""
+    """``sum_probes`` graded by ``python:<module>:check`` (``grader`` is the module's text), the
+    crafted server right serially and wrong under load for s0, s2, s4; kevload in a process of its
+    own with a kill timer (a grader that hangs the run fails the test, not the suite)."""
     module = f"kevload_bounds_{abs(hash(grader)) % 10**8}"
     (tmp_path / f"{module}.py").write_text(grader)
     server.behaviour.latency = 0.1
@@ -54,8 +55,8 @@ def _ended_graded(tmp_path: Path) -> dict:
 def test_a_grader_that_calls_sys_exit_on_one_answer_is_grade_failed_and_the_run_ends_with_exit_2(
     tmp_path, server
 ):
-    # s0's loaded answer is "4" (wrong): the grader exits there. Before: exit 0, no verdict, no summary.json,
-    # run.json left "running", though s2 and s4 turned bad under load.
+    # s0's loaded answer is "4" (wrong): the grader exits there. Before: exit 0, no verdict, no
+    # summary.json, run.json left "running", though s2 and s4 turned bad under load.
     grader = (
         "import sys\ndef check(answer, probe, expected):\n"
         f"    if (probe, answer) == ('s0', '4'): sys.exit(0)\n{_RIGHT}"
@@ -146,7 +147,8 @@ LOOP = "def check(answer, probe, expected):\n    while True: pass\n"
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 @pytest.mark.parametrize("grade", ["python", "regex"])
 def test_a_signal_during_the_summary_step_stops_it_within_a_second(tmp_path, server, signum, grade):
-    """The grader never returns (grade_timeout an hour): the signal must end the grading, not wait for it."""
+    """The grader never returns (grade_timeout an hour): the signal must end the grading, not wait
+    for it."""
     server.behaviour.answer_for = lambda prompt, overlap: "a" * 60 + "!"
     (tmp_path / "kevload_bounds_loop.py").write_text(LOOP)
     probe = (
@@ -160,7 +162,8 @@ def test_a_signal_during_the_summary_step_stops_it_within_a_second(tmp_path, ser
     )
     out = tmp_path / "run"
     with Kevload("run", path, "--out", out, "--quiet") as kevload:
-        # Every request answered and run.json still "running": kevload is in its summary step, grading.
+        # Every request answered and run.json still "running": kevload is in its summary step,
+        # grading.
         kevload.wait_for(lambda: len(server.requests) >= 4, timeout=60)
         time.sleep(1.0)
         assert json.loads((out / "run.json").read_text())["state"] == "running"
@@ -178,8 +181,8 @@ def test_a_signal_during_the_summary_step_stops_it_within_a_second(tmp_path, ser
 
 
 def test_the_cost_per_distinct_output_of_a_python_grader(tmp_path):
-    """What the bound costs: the worker's start once, then a round trip per distinct output (printed, asserted
-    only loosely: a shared 2-core machine)."""
+    """What the bound costs: the worker's start once, then a round trip per distinct output
+    (printed, asserted only loosely: a shared 2-core machine)."""
     from kevload.inputs.gradeworker import BoundedGrader
 
     (tmp_path / "kevload_bounds_cost.py").write_text(
@@ -198,9 +201,8 @@ def test_the_cost_per_distinct_output_of_a_python_grader(tmp_path):
             each = (time.perf_counter() - started) / 1000
     finally:
         sys.modules.pop("kevload_bounds_cost", None)
-    print(
-        f"python grader: first answer (worker start) {first * 1e3:.0f} ms, then {each * 1e6:.0f} µs each"
-    )
+    print(f"python grader: first answer (worker start) {first * 1e3:.0f} ms, then ", end="")
+    print(f"{each * 1e6:.0f} µs each")
     assert first < 5 and each < 0.01
 
 

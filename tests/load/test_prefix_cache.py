@@ -1015,8 +1015,9 @@ def test_a_warm_sample_the_server_says_reused_nothing_is_not_claimed_warm(tmp_pa
 
 @pytest.mark.parametrize("reset", ["/reset_prefix_cache", None], ids=["reset", "marker"])
 def test_warm_answers_graded_bad_where_cold_ones_are_good_fail_fail_on_bad(tmp_path, server, reset):
-    """Every cold answer right, every warm one wrong: each round is a serial sample (the cells see a mixed serial
-    grade and count no flip), so before, --fail-on bad passed it (exit 0). Paired round by round: 4 flips."""
+    """Every cold answer right, every warm one wrong: each round is a serial sample (the cells see a
+    mixed serial grade and count no flip), so before, --fail-on bad passed it (exit 0). Paired round
+    by round: 4 flips."""
     from tests.conftest import run_cli, write_scenario
 
     server.behaviour.warm_differs = True

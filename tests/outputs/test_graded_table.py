@@ -1,5 +1,6 @@
-"""The graded table in a CI log: at 80 columns it is one piece, its title on one line, every column named in one
-header line, each level on one line, nothing cut; for a real run's levels and for the widest levels there are."""
+"""The graded table in a CI log: at 80 columns it is one piece, its title on one line, every column
+named in one header line, each level on one line, nothing cut; for a real run's levels and for the
+widest levels there are."""
 
 from __future__ import annotations
 
