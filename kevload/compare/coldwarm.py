@@ -17,7 +17,7 @@ import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from kevload.records.store import Record
 
@@ -115,7 +115,8 @@ def cold_warm(records: Iterable[Record], method: str, grade: Grade | None = None
         if r.role != "probe" or not r.is_sample or r.cache is None:
             continue
         probe = base_probe(r.probe, method)
-        number = int(_ROUND_ID.match(r.probe)["round"]) if probe != r.probe else r.sample // length
+        marked = _ROUND_ID.match(r.probe) if probe != r.probe else None
+        number = int(marked["round"]) if marked else r.sample // length
         rounds.setdefault((probe, number), []).append(r)
     by_probe: dict[str, list[Round]] = {}
     for (probe, _), sent in sorted(rounds.items()):
@@ -233,7 +234,9 @@ def _logprob_diff(cold: Record, warm: Record) -> tuple[bool, float | None] | Non
     if not cold.logprobs or not warm.logprobs or cold.tokens is None or warm.tokens is None:
         return None
     equal, worst, compared = len(cold.tokens) == len(warm.tokens), 0.0, 0
-    for ct, wt, cv, wv in zip(cold.tokens, warm.tokens, cold.logprobs, warm.logprobs, strict=False):
+    # RunDir.records gives the spelled non-finite values back as floats (records.store).
+    values = cast(list[float | None], cold.logprobs), cast(list[float | None], warm.logprobs)
+    for ct, wt, cv, wv in zip(cold.tokens, warm.tokens, *values, strict=False):
         if ct != wt:
             equal = False
             break
