@@ -467,6 +467,12 @@ def finish_run(
             f"{run_dir}: the run ended {state} but its records could not be summarized: "
             f"{exc if isinstance(exc, KevloadError) else f'{type(exc).__name__}: {exc}'}"
         ) from exc
+    except (
+        BaseException
+    ):  # a second SIGINT/SIGTERM while it grades: kevload ends now, its state told
+        if state is not None:
+            write_json(run.run_json, {**meta, "state": state, "ended_at": now_iso()})
+        raise
     write_json(run.summary_json, summary.to_json())
     if state is not None:
         meta = {**meta, "state": state, "ended_at": now_iso(), "records": summary.requests_sent}

@@ -213,3 +213,29 @@ def test_bounded_graders_raise_grader_failed_not_base_exceptions():
     assert grading is not None
     with BoundedGrader(0.2) as bounded, pytest.raises(GraderFailed, match="took longer than 0.2 s"):
         bounded.good(grading, "a" * 60 + "!", "p")
+
+
+def test_a_second_signal_while_the_summary_grades_leaves_a_final_state(tmp_path, server):
+    """The first SIGTERM stops the sending (the summary then grades, as a stopped run's does); the grader loops,
+    and a second SIGTERM ends kevload at once: 143, run.json's state final (before: left "running")."""
+    server.behaviour.latency = 0.5
+    server.behaviour.answer_for = lambda prompt, overlap: "an answer"
+    (tmp_path / "kevload_bounds_loop2.py").write_text(LOOP)
+    probes = [{"id": "p", "prompt": "Say a.", "grade": "python:kevload_bounds_loop2:check"}]
+    path = write_scenario(
+        tmp_path / "s.toml", server.url, probes=probes, samples=8, grade_timeout=3600
+    )
+    out = tmp_path / "run"
+    with Kevload("run", path, "--out", out, "--quiet") as kevload:
+        # The logprobs check, then the first probe sample: the stop lets it end (0.5 s), and it is graded.
+        kevload.wait_for(lambda: len(server.requests) >= 2, timeout=60)
+        kevload.signal(signal.SIGTERM)
+        # The summary step has begun once the grading worker runs (kevload's only child here).
+        kevload.wait_for(lambda: bool(kevload.children()), timeout=30)
+        time.sleep(0.5)
+        at = kevload.signal(signal.SIGTERM)
+        ended = kevload.end(timeout=10)
+        took = time.monotonic() - at
+    assert ended.code == 143, ended.stderr
+    assert took < 1.5 and ended.left == []
+    assert json.loads((out / "run.json").read_text())["state"] == "interrupted"
