@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from xml.etree import ElementTree as ET
 
 import pytest
 from click.testing import CliRunner
@@ -1037,8 +1038,13 @@ def test_warm_answers_graded_bad_where_cold_ones_are_good_fail_fail_on_bad(tmp_p
         samples=8,
         prefix_cache="cold_warm",
     )
-    code, out = run_cli("run", path, "--out", tmp_path / "run", "--fail-on", "bad")
+    junit = tmp_path / "junit.xml"
+    code, out = run_cli(
+        "run", path, "--out", tmp_path / "run", "--fail-on", "bad", "--junit", junit
+    )
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    (case,) = [c for c in ET.parse(junit).iter("testcase") if c.get("classname").endswith("cache")]
+    assert case.get("name") == "p1" and case.find("failure").get("type") == "warm_bad"
     c = only(RunSummary.from_json(summary))
     warm = 4 if reset else 8  # the marker method's rounds have two warm answers each
     assert (c["warm_good_to_bad"], c["warm_bad_to_good"]) == (warm, 0)
