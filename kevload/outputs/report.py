@@ -1054,18 +1054,20 @@ def _num(value: Any) -> str:
 
 def junit_xml(summary: RunSummary, suite: str = "kevload", fail_on: str = "drift") -> str:
     """JUnit XML, one testcase per probe × level; drift, no ok sample, a short cell or one under
-    ``load.min_slo_attainment`` or ``load.min_good_share`` is a failure, and with ``fail_on="latent"`` latent drift
-    too, and a cell whose logprobs cover only some of its samples (otherwise both are said in the case's output).
-    With ``fail_on="bad"`` drift fails only where load turned an answer bad (``flips_good_to_bad``), as the exit code
-    does. A graded run adds one testcase per level for its accuracy, failing where it fell significantly, and
-    under load.prefix_cache one per graded probe (``prefix_cache``), failing where the warm cache turned answers
-    bad."""
+    ``load.min_slo_attainment`` or ``load.min_good_share`` is a failure, and with
+    ``fail_on="latent"`` latent drift too, and a cell whose logprobs cover only some of its samples
+    (otherwise both are said in the case's output). With ``fail_on="bad"`` drift fails only where
+    load turned an answer bad (``flips_good_to_bad``), as the exit code does. A graded run adds one
+    testcase per level for its accuracy, failing where it fell significantly, and under
+    load.prefix_cache one per graded probe (``prefix_cache``), failing where the warm cache turned
+    answers bad."""
     from xml.etree import ElementTree as ET
 
     cells = summary.probe_cells()
     verdicts = [(c, _junit_failure(c, summary, fail_on)) for c in cells]
     levels = summary.accuracy or ()
-    # load.prefix_cache's graded probes: each a case, failing where the warm cache turned answers bad.
+    # load.prefix_cache's graded probes: each a case, failing where the warm cache turned answers
+    # bad.
     warm = [
         c
         for c in (summary.prefix_cache or {}).get("probes", ())

@@ -216,8 +216,9 @@ def test_bounded_graders_raise_grader_failed_not_base_exceptions():
 
 
 def test_a_second_signal_while_the_summary_grades_leaves_a_final_state(tmp_path, server):
-    """The first SIGTERM stops the sending (the summary then grades, as a stopped run's does); the grader loops,
-    and a second SIGTERM ends kevload at once: 143, run.json's state final (before: left "running")."""
+    """The first SIGTERM stops the sending (the summary then grades, as a stopped run's does); the
+    grader loops, and a second SIGTERM ends kevload at once: 143, run.json's state final (before:
+    left "running")."""
     server.behaviour.latency = 0.5
     server.behaviour.answer_for = lambda prompt, overlap: "an answer"
     (tmp_path / "kevload_bounds_loop2.py").write_text(LOOP)
@@ -227,7 +228,8 @@ def test_a_second_signal_while_the_summary_grades_leaves_a_final_state(tmp_path,
     )
     out = tmp_path / "run"
     with Kevload("run", path, "--out", out, "--quiet") as kevload:
-        # The logprobs check, then the first probe sample: the stop lets it end (0.5 s), and it is graded.
+        # The logprobs check, then the first probe sample: the stop lets it end (0.5 s), and it is
+        # graded.
         kevload.wait_for(lambda: len(server.requests) >= 2, timeout=60)
         kevload.signal(signal.SIGTERM)
         # The summary step has begun once the grading worker runs (kevload's only child here).
