@@ -514,7 +514,11 @@ def report(
     trust_graders: bool,
 ) -> None:
     """Recompute a run's summary from its records (no server needed) and render it; sweeps and
-    comparisons too."""
+    comparisons too.
+
+    Exits with the run's own code, as `kevload run` without --baseline and --fail-on would: 0 held,
+    1 drift (or a cell under an SLO or load.min_good_share), 2 bad input or a grader that failed, 3
+    target failed or evidence short. A sweep's report exits 0; a comparison's, with its gate's code."""
     if (run_dir / "compare-run.json").is_file():
         from kevload.servers.rollout import finish
 

@@ -67,8 +67,9 @@ def for_run(
     regressions: int | None = None,
 ) -> ExitCode:
     """``kevload run``: ``for_summary``; with ``fail_on`` latent, latent drift is DRIFT too and a cell where ok
-    samples came without logprobs TARGET (latent drift neither shown nor ruled out); with ``fail_on`` bad, drift is
-    DRIFT only where load made an answer worse (kevload.compare.graded).
+    samples came without logprobs TARGET (latent drift neither shown nor ruled out); with
+    ``fail_on`` bad, drift is DRIFT only where load made an answer worse (kevload.compare.graded),
+    or the warm prefix cache did (kevload.compare.coldwarm).
 
     ``kevload run --baseline`` (``regressions``: the changes ``baseline.compare_to_baseline`` calls regressions;
     None without a baseline): TARGET when the run itself is (target failed, inconclusive, or a logprob gap under
@@ -89,7 +90,7 @@ def for_run(
         # Only answers load made worse fail: an answer graded bad where serial was all good, a level
         # whose accuracy
         # fell significantly, or a gate; drift whose answers stay good passes.
-        worse = summary.bad_cells or summary.accuracy_fell_levels
+        worse = summary.bad_cells or summary.accuracy_fell_levels or summary.warm_bad_probes
         code = (
             ExitCode.DRIFT
             if worse or summary.slo_failed_cells or summary.good_share_failed_cells

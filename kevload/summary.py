@@ -449,8 +449,11 @@ class RunSummary(_Json):
     scenario: str | None = None
     state: RunState | None = None
     # load.prefix_cache: how cold samples were made and each probe's cold and warm answers compared
-    # (kevload.load.prefixcache.ColdWarm); absent without it.
+    # (kevload.compare.coldwarm.ColdWarm); absent without it.
     prefix_cache: dict[str, Any] | None = written_with("prefix_cache")
+    # … and with graded probes, those whose warm answers the cache turned bad (against their rounds'
+    # cold ones).
+    warm_bad_probes: tuple[str, ...] | None = written_with("prefix_cache")
     # Requests kevload cut (load.cancel_share): neither answers nor errors; absent where the run cut
     # nothing. The
     # findings: probe cells whose divergent samples all had a cut in flight

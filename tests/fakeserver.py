@@ -130,6 +130,7 @@ class Behaviour:
     # keeps a slot's
     # tokens after such a request too, so the next one may reuse them).
     warm_differs: bool = False  # an answer served from the cache differs from one computed afresh
+    chat_text: str | None = None  # a whole chat answer also carries completions' "text": this
     reset_endpoint: str | None = (
         None  # "/reset_prefix_cache" (vLLM) or "/flush_cache" (SGLang): POST empties the cache
     )
@@ -599,6 +600,8 @@ class FakeServer:
                     for name, arguments in _tool_calls(text, b)
                 ]
             choice["message"] = message
+            if b.chat_text is not None:
+                choice["text"] = b.chat_text
         else:
             choice["text"] = text
         pieces = _pieces(text)

@@ -15,14 +15,17 @@ Definitions (docs/graded.md: "Good or bad: graded answers"):
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from kevload import aio
 from kevload.compare.cells import CellAccumulator, OutputKey
 from kevload.compare.stats import mcnemar_exact, wilson_interval
 from kevload.errors import ScenarioError
+from kevload.inputs.gradeworker import DEFAULT_TIMEOUT, BoundedGrader
 from kevload.inputs.grading import (
     IMPORT,
     BadGrading,
@@ -30,8 +33,11 @@ from kevload.inputs.grading import (
     Grading,
     python_graders,
     refused_from,
+    schema_files,
+    schema_refused_from,
 )
 from kevload.inputs.probe import Probe
+from kevload.records.store import Record
 from kevload.summary import CellSummary, RunSummary, level_label, level_order
 
 SIGNIFICANT = 0.05  # accuracy "fell" at a level: lower than serial over the paired probes, McNemar p under this
@@ -41,13 +47,24 @@ _SHOWN = 300  # characters of a flipped answer (and the serial one) kept in the 
 @dataclass
 class Grader:
     """The run's graders by probe id, and each distinct output's grade once known: a text graded at one level is
-    not graded again at another (the serial cell's outputs are met at every level)."""
+    not graded again at another (the serial cell's outputs are met at every level). Each answer is
+    graded within ``timeout`` seconds (``gradeworker``); a SIGINT/SIGTERM in the summary step (from
+    ``since``, a count of ``aio.signals_so_far``) cuts the grading short: every answer not graded by
+    then is ``grade_failed``, and the summary is made of the rest. Close it (``with``) to end its
+    worker process."""
 
     gradings: Mapping[str, Grading]
+    timeout: float = DEFAULT_TIMEOUT
+    since: int = field(default_factory=aio.signals_so_far)
     known: dict[tuple[str, str | None], bool | None] = field(
         default_factory=dict
     )  # (probe, sha256): good, None: failed
-    errors: dict[str, str] = field(default_factory=dict)  # probe: its python grader's first failure
+    errors: dict[str, str] = field(default_factory=dict)  # probe: its grader's first failure
+    cut: int = 0  # answers left ungraded by a signal
+    bounded: BoundedGrader = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.bounded = BoundedGrader(self.timeout)
 
     def grades(self, probe: str, cell: CellAccumulator) -> dict[OutputKey, bool | None]:
         grading = self.gradings[probe]
@@ -55,13 +72,50 @@ class Grader:
         for key, text in cell.texts.items():
             seen = (probe, key[0])
             if seen not in self.known:
-                try:
-                    self.known[seen] = grading.good(text, probe)
-                except GraderFailed as failed:
-                    self.known[seen] = None
-                    self.errors.setdefault(probe, f"probe {probe!r}: {failed}")
+                self.known[seen] = self._grade(grading, text, probe)
             out[key] = self.known[seen]
         return out
+
+    def grade_record(self, record: Record) -> bool | None:
+        """One recorded answer's grade (None: its probe is ungraded, or its grader failed), from the
+        same cache."""
+        grading = self.gradings.get(record.probe)
+        if grading is None:
+            return None
+        seen = (record.probe, record.sha256 or "")
+        if seen not in self.known:
+            self.known[seen] = self._grade(grading, record.answer, record.probe)
+        return self.known[seen]
+
+    def _grade(self, grading: Grading, text: str, probe: str) -> bool | None:
+        if aio.signal_since(self.since) is None:
+            try:
+                with aio.cut_short():
+                    return self.bounded.good(grading, text, probe)
+            except GraderFailed as failed:
+                self.errors.setdefault(probe, f"probe {probe!r}: {failed}")
+                return None
+            except aio.Cut:
+                pass
+        self.cut += 1
+        return None
+
+    def failures(self) -> tuple[str, ...]:
+        """What went wrong, by probe, then the answers a signal left ungraded."""
+        signum = aio.signal_since(self.since)
+        stopped = (
+            f"grading stopped by {signal.Signals(signum).name} in the summary step: {self.cut} "
+            "answers not graded (kevload report grades them again)"
+            if signum is not None and self.cut
+            else None
+        )
+        return (*(self.errors[p] for p in sorted(self.errors)), *([stopped] if stopped else []))
+
+    def __enter__(self) -> Grader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bounded.close()
 
 
 def graded_cell(
@@ -151,7 +205,7 @@ def with_accuracy(run: RunSummary, grader: Grader, min_good_share: float | None)
         accuracy_fell_levels=tuple(level_name(entry) for entry in levels if entry["fell"]),
         min_good_share=min_good_share,
         good_share_failed_cells=tuple(c.name for c in cells if c.meets_good_share is False),
-        grade_errors=tuple(grader.errors[p] for p in sorted(grader.errors)),
+        grade_errors=grader.failures(),
     )
 
 
@@ -233,8 +287,10 @@ def gradings_of(
     # Runs from before the directory was recorded: the scenario's, as the run read it.
     base = Path(meta.get("scenario_source") or ".").parent
     out = {}
-    with python_graders(
-        IMPORT if trust_graders else refused_from(f"the run directory {where.parent}")
+    what = f"the run directory {where.parent}"
+    with (
+        python_graders(IMPORT if trust_graders else refused_from(what)),
+        schema_files(None if trust_graders else schema_refused_from(what)),
     ):
         for probe, doc in docs.items():
             try:

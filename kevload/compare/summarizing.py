@@ -7,7 +7,7 @@ where outputs leave the serial one ``divergence.py``, agreement with it ``agreem
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any, cast
 
@@ -28,7 +28,6 @@ from kevload.compare.verdict import (
     run_verdict,
     stop_reason,
 )
-from kevload.inputs.grading import Grading
 from kevload.records.servermetrics import Samples, cell_view
 from kevload.summary import (
     CellSummary,
@@ -57,7 +56,7 @@ def summarize(
     server: Samples | None = None,
     asked_cells: Iterable[AskedCell] | None = None,
     unrecorded: list[Window] | None = None,
-    grading: Mapping[str, Grading] | None = None,
+    grader: Grader | None = None,
     min_good_share: float | None = None,
 ) -> RunSummary:
     """The summary: ``cells`` (one per probe × role × mode × level), ``matrix`` and ``verdict``.
@@ -87,11 +86,10 @@ def summarize(
     ``server`` is what the server's ``/metrics`` said during the run (``servermetrics.read_samples``): each
     cell gets the ``server_*`` fields of its own time window, from its first counted send to its last answer.
 
-    ``grading`` (probe id: its grader) grades each graded probe's cells and the run per level
-    (``kevload.compare.graded``);
-    ``min_good_share`` (``load.min_good_share``) is the good share under which a graded probe cell fails.
+    ``grader`` (the run's graders by probe id, bounded in time) grades each graded probe's cells and
+    the run per level (``kevload.compare.graded``); ``min_good_share`` (``load.min_good_share``) is
+    the good share under which a graded probe cell fails.
     """
-    grader = Grader(grading) if grading else None
     until = UntilBound(until_bound, samples_asked or 1, max_samples) if until_bound else None
     full_loads = reduction.full_loads(unrecorded)
     cells: list[CellSummary] = []

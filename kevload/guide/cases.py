@@ -29,6 +29,8 @@ from kevload.inputs.grading import (
     checked,
     python_graders,
     refused_from,
+    schema_files,
+    schema_refused_from,
 )
 from kevload.inputs.probe import Probe, iter_jsonl
 from kevload.inputs.scenario import Api, Load, Target, build_scenario, read_table
@@ -358,7 +360,11 @@ def read_cases(path: Path, *, trust_graders: bool = False) -> list[dict[str, Any
             )
         lines[case["id"]] = number
         try:
-            with python_graders(IMPORT if trust_graders else refused_from(f"the case file {path}")):
+            what = f"the case file {path}"
+            with (
+                python_graders(IMPORT if trust_graders else refused_from(what)),
+                schema_files(None if trust_graders else schema_refused_from(what)),
+            ):
                 case_grading(case, path.parent)
         except BadGrading as bad:
             raise ScenarioError(

@@ -1004,9 +1004,10 @@ def cold_warm_counts(rows: Iterable[tuple[str, int, str | None]]) -> tuple[int, 
 
 def cache_rounds(comparisons: Iterable[Mapping[str, Any]]) -> tuple[int, int, int]:
     """(rounds compared, rounds whose cold answer leaves warm ones that agree, rounds whose warm answers vary) from a
-    cache step's ``summary.json`` ``prefix_cache`` probes (``prefixcache.ColdWarm``). Where every round sends the same
-    input (a server reset, cache_prompt) the warm answers' agreement is across rounds: a server whose warm answers
-    vary anyway has each differing round counted unstable, not cold-differs."""
+    cache step's ``summary.json`` ``prefix_cache`` probes (``compare.coldwarm.ColdWarm``). Where
+    every round sends the same input (a server reset, cache_prompt) the warm answers' agreement is
+    across rounds: a server whose warm answers vary anyway has each differing round counted
+    unstable, not cold-differs."""
     compared = cold_differs = warm_unstable = 0
     for c in comparisons:
         compared += c["rounds"]

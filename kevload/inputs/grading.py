@@ -29,6 +29,7 @@ from typing import Any
 
 import msgspec
 import orjson
+import regex  # type: ignore[import-untyped]  # it ships no stubs
 
 from kevload.inputs.choices import choice_letter
 from kevload.inputs.numbers import MAX_DIGITS, bounds, exact_expected, json_form, last_exact, within
@@ -76,6 +77,32 @@ def python_graders(policy: str) -> Iterator[None]:
         yield
     finally:
         _python_policy.reset(token)
+
+
+# Where a json_schema's ``expected`` may be the path of a file to read (None), or why not: a
+# run.json or a case file is data, and the path it holds could name any file (a key); kevload reads
+# it only where the user says so.
+_schema_files: ContextVar[str | None] = ContextVar("schema_files", default=None)
+
+
+@contextmanager
+def schema_files(refusal: str | None) -> Iterator[None]:
+    """Within: a json_schema given as a path is read (``refusal`` None) or refused unread,
+    ``refusal`` saying what was expected instead."""
+    token = _schema_files.set(refusal)
+    try:
+        yield
+    finally:
+        _schema_files.reset(token)
+
+
+def schema_refused_from(what: str) -> str:
+    """The refusal of schema files named in ``what`` (a run directory, a case file), saying how to
+    allow them."""
+    return (
+        f"a JSON Schema kept in {what} (a table): a path there names a file, which kevload reads "
+        "only with --trust-graders"
+    )
 
 
 def refused_from(what: str) -> str:
@@ -149,10 +176,12 @@ class Grading:
             raise BadGrading("grade", GRADE_EXPECTED, None)
         return grading
 
-    def good(self, answer: str, probe: str = "") -> bool:
+    def good(self, answer: str, probe: str = "", timeout: float | None = None) -> bool:
         """Whether ``answer`` (the whole text a cell keeps for an output) of ``probe`` (its id) is good;
-        ``GraderFailed`` when a user's grader raises or returns no bool."""
-        return _grade(self, content_of(answer), probe)
+        ``GraderFailed`` when a user's grader raises or returns no bool. ``timeout``: seconds a
+        regex may match (``TimeoutError`` past it); the other graders' bounds are
+        ``gradeworker``'s."""
+        return _grade(self, content_of(answer), probe, timeout)
 
 
 def checked(expected: Any, grade: Any, tolerance: Any, base: Path) -> Grading | None:
@@ -225,8 +254,8 @@ def _expected(grade: str, expected: Any, base: Path) -> Any:
     if grade in ("contains", "regex") and isinstance(expected, str) and expected:
         if grade == "regex":
             try:
-                re.compile(expected)
-            except re.error as exc:
+                regex.compile(expected)
+            except regex.error as exc:
                 raise BadGrading("expected", f"a regular expression ({exc})", expected) from None
         return expected
     if (
@@ -306,34 +335,49 @@ def _json_misfit(value: Any, where: str = "") -> tuple[str, Any] | None:
 def _schema(expected: Any, base: Path) -> dict[str, Any]:
     """A JSON Schema given inline (a table) or as the path of a JSON file (relative to ``base``), checked against
     its own metaschema now: a malformed schema is bad input, not a bad answer."""
-    import jsonschema
-
     if isinstance(expected, str) and expected:
+        refusal = _schema_files.get()
+        if refusal is not None:
+            raise BadGrading("expected", refusal, expected)  # unread: a path could name any file
         path = base / expected
         try:
             schema = orjson.loads(path.read_bytes())
         except (OSError, orjson.JSONDecodeError) as exc:
+            # orjson's and the OS's messages give the place, never the text: nothing of the file is
+            # shown.
             raise BadGrading(
                 "expected", f"a JSON Schema file that reads as JSON ({path}: {exc})", expected
             ) from None
-    elif isinstance(expected, dict):
-        schema = expected
-    else:
-        raise BadGrading(
-            "expected",
-            'a JSON Schema (a table, or the path of a JSON file) beside grade = "json_schema"',
-            expected,
-        )
-    if not isinstance(schema, dict):
-        raise BadGrading("expected", "a JSON Schema object", schema)
+        if not isinstance(schema, dict):
+            raise BadGrading("expected", f"a JSON Schema file holding an object ({path})", expected)
+        try:
+            return _checked_schema(schema, f"the JSON Schema file {path}", quoted=False)
+        except (
+            BadGrading
+        ) as bad:  # what it says of the schema, not the schema: the path is what was given
+            raise BadGrading(bad.key, bad.expected, expected) from None
+    if isinstance(expected, dict):
+        return _checked_schema(expected, "a JSON Schema", quoted=True)
+    raise BadGrading(
+        "expected",
+        'a JSON Schema (a table, or the path of a JSON file) beside grade = "json_schema"',
+        expected,
+    )
+
+
+def _checked_schema(schema: dict[str, Any], which: str, *, quoted: bool) -> dict[str, Any]:
+    """``schema`` checked against its metaschema and its references; ``quoted``: an error may quote
+    parts of it (it was given inline), else it names only the place (it was read from a file, whose
+    text is never shown)."""
+    import jsonschema
+
     validator = jsonschema.validators.validator_for(schema)
     try:
         validator.check_schema(schema)
     except jsonschema.SchemaError as exc:
         where = "/".join(str(p) for p in exc.absolute_path) or "the top"
-        raise BadGrading(
-            "expected", f"a valid JSON Schema (at {where}: {exc.message})", schema
-        ) from None
+        why = exc.message if quoted else f"its metaschema's {exc.validator!r} fails there"
+        raise BadGrading("expected", f"a valid JSON Schema (at {where}: {why})", schema) from None
     try:
         unresolved = _unresolved_reference(schema, validator)
     except (
@@ -343,14 +387,20 @@ def _schema(expected: Any, base: Path) -> dict[str, Any]:
             f"its references could not be followed ({type(exc).__name__}: {_cut(str(exc))})"
         )
     if unresolved:
-        shown = f"the JSON Schema file {path}" if isinstance(expected, str) else "a JSON Schema"
         raise BadGrading(
             "expected",
-            f"{shown} whose every reference resolves within it or to a JSON Schema "
-            f"metaschema (kevload fetches no schema): {unresolved}",
-            expected,
+            f"{which} whose every reference resolves within it or to a JSON Schema "
+            f"metaschema (kevload fetches no schema)"
+            + (f": {unresolved}" if quoted else f": one {_keyword_of(unresolved)} does not"),
+            schema,
         )
     return schema
+
+
+def _keyword_of(unresolved: str) -> str:
+    """Which kind of reference ``_unresolved_reference`` found, in kevload's words alone (none of
+    the schema's)."""
+    return next((k for k in _REFERENCES if unresolved.startswith(f"{k} ")), "reference")
 
 
 def _unresolved_reference(schema: dict[str, Any], validator: Any) -> str | None:
@@ -381,7 +431,8 @@ def _unresolved_reference(schema: dict[str, Any], validator: Any) -> str | None:
             except referencing.exceptions.Unresolvable as exc:
                 return f"{keyword} {ref!r} ({type(exc).__name__}: {_cut(str(exc))})"
             if not isinstance(resolved.contents, dict | bool):
-                return f"{keyword} {ref!r} (it leads to {_shown(str(resolved.contents))}, which is no schema)"
+                led = shown(str(resolved.contents))
+                return f"{keyword} {ref!r} (it leads to {led}, which is no schema)"
             todo.append((specification.create_resource(resolved.contents), resolved.resolver))
         todo.extend((sub, resolver.in_subresource(sub)) for sub in resource.subresources())
     return None
@@ -552,14 +603,14 @@ def content_of(answer: str) -> str:
     return answer
 
 
-def _grade(grading: Grading, text: str, probe: str) -> bool:
+def _grade(grading: Grading, text: str, probe: str, timeout: float | None = None) -> bool:
     grade, expected = grading.grade, grading.expected
     if grade == "exact":
         return bool(text.strip() == expected.strip())
     if grade == "contains":
         return expected in text
     if grade == "regex":
-        return re.search(expected, text) is not None
+        return regex.search(expected, text, timeout=timeout) is not None
     if grade == "one_of":
         return text.strip() in {x.strip() for x in expected}
     if grade == "number":
@@ -592,8 +643,7 @@ def _schema_grade(grading: Grading, value: Any, text: str) -> bool:
         Exception
     ) as exc:  # the validator's failure on this answer is a finding on it, as a python grader's is
         raise GraderFailed(
-            f"json_schema raised {type(exc).__name__}: {_cut(str(exc))} on the answer "
-            f"{_shown(text)}"
+            f"json_schema raised {type(exc).__name__}: {_cut(str(exc))} on the answer {shown(text)}"
         ) from None
 
 
@@ -601,20 +651,23 @@ def _user_grade(grading: Grading, text: str, probe: str) -> bool:
     assert grading.function is not None  # ``checked`` imported it
     try:
         result = grading.function(text, probe, grading.expected)
-    except Exception as exc:  # the user's code: whatever it raises is a finding on this answer
+    # The user's code, run in a process of its own (``gradeworker``): whatever it raises is a
+    # finding on this answer, sys.exit's SystemExit and a GeneratorExit too.
+    except BaseException as exc:  # noqa: BLE001
         raise GraderFailed(
-            f"{grading.grade} raised {type(exc).__name__}: {exc} on the answer {_shown(text)}"
+            f"{grading.grade} raised {type(exc).__name__}: {exc} on the answer {shown(text)}"
         ) from None
     if result is not True and result is not False:
-        shown = repr(result)
+        returned = repr(result)
         raise GraderFailed(
-            f"{grading.grade} returned {shown[:_MAX_SHOWN]}, expected True or False, on the answer "
-            f"{_shown(text)}"
+            f"{grading.grade} returned {returned[:_MAX_SHOWN]}, expected True or False, on the "
+            "answer "
+            f"{shown(text)}"
         )
     return result
 
 
-def _shown(text: str) -> str:
+def shown(text: str) -> str:
     return repr(_cut(text))
 
 

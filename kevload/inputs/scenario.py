@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 from kevload.errors import ScenarioError
 from kevload.inputs.conversation import BadTurns, parse_turns
 from kevload.inputs.datasets import Dataset, read_dataset
+from kevload.inputs.gradeworker import DEFAULT_TIMEOUT
 from kevload.inputs.grading import BadGrading, checked
 from kevload.inputs.probe import Probe, Rule, first_bad_message, key_of, rule, rule_of
 from kevload.inputs.trace import (
@@ -255,6 +256,11 @@ class Load:
     # A graded probe cell whose answers are graded good less often than this fails (exit 1;
     # kevload.compare.graded).
     min_good_share: float | None = rule(None, min=0, max=1, expected="a share between 0 and 1")
+    # Seconds one answer's grading may take (kevload.inputs.gradeworker); past it the answer is
+    # grade_failed.
+    grade_timeout: float = rule(
+        DEFAULT_TIMEOUT, above=0, max=MAX_SECONDS, expected=f"seconds > 0, at most {MAX_SECONDS:,}"
+    )
     logprobs: Logprobs = rule(
         "auto", expected='"auto", true or false'
     )  # true, false, "auto" (if one check finds them)

@@ -10,14 +10,15 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Sequence
-from contextlib import aclosing
+from contextlib import aclosing, nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kevload import __version__
+from kevload import __version__, aio
 from kevload.compare.cells import Reduction
-from kevload.compare.graded import grading_json, gradings_of
+from kevload.compare.coldwarm import cold_warm
+from kevload.compare.graded import Grader, grading_json, gradings_of
 from kevload.compare.overlap import Window, unrecorded_windows
 from kevload.compare.reader import reduce_file
 from kevload.compare.summarizing import summarize
@@ -30,6 +31,7 @@ from kevload.errors import (
     SummaryError,
 )
 from kevload.inputs.datasets import check_unchanged
+from kevload.inputs.gradeworker import DEFAULT_TIMEOUT
 from kevload.inputs.grading import IMPORT, NAMES_ONLY, python_graders, refused_from
 from kevload.inputs.probe import probe_inputs
 from kevload.inputs.scenario import Scenario, Slo, apply_override, scenario_from_dict
@@ -499,8 +501,11 @@ def finish_run(
                 {**meta["parts"][-1], "state": state, "unrecorded": unrecorded},
             ],
         }
+    # A signal from here on cuts the grading short (``Grader``); one before it, during the run, does
+    # not.
+    since = aio.signals_so_far()
     try:
-        summary = _summary(run, meta, state, trust_graders)
+        summary = _summary(run, meta, state, trust_graders, since)
     except Exception as exc:
         if (
             state is None
@@ -511,6 +516,12 @@ def finish_run(
             f"{run_dir}: the run ended {state} but its records could not be summarized: "
             f"{exc if isinstance(exc, KevloadError) else f'{type(exc).__name__}: {exc}'}"
         ) from exc
+    except (
+        BaseException
+    ):  # a second SIGINT/SIGTERM while it grades: kevload ends now, its state told
+        if state is not None:
+            write_json(run.run_json, {**meta, "state": state, "ended_at": now_iso()})
+        raise
     write_json(run.summary_json, summary.to_json())
     if state is not None:
         meta = {**meta, "state": state, "ended_at": now_iso(), "records": summary.requests_sent}
@@ -519,9 +530,10 @@ def finish_run(
 
 
 def _summary(
-    run: RunDir, meta: dict[str, Any], state: RunState | None, trust_graders: bool
+    run: RunDir, meta: dict[str, Any], state: RunState | None, trust_graders: bool, since: int
 ) -> RunSummary:
-    """The summary of the records on disk, as run.json describes the run."""
+    """The summary of the records on disk, as run.json describes the run; a signal after the
+    ``since``-th (``aio.signals_so_far``) cuts its grading short."""
     max_error_share = meta["load"]["max_error_share"]
     # A level run for a duration has no asked number of samples: only samples-bound cells can be
     # short.
@@ -533,19 +545,24 @@ def _summary(
     reduction = Reduction(slo=slo, cuts_asked=cuts_asked)
     for path in run.record_files():  # records.jsonl, or one file per worker
         reduction.merge(reduce_file(path, slo=slo, cuts_asked=cuts_asked))
-    summary = summarize(
-        reduction,
-        max_error_share=max_error_share,
-        samples_asked=asked,
-        min_slo_attainment=meta["load"].get("min_slo_attainment"),
-        until_bound=meta["load"].get("until_bound"),
-        max_samples=meta["load"].get("max_samples", 1000),
-        server=read_samples(run.path),
-        asked_cells=_asked_cells(meta),
-        unrecorded=_unrecorded_windows(run.path, meta),
-        grading=gradings_of(meta, run.run_json, trust_graders=trust_graders),
-        min_good_share=meta["load"].get("min_good_share"),
-    )
+    gradings = gradings_of(meta, run.run_json, trust_graders=trust_graders)
+    timeout = meta["load"].get("grade_timeout", DEFAULT_TIMEOUT)  # runs from before it: the default
+    with Grader(gradings, timeout, since) if gradings else nullcontext() as grader:
+        summary = summarize(
+            reduction,
+            max_error_share=max_error_share,
+            samples_asked=asked,
+            min_slo_attainment=meta["load"].get("min_slo_attainment"),
+            until_bound=meta["load"].get("until_bound"),
+            max_samples=meta["load"].get("max_samples", 1000),
+            server=read_samples(run.path),
+            asked_cells=_asked_cells(meta),
+            unrecorded=_unrecorded_windows(run.path, meta),
+            grader=grader,
+            min_good_share=meta["load"].get("min_good_share"),
+        )
+        if meta.get("prefix_cache"):
+            summary = _with_cold_warm(summary, meta["prefix_cache"], run, grader)
     summary = replace(
         summary,
         run_id=meta.get("run_id"),
@@ -553,16 +570,24 @@ def _summary(
         state=state or meta.get("state"),
         inputs=meta.get("inputs"),
     )
-    if meta.get("prefix_cache"):
-        method = meta["prefix_cache"]["method"]
-        summary = replace(
-            summary,
-            prefix_cache={
-                **meta["prefix_cache"],
-                "probes": [c.to_json() for c in prefixcache.cold_warm(run.records(), method)],
-            },
-        )
     return summary
+
+
+def _with_cold_warm(
+    summary: RunSummary, cache: dict[str, Any], run: RunDir, grader: Grader | None
+) -> RunSummary:
+    """The summary with load.prefix_cache's comparison (``compare.coldwarm``), its graded probes'
+    warm answers paired with their rounds' cold ones (by the run's grader, each distinct output
+    graded once)."""
+    grade = grader.grade_record if grader is not None else None
+    probes = cold_warm(run.records(), cache["method"], grade)
+    return replace(
+        summary,
+        prefix_cache={**cache, "probes": [c.to_json() for c in probes]},
+        warm_bad_probes=None
+        if grader is None
+        else tuple(c.probe for c in probes if c.warm_good_to_bad),
+    )
 
 
 async def _prefix_cache(

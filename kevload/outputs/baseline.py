@@ -34,11 +34,11 @@ from pathlib import Path
 from typing import Literal
 
 from kevload import exitcode
+from kevload.compare.coldwarm import base_probe
 from kevload.compare.graded import probe_grade
 from kevload.compare.stats import mcnemar_exact
 from kevload.exitcode import ExitCode
 from kevload.inputs.probe import UNGRADED
-from kevload.load.prefixcache import base_probe
 from kevload.records.rundir import RunDir, read_summary
 from kevload.summary import CellSummary, RunSummary, level_label, level_order, position_label
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from rich import box
 from rich.table import Table
 
 from kevload.compare.graded import level_name
@@ -88,16 +89,42 @@ def level_text(entry: Mapping[str, Any]) -> str:
     )
 
 
+# The terminal's table fits a CI log's 80 columns in one piece, its title too, for levels as wide as
+# they come (a rate, four-digit counts, a p of 1e-105 that fell): the good count goes with n, a
+# trailing .0 goes from the interval, "fell" is a mark (↓), and the box has no sides. Markdown and
+# HTML keep the long forms.
+TERMINAL_COLUMNS = ("level", "good/n", "accuracy [95% CI]", "good→bad", "bad→good", "p")
+TERMINAL_TITLE = "graded answers per level: a probe is good where every answer is; ↓: fell"
+
+
 def accuracy_table(summary: RunSummary) -> Table:
     grid = Table(
-        title="graded answers per level (probes: good when every answer there is good; paired with serial)",
+        title=TERMINAL_TITLE,
         title_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        collapse_padding=True,
+        min_width=len(TERMINAL_TITLE),  # rich wraps a title to its table's width
     )
-    for name in ACCURACY_COLUMNS:
-        grid.add_column(name, justify="left" if name == "level" else "right")
-    for row in accuracy_rows(summary):
-        grid.add_row(*row)
+    for name in TERMINAL_COLUMNS:
+        grid.add_column(name, justify="left" if name == "level" else "right", no_wrap=True)
+    for entry in summary.accuracy or ():
+        serial = entry["mcnemar_p"] is None
+        grid.add_row(
+            level_name(entry),
+            f"{entry['good']}/{entry['n']}",
+            "-" if entry["accuracy"] is None else _short_accuracy(entry),
+            "serial" if serial else str(entry["good_to_bad"]),
+            "" if serial else str(entry["bad_to_good"]),
+            "" if serial else f"{entry['mcnemar_p']:.2g}" + (" ↓" if entry["fell"] else ""),
+        )
     return grid
+
+
+def _short_accuracy(entry: Mapping[str, Any]) -> str:
+    low, high = (f"{x * 100:.1f}".removesuffix(".0") for x in entry["ci95"])
+    return f"{entry['accuracy']:.1%} [{low}, {high}]"
 
 
 def accuracy_markdown(summary: RunSummary) -> list[str]:
@@ -200,9 +227,17 @@ def turned_bad_lines(summary: RunSummary) -> list[str]:
 
 
 def gate_lines(summary: RunSummary) -> list[str]:
-    """The graded reasons a run fails, one line each: accuracy that fell significantly, cells under
-    load.min_good_share, a python grader that failed."""
+    """The graded reasons a run fails, one line each: accuracy that fell significantly, answers the
+    warm prefix cache turned bad, cells under load.min_good_share, a python grader that failed."""
     out = []
+    if summary.warm_bad_probes:
+        turned = sum(
+            c.get("warm_good_to_bad") or 0 for c in (summary.prefix_cache or {}).get("probes", ())
+        )
+        out.append(
+            f"the warm cache turned {turned} answers bad (against their rounds' cold answers): "
+            f"{_names(summary.warm_bad_probes)}"
+        )
     if summary.accuracy_fell_levels:
         out.append(
             "accuracy fell significantly (McNemar p < 0.05) at "

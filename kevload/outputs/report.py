@@ -823,8 +823,8 @@ def _companions(summary: RunSummary) -> str:
 
 
 def cache_lines(summary: RunSummary) -> list[str]:
-    """load.prefix_cache's cold-vs-warm lines (``kevload.load.prefixcache.ColdWarm``), each probe's under the method's;
-    none without it."""
+    """load.prefix_cache's cold-vs-warm lines (``kevload.compare.coldwarm.ColdWarm``), each probe's
+    under the method's; none without it."""
     cache = summary.prefix_cache
     if cache is None:
         return []
@@ -869,6 +869,11 @@ def cache_lines(summary: RunSummary) -> list[str]:
                 None: f"no claim about the cache ({varies})",
             }[c["cache_effect"]]
         )
+        if c.get("warm_good_to_bad") is not None:
+            parts.append(
+                f"graded: the warm cache turned {c['warm_good_to_bad']} answers bad, "
+                f"{c['warm_bad_to_good']} good (each against its round's cold answer)"
+            )
         if c["logprob_rounds"]:
             size = c["logprob_max_abs_diff"]
             parts.append(
@@ -1093,22 +1098,33 @@ def _num(value: Any) -> str:
 
 def junit_xml(summary: RunSummary, suite: str = "kevload", fail_on: str = "drift") -> str:
     """JUnit XML, one testcase per probe × level; drift, no ok sample, a short cell or one under
-    ``load.min_slo_attainment`` or ``load.min_good_share`` is a failure, and with ``fail_on="latent"`` latent drift
-    too, and a cell whose logprobs cover only some of its samples (otherwise both are said in the case's output).
-    With ``fail_on="bad"`` drift fails only where load turned an answer bad (``flips_good_to_bad``), as the exit code
-    does. A graded run adds one testcase per level for its accuracy, failing where it fell significantly."""
+    ``load.min_slo_attainment`` or ``load.min_good_share`` is a failure, and with
+    ``fail_on="latent"`` latent drift too, and a cell whose logprobs cover only some of its samples
+    (otherwise both are said in the case's output). With ``fail_on="bad"`` drift fails only where
+    load turned an answer bad (``flips_good_to_bad``), as the exit code does. A graded run adds one
+    testcase per level for its accuracy, failing where it fell significantly, and under
+    load.prefix_cache one per graded probe (``prefix_cache``), failing where the warm cache turned
+    answers bad."""
     from xml.etree import ElementTree as ET
 
     cells = summary.probe_cells()
     verdicts = [(c, _junit_failure(c, summary, fail_on)) for c in cells]
     levels = summary.accuracy or ()
+    # load.prefix_cache's graded probes: each a case, failing where the warm cache turned answers
+    # bad.
+    warm = [
+        c
+        for c in (summary.prefix_cache or {}).get("probes", ())
+        if c.get("warm_good_to_bad") is not None
+    ]
     failures = (
         sum(1 for _, failure in verdicts if failure)
         + len(summary.missing_cells or ())
         + sum(1 for entry in levels if entry["fell"])
+        + sum(1 for c in warm if c["warm_good_to_bad"])
     )
     seconds = sum(c.duration_s or 0 for c in cells)
-    tests = len(cells) + len(summary.missing_cells or ()) + len(levels)
+    tests = len(cells) + len(summary.missing_cells or ()) + len(levels) + len(warm)
     root = ET.Element(
         "testsuites",
         name=suite,
@@ -1173,6 +1189,18 @@ def junit_xml(summary: RunSummary, suite: str = "kevload", fail_on: str = "drift
                 type="accuracy_fell",
                 message=(f"accuracy fell against serial (McNemar p {entry['mcnemar_p']:.3g})"),
             ).text = text
+        else:
+            ET.SubElement(case, "system-out").text = text
+    for c in warm:
+        case = ET.SubElement(
+            group, "testcase", classname=f"{suite}.prefix_cache", name=c["probe"], time="0.000"
+        )
+        text = (
+            f"the warm cache turned {c['warm_good_to_bad']} answers bad, {c['warm_bad_to_good']} "
+            f"good, over {c['rounds']} rounds (each warm answer against its round's cold one)"
+        )
+        if c["warm_good_to_bad"]:
+            ET.SubElement(case, "failure", type="warm_bad", message=text).text = text
         else:
             ET.SubElement(case, "system-out").text = text
     for name, text in zip(summary.missing_cells or (), missing_texts(summary), strict=True):

@@ -573,6 +573,17 @@ class _Choice(msgspec.Struct):
     token_ids: list[Count] | None = None  # vLLM's return_token_ids
 
 
+def _answers_in_text(choice: _Choice, api: str) -> bool:
+    """Which field of a choice is the answer, the one place that decides it (and so what is hashed
+    and graded): completions' ``text`` under the completions API; under chat the ``message`` (or
+    stream ``delta``), as that API defines, ``text`` only where a choice has neither (a server
+    answering chat in completions' shape). A chat choice carrying both is read by its message:
+    before, its ``text`` won."""
+    if api == "completions":
+        return True
+    return choice.text is not msgspec.UNSET and choice.message is None and choice.delta is None
+
+
 class _Details(msgspec.Struct):
     cached_tokens: Count | None = None
 
@@ -1092,7 +1103,7 @@ class _Accumulator:
 
     def take_message(self, choice: _Choice, api: str) -> None:
         """A whole (non-streamed) choice."""
-        if api == "completions" or choice.text is not msgspec.UNSET:
+        if _answers_in_text(choice, api):
             self.content.append(choice.text or "")
             return
         message = choice.message
@@ -1105,7 +1116,7 @@ class _Accumulator:
 
     def take_delta(self, choice: _Choice, api: str) -> bool:
         """One stream chunk's choice; True when it carried a piece of the answer."""
-        if api == "completions" or choice.text is not msgspec.UNSET:
+        if _answers_in_text(choice, api):
             piece = choice.text
             if piece:
                 self.content.append(piece)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from xml.etree import ElementTree as ET
 
 import pytest
 from click.testing import CliRunner
@@ -1011,3 +1012,55 @@ def test_a_warm_sample_the_server_says_reused_nothing_is_not_claimed_warm(tmp_pa
     assert [r.cached_tokens for r in records] == [None, 0] * 4
     (c,) = summary.prefix_cache["probes"]
     assert (c["rounds"], c["contradicted"], c["cache_effect"]) == (0, 4, None)
+
+
+@pytest.mark.parametrize("reset", ["/reset_prefix_cache", None], ids=["reset", "marker"])
+def test_warm_answers_graded_bad_where_cold_ones_are_good_fail_fail_on_bad(tmp_path, server, reset):
+    """Every cold answer right, every warm one wrong: each round is a serial sample (the cells see a
+    mixed serial grade and count no flip), so before, --fail-on bad passed it (exit 0). Paired round
+    by round: 4 flips."""
+    from tests.conftest import run_cli, write_scenario
+
+    server.behaviour.warm_differs = True
+    server.behaviour.reset_endpoint = reset
+    # Good: no "warmcache" in the answer (the fake server's warm answers carry it).
+    probe = {
+        "id": "p1",
+        "prompt": "tell me a story",
+        "grade": "regex",
+        "expected": r"\A(?!.*warmcache)",
+    }
+    path = write_scenario(
+        tmp_path / "s.toml",
+        server.url,
+        probes=[probe],
+        concurrency=[1],
+        samples=8,
+        prefix_cache="cold_warm",
+    )
+    junit = tmp_path / "junit.xml"
+    code, out = run_cli(
+        "run", path, "--out", tmp_path / "run", "--fail-on", "bad", "--junit", junit
+    )
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    (case,) = [c for c in ET.parse(junit).iter("testcase") if c.get("classname").endswith("cache")]
+    assert case.get("name") == "p1" and case.find("failure").get("type") == "warm_bad"
+    c = only(RunSummary.from_json(summary))
+    warm = 4 if reset else 8  # the marker method's rounds have two warm answers each
+    assert (c["warm_good_to_bad"], c["warm_bad_to_good"]) == (warm, 0)
+    assert summary["warm_bad_probes"] == ["p1"]
+    assert code == 1, out
+    assert f"the warm cache turned {warm} answers bad" in out
+    # The reverse: every warm answer right, every cold one wrong, is no failure of --fail-on bad.
+    probe["expected"] = "warmcache"
+    write_scenario(
+        tmp_path / "s2.toml",
+        server.url,
+        probes=[probe],
+        concurrency=[1],
+        samples=8,
+        prefix_cache="cold_warm",
+    )
+    code, out = run_cli("run", tmp_path / "s2.toml", "--out", tmp_path / "run2", "--fail-on", "bad")
+    c = only(RunSummary.from_json(json.loads((tmp_path / "run2" / "summary.json").read_text())))
+    assert (c["warm_good_to_bad"], c["warm_bad_to_good"], code) == (0, warm, 0)

@@ -372,3 +372,38 @@ def test_case_outputs_are_whole_answers(tmp_path, server):
     serial = next(c for c in cases if c["params"]["concurrency"] == 1)
     assert len(serial["outputs"]) == 4
     assert all(o["text"].startswith("<reasoning>\n") for o in serial["outputs"])
+
+
+# --- which field is the answer: decided by the API the probe used ---
+
+
+def test_a_chat_answer_carrying_text_too_is_read_by_its_message():
+    doc = {
+        "choices": [
+            {"index": 0, "text": "wrong", "message": {"content": "right"}, "finish_reason": "stop"}
+        ]
+    }
+    assert whole(doc).output == "right"
+    assert whole(doc, api="completions").output == "wrong"
+    chunk = data({"choices": [{"index": 0, "text": "wrong", "delta": {"content": "right"}}]})
+    assert stream(chunk, finish()).output == "right"
+
+
+def test_a_chat_answer_in_completions_shape_alone_is_still_read():
+    doc = {"choices": [{"index": 0, "text": "only text", "finish_reason": "stop"}]}
+    assert whole(doc).output == "only text"
+    chunk = data({"choices": [{"index": 0, "text": "only text"}]})
+    assert stream(chunk, finish()).output == "only text"
+
+
+def test_a_graded_chat_probe_is_graded_by_the_message_whatever_text_the_choice_carries(
+    tmp_path, server
+):
+    server.behaviour.answer_for = lambda prompt, overlap: "Paris"
+    server.behaviour.chat_text = "London"  # before: hashed and graded, every answer bad
+    probes = [{"id": "p", "prompt": "Capital of France?", "expected": "Paris"}]
+    path = write_scenario(tmp_path / "s.toml", server.url, probes=probes, samples=2)
+    code, out = run_cli("run", path, "--out", tmp_path / "run", "--quiet", "--fail-on", "bad")
+    cells = load_summary(tmp_path / "run")["cells"]
+    assert code == 0, out
+    assert [(c["graded_good"], c["graded_bad"]) for c in cells] == [(2, 0), (2, 0)]
