@@ -13,6 +13,7 @@ here and asserts that kevload's verdict agrees. Two ways, both parsed by ``answe
 from __future__ import annotations
 
 import json
+import os
 import threading
 import urllib.request
 from collections import Counter, defaultdict
@@ -74,6 +75,17 @@ class Level:
     def drift(self) -> bool:
         """More than one text, or another text than the serial one."""
         return self.distinct > 1 or any(a.text != self.reference.text for a in self.answers)
+
+    @property
+    def divergence_chars(self) -> tuple[int, int] | None:
+        """Where the answers other than the serial one leave it: the first and the last character."""
+        reference = self.reference.text
+        points = [
+            len(os.path.commonprefix([reference, a.text]))
+            for a in self.answers
+            if a.text != reference
+        ]
+        return (min(points), max(points)) if points else None
 
     @property
     def bitwise(self) -> bool | None:
@@ -201,6 +213,8 @@ def assert_cells_agree(cells: dict[int, dict], seen: Seen) -> None:
         level = seen.of(c)
         assert cell["ok"] == len(level.answers), (c, cell)
         assert (cell["distinct"], cell["drift"]) == (level.distinct, level.drift), (c, cell, level)
+        where = (cell["first_divergence_chars"], cell["last_divergence_chars"])
+        assert where == (level.divergence_chars or (None, None)), (c, cell, level)
         if level.bitwise is not None:
             assert cell["logprob_samples"] == len(level.answers), (c, cell)
             assert bool(cell["logprob_bitwise"]) == level.bitwise, (c, cell, level)
