@@ -29,6 +29,7 @@ from kevload.outputs.report import (
     verdict_line,
 )
 from kevload.outputs.spelling import visible
+from kevload.records.machine import rows_where, where_text
 from kevload.records.store import Record, redact
 from kevload.summary import (
     CellSummary,
@@ -70,6 +71,8 @@ def run_report(summary: RunSummary, meta: dict[str, Any], records: Iterable[Reco
         f"<p>target {_e(meta.get('target', {}).get('base_url'))} · model {_e(meta.get('target', {}).get('model'))}"
         f" · {_e(meta.get('started_at'))} – {_e(meta.get('ended_at'))} · state "
         f"{_e(meta.get('state'))}</p>",
+        # Where it ran: a real server's answers under batching move with the CPU and the engine.
+        *([f"<p class=machine>{_e(where)}</p>"] if (where := where_text(meta)) else []),
         f"<p class=verdict>{_e(verdict_line(summary))}</p>",
         "<h2>Distinct outputs per probe × level</h2>",
         _heatmap(rows, levels_of(cells)),
@@ -129,6 +132,7 @@ def sweep_report(sweep: dict[str, Any]) -> str:
     body = [
         "<h1>kevload sweep</h1>",
         f"<pre>{_e(json.dumps(sweep['grid'], indent=2))}</pre>",
+        *[f"<p class=machine>{_e(where)}</p>" for where in rows_where(sweep["rows"])],
         *_max_at_slo(sweep),
         *(
             ["<h2>Settings that failed or did not run</h2>", f"<ul>{''.join(failed)}</ul>"]

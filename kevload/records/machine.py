@@ -119,3 +119,10 @@ def engine_text(server: Mapping[str, Any]) -> str:
     if server.get("torch"):
         parts.append(f"torch {server['torch']}")
     return ", ".join(parts)
+
+
+def rows_where(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Where a sweep's rows ran (their ``machine`` and ``engine``), each line once: a Ray sweep's rows may
+    have run on several machines."""
+    found = (where_text({"machine": r.get("machine"), "server": r.get("engine")}) for r in rows)
+    return list(dict.fromkeys(w for w in found if w))

