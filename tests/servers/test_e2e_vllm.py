@@ -118,6 +118,8 @@ def test_diagnose_on_vllm_defaults_agrees_with_the_requests_it_made(tmp_path):
             "4",
             "--timeout",
             "120",
+            # Every step, whatever an earlier one found: the concurrency steps are what this is about.
+            "--all",
             "--json",
             tmp_path / "d.json",
             "--out",
