@@ -1,7 +1,8 @@
 """scenarios/prefix_cache.toml as it stands, on the built-in real servers: each finds its own way to make a sample
-cold (llama.cpp's cache_prompt, vLLM's reset), and kevload's comparison of cold and warm says what the raw answers
-say (read apart from kevload, through a RecordingProxy): which samples the server said came from its cache, which
-rounds it confirmed or contradicted, which answers were equal."""
+cold (llama.cpp's cache_prompt, vLLM's reset), and kevload's comparison of cold and warm says what the raw
+answers say (read apart from kevload, through a RecordingProxy): which samples the server said came from its
+cache, which rounds it confirmed or contradicted, which answers were equal. vLLM's test is in
+tests/load/test_e2e_cancel.py, on that file's vLLM (one start less)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "prefix_cache.tom
 QUIET = {"log": lambda message: None}
 
 
-def _run(tmp_path: Path, target) -> tuple[int, dict, list, dict]:
+def run_prefix_cache(tmp_path: Path, target) -> tuple[int, dict, list, dict]:
     with RecordingProxy(target.url.removesuffix("/v1")) as proxy:
         code, output = run_cli(
             "run",
@@ -56,7 +57,7 @@ def _cached(answer: dict) -> int | None:
     return (answer.get("timings") or {}).get("cache_n")
 
 
-def _holds(code: int, cache: dict, records: list, raw: dict, method: str) -> dict:
+def holds(code: int, cache: dict, records: list, raw: dict, method: str) -> dict:
     assert cache["method"] == method
     (c,) = cache["probes"]
     assert [r.cache for r in records] == ["cold", "warm", "cold", "warm"]
@@ -90,14 +91,7 @@ def _holds(code: int, cache: dict, records: list, raw: dict, method: str) -> dic
 
 def test_llamacpp_makes_cold_with_cache_prompt_false(tmp_path):
     with running_target("llamacpp", slots=1, **QUIET) as target:
-        code, cache, records, raw = _run(tmp_path, target)
+        code, cache, records, raw = run_prefix_cache(tmp_path, target)
     assert not pid_alive(target.pid)
-    _holds(code, cache, records, raw, "cache_prompt")
+    holds(code, cache, records, raw, "cache_prompt")
     assert [r.params["cache_prompt"] for r in records] == [False, True, False, True]
-
-
-def test_vllm_makes_cold_with_its_own_reset(tmp_path):
-    with running_target("vllm", enforce_eager=True, **QUIET) as target:
-        code, cache, records, raw = _run(tmp_path, target)
-    assert not pid_alive(target.pid)
-    _holds(code, cache, records, raw, "reset_prefix_cache")
