@@ -124,7 +124,7 @@ def test_llamacpp_streamed_answers_are_read_as_sent(tmp_path, llamacpp):
     records = [
         r for r in read_records(tmp_path / "stream" / "records.jsonl") if r["status"] == "ok"
     ]
-    assert len(records) >= 6 and all(r["chunks"] > 1 for r in records)
+    assert len(records) >= 4 and all(r["chunks"] > 1 for r in records)
     for r in records:
         answer = by_nonce[f"kevload-{r['run_id']}-{r['seq']}"]
         assert (r["output"], tuple(r["logprobs"] or ()) or None) == (answer.text, answer.logprobs)
