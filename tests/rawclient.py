@@ -34,7 +34,7 @@ class Answer:
 def answer_of(raw: bytes) -> Answer:
     """A chat completion's body (whole, or Server-Sent Events) as an Answer."""
     text = raw.decode()
-    if text.lstrip().startswith("data:"):
+    if not text.lstrip().startswith("{"):  # events (comments such as ": keep-alive" among them)
         pieces: list[str] = []
         numbers: list[float] = []
         for line in text.splitlines():

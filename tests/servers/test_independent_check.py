@@ -42,7 +42,8 @@ def test_an_answer_is_read_whole_or_streamed_with_its_logprobs():
         {"choices": [{"delta": {"content": "b"}, "logprobs": {"content": [{"logprob": -1.0}]}}]},
         {"choices": [], "usage": {"completion_tokens": 2}},
     ]
-    stream = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+    stream = ": keep-alive\n\n" + "".join(f"data: {json.dumps(c)}\n\n" for c in chunks)
+    stream += "data: [DONE]\n\n"
     assert answer_of(stream.encode()) == Answer("ab", (-0.5, -1.0))
     bare = {"choices": [{"message": {"content": "ab"}}]}
     assert answer_of(json.dumps(bare).encode()) == Answer("ab", None)
