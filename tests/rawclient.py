@@ -218,7 +218,7 @@ def assert_cells_agree(cells: dict[int, dict], seen: Seen) -> None:
         if level.bitwise is not None:
             assert cell["logprob_samples"] == len(level.answers), (c, cell)
             assert bool(cell["logprob_bitwise"]) == level.bitwise, (c, cell, level)
-        assert bool(cell["latent_drift"]) == level.latent, (c, cell, level)
+        assert bool(cell.get("latent_drift")) == level.latent, (c, cell, level)
 
 
 # The steps of `kevload diagnose` whose cells are plain levels of one probe (the cache step's are

@@ -139,3 +139,17 @@ def _diagnose(tmp_path, url: str) -> tuple[int, str]:
         "--out",
         tmp_path / "d",
     )
+
+
+def test_cells_of_a_server_without_logprobs_agree_on_text_alone(tmp_path):
+    # transformers serve ignores the logprobs field: summary.json then holds no logprob keys at all.
+    beh = Behaviour(logprobs_supported=False, **DRIFTS)
+    with FakeServer(beh) as fake, RecordingProxy(fake.url.removesuffix("/v1")) as proxy:
+        scenario = write_scenario(tmp_path / "s.toml", proxy.url, concurrency=[1, 4], samples=4)
+        code, output = run_cli("run", scenario, "--out", tmp_path / "r", "--quiet")
+        exchanges = list(proxy.exchanges)
+    found = seen_in(exchanges, tmp_path / "r")
+    cells = cells_by_level(load_summary(tmp_path / "r"))
+    assert "latent_drift" not in cells[4] and found.of(4).bitwise is None
+    assert_cells_agree(cells, found)
+    assert found.drift and code == 1, output
