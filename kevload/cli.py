@@ -40,7 +40,7 @@ from kevload.inputs.scenario import (
 from kevload.load.runs import finish_run, refuse_existing, resumed_scenario, run_scenario
 from kevload.outputs import gradedview
 from kevload.outputs.escaping import visible
-from kevload.outputs.report import FORMATS, render, slo_line, verdict_line
+from kevload.outputs.report import FORMATS, markdown_cell, render, slo_line, verdict_line
 from kevload.records.rundir import RunDir
 from kevload.records.store import Record, default_run_dir, json_bytes
 from kevload.servers.targets import NAMES, TargetSettings
@@ -555,14 +555,26 @@ def report(
         text = render(summary, fmt, Console())
         if text is not None:
             click.echo(text)
+        _echo_where(meta, fmt, click.echo)
     else:
         with output.open("w", encoding="utf-8") as handle:
             text = render(summary, fmt, Console(file=handle, width=120))
             if text is not None:
                 handle.write(text + "\n")
+            _echo_where(meta, fmt, lambda line: handle.write(line + "\n"))
     if metrics is not None:
         _write_metrics(metrics, summary, run_dir)
     sys.exit(exitcode.for_summary(summary))
+
+
+def _echo_where(meta: dict[str, Any], fmt: str, echo: Callable[[str], Any]) -> None:
+    """The table and the Markdown end with where the run ran (run.json's machine and server); JSON is the
+    summary alone."""
+    from kevload.records.machine import where_text
+
+    where = where_text(meta)
+    if where is not None and fmt != "json":
+        echo(markdown_cell(where) if fmt == "markdown" else where)
 
 
 def _report_sweep(sweep_dir: Path, fmt: str, output: Path | None) -> None:

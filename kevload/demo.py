@@ -23,7 +23,8 @@ from kevload.inputs.scenario import Scenario, build_scenario, load_scenario
 from kevload.load.runs import run_scenario
 from kevload.outputs import gradedview
 from kevload.outputs.report import cell_text
-from kevload.records.store import default_run_dir
+from kevload.records.machine import where_text
+from kevload.records.store import default_run_dir, read_json
 from kevload.servers.sweep import STOPPED, Grid, setting_row, sweep_markdown, write_sweep
 from kevload.servers.targets import RunningTarget, TargetSettings, serving
 from kevload.summary import (
@@ -149,6 +150,8 @@ async def run_demo(
         console.print(sweep_markdown(sweep), markup=False, highlight=False, soft_wrap=True)
         for line in sweep_lines(sweep):
             console.print(line)
+    for line in where_lines(out):
+        console.print(line, markup=False, highlight=False)
     if stop.is_set():
         console.print("stopped: the matrices hold what was collected before the stop")
     console.print(f"runs: {out}/ (re-read any with `kevload report DIR`)")
@@ -236,6 +239,18 @@ def _failure_words(name: str, ran: Ran) -> str:
             "requests failed (" + ", ".join(f"{k}: {v}" for k, v in sorted(errors.items())) + ")"
         )
     return "; ".join(words) or "target failed (the lines above say how)"
+
+
+def where_lines(out: Path) -> list[str]:
+    """Where the demo's runs ran (their run.json's machine and engine), each once: its figures are this
+    machine's and these engines', and move with both."""
+    found = (where_text(read_json(path)) for path in sorted(out.glob("**/run.json")))
+    lines = list(dict.fromkeys(w for w in found if w))
+    return [f"measured on {w}" for w in lines] + (
+        ["(one machine's figures: they move with the CPU and the engine's version)"]
+        if lines
+        else []
+    )
 
 
 def headline(label: str, steps: list[tuple[str, RunSummary]]) -> str:

@@ -10,7 +10,8 @@ import urllib.request
 
 
 class RecordingProxy:
-    """Forwards POSTs to ``upstream`` (an http://host:port root) and stores (request body, response body)."""
+    """Forwards POSTs to ``upstream`` (an http://host:port root) and stores (request body, response body);
+    GETs (/metrics, /health) are forwarded and not stored."""
 
     def __init__(self, upstream: str):
         self.upstream = upstream.rstrip("/")
@@ -29,12 +30,28 @@ class RecordingProxy:
                 try:
                     with urllib.request.urlopen(request, timeout=300) as response:
                         status, payload = response.status, response.read()
+                        kind = response.headers.get("Content-Type", "application/json")
                 except urllib.error.HTTPError as exc:
-                    status, payload = exc.code, exc.read()
+                    status, payload, kind = exc.code, exc.read(), "application/json"
                 with proxy._lock:
-                    proxy.exchanges.append((json.loads(body), payload))
+                    # A POST without a JSON body (vLLM's /reset_prefix_cache) is kept as {}.
+                    proxy.exchanges.append((json.loads(body) if body.strip() else {}, payload))
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                # A stream stays one (text/event-stream), read whole here and sent on at once.
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+                try:
+                    with urllib.request.urlopen(proxy.upstream + self.path, timeout=30) as response:
+                        status, payload = response.status, response.read()
+                        kind = response.headers.get("Content-Type", "text/plain")
+                except urllib.error.HTTPError as exc:
+                    status, payload, kind = exc.code, exc.read(), "text/plain"
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
                 self.wfile.write(payload)

@@ -37,6 +37,7 @@ from kevload.inputs.probe import probe_inputs
 from kevload.inputs.scenario import Scenario, Slo, apply_override, scenario_from_dict
 from kevload.inputs.trace import trace_rates
 from kevload.load import engine, prefixcache
+from kevload.records.machine import served, this_machine
 from kevload.records.rundir import RunDir
 from kevload.records.servermetrics import Sampler, read_samples
 from kevload.records.store import (
@@ -764,6 +765,10 @@ def _run_meta(scenario: Scenario, run_id: str, secrets: list[str]) -> dict[str, 
             },
             secrets,
         ),
+        # Where it ran: a server's answers under batching move with the CPU and the engine's
+        # version (kevload.records.machine). One read of /proc/cpuinfo a run.
+        "machine": this_machine(scenario.target.base_url),
+        **({"server": server} if (server := served(scenario.target.base_url)) else {}),
         "started_at": now_iso(),
         "clock": {"perf_counter": time.perf_counter(), "unix": time.time()},
         "state": "running",

@@ -30,6 +30,7 @@ from kevload.outputs.report import (
     slo_line,
     verdict_line,
 )
+from kevload.records.machine import where_text
 from kevload.records.store import Record, redact
 from kevload.summary import (
     CellSummary,
@@ -74,6 +75,8 @@ def run_report(summary: RunSummary, meta: dict[str, Any], records: Iterable[Reco
         f"<p>target {_e(meta.get('target', {}).get('base_url'))} · model {_e(meta.get('target', {}).get('model'))}"
         f" · {_e(meta.get('started_at'))} – {_e(meta.get('ended_at'))} · state "
         f"{_e(meta.get('state'))}</p>",
+        # Where it ran: a real server's answers under batching move with the CPU and the engine.
+        *([f"<p class=machine>{_e(where)}</p>"] if (where := where_text(meta)) else []),
         f"<p class=verdict>{_e(verdict_line(summary))}</p>",
         "<h2>Distinct outputs per probe × level</h2>",
         _heatmap(rows, levels_of(cells)),

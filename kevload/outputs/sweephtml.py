@@ -20,6 +20,7 @@ from kevload.outputs.sweepview import (
     ratio_text,
     sweep_cell_text,
 )
+from kevload.records.machine import rows_where
 from kevload.summary import CellSummary, answered_per_s, row_cells
 
 # Long settings wrap after their commas (``_name``) and, past that, inside a word: the page stays
@@ -50,6 +51,7 @@ def sweep_report(sweep: dict[str, Any]) -> str:
         _WRAP,
         "<h1>kevload sweep</h1>",
         _grid(sweep),
+        *[f"<p class=machine>{_e(where)}</p>" for where in rows_where(sweep["rows"])],
         *_reference(sweep),
         *_max_at_slo(sweep),
         *(

@@ -21,7 +21,8 @@ from kevload.inputs.scenario import load_scenario, shown_url, toml_value, url_pr
 from kevload.load.runs import run_scenario
 from kevload.outputs.report import markdown_cell, slo_bounds_text, verdict_line
 from kevload.outputs.sweepview import reference_markdown, sweep_cell_text
-from kevload.records.rundir import apart
+from kevload.records.machine import rows_where
+from kevload.records.rundir import RunDir, apart
 from kevload.records.servermetrics import CELL_FIELDS as SERVER_FIELDS
 from kevload.records.store import read_json, write_json
 from kevload.servers.processes import (
@@ -265,7 +266,10 @@ async def run_sweep(
 def setting_row(
     name: str, server: dict[str, Any], scenario: dict[str, Any], run_dir: Path, summary: RunSummary
 ) -> dict[str, Any]:
-    """One setting's row of sweep.json: its run, verdict and probe cells."""
+    """One setting's row of sweep.json: its run, verdict and probe cells, and where it ran (its run.json's
+    ``machine`` and, for a built-in target, ``engine``)."""
+    run = RunDir(run_dir)
+    meta = run.meta() if run.run_json.is_file() else {}
     return _row(
         {
             "setting": name,
@@ -275,6 +279,8 @@ def setting_row(
             "verdict": summary.verdict,
             "verdict_line": verdict_line(summary),
             "cells": [_cell(c) for c in summary.probe_cells()],
+            **({"machine": meta["machine"]} if "machine" in meta else {}),
+            **({"engine": meta["server"]} if "server" in meta else {}),
         },
         summary,
     )
@@ -372,6 +378,8 @@ class _Row(msgspec.Struct, frozen=True):
     max_at_slo: dict[str, str | None] | None = None
     against_reference: _Against | None = None
     accuracy: dict[str, float | None] | None = None
+    machine: dict[str, Any] | None = None  # where it ran (records.machine), as its run.json says
+    engine: dict[str, Any] | None = None
 
 
 class _Sweep(msgspec.Struct, frozen=True):
@@ -555,6 +563,8 @@ def sweep_markdown(sweep: dict[str, Any], *, reference: bool = True) -> str:
             "some failed, or none saw the level's requests queued)"
         )
     notes = [legend + (" · share of requests within the SLO (✗: under it)" if slo else "")]
+    # Where the settings ran: figures move with the CPU and the engine's version.
+    notes += rows_where(sweep["rows"])
     slo_notes = {row["setting"]: _slo_note(row) for row in sweep["rows"] if row.get("slo")}
     if len(set(slo_notes.values())) == 1:
         notes.append(next(iter(slo_notes.values())))

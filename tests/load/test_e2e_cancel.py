@@ -1,5 +1,7 @@
 """End to end on real vLLM (its CPU build): a companion kevload cuts is aborted by the server, which names it by
-kevload's X-Request-Id in its log and stops decoding it."""
+kevload's X-Request-Id in its log and stops decoding it. The same vLLM (one start less in CI) then serves
+scenarios/prefix_cache.toml, whose cold samples it makes with its own reset (tests/load/test_prefix_cache_e2e.py
+has the llama.cpp half and the checks)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from kevload.records.store import read_records
 from kevload.servers.processes import pid_alive
 from kevload.servers.targets import running_target
 from tests.conftest import load_summary, run_cli, write_scenario
+from tests.load.test_prefix_cache_e2e import holds, run_prefix_cache
 
 pytestmark = pytest.mark.e2e
 
@@ -26,8 +29,9 @@ COMPANIONS = "\n".join(
 )
 
 
-def test_vllm_aborts_each_request_kevload_cuts(tmp_path):
-    (tmp_path / "companions.jsonl").write_text(COMPANIONS + "\n")
+@pytest.fixture(scope="module")
+def vllm_eager():
+    """Four sequences, eager, logging each request (the cut ones are named as aborted there)."""
     with running_target(
         "vllm",
         max_num_seqs=4,
@@ -35,27 +39,31 @@ def test_vllm_aborts_each_request_kevload_cuts(tmp_path):
         extra_args=("--enable-log-requests",),
         log=lambda message: None,
     ) as target:
-        scenario = write_scenario(
-            tmp_path / "s.toml",
-            target.url,
-            probes=PROBE,
-            target={"model": target.model, "timeout": 120},
-            mode="mixed",
-            companions=str(tmp_path / "companions.jsonl"),
-            concurrency=[1, 4],
-            samples=4,
-            stream=True,
-            cancel_share=1.0,
-            cancel_after_tokens=2,
-        )
-        code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
-        cut = [
-            r
-            for r in read_records(tmp_path / "run" / "records.jsonl")
-            if r["status"] == "cancelled"
-        ]
-        missing = _not_yet_aborted(target.log_path, cut)
+        yield target
     assert not pid_alive(target.pid)
+
+
+def test_vllm_aborts_each_request_kevload_cuts(tmp_path, vllm_eager):
+    (tmp_path / "companions.jsonl").write_text(COMPANIONS + "\n")
+    target = vllm_eager
+    scenario = write_scenario(
+        tmp_path / "s.toml",
+        target.url,
+        probes=PROBE,
+        target={"model": target.model, "timeout": 120},
+        mode="mixed",
+        companions=str(tmp_path / "companions.jsonl"),
+        concurrency=[1, 4],
+        samples=4,
+        stream=True,
+        cancel_share=1.0,
+        cancel_after_tokens=2,
+    )
+    code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
+    cut = [
+        r for r in read_records(tmp_path / "run" / "records.jsonl") if r["status"] == "cancelled"
+    ]
+    missing = _not_yet_aborted(target.log_path, cut)
     assert code in (0, 1), (
         output
     )  # 1: the probe drifted, which cuts may well cause; this test is about the cuts
@@ -103,3 +111,8 @@ def _not_yet_aborted(log_path, cut, wait_s=30.0):
                 for r in missing
             ]
         time.sleep(0.5)
+
+
+def test_vllm_makes_cold_with_its_own_reset(tmp_path, vllm_eager):
+    code, cache, records, raw = run_prefix_cache(tmp_path, vllm_eager)
+    holds(code, cache, records, raw, "reset_prefix_cache")

@@ -430,20 +430,29 @@ def test_sweep_rows_carry_the_server_view(tmp_path):
 def test_llamacpp_says_what_it_ran(tmp_path):
     """The built-in llama.cpp (started with --metrics): 2 slots at c=4 run ≤ 2 at a time, the others deferred."""
     from kevload.servers.targets import running_target
+    from tests.rawclient import assert_cells_agree, seen_in
+    from tests.recording_proxy import RecordingProxy
 
-    with running_target("llamacpp", slots=2, log=lambda message: None) as target:
+    with (
+        running_target("llamacpp", slots=2, log=lambda message: None) as target,
+        RecordingProxy(target.url.removesuffix("/v1")) as proxy,
+    ):
         path = write_scenario(
             tmp_path / "s.toml",
-            target.url,
+            proxy.url,
             target={"model": target.model, "timeout": 120},
             probes=[{"id": "p1", "prompt": "Count from one to twenty.", "max_tokens": 16}],
             concurrency=[1, 4],
             samples=4,
         )
         code, output = run_cli("run", path, "--out", tmp_path / "run", "--quiet")
-    assert code == 0, output
+        exchanges = list(proxy.exchanges)
     summary = load_summary(tmp_path / "run")
     cells = cells_by_level(summary)
+    # Whether the answers held is the server's to say on this CPU: kevload says what they say.
+    seen = seen_in(exchanges, tmp_path / "run")
+    assert_cells_agree(cells, seen)
+    assert code == (1 if seen.drift else 0), output
     assert (
         json.loads((tmp_path / "run" / "run.json").read_text())["server_metrics"]["server"]
         == "llamacpp"

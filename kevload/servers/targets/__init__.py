@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from kevload.aio import until_stopped
 from kevload.errors import ProvisionError, ServerError
+from kevload.records.machine import SERVED
 from kevload.servers.processes import (
     free_port,
     log_tail,
@@ -30,6 +31,7 @@ from kevload.servers.processes import (
 from kevload.servers.targets import llamacpp, transformers_serve, vllm
 from kevload.servers.targets.base import HOST, Command, Launch, TargetSettings
 from kevload.servers.targets.cache import cache_root, heartbeat
+from kevload.servers.targets.engine import engine_facts
 
 # Each built-in target owns its command line; this package only starts, waits for and stops them.
 COMMANDS: dict[str, Command] = {
@@ -272,7 +274,15 @@ async def serving(
     target = start.result()
     watch = asyncio.ensure_future(stop_when_gone(target.pid))
     try:
-        yield target
+        # What serves the block, for the run.json of each run sent to its URL (records.machine).
+        facts = await asyncio.to_thread(
+            engine_facts, name, target.argv, f"llama-cpp-python {llamacpp.VERSION}"
+        )
+        served = SERVED.set({"url": target.url, **facts})
+        try:
+            yield target
+        finally:
+            SERVED.reset(served)
     finally:
         watch.cancel()
         await asyncio.to_thread(stop_target, target)
