@@ -13,12 +13,18 @@ import types
 from dataclasses import MISSING, Field, fields, is_dataclass
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-# The one place the scenario module is named: the tables below are reached from it.
-SCENARIO_MODULE = "kevload.inputs.scenario"
+# The one place the scenario's modules are named: the tables below are reached from them, the field
+# rules (key_of, rule_of) from the probe's.
+KEYS_MODULE = "kevload.inputs.scenariokeys"
+RULES_MODULE = "kevload.inputs.probe"
 MARKER = "<!-- scenario-keys -->"
 # The TOML tables, in the order a scenario file writes them; a dataclass inside one is a table of
 # its own.
-TABLES = (("target", "Target"), ("[[probes]]", "Probe"), ("load", "Load"))
+TABLES = (
+    ("target", KEYS_MODULE, "Target"),
+    ("[[probes]]", RULES_MODULE, "Probe"),
+    ("load", KEYS_MODULE, "Load"),
+)
 
 
 # `kevload run`'s exit codes, in kevload.exitcode.RUN_EXITS' words (the README's table holds the same).
@@ -37,8 +43,11 @@ def run_exits() -> str:
 
 
 def scenario_keys() -> str:
-    module = importlib.import_module(SCENARIO_MODULE)
-    return "\n".join(_table(name, getattr(module, cls), module) for name, cls in TABLES)
+    rules = importlib.import_module(RULES_MODULE)
+    return "\n".join(
+        _table(name, getattr(importlib.import_module(module), cls), rules)
+        for name, module, cls in TABLES
+    )
 
 
 def _table(name: str, cls: type, module: types.ModuleType, note: str = "") -> str:
