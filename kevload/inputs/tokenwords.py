@@ -14,9 +14,12 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kevload.errors import ScenarioError
+
+if TYPE_CHECKING:  # imported when a tokenizer is read: the package is optional (kevload[tokenizer])
+    from tokenizers import Tokenizer
 
 MIN_WORDS = 32  # fewer one-token words than this: the tokenizer is not one for English text
 CHECK_TOKENS = 200_000  # the first prompts are encoded whole up to about this many tokens (well under a second)
@@ -61,30 +64,7 @@ class TokenizerWords:
 
 def words_for(path: Path, vocabulary: Sequence[str], *, what: str) -> TokenizerWords:
     """The words of ``vocabulary`` that the tokenizer at ``path`` makes one token each; ``what`` names the key."""
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        raise ScenarioError(
-            f"{what}: the tokenizers package is not installed (pip install 'kevload[tokenizer]')"
-        ) from None
-    try:
-        size = path.stat().st_size
-        if size > MAX_BYTES:  # refused unread: reading it whole would take that much memory
-            raise ScenarioError(
-                f"{path}: {what}: expected a Hugging Face tokenizer.json (at most "
-                f"{MAX_BYTES >> 20:,} MiB), got {size >> 20:,} MiB"
-            )
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ScenarioError(f"{path}: {what}: cannot read: {exc.strerror}") from None
-    try:
-        tokenizer = Tokenizer.from_str(data.decode("utf-8"))
-    except Exception as exc:  # the library raises plain Exception for a file it cannot take
-        raise _not_a_tokenizer(path, what, "reading it", exc) from None
-    # A file saved for training may truncate or pad what it encodes; a server counts a prompt whole,
-    # unpadded.
-    tokenizer.no_truncation()
-    tokenizer.no_padding()
+    data, tokenizer = _tokenizer(path, what)
 
     def ids(text: str) -> tuple[int, ...]:
         try:
@@ -120,6 +100,36 @@ def words_for(path: Path, vocabulary: Sequence[str], *, what: str) -> TokenizerW
         dropped=tuple(w for w in vocabulary if w not in kept),
         encode=encode,
     )
+
+
+def _tokenizer(path: Path, what: str) -> tuple[bytes, Tokenizer]:
+    """The tokenizer.json at ``path``: its bytes (run.json hashes them) and the tokenizer they load, set to
+    encode a prompt whole, as a server counts it."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise ScenarioError(
+            f"{what}: the tokenizers package is not installed (pip install 'kevload[tokenizer]')"
+        ) from None
+    try:
+        size = path.stat().st_size
+        if size > MAX_BYTES:  # refused unread: reading it whole would take that much memory
+            raise ScenarioError(
+                f"{path}: {what}: expected a Hugging Face tokenizer.json (at most "
+                f"{MAX_BYTES >> 20:,} MiB), got {size >> 20:,} MiB"
+            )
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ScenarioError(f"{path}: {what}: cannot read: {exc.strerror}") from None
+    try:
+        tokenizer = Tokenizer.from_str(data.decode("utf-8"))
+    except Exception as exc:  # the library raises plain Exception for a file it cannot take
+        raise _not_a_tokenizer(path, what, "reading it", exc) from None
+    # A file saved for training may truncate or pad what it encodes; a server counts a prompt whole,
+    # unpadded.
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return data, tokenizer
 
 
 def _not_a_tokenizer(path: Path, what: str, doing: str, exc: Exception) -> ScenarioError:
