@@ -193,6 +193,45 @@ def read_trace(
     rows = (
         _mooncake(data, path, what) if trace_format == "mooncake" else _burstgpt(data, path, what)
     )
+    read = _replayed(rows, path, what, window)
+    requests = read.requests[:max_requests] if max_requests else read.requests
+    if len(requests) < 2 or requests[-1].offset <= 0:
+        inside = f" in load.trace_window_s {list(window)}" if window is not None else ""
+        raise ScenarioError(
+            f"{path}: {what}: expected at least two requests at different times (a replay's rate "
+            f"is its requests over its span), got {len(requests)} over "
+            f"{requests[-1].offset if requests else 0:g} s{inside}"
+        )
+    trace = TraceDataset(
+        role="companion",
+        path=str(path),
+        sha256=hashlib.sha256(data).hexdigest(),
+        lines=read.lines,
+        seed=seed,
+        count=len(requests),
+        format=trace_format,
+        block_tokens=block_tokens,
+        failed=read.failed,
+        window_s=window,
+        requests=requests,
+    )
+    return trace if tokenizer is None else _fitted(trace, tokenizer, tokenizer_what)
+
+
+@dataclass(frozen=True)
+class _Replayed:
+    """What a trace's lines give a replay: the requests inside the window, offsets from the first of them; the
+    lines read and the failed ones among them (run.json)."""
+
+    requests: tuple[TraceRequest, ...]
+    lines: int
+    failed: int
+
+
+def _replayed(
+    rows: Iterator[TraceRequest], path: Path, what: str, window: tuple[float, float] | None
+) -> _Replayed:
+    """Every line checked in time order; the failed ones counted, not replayed; those inside ``window`` kept."""
     requests: list[TraceRequest] = []
     origin: float | None = None  # the trace's first line's time: what a window's seconds count from
     previous: TraceRequest | None = None
@@ -224,29 +263,7 @@ def read_trace(
                     row.offset - start, row.input_tokens, row.output_tokens, row.hash_ids, row.line
                 )
             )
-    if max_requests:
-        requests = requests[:max_requests]
-    if len(requests) < 2 or requests[-1].offset <= 0:
-        inside = f" in load.trace_window_s {list(window)}" if window is not None else ""
-        raise ScenarioError(
-            f"{path}: {what}: expected at least two requests at different times (a replay's rate "
-            f"is its requests over its span), got {len(requests)} over "
-            f"{requests[-1].offset if requests else 0:g} s{inside}"
-        )
-    trace = TraceDataset(
-        role="companion",
-        path=str(path),
-        sha256=hashlib.sha256(data).hexdigest(),
-        lines=lines,
-        seed=seed,
-        count=len(requests),
-        format=trace_format,
-        block_tokens=block_tokens,
-        failed=failed,
-        window_s=window,
-        requests=tuple(requests),
-    )
-    return trace if tokenizer is None else _fitted(trace, tokenizer, tokenizer_what)
+    return _Replayed(tuple(requests), lines, failed)
 
 
 def _fitted(trace: TraceDataset, path: Path, what: str) -> TraceDataset:
