@@ -28,9 +28,9 @@ from typing import Any
 
 from kevload.errors import ScenarioError
 from kevload.inputs.datasets import Dataset
+from kevload.inputs.fieldrules import shown
 from kevload.inputs.probe import MAX_TOKENS, Probe, parse_jsonl
 from kevload.inputs.tokenwords import words_for
-from kevload.words import shortened
 
 MAX_TRACE_TOKENS = 1_000_000  # input tokens of one request: beyond any model's context
 MAX_SPEEDUP = 1_000_000  # load.trace_speedup: a week of trace replayed in under a second
@@ -291,7 +291,7 @@ def _mooncake(data: bytes, path: Path, what: str) -> Iterator[TraceRequest]:
         hash_ids = doc.get("hash_ids", [])
         if not isinstance(hash_ids, list) or not all(_whole(h) for h in hash_ids):
             raise ScenarioError(
-                f"{where}: hash_ids: expected a list of integers, got {_show(hash_ids)}"
+                f"{where}: hash_ids: expected a list of integers, got {shown(hash_ids)}"
             )
         yield TraceRequest(
             timestamp / 1000,
@@ -359,24 +359,20 @@ def _number(value: Any, where: str, expected: str) -> float:
         or not isinstance(value, int | float)
         or not 0 <= value < float("inf")
     ):
-        raise ScenarioError(f"{where}: expected {expected}, got {_show(value)}")
+        raise ScenarioError(f"{where}: expected {expected}, got {shown(value)}")
     return float(value)
 
 
 def _tokens(value: Any, where: str, most: int) -> int:
     if not _whole(value) or not 1 <= value <= most:
         raise ScenarioError(
-            f"{where}: expected an integer from 1 to {most:,} (tokens), got {_show(value)}"
+            f"{where}: expected an integer from 1 to {most:,} (tokens), got {shown(value)}"
         )
     return int(value)
 
 
 def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _show(value: Any) -> str:
-    return "nothing" if value is None else shortened(repr(value), 80, "...")
 
 
 def trace_of(datasets: tuple[Dataset, ...]) -> TraceDataset | None:
