@@ -1,6 +1,7 @@
-"""MkDocs hook: the scenario keys' reference (docs/reference/scenario.md), rendered at build time from the scenario
-dataclasses' own fields, their types and the rules in their metadata, so the page cannot drift from what
-`kevload run` accepts; and `kevload run`'s exit codes in docs/nightly.md, from kevload.exitcode.RUN_EXITS."""
+"""MkDocs hook: the scenario keys' reference (docs/reference/scenario.md), rendered at build time
+from the scenario dataclasses' own fields, their types and the rules in their metadata, so the page
+cannot drift from what `kevload run` accepts; and `kevload run`'s exit codes in docs/nightly.md,
+from kevload.exitcode.RUN_EXITS."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ TABLES = (
 )
 
 
-# `kevload run`'s exit codes, in kevload.exitcode.RUN_EXITS' words (the README's table holds the same).
+# `kevload run`'s exit codes, in kevload.exitcode.RUN_EXITS' words (the README's table holds the
+# same).
 RUN_EXITS_MARKER = "<!-- run-exit-codes -->"
 
 
@@ -123,7 +125,8 @@ def _number(v: float) -> str:
 
 
 def _comments(cls: type) -> dict[str, str]:
-    """Each field's comment in the source: the comment lines just above it and the one after it on its line."""
+    """Each field's comment in the source: the comment lines just above it and the one after it on
+    its line."""
     notes, above = {}, []
     for line in inspect.getsource(cls).splitlines():
         if line.strip().startswith("#"):

@@ -1,8 +1,10 @@
-"""The field-rule reader: one generic reader that builds a frozen dataclass from its TOML table by its fields'
-types and rules (``probe.Rule``), and checks one built in code the same way; every error one line.
+"""The field-rule reader: one generic reader that builds a frozen dataclass from its TOML table by
+its fields' types and rules (``probe.Rule``), and checks one built in code the same way; every error
+one line.
 
-Unknown keys get a did-you-mean, a wrong kind or a word not allowed names what was expected. A dataclass whose
-fields are only checked together (``Ramp``: its levels' kind depends on ``of``) reads itself: its ``from_table``.
+Unknown keys get a did-you-mean, a wrong kind or a word not allowed names what was expected. A
+dataclass whose fields are only checked together (``Ramp``: its levels' kind depends on ``of``)
+reads itself: its ``from_table``.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ class Failer:
 
 
 def read_table(cls: type, table: Mapping[str, Any], *, where: str, source: str) -> Any:
-    """One dataclass from its TOML table by its field rules (a case file's [load] table, for one)."""
+    """One dataclass from its TOML table by its field rules (a case file's [load] table, for
+    one)."""
     return build(cls, table, where, Failer(source))
 
 
@@ -87,7 +90,8 @@ def hints(cls: type) -> dict[str, Any]:
 
 
 def build(cls: type, table: Mapping[str, Any], where: str, fail: Failer) -> Any:
-    """``cls`` from a TOML table: keys known, required ones given, each value through its field's rule."""
+    """``cls`` from a TOML table: keys known, required ones given, each value through its field's
+    rule."""
     if reads_itself(cls):
         return cls.from_table(table, where, fail)
     by_key = {key_of(f): f for f in fields(cls)}
@@ -104,8 +108,8 @@ def build(cls: type, table: Mapping[str, Any], where: str, fail: Failer) -> Any:
 
 
 def recheck(obj: Any, where: str, fail: Failer) -> Any:
-    """``obj`` (built in code or read) with each field through its rule again: the same checks a file gets,
-    and the same normal form (tuples, floats)."""
+    """``obj`` (built in code or read) with each field through its rule again: the same checks a
+    file gets, and the same normal form (tuples, floats)."""
     if reads_itself(type(obj)):
         return obj.from_table({key_of(f): getattr(obj, f.name) for f in fields(obj)}, where, fail)
     return replace(
@@ -163,10 +167,13 @@ def read_value(value: Any, hint: Any, rule: Rule, key: str, fail: Failer) -> Any
 
 
 def _scalar(value: Any, hint: Any) -> Any:
-    """``value`` as a ``hint`` (bool, int, float, str, dict[str, X]), or ``_BAD``; an int is a float too."""
+    """``value`` as a ``hint`` (bool, int, float, str, dict[str, X]), or ``_BAD``; an int is a float
+    too."""
     if (
         hint is Any
-    ):  # a probe's expected answer: any TOML value, checked by its grader's rule (kevload.inputs.grading)
+        # a probe's expected answer: any TOML value, checked by its grader's rule
+        # (kevload.inputs.grading)
+    ):
         return value
     if hint is bool:
         return value if isinstance(value, bool) else _BAD
@@ -205,7 +212,8 @@ def _kind(hint: Any) -> str:
 
 
 def as_table(obj: Any) -> dict[str, Any]:
-    """The fields of ``obj`` that differ from their defaults, under their TOML keys, as TOML values."""
+    """The fields of ``obj`` that differ from their defaults, under their TOML keys, as TOML
+    values."""
     out = {}
     for f in fields(obj):
         value = getattr(obj, f.name)

@@ -1,6 +1,6 @@
-"""The rules between a scenario's [load] keys (and between [load] and the probes), on values that already meet
-their own field rules: what goes with a ramp, an SLO, a stop rule, cancelling, a trace, cold/warm prefix caching and
-conversations. Each refusal names the key and what would go with it."""
+"""The rules between a scenario's [load] keys (and between [load] and the probes), on values that
+already meet their own field rules: what goes with a ramp, an SLO, a stop rule, cancelling, a trace,
+cold/warm prefix caching and conversations. Each refusal names the key and what would go with it."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ _LOAD_FIELDS = {f.name: f for f in fields(Load)}
 
 
 def checked_load(fail: Failer, load: Load) -> Load:
-    """The rules between [load]'s keys, on a load whose every field already meets its own rule; the ramp
-    expanded, the levels sorted."""
+    """The rules between [load]'s keys, on a load whose every field already meets its own rule; the
+    ramp expanded, the levels sorted."""
     if load.ramp is not None:
         load = _ramped(fail, load)
     _workers(fail, load)
@@ -70,15 +70,16 @@ def _workers(fail: Failer, load: Load) -> None:
 
 
 def _slo(fail: Failer, load: Load) -> None:
-    """An SLO bounds something measured: a streamed answer's first token; a required attainment, an SLO."""
+    """An SLO bounds something measured: a streamed answer's first token; a required attainment, an
+    SLO."""
     if load.slo is not None:
         if not load.slo.bounds():
             fail("load.slo", f"at least one of {', '.join(SLO_BOUNDS)}", load.slo.bounds())
         for key, value in load.slo.bounds().items():
             if key in STREAMED_BOUNDS and not load.stream:
                 # Refused rather than guessed: without streaming the first token arrives with the
-                # whole
-                # answer, so TTFT would only restate e2e and ITL/TPOT would not be measured at all.
+                # whole answer, so TTFT would only restate e2e and ITL/TPOT would not be measured at
+                # all.
                 fail(
                     f"load.slo.{key}",
                     "load.stream = true beside it (only a streamed answer shows its first "
@@ -94,7 +95,8 @@ def _slo(fail: Failer, load: Load) -> None:
 
 
 def _until_bound(fail: Failer, load: Load) -> None:
-    """Sampling until a bound: closed-loop levels that end on their samples, and room for more of them."""
+    """Sampling until a bound: closed-loop levels that end on their samples, and room for more of
+    them."""
     if load.rate:
         # A rate level promises a schedule that does not depend on the answers; stopping on them
         # would break it.
@@ -116,7 +118,8 @@ def _until_bound(fail: Failer, load: Load) -> None:
 
 
 def _cancel(fail: Failer, load: Load) -> None:
-    """Cancelling companions: when to cut, something to count when cut by tokens, and companions to cut."""
+    """Cancelling companions: when to cut, something to count when cut by tokens, and companions to
+    cut."""
     if load.cancel_share and load.cancel_after_s is None and load.cancel_after_tokens is None:
         fail(
             "load.cancel_share",
@@ -139,7 +142,8 @@ def _cancel(fail: Failer, load: Load) -> None:
 
 
 def _traced(fail: Failer, load: Load) -> None:
-    """A trace sets its levels' arrivals, companions and length: the keys that would set them too are refused."""
+    """A trace sets its levels' arrivals, companions and length: the keys that would set them too
+    are refused."""
     expected = "{} with load.trace (the trace {})"
     if load.rate:
         fail(
@@ -167,8 +171,8 @@ def _traced(fail: Failer, load: Load) -> None:
 
 
 def _cold_warm(fail: Failer, load: Load) -> None:
-    """Cold and warm are compared serially, one round after another: under batching a difference could be the
-    batch's, a warm-up would warm the cache, and a round needs both its samples."""
+    """Cold and warm are compared serially, one round after another: under batching a difference
+    could be the batch's, a warm-up would warm the cache, and a round needs both its samples."""
     for key, value, expected in (
         (
             "load.concurrency",
@@ -214,7 +218,8 @@ def _cold_warm(fail: Failer, load: Load) -> None:
 
 
 def fits_trace(fail: Failer, load: Load, trace: TraceDataset) -> None:
-    """The keys that depend on the trace read: its levels' keys (rates) and the ramp its probes come after."""
+    """The keys that depend on the trace read: its levels' keys (rates) and the ramp its probes come
+    after."""
     rates = [trace.rate(speedup) for speedup in load.trace_speedup]
     if 0 in rates or len(set(rates)) < len(rates):
         fail(
@@ -232,8 +237,8 @@ def fits_trace(fail: Failer, load: Load, trace: TraceDataset) -> None:
 
 
 def _ramped(fail: Failer, load: Load) -> Load:
-    """The ramp's levels (and every_s) written into the load; a level or a length given beside it is a
-    contradiction, unless it is the ramp's own (``validate`` runs again on what it returned)."""
+    """The ramp's levels (and every_s) written into the load; a level or a length given beside it is
+    a contradiction, unless it is the ramp's own (``validate`` runs again on what it returned)."""
     ramp = load.ramp
     assert ramp is not None  # called for a load with a ramp
     levels = ramp.levels()
@@ -265,8 +270,9 @@ def _ramped(fail: Failer, load: Load) -> Load:
 def conversation_rules(
     fail: Failer, probes: tuple[Probe, ...], datasets: tuple[Dataset, ...], load: Load
 ) -> None:
-    """What a conversation runs with: one process (a turn's claim is held from its first turn to its last,
-    which worker processes would have to share), and for probes closed-loop levels sampled to a count."""
+    """What a conversation runs with: one process (a turn's claim is held from its first turn to its
+    last, which worker processes would have to share), and for probes closed-loop levels sampled to
+    a count."""
     talks = any(p.turns for p in probes)
     if load.workers > 1 and (talks or any(item.turns for d in datasets for item in d.items)):
         fail(

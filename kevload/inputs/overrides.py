@@ -1,5 +1,5 @@
-"""Changing a scenario's keys after it is written: ``--set KEY=VALUE`` overrides applied to the TOML tables
-before they are read, and one dotted key set on a built scenario through its field's rule
+"""Changing a scenario's keys after it is written: ``--set KEY=VALUE`` overrides applied to the TOML
+tables before they are read, and one dotted key set on a built scenario through its field's rule
 (``Scenario.with_setting``), the ``raw`` tables following."""
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from kevload.inputs.scenariokeys import DEFAULT_LOAD, Load
 
 
 def apply_override(raw: dict[str, Any], override: str, source: str = "--set") -> None:
-    """Apply one ``KEY=VALUE`` (VALUE read as TOML, a bare word taken as a string) to ``raw``: user text
-    from the command line, applied before the first validation so it meets the rules a file does."""
+    """Apply one ``KEY=VALUE`` (VALUE read as TOML, a bare word taken as a string) to ``raw``: user
+    text from the command line, applied before the first validation so it meets the rules a file
+    does."""
     key, sep, value_text = override.partition("=")
     key = key.strip()
     if not sep or not key:
@@ -36,7 +37,8 @@ def apply_override(raw: dict[str, Any], override: str, source: str = "--set") ->
 
 
 def toml_value(text: str) -> Any:
-    """A value typed on the command line, read as TOML (``4``, ``true``, ``[1, 4]``); a bare word is a string."""
+    """A value typed on the command line, read as TOML (``4``, ``true``, ``[1, 4]``); a bare word is
+    a string."""
     try:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
@@ -72,7 +74,8 @@ def set_path(obj: Any, parts: list[str], value: Any, where: str, fail: Failer) -
 def with_path(
     table: Mapping[str, Any], parts: list[str], value: Any, where: str, fail: Failer
 ) -> dict[str, Any]:
-    """A copy of ``table`` with ``value`` at the dotted ``parts`` (tables on the way made or copied)."""
+    """A copy of ``table`` with ``value`` at the dotted ``parts`` (tables on the way made or
+    copied)."""
     head = parts[0]
     key = f"{where}.{head}" if where else head
     if len(parts) == 1:
@@ -84,7 +87,8 @@ def with_path(
 
 
 def unramped(load: Load) -> Load:
-    """The load as it was before ``loadrules`` expanded its ramp: what a changed ramp is expanded from again."""
+    """The load as it was before ``loadrules`` expanded its ramp: what a changed ramp is expanded
+    from again."""
     if load.ramp is None:
         return load
     derived = (

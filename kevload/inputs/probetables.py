@@ -1,6 +1,6 @@
-"""A scenario's probes: its [[probes]] tables read (inline probes, and ``dataset = ...`` entries read from their
-JSONL files), the trace and companion files its [load] names read beside them, and each probe checked as a whole
-(one input, its messages, its grading keys in normal form)."""
+"""A scenario's probes: its [[probes]] tables read (inline probes, and ``dataset = ...`` entries
+read from their JSONL files), the trace and companion files its [load] names read beside them, and
+each probe checked as a whole (one input, its messages, its grading keys in normal form)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ _PROBE_FIELDS = {f.name: f for f in fields(Probe)}
 def probes_and_datasets(
     fail: Failer, items: list[Any], load: Load, source: str
 ) -> tuple[tuple[Probe, ...], tuple[Dataset, ...]]:
-    """Inline probes and ``[[probes]] dataset = ...`` entries in their order; companion files too, when used.
+    """Inline probes and ``[[probes]] dataset = ...`` entries in their order; companion files too,
+    when used.
 
     Files are read here, before anything is sent, so a bad line fails first and the run records the
     exact bytes (by hash) it used. Relative paths are relative to the scenario file.
@@ -60,7 +61,8 @@ def probes_and_datasets(
 def _probe_dataset(
     fail: Failer, item: dict[str, Any], where: str, load: Load, base: Path
 ) -> Dataset:
-    """A ``[[probes]] dataset = ...`` entry's keys checked and its JSONL file read: its lines are probes."""
+    """A ``[[probes]] dataset = ...`` entry's keys checked and its JSONL file read: its lines are
+    probes."""
     known_keys(item, where, {"dataset", "count", "max_tokens"}, fail)
     count = item.get("count", 0)
     if not isinstance(count, int) or isinstance(count, bool) or count < 0:
@@ -86,7 +88,8 @@ def _probe_dataset(
 
 
 def _trace(fail: Failer, load: Load, base: Path) -> TraceDataset:
-    """``load.trace`` read (its window checked first) and the keys that depend on what it holds checked."""
+    """``load.trace`` read (its window checked first) and the keys that depend on what it holds
+    checked."""
     trace = read_trace(
         base / load.trace,
         what="load.trace",
@@ -103,7 +106,8 @@ def _trace(fail: Failer, load: Load, base: Path) -> TraceDataset:
 
 
 def _window(fail: Failer, load: Load) -> tuple[float, float] | None:
-    """``load.trace_window_s`` as the trace is read with it, checked first: it decides which lines are replayed."""
+    """``load.trace_window_s`` as the trace is read with it, checked first: it decides which lines
+    are replayed."""
     if not load.trace_window_s:
         return None
     if len(load.trace_window_s) != 2 or load.trace_window_s[0] >= load.trace_window_s[1]:
@@ -117,8 +121,8 @@ def _window(fail: Failer, load: Load) -> tuple[float, float] | None:
 
 
 def checked_probes(fail: Failer, probes: tuple[Probe, ...], source: str) -> tuple[Probe, ...]:
-    """Each probe checked as a whole, their ids unique; a schema file or a python grader is found from the
-    scenario's directory."""
+    """Each probe checked as a whole, their ids unique; a schema file or a python grader is found
+    from the scenario's directory."""
     if not probes:
         fail("probes", "at least one [[probes]] table", list(probes))
     base = Path(source).parent
@@ -131,7 +135,8 @@ def checked_probes(fail: Failer, probes: tuple[Probe, ...], source: str) -> tupl
 
 
 def _checked_probe(fail: Failer, probe: Probe, where: str, base: Path) -> Probe:
-    """One probe: its fields by their rules, exactly one input, well-formed messages, its grading keys."""
+    """One probe: its fields by their rules, exactly one input, well-formed messages, its grading
+    keys."""
     probe = recheck(probe, where, fail)
     given = [k for k in ("prompt", "messages", "turns") if getattr(probe, k) is not None]
     if len(given) != 1:
@@ -155,8 +160,8 @@ def _checked_probe(fail: Failer, probe: Probe, where: str, base: Path) -> Probe:
 
 
 def _graded(fail: Failer, probe: Probe, where: str, base: Path) -> Probe:
-    """The probe with its grading keys checked (``grading.checked``) and in normal form: the grade named (picked
-    from ``expected`` when not given), a schema file read into ``expected``."""
+    """The probe with its grading keys checked (``grading.checked``) and in normal form: the grade
+    named (picked from ``expected`` when not given), a schema file read into ``expected``."""
     try:
         graded = checked(probe.expected, probe.grade, probe.grade_tolerance, base)
     except BadGrading as bad:
@@ -172,8 +177,8 @@ def _graded(fail: Failer, probe: Probe, where: str, base: Path) -> Probe:
 
 
 def with_turns(table: dict[str, Any], where: str, fail: Failer) -> dict[str, Any]:
-    """A probe table with its ``turns`` read as ``Turn``s (``conversation.parse_turns``'s rule, which names the
-    bad turn), so the field's own rule only has to check their kind."""
+    """A probe table with its ``turns`` read as ``Turn``s (``conversation.parse_turns``'s rule,
+    which names the bad turn), so the field's own rule only has to check their kind."""
     if "turns" not in table:
         return table
     try:

@@ -1,11 +1,13 @@
-"""Scenarios: what a run sends, read from TOML or built in code, validated once: ``Scenario`` and the ways to one.
+"""Scenarios: what a run sends, read from TOML or built in code, validated once: ``Scenario`` and
+the ways to one.
 
-A scenario's keys are frozen dataclasses whose fields carry their own rules (``kevload.inputs.scenariokeys``), read
-from their TOML tables by one generic reader (``kevload.inputs.fieldrules``: unknown keys with did-you-mean, wrong
-kind, word not allowed, out of bounds). ``validate`` applies the same field rules to every object plus the rules
-between fields (``loadrules``, ``probetables``, ``urls``), for a file and for a scenario built in code alike;
-``Scenario.with_setting`` changes one dotted key the same way (``overrides``). Every error is one line naming the
-source, the key and what was expected.
+A scenario's keys are frozen dataclasses whose fields carry their own rules
+(``kevload.inputs.scenariokeys``), read from their TOML tables by one generic reader
+(``kevload.inputs.fieldrules``: unknown keys with did-you-mean, wrong kind, word not allowed, out of
+bounds). ``validate`` applies the same field rules to every object plus the rules between fields
+(``loadrules``, ``probetables``, ``urls``), for a file and for a scenario built in code alike;
+``Scenario.with_setting`` changes one dotted key the same way (``overrides``). Every error is one
+line naming the source, the key and what was expected.
 """
 
 from __future__ import annotations
@@ -77,14 +79,15 @@ class Scenario:
         return key
 
     def with_setting(self, key: str, value: Any, *, source: str | None = None) -> Scenario:
-        """This scenario with the dotted ``key`` (``load.concurrency``, ``params.seed``) set to ``value``."""
+        """This scenario with the dotted ``key`` (``load.concurrency``, ``params.seed``) set to
+        ``value``."""
         return self.with_settings({key: value}, source=source)
 
     def with_settings(self, settings: Mapping[str, Any], *, source: str | None = None) -> Scenario:
-        """This scenario with each dotted key set to its value as if written in the file: each field's rule
-        converts and checks its value, ``validate`` then checks the whole once (keys that only make sense
-        together may be set together), and ``raw`` records them. Errors name ``source`` (default: the
-        scenario's file) and the key."""
+        """This scenario with each dotted key set to its value as if written in the file: each
+        field's rule converts and checks its value, ``validate`` then checks the whole once (keys
+        that only make sense together may be set together), and ``raw`` records them. Errors name
+        ``source`` (default: the scenario's file) and the key."""
         fail = Failer(source or self.source)
         scenario = self
         for key, value in settings.items():
@@ -140,8 +143,9 @@ QUICKSTART: Mapping[str, Any] = types.MappingProxyType(
 
 
 def quickstart_scenario(prompt: str | None = None, overrides: Sequence[str] = ()) -> Scenario:
-    """The quickstart scenario, its one probe asking ``prompt`` (id "prompt") when given, ``overrides`` applied
-    as a file's are. Its target is the file's: the caller sets the server's with ``with_settings``."""
+    """The quickstart scenario, its one probe asking ``prompt`` (id "prompt") when given,
+    ``overrides`` applied as a file's are. Its target is the file's: the caller sets the server's
+    with ``with_settings``."""
     raw = {
         key: copy.deepcopy(table) for key, table in QUICKSTART.items()
     }  # the caller's to change, not ours
@@ -153,7 +157,8 @@ def quickstart_scenario(prompt: str | None = None, overrides: Sequence[str] = ()
 
 
 def scenario_from_dict(raw: dict[str, Any], *, source: str, name: str = "scenario") -> Scenario:
-    """Read an already parsed scenario table (a file's, or run.json's on --resume) and validate it."""
+    """Read an already parsed scenario table (a file's, or run.json's on --resume) and validate
+    it."""
     fail = Failer(source)
     known_keys(raw, "", {"name", "target", "probes", "params", "load"}, fail)
     target = build(Target, subtable(raw, "target", fail, required=True), "target", fail)
@@ -187,8 +192,8 @@ def build_scenario(
     source: str = "code",
 ) -> Scenario:
     """A scenario built in code, validated as a file is (a companions file read as a file's is); its
-    ``raw`` (what run.json keeps as asked) is written from the objects: the fields that differ from their
-    defaults, under their TOML keys."""
+    ``raw`` (what run.json keeps as asked) is written from the objects: the fields that differ from
+    their defaults, under their TOML keys."""
     scenario = Scenario(
         name=name,
         source=source,
@@ -212,8 +217,9 @@ def build_scenario(
 
 
 def validate(scenario: Scenario, *, source: str | None = None) -> Scenario:
-    """The scenario with every field checked by its rule, then the rules between fields; ramps expanded,
-    levels sorted. The same for a file and for a scenario built in code; errors name ``source``."""
+    """The scenario with every field checked by its rule, then the rules between fields; ramps
+    expanded, levels sorted. The same for a file and for a scenario built in code; errors name
+    ``source``."""
     fail = Failer(source or scenario.source)
     target = _checked_target(fail, scenario.target)
     _check_params(fail, scenario.params)
@@ -241,8 +247,7 @@ def _checked_target(fail: Failer, target: Target) -> Target:
     for header in target.headers:
         if header.lower() == REQUEST_ID_HEADER.lower():
             # Refused, not overridden: one fixed value on every request would join nothing. The
-            # value,
-            # like every header value, stays out of the message.
+            # value, like every header value, stays out of the message.
             raise ScenarioError(
                 f"{fail.source}: target.headers.{header}: expected no {REQUEST_ID_HEADER} header "
                 "(kevload sends its own, unique per request, and records it as request_id)"
@@ -272,8 +277,8 @@ def _check_params(fail: Failer, params: Any) -> None:
 
 
 def _json_numbers(value: Any, key: str, fail: Failer) -> None:
-    """Every number in ``value`` is one a JSON body carries: finite (JSON has no inf or nan, which would be
-    sent as null) and an integer within 64 bits."""
+    """Every number in ``value`` is one a JSON body carries: finite (JSON has no inf or nan, which
+    would be sent as null) and an integer within 64 bits."""
     if isinstance(value, dict):
         for name, item in value.items():
             _json_numbers(item, f"{key}.{name}", fail)
@@ -287,7 +292,8 @@ def _json_numbers(value: Any, key: str, fail: Failer) -> None:
 
 
 def _set_key(scenario: Scenario, key: str, value: Any, fail: Failer) -> Scenario:
-    """``scenario`` with one dotted key set through its field's rule (not yet validated as a whole)."""
+    """``scenario`` with one dotted key set through its field's rule (not yet validated as a
+    whole)."""
     parts = key.split(".")
     if not all(parts):
         fail(key, "a dotted key such as load.concurrency", key)

@@ -1,9 +1,9 @@
-"""The scenario's keys: the [target] and [load] tables (and load.slo, load.ramp) as frozen dataclasses whose
-fields carry their own rules (``probe.rule``), and the bounds those rules share.
+"""The scenario's keys: the [target] and [load] tables (and load.slo, load.ramp) as frozen
+dataclasses whose fields carry their own rules (``probe.rule``), and the bounds those rules share.
 
-The type says the kind (``Literal`` for a closed set of words) and ``field(metadata=rule(...))`` the bounds and
-the words of the message; ``kevload.inputs.fieldrules`` reads a table by them, and docs/reference/scenario.md is
-generated from them.
+The type says the kind (``Literal`` for a closed set of words) and ``field(metadata=rule(...))`` the
+bounds and the words of the message; ``kevload.inputs.fieldrules`` reads a table by them, and
+docs/reference/scenario.md is generated from them.
 """
 
 from __future__ import annotations
@@ -76,8 +76,7 @@ class Target:
         0.0, min=0, max=MAX_SECONDS, expected=f"seconds from 0 to {MAX_SECONDS:,} (0: no limit)"
     )
     # Where the server's own view is read during the run (kevload.records.servermetrics): "auto" is
-    # the base URL's
-    # origin + /metrics, "" or "off" reads nothing.
+    # the base URL's origin + /metrics, "" or "off" reads nothing.
     metrics_url: str = rule("auto", expected=METRICS_URL_EXPECTED)
 
 
@@ -86,9 +85,9 @@ _MS = {"above": 0, "below": math.inf, "expected": "a number of milliseconds > 0"
 
 @dataclass(frozen=True)
 class Slo:
-    """Per-request latency bounds in milliseconds (None: not bounded). A request meets the SLO when it
-    is ok and within every given bound; ``itl_ms`` and ``tpot_ms`` bound the request's mean gap, the
-    quantities the latency table reports."""
+    """Per-request latency bounds in milliseconds (None: not bounded). A request meets the SLO when
+    it is ok and within every given bound; ``itl_ms`` and ``tpot_ms`` bound the request's mean gap,
+    the quantities the latency table reports."""
 
     ttft_ms: float | None = rule(None, **_MS)
     itl_ms: float | None = rule(None, **_MS)
@@ -102,13 +101,14 @@ class Slo:
 
 @dataclass(frozen=True)
 class Ramp:
-    """A stepped ramp (``load.ramp``): levels of concurrency or of rate from ``start`` to ``to``, ``step``
-    apart or each ``factor`` times the one before, ``to`` always the last; each level is a cell lasting
-    ``every_s`` seconds (None: until ``load.samples``). Expanded by ``validate`` into ``load.concurrency``
-    or ``load.rate`` (and ``load.duration``), so the engine sees ordinary levels.
+    """A stepped ramp (``load.ramp``): levels of concurrency or of rate from ``start`` to ``to``,
+    ``step`` apart or each ``factor`` times the one before, ``to`` always the last; each level is a
+    cell lasting ``every_s`` seconds (None: until ``load.samples``). Expanded by ``validate`` into
+    ``load.concurrency`` or ``load.rate`` (and ``load.duration``), so the engine sees ordinary
+    levels.
 
-    ``start``, ``to`` and ``step`` are levels, whose kind depends on ``of`` (whole for concurrency): they
-    are checked by ``from_table``, not by their field rules alone."""
+    ``start``, ``to`` and ``step`` are levels, whose kind depends on ``of`` (whole for concurrency):
+    they are checked by ``from_table``, not by their field rules alone."""
 
     of: RampOf
     start: float = rule(key="from")  # TOML ``from`` (a Python keyword)
@@ -152,8 +152,8 @@ class Ramp:
 
     @classmethod
     def from_table(cls, table: Mapping[str, Any], where: str, fail: Failer) -> Ramp:
-        """``load.ramp`` checked key by key: its levels' kind depends on ``of`` (whole for concurrency), so
-        from, to and step are checked here beside the rules of the other fields."""
+        """``load.ramp`` checked key by key: its levels' kind depends on ``of`` (whole for
+        concurrency), so from, to and step are checked here beside the rules of the other fields."""
         known_keys(table, where, {key_of(f) for f in fields(cls)}, fail)
         by_key = {key_of(f): f for f in fields(cls)}
         of = read_value(table.get("of", "concurrency"), RampOf, Rule(), f"{where}.of", fail)
@@ -313,10 +313,8 @@ class Load:
         expected=f"an integer from 1 to {MAX_WORKERS:,} (processes sharing each level)",
     )
     # Trace replay (kevload.inputs.trace): a Mooncake JSONL or BurstGPT CSV file of arrivals,
-    # relative to the scenario
-    # file;
-    # one open-loop level per speed-up, after the closed-loop levels (load.concurrency: c=1, the
-    # serial reference).
+    # relative to the scenario file; one open-loop level per speed-up, after the closed-loop levels
+    # (load.concurrency: c=1, the serial reference).
     trace: str = ""
     trace_format: TraceFormat = "auto"
     trace_speedup: tuple[float, ...] = rule(
@@ -355,8 +353,7 @@ class Load:
     prefix_cache: PrefixCache = "off"
     cache_reset: CacheReset = "auto"
     # Companions the client abandons mid-answer (kevload.load.cancel): this share of them, seeded by
-    # load.seed, cut
-    # after so many seconds or so many streamed chunks, whichever comes first.
+    # load.seed, cut after so many seconds or so many streamed chunks, whichever comes first.
     cancel_share: float = rule(0.0, min=0, max=1, expected="a share between 0 and 1")
     cancel_after_s: float | None = rule(
         None, above=0, max=MAX_SECONDS, expected=f"seconds above 0, at most {MAX_SECONDS:,}"

@@ -1,10 +1,11 @@
-"""The words a trace's synthetic prompts are made of, fitted to a model's own tokenizer (``load.trace_tokenizer``).
+"""The words a trace's synthetic prompts are made of, fitted to a model's own tokenizer
+(``load.trace_tokenizer``).
 
-A replayed request must reach the server at its recorded input length. kevload's words are one token each in
-SmolLM2's vocabulary; another model's may split some of them. Given that model's ``tokenizer.json`` (read from
-disk with Hugging Face's ``tokenizers``, nothing downloaded), only the words that are one token both opening a
-prompt and after a space are kept, and the first prompts are encoded whole to measure how their token counts
-compare with the trace's input lengths (run.json).
+A replayed request must reach the server at its recorded input length. kevload's words are one token
+each in SmolLM2's vocabulary; another model's may split some of them. Given that model's
+``tokenizer.json`` (read from disk with Hugging Face's ``tokenizers``, nothing downloaded), only the
+words that are one token both opening a prompt and after a space are kept, and the first prompts are
+encoded whole to measure how their token counts compare with the trace's input lengths (run.json).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ if TYPE_CHECKING:  # imported when a tokenizer is read: the package is optional 
     from tokenizers import Tokenizer
 
 MIN_WORDS = 32  # fewer one-token words than this: the tokenizer is not one for English text
-CHECK_TOKENS = 200_000  # the first prompts are encoded whole up to about this many tokens (well under a second)
+# the first prompts are encoded whole up to about this many tokens (well under a second)
+CHECK_TOKENS = 200_000
 MAX_BYTES = (
     256 << 20
 )  # the largest models' tokenizer.json are tens of MB; their weights, named by mistake, GBs
@@ -30,8 +32,9 @@ MAX_BYTES = (
 
 @dataclass(frozen=True)
 class TokenizerWords:
-    """The words kept (in the built-in vocabulary's order), the ones dropped, and the tokenizer they were checked
-    with: run.json's ``tokenizer`` under the trace dataset, with what encoding the first prompts found."""
+    """The words kept (in the built-in vocabulary's order), the ones dropped, and the tokenizer they
+    were checked with: run.json's ``tokenizer`` under the trace dataset, with what encoding the
+    first prompts found."""
 
     path: str
     sha256: str
@@ -40,8 +43,9 @@ class TokenizerWords:
     encode: Callable[[str], int]
 
     def check(self, prompts: Iterable[tuple[str, int]]) -> dict[str, Any]:
-        """Encode whole prompts (text, input length asked), up to ``CHECK_TOKENS`` tokens, the first at least:
-        how many lines were checked, how many came out at their length exactly, and the largest difference."""
+        """Encode whole prompts (text, input length asked), up to ``CHECK_TOKENS`` tokens, the first
+        at least: how many lines were checked, how many came out at their length exactly, and the
+        largest difference."""
         lines = exact = total = 0
         worst = 0
         for text, asked in prompts:
@@ -63,7 +67,8 @@ class TokenizerWords:
 
 
 def words_for(path: Path, vocabulary: Sequence[str], *, what: str) -> TokenizerWords:
-    """The words of ``vocabulary`` that the tokenizer at ``path`` makes one token each; ``what`` names the key."""
+    """The words of ``vocabulary`` that the tokenizer at ``path`` makes one token each; ``what``
+    names the key."""
     data, tokenizer = _tokenizer(path, what)
 
     def ids(text: str) -> tuple[int, ...]:
@@ -103,8 +108,8 @@ def words_for(path: Path, vocabulary: Sequence[str], *, what: str) -> TokenizerW
 
 
 def _tokenizer(path: Path, what: str) -> tuple[bytes, Tokenizer]:
-    """The tokenizer.json at ``path``: its bytes (run.json hashes them) and the tokenizer they load, set to
-    encode a prompt whole, as a server counts it."""
+    """The tokenizer.json at ``path``: its bytes (run.json hashes them) and the tokenizer they load,
+    set to encode a prompt whole, as a server counts it."""
     try:
         from tokenizers import Tokenizer
     except ImportError:

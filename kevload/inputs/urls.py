@@ -1,5 +1,6 @@
-"""The URLs a scenario names (target.base_url, target.metrics_url): checked whole when the scenario is read, so a
-bad one is bad input there and not an error mid-run, and quoted in messages without a password."""
+"""The URLs a scenario names (target.base_url, target.metrics_url): checked whole when the scenario
+is read, so a bad one is bad input there and not an error mid-run, and quoted in messages without a
+password."""
 
 from __future__ import annotations
 
@@ -16,17 +17,22 @@ METRICS_URL_EXPECTED = (
 
 
 def check_base_url(url: str, source: str) -> None:
-    """``url`` as target.base_url takes it, or a ScenarioError naming ``source`` (an option such as ``--url``) and
-    the key: for a command that gives a server's URL outside a scenario, refused as a scenario's would be."""
+    """``url`` as target.base_url takes it, or a ScenarioError naming ``source`` (an option such as
+    ``--url``) and the key: for a command that gives a server's URL outside a scenario, refused as a
+    scenario's would be."""
     check_url(Failer(source), "target.base_url", url, BASE_URL_EXPECTED)
 
 
 def url_problem(url: str) -> str | None:
-    """Why ``url`` is no http(s) URL that can be sent to as written, in a few words; None when it is one. Checked
-    whole at load, so a bad one is bad input there: a port out of range or an open IPv6 bracket would raise in the
-    client mid-run, and a blank (a copy-pasted trailing space) would go raw into the request line."""
+    """Why ``url`` is no http(s) URL that can be sent to as written, in a few words; None when it is
+    one. Checked whole at load, so a bad one is bad input there: a port out of range or an open IPv6
+    bracket would raise in the client mid-run, and a blank (a copy-pasted trailing space) would go
+    raw into the request line."""
     if any(ord(ch) <= 0x20 or ord(ch) >= 0x7F for ch in url):
-        return "no spaces, control or non-ASCII characters: percent-encode them, a host as punycode (xn--…)"
+        return (
+            "no spaces, control or non-ASCII characters: percent-encode them, a host as punycode "
+            "(xn--…)"
+        )
     try:
         parsed = urlsplit(url)
         port = parsed.port
@@ -50,8 +56,8 @@ def check_url(fail: Failer, key: str, url: str, expected: str) -> None:
 
 
 def shown_url(url: str) -> str:
-    """``url`` as a message quotes it, any ``user:password@`` shown as ``***@``: a password never goes into a
-    message. Read without urlsplit, which raises on the very URLs shown here."""
+    """``url`` as a message quotes it, any ``user:password@`` shown as ``***@``: a password never
+    goes into a message. Read without urlsplit, which raises on the very URLs shown here."""
     rest = url.partition("://")[2]
     authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
     userinfo, at, _ = authority.rpartition("@")
