@@ -172,9 +172,7 @@ def _item(doc: Any, number: int, path: Path, what: str, role: SampleRole, max_to
         )
     ):
         raise ScenarioError(f"{where}: expected an object with prompt, messages or turns")
-    tokens = doc.get("max_tokens", max_tokens)
-    if not isinstance(tokens, int) or isinstance(tokens, bool) or not _MAX_TOKENS.holds(tokens):
-        raise ScenarioError(f"{where}: max_tokens: expected {_MAX_TOKENS.expected}, got {tokens!r}")
+    tokens = _max_tokens(doc, where, max_tokens)
     if "messages" in doc and not isinstance(
         doc["messages"], list
     ):  # beside prompt or turns, never read till now
@@ -215,6 +213,14 @@ def _item(doc: Any, number: int, path: Path, what: str, role: SampleRole, max_to
         system=doc.get("system"),
         **graded,
     )
+
+
+def _max_tokens(doc: dict[str, Any], where: str, default: int) -> int:
+    """A line's own max_tokens, or ``default`` (the entry's), held to a probe's rule."""
+    tokens = doc.get("max_tokens", default)
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or not _MAX_TOKENS.holds(tokens):
+        raise ScenarioError(f"{where}: max_tokens: expected {_MAX_TOKENS.expected}, got {tokens!r}")
+    return tokens
 
 
 def _grading(doc: dict[str, Any], where: str, base: Path) -> dict[str, Any]:
