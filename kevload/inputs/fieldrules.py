@@ -1,11 +1,5 @@
-"""The field-rule reader: one generic reader that builds a frozen dataclass from its TOML table by
-its fields' types and rules (``probe.Rule``), and checks one built in code the same way; every error
-one line.
-
-Unknown keys get a did-you-mean, a wrong kind or a word not allowed names what was expected. A
-dataclass whose fields are only checked together (``Ramp``: its levels' kind depends on ``of``)
-reads itself: its ``from_table``.
-"""
+"""The field-rule reader: a frozen dataclass built from its TOML table, or one built in code
+checked, by its fields' types and rules (``probe.Rule``); every error one line naming the key."""
 
 from __future__ import annotations
 

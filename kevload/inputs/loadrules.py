@@ -1,6 +1,5 @@
-"""The rules between a scenario's [load] keys (and between [load] and the probes), on values that
-already meet their own field rules: what goes with a ramp, an SLO, a stop rule, cancelling, a trace,
-cold/warm prefix caching and conversations. Each refusal names the key and what would go with it."""
+"""The rules between a scenario's [load] keys, and between [load] and its probes, on values that
+already meet their own field rules; each refusal names the key and what would go with it."""
 
 from __future__ import annotations
 

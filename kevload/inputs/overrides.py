@@ -1,6 +1,5 @@
-"""Changing a scenario's keys after it is written: ``--set KEY=VALUE`` overrides applied to the TOML
-tables before they are read, and one dotted key set on a built scenario through its field's rule
-(``Scenario.with_setting``), the ``raw`` tables following."""
+"""Changing a scenario's keys once written: ``--set KEY=VALUE`` on the TOML tables before they are
+read, and one dotted key set on a built scenario through its field's rule (``with_setting``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""A scenario's probes: its [[probes]] tables read (inline probes, and ``dataset = ...`` entries
-read from their JSONL files), the trace and companion files its [load] names read beside them, and
-each probe checked as a whole (one input, its messages, its grading keys in normal form)."""
+"""A scenario's [[probes]] tables read (inline, or ``dataset = ...`` JSONL files, with the trace
+and companion files [load] names), and each probe checked as a whole."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The scenario's keys: the [target] and [load] tables (and load.slo, load.ramp) as frozen
-dataclasses whose fields carry their own rules (``probe.rule``), and the bounds those rules share.
-
-The type says the kind (``Literal`` for a closed set of words) and ``field(metadata=rule(...))`` the
-bounds and the words of the message; ``kevload.inputs.fieldrules`` reads a table by them, and
-docs/reference/scenario.md is generated from them.
-"""
+"""The scenario's keys: [target] and [load] (with load.slo, load.ramp) as frozen dataclasses whose
+fields carry their own rules (``probe.rule``), and the bounds those rules share."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The URLs a scenario names (target.base_url, target.metrics_url): checked whole when the scenario
-is read, so a bad one is bad input there and not an error mid-run, and quoted in messages without a
-password."""
+"""The URLs a scenario names (target.base_url, target.metrics_url): checked whole when it is read,
+not mid-run, and quoted in messages without a password."""
 
 from __future__ import annotations
 
