@@ -14,7 +14,7 @@ from pathlib import Path
 
 from kevload.compare.reader import reduce_file
 from kevload.compare.summarizing import summarize
-from kevload.inputs.scenario import Slo
+from kevload.inputs.scenariokeys import Slo
 
 
 def hwm_mb() -> float:

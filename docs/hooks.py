@@ -1,6 +1,7 @@
-"""MkDocs hook: the scenario keys' reference (docs/reference/scenario.md), rendered at build time from the scenario
-dataclasses' own fields, their types and the rules in their metadata, so the page cannot drift from what
-`kevload run` accepts; and `kevload run`'s exit codes in docs/nightly.md, from kevload.exitcode.RUN_EXITS."""
+"""MkDocs hook: the scenario keys' reference (docs/reference/scenario.md), rendered at build time
+from the scenario dataclasses' own fields, their types and the rules in their metadata, so the page
+cannot drift from what `kevload run` accepts; and `kevload run`'s exit codes in docs/nightly.md,
+from kevload.exitcode.RUN_EXITS."""
 
 from __future__ import annotations
 
@@ -13,15 +14,22 @@ import types
 from dataclasses import MISSING, Field, fields, is_dataclass
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-# The one place the scenario module is named: the tables below are reached from it.
-SCENARIO_MODULE = "kevload.inputs.scenario"
+# The one place the scenario's modules are named: the tables below are reached from them, the field
+# rules (key_of, rule_of) from the probe's.
+KEYS_MODULE = "kevload.inputs.scenariokeys"
+RULES_MODULE = "kevload.inputs.probe"
 MARKER = "<!-- scenario-keys -->"
 # The TOML tables, in the order a scenario file writes them; a dataclass inside one is a table of
 # its own.
-TABLES = (("target", "Target"), ("[[probes]]", "Probe"), ("load", "Load"))
+TABLES = (
+    ("target", KEYS_MODULE, "Target"),
+    ("[[probes]]", RULES_MODULE, "Probe"),
+    ("load", KEYS_MODULE, "Load"),
+)
 
 
-# `kevload run`'s exit codes, in kevload.exitcode.RUN_EXITS' words (the README's table holds the same).
+# `kevload run`'s exit codes, in kevload.exitcode.RUN_EXITS' words (the README's table holds the
+# same).
 RUN_EXITS_MARKER = "<!-- run-exit-codes -->"
 
 
@@ -37,8 +45,11 @@ def run_exits() -> str:
 
 
 def scenario_keys() -> str:
-    module = importlib.import_module(SCENARIO_MODULE)
-    return "\n".join(_table(name, getattr(module, cls), module) for name, cls in TABLES)
+    rules = importlib.import_module(RULES_MODULE)
+    return "\n".join(
+        _table(name, getattr(importlib.import_module(module), cls), rules)
+        for name, module, cls in TABLES
+    )
 
 
 def _table(name: str, cls: type, module: types.ModuleType, note: str = "") -> str:
@@ -114,7 +125,8 @@ def _number(v: float) -> str:
 
 
 def _comments(cls: type) -> dict[str, str]:
-    """Each field's comment in the source: the comment lines just above it and the one after it on its line."""
+    """Each field's comment in the source: the comment lines just above it and the one after it on
+    its line."""
     notes, above = {}, []
     for line in inspect.getsource(cls).splitlines():
         if line.strip().startswith("#"):

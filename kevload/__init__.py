@@ -43,7 +43,8 @@ if TYPE_CHECKING:  # what __getattr__ serves, as a type checker reads it (tests/
     from kevload.exitcode import ExitCode
     from kevload.guide.diagnose import DiagnoseOptions, diagnose
     from kevload.inputs.probe import Probe
-    from kevload.inputs.scenario import Load, Scenario, Target, build_scenario, load_scenario
+    from kevload.inputs.scenario import Scenario, build_scenario, load_scenario
+    from kevload.inputs.scenariokeys import Load, Target
     from kevload.load.runs import run_scenario
     from kevload.records.rundir import RunDir, read_summary
     from kevload.summary import CellSummary, RunSummary
@@ -51,8 +52,8 @@ if TYPE_CHECKING:  # what __getattr__ serves, as a type checker reads it (tests/
 # name → the module that defines it (imported on first use, so `import kevload.words` stays cheap)
 _API = {
     "Scenario": "kevload.inputs.scenario",
-    "Target": "kevload.inputs.scenario",
-    "Load": "kevload.inputs.scenario",
+    "Target": "kevload.inputs.scenariokeys",
+    "Load": "kevload.inputs.scenariokeys",
     "load_scenario": "kevload.inputs.scenario",
     "build_scenario": "kevload.inputs.scenario",
     "Probe": "kevload.inputs.probe",

@@ -23,8 +23,10 @@ from kevload.errors import InputError, KevloadError
 from kevload.exitcode import ExitCode
 from kevload.guide.diagnose import MIN_OK
 from kevload.inputs.grading import BadGrading, Grading, checked
+from kevload.inputs.overrides import toml_value
 from kevload.inputs.probe import MAX_TOKENS, read_messages
-from kevload.inputs.scenario import (
+from kevload.inputs.scenario import load_scenario, quickstart_scenario
+from kevload.inputs.scenariokeys import (
     APIS,
     MAX_CONCURRENCY,
     MAX_RETRIES,
@@ -32,11 +34,8 @@ from kevload.inputs.scenario import (
     MAX_SECONDS,
     MAX_WORKERS,
     Api,
-    check_base_url,
-    load_scenario,
-    quickstart_scenario,
-    toml_value,
 )
+from kevload.inputs.urls import check_base_url
 from kevload.load.runs import finish_run, refuse_existing, resumed_scenario, run_scenario
 from kevload.outputs import gradedview
 from kevload.outputs.escaping import visible

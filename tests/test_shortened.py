@@ -1,9 +1,8 @@
-"""``words.shortened``, the one way a message quotes a value that may be long: whole up to its limit, otherwise
-cut so that the mark ends it and the quote is exactly the limit long."""
+"""``words.shortened``, the one way a message quotes a value that may be long: whole up to its
+limit, otherwise cut so that the mark ends it and the quote is exactly the limit long."""
 
+from kevload.inputs.fieldrules import shown as scenario_show
 from kevload.inputs.grading import _cut
-from kevload.inputs.scenario import _show as scenario_show
-from kevload.inputs.trace import _show as trace_show
 from kevload.load.prefixcache import _shown as prefix_shown
 from kevload.summary import _shown as summary_shown
 from kevload.wire.client import _shown as client_shown
@@ -26,10 +25,9 @@ def test_each_message_keeps_its_limit_and_mark() -> None:
     assert summary_shown("y" * 100) == '"' + "y" * 36 + "..."
     assert summary_shown("y" * 38) == '"' + "y" * 38 + '"'
     assert client_shown("z" * 100) == "'" + "z" * 78 + "…"
-    # scenario and trace: a repr at most 80, "...", and None as "nothing"
-    for show in (scenario_show, trace_show):
-        assert show("q" * 100) == "'" + "q" * 76 + "..."
-        assert show(None) == "nothing"
+    # scenario and trace, one helper (fieldrules.shown): a repr at most 80, "...", None as "nothing"
+    assert scenario_show("q" * 100) == "'" + "q" * 76 + "..."
+    assert scenario_show(None) == "nothing"
     # grading: 120 characters of the answer, then "…"; prefix cache: 200, quoted, then its length
     assert _cut("a" * 130) == "a" * 120 + "…"
     assert _cut("a" * 120) == "a" * 120

@@ -22,7 +22,7 @@ from kevload.compare.overlap import FullLoad, Occupancy, Window
 from kevload.compare.stats import LatencyHistogram
 from kevload.compare.turnwise import TurnAnswer
 from kevload.inputs.conversation import as_received, ends_sample, transcript
-from kevload.inputs.scenario import Slo
+from kevload.inputs.scenariokeys import Slo
 from kevload.records.store import Record, counts_in_cell
 from kevload.words import CANCELLED
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from kevload.compare.cells import Reduction
 from kevload.errors import RunDirError
-from kevload.inputs.scenario import Slo
+from kevload.inputs.scenariokeys import Slo
 from kevload.records.store import Record, read_typed
 
 # Below this a records file is read in-process: starting processes costs more than it saves.

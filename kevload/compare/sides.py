@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from kevload.compare.cells import CellAccumulator
 from kevload.compare.reader import reduce_records
 from kevload.inputs.grading import Grading
-from kevload.inputs.scenario import Slo
+from kevload.inputs.scenariokeys import Slo
 from kevload.records.store import Record, counts_in_cell
 from kevload.words import CANCELLED, OK
 

@@ -22,6 +22,7 @@ import msgspec
 import orjson
 
 from kevload.errors import ScenarioError
+from kevload.inputs.fieldrules import read_table
 from kevload.inputs.grading import (
     IMPORT,
     BadGrading,
@@ -33,7 +34,8 @@ from kevload.inputs.grading import (
     schema_refused_from,
 )
 from kevload.inputs.probe import Probe, iter_jsonl
-from kevload.inputs.scenario import Api, Load, Target, build_scenario, read_table
+from kevload.inputs.scenario import build_scenario
+from kevload.inputs.scenariokeys import Api, Load, Target
 from kevload.inputs.trace import trace_rates
 from kevload.load.runs import recorded_scenario, run_scenario
 from kevload.records.rundir import RunDir, apart

@@ -18,15 +18,8 @@ from typing import Any, Literal, cast, get_args
 
 from kevload.compare.stats import drift_upper_bound, samples_for_bound
 from kevload.inputs.probe import Probe
-from kevload.inputs.scenario import (
-    Api,
-    CacheReset,
-    Load,
-    Mode,
-    Scenario,
-    Target,
-    build_scenario,
-)
+from kevload.inputs.scenario import Scenario, build_scenario
+from kevload.inputs.scenariokeys import Api, CacheReset, Load, Mode, Target
 from kevload.load.runs import run_scenario
 from kevload.outputs.report import counts_text, logprob_gap_text
 from kevload.records.rundir import RunDir

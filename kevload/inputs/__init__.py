@@ -1,1 +1,2 @@
-"""What is sent: scenarios, probes and graders, datasets, traces, conversations, workloads, the graded set."""
+"""What is sent: scenarios, probes and graders, datasets, traces, conversations, workloads, the
+graded set."""

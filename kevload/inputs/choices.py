@@ -75,10 +75,10 @@ _MENTION = re.compile(
 
 
 # An option the answer rules out is never its pick: one after a negation or an elimination ("not
-# option A", "I eliminated option B", "rather than option C", "不是选项A", "排除选项B"), or one a verdict of
-# wrongness follows ("option A is wrong", "Option B would be wrong", "answer A is a distractor",
-# "选项A不对"). Looked at within ``_WINDOW`` characters of the option, so each mention costs a bounded
-# step.
+# option A", "I eliminated option B", "rather than option C", "不是选项A", "排除选项B"), or
+# one a verdict of wrongness follows ("option A is wrong", "Option B would be wrong", "answer A is
+# a distractor", "选项A不对"). Looked at within ``_WINDOW`` characters of the option, so each
+# mention costs a bounded step.
 _WINDOW = 40
 _RULED_OUT_BEFORE = re.compile(
     r"(?:(?i:\b(?:not|no|never|eliminat(?:e|es|ed|ing)|exclud(?:e|es|ed|ing)|except|without|against"

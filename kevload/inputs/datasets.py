@@ -1,4 +1,5 @@
-"""Probe and companion datasets (JSONL): read once, hashed, every line checked, lines chosen by a seed.
+"""Probe and companion datasets (JSONL): read once, hashed, every line checked, lines chosen by a
+seed.
 
 run.json records each file's sha256, line count, seed and how many lines were chosen, so two runs
 on different days can be shown to have used the same inputs. The choice depends only on the seed
@@ -55,11 +56,12 @@ def read_dataset(
     count_key: str = "count",
     max_tokens: int = 64,
 ) -> Dataset:
-    """Read and check every line of ``path``, then keep ``count`` of them (0: all) chosen by ``seed``.
+    """Read and check every line of ``path``, then keep ``count`` of them (0: all) chosen by
+    ``seed``.
 
-    Each line is one object with ``prompt``, ``messages`` or ``turns`` (a conversation, with an optional
-    ``system``), optional ``id`` and ``max_tokens``
-    (default ``max_tokens``). ``what`` names the scenario key in errors, e.g. ``probes[0].dataset``.
+    Each line is one object with ``prompt``, ``messages`` or ``turns`` (a conversation, with an
+    optional ``system``), optional ``id`` and ``max_tokens`` (default ``max_tokens``). ``what``
+    names the scenario key in errors, e.g. ``probes[0].dataset``.
     """
     try:
         data = path.read_bytes()
@@ -109,8 +111,9 @@ _REPLAYED = ("format", "block_tokens", "window_s")
 def check_unchanged(
     recorded: list[dict[str, Any]], datasets: tuple[Dataset, ...], where: str
 ) -> None:
-    """A resumed run must send what its first part sent: the same files (by hash), seed and counts, and a trace's
-    prompts the same blocks and words (its tokenizer file, by hash, and the words it dropped)."""
+    """A resumed run must send what its first part sent: the same files (by hash), seed and counts,
+    and a trace's prompts the same blocks and words (its tokenizer file, by hash, and the words it
+    dropped)."""
     keys = ("role", "sha256", "seed", "count")
     for old, new in itertools.zip_longest(recorded, (d.to_json() for d in datasets)):
         if (
@@ -127,8 +130,9 @@ def check_unchanged(
 
 
 def _tokenizer(doc: dict[str, Any], key: str) -> Any:
-    """``key`` of a trace's tokenizer in run.json (None without one): its file's ``sha256``, and the words it
-    ``dropped``, which from the same file another kevload or tokenizers may choose otherwise."""
+    """``key`` of a trace's tokenizer in run.json (None without one): its file's ``sha256``, and the
+    words it ``dropped``, which from the same file another kevload or tokenizers may choose
+    otherwise."""
     tokenizer = doc.get("tokenizer")
     return tokenizer.get(key) if isinstance(tokenizer, dict) else None
 
@@ -168,9 +172,7 @@ def _item(doc: Any, number: int, path: Path, what: str, role: SampleRole, max_to
         )
     ):
         raise ScenarioError(f"{where}: expected an object with prompt, messages or turns")
-    tokens = doc.get("max_tokens", max_tokens)
-    if not isinstance(tokens, int) or isinstance(tokens, bool) or not _MAX_TOKENS.holds(tokens):
-        raise ScenarioError(f"{where}: max_tokens: expected {_MAX_TOKENS.expected}, got {tokens!r}")
+    tokens = _max_tokens(doc, where, max_tokens)
     if "messages" in doc and not isinstance(
         doc["messages"], list
     ):  # beside prompt or turns, never read till now
@@ -213,9 +215,17 @@ def _item(doc: Any, number: int, path: Path, what: str, role: SampleRole, max_to
     )
 
 
+def _max_tokens(doc: dict[str, Any], where: str, default: int) -> int:
+    """A line's own max_tokens, or ``default`` (the entry's), held to a probe's rule."""
+    tokens = doc.get("max_tokens", default)
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or not _MAX_TOKENS.holds(tokens):
+        raise ScenarioError(f"{where}: max_tokens: expected {_MAX_TOKENS.expected}, got {tokens!r}")
+    return tokens
+
+
 def _grading(doc: dict[str, Any], where: str, base: Path) -> dict[str, Any]:
-    """A probe line's ``expected``, ``grade`` and ``grade_tolerance``, checked (a schema file is found from the
-    dataset's directory) and in normal form; nothing for an ungraded line."""
+    """A probe line's ``expected``, ``grade`` and ``grade_tolerance``, checked (a schema file is
+    found from the dataset's directory) and in normal form; nothing for an ungraded line."""
     try:
         graded = checked(doc.get("expected"), doc.get("grade"), doc.get("grade_tolerance"), base)
     except BadGrading as bad:
@@ -236,7 +246,8 @@ def _grading(doc: dict[str, Any], where: str, base: Path) -> dict[str, Any]:
 
 
 def _turns(doc: dict[str, Any], where: str) -> tuple[Any, ...] | None:
-    """A line's conversation (``turns``, with its ``system`` message), checked; None for a line without one."""
+    """A line's conversation (``turns``, with its ``system`` message), checked; None for a line
+    without one."""
     if "system" in doc and ("turns" not in doc or not isinstance(doc["system"], str)):
         raise ScenarioError(
             f"{where}: system: expected a string beside turns, got {doc['system']!r}"

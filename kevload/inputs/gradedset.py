@@ -1,14 +1,16 @@
-"""The graded set that ships (``scenarios/graded.jsonl``): checkable items made from a seed, nothing downloaded.
+"""The graded set that ships (``scenarios/graded.jsonl``): checkable items made from a seed, nothing
+downloaded.
 
-Arithmetic, counting, copying a list, a small JSON object and multiple choice, in English and Chinese, from easy (one
-digit sums, four-option questions a child answers) to hard for a 135M model (three-digit products, letters counted
-in a word, JSON with three keys): a small model gets some right and some wrong serially, which is what a graded
-comparison under load needs. Each item carries its ``expected`` answer and ``grade``.
+Arithmetic, counting, copying a list, a small JSON object and multiple choice, in English and
+Chinese, from easy (one digit sums, four-option questions a child answers) to hard for a 135M model
+(three-digit products, letters counted in a word, JSON with three keys): a small model gets some
+right and some wrong serially, which is what a graded comparison under load needs. Each item carries
+its ``expected`` answer and ``grade``.
 
     python -m kevload.inputs.gradedset > scenarios/graded.jsonl      (make graded-set)
 
-The same seed gives the same bytes on any machine: Python's ``random.Random(seed)`` is stable across versions for
-``randrange``/``choice``/``sample`` on ints and sequences.
+The same seed gives the same bytes on any machine: Python's ``random.Random(seed)`` is stable across
+versions for ``randrange``/``choice``/``sample`` on ints and sequences.
 """
 
 from __future__ import annotations
@@ -88,7 +90,8 @@ def _counting(rng: random.Random, i: int, zh: bool) -> dict[str, Any]:
         prompt = (
             f"单词“{word}”里有几个字母“{letter}”？只回答数字。"
             if zh
-            else f"How many times does the letter '{letter}' appear in '{word}'? Answer with the number only."
+            else f"How many times does the letter '{letter}' appear in '{word}'? "
+            "Answer with the number only."
         )
         return {"prompt": prompt, "expected": word.count(letter), "grade": "number"}
     words = rng.sample(_WORDS_ZH if zh else _WORDS_EN, rng.randrange(2, 7))

@@ -1,5 +1,6 @@
-"""What a run sends, below the scenario: ``Probe`` (one prompt or chat), the field rules every scenario table is
-checked by (``Rule``), the one check of chat messages, and reading a user's JSONL file line by line."""
+"""What a run sends, below the scenario: ``Probe`` (one prompt or chat), the field rules every
+scenario table is checked by (``Rule``), the one check of chat messages, and reading a user's JSONL
+file line by line."""
 
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ MAX_TOKENS = 10_000_000  # a probe's max_tokens: beyond the longest context serv
 
 @dataclass(frozen=True)
 class Rule:
-    """What a field accepts beyond its type: bounds (a list's bound holds for each item) and the words
-    the error message uses for it (``expected``; empty: named from the type)."""
+    """What a field accepts beyond its type: bounds (a list's bound holds for each item) and the
+    words the error message uses for it (``expected``; empty: named from the type)."""
 
     expected: str = ""
     min: float | None = None  # value >= min
@@ -36,7 +37,8 @@ class Rule:
     key: str = ""  # the TOML key, where the field's name cannot be it (a Python keyword)
 
     def holds(self, value: Any) -> bool:
-        """The bounds hold (for a list: it is non-empty where asked, and each item is within them)."""
+        """The bounds hold (for a list: it is non-empty where asked, and each item is within
+        them)."""
         if isinstance(value, tuple | str | dict):
             return (len(value) > 0 or not self.nonempty) and all(
                 self.holds(x) for x in value if isinstance(value, tuple)
@@ -90,8 +92,8 @@ class Probe:
 
     @property
     def text(self) -> str:
-        """The part of the input that companions may share a prefix with: the last message's content (a
-        conversation's: its last user turn)."""
+        """The part of the input that companions may share a prefix with: the last message's content
+        (a conversation's: its last user turn)."""
         if self.prompt is not None:
             return self.prompt
         if self.turns is not None:
@@ -100,7 +102,8 @@ class Probe:
         return self.messages[-1]["content"]
 
     def with_text(self, text: str, id: str) -> Probe:
-        """The same input with ``text`` in place of ``self.text`` (earlier chat messages kept), as ``id``."""
+        """The same input with ``text`` in place of ``self.text`` (earlier chat messages kept), as
+        ``id``."""
         if self.prompt is not None:
             return replace(self, id=id, prompt=text)
         if self.turns is not None:
@@ -113,7 +116,8 @@ class Probe:
         )
 
     def turn(self, k: int, answers: Sequence[str]) -> Probe:
-        """Turn ``k`` of a conversation as the one chat request it is, given what turns 0 … k − 1 received."""
+        """Turn ``k`` of a conversation as the one chat request it is, given what turns 0 … k − 1
+        received."""
         assert self.turns is not None
         return replace(
             self, messages=messages_at(self.system, self.turns, k, answers), turns=None, system=None
@@ -121,15 +125,15 @@ class Probe:
 
 
 def probe_inputs(probe: Probe, params: dict[str, Any]) -> dict[str, str | int]:
-    """What a probe asks, as a baseline compares it (``kevload.outputs.baseline``): a hash of its input (the prompt, the
-    messages, or a conversation's turns and system message), a hash of the request params, max_tokens, and apart
-    from them a hash of how its answers are graded (``expected``, ``grade``, ``grade_tolerance``; that of None when
-    ungraded). Two runs whose probe has the same first three asked the same thing; a changed output is then the
-    server's. A changed grading asks nothing else of the server: only the graded figures stop being comparable."""
+    """What a probe asks, as a baseline compares it (``kevload.outputs.baseline``): a hash of its
+    input (the prompt, the messages, or a conversation's turns and system message), a hash of the
+    request params, max_tokens, and apart from them a hash of how its answers are graded
+    (``expected``, ``grade``, ``grade_tolerance``; that of None when ungraded). Two runs whose probe
+    has the same first three asked the same thing; a changed output is then the server's. A changed
+    grading asks nothing else of the server: only the graded figures stop being comparable."""
     # The grading keys at their defaults leave the input hash what it was when they were hashed with
-    # it (None values
-    # dropped, grade_tolerance 0.0 kept): an ungraded probe's hash matches a baseline's from before
-    # they were apart.
+    # it (None values dropped, grade_tolerance 0.0 kept): an ungraded probe's hash matches a
+    # baseline's from before they were apart.
     sent = replace(probe, expected=None, grade=None, grade_tolerance=0.0)
     asked = {
         k: v for k, v in asdict(sent).items() if k not in ("id", "max_tokens") and v is not None
@@ -169,8 +173,9 @@ UNGRADED = _sha256(None)  # ``probe_inputs``' "grading" of a probe without gradi
 
 
 def first_bad_message(messages: Sequence[Any]) -> int | None:
-    """Where chat ``messages`` stop being ``{role, content}`` objects with string values: the index of the first
-    that is not, or None when every one is (an empty list too: whether one may be empty is the caller's rule)."""
+    """Where chat ``messages`` stop being ``{role, content}`` objects with string values: the index
+    of the first that is not, or None when every one is (an empty list too: whether one may be empty
+    is the caller's rule)."""
     return next(
         (
             i
@@ -186,7 +191,8 @@ def first_bad_message(messages: Sequence[Any]) -> int | None:
 
 
 def read_messages(path: Path, what: str) -> tuple[dict[str, str], ...]:
-    """A JSON file holding one chat: a non-empty list of ``{role, content}`` objects; ``what`` names the input."""
+    """A JSON file holding one chat: a non-empty list of ``{role, content}`` objects; ``what`` names
+    the input."""
     try:
         messages = orjson.loads(path.read_bytes())
     except (OSError, orjson.JSONDecodeError) as exc:
@@ -212,9 +218,11 @@ def iter_jsonl(path: Path, what: str) -> Iterator[tuple[int, Any]]:
 
 
 def parse_jsonl(lines: Iterable[bytes], path: Path, what: str) -> Iterator[tuple[int, Any]]:
-    """(line number, object) for each non-blank line; the first that is not JSON is an error naming it.
+    """(line number, object) for each non-blank line; the first that is not JSON is an error naming
+    it.
 
-    A UTF-8 byte order mark opening the file (editors on Windows write one) is read as what it is."""
+    A UTF-8 byte order mark opening the file (editors on Windows write one) is read as what it
+    is."""
     for number, line in enumerate(lines, 1):
         if number == 1:
             line = line.removeprefix(codecs.BOM_UTF8)

@@ -22,7 +22,8 @@ from kevload.compare.graded import gradings_of
 from kevload.compare.rollout import Comparison, compare_sides
 from kevload.compare.sides import Side, fold_side
 from kevload.errors import InputError, RunDirError, SummaryError, TargetError
-from kevload.inputs.scenario import Scenario, Slo
+from kevload.inputs.scenario import Scenario
+from kevload.inputs.scenariokeys import Slo
 from kevload.load.runs import Level, RunResult, run_scenario
 from kevload.records.rundir import RunDir, apart
 from kevload.records.store import Record, now_iso, read_json, write_json

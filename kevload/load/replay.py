@@ -22,7 +22,7 @@ class TraceLoop(OpenLoop):
         self.speedup = speedup
 
     def __iter__(self) -> Iterator[Send]:
-        # Past load.ramp_s (shorter than the replay, kevload.inputs.scenario checks), where every
+        # Past load.ramp_s (shorter than the replay, kevload.inputs.loadrules checks), where every
         # send counts.
         span = self.trace.span / self.speedup - self.ramp_s
         probes = [self.ramp_s + span * (k + 0.5) / self.needed for k in range(self.needed)]

@@ -33,8 +33,10 @@ from kevload.errors import (
 from kevload.inputs.datasets import check_unchanged
 from kevload.inputs.gradeworker import DEFAULT_TIMEOUT
 from kevload.inputs.grading import IMPORT, NAMES_ONLY, python_graders, refused_from
+from kevload.inputs.overrides import apply_override
 from kevload.inputs.probe import probe_inputs
-from kevload.inputs.scenario import Scenario, Slo, apply_override, scenario_from_dict
+from kevload.inputs.scenario import Scenario, scenario_from_dict
+from kevload.inputs.scenariokeys import Slo
 from kevload.inputs.trace import trace_rates
 from kevload.load import engine, prefixcache
 from kevload.records.machine import served, this_machine

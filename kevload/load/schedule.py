@@ -15,7 +15,7 @@ from kevload.compare.verdict import UntilBound
 
 if TYPE_CHECKING:
     from kevload.inputs.probe import Probe
-    from kevload.inputs.scenario import Arrival
+    from kevload.inputs.scenariokeys import Arrival
 
 Role = Literal["probe", "companion", "warmup"]  # what a request is for; records.jsonl's role
 PROBE, COMPANION, WARMUP = get_args(Role)

@@ -21,7 +21,8 @@ import numpy as np
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from kevload.inputs.scenario import METRICS_OFF, Target
+from kevload.inputs.scenariokeys import Target
+from kevload.inputs.urls import METRICS_OFF
 from kevload.records.store import read_typed, url_userinfo
 
 SAMPLES = "server-metrics.jsonl"

@@ -17,7 +17,9 @@ from typing import Any
 import msgspec
 
 from kevload.errors import RunDirError, ScenarioError, ServerError
-from kevload.inputs.scenario import load_scenario, shown_url, toml_value, url_problem
+from kevload.inputs.overrides import toml_value
+from kevload.inputs.scenario import load_scenario
+from kevload.inputs.urls import shown_url, url_problem
 from kevload.load.runs import run_scenario
 from kevload.outputs.report import markdown_cell, slo_bounds_text, verdict_line
 from kevload.outputs.sweepview import reference_markdown, sweep_cell_text

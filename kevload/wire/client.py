@@ -19,7 +19,8 @@ import orjson
 
 from kevload.errors import TargetError
 from kevload.inputs.probe import Probe
-from kevload.inputs.scenario import REQUEST_ID_HEADER, Scenario, Target
+from kevload.inputs.scenario import Scenario
+from kevload.inputs.scenariokeys import REQUEST_ID_HEADER, Target
 from kevload.records.store import (
     TOKEN_COUNT_MAX,
     TokenCount,

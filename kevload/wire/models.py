@@ -9,7 +9,7 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 import msgspec
 
-from kevload.inputs.scenario import Target
+from kevload.inputs.scenariokeys import Target
 from kevload.records.store import url_userinfo
 
 MAX_MODELS_BYTES = 1 << 20

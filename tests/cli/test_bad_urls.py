@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from kevload.inputs.scenario import url_problem
+from kevload.inputs.urls import url_problem
 from tests.conftest import run_cli, write_scenario
 
 PORT = "a port from 1 to 65535"

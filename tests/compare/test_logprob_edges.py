@@ -20,7 +20,8 @@ from rich.console import Console
 
 from kevload.compare.summarizing import summarize
 from kevload.guide.diagnose import Evidence, StepResult, decide
-from kevload.inputs.scenario import Probe, scenario_from_dict
+from kevload.inputs.probe import Probe
+from kevload.inputs.scenario import scenario_from_dict
 from kevload.outputs.baseline import compare_to_baseline
 from kevload.outputs.html import run_report
 from kevload.outputs.metrics import metrics_text

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kevload.compare import reader
 from kevload.compare.reader import reduce_file
 from kevload.compare.summarizing import summarize
-from kevload.inputs.scenario import Slo
+from kevload.inputs.scenariokeys import Slo
 from kevload.outputs.metrics import metrics_text
 from kevload.outputs.report import junit_xml, markdown
 from kevload.servers.sweep import max_level_at_slo, sweep_markdown

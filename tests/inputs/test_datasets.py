@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from kevload.inputs.datasets import sample
-from kevload.inputs.scenario import Probe, load_scenario
+from kevload.inputs.probe import Probe
+from kevload.inputs.scenario import load_scenario
 from kevload.records.store import read_records
 from tests.conftest import run_cli, write_scenario
 

@@ -132,7 +132,7 @@ def test_loader_fails_only_with_its_own_error(raw):
 
 
 def test_probe_with_text_keeps_the_input_shape():
-    from kevload.inputs.scenario import Probe
+    from kevload.inputs.probe import Probe
 
     plain = Probe(id="p", prompt="abc", max_tokens=9).with_text("xyz", "q")
     assert plain == Probe(id="q", prompt="xyz", max_tokens=9)

@@ -15,20 +15,15 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 import pytest
 
 import kevload.servers.sweep
+from kevload.inputs.probe import Probe, key_of, rule_of
 from kevload.inputs.scenario import (
-    Load,
-    Probe,
-    Ramp,
     ScenarioError,
-    Slo,
-    Target,
     build_scenario,
-    key_of,
     load_scenario,
-    rule_of,
     scenario_from_dict,
     validate,
 )
+from kevload.inputs.scenariokeys import Load, Ramp, Slo, Target
 from tests.conftest import run_cli, write_scenario
 
 # Where each dataclass's table sits in a scenario file. The base has a ramp and a stream, so every
@@ -337,12 +332,13 @@ def test_sweep_settings_equal_the_same_values_written_in_the_file(tmp_path, serv
 # --set text (cli), a resumed run's table from run.json with the user's --set text
 # (runs.resumed_scenario), the
 # sweep's and demo's one read of their scenario file, the grid's values (user text).
-# demo.py reads two files: the demo scenario and the graded set's (scenarios/graded.toml).
+# demo.py reads two files: the demo scenario and the graded set's (scenarios/graded.toml);
+# overrides.py reads one --set value as TOML (toml_value).
 ALLOWED = {
     "load_scenario": {"cli.py": math.inf, "sweep.py": 1, "demo.py": 2},
     "scenario_from_dict": {"runs.py": 1},
     "apply_override": {"runs.py": 1},
-    "tomllib.loads": {"sweep.py": 1},
+    "tomllib.loads": {"sweep.py": 1, "overrides.py": 1},
 }
 
 

@@ -205,7 +205,7 @@ def test_report_refuses_records_of_two_runs(tmp_path, server):
 def test_default_directories_are_unique_within_one_second(monkeypatch):
     """The directories diagnose-<time> and cases-rerun-<time> used to collide for two starts in one second."""
     from kevload.guide.diagnose import DiagnoseOptions, _Diagnoser
-    from kevload.inputs.scenario import Probe
+    from kevload.inputs.probe import Probe
 
     monkeypatch.setattr(store.time, "strftime", lambda fmt: "20260101-000000")
     options = DiagnoseOptions(

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from kevload.inputs.scenario import Ramp, ScenarioError, scenario_from_dict
+from kevload.inputs.scenario import ScenarioError, scenario_from_dict
+from kevload.inputs.scenariokeys import Ramp
 from kevload.load.level import decide
 from kevload.load.schedule import COMPANION, PROBE, ClosedLoop, OpenLoop
 from kevload.records.store import RECORDS, read_records

@@ -15,7 +15,8 @@ import orjson
 import pytest
 from aiohttp import web
 
-from kevload.inputs.scenario import ScenarioError, Target, load_scenario
+from kevload.inputs.scenario import ScenarioError, load_scenario
+from kevload.inputs.scenariokeys import Target
 from kevload.load.runs import run_scenario
 from kevload.records import servermetrics
 from kevload.records.servermetrics import SAMPLES, Samples, cell_view, metrics_url, read_view

@@ -16,7 +16,7 @@ import threading
 
 import pytest
 
-from kevload.inputs.scenario import Target
+from kevload.inputs.scenariokeys import Target
 from kevload.records.store import read_records
 from kevload.wire.client import Client
 from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
