@@ -21,7 +21,7 @@ from kevload import __version__, aio, exitcode
 from kevload.compare.stats import samples_for_bound
 from kevload.errors import InputError, KevloadError
 from kevload.exitcode import ExitCode
-from kevload.guide.diagnose import MIN_OK
+from kevload.guide.decision import MIN_OK
 from kevload.inputs.grading import BadGrading, Grading, checked
 from kevload.inputs.probe import MAX_TOKENS, read_messages
 from kevload.inputs.scenario import (
