@@ -1130,13 +1130,8 @@ def cases_rerun(
     unless --accept-changes) or an `expected` output is not met; 3 if a case got no answer.
     """
 
-    from kevload.guide.cases import (
-        accept_changes,
-        describe_load,
-        read_cases,
-        rerun_cases,
-        transitions,
-    )
+    from kevload.guide.cases import read_cases
+    from kevload.guide.rerun import accept_changes, describe_load, rerun_cases, transitions
 
     _url_or_target(url, model, builtin)
     if url is not None:

@@ -3,16 +3,14 @@
 A case belongs to one target (server and model): the same input and params asked of another
 server, or of another model, is another case. Its identity is a digest of the target, the input,
 the params and the load it ran under (mode, concurrency, companions), so `build` can say which
-cases it already has. `rerun` reproduces that load and compares the answers with the recorded ones.
+cases it already has. `kevload.guide.rerun` reproduces that load and compares the answers with the
+recorded ones; here are the building and the reading of a case file.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import os
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -30,15 +28,13 @@ from kevload.inputs.grading import (
     python_graders,
     refused_from,
 )
-from kevload.inputs.probe import Probe, iter_jsonl
-from kevload.inputs.scenario import Api, Load, Target, build_scenario, read_table
+from kevload.inputs.probe import iter_jsonl
 from kevload.inputs.trace import trace_rates
-from kevload.load.runs import recorded_scenario, run_scenario
-from kevload.records.rundir import RunDir, apart
-from kevload.records.store import json_bytes, new_run_id, now_iso
-from kevload.summary import CellSummary, level_label
+from kevload.load.runs import recorded_scenario
+from kevload.records.rundir import RunDir
+from kevload.records.store import json_bytes
+from kevload.summary import CellSummary
 
-TRANSITIONS = ("unstable→stable", "stable→unstable", "changed", "no answer", "unchanged")
 # Which load keys shape the batch around the probe in each mode; the others do not change the case.
 _MODE_KEYS = {
     "single": (),
@@ -53,7 +49,7 @@ _TRACE_KEYS = ("trace", "trace_format", "trace_max_requests", "trace_block_token
 # replayed, and the tokenizer whose words its prompts were.
 _TRACE_KEYS_IF_SET = ("trace_window_s", "trace_tokenizer")
 # The companions a run abandoned (load.cancel_share) and when (kevload.load.cancel).
-_CANCEL_KEYS = ("cancel_share", "cancel_after_s", "cancel_after_tokens")
+CANCEL_KEYS = ("cancel_share", "cancel_after_s", "cancel_after_tokens")
 
 
 @dataclass(frozen=True)
@@ -166,14 +162,7 @@ def cases_from_run(
     for c in cells:
         probe = probe_list[index_of[c.probe]]
         case_input = probe.get("prompt", probe.get("messages"))
-        case_params = {
-            **params,
-            "max_tokens": probe.get("max_tokens", 64),
-            "mode": c.mode,
-            "concurrency": c.concurrency,
-        }
-        if c.rate is not None:
-            case_params["rate"] = c.rate
+        case_params = _case_params(params, probe, c)
         load = case_load(meta, c, index_of[c.probe])
         texts = outputs.get((c.probe, c.concurrency, c.rate), Counter())
         identity = {k: v for k, v in load.items() if k != "samples"}
@@ -182,7 +171,7 @@ def cases_from_run(
                 "id": f"{c.probe}-{_digest([target, case_input, case_params, identity])}",
                 "input": case_input,
                 "params": case_params,
-                "outputs": _counted(texts),
+                "outputs": counted_outputs(texts),
                 "expected": None,
                 **_case_grading(meta.get("grading", {}).get(c.probe)),
                 "verdict": "unstable" if c.drift else "stable",
@@ -194,6 +183,21 @@ def cases_from_run(
             }
         )
     return cases, unbuilt
+
+
+def _case_params(
+    params: dict[str, Any], probe: dict[str, Any], cell: CellSummary
+) -> dict[str, Any]:
+    """What a case asks: the run's params, the probe's max_tokens, and the level its cell ran at."""
+    case_params = {
+        **params,
+        "max_tokens": probe.get("max_tokens", 64),
+        "mode": cell.mode,
+        "concurrency": cell.concurrency,
+    }
+    if cell.rate is not None:
+        case_params["rate"] = cell.rate
+    return case_params
 
 
 def _run_probes(run: RunDir, meta: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
@@ -267,7 +271,7 @@ def case_load(meta: dict[str, Any], cell: CellSummary, probe_index: int) -> dict
         # The companions it cut are part of that load: a probe that drifts only beside cuts, rerun
         # without them,
         # would be called fixed.
-        load.update({key: run_load[key] for key in _CANCEL_KEYS if run_load.get(key) is not None})
+        load.update({key: run_load[key] for key in CANCEL_KEYS if run_load.get(key) is not None})
     if run_load.get("prefix_cache", "off") != "off":
         # Its outputs are cold and warm answers: a rerun makes them the same way (the method the run
         # used).
@@ -406,220 +410,8 @@ def recorded_texts(case: dict[str, Any]) -> set[str]:
     return {o["text"] if isinstance(o, dict) else o for o in case.get("outputs") or []}
 
 
-def rerun_load(case: dict[str, Any], times: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(request params, scenario [load] table) to rerun a case as it was run; older cases lack ``load``."""
-    params = dict(case["params"])
-    mode = params.pop("mode", "single")
-    level = int(params.pop("concurrency", 1))
-    rate = params.pop("rate", None)
-    recorded = case.get("load") or {"mode": mode, "concurrency": level, "rate": rate}
-    load = {k: v for k, v in recorded.items() if k not in ("samples", "rate", "concurrency")}
-    load.update(samples=times, max_error_share=0.5)
-    if recorded.get("trace"):
-        # A trace level is judged against the serial answer, as the run judged it: c=1 first, then
-        # the replay.
-        load["concurrency"] = [1]
-    elif recorded.get("rate") is not None:
-        # An open-loop level is its rate (its concurrency is the in-flight cap, kept in
-        # max_in_flight).
-        # With Poisson arrivals the seed also draws the gaps; a case keeps the seed its companions
-        # used.
-        load["rate"] = [recorded["rate"]]
-    else:
-        # A closed-loop case at c>1 is judged as the run judged it: against the serial answer too,
-        # so its
-        # serial level is rerun first (same mode, seed, companions); copies that agree with each
-        # other but
-        # not with the serial answer are drift, which the distinct count at c alone cannot see.
-        level = int(recorded.get("concurrency", level))
-        load["concurrency"] = [1, level] if level > 1 else [level]
-    return params, load
-
-
-async def rerun_cases(
-    cases: list[dict[str, Any]],
-    *,
-    url: str,
-    model: str,
-    times: int,
-    api: Api = "chat",
-    timeout: float = 60.0,
-    out: Path | None = None,
-    stop: asyncio.Event | None = None,
-    log: Callable[[str], None] = print,
-    base: Path | None = None,
-) -> list[dict[str, Any]]:
-    """Rerun each case ``times`` times under its recorded load; returns the cases with the results.
-
-    Each rerun writes ``OUT/cases-rerun-<run id>/<case id as a file name>/`` (OUT defaults to ``results``): a fresh
-    directory, so a second rerun into the same OUT never mixes its records with the first one's.
-    A case the stop event interrupted is left out: its answers are incomplete evidence. A case with ``expected`` or
-    ``grade`` is graded by its grader (``case_grading``; ``base``, the case file's directory, finds a schema file or
-    a python grader): ``matches_expected`` when every answer at its level is graded good.
-    """
-    out = (out or Path("results")) / f"cases-rerun-{new_run_id()}"
-    # A case id is its probe's id, which may hold any character (a /, .., a NUL): each rerun's
-    # directory is named
-    # from it as a sweep names a setting's, inside ``out`` and apart from every other case's.
-    dirs = apart([case["id"] for case in cases])
-    results = []
-    for case in cases:
-        if stop is not None and stop.is_set():
-            break
-        params, load = rerun_load(case, times)
-        max_tokens = params.pop("max_tokens", 64)
-        source = f"case {case['id']}"
-        grading = case_grading(
-            case, base or Path.cwd()
-        )  # the caller read the case (read_cases) and trusts it
-        graded = (
-            {}
-            if grading is None
-            else {
-                "expected": grading.expected,
-                "grade": grading.grade,
-                "grade_tolerance": grading.tolerance,
-            }
-        )
-        probe = Probe(
-            id=case["id"],
-            max_tokens=max_tokens,
-            **graded,
-            **{"prompt" if isinstance(case["input"], str) else "messages": case["input"]},
-        )
-        # The case file's [load] table is read by Load's own field rules, like a scenario file's.
-        scenario = build_scenario(
-            Target(base_url=url, model=model, api=api, timeout=timeout),
-            [probe],
-            load=read_table(Load, load, where="load", source=source),
-            params=params,
-            source=source,
-        )
-        rerun = {
-            "mode": load.get("mode", "single"),
-            "concurrency": load.get("concurrency", [None])[-1],
-            "rate": load["rate"][0] if "rate" in load else (case.get("load") or {}).get("rate"),
-            "samples": times,
-            **{
-                k: load[k]
-                for k in ("seed", "companions", "prefix_lengths", "needle_length", *_CANCEL_KEYS)
-                if k in load
-            },
-            "params": {**params, "max_tokens": max_tokens},
-        }
-        log(f"rerun {case['id']} ({describe_load(rerun)}) …")
-        run_dir = out / dirs[case["id"]]
-        result = await run_scenario(scenario, run_dir, stop=stop)
-        if result.state == "interrupted":
-            break
-        # The case's own cell (the last level); a serial level run before it only feeds that cell's
-        # drift.
-        cell = max(result.summary.probe_cells(), key=lambda c: c.level_order)
-        texts = Counter(
-            r.answer
-            for r in RunDir(run_dir).evidence()
-            if r.concurrency == cell.concurrency and r.rate == cell.rate
-        )
-        recorded = recorded_texts(case)
-        after = {
-            **case,
-            "rerun": rerun,
-            "rerun_uniq": len(texts),
-            "rerun_ok": cell.ok,
-            "rerun_outputs": _counted(texts),
-            "verdict_after": "no_answer"
-            if not texts
-            else "unstable"
-            if cell.drift or len(texts) > 1
-            else "stable",
-            "matches_recorded": set(texts) <= recorded if texts and recorded else None,
-            "rerun_dir": str(run_dir),
-        }
-        if grading is not None:
-            # The grader's verdict on every answer at the case's level (kevload.compare.graded), not
-            # string equality.
-            after["graded_after"] = {
-                "grade": grading.grade,
-                "good": cell.graded_good or 0,
-                "bad": cell.graded_bad or 0,
-                "failed": cell.grade_failed or 0,
-            }
-            after["matches_expected"] = (
-                bool(cell.graded_good) and not cell.graded_bad and not cell.grade_failed
-            )
-            if result.summary.grade_errors:
-                after["grade_errors"] = list(
-                    result.summary.grade_errors
-                )  # each names the case: its probe's id
-        after["transition"] = transition(after)
-        results.append(after)
-    return results
-
-
-def transition(result: dict[str, Any]) -> str:
-    """How a case moved: a stable case that now answers something else, stably, has ``changed``."""
-    before, after = result["verdict"], result["verdict_after"]
-    if after == "no_answer":
-        return "no answer"
-    if before == after == "stable" and result["matches_recorded"] is False:
-        return "changed"
-    return "unchanged" if before == after else f"{before}→{after}"
-
-
-def transitions(results: list[dict[str, Any]]) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {key: [] for key in TRANSITIONS}
-    for r in results:
-        out[r["transition"]].append(r["id"])
-    return out
-
-
-def accept_changes(
-    cases_path: Path, results: list[dict[str, Any]], *, now: str | None = None
-) -> list[str]:
-    """Record the rerun answers of the ``changed`` cases as their outputs; the old ones move to ``history``.
-
-    The file is rewritten through a temporary file and a rename, so a crash leaves the old file whole.
-    Returns the ids of the cases updated.
-    """
-    now = now or now_iso()
-    changed = {r["id"]: r for r in results if r["transition"] == "changed"}
-    if not changed:
-        return []
-    cases = read_cases(cases_path)
-    for case in cases:
-        result = changed.get(case["id"])
-        if result is None:
-            continue
-        old = {
-            "outputs": case.get("outputs"),
-            "recorded_at": case.get("recorded_at"),
-            "replaced_at": now,
-            "replaced_by": result["rerun_dir"],
-        }
-        case["history"] = [*case.get("history", []), old]
-        case["outputs"] = result["rerun_outputs"]
-        case["recorded_at"] = now
-    tmp = cases_path.with_name(cases_path.name + ".tmp")
-    tmp.write_bytes(b"".join(json_bytes(case) + b"\n" for case in cases))
-    os.replace(tmp, cases_path)
-    return sorted(changed)
-
-
-def describe_load(rerun: dict[str, Any]) -> str:
-    """One line: what a case's rerun sent (mode, level, companions seed, samples, params)."""
-    level = level_label(rerun["concurrency"], rerun.get("rate"))
-    extra = "".join(
-        f" {k}={rerun[k]}"
-        for k in ("seed", "companions", "prefix_lengths", "needle_length", *_CANCEL_KEYS)
-        if k in rerun
-    )
-    return (
-        f"mode={rerun['mode']} {level}{extra} samples={rerun['samples']} "
-        f"params={orjson.dumps(rerun['params'], option=orjson.OPT_SORT_KEYS).decode()}"
-    )
-
-
-def _counted(texts: Counter[str]) -> list[dict[str, Any]]:
+def counted_outputs(texts: Counter[str]) -> list[dict[str, Any]]:
+    """Answers as a case file keeps them: ``{text, count}``, the most frequent first."""
     return [
         {"text": t, "count": n} for t, n in sorted(texts.items(), key=lambda kv: (-kv[1], kv[0]))
     ]
