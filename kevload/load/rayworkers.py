@@ -299,101 +299,133 @@ async def run_ray(
         actor.remote(w, workers, scenario, run_id, already, first_seq, part, coordinator)
         for w in range(workers)
     ]
+    driver = _Driver(ray, coordinator, actors, await _placed(ray, coordinator, actors), run_dir)
     try:
-        nodes = await asyncio.wait_for(asyncio.gather(*(a.node.remote() for a in actors)), _REPLY_S)
+        while len(driver.drained) < workers:
+            if stop.is_set():
+                driver.halt()
+            await _wait_stop(stop, _BATCH_S)
+            await driver.settle()
+    finally:
+        calls = await driver.finish()
+    return driver.ended(calls)
+
+
+async def _placed(ray: Any, coordinator: Any, actors: list[Any]) -> list[str]:
+    """The node each actor was placed on; actors not all placed in time fail the run before it
+    begins, taken down with the coordinator."""
+    try:
+        nodes: list[str] = await asyncio.wait_for(
+            asyncio.gather(*(a.node.remote() for a in actors)), _REPLY_S
+        )
     except (TimeoutError, ray.exceptions.RayError) as exc:
         _kill(ray, [coordinator, *actors])
         raise ClusterError(
-            f"--ray: the cluster did not start {workers} worker actors in {_REPLY_S:g} s "
+            f"--ray: the cluster did not start {len(actors)} worker actors in {_REPLY_S:g} s "
             f"({_why(exc)})"
         ) from None
-    runs = {actor.run.remote(): w for w, actor in enumerate(actors)}
-    results: dict[int, WorkerResult] = {}
-    drained: set[int] = set()  # actors whose last records are on disk (or that are lost)
-    files = [RecordWriter(run_dir / records_name(w)) for w in range(workers)]
-    # The stop's time, taken before any actor can hear of it, in the records' terms (perf_counter
-    # plus an offset
-    # measured at the start, as each actor stamps its records): on one host the same clock, whatever
-    # NTP does since.
-    offset = clock_offset()
-    halted_at: float | None = None
+    return nodes
 
-    def halt() -> None:
-        nonlocal halted_at
-        if halted_at is None:
-            halted_at = time.perf_counter() + offset
-            coordinator.halt.remote()
-            for w, handle in enumerate(actors):
-                if w not in results:
+
+class _Driver:
+    """The driver's side of a run on actors: each actor's finished records appended to its file, how
+    each actor ended, and the halt that reaches them all through the coordinator."""
+
+    def __init__(
+        self, ray: Any, coordinator: Any, actors: list[Any], nodes: list[str], run_dir: Path
+    ):
+        self.ray, self.coordinator, self.actors, self.nodes = ray, coordinator, actors, nodes
+        self.workers = len(actors)
+        self.runs = {actor.run.remote(): w for w, actor in enumerate(actors)}
+        self.results: dict[int, WorkerResult] = {}
+        self.drained: set[int] = set()  # actors whose last records are on disk (or that are lost)
+        self.files = [RecordWriter(run_dir / records_name(w)) for w in range(self.workers)]
+        # The stop's time, taken before any actor can hear of it, in the records' terms (perf_counter
+        # plus an offset
+        # measured at the start, as each actor stamps its records): on one host the same clock,
+        # whatever NTP does since.
+        self.offset = clock_offset()
+        self.halted_at: float | None = None
+
+    def halt(self) -> None:
+        if self.halted_at is None:
+            self.halted_at = time.perf_counter() + self.offset
+            self.coordinator.halt.remote()
+            for w, handle in enumerate(self.actors):
+                if w not in self.results:
                     handle.stop.remote()
 
-    def end(w: int, result: WorkerResult) -> None:
-        results[w] = result
+    def end(self, w: int, result: WorkerResult) -> None:
+        self.results[w] = result
         if result.aborted or result.error:
-            halt()
+            self.halt()
 
-    async def collect() -> None:
+    async def collect(self) -> None:
         """Append each actor's finished records to its file; an actor that ended is drained one last time."""
-        live = [w for w in range(workers) if w not in drained]
+        live = [w for w in range(self.workers) if w not in self.drained]
         replies = await asyncio.gather(
-            *(asyncio.wait_for(actors[w].drain.remote(), _REPLY_S) for w in live),
+            *(asyncio.wait_for(self.actors[w].drain.remote(), _REPLY_S) for w in live),
             return_exceptions=True,
         )
         for w, reply in zip(live, replies, strict=True):
             if isinstance(reply, bytes):
-                files[w].write_lines(reply if halted_at is None else _cut(reply, halted_at))
-                if w in results:
-                    drained.add(w)
+                halted_at = self.halted_at
+                self.files[w].write_lines(reply if halted_at is None else _cut(reply, halted_at))
+                if w in self.results:
+                    self.drained.add(w)
             else:
-                drained.add(w)
-                if w not in results or not results[w].lost:
-                    end(w, _lost(w, nodes[w], reply))
+                self.drained.add(w)
+                if w not in self.results or not self.results[w].lost:
+                    self.end(w, _lost(w, self.nodes[w], reply))
 
-    async def settle() -> None:
-        ready, _ = ray.wait(list(runs), num_returns=len(runs), timeout=0)
+    async def settle(self) -> None:
+        """Take in the results of the actors that ended, then collect every actor's records."""
+        ray = self.ray
+        ready, _ = ray.wait(list(self.runs), num_returns=len(self.runs), timeout=0)
         for ref in ready:
-            w = runs.pop(ref)
-            if w in results:
+            w = self.runs.pop(ref)
+            if w in self.results:
                 continue
             try:
-                end(w, replace(await ref, node=nodes[w]))
+                self.end(w, replace(await ref, node=self.nodes[w]))
             except ray.exceptions.RayActorError as exc:
-                drained.add(w)
-                end(w, _lost(w, nodes[w], exc))
+                self.drained.add(w)
+                self.end(w, _lost(w, self.nodes[w], exc))
             except (
                 ray.exceptions.RayTaskError
             ) as exc:  # a bug in the worker: shown as the local workers show it
-                end(w, WorkerResult(w, 0, False, str(exc), node=nodes[w]))
-        await collect()
+                self.end(w, WorkerResult(w, 0, False, str(exc), node=self.nodes[w]))
+        await self.collect()
 
-    try:
-        while len(drained) < workers:
-            if stop.is_set():
-                halt()
-            await _wait_stop(stop, _BATCH_S)
-            await settle()
-    finally:
+    async def finish(self) -> int | None:
+        """Close the files and take the actors down; returns the coordinator's count of calls."""
         if (
-            len(drained) < workers
+            len(self.drained) < self.workers
         ):  # the driver itself was cancelled: stop the actors, keep what they finished
-            halt()
+            self.halt()
             await asyncio.wait(
-                [asyncio.ensure_future(ref) for ref in runs], timeout=engine.STOP_GRACE_S + 5
+                [asyncio.ensure_future(ref) for ref in self.runs], timeout=engine.STOP_GRACE_S + 5
             )
-            await settle()
-        for file in files:
+            await self.settle()
+        for file in self.files:
             file.close()
-        calls = await _calls(ray, coordinator)
-        _kill(ray, [coordinator, *actors])
-    return RayRun(
-        [
-            replace(
-                results.get(w) or WorkerResult(w, 0, False, node=nodes[w]), records=files[w].count
-            )
-            for w in range(workers)
-        ],
-        calls,
-    )
+        calls = await _calls(self.ray, self.coordinator)
+        _kill(self.ray, [self.coordinator, *self.actors])
+        return calls
+
+    def ended(self, calls: int | None) -> RayRun:
+        """How each actor ended (one that never reported: no records, not aborted), with its records
+        on disk."""
+        return RayRun(
+            [
+                replace(
+                    self.results.get(w) or WorkerResult(w, 0, False, node=self.nodes[w]),
+                    records=self.files[w].count,
+                )
+                for w in range(self.workers)
+            ],
+            calls,
+        )
 
 
 @dataclass(frozen=True)
