@@ -297,32 +297,10 @@ async def run_workers(
     ctx = multiprocessing.get_context("spawn")  # never fork a process that runs an event loop
     state = ctx.Array("d", _STATE_SIZE)
     flags = state.get_obj()
-    pipes, procs = [], []
-    for worker in range(workers):
-        receive, send = ctx.Pipe(duplex=False)
-        proc = ctx.Process(
-            target=_worker_main,
-            name=f"kevload-worker-{worker}",
-            daemon=True,
-            args=(
-                worker,
-                workers,
-                scenario,
-                str(run_dir / records_name(worker)),
-                run_id,
-                already,
-                first_seq,
-                part,
-                offset,
-                os.getpid(),
-                state,
-                send,
-            ),
-        )
-        proc.start()
-        send.close()
-        pipes.append(receive)
-        procs.append(proc)
+    job = _Job(workers, scenario, run_id, already, first_seq, part, offset, os.getpid())
+    started = [
+        _start(ctx, worker, job, run_dir / records_name(worker), state) for worker in range(workers)
+    ]
     results: dict[int, WorkerResult] = {}
     halted_at: float | None = None
     try:
@@ -331,48 +309,80 @@ async def run_workers(
                 _halt(flags)
             if flags[HALTED] and halted_at is None:
                 halted_at = time.monotonic()
-            for worker, (pipe, proc) in enumerate(zip(pipes, procs, strict=True)):
+            for worker, (pipe, proc) in enumerate(started):
                 if worker in results:
                     continue
-                alive = (
-                    proc.is_alive()
-                )  # read before the pipe: a worker sends its result, then exits
-                try:
-                    result = pipe.recv() if pipe.poll() else None
-                except EOFError:  # its end closed the pipe with no result in it
-                    result, alive = None, False
+                result = _heard_from(worker, pipe, proc, halted_at)
                 if result is not None:
                     results[worker] = result
                     if result.aborted or result.error:
                         _halt(flags)
-                elif not alive:
-                    # Killed (the OOM killer, kill -9): a lost worker, as a Ray actor's death is,
-                    # not a bug.
-                    proc.join(timeout=engine.STOP_GRACE_S)  # its exit code
-                    results[worker] = WorkerResult(
-                        worker, 0, False, f"died (exit code {proc.exitcode})", lost=True
-                    )
-                    _halt(flags)
-                elif halted_at is not None and time.monotonic() - halted_at > _HALT_GRACE_S:
-                    proc.kill()  # its records so far are on disk already, one write each
-                    proc.join(timeout=engine.STOP_GRACE_S)
-                    results[worker] = WorkerResult(
-                        worker,
-                        0,
-                        False,
-                        f"did not stop within {_HALT_GRACE_S:g} s of the halt (killed)",
-                        lost=True,
-                    )
             await asyncio.sleep(_WATCH_S)
     finally:
         if len(results) < workers:  # the driver itself was cancelled: take the workers down with it
             _halt(flags)
-        for proc in procs:
+        for _, proc in started:
             proc.join(timeout=engine.STOP_GRACE_S + 5)
             if proc.is_alive():
                 proc.kill()
                 proc.join()
     return [results[w] for w in range(workers)]
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What every worker process of a run is given alike (pickled to it when it starts)."""
+
+    workers: int
+    scenario: Scenario
+    run_id: str
+    already: dict[engine.LevelKey, int]
+    first_seq: int
+    part: int
+    offset: float  # perf_counter → Unix time, measured once by the driver for the whole host
+    parent: int  # the driver's pid: a worker whose parent is another has lost its driver
+
+
+def _start(ctx: Any, worker: int, job: _Job, path: Path, state: Any) -> tuple[Any, Any]:
+    """One worker process, started; returns the end of the pipe its result comes back on, and the
+    process."""
+    receive, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(
+        target=_worker_main,
+        name=f"kevload-worker-{worker}",
+        daemon=True,
+        args=(worker, job, str(path), state, send),
+    )
+    proc.start()
+    send.close()
+    return receive, proc
+
+
+def _heard_from(worker: int, pipe: Any, proc: Any, halted_at: float | None) -> WorkerResult | None:
+    """How a worker ended, once it has: the result it sent, or lost (it died, or did not stop within
+    ``_HALT_GRACE_S`` of the halt, and is killed); None while it runs."""
+    alive = proc.is_alive()  # read before the pipe: a worker sends its result, then exits
+    try:
+        result: WorkerResult | None = pipe.recv() if pipe.poll() else None
+    except EOFError:  # its end closed the pipe with no result in it
+        result, alive = None, False
+    if result is not None:
+        return result
+    if not alive:
+        # Killed (the OOM killer, kill -9): a lost worker, as a Ray actor's death is, not a bug.
+        proc.join(timeout=engine.STOP_GRACE_S)  # its exit code
+        return WorkerResult(worker, 0, False, f"died (exit code {proc.exitcode})", lost=True)
+    if halted_at is not None and time.monotonic() - halted_at > _HALT_GRACE_S:
+        proc.kill()  # its records so far are on disk already, one write each
+        proc.join(timeout=engine.STOP_GRACE_S)
+        return WorkerResult(
+            worker,
+            0,
+            False,
+            f"did not stop within {_HALT_GRACE_S:g} s of the halt (killed)",
+            lost=True,
+        )
+    return None
 
 
 def _halt(flags: Any) -> None:
@@ -384,20 +394,7 @@ def _halt(flags: Any) -> None:
     flags[HALTED] = 1
 
 
-def _worker_main(
-    worker: int,
-    workers: int,
-    scenario: Scenario,
-    path: str,
-    run_id: str,
-    already: dict[engine.LevelKey, int],
-    first_seq: int,
-    part: int,
-    offset: float,
-    parent: int,
-    state: Any,
-    pipe: Any,
-) -> None:
+def _worker_main(worker: int, job: _Job, path: str, state: Any, pipe: Any) -> None:
     # Ctrl-C reaches the whole process group, and so does a CI timeout's SIGTERM: the driver alone
     # decides, and
     # tells the workers through the HALTED flag.
@@ -407,40 +404,14 @@ def _worker_main(
 
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            result = runner.run(
-                _work(
-                    worker,
-                    workers,
-                    scenario,
-                    Path(path),
-                    run_id,
-                    already,
-                    first_seq,
-                    part,
-                    offset,
-                    parent,
-                    state,
-                )
-            )
+            result = runner.run(_work(worker, job, Path(path), state))
     except Exception:  # noqa: BLE001 - the driver shows it; a worker has no terminal of its own
         result = WorkerResult(worker, 0, False, traceback.format_exc(limit=8))
     pipe.send(result)
     pipe.close()
 
 
-async def _work(
-    worker: int,
-    workers: int,
-    scenario: Scenario,
-    path: Path,
-    run_id: str,
-    already: dict[engine.LevelKey, int],
-    first_seq: int,
-    part: int,
-    offset: float,
-    parent: int,
-    state: Any,
-) -> WorkerResult:
+async def _work(worker: int, job: _Job, path: Path, state: Any) -> WorkerResult:
     from kevload.wire.client import Client
 
     stop = asyncio.Event()
@@ -449,26 +420,27 @@ async def _work(
     async def watch() -> None:
         while not stop.is_set():
             if (
-                flags[HALTED] or os.getppid() != parent
+                flags[HALTED] or os.getppid() != job.parent
             ):  # a stop, another worker's abort, or the driver died
                 stop.set()
                 return
             await asyncio.sleep(_WATCH_S)
 
+    scenario = job.scenario
     cap = scenario.load.max_in_flight
     mine = replace(
-        scenario, load=replace(scenario.load, max_in_flight=cap_of(cap, worker, workers))
+        scenario, load=replace(scenario.load, max_in_flight=cap_of(cap, worker, job.workers))
     )
     client = Client(mine.target, mine.api_key())
-    team = Shared(worker, workers, state, stop)
+    team = Shared(worker, job.workers, state, stop)
     stream = engine.run(
         mine,
         client,
-        run_id=run_id,
+        run_id=job.run_id,
         stop=stop,
-        already=already,
-        first_seq=first_seq,
-        part=part,
+        already=job.already,
+        first_seq=job.first_seq,
+        part=job.part,
         team=team,
     )
     watcher = asyncio.create_task(watch())
@@ -476,7 +448,7 @@ async def _work(
         try:
             async with client, aclosing(stream.__aiter__()) as records:
                 async for record in records:
-                    writer.write(stamp(record, worker, offset, cap))
+                    writer.write(stamp(record, worker, job.offset, cap))
         finally:
             watcher.cancel()
     return WorkerResult(worker, writer.count, stream.aborted, sent=stream.sent)
