@@ -131,15 +131,7 @@ async def ray_rows(
     settings = combinations(grid.server)
     combos = combinations(grid.scenario)
     dirs, logs = grid.run_dirs(), grid.server_logs()
-    # Scenarios are built here, datasets included: the nodes need neither the scenario file nor its
-    # datasets.
-    runs = [
-        [
-            (label({**setting, **combo}), base.with_settings(combo, source="--grid"))
-            for combo in combos
-        ]
-        for setting in settings
-    ]
+    runs = _setting_runs(base, settings, combos)
     for name, _ in (run for setting_runs in runs for run in setting_runs):
         refuse_existing(out / dirs[name], hint="give the sweep a fresh --out")
     gate = ray.remote(num_cpus=0)(Gate).remote()
@@ -157,6 +149,33 @@ async def ray_rows(
         f"{len(refs)} server setting(s) sent to the Ray cluster, each on a node with "
         f"{json.dumps(resources) if resources else 'one CPU'} free …"
     )
+    rows = await _gathered(ray, refs, gate, stop, lambda i, outcome: written(settings[i], outcome))
+    return [row for i in sorted(rows) for row in rows[i]]
+
+
+def _setting_runs(
+    base: Scenario, settings: list[dict[str, Any]], combos: list[dict[str, Any]]
+) -> list[list[tuple[str, Scenario]]]:
+    """Each server setting's runs, named as the sweep names them: one per scenario combination."""
+    # Scenarios are built here, datasets included: the nodes need neither the scenario file nor its
+    # datasets.
+    return [
+        [
+            (label({**setting, **combo}), base.with_settings(combo, source="--grid"))
+            for combo in combos
+        ]
+        for setting in settings
+    ]
+
+
+_Written = Callable[[int, dict[str, Any]], list[dict[str, Any]]]  # a setting's task outcome → rows
+
+
+async def _gathered(
+    ray: Any, refs: list[Any], gate: Any, stop: asyncio.Event, written: _Written
+) -> dict[int, list[dict[str, Any]]]:
+    """Each setting's rows, written as its task ends, by its index; at a stop (or a failure here),
+    what ``_stopped`` leaves."""
     waiting = {asyncio.wrap_future(ref.future()): i for i, ref in enumerate(refs)}
     rows: dict[int, list[dict[str, Any]]] = {}
     stopped = asyncio.ensure_future(stop.wait())
@@ -165,24 +184,36 @@ async def ray_rows(
             done, _ = await asyncio.wait([*waiting, stopped], return_when=asyncio.FIRST_COMPLETED)
             for future in done - {stopped}:
                 i = waiting.pop(future)
-                rows[i] = written(settings[i], _outcome(future))
+                rows[i] = written(i, _outcome(future))
     finally:
         stopped.cancel()
         if (
             waiting
         ):  # stopped (or failed here): no setting begins any more; those running stop and return
-            begun = set(await asyncio.wrap_future(gate.stop.remote().future()))
-            for future, i in waiting.items():
-                if i not in begun:
-                    ray.cancel(refs[i])
-                    future.add_done_callback(
-                        _outcome
-                    )  # its TaskCancelledError, read so nobody warns of it
-            for future, i in waiting.items():
-                if i in begun:
-                    await asyncio.wait([future])
-                    rows[i] = written(settings[i], _outcome(future))
-    return [row for i in sorted(rows) for row in rows[i]]
+            rows.update(await _stopped(ray, refs, gate, waiting, written))
+    return rows
+
+
+async def _stopped(
+    ray: Any,
+    refs: list[Any],
+    gate: Any,
+    waiting: dict[asyncio.Future[dict[str, Any]], int],
+    written: _Written,
+) -> dict[int, list[dict[str, Any]]]:
+    """The rows of the settings whose tasks began before the gate closed, once each has stopped its
+    server; the tasks of the others are cancelled (their settings get no rows here)."""
+    begun = set(await asyncio.wrap_future(gate.stop.remote().future()))
+    for future, i in waiting.items():
+        if i not in begun:
+            ray.cancel(refs[i])
+            future.add_done_callback(_outcome)  # its TaskCancelledError, read so nobody warns of it
+    rows: dict[int, list[dict[str, Any]]] = {}
+    for future, i in waiting.items():
+        if i in begun:
+            await asyncio.wait([future])
+            rows[i] = written(i, _outcome(future))
+    return rows
 
 
 def _outcome(future: asyncio.Future[dict[str, Any]]) -> dict[str, Any]:
