@@ -45,8 +45,7 @@ _MODE_KEYS = {
 # What replays a trace level (load.trace) as the run did; its speed-up is the cell's own.
 _TRACE_KEYS = ("trace", "trace_format", "trace_max_requests", "trace_block_tokens", "dataset_seed")
 # … and these where the run set them (only then, so the other trace cases keep their ids): the part
-# of the trace
-# replayed, and the tokenizer whose words its prompts were.
+# of the trace replayed, and the tokenizer whose words its prompts were.
 _TRACE_KEYS_IF_SET = ("trace_window_s", "trace_tokenizer")
 # The companions a run abandoned (load.cancel_share) and when (kevload.load.cancel).
 CANCEL_KEYS = ("cancel_share", "cancel_after_s", "cancel_after_tokens")
@@ -119,7 +118,7 @@ def build_cases(
 
 
 def target_name_of(base_url: str) -> str:
-    """The server part of a case's identity: host and port (the path and any credentials left out)."""
+    """The server part of a case's identity: host and port (the path and credentials left out)."""
     try:
         parsed = urlparse(base_url)
         host, port = parsed.hostname or "", parsed.port
@@ -135,7 +134,8 @@ def target_name_of(base_url: str) -> str:
 def cases_from_run(
     run: RunDir, *, target_name: str | None = None
 ) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
-    """One case per probe cell of the run, and (cell name, why) for each cell no case can be built from."""
+    """One case per probe cell of the run, and (cell name, why) for each cell no case can be built
+    from."""
     meta = run.meta()
     summary = run.summary()
     scenario = meta["scenario"]
@@ -201,10 +201,11 @@ def _case_params(
 
 
 def _run_probes(run: RunDir, meta: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
-    """The run's probes as ``[[probes]]`` tables, in the order the engine numbered them: inline ones as written, and
-    each ``[[probes]] dataset = …`` entry as the lines the run chose from its file (read again, as ``--resume`` reads
-    them, and checked against the hashes run.json recorded). ([], why) where a dataset cannot be read as the run read
-    it: then no probe's index, nor a dataset probe's input, is known."""
+    """The run's probes as ``[[probes]]`` tables, in the order the engine numbered them: inline ones
+    as written, and each ``[[probes]] dataset = …`` entry as the lines the run chose from its file
+    (read again, as ``--resume`` reads them, and checked against the hashes run.json recorded). ([],
+    why) where a dataset cannot be read as the run read it: then no probe's index, nor a dataset
+    probe's input, is known."""
     raw = meta["scenario"].get("probes", [])
     if not any(isinstance(item, dict) and "dataset" in item for item in raw):
         return raw, ""
@@ -226,8 +227,9 @@ def _run_probes(run: RunDir, meta: dict[str, Any]) -> tuple[list[dict[str, Any]]
 
 
 def _not_a_probe(probe: str, meta: dict[str, Any]) -> str:
-    """Why a cell's probe is none of the scenario's: a prefix-cache marker round, whose input opens with a marker of
-    that run's own (a case asked again would be another input), or a run.json that does not list it."""
+    """Why a cell's probe is none of the scenario's: a prefix-cache marker round, whose input opens
+    with a marker of that run's own (a case asked again would be another input), or a run.json that
+    does not list it."""
     if (meta.get("prefix_cache") or {}).get("method") == "marker":
         return (
             "a load.prefix_cache marker round: its input opens with the run's own marker, so asked "
@@ -269,8 +271,7 @@ def case_load(meta: dict[str, Any], cell: CellSummary, probe_index: int) -> dict
         load[key] = run_load[key]
     if mode != "single" and run_load.get("cancel_share"):
         # The companions it cut are part of that load: a probe that drifts only beside cuts, rerun
-        # without them,
-        # would be called fixed.
+        # without them, would be called fixed.
         load.update({key: run_load[key] for key in CANCEL_KEYS if run_load.get(key) is not None})
     if run_load.get("prefix_cache", "off") != "off":
         # Its outputs are cold and warm answers: a rerun makes them the same way (the method the run
@@ -280,8 +281,7 @@ def case_load(meta: dict[str, Any], cell: CellSummary, probe_index: int) -> dict
         )
     if "seed" in load:
         # The engine seeds each probe's companion picker with seed + the probe's index; a rerun
-        # sends
-        # the case as the only probe (index 0), so the offset moves into the seed.
+        # sends the case as the only probe (index 0), so the offset moves into the seed.
         load["seed"] += probe_index
     for key in ("companions", "trace", "trace_tokenizer"):
         if key in load and load[key] != "builtin":
@@ -295,13 +295,10 @@ def case_load(meta: dict[str, Any], cell: CellSummary, probe_index: int) -> dict
 
 
 # What a rerun reads of a case, typed (``read_cases``): a value of another type (a verdict no build
-# writes, an id
-# that is no text, outputs that are no list, a level that is no count) is a bad case file, refused
-# before anything is
-# sent; it crashed a rerun with a traceback or, read as a recorded output, was called a change of
-# the model. The
-# other keys, and the [load] table's other keys (read by Load's own rules at the rerun), are kept as
-# they are.
+# writes, an id that is no text, outputs that are no list, a level that is no count) is a bad case
+# file, refused before anything is sent; it crashed a rerun with a traceback or, read as a recorded
+# output, was called a change of the model. The other keys, and the [load] table's other keys (read
+# by Load's own rules at the rerun), are kept as they are.
 _Level = Annotated[int, msgspec.Meta(ge=0)]
 _Rate = Annotated[float, msgspec.Meta(gt=0)]
 
@@ -338,9 +335,10 @@ class _Case(msgspec.Struct, frozen=True):
 
 
 def read_cases(path: Path, *, trust_graders: bool = False) -> list[dict[str, Any]]:
-    """A case file's cases as written (keys a rerun does not read kept for ``accept_changes``), each checked against
-    what a rerun reads of it (``_Case``): a bad one is a ``ScenarioError`` naming its line and key. A case file is
-    data: a python grader it names is refused unless ``trust_graders``, and then imported."""
+    """A case file's cases as written (keys a rerun does not read kept for ``accept_changes``), each
+    checked against what a rerun reads of it (``_Case``): a bad one is a ``ScenarioError`` naming
+    its line and key. A case file is data: a python grader it names is refused unless
+    ``trust_graders``, and then imported."""
     cases = []
     lines: dict[str, int] = {}  # each id's line: a rerun's directory is named by it
     for number, case in iter_jsonl(path, "case set"):
@@ -374,10 +372,11 @@ def read_cases(path: Path, *, trust_graders: bool = False) -> list[dict[str, Any
 
 
 def case_grading(case: dict[str, Any], base: Path) -> Grading | None:
-    """A case's grader: its ``expected`` with its ``grade`` (picked from the kind of ``expected`` when not given, so a
-    plain string is ``exact`` after trimming whitespace) and ``grade_tolerance``, checked as a probe's keys are
-    (``grading.checked``; ``base``: where a schema file is found, and a python grader unless the case keeps the
-    directory the run found it in, ``grader_dir``); None without either key."""
+    """A case's grader: its ``expected`` with its ``grade`` (picked from the kind of ``expected``
+    when not given, so a plain string is ``exact`` after trimming whitespace) and
+    ``grade_tolerance``, checked as a probe's keys are (``grading.checked``; ``base``: where a
+    schema file is found, and a python grader unless the case keeps the directory the run found it
+    in, ``grader_dir``); None without either key."""
     home = case.get("grader_dir")
     if home is not None and not (isinstance(home, str) and Path(home).is_absolute()):
         raise BadGrading(
@@ -394,7 +393,8 @@ def case_grading(case: dict[str, Any], base: Path) -> Grading | None:
 
 
 def _case_grading(doc: dict[str, Any] | None) -> dict[str, Any]:
-    """A built case's grading keys from the run's probe grader (run.json ``grading``); none for an ungraded probe."""
+    """A built case's grading keys from the run's probe grader (run.json ``grading``); none for an
+    ungraded probe."""
     if doc is None:
         return {}
     return {
@@ -406,7 +406,8 @@ def _case_grading(doc: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def recorded_texts(case: dict[str, Any]) -> set[str]:
-    """The outputs a case recorded: kevload's ``{text, count}`` objects or the guide's plain strings."""
+    """The outputs a case recorded: kevload's ``{text, count}`` objects or the guide's plain
+    strings."""
     return {o["text"] if isinstance(o, dict) else o for o in case.get("outputs") or []}
 
 
@@ -418,8 +419,8 @@ def counted_outputs(texts: Counter[str]) -> list[dict[str, Any]]:
 
 
 def _note(cell: CellSummary, row: list[CellSummary]) -> str:
-    """The guide's note: at which levels (concurrency, or rate for open-loop runs; both, by their labels, for a
-    trace's levels after the serial one) the probe drifted."""
+    """The guide's note: at which levels (concurrency, or rate for open-loop runs; both, by their
+    labels, for a trace's levels after the serial one) the probe drifted."""
     open_loop = cell.rate is not None
     mixed = len({c.rate is None for c in row}) > 1
     noun = "level" if mixed else "rate" if open_loop else "concurrency"

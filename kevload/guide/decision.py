@@ -1,5 +1,6 @@
-"""The guide's decision tree: the findings and the verdict of `kevload diagnose`, pure functions of the
-`Evidence` its steps measured, so every verdict, finding and ordering can be checked without a server."""
+"""The guide's decision tree: the findings and the verdict of `kevload diagnose`, pure functions of
+the `Evidence` its steps measured, so every verdict, finding and ordering can be checked without a
+server."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ Cause = Literal[
     "stable", "sampling", "crosstalk", "cache", "server_nondeterministic", "data", "inconclusive"
 ]
 VERDICTS: tuple[Cause, ...] = get_args(Cause)
-MIN_OK = 3  # fewer ok samples than this in a step and nothing can be concluded from it (--samples' least)
+# Fewer ok samples than this in a step and nothing can be concluded from it (--samples' least)
+MIN_OK = 3
 _TARGET_BOUND = 0.01
 # Steps that must all have run before "no cause found" may be called stable.
 _CONFIG_STEPS = ("baseline", "fixed", "cache", "concurrency_single", "concurrency_mixed")
@@ -27,7 +29,8 @@ _SEED_HELPS_NOT = "Fixing the seed will not help on this server"
 
 @dataclass(frozen=True)
 class Findings:
-    """Facts about the server that hold whatever the verdict; None where they could not be measured."""
+    """Facts about the server that hold whatever the verdict; None where they could not be
+    measured."""
 
     seed_honoured: bool | None = None
     greedy_at_temperature_0: bool | None = None
@@ -35,8 +38,7 @@ class Findings:
     cache_effect: bool | None = None
     cache_off_converges: bool | None = None
     # The text holds at c>1 but the logprobs do not, while serial logprobs agree: batching already
-    # moves
-    # the numerics. None where no concurrency step compared logprobs.
+    # moves the numerics. None where no concurrency step compared logprobs.
     latent_crosstalk: bool | None = None
 
     def to_json(self) -> dict[str, bool | None]:
@@ -65,9 +67,8 @@ class Diagnosis:
     dropped_fields: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()  # findings a user should hear about whatever the verdict
     # What a stable verdict rests on: "logprobs_bitwise" when the fixed and both concurrency steps
-    # compared
-    # per-token logprobs in every cell and found them bitwise equal to serial, else "text" (output
-    # hashes).
+    # compared per-token logprobs in every cell and found them bitwise equal to serial, else "text"
+    # (output hashes).
     evidence: str = "text"
     target_failed: bool = False
     done: bool = False  # no further step can change the verdict (measuring stops here)
@@ -102,8 +103,9 @@ def findings(evidence: Evidence) -> Findings:
 
 
 def _latent_crosstalk(evidence: Evidence) -> bool | None:
-    """Latent drift at c>1 in a concurrency step, with the serial logprobs of the fixed step and of that
-    step's c=1 cell bitwise stable (a serially wobbling server is no crosstalk, as for the text)."""
+    """Latent drift at c>1 in a concurrency step, with the serial logprobs of the fixed step and of
+    that step's c=1 cell bitwise stable (a serially wobbling server is no crosstalk, as for the
+    text)."""
     steps = [
         s
         for s in (evidence.step("concurrency_single"), evidence.step("concurrency_mixed"))
@@ -123,7 +125,8 @@ def _is_serial(cell: str) -> bool:
 
 
 def _evidence(evidence: Evidence) -> str:
-    """What one output everywhere rests on: logprobs bitwise equal in every compared step, or the text."""
+    """What one output everywhere rests on: logprobs bitwise equal in every compared step, or the
+    text."""
     steps = [evidence.step(k) for k in ("fixed", "concurrency_single", "concurrency_mixed")]
     return "logprobs_bitwise" if all(s is not None and s.logprob_bitwise for s in steps) else "text"
 
@@ -149,7 +152,10 @@ def decide(evidence: Evidence, run_all: bool = False) -> Diagnosis:
         # What one output under concurrency rests on: the server never batched, so no crosstalk
         # could show.
         reason += f"; {serialized}"
-        next_step += "; to test batching, raise the server's batch limit (max_num_seqs, --parallel) and rerun"
+        next_step += (
+            "; to test batching, raise the server's batch limit (max_num_seqs, --parallel) "
+            "and rerun"
+        )
     elif serialized:
         notes.insert(0, serialized)
     return Diagnosis(
@@ -195,14 +201,16 @@ def _verdict(
 
 
 def samples_needed(ok: int, samples: int, want: int = MIN_OK) -> int | None:
-    """Samples per step for ``want`` ok ones at the success share seen (ok of samples); None if none was ok."""
+    """Samples per step for ``want`` ok ones at the success share seen (ok of samples); None if none
+    was ok."""
     if ok <= 0:
         return None
     return max(math.ceil(want * samples / ok), samples)
 
 
 def _varies(step: StepResult | None) -> bool | None:
-    """Did repeating the step's request give more than one output? None with fewer than two ok answers."""
+    """Did repeating the step's request give more than one output? None with fewer than two ok
+    answers."""
     if step is None or step.ok < 2:
         return None
     return step.distinct > 1
@@ -254,7 +262,10 @@ def _unusable(evidence: Evidence) -> tuple[str, str] | None:
         return None
     step = min(weak, key=lambda s: s.ok)
     need = samples_needed(step.ok, step.samples)
-    reason = f"too few samples: {step.ok} ok of {step.samples} in step {step.key}, {MIN_OK} at least are needed"
+    reason = (
+        f"too few samples: {step.ok} ok of {step.samples} in step {step.key}, {MIN_OK} at least "
+        "are needed"
+    )
     if need is None:
         return reason, f"fix the errors ({counts_text(step.errors)}): no call succeeded"
     return reason, (
@@ -400,8 +411,9 @@ def _stable(evidence: Evidence) -> tuple[str, str]:
 
 
 def _serialized_text(evidence: Evidence) -> str | None:
-    """Where crosstalk is absent (no concurrency step drifts) and the server ran ≤ 1 request at a time at a
-    level of c > 1: that level was serialized by the server, so its one output says nothing about batching."""
+    """Where crosstalk is absent (no concurrency step drifts) and the server ran ≤ 1 request at a
+    time at a level of c > 1: that level was serialized by the server, so its one output says
+    nothing about batching."""
     steps = [
         s
         for s in (evidence.step("concurrency_single"), evidence.step("concurrency_mixed"))

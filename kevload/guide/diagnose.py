@@ -62,7 +62,8 @@ _UNTIL_STEPS = ("fixed", "concurrency_single", "concurrency_mixed")
 
 @dataclass(frozen=True)
 class DiagnoseOptions:
-    """What ``diagnose`` is asked; ``online``, ``train`` and ``out`` may be given as str, and are held as Paths."""
+    """What ``diagnose`` is asked; ``online``, ``train`` and ``out`` may be given as str, and are
+    held as Paths."""
 
     url: str
     model: str
@@ -96,8 +97,8 @@ def check_options(options: DiagnoseOptions) -> None:
 async def diagnose(
     options: DiagnoseOptions, log: Callable[[str], None] = print, stop: asyncio.Event | None = None
 ) -> Diagnosis:
-    """The diagnosis; a ``stop`` (Ctrl-C, SIGTERM) ends it after the step it interrupts, which is left out of
-    the evidence (its run directory, state interrupted, is kept and listed)."""
+    """The diagnosis; a ``stop`` (Ctrl-C, SIGTERM) ends it after the step it interrupts, which is
+    left out of the evidence (its run directory, state interrupted, is kept and listed)."""
     diagnoser = _Diagnoser(options, log, stop or asyncio.Event())
     try:
         return await diagnoser.run()
@@ -110,7 +111,8 @@ class _Stopped(Exception):
 
 
 class _Diagnoser:
-    """Runs the steps, each an ordinary run on disk, and asks `decide` where it needs to know whether to stop."""
+    """Runs the steps, each an ordinary run on disk, and asks `decide` where it needs to know
+    whether to stop."""
 
     def __init__(self, options: DiagnoseOptions, log: Callable[[str], None], stop: asyncio.Event):
         self.o = options
@@ -210,7 +212,8 @@ class _Diagnoser:
         self.evidence = replace(self.evidence, steps=self.evidence.steps + (step,))
 
     async def _fixed_params(self) -> dict[str, Any]:
-        """The user's params with every randomness field fixed, minus the fields the server rejects."""
+        """The user's params with every randomness field fixed, minus the fields the server
+        rejects."""
         fixed = {**self.o.params, **FIXING_FIELDS}
         scenario = _scenario(self.o, {}, [1], 1)
         probe = Probe(id="fieldcheck", prompt="hi", max_tokens=1)
@@ -308,9 +311,8 @@ class _Diagnoser:
         self, key: str, title: str, params: dict[str, Any], rounds: int = 3, warm: int = 3
     ) -> None:
         # With the cache off nothing is warm: the question is only whether a prompt's first answer
-        # differs from the
-        # later ones. A fresh marker per round keeps each prompt new; the server's reset is not
-        # needed.
+        # differs from the later ones. A fresh marker per round keeps each prompt new; the server's
+        # reset is not needed.
         markers = [f"[{secrets.token_hex(4)}] " for _ in range(rounds)]
         probes = [
             self.o.probe.with_text(m + self.o.probe.text, f"cold{m.strip('[] ')}") for m in markers
@@ -383,7 +385,8 @@ class _Diagnoser:
         result = await run_scenario(scenario, run_dir, stop=self.stop)
         if result.state == "interrupted":
             self.evidence = replace(self.evidence, runs=self.evidence.runs + (str(run_dir),))
-            raise _Stopped  # a step cut short is incomplete evidence: it could show a cause it does not have
+            # A step cut short is incomplete evidence: it could show a cause it does not have
+            raise _Stopped
         if self.logprobs == "auto":
             available = RunDir(run_dir).meta().get("logprobs", {}).get("available")
             self.logprobs = self.logprobs if available is None else available
@@ -392,7 +395,8 @@ class _Diagnoser:
 
 
 def _with_grades(step: StepResult, probe_cells: Iterable[CellSummary]) -> StepResult:
-    """The step with its answers graded good and bad over its graded probe cells (none: as it was)."""
+    """The step with its answers graded good and bad over its graded probe cells (none: as it
+    was)."""
     graded = [c for c in probe_cells if c.graded_good is not None]
     if not graded:
         return step

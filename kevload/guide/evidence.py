@@ -1,5 +1,5 @@
-"""What `kevload diagnose`'s steps measured: each step's run reduced to a `StepResult`, collected in an
-`Evidence`, and the pure reductions of a step's records that fill them in."""
+"""What `kevload diagnose`'s steps measured: each step's run reduced to a `StepResult`, collected in
+an `Evidence`, and the pure reductions of a step's records that fill them in."""
 
 from __future__ import annotations
 
@@ -45,9 +45,8 @@ class StepResult:
     )
     warm_unstable_rounds: int | None = None  # … whose warm answers disagree among themselves
     # Per-token logprobs against the serial ones, where the server returned them: True when every
-    # probe
-    # cell compared them and all were bitwise equal, False when one differed, None when none was
-    # compared.
+    # probe cell compared them and all were bitwise equal, False when one differed, None when none
+    # was compared.
     logprob_bitwise: bool | None = None
     latent_cells: tuple[str, ...] = ()  # cells with the serial text but other logprobs
     latent_from: int | None = None  # earliest token where a latent cell's logprobs differ
@@ -58,15 +57,13 @@ class StepResult:
     # others waited.
     serialized_cells: tuple[str, ...] = ()
     # Cache steps: how their cold samples were made (kevload.load.prefixcache: the server's reset,
-    # cache_prompt, a
-    # marker).
+    # cache_prompt, a marker).
     cache_method: str | None = None
     # … and what its run said of the cache (summary.json prefix_cache cache_effect, over its
     # probes): the finding.
     cache_effect: bool | None = None
     # With --expected/--grade (kevload.compare.graded): the step's answers graded good and bad over
-    # its probe cells, and
-    # those graded bad where every serial answer was good.
+    # its probe cells, and those graded bad where every serial answer was good.
     graded_good: int | None = None
     graded_bad: int | None = None
     flips_good_to_bad: int | None = None
@@ -122,7 +119,8 @@ class StepResult:
 
 @dataclass(frozen=True)
 class DataResult:
-    """Step 5: where the probe lies against the training set (kevload.guide.coverage.probe_coverage's answer)."""
+    """Step 5: where the probe lies against the training set
+    (kevload.guide.coverage.probe_coverage's answer)."""
 
     coverage: Mapping[str, Any]
 
@@ -152,7 +150,8 @@ class Evidence:
 
 
 def differing_calls(rows: Iterable[tuple[str, int, str | None]]) -> tuple[tuple[int, ...], int]:
-    """Calls (by sample index) whose output differs from the most common one, and distinct outputs after call 0.
+    """Calls (by sample index) whose output differs from the most common one, and distinct outputs
+    after call 0.
 
     ``rows`` are (probe, sample, sha256) of the ok probe answers of one serial run.
     """
@@ -168,8 +167,9 @@ def differing_calls(rows: Iterable[tuple[str, int, str | None]]) -> tuple[tuple[
 
 
 def logprob_bitwise(cells: Iterable[CellSummary]) -> bool | None:
-    """True when every cell compared the logprobs of all its ok samples with serial and all were bitwise
-    equal; False when compared ones differed in a cell; None when a cell (or every one) makes no claim."""
+    """True when every cell compared the logprobs of all its ok samples with serial and all were
+    bitwise equal; False when compared ones differed in a cell; None when a cell (or every one)
+    makes no claim."""
     cells = tuple(cells)
     if any(c.logprob_bitwise is False for c in cells):
         return False
@@ -177,7 +177,8 @@ def logprob_bitwise(cells: Iterable[CellSummary]) -> bool | None:
 
 
 def cold_warm_counts(rows: Iterable[tuple[str, int, str | None]]) -> tuple[int, int, int]:
-    """(rounds compared, rounds whose cold answer differs from agreeing warm ones, rounds whose warm answers disagree).
+    """(rounds compared, rounds whose cold answer differs from agreeing warm ones, rounds whose warm
+    answers disagree).
 
     ``rows`` are (probe, sample, sha256); each probe is one fresh prompt, sample 0 its cold answer.
     """
@@ -199,10 +200,11 @@ def cold_warm_counts(rows: Iterable[tuple[str, int, str | None]]) -> tuple[int, 
 
 
 def cache_rounds(comparisons: Iterable[Mapping[str, Any]]) -> tuple[int, int, int]:
-    """(rounds compared, rounds whose cold answer leaves warm ones that agree, rounds whose warm answers vary) from a
-    cache step's ``summary.json`` ``prefix_cache`` probes (``prefixcache.ColdWarm``). Where every round sends the same
-    input (a server reset, cache_prompt) the warm answers' agreement is across rounds: a server whose warm answers
-    vary anyway has each differing round counted unstable, not cold-differs."""
+    """(rounds compared, rounds whose cold answer leaves warm ones that agree, rounds whose warm
+    answers vary) from a cache step's ``summary.json`` ``prefix_cache`` probes
+    (``prefixcache.ColdWarm``). Where every round sends the same input (a server reset,
+    cache_prompt) the warm answers' agreement is across rounds: a server whose warm answers vary
+    anyway has each differing round counted unstable, not cold-differs."""
     compared = cold_differs = warm_unstable = 0
     for c in comparisons:
         compared += c["rounds"]
@@ -215,8 +217,8 @@ def cache_rounds(comparisons: Iterable[Mapping[str, Any]]) -> tuple[int, int, in
 
 
 def cache_effect(comparisons: Iterable[Mapping[str, Any]]) -> bool | None:
-    """A cache step's finding from its run's probes: an effect where one shows it, none where every one says none,
-    else no claim (the run's null: answers that vary anyway, or nothing compared)."""
+    """A cache step's finding from its run's probes: an effect where one shows it, none where every
+    one says none, else no claim (the run's null: answers that vary anyway, or nothing compared)."""
     effects = [c["cache_effect"] for c in comparisons]
     return (
         True if True in effects else False if effects and all(e is False for e in effects) else None

@@ -1,5 +1,6 @@
 """The guide's step 5 after a change: each case of a set rerun under its recorded load, its answers
-compared with the recorded ones (``transition``), and changed answers accepted into the case file."""
+compared with the recorded ones (``transition``), and changed answers accepted into the case
+file."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ TRANSITIONS = ("unstable→stable", "stable→unstable", "changed", "no answer",
 
 
 def rerun_load(case: dict[str, Any], times: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(request params, scenario [load] table) to rerun a case as it was run; older cases lack ``load``."""
+    """(request params, scenario [load] table) to rerun a case as it was run; older cases lack
+    ``load``."""
     params = dict(case["params"])
     mode = params.pop("mode", "single")
     level = int(params.pop("concurrency", 1))
@@ -46,16 +48,14 @@ def rerun_load(case: dict[str, Any], times: int) -> tuple[dict[str, Any], dict[s
         load["concurrency"] = [1]
     elif recorded.get("rate") is not None:
         # An open-loop level is its rate (its concurrency is the in-flight cap, kept in
-        # max_in_flight).
-        # With Poisson arrivals the seed also draws the gaps; a case keeps the seed its companions
-        # used.
+        # max_in_flight). With Poisson arrivals the seed also draws the gaps; a case keeps the seed
+        # its companions used.
         load["rate"] = [recorded["rate"]]
     else:
         # A closed-loop case at c>1 is judged as the run judged it: against the serial answer too,
-        # so its
-        # serial level is rerun first (same mode, seed, companions); copies that agree with each
-        # other but
-        # not with the serial answer are drift, which the distinct count at c alone cannot see.
+        # so its serial level is rerun first (same mode, seed, companions); copies that agree with
+        # each other but not with the serial answer are drift, which the distinct count at c alone
+        # cannot see.
         level = int(recorded.get("concurrency", level))
         load["concurrency"] = [1, level] if level > 1 else [level]
     return params, load
@@ -76,11 +76,12 @@ async def rerun_cases(
 ) -> list[dict[str, Any]]:
     """Rerun each case ``times`` times under its recorded load; returns the cases with the results.
 
-    Each rerun writes ``OUT/cases-rerun-<run id>/<case id as a file name>/`` (OUT defaults to ``results``): a fresh
-    directory, so a second rerun into the same OUT never mixes its records with the first one's.
-    A case the stop event interrupted is left out: its answers are incomplete evidence. A case with ``expected`` or
-    ``grade`` is graded by its grader (``case_grading``; ``base``, the case file's directory, finds a schema file or
-    a python grader): ``matches_expected`` when every answer at its level is graded good.
+    Each rerun writes ``OUT/cases-rerun-<run id>/<case id as a file name>/`` (OUT defaults to
+    ``results``): a fresh directory, so a second rerun into the same OUT never mixes its records
+    with the first one's. A case the stop event interrupted is left out: its answers are incomplete
+    evidence. A case with ``expected`` or ``grade`` is graded by its grader (``case_grading``;
+    ``base``, the case file's directory, finds a schema file or a python grader):
+    ``matches_expected`` when every answer at its level is graded good.
     """
     out = (out or Path("results")) / f"cases-rerun-{new_run_id()}"
     # A case id is its probe's id, which may hold any character (a /, .., a NUL): each rerun's
@@ -162,7 +163,8 @@ def _probe(case: dict[str, Any], max_tokens: int, grading: Grading | None) -> Pr
 def _compared(
     case: dict[str, Any], rerun: _Rerun, summary: RunSummary, run_dir: Path
 ) -> dict[str, Any]:
-    """The case with its rerun's answers, their verdict and how they compare with the recorded ones."""
+    """The case with its rerun's answers, their verdict, and how they compare with the recorded
+    ones."""
     # The case's own cell (the last level); a serial level run before it only feeds that cell's
     # drift.
     cell = max(summary.probe_cells(), key=lambda c: c.level_order)
@@ -231,10 +233,11 @@ def transitions(results: list[dict[str, Any]]) -> dict[str, list[str]]:
 def accept_changes(
     cases_path: Path, results: list[dict[str, Any]], *, now: str | None = None
 ) -> list[str]:
-    """Record the rerun answers of the ``changed`` cases as their outputs; the old ones move to ``history``.
+    """Record the rerun answers of the ``changed`` cases as their outputs; the old ones move to
+    ``history``.
 
-    The file is rewritten through a temporary file and a rename, so a crash leaves the old file whole.
-    Returns the ids of the cases updated.
+    The file is rewritten through a temporary file and a rename, so a crash leaves the old file
+    whole. Returns the ids of the cases updated.
     """
     now = now or now_iso()
     changed = {r["id"]: r for r in results if r["transition"] == "changed"}
