@@ -52,9 +52,8 @@ FIXING_FIELDS: dict[str, Any] = {
     "do_sample": False,
 }
 SEEDS = (1234, 987654, 55555)
-SAMPLING_TEMPERATURE = (
-    0.8  # what the randomness findings sample at when the user's temperature is 0
-)
+# What the randomness findings sample at when the user's temperature is 0
+SAMPLING_TEMPERATURE = 0.8
 # Steps whose cells back a claim of determinism: --until-bound samples these until the claim is
 # strong.
 _UNTIL_STEPS = ("fixed", "concurrency_single", "concurrency_mixed")
@@ -78,9 +77,8 @@ class DiagnoseOptions:
     online: Path | None = None
     train: Path | None = None
     out: Path | None = None
-    until_bound: float | None = (
-        None  # sample the _UNTIL_STEPS' cells until drift or this 95 % bound
-    )
+    # Sample the _UNTIL_STEPS' cells until drift or this 95 % bound
+    until_bound: float | None = None
     max_samples: int = 1000
 
     def __post_init__(self) -> None:

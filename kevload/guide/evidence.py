@@ -28,21 +28,16 @@ class StepResult:
     mode: str = "single"
     target_failed: bool = False
     # Measured by some steps only (None elsewhere).
-    differing_calls: tuple[int, ...] | None = (
-        None  # baseline: calls that differ from the most common output
-    )
-    distinct_after_first: int | None = (
-        None  # baseline: distinct outputs once the first (cold) call is left out
-    )
-    different_seeds_distinct: int | None = (
-        None  # seed_repeat: distinct outputs over SEEDS, one call each
-    )
-    compared_rounds: int | None = (
-        None  # cache steps: fresh prompts with a cold and at least one warm answer
-    )
-    cold_differs_rounds: int | None = (
-        None  # … whose warm answers agree and the cold one differs from them
-    )
+    # Baseline: calls that differ from the most common output
+    differing_calls: tuple[int, ...] | None = None
+    # Baseline: distinct outputs once the first (cold) call is left out
+    distinct_after_first: int | None = None
+    # The seed_repeat step: distinct outputs over SEEDS, one call each
+    different_seeds_distinct: int | None = None
+    # Cache steps: fresh prompts with a cold and at least one warm answer
+    compared_rounds: int | None = None
+    # … whose warm answers agree and the cold one differs from them
+    cold_differs_rounds: int | None = None
     warm_unstable_rounds: int | None = None  # … whose warm answers disagree among themselves
     # Per-token logprobs against the serial ones, where the server returned them: True when every
     # probe cell compared them and all were bitwise equal, False when one differed, None when none
