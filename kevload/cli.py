@@ -21,7 +21,7 @@ from kevload import __version__, aio, exitcode
 from kevload.compare.stats import samples_for_bound
 from kevload.errors import InputError, KevloadError
 from kevload.exitcode import ExitCode
-from kevload.guide.diagnose import MIN_OK
+from kevload.guide.decision import MIN_OK
 from kevload.inputs.grading import BadGrading, Grading, checked
 from kevload.inputs.overrides import toml_value
 from kevload.inputs.probe import MAX_TOKENS, read_messages
@@ -1158,13 +1158,8 @@ def cases_rerun(
     unless --accept-changes) or an `expected` output is not met; 3 if a case got no answer.
     """
 
-    from kevload.guide.cases import (
-        accept_changes,
-        describe_load,
-        read_cases,
-        rerun_cases,
-        transitions,
-    )
+    from kevload.guide.cases import read_cases
+    from kevload.guide.rerun import accept_changes, describe_load, rerun_cases, transitions
 
     _url_or_target(url, model, builtin)
     if url is not None:

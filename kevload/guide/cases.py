@@ -3,16 +3,14 @@
 A case belongs to one target (server and model): the same input and params asked of another
 server, or of another model, is another case. Its identity is a digest of the target, the input,
 the params and the load it ran under (mode, concurrency, companions), so `build` can say which
-cases it already has. `rerun` reproduces that load and compares the answers with the recorded ones.
+cases it already has. `kevload.guide.rerun` reproduces that load and compares the answers with the
+recorded ones; here are the building and the reading of a case file.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import os
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -22,7 +20,6 @@ import msgspec
 import orjson
 
 from kevload.errors import ScenarioError
-from kevload.inputs.fieldrules import read_table
 from kevload.inputs.grading import (
     IMPORT,
     BadGrading,
@@ -33,16 +30,13 @@ from kevload.inputs.grading import (
     schema_files,
     schema_refused_from,
 )
-from kevload.inputs.probe import Probe, iter_jsonl
-from kevload.inputs.scenario import build_scenario
-from kevload.inputs.scenariokeys import Api, Load, Target
+from kevload.inputs.probe import iter_jsonl
 from kevload.inputs.trace import trace_rates
-from kevload.load.runs import recorded_scenario, run_scenario
-from kevload.records.rundir import RunDir, apart
-from kevload.records.store import json_bytes, new_run_id, now_iso
-from kevload.summary import CellSummary, level_label
+from kevload.load.runs import recorded_scenario
+from kevload.records.rundir import RunDir
+from kevload.records.store import json_bytes
+from kevload.summary import CellSummary
 
-TRANSITIONS = ("unstable→stable", "stable→unstable", "changed", "no answer", "unchanged")
 # Which load keys shape the batch around the probe in each mode; the others do not change the case.
 _MODE_KEYS = {
     "single": (),
@@ -53,11 +47,10 @@ _MODE_KEYS = {
 # What replays a trace level (load.trace) as the run did; its speed-up is the cell's own.
 _TRACE_KEYS = ("trace", "trace_format", "trace_max_requests", "trace_block_tokens", "dataset_seed")
 # … and these where the run set them (only then, so the other trace cases keep their ids): the part
-# of the trace
-# replayed, and the tokenizer whose words its prompts were.
+# of the trace replayed, and the tokenizer whose words its prompts were.
 _TRACE_KEYS_IF_SET = ("trace_window_s", "trace_tokenizer")
 # The companions a run abandoned (load.cancel_share) and when (kevload.load.cancel).
-_CANCEL_KEYS = ("cancel_share", "cancel_after_s", "cancel_after_tokens")
+CANCEL_KEYS = ("cancel_share", "cancel_after_s", "cancel_after_tokens")
 
 
 @dataclass(frozen=True)
@@ -127,7 +120,7 @@ def build_cases(
 
 
 def target_name_of(base_url: str) -> str:
-    """The server part of a case's identity: host and port (the path and any credentials left out)."""
+    """The server part of a case's identity: host and port (the path and credentials left out)."""
     try:
         parsed = urlparse(base_url)
         host, port = parsed.hostname or "", parsed.port
@@ -143,7 +136,8 @@ def target_name_of(base_url: str) -> str:
 def cases_from_run(
     run: RunDir, *, target_name: str | None = None
 ) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
-    """One case per probe cell of the run, and (cell name, why) for each cell no case can be built from."""
+    """One case per probe cell of the run, and (cell name, why) for each cell no case can be built
+    from."""
     meta = run.meta()
     summary = run.summary()
     scenario = meta["scenario"]
@@ -170,14 +164,7 @@ def cases_from_run(
     for c in cells:
         probe = probe_list[index_of[c.probe]]
         case_input = probe.get("prompt", probe.get("messages"))
-        case_params = {
-            **params,
-            "max_tokens": probe.get("max_tokens", 64),
-            "mode": c.mode,
-            "concurrency": c.concurrency,
-        }
-        if c.rate is not None:
-            case_params["rate"] = c.rate
+        case_params = _case_params(params, probe, c)
         load = case_load(meta, c, index_of[c.probe])
         texts = outputs.get((c.probe, c.concurrency, c.rate), Counter())
         identity = {k: v for k, v in load.items() if k != "samples"}
@@ -186,7 +173,7 @@ def cases_from_run(
                 "id": f"{c.probe}-{_digest([target, case_input, case_params, identity])}",
                 "input": case_input,
                 "params": case_params,
-                "outputs": _counted(texts),
+                "outputs": counted_outputs(texts),
                 "expected": None,
                 **_case_grading(meta.get("grading", {}).get(c.probe)),
                 "verdict": "unstable" if c.drift else "stable",
@@ -200,11 +187,27 @@ def cases_from_run(
     return cases, unbuilt
 
 
+def _case_params(
+    params: dict[str, Any], probe: dict[str, Any], cell: CellSummary
+) -> dict[str, Any]:
+    """What a case asks: the run's params, the probe's max_tokens, and the level its cell ran at."""
+    case_params = {
+        **params,
+        "max_tokens": probe.get("max_tokens", 64),
+        "mode": cell.mode,
+        "concurrency": cell.concurrency,
+    }
+    if cell.rate is not None:
+        case_params["rate"] = cell.rate
+    return case_params
+
+
 def _run_probes(run: RunDir, meta: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
-    """The run's probes as ``[[probes]]`` tables, in the order the engine numbered them: inline ones as written, and
-    each ``[[probes]] dataset = …`` entry as the lines the run chose from its file (read again, as ``--resume`` reads
-    them, and checked against the hashes run.json recorded). ([], why) where a dataset cannot be read as the run read
-    it: then no probe's index, nor a dataset probe's input, is known."""
+    """The run's probes as ``[[probes]]`` tables, in the order the engine numbered them: inline ones
+    as written, and each ``[[probes]] dataset = …`` entry as the lines the run chose from its file
+    (read again, as ``--resume`` reads them, and checked against the hashes run.json recorded). ([],
+    why) where a dataset cannot be read as the run read it: then no probe's index, nor a dataset
+    probe's input, is known."""
     raw = meta["scenario"].get("probes", [])
     if not any(isinstance(item, dict) and "dataset" in item for item in raw):
         return raw, ""
@@ -226,8 +229,9 @@ def _run_probes(run: RunDir, meta: dict[str, Any]) -> tuple[list[dict[str, Any]]
 
 
 def _not_a_probe(probe: str, meta: dict[str, Any]) -> str:
-    """Why a cell's probe is none of the scenario's: a prefix-cache marker round, whose input opens with a marker of
-    that run's own (a case asked again would be another input), or a run.json that does not list it."""
+    """Why a cell's probe is none of the scenario's: a prefix-cache marker round, whose input opens
+    with a marker of that run's own (a case asked again would be another input), or a run.json that
+    does not list it."""
     if (meta.get("prefix_cache") or {}).get("method") == "marker":
         return (
             "a load.prefix_cache marker round: its input opens with the run's own marker, so asked "
@@ -269,9 +273,8 @@ def case_load(meta: dict[str, Any], cell: CellSummary, probe_index: int) -> dict
         load[key] = run_load[key]
     if mode != "single" and run_load.get("cancel_share"):
         # The companions it cut are part of that load: a probe that drifts only beside cuts, rerun
-        # without them,
-        # would be called fixed.
-        load.update({key: run_load[key] for key in _CANCEL_KEYS if run_load.get(key) is not None})
+        # without them, would be called fixed.
+        load.update({key: run_load[key] for key in CANCEL_KEYS if run_load.get(key) is not None})
     if run_load.get("prefix_cache", "off") != "off":
         # Its outputs are cold and warm answers: a rerun makes them the same way (the method the run
         # used).
@@ -280,8 +283,7 @@ def case_load(meta: dict[str, Any], cell: CellSummary, probe_index: int) -> dict
         )
     if "seed" in load:
         # The engine seeds each probe's companion picker with seed + the probe's index; a rerun
-        # sends
-        # the case as the only probe (index 0), so the offset moves into the seed.
+        # sends the case as the only probe (index 0), so the offset moves into the seed.
         load["seed"] += probe_index
     for key in ("companions", "trace", "trace_tokenizer"):
         if key in load and load[key] != "builtin":
@@ -295,13 +297,10 @@ def case_load(meta: dict[str, Any], cell: CellSummary, probe_index: int) -> dict
 
 
 # What a rerun reads of a case, typed (``read_cases``): a value of another type (a verdict no build
-# writes, an id
-# that is no text, outputs that are no list, a level that is no count) is a bad case file, refused
-# before anything is
-# sent; it crashed a rerun with a traceback or, read as a recorded output, was called a change of
-# the model. The
-# other keys, and the [load] table's other keys (read by Load's own rules at the rerun), are kept as
-# they are.
+# writes, an id that is no text, outputs that are no list, a level that is no count) is a bad case
+# file, refused before anything is sent; it crashed a rerun with a traceback or, read as a recorded
+# output, was called a change of the model. The other keys, and the [load] table's other keys (read
+# by Load's own rules at the rerun), are kept as they are.
 _Level = Annotated[int, msgspec.Meta(ge=0)]
 _Rate = Annotated[float, msgspec.Meta(gt=0)]
 
@@ -338,9 +337,10 @@ class _Case(msgspec.Struct, frozen=True):
 
 
 def read_cases(path: Path, *, trust_graders: bool = False) -> list[dict[str, Any]]:
-    """A case file's cases as written (keys a rerun does not read kept for ``accept_changes``), each checked against
-    what a rerun reads of it (``_Case``): a bad one is a ``ScenarioError`` naming its line and key. A case file is
-    data: a python grader it names is refused unless ``trust_graders``, and then imported."""
+    """A case file's cases as written (keys a rerun does not read kept for ``accept_changes``), each
+    checked against what a rerun reads of it (``_Case``): a bad one is a ``ScenarioError`` naming
+    its line and key. A case file is data: a python grader it names is refused unless
+    ``trust_graders``, and then imported."""
     cases = []
     lines: dict[str, int] = {}  # each id's line: a rerun's directory is named by it
     for number, case in iter_jsonl(path, "case set"):
@@ -378,10 +378,11 @@ def read_cases(path: Path, *, trust_graders: bool = False) -> list[dict[str, Any
 
 
 def case_grading(case: dict[str, Any], base: Path) -> Grading | None:
-    """A case's grader: its ``expected`` with its ``grade`` (picked from the kind of ``expected`` when not given, so a
-    plain string is ``exact`` after trimming whitespace) and ``grade_tolerance``, checked as a probe's keys are
-    (``grading.checked``; ``base``: where a schema file is found, and a python grader unless the case keeps the
-    directory the run found it in, ``grader_dir``); None without either key."""
+    """A case's grader: its ``expected`` with its ``grade`` (picked from the kind of ``expected``
+    when not given, so a plain string is ``exact`` after trimming whitespace) and
+    ``grade_tolerance``, checked as a probe's keys are (``grading.checked``; ``base``: where a
+    schema file is found, and a python grader unless the case keeps the directory the run found it
+    in, ``grader_dir``); None without either key."""
     home = case.get("grader_dir")
     if home is not None and not (isinstance(home, str) and Path(home).is_absolute()):
         raise BadGrading(
@@ -398,7 +399,8 @@ def case_grading(case: dict[str, Any], base: Path) -> Grading | None:
 
 
 def _case_grading(doc: dict[str, Any] | None) -> dict[str, Any]:
-    """A built case's grading keys from the run's probe grader (run.json ``grading``); none for an ungraded probe."""
+    """A built case's grading keys from the run's probe grader (run.json ``grading``); none for an
+    ungraded probe."""
     if doc is None:
         return {}
     return {
@@ -410,232 +412,21 @@ def _case_grading(doc: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def recorded_texts(case: dict[str, Any]) -> set[str]:
-    """The outputs a case recorded: kevload's ``{text, count}`` objects or the guide's plain strings."""
+    """The outputs a case recorded: kevload's ``{text, count}`` objects or the guide's plain
+    strings."""
     return {o["text"] if isinstance(o, dict) else o for o in case.get("outputs") or []}
 
 
-def rerun_load(case: dict[str, Any], times: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(request params, scenario [load] table) to rerun a case as it was run; older cases lack ``load``."""
-    params = dict(case["params"])
-    mode = params.pop("mode", "single")
-    level = int(params.pop("concurrency", 1))
-    rate = params.pop("rate", None)
-    recorded = case.get("load") or {"mode": mode, "concurrency": level, "rate": rate}
-    load = {k: v for k, v in recorded.items() if k not in ("samples", "rate", "concurrency")}
-    load.update(samples=times, max_error_share=0.5)
-    if recorded.get("trace"):
-        # A trace level is judged against the serial answer, as the run judged it: c=1 first, then
-        # the replay.
-        load["concurrency"] = [1]
-    elif recorded.get("rate") is not None:
-        # An open-loop level is its rate (its concurrency is the in-flight cap, kept in
-        # max_in_flight).
-        # With Poisson arrivals the seed also draws the gaps; a case keeps the seed its companions
-        # used.
-        load["rate"] = [recorded["rate"]]
-    else:
-        # A closed-loop case at c>1 is judged as the run judged it: against the serial answer too,
-        # so its
-        # serial level is rerun first (same mode, seed, companions); copies that agree with each
-        # other but
-        # not with the serial answer are drift, which the distinct count at c alone cannot see.
-        level = int(recorded.get("concurrency", level))
-        load["concurrency"] = [1, level] if level > 1 else [level]
-    return params, load
-
-
-async def rerun_cases(
-    cases: list[dict[str, Any]],
-    *,
-    url: str,
-    model: str,
-    times: int,
-    api: Api = "chat",
-    timeout: float = 60.0,
-    out: Path | None = None,
-    stop: asyncio.Event | None = None,
-    log: Callable[[str], None] = print,
-    base: Path | None = None,
-) -> list[dict[str, Any]]:
-    """Rerun each case ``times`` times under its recorded load; returns the cases with the results.
-
-    Each rerun writes ``OUT/cases-rerun-<run id>/<case id as a file name>/`` (OUT defaults to ``results``): a fresh
-    directory, so a second rerun into the same OUT never mixes its records with the first one's.
-    A case the stop event interrupted is left out: its answers are incomplete evidence. A case with ``expected`` or
-    ``grade`` is graded by its grader (``case_grading``; ``base``, the case file's directory, finds a schema file or
-    a python grader): ``matches_expected`` when every answer at its level is graded good.
-    """
-    out = (out or Path("results")) / f"cases-rerun-{new_run_id()}"
-    # A case id is its probe's id, which may hold any character (a /, .., a NUL): each rerun's
-    # directory is named
-    # from it as a sweep names a setting's, inside ``out`` and apart from every other case's.
-    dirs = apart([case["id"] for case in cases])
-    results = []
-    for case in cases:
-        if stop is not None and stop.is_set():
-            break
-        params, load = rerun_load(case, times)
-        max_tokens = params.pop("max_tokens", 64)
-        source = f"case {case['id']}"
-        grading = case_grading(
-            case, base or Path.cwd()
-        )  # the caller read the case (read_cases) and trusts it
-        graded = (
-            {}
-            if grading is None
-            else {
-                "expected": grading.expected,
-                "grade": grading.grade,
-                "grade_tolerance": grading.tolerance,
-            }
-        )
-        probe = Probe(
-            id=case["id"],
-            max_tokens=max_tokens,
-            **graded,
-            **{"prompt" if isinstance(case["input"], str) else "messages": case["input"]},
-        )
-        # The case file's [load] table is read by Load's own field rules, like a scenario file's.
-        scenario = build_scenario(
-            Target(base_url=url, model=model, api=api, timeout=timeout),
-            [probe],
-            load=read_table(Load, load, where="load", source=source),
-            params=params,
-            source=source,
-        )
-        rerun = {
-            "mode": load.get("mode", "single"),
-            "concurrency": load.get("concurrency", [None])[-1],
-            "rate": load["rate"][0] if "rate" in load else (case.get("load") or {}).get("rate"),
-            "samples": times,
-            **{
-                k: load[k]
-                for k in ("seed", "companions", "prefix_lengths", "needle_length", *_CANCEL_KEYS)
-                if k in load
-            },
-            "params": {**params, "max_tokens": max_tokens},
-        }
-        log(f"rerun {case['id']} ({describe_load(rerun)}) …")
-        run_dir = out / dirs[case["id"]]
-        result = await run_scenario(scenario, run_dir, stop=stop)
-        if result.state == "interrupted":
-            break
-        # The case's own cell (the last level); a serial level run before it only feeds that cell's
-        # drift.
-        cell = max(result.summary.probe_cells(), key=lambda c: c.level_order)
-        texts = Counter(
-            r.answer
-            for r in RunDir(run_dir).evidence()
-            if r.concurrency == cell.concurrency and r.rate == cell.rate
-        )
-        recorded = recorded_texts(case)
-        after = {
-            **case,
-            "rerun": rerun,
-            "rerun_uniq": len(texts),
-            "rerun_ok": cell.ok,
-            "rerun_outputs": _counted(texts),
-            "verdict_after": "no_answer"
-            if not texts
-            else "unstable"
-            if cell.drift or len(texts) > 1
-            else "stable",
-            "matches_recorded": set(texts) <= recorded if texts and recorded else None,
-            "rerun_dir": str(run_dir),
-        }
-        if grading is not None:
-            # The grader's verdict on every answer at the case's level (kevload.compare.graded), not
-            # string equality.
-            after["graded_after"] = {
-                "grade": grading.grade,
-                "good": cell.graded_good or 0,
-                "bad": cell.graded_bad or 0,
-                "failed": cell.grade_failed or 0,
-            }
-            after["matches_expected"] = (
-                bool(cell.graded_good) and not cell.graded_bad and not cell.grade_failed
-            )
-            if result.summary.grade_errors:
-                after["grade_errors"] = list(
-                    result.summary.grade_errors
-                )  # each names the case: its probe's id
-        after["transition"] = transition(after)
-        results.append(after)
-    return results
-
-
-def transition(result: dict[str, Any]) -> str:
-    """How a case moved: a stable case that now answers something else, stably, has ``changed``."""
-    before, after = result["verdict"], result["verdict_after"]
-    if after == "no_answer":
-        return "no answer"
-    if before == after == "stable" and result["matches_recorded"] is False:
-        return "changed"
-    return "unchanged" if before == after else f"{before}→{after}"
-
-
-def transitions(results: list[dict[str, Any]]) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {key: [] for key in TRANSITIONS}
-    for r in results:
-        out[r["transition"]].append(r["id"])
-    return out
-
-
-def accept_changes(
-    cases_path: Path, results: list[dict[str, Any]], *, now: str | None = None
-) -> list[str]:
-    """Record the rerun answers of the ``changed`` cases as their outputs; the old ones move to ``history``.
-
-    The file is rewritten through a temporary file and a rename, so a crash leaves the old file whole.
-    Returns the ids of the cases updated.
-    """
-    now = now or now_iso()
-    changed = {r["id"]: r for r in results if r["transition"] == "changed"}
-    if not changed:
-        return []
-    cases = read_cases(cases_path)
-    for case in cases:
-        result = changed.get(case["id"])
-        if result is None:
-            continue
-        old = {
-            "outputs": case.get("outputs"),
-            "recorded_at": case.get("recorded_at"),
-            "replaced_at": now,
-            "replaced_by": result["rerun_dir"],
-        }
-        case["history"] = [*case.get("history", []), old]
-        case["outputs"] = result["rerun_outputs"]
-        case["recorded_at"] = now
-    tmp = cases_path.with_name(cases_path.name + ".tmp")
-    tmp.write_bytes(b"".join(json_bytes(case) + b"\n" for case in cases))
-    os.replace(tmp, cases_path)
-    return sorted(changed)
-
-
-def describe_load(rerun: dict[str, Any]) -> str:
-    """One line: what a case's rerun sent (mode, level, companions seed, samples, params)."""
-    level = level_label(rerun["concurrency"], rerun.get("rate"))
-    extra = "".join(
-        f" {k}={rerun[k]}"
-        for k in ("seed", "companions", "prefix_lengths", "needle_length", *_CANCEL_KEYS)
-        if k in rerun
-    )
-    return (
-        f"mode={rerun['mode']} {level}{extra} samples={rerun['samples']} "
-        f"params={orjson.dumps(rerun['params'], option=orjson.OPT_SORT_KEYS).decode()}"
-    )
-
-
-def _counted(texts: Counter[str]) -> list[dict[str, Any]]:
+def counted_outputs(texts: Counter[str]) -> list[dict[str, Any]]:
+    """Answers as a case file keeps them: ``{text, count}``, the most frequent first."""
     return [
         {"text": t, "count": n} for t, n in sorted(texts.items(), key=lambda kv: (-kv[1], kv[0]))
     ]
 
 
 def _note(cell: CellSummary, row: list[CellSummary]) -> str:
-    """The guide's note: at which levels (concurrency, or rate for open-loop runs; both, by their labels, for a
-    trace's levels after the serial one) the probe drifted."""
+    """The guide's note: at which levels (concurrency, or rate for open-loop runs; both, by their
+    labels, for a trace's levels after the serial one) the probe drifted."""
     open_loop = cell.rate is not None
     mixed = len({c.rate is None for c in row}) > 1
     noun = "level" if mixed else "rate" if open_loop else "concurrency"

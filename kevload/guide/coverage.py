@@ -36,7 +36,8 @@ DEFAULT_MAX_BAD = 10
 
 @dataclass(frozen=True)
 class Segmenter:
-    """How a run of CJK characters becomes keywords: jieba's words, or character bigrams without it."""
+    """How a run of CJK characters becomes keywords: jieba's words, or character bigrams without
+    it."""
 
     name: str
     cut: Callable[[str], list[str]]
@@ -87,7 +88,8 @@ class Skipped:
 
 @dataclass
 class Side:
-    """Streaming statistics for one JSONL file; memory grows with distinct lengths, keywords and labels."""
+    """Streaming statistics for one JSONL file; memory grows with distinct lengths, keywords and
+    labels."""
 
     segmenter: Segmenter = BIGRAMS
     count: int = 0
@@ -124,7 +126,8 @@ class Side:
 
 
 def keywords(text: str, seg: Segmenter = BIGRAMS) -> list[str]:
-    """Latin-script words (lowercased, stopwords out) and CJK words from ``seg`` (a lone character stands alone)."""
+    """Latin-script words (lowercased, stopwords out) and CJK words from ``seg`` (a lone character
+    stands alone)."""
     words = [w for w in _LATIN.findall(text.lower()) if w not in STOPWORDS]
     for run in _CJK.findall(text):
         if len(run) == 1:
@@ -137,10 +140,11 @@ def keywords(text: str, seg: Segmenter = BIGRAMS) -> list[str]:
 def read_inputs(
     path: Path, *, max_bad: int = DEFAULT_MAX_BAD, skipped: Skipped | None = None
 ) -> Iterator[tuple[str, str | None]]:
-    """(input text, label) per line: ``input`` or ``messages`` (the last message's content), optional ``label``.
+    """(input text, label) per line: ``input`` or ``messages`` (the last message's content),
+    optional ``label``.
 
-    A line that is not such an object is skipped and counted in ``skipped``; past ``max_bad`` of them
-    the file is refused (ScenarioError naming the first one).
+    A line that is not such an object is skipped and counted in ``skipped``; past ``max_bad`` of
+    them the file is refused (ScenarioError naming the first one).
     """
     skipped = skipped if skipped is not None else Skipped()
     try:

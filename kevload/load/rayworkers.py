@@ -1,30 +1,35 @@
-"""Workers as Ray actors (``--ray ADDRESS``): the ``load.workers`` of ``kevload.load.workers``, spread over a cluster.
+"""Workers as Ray actors (``--ray ADDRESS``): the ``load.workers`` of ``kevload.load.workers``,
+spread over a cluster.
 
 No request waits for another actor. Each actor decides alone, on a ``Level`` of its own slots
 (``RayTeam``), and one coordinator actor is called a handful of times per level, never per request:
 
-- Closed loop: the slots are dealt as in ``kevload.load.workers`` (``slots_of``) and the level's samples split
-  between the probe slots (``quota``). A send counts when the actor's own slots are all in flight (the other
-  actors' slots taken as busy: the record's ``in_flight`` is *c* − 1) and its plan still wants samples. An actor
-  whose plan is done says so (``done``) and keeps its slots sending, uncounted, until every actor has: no actor
-  stops while another one counts. So a counted sample is one sent in the level's full phase, between the start
-  (one Unix time for every actor) and the first actor's end. Whether the other hosts' slots really were in
-  flight is shown from the records: each cell's ``full_load_share`` and ``samples_never_full``
-  (``kevload.compare.overlap``).
-- Open loop: actor *w* sends arrivals *w*, *w* + N, … against one level start; ``in_flight`` is its own count.
-- The coordinator calls: per level and actor, the barrier at its start and end and one ``done``; per actor and run
-  one ``wait_halt`` (how a stop or another actor's abort reaches it); ``run.json`` keeps the count.
-- A stop (Ctrl-C, SIGTERM), an actor's abort (the error rule) or a lost actor halts the coordinator, which opens
-  its barrier and tells every worker. Actors hear of it a message later, each at its own moment, so the driver
-  applies the engine's rule at a stop itself: a closed-loop answer that came after the time it stopped the run is
-  written as not counted. An actor's own stopped slots release nothing to anyone: their count is local.
+- Closed loop: the slots are dealt as in ``kevload.load.workers`` (``slots_of``) and the level's
+  samples split between the probe slots (``quota``). A send counts when the actor's own slots are
+  all in flight (the other actors' slots taken as busy: the record's ``in_flight`` is *c* − 1) and
+  its plan still wants samples. An actor whose plan is done says so (``done``) and keeps its slots
+  sending, uncounted, until every actor has: no actor stops while another one counts. So a counted
+  sample is one sent in the level's full phase, between the start (one Unix time for every actor)
+  and the first actor's end. Whether the other hosts' slots really were in flight is shown from the
+  records: each cell's ``full_load_share`` and ``samples_never_full`` (``kevload.compare.overlap``).
+- Open loop: actor *w* sends arrivals *w*, *w* + N, … against one level start; ``in_flight`` is its
+  own count.
+- The coordinator calls: per level and actor, the barrier at its start and end and one ``done``; per
+  actor and run one ``wait_halt`` (how a stop or another actor's abort reaches it); ``run.json``
+  keeps the count.
+- A stop (Ctrl-C, SIGTERM), an actor's abort (the error rule) or a lost actor halts the coordinator,
+  which opens its barrier and tells every worker. Actors hear of it a message later, each at its own
+  moment, so the driver applies the engine's rule at a stop itself: a closed-loop answer that came
+  after the time it stopped the run is written as not counted. An actor's own stopped slots release
+  nothing to anyone: their count is local.
 
-Records travel to the driver in batches: every ``_BATCH_S`` seconds it drains each actor's finished records (JSON
-lines, stamped as the local workers stamp them, with Unix times from that actor's host clock) and appends them
-to ``records-<worker>.jsonl`` in the run directory, so a stopped run keeps every record an actor had finished.
+Records travel to the driver in batches: every ``_BATCH_S`` seconds it drains each actor's finished
+records (JSON lines, stamped as the local workers stamp them, with Unix times from that actor's host
+clock) and appends them to ``records-<worker>.jsonl`` in the run directory, so a stopped run keeps
+every record an actor had finished.
 
-Ray is imported only here and in ``kevload.load.cluster``, and only when ``--ray`` asks for it; the actor classes are
-plain classes made remote at run time.
+Ray is imported only here and in ``kevload.load.cluster``, and only when ``--ray`` asks for it; the
+actor classes are plain classes made remote at run time.
 """
 
 from __future__ import annotations
@@ -49,14 +54,14 @@ from kevload.records.store import RecordWriter, record_line
 
 _BATCH_S = 0.2  # how often the driver collects finished records
 _REPLY_S = 60.0  # an actor that does not answer a drain (or get placed) for this long is lost
-_START_MARGIN_S = (
-    0.1  # a level starts this long after the barrier opens: time for the news to reach every host
-)
+# A level starts this long after the barrier opens: time for the news to reach every host
+_START_MARGIN_S = 0.1
 
 
 class KevloadCoordinator:
-    """What the actors of a run agree on (an async Ray actor), a handful of calls per level and never per request:
-    the barrier at each level's start and end, the moment every actor's plan is done, and the halt."""
+    """What the actors of a run agree on (an async Ray actor), a handful of calls per level and
+    never per request: the barrier at each level's start and end, the moment every actor's plan is
+    done, and the halt."""
 
     def __init__(self, workers: int):
         self.workers = workers
@@ -69,7 +74,8 @@ class KevloadCoordinator:
         self._halted = asyncio.Event()
 
     async def arrive(self, lead: float) -> float | None:
-        """The barrier at a level's start and end; returns the level's start (Unix time), None once halted."""
+        """The barrier at a level's start and end; returns the level's start (Unix time), None once
+        halted."""
         self._calls += 1
         if self._halted.is_set():
             return None
@@ -87,8 +93,9 @@ class KevloadCoordinator:
         return None if self._halted.is_set() else self._start
 
     async def done(self) -> None:
-        """This actor's plan for the level is done (nothing of it counts any more); returns once every actor's is,
-        or at a halt. Until then the actor keeps its slots sending, uncounted, for the others' counted samples."""
+        """This actor's plan for the level is done (nothing of it counts any more); returns once
+        every actor's is, or at a halt. Until then the actor keeps its slots sending, uncounted, for
+        the others' counted samples."""
         self._calls += 1
         gate = self._all_done
         self._done += 1
@@ -112,19 +119,20 @@ class KevloadCoordinator:
         return True
 
     def calls(self) -> int:
-        """Calls the actors and the driver made so far (this one not included): the bench's figure."""
+        """Calls the actors and the driver made so far (this one not included): the bench's
+        figure."""
         return self._calls
 
 
 class RayTeam(OneOfN):
     """The engine's view of the other actors: each actor decides alone on a level of its own slots.
 
-    Closed loop: the level's other slots, on other actors, are taken as busy (``Level.elsewhere``), so a send
-    counts when this actor's own slots are all in flight and its plan still wants samples; the samples wanted
-    are split between the actors' probe slots (``quota``). Once its plan is done an actor keeps its slots
-    sending, uncounted, until every actor's is (one ``done`` call each), so no actor's counted samples see the
-    level shrink. Nothing is asked per request: the records show afterwards how full the level was
-    (``full_load_share``, ``samples_never_full``).
+    Closed loop: the level's other slots, on other actors, are taken as busy (``Level.elsewhere``),
+    so a send counts when this actor's own slots are all in flight and its plan still wants samples;
+    the samples wanted are split between the actors' probe slots (``quota``). Once its plan is done
+    an actor keeps its slots sending, uncounted, until every actor's is (one ``done`` call each), so
+    no actor's counted samples see the level shrink. Nothing is asked per request: the records show
+    afterwards how full the level was (``full_load_share``, ``samples_never_full``).
     """
 
     def __init__(
@@ -180,8 +188,9 @@ class RayTeam(OneOfN):
 
 
 def quota(needed: int, probe_slots: int, worker: int, workers: int) -> int:
-    """This actor's share of a level's ``needed`` probe samples: each probe slot an equal share, the first slots
-    (dealt round-robin, as ``slots_of`` deals them) one more where they do not divide evenly."""
+    """This actor's share of a level's ``needed`` probe samples: each probe slot an equal share, the
+    first slots (dealt round-robin, as ``slots_of`` deals them) one more where they do not divide
+    evenly."""
     if not probe_slots:
         return 0
     return sum(
@@ -191,7 +200,8 @@ def quota(needed: int, probe_slots: int, worker: int, workers: int) -> int:
 
 
 class KevloadWorker:
-    """One worker (an async Ray actor): runs the engine with a ``RemoteShare``, keeps finished records for ``drain``."""
+    """One worker (an async Ray actor): runs the engine with a ``RemoteShare``, keeps finished
+    records for ``drain``."""
 
     def __init__(
         self,
@@ -265,7 +275,8 @@ class KevloadWorker:
 
 
 def check_cluster(ray: Any, scenario: Scenario) -> None:
-    """Refuse a run the cluster has no room for, before anything is written: each worker actor takes one CPU."""
+    """Refuse a run the cluster has no room for, before anything is written: each worker actor takes
+    one CPU."""
     cpus = ray.cluster_resources().get("CPU", 0)
     if cpus < scenario.load.workers:
         raise InputError(
@@ -285,10 +296,12 @@ async def run_ray(
     first_seq: int,
     part: int,
 ) -> RayRun:
-    """Run the scenario on ``load.workers`` actors of the connected cluster; returns once all have ended.
+    """Run the scenario on ``load.workers`` actors of the connected cluster; returns once all have
+    ended.
 
-    Each result carries the node its actor ran on. A lost actor (its process or node died, or it stopped
-    answering) halts the others and comes back with ``lost`` set; every record drained before stays on disk.
+    Each result carries the node its actor ran on. A lost actor (its process or node died, or it
+    stopped answering) halts the others and comes back with ``lost`` set; every record drained
+    before stays on disk.
     """
     workers = scenario.load.workers
     coordinator = ray.remote(KevloadCoordinator).options(num_cpus=0).remote(workers)
@@ -299,106 +312,139 @@ async def run_ray(
         actor.remote(w, workers, scenario, run_id, already, first_seq, part, coordinator)
         for w in range(workers)
     ]
+    driver = _Driver(ray, coordinator, actors, await _placed(ray, coordinator, actors), run_dir)
     try:
-        nodes = await asyncio.wait_for(asyncio.gather(*(a.node.remote() for a in actors)), _REPLY_S)
+        while len(driver.drained) < workers:
+            if stop.is_set():
+                driver.halt()
+            await _wait_stop(stop, _BATCH_S)
+            await driver.settle()
+    finally:
+        calls = await driver.finish()
+    return driver.ended(calls)
+
+
+async def _placed(ray: Any, coordinator: Any, actors: list[Any]) -> list[str]:
+    """The node each actor was placed on; actors not all placed in time fail the run before it
+    begins, taken down with the coordinator."""
+    try:
+        nodes: list[str] = await asyncio.wait_for(
+            asyncio.gather(*(a.node.remote() for a in actors)), _REPLY_S
+        )
     except (TimeoutError, ray.exceptions.RayError) as exc:
         _kill(ray, [coordinator, *actors])
         raise ClusterError(
-            f"--ray: the cluster did not start {workers} worker actors in {_REPLY_S:g} s "
+            f"--ray: the cluster did not start {len(actors)} worker actors in {_REPLY_S:g} s "
             f"({_why(exc)})"
         ) from None
-    runs = {actor.run.remote(): w for w, actor in enumerate(actors)}
-    results: dict[int, WorkerResult] = {}
-    drained: set[int] = set()  # actors whose last records are on disk (or that are lost)
-    files = [RecordWriter(run_dir / records_name(w)) for w in range(workers)]
-    # The stop's time, taken before any actor can hear of it, in the records' terms (perf_counter
-    # plus an offset
-    # measured at the start, as each actor stamps its records): on one host the same clock, whatever
-    # NTP does since.
-    offset = clock_offset()
-    halted_at: float | None = None
+    return nodes
 
-    def halt() -> None:
-        nonlocal halted_at
-        if halted_at is None:
-            halted_at = time.perf_counter() + offset
-            coordinator.halt.remote()
-            for w, handle in enumerate(actors):
-                if w not in results:
+
+class _Driver:
+    """The driver's side of a run on actors: each actor's finished records appended to its file, how
+    each actor ended, and the halt that reaches them all through the coordinator."""
+
+    def __init__(
+        self, ray: Any, coordinator: Any, actors: list[Any], nodes: list[str], run_dir: Path
+    ):
+        self.ray, self.coordinator, self.actors, self.nodes = ray, coordinator, actors, nodes
+        self.workers = len(actors)
+        self.runs = {actor.run.remote(): w for w, actor in enumerate(actors)}
+        self.results: dict[int, WorkerResult] = {}
+        self.drained: set[int] = set()  # actors whose last records are on disk (or that are lost)
+        self.files = [RecordWriter(run_dir / records_name(w)) for w in range(self.workers)]
+        # The stop's time, taken before any actor can hear of it, in the records' terms
+        # (perf_counter plus an offset measured at the start, as each actor stamps its records): on
+        # one host the same clock, whatever NTP does since.
+        self.offset = clock_offset()
+        self.halted_at: float | None = None
+
+    def halt(self) -> None:
+        if self.halted_at is None:
+            self.halted_at = time.perf_counter() + self.offset
+            self.coordinator.halt.remote()
+            for w, handle in enumerate(self.actors):
+                if w not in self.results:
                     handle.stop.remote()
 
-    def end(w: int, result: WorkerResult) -> None:
-        results[w] = result
+    def end(self, w: int, result: WorkerResult) -> None:
+        self.results[w] = result
         if result.aborted or result.error:
-            halt()
+            self.halt()
 
-    async def collect() -> None:
-        """Append each actor's finished records to its file; an actor that ended is drained one last time."""
-        live = [w for w in range(workers) if w not in drained]
+    async def collect(self) -> None:
+        """Append each actor's finished records to its file; an actor that ended is drained one last
+        time."""
+        live = [w for w in range(self.workers) if w not in self.drained]
         replies = await asyncio.gather(
-            *(asyncio.wait_for(actors[w].drain.remote(), _REPLY_S) for w in live),
+            *(asyncio.wait_for(self.actors[w].drain.remote(), _REPLY_S) for w in live),
             return_exceptions=True,
         )
         for w, reply in zip(live, replies, strict=True):
             if isinstance(reply, bytes):
-                files[w].write_lines(reply if halted_at is None else _cut(reply, halted_at))
-                if w in results:
-                    drained.add(w)
+                halted_at = self.halted_at
+                self.files[w].write_lines(reply if halted_at is None else _cut(reply, halted_at))
+                if w in self.results:
+                    self.drained.add(w)
             else:
-                drained.add(w)
-                if w not in results or not results[w].lost:
-                    end(w, _lost(w, nodes[w], reply))
+                self.drained.add(w)
+                if w not in self.results or not self.results[w].lost:
+                    self.end(w, _lost(w, self.nodes[w], reply))
 
-    async def settle() -> None:
-        ready, _ = ray.wait(list(runs), num_returns=len(runs), timeout=0)
+    async def settle(self) -> None:
+        """Take in the results of the actors that ended, then collect every actor's records."""
+        ray = self.ray
+        ready, _ = ray.wait(list(self.runs), num_returns=len(self.runs), timeout=0)
         for ref in ready:
-            w = runs.pop(ref)
-            if w in results:
+            w = self.runs.pop(ref)
+            if w in self.results:
                 continue
             try:
-                end(w, replace(await ref, node=nodes[w]))
+                self.end(w, replace(await ref, node=self.nodes[w]))
             except ray.exceptions.RayActorError as exc:
-                drained.add(w)
-                end(w, _lost(w, nodes[w], exc))
+                self.drained.add(w)
+                self.end(w, _lost(w, self.nodes[w], exc))
             except (
                 ray.exceptions.RayTaskError
             ) as exc:  # a bug in the worker: shown as the local workers show it
-                end(w, WorkerResult(w, 0, False, str(exc), node=nodes[w]))
-        await collect()
+                self.end(w, WorkerResult(w, 0, False, str(exc), node=self.nodes[w]))
+        await self.collect()
 
-    try:
-        while len(drained) < workers:
-            if stop.is_set():
-                halt()
-            await _wait_stop(stop, _BATCH_S)
-            await settle()
-    finally:
+    async def finish(self) -> int | None:
+        """Close the files and take the actors down; returns the coordinator's count of calls."""
         if (
-            len(drained) < workers
+            len(self.drained) < self.workers
         ):  # the driver itself was cancelled: stop the actors, keep what they finished
-            halt()
+            self.halt()
             await asyncio.wait(
-                [asyncio.ensure_future(ref) for ref in runs], timeout=engine.STOP_GRACE_S + 5
+                [asyncio.ensure_future(ref) for ref in self.runs], timeout=engine.STOP_GRACE_S + 5
             )
-            await settle()
-        for file in files:
+            await self.settle()
+        for file in self.files:
             file.close()
-        calls = await _calls(ray, coordinator)
-        _kill(ray, [coordinator, *actors])
-    return RayRun(
-        [
-            replace(
-                results.get(w) or WorkerResult(w, 0, False, node=nodes[w]), records=files[w].count
-            )
-            for w in range(workers)
-        ],
-        calls,
-    )
+        calls = await _calls(self.ray, self.coordinator)
+        _kill(self.ray, [self.coordinator, *self.actors])
+        return calls
+
+    def ended(self, calls: int | None) -> RayRun:
+        """How each actor ended (one that never reported: no records, not aborted), with its records
+        on disk."""
+        return RayRun(
+            [
+                replace(
+                    self.results.get(w) or WorkerResult(w, 0, False, node=self.nodes[w]),
+                    records=self.files[w].count,
+                )
+                for w in range(self.workers)
+            ],
+            calls,
+        )
 
 
 @dataclass(frozen=True)
 class RayRun:
-    """How a run's actors ended, and how often the coordinator was called (None: it did not answer)."""
+    """How a run's actors ended, and how often the coordinator was called (None: it did not
+    answer)."""
 
     results: list[WorkerResult]
     coordinator_calls: int | None
@@ -412,8 +458,9 @@ async def _calls(ray: Any, coordinator: Any) -> int | None:
 
 
 def _cut(lines: bytes, stopped_at: float) -> bytes:
-    """The engine's rule at a stop, on the driver's clock: a closed-loop answer that came after the stop lost its batch
-    and is not counted. An actor hears of the stop a message later, and not at the same moment as the others."""
+    """The engine's rule at a stop, on the driver's clock: a closed-loop answer that came after the
+    stop lost its batch and is not counted. An actor hears of the stop a message later, and not at
+    the same moment as the others."""
     kept = []
     for line in lines.splitlines(keepends=True):
         record = orjson.loads(line)

@@ -1,29 +1,30 @@
-"""Worker processes on one host: N processes share each level of one run (``load.workers``, ``--workers N``).
+"""Worker processes on one host: N processes share each level of one run (``load.workers``,
+``--workers N``).
 
 Each worker runs ``engine.run`` with a ``Shared`` team:
 
 - Closed loop: the level's *c* slots are dealt out round-robin, probe slots first, so worker 0 holds
-  the probe slot in the companion modes and the other workers hold companion slots, and in ``single``
-  mode the probe slots are spread. All workers call one ``Level`` (``kevload.load.level``) whose state lives in
-  shared memory (a ``multiprocessing.Array`` of doubles): the fields the level and its plan declare
-  (``Level.STATE``, ``ClosedLoop.COUNTERS``), loaded and stored around each call under one lock. So
-  "exactly *c* − 1 others in flight" holds across processes, and each record's ``in_flight`` is the count
-  across all workers.
+  the probe slot in the companion modes and the other workers hold companion slots, and in
+  ``single`` mode the probe slots are spread. All workers call one ``Level``
+  (``kevload.load.level``) whose state lives in shared memory (a ``multiprocessing.Array`` of
+  doubles): the fields the level and its plan declare (``Level.STATE``, ``ClosedLoop.COUNTERS``),
+  loaded and stored around each call under one lock. So "exactly *c* − 1 others in flight" holds
+  across processes, and each record's ``in_flight`` is the count across all workers.
 - Open loop: worker *w* sends arrivals *w*, *w* + N, … of the one schedule, against one start time.
 - Levels start and end together: a barrier in shared memory after the warm-ups and after the drain.
 
 The shared count is kevload's own bookkeeping, as in one process: a request is in flight from the
-moment its worker claims it (under the lock, just before its bytes go out) until its answer is in. Two
-limits: a send and its count are not one atomic act with the socket write (the same as in one process),
-and across processes a slot's return and its next send are no longer one step of one event loop, so
-another worker's send can come in between; such a send sees *c* − 2 others and is not counted — the
-rule stays exact, only some sends more go uncounted. Every claim takes one lock shared by all workers
-(about a microsecond uncontended), which is the price of the exact count.
+moment its worker claims it (under the lock, just before its bytes go out) until its answer is in.
+Two limits: a send and its count are not one atomic act with the socket write (the same as in one
+process), and across processes a slot's return and its next send are no longer one step of one event
+loop, so another worker's send can come in between; such a send sees *c* − 2 others and is not
+counted — the rule stays exact, only some sends more go uncounted. Every claim takes one lock shared
+by all workers (about a microsecond uncontended), which is the price of the exact count.
 
-Each worker writes its own ``records-<worker>.jsonl`` (one unbuffered write per record, as in one process)
-with ``worker`` set and Unix times: one offset from ``time.perf_counter`` to ``time.time`` measured once by
-the driver for the whole host (``perf_counter`` is the host's one monotonic clock), so times from
-different workers compare directly.
+Each worker writes its own ``records-<worker>.jsonl`` (one unbuffered write per record, as in one
+process) with ``worker`` set and Unix times: one offset from ``time.perf_counter`` to ``time.time``
+measured once by the driver for the whole host (``perf_counter`` is the host's one monotonic clock),
+so times from different workers compare directly.
 """
 
 from __future__ import annotations
@@ -53,19 +54,18 @@ START, HALTED, PASSED, LEVEL = 0, 1, 2, 3  # PASSED: arrivals at barriers, all w
 _STATE_SIZE = LEVEL + 16  # room for a level's declared state and its plan's counters
 _WATCH_S = 0.05  # how often a worker looks for a stop from the driver (or the driver's death)
 _BARRIER_S = 0.002  # how often a worker at a barrier looks whether the others are there
-_PER_CORE = (
-    4  # worker processes per core at most (scenario.MAX_WORKERS bounds a run's on any cluster)
-)
+# Worker processes per core at most (scenario.MAX_WORKERS bounds a run's on any cluster)
+_PER_CORE = 4
 # How long a worker may take to report after a halt (its stop's grace, then its last records) before
-# the driver
-# takes it for lost: one killed while it held the shared lock leaves the others blocked on it, never
-# seeing the halt.
+# the driver takes it for lost: one killed while it held the shared lock leaves the others blocked
+# on it, never seeing the halt.
 _HALT_GRACE_S = engine.STOP_GRACE_S + 8.0
 
 
 def check_host(scenario: Scenario) -> None:
-    """Refuse more worker processes than this host can use, before anything is written or started: each is an
-    event loop of its own, and more than a few per core only compete for the cores (and take memory)."""
+    """Refuse more worker processes than this host can use, before anything is written or started:
+    each is an event loop of its own, and more than a few per core only compete for the cores (and
+    take memory)."""
     cores = os.cpu_count() or 1
     if scenario.load.workers > _PER_CORE * cores:
         raise InputError(
@@ -103,7 +103,8 @@ def slots_of(slots: tuple[Role, ...], worker: int, workers: int) -> tuple[Role, 
 
 
 def cap_of(max_in_flight: int, worker: int, workers: int) -> int:
-    """This worker's share of an open loop's ``load.max_in_flight`` (0: no cap); the shares add up to it."""
+    """This worker's share of an open loop's ``load.max_in_flight`` (0: no cap); the shares add up
+    to it."""
     if not max_in_flight:
         return 0
     return max_in_flight // workers + (worker < max_in_flight % workers)
@@ -112,9 +113,10 @@ def cap_of(max_in_flight: int, worker: int, workers: int) -> int:
 class SharedLevel(Level):
     """A ``Level`` whose state lives in shared memory, called by every worker under one lock.
 
-    Around each call the level's ``STATE`` and its plan's ``COUNTERS`` (each declared by name where it is
-    defined) are loaded from the array and stored back, so the rules stay written once, in ``kevload.load.level``
-    and ``kevload.load.schedule``, and apply to the sends of all workers together. ``halted`` is the run's flag.
+    Around each call the level's ``STATE`` and its plan's ``COUNTERS`` (each declared by name where
+    it is defined) are loaded from the array and stored back, so the rules stay written once, in
+    ``kevload.load.level`` and ``kevload.load.schedule``, and apply to the sends of all workers
+    together. ``halted`` is the run's flag.
     """
 
     def __init__(self, plan: Plan, state: Any):
@@ -139,7 +141,8 @@ class SharedLevel(Level):
             _halt(self._state)
 
     def publish(self) -> None:
-        """The leader's fresh level becomes the shared state (before the level's barrier: nobody reads the old)."""
+        """The leader's fresh level becomes the shared state (before the level's barrier: nobody
+        reads the old)."""
         with self._lock:
             self._store()
 
@@ -194,8 +197,9 @@ class SharedLevel(Level):
 
 
 class OneOfN(engine.Alone):
-    """What every worker set deals out the same way (local processes or Ray actors): worker 0 leads and
-    sends the warm-ups, worker *w* runs its dealt slots and sends open-loop arrivals *w*, *w* + N, …"""
+    """What every worker set deals out the same way (local processes or Ray actors): worker 0 leads
+    and sends the warm-ups, worker *w* runs its dealt slots and sends open-loop arrivals *w*,
+    *w* + N, …"""
 
     def __init__(self, worker: int, workers: int):
         self.worker, self.workers = worker, workers
@@ -215,7 +219,8 @@ class OneOfN(engine.Alone):
 
 
 class Shared(OneOfN):
-    """The engine's view of the other worker processes: one level in shared memory, this worker's slots, barriers."""
+    """The engine's view of the other worker processes: one level in shared memory, this worker's
+    slots, barriers."""
 
     def __init__(self, worker: int, workers: int, state: Any, stop: asyncio.Event):
         super().__init__(worker, workers)
@@ -228,7 +233,8 @@ class Shared(OneOfN):
     def level(self, plan: Plan) -> tuple[Level, tuple[Role, ...]]:
         level = SharedLevel(plan, self._shared)
         if self.leader:
-            level.publish()  # every worker is past the last level's end barrier: nobody reads the old state
+            # Every worker is past the last level's end barrier: nobody reads the old state
+            level.publish()
         return level, self.slots(plan)
 
     def halted(self) -> bool:
@@ -248,10 +254,10 @@ class Shared(OneOfN):
         await self._wait()
 
     async def _wait(self) -> None:
-        """Wait at the barrier until every worker reached it, or a halt. Polled, not a multiprocessing.Barrier:
-        its condition waits for every sleeper to wake, so one worker killed while waiting there left the
-        others and the driver's abort waiting for ever; here a dead worker holds the others up only until
-        the driver sees its death and halts the run."""
+        """Wait at the barrier until every worker reached it, or a halt. Polled, not a
+        multiprocessing.Barrier: its condition waits for every sleeper to wake, so one worker killed
+        while waiting there left the others and the driver's abort waiting for ever; here a dead
+        worker holds the others up only until the driver sees its death and halts the run."""
         self._passed += 1
         with self._lock:
             self._state[PASSED] += 1
@@ -269,12 +275,10 @@ class WorkerResult:
     aborted: bool
     error: str | None = None
     node: str | None = None  # the Ray node a worker actor ran on (kevload.load.rayworkers)
-    lost: bool = (
-        False  # a worker process, Ray actor or node that died: the run lost a worker, not a bug
-    )
-    sent: int | None = (
-        None  # requests it numbered (None: not known, it died); more than ``records``: some unrecorded
-    )
+    # A worker process, Ray actor or node that died: the run lost a worker, not a bug.
+    lost: bool = False
+    # Requests it numbered (None: not known, it died); more than ``records``: some unrecorded.
+    sent: int | None = None
 
 
 async def run_workers(
@@ -288,41 +292,21 @@ async def run_workers(
     part: int,
     offset: float,
 ) -> list[WorkerResult]:
-    """Run the scenario on ``load.workers`` processes; returns once all have ended (each writes its own file).
+    """Run the scenario on ``load.workers`` processes; returns once all have ended (each writes its
+    own file).
 
-    A stop (Ctrl-C, SIGTERM) reaches the workers through the HALTED flag in shared memory, which also ends
-    their waits at a barrier; a worker that aborts (the error rule) or dies stops the others the same way.
+    A stop (Ctrl-C, SIGTERM) reaches the workers through the HALTED flag in shared memory, which
+    also ends their waits at a barrier; a worker that aborts (the error rule) or dies stops the
+    others the same way.
     """
     workers = scenario.load.workers
     ctx = multiprocessing.get_context("spawn")  # never fork a process that runs an event loop
     state = ctx.Array("d", _STATE_SIZE)
     flags = state.get_obj()
-    pipes, procs = [], []
-    for worker in range(workers):
-        receive, send = ctx.Pipe(duplex=False)
-        proc = ctx.Process(
-            target=_worker_main,
-            name=f"kevload-worker-{worker}",
-            daemon=True,
-            args=(
-                worker,
-                workers,
-                scenario,
-                str(run_dir / records_name(worker)),
-                run_id,
-                already,
-                first_seq,
-                part,
-                offset,
-                os.getpid(),
-                state,
-                send,
-            ),
-        )
-        proc.start()
-        send.close()
-        pipes.append(receive)
-        procs.append(proc)
+    job = _Job(workers, scenario, run_id, already, first_seq, part, offset, os.getpid())
+    started = [
+        _start(ctx, worker, job, run_dir / records_name(worker), state) for worker in range(workers)
+    ]
     results: dict[int, WorkerResult] = {}
     halted_at: float | None = None
     try:
@@ -331,43 +315,19 @@ async def run_workers(
                 _halt(flags)
             if flags[HALTED] and halted_at is None:
                 halted_at = time.monotonic()
-            for worker, (pipe, proc) in enumerate(zip(pipes, procs, strict=True)):
+            for worker, (pipe, proc) in enumerate(started):
                 if worker in results:
                     continue
-                alive = (
-                    proc.is_alive()
-                )  # read before the pipe: a worker sends its result, then exits
-                try:
-                    result = pipe.recv() if pipe.poll() else None
-                except EOFError:  # its end closed the pipe with no result in it
-                    result, alive = None, False
+                result = _heard_from(worker, pipe, proc, halted_at)
                 if result is not None:
                     results[worker] = result
                     if result.aborted or result.error:
                         _halt(flags)
-                elif not alive:
-                    # Killed (the OOM killer, kill -9): a lost worker, as a Ray actor's death is,
-                    # not a bug.
-                    proc.join(timeout=engine.STOP_GRACE_S)  # its exit code
-                    results[worker] = WorkerResult(
-                        worker, 0, False, f"died (exit code {proc.exitcode})", lost=True
-                    )
-                    _halt(flags)
-                elif halted_at is not None and time.monotonic() - halted_at > _HALT_GRACE_S:
-                    proc.kill()  # its records so far are on disk already, one write each
-                    proc.join(timeout=engine.STOP_GRACE_S)
-                    results[worker] = WorkerResult(
-                        worker,
-                        0,
-                        False,
-                        f"did not stop within {_HALT_GRACE_S:g} s of the halt (killed)",
-                        lost=True,
-                    )
             await asyncio.sleep(_WATCH_S)
     finally:
         if len(results) < workers:  # the driver itself was cancelled: take the workers down with it
             _halt(flags)
-        for proc in procs:
+        for _, proc in started:
             proc.join(timeout=engine.STOP_GRACE_S + 5)
             if proc.is_alive():
                 proc.kill()
@@ -375,72 +335,86 @@ async def run_workers(
     return [results[w] for w in range(workers)]
 
 
+@dataclass(frozen=True)
+class _Job:
+    """What every worker process of a run is given alike (pickled to it when it starts)."""
+
+    workers: int
+    scenario: Scenario
+    run_id: str
+    already: dict[engine.LevelKey, int]
+    first_seq: int
+    part: int
+    offset: float  # perf_counter → Unix time, measured once by the driver for the whole host
+    parent: int  # the driver's pid: a worker whose parent is another has lost its driver
+
+
+def _start(ctx: Any, worker: int, job: _Job, path: Path, state: Any) -> tuple[Any, Any]:
+    """One worker process, started; returns the end of the pipe its result comes back on, and the
+    process."""
+    receive, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(
+        target=_worker_main,
+        name=f"kevload-worker-{worker}",
+        daemon=True,
+        args=(worker, job, str(path), state, send),
+    )
+    proc.start()
+    send.close()
+    return receive, proc
+
+
+def _heard_from(worker: int, pipe: Any, proc: Any, halted_at: float | None) -> WorkerResult | None:
+    """How a worker ended, once it has: the result it sent, or lost (it died, or did not stop within
+    ``_HALT_GRACE_S`` of the halt, and is killed); None while it runs."""
+    alive = proc.is_alive()  # read before the pipe: a worker sends its result, then exits
+    try:
+        result: WorkerResult | None = pipe.recv() if pipe.poll() else None
+    except EOFError:  # its end closed the pipe with no result in it
+        result, alive = None, False
+    if result is not None:
+        return result
+    if not alive:
+        # Killed (the OOM killer, kill -9): a lost worker, as a Ray actor's death is, not a bug.
+        proc.join(timeout=engine.STOP_GRACE_S)  # its exit code
+        return WorkerResult(worker, 0, False, f"died (exit code {proc.exitcode})", lost=True)
+    if halted_at is not None and time.monotonic() - halted_at > _HALT_GRACE_S:
+        proc.kill()  # its records so far are on disk already, one write each
+        proc.join(timeout=engine.STOP_GRACE_S)
+        return WorkerResult(
+            worker,
+            0,
+            False,
+            f"did not stop within {_HALT_GRACE_S:g} s of the halt (killed)",
+            lost=True,
+        )
+    return None
+
+
 def _halt(flags: Any) -> None:
     # Every worker stops resending only after the flag is set, so an answer that finds it unset had
-    # its batch
-    # kept full to its end, and one that finds it set is not counted (engine). Written without the
-    # lock: a
-    # process that dies never holds it up.
+    # its batch kept full to its end, and one that finds it set is not counted (engine). Written
+    # without the lock: a process that dies never holds it up.
     flags[HALTED] = 1
 
 
-def _worker_main(
-    worker: int,
-    workers: int,
-    scenario: Scenario,
-    path: str,
-    run_id: str,
-    already: dict[engine.LevelKey, int],
-    first_seq: int,
-    part: int,
-    offset: float,
-    parent: int,
-    state: Any,
-    pipe: Any,
-) -> None:
+def _worker_main(worker: int, job: _Job, path: str, state: Any, pipe: Any) -> None:
     # Ctrl-C reaches the whole process group, and so does a CI timeout's SIGTERM: the driver alone
-    # decides, and
-    # tells the workers through the HALTED flag.
+    # decides, and tells the workers through the HALTED flag.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     import uvloop
 
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            result = runner.run(
-                _work(
-                    worker,
-                    workers,
-                    scenario,
-                    Path(path),
-                    run_id,
-                    already,
-                    first_seq,
-                    part,
-                    offset,
-                    parent,
-                    state,
-                )
-            )
+            result = runner.run(_work(worker, job, Path(path), state))
     except Exception:  # noqa: BLE001 - the driver shows it; a worker has no terminal of its own
         result = WorkerResult(worker, 0, False, traceback.format_exc(limit=8))
     pipe.send(result)
     pipe.close()
 
 
-async def _work(
-    worker: int,
-    workers: int,
-    scenario: Scenario,
-    path: Path,
-    run_id: str,
-    already: dict[engine.LevelKey, int],
-    first_seq: int,
-    part: int,
-    offset: float,
-    parent: int,
-    state: Any,
-) -> WorkerResult:
+async def _work(worker: int, job: _Job, path: Path, state: Any) -> WorkerResult:
     from kevload.wire.client import Client
 
     stop = asyncio.Event()
@@ -449,26 +423,27 @@ async def _work(
     async def watch() -> None:
         while not stop.is_set():
             if (
-                flags[HALTED] or os.getppid() != parent
+                flags[HALTED] or os.getppid() != job.parent
             ):  # a stop, another worker's abort, or the driver died
                 stop.set()
                 return
             await asyncio.sleep(_WATCH_S)
 
+    scenario = job.scenario
     cap = scenario.load.max_in_flight
     mine = replace(
-        scenario, load=replace(scenario.load, max_in_flight=cap_of(cap, worker, workers))
+        scenario, load=replace(scenario.load, max_in_flight=cap_of(cap, worker, job.workers))
     )
     client = Client(mine.target, mine.api_key())
-    team = Shared(worker, workers, state, stop)
+    team = Shared(worker, job.workers, state, stop)
     stream = engine.run(
         mine,
         client,
-        run_id=run_id,
+        run_id=job.run_id,
         stop=stop,
-        already=already,
-        first_seq=first_seq,
-        part=part,
+        already=job.already,
+        first_seq=job.first_seq,
+        part=job.part,
         team=team,
     )
     watcher = asyncio.create_task(watch())
@@ -476,14 +451,15 @@ async def _work(
         try:
             async with client, aclosing(stream.__aiter__()) as records:
                 async for record in records:
-                    writer.write(stamp(record, worker, offset, cap))
+                    writer.write(stamp(record, worker, job.offset, cap))
         finally:
             watcher.cancel()
     return WorkerResult(worker, writer.count, stream.aborted, sent=stream.sent)
 
 
 def stamp(record: Record, worker: int, offset: float, max_in_flight: int) -> Record:
-    """A worker's record as the run keeps it: its worker, Unix times, and the open loop's whole cap."""
+    """A worker's record as the run keeps it: its worker, Unix times, and the open loop's whole
+    cap."""
     shift = {
         name: value + offset
         for name in ("t_scheduled", "t_send", "t_first_byte", "t_first_token", "t_last_byte")

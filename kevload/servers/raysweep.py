@@ -1,10 +1,11 @@
-"""`kevload sweep --ray`: each server setting is a Ray task on a node that has the asked resources. The task
-starts the server there on 127.0.0.1, runs the setting's scenarios against it into a node-local directory,
-stops the server however it ends, and returns that directory's files; the driver writes them where the
-sequential sweep writes each run, so the matrix, `report` and baselines read them unchanged.
+"""`kevload sweep --ray`: each server setting is a Ray task on a node that has the asked resources.
+The task starts the server there on 127.0.0.1, runs the setting's scenarios against it into a
+node-local directory, stops the server however it ends, and returns that directory's files; the
+driver writes them where the sequential sweep writes each run, so the matrix, `report` and baselines
+read them unchanged.
 
-Ray is never imported here: the driver passes the module in (``kevload.load.cluster.connect``), and the task runs
-in a Ray worker, which has it.
+Ray is never imported here: the driver passes the module in (``kevload.load.cluster.connect``), and
+the task runs in a Ray worker, which has it.
 """
 
 from __future__ import annotations
@@ -71,8 +72,9 @@ def task_options(resources: dict[str, float]) -> dict[str, Any]:
 
 
 def check_capacity(ray: Any, resources: dict[str, float]) -> None:
-    """Refuse, before anything starts, resources that no node of the cluster has: Ray would keep such a task
-    pending forever. (A cluster that an autoscaler grows is judged by the nodes it has now.)"""
+    """Refuse, before anything starts, resources that no node of the cluster has: Ray would keep
+    such a task pending forever. (A cluster that an autoscaler grows is judged by the nodes it has
+    now.)"""
     wanted = {"CPU": 1.0, **resources}  # a Ray task takes one CPU unless told otherwise
     nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
     if any(all(node.get(name, 0) >= amount for name, amount in wanted.items()) for node in nodes):
@@ -92,8 +94,9 @@ def check_capacity(ray: Any, resources: dict[str, float]) -> None:
 
 
 class Gate:
-    """The sweep's stop switch, a Ray actor: a task begins only while the sweep runs, and stopping tells the
-    driver which tasks began, so it waits for exactly those to stop their server and cancels the rest."""
+    """The sweep's stop switch, a Ray actor: a task begins only while the sweep runs, and stopping
+    tells the driver which tasks began, so it waits for exactly those to stop their server and
+    cancels the rest."""
 
     def __init__(self) -> None:
         self.stopped = False
@@ -125,21 +128,13 @@ async def ray_rows(
     stop: asyncio.Event,
     log: Callable[[str], None],
 ) -> list[dict[str, Any]]:
-    """The sweep's rows, each server setting run as a Ray task; in the grid's order, however they finish (a
-    setting stopped before it began has none: the sweep gives it its ``not_run`` row)."""
+    """The sweep's rows, each server setting run as a Ray task; in the grid's order, however they
+    finish (a setting stopped before it began has none: the sweep gives it its ``not_run`` row)."""
     check_capacity(ray, resources)
     settings = combinations(grid.server)
     combos = combinations(grid.scenario)
     dirs, logs = grid.run_dirs(), grid.server_logs()
-    # Scenarios are built here, datasets included: the nodes need neither the scenario file nor its
-    # datasets.
-    runs = [
-        [
-            (label({**setting, **combo}), base.with_settings(combo, source="--grid"))
-            for combo in combos
-        ]
-        for setting in settings
-    ]
+    runs = _setting_runs(base, settings, combos)
     for name, _ in (run for setting_runs in runs for run in setting_runs):
         refuse_existing(out / dirs[name], hint="give the sweep a fresh --out")
     gate = ray.remote(num_cpus=0)(Gate).remote()
@@ -157,6 +152,33 @@ async def ray_rows(
         f"{len(refs)} server setting(s) sent to the Ray cluster, each on a node with "
         f"{json.dumps(resources) if resources else 'one CPU'} free …"
     )
+    rows = await _gathered(ray, refs, gate, stop, lambda i, outcome: written(settings[i], outcome))
+    return [row for i in sorted(rows) for row in rows[i]]
+
+
+def _setting_runs(
+    base: Scenario, settings: list[dict[str, Any]], combos: list[dict[str, Any]]
+) -> list[list[tuple[str, Scenario]]]:
+    """Each server setting's runs, named as the sweep names them: one per scenario combination."""
+    # Scenarios are built here, datasets included: the nodes need neither the scenario file nor its
+    # datasets.
+    return [
+        [
+            (label({**setting, **combo}), base.with_settings(combo, source="--grid"))
+            for combo in combos
+        ]
+        for setting in settings
+    ]
+
+
+_Written = Callable[[int, dict[str, Any]], list[dict[str, Any]]]  # a setting's task outcome → rows
+
+
+async def _gathered(
+    ray: Any, refs: list[Any], gate: Any, stop: asyncio.Event, written: _Written
+) -> dict[int, list[dict[str, Any]]]:
+    """Each setting's rows, written as its task ends, by its index; at a stop (or a failure here),
+    what ``_stopped`` leaves."""
     waiting = {asyncio.wrap_future(ref.future()): i for i, ref in enumerate(refs)}
     rows: dict[int, list[dict[str, Any]]] = {}
     stopped = asyncio.ensure_future(stop.wait())
@@ -165,28 +187,41 @@ async def ray_rows(
             done, _ = await asyncio.wait([*waiting, stopped], return_when=asyncio.FIRST_COMPLETED)
             for future in done - {stopped}:
                 i = waiting.pop(future)
-                rows[i] = written(settings[i], _outcome(future))
+                rows[i] = written(i, _outcome(future))
     finally:
         stopped.cancel()
         if (
             waiting
         ):  # stopped (or failed here): no setting begins any more; those running stop and return
-            begun = set(await asyncio.wrap_future(gate.stop.remote().future()))
-            for future, i in waiting.items():
-                if i not in begun:
-                    ray.cancel(refs[i])
-                    future.add_done_callback(
-                        _outcome
-                    )  # its TaskCancelledError, read so nobody warns of it
-            for future, i in waiting.items():
-                if i in begun:
-                    await asyncio.wait([future])
-                    rows[i] = written(settings[i], _outcome(future))
-    return [row for i in sorted(rows) for row in rows[i]]
+            rows.update(await _stopped(ray, refs, gate, waiting, written))
+    return rows
+
+
+async def _stopped(
+    ray: Any,
+    refs: list[Any],
+    gate: Any,
+    waiting: dict[asyncio.Future[dict[str, Any]], int],
+    written: _Written,
+) -> dict[int, list[dict[str, Any]]]:
+    """The rows of the settings whose tasks began before the gate closed, once each has stopped its
+    server; the tasks of the others are cancelled (their settings get no rows here)."""
+    begun = set(await asyncio.wrap_future(gate.stop.remote().future()))
+    for future, i in waiting.items():
+        if i not in begun:
+            ray.cancel(refs[i])
+            future.add_done_callback(_outcome)  # its TaskCancelledError, read so nobody warns of it
+    rows: dict[int, list[dict[str, Any]]] = {}
+    for future, i in waiting.items():
+        if i in begun:
+            await asyncio.wait([future])
+            rows[i] = written(i, _outcome(future))
+    return rows
 
 
 def _outcome(future: asyncio.Future[dict[str, Any]]) -> dict[str, Any]:
-    """A task's result; a task that died (its worker or node lost) fails its setting like a server that did."""
+    """A task's result; a task that died (its worker or node lost) fails its setting like a server
+    that did."""
     try:
         return future.result()
     except Exception as exc:  # noqa: BLE001 - Ray's errors for a lost task: any of them fails only this setting
@@ -203,9 +238,9 @@ def _rows(
     *,
     log: Callable[[str], None],
 ) -> list[dict[str, Any]]:
-    """Write what the task returned into the sweep directory and make its rows, by the sequential sweep's rules:
-    a failed run, or a server that did not start, a failed row; a server that failed by the end of a run fails
-    that row, and the setting's later runs are ``not_run``."""
+    """Write what the task returned into the sweep directory and make its rows, by the sequential
+    sweep's rules: a failed run, or a server that did not start, a failed row; a server that failed
+    by the end of a run fails that row, and the setting's later runs are ``not_run``."""
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / logs[label(setting)]
     if "server_log" in outcome:
@@ -258,8 +293,9 @@ def run_setting(
     ready_timeout: float,
     gate: Any,
 ) -> dict[str, Any]:
-    """The Ray task (runs on the node): one server setting, its scenarios in order, the server stopped at the
-    end however it ends; returns the runs' files, the server's log and where it ran."""
+    """The Ray task (runs on the node): one server setting, its scenarios in order, the server
+    stopped at the end however it ends; returns the runs' files, the server's log and where it
+    ran."""
     import ray
 
     node = {"id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname()}
@@ -325,8 +361,8 @@ async def _on_node(
 
 
 async def _run(name: str, scenario: Scenario, run_dir: Path, stop: asyncio.Event) -> dict[str, Any]:
-    """One scenario run on the node (its files go back under the driver's name for it, so here it is numbered);
-    a run that fails is a failed row, and the next run still gets its turn."""
+    """One scenario run on the node (its files go back under the driver's name for it, so here it is
+    numbered); a run that fails is a failed row, and the next run still gets its turn."""
     started = time.time()
     error = None
     try:
@@ -354,7 +390,8 @@ async def _watch(gate: Any, stop: asyncio.Event) -> None:
 
 
 def _pointed_at(scenario: Scenario, base_url: str) -> Scenario:
-    """The scenario against the node's server, set as a typed key: no file on the driver's machine is reread."""
+    """The scenario against the node's server, set as a typed key: no file on the driver's machine
+    is reread."""
     return scenario.with_settings({"target.base_url": base_url}, source="sweep")
 
 

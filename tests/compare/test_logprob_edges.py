@@ -19,7 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
 from kevload.compare.summarizing import summarize
-from kevload.guide.diagnose import Evidence, StepResult, decide
+from kevload.guide.decision import decide
+from kevload.guide.evidence import Evidence, StepResult
 from kevload.inputs.probe import Probe
 from kevload.inputs.scenario import scenario_from_dict
 from kevload.outputs.baseline import compare_to_baseline

@@ -6,15 +6,13 @@ from dataclasses import replace
 
 import pytest
 
-from kevload.guide.diagnose import (
+from kevload.guide.decision import decide, findings, samples_needed
+from kevload.guide.evidence import (
     DataResult,
     Evidence,
     StepResult,
     cold_warm_counts,
-    decide,
     differing_calls,
-    findings,
-    samples_needed,
 )
 
 SEED_SENTENCE = "Fixing the seed will not help on this server"
@@ -136,7 +134,7 @@ def test_verdicts(name, measured, verdict, causes):
 
 
 def test_every_verdict_is_reachable_and_documented():
-    from kevload.guide.diagnose import VERDICTS
+    from kevload.guide.decision import VERDICTS
 
     reached = {
         decide(e).verdict

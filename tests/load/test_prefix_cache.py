@@ -13,8 +13,9 @@ from click.testing import CliRunner
 
 from kevload.cli import main
 from kevload.errors import InputError, ScenarioError
-from kevload.guide.cases import build_cases, read_cases, rerun_cases
-from kevload.guide.diagnose import cache_rounds
+from kevload.guide.cases import build_cases, read_cases
+from kevload.guide.evidence import cache_rounds
+from kevload.guide.rerun import rerun_cases
 from kevload.inputs.scenario import scenario_from_dict
 from kevload.load import prefixcache
 from kevload.load.prefixcache import CacheResetError
