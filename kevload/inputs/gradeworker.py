@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import orjson
+import msgspec
 
 from kevload.inputs.grading import PYTHON, GraderFailed, Grading, content_of, shown
 
@@ -108,15 +108,18 @@ class BoundedGrader:
         self.close()
 
 
+# msgspec, not orjson: an expected integer beyond 64 bits (inputs.numbers keeps it exact) must reach
+# the worker as that integer; keys sorted so one grader's form is one key.
+_encode = msgspec.json.Encoder(order="sorted").encode
+
+
 def _identity(grading: Grading) -> str:
     """What a grader is, for "it ran past its bound": a python grader by its function (whatever it
     is given), the others by their expected value too (one regex looping says nothing of
     another)."""
     if grading.grade.startswith(PYTHON):
         return grading.grade
-    return (
-        grading.grade + "\0" + orjson.dumps(grading.to_json(), option=orjson.OPT_SORT_KEYS).decode()
-    )
+    return grading.grade + "\0" + _encode(grading.to_json()).decode()
 
 
 class _Overrun(Exception):
@@ -128,7 +131,7 @@ class _Ended(Exception):
 
 
 class _Worker:
-    """One grading process: frames of orjson through its stdin and a private copy of its stdout."""
+    """One grading process: frames of JSON through its stdin and a private copy of its stdout."""
 
     def __init__(self) -> None:
         bootstrap = (
@@ -144,7 +147,7 @@ class _Worker:
 
     def call(self, grading: Grading, answer: str, probe: str, deadline: float) -> dict[str, Any]:
         doc = grading.to_json()
-        key = orjson.dumps(doc, option=orjson.OPT_SORT_KEYS).decode()
+        key = _encode(doc).decode()
         message: dict[str, Any] = {"answer": answer, "probe": probe}
         if key in self.loaded:
             message["grader"] = self.loaded[key]
@@ -155,7 +158,7 @@ class _Worker:
         return self._receive(deadline)
 
     def _send(self, message: dict[str, Any]) -> None:
-        body = orjson.dumps(message)
+        body = _encode(message)
         assert self.proc.stdin is not None
         try:
             self.proc.stdin.write(len(body).to_bytes(_HEADER, "big") + body)
@@ -165,7 +168,7 @@ class _Worker:
 
     def _receive(self, deadline: float) -> dict[str, Any]:
         size = int.from_bytes(self._read(_HEADER, deadline), "big")
-        reply: dict[str, Any] = orjson.loads(self._read(size, deadline))
+        reply: dict[str, Any] = msgspec.json.decode(self._read(size, deadline))
         return reply
 
     def _read(self, size: int, deadline: float) -> bytes:
@@ -213,14 +216,14 @@ def serve() -> None:
     graders: dict[int, Grading] = {}
     for message in _frames(frames_in):
         reply = _graded(message, graders)
-        body = orjson.dumps(reply)
+        body = _encode(reply)
         frames_out.write(len(body).to_bytes(_HEADER, "big") + body)
         frames_out.flush()
 
 
 def _frames(stream: Any) -> Iterator[dict[str, Any]]:
     while len(header := stream.read(_HEADER)) == _HEADER:
-        message: dict[str, Any] = orjson.loads(stream.read(int.from_bytes(header, "big")))
+        message: dict[str, Any] = msgspec.json.decode(stream.read(int.from_bytes(header, "big")))
         yield message
 
 
