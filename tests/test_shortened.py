@@ -6,7 +6,7 @@ from kevload.inputs.scenario import _show as scenario_show
 from kevload.inputs.trace import _show as trace_show
 from kevload.load.prefixcache import _shown as prefix_shown
 from kevload.summary import _shown as summary_shown
-from kevload.wire.client import _shown as client_shown
+from kevload.wire.decoding import shown as client_shown
 from kevload.words import shortened
 
 

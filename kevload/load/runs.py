@@ -51,7 +51,8 @@ from kevload.records.store import (
     write_json,
 )
 from kevload.summary import RunSummary
-from kevload.wire.client import Client, ask_for_logprobs
+from kevload.wire.client import Client
+from kevload.wire.logprobcheck import ask_for_logprobs
 from kevload.words import OK, RunState
 
 

@@ -24,7 +24,8 @@ from kevload.load.level import Level
 from kevload.load.prefixcache import CacheControl
 from kevload.load.schedule import PROBE, ClosedLoop, Role
 from kevload.records.store import Record, answer_text
-from kevload.wire.client import CancelAt, Client, Outcome, build_body
+from kevload.wire.answer import Outcome
+from kevload.wire.client import CancelAt, Client, build_body
 
 
 @dataclass(frozen=True, slots=True)
