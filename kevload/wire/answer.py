@@ -125,6 +125,28 @@ async def read_whole(
     )
 
 
+@dataclass(slots=True)
+class StreamCut:
+    """How a streamed answer may be cut (``kevload.load.cancel``): once ``after_chunks`` chunks carried a piece of
+    the answer and no end of it was read (the caller then closes the connection), or by time, on the caller's
+    clock: ``chunks`` follows the chunks read, for that cut to report, and ``ended`` is called once the answer's
+    end is read (a cut by time no longer applies)."""
+
+    after_chunks: int | None = None
+    ended: Callable[[], None] | None = None
+    chunks: int = 0
+
+    def after_read(self, chunks: int, ended: bool) -> bool:
+        """Called once the events of one read are taken; True when the stream is cut here. An answer whose end
+        came with its cut-off chunk (vLLM's last token carries its finish_reason) or in the same read is whole,
+        not cancelled."""
+        self.chunks = chunks
+        if ended and self.ended is not None:
+            self.ended()
+            self.ended = None
+        return self.after_chunks is not None and chunks >= self.after_chunks and not ended
+
+
 async def read_stream(
     body: AsyncIterator[bytes],
     read: Callable[[], Awaitable[bytes]],
@@ -132,94 +154,65 @@ async def read_stream(
     api: str,
     t_send: float,
     t_first_byte: float,
-    after_chunks: int | None = None,
-    seen: list[int] | None = None,
-    ended: Callable[[], None] | None = None,
+    cut: StreamCut | None = None,
     *,
     token_limit: int | None = None,
 ) -> Outcome:
-    """``after_chunks``: return ``cancelled`` once that many chunks carried a piece of the answer and no end of it was
-    read (the caller then closes the connection); ``seen[0]`` follows the chunks read, for a cut by time to report;
-    ``ended`` is called once the answer's end is read (a cut by time no longer applies)."""
+    """A Server-Sent Events answer into its outcome; ``cut``: how it may be cut."""
     if "text/event-stream" not in content_type:
         await read()
-        return Outcome(
-            status="malformed",
-            t_send=t_send,
-            t_first_byte=t_first_byte,
-            t_last_byte=time.perf_counter(),
-            error=f"content type {content_type!r}, expected text/event-stream",
-        )
-    parser = SSEParser()
-    acc = _Accumulator(token_limit)
-    finish_reason = None
-    done = False
-    t_first_token: float | None = None
-    t_prev = 0.0  # read only once a first token set it
-    max_gap = 0.0
-    chunks = 0
-
-    def failed(status: str, why: str, now: float) -> Outcome:
-        return Outcome(
-            status=status, t_send=t_send, t_first_byte=t_first_byte, t_last_byte=now, error=why
-        )
-
+        wrong = f"content type {content_type!r}, expected text/event-stream"
+        return _failed("malformed", wrong, t_send, t_first_byte, time.perf_counter())
     try:
-        async for raw in body:
-            now = time.perf_counter()
-            for event, data in parser.feed(raw):
-                if event == "error":
-                    # However the server words it (with an "error" key or not), this event ends the
-                    # answer.
-                    return failed("server_error", f"error event: {data[:200]!r}", now)
-                if not data:
-                    continue  # an event without data (a named keep-alive) carries nothing
-                if data == "[DONE]":
-                    done = True
-                    continue
-                answer, nonfinite, why = decode(data, acc.findings)
-                if answer is None:
-                    return failed("malformed", f"event is {why}", now)
-                acc.nonfinite = acc.nonfinite or nonfinite
-                if _is_error(answer):
-                    return failed("server_error", f"error event: {_error_text(answer)}", now)
-                choice = _first_choice(answer)
-                acc.take_extras(answer, choice)
-                if choice is None:
-                    continue
-                if acc.take_delta(choice, api):
-                    chunks += 1
-                    if t_first_token is None:
-                        t_first_token = now
-                    else:
-                        max_gap = max(max_gap, now - t_prev)
-                    t_prev = now
-                    if seen is not None:
-                        seen[0] = chunks
-                finish_reason = choice.finish_reason or finish_reason
-            # Cut once the events of this read are taken: an answer whose end came with its cut-off
-            # chunk (vLLM's
-            # last token carries its finish_reason) or in the same read is whole, not cancelled.
-            if ended is not None and (finish_reason is not None or done):
-                ended()
-                ended = None
-            if (
-                after_chunks is not None
-                and chunks >= after_chunks
-                and finish_reason is None
-                and not done
-            ):
-                return Outcome(
-                    status=CANCELLED,
-                    t_send=t_send,
-                    t_first_byte=t_first_byte,
-                    t_first_token=t_first_token,
-                    t_last_byte=now,
-                    chunks=chunks,
-                    error=f"cut by kevload after {chunks} chunks (load.cancel_after_tokens)",
-                )
+        return await _take_events(body, _Accumulator(token_limit), api, t_send, t_first_byte, cut)
     except (SSEError, Malformed) as exc:
-        return failed("malformed", str(exc), time.perf_counter())
+        return _failed("malformed", str(exc), t_send, t_first_byte, time.perf_counter())
+
+
+async def _take_events(
+    body: AsyncIterator[bytes],
+    acc: _Accumulator,
+    api: str,
+    t_send: float,
+    t_first_byte: float,
+    cut: StreamCut | None,
+) -> Outcome:
+    """The stream's events into ``acc`` until its end, an event that ends it early, or the cut (``SSEError``,
+    ``Malformed``: no answer). The hot path: its common steps inline, in locals; the rare ends in helpers."""
+    parser = SSEParser()
+    finish_reason: str | None = None
+    t_first_token: float | None = None
+    done, chunks, t_prev, max_gap = False, 0, 0.0, 0.0  # t_prev: read once a first token set it
+    async for raw in body:
+        now = time.perf_counter()
+        for event, data in parser.feed(raw):
+            if event == "error":
+                # However the server words it (an "error" key or not), this event ends the answer.
+                said = f"error event: {data[:200]!r}"
+                return _failed("server_error", said, t_send, t_first_byte, now)
+            if not data:
+                continue  # an event without data (a named keep-alive) carries nothing
+            if data == "[DONE]":
+                done = True
+                continue
+            answer, nonfinite, why = decode(data, acc.findings)
+            if answer is None or _is_error(answer):
+                return _event_failed(answer, why, t_send, t_first_byte, now)
+            acc.nonfinite = acc.nonfinite or nonfinite
+            choice = _first_choice(answer)
+            acc.take_extras(answer, choice)
+            if choice is None:
+                continue
+            if acc.take_delta(choice, api):
+                chunks += 1
+                if t_first_token is None:
+                    t_first_token = now
+                else:
+                    max_gap = max(max_gap, now - t_prev)
+                t_prev = now
+            finish_reason = choice.finish_reason or finish_reason
+        if cut is not None and cut.after_read(chunks, finish_reason is not None or done):
+            return _cancelled(chunks, t_send, t_first_byte, t_first_token, now)
     t_last = time.perf_counter()
     return acc.finish(
         finish_reason,
@@ -230,6 +223,37 @@ async def read_stream(
         t_last_byte=t_last,
         chunks=chunks,
         max_gap=max_gap if chunks > 1 else None,
+    )
+
+
+def _failed(status: str, why: str, t_send: float, t_first_byte: float, now: float) -> Outcome:
+    """A response that is no answer: ``status`` and why, at ``now``."""
+    return Outcome(
+        status=status, t_send=t_send, t_first_byte=t_first_byte, t_last_byte=now, error=why
+    )
+
+
+def _event_failed(
+    answer: Answer | None, why: str | None, t_send: float, t_first_byte: float, now: float
+) -> Outcome:
+    """A stream event that ends the answer: one that is no answer (``why``), or an error object."""
+    if answer is None:
+        return _failed("malformed", f"event is {why}", t_send, t_first_byte, now)
+    return _failed("server_error", f"error event: {_error_text(answer)}", t_send, t_first_byte, now)
+
+
+def _cancelled(
+    chunks: int, t_send: float, t_first_byte: float, t_first_token: float | None, now: float
+) -> Outcome:
+    """A stream kevload cut after ``chunks`` chunks (``StreamCut.after_chunks``)."""
+    return Outcome(
+        status=CANCELLED,
+        t_send=t_send,
+        t_first_byte=t_first_byte,
+        t_first_token=t_first_token,
+        t_last_byte=now,
+        chunks=chunks,
+        error=f"cut by kevload after {chunks} chunks (load.cancel_after_tokens)",
     )
 
 
@@ -425,27 +449,10 @@ class _Accumulator:
             {"name": name, "arguments": "".join(pieces)}
             for _, (name, pieces) in sorted(self.calls.items())
         ] or None
-        if finish_reason in _FAILED_FINISH:
-            status, error = _FAILED_FINISH[finish_reason], f"finish_reason {finish_reason!r}"
-        elif finish_reason is None and not complete:
-            status, error = "truncated", "stream ended without a finish_reason or [DONE]"
-        elif finish_reason is None and not (output or reasoning or tool_calls):
-            # An empty answer is a real answer only when the server says how it ended.
-            status, error = "malformed", "no content, reasoning or tool calls, and no finish_reason"
-        else:
-            status, error = "ok", None
+        answered = bool(output or reasoning or tool_calls)
+        status, error = _status(finish_reason, complete=complete, answered=answered)
         usage = self.usage or Usage()
-        completion_tokens = usage.completion_tokens
-        if (
-            completion_tokens is not None
-            and self.token_limit is not None
-            and completion_tokens > self.token_limit
-        ):
-            self.findings.append(
-                f"usage.completion_tokens: expected at most the request's max_tokens "
-                f"({self.token_limit}), got {completion_tokens}"
-            )
-            completion_tokens = None
+        completion_tokens = self._completion_tokens(usage)
         nonfinite = (
             sum(1 for x in self.logprobs if x is not None and not math.isfinite(x))
             if self.nonfinite and self.logprobs
@@ -473,6 +480,30 @@ class _Accumulator:
             findings=findings,
             **fields,
         )
+
+    def _completion_tokens(self, usage: Usage) -> int | None:
+        """The server's count of the answer's tokens, None where it is above the request's limit (a finding)."""
+        count = usage.completion_tokens
+        if count is not None and self.token_limit is not None and count > self.token_limit:
+            self.findings.append(
+                f"usage.completion_tokens: expected at most the request's max_tokens "
+                f"({self.token_limit}), got {count}"
+            )
+            return None
+        return count
+
+
+def _status(finish_reason: str | None, *, complete: bool, answered: bool) -> tuple[str, str | None]:
+    """How the answer ended: ``ok``, or the failure and why. ``answered``: it holds content, reasoning or a
+    tool call."""
+    if finish_reason in _FAILED_FINISH:
+        return _FAILED_FINISH[finish_reason], f"finish_reason {finish_reason!r}"
+    if finish_reason is None and not complete:
+        return "truncated", "stream ended without a finish_reason or [DONE]"
+    if finish_reason is None and not answered:
+        # An empty answer is a real answer only when the server says how it ended.
+        return "malformed", "no content, reasoning or tool calls, and no finish_reason"
+    return "ok", None
 
 
 def _cached_tokens(usage: Usage, timings: Timings | None) -> int | None:

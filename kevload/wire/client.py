@@ -7,7 +7,6 @@ import asyncio
 import os
 import secrets
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -17,7 +16,7 @@ import orjson
 from kevload.inputs.probe import Probe
 from kevload.inputs.scenario import REQUEST_ID_HEADER, Target
 from kevload.records.store import url_secrets, url_userinfo
-from kevload.wire.answer import Outcome, read_stream, read_whole
+from kevload.wire.answer import Outcome, StreamCut, read_stream, read_whole
 from kevload.wire.http1 import LeanTransport
 from kevload.wire.transport import AiohttpTransport, Endpoint, Response, Transport, TransportError
 from kevload.words import CANCELLED
@@ -151,51 +150,31 @@ class Client:
         t_send = time.perf_counter()
         cut_s = cancel.after_s if cancel is not None else None
         after_chunks = cancel.after_chunks if cancel is not None else None
-        # Streamed chunks read so far, followed only where a cut by time may need to report them.
-        chunks = [0] if cut_s is not None else None
         if self._max_seconds is None and cut_s is None:
-            return await self._exchange(
-                payload, headers, stream, t_send, [], after_chunks, chunks, token_limit=token_limit
-            )
+            cut = StreamCut(after_chunks) if after_chunks is not None else None
+            return await self._exchange(payload, headers, stream, t_send, [], cut, token_limit)
         deadline = asyncio.timeout(self._max_seconds)
-        cut = asyncio.timeout(cut_s)
+        clock = asyncio.timeout(cut_s)
         reconnects: list[int] = []
         # An answer whose end was read is whole: the cut's clock stops there (what follows is [DONE]
         # or the close).
-        ended = (lambda: cut.reschedule(None)) if cut_s is not None else None
+        ended = (lambda: clock.reschedule(None)) if cut_s is not None else None
+        cut = StreamCut(after_chunks, ended) if cancel is not None else None
         try:
-            async with deadline, cut:  # the cut inside: its own expiry is told apart below
+            async with deadline, clock:  # the cut inside: its own expiry is told apart below
                 return await self._exchange(
-                    payload,
-                    headers,
-                    stream,
-                    t_send,
-                    reconnects,
-                    after_chunks,
-                    chunks,
-                    ended,
-                    token_limit,
+                    payload, headers, stream, t_send, reconnects, cut, token_limit
                 )
         except TimeoutError:
-            if cut.expired():
-                assert chunks is not None  # a cut's clock ran: cut_s was given
-                return replace(
-                    self._failed(
-                        CANCELLED,
-                        t_send,
-                        f"cut by kevload after {cut_s:g} s (load.cancel_after_s)",
-                        sum(reconnects),
-                    ),
-                    chunks=chunks[0],
-                )
+            if clock.expired():
+                assert cut is not None  # a cut's clock ran: cancel gave it
+                why = f"cut by kevload after {cut_s:g} s (load.cancel_after_s)"
+                failed = self._failed(CANCELLED, t_send, why, sum(reconnects))
+                return replace(failed, chunks=cut.chunks)
             if not deadline.expired():
                 raise
-            return self._failed(
-                "timeout",
-                t_send,
-                f"no complete answer within target.max_seconds = {self._max_seconds:g} s",
-                sum(reconnects),
-            )
+            why = f"no complete answer within target.max_seconds = {self._max_seconds:g} s"
+            return self._failed("timeout", t_send, why, sum(reconnects))
 
     async def _exchange(
         self,
@@ -204,9 +183,7 @@ class Client:
         stream: bool,
         t_send: float,
         reconnects: list[int],
-        after_chunks: int | None = None,
-        chunks: list[int] | None = None,
-        ended: Callable[[], None] | None = None,
+        cut: StreamCut | None = None,
         token_limit: int | None = None,
     ) -> Outcome:
         transport = self._transport
@@ -215,9 +192,7 @@ class Client:
             response = await transport.send(payload, headers)
             reconnects.append(response.reconnects)
             try:
-                outcome = await self._answer(
-                    response, stream, t_send, after_chunks, chunks, ended, token_limit
-                )
+                outcome = await self._answer(response, stream, t_send, cut, token_limit)
             finally:
                 # Also on a cancel or the max_seconds cut: closing tells the server to stop.
                 response.close()
@@ -230,9 +205,7 @@ class Client:
         response: Response,
         stream: bool,
         t_send: float,
-        after_chunks: int | None = None,
-        chunks: list[int] | None = None,
-        ended: Callable[[], None] | None = None,
+        cut: StreamCut | None = None,
         token_limit: int | None = None,
     ) -> Outcome:
         t_first_byte = time.perf_counter()
@@ -257,9 +230,7 @@ class Client:
                 self.target.api,
                 t_send,
                 t_first_byte,
-                after_chunks,
-                chunks,
-                ended,
+                cut,
                 token_limit=token_limit,
             )
         return await read_whole(
