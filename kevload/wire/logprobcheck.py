@@ -67,27 +67,12 @@ async def ask_for_logprobs(
     if asked is False:
         info["why"] = "load.logprobs = false"
         return scenario, info
-    with_logprobs = replace(
-        scenario, params={**scenario.params, **logprob_fields(scenario.target.api)}
-    )
+    fields = logprob_fields(scenario.target.api)
+    with_logprobs = replace(scenario, params={**scenario.params, **fields})
     if asked is True:
         info["why"] = "load.logprobs = true: asked for without a check"
         return with_logprobs, info
-    check = Probe(id="logprobs-check", prompt="Say hi.", max_tokens=2)
-    body = build_body(
-        scenario.target,
-        check,
-        with_logprobs.params,
-        stream=scenario.load.stream,
-        nonce=LOGPROBS_CHECK_USER,
-    )
-    async with Client(scenario.target, api_key) as client:
-        answers: list[Outcome] = []
-        for _ in range(LOGPROBS_CHECK_TRIES):
-            outcome = await unless_stopped(client.send(body), stop)
-            if outcome is None or outcome.status != "ok" or _has_logprobs(outcome):
-                break
-            answers.append(outcome)
+    outcome, answers = await _check(with_logprobs, api_key, stop)
     if outcome is None:
         info["why"] = "the run was stopped before the check answered"
         return scenario, info
@@ -95,35 +80,65 @@ async def ask_for_logprobs(
         info["available"] = True
         return with_logprobs, info
     if outcome.status == "ok" and not any(a.output or a.completion_tokens for a in answers):
-        # No answer held a token, so none said whether logprobs come: ask for them; the cells say
-        # where samples
-        # came without (logprobs_missing).
-        info["why"] = (
-            f"the check's {LOGPROBS_CHECK_TRIES} answers held no token: asked for without proof"
-        )
+        # No answer held a token, so none said whether logprobs come: ask for them; the cells
+        # say where samples came without (logprobs_missing).
+        tries = LOGPROBS_CHECK_TRIES
+        info["why"] = f"the check's {tries} answers held no token: asked for without proof"
         return with_logprobs, info
     if outcome.status in REFUSAL_STATUSES:
-        # Every request of the run would be refused alike: say which model, and which it serves.
-        served = await served_models(scenario.target, api_key)
-        if served and scenario.target.model not in served:
-            raise TargetError(
-                refusal_message(scenario.target.model, outcome.status, outcome.error, served)
-            )
+        await _refuse_unserved(scenario, api_key, outcome)
     why = (
         "the server returned no per-token logprobs"
         if outcome.status == "ok"
         else f"the check request failed ({outcome.status}: {outcome.error})"
     )
     info.update(available=False, why=why)
-    message = f"kevload: logprobs: {why}; comparing output text only"
+    _say(f"kevload: logprobs: {why}; comparing output text only", scenario.target.base_url, warn)
+    return scenario, info
+
+
+async def _check(
+    with_logprobs: Scenario, api_key: str | None, stop: asyncio.Event | None
+) -> tuple[Outcome | None, list[Outcome]]:
+    """The check request sent (``LOGPROBS_CHECK_TRIES`` times at most) until an answer has logprobs or one is no
+    answer: the last outcome (None: stopped first), and the ok answers without logprobs before it."""
+    check = Probe(id="logprobs-check", prompt="Say hi.", max_tokens=2)
+    body = build_body(
+        with_logprobs.target,
+        check,
+        with_logprobs.params,
+        stream=with_logprobs.load.stream,
+        nonce=LOGPROBS_CHECK_USER,
+    )
+    answers: list[Outcome] = []
+    async with Client(with_logprobs.target, api_key) as client:
+        for _ in range(LOGPROBS_CHECK_TRIES):
+            outcome = await unless_stopped(client.send(body), stop)
+            if outcome is None or outcome.status != "ok" or _has_logprobs(outcome):
+                break
+            answers.append(outcome)
+    return outcome, answers
+
+
+async def _refuse_unserved(scenario: Scenario, api_key: str | None, refused: Outcome) -> None:
+    """Every request of the run would be refused alike: ``TargetError`` says which model, and which the server
+    serves, where its ``/models`` lists others."""
+    served = await served_models(scenario.target, api_key)
+    if served and scenario.target.model not in served:
+        raise TargetError(
+            refusal_message(scenario.target.model, refused.status, refused.error, served)
+        )
+
+
+def _say(message: str, base_url: str, warn: Callable[[str], None] | None) -> None:
+    """``message`` through ``warn``; without one, on stderr once per server and message."""
     if warn is not None:
         warn(message)
-    elif (scenario.target.base_url, message) not in _SAID:
+    elif (base_url, message) not in _SAID:
         # A command that runs several steps against one server (demo, diagnose, sweep, cases rerun)
         # checks before each: the same words six times said nothing new. run.json still has them.
-        _SAID.add((scenario.target.base_url, message))
+        _SAID.add((base_url, message))
         _to_stderr(message)
-    return scenario, info
 
 
 def _has_logprobs(outcome: Outcome) -> bool:
