@@ -13,14 +13,14 @@ import operator
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
 from kevload.inputs.conversation import conversation_sha256, history_sha256
 from kevload.inputs.probe import Probe
 from kevload.inputs.scenario import Scenario
-from kevload.load.level import Level
+from kevload.load.level import Claim, Level
 from kevload.load.prefixcache import CacheControl
 from kevload.load.schedule import PROBE, ClosedLoop, Role
 from kevload.records.store import Record, answer_text
@@ -175,9 +175,9 @@ class Sender:
         whether the whole conversation was sent at full load."""
         assert item.turns is not None
         first = level.claim(role, at)
+        talk = _Talk(self.run_id, cell, role, item, sample, t_scheduled, cancel is not None)
         answers: list[str] = []
-        counted, conversation, chained = first.counted, None, None
-        held = True
+        counted, held = first.counted, True
         started = time.perf_counter()  # a cut by time counts from the first turn's send
         try:
             for k in range(len(item.turns)):
@@ -186,63 +186,28 @@ class Sender:
                 ):  # nothing is sent after a stop: the sample ends here, uncounted
                     return
                 claim = first if k == 0 else level.claim_turn(first)
-                asked = item.turn(k, answers)
-                seq, request_id = self._number()
-                conversation = conversation or request_id
-                body = self._body(asked, request_id)
-                cut_at = (
-                    cancel.since(time.perf_counter() - started)
-                    if cancel is not None and k
-                    else cancel
-                )
-                outcome, retries, cut = await self._exchange(level, body, request_id, cut_at)
-                self._hear_stop()
-                ends = k == len(item.turns) - 1 or outcome.status != "ok"
+                cut_at = cancel.since(time.perf_counter() - started) if cancel and k else cancel
+                turn = await self._send_turn(level, item.turn(k, answers), cut_at)
+                ends = k == len(item.turns) - 1 or turn.outcome.status != "ok"
+                cut = turn.cut
                 counted = counted and claim.counted and not (cut is not None and cut.stop)
-                if ends:
-                    held = False
-                    kept = level.release(first)
-                    if (
-                        kept and not counted
-                    ):  # counted when it began, then a later turn lost full load
-                        level.lost(first)
-                    counted = kept and counted
-                else:  # an answer after a halt lost its batch on the way, as Level.release says of one
-                    counted = counted and not (level.halted and isinstance(level.plan, ClosedLoop))
-                done = record(
-                    outcome,
-                    body,
-                    run_id=self.run_id,
-                    seq=seq,
-                    probe=item.id,
-                    role=role,
-                    mode=cell.mode,
-                    concurrency=cell.concurrency,
-                    rate=cell.rate,
-                    sample=sample,
-                    in_flight=claim.others,
-                    counted=counted,
-                    max_in_flight=cell.max_in_flight,
-                    t_scheduled=t_scheduled if k == 0 else None,
-                    retries=retries,
-                    request_id=request_id,
-                    turn=k,
-                    turns=len(item.turns),
-                    conversation=conversation,
-                    history=list(asked.messages or ()),
-                    history_sha256=history_sha256(asked.messages or ()),
-                    cancel_planned=cancel is not None,
-                )
-                if done.sha256 is not None:
-                    chained = conversation_sha256(chained, done.sha256, done.finish_reason)
-                    done = msgspec.structs.replace(done, conversation_sha256=chained)
-                yield done
+                held = not ends
+                counted = _turn_counted(level, first, counted, ends=ends)
+                yield talk.record(k, turn, in_flight=claim.others, counted=counted)
                 if ends:
                     return
-                answers.append(outcome.output or "")
+                answers.append(turn.outcome.output or "")
         finally:
             if held:  # torn down mid-conversation
                 level.release(first)
+
+    async def _send_turn(self, level: Level, asked: Probe, cancel: CancelAt | None) -> _Turn:
+        """One turn of a conversation, numbered, sent and answered; the stop heard before it is weighed."""
+        seq, request_id = self._number()
+        body = self._body(asked, request_id)
+        outcome, retries, cut = await self._exchange(level, body, request_id, cancel)
+        self._hear_stop()
+        return _Turn(asked, seq, request_id, body, outcome, retries, cut)
 
     def _number(self) -> tuple[int, str]:
         """The next request's seq and id. Sent as X-Request-Id; a 429/503 retry and a transport's reconnect resend
@@ -287,6 +252,81 @@ class Sender:
                 status="timeout", t_send=t_send, t_last_byte=time.perf_counter(), error=cut.why
             )
         return outcome, retries, cut
+
+
+def _turn_counted(level: Level, first: Claim, counted: bool, *, ends: bool) -> bool:
+    """Whether a turn counts, given whether it and every turn before it went at full load (``counted``). The
+    turn that ends the sample releases its claim, which has the last word; an earlier one's answer after a halt
+    lost its batch on the way, as ``Level.release`` says of one."""
+    if not ends:
+        return counted and not (level.halted and isinstance(level.plan, ClosedLoop))
+    kept = level.release(first)
+    if kept and not counted:  # counted when it began, then a later turn lost full load
+        level.lost(first)
+    return kept and counted
+
+
+class _Turn(NamedTuple):
+    """One turn of a conversation as sent and answered (a named tuple: cheap to make once per turn)."""
+
+    asked: Probe
+    seq: int
+    request_id: str
+    body: dict[str, Any]
+    outcome: Outcome
+    retries: int
+    cut: Cut | None
+
+
+@dataclass(slots=True)
+class _Talk:
+    """One conversation sample as its turns' records name it: what they share, its id (its first turn's
+    request id) and the hash chained over its answers so far."""
+
+    run_id: str
+    cell: Cell
+    role: Role
+    item: Probe
+    sample: int
+    t_scheduled: float | None
+    cancel_planned: bool
+    conversation: str | None = None
+    chained: str | None = None
+
+    def record(self, k: int, turn: _Turn, *, in_flight: int, counted: bool) -> Record:
+        """Turn ``k``'s record, its conversation hash chained on from the turns before it."""
+        assert self.item.turns is not None  # a conversation's
+        self.conversation = self.conversation or turn.request_id
+        messages = turn.asked.messages or ()
+        cell = self.cell
+        done = record(
+            turn.outcome,
+            turn.body,
+            run_id=self.run_id,
+            seq=turn.seq,
+            probe=self.item.id,
+            role=self.role,
+            mode=cell.mode,
+            concurrency=cell.concurrency,
+            rate=cell.rate,
+            sample=self.sample,
+            in_flight=in_flight,
+            counted=counted,
+            max_in_flight=cell.max_in_flight,
+            t_scheduled=self.t_scheduled if k == 0 else None,
+            retries=turn.retries,
+            request_id=turn.request_id,
+            turn=k,
+            turns=len(self.item.turns),
+            conversation=self.conversation,
+            history=list(messages),
+            history_sha256=history_sha256(messages),
+            cancel_planned=self.cancel_planned,
+        )
+        if done.sha256 is None:
+            return done
+        self.chained = conversation_sha256(self.chained, done.sha256, done.finish_reason)
+        return msgspec.structs.replace(done, conversation_sha256=self.chained)
 
 
 # Every field an Outcome shares with a Record is copied by name, so a field added to both travels on
