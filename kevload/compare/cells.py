@@ -1,11 +1,12 @@
-"""Per-cell accumulation: records folded one at a time into probe × role × mode × level cells whose memory
-grows with distinct outputs, not with requests; parts of a split file merge.
+"""Per-cell accumulation: records folded one at a time into probe × role × mode × level cells whose
+memory grows with distinct outputs, not with requests; parts of a split file merge.
 
-An output is its text (``sha256``) together with its ``finish_reason``: the same text ended for a different
-reason (``stop`` against ``length``) is a different answer. With an SLO each ok record is checked against its
-bounds as it is added, exactly, not from the latency histograms, whose bins would blur a bound that falls inside
-one. At a closed-loop level c ≥ 2 the (send, last byte) span of every request of the level is kept, whatever its
-role and whether it counts, so each counted sample's full load comes from the records (``kevload.compare.overlap``).
+An output is its text (``sha256``) together with its ``finish_reason``: the same text ended for a
+different reason (``stop`` against ``length``) is a different answer. With an SLO each ok record is
+checked against its bounds as it is added, exactly, not from the latency histograms, whose bins
+would blur a bound that falls inside one. At a closed-loop level c ≥ 2 the (send, last byte) span of
+every request of the level is kept, whatever its role and whether it counts, so each counted
+sample's full load comes from the records (``kevload.compare.overlap``).
 """
 
 from __future__ import annotations
@@ -93,8 +94,9 @@ class CellAccumulator:
     sample_outputs: list[OutputKey] | None = None
 
     def add(self, record: Record) -> None:
-        """One record folded in. The comparator's hot loop (a million records in seconds): plain comparisons, the
-        common path inline; what fewer records take (an error, a new output, logprobs, an SLO) in helpers."""
+        """One record folded in. The comparator's hot loop (a million records in seconds): plain
+        comparisons, the common path inline; what fewer records take (an error, a new output,
+        logprobs, an SLO) in helpers."""
         t_send, t_last = record.t_send, record.t_last_byte
         spans = self.spans
         if spans is not None:
@@ -133,7 +135,7 @@ class CellAccumulator:
         t_first, chunks = record.t_first_token, record.chunks
         # A one-token answer has no gap between tokens: nothing in it can miss an ITL or TPOT bound.
         ttft = itl = tpot = 0.0
-        # Without streaming the first token arrives with the last: TTFT and TPOT would only restate e2e.
+        # Without streaming the first token comes with the last: TTFT and TPOT would restate e2e.
         if streamed := (t_first is not None and chunks > 0):
             ttft = t_first - t_send
             latency["ttft"].add(ttft)
@@ -191,8 +193,8 @@ class CellAccumulator:
         outputs.append(key)
 
     def _logprobs(self, key: OutputKey, record: Record) -> bool:
-        """An ok record's logprobs into its output's track; False where they are none: a vector of nulls only
-        is no logprob at all (the server gave the field, not one value in it)."""
+        """An ok record's logprobs into its output's track; False where they are none: a vector of
+        nulls only is no logprob at all (the server gave the field, not one value in it)."""
         logprobs = record.logprobs
         assert logprobs  # add's check
         if logprobs[0] is None and logprobs.count(None) == len(logprobs):
@@ -206,15 +208,16 @@ class CellAccumulator:
             return True
         self.logprobs[key] = LogprobTrack(logprobs, record.seq, bool(nonfinite))
         if key not in self.tokens:
-            # The output's first record came without logprobs (and their tokens): line it up by this one.
+            # The output's first record came without logprobs (and tokens): line it up by this one.
             toks = record.token_ids or record.tokens
             if toks:
                 self.tokens[key] = toks
         return True
 
     def slo_fold(self, last: tuple[str, ...], earlier: set[str]) -> None:
-        """A conversation sample, counted by ``add`` on its last turn (which missed ``last``), is within the SLO only
-        if every turn was: the bounds its ``earlier`` turns missed count against it too, once per bound."""
+        """A conversation sample, counted by ``add`` on its last turn (which missed ``last``), is
+        within the SLO only if every turn was: the bounds its ``earlier`` turns missed count against
+        it too, once per bound."""
         if not earlier or "unmeasured" in last:
             return
         if not last:  # ``add`` counted it met
@@ -358,8 +361,8 @@ class Reduction:
         self.records += 1
 
     def _other(self, record: Record) -> None:
-        """A request of a closed-loop level c ≥ 2 that is no sample of a cell: one of the others beside those that
-        are."""
+        """A request of a closed-loop level c ≥ 2 that is no sample of a cell: one of the others
+        beside those that are."""
         if record.concurrency > 1 and record.rate is None:
             level = (record.mode, record.concurrency)
             spans = self.uncounted_spans.get(level)
@@ -369,11 +372,12 @@ class Reduction:
             spans.append(record.t_last_byte)
 
     def _turn(self, record: Record) -> None:
-        """A turn of a conversation. An earlier one is one of its level's others, and kept (its answer) until the
-        record that ends its sample (the last turn, or the turn that failed) says whether the sample counts: a
-        conversation cut by a stop or a crash, or whose later turn went below full load, is no sample, nor are its
-        turns. A record that ends a conversation whose first turns this part lacks (a large file read in parts)
-        waits for ``merge`` to bring them."""
+        """A turn of a conversation. An earlier one is one of its level's others, and kept (its
+        answer) until the record that ends its sample (the last turn, or the turn that failed)
+        says whether the sample counts: a conversation cut by a stop or a crash, or whose later
+        turn went below full load, is no sample, nor are its turns. A record that ends a
+        conversation whose first turns this part lacks (a large file read in parts) waits for
+        ``merge`` to bring them."""
         conversation, turn, ok = record.conversation, record.turn, record.status == "ok"
         assert conversation is not None and turn is not None  # a turn's (Record.__post_init__)
         if not ends_sample(turn, record.turns, record.status):
@@ -392,9 +396,10 @@ class Reduction:
         self._end(record, earlier)
 
     def _end(self, record: Record, earlier: list[KeptTurn]) -> None:
-        """The record that ends a conversation sample, with its earlier turns. A counted one is the sample the cell
-        counts, its output the whole conversation, and every turn's answer goes into the cell's turn tally (each
-        given its own history); an uncounted one is one of its level's others."""
+        """The record that ends a conversation sample, with its earlier turns. A counted one is the
+        sample the cell counts, its output the whole conversation, and every turn's answer goes into
+        the cell's turn tally (each given its own history); an uncounted one is one of its level's
+        others."""
         if not counts_in_cell(record.role, record.counted):
             self._other(record)
             return
@@ -478,10 +483,10 @@ class Reduction:
                 self._end(record, begun + earlier)
 
     def full_loads(self, unrecorded: list[Window] | None = None) -> dict[CellKey, FullLoad]:
-        """Each cell of a closed-loop level c ≥ 2 against every request of its level: its cells' counted spans
-        (probes and companions) and its uncounted ones (warm-ups, ramp-ups, tails), from every records file
-        reduced; its samples in an ``unrecorded`` window are left unknown. One level's occupancy at a time: memory
-        follows the largest level, not the run."""
+        """Each cell of a closed-loop level c ≥ 2 against every request of its level: its cells'
+        counted spans (probes and companions) and its uncounted ones (warm-ups, ramp-ups, tails),
+        from every records file reduced; its samples in an ``unrecorded`` window are left unknown.
+        One level's occupancy at a time: memory follows the largest level, not the run."""
         by_level: dict[SpanKey, list[tuple[CellKey, array[float]]]] = {}
         for key, cell in self.cells.items():
             if cell.spans is not None:
@@ -500,8 +505,9 @@ class Reduction:
 
 
 def slo_missed(limits: SloLimits, record: Record) -> tuple[str, ...]:
-    """The bounds an ok record is over (``CellAccumulator.add``'s rule, for one record): ``("unmeasured",)`` where
-    a bound needs a first token time it lacks; empty where it is within every bound."""
+    """The bounds an ok record is over (``CellAccumulator.add``'s rule, for one record):
+    ``("unmeasured",)`` where a bound needs a first token time it lacks; empty where it is within
+    every bound."""
     ttft_max, itl_max, tpot_max, e2e_max, needs_first_token = limits
     t_send, t_last, t_first = record.t_send, record.t_last_byte, record.t_first_token
     chunks, tokens = record.chunks, record.completion_tokens or 0
@@ -523,7 +529,8 @@ def slo_missed(limits: SloLimits, record: Record) -> tuple[str, ...]:
 
 
 def slo_limits(slo: Slo | None) -> SloLimits | None:
-    """The SLO as the hot loop reads it: seconds, an unbounded measure as inf (a comparison that never fails)."""
+    """The SLO as the hot loop reads it: seconds, an unbounded measure as inf (a comparison that
+    never fails)."""
     if slo is None:
         return None
     seconds = [

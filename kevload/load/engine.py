@@ -62,13 +62,13 @@ def run(
 ) -> RecordStream:
     """Every probe at every level; ``async for record in run(…)`` as requests finish.
 
-    ``already`` holds the counted probe samples a resumed run has per level; only the missing
-    ones are sent, with sequence numbers from ``first_seq`` on. ``part`` is the run's invocation (0, then one
-    more for each resume): it goes into every request id and nonce, so no two requests of a run share one
-    whatever the records on disk lost. With ``load.until_bound`` the stop
-    rule needs what they answered too: ``answers`` per level, in record order. The companion pools
-    are built here, before anything is sent, so a bad companion file fails at once. ``team`` makes
-    this run one of several workers sharing each level (``kevload.load.workers``); alone by default. ``cache`` makes
+    ``already`` holds the counted probe samples a resumed run has per level; only the missing ones
+    are sent, with sequence numbers from ``first_seq`` on. ``part`` is the run's invocation (0, then
+    one more for each resume): it goes into every request id and nonce, so no two requests of a run
+    share one whatever the records on disk lost. With ``load.until_bound`` the stop rule needs what
+    they answered too: ``answers`` per level, in record order. The companion pools are built here,
+    before anything is sent, so a bad companion file fails at once. ``team`` makes this run one of
+    several workers sharing each level (``kevload.load.workers``); alone by default. ``cache`` makes
     each probe sample cold or warm (``load.prefix_cache``).
     """
     return RecordStream(
@@ -91,15 +91,18 @@ class Alone:
     """How a run reaches the other workers of its levels: the default, there are none.
 
     ``kevload.load.workers.Shared`` (worker processes on one host, one level in shared memory) and
-    ``kevload.load.rayworkers.RayTeam`` (Ray actors, each on a level of its own slots) are the others. Whatever the
-    team, every count and every counted/uncounted decision is the ``Level``'s, and the engine only asks it.
+    ``kevload.load.rayworkers.RayTeam`` (Ray actors, each on a level of its own slots) are the
+    others. Whatever the team, every count and every counted/uncounted decision is the ``Level``'s,
+    and the engine only asks it.
     """
 
     worker, workers = 0, 1
-    warms_up = True  # whether this worker sends the closed loop's warm-ups (one at a time, before the slots start)
+    # whether this worker sends the closed loop's warm-ups (one at a time, before the slots start)
+    warms_up = True
 
     def level(self, plan: Plan) -> tuple[Level, tuple[Role, ...]]:
-        """The level this worker's sends go through, and the closed loop's slots it runs (none in the open loop)."""
+        """The level this worker's sends go through, and the closed loop's slots it runs (none in
+        the open loop)."""
         return Level(plan), plan.slots if isinstance(plan, ClosedLoop) else ()
 
     def mine(self, arrival: int) -> bool:
@@ -107,7 +110,8 @@ class Alone:
         return True
 
     def halted(self) -> bool:
-        """Whether the driver or another worker stopped the run: a stop this worker's own flags may not show yet."""
+        """Whether the driver or another worker stopped the run: a stop this worker's own flags may
+        not show yet."""
         return False
 
     def halt(self) -> None:
@@ -122,8 +126,9 @@ class Alone:
 
 
 class RecordStream:
-    """The records of one run, as they finish; ``aborted`` says whether the error rule ended it early, ``sent``
-    how many requests it numbered (each one a record, unless the stream was torn down before it came)."""
+    """The records of one run, as they finish; ``aborted`` says whether the error rule ended it
+    early, ``sent`` how many requests it numbered (each one a record, unless the stream was torn
+    down before it came)."""
 
     def __init__(self, run: EngineRun):
         self._runner = run
@@ -145,8 +150,8 @@ class RecordStream:
 
 
 class EngineRun:
-    """One run: its probes at every level in turn, the stream of records, the stop and the stop condition, and the
-    drain that ends each level."""
+    """One run: its probes at every level in turn, the stream of records, the stop and the stop
+    condition, and the drain that ends each level."""
 
     def __init__(
         self,
@@ -207,8 +212,9 @@ class EngineRun:
                     yield record
 
     async def batches(self) -> AsyncGenerator[list[Record], None]:
-        """The records as they finish, those that finished since the stream was last read in one list (a writer
-        writes them in one system call: per request that call cost more than building the record)."""
+        """The records as they finish, those that finished since the stream was last read in one
+        list (a writer writes them in one system call: per request that call cost more than building
+        the record)."""
         driver = asyncio.create_task(self._drive())
         driver.add_done_callback(lambda _: self._wake.set())
         try:
@@ -263,8 +269,9 @@ class EngineRun:
         """End a level only when nothing it sent is in flight.
 
         Probe requests run to their own end (the client's timeouts bound them). Companions still
-        running ``target.timeout`` seconds after the probes finished are cut: cancelled, which closes
-        their connections, and recorded as timeouts. A stop gives everything a short grace instead.
+        running ``target.timeout`` seconds after the probes finished are cut: cancelled, which
+        closes their connections, and recorded as timeouts. A stop gives everything a short grace
+        instead.
         """
         await self.wait(probes, cut_after=None)
         await self.wait(others, cut_after=self.scenario.target.timeout)
@@ -307,13 +314,15 @@ class EngineRun:
 
     @staticmethod
     async def _cut(tasks: set[asyncio.Task[None]], cut: Cut) -> None:
-        """Cancel requests still in flight (their connections close), each with the reason it is recorded with."""
+        """Cancel requests still in flight (their connections close), each with the reason it is
+        recorded with."""
         for task in tasks:
             task.cancel(cut)
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def halted(self) -> bool:
-        """Whether the run stopped (a stop, the error rule, another worker); the level running now hears of it."""
+        """Whether the run stopped (a stop, the error rule, another worker); the level running now
+        hears of it."""
         if self.stop.is_set() or self.aborted or self.team.halted():
             if self.level is not None:
                 self.level.halt()
@@ -323,20 +332,20 @@ class EngineRun:
     def resumed(
         self, probe: str, concurrency: int, rate: float | None
     ) -> tuple[int, Sequence[Answer]]:
-        """What a resumed run already has of a level: its counted probe samples, and their answers in record
-        order (``load.until_bound``)."""
+        """What a resumed run already has of a level: its counted probe samples, and their answers
+        in record order (``load.until_bound``)."""
         key = level_key(probe, concurrency, rate)
         return self.already.get(key, 0), self.answers.get(key, ())
 
     def level_done(self, counted: int) -> bool:
-        """Whether a resumed run has this level: its samples, or for a timed level any (topping one up
-        would run it for longer than load.duration)."""
+        """Whether a resumed run has this level: its samples, or for a timed level any (topping one
+        up would run it for longer than load.duration)."""
         return counted > 0 if self.load.duration else counted >= self.load.samples
 
     def sending(self, level: Level, cell: Cell, probe: Probe) -> Send:
-        """What sends one request of this level of ``probe``: the sender's record goes to the stream, a counted
-        probe's answer to the level (``load.until_bound``) and to the stop condition. A companion
-        ``load.cancel_share`` chose is sent to be cut."""
+        """What sends one request of this level of ``probe``: the sender's record goes to the
+        stream, a counted probe's answer to the level (``load.until_bound``) and to the stop
+        condition. A companion ``load.cancel_share`` chose is sent to be cut."""
         label = level_label(cell.concurrency, cell.rate)
 
         async def send(role: Role, item: Probe, sample: int, **when: Any) -> None:
@@ -362,8 +371,9 @@ class EngineRun:
         return send
 
     def _note(self, level: Level, role: Role, record: Record) -> None:
-        """A record to the stream; a counted probe sample's answer to the level and to the stop condition: a
-        conversation's once, with the record that ends it (its whole conversation, or the turn that failed)."""
+        """A record to the stream; a counted probe sample's answer to the level and to the stop
+        condition: a conversation's once, with the record that ends it (its whole conversation, or
+        the turn that failed)."""
         self._ready.append(record)
         self._wake.set()
         if role == PROBE and record.is_sample:
@@ -376,9 +386,10 @@ class EngineRun:
 
 @dataclass(slots=True)
 class ErrorShare:
-    """The run's stop condition (like GuideLLM's constraints): stop once its errors make the evidence worthless, at
-    least ``_ABORT_MIN_ERRORS`` counted probe errors and more than ``limit`` of the counted probes. Companions
-    only shape the batch: their errors neither trigger nor dilute it."""
+    """The run's stop condition (like GuideLLM's constraints): stop once its errors make the
+    evidence worthless, at least ``_ABORT_MIN_ERRORS`` counted probe errors and more than ``limit``
+    of the counted probes. Companions only shape the batch: their errors neither trigger nor dilute
+    it."""
 
     limit: float
     probes: int = 0

@@ -1,5 +1,6 @@
-"""A probe's level as the engine runs it: the closed loop's warm-ups and *c* slots, each resending the moment its
-answer is in, or the open loop's arrivals on their schedule; each level ends with the run's drain."""
+"""A probe's level as the engine runs it: the closed loop's warm-ups and *c* slots, each resending
+the moment its answer is in, or the open loop's arrivals on their schedule; each level ends with the
+run's drain."""
 
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ Send = Callable[..., Coroutine[Any, Any, None]]
 
 
 class ClosedLevel:
-    """Level *c* of one probe: its plan (fresh, resumed, or until a bound), the warm-ups, then *c* slots in one
-    task group, each resending the moment its answer is in, until the level's ``Level`` says so; then the drain."""
+    """Level *c* of one probe: its plan (fresh, resumed, or until a bound), the warm-ups, then *c*
+    slots in one task group, each resending the moment its answer is in, until the level's ``Level``
+    says so; then the drain."""
 
     def __init__(self, run: EngineRun, probe: Probe, concurrency: int, picker: CompanionPicker):
         self.run, self.probe, self.concurrency, self.picker = run, probe, concurrency, picker
@@ -118,7 +120,8 @@ class ClosedLevel:
         await run.team.end(level)
 
     async def _warm_up(self, plan: ClosedLoop, send: Send) -> None:
-        """The closed loop's warm-ups, one at a time before the slots start, where this worker sends them."""
+        """The closed loop's warm-ups, one at a time before the slots start, where this worker sends
+        them."""
         run = self.run
         for i in range(plan.warmup if run.team.warms_up else 0):
             if run.halted():
@@ -130,8 +133,8 @@ class ClosedLevel:
 
 
 class OpenLevel:
-    """A rate of one probe, open loop: sends on an absolute schedule (constant or Poisson) whatever the server's
-    speed, each in the level's task group; then the drain.
+    """A rate of one probe, open loop: sends on an absolute schedule (constant or Poisson) whatever
+    the server's speed, each in the level's task group; then the drain.
 
     The schedule is kept against a fixed start time, so one late send does not shift every later
     one; each record keeps its scheduled time, and lateness is reported per cell.
@@ -155,7 +158,8 @@ class OpenLevel:
             await self._arrivals(self._plan(needed=self.run.load.samples - first), first=first)
 
     def _plan(self, *, needed: int) -> OpenLoop:
-        """The level's arrivals: a trace replayed at its speed-up, or the rate's (constant or Poisson)."""
+        """The level's arrivals: a trace replayed at its speed-up, or the rate's (constant or
+        Poisson)."""
         load = self.run.load
         trace = trace_of(self.run.scenario.datasets)
         if self.speedup is not None and trace is not None:
@@ -173,7 +177,7 @@ class OpenLevel:
         )
 
     async def _arrivals(self, plan: OpenLoop, *, first: int) -> None:
-        """Each arrival sent at its moment (those that are this worker's), under the cap; then the drain."""
+        """This worker's arrivals, each sent at its moment under the cap; then the drain."""
         run, probe, picker = self.run, self.probe, self.picker
         rate = self.rate
         load = run.load
@@ -230,8 +234,8 @@ class OpenLevel:
 
 
 async def sleep_until(deadline: float, stopped: asyncio.Future[Any]) -> bool:
-    """Sleep until ``deadline`` unless ``stopped`` is done first; True when the deadline came. On the timer,
-    then a short spin yielding for the last half millisecond: timers are coarse."""
+    """Sleep until ``deadline`` unless ``stopped`` is done first; True when the deadline came. On
+    the timer, then a short spin yielding for the last half millisecond: timers are coarse."""
     delay = deadline - time.perf_counter()
     if delay > 0.0005:
         await asyncio.wait((stopped,), timeout=delay - 0.0005)
@@ -241,7 +245,8 @@ async def sleep_until(deadline: float, stopped: asyncio.Future[Any]) -> bool:
 
 
 async def _acquire(cap: asyncio.Semaphore, stopped: asyncio.Future[Any]) -> bool:
-    """Room under the open loop's cap, unless ``stopped`` is done first; True when a place was taken."""
+    """Room under the open loop's cap, unless ``stopped`` is done first; True when a place was
+    taken."""
     if not cap.locked():
         await cap.acquire()  # returns at once
         return True

@@ -1,8 +1,9 @@
-"""One request of a level, sent and recorded: its id and body, the level's claim, retries after 429/503, and a cut;
-and a conversation sample, its turns sent one after another under one claim (``Sender.converse``).
+"""One request of a level, sent and recorded: its id and body, the level's claim, retries after
+429/503, and a cut; and a conversation sample, its turns sent one after another under one claim
+(``Sender.converse``).
 
-The level (``kevload.load.level``) decides what counts; the sender asks it around the request's time in flight and
-turns the ``Outcome`` into the ``Record`` the run keeps.
+The level (``kevload.load.level``) decides what counts; the sender asks it around the request's time
+in flight and turns the ``Outcome`` into the ``Record`` the run keeps.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from kevload.wire.client import CancelAt, Client, build_body
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    """Which answers are tried again (``load.retries`` times at most) and after how long: the server's
-    Retry-After, or else an exponential back-off, never longer than ``max_s``."""
+    """Which answers are tried again (``load.retries`` times at most) and after how long: the
+    server's Retry-After, or else an exponential back-off, never longer than ``max_s``."""
 
     retries: int
     statuses: tuple[str, ...] = ("http_429", "http_503")
@@ -39,7 +40,8 @@ class RetryPolicy:
     max_s: float = 10.0
 
     def delay(self, outcome: Outcome, attempt: int) -> float | None:
-        """Seconds to wait before trying again after ``attempt`` retries, or None when ``outcome`` is final."""
+        """Seconds to wait before trying again after ``attempt`` retries, or None when ``outcome``
+        is final."""
         if outcome.status not in self.statuses or attempt >= self.retries:
             return None
         wait = outcome.retry_after if outcome.retry_after is not None else self.base_s * 2**attempt
@@ -48,8 +50,9 @@ class RetryPolicy:
 
 @dataclass(frozen=True, slots=True)
 class Cut:
-    """Why a request still in flight was cancelled, carried by the cancel itself (``task.cancel(Cut(…))``): it
-    is recorded as a ``timeout`` saying so. ``stop``: the stop's grace ran out (no answer of the server's)."""
+    """Why a request still in flight was cancelled, carried by the cancel itself
+    (``task.cancel(Cut(…))``): it is recorded as a ``timeout`` saying so. ``stop``: the stop's grace
+    ran out (no answer of the server's)."""
 
     why: str
     stop: bool = False
@@ -66,7 +69,8 @@ class Cell:
 
 
 class Sender:
-    """Sends the requests of a run, numbered in turn with the other workers, and makes each one's record."""
+    """Sends the requests of a run, numbered in turn with the other workers, and makes each one's
+    record."""
 
     def __init__(
         self,
@@ -83,7 +87,8 @@ class Sender:
         cache: CacheControl | None = None,
     ):
         self.scenario, self.client, self.run_id = scenario, client, run_id
-        self.cache = cache  # load.prefix_cache = "cold_warm": makes each probe sample cold or warm before it is sent
+        # load.prefix_cache = "cold_warm": makes each probe sample cold or warm before it is sent
+        self.cache = cache
         # Request ids: <run_id>-<seq> in the run's first part, <run_id>-r<k>-<seq> in its k-th
         # resume. A killed part
         # may have sent requests it never recorded, so numbering on from the records alone could
@@ -112,8 +117,9 @@ class Sender:
         t_scheduled: float | None = None,
         cancel: CancelAt | None = None,
     ) -> Record:
-        """``at``: seconds into the level (scheduled, in the open loop), which decides a ramp-up's sends.
-        ``cancel``: when the client abandons this request (``kevload.load.cancel``); its slot sends the next at once."""
+        """``at``: seconds into the level (scheduled, in the open loop), which decides a ramp-up's
+        sends. ``cancel``: when the client abandons this request (``kevload.load.cancel``); its slot
+        sends the next at once."""
         seq, request_id = self._number()
         body = self._body(item, request_id)
         state = None
@@ -127,7 +133,8 @@ class Sender:
         try:
             outcome, retries, cut = await self._exchange(level, body, request_id, cancel)
         finally:
-            self._hear_stop()  # before the answer is weighed: one that comes after a stop does not count
+            # before the answer is weighed: one that comes after a stop does not count
+            self._hear_stop()
             counted = level.release(claim)
         # A request the stop cut is no answer of the server's, at any level.
         return record(
@@ -163,16 +170,18 @@ class Sender:
         t_scheduled: float | None = None,
         cancel: CancelAt | None = None,
     ) -> AsyncIterator[Record]:
-        """A conversation sample: its turns one after another in this slot, each a request and a record, turn k
-        asked with the answers turns 0 … k − 1 received (or those the file gives). It ends at its last turn or at
-        the first that failed (no answer to go on with), or at a stop (nothing is sent after it). A conversation
-        ``load.cancel_share`` chose is abandoned in the first turn the cut reaches: that turn is ``cancelled`` and
-        ends it, as a user closing the tab ends the chat.
+        """A conversation sample: its turns one after another in this slot, each a request and a
+        record, turn k asked with the answers turns 0 … k − 1 received (or those the file gives). It
+        ends at its last turn or at the first that failed (no answer to go on with), or at a stop
+        (nothing is sent after it). A conversation ``load.cancel_share`` chose is abandoned in the
+        first turn the cut reaches: that turn is ``cancelled`` and ends it, as a user closing the
+        tab ends the chat.
 
-        The sample holds one claim from its first send to its last answer, as one request would: its first turn's
-        claim decides whether the level counts it, every later turn counts only if it too went with c − 1 others
-        in flight (``Level.claim_turn``) and every turn before it counted. So the record that ends the sample says
-        whether the whole conversation was sent at full load."""
+        The sample holds one claim from its first send to its last answer, as one request would: its
+        first turn's claim decides whether the level counts it, every later turn counts only if it
+        too went with c − 1 others in flight (``Level.claim_turn``) and every turn before it
+        counted. So the record that ends the sample says whether the whole conversation was sent at
+        full load."""
         assert item.turns is not None
         first = level.claim(role, at)
         talk = _Talk(self.run_id, cell, role, item, sample, t_scheduled, cancel is not None)
@@ -202,7 +211,8 @@ class Sender:
                 level.release(first)
 
     async def _send_turn(self, level: Level, asked: Probe, cancel: CancelAt | None) -> _Turn:
-        """One turn of a conversation, numbered, sent and answered; the stop heard before it is weighed."""
+        """One turn of a conversation, numbered, sent and answered; the stop heard before it is
+        weighed."""
         seq, request_id = self._number()
         body = self._body(asked, request_id)
         outcome, retries, cut = await self._exchange(level, body, request_id, cancel)
@@ -210,8 +220,8 @@ class Sender:
         return _Turn(asked, seq, request_id, body, outcome, retries, cut)
 
     def _number(self) -> tuple[int, str]:
-        """The next request's seq and id. Sent as X-Request-Id; a 429/503 retry and a transport's reconnect resend
-        keep it."""
+        """The next request's seq and id. Sent as X-Request-Id; a 429/503 retry and a transport's
+        reconnect resend keep it."""
         seq = self.seq
         self.seq += self.step
         self.sent += 1
@@ -227,7 +237,8 @@ class Sender:
     async def _exchange(
         self, level: Level, body: dict[str, Any], request_id: str, cancel: CancelAt | None = None
     ) -> tuple[Outcome, int, Cut | None]:
-        """The request sent, retried after a 429/503 as the policy says, or cut: the outcome, the retries, the cut."""
+        """The request sent, retried after a 429/503 as the policy says, or cut: the outcome, the
+        retries, the cut."""
         retries, cut = 0, None
         t_send = time.perf_counter()
         try:
@@ -255,9 +266,10 @@ class Sender:
 
 
 def _turn_counted(level: Level, first: Claim, counted: bool, *, ends: bool) -> bool:
-    """Whether a turn counts, given whether it and every turn before it went at full load (``counted``). The
-    turn that ends the sample releases its claim, which has the last word; an earlier one's answer after a halt
-    lost its batch on the way, as ``Level.release`` says of one."""
+    """Whether a turn counts, given whether it and every turn before it went at full load
+    (``counted``). The turn that ends the sample releases its claim, which has the last word; an
+    earlier one's answer after a halt lost its batch on the way, as ``Level.release`` says of
+    one."""
     if not ends:
         return counted and not (level.halted and isinstance(level.plan, ClosedLoop))
     kept = level.release(first)
@@ -267,7 +279,7 @@ def _turn_counted(level: Level, first: Claim, counted: bool, *, ends: bool) -> b
 
 
 class _Turn(NamedTuple):
-    """One turn of a conversation as sent and answered (a named tuple: cheap to make once per turn)."""
+    """One turn of a conversation as sent and answered (a named tuple: cheap to make per turn)."""
 
     asked: Probe
     seq: int
@@ -280,8 +292,8 @@ class _Turn(NamedTuple):
 
 @dataclass(slots=True)
 class _Talk:
-    """One conversation sample as its turns' records name it: what they share, its id (its first turn's
-    request id) and the hash chained over its answers so far."""
+    """One conversation sample as its turns' records name it: what they share, its id (its first
+    turn's request id) and the hash chained over its answers so far."""
 
     run_id: str
     cell: Cell
@@ -339,8 +351,8 @@ _shared = operator.attrgetter(*_FROM_OUTCOME)
 
 
 def record(outcome: Outcome, body: dict[str, Any], **given: Any) -> Record:
-    """The record of ``outcome``, built once: the fields it shares with the record, ``given`` (what the sender knows
-    of the request), the answer's hash and the body's parameters."""
+    """The record of ``outcome``, built once: the fields it shares with the record, ``given`` (what
+    the sender knows of the request), the answer's hash and the body's parameters."""
     values = dict(zip(_FROM_OUTCOME, _shared(outcome), strict=True))
     output = outcome.output
     values.update(given)

@@ -1,5 +1,5 @@
-"""A response body read into an ``Outcome``: a whole JSON answer or a Server-Sent Events stream, its pieces
-gathered (content, reasoning, tool calls, usage, logprobs), and how it ended judged."""
+"""A response body read into an ``Outcome``: a whole JSON answer or a Server-Sent Events stream, its
+pieces gathered (content, reasoning, tool calls, usage, logprobs), and how it ended judged."""
 
 from __future__ import annotations
 
@@ -127,19 +127,19 @@ async def read_whole(
 
 @dataclass(slots=True)
 class StreamCut:
-    """How a streamed answer may be cut (``kevload.load.cancel``): once ``after_chunks`` chunks carried a piece of
-    the answer and no end of it was read (the caller then closes the connection), or by time, on the caller's
-    clock: ``chunks`` follows the chunks read, for that cut to report, and ``ended`` is called once the answer's
-    end is read (a cut by time no longer applies)."""
+    """How a streamed answer may be cut (``kevload.load.cancel``): once ``after_chunks`` chunks
+    carried a piece of the answer and no end of it was read (the caller then closes the connection),
+    or by time, on the caller's clock: ``chunks`` follows the chunks read, for that cut to report,
+    and ``ended`` is called once the answer's end is read (a cut by time no longer applies)."""
 
     after_chunks: int | None = None
     ended: Callable[[], None] | None = None
     chunks: int = 0
 
     def after_read(self, chunks: int, ended: bool) -> bool:
-        """Called once the events of one read are taken; True when the stream is cut here. An answer whose end
-        came with its cut-off chunk (vLLM's last token carries its finish_reason) or in the same read is whole,
-        not cancelled."""
+        """Called once the events of one read are taken; True when the stream is cut here. An answer
+        whose end came with its cut-off chunk (vLLM's last token carries its finish_reason) or in
+        the same read is whole, not cancelled."""
         self.chunks = chunks
         if ended and self.ended is not None:
             self.ended()
@@ -177,8 +177,8 @@ async def _take_events(
     t_first_byte: float,
     cut: StreamCut | None,
 ) -> Outcome:
-    """The stream's events into ``acc`` until its end, an event that ends it early, or the cut (``SSEError``,
-    ``Malformed``: no answer). The hot path: its common steps inline, in locals; the rare ends in helpers."""
+    """The stream's events into ``acc`` until its end, an early end or the cut (``SSEError``,
+    ``Malformed``: no answer). Hot path: common steps inline, in locals; rare ends in helpers."""
     parser = SSEParser()
     finish_reason: str | None = None
     t_first_token: float | None = None
@@ -258,7 +258,8 @@ def _cancelled(
 
 
 def _is_error(answer: Answer) -> bool:
-    """An error object in place of an answer: ``{"error": …}`` (OpenAI, SGLang) or ``{"object": "error"}`` (vLLM)."""
+    """An error object in place of an answer: ``{"error": …}`` (OpenAI, SGLang) or
+    ``{"object": "error"}`` (vLLM)."""
     return (answer.error is not msgspec.UNSET or answer.object == "error") and not answer.choices
 
 
@@ -270,7 +271,8 @@ def _error_text(answer: Answer) -> str:
 
 
 def _first_choice(answer: Answer) -> Choice | None:
-    """Choice 0: a server that sends other choices too (``n`` is refused at load) cannot mix them into it."""
+    """Choice 0: a server that sends other choices too (``n`` is refused at load) cannot mix them
+    into it."""
     for choice in answer.choices or ():
         if choice.index == 0:
             return choice
@@ -309,8 +311,9 @@ def _tool_call_parts(calls: list[Call] | None) -> list[tuple[int | None, str | N
 
 
 class _Accumulator:
-    """Collects the whole answer (content, reasoning, tool calls) from one message or many stream deltas,
-    and what servers return besides it: usage, fingerprint, token ids, logprobs, and the findings on them."""
+    """Collects the whole answer (content, reasoning, tool calls) from one message or many stream
+    deltas, and what servers return besides it: usage, fingerprint, token ids, logprobs, and the
+    findings on them."""
 
     __slots__ = (
         "content",
@@ -339,8 +342,8 @@ class _Accumulator:
         self.tokens: list[str] | None = None
         # Token ids beside the logprobs (llama.cpp's "id"); None once a piece came without them.
         self.logprob_ids: list[int] | None = []
-        # A piece was read with non-finite numbers (``decoding._nonfinite_json``): only then can a logprob be
-        # -inf, inf or NaN.
+        # A piece was read with non-finite numbers (``decoding._nonfinite_json``): only then can a
+        # logprob be -inf, inf or NaN.
         self.nonfinite = False
         self.timings: Timings | None = (
             None  # llama.cpp's: its cache_n is the prompt tokens it reused
@@ -482,7 +485,8 @@ class _Accumulator:
         )
 
     def _completion_tokens(self, usage: Usage) -> int | None:
-        """The server's count of the answer's tokens, None where it is above the request's limit (a finding)."""
+        """The server's count of the answer's tokens, None where it is above the request's limit (a
+        finding)."""
         count = usage.completion_tokens
         if count is not None and self.token_limit is not None and count > self.token_limit:
             self.findings.append(
@@ -494,8 +498,8 @@ class _Accumulator:
 
 
 def _status(finish_reason: str | None, *, complete: bool, answered: bool) -> tuple[str, str | None]:
-    """How the answer ended: ``ok``, or the failure and why. ``answered``: it holds content, reasoning or a
-    tool call."""
+    """How the answer ended: ``ok``, or the failure and why. ``answered``: it holds content,
+    reasoning or a tool call."""
     if finish_reason in _FAILED_FINISH:
         return _FAILED_FINISH[finish_reason], f"finish_reason {finish_reason!r}"
     if finish_reason is None and not complete:
@@ -507,7 +511,7 @@ def _status(finish_reason: str | None, *, complete: bool, answered: bool) -> tup
 
 
 def _cached_tokens(usage: Usage, timings: Timings | None) -> int | None:
-    """Prompt tokens the server says it reused from its cache, from whichever of the two it sends."""
+    """Prompt tokens the server says it reused from its cache, from whichever of the two it sent."""
     details = usage.prompt_tokens_details
     if details is not None and details.cached_tokens is not None:
         return details.cached_tokens

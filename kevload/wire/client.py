@@ -1,5 +1,5 @@
-"""One OpenAI-compatible exchange (chat or completions, streaming or not) into an ``Outcome``: the request's
-body, its cut, its connection pool; ``kevload.wire.answer`` reads the response."""
+"""One OpenAI-compatible exchange (chat or completions, streaming or not) into an ``Outcome``: the
+request's body, its cut, its connection pool; ``kevload.wire.answer`` reads the response."""
 
 from __future__ import annotations
 
@@ -24,15 +24,17 @@ from kevload.words import CANCELLED
 
 @dataclass(frozen=True, slots=True)
 class CancelAt:
-    """When one request is cut: after ``after_s`` seconds from its send, or once ``after_chunks`` streamed chunks
-    carried a piece of the answer, whichever comes first (None: not by that measure)."""
+    """When one request is cut: after ``after_s`` seconds from its send, or once ``after_chunks``
+    streamed chunks carried a piece of the answer, whichever comes first (None: not by that
+    measure)."""
 
     after_s: float | None = None
     after_chunks: int | None = None
 
     def since(self, elapsed: float) -> CancelAt:
-        """The cut of a conversation's later turn, ``elapsed`` seconds after its first send: a conversation's
-        seconds count from there, as a user closing the tab ends the chat at a moment, whatever turn it is in."""
+        """The cut of a conversation's later turn, ``elapsed`` seconds after its first send: a
+        conversation's seconds count from there, as a user closing the tab ends the chat at a
+        moment, whatever turn it is in."""
         return (
             self
             if self.after_s is None
@@ -43,7 +45,8 @@ class CancelAt:
 def build_body(
     target: Target, item: Probe, params: dict[str, Any], *, stream: bool, nonce: str | None
 ) -> dict[str, Any]:
-    """The JSON body for one request: the user's params verbatim, plus model, input and stream flags."""
+    """The JSON body for one request: the user's params verbatim, plus model, input and stream
+    flags."""
     body: dict[str, Any] = {"model": target.model}
     if target.api == "chat":
         body["messages"] = (
@@ -140,8 +143,9 @@ class Client:
         """One exchange, sent with ``X-Request-Id: request_id`` (a random id when None): the id a
         server's logs and traces show for it. A resend on a fresh connection carries the same id.
 
-        ``cancel``: the client abandons the request then (``kevload.load.cancel``), closing its connection as a user
-        closing a tab does; the outcome is ``cancelled``, with the time of the cut and the chunks read before it."""
+        ``cancel``: the client abandons the request then (``kevload.load.cancel``), closing its
+        connection as a user closing a tab does; the outcome is ``cancelled``, with the time of the
+        cut and the chunks read before it."""
         assert self._transport is not None, "use Client as an async context manager"
         payload = orjson.dumps(body)
         stream = bool(body.get("stream"))
@@ -260,11 +264,12 @@ class Client:
 def _token_limit(body: dict[str, Any]) -> int | None:
     """The most completion tokens the request allows, or None where it sets no limit.
 
-    vLLM stops a sequence once it holds max_tokens output tokens (reasoning included) and counts exactly those in
-    usage.completion_tokens; llama.cpp stops once n_decoded reaches n_predict (its max_tokens), transformers serve
-    passes max_tokens as generate's max_new_tokens. So a completion_tokens above the request's limit is impossible.
-    OpenAI's newer max_completion_tokens, where a scenario's params set it too, is the other name of the limit: the
-    larger one bounds the count."""
+    vLLM stops a sequence once it holds max_tokens output tokens (reasoning included) and counts
+    exactly those in usage.completion_tokens; llama.cpp stops once n_decoded reaches n_predict (its
+    max_tokens), transformers serve passes max_tokens as generate's max_new_tokens. So a
+    completion_tokens above the request's limit is impossible. OpenAI's newer max_completion_tokens,
+    where a scenario's params set it too, is the other name of the limit: the larger one bounds the
+    count."""
     limits = [
         v
         for v in (body.get("max_tokens"), body.get("max_completion_tokens"))

@@ -1,5 +1,6 @@
-"""An answer's JSON typed once at the boundary: the msgspec structs a strict decoder fills in C, and the
-field-by-field reading of what it refuses, where each value that does not fit its field is a finding."""
+"""An answer's JSON typed once at the boundary: the msgspec structs a strict decoder fills in C, and
+the field-by-field reading of what it refuses, where each value that does not fit its field is a
+finding."""
 
 from __future__ import annotations
 
@@ -132,8 +133,8 @@ _STRICT = msgspec.json.Decoder(Answer)
 
 
 def decode(raw: bytes | str, findings: list[str]) -> tuple[Answer | None, bool, str | None]:
-    """One answer or event decoded: (the typed answer, whether it held a spelled non-finite number, why it is no
-    answer). Findings go to ``findings``; nothing raises."""
+    """One answer or event decoded: (the typed answer, whether it held a spelled non-finite number,
+    why it is no answer). Findings go to ``findings``; nothing raises."""
     try:
         return _STRICT.decode(raw), False, None
     except (msgspec.ValidationError, msgspec.DecodeError):
@@ -155,8 +156,9 @@ def decode(raw: bytes | str, findings: list[str]) -> tuple[Answer | None, bool, 
 
 
 def _lenient(doc: dict[str, Any], findings: list[str]) -> Answer:
-    """An answer the strict decoder refused, read field by field: each count, token id, logprob and fingerprint
-    that does not fit is a finding and dropped; the rest must fit its type, or ``Malformed`` says where not."""
+    """An answer the strict decoder refused, read field by field: each count, token id, logprob and
+    fingerprint that does not fit is a finding and dropped; the rest must fit its type, or
+    ``Malformed`` says where not."""
     choices = doc.get("choices")
     kept = (
         [
@@ -257,8 +259,8 @@ def _token_ids(value: Any, where: str, findings: list[str]) -> list[int] | None:
 
 
 def _logprob(value: Any, bad: list[Any]) -> float | None:
-    """A logprob, None where none was given; a value that is none (a string, a bool, above ``LOGPROB_SLACK``) goes
-    to ``bad`` and is None too."""
+    """A logprob, None where none was given; a value that is none (a string, a bool, above
+    ``LOGPROB_SLACK``) goes to ``bad`` and is None too."""
     if value is None:
         return None
     if type(value) is float or type(value) is int:
@@ -327,7 +329,8 @@ def _nonfinite_json(raw: bytes | str) -> Any:
     (``json.dumps``' default: aiohttp, Flask, FastAPI), which orjson refuses, as it refuses a number
     too large for a double. The standard library reads both. Its reading is kept only when it found
     such a number and holds nothing else orjson refuses (lone surrogates); integers beyond 64 bits
-    become floats, as orjson reads them. Called only after orjson failed: the usual body pays nothing.
+    become floats, as orjson reads them. Called only after orjson failed: the usual body pays
+    nothing.
     """
     seen: list[float] = []
 

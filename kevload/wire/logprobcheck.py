@@ -1,5 +1,5 @@
-"""Whether a run's requests ask for logprobs (``load.logprobs``): the one check request, and what ``run.json``
-records of it."""
+"""Whether a run's requests ask for logprobs (``load.logprobs``): the one check request, and what
+``run.json`` records of it."""
 
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ LOGPROBS_CHECK_TRIES = 3
 def logprob_fields(api: str) -> dict[str, Any]:
     """The request fields that ask for the chosen token's logprob at every position.
 
-    Chat also gets ``top_logprobs: 1``: without it llama.cpp's server sends 20 alternatives per token
-    (and none with 0), bytes that kevload would parse and drop.
+    Chat also gets ``top_logprobs: 1``: without it llama.cpp's server sends 20 alternatives per
+    token (and none with 0), bytes that kevload would parse and drop.
     """
     return {"logprobs": True, "top_logprobs": 1} if api == "chat" else {"logprobs": 1}
 
@@ -48,17 +48,17 @@ async def ask_for_logprobs(
 ) -> tuple[Scenario, dict[str, Any]]:
     """Decide once per run whether its requests ask for logprobs (``load.logprobs``).
 
-    Returns the scenario to run (its params with the logprob fields when they are asked for) and what
-    ``run.json`` records under ``logprobs``: ``asked`` (the setting), ``available`` (what the one check
-    request found; None when nothing was checked) and ``why``. ``auto`` sends that check — a two-token
-    request on a prompt of its own, so no cache is warmed for a probe — and when the answer carries no
-    logprobs (transformers serve ignores the field) or the check fails, says so once through ``warn``
-    (stderr by default) and leaves the run to compare text only. A ``[params]`` that sets
-    ``logprobs`` or ``top_logprobs`` itself is sent as written, unchecked. A ``stop`` cuts the check at once
-    (its answer would decide nothing the stopped run still sends): nothing checked, and ``why`` says so.
-    A check refused with http 400/404 by a server whose ``/models`` lists other models than the
-    scenario's raises ``TargetError`` naming both, before the run sends anything.
-    """
+    Returns the scenario to run (its params with the logprob fields when they are asked for) and
+    what ``run.json`` records under ``logprobs``: ``asked`` (the setting), ``available`` (what the
+    one check request found; None when nothing was checked) and ``why``. ``auto`` sends that check —
+    a two-token request on a prompt of its own, so no cache is warmed for a probe — and when the
+    answer carries no logprobs (transformers serve ignores the field) or the check fails, says so
+    once through ``warn`` (stderr by default) and leaves the run to compare text only. A
+    ``[params]`` that sets ``logprobs`` or ``top_logprobs`` itself is sent as written, unchecked. A
+    ``stop`` cuts the check at once (its answer would decide nothing the stopped run still sends):
+    nothing checked, and ``why`` says so. A check refused with http 400/404 by a server whose
+    ``/models`` lists other models than the scenario's raises ``TargetError`` naming both, before
+    the run sends anything."""
     asked = scenario.load.logprobs
     info: dict[str, Any] = {"asked": asked, "available": None, "why": None}
     if "logprobs" in scenario.params or "top_logprobs" in scenario.params:
@@ -100,8 +100,9 @@ async def ask_for_logprobs(
 async def _check(
     with_logprobs: Scenario, api_key: str | None, stop: asyncio.Event | None
 ) -> tuple[Outcome | None, list[Outcome]]:
-    """The check request sent (``LOGPROBS_CHECK_TRIES`` times at most) until an answer has logprobs or one is no
-    answer: the last outcome (None: stopped first), and the ok answers without logprobs before it."""
+    """The check request sent (``LOGPROBS_CHECK_TRIES`` times at most) until an answer has logprobs
+    or one is no answer: the last outcome (None: stopped first), and the ok answers without logprobs
+    before it."""
     check = Probe(id="logprobs-check", prompt="Say hi.", max_tokens=2)
     body = build_body(
         with_logprobs.target,
@@ -121,8 +122,8 @@ async def _check(
 
 
 async def _refuse_unserved(scenario: Scenario, api_key: str | None, refused: Outcome) -> None:
-    """Every request of the run would be refused alike: ``TargetError`` says which model, and which the server
-    serves, where its ``/models`` lists others."""
+    """Every request of the run would be refused alike: ``TargetError`` says which model, and which
+    the server serves, where its ``/models`` lists others."""
     served = await served_models(scenario.target, api_key)
     if served and scenario.target.model not in served:
         raise TargetError(
@@ -146,8 +147,8 @@ def _has_logprobs(outcome: Outcome) -> bool:
 
 
 async def unless_stopped(awaitable: Awaitable[T], stop: asyncio.Event | None) -> T | None:
-    """``awaitable``'s result, or None when ``stop`` is set first: then it is cancelled (a request's connection
-    closed) before this returns."""
+    """``awaitable``'s result, or None when ``stop`` is set first: then it is cancelled (a request's
+    connection closed) before this returns."""
     task = asyncio.ensure_future(awaitable)
     if stop is None:
         return await task
