@@ -2,8 +2,9 @@
 
 Most examples go straight to the answer's reading (``kevload.wire.answer``: ``read_whole``,
 ``read_stream``): it returns an outcome for every body, and a stream cut anywhere reads as the same
-stream whole. Fewer examples are served whole runs by one in-process server whose answer is set per example: each ends with an exit code that means what it says (the same
-answer every time is never nondeterminism), a final state, a summary.json, and ``kevload report`` equal to it.
+stream whole. Fewer examples are served whole runs by one in-process server whose answer is set
+per example: each ends with an exit code that means what it says (the same answer every time is
+never nondeterminism), a final state, a summary.json, and ``kevload report`` equal to it.
 
 /metrics pages and reset answers are decoded in servermetrics.py and prefixcache.py; their boundaries get the same
 treatment there (``metrics_pages`` and ``reset_answers`` below are the strategies to feed them).
