@@ -2,7 +2,8 @@
 
 ``run(scenario, client, run_id=…)`` is an async iterator of ``Record``s. Probes run one after
 another, each at every level; a level ends only when nothing it sent is still in flight, so no
-request of one level overlaps the next. Run directories (writing, resuming, summaries) live in
+request of one level overlaps the next. A level itself (the closed loop's slots, the open loop's
+arrivals) is run by ``kevload.load.loops``; run directories (writing, resuming, summaries) live in
 ``kevload.load.runs``; timing and roles in ``kevload.load.schedule``.
 """
 
