@@ -1,7 +1,7 @@
 """The design card's ``asyncio-throttle`` against the open loop's own schedule: lateness and CPU per send.
 
 The open loop (and a trace replay) sends each request at a given moment; kevload keeps that moment against one fixed
-start (``engine._sleep_until``). ``asyncio_throttle.Throttler`` limits how many acquisitions fall in a sliding window
+start (``loops.sleep_until``). ``asyncio_throttle.Throttler`` limits how many acquisitions fall in a sliding window
 instead, polling every ``retry_interval`` (10 ms by default). Both are driven here at one rate, with no request
 behind the send (the limiter alone is measured), in the configurations a rate limit can take: one send per 1/rate
 seconds (with the default 10 ms poll, and with one a tenth of that period), and ``rate`` sends per second. Lateness
@@ -19,7 +19,7 @@ import time
 import uvloop
 from asyncio_throttle import Throttler
 
-from kevload.load.engine import _sleep_until
+from kevload.load.loops import sleep_until
 
 
 async def _kevload(rate: float, n: int) -> list[float]:
@@ -28,7 +28,7 @@ async def _kevload(rate: float, n: int) -> list[float]:
     late = []
     for k in range(n):
         due = start + k / rate
-        await _sleep_until(due, never)
+        await sleep_until(due, never)
         late.append(time.perf_counter() - due)
     return late
 

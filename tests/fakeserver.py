@@ -22,7 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
-from kevload.wire.client import LOGPROBS_CHECK_USER
+from kevload.wire.logprobcheck import LOGPROBS_CHECK_USER
 
 WORDS = (
     "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar "

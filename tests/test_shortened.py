@@ -5,7 +5,7 @@ from kevload.inputs.fieldrules import shown as scenario_show
 from kevload.inputs.grading import _cut
 from kevload.load.prefixcache import _shown as prefix_shown
 from kevload.summary import _shown as summary_shown
-from kevload.wire.client import _shown as client_shown
+from kevload.wire.decoding import shown as client_shown
 from kevload.words import shortened
 
 

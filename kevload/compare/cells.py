@@ -1,11 +1,12 @@
-"""Per-cell accumulation: records folded one at a time into probe × role × mode × level cells whose memory
-grows with distinct outputs, not with requests; parts of a split file merge.
+"""Per-cell accumulation: records folded one at a time into probe × role × mode × level cells whose
+memory grows with distinct outputs, not with requests; parts of a split file merge.
 
-An output is its text (``sha256``) together with its ``finish_reason``: the same text ended for a different
-reason (``stop`` against ``length``) is a different answer. With an SLO each ok record is checked against its
-bounds as it is added, exactly, not from the latency histograms, whose bins would blur a bound that falls inside
-one. At a closed-loop level c ≥ 2 the (send, last byte) span of every request of the level is kept, whatever its
-role and whether it counts, so each counted sample's full load comes from the records (``kevload.compare.overlap``).
+An output is its text (``sha256``) together with its ``finish_reason``: the same text ended for a
+different reason (``stop`` against ``length``) is a different answer. With an SLO each ok record is
+checked against its bounds as it is added, exactly, not from the latency histograms, whose bins
+would blur a bound that falls inside one. At a closed-loop level c ≥ 2 the (send, last byte) span of
+every request of the level is kept, whatever its role and whether it counts, so each counted
+sample's full load comes from the records (``kevload.compare.overlap``).
 """
 
 from __future__ import annotations
@@ -93,7 +94,9 @@ class CellAccumulator:
     sample_outputs: list[OutputKey] | None = None
 
     def add(self, record: Record) -> None:
-        # The comparator's hot loop (a million records in seconds): plain comparisons, no helpers.
+        """One record folded in. The comparator's hot loop (a million records in seconds): plain
+        comparisons, the common path inline; what fewer records take (an error, a new output,
+        logprobs, an SLO) in helpers."""
         t_send, t_last = record.t_send, record.t_last_byte
         spans = self.spans
         if spans is not None:
@@ -104,52 +107,20 @@ class CellAccumulator:
         if t_last > self.t_end:
             self.t_end = t_last
         self.reconnects += record.reconnects
-        status = record.status
-        if status != "ok":
-            if status == CANCELLED:
-                self.cancelled += 1
-            else:
-                self.errors[status] = self.errors.get(status, 0) + 1
+        if record.status != "ok":
+            self._failed(record.status)
             return
         if record.findings:
             self.findings += 1
         key = (record.sha256, record.finish_reason)
         count = self.counts.get(key)
         if count is None:
-            self.counts[key] = 1
-            self.first_seen[key] = record.seq
-            self.texts[key] = record.answer
-            toks = record.token_ids or record.tokens
-            if toks:
-                self.tokens[key] = toks
+            self._first(key, record)
         else:
             self.counts[key] = count + 1
-        outputs = self.sample_outputs
-        if outputs is not None:
-            sample_spans = self.sample_spans
-            assert sample_spans is not None  # kept with sample_outputs
-            sample_spans.append(t_send)
-            sample_spans.append(t_last)
-            outputs.append(key)
-        logprobs = record.logprobs
-        # A vector of nulls only is no logprob at all: the server gave the field, not one value in
-        # it.
-        if logprobs and (logprobs[0] is not None or logprobs.count(None) < len(logprobs)):
-            nonfinite = record.logprob_nonfinite
-            if nonfinite:
-                self.logprob_nonfinite += 1
-            track = self.logprobs.get(key)
-            if track is None:
-                self.logprobs[key] = LogprobTrack(logprobs, record.seq, bool(nonfinite))
-                if key not in self.tokens:
-                    # The output's first record came without logprobs (and their tokens): line it up
-                    # by this one.
-                    toks = record.token_ids or record.tokens
-                    if toks:
-                        self.tokens[key] = toks
-            else:
-                track.add(logprobs, record.seq, bool(nonfinite))
-        else:
+        if self.sample_outputs is not None:
+            self._sample(t_send, t_last, key)
+        if not (record.logprobs and self._logprobs(key, record)):
             asked = record.params.get("logprobs")
             if asked is not None and asked is not False:  # completions' logprobs: 0 asks too
                 self.logprobs_missing += 1
@@ -158,19 +129,14 @@ class CellAccumulator:
         latency = self.latency
         e2e = t_last - t_send
         latency["e2e"].add(e2e)
-        scheduled = record.t_scheduled
-        if scheduled is not None:
+        if record.t_scheduled is not None:
             # How late the client sent it: the client, not the server, is the limit when this grows.
-            latency["lateness"].add(t_send - scheduled)
-        t_first = record.t_first_token
-        chunks = record.chunks
+            latency["lateness"].add(t_send - record.t_scheduled)
+        t_first, chunks = record.t_first_token, record.chunks
         # A one-token answer has no gap between tokens: nothing in it can miss an ITL or TPOT bound.
         ttft = itl = tpot = 0.0
-        streamed = False
-        # Without streaming the first token arrives with the last: TTFT and TPOT would only restate
-        # e2e.
-        if t_first is not None and chunks:
-            streamed = True
+        # Without streaming the first token comes with the last: TTFT and TPOT would restate e2e.
+        if streamed := (t_first is not None and chunks > 0):
             ttft = t_first - t_send
             latency["ttft"].add(ttft)
             if (tokens or chunks) > 1:
@@ -179,30 +145,79 @@ class CellAccumulator:
             if chunks > 1:
                 itl = (t_last - t_first) / (chunks - 1)
                 latency["itl"].add(itl)
-        slo = self.slo
-        if slo is None:
-            return
-        ttft_max, itl_max, tpot_max, e2e_max, needs_first_token = slo
+        if self.slo is not None:
+            self._slo_check(streamed, ttft, itl, tpot, e2e)
+
+    def _slo_check(self, streamed: bool, ttft: float, itl: float, tpot: float, e2e: float) -> None:
+        """Whether an ok record met the SLO, or which bounds it missed."""
+        assert self.slo is not None  # add's check
+        ttft_max, itl_max, tpot_max, e2e_max, needs_first_token = self.slo
         if needs_first_token and not streamed:
             # No first token time: the request cannot be shown to meet the SLO, so it does not.
             self.slo_unmeasured += 1
-            return
-        if e2e <= e2e_max and ttft <= ttft_max and itl <= itl_max and tpot <= tpot_max:
+        elif e2e <= e2e_max and ttft <= ttft_max and itl <= itl_max and tpot <= tpot_max:
             self.slo_met += 1
-            return
-        misses = self.slo_misses
-        for name, value, limit in (
-            ("ttft", ttft, ttft_max),
-            ("itl", itl, itl_max),
-            ("tpot", tpot, tpot_max),
-            ("e2e", e2e, e2e_max),
-        ):
-            if value > limit:
-                misses[name] = misses.get(name, 0) + 1
+        else:
+            misses = self.slo_misses
+            for name, value, limit in (
+                ("ttft", ttft, ttft_max),
+                ("itl", itl, itl_max),
+                ("tpot", tpot, tpot_max),
+                ("e2e", e2e, e2e_max),
+            ):
+                if value > limit:
+                    misses[name] = misses.get(name, 0) + 1
+
+    def _failed(self, status: str) -> None:
+        """A record that is no answer: cut by kevload (``cancelled``) or an error."""
+        if status == CANCELLED:
+            self.cancelled += 1
+        else:
+            self.errors[status] = self.errors.get(status, 0) + 1
+
+    def _first(self, key: OutputKey, record: Record) -> None:
+        """The first record of an output: its count, its order, its text and its tokens."""
+        self.counts[key] = 1
+        self.first_seen[key] = record.seq
+        self.texts[key] = record.answer
+        toks = record.token_ids or record.tokens
+        if toks:
+            self.tokens[key] = toks
+
+    def _sample(self, t_send: float, t_last: float, key: OutputKey) -> None:
+        """A probe sample's span and output, kept where the run asked for cuts."""
+        sample_spans, outputs = self.sample_spans, self.sample_outputs
+        assert sample_spans is not None and outputs is not None  # kept together
+        sample_spans.append(t_send)
+        sample_spans.append(t_last)
+        outputs.append(key)
+
+    def _logprobs(self, key: OutputKey, record: Record) -> bool:
+        """An ok record's logprobs into its output's track; False where they are none: a vector of
+        nulls only is no logprob at all (the server gave the field, not one value in it)."""
+        logprobs = record.logprobs
+        assert logprobs  # add's check
+        if logprobs[0] is None and logprobs.count(None) == len(logprobs):
+            return False
+        nonfinite = record.logprob_nonfinite
+        if nonfinite:
+            self.logprob_nonfinite += 1
+        track = self.logprobs.get(key)
+        if track is not None:
+            track.add(logprobs, record.seq, bool(nonfinite))
+            return True
+        self.logprobs[key] = LogprobTrack(logprobs, record.seq, bool(nonfinite))
+        if key not in self.tokens:
+            # The output's first record came without logprobs (and tokens): line it up by this one.
+            toks = record.token_ids or record.tokens
+            if toks:
+                self.tokens[key] = toks
+        return True
 
     def slo_fold(self, last: tuple[str, ...], earlier: set[str]) -> None:
-        """A conversation sample, counted by ``add`` on its last turn (which missed ``last``), is within the SLO only
-        if every turn was: the bounds its ``earlier`` turns missed count against it too, once per bound."""
+        """A conversation sample, counted by ``add`` on its last turn (which missed ``last``), is
+        within the SLO only if every turn was: the bounds its ``earlier`` turns missed count against
+        it too, once per bound."""
         if not earlier or "unmeasured" in last:
             return
         if not last:  # ``add`` counted it met
@@ -346,8 +361,8 @@ class Reduction:
         self.records += 1
 
     def _other(self, record: Record) -> None:
-        """A request of a closed-loop level c ≥ 2 that is no sample of a cell: one of the others beside those that
-        are."""
+        """A request of a closed-loop level c ≥ 2 that is no sample of a cell: one of the others
+        beside those that are."""
         if record.concurrency > 1 and record.rate is None:
             level = (record.mode, record.concurrency)
             spans = self.uncounted_spans.get(level)
@@ -357,11 +372,12 @@ class Reduction:
             spans.append(record.t_last_byte)
 
     def _turn(self, record: Record) -> None:
-        """A turn of a conversation. An earlier one is one of its level's others, and kept (its answer) until the
-        record that ends its sample (the last turn, or the turn that failed) says whether the sample counts: a
-        conversation cut by a stop or a crash, or whose later turn went below full load, is no sample, nor are its
-        turns. A record that ends a conversation whose first turns this part lacks (a large file read in parts)
-        waits for ``merge`` to bring them."""
+        """A turn of a conversation. An earlier one is one of its level's others, and kept (its
+        answer) until the record that ends its sample (the last turn, or the turn that failed)
+        says whether the sample counts: a conversation cut by a stop or a crash, or whose later
+        turn went below full load, is no sample, nor are its turns. A record that ends a
+        conversation whose first turns this part lacks (a large file read in parts) waits for
+        ``merge`` to bring them."""
         conversation, turn, ok = record.conversation, record.turn, record.status == "ok"
         assert conversation is not None and turn is not None  # a turn's (Record.__post_init__)
         if not ends_sample(turn, record.turns, record.status):
@@ -380,9 +396,10 @@ class Reduction:
         self._end(record, earlier)
 
     def _end(self, record: Record, earlier: list[KeptTurn]) -> None:
-        """The record that ends a conversation sample, with its earlier turns. A counted one is the sample the cell
-        counts, its output the whole conversation, and every turn's answer goes into the cell's turn tally (each
-        given its own history); an uncounted one is one of its level's others."""
+        """The record that ends a conversation sample, with its earlier turns. A counted one is the
+        sample the cell counts, its output the whole conversation, and every turn's answer goes into
+        the cell's turn tally (each given its own history); an uncounted one is one of its level's
+        others."""
         if not counts_in_cell(record.role, record.counted):
             self._other(record)
             return
@@ -466,10 +483,10 @@ class Reduction:
                 self._end(record, begun + earlier)
 
     def full_loads(self, unrecorded: list[Window] | None = None) -> dict[CellKey, FullLoad]:
-        """Each cell of a closed-loop level c ≥ 2 against every request of its level: its cells' counted spans
-        (probes and companions) and its uncounted ones (warm-ups, ramp-ups, tails), from every records file
-        reduced; its samples in an ``unrecorded`` window are left unknown. One level's occupancy at a time: memory
-        follows the largest level, not the run."""
+        """Each cell of a closed-loop level c ≥ 2 against every request of its level: its cells'
+        counted spans (probes and companions) and its uncounted ones (warm-ups, ramp-ups, tails),
+        from every records file reduced; its samples in an ``unrecorded`` window are left unknown.
+        One level's occupancy at a time: memory follows the largest level, not the run."""
         by_level: dict[SpanKey, list[tuple[CellKey, array[float]]]] = {}
         for key, cell in self.cells.items():
             if cell.spans is not None:
@@ -488,8 +505,9 @@ class Reduction:
 
 
 def slo_missed(limits: SloLimits, record: Record) -> tuple[str, ...]:
-    """The bounds an ok record is over (``CellAccumulator.add``'s rule, for one record): ``("unmeasured",)`` where
-    a bound needs a first token time it lacks; empty where it is within every bound."""
+    """The bounds an ok record is over (``CellAccumulator.add``'s rule, for one record):
+    ``("unmeasured",)`` where a bound needs a first token time it lacks; empty where it is within
+    every bound."""
     ttft_max, itl_max, tpot_max, e2e_max, needs_first_token = limits
     t_send, t_last, t_first = record.t_send, record.t_last_byte, record.t_first_token
     chunks, tokens = record.chunks, record.completion_tokens or 0
@@ -511,7 +529,8 @@ def slo_missed(limits: SloLimits, record: Record) -> tuple[str, ...]:
 
 
 def slo_limits(slo: Slo | None) -> SloLimits | None:
-    """The SLO as the hot loop reads it: seconds, an unbounded measure as inf (a comparison that never fails)."""
+    """The SLO as the hot loop reads it: seconds, an unbounded measure as inf (a comparison that
+    never fails)."""
     if slo is None:
         return None
     seconds = [

@@ -2,7 +2,8 @@
 
 ``run(scenario, client, run_id=…)`` is an async iterator of ``Record``s. Probes run one after
 another, each at every level; a level ends only when nothing it sent is still in flight, so no
-request of one level overlaps the next. Run directories (writing, resuming, summaries) live in
+request of one level overlaps the next. A level itself (the closed loop's slots, the open loop's
+arrivals) is run by ``kevload.load.loops``; run directories (writing, resuming, summaries) live in
 ``kevload.load.runs``; timing and roles in ``kevload.load.schedule``.
 """
 
@@ -11,21 +12,20 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from collections.abc import AsyncGenerator, Callable, Coroutine, Hashable
+from collections.abc import AsyncGenerator, Hashable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-from kevload.compare.verdict import UntilBound
 from kevload.inputs.probe import Probe
 from kevload.inputs.scenario import Scenario
 from kevload.inputs.trace import trace_of
 from kevload.inputs.workload import CompanionPicker, companions_for
 from kevload.load.cancel import CancelPlan
 from kevload.load.level import Level, Plan
+from kevload.load.loops import ClosedLevel, OpenLevel, Send
 from kevload.load.prefixcache import CacheControl
-from kevload.load.replay import TraceLoop
-from kevload.load.schedule import COMPANION, PROBE, WARMUP, ClosedLoop, OpenLoop, Role
+from kevload.load.schedule import COMPANION, PROBE, ClosedLoop, Role
 from kevload.load.sender import Cell, Cut, Sender
 from kevload.records.store import Record
 from kevload.summary import level_label
@@ -33,9 +33,6 @@ from kevload.wire.client import Client
 
 # How long in-flight requests may finish after a stop was asked for before they are cancelled.
 STOP_GRACE_S = 2.0
-# How often a worker with no probe slot of its own asks its level whether the level's probes are
-# done.
-_PROBES_DONE_POLL_S = 0.05
 # The fewest counted probe errors that abort a run (``ErrorShare``), whatever their share.
 _ABORT_MIN_ERRORS = 20
 
@@ -66,17 +63,17 @@ def run(
 ) -> RecordStream:
     """Every probe at every level; ``async for record in run(…)`` as requests finish.
 
-    ``already`` holds the counted probe samples a resumed run has per level; only the missing
-    ones are sent, with sequence numbers from ``first_seq`` on. ``part`` is the run's invocation (0, then one
-    more for each resume): it goes into every request id and nonce, so no two requests of a run share one
-    whatever the records on disk lost. With ``load.until_bound`` the stop
-    rule needs what they answered too: ``answers`` per level, in record order. The companion pools
-    are built here, before anything is sent, so a bad companion file fails at once. ``team`` makes
-    this run one of several workers sharing each level (``kevload.load.workers``); alone by default. ``cache`` makes
+    ``already`` holds the counted probe samples a resumed run has per level; only the missing ones
+    are sent, with sequence numbers from ``first_seq`` on. ``part`` is the run's invocation (0, then
+    one more for each resume): it goes into every request id and nonce, so no two requests of a run
+    share one whatever the records on disk lost. With ``load.until_bound`` the stop rule needs what
+    they answered too: ``answers`` per level, in record order. The companion pools are built here,
+    before anything is sent, so a bad companion file fails at once. ``team`` makes this run one of
+    several workers sharing each level (``kevload.load.workers``); alone by default. ``cache`` makes
     each probe sample cold or warm (``load.prefix_cache``).
     """
     return RecordStream(
-        _Run(
+        EngineRun(
             scenario,
             client,
             run_id,
@@ -95,15 +92,18 @@ class Alone:
     """How a run reaches the other workers of its levels: the default, there are none.
 
     ``kevload.load.workers.Shared`` (worker processes on one host, one level in shared memory) and
-    ``kevload.load.rayworkers.RayTeam`` (Ray actors, each on a level of its own slots) are the others. Whatever the
-    team, every count and every counted/uncounted decision is the ``Level``'s, and the engine only asks it.
+    ``kevload.load.rayworkers.RayTeam`` (Ray actors, each on a level of its own slots) are the
+    others. Whatever the team, every count and every counted/uncounted decision is the ``Level``'s,
+    and the engine only asks it.
     """
 
     worker, workers = 0, 1
-    warms_up = True  # whether this worker sends the closed loop's warm-ups (one at a time, before the slots start)
+    # whether this worker sends the closed loop's warm-ups (one at a time, before the slots start)
+    warms_up = True
 
     def level(self, plan: Plan) -> tuple[Level, tuple[Role, ...]]:
-        """The level this worker's sends go through, and the closed loop's slots it runs (none in the open loop)."""
+        """The level this worker's sends go through, and the closed loop's slots it runs (none in
+        the open loop)."""
         return Level(plan), plan.slots if isinstance(plan, ClosedLoop) else ()
 
     def mine(self, arrival: int) -> bool:
@@ -111,7 +111,8 @@ class Alone:
         return True
 
     def halted(self) -> bool:
-        """Whether the driver or another worker stopped the run: a stop this worker's own flags may not show yet."""
+        """Whether the driver or another worker stopped the run: a stop this worker's own flags may
+        not show yet."""
         return False
 
     def halt(self) -> None:
@@ -126,17 +127,18 @@ class Alone:
 
 
 class RecordStream:
-    """The records of one run, as they finish; ``aborted`` says whether the error rule ended it early, ``sent``
-    how many requests it numbered (each one a record, unless the stream was torn down before it came)."""
+    """The records of one run, as they finish; ``aborted`` says whether the error rule ended it
+    early, ``sent`` how many requests it numbered (each one a record, unless the stream was torn
+    down before it came)."""
 
-    def __init__(self, run: _Run):
+    def __init__(self, run: EngineRun):
         self._runner = run
 
     def __aiter__(self) -> AsyncGenerator[Record, None]:
         return self._runner.records()
 
     def batches(self) -> AsyncGenerator[list[Record], None]:
-        """The records in lists, each of those that finished together (``_Run.batches``)."""
+        """The records in lists, each of those that finished together (``EngineRun.batches``)."""
         return self._runner.batches()
 
     @property
@@ -148,9 +150,9 @@ class RecordStream:
         return self._runner.sender.sent
 
 
-class _Run:
-    """One run: its probes at every level in turn, the stream of records, the stop and the stop condition, and the
-    drain that ends each level."""
+class EngineRun:
+    """One run: its probes at every level in turn, the stream of records, the stop and the stop
+    condition, and the drain that ends each level."""
 
     def __init__(
         self,
@@ -211,8 +213,9 @@ class _Run:
                     yield record
 
     async def batches(self) -> AsyncGenerator[list[Record], None]:
-        """The records as they finish, those that finished since the stream was last read in one list (a writer
-        writes them in one system call: per request that call cost more than building the record)."""
+        """The records as they finish, those that finished since the stream was last read in one
+        list (a writer writes them in one system call: per request that call cost more than building
+        the record)."""
         driver = asyncio.create_task(self._drive())
         driver.add_done_callback(lambda _: self._wake.set())
         try:
@@ -248,12 +251,12 @@ class _Run:
             # Open-loop rates replace the closed-loop concurrency levels when they are given; a
             # trace's levels
             # follow them, so the serial level c=1 is the reference its probes are held against.
-            levels: list[_OpenLevel | _ClosedLevel] = [
-                _OpenLevel(self, probe, rate, picker) for rate in load.rate
-            ] or [_ClosedLevel(self, probe, c, picker) for c in load.concurrency]
+            levels: list[OpenLevel | ClosedLevel] = [
+                OpenLevel(self, probe, rate, picker) for rate in load.rate
+            ] or [ClosedLevel(self, probe, c, picker) for c in load.concurrency]
             if (trace := trace_of(self.scenario.datasets)) is not None:
                 levels += [
-                    _OpenLevel(self, probe, trace.rate(speedup), picker, speedup=speedup)
+                    OpenLevel(self, probe, trace.rate(speedup), picker, speedup=speedup)
                     for speedup in load.trace_speedup
                 ]
             for level in levels:
@@ -267,8 +270,9 @@ class _Run:
         """End a level only when nothing it sent is in flight.
 
         Probe requests run to their own end (the client's timeouts bound them). Companions still
-        running ``target.timeout`` seconds after the probes finished are cut: cancelled, which closes
-        their connections, and recorded as timeouts. A stop gives everything a short grace instead.
+        running ``target.timeout`` seconds after the probes finished are cut: cancelled, which
+        closes their connections, and recorded as timeouts. A stop gives everything a short grace
+        instead.
         """
         await self.wait(probes, cut_after=None)
         await self.wait(others, cut_after=self.scenario.target.timeout)
@@ -311,30 +315,38 @@ class _Run:
 
     @staticmethod
     async def _cut(tasks: set[asyncio.Task[None]], cut: Cut) -> None:
-        """Cancel requests still in flight (their connections close), each with the reason it is recorded with."""
+        """Cancel requests still in flight (their connections close), each with the reason it is
+        recorded with."""
         for task in tasks:
             task.cancel(cut)
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def halted(self) -> bool:
-        """Whether the run stopped (a stop, the error rule, another worker); the level running now hears of it."""
+        """Whether the run stopped (a stop, the error rule, another worker); the level running now
+        hears of it."""
         if self.stop.is_set() or self.aborted or self.team.halted():
             if self.level is not None:
                 self.level.halt()
             return True
         return False
 
+    def resumed(
+        self, probe: str, concurrency: int, rate: float | None
+    ) -> tuple[int, Sequence[Answer]]:
+        """What a resumed run already has of a level: its counted probe samples, and their answers
+        in record order (``load.until_bound``)."""
+        key = level_key(probe, concurrency, rate)
+        return self.already.get(key, 0), self.answers.get(key, ())
+
     def level_done(self, counted: int) -> bool:
-        """Whether a resumed run has this level: its samples, or for a timed level any (topping one up
-        would run it for longer than load.duration)."""
+        """Whether a resumed run has this level: its samples, or for a timed level any (topping one
+        up would run it for longer than load.duration)."""
         return counted > 0 if self.load.duration else counted >= self.load.samples
 
-    def sending(
-        self, level: Level, cell: Cell, probe: Probe
-    ) -> Callable[..., Coroutine[Any, Any, None]]:
-        """What sends one request of this level of ``probe``: the sender's record goes to the stream, a counted
-        probe's answer to the level (``load.until_bound``) and to the stop condition. A companion
-        ``load.cancel_share`` chose is sent to be cut."""
+    def sending(self, level: Level, cell: Cell, probe: Probe) -> Send:
+        """What sends one request of this level of ``probe``: the sender's record goes to the
+        stream, a counted probe's answer to the level (``load.until_bound``) and to the stop
+        condition. A companion ``load.cancel_share`` chose is sent to be cut."""
         label = level_label(cell.concurrency, cell.rate)
 
         async def send(role: Role, item: Probe, sample: int, **when: Any) -> None:
@@ -360,8 +372,9 @@ class _Run:
         return send
 
     def _note(self, level: Level, role: Role, record: Record) -> None:
-        """A record to the stream; a counted probe sample's answer to the level and to the stop condition: a
-        conversation's once, with the record that ends it (its whole conversation, or the turn that failed)."""
+        """A record to the stream; a counted probe sample's answer to the level and to the stop
+        condition: a conversation's once, with the record that ends it (its whole conversation, or
+        the turn that failed)."""
         self._ready.append(record)
         self._wake.set()
         if role == PROBE and record.is_sample:
@@ -372,212 +385,12 @@ class _Run:
                 self.team.halt()
 
 
-class _ClosedLevel:
-    """Level *c* of one probe: its plan (fresh, resumed, or until a bound), the warm-ups, then *c* slots in one
-    task group, each resending the moment its answer is in, until the level's ``Level`` says so; then the drain."""
-
-    def __init__(self, run: _Run, probe: Probe, concurrency: int, picker: CompanionPicker):
-        self.run, self.probe, self.concurrency, self.picker = run, probe, concurrency, picker
-
-    async def __call__(self) -> None:
-        run, probe, picker = self.run, self.probe, self.picker
-        concurrency = self.concurrency
-        load = run.load
-        key = level_key(probe.id, concurrency, None)
-        first = run.already.get(key, 0)
-        serial = concurrency == load.concurrency[0]
-        if load.until_bound is None:
-            if run.level_done(first):
-                return
-            plan = ClosedLoop(
-                concurrency,
-                load.samples - first,
-                companions=bool(picker),
-                warmup=load.warmup,
-                ramp_s=load.ramp_s,
-                duration=load.duration,
-            )
-        else:
-            # The serial level holds its answers against its own first one; later levels against its
-            # modal answer.
-            plan = ClosedLoop(
-                concurrency,
-                load.samples,
-                companions=bool(picker),
-                warmup=load.warmup,
-                ramp_s=load.ramp_s,
-                until=UntilBound(load.until_bound, load.samples, load.max_samples),
-                reference=None if serial else run.references.get(probe.id),
-                prior=run.answers.get(key, ()),
-            )
-        if plan.wants_samples:
-            await self._slots(plan, first=first)
-        if serial:
-            run.references[probe.id] = plan.modal()
-
-    async def _slots(self, plan: ClosedLoop, *, first: int) -> None:
-        run, probe, picker = self.run, self.probe, self.picker
-        concurrency = self.concurrency
-        load = run.load
-        level, slots = run.team.level(plan)
-        run.level = level
-        send = run.sending(level, Cell(load.mode, concurrency, None, concurrency), probe)
-        for i in range(plan.warmup if run.team.warms_up else 0):
-            if run.halted():
-                break
-            # A warm-up in flight at a stop gets the grace any request in flight gets, not
-            # target.timeout.
-            async with asyncio.TaskGroup() as group:
-                await run.wait([group.create_task(send(WARMUP, probe, i))], cut_after=None)
-        samples = {PROBE: first, COMPANION: 0}
-        # The ramp-up and a timed level run from here, after the warm-ups; one start for every
-        # worker.
-        start = await run.team.start(level, 0.0)
-        # Every worker's slots start at that one moment, so the level is full from its first sends
-        # on every host.
-        await asyncio.sleep(max(start - time.perf_counter(), 0.0))
-
-        async def slot(role: Role) -> None:
-            try:
-                while not run.halted():
-                    if role == PROBE and load.mode == "needle":
-                        # Vary where the probe lands among requests the server is already running.
-                        await asyncio.sleep(picker.jitter(0.05))
-                    at = time.perf_counter() - start
-                    if not level.next(role, at):
-                        return
-                    item = probe if role == PROBE else picker.next().item
-                    sample = samples[role]
-                    samples[role] += 1
-                    await send(role, item, sample, at=at)
-            finally:
-                level.slot_done(role)
-
-        async with asyncio.TaskGroup() as group:
-            tasks: dict[Role, list[asyncio.Task[None]]] = {PROBE: [], COMPANION: []}
-            for role in slots:
-                tasks[role].append(group.create_task(slot(role)))
-            if not tasks[PROBE]:
-                # No probe slot here (another worker runs it): the level's probes are done when it
-                # ends these
-                # companions (its probe slots closed, or the hold released); the cut counts from
-                # then, not from
-                # this worker's start.
-                while (
-                    not run.stop.is_set()
-                    and level.next(COMPANION)
-                    and not all(t.done() for t in tasks[COMPANION])
-                ):
-                    await asyncio.wait(tasks[COMPANION], timeout=_PROBES_DONE_POLL_S)
-            await run.drain(tasks[PROBE], tasks[COMPANION])
-        await run.team.end(level)
-
-
-class _OpenLevel:
-    """A rate of one probe, open loop: sends on an absolute schedule (constant or Poisson) whatever the server's
-    speed, each in the level's task group; then the drain.
-
-    The schedule is kept against a fixed start time, so one late send does not shift every later
-    one; each record keeps its scheduled time, and lateness is reported per cell.
-    """
-
-    def __init__(
-        self,
-        run: _Run,
-        probe: Probe,
-        rate: float,
-        picker: CompanionPicker,
-        speedup: float | None = None,
-    ):
-        self.run, self.probe, self.rate, self.picker = run, probe, rate, picker
-        self.speedup = (
-            speedup  # a trace level's (kevload.inputs.trace): its rate is the replay's mean rate
-        )
-
-    async def __call__(self) -> None:
-        run, probe, picker = self.run, self.probe, self.picker
-        rate = self.rate
-        load = run.load
-        first = run.already.get(level_key(probe.id, 0, rate), 0)
-        if run.level_done(first):
-            return
-        trace = trace_of(run.scenario.datasets)
-        if self.speedup is not None and trace is not None:
-            # The closed-loop levels before it sent the warm-ups; its length is the trace's.
-            plan: OpenLoop = TraceLoop(
-                trace, self.speedup, needed=load.samples - first, ramp_s=load.ramp_s
-            )
-        else:
-            plan = OpenLoop(
-                rate,
-                needed=load.samples - first,
-                companions=bool(picker),
-                arrival=load.arrival,
-                seed=load.seed,
-                warmup=load.warmup,
-                duration=load.duration,
-                ramp_s=load.ramp_s,
-            )
-        cap = asyncio.Semaphore(load.max_in_flight) if load.max_in_flight else None
-        level, _ = run.team.level(plan)
-        run.level = level
-        send = run.sending(level, Cell(load.mode, 0, rate, load.max_in_flight or None), probe)
-        samples = {PROBE: first, COMPANION: 0, WARMUP: -1}
-        tasks: dict[str, set[asyncio.Task[None]]] = {PROBE: set(), COMPANION: set()}
-        start = await run.team.start(level, 0.005)
-
-        async def one(role: str, item: Probe, sample: int, at: float, scheduled: float) -> None:
-            try:
-                if (
-                    not run.halted()
-                ):  # a stop (or an abort) between this task's making and its first step
-                    await send(role, item, sample, at=at, t_scheduled=scheduled)
-            finally:
-                if cap is not None:
-                    cap.release()
-
-        # A stop ends the wait for the next arrival (or for room under the cap) at once: at a low
-        # rate the next
-        # one may be minutes away, and it is never sent.
-        stopped = asyncio.ensure_future(run.stop.wait())
-        async with asyncio.TaskGroup() as group:
-            for arrival, planned in enumerate(plan):
-                if run.halted():
-                    break
-                role = planned.role
-                sample = samples[role]
-                if role != WARMUP:
-                    samples[role] += (
-                        1  # every worker numbers every arrival: sample numbers stay those of one process
-                    )
-                if not run.team.mine(arrival):
-                    continue
-                at = planned.at
-                assert at is not None  # the open loop's plan times every send
-                scheduled = start + at
-                if (
-                    not await _sleep_until(scheduled, stopped)
-                    or cap is not None
-                    and not await _acquire(cap, stopped)
-                ):
-                    break
-                item = planned.item or (picker.next().item if role == COMPANION else probe)
-                task = group.create_task(one(role, item, sample, at, scheduled))
-                # The group awaits every request; these sets only say which are still in flight, for
-                # the drain.
-                live = tasks[PROBE if role == PROBE else COMPANION]
-                live.add(task)
-                task.add_done_callback(live.discard)
-            stopped.cancel()
-            await run.drain(list(tasks[PROBE]), list(tasks[COMPANION]))
-        await run.team.end(level)
-
-
 @dataclass(slots=True)
 class ErrorShare:
-    """The run's stop condition (like GuideLLM's constraints): stop once its errors make the evidence worthless, at
-    least ``_ABORT_MIN_ERRORS`` counted probe errors and more than ``limit`` of the counted probes. Companions
-    only shape the batch: their errors neither trigger nor dilute it."""
+    """The run's stop condition (like GuideLLM's constraints): stop once its errors make the
+    evidence worthless, at least ``_ABORT_MIN_ERRORS`` counted probe errors and more than ``limit``
+    of the counted probes. Companions only shape the batch: their errors neither trigger nor dilute
+    it."""
 
     limit: float
     probes: int = 0
@@ -596,25 +409,3 @@ def _first(group: BaseExceptionGroup) -> BaseException:
     """The first exception in a (nested) exception group."""
     first = group.exceptions[0]
     return _first(first) if isinstance(first, BaseExceptionGroup) else first
-
-
-async def _sleep_until(deadline: float, stopped: asyncio.Future[Any]) -> bool:
-    """Sleep until ``deadline`` unless ``stopped`` is done first; True when the deadline came. On the timer,
-    then a short spin yielding for the last half millisecond: timers are coarse."""
-    delay = deadline - time.perf_counter()
-    if delay > 0.0005:
-        await asyncio.wait((stopped,), timeout=delay - 0.0005)
-    while time.perf_counter() < deadline and not stopped.done():
-        await asyncio.sleep(0)
-    return not stopped.done()
-
-
-async def _acquire(cap: asyncio.Semaphore, stopped: asyncio.Future[Any]) -> bool:
-    """Room under the open loop's cap, unless ``stopped`` is done first; True when a place was taken."""
-    if not cap.locked():
-        await cap.acquire()  # returns at once
-        return True
-    acquiring = asyncio.ensure_future(cap.acquire())
-    await asyncio.wait((acquiring, stopped), return_when=asyncio.FIRST_COMPLETED)
-    acquiring.cancel()  # the level ends on a stop: a place taken meanwhile goes with its semaphore
-    return not stopped.done()

@@ -56,7 +56,8 @@ from kevload.records.store import (
     write_json,
 )
 from kevload.summary import RunSummary
-from kevload.wire.client import Client, ask_for_logprobs
+from kevload.wire.client import Client
+from kevload.wire.logprobcheck import ask_for_logprobs
 from kevload.words import OK, RunState
 
 # A level of a scenario: (concurrency, None) closed loop, (0, rate) open loop.

@@ -36,7 +36,9 @@ from kevload.outputs.report import (
 )
 from kevload.records.store import spell_logprobs
 from kevload.summary import RunSummary
-from kevload.wire.client import Client, _nonfinite_json, build_body, logprob_fields
+from kevload.wire.client import Client, build_body
+from kevload.wire.decoding import _nonfinite_json
+from kevload.wire.logprobcheck import logprob_fields
 from tests.conftest import cells_by_level, load_summary, reduce_rows, run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
 from tests.wire import test_logprobs as logprob_records

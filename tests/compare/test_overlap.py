@@ -21,7 +21,7 @@ from kevload.compare.overlap import FullLoad, Occupancy, unrecorded_windows
 from kevload.compare.reader import reduce_file
 from kevload.compare.summarizing import summarize
 from kevload.records.rundir import RunDir
-from kevload.wire.client import LOGPROBS_CHECK_USER
+from kevload.wire.logprobcheck import LOGPROBS_CHECK_USER
 from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
 

@@ -10,7 +10,8 @@ import pytest
 from kevload.inputs.scenario import load_scenario
 from kevload.load import engine
 from kevload.load.sender import RetryPolicy, Sender
-from kevload.wire.client import Client, Outcome
+from kevload.wire.answer import Outcome
+from kevload.wire.client import Client
 from tests.conftest import write_scenario
 
 

@@ -16,7 +16,8 @@ from kevload.load.level import decide
 from kevload.load.schedule import COMPANION, PROBE, WARMUP, ClosedLoop, OpenLoop
 from kevload.records import store
 from kevload.records.store import RECORDS, Record, read_records
-from kevload.wire.client import Client, Outcome
+from kevload.wire.answer import Outcome
+from kevload.wire.client import Client
 from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
 

@@ -397,7 +397,7 @@ class _HoldsTheCheck(FakeServer):
         self.checks: list[float] = []
 
     async def _handle(self, request):
-        from kevload.wire.client import LOGPROBS_CHECK_USER
+        from kevload.wire.logprobcheck import LOGPROBS_CHECK_USER
 
         body = await request.json()
         if body.get("user") == LOGPROBS_CHECK_USER:

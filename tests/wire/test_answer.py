@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from kevload.records.store import answer_text, read_records
-from kevload.wire.client import _read_stream, _read_whole
+from kevload.wire.answer import read_stream, read_whole
 from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
 
 
@@ -26,7 +26,7 @@ def backend(request, monkeypatch):
 
 
 def whole(doc, api="chat"):
-    return asyncio.run(_read_whole(orjson.dumps(doc), "application/json", api, 0.0, 0.0))
+    return asyncio.run(read_whole(orjson.dumps(doc), "application/json", api, 0.0, 0.0))
 
 
 def stream(*events: bytes, api="chat"):
@@ -37,7 +37,7 @@ def stream(*events: bytes, api="chat"):
     async def read():
         return b""
 
-    return asyncio.run(_read_stream(body(), read, "text/event-stream", api, 0.0, 0.0))
+    return asyncio.run(read_stream(body(), read, "text/event-stream", api, 0.0, 0.0))
 
 
 def data(doc) -> bytes:

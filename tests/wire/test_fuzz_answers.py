@@ -1,9 +1,10 @@
 """Generated server answers, of every JSON type and split at any byte, never break kevload.
 
-Most examples go straight to the client's decoding (``_read_whole``, ``_read_stream``): it returns an outcome for
-every body, and a stream cut anywhere reads as the same stream whole. Fewer examples are served whole runs by one
-in-process server whose answer is set per example: each ends with an exit code that means what it says (the same
-answer every time is never nondeterminism), a final state, a summary.json, and ``kevload report`` equal to it.
+Most examples go straight to the answer's reading (``kevload.wire.answer``: ``read_whole``,
+``read_stream``): it returns an outcome for every body, and a stream cut anywhere reads as the same
+stream whole. Fewer examples are served whole runs by one in-process server whose answer is set
+per example: each ends with an exit code that means what it says (the same answer every time is
+never nondeterminism), a final state, a summary.json, and ``kevload report`` equal to it.
 
 /metrics pages and reset answers are decoded in servermetrics.py and prefixcache.py; their boundaries get the same
 treatment there (``metrics_pages`` and ``reset_answers`` below are the strategies to feed them).
@@ -22,7 +23,8 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kevload.wire.client import COUNT_CAP, LOGPROB_SLACK, Outcome, _read_stream, _read_whole
+from kevload.wire.answer import Outcome, read_stream, read_whole
+from kevload.wire.decoding import COUNT_CAP, LOGPROB_SLACK
 from tests.conftest import load_summary, run_cli, write_scenario
 
 STATUSES = {"ok", "malformed", "server_error", "aborted", "truncated"}
@@ -200,13 +202,13 @@ def _timeless(outcome: Outcome) -> Outcome:
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(doc=answers(), api=st.sampled_from(["chat", "completions"]))
 def test_every_whole_answer_decodes_to_an_outcome(doc, api):
-    check(drive(_read_whole(encoded(doc), "application/json", api, 0.0, 0.0, token_limit=64)))
+    check(drive(read_whole(encoded(doc), "application/json", api, 0.0, 0.0, token_limit=64)))
 
 
 @settings(max_examples=100, deadline=None)
 @given(raw=st.binary(max_size=64))
 def test_every_body_of_bytes_decodes_to_an_outcome(raw):
-    check(drive(_read_whole(raw, "application/json", "chat", 0.0, 0.0, token_limit=64)))
+    check(drive(read_whole(raw, "application/json", "chat", 0.0, 0.0, token_limit=64)))
 
 
 async def _read(body: bytes, cuts: list[int], api: str) -> Outcome:
@@ -220,7 +222,7 @@ async def _read(body: bytes, cuts: list[int], api: str) -> Outcome:
     async def rest():
         return b""
 
-    return await _read_stream(pieces(), rest, "text/event-stream", api, 0.0, 0.0, token_limit=64)
+    return await read_stream(pieces(), rest, "text/event-stream", api, 0.0, 0.0, token_limit=64)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

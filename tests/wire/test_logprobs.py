@@ -22,7 +22,8 @@ from kevload.inputs.probe import Probe
 from kevload.inputs.scenario import ScenarioError, load_scenario, scenario_from_dict
 from kevload.outputs.report import cell_text, junit_xml, logprob_text, markdown, verdict_line
 from kevload.summary import CellSummary, RunSummary
-from kevload.wire.client import Client, ask_for_logprobs, build_body, logprob_fields
+from kevload.wire.client import Client, build_body
+from kevload.wire.logprobcheck import ask_for_logprobs, logprob_fields
 from tests.conftest import (
     cells_by_level,
     crafted_times,
@@ -318,7 +319,8 @@ def test_client_reads_logprobs_of_every_shape(api, style, ids, stream):
 
 
 def test_client_keeps_logprobs_aligned_with_their_tokens():
-    from kevload.wire.client import _STRICT, _Accumulator
+    from kevload.wire.answer import _Accumulator
+    from kevload.wire.decoding import _STRICT
 
     acc = _Accumulator()
     for event in (

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from kevload.records.rundir import RunDir
-from kevload.wire.client import _read_stream, _read_whole
+from kevload.wire.answer import read_stream, read_whole
 from tests.conftest import load_summary, run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
 
@@ -17,7 +17,7 @@ from tests.fakeserver import Behaviour, FakeServer
 def whole(doc, token_limit=None):
     raw = json.dumps(doc).encode()
     return asyncio.run(
-        _read_whole(raw, "application/json", "chat", 0.0, 0.0, token_limit=token_limit)
+        read_whole(raw, "application/json", "chat", 0.0, 0.0, token_limit=token_limit)
     )
 
 
@@ -34,7 +34,7 @@ def streamed(*docs, split=None):
     async def read():
         return b""
 
-    return asyncio.run(_read_stream(body(), read, "text/event-stream", "chat", 0.0, 0.0))
+    return asyncio.run(read_stream(body(), read, "text/event-stream", "chat", 0.0, 0.0))
 
 
 def answer(**extra):
