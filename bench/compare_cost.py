@@ -20,6 +20,7 @@ from kevload.compare.gate import GateRules
 from kevload.inputs.scenario import Scenario, scenario_from_dict
 from kevload.load import comparing
 from kevload.load.runs import run_scenario
+from kevload.records.rundir import RunDir
 from kevload.servers import rollout
 
 PROBES = 16  # items to pair: the requests are spread over them, as a graded set's would be
@@ -42,37 +43,47 @@ def _timed(work: object) -> tuple[float, float]:
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
+def _records(run_dir: Path) -> int:
+    """The requests a run made: its records (serial references included, as a run sends them)."""
+    return sum(len(p.read_bytes().splitlines()) for p in RunDir(run_dir).record_files())
+
+
 def _round(url: str, requests: int, concurrency: int, tmp: Path, k: int) -> dict[str, float]:
     scenario = _scenario(url, requests, concurrency)
-    sent = PROBES * (requests // PROBES)
     run_s, run_cpu = _timed(run_scenario(scenario, tmp / f"run-{k}"))
+    sent = _records(tmp / f"run-{k}")
     out = tmp / f"compare-{k}"
     targets = [comparing.Target("old", scenario), comparing.Target("new", scenario)]
     cmp_s, cmp_cpu = _timed(comparing.run_comparison(targets, out, reference="old"))
+    compared = _records(out / "old") + _records(out / "new")
     start = time.perf_counter()
     outcome = rollout.finish(out, GateRules(), trust_graders=False, own=True)
     finish_s = time.perf_counter() - start
     assert outcome.comparison.candidates[0].levels[0].agreement == 1.0, "canned answers differ"
     return {
         "run_us": 1e6 * run_s / sent,
-        "compare_us": 1e6 * cmp_s / (2 * sent),
-        "finish_us": 1e6 * finish_s / (2 * sent),
+        "compare_us": 1e6 * cmp_s / compared,
+        "finish_us": 1e6 * finish_s / compared,
         "run_cpu_per_1000": 1000 * run_cpu / sent,
-        "compare_cpu_per_1000": 1000 * cmp_cpu / (2 * sent),
+        "compare_cpu_per_1000": 1000 * cmp_cpu / compared,
+        "requests": sent,
+        "compared_requests": compared,
     }
 
 
 def measure(url: str, requests: int = 8000, concurrency: int = 64, repeats: int = 3) -> dict:
-    """Per round, a run of ``requests`` then a comparison of two targets with ``requests`` each;
-    medians over ``repeats`` rounds of µs per request (wall) and CPU s per 1,000 requests."""
+    """Per round, a run of ``requests`` probe samples (and the serial references a run adds), then
+    a comparison of two targets each sent the same; medians over ``repeats`` rounds of µs per
+    recorded request (wall) and CPU s per 1,000 requests."""
     rounds = []
     with tempfile.TemporaryDirectory() as tmp:
         for k in range(repeats):
             rounds.append(_round(url, requests, concurrency, Path(tmp), k))
-    keys = rounds[0].keys()
+    keys = [key for key in rounds[0] if "requests" not in key]
     median = {key: round(statistics.median(r[key] for r in rounds), 3) for key in keys}
     return {
-        "requests_per_target": PROBES * (requests // PROBES),
+        "run_requests": [r["requests"] for r in rounds],
+        "compared_requests": [r["compared_requests"] for r in rounds],
         "concurrency": concurrency,
         "rounds": rounds,
         "median": median,
@@ -83,7 +94,7 @@ def measure(url: str, requests: int = 8000, concurrency: int = 64, repeats: int 
 def print_compare(result: dict) -> None:
     m = result["median"]
     print(
-        f"\ncompare (2 canned endpoints, {result['requests_per_target']} requests each, "
+        f"\ncompare (2 canned endpoints, {result['compared_requests'][0]} requests in all, "
         f"c={result['concurrency']}): {m['compare_us']:.1f} µs/request against a run's "
         f"{m['run_us']:.1f} in the same rounds (× {result['compare_over_run']:.2f}); "
         f"CPU {m['compare_cpu_per_1000']:.3f} s / 1000 req (run {m['run_cpu_per_1000']:.3f}); "
