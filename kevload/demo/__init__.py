@@ -30,6 +30,8 @@ from kevload.servers.rollout import Outcome
 from kevload.servers.sweep import sweep_markdown
 from kevload.summary import RunSummary
 
+__all__ = ["Seen", "run_demo"]
+
 
 @dataclass
 class Seen:
