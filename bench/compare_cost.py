@@ -44,7 +44,7 @@ def _timed(work: object) -> tuple[float, float]:
 
 
 def _records(run_dir: Path) -> int:
-    """The requests a run made: its records, which outnumber the samples asked for by a varying few."""
+    """The requests a run made: its records, more than the samples asked for, not the same count each time."""
     return sum(len(p.read_bytes().splitlines()) for p in RunDir(run_dir).record_files())
 
 
@@ -72,7 +72,7 @@ def _round(url: str, requests: int, concurrency: int, tmp: Path, k: int) -> dict
 
 
 def measure(url: str, requests: int = 8000, concurrency: int = 64, repeats: int = 3) -> dict:
-    """Per round, a run asking ``requests`` probe samples (it records a few more, never the same), then
+    """Per round, a run asking ``requests`` probe samples (it records more), then
     a comparison of two targets each sent the same; medians over ``repeats`` rounds of µs per
     recorded request (wall) and CPU s per 1,000 requests."""
     rounds = []
