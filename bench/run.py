@@ -53,10 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--only",
-        choices=("until-bound", "scaling", "server-metrics", "throttle"),
+        choices=("until-bound", "scaling", "server-metrics", "throttle", "compare"),
         help="run only this section (until-bound: real targets; scaling: worker processes; "
         "server-metrics: what sampling /metrics costs; throttle: asyncio-throttle against "
-        "the open loop's schedule)",
+        "the open loop's schedule; compare: a comparison's cost per request against a run's)",
     )
     args = parser.parse_args(argv)
     if args.only == "throttle":
@@ -65,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         results = {"machine": _machine(), "server_metrics": server_metrics_cost(args.repeats)}
         print_server_metrics(results["server_metrics"])
         return _write(results, "server-metrics")
+    if args.only == "compare":
+        with Endpoint() as endpoint:
+            results = {"machine": _machine(), "compare": compare_cost(endpoint, args.repeats)}
+        return _write(results, "compare")
     if args.only == "until-bound":
         return _write({"machine": _machine(), "until_bound": until_bound()}, "until-bound")
     if args.only == "scaling":
@@ -85,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             "throughput": throughput(endpoint, args),
             "schedule": schedule(endpoint),
             "scaling": scaling(endpoint, args),
+            "compare": compare_cost(endpoint, args.repeats),
         }
         if not args.skip_long:
             results["flat_memory"] = flat_memory(endpoint)
@@ -107,6 +112,16 @@ def throttle(repeats: int) -> dict:
 
     result = measure(repeats=repeats)
     print_throttle(result)
+    return result
+
+
+def compare_cost(endpoint: Endpoint, repeats: int) -> dict:
+    """``kevload compare`` of two canned endpoints against a run of the same requests, alternated
+    per round (bench/compare_cost.py)."""
+    from bench.compare_cost import measure, print_compare
+
+    result = measure(endpoint.plain, repeats=repeats)
+    print_compare(result)
     return result
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kevload.demo import headline, logprob_line, sweep_lines
+from kevload.demo.lines import headline, logprob_line, sweep_lines
 from kevload.summary import RunSummary
 
 
@@ -173,7 +173,7 @@ def test_a_sweep_line_never_speaks_for_a_setting_whose_server_died():
 
 
 def test_the_graded_step_runs_a_share_of_every_kind_in_both_languages_at_c1_and_c4():
-    from kevload.demo import GRADED_LEVELS, graded_scenario
+    from kevload.demo.steps import GRADED_LEVELS, graded_scenario
 
     scenario = graded_scenario("http://127.0.0.1:9/v1", "m")
     kinds = {tuple(p.id.split("-")[:2]) for p in scenario.probes}
@@ -196,7 +196,8 @@ def test_the_graded_step_prints_accuracy_per_level_and_the_flips_of_a_server_who
 
     from rich.console import Console
 
-    from kevload.demo import graded_lines, run_graded
+    from kevload.demo.lines import graded_lines
+    from kevload.demo.steps import run_graded
     from tests.fakeserver import Behaviour, FakeServer
 
     def sums_only(prompt: str, overlap: int) -> str:
@@ -228,7 +229,7 @@ def test_a_graded_step_whose_target_failed_says_so_and_nothing_else():
     summary = RunSummary.from_json(
         {"verdict": "target_failed", "cells": [], "errors_by_type": {"http_500": 4}}
     )
-    from kevload.demo import graded_lines
+    from kevload.demo.lines import graded_lines
 
     assert graded_lines("vLLM", summary) == ["vLLM graded: target failed (http_500: 4)"]
 
@@ -292,16 +293,16 @@ def test_the_demos_sweep_writes_a_row_for_every_setting_even_one_whose_server_ne
 
     from rich.console import Console
 
-    from kevload import demo
+    from kevload.demo import steps
 
     @contextlib.asynccontextmanager
     async def never_ready(*args, **kwargs):
         yield None  # as `serving` does when the server fails to start
 
-    monkeypatch.setattr(demo, "serving", never_ready)
+    monkeypatch.setattr(steps, "serving", never_ready)
     step2 = RunSummary.from_json({"verdict": "deterministic", "cells": [cell(1), cell(4)]})
     sweep = asyncio.run(
-        demo._sweep(
+        steps.run_sweep(
             "vllm",
             step2,
             8,
@@ -309,7 +310,7 @@ def test_the_demos_sweep_writes_a_row_for_every_setting_even_one_whose_server_ne
             Console(file=None, quiet=True),
             asyncio.Event(),
             [],
-            demo.Pace(120),
+            steps.Pace(120),
         )
     )
     written = json.loads((tmp_path / "vllm-sweep" / "sweep.json").read_text())
@@ -322,7 +323,7 @@ def test_the_demos_sweep_writes_a_row_for_every_setting_even_one_whose_server_ne
 
 
 def test_a_steps_timeout_follows_the_servers_serial_pace_above_its_floor():
-    from kevload.demo import Pace
+    from kevload.demo.steps import Pace
 
     assert Pace(120).timeout(4) == 120  # nothing measured yet: the floor
     assert Pace(120, serial_s=5.0).timeout(4) == 120  # 2 × 5 s × 4 = 40 s: the floor
@@ -332,10 +333,18 @@ def test_a_steps_timeout_follows_the_servers_serial_pace_above_its_floor():
 
 
 def _demo_against(
-    server, names, monkeypatch, out_dir, *, floor: float, slow_graded: frozenset[str] = frozenset()
+    server,
+    names,
+    monkeypatch,
+    out_dir,
+    *,
+    floor: float,
+    slow_graded: frozenset[str] = frozenset(),
+    items: int = 1,
 ):
-    """run_demo with `serving` giving the crafted server for every target, the graded step on one
-    item, diagnose left out: the demo's own steps, timeouts and closing lines, in seconds."""
+    """run_demo with `serving` giving a crafted server for every target (``server``, or a dict of
+    them by target name), the graded step on ``items`` items of the demo's share, diagnose left
+    out: the demo's own steps, timeouts and closing lines, in seconds."""
     import asyncio
     import contextlib
     import io
@@ -344,26 +353,32 @@ def _demo_against(
     from rich.console import Console
 
     from kevload import demo
+    from kevload.demo import agreement, steps
+
+    servers = server if isinstance(server, dict) else {n: server for n in names}
 
     @contextlib.asynccontextmanager
     async def crafted(name, settings, **kwargs):
-        yield types.SimpleNamespace(name=name, url=server.url, model="m", failure=lambda: None)
+        url = servers[name].url
+        yield types.SimpleNamespace(name=name, url=url, model="m", failure=lambda: None)
 
     async def no_diagnose(*args, **kwargs) -> None:
         return None
 
-    real_graded = demo.run_graded
+    real_graded = steps.run_graded
+    real_probes = steps.graded_probes
 
     async def graded(url, model, run_dir, console, stop, pace=None):
-        slow = run_dir.name.split("-")[0] in slow_graded
+        name = run_dir.name.split("-")[0]
         # Every graded answer held past any timeout the demo could give: a target that times out.
-        server.behaviour.on_arrival = (lambda i, n: 30.0) if slow else None
+        servers[name].behaviour.on_arrival = (lambda i, n: 30.0) if name in slow_graded else None
         return await real_graded(url, model, run_dir, console, stop, pace)
 
-    monkeypatch.setattr(demo, "serving", crafted)
-    monkeypatch.setattr(demo, "_diagnose", no_diagnose)
-    monkeypatch.setattr(demo, "run_graded", graded)
-    monkeypatch.setattr(demo, "graded_probes", lambda probes: probes[:1])
+    monkeypatch.setattr(steps, "serving", crafted)
+    monkeypatch.setattr(agreement, "serving", crafted)
+    monkeypatch.setattr(steps, "_diagnose", no_diagnose)
+    monkeypatch.setattr(steps, "run_graded", graded)
+    monkeypatch.setattr(steps, "graded_probes", lambda probes: real_probes(probes)[:items])
     out = io.StringIO()
     code = asyncio.run(
         demo.run_demo(
@@ -420,3 +435,63 @@ def test_a_slow_server_is_given_time_by_its_serial_pace_not_failed_by_the_floor(
     assert code == 0, printed
     assert run_json["scenario"]["target"]["timeout"] == 4
     assert printed.split("in short\n", 1)[1].splitlines()[-1] == ("exit 0: every step was answered")
+
+
+def test_the_demo_compares_the_engines_item_by_item_and_counts_a_candidates_wrong_sums_exactly(
+    monkeypatch, tmp_path
+):
+    import json
+    from pathlib import Path
+
+    from tests.fakeserver import Behaviour, FakeServer
+
+    graded = Path(__file__).parents[2] / "scenarios" / "graded.jsonl"
+    expected = {}
+    for line in graded.read_text(encoding="utf-8").splitlines():
+        item = json.loads(line)
+        expected[item["prompt"]] = (item["id"], str(item["expected"]))
+    # The demo's first six graded items are the sums sum-{en,zh}-{0,1,2}; llama.cpp answers two of
+    # them one too high at every level, the others answer every one right.
+    wrong = {"sum-en-0", "sum-zh-1"}
+
+    def answers(planted: set[str]):
+        def answer(prompt: str, overlap: int) -> str:
+            if prompt not in expected:
+                return "A robot painted."
+            item, right = expected[prompt]
+            return str(int(right) + 1) if item in planted else right
+
+        return answer
+
+    names = ["llamacpp", "transformers", "vllm"]
+    with (
+        FakeServer(Behaviour(latency=0.02, answer_for=answers(wrong))) as quantized,
+        FakeServer(Behaviour(latency=0.02, answer_for=answers(set()))) as full,
+        FakeServer(Behaviour(latency=0.02, answer_for=answers(set()))) as other,
+    ):
+        servers = {"llamacpp": quantized, "transformers": full, "vllm": other}
+        code, printed = _demo_against(servers, names, monkeypatch, tmp_path, floor=5, items=6)
+    assert code == 0, printed
+    shown = printed.split("the engines compared item by item (kevload compare)\n", 1)[1]
+    assert shown.splitlines()[:12] == [
+        "agreement, c=1            transformers     llama.cpp          vLLM",
+        "  transformers                    100%           67%          100%",
+        "  llama.cpp                        67%          100%           67%",
+        "  vLLM                            100%           67%          100%",
+        "agreement, c=4            transformers     llama.cpp          vLLM",
+        "  transformers                    100%           67%          100%",
+        "  llama.cpp                        67%          100%           67%",
+        "  vLLM                            100%           67%          100%",
+        "transformers graded accuracy: 100.0% at c=1, 100.0% at c=4",
+        "llama.cpp graded accuracy: 66.7% at c=1, 66.7% at c=4",
+        "vLLM graded accuracy: 100.0% at c=1, 100.0% at c=4",
+        f"compare: {tmp_path / 'compare'}/compare.json, .md, .html",
+    ]
+    written = json.loads((tmp_path / "compare" / "compare.json").read_text())
+    assert written["reference"] == "transformers"
+    closing = printed.split("in short\n", 1)[1].splitlines()
+    assert closing[-2:] == [
+        "engines compared, same text as transformers on: llama.cpp 4 of 6 at c=1, 4 of 6 at c=4; "
+        "vLLM 6 of 6 at c=1, 6 of 6 at c=4",
+        "exit 0: every step was answered",
+    ]

@@ -332,10 +332,11 @@ def test_sweep_settings_equal_the_same_values_written_in_the_file(tmp_path, serv
 # --set text (cli), a resumed run's table from run.json with the user's --set text
 # (runs.resumed_scenario), the
 # sweep's and demo's one read of their scenario file, the grid's values (user text).
-# demo.py reads two files: the demo scenario and the graded set's (scenarios/graded.toml);
-# overrides.py reads one --set value as TOML (toml_value).
+# demo/steps.py reads two files: the demo scenario and the graded set's (scenarios/graded.toml);
+# overrides.py reads one --set value as TOML (toml_value); rollout.py, a comparison's one read of
+# its scenario file.
 ALLOWED = {
-    "load_scenario": {"cli.py": math.inf, "sweep.py": 1, "demo.py": 2},
+    "load_scenario": {"cli.py": math.inf, "sweep.py": 1, "steps.py": 2, "rollout.py": 1},
     "scenario_from_dict": {"runs.py": 1},
     "apply_override": {"runs.py": 1},
     "tomllib.loads": {"sweep.py": 1, "overrides.py": 1},

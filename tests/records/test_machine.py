@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
-from kevload.demo import where_lines
+from kevload.demo.lines import where_lines
 from kevload.records.machine import (
     SERVED,
     cpu_from_cpuinfo,
