@@ -13,21 +13,18 @@ from rich.columns import Columns
 from rich.console import Console
 from rich.table import Table
 
-from kevload import exitcode
-from kevload.aio import until_stopped
 from kevload.compare.graded import level_name
 from kevload.compare.stats import drift_upper_bound
 from kevload.guide.diagnose import DiagnoseOptions, diagnose
 from kevload.inputs.probe import Probe
 from kevload.inputs.scenario import Scenario, build_scenario, load_scenario
+from kevload.load.eventloop import until_stopped
 from kevload.load.runs import run_scenario
-from kevload.outputs import gradedview
+from kevload.outputs import exitcode, gradedview
 from kevload.outputs.report import cell_text
 from kevload.records.machine import where_text
 from kevload.records.store import default_run_dir, read_json
-from kevload.servers.sweep import STOPPED, Grid, setting_row, sweep_markdown, write_sweep
-from kevload.servers.targets import RunningTarget, TargetSettings, serving
-from kevload.summary import (
+from kevload.records.summary import (
     CellSummary,
     RunSummary,
     answered_per_s,
@@ -35,6 +32,8 @@ from kevload.summary import (
     position_label,
     row_cells,
 )
+from kevload.servers.sweep import STOPPED, Grid, setting_row, sweep_markdown, write_sweep
+from kevload.servers.targets import RunningTarget, TargetSettings, serving
 
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "demo.toml"
 # Good or bad: a share of the shipped graded set at c=1 and c=4, graded per level against serial.

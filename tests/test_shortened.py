@@ -4,10 +4,10 @@ cut so that the mark ends it and the quote is exactly the limit long."""
 from kevload.inputs.grading import _cut
 from kevload.inputs.scenario import _show as scenario_show
 from kevload.inputs.trace import _show as trace_show
+from kevload.inputs.wordsets import shortened
 from kevload.load.prefixcache import _shown as prefix_shown
-from kevload.summary import _shown as summary_shown
+from kevload.records.summary import _shown as summary_shown
 from kevload.wire.client import _shown as client_shown
-from kevload.words import shortened
 
 
 def test_a_value_within_the_limit_is_quoted_whole() -> None:

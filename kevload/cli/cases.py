@@ -10,7 +10,6 @@ from typing import Any
 
 import click
 
-from kevload import exitcode
 from kevload.cli.common import (
     exit_if_signalled,
     log_line,
@@ -27,6 +26,7 @@ from kevload.inputs.scenario import (
     check_base_url,
 )
 from kevload.load.invocation import url_or_target
+from kevload.outputs import exitcode
 from kevload.outputs.escaping import visible
 from kevload.records.store import json_bytes
 

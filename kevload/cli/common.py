@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING, Any
 import click
 from rich.console import Console
 
-from kevload import aio
 from kevload.errors import InputError
 from kevload.inputs.scenario import (
     toml_value,
 )
+from kevload.load import eventloop
 from kevload.outputs.escaping import visible
 from kevload.records.rundir import RunDir
+from kevload.records.summary import RunSummary
 from kevload.servers.targets import NAMES, TargetSettings
-from kevload.summary import RunSummary
 
 if TYPE_CHECKING:
     from kevload.compare.rollout import Comparison
@@ -95,18 +95,18 @@ def on_target(
     work: Callable[[str | None, str | None, asyncio.Event], Coroutine[Any, Any, Any]],
     quiet: bool = False,
 ) -> tuple[Any, int | None, Any]:
-    """``work(url, model, stop)`` under ``aio.run``, with ``--target``'s server running for it when one is given
+    """``work(url, model, stop)`` under ``eventloop.run``, with ``--target``'s server running for it when one is given
     (its URL and model; None and None otherwise). Returns the result (None when stopped while the target
-    started), the signal as ``aio.run`` does, and the error to raise once the result is shown when the target
+    started), the signal as ``eventloop.run`` does, and the error to raise once the result is shown when the target
     stopped serving meanwhile (exit 3; None otherwise)."""
     if builtin is None:
-        result, signum = aio.run(lambda stop: work(None, None, stop))
+        result, signum = eventloop.run(lambda stop: work(None, None, stop))
         return result, signum, None
     from kevload.servers.targets import on_target
 
     assert settings is not None  # target_settings makes them with --target
     log = (lambda m: None) if quiet else (lambda m: stderr.print(m, style="dim"))
-    (result, exited), signum = aio.run(
+    (result, exited), signum = eventloop.run(
         lambda stop: on_target(
             builtin, settings, lambda t: work(t.url, t.model, stop), log=log, stop=stop
         )
@@ -155,7 +155,7 @@ def write_metrics(path: Path, summary: RunSummary, run_dir: Path) -> None:
 def exit_if_signalled(signum: int | None) -> None:
     """A run stopped by SIGINT/SIGTERM exits 130/143 once what it collected is written."""
     if signum is not None:
-        sys.exit(aio.EXIT_FOR_SIGNAL[signum])
+        sys.exit(eventloop.EXIT_FOR_SIGNAL[signum])
 
 
 def show_comparison(

@@ -7,12 +7,12 @@ import sys
 import click
 from rich.console import Console
 
-from kevload import aio
 from kevload.cli.common import exit_if_signalled
 from kevload.errors import InputError
 from kevload.inputs.scenario import (
     MAX_SAMPLES,
 )
+from kevload.load import eventloop
 from kevload.servers.targets import NAMES
 
 
@@ -46,7 +46,7 @@ def demo(targets: str, samples: int, timeout: float) -> None:
         raise InputError(
             f"--targets: unknown target {bad[0]!r}; expected some of {', '.join(NAMES)}"
         )
-    code, signum = aio.run(
+    code, signum = eventloop.run(
         lambda stop: run_demo(
             names, samples=samples, console=Console(), stop=stop, timeout_floor=timeout
         )

@@ -13,7 +13,6 @@ import click
 if TYPE_CHECKING:
     from kevload.guide.diagnose import DiagnoseOptions
 
-from kevload import exitcode
 from kevload.cli.common import (
     Finite,
     exit_if_signalled,
@@ -33,6 +32,7 @@ from kevload.inputs.scenario import (
     check_base_url,
 )
 from kevload.load.invocation import url_or_target
+from kevload.outputs import exitcode
 
 
 @click.command("diagnose")

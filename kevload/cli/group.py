@@ -6,8 +6,9 @@ from typing import Any
 
 import click
 
-from kevload import __version__, aio
+from kevload import __version__
 from kevload.errors import KevloadError
+from kevload.load import eventloop
 
 
 class _Main(click.Group):
@@ -23,7 +24,7 @@ class _Main(click.Group):
             ctx.exit(exc.exit_code)
         except KeyboardInterrupt as exc:
             click.echo("kevload: stopped at once; what was written so far is kept", err=True)
-            ctx.exit(aio.exit_code(exc))
+            ctx.exit(eventloop.exit_code(exc))
 
 
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})

@@ -10,7 +10,6 @@ from typing import Any
 import click
 from rich.console import Console
 
-from kevload import exitcode
 from kevload.cli.common import (
     emit,
     indented_json,
@@ -21,9 +20,10 @@ from kevload.cli.common import (
 )
 from kevload.errors import InputError
 from kevload.load.runs import finish_run
+from kevload.outputs import exitcode
 from kevload.outputs.report import FORMATS, markdown_cell, render
 from kevload.records.rundir import RunDir
-from kevload.summary import RunSummary
+from kevload.records.summary import RunSummary
 
 
 @click.command()

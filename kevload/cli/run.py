@@ -12,7 +12,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kevload import exitcode
+from kevload import exits
 from kevload.cli.common import (
     Finite,
     exit_if_signalled,
@@ -40,20 +40,20 @@ from kevload.load.invocation import (
     samples_expected,
 )
 from kevload.load.runs import RunResult, run_scenario
-from kevload.outputs import gradedview
+from kevload.outputs import exitcode, gradedview
 from kevload.outputs.escaping import visible
 from kevload.outputs.report import render, slo_line, verdict_line
 from kevload.records.rundir import RunDir
 from kevload.records.store import Record
+from kevload.records.summary import RunSummary, level_label
 from kevload.servers.targets import TargetSettings
-from kevload.summary import RunSummary, level_label
 
 
 @click.command(
     help="Run SCENARIO (or, with --url and --model, the quickstart scenario) and print the "
     "uniqueness matrix.\n\n"
     + "\n\n".join(
-        f"Exit {int(code)}: {words.replace('`', '')}." for code, words in exitcode.RUN_EXITS.items()
+        f"Exit {int(code)}: {words.replace('`', '')}." for code, words in exits.RUN_EXITS.items()
     )
 )
 @click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path), required=False)

@@ -9,13 +9,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from kevload import aio, exitcode
 from kevload.cli.common import Finite, exit_if_signalled, share, stderr
 from kevload.cli.shorthands import refuse_set_twice, set_keys
-from kevload.exitcode import ExitCode
+from kevload.exits import ExitCode
 from kevload.inputs.scenario import (
     MAX_SECONDS,
 )
+from kevload.load import eventloop
+from kevload.outputs import exitcode
 from kevload.records.store import default_run_dir
 from kevload.servers.sweepoptions import check_gate_options, check_servers, ray_sweep
 from kevload.servers.targets import NAMES
@@ -133,7 +134,7 @@ def sweep_command(
     out = out or default_run_dir("sweep")
     log = (lambda m: None) if quiet else (lambda m: stderr.print(m))
     with ray_sweep(ray_address, resources, server_cmd) as elsewhere:
-        sweep, signum = aio.run(
+        sweep, signum = eventloop.run(
             lambda stop: run_sweep(
                 scenario,
                 list(overrides),

@@ -8,7 +8,7 @@ import sys
 import click
 
 from kevload.errors import InputError
-from kevload.exitcode import ExitCode
+from kevload.exits import ExitCode
 from kevload.servers.targets import NAMES, TargetSettings
 
 

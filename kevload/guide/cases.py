@@ -38,7 +38,7 @@ from kevload.inputs.trace import trace_rates
 from kevload.load.runs import recorded_scenario, run_scenario
 from kevload.records.rundir import RunDir, apart
 from kevload.records.store import json_bytes, new_run_id, now_iso
-from kevload.summary import CellSummary, level_label
+from kevload.records.summary import CellSummary, level_label
 
 TRANSITIONS = ("unstable→stable", "stable→unstable", "changed", "no answer", "unchanged")
 # Which load keys shape the batch around the probe in each mode; the others do not change the case.

@@ -31,7 +31,7 @@ from kevload.load.runs import run_scenario
 from kevload.outputs.report import counts_text, logprob_gap_text
 from kevload.records.rundir import RunDir
 from kevload.records.store import default_run_dir
-from kevload.summary import CellSummary, RunSummary, position_label
+from kevload.records.summary import CellSummary, RunSummary, position_label
 from kevload.wire.client import Client, build_body
 
 # In the guide's order: the first cause found is the verdict, later ones are listed as also found.

@@ -38,7 +38,7 @@ from kevload.inputs.trace import (
     read_trace,
     trace_of,
 )
-from kevload.words import shortened
+from kevload.inputs.wordsets import shortened
 
 Mode = Literal["single", "mixed", "prefix", "needle"]
 Arrival = Literal["constant", "poisson"]

@@ -30,7 +30,7 @@ from kevload.errors import ScenarioError
 from kevload.inputs.datasets import Dataset
 from kevload.inputs.probe import MAX_TOKENS, Probe, parse_jsonl
 from kevload.inputs.tokenwords import words_for
-from kevload.words import shortened
+from kevload.inputs.wordsets import shortened
 
 MAX_TRACE_TOKENS = 1_000_000  # input tokens of one request: beyond any model's context
 MAX_SPEEDUP = 1_000_000  # load.trace_speedup: a week of trace replayed in under a second

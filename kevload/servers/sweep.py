@@ -18,6 +18,7 @@ import msgspec
 
 from kevload.errors import RunDirError, ScenarioError, ServerError
 from kevload.inputs.scenario import load_scenario, shown_url, toml_value, url_problem
+from kevload.inputs.wordsets import SweepVerdict
 from kevload.load.runs import run_scenario
 from kevload.outputs.report import markdown_cell, slo_bounds_text, verdict_line
 from kevload.outputs.sweepview import reference_markdown, sweep_cell_text
@@ -25,6 +26,7 @@ from kevload.records.machine import rows_where
 from kevload.records.rundir import RunDir, apart
 from kevload.records.servermetrics import CELL_FIELDS as SERVER_FIELDS
 from kevload.records.store import read_json, write_json
+from kevload.records.summary import CellSummary, RunSummary, row_cells
 from kevload.servers.processes import (
     free_port,
     log_tail,
@@ -33,8 +35,6 @@ from kevload.servers.processes import (
     trouble,
     wait_ready,
 )
-from kevload.summary import CellSummary, RunSummary, row_cells
-from kevload.words import SweepVerdict
 
 # {name} in --server-cmd and --ready-url; any other braces (JSON arguments) are left as they are.
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_-]*)\}")

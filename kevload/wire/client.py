@@ -20,6 +20,7 @@ import orjson
 from kevload.errors import TargetError
 from kevload.inputs.probe import Probe
 from kevload.inputs.scenario import REQUEST_ID_HEADER, Scenario, Target
+from kevload.inputs.wordsets import CANCELLED, shortened
 from kevload.records.store import (
     TOKEN_COUNT_MAX,
     TokenCount,
@@ -31,7 +32,6 @@ from kevload.wire.http1 import LeanTransport
 from kevload.wire.models import REFUSAL_STATUSES, refusal_message, served_models
 from kevload.wire.sse import SSEError, SSEParser
 from kevload.wire.transport import AiohttpTransport, Endpoint, Response, Transport, TransportError
-from kevload.words import CANCELLED, shortened
 
 T = TypeVar("T")
 

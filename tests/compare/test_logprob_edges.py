@@ -33,7 +33,7 @@ from kevload.outputs.report import (
     verdict_line,
 )
 from kevload.records.store import spell_logprobs
-from kevload.summary import RunSummary
+from kevload.records.summary import RunSummary
 from kevload.wire.client import Client, _nonfinite_json, build_body, logprob_fields
 from tests.conftest import cells_by_level, load_summary, reduce_rows, run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer

@@ -23,7 +23,7 @@ from kevload.outputs.baseline import compare_to_baseline
 from kevload.outputs.html import run_report
 from kevload.outputs.report import cache_lines, markdown
 from kevload.records.rundir import RunDir
-from kevload.summary import RunSummary
+from kevload.records.summary import RunSummary
 from kevload.wire.client import _STRICT, _Accumulator
 from tests.fakeserver import Behaviour, FakeServer
 

@@ -19,7 +19,14 @@ from collections.abc import Iterable
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union
 
-from kevload.words import DivergenceKind, RunState, SampleRole, StopReason, Verdict, shortened
+from kevload.inputs.wordsets import (
+    DivergenceKind,
+    RunState,
+    SampleRole,
+    StopReason,
+    Verdict,
+    shortened,
+)
 
 _ANCHOR = "kevload.written_with"
 

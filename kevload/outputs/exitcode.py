@@ -1,5 +1,5 @@
-"""Exit codes, which CI depends on: the one ``ExitCode`` enum and the one place each command's result is mapped
-to it, so the CLI holds no policy. Each gate decides from everything it saw, not only from what matched; its rule
+"""The gates: the one place each command's result is mapped to its exit code (``kevload.exits.ExitCode``), so the
+CLI holds no policy. Each gate decides from everything it saw, not only from what matched; its rule
 is the docstring of its function here (``for_run`` with a baseline, ``for_rerun``, ``for_sweep``), and docs/nightly.md's
 "Gates: what each exit code means" says the same. Every gate exits 2, before anything is sent, for an input it
 cannot read typed (a baseline, a case file, a grid): the message names the file and the key."""
@@ -7,34 +7,11 @@ cannot read typed (a baseline, a case file, a grid): the message names the file 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from enum import IntEnum
 from typing import Literal
 
-from kevload.summary import RunSummary
-from kevload.words import SweepVerdict, Verdict
-
-
-class ExitCode(IntEnum):
-    OK = 0  # everything held
-    DRIFT = 1  # nondeterminism found, a regression against a baseline, a level under its SLO
-    USAGE = 2  # bad usage or a bad scenario (errors.InputError)
-    TARGET = 3  # the target failed, or gave too little evidence to say (inconclusive)
-    INTERRUPTED = 130  # SIGINT, once what was collected is written
-    TERMINATED = 143  # SIGTERM, likewise
-
-
-# What each code of `kevload run` means, in the one set of words `run --help`, the README's gate table
-# and docs/nightly.md give (the first two held equal to it by a test, the third rendered from it).
-RUN_EXITS: Mapping[ExitCode, str] = {
-    ExitCode.OK: "everything held: one output everywhere (against a `--baseline`: nothing regressed)",
-    ExitCode.DRIFT: "nondeterminism, or a regression against `--baseline`, latent drift with "
-    "`--fail-on latent`, a cell under `load.min_slo_attainment` or `load.min_good_share`; with "
-    "`--fail-on bad` only an answer load made worse",
-    ExitCode.USAGE: "bad usage or bad input: one line naming the file, key or option and what was "
-    "expected",
-    ExitCode.TARGET: "the target failed or the evidence is short (`inconclusive`)",
-}
-
+from kevload.exits import ExitCode as ExitCode  # re-exported: demo names it `exitcode.ExitCode`
+from kevload.inputs.wordsets import SweepVerdict, Verdict
+from kevload.records.summary import RunSummary
 
 # inconclusive (a probe cell has fewer ok samples than asked) is no pass: the target did not give
 # the evidence.
