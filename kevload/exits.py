@@ -1,5 +1,6 @@
-"""The exit codes CI depends on: the one ``ExitCode`` enum, and what each code of ``kevload run`` means in words. A
-leaf beside the errors (each error carries its code); which code a command's result gets is ``outputs.exitcode``'s."""
+"""The exit codes CI depends on: the one ``ExitCode`` enum, and what each code of ``kevload run``
+means in words. A leaf beside the errors (each error carries its code); which code a command's
+result gets is ``outputs.exitcode``'s."""
 
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ class ExitCode(IntEnum):
     TERMINATED = 143  # SIGTERM, likewise
 
 
-# What each code of `kevload run` means, in the one set of words `run --help`, the README's gate table
+# What each code of `kevload run` means, in the one set of words `run --help`, the README's gate
+# table
 # and docs/nightly.md give (the first two held equal to it by a test, the third rendered from it).
 RUN_EXITS: Mapping[ExitCode, str] = {
-    ExitCode.OK: "everything held: one output everywhere (against a `--baseline`: nothing regressed)",
+    ExitCode.OK: "everything held: one output everywhere (against a `--baseline`: nothing "
+    "regressed)",
     ExitCode.DRIFT: "nondeterminism, or a regression against `--baseline`, latent drift with "
     "`--fail-on latent`, a cell under `load.min_slo_attainment` or `load.min_good_share`; with "
     "`--fail-on bad` only an answer load made worse",

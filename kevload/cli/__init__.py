@@ -1,6 +1,7 @@
-"""The command line, one module per command: this package only registers them on ``main`` (the console
-script ``kevload`` and ``python -m kevload``). Each command parses, calls, prints and exits with the code
-``exitcode`` gives; the rules of what its options mean together live in the package whose rules they are."""
+"""The command line, one module per command: this package only registers them on ``main`` (the
+console script ``kevload`` and ``python -m kevload``). Each command parses, calls, prints and exits
+with the code ``exitcode`` gives; the rules of what its options mean together live in the package
+whose rules they are."""
 
 from __future__ import annotations
 

@@ -47,7 +47,8 @@ def cases() -> None:
     "give the same name in every environment whose URLs differ.",
 )
 def cases_build(run_dirs: tuple[Path, ...], output: Path, target_name: str | None) -> None:
-    """Append one case per probe and setting from RUN_DIRS; existing cases are never dropped or rewritten."""
+    """Append one case per probe and setting from RUN_DIRS; existing cases are never dropped or
+    rewritten."""
     from kevload.guide.cases import build_cases
 
     built = build_cases(list(run_dirs), output, target_name=target_name)
@@ -75,7 +76,8 @@ def cases_build(run_dirs: tuple[Path, ...], output: Path, target_name: str | Non
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
-    help="Parent directory of the rerun runs (default results): each rerun makes OUT/cases-rerun-<id>/.",
+    help="Parent directory of the rerun runs (default results): each rerun makes "
+    "OUT/cases-rerun-<id>/.",
 )
 @trust_graders_option
 @on_target_options
@@ -186,8 +188,8 @@ _RECORDED = {
 
 
 def _print_results(results: list[dict[str, Any]], moves: dict[str, list[str]]) -> None:
-    """A line per case (its load, distinct answers, verdict before and after), the moves between verdicts,
-    and each case's expected output met or not, with its grader's failures."""
+    """A line per case (its load, distinct answers, verdict before and after), the moves between
+    verdicts, and each case's expected output met or not, with its grader's failures."""
     from kevload.guide.cases import describe_load
 
     for r in results:

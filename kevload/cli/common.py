@@ -1,5 +1,6 @@
-"""What several commands share: the stderr console, the option types and decorators (--target, --trust-graders), a
-command's work run with --target's server up, and how a result is written, shown and exited with."""
+"""What several commands share: the stderr console, the option types and decorators (--target,
+--trust-graders), a command's work run with --target's server up, and how a result is written, shown
+and exited with."""
 
 from __future__ import annotations
 
@@ -32,12 +33,14 @@ stderr = Console(stderr=True)
 
 
 def log_line(message: str) -> None:
-    """A progress line on stderr, as written: an id or a prompt in it may hold control characters or rich markup."""
+    """A progress line on stderr, as written: an id or a prompt in it may hold control characters or
+    rich markup."""
     stderr.print(visible(message), markup=False, highlight=False)
 
 
 class Finite(click.FloatRange):
-    """A FloatRange that refuses nan too, which passes every bound's comparison (and so would pass click's)."""
+    """A FloatRange that refuses nan too, which passes every bound's comparison (and so would pass
+    click's)."""
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         number = super().convert(value, param, ctx)
@@ -47,7 +50,8 @@ class Finite(click.FloatRange):
 
 
 def on_target_options(func):
-    """``--target NAME`` and ``--target-set KEY=VALUE``: a built-in target started for one command."""
+    """``--target NAME`` and ``--target-set KEY=VALUE``: a built-in target started for one
+    command."""
     func = click.option(
         "--target-set",
         "target_sets",
@@ -84,7 +88,8 @@ def target_settings(builtin: str | None, target_sets: tuple[str, ...]) -> Target
 trust_graders_option = click.option(
     "--trust-graders",
     is_flag=True,
-    help="Import the python: graders the run directory or case file names (from the directory the run found them "
+    help="Import the python: graders the run directory or case file names (from the directory "
+    "the run found them "
     "in). Without it they are refused: that file is data, and may come from anywhere.",
 )
 
@@ -95,10 +100,10 @@ def on_target(
     work: Callable[[str | None, str | None, asyncio.Event], Coroutine[Any, Any, Any]],
     quiet: bool = False,
 ) -> tuple[Any, int | None, Any]:
-    """``work(url, model, stop)`` under ``eventloop.run``, with ``--target``'s server running for it when one is given
-    (its URL and model; None and None otherwise). Returns the result (None when stopped while the target
-    started), the signal as ``eventloop.run`` does, and the error to raise once the result is shown when the target
-    stopped serving meanwhile (exit 3; None otherwise)."""
+    """``work(url, model, stop)`` under ``eventloop.run``, with ``--target``'s server running for it
+    when one is given (its URL and model; None and None otherwise). Returns the result (None when
+    stopped while the target started), the signal as ``eventloop.run`` does, and the error to raise
+    once the result is shown when the target stopped serving meanwhile (exit 3; None otherwise)."""
     if builtin is None:
         result, signum = eventloop.run(lambda stop: work(None, None, stop))
         return result, signum, None
@@ -136,7 +141,8 @@ def share(text: str, option: str) -> float:
 
 
 def metrics_path(path: Path | None) -> Path | None:
-    """Checked before anything runs: a nightly job should not learn of a typo in the path after hours of load."""
+    """Checked before anything runs: a nightly job should not learn of a typo in the path after
+    hours of load."""
     if path is not None and not (path.parent.is_dir() and os.access(path.parent, os.W_OK)):
         raise InputError(f"--metrics {path}: expected a file in an existing, writable directory")
     return path

@@ -27,12 +27,14 @@ import click
     type=click.IntRange(min=0),
     default=10,
     show_default=True,
-    help="Bad lines (not JSON, torn, no input) skipped per file before the file is refused (exit 2).",
+    help="Bad lines (not JSON, torn, no input) skipped per file before the file is refused "
+    "(exit 2).",
 )
 def coverage_command(
     online: Path, train: Path, json_out: Path | None, flag_out: Path | None, max_bad: int
 ) -> None:
-    """Compare live inputs (ONLINE.jsonl) with the training set (TRAIN.jsonl): lengths, keywords, labels."""
+    """Compare live inputs (ONLINE.jsonl) with the training set (TRAIN.jsonl): lengths, keywords,
+    labels."""
     import orjson
 
     from kevload.guide.coverage import compare, flag_file, scan, segmenter

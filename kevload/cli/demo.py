@@ -35,9 +35,9 @@ from kevload.servers.targets import NAMES
     "2 × its slowest serial answer × the step's top level.",
 )
 def demo(targets: str, samples: int, timeout: float) -> None:
-    """The guide's first three steps against the built-in real targets, matrices side by side, and vLLM's
-    max-batch-size sweep. Ends with a line per target: what it found, or which step failed and why.
-    Exit 0, or 3 when a target failed a step."""
+    """The guide's first three steps against the built-in real targets, matrices side by side, and
+    vLLM's max-batch-size sweep. Ends with a line per target: what it found, or which step failed
+    and why. Exit 0, or 3 when a target failed a step."""
     from kevload.demo import run_demo
 
     names = [t.strip() for t in targets.split(",") if t.strip()]

@@ -152,8 +152,9 @@ def diagnose_command(**given: Any) -> None:
 
 
 def _options(given: dict[str, Any]) -> DiagnoseOptions:
-    """The diagnosis' options from the command's: the probe, the params, the steps' settings. With --target
-    the URL is the started server's; a placeholder meanwhile lets the options be checked first."""
+    """The diagnosis' options from the command's: the probe, the params, the steps' settings. With
+    --target the URL is the started server's; a placeholder meanwhile lets the options be checked
+    first."""
     from kevload.guide.diagnose import DiagnoseOptions
     from kevload.guide.diagnoseinput import (
         diagnosed_probe,

@@ -1,4 +1,5 @@
-"""`kevload report`: a run's summary recomputed from its records and rendered; sweeps and comparisons too."""
+"""`kevload report`: a run's summary recomputed from its records and rendered; sweeps and
+comparisons too."""
 
 from __future__ import annotations
 
@@ -57,8 +58,9 @@ def report(
     comparisons too.
 
     Exits with the run's own code, as `kevload run` without --baseline and --fail-on would: 0 held,
-    1 drift (or a cell under an SLO or load.min_good_share), 2 bad input or a grader that failed, 3
-    target failed or evidence short. A sweep's report exits 0; a comparison's, with its gate's code."""
+    1 drift (or a cell under an SLO or load.min_good_share), 2 bad input or a grader that failed,
+    3 target failed or evidence short. A sweep's report exits 0; a comparison's, with its gate's
+    code."""
     if (run_dir / "compare-run.json").is_file():
         from kevload.servers.rollout import finish
 
@@ -96,7 +98,8 @@ def report(
 def _render_run(
     run: RunDir, summary: RunSummary, meta: dict[str, Any], fmt: str, output: Path | None
 ) -> None:
-    """The summary in ``fmt``, on stdout or into --output; the table and Markdown end with where it ran."""
+    """The summary in ``fmt``, on stdout or into --output; the table and Markdown end with where it
+    ran."""
     if fmt == "html":
         from kevload.outputs.html import run_report
 
@@ -115,8 +118,8 @@ def _render_run(
 
 
 def _echo_where(meta: dict[str, Any], fmt: str, echo: Callable[[str], Any]) -> None:
-    """The table and the Markdown end with where the run ran (run.json's machine and server); JSON is the
-    summary alone."""
+    """The table and the Markdown end with where the run ran (run.json's machine and server); JSON
+    is the summary alone."""
     from kevload.records.machine import where_text
 
     where = where_text(meta)

@@ -1,4 +1,5 @@
-"""`kevload run`: a scenario (or the quickstart) run, its matrix printed, exit with the run's code."""
+"""`kevload run`: a scenario (or the quickstart) run, its matrix printed, exit with the run's
+code."""
 
 from __future__ import annotations
 
@@ -128,7 +129,8 @@ from kevload.servers.targets import TargetSettings
 @click.option(
     "--baseline",
     type=click.Path(exists=True, path_type=Path),
-    help="An earlier run dir or summary.json: new drift, unseen outputs, slower latency, or drift in a "
+    help="An earlier run dir or summary.json: new drift, unseen outputs, slower latency, or "
+    "drift in a "
     "cell the baseline lacks or whose input changed exit 1.",
 )
 @click.option(
@@ -216,8 +218,8 @@ def run(
 
 
 def _with_shorthands(overrides: tuple[str, ...], shorthands: dict[str, object]) -> tuple[str, ...]:
-    """The --set overrides and, after them, the shorthands given (--retries N as load.retries=N), once no
-    two of them set one key."""
+    """The --set overrides and, after them, the shorthands given (--retries N as load.retries=N),
+    once no two of them set one key."""
     refuse_set_twice(set_keys(overrides), shorthands)
     until_bound = shorthands["--until-bound"]
     if isinstance(until_bound, str):
@@ -281,7 +283,8 @@ def _run_shown(
 
 
 def _print_records(result: RunResult, *, resumed: bool) -> None:
-    """Where the records are and how many requests the run sent (a resume's part of it beside it)."""
+    """Where the records are and how many requests the run sent (a resume's part of it beside
+    it)."""
     run_files = RunDir(result.run_dir)
     files = ", ".join(str(p) for p in run_files.record_files()) or str(run_files.records_jsonl)
     # The run's own count, as run.json and summary.json say it; a resume's part of it beside it.
@@ -308,7 +311,8 @@ def _exit(
     max_latency_regression: float,
     fail_on: Literal["drift", "latent", "bad"],
 ) -> None:
-    """The run's own code; with --baseline (``reference``), its gate's lines printed and its code."""
+    """The run's own code; with --baseline (``reference``), its gate's lines printed and its
+    code."""
     from kevload.outputs.baseline import judge
 
     if reference is None:
@@ -326,9 +330,9 @@ def _exit(
 
 
 def _print_summary(summary: RunSummary, quiet: bool) -> None:
-    """The table; quiet, the verdict line and one line for each other reason the run can exit non-zero (the SLO,
-    answers load turned bad, load.min_good_share, a grader that failed), in the table's words: a CI log that shows
-    a failed job shows why."""
+    """The table; quiet, the verdict line and one line for each other reason the run can exit
+    non-zero (the SLO, answers load turned bad, load.min_good_share, a grader that failed), in the
+    table's words: a CI log that shows a failed job shows why."""
     if quiet:
         lines = [
             verdict_line(summary),

@@ -1,6 +1,6 @@
-"""The options that set scenario keys, in one table: which keys each sets, and the ones that are shorthands for a
---set (``--retries N`` is ``--set load.retries=N``). Given with a --set or --grid of the same key, both are
-refused."""
+"""The options that set scenario keys, in one table: which keys each sets, and the ones that are
+shorthands for a --set (``--retries N`` is ``--set load.retries=N``). Given with a --set or --grid
+of the same key, both are refused."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from collections.abc import Iterable, Mapping
 
 from kevload.errors import InputError
 
-# Each option that sets scenario keys, with the keys it sets (run's, sweep's; --target: its server's URL and
+# Each option that sets scenario keys, with the keys it sets (run's, sweep's; --target: its server's
+# URL and
 # model, once the server is up).
 KEYS_OF: Mapping[str, tuple[str, ...]] = {
     "--url": ("target.base_url",),
@@ -26,15 +27,16 @@ OVERRIDES = ("--retries", "--dataset-seed", "--until-bound", "--workers")
 
 
 def set_keys(overrides: Iterable[str]) -> list[tuple[str, str]]:
-    """Each ``--set KEY=VALUE`` as (how it was given, KEY); a malformed one is refused where it is applied."""
+    """Each ``--set KEY=VALUE`` as (how it was given, KEY); a malformed one is refused where it is
+    applied."""
     return [(f"--set {key}", key) for key in (o.partition("=")[0].strip() for o in overrides)]
 
 
 def refuse_set_twice(sets: list[tuple[str, str]], given: Mapping[str, object]) -> None:
-    """An option that sets a scenario key (``given``: each option of ``KEYS_OF``, its value or None when not
-    given) given with a --set or --grid of that key or of a table around or inside it (``sets``: how, the key)
-    is bad usage: one of the two would be dropped without a word, the run sent somewhere or something else than
-    the command line says."""
+    """An option that sets a scenario key (``given``: each option of ``KEYS_OF``, its value or None
+    when not given) given with a --set or --grid of that key or of a table around or inside it
+    (``sets``: how, the key) is bad usage: one of the two would be dropped without a word, the run
+    sent somewhere or something else than the command line says."""
     for option, value in given.items():
         for key in KEYS_OF[option] if value is not None else ():
             for how, other in sets:
@@ -43,7 +45,8 @@ def refuse_set_twice(sets: list[tuple[str, str]], given: Mapping[str, object]) -
 
 
 def as_overrides(given: Mapping[str, object]) -> tuple[str, ...]:
-    """The shorthands given (``given``: option → value, None when not given) as the --set each stands for."""
+    """The shorthands given (``given``: option → value, None when not given) as the --set each
+    stands for."""
     return tuple(
         f"{KEYS_OF[option][0]}={value!r}"
         for option, value in given.items()

@@ -44,7 +44,8 @@ if TYPE_CHECKING:
     multiple=True,
     required=True,
     metavar="NAME=V1,V2",
-    help="An axis: a server placeholder/setting (slots=1,2,4) or a scenario key (load.mode=single,mixed).",
+    help="An axis: a server placeholder/setting (slots=1,2,4) or a scenario key "
+    "(load.mode=single,mixed).",
 )
 @click.option("--ready-url", help="Readiness URL (default http://127.0.0.1:{port}/health).")
 @click.option(
@@ -168,8 +169,8 @@ def _sweep_code(sweep: dict[str, Any]) -> ExitCode:
 def _reference_judge(
     grid: Grid, reference: str | None, alpha: float, min_agreement: str | None, fail_on: str
 ) -> Any:
-    """With --reference: what holds each setting against its reference setting, under --reference's gate;
-    None without it."""
+    """With --reference: what holds each setting against its reference setting, under --reference's
+    gate; None without it."""
     from kevload.compare.gate import GateRules
     from kevload.servers import sweepref
 
@@ -187,8 +188,8 @@ def _reference_judge(
 
 
 def _print_sweep(sweep: dict[str, Any], quiet: bool) -> None:
-    """The matrix (and the table against the reference setting); quiet, a verdict line per setting and the
-    gate's findings."""
+    """The matrix (and the table against the reference setting); quiet, a verdict line per setting
+    and the gate's findings."""
     from kevload.outputs.sweepview import reference_table
     from kevload.servers.sweep import sweep_markdown
 

@@ -14,10 +14,12 @@ from kevload.servers.targets import NAMES, TargetSettings
 
 @click.group()
 def target() -> None:
-    """Built-in real targets on 127.0.0.1: llama.cpp's llama-server, transformers serve and vLLM (CPU)."""
+    """Built-in real targets on 127.0.0.1: llama.cpp's llama-server, transformers serve and vLLM
+    (CPU)."""
 
 
-# `target start`'s options: each a setting of the built-in targets (TargetSettings), as --target-set names them.
+# `target start`'s options: each a setting of the built-in targets (TargetSettings), as --target-set
+# names them.
 _TARGET_OPTIONS = [
     click.option(
         "--slots",

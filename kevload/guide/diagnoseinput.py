@@ -1,5 +1,6 @@
-"""What ``kevload diagnose``'s options mean together: the probe they make (--prompt or --messages, graded by
---expected and --grade), the request params (--params), and the rules they obey with one another."""
+"""What ``kevload diagnose``'s options mean together: the probe they make (--prompt or --messages,
+graded by --expected and --grade), the request params (--params), and the rules they obey with one
+another."""
 
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ def diagnosed_probe(
     max_tokens: int,
     graded: Grading | None,
 ) -> Probe:
-    """The one probe diagnose sends: --prompt or --messages' chat, graded when --expected or --grade is given."""
+    """The one probe diagnose sends: --prompt or --messages' chat, graded when --expected or --grade
+    is given."""
     grading: dict[str, Any] = (
         {}
         if graded is None
@@ -65,8 +67,9 @@ def diagnosed_probe(
 def expected_grading(
     expected_text: str | None, grade: str | None, tolerance: float | None
 ) -> Grading | None:
-    """--expected/--grade/--grade-tolerance checked as a probe's keys are (``grading.checked``, a schema file or a
-    python grader found from the working directory); None when neither is given. A bad one is exit 2 naming it."""
+    """--expected/--grade/--grade-tolerance checked as a probe's keys are (``grading.checked``, a
+    schema file or a python grader found from the working directory); None when neither is given. A
+    bad one is exit 2 naming it."""
     expected: Any = expected_text
     if expected_text is not None:
         try:

@@ -1,6 +1,6 @@
 """Running coroutines on uvloop, with SIGINT/SIGTERM turned into a stop request instead of a
-traceback (each counted in ``compare.signals``, where the grading learns of it); and an awaitable given up
-when the stop is requested."""
+traceback (each counted in ``compare.signals``, where the grading learns of it); and an awaitable
+given up when the stop is requested."""
 
 from __future__ import annotations
 
@@ -25,8 +25,9 @@ EXIT_FOR_SIGNAL: dict[int, ExitCode] = {
 
 
 class SecondSignal(KeyboardInterrupt):
-    """A second SIGINT or SIGTERM: kevload ends at once, with the signal's exit code (``cli`` maps it). A
-    KeyboardInterrupt, so asyncio lets it through every task as it does Ctrl-C's, and ``finally`` blocks run."""
+    """A second SIGINT or SIGTERM: kevload ends at once, with the signal's exit code (``cli`` maps
+    it). A KeyboardInterrupt, so asyncio lets it through every task as it does Ctrl-C's, and
+    ``finally`` blocks run."""
 
     def __init__(self, signum: int):
         super().__init__(signum)
@@ -39,8 +40,8 @@ def exit_code(interrupt: KeyboardInterrupt) -> int:
 
 
 def run(main: Callable[[asyncio.Event], Coroutine[Any, Any, T]]) -> tuple[T, int | None]:
-    """Run ``main(stop)`` on uvloop; the first SIGINT/SIGTERM sets ``stop``, a second one of the same kind raises
-    ``SecondSignal`` wherever the program is.
+    """Run ``main(stop)`` on uvloop; the first SIGINT/SIGTERM sets ``stop``, a second one of the
+    same kind raises ``SecondSignal`` wherever the program is.
 
     Returns the coroutine's result and the signal number that stopped it, if any.
     """

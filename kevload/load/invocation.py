@@ -1,5 +1,6 @@
-"""What a ``kevload run``'s options mean together: the scenario they pick (a file, the quickstart, or an
-interrupted run's own), the rules they obey with one another, and how many samples the run will take."""
+"""What a ``kevload run``'s options mean together: the scenario they pick (a file, the quickstart,
+or an interrupted run's own), the rules they obey with one another, and how many samples the run
+will take."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from kevload.load.runs import refuse_existing, resumed_scenario
 
 @dataclass(frozen=True)
 class RunGiven:
-    """Where ``kevload run`` takes its scenario from: SCENARIO, --resume, or the quickstart's options
-    (--url, --model, --prompt, or --target for the first two); and --out, --overwrite, which go with them."""
+    """Where ``kevload run`` takes its scenario from: SCENARIO, --resume, or the quickstart's
+    options (--url, --model, --prompt, or --target for the first two); and --out, --overwrite, which
+    go with them."""
 
     scenario: Path | None = None
     resume: Path | None = None
@@ -27,7 +29,8 @@ class RunGiven:
     overwrite: bool = False
 
     def quick_option(self) -> str | None:
-        """The first of the quickstart options given (--url, --model, --prompt), to name it; None when none is."""
+        """The first of the quickstart options given (--url, --model, --prompt), to name it; None
+        when none is."""
         given = (("--url", self.url), ("--model", self.model), ("--prompt", self.prompt))
         return next((name for name, value in given if value is not None), None)
 
@@ -57,9 +60,9 @@ def check_ray_target(builtin: str | None, ray_address: str | None) -> None:
 
 
 def pick_scenario(given: RunGiven, overrides: list[str], *, trust_graders: bool) -> Scenario:
-    """The scenario the options pick, its API key's variable checked: the interrupted run's (--resume), the
-    file's (SCENARIO), or the quickstart's (--url and --model, or --target: its URL and model are set once its
-    server is up)."""
+    """The scenario the options pick, its API key's variable checked: the interrupted run's
+    (--resume), the file's (SCENARIO), or the quickstart's (--url and --model, or --target: its URL
+    and model are set once its server is up)."""
     quick = given.quick_option()
     if given.resume is not None:
         if (
@@ -93,7 +96,8 @@ def pick_scenario(given: RunGiven, overrides: list[str], *, trust_graders: bool)
 
 
 def refuse_taken(given: RunGiven) -> None:
-    """--out that holds a run already is refused unless --overwrite: a run's records are never mixed."""
+    """--out that holds a run already is refused unless --overwrite: a run's records are never
+    mixed."""
     if given.resume is None and given.out is not None:
         refuse_existing(
             given.out,
@@ -112,8 +116,8 @@ def check_fail_on(fail_on: str, sc: Scenario) -> None:
 
 
 def samples_expected(sc: Scenario) -> int:
-    """The probe samples the run takes when every cell is clean: sampling until a bound takes as many as the
-    answers call for, so a progress bar counts up to the clean case."""
+    """The probe samples the run takes when every cell is clean: sampling until a bound takes as
+    many as the answers call for, so a progress bar counts up to the clean case."""
     per_cell = (
         max(sc.load.samples, samples_for_bound(sc.load.until_bound))
         if sc.load.until_bound

@@ -1,5 +1,6 @@
-"""What ``kevload sweep``'s options mean together: which server each setting runs against (--server-cmd or
---target), what --reference's gate options need, and where the settings run (here, or with --ray as Ray tasks)."""
+"""What ``kevload sweep``'s options mean together: which server each setting runs against
+(--server-cmd or --target), what --reference's gate options need, and where the settings run (here,
+or with --ray as Ray tasks)."""
 
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ def check_gate_options(*, alpha: float, min_agreement: str | None, fail_on: str)
 
 @contextlib.contextmanager
 def ray_sweep(address: str | None, resources: str | None, server_cmd: str | None) -> Iterator[Any]:
-    """With --ray: connected to the cluster for the sweep, the runner that sends each server setting there;
-    without it, None (the sweep runs here)."""
+    """With --ray: connected to the cluster for the sweep, the runner that sends each server setting
+    there; without it, None (the sweep runs here)."""
     if address is None:
         if resources is not None:
             raise InputError("--resources: only with --ray")

@@ -334,12 +334,12 @@ def test_sweep_settings_equal_the_same_values_written_in_the_file(tmp_path, serv
 
 # Calls that build a scenario from TOML text or a raw table, and where each may be made: the user's
 # file and
-# --set text (cli), a resumed run's table from run.json with the user's --set text
+# --set text (load.invocation, for `kevload run`), a resumed run's table from run.json with the user's --set text
 # (runs.resumed_scenario), the
 # sweep's and demo's one read of their scenario file, the grid's values (user text).
 # demo.py reads two files: the demo scenario and the graded set's (scenarios/graded.toml).
 ALLOWED = {
-    "load_scenario": {"cli.py": math.inf, "sweep.py": 1, "demo.py": 2},
+    "load_scenario": {"invocation.py": 1, "sweep.py": 1, "demo.py": 2},
     "scenario_from_dict": {"runs.py": 1},
     "apply_override": {"runs.py": 1},
     "tomllib.loads": {"sweep.py": 1},
@@ -357,7 +357,7 @@ def test_no_module_formats_toml_to_build_a_scenario():
                 name = ast.unparse(node.func)
                 if name in ALLOWED:
                     found[name, path.name] = found.get((name, path.name), 0) + 1
-                    if name == "load_scenario" and path.name != "cli.py":
+                    if name == "load_scenario" and path.name != "invocation.py":
                         # One argument, or the user's own --set list: no override text made here.
                         assert len(node.args) == 1 or isinstance(node.args[1], ast.Name), (
                             path.name,
