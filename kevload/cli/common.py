@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from rich.console import Console
@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 
 stderr = Console(stderr=True)
+# A click command, as its option decorators take and return it.
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def log_line(message: str) -> None:
@@ -49,7 +51,7 @@ class Finite(click.FloatRange):
         return number
 
 
-def on_target_options(func):
+def on_target_options(func: F) -> F:
     """``--target NAME`` and ``--target-set KEY=VALUE``: a built-in target started for one
     command."""
     func = click.option(

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import shlex
 import sys
+from typing import Any
 
 import click
 
+from kevload.cli.common import F
 from kevload.errors import InputError
 from kevload.exits import ExitCode
 from kevload.servers.targets import NAMES, TargetSettings
@@ -76,7 +78,7 @@ _TARGET_OPTIONS = [
 ]
 
 
-def _target_options(func):
+def _target_options(func: F) -> F:
     """`target start`'s options, in the order --help lists them."""
     for option in reversed(_TARGET_OPTIONS):
         func = option(func)
@@ -86,7 +88,7 @@ def _target_options(func):
 @target.command("start")
 @click.argument("name", type=click.Choice(NAMES))
 @_target_options
-def target_start(name: str, **options) -> None:
+def target_start(name: str, **options: Any) -> None:
     """Build/install NAME once, start it and print the model name to send and its base URL (the last
     line)."""
     from kevload.servers.targets import save_state, start_target, status_target
