@@ -1,7 +1,7 @@
 """MkDocs hook: the scenario keys' reference (docs/reference/scenario.md), rendered at build time
 from the scenario dataclasses' own fields, their types and the rules in their metadata, so the page
 cannot drift from what `kevload run` accepts; and `kevload run`'s exit codes in docs/nightly.md,
-from kevload.exitcode.RUN_EXITS."""
+from kevload.exits.RUN_EXITS."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ TABLES = (
 )
 
 
-# `kevload run`'s exit codes, in kevload.exitcode.RUN_EXITS' words (the README's table holds the
+# `kevload run`'s exit codes, in kevload.exits.RUN_EXITS' words (the README's table holds the
 # same).
 RUN_EXITS_MARKER = "<!-- run-exit-codes -->"
 
@@ -40,7 +40,7 @@ def on_page_markdown(markdown: str, **_: Any) -> str:
 
 
 def run_exits() -> str:
-    exits = importlib.import_module("kevload.exitcode").RUN_EXITS
+    exits = importlib.import_module("kevload.exits").RUN_EXITS
     return "\n".join(f"- `{int(code)}`: {words}" for code, words in exits.items())
 
 

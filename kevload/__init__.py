@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # what __getattr__ serves, as a type checker reads it (tests/test_public_api.py)
-    from kevload import exitcode
     from kevload.compare.summarizing import summarize
     from kevload.errors import (
         InputError,
@@ -40,16 +39,17 @@ if TYPE_CHECKING:  # what __getattr__ serves, as a type checker reads it (tests/
         ServerError,
         TargetError,
     )
-    from kevload.exitcode import ExitCode
+    from kevload.exits import ExitCode
     from kevload.guide.diagnose import DiagnoseOptions, diagnose
     from kevload.inputs.probe import Probe
     from kevload.inputs.scenario import Scenario, build_scenario, load_scenario
     from kevload.inputs.scenariokeys import Load, Target
     from kevload.load.runs import run_scenario
+    from kevload.outputs import exitcode
     from kevload.records.rundir import RunDir, read_summary
-    from kevload.summary import CellSummary, RunSummary
+    from kevload.records.summary import CellSummary, RunSummary
 
-# name → the module that defines it (imported on first use, so `import kevload.words` stays cheap)
+# name → the module that defines it (imported on first use, so `import kevload.errors` stays cheap)
 _API = {
     "Scenario": "kevload.inputs.scenario",
     "Target": "kevload.inputs.scenariokeys",
@@ -63,9 +63,9 @@ _API = {
     "RunDir": "kevload.records.rundir",
     "read_summary": "kevload.records.rundir",
     "summarize": "kevload.compare.summarizing",
-    "RunSummary": "kevload.summary",
-    "CellSummary": "kevload.summary",
-    "ExitCode": "kevload.exitcode",
+    "RunSummary": "kevload.records.summary",
+    "CellSummary": "kevload.records.summary",
+    "ExitCode": "kevload.exits",
     "KevloadError": "kevload.errors",
     "InputError": "kevload.errors",
     "ScenarioError": "kevload.errors",
@@ -103,7 +103,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "exitcode":
-        return importlib.import_module("kevload.exitcode")
+        return importlib.import_module("kevload.outputs.exitcode")
     if name not in _API:
         raise AttributeError(f"module 'kevload' has no attribute {name!r}")
     value = getattr(importlib.import_module(_API[name]), name)

@@ -8,7 +8,7 @@ option and what was expected, on one line (a target error may add the end of the
 
 from __future__ import annotations
 
-from kevload.exitcode import ExitCode
+from kevload.exits import ExitCode
 
 
 class KevloadError(Exception):

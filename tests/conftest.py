@@ -17,9 +17,9 @@ from kevload.cli import main
 from kevload.compare.cells import Reduction
 from kevload.compare.reader import reduce_records
 from kevload.records.store import Record
+from kevload.records.summary import RunSummary
 from kevload.servers.processes import pid_alive
 from kevload.servers.targets.cache import cache_root
-from kevload.summary import RunSummary
 from tests.fakeserver import Behaviour, FakeServer
 
 # Every process this session starts inherits this mark in its environment (targets are started with

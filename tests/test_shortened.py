@@ -3,10 +3,10 @@ limit, otherwise cut so that the mark ends it and the quote is exactly the limit
 
 from kevload.inputs.fieldrules import shown as scenario_show
 from kevload.inputs.grading import _cut
+from kevload.inputs.wordsets import shortened
 from kevload.load.prefixcache import _shown as prefix_shown
-from kevload.summary import _shown as summary_shown
+from kevload.records.summary import _shown as summary_shown
 from kevload.wire.decoding import shown as client_shown
-from kevload.words import shortened
 
 
 def test_a_value_within_the_limit_is_quoted_whole() -> None:

@@ -24,8 +24,8 @@ from kevload.compare.stats import LatencyHistogram
 from kevload.compare.turnwise import TurnAnswer
 from kevload.inputs.conversation import as_received, ends_sample, transcript
 from kevload.inputs.scenariokeys import Slo
+from kevload.inputs.wordsets import CANCELLED
 from kevload.records.store import Record, counts_in_cell
-from kevload.words import CANCELLED
 
 LATENCY_NAMES = ("e2e", "ttft", "tpot", "itl", "lateness")
 CellKey = tuple[

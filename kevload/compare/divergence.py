@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kevload.compare.cells import CellAccumulator, OutputKey, Tokens
-from kevload.words import DIVERGENCE_KINDS, DivergenceKind
+from kevload.inputs.wordsets import DIVERGENCE_KINDS, DivergenceKind
 
 # Characters of context kept on each side of a divergence point for the examples in the summary.
 _EXAMPLE_CONTEXT = 150

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kevload.compare.rollout import Comparison, LevelComparison
-from kevload.exitcode import ExitCode
+from kevload.exits import ExitCode
 
 COMPLETE = "complete"
 

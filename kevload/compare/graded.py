@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kevload import aio
+from kevload.compare import signals
 from kevload.compare.cells import CellAccumulator, OutputKey
 from kevload.compare.stats import mcnemar_exact, wilson_interval
 from kevload.errors import ScenarioError
@@ -38,7 +38,7 @@ from kevload.inputs.grading import (
 )
 from kevload.inputs.probe import Probe
 from kevload.records.store import Record
-from kevload.summary import CellSummary, RunSummary, level_label, level_order
+from kevload.records.summary import CellSummary, RunSummary, level_label, level_order
 
 SIGNIFICANT = 0.05  # accuracy "fell" at a level: lower than serial over the paired probes, McNemar p under this
 _SHOWN = 300  # characters of a flipped answer (and the serial one) kept in the summary
@@ -49,13 +49,13 @@ class Grader:
     """The run's graders by probe id, and each distinct output's grade once known: a text graded at one level is
     not graded again at another (the serial cell's outputs are met at every level). Each answer is
     graded within ``timeout`` seconds (``gradeworker``); a SIGINT/SIGTERM in the summary step (from
-    ``since``, a count of ``aio.signals_so_far``) cuts the grading short: every answer not graded by
+    ``since``, a count of ``signals.signals_so_far``) cuts the grading short: every answer not graded by
     then is ``grade_failed``, and the summary is made of the rest. Close it (``with``) to end its
     worker process."""
 
     gradings: Mapping[str, Grading]
     timeout: float = DEFAULT_TIMEOUT
-    since: int = field(default_factory=aio.signals_so_far)
+    since: int = field(default_factory=signals.signals_so_far)
     known: dict[tuple[str, str | None], bool | None] = field(
         default_factory=dict
     )  # (probe, sha256): good, None: failed
@@ -88,21 +88,21 @@ class Grader:
         return self.known[seen]
 
     def _grade(self, grading: Grading, text: str, probe: str) -> bool | None:
-        if aio.signal_since(self.since) is None:
+        if signals.signal_since(self.since) is None:
             try:
-                with aio.cut_short():
+                with signals.cut_short():
                     return self.bounded.good(grading, text, probe)
             except GraderFailed as failed:
                 self.errors.setdefault(probe, f"probe {probe!r}: {failed}")
                 return None
-            except aio.Cut:
+            except signals.Cut:
                 pass
         self.cut += 1
         return None
 
     def failures(self) -> tuple[str, ...]:
         """What went wrong, by probe, then the answers a signal left ungraded."""
-        signum = aio.signal_since(self.since)
+        signum = signals.signal_since(self.since)
         stopped = (
             f"grading stopped by {signal.Signals(signum).name} in the summary step: {self.cut} "
             "answers not graded (kevload report grades them again)"

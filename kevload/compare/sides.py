@@ -16,8 +16,8 @@ from kevload.compare.cells import CellAccumulator
 from kevload.compare.reader import reduce_records
 from kevload.inputs.grading import Grading
 from kevload.inputs.scenariokeys import Slo
+from kevload.inputs.wordsets import CANCELLED, OK
 from kevload.records.store import Record, counts_in_cell
-from kevload.words import CANCELLED, OK
 
 LevelId = tuple[str, int, float | None]  # mode, concurrency (0 at an open-loop level), rate
 

@@ -28,8 +28,9 @@ from kevload.compare.verdict import (
     run_verdict,
     stop_reason,
 )
+from kevload.inputs.wordsets import DIVERGENCE_KINDS, SampleRole
 from kevload.records.servermetrics import Samples, cell_view
-from kevload.summary import (
+from kevload.records.summary import (
     CellSummary,
     RunSummary,
     held_without_cuts,
@@ -37,7 +38,6 @@ from kevload.summary import (
     level_order,
     levels_of,
 )
-from kevload.words import DIVERGENCE_KINDS, SampleRole
 
 AskedCell = tuple[
     str, str, int, float | None

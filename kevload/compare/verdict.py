@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kevload.compare.stats import samples_for_bound
-from kevload.summary import CellSummary
-from kevload.words import StopReason, Verdict
+from kevload.inputs.wordsets import StopReason, Verdict
+from kevload.records.summary import CellSummary
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,6 @@ from typing import Any
 from rich.columns import Columns
 from rich.console import Console
 
-from kevload import exitcode
 from kevload.demo import agreement, lines
 from kevload.demo.steps import (
     LABELS,
@@ -25,10 +24,11 @@ from kevload.demo.steps import (
     run_target,
     serial_seconds,
 )
+from kevload.outputs import exitcode
 from kevload.records.store import default_run_dir
+from kevload.records.summary import RunSummary
 from kevload.servers.rollout import Outcome
 from kevload.servers.sweep import sweep_markdown
-from kevload.summary import RunSummary
 
 __all__ = ["Seen", "run_demo"]
 

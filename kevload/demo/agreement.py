@@ -23,7 +23,7 @@ from kevload.demo.steps import (
     graded_timeout,
     log_to,
 )
-from kevload.exitcode import ExitCode
+from kevload.exits import ExitCode
 from kevload.load import comparing
 from kevload.servers import rollout
 from kevload.servers.targets import serving

@@ -15,7 +15,7 @@ from kevload.outputs import gradedview
 from kevload.outputs.report import cell_text
 from kevload.records.machine import where_text
 from kevload.records.store import read_json
-from kevload.summary import (
+from kevload.records.summary import (
     CellSummary,
     RunSummary,
     answered_per_s,

@@ -13,14 +13,14 @@ from typing import Any
 
 from rich.console import Console
 
-from kevload.aio import until_stopped
 from kevload.guide.diagnose import DiagnoseOptions, diagnose
 from kevload.inputs.probe import Probe
 from kevload.inputs.scenario import Scenario, build_scenario, load_scenario
+from kevload.load.eventloop import until_stopped
 from kevload.load.runs import run_scenario
+from kevload.records.summary import RunSummary
 from kevload.servers.sweep import STOPPED, Grid, setting_row, write_sweep
 from kevload.servers.targets import RunningTarget, TargetSettings, serving
-from kevload.summary import RunSummary
 
 SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "demo.toml"
 # Good or bad: a share of the shipped graded set at c=1 and c=4, graded per level against serial.

@@ -35,7 +35,7 @@ from kevload.inputs.trace import trace_rates
 from kevload.load.runs import recorded_scenario
 from kevload.records.rundir import RunDir
 from kevload.records.store import json_bytes
-from kevload.summary import CellSummary
+from kevload.records.summary import CellSummary
 
 # Which load keys shape the batch around the probe in each mode; the others do not change the case.
 _MODE_KEYS = {

@@ -33,7 +33,7 @@ from kevload.load.runs import run_scenario
 from kevload.outputs.report import logprob_gap_text
 from kevload.records.rundir import RunDir
 from kevload.records.store import default_run_dir
-from kevload.summary import CellSummary, RunSummary
+from kevload.records.summary import CellSummary, RunSummary
 from kevload.wire.client import Client, build_body
 
 # Field → value that removes its randomness; only the ones the server accepts are kept.

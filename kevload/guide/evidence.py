@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kevload.compare.stats import drift_upper_bound
-from kevload.summary import CellSummary
+from kevload.records.summary import CellSummary
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from kevload.inputs.scenariokeys import Api, Load, Target
 from kevload.load.runs import run_scenario
 from kevload.records.rundir import RunDir, apart
 from kevload.records.store import json_bytes, new_run_id, now_iso
-from kevload.summary import CellSummary, RunSummary, level_label
+from kevload.records.summary import CellSummary, RunSummary, level_label
 
 TRANSITIONS = ("unstable→stable", "stable→unstable", "changed", "no answer", "unchanged")
 

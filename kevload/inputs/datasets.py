@@ -19,7 +19,7 @@ from kevload.errors import ScenarioError
 from kevload.inputs.conversation import BadTurns, parse_turns
 from kevload.inputs.grading import BadGrading, checked
 from kevload.inputs.probe import Probe, first_bad_message, parse_jsonl, rule_of
-from kevload.words import SampleRole
+from kevload.inputs.wordsets import SampleRole
 
 # A line's own max_tokens meets the rule of a probe's.
 _MAX_TOKENS = next(rule_of(f) for f in fields(Probe) if f.name == "max_tokens")

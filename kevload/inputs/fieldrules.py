@@ -22,7 +22,7 @@ from typing import (
 
 from kevload.errors import ScenarioError
 from kevload.inputs.probe import Rule, key_of, rule_of
-from kevload.words import shortened
+from kevload.inputs.wordsets import shortened
 
 
 class Failer:

@@ -33,7 +33,7 @@ import regex  # type: ignore[import-untyped]  # it ships no stubs
 
 from kevload.inputs.choices import choice_letter
 from kevload.inputs.numbers import MAX_DIGITS, bounds, exact_expected, json_form, last_exact, within
-from kevload.words import shortened
+from kevload.inputs.wordsets import shortened
 
 GRADES = ("exact", "contains", "regex", "one_of", "number", "choice", "json", "json_schema")
 PYTHON = "python:"

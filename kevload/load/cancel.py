@@ -7,7 +7,8 @@ away, so it aborts the request and its batch changes. A cut request is recorded 
 word of kevload's: no answer and no error of the server's.
 
 Whether a probe drifted *because of* the cuts is the comparator's question (``kevload.compare.cuts``); when a request
-is cut (``CancelAt``) is the client's, and ``cancelled`` is a word of the records (``kevload.words.CANCELLED``).
+is cut (``CancelAt``) is the client's, and ``cancelled`` is a word of the records
+(``kevload.inputs.wordsets.CANCELLED``).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from kevload.load.prefixcache import CacheControl
 from kevload.load.schedule import COMPANION, PROBE, ClosedLoop, Role
 from kevload.load.sender import Cell, Cut, Sender
 from kevload.records.store import Record
-from kevload.summary import level_label
+from kevload.records.summary import level_label
 from kevload.wire.client import Client
 
 # How long in-flight requests may finish after a stop was asked for before they are cancelled.

@@ -25,7 +25,7 @@ from kevload.compare.coldwarm import round_length
 from kevload.errors import TargetError
 from kevload.inputs.probe import Probe
 from kevload.inputs.scenario import Scenario
-from kevload.words import shortened
+from kevload.inputs.wordsets import shortened
 
 CacheState = Literal["cold", "warm"]
 # The server's own resets, in the order "auto" tries them: (method, path).

@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kevload import __version__, aio
+from kevload import __version__
+from kevload.compare import signals as aio  # the signal count (compare.signals)
 from kevload.compare.cells import Reduction
 from kevload.compare.coldwarm import cold_warm
 from kevload.compare.graded import Grader, grading_json, gradings_of
@@ -38,6 +39,7 @@ from kevload.inputs.probe import probe_inputs
 from kevload.inputs.scenario import Scenario, scenario_from_dict
 from kevload.inputs.scenariokeys import Slo
 from kevload.inputs.trace import trace_rates
+from kevload.inputs.wordsets import OK, RunState
 from kevload.load import engine, prefixcache
 from kevload.records.machine import served, this_machine
 from kevload.records.rundir import RunDir
@@ -55,10 +57,9 @@ from kevload.records.store import (
     url_secrets,
     write_json,
 )
-from kevload.summary import RunSummary
+from kevload.records.summary import RunSummary
 from kevload.wire.client import Client
 from kevload.wire.logprobcheck import ask_for_logprobs
-from kevload.words import OK, RunState
 
 # A level of a scenario: (concurrency, None) closed loop, (0, rate) open loop.
 Level = tuple[int, float | None]

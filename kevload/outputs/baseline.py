@@ -33,14 +33,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from kevload import exitcode
 from kevload.compare.coldwarm import base_probe
 from kevload.compare.graded import probe_grade
 from kevload.compare.stats import mcnemar_exact
-from kevload.exitcode import ExitCode
+from kevload.exits import ExitCode
 from kevload.inputs.probe import UNGRADED
+from kevload.outputs import exitcode
 from kevload.records.rundir import RunDir, read_summary
-from kevload.summary import CellSummary, RunSummary, level_label, level_order, position_label
+from kevload.records.summary import (
+    CellSummary,
+    RunSummary,
+    level_label,
+    level_order,
+    position_label,
+)
 
 LATENCY_METRICS = ("e2e", "ttft")
 # What changed in a cell against the baseline.

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from kevload.compare.graded import level_name
 from kevload.outputs.escaping import visible
-from kevload.summary import CellSummary, RunSummary, label_of
+from kevload.records.summary import CellSummary, RunSummary, label_of
 
 MATRIX_ROWS = (
     20  # graded probes past which the terminal shows the accuracy table instead of the matrix

@@ -8,6 +8,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from kevload.inputs.wordsets import CANCELLED, OK
 from kevload.outputs import gradedview
 from kevload.outputs.escaping import visible
 from kevload.outputs.report import (
@@ -32,13 +33,12 @@ from kevload.outputs.report import (
 )
 from kevload.records.machine import where_text
 from kevload.records.store import Record, redact
-from kevload.summary import (
+from kevload.records.summary import (
     CellSummary,
     RunSummary,
     levels_of,
     position_label,
 )
-from kevload.words import CANCELLED, OK
 
 STABLE = "#2e7d32"
 DRIFT = "#c62828"

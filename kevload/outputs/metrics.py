@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from kevload.compare.graded import level_name
-from kevload.summary import CellSummary, RunSummary
-from kevload.words import VERDICTS
+from kevload.inputs.wordsets import VERDICTS
+from kevload.records.summary import CellSummary, RunSummary
 
 # summary.json latency stats → the quantile label they answer; the maximum is the 1-quantile.
 QUANTILES = (("p50", "0.5"), ("p90", "0.9"), ("p99", "0.99"), ("max", "1"))

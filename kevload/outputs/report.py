@@ -15,7 +15,7 @@ from rich.text import Text
 from kevload.compare.graded import level_name
 from kevload.outputs import gradedview
 from kevload.outputs.escaping import visible, xml_text
-from kevload.summary import (
+from kevload.records.summary import (
     CellSummary,
     RunSummary,
     held_without_cuts,

@@ -21,7 +21,7 @@ from kevload.outputs.sweepview import (
     sweep_cell_text,
 )
 from kevload.records.machine import rows_where
-from kevload.summary import CellSummary, answered_per_s, row_cells
+from kevload.records.summary import CellSummary, answered_per_s, row_cells
 
 # Long settings wrap after their commas (``_name``) and, past that, inside a word: the page stays
 # within its width however many axes a setting has.

@@ -11,7 +11,7 @@ from typing import Any
 
 from kevload.outputs.escaping import visible
 from kevload.outputs.report import attainment_text, cell_text, markdown_cell
-from kevload.summary import CellSummary, answered_per_s
+from kevload.records.summary import CellSummary, answered_per_s
 
 WIDTH = 80
 # setting 14, level 8, agreement (95 %) 13, latent 6, accuracy 13, g→b/b→g 7, p 6, p50× 5

@@ -16,7 +16,7 @@ import orjson
 
 from kevload.errors import RunDirError
 from kevload.records.store import RECORDS, RUN, SUMMARY, Record, read_json, read_records, read_typed
-from kevload.summary import RunSummary
+from kevload.records.summary import RunSummary
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import orjson
 from kevload.errors import RunDirError
 from kevload.inputs.conversation import ends_sample
 from kevload.inputs.grading import REASONING_TAG, with_reasoning
-from kevload.words import OK, Role
+from kevload.inputs.wordsets import OK, Role
 
 RECORDS = "records.jsonl"
 RUN = "run.json"

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import msgspec
 
-from kevload import aio
 from kevload.compare.gate import GateResult, GateRules, gate
 from kevload.compare.graded import gradings_of
 from kevload.compare.rollout import Comparison
@@ -21,6 +20,7 @@ from kevload.errors import InputError, RunDirError, TargetError
 from kevload.inputs.grading import IMPORT
 from kevload.inputs.scenario import Scenario, load_scenario
 from kevload.load import comparing
+from kevload.load import eventloop as aio  # the event-loop runner
 from kevload.load.runs import recorded_scenario
 from kevload.outputs import comparison as shown
 from kevload.records.rundir import RunDir

@@ -20,6 +20,7 @@ from kevload.errors import RunDirError, ScenarioError, ServerError
 from kevload.inputs.overrides import toml_value
 from kevload.inputs.scenario import load_scenario
 from kevload.inputs.urls import shown_url, url_problem
+from kevload.inputs.wordsets import SweepVerdict
 from kevload.load.runs import run_scenario
 from kevload.outputs.report import markdown_cell, slo_bounds_text, verdict_line
 from kevload.outputs.sweepview import reference_markdown, sweep_cell_text
@@ -27,6 +28,7 @@ from kevload.records.machine import rows_where
 from kevload.records.rundir import RunDir, apart
 from kevload.records.servermetrics import CELL_FIELDS as SERVER_FIELDS
 from kevload.records.store import read_json, write_json
+from kevload.records.summary import CellSummary, RunSummary, row_cells
 from kevload.servers.processes import (
     free_port,
     log_tail,
@@ -35,8 +37,6 @@ from kevload.servers.processes import (
     trouble,
     wait_ready,
 )
-from kevload.summary import CellSummary, RunSummary, row_cells
-from kevload.words import SweepVerdict
 
 # {name} in --server-cmd and --ready-url; any other braces (JSON arguments) are left as they are.
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_-]*)\}")

@@ -20,7 +20,7 @@ from typing import Any
 from kevload.compare.gate import GateRules, gate
 from kevload.compare.rollout import Comparison, LevelComparison, compare_sides
 from kevload.errors import ScenarioError
-from kevload.exitcode import ExitCode
+from kevload.exits import ExitCode
 from kevload.inputs.overrides import toml_value
 from kevload.load.comparing import read_side
 from kevload.servers.sweep import Grid, label

@@ -12,6 +12,7 @@ from typing import Any, cast
 import msgspec
 import orjson
 
+from kevload.inputs.wordsets import CANCELLED
 from kevload.records.store import ToolCall
 from kevload.wire.decoding import (
     MAX_FINDINGS,
@@ -28,7 +29,6 @@ from kevload.wire.decoding import (
     shown,
 )
 from kevload.wire.sse import SSEError, SSEParser
-from kevload.words import CANCELLED
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,11 +15,11 @@ import orjson
 
 from kevload.inputs.probe import Probe
 from kevload.inputs.scenariokeys import REQUEST_ID_HEADER, Target
+from kevload.inputs.wordsets import CANCELLED
 from kevload.records.store import url_secrets, url_userinfo
 from kevload.wire.answer import Outcome, StreamCut, read_stream, read_whole
 from kevload.wire.http1 import LeanTransport
 from kevload.wire.transport import AiohttpTransport, Endpoint, Response, Transport, TransportError
-from kevload.words import CANCELLED
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,8 +11,8 @@ from typing import Annotated, Any
 import msgspec
 import orjson
 
+from kevload.inputs.wordsets import shortened
 from kevload.records.store import TOKEN_COUNT_MAX, TokenCount
-from kevload.words import shortened
 
 
 class Malformed(ValueError):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kevload.demo.lines import headline, logprob_line, sweep_lines
-from kevload.summary import RunSummary
+from kevload.records.summary import RunSummary
 
 
 def cell(concurrency: int, **fields) -> dict:

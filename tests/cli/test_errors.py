@@ -105,11 +105,11 @@ def test_target_error_exits_3_with_the_server_log_under_its_line(tmp_path):
     ],
 )
 def test_any_kevload_error_from_deep_inside_a_command_is_handled(monkeypatch, tmp_path, error):
-    import kevload.cli
+    import kevload.load.invocation
 
     def raising(*_args, **_kwargs):
         raise error
 
-    monkeypatch.setattr(kevload.cli, "load_scenario", raising)
+    monkeypatch.setattr(kevload.load.invocation, "load_scenario", raising)
     code, output = run_cli("run", tmp_path / "any.toml")
     assert (code, one_line(output)) == (error.exit_code, f"kevload: error: {error}")

@@ -1,10 +1,11 @@
-"""Each command's result maps to its exit code in one place (``kevload.exitcode``)."""
+"""Each command's result maps to its exit code in one place (``kevload.outputs.exitcode``)."""
 
 from __future__ import annotations
 
-from kevload import exitcode
-from kevload.exitcode import ExitCode
-from kevload.summary import RunSummary
+from kevload import exits
+from kevload.exits import ExitCode
+from kevload.outputs import exitcode
+from kevload.records.summary import RunSummary
 
 
 def test_a_run_fails_on_latent_drift_only_when_asked_and_a_baseline_decides_by_its_regressions():
@@ -59,14 +60,14 @@ def test_runs_exit_codes_are_one_set_of_words_in_help_readme_and_nightly_docs():
     table = dict(
         re.findall(r"^\| `(\d)` \| (.+) \|$", (root / "README.md").read_text(), re.MULTILINE)
     )
-    assert table == {str(int(code)): words for code, words in exitcode.RUN_EXITS.items()}
+    assert table == {str(int(code)): words for code, words in exits.RUN_EXITS.items()}
     help_text = " ".join(run_cli("run", "--help")[1].split())
-    for code, words in exitcode.RUN_EXITS.items():
+    for code, words in exits.RUN_EXITS.items():
         assert f"Exit {int(code)}: {words.replace('`', '')}." in help_text
     # docs/nightly.md's list is rendered from the same words when the site builds.
     spec = importlib.util.spec_from_file_location("hooks", root / "docs" / "hooks.py")
     hooks = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hooks)
     nightly = hooks.on_page_markdown((root / "docs" / "nightly.md").read_text())
-    assert "- `1`: " + exitcode.RUN_EXITS[ExitCode.DRIFT] in nightly
+    assert "- `1`: " + exits.RUN_EXITS[ExitCode.DRIFT] in nightly
     assert hooks.RUN_EXITS_MARKER not in nightly

@@ -14,7 +14,7 @@ from rich.console import Console
 from kevload.compare.graded import accuracy
 from kevload.compare.stats import mcnemar_exact
 from kevload.outputs.report import render
-from kevload.summary import CellSummary, RunSummary
+from kevload.records.summary import CellSummary, RunSummary
 from tests.conftest import load_summary, run_cli, write_scenario
 
 SUMS = [(a, 3) for a in range(6)]  # probes s0 … s5: "What is a + 3?"

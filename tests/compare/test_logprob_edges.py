@@ -35,7 +35,7 @@ from kevload.outputs.report import (
     verdict_line,
 )
 from kevload.records.store import spell_logprobs
-from kevload.summary import RunSummary
+from kevload.records.summary import RunSummary
 from kevload.wire.client import Client, build_body
 from kevload.wire.decoding import _nonfinite_json
 from kevload.wire.logprobcheck import logprob_fields

@@ -14,7 +14,7 @@ import msgspec
 from kevload.compare.gate import GateRules, gate
 from kevload.compare.rollout import compare_sides
 from kevload.compare.sides import fold_side
-from kevload.exitcode import ExitCode
+from kevload.exits import ExitCode
 from kevload.inputs.grading import checked
 from kevload.records.store import Record
 from tests.conftest import filled

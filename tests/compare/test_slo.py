@@ -16,8 +16,8 @@ from kevload.compare.summarizing import summarize
 from kevload.inputs.scenariokeys import Slo
 from kevload.outputs.metrics import metrics_text
 from kevload.outputs.report import junit_xml, markdown
+from kevload.records.summary import CellSummary, RunSummary
 from kevload.servers.sweep import max_level_at_slo, sweep_markdown
-from kevload.summary import CellSummary, RunSummary
 from tests.conftest import (
     cells_by_level,
     filled,

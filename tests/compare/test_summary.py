@@ -16,7 +16,7 @@ from kevload.outputs.baseline import compare_to_baseline, load_baseline
 from kevload.outputs.report import markdown, verdict_line
 from kevload.records import servermetrics
 from kevload.records.store import RunDirError, read_records
-from kevload.summary import CellSummary, RunSummary
+from kevload.records.summary import CellSummary, RunSummary
 from tests.conftest import load_summary, run_cli, write_scenario
 
 # Run directories written by kevload at 9f9b5f5, before summary.py: a mixed run with companions,

@@ -257,7 +257,7 @@ def test_an_integer_beyond_64_bits_is_kept_exactly_from_toml_dataset_and_expecte
     code, out = run_cli("report", tmp_path / "run", "--format", "json")
     assert json.loads(out)["cells"] == load_summary(tmp_path / "run")["cells"]
 
-    from kevload.cli import _cli_grading
+    from kevload.guide.diagnoseinput import expected_grading as _cli_grading
 
     assert _cli_grading(str(HUGE), None, None).expected == HUGE
     assert _cli_grading("0.1000000000000000000001", None, None).expected == Decimal(

@@ -23,12 +23,12 @@ from aiohttp import web
 
 from kevload.compare.cuts import BesideCuts, beside_cuts
 from kevload.compare.summarizing import summarize
+from kevload.inputs.wordsets import CANCELLED
 from kevload.load.cancel import CancelPlan
 from kevload.outputs.baseline import compare_to_baseline
 from kevload.outputs.report import cancel_findings, cell_text, footnotes
 from kevload.records.store import read_records
-from kevload.summary import RunSummary
-from kevload.words import CANCELLED
+from kevload.records.summary import RunSummary
 from tests.conftest import cells_by_level, load_summary, reduce_rows, run_cli, write_scenario
 from tests.fakeserver import WORDS, Behaviour, FakeServer
 

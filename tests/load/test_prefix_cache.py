@@ -24,7 +24,7 @@ from kevload.outputs.baseline import compare_to_baseline
 from kevload.outputs.html import run_report
 from kevload.outputs.report import cache_lines, markdown
 from kevload.records.rundir import RunDir
-from kevload.summary import RunSummary
+from kevload.records.summary import RunSummary
 from kevload.wire.answer import _Accumulator
 from kevload.wire.decoding import _STRICT
 from tests.fakeserver import Behaviour, FakeServer

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kevload.outputs.baseline import judge
-from kevload.summary import CellSummary, RunSummary
+from kevload.records.summary import CellSummary, RunSummary
 
 PROBES = ("p1", "p2")
 LEVELS = (1, 4)

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families as parse_pro
 
 from kevload.outputs import metrics
 from kevload.outputs.metrics import CELL_FIELDS, LATENCY_FIELDS, metrics_text, write_metrics
-from kevload.summary import RunSummary
+from kevload.records.summary import RunSummary
 from tests.conftest import load_summary, run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
 

@@ -288,7 +288,7 @@ def test_markdown_escapes_inside_a_code_span_only_what_a_table_needs():
 
 def test_the_markdown_report_has_the_terminals_latency_table(tmp_path, server):
     from kevload.outputs.report import latency_rows
-    from kevload.summary import RunSummary
+    from kevload.records.summary import RunSummary
     from tests.conftest import load_summary
 
     code, _ = run_cli(

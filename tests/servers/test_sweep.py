@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from kevload.records.store import read_records
+from kevload.records.summary import row_cells
 from kevload.servers.processes import pid_alive, stop_group
 from kevload.servers.sweep import READY_TIMEOUT_S, sweep_cell_text
-from kevload.summary import row_cells
 from tests.conftest import run_cli, write_scenario
 
 

@@ -10,7 +10,7 @@ from aiohttp import web
 
 from kevload.outputs.html import run_report
 from kevload.records.store import read_records
-from kevload.summary import RunSummary
+from kevload.records.summary import RunSummary
 from tests.conftest import load_summary, run_cli, write_scenario
 from tests.fakeserver import FakeServer
 

@@ -21,7 +21,7 @@ from kevload.compare.summarizing import summarize
 from kevload.inputs.probe import Probe
 from kevload.inputs.scenario import ScenarioError, load_scenario, scenario_from_dict
 from kevload.outputs.report import cell_text, junit_xml, logprob_text, markdown, verdict_line
-from kevload.summary import CellSummary, RunSummary
+from kevload.records.summary import CellSummary, RunSummary
 from kevload.wire.client import Client, build_body
 from kevload.wire.logprobcheck import ask_for_logprobs, logprob_fields
 from tests.conftest import (

@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from kevload.aio import until_stopped
 from kevload.errors import ProvisionError, ServerError
+from kevload.load.eventloop import until_stopped
 from kevload.records.machine import SERVED
 from kevload.servers.processes import (
     free_port,

@@ -1,6 +1,6 @@
-"""The closed sets of words that records, datasets, summaries and run directories use, as ``Literal`` types;
-each tuple beside its type lists the words in the order reports show them. And ``shortened``: how every message
-quotes a value that may be long."""
+"""The closed sets of words that records, datasets, summaries and run directories use, as
+``Literal`` types; each tuple beside its type lists the words in the order reports show them. And
+``shortened``: how every message quotes a value that may be long."""
 
 from __future__ import annotations
 
@@ -37,6 +37,6 @@ RunState = Literal["running", "complete", "interrupted", "aborted"]
 
 
 def shortened(text: str, limit: int, mark: str = "…") -> str:
-    """``text`` as a message quotes it: whole if it has at most ``limit`` characters, otherwise its start and
-    ``mark``, ``limit`` characters in all."""
+    """``text`` as a message quotes it: whole if it has at most ``limit`` characters, otherwise its
+    start and ``mark``, ``limit`` characters in all."""
     return text if len(text) <= limit else text[: limit - len(mark)] + mark

@@ -1,22 +1,23 @@
 """Running coroutines on uvloop, with SIGINT/SIGTERM turned into a stop request instead of a
-traceback; and the step a signal cuts short at once (``cut_short``: the summary's grading), where a
-stop request would wait for it."""
+traceback (each counted in ``compare.signals``, where the grading learns of it); and an awaitable
+given up when the stop is requested."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import signal
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import uvloop
 
-from kevload.exitcode import ExitCode
+from kevload.compare import signals
+from kevload.exits import ExitCode
 
 T = TypeVar("T")
 
-# By signal number (a Signals is its int): what aio.run and interrupts report.
+# By signal number (a Signals is its int): what run and interrupts report.
 EXIT_FOR_SIGNAL: dict[int, ExitCode] = {
     signal.SIGINT: ExitCode.INTERRUPTED,
     signal.SIGTERM: ExitCode.TERMINATED,
@@ -24,52 +25,13 @@ EXIT_FOR_SIGNAL: dict[int, ExitCode] = {
 
 
 class SecondSignal(KeyboardInterrupt):
-    """A second SIGINT or SIGTERM: kevload ends at once, with the signal's exit code (``cli`` maps it). A
-    KeyboardInterrupt, so asyncio lets it through every task as it does Ctrl-C's, and ``finally`` blocks run."""
+    """A second SIGINT or SIGTERM: kevload ends at once, with the signal's exit code (``cli`` maps
+    it). A KeyboardInterrupt, so asyncio lets it through every task as it does Ctrl-C's, and
+    ``finally`` blocks run."""
 
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
-
-
-class Cut(KeyboardInterrupt):
-    """A SIGINT or SIGTERM that came while ``cut_short`` held: the step stops where it is. A
-    KeyboardInterrupt, so no ``except Exception`` between the signal and the step swallows it."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-# Every SIGINT/SIGTERM ``run`` received in this process, in order; and whether one raises ``Cut``
-# now. Module state: signal handlers run in the main thread, between any two bytecodes, where no
-# argument reaches them.
-_received: list[int] = []
-_cutting: list[bool] = [False]
-
-
-def signals_so_far() -> int:
-    """How many SIGINT/SIGTERM ``run`` received in this process: a step compares it with the count
-    it began at."""
-    return len(_received)
-
-
-def signal_since(count: int) -> int | None:
-    """The first signal ``run`` received after the ``count``-th (``signals_so_far``), or None."""
-    return _received[count] if len(_received) > count else None
-
-
-@contextlib.contextmanager
-def cut_short() -> Iterator[None]:
-    """Within: the first SIGINT/SIGTERM under ``run`` raises ``Cut`` as well as requesting the stop
-    (a second one raises ``SecondSignal`` as always). For synchronous work of unknown length (a
-    user's grader) that a stop request, seen by the event loop only after it, would not end."""
-    before = _cutting[0]
-    _cutting[0] = True
-    try:
-        yield
-    finally:
-        _cutting[0] = before
 
 
 def exit_code(interrupt: KeyboardInterrupt) -> int:
@@ -78,12 +40,12 @@ def exit_code(interrupt: KeyboardInterrupt) -> int:
 
 
 def run(main: Callable[[asyncio.Event], Coroutine[Any, Any, T]]) -> tuple[T, int | None]:
-    """Run ``main(stop)`` on uvloop; the first SIGINT/SIGTERM sets ``stop``, a second one of the same kind raises
-    ``SecondSignal`` wherever the program is.
+    """Run ``main(stop)`` on uvloop; the first SIGINT/SIGTERM sets ``stop``, a second one of the
+    same kind raises ``SecondSignal`` wherever the program is.
 
     Returns the coroutine's result and the signal number that stopped it, if any.
     """
-    received: list[int] = []  # this run's, where ``_received`` is the process's
+    received: list[int] = []  # this run's, where ``signals`` counts the process's
 
     async def wrapper() -> T:
         loop = asyncio.get_running_loop()
@@ -98,13 +60,11 @@ def run(main: Callable[[asyncio.Event], Coroutine[Any, Any, T]]) -> tuple[T, int
         def on_signal(signum: int, _frame: Any) -> None:
             signal.signal(signum, on_second)
             received.append(signum)
-            _received.append(signum)
             loop.call_soon_threadsafe(stop.set)
-            if _cutting[0]:
-                raise Cut(signum)
+            signals.received(signum, first=True)  # raises Cut within signals.cut_short
 
         def on_second(signum: int, _frame: Any) -> None:
-            _received.append(signum)
+            signals.received(signum, first=False)
             raise SecondSignal(signum)
 
         previous = {signum: signal.signal(signum, on_signal) for signum in EXIT_FOR_SIGNAL}

@@ -1,12 +1,13 @@
-"""What a run says, typed: one ``CellSummary`` per probe × role × mode × level and the ``RunSummary`` around
-them. ``summary.json`` is ``RunSummary.to_json()``; ``from_json()`` reads it back, from this version or an
-older one (a field an older run lacks takes its default — None where a zero would claim what was never
-counted; a key this version does not know is left out).
+"""What a run says, typed: one ``CellSummary`` per probe × role × mode × level and the
+``RunSummary`` around them. ``summary.json`` is ``RunSummary.to_json()``; ``from_json()`` reads it
+back, from this version or an older one (a field an older run lacks takes its default — None where a
+zero would claim what was never counted; a key this version does not know is left out).
 
-Adding a field is one line here, in the class it belongs to: ``name: type = default`` when every summary
-has it, ``name: type = written_with("anchor")`` when it is written only beside ``anchor`` (left out of the
-JSON while ``anchor`` is None — itself for a field of its own). The comparator (``compare.summarize``) fills
-it; JSON, baselines and metrics (``metrics.py`` looks fields up by name) follow from the declaration.
+Adding a field is one line here, in the class it belongs to: ``name: type = default`` when every
+summary has it, ``name: type = written_with("anchor")`` when it is written only beside ``anchor``
+(left out of the JSON while ``anchor`` is None — itself for a field of its own). The comparator
+(``compare.summarize``) fills it; JSON, baselines and metrics (``metrics.py`` looks fields up by
+name) follow from the declaration.
 """
 
 from __future__ import annotations
@@ -19,13 +20,21 @@ from collections.abc import Iterable
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union
 
-from kevload.words import DivergenceKind, RunState, SampleRole, StopReason, Verdict, shortened
+from kevload.inputs.wordsets import (
+    DivergenceKind,
+    RunState,
+    SampleRole,
+    StopReason,
+    Verdict,
+    shortened,
+)
 
 _ANCHOR = "kevload.written_with"
 
 
 def written_with(anchor: str) -> Any:
-    """A field written to JSON only while field ``anchor`` is not None (an SLO cell's numbers, a drift example)."""
+    """A field written to JSON only while field ``anchor`` is not None (an SLO cell's numbers, a
+    drift example)."""
     return field(default=None, metadata={_ANCHOR: anchor})
 
 
@@ -35,8 +44,8 @@ def level_label(concurrency: int, rate: float | None) -> str:
 
 
 def position_label(*, char: int | None = None, token: int | None = None) -> str:
-    """``char 33 / token 11 (0-based)``: a position as every report states it. Positions count from 0,
-    so a position is also how many chars or tokens agree before it."""
+    """``char 33 / token 11 (0-based)``: a position as every report states it. Positions count from
+    0, so a position is also how many chars or tokens agree before it."""
     return (
         " / ".join(
             f"{unit} {at}" for unit, at in (("char", char), ("token", token)) if at is not None
@@ -46,15 +55,16 @@ def position_label(*, char: int | None = None, token: int | None = None) -> str:
 
 
 def name_parts(name: str) -> tuple[str, str, str]:
-    """(probe, mode, level) of a cell named ``p1@mixed/c=4`` (``CellSummary.name``, the names in ``*_cells``); a
-    probe id may hold ``@`` or ``/`` itself, a mode neither."""
+    """(probe, mode, level) of a cell named ``p1@mixed/c=4`` (``CellSummary.name``, the names in
+    ``*_cells``); a probe id may hold ``@`` or ``/`` itself, a mode neither."""
     probe, _, rest = name.rpartition("@")
     mode, _, level = rest.partition("/")
     return probe, mode, level
 
 
 def label_of(name: str) -> str:
-    """``p1 (mixed) c=4``, how reports name the cell named ``p1@mixed/c=4`` (``CellSummary.label``)."""
+    """``p1 (mixed) c=4``, how reports name the cell named ``p1@mixed/c=4``
+    (``CellSummary.label``)."""
     probe, mode, level = name_parts(name)
     return f"{probe} ({mode}) {level}"
 
@@ -93,9 +103,10 @@ class _Json:
 
     @classmethod
     def type_problem(cls, doc: dict[str, Any], where: str = "") -> str | None:
-        """The first key of ``doc`` whose value does not fit its field's declared type, as ``where.key: expected
-        …, got …``; None when every one fits. A key this version does not know, or one an older version did not
-        write, is no problem (``from_json`` leaves it out or takes the default)."""
+        """The first key of ``doc`` whose value does not fit its field's declared type, as
+        ``where.key: expected …, got …``; None when every one fits. A key this version does not
+        know, or one an older version did not write, is no problem (``from_json`` leaves it out or
+        takes the default)."""
         hints = typing.get_type_hints(cls)
         for f in fields(cls):
             # A field without a default is in every summary any version wrote: without it none can
@@ -115,8 +126,8 @@ class _Json:
 
 @functools.cache
 def _sequence_fields(cls: type) -> frozenset[str]:
-    """The fields of ``cls`` typed as a tuple (``tuple[str, ...] | None`` too): by type, not by default, since a
-    field written only by some runs defaults to None."""
+    """The fields of ``cls`` typed as a tuple (``tuple[str, ...] | None`` too): by type, not by
+    default, since a field written only by some runs defaults to None."""
     hints = typing.get_type_hints(cls)
     return frozenset(
         f.name
@@ -128,10 +139,11 @@ def _sequence_fields(cls: type) -> frozenset[str]:
 
 
 def _misfit(value: Any, hint: Any, where: str) -> str | None:
-    """``where: expected …, got …`` for the deepest part of ``value``, read from JSON, that does not fit ``hint`` (a
-    field's type; ``where`` names it, ``cells[3].latency.e2e`` below it); None when all of it fits. JSON has one
-    number type: an integer fits a float, a boolean fits neither. Every number a summary types is a count, a
-    position, a time, a rate or a share, so none is negative: a graded_good of -3 is no count of good answers."""
+    """``where: expected …, got …`` for the deepest part of ``value``, read from JSON, that does not
+    fit ``hint`` (a field's type; ``where`` names it, ``cells[3].latency.e2e`` below it); None when
+    all of it fits. JSON has one number type: an integer fits a float, a boolean fits neither. Every
+    number a summary types is a count, a position, a time, a rate or a share, so none is negative: a
+    graded_good of -3 is no count of good answers."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (Union, types.UnionType):
         misfits = [_misfit(value, arg, where) for arg in args]
@@ -204,7 +216,8 @@ def _plain(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class CellSummary(_Json):
-    """One probe × role × mode × level: what its outputs say against the serial reference, and how fast."""
+    """One probe × role × mode × level: what its outputs say against the serial reference, and how
+    fast."""
 
     probe: str
     role: SampleRole
@@ -390,7 +403,8 @@ class CellSummary(_Json):
 
     @property
     def logprob_gap(self) -> bool:
-        """Logprobs were in play, but not every ok sample was compared: no claim of equality can be made."""
+        """Logprobs were in play, but not every ok sample was compared: no claim of equality can be
+        made."""
         return self.logprobs_missing is not None and (self.logprob_samples or 0) < self.ok
 
 
@@ -513,10 +527,11 @@ def levels_of(cells: Iterable[CellSummary]) -> list[str]:
 
 
 def held_without_cuts(row: Iterable[CellSummary]) -> list[CellSummary]:
-    """One probe's cells of one mode: the loaded levels (not the serial one) that held the serial output with nothing
-    cut (``load.cancel_share``), each of the same kind as and heavier than every level that drifted — the evidence of
-    "drifted only in levels with cancellations". A lighter level that held is none: a server that drifts under
-    heavier load, cut or not, holds there too."""
+    """One probe's cells of one mode: the loaded levels (not the serial one) that held the serial
+    output with nothing cut (``load.cancel_share``), each of the same kind as and heavier than
+    every level that drifted — the evidence of "drifted only in levels with cancellations". A
+    lighter level that held is none: a server that drifts under heavier load, cut or not, holds
+    there too."""
     ordered = sorted(row, key=lambda c: c.level_order)
     drifted = [c for c in ordered if c.drift]
     return [
@@ -532,13 +547,14 @@ def held_without_cuts(row: Iterable[CellSummary]) -> list[CellSummary]:
 
 
 def answered_per_s(cell: CellSummary) -> float | None:
-    """What a setting costs: the answers it gives per second. ``requests_per_s`` also counts the failed requests,
-    and a dead server fails them faster than any live one answers."""
+    """What a setting costs: the answers it gives per second. ``requests_per_s`` also counts the
+    failed requests, and a dead server fails them faster than any live one answers."""
     if not cell.ok or not cell.requests_per_s:
         return None
     return round(cell.requests_per_s * cell.ok / (cell.ok + sum(cell.errors.values())), 3)
 
 
 def row_cells(row: dict[str, Any]) -> list[CellSummary]:
-    """A sweep row (sweep.json)'s cells, read back from what sweep.json keeps of them (probe cells only)."""
+    """A sweep row (sweep.json)'s cells, read back from what sweep.json keeps of them (probe cells
+    only)."""
     return [CellSummary.from_json({"role": "probe", **cell}) for cell in row["cells"]]

@@ -1,0 +1,36 @@
+"""The ``kevload`` click group: the one place kevload's own errors become a message and an exit
+code."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from kevload import __version__
+from kevload.errors import KevloadError
+from kevload.load import eventloop
+
+
+class _Main(click.Group):
+    """The one place kevload's own errors become a message and an exit code (errors.py): every
+    command, option callback and nested group runs inside this invoke. A Ctrl-C that reaches it (a
+    second one, or one outside a run's loop) exits 130, a second SIGTERM 143: never click's
+    "Aborted!" and 1, the drift code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KevloadError as exc:
+            click.echo(f"kevload: error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+        except KeyboardInterrupt as exc:
+            click.echo("kevload: stopped at once; what was written so far is kept", err=True)
+            ctx.exit(eventloop.exit_code(exc))
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="kevload")
+def main() -> None:
+    """Load-test an OpenAI-compatible LLM server and find out whether the same input gives the same
+    output."""
