@@ -39,8 +39,9 @@ from kevload.inputs.scenario import (
 )
 from kevload.load.runs import finish_run, refuse_existing, resumed_scenario, run_scenario
 from kevload.outputs import gradedview
-from kevload.outputs.escaping import visible
-from kevload.outputs.report import FORMATS, markdown_cell, render, slo_line, verdict_line
+from kevload.outputs.escaping import markdown_cell, visible
+from kevload.outputs.terminal import FORMATS, render
+from kevload.outputs.verdict import slo_line, verdict_line
 from kevload.records.rundir import RunDir
 from kevload.records.store import Record, default_run_dir, json_bytes
 from kevload.servers.targets import NAMES, TargetSettings
@@ -464,7 +465,7 @@ def run(
         f"records: {files} ({result.summary.requests_sent} requests{part}, {result.state})"
     )
     if junit is not None:
-        from kevload.outputs.report import junit_xml
+        from kevload.outputs.junit import junit_xml
 
         junit.write_text(junit_xml(result.summary, fail_on=fail_on), encoding="utf-8")
     if metrics is not None:
@@ -941,8 +942,8 @@ def diagnose_command(
     import orjson
 
     from kevload.guide.diagnose import DiagnoseOptions, check_options, diagnose
+    from kevload.guide.diagnosistext import diagnosis_text
     from kevload.inputs.probe import Probe
-    from kevload.outputs.report import diagnosis_text
 
     if (prompt is None) == (messages_file is None):
         raise InputError("give exactly one of --prompt TEXT or --messages FILE")
@@ -1077,8 +1078,7 @@ def coverage_command(
     """Compare live inputs (ONLINE.jsonl) with the training set (TRAIN.jsonl): lengths, keywords, labels."""
     import orjson
 
-    from kevload.guide.coverage import compare, flag_file, scan, segmenter
-    from kevload.outputs.report import coverage_text
+    from kevload.guide.coverage import compare, coverage_text, flag_file, scan, segmenter
 
     seg = segmenter()
     online_side = scan(online, max_bad=max_bad, seg=seg)

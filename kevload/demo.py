@@ -22,7 +22,7 @@ from kevload.inputs.probe import Probe
 from kevload.inputs.scenario import Scenario, build_scenario, load_scenario
 from kevload.load.runs import run_scenario
 from kevload.outputs import gradedview
-from kevload.outputs.report import cell_text
+from kevload.outputs.celltext import cell_text
 from kevload.records.machine import where_text
 from kevload.records.store import default_run_dir, read_json
 from kevload.servers.sweep import STOPPED, Grid, setting_row, sweep_markdown, write_sweep

@@ -36,7 +36,8 @@ DEFAULT_MAX_BAD = 10
 
 @dataclass(frozen=True)
 class Segmenter:
-    """How a run of CJK characters becomes keywords: jieba's words, or character bigrams without it."""
+    """How a run of CJK characters becomes keywords: jieba's words, or character bigrams without
+    it."""
 
     name: str
     cut: Callable[[str], list[str]]
@@ -87,7 +88,8 @@ class Skipped:
 
 @dataclass
 class Side:
-    """Streaming statistics for one JSONL file; memory grows with distinct lengths, keywords and labels."""
+    """Streaming statistics for one JSONL file; memory grows with distinct lengths, keywords and
+    labels."""
 
     segmenter: Segmenter = BIGRAMS
     count: int = 0
@@ -124,7 +126,8 @@ class Side:
 
 
 def keywords(text: str, seg: Segmenter = BIGRAMS) -> list[str]:
-    """Latin-script words (lowercased, stopwords out) and CJK words from ``seg`` (a lone character stands alone)."""
+    """Latin-script words (lowercased, stopwords out) and CJK words from ``seg`` (a lone character
+    stands alone)."""
     words = [w for w in _LATIN.findall(text.lower()) if w not in STOPWORDS]
     for run in _CJK.findall(text):
         if len(run) == 1:
@@ -137,10 +140,11 @@ def keywords(text: str, seg: Segmenter = BIGRAMS) -> list[str]:
 def read_inputs(
     path: Path, *, max_bad: int = DEFAULT_MAX_BAD, skipped: Skipped | None = None
 ) -> Iterator[tuple[str, str | None]]:
-    """(input text, label) per line: ``input`` or ``messages`` (the last message's content), optional ``label``.
+    """(input text, label) per line: ``input`` or ``messages`` (the last message's content),
+    optional ``label``.
 
-    A line that is not such an object is skipped and counted in ``skipped``; past ``max_bad`` of them
-    the file is refused (ScenarioError naming the first one).
+    A line that is not such an object is skipped and counted in ``skipped``; past ``max_bad`` of
+    them the file is refused (ScenarioError naming the first one).
     """
     skipped = skipped if skipped is not None else Skipped()
     try:
@@ -319,3 +323,62 @@ def _text_of(doc: Any) -> str | None:
 def _kl(p: np.ndarray, q: np.ndarray) -> float:
     mask = p > 0
     return float(np.sum(p[mask] * np.log2(p[mask] / q[mask])))
+
+
+def coverage_text(result: dict[str, Any]) -> str:
+    on, tr = result["online"], result["train"]
+    lines = [
+        f"{'':24}{'online':>12}{'train':>12}",
+        f"{'count':24}{on['count']:>12}{tr['count']:>12}",
+    ]
+    for name, side in (("online", on), ("train", tr)):
+        skipped = side["skipped_lines"]
+        if skipped["count"]:
+            lines.append(
+                f"{name}: {skipped['count']} bad line(s) skipped; the first, {skipped['first']}: "
+                f"{skipped['first_reason']}"
+            )
+    for key in ("min", "p50", "p90", "p99", "max"):
+        lines.append(
+            f"{'length ' + key:24}{_num(on['length'][key]):>12}{_num(tr['length'][key]):>12}"
+        )
+    share = result["outside_length_range_share"]
+    lines.append(f"online outside training length range: {share:.1%}" if share is not None else "")
+    lines.append(
+        "keywords: "
+        + (
+            "jieba word segmentation"
+            if result["segmenter"] == "jieba"
+            else "CJK character bigrams (install kevload[zh] for jieba words)"
+        )
+    )
+    lines.append("top keywords online: " + ", ".join(k["keyword"] for k in on["top_keywords"][:10]))
+    lines.append("top keywords train:  " + ", ".join(k["keyword"] for k in tr["top_keywords"][:10]))
+    rare = result["online_keywords_rare_in_train"]
+    lines.append(
+        "frequent online, rare or missing in training: "
+        + (
+            ", ".join(
+                f"{r['keyword']} ({r['online_share']:.0%} vs {r['train_share']:.0%})"
+                for r in rare[:10]
+            )
+            or "none"
+        )
+    )
+    labels = result["labels"]
+    if labels["psi"] is not None:
+        lines.append(
+            f"labels: PSI {labels['psi']:.3f}, Jensen-Shannon {labels['js_divergence']:.3f}; "
+            f"online "
+            + ", ".join(f"{k} {v:.0%}" for k, v in labels["online"].items())
+            + "; train "
+            + ", ".join(f"{k} {v:.0%}" for k, v in labels["train"].items())
+        )
+    if "flagged" in result:
+        lines.append(f"boundary samples flagged: {result['flagged']} of {on['count']}")
+    lines.append("(statistics are clues, not proof)")
+    return "\n".join(line for line in lines if line)
+
+
+def _num(value: Any) -> str:
+    return "-" if value is None else str(value)

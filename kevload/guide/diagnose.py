@@ -28,7 +28,7 @@ from kevload.inputs.scenario import (
     build_scenario,
 )
 from kevload.load.runs import run_scenario
-from kevload.outputs.report import counts_text, logprob_gap_text
+from kevload.outputs.celltext import counts_text, logprob_gap_text
 from kevload.records.rundir import RunDir
 from kevload.records.store import default_run_dir
 from kevload.summary import CellSummary, RunSummary, position_label

@@ -9,27 +9,22 @@ from collections.abc import Iterable
 from typing import Any
 
 from kevload.outputs import gradedview
-from kevload.outputs.escaping import visible
-from kevload.outputs.report import (
-    AGREEMENT_COLUMNS,
-    SERVER_COLUMNS,
-    agreement_rows,
+from kevload.outputs.celltext import (
     attainment_text,
-    cache_lines,
     cell_phrase,
     cell_text,
     errors_text,
-    footnotes,
     full_load_text,
     kinds_text,
     latent_text,
     logprob_gap_text,
     never_full_text,
-    server_rows,
     slo_bounds_text,
-    slo_line,
-    verdict_line,
 )
+from kevload.outputs.escaping import visible
+from kevload.outputs.footnotes import cache_lines, footnotes
+from kevload.outputs.tablerows import AGREEMENT_COLUMNS, SERVER_COLUMNS, agreement_rows, server_rows
+from kevload.outputs.verdict import slo_line, verdict_line
 from kevload.records.machine import where_text
 from kevload.records.store import Record, redact
 from kevload.summary import (
@@ -180,7 +175,7 @@ def _heatmap(rows: dict[str, dict[str, CellSummary]], levels: list[str]) -> str:
     return "".join(out)
 
 
-# The matrix's marks beyond the colours (report.cell_text, gradedview.cell_mark): the legend explains
+# The matrix's marks beyond the colours (celltext.cell_text, gradedview.cell_mark): the legend explains
 # each one a matrix shows, by the pattern that finds it in the cells' texts.
 MATRIX_MARKS = (
     (r"DRIFT", "DRIFT: more than one distinct output"),
@@ -447,7 +442,7 @@ def _page(title: str, body: list[str]) -> str:
 
 def _e(value: Any) -> str:
     """Anything user- or server-derived, as HTML text or an attribute value: markup and quotes escaped, control
-    characters spelled (``report.visible``: ESC and NUL mean nothing on a page, and NUL is a parse error)."""
+    characters spelled (``escaping.visible``: ESC and NUL mean nothing on a page, and NUL is a parse error)."""
     return html.escape(visible("" if value is None else str(value)))
 
 

@@ -20,18 +20,16 @@ from rich.console import Console
 
 from kevload.compare.summarizing import summarize
 from kevload.guide.diagnose import Evidence, StepResult, decide
+from kevload.guide.diagnosistext import diagnosis_text
 from kevload.inputs.scenario import Probe, scenario_from_dict
 from kevload.outputs.baseline import compare_to_baseline
+from kevload.outputs.celltext import logprob_text
 from kevload.outputs.html import run_report
+from kevload.outputs.junit import junit_xml
+from kevload.outputs.markdown import markdown
 from kevload.outputs.metrics import metrics_text
-from kevload.outputs.report import (
-    diagnosis_text,
-    junit_xml,
-    logprob_text,
-    markdown,
-    render,
-    verdict_line,
-)
+from kevload.outputs.terminal import render
+from kevload.outputs.verdict import verdict_line
 from kevload.records.store import spell_logprobs
 from kevload.summary import RunSummary
 from kevload.wire.client import Client, _nonfinite_json, build_body, logprob_fields

@@ -25,7 +25,8 @@ from kevload.compare.cuts import BesideCuts, beside_cuts
 from kevload.compare.summarizing import summarize
 from kevload.load.cancel import CancelPlan
 from kevload.outputs.baseline import compare_to_baseline
-from kevload.outputs.report import cancel_findings, cell_text, footnotes
+from kevload.outputs.celltext import cell_text
+from kevload.outputs.footnotes import cancel_findings, footnotes
 from kevload.records.store import read_records
 from kevload.summary import RunSummary
 from kevload.words import CANCELLED

@@ -19,7 +19,10 @@ import pytest
 from kevload.compare.stats import mean_share_interval, wilson_interval
 from kevload.compare.summarizing import summarize
 from kevload.inputs.scenario import Probe, ScenarioError, load_scenario, scenario_from_dict
-from kevload.outputs.report import cell_text, junit_xml, logprob_text, markdown, verdict_line
+from kevload.outputs.celltext import cell_text, logprob_text
+from kevload.outputs.junit import junit_xml
+from kevload.outputs.markdown import markdown
+from kevload.outputs.verdict import verdict_line
 from kevload.summary import CellSummary, RunSummary
 from kevload.wire.client import Client, ask_for_logprobs, build_body, logprob_fields
 from tests.conftest import (
