@@ -289,6 +289,12 @@ def _on_target(
     help="With --baseline: allowed relative growth of p50 e2e/TTFT latency.",
 )
 @click.option(
+    "--verbose",
+    is_flag=True,
+    help="With --baseline: also a line per cell whose p50 e2e/TTFT latency grew beyond "
+    "--max-latency-regression (the gate reads the whole run's ratio and its interval).",
+)
+@click.option(
     "--junit", type=click.Path(dir_okay=False, path_type=Path), help="Write JUnit XML here."
 )
 @click.option(
@@ -322,6 +328,7 @@ def run(
     quiet: bool,
     baseline: Path | None,
     max_latency_regression: float,
+    verbose: bool,
     junit: Path | None,
     metrics: Path | None,
     dataset_seed: int | None,
@@ -481,6 +488,9 @@ def run(
         name=str(baseline),
         max_latency_regression=max_latency_regression,
         fail_on=fail_on,
+        run_dir=result.run_dir,
+        baseline_path=baseline,
+        verbose=verbose,
     )
     for line in lines:
         click.echo(line)

@@ -3,23 +3,33 @@
 The rule, cell by cell (probe cells, matched by probe id, mode and level; ``exitcode.for_run`` turns
 the regressions into the exit code, and its docstring states the whole gate):
 
-- a cell the baseline lacks is ``new_cell``: nothing to hold it against, so it is judged by the run's own rule alone —
-  drift there (latent drift too, under ``--fail-on latent``) is a regression, a cell that held is a note;
-- a cell whose probe asked something else than in the baseline (its input, params or max_tokens, by the hashes both
-  summaries record) is ``input_changed``: the baseline's outputs and latencies answered another question, so nothing
-  is held against them and nothing is blamed on the model or server; like a new cell, drift there is a regression;
-- a baseline cell without an ok sample observed nothing: the cell is judged as a new one, and said so;
-- otherwise: new drift, new latent drift, an output never seen in the baseline and slower p50 latency are
-  regressions, drift or latent drift gone is an improvement (``fixed``);
+- a cell the baseline lacks is ``new_cell``: nothing to hold it against, so it is judged by the
+  run's own rule alone — drift there (latent drift too, under ``--fail-on latent``) is a regression,
+  a cell that held is a note;
+- a cell whose probe asked something else than in the baseline (its input, params or max_tokens, by
+  the hashes both summaries record) is ``input_changed``: the baseline's outputs and latencies
+  answered another question, so nothing is held against them and nothing is blamed on the model or
+  server; like a new cell, drift there is a regression;
+- a baseline cell without an ok sample observed nothing: the cell is judged as a new one, and said
+  so;
+- otherwise: new drift, new latent drift and an output never seen in the baseline are regressions,
+  drift or latent drift gone is an improvement (``fixed``);
+- latency, over the whole run (``runlatency``): the ok probe samples of the cells compared, this
+  run's over the baseline's, as p50 and p99 e2e and p50 TTFT ratios with their bootstrap intervals;
+  one ``latency`` regression where a p50 ratio's interval lies wholly above 1 +
+  ``max_latency_regression``; each cell's slower p50 a note (shown with ``--verbose``), or, where
+  the baseline's records are not at hand, each a regression;
 - a baseline cell this run lacks is ``missing_cell``, a regression;
-- per level, over the probes graded in both runs that ask the same, each by the same grader: a probe good there in
-  the baseline (every answer graded good) and bad now is ``accuracy_lost``, a regression whatever the McNemar p over
-  the paired probes, which the line states: the same question answered right before and wrong now is the change a
-  nightly job exists to catch, and a fall too small to be significant over few probes is still a right answer lost.
-  Probes that only went bad→good are ``accuracy_gained``, an improvement;
-- a probe graded in both runs whose grading changed (``expected``, ``grade`` or ``grade_tolerance``: fixing a wrong
-  ``expected``) asks the server the same, so its outputs, drift and latency are compared as ever; but a grade by
-  another rule is no evidence about the server, so it is paired with nothing: ``grading_changed``, a note.
+- per level, over the probes graded in both runs that ask the same, each by the same grader: a probe
+  good there in the baseline (every answer graded good) and bad now is ``accuracy_lost``, a
+  regression whatever the McNemar p over the paired probes, which the line states: the same question
+  answered right before and wrong now is the change a nightly job exists to catch, and a fall too
+  small to be significant over few probes is still a right answer lost. Probes that only went
+  bad→good are ``accuracy_gained``, an improvement;
+- a probe graded in both runs whose grading changed (``expected``, ``grade`` or ``grade_tolerance``:
+  fixing a wrong ``expected``) asks the server the same, so its outputs, drift and latency are
+  compared as ever; but a grade by another rule is no evidence about the server, so it is paired
+  with nothing: ``grading_changed``, a note.
 
 Under ``--fail-on bad`` the drift kinds (new drift, new latent drift, an unseen output, a new or
 changed cell that drifts) are regressions only in a cell whose answers load made worse
@@ -40,6 +50,7 @@ from kevload.compare.graded import probe_grade
 from kevload.compare.stats import mcnemar_exact
 from kevload.exitcode import ExitCode
 from kevload.inputs.probe import UNGRADED
+from kevload.outputs.runlatency import run_load, whole_run_latency
 from kevload.records.rundir import RunDir, read_summary
 from kevload.summary import CellSummary, RunSummary, level_label, level_order, position_label
 
@@ -95,19 +106,60 @@ def judge(
     name: str,
     max_latency_regression: float = 0.2,
     fail_on: FailOn = "drift",
+    run_dir: Path | None = None,
+    baseline_path: Path | None = None,
+    verbose: bool = False,
 ) -> tuple[list[str], ExitCode]:
     """The ``--baseline`` gate: the lines it prints and its exit code (``exitcode.for_run``). A run
     whose target failed or gave too little evidence is compared with nothing: it exits TARGET on its
-    own."""
+    own. With ``run_dir`` and ``baseline_path`` (this run's directory, ``--baseline``) latency is judged once, on
+    the whole run's ratio (``_whole_run``); the per-cell latency lines are then notes, shown with
+    ``verbose``."""
     if exitcode.for_summary(current) == ExitCode.TARGET:
         return [], exitcode.for_run(current, fail_on=fail_on)
+    run_dirs = None if run_dir is None or baseline_path is None else (run_dir, baseline_path)
+    whole = _whole_run(current, baseline, run_dirs, max_latency_regression)
     changes = compare_to_baseline(
-        current, baseline, max_latency_regression=max_latency_regression, fail_on=fail_on
+        current,
+        baseline,
+        max_latency_regression=max_latency_regression,
+        fail_on=fail_on,
+        latency_per_cell=whole is None,
     )
+    changes += [whole] if whole is not None else []
     regressions = sum(c.regression for c in changes)
-    lines = [f"{c.label} {c.kind} {c.cell}: {c.detail}" for c in changes]
+    lines = [
+        f"{c.label} {c.kind} {c.cell}: {c.detail}"
+        for c in changes
+        if verbose or c.regression or c.kind != "latency" or c.cell == WHOLE_RUN
+    ]
     lines.append(f"against baseline {name}: {regressions} regression(s)")
     return lines, exitcode.for_run(current, fail_on=fail_on, regressions=regressions)
+
+
+WHOLE_RUN = "whole run"  # the cell a whole-run latency line names
+
+
+def _whole_run(
+    current: RunSummary, baseline: RunSummary, run_dirs: tuple[Path, Path] | None, limit: float
+) -> Change | None:
+    """Latency over the whole run against the baseline: the ok probe samples of the cells compared
+    with the baseline's (in both, the baseline's with an ok sample, the input unchanged), read from
+    both runs' records. None where either has no records to read (a summary.json given alone):
+    latency is then judged cell by cell, on the p50s the summaries keep."""
+    if run_dirs is None:
+        return None
+    old = {_key(c): c for c in baseline.probe_cells()}
+    cells = {
+        _key(c)
+        for c in current.probe_cells()
+        if _key(c) in old and old[_key(c)].ok and not _input_change(current, baseline, c.probe)
+    }
+    now, then = (run_load(path, cells) for path in run_dirs)
+    if now is None or then is None:
+        return None
+    text, slower = whole_run_latency(now, then, limit)
+    return Change("latency", WHOLE_RUN, text, regression=slower)
 
 
 def compare_to_baseline(
@@ -116,11 +168,20 @@ def compare_to_baseline(
     *,
     max_latency_regression: float = 0.2,
     fail_on: FailOn = "drift",
+    latency_per_cell: bool = True,
 ) -> list[Change]:
     """What changed, cell by cell (probe cells only), by the rule above. An unchanged server asked
-    the same gives an empty list."""
+    the same gives an empty list. Without ``latency_per_cell`` a cell's slower p50 is a note, not a
+    regression (the whole run's ratio judges latency)."""
     old = {_key(c): c for c in baseline.probe_cells()}
-    against = _Against(current, baseline, fail_on, max_latency_regression, _seen_by_probe(old))
+    against = _Against(
+        current,
+        baseline,
+        fail_on,
+        max_latency_regression,
+        _seen_by_probe(old),
+        latency_per_cell,
+    )
     changes: list[Change] = []
     for cell in current.probe_cells():
         changes += _cell_changes(cell, old.get(_key(cell)), against)
@@ -143,6 +204,7 @@ class _Against:
     fail_on: FailOn
     max_latency_regression: float
     seen_by_probe: dict[tuple[str, str], set[str]]
+    latency_per_cell: bool
 
     @property
     def fresh_inputs(self) -> bool:
@@ -186,7 +248,7 @@ def _cell_changes(cell: CellSummary, before: CellSummary | None, against: _Again
         _unseen_change(cell, before, against),
     ]
     return [c for c in found if c is not None] + _latency_changes(
-        cell, before, against.max_latency_regression
+        cell, before, against.max_latency_regression, gate=against.latency_per_cell
     )
 
 
@@ -269,8 +331,11 @@ def _unseen_change(cell: CellSummary, before: CellSummary, against: _Against) ->
     )
 
 
-def _latency_changes(cell: CellSummary, before: CellSummary, limit: float) -> list[Change]:
-    """The cell's p50 latencies grown beyond ``limit`` against the baseline cell's."""
+def _latency_changes(
+    cell: CellSummary, before: CellSummary, limit: float, *, gate: bool
+) -> list[Change]:
+    """The cell's p50 latencies grown beyond ``limit`` against the baseline cell's: regressions
+    where ``gate``, else notes."""
     changes = []
     for metric in LATENCY_METRICS:
         now, was = (c.latency.get(metric, {}).get("p50") for c in (cell, before))
@@ -281,6 +346,7 @@ def _latency_changes(cell: CellSummary, before: CellSummary, limit: float) -> li
                     cell.name,
                     f"{metric} p50 {now * 1000:.1f} ms vs {was * 1000:.1f} ms "
                     f"(+{now / was - 1:.0%}, limit +{limit:.0%})",
+                    regression=gate,
                 )
             )
     return changes
@@ -306,18 +372,7 @@ def accuracy_changes(current: RunSummary, baseline: RunSummary) -> list[Change]:
             regraded.add(c.probe)
             continue
         pairs.setdefault((c.mode, c.concurrency, c.rate), []).append((then[_key(c)], now))
-    changes = [
-        Change(
-            "grading_changed",
-            probe,
-            "graded by another rule than in the baseline (expected, grade or "
-            "grade_tolerance changed): its grades are not paired with the baseline's, so no "
-            "accuracy is "
-            "lost or gained by them; its outputs are compared as before",
-            regression=False,
-        )
-        for probe in sorted(regraded)
-    ]
+    changes = _regraded(regraded)
     for (mode, concurrency, rate), graded in sorted(
         pairs.items(), key=lambda kv: (kv[0][0], level_order(*kv[0][1:]))
     ):
@@ -342,6 +397,22 @@ def accuracy_changes(current: RunSummary, baseline: RunSummary) -> list[Change]:
             )
         )
     return changes
+
+
+def _regraded(probes: set[str]) -> list[Change]:
+    """A ``grading_changed`` note per probe graded by another rule than in the baseline."""
+    return [
+        Change(
+            "grading_changed",
+            probe,
+            "graded by another rule than in the baseline (expected, grade or "
+            "grade_tolerance changed): its grades are not paired with the baseline's, so no "
+            "accuracy is "
+            "lost or gained by them; its outputs are compared as before",
+            regression=False,
+        )
+        for probe in sorted(probes)
+    ]
 
 
 def _fails_alone(cell: CellSummary, fail_on: FailOn) -> bool:
