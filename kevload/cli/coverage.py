@@ -37,8 +37,7 @@ def coverage_command(
     labels."""
     import orjson
 
-    from kevload.guide.coverage import compare, flag_file, scan, segmenter
-    from kevload.outputs.report import coverage_text
+    from kevload.guide.coverage import compare, coverage_text, flag_file, scan, segmenter
 
     seg = segmenter()
     online_side = scan(online, max_bad=max_bad, seg=seg)

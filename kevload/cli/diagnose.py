@@ -123,7 +123,7 @@ def diagnose_command(**given: Any) -> None:
 
     from kevload.guide.diagnose import check_options
     from kevload.guide.diagnoseinput import check_one_input, check_sets
-    from kevload.outputs.report import diagnosis_text
+    from kevload.guide.diagnosistext import diagnosis_text
 
     url, model, builtin = given["url"], given["model"], given["builtin"]
     check_one_input(given["prompt"], given["messages_file"])

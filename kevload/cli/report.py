@@ -22,7 +22,8 @@ from kevload.cli.common import (
 from kevload.errors import InputError
 from kevload.load.runs import finish_run
 from kevload.outputs import exitcode
-from kevload.outputs.report import FORMATS, markdown_cell, render
+from kevload.outputs.escaping import markdown_cell
+from kevload.outputs.terminal import FORMATS, render
 from kevload.records.rundir import RunDir
 from kevload.records.summary import RunSummary
 

@@ -40,7 +40,8 @@ from kevload.load.invocation import (
 from kevload.load.runs import RunResult, run_scenario
 from kevload.outputs import exitcode, gradedview
 from kevload.outputs.escaping import visible
-from kevload.outputs.report import render, slo_line, verdict_line
+from kevload.outputs.terminal import render
+from kevload.outputs.verdict import slo_line, verdict_line
 from kevload.records.rundir import RunDir
 from kevload.records.store import Record
 from kevload.records.summary import RunSummary, level_label
@@ -138,6 +139,12 @@ from kevload.servers.targets import TargetSettings
     help="With --baseline: allowed relative growth of p50 e2e/TTFT latency.",
 )
 @click.option(
+    "--verbose",
+    is_flag=True,
+    help="With --baseline: also a line per cell whose p50 e2e/TTFT latency grew beyond "
+    "--max-latency-regression (the gate reads the whole run's ratio and its interval).",
+)
+@click.option(
     "--junit", type=click.Path(dir_okay=False, path_type=Path), help="Write JUnit XML here."
 )
 @click.option(
@@ -171,6 +178,7 @@ def run(
     quiet: bool,
     baseline: Path | None,
     max_latency_regression: float,
+    verbose: bool,
     junit: Path | None,
     metrics: Path | None,
     dataset_seed: int | None,
@@ -211,7 +219,7 @@ def run(
     exit_if_signalled(signum)
     if exited is not None:
         raise exited
-    _exit(result.summary, reference, str(baseline), max_latency_regression, fail_on)
+    _exit(result, reference, baseline, (max_latency_regression, verbose), fail_on)
 
 
 def _with_shorthands(overrides: tuple[str, ...], shorthands: dict[str, object]) -> tuple[str, ...]:
@@ -294,7 +302,7 @@ def _print_records(result: RunResult, *, resumed: bool) -> None:
 def _write_files(result: RunResult, junit: Path | None, metrics: Path | None, fail_on: str) -> None:
     """--junit and --metrics, written from the run's summary."""
     if junit is not None:
-        from kevload.outputs.report import junit_xml
+        from kevload.outputs.junit import junit_xml
 
         junit.write_text(junit_xml(result.summary, fail_on=fail_on), encoding="utf-8")
     if metrics is not None:
@@ -302,24 +310,28 @@ def _write_files(result: RunResult, junit: Path | None, metrics: Path | None, fa
 
 
 def _exit(
-    summary: RunSummary,
+    result: RunResult,
     reference: Any,
-    name: str,
-    max_latency_regression: float,
+    baseline: Path | None,
+    latency: tuple[float, bool],
     fail_on: Literal["drift", "latent", "bad"],
 ) -> None:
     """The run's own code; with --baseline (``reference``), its gate's lines printed and its
-    code."""
+    code. ``latency``: --max-latency-regression and --verbose."""
     from kevload.outputs.baseline import judge
 
     if reference is None:
-        sys.exit(exitcode.for_run(summary, fail_on=fail_on))
+        sys.exit(exitcode.for_run(result.summary, fail_on=fail_on))
+    max_latency_regression, verbose = latency
     lines, code = judge(
-        summary,
+        result.summary,
         reference,
-        name=name,
+        name=str(baseline),
         max_latency_regression=max_latency_regression,
         fail_on=fail_on,
+        run_dir=result.run_dir,
+        baseline_path=baseline,
+        verbose=verbose,
     )
     for line in lines:
         click.echo(line)

@@ -12,7 +12,7 @@ from kevload.compare.graded import level_name
 from kevload.compare.stats import drift_upper_bound
 from kevload.demo.steps import LABELS, Ran
 from kevload.outputs import gradedview
-from kevload.outputs.report import cell_text
+from kevload.outputs.celltext import cell_text
 from kevload.records.machine import where_text
 from kevload.records.store import read_json
 from kevload.records.summary import (

@@ -323,3 +323,62 @@ def _text_of(doc: Any) -> str | None:
 def _kl(p: np.ndarray, q: np.ndarray) -> float:
     mask = p > 0
     return float(np.sum(p[mask] * np.log2(p[mask] / q[mask])))
+
+
+def coverage_text(result: dict[str, Any]) -> str:
+    on, tr = result["online"], result["train"]
+    lines = [
+        f"{'':24}{'online':>12}{'train':>12}",
+        f"{'count':24}{on['count']:>12}{tr['count']:>12}",
+    ]
+    for name, side in (("online", on), ("train", tr)):
+        skipped = side["skipped_lines"]
+        if skipped["count"]:
+            lines.append(
+                f"{name}: {skipped['count']} bad line(s) skipped; the first, {skipped['first']}: "
+                f"{skipped['first_reason']}"
+            )
+    for key in ("min", "p50", "p90", "p99", "max"):
+        lines.append(
+            f"{'length ' + key:24}{_num(on['length'][key]):>12}{_num(tr['length'][key]):>12}"
+        )
+    share = result["outside_length_range_share"]
+    lines.append(f"online outside training length range: {share:.1%}" if share is not None else "")
+    lines.append(
+        "keywords: "
+        + (
+            "jieba word segmentation"
+            if result["segmenter"] == "jieba"
+            else "CJK character bigrams (install kevload[zh] for jieba words)"
+        )
+    )
+    lines.append("top keywords online: " + ", ".join(k["keyword"] for k in on["top_keywords"][:10]))
+    lines.append("top keywords train:  " + ", ".join(k["keyword"] for k in tr["top_keywords"][:10]))
+    rare = result["online_keywords_rare_in_train"]
+    lines.append(
+        "frequent online, rare or missing in training: "
+        + (
+            ", ".join(
+                f"{r['keyword']} ({r['online_share']:.0%} vs {r['train_share']:.0%})"
+                for r in rare[:10]
+            )
+            or "none"
+        )
+    )
+    labels = result["labels"]
+    if labels["psi"] is not None:
+        lines.append(
+            f"labels: PSI {labels['psi']:.3f}, Jensen-Shannon {labels['js_divergence']:.3f}; "
+            f"online "
+            + ", ".join(f"{k} {v:.0%}" for k, v in labels["online"].items())
+            + "; train "
+            + ", ".join(f"{k} {v:.0%}" for k, v in labels["train"].items())
+        )
+    if "flagged" in result:
+        lines.append(f"boundary samples flagged: {result['flagged']} of {on['count']}")
+    lines.append("(statistics are clues, not proof)")
+    return "\n".join(line for line in lines if line)
+
+
+def _num(value: Any) -> str:
+    return "-" if value is None else str(value)

@@ -11,7 +11,7 @@ from typing import Any, Literal, cast, get_args
 
 from kevload.compare.stats import drift_upper_bound, samples_for_bound
 from kevload.guide.evidence import DataResult, Evidence, StepResult
-from kevload.outputs.report import counts_text
+from kevload.outputs.celltext import counts_text
 from kevload.records.summary import position_label
 
 # In the guide's order: the first cause found is the verdict, later ones are listed as also found.

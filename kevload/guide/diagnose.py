@@ -30,7 +30,7 @@ from kevload.inputs.probe import Probe
 from kevload.inputs.scenario import Scenario, build_scenario
 from kevload.inputs.scenariokeys import Api, CacheReset, Load, Mode, Target
 from kevload.load.runs import run_scenario
-from kevload.outputs.report import logprob_gap_text
+from kevload.outputs.celltext import logprob_gap_text
 from kevload.records.rundir import RunDir
 from kevload.records.store import default_run_dir
 from kevload.records.summary import CellSummary, RunSummary

@@ -11,9 +11,8 @@ from collections.abc import Iterator
 
 from kevload.compare.gate import GateResult
 from kevload.compare.rollout import CandidateComparison, Comparison, LevelComparison
-from kevload.outputs.escaping import visible, xml_text
+from kevload.outputs.escaping import markdown_cell, visible, xml_text
 from kevload.outputs.metrics import escape_label, format_value
-from kevload.outputs.report import markdown_cell
 
 WIDTH = 80
 _HEAD = f"{'candidate':<13} {'level':<10} {'items':>5} {'agree':>6} {'accuracy ref→cand':>17} "

@@ -10,27 +10,22 @@ from typing import Any
 
 from kevload.inputs.wordsets import CANCELLED, OK
 from kevload.outputs import gradedview
-from kevload.outputs.escaping import visible
-from kevload.outputs.report import (
-    AGREEMENT_COLUMNS,
-    SERVER_COLUMNS,
-    agreement_rows,
+from kevload.outputs.celltext import (
     attainment_text,
-    cache_lines,
     cell_phrase,
     cell_text,
     errors_text,
-    footnotes,
     full_load_text,
     kinds_text,
     latent_text,
     logprob_gap_text,
     never_full_text,
-    server_rows,
     slo_bounds_text,
-    slo_line,
-    verdict_line,
 )
+from kevload.outputs.escaping import visible
+from kevload.outputs.footnotes import cache_lines, footnotes
+from kevload.outputs.tablerows import AGREEMENT_COLUMNS, SERVER_COLUMNS, agreement_rows, server_rows
+from kevload.outputs.verdict import slo_line, verdict_line
 from kevload.records.machine import where_text
 from kevload.records.store import Record, redact
 from kevload.records.summary import (
@@ -51,13 +46,15 @@ EMPTY = "#9e9e9e"
 _CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:24px;color:#212121;max-width:1200px}
 h1{font-size:22px} h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
-table{border-collapse:collapse;margin:8px 0} td,th{padding:6px 10px;border:1px solid #ddd;text-align:right}
+table{border-collapse:collapse;margin:8px 0}
+td,th{padding:6px 10px;border:1px solid #ddd;text-align:right}
 th:first-child,td:first-child{text-align:left}
 #heatmap td.cell{color:#fff;font-weight:600;min-width:64px;text-align:center}
 .verdict{font-size:16px;padding:8px 12px;background:#f5f5f5;border-left:4px solid #555}
 pre{background:#f7f7f7;padding:10px;overflow:auto;font-size:12px;white-space:pre-wrap;
 overflow-wrap:anywhere}
-mark{background:#ffcdd2} .legend span{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px}
+mark{background:#ffcdd2}
+.legend span{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px}
 #graded{width:100%}
 #graded td:not(.answer):not(:first-child),#graded td span{white-space:nowrap}
 #graded td.answer{text-align:left;vertical-align:top;min-width:10em}
@@ -72,7 +69,8 @@ def run_report(summary: RunSummary, meta: dict[str, Any], records: Iterable[Reco
         rows.setdefault(f"{c.probe} ({c.mode})", {})[c.level] = c
     body = [
         f"<h1>kevload run {_e(meta.get('run_id'))}: {_e(meta.get('scenario_name'))}</h1>",
-        f"<p>target {_e(meta.get('target', {}).get('base_url'))} · model {_e(meta.get('target', {}).get('model'))}"
+        f"<p>target {_e(meta.get('target', {}).get('base_url'))} · "
+        f"model {_e(meta.get('target', {}).get('model'))}"
         f" · {_e(meta.get('started_at'))} – {_e(meta.get('ended_at'))} · state "
         f"{_e(meta.get('state'))}</p>",
         # Where it ran: a real server's answers under batching move with the CPU and the engine.
@@ -96,7 +94,8 @@ def run_report(summary: RunSummary, meta: dict[str, Any], records: Iterable[Reco
         # Masked again here: a run.json written before header values stopped being stored may still
         # hold some.
         "<h2>Run parameters</h2>",
-        f"<pre>{_e(json.dumps(redact(meta.get('scenario'), []), indent=2, ensure_ascii=False))}</pre>",
+        "<pre>"
+        f"{_e(json.dumps(redact(meta.get('scenario'), []), indent=2, ensure_ascii=False))}</pre>",
     ]
     return _page(f"kevload {meta.get('run_id')}", body)
 
@@ -112,7 +111,8 @@ def _max_at_slo(sweep: dict[str, Any]) -> list[str]:
         within = f"≥ {minimum:.1%} within " if minimum is not None else "all within "
         for probe, level in row["max_at_slo"].items():
             out.append(
-                f"<tr><td>{_e(row['setting'])}</td><td>{_e(probe)}</td><td>{_e(level or 'none')}</td>"
+                f"<tr><td>{_e(row['setting'])}</td><td>{_e(probe)}</td>"
+                f"<td>{_e(level or 'none')}</td>"
                 f"<td>{_e(within + slo_bounds_text(row['slo']))}</td></tr>"
             )
     return ["<h2>Highest level at SLO</h2>", "".join(out) + "</table>"]
@@ -126,44 +126,45 @@ def _heatmap(rows: dict[str, dict[str, CellSummary]], levels: list[str]) -> str:
     ]
     for name, by_level in rows.items():
         out.append(f"<tr><td>{_e(name)}</td>")
-        for level in levels:
-            cell = by_level.get(level)
-            if cell is None or not cell.ok:
-                out.append(
-                    f'<td class=cell style="background:{EMPTY}">{_e(cell_text(cell) if cell else "–")}</td>'
-                )
-                continue
-            colour = (
-                DRIFT
-                if cell.drift
-                else SHORT
-                if cell.short
-                else LATENT
-                if cell.latent_drift
-                else STABLE
-            )
-            title = (
-                cell_phrase(cell)
-                + (
-                    f"; latent drift: {latent_text(cell)}"
-                    if cell.latent_drift
-                    else f"; {logprob_gap_text(cell, cell.level)}"
-                    if cell.logprob_gap
-                    else ""
-                )
-                + (f"; † {never_full_text(cell)}" if cell.samples_never_full else "")
-                + (f"; {cell.server_note}" if cell.server_note else "")
-            )
-            out.append(
-                f'<td class=cell style="background:{colour}" title="{_e(title)}">'
-                f"{_e(cell_text(cell))}</td>"
-            )
+        out += [_heat_cell(by_level.get(level)) for level in levels]
         out.append("</tr>")
+    out.append(_heat_legend(rows, levels))
+    return "".join(out)
+
+
+def _heat_cell(cell: CellSummary | None) -> str:
+    """One matrix cell, coloured by what it shows, its details in the title."""
+    if cell is None or not cell.ok:
+        return (
+            f'<td class=cell style="background:{EMPTY}">{_e(cell_text(cell) if cell else "–")}</td>'
+        )
+    colour = (
+        DRIFT if cell.drift else SHORT if cell.short else LATENT if cell.latent_drift else STABLE
+    )
+    title = (
+        cell_phrase(cell)
+        + (
+            f"; latent drift: {latent_text(cell)}"
+            if cell.latent_drift
+            else f"; {logprob_gap_text(cell, cell.level)}"
+            if cell.logprob_gap
+            else ""
+        )
+        + (f"; † {never_full_text(cell)}" if cell.samples_never_full else "")
+        + (f"; {cell.server_note}" if cell.server_note else "")
+    )
+    return (
+        f'<td class=cell style="background:{colour}" title="{_e(title)}">{_e(cell_text(cell))}</td>'
+    )
+
+
+def _heat_legend(rows: dict[str, dict[str, CellSummary]], levels: list[str]) -> str:
+    """The colours, and each mark beyond them that the matrix shows."""
     shown = " ".join(
         cell_text(by_level.get(level)) for by_level in rows.values() for level in levels
     )
     marks = "".join(f" · {_e(words)}" for glyph, words in MATRIX_MARKS if re.search(glyph, shown))
-    out.append(
+    return (
         f"</table><p class=legend>cell: distinct outputs · <span "
         f"style='background:{STABLE}'></span>one "
         f"output, same as serial <span style='background:{DRIFT}'></span>drift (all≠serial: the "
@@ -177,10 +178,10 @@ def _heatmap(rows: dict[str, dict[str, CellSummary]], levels: list[str]) -> str:
         "counted samples never had c − 1 others in flight (from the records' send and last-byte "
         f"times){marks}</p>"
     )
-    return "".join(out)
 
 
-# The matrix's marks beyond the colours (report.cell_text, gradedview.cell_mark): the legend explains
+# The matrix's marks beyond the colours (celltext.cell_text, gradedview.cell_mark): the legend
+# explains
 # each one a matrix shows, by the pattern that finds it in the cells' texts.
 MATRIX_MARKS = (
     (r"DRIFT", "DRIFT: more than one distinct output"),
@@ -193,7 +194,8 @@ MATRIX_MARKS = (
 
 
 def _rows_table(table_id: str, columns: Iterable[str], rows: Iterable[Iterable[object]]) -> str:
-    """A table's head and rows, every value escaped; the caller closes it (a note may follow inside the string)."""
+    """A table's head and rows, every value escaped; the caller closes it (a note may follow inside
+    the string)."""
     return (
         f"<table id={table_id}><tr>"
         + "".join(f"<th>{_e(name)}</th>" for name in columns)
@@ -221,55 +223,14 @@ def _agreement(summary: RunSummary) -> str:
 
 
 def _graded(summary: RunSummary) -> list[str]:
-    """Graded probes (kevload.compare.graded): accuracy per level against serial, then every graded cell with its flips
-    and one flipped answer beside the serial one (the per-probe detail a dataset's terminal table leaves out)."""
+    """Graded probes (kevload.compare.graded): accuracy per level against serial, then every graded
+    cell with its flips and one flipped answer beside the serial one (the per-probe detail a
+    dataset's terminal table leaves out)."""
     if not gradedview.graded(summary):
         return []
     levels = [
         _rows_table("accuracy", gradedview.ACCURACY_COLUMNS, gradedview.accuracy_rows(summary))
     ]
-    columns = (
-        "probe / level",
-        "good",
-        "bad",
-        "good share [95% CI]",
-        "serial answers",
-        "good→bad",
-        "bad→good",
-        "flipped answer",
-        "serial answer",
-    )
-    cells = ["<table id=graded><tr>" + "".join(f"<th>{_e(n)}</th>" for n in columns) + "</tr>"]
-    for c in sorted(summary.probe_cells(), key=lambda c: (c.probe, c.mode, c.level_order)):
-        if c.graded_good is None:
-            continue
-        share = (
-            "–"
-            if c.good_share is None or c.good_share_ci95 is None  # written together
-            else f"{c.good_share:.1%} [{c.good_share_ci95[0]:.1%}, {c.good_share_ci95[1]:.1%}]"
-        )
-        reference = c.level == c.reference_level
-        failed = f" ({c.grade_failed} not graded: grader failed)" if c.grade_failed else ""
-        values = (
-            c.label,
-            c.graded_good,
-            f"{c.graded_bad}{failed}",
-            share,
-            "reference" if reference else c.serial_grade or "not graded",
-            "" if reference else _count(c.flips_good_to_bad),
-            "" if reference else _count(c.flips_bad_to_good),
-        )
-        # Answers wrap inside their column (a long one scrolls within it), and a row without a flip
-        # has empty cells, not empty grey boxes: the page keeps to the window's width.
-        answers = "".join(
-            f"<td class=answer><pre>{_e(text)}</pre></td>" if text else "<td class=answer></td>"
-            for text in (c.flip_answer, c.flip_serial_answer)
-        )
-        # The label breaks only between probe id and level, never inside an id ("sum-en-0").
-        label = f"<td><span>{_e(c.probe)}</span> <span>({_e(c.mode)}) {_e(c.level)}</span></td>"
-        cells.append(
-            "<tr>" + label + "".join(f"<td>{_e(v)}</td>" for v in values[1:]) + answers + "</tr>"
-        )
     notes = gradedview.lines(summary)
     return [
         "<h2>Good or bad: graded answers</h2>",
@@ -278,11 +239,64 @@ def _graded(summary: RunSummary) -> list[str]:
         "bad→good "
         "count probes against their own serial level, with the exact McNemar test over those "
         "pairs.</p>",
-        "".join(cells)
+        _graded_cells(summary)
         + "</table><p>good→bad: answers graded bad where every serial answer was good (bad→good "
         "the reverse); none counted where the serial answers are mixed.</p>",
         "<ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>" if notes else "",
     ]
+
+
+_GRADED_COLUMNS = (
+    "probe / level",
+    "good",
+    "bad",
+    "good share [95% CI]",
+    "serial answers",
+    "good→bad",
+    "bad→good",
+    "flipped answer",
+    "serial answer",
+)
+
+
+def _graded_cells(summary: RunSummary) -> str:
+    """The graded cells' table (left open: the caller closes it), a row per graded cell."""
+    rows = [
+        "<table id=graded><tr>" + "".join(f"<th>{_e(n)}</th>" for n in _GRADED_COLUMNS) + "</tr>"
+    ]
+    for c in sorted(summary.probe_cells(), key=lambda c: (c.probe, c.mode, c.level_order)):
+        if c.graded_good is not None:
+            rows.append(_graded_row(c))
+    return "".join(rows)
+
+
+def _graded_row(c: CellSummary) -> str:
+    """A graded cell: its counts, good share, serial grade and flips, and one flipped answer beside
+    the serial one."""
+    share = (
+        "–"
+        if c.good_share is None or c.good_share_ci95 is None  # written together
+        else f"{c.good_share:.1%} [{c.good_share_ci95[0]:.1%}, {c.good_share_ci95[1]:.1%}]"
+    )
+    reference = c.level == c.reference_level
+    failed = f" ({c.grade_failed} not graded: grader failed)" if c.grade_failed else ""
+    values = (
+        c.graded_good,
+        f"{c.graded_bad}{failed}",
+        share,
+        "reference" if reference else c.serial_grade or "not graded",
+        "" if reference else _count(c.flips_good_to_bad),
+        "" if reference else _count(c.flips_bad_to_good),
+    )
+    # Answers wrap inside their column (a long one scrolls within it), and a row without a flip
+    # has empty cells, not empty grey boxes: the page keeps to the window's width.
+    answers = "".join(
+        f"<td class=answer><pre>{_e(text)}</pre></td>" if text else "<td class=answer></td>"
+        for text in (c.flip_answer, c.flip_serial_answer)
+    )
+    # The label breaks only between probe id and level, never inside an id ("sum-en-0").
+    label = f"<td><span>{_e(c.probe)}</span> <span>({_e(c.mode)}) {_e(c.level)}</span></td>"
+    return "<tr>" + label + "".join(f"<td>{_e(v)}</td>" for v in values) + answers + "</tr>"
 
 
 def _count(value: int | None) -> str:
@@ -364,7 +378,8 @@ def _latency(cells: Iterable[CellSummary]) -> str:
     out.append("</table>")
     height = 20 + 22 * len(cells)
     out.append(
-        f'<svg width="860" height="{height}" role="img" aria-label="e2e latency p50 and p99">{"".join(bars)}'
+        f'<svg width="860" height="{height}" role="img" aria-label="e2e latency p50 and p99">'
+        f"{''.join(bars)}"
         f'<text x="220" y="{height - 2}" font-size="11">e2e p50 (dark) and p99 (light), '
         f"max {top * 1000:.0f} ms</text></svg>"
     )
@@ -423,7 +438,8 @@ def _timeline(records: Iterable[Record]) -> str:
         x = 40 + (second - first) * bar_w
         ok_h, bad_h = 150 * ok / peak, 150 * bad / peak
         shapes.append(
-            f'<rect x="{x:.1f}" y="{160 - ok_h - bad_h:.1f}" width="{bar_w - 1:.1f}" height="{ok_h:.1f}" '
+            f'<rect x="{x:.1f}" y="{160 - ok_h - bad_h:.1f}" width="{bar_w - 1:.1f}" '
+            f'height="{ok_h:.1f}" '
             f'fill="#81c784"/><rect x="{x:.1f}" y="{160 - bad_h:.1f}" width="{bar_w - 1:.1f}" '
             f'height="{bad_h:.1f}" fill="{DRIFT}"/>'
         )
@@ -446,8 +462,9 @@ def _page(title: str, body: list[str]) -> str:
 
 
 def _e(value: Any) -> str:
-    """Anything user- or server-derived, as HTML text or an attribute value: markup and quotes escaped, control
-    characters spelled (``report.visible``: ESC and NUL mean nothing on a page, and NUL is a parse error)."""
+    """Anything user- or server-derived, as HTML text or an attribute value: markup and quotes
+    escaped, control characters spelled (``escaping.visible``: ESC and NUL mean nothing on a page,
+    and NUL is a parse error)."""
     return html.escape(visible("" if value is None else str(value)))
 
 

@@ -140,13 +140,25 @@ def _chart(sweep: dict[str, Any]) -> str:
     top = max(t for *_, t in points) * 1.1 or 1.0
     levels = list(dict.fromkeys(lv for _, lv, _, _ in points))
     colour = {lv: _COLOURS[i % len(_COLOURS)] for i, lv in enumerate(levels)}
+    marks = _axes(top) + _dots(points, levels, colour, top)
+    legend = " ".join(f"<span style='background:{colour[lv]}'></span>{_e(lv)}" for lv in levels)
+    return (
+        f'<svg id=price width="{_W}" height="{_H}" role="img" '
+        f'aria-label="answers per second against agreement with the reference">'
+        f"{''.join(marks)}</svg><p class=legend>each dot a setting at a level: {legend}</p>"
+    )
 
-    def x(agreement: float) -> float:
-        return _PAD + agreement * (_W - 2 * _PAD)
 
-    def y(rate: float) -> float:
-        return _H - _PAD - rate / top * (_H - 2 * _PAD)
+def _x(agreement: float) -> float:
+    return _PAD + agreement * (_W - 2 * _PAD)
 
+
+def _y(rate: float, top: float) -> float:
+    return _H - _PAD - rate / top * (_H - 2 * _PAD)
+
+
+def _axes(top: float) -> list[str]:
+    """The chart's axes, their names and ticks (0, 50, 100 % agreement; 0 and the fastest rate)."""
     marks = [
         f'<line x1="{_PAD}" y1="{_H - _PAD}" x2="{_W - _PAD}" y2="{_H - _PAD}" stroke="#555"/>',
         f'<line x1="{_PAD}" y1="{_PAD}" x2="{_PAD}" y2="{_H - _PAD}" stroke="#555"/>',
@@ -157,36 +169,43 @@ def _chart(sweep: dict[str, Any]) -> str:
     ]
     for share in (0.0, 0.5, 1.0):
         marks.append(
-            f'<text x="{x(share):.1f}" y="{_H - _PAD + 16}" text-anchor="middle" '
+            f'<text x="{_x(share):.1f}" y="{_H - _PAD + 16}" text-anchor="middle" '
             f'font-size="11">{share:.0%}</text>'
         )
     for rate in (0.0, top / 1.1):
         marks.append(
-            f'<text x="{_PAD - 4}" y="{y(rate) + 4:.1f}" text-anchor="end" font-size="11">'
+            f'<text x="{_PAD - 4}" y="{_y(rate, top) + 4:.1f}" text-anchor="end" font-size="11">'
             f"{_num(rate)}</text>"
         )
+    return marks
+
+
+def _dots(
+    points: list[tuple[str, str, float, float]],
+    levels: list[str],
+    colour: dict[str, str],
+    top: float,
+) -> list[str]:
+    """A dot per setting × level, each setting named once."""
+    marks = []
     named: set[str] = set()
     for setting, level, agreement, rate in points:
+        x, y = _x(agreement), _y(rate, top)
         # Levels of one setting often fall on one spot: each level's dot smaller than the one
         # before, and translucent, so none hides another; the setting named once.
         radius = max(3, 8 - 2 * levels.index(level))
         title = f"{setting} {level}: {pct(agreement)} agree, {rate:.2f} answers/s"
         marks.append(
-            f'<circle cx="{x(agreement):.1f}" cy="{y(rate):.1f}" r="{radius}" '
+            f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{radius}" '
             f'fill="{colour[level]}" fill-opacity="0.75"><title>{_e(title)}</title></circle>'
         )
         if setting not in named:
             named.add(setting)
             marks.append(
-                f'<text x="{x(agreement) - 10:.1f}" y="{y(rate) - 10:.1f}" text-anchor="end" '
+                f'<text x="{x - 10:.1f}" y="{y - 10:.1f}" text-anchor="end" '
                 f'font-size="10">{_e(setting)}</text>'
             )
-    legend = " ".join(f"<span style='background:{colour[lv]}'></span>{_e(lv)}" for lv in levels)
-    return (
-        f'<svg id=price width="{_W}" height="{_H}" role="img" '
-        f'aria-label="answers per second against agreement with the reference">'
-        f"{''.join(marks)}</svg><p class=legend>each dot a setting at a level: {legend}</p>"
-    )
+    return marks
 
 
 def _matrix(rows: dict[str, dict[str, CellSummary]], levels: list[str]) -> str:

@@ -9,8 +9,8 @@ import textwrap
 from collections.abc import Iterator
 from typing import Any
 
-from kevload.outputs.escaping import visible
-from kevload.outputs.report import attainment_text, cell_text, markdown_cell
+from kevload.outputs.celltext import attainment_text, cell_text
+from kevload.outputs.escaping import markdown_cell, visible
 from kevload.records.summary import CellSummary, answered_per_s
 
 WIDTH = 80

@@ -22,8 +22,10 @@ from kevload.inputs.scenario import load_scenario
 from kevload.inputs.urls import shown_url, url_problem
 from kevload.inputs.wordsets import SweepVerdict
 from kevload.load.runs import run_scenario
-from kevload.outputs.report import markdown_cell, slo_bounds_text, verdict_line
+from kevload.outputs.celltext import slo_bounds_text
+from kevload.outputs.escaping import markdown_cell
 from kevload.outputs.sweepview import reference_markdown, sweep_cell_text
+from kevload.outputs.verdict import verdict_line
 from kevload.records.machine import rows_where
 from kevload.records.rundir import RunDir, apart
 from kevload.records.servermetrics import CELL_FIELDS as SERVER_FIELDS
@@ -517,7 +519,7 @@ def _fill(text: str, values: dict[str, Any]) -> str:
 def sweep_markdown(sweep: dict[str, Any], *, reference: bool = True) -> str:
     """Settings × levels; with an SLO, the highest level at SLO comes first: what a capacity planner reads. Settings,
     probe ids and reasons may hold any character (a ``|`` or a line break would split the table): each cell and
-    note is escaped (``report.markdown_cell``). With ``reference`` and a sweep made with
+    note is escaped (``escaping.markdown_cell``). With ``reference`` and a sweep made with
     --reference, each setting against its reference setting follows
     (``sweepview.reference_markdown``)."""
     md = markdown_cell

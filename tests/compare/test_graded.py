@@ -13,7 +13,7 @@ from rich.console import Console
 
 from kevload.compare.graded import accuracy
 from kevload.compare.stats import mcnemar_exact
-from kevload.outputs.report import render
+from kevload.outputs.terminal import render
 from kevload.records.summary import CellSummary, RunSummary
 from tests.conftest import load_summary, run_cli, write_scenario
 
@@ -583,7 +583,7 @@ def _junit_cases(xml: str) -> tuple[dict, dict]:
 def test_junit_under_fail_on_bad_passes_drift_whose_answers_stay_good_and_fails_answers_turned_bad(
     tmp_path, server
 ):
-    from kevload.outputs.report import junit_xml
+    from kevload.outputs.junit import junit_xml
 
     def reworded_or_wrong(
         prompt: str, overlap: int
@@ -629,7 +629,7 @@ def test_junit_under_fail_on_bad_passes_drift_whose_answers_stay_good_and_fails_
 
 
 def test_junit_fails_a_level_whose_accuracy_fell_and_a_cell_under_min_good_share():
-    from kevload.outputs.report import junit_xml
+    from kevload.outputs.junit import junit_xml
 
     def serial(i: int) -> CellSummary:  # p29's serial answers are mixed: 3 good, 1 bad
         good, bad = (3, 1) if i == 29 else (4, 0)

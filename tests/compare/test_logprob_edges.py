@@ -20,20 +20,18 @@ from rich.console import Console
 
 from kevload.compare.summarizing import summarize
 from kevload.guide.decision import decide
+from kevload.guide.diagnosistext import diagnosis_text
 from kevload.guide.evidence import Evidence, StepResult
 from kevload.inputs.probe import Probe
 from kevload.inputs.scenario import scenario_from_dict
 from kevload.outputs.baseline import compare_to_baseline
+from kevload.outputs.celltext import logprob_text
 from kevload.outputs.html import run_report
+from kevload.outputs.junit import junit_xml
+from kevload.outputs.markdown import markdown
 from kevload.outputs.metrics import metrics_text
-from kevload.outputs.report import (
-    diagnosis_text,
-    junit_xml,
-    logprob_text,
-    markdown,
-    render,
-    verdict_line,
-)
+from kevload.outputs.terminal import render
+from kevload.outputs.verdict import verdict_line
 from kevload.records.store import spell_logprobs
 from kevload.records.summary import RunSummary
 from kevload.wire.client import Client, build_body

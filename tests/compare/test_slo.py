@@ -14,8 +14,9 @@ from kevload.compare import reader
 from kevload.compare.reader import reduce_file
 from kevload.compare.summarizing import summarize
 from kevload.inputs.scenariokeys import Slo
+from kevload.outputs.junit import junit_xml
+from kevload.outputs.markdown import markdown
 from kevload.outputs.metrics import metrics_text
-from kevload.outputs.report import junit_xml, markdown
 from kevload.records.summary import CellSummary, RunSummary
 from kevload.servers.sweep import max_level_at_slo, sweep_markdown
 from tests.conftest import (

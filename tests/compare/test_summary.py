@@ -13,7 +13,8 @@ import pytest
 
 from kevload.load.runs import finish_run
 from kevload.outputs.baseline import compare_to_baseline, load_baseline
-from kevload.outputs.report import markdown, verdict_line
+from kevload.outputs.markdown import markdown
+from kevload.outputs.verdict import verdict_line
 from kevload.records import servermetrics
 from kevload.records.store import RunDirError, read_records
 from kevload.records.summary import CellSummary, RunSummary

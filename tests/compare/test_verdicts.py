@@ -18,8 +18,12 @@ from rich.console import Console
 
 from kevload.compare.divergence import divergence_kind, first_divergence_word
 from kevload.compare.summarizing import summarize
+from kevload.outputs.celltext import cell_text
 from kevload.outputs.html import run_report
-from kevload.outputs.report import cell_text, junit_xml, markdown, render, verdict_line
+from kevload.outputs.junit import junit_xml
+from kevload.outputs.markdown import markdown
+from kevload.outputs.terminal import render
+from kevload.outputs.verdict import verdict_line
 from kevload.records.summary import CellSummary, RunSummary
 from kevload.servers.sweep import sweep_cell_text
 from tests.conftest import (

@@ -418,7 +418,7 @@ def test_cold_warm_counts(rows, counts):
 
 
 def test_text_output_says_what_a_stable_verdict_rests_on():
-    from kevload.outputs.report import diagnosis_text
+    from kevload.guide.diagnosistext import diagnosis_text
 
     doc = decide(evidence()).to_json()
     assert "evidence: output text compared (hashes), not logprobs" in diagnosis_text(doc)

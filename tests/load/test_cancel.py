@@ -26,7 +26,8 @@ from kevload.compare.summarizing import summarize
 from kevload.inputs.wordsets import CANCELLED
 from kevload.load.cancel import CancelPlan
 from kevload.outputs.baseline import compare_to_baseline
-from kevload.outputs.report import cancel_findings, cell_text, footnotes
+from kevload.outputs.celltext import cell_text
+from kevload.outputs.footnotes import cancel_findings, footnotes
 from kevload.records.store import read_records
 from kevload.records.summary import RunSummary
 from tests.conftest import cells_by_level, load_summary, reduce_rows, run_cli, write_scenario

@@ -21,8 +21,9 @@ from kevload.load import prefixcache
 from kevload.load.prefixcache import CacheResetError
 from kevload.load.runs import run_scenario
 from kevload.outputs.baseline import compare_to_baseline
+from kevload.outputs.footnotes import cache_lines
 from kevload.outputs.html import run_report
-from kevload.outputs.report import cache_lines, markdown
+from kevload.outputs.markdown import markdown
 from kevload.records.rundir import RunDir
 from kevload.records.summary import RunSummary
 from kevload.wire.answer import _Accumulator

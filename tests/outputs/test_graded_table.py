@@ -11,7 +11,7 @@ from dataclasses import replace
 from rich.console import Console
 
 from kevload.outputs.gradedview import TERMINAL_COLUMNS, TERMINAL_TITLE, accuracy_table
-from kevload.outputs.report import render
+from kevload.outputs.terminal import render
 from kevload.records.summary import RunSummary
 from tests.compare.test_graded import _run, sums_server
 

@@ -16,9 +16,8 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families as text_families
 
-from kevload.outputs.escaping import visible, xml_text
+from kevload.outputs.escaping import markdown_cell, visible, xml_text
 from kevload.outputs.metrics import escape_label
-from kevload.outputs.report import markdown_cell
 from tests.conftest import run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
 from tests.outputs.test_nightly import SCHEMA
@@ -287,7 +286,7 @@ def test_markdown_escapes_inside_a_code_span_only_what_a_table_needs():
 
 
 def test_the_markdown_report_has_the_terminals_latency_table(tmp_path, server):
-    from kevload.outputs.report import latency_rows
+    from kevload.outputs.tablerows import latency_rows
     from kevload.records.summary import RunSummary
     from tests.conftest import load_summary
 

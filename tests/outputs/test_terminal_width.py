@@ -8,7 +8,7 @@ import re
 import pytest
 from rich.console import Console
 
-from kevload.outputs.report import render
+from kevload.outputs.terminal import render
 from kevload.records.rundir import read_summary
 from tests.conftest import run_cli, write_scenario
 

@@ -20,7 +20,10 @@ from kevload.compare.stats import mean_share_interval, wilson_interval
 from kevload.compare.summarizing import summarize
 from kevload.inputs.probe import Probe
 from kevload.inputs.scenario import ScenarioError, load_scenario, scenario_from_dict
-from kevload.outputs.report import cell_text, junit_xml, logprob_text, markdown, verdict_line
+from kevload.outputs.celltext import cell_text, logprob_text
+from kevload.outputs.junit import junit_xml
+from kevload.outputs.markdown import markdown
+from kevload.outputs.verdict import verdict_line
 from kevload.records.summary import CellSummary, RunSummary
 from kevload.wire.client import Client, build_body
 from kevload.wire.logprobcheck import ask_for_logprobs, logprob_fields
