@@ -37,7 +37,9 @@ from kevload.inputs.scenario import (
     quickstart_scenario,
     toml_value,
 )
-from kevload.load.runs import finish_run, refuse_existing, resumed_scenario, run_scenario
+from kevload.load.finishing import finish_run
+from kevload.load.resuming import resumed_scenario
+from kevload.load.runs import refuse_existing, run_scenario
 from kevload.outputs import gradedview
 from kevload.outputs.escaping import visible
 from kevload.outputs.report import FORMATS, markdown_cell, render, slo_line, verdict_line

@@ -35,7 +35,8 @@ from kevload.inputs.grading import (
 from kevload.inputs.probe import Probe, iter_jsonl
 from kevload.inputs.scenario import Api, Load, Target, build_scenario, read_table
 from kevload.inputs.trace import trace_rates
-from kevload.load.runs import recorded_scenario, run_scenario
+from kevload.load.resuming import recorded_scenario
+from kevload.load.runs import run_scenario
 from kevload.records.rundir import RunDir, apart
 from kevload.records.store import json_bytes, new_run_id, now_iso
 from kevload.summary import CellSummary, level_label

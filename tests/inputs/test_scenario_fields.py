@@ -335,7 +335,7 @@ def test_sweep_settings_equal_the_same_values_written_in_the_file(tmp_path, serv
 # Calls that build a scenario from TOML text or a raw table, and where each may be made: the user's
 # file and
 # --set text (cli), a resumed run's table from run.json with the user's --set text
-# (runs.resumed_scenario), the
+# (resuming.resumed_scenario), the
 # sweep's and demo's one read of their scenario file, the grid's values (user text).
 # demo.py reads two files: the demo scenario and the graded set's (scenarios/graded.toml).
 ALLOWED = {
