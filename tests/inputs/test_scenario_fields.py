@@ -340,8 +340,8 @@ def test_sweep_settings_equal_the_same_values_written_in_the_file(tmp_path, serv
 # demo.py reads two files: the demo scenario and the graded set's (scenarios/graded.toml).
 ALLOWED = {
     "load_scenario": {"cli.py": math.inf, "sweep.py": 1, "demo.py": 2},
-    "scenario_from_dict": {"runs.py": 1},
-    "apply_override": {"runs.py": 1},
+    "scenario_from_dict": {"resuming.py": 1},
+    "apply_override": {"resuming.py": 1},
     "tomllib.loads": {"sweep.py": 1},
 }
 
