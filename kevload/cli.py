@@ -582,7 +582,7 @@ def _echo_where(meta: dict[str, Any], fmt: str, echo: Callable[[str], Any]) -> N
 def _report_sweep(sweep_dir: Path, fmt: str, output: Path | None) -> None:
 
     from kevload.outputs.sweephtml import sweep_report
-    from kevload.servers.sweep import read_sweep, sweep_markdown
+    from kevload.servers.sweepfile import read_sweep, sweep_markdown
 
     sweep = read_sweep(sweep_dir / "sweep.json")
     renderers = {
@@ -1355,7 +1355,9 @@ def sweep_command(
     from kevload.compare.gate import GateRules
     from kevload.outputs.sweepview import reference_table
     from kevload.servers import sweepref
-    from kevload.servers.sweep import Grid, run_sweep, sweep_markdown
+    from kevload.servers.sweep import run_sweep
+    from kevload.servers.sweepfile import sweep_markdown
+    from kevload.servers.sweepgrid import Grid
 
     grid = Grid.parse(list(grids))
     judge = None

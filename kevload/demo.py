@@ -25,7 +25,9 @@ from kevload.outputs import gradedview
 from kevload.outputs.report import cell_text
 from kevload.records.machine import where_text
 from kevload.records.store import default_run_dir, read_json
-from kevload.servers.sweep import STOPPED, Grid, setting_row, sweep_markdown, write_sweep
+from kevload.servers.sweep import STOPPED
+from kevload.servers.sweepfile import setting_row, sweep_markdown, write_sweep
+from kevload.servers.sweepgrid import Grid
 from kevload.servers.targets import RunningTarget, TargetSettings, serving
 from kevload.summary import (
     CellSummary,

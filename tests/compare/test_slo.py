@@ -16,7 +16,7 @@ from kevload.compare.summarizing import summarize
 from kevload.inputs.scenario import Slo
 from kevload.outputs.metrics import metrics_text
 from kevload.outputs.report import junit_xml, markdown
-from kevload.servers.sweep import max_level_at_slo, sweep_markdown
+from kevload.servers.sweepfile import max_level_at_slo, sweep_markdown
 from kevload.summary import CellSummary, RunSummary
 from tests.conftest import (
     cells_by_level,

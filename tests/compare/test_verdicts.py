@@ -20,7 +20,7 @@ from kevload.compare.divergence import divergence_kind, first_divergence_word
 from kevload.compare.summarizing import summarize
 from kevload.outputs.html import run_report
 from kevload.outputs.report import cell_text, junit_xml, markdown, render, verdict_line
-from kevload.servers.sweep import sweep_cell_text
+from kevload.outputs.sweepview import sweep_cell_text
 from kevload.summary import CellSummary, RunSummary
 from tests.conftest import (
     cells_by_level,

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from kevload.outputs.sweepview import sweep_cell_text
 from kevload.records.store import read_records
 from kevload.servers.processes import pid_alive, stop_group
-from kevload.servers.sweep import READY_TIMEOUT_S, sweep_cell_text
+from kevload.servers.sweep import READY_TIMEOUT_S
 from kevload.summary import row_cells
 from tests.conftest import run_cli, write_scenario
 
