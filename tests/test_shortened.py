@@ -1,7 +1,7 @@
 """``words.shortened``, the one way a message quotes a value that may be long: whole up to its limit, otherwise
 cut so that the mark ends it and the quote is exactly the limit long."""
 
-from kevload.inputs.grading import _cut
+from kevload.inputs.gradeanswers import _cut
 from kevload.inputs.scenario import _show as scenario_show
 from kevload.inputs.trace import _show as trace_show
 from kevload.load.prefixcache import _shown as prefix_shown
