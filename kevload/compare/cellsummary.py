@@ -40,8 +40,8 @@ def cell_summary(
     server: Samples | None,
     turns: tuple[TurnAgreement, ...] | None = None,
 ) -> CellSummary:
-    """One cell against its serial reference (the group's first level), field by field: its
-    outputs, where and how they leave the serial one, its pace and what the server said meanwhile."""
+    """One cell against its serial reference (the group's first level), field by field: its outputs,
+    where and how they leave the serial one, its pace and what the server said meanwhile."""
     ok = cell.ok
     errors = sum(cell.errors.values())
     serial = reference.modal()
@@ -258,6 +258,7 @@ def _turn_fields(turns: tuple[TurnAgreement, ...] | None) -> dict[str, Any]:
 def _slo_numbers(
     cell: CellAccumulator, requests: int, duration_s: float | None
 ) -> tuple[float, float | None]:
-    """(attainment, goodput): requests within every bound over all of them, and per second of the cell."""
+    """(attainment, goodput): requests within every bound over all of them, and per second of the
+    cell."""
     attainment = cell.slo_met / requests if requests else 0.0
     return attainment, round(cell.slo_met / duration_s, 3) if duration_s else None

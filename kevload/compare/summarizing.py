@@ -1,9 +1,10 @@
-"""The comparator's summary: a ``Reduction``'s cells against their serial reference, each a ``CellSummary``
-built field by field (``cellsummary.py``), and the ``RunSummary`` around them (the verdict is
-``verdict.py``'s policy).
+"""The comparator's summary: a ``Reduction``'s cells against their serial reference, each a
+``CellSummary`` built field by field (``cellsummary.py``), and the ``RunSummary`` around them (the
+verdict is ``verdict.py``'s policy).
 
-Reading records is ``reader.py``, folding them into cells ``cells.py``, the logprob envelope ``envelope.py``,
-where outputs leave the serial one ``divergence.py``, agreement with it ``agreement.py``.
+Reading records is ``reader.py``, folding them into cells ``cells.py``, the logprob envelope
+``envelope.py``, where outputs leave the serial one ``divergence.py``, agreement with it
+``agreement.py``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,11 @@ AskedCell = tuple[str, str, int, float | None]
 
 @dataclass(frozen=True)
 class _CellRules:
-    """What every cell of one run is judged by: the run's asks, passed once to each cell's summary."""
+    """What every cell of one run is judged by: the run's asks, passed once to each cell.
+
+    Each probe cell says why it stopped (``stop_reason``): with ``until`` (``load.until_bound``,
+    ``load.max_samples``) the strategy's own rule, asked of the cell's records; without it
+    ``samples``."""
 
     samples_asked: int | None
     min_slo_attainment: float | None
@@ -73,15 +78,13 @@ def summarize(
     cell under ``min_slo_attainment`` is named in ``slo_failed_cells``. The verdict stays about
     determinism: the SLO is a separate gate.
 
-    Each probe cell says why it stopped (``stop_reason``): with ``until_bound`` (``load.until_bound``,
-    ``load.max_samples``) the strategy's own rule, asked of the cell's records; without it ``samples``.
-
     ``unrecorded`` are the stretches in which requests the records miss may have run
     (``overlap.unrecorded_windows``; None: the run recorded every request it sent, or does not say).
-    ``server`` is what the server's ``/metrics`` said during the run (``servermetrics.read_samples``).
-    ``grader`` (the run's graders by probe id, bounded in time) grades each graded probe's cells and
-    the run per level (``kevload.compare.graded``); ``min_good_share`` (``load.min_good_share``) is
-    the good share under which a graded probe cell fails.
+    ``server`` is what the server's ``/metrics`` said during the run
+    (``servermetrics.read_samples``). ``grader`` (the run's graders by probe id, bounded in time)
+    grades each graded probe's cells and the run per level (``kevload.compare.graded``);
+    ``min_good_share`` (``load.min_good_share``) is the good share under which a graded probe cell
+    fails.
     """
     rules = _CellRules(
         samples_asked=samples_asked,
@@ -255,9 +258,9 @@ def _cancel_findings(reduction: Reduction, probe_cells: list[CellSummary]) -> di
 def _with_cuts(
     summary: CellSummary, cell: CellAccumulator, reference: CellAccumulator, cuts: Iterable[float]
 ) -> CellSummary:
-    """A cell of a run that cut requests (``kevload.load.cancel``): a companion cell's own cuts; a probe cell's level's
-    cuts while its samples ran (first send to last answer: another probe's level of the same concurrency runs at
-    another time) and how its ok samples split beside them."""
+    """A cell of a run that cut requests (``kevload.load.cancel``): a companion cell's own cuts; a
+    probe cell's level's cuts while its samples ran (first send to last answer: another probe's
+    level of the same concurrency runs at another time) and how its ok samples split beside them."""
     if summary.role != "probe":
         return replace(summary, cancelled=cell.cancelled)
     cuts = [t for t in cuts if cell.t_start <= t <= cell.t_end]
@@ -279,10 +282,11 @@ def _with_cuts(
 
 
 def _drift_with_cuts(cells: list[CellSummary]) -> tuple[str, ...]:
-    """Probes (``p1@mixed``) that drifted only in levels where requests were cut, and there only beside the cuts (no
-    sample without a cut in its window left the serial output: a level that drifts by its shape, cut or not, drifts
-    there too), while a heavier loaded level of theirs with no cut held the serial output (``held_without_cuts``):
-    more load without cancellations, as evidence."""
+    """Probes (``p1@mixed``) that drifted only in levels where requests were cut, and there only
+    beside the cuts (no sample without a cut in its window left the serial output: a level that
+    drifts by its shape, cut or not, drifts there too), while a heavier loaded level of theirs with
+    no cut held the serial output (``held_without_cuts``): more load without cancellations, as
+    evidence."""
     found = []
     for (probe, mode), row in sorted(_by_probe(cells).items()):
         drifted = [c for c in row if c.drift]
@@ -303,10 +307,10 @@ def _by_probe(cells: Iterable[CellSummary]) -> dict[tuple[str, str], list[CellSu
 
 
 def distinct_matrix(cells: list[CellSummary]) -> dict[str, Any]:
-    """Probes × levels of distinct-output counts (-1 where a cell has no ok sample), as nested lists,
-    with the ok samples behind each count and whether the cell is short of the samples asked and whether
-    it shows latent drift, and its counted samples that never had c − 1 others in flight (None: not a closed-loop
-    level c ≥ 2)."""
+    """Probes × levels of distinct-output counts (-1 where a cell has no ok sample), as nested
+    lists, with the ok samples behind each count and whether the cell is short of the samples asked
+    and whether it shows latent drift, and its counted samples that never had c − 1 others in flight
+    (None: not a closed-loop level c ≥ 2)."""
     rows = sorted({(c.probe, c.mode) for c in cells})
     levels = levels_of(cells)
     distinct = np.full((len(rows), len(levels)), -1, dtype=np.int64)
@@ -359,7 +363,8 @@ def _grid(
 
 
 def _turns(reduction: Reduction, key: CellKey, serial: CellKey) -> tuple[TurnAgreement, ...] | None:
-    """A conversation cell's turns against the serial cell's (``turnwise.by_turn``); None for any other cell."""
+    """A conversation cell's turns against the serial cell's (``turnwise.by_turn``); None for any
+    other cell."""
     if key not in reduction.turns and serial not in reduction.turns:
         return None
     return by_turn(reduction.turns.get(key, {}), reduction.turns.get(serial, {}))

@@ -22,12 +22,14 @@ _MAX_SHOWN = 120  # characters of an answer quoted in an error
 
 
 class GraderFailed(Exception):
-    """A user's grader raised or returned something other than True or False: a finding on the answer, not a crash."""
+    """A user's grader raised or returned something other than True or False: a finding on the
+    answer, not a crash."""
 
 
 def local_schemas() -> Any:
-    """The registry json_schema resolves references with: the JSON Schema metaschemas jsonschema ships, and nothing
-    retrieved (jsonschema's default registry fetches a remote reference over the network, for each answer graded)."""
+    """The registry json_schema resolves references with: the JSON Schema metaschemas jsonschema
+    ships, and nothing retrieved (jsonschema's default registry fetches a remote reference over the
+    network, for each answer graded)."""
     from jsonschema_specifications import REGISTRY
 
     return REGISTRY
@@ -44,13 +46,15 @@ REASONING_TAG = (
 )
 _BLOCK_OPEN, _BLOCK_CLOSE = f"{REASONING_TAG}>\n", "\n</reasoning>\n"
 _SIZED, _SIZED_END = f'{REASONING_TAG} chars="', '">\n'
-_SIZE_DIGITS = 15  # the most a written length has: a longer number is no block of kevload's (and int() is bounded)
+# the most a written length has: a longer number is no block of kevload's (and int() is bounded)
+_SIZE_DIGITS = 15
 
 
 def with_reasoning(reasoning: str | None, rest: str) -> str:
-    """``rest`` (the content, then the tool calls) behind the block of ``reasoning``, such that ``content_of`` gives
-    exactly ``rest`` back and no other (reasoning, rest) gives the same text. The plain tags wherever they read back
-    right, so answers hash as they always did; the sized block only where they would not."""
+    """``rest`` (the content, then the tool calls) behind the block of ``reasoning``, such that
+    ``content_of`` gives exactly ``rest`` back and no other (reasoning, rest) gives the same text.
+    The plain tags wherever they read back right, so answers hash as they always did; the sized
+    block only where they would not."""
     if reasoning:
         text = f"{_BLOCK_OPEN}{reasoning}{_BLOCK_CLOSE}{rest}"
         # Read back right when the first closing tag line after the opening is the one written after
@@ -69,8 +73,8 @@ def with_reasoning(reasoning: str | None, rest: str) -> str:
 
 
 def content_of(answer: str) -> str:
-    """The part of a cell's answer text (``store.answer_text``) that is graded: the content and tool calls, without
-    the reasoning block (``with_reasoning``)."""
+    """The part of a cell's answer text (``store.answer_text``) that is graded: the content and tool
+    calls, without the reasoning block (``with_reasoning``)."""
     if answer.startswith(_SIZED):
         digits_end = answer.find(_SIZED_END, len(_SIZED), len(_SIZED) + _SIZE_DIGITS + 1)
         digits = answer[len(_SIZED) : digits_end]
@@ -86,7 +90,7 @@ def content_of(answer: str) -> str:
 
 
 def grade_answer(grading: Grading, text: str, probe: str, timeout: float | None = None) -> bool:
-    """Whether ``text`` (an answer's content, ``content_of``) of ``probe`` is good by ``grading``."""
+    """Whether ``text`` (an answer's ``content_of``) of ``probe`` is good by ``grading``."""
     grade, expected = grading.grade, grading.expected
     if grade == "exact":
         return bool(text.strip() == expected.strip())
@@ -112,9 +116,10 @@ def grade_answer(grading: Grading, text: str, probe: str, timeout: float | None 
 
 
 def _schema_grade(grading: Grading, value: Any, text: str) -> bool:
-    """Whether ``value`` (the answer as JSON) is valid by the schema; ``GraderFailed`` when the validator raises
-    instead of answering (load resolved every reference, yet a schema can still fail: one that refers to itself
-    without end, ``{"$ref": "#"}``, recurses until Python stops it)."""
+    """Whether ``value`` (the answer as JSON) is valid by the schema; ``GraderFailed`` when the
+    validator raises instead of answering (load resolved every reference, yet a schema can still
+    fail: one that refers to itself without end, ``{"$ref": "#"}``, recurses until Python stops
+    it)."""
     import jsonschema
 
     schema = grading.expected
@@ -176,7 +181,8 @@ def parse_json(text: str) -> Any:
 
 
 def same_json(a: Any, b: Any) -> bool:
-    """JSON equality: objects by keys, numbers by value (1 = 1.0), but true is no number (Python's True == 1)."""
+    """JSON equality: objects by keys, numbers by value (1 = 1.0), but true is no number (Python's
+    True == 1)."""
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b
     if isinstance(a, int | float) and isinstance(b, int | float):

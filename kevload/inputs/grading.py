@@ -1,15 +1,18 @@
-"""Graders: whether an answer is good or bad, given what the probe expected (``expected``, ``grade``,
-``grade_tolerance`` on a probe). Pure functions of the answer's text, checked and compiled once at load.
+"""Graders: whether an answer is good or bad, given what the probe expected (``expected``,
+``grade``, ``grade_tolerance`` on a probe). Pure functions of the answer's text, checked and
+compiled once at load.
 
-A probe with neither ``expected`` nor ``grade`` is ungraded. ``expected`` alone picks the grader from its kind (a
-string: ``exact``, a number: ``number``, a list: ``one_of``); ``json``, ``json_schema`` and ``python:…`` graders
-may go without ``expected`` (``json``: the answer parses; ``json_schema``: the schema is ``expected``, a table or
-the path of a JSON file; ``python:module:function``: gets ``expected`` as run.json keeps it, None when absent).
+A probe with neither ``expected`` nor ``grade`` is ungraded. ``expected`` alone picks the grader
+from its kind (a string: ``exact``, a number: ``number``, a list: ``one_of``); ``json``,
+``json_schema`` and ``python:…`` graders may go without ``expected`` (``json``: the answer parses;
+``json_schema``: the schema is ``expected``, a table or the path of a JSON file;
+``python:module:function``: gets ``expected`` as run.json keeps it, None when absent).
 
 Grading runs once per distinct output of a cell (``kevload.compare.graded``), never per request.
 
-A python grader is code. It is imported from a scenario the user runs; graders read back from a run directory or a
-case file (data, perhaps downloaded from elsewhere) are imported only where the user says so (``python_graders``).
+A python grader is code. It is imported from a scenario the user runs; graders read back from a run
+directory or a case file (data, perhaps downloaded from elsewhere) are imported only where the user
+says so (``python_graders``).
 """
 
 from __future__ import annotations
@@ -66,9 +69,10 @@ _python_policy: ContextVar[str] = ContextVar("python_graders", default=IMPORT)
 
 @contextmanager
 def python_graders(policy: str) -> Iterator[None]:
-    """Within: python graders are imported (``IMPORT``), only their names checked (``NAMES_ONLY``), or refused with
-    ``policy`` as what was expected instead (any other text). A run.json or a case file can name any module and
-    function with arguments of its own making (``python:os:execl``): reading one must not run it unasked."""
+    """Within: python graders are imported (``IMPORT``), only their names checked (``NAMES_ONLY``),
+    or refused with ``policy`` as what was expected instead (any other text). A run.json or a case
+    file can name any module and function with arguments of its own making (``python:os:execl``):
+    reading one must not run it unasked."""
     token = _python_policy.set(policy)
     try:
         yield
@@ -103,8 +107,8 @@ def schema_refused_from(what: str) -> str:
 
 
 def refused_from(what: str) -> str:
-    """The policy that refuses python graders named in ``what`` (a run directory, a case file), saying how to allow
-    them."""
+    """The policy that refuses python graders named in ``what`` (a run directory, a case file),
+    saying how to allow them."""
     return (
         f"a grader that runs no code: {what} is data, and kevload imports the python graders it "
         f"names only with "
@@ -113,7 +117,8 @@ def refused_from(what: str) -> str:
 
 
 class BadGrading(Exception):
-    """A probe's grading keys do not fit: which key, what it expects, what it got (the caller names the source)."""
+    """A probe's grading keys do not fit: which key, what it expects, what it got (the caller names
+    the source)."""
 
     def __init__(self, key: str, expected: str, got: Any):
         super().__init__(key, expected, got)
@@ -148,8 +153,8 @@ class Grading:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any], base: Path) -> Grading:
-        """Read back from run.json, checked again (a python grader is imported again: from the directory the run
-        found it in, else from ``base`` first)."""
+        """Read back from run.json, checked again (a python grader is imported again: from the
+        directory the run found it in, else from ``base`` first)."""
         home = doc.get("dir")
         if home is not None and not (isinstance(home, str) and Path(home).is_absolute()):
             raise BadGrading(
@@ -170,17 +175,17 @@ class Grading:
         return grading
 
     def good(self, answer: str, probe: str = "", timeout: float | None = None) -> bool:
-        """Whether ``answer`` (the whole text a cell keeps for an output) of ``probe`` (its id) is good;
-        ``GraderFailed`` when a user's grader raises or returns no bool. ``timeout``: seconds a
-        regex may match (``TimeoutError`` past it); the other graders' bounds are
+        """Whether ``answer`` (the whole text a cell keeps for an output) of ``probe`` (its id) is
+        good; ``GraderFailed`` when a user's grader raises or returns no bool. ``timeout``: seconds
+        a regex may match (``TimeoutError`` past it); the other graders' bounds are
         ``gradeworker``'s."""
         return grade_answer(self, content_of(answer), probe, timeout)
 
 
 def checked(expected: Any, grade: Any, tolerance: Any, base: Path) -> Grading | None:
-    """A probe's grading keys checked and made normal: None when the probe is ungraded (neither key given);
-    ``BadGrading`` naming the key otherwise. ``base`` is the directory a schema file or a python grader is found
-    from (the scenario's, or the dataset file's)."""
+    """A probe's grading keys checked and made normal: None when the probe is ungraded (neither key
+    given); ``BadGrading`` naming the key otherwise. ``base`` is the directory a schema file or a
+    python grader is found from (the scenario's, or the dataset file's)."""
     if expected is None and grade is None:
         if tolerance not in (None, 0, 0.0):
             raise BadGrading(
@@ -293,11 +298,11 @@ def _finite(value: Any) -> float | None:
 
 
 def _as_kept(expected: Any) -> Any:
-    """An ``expected`` that any value may be (``json``, ``json_schema``, ``python:``) as run.json keeps it (tables by
-    sorted key), so a grader sees the same value in the run and in `kevload report`; ``BadGrading`` naming the part
-    JSON would not keep as it is. The other graders' normal forms are strings, letters and exact
-    numbers already. Round-tripped by msgspec, which keeps an integer of any size (orjson stops at
-    64 bits)."""
+    """An ``expected`` that any value may be (``json``, ``json_schema``, ``python:``) as run.json
+    keeps it (tables by sorted key), so a grader sees the same value in the run and in `kevload
+    report`; ``BadGrading`` naming the part JSON would not keep as it is. The other graders' normal
+    forms are strings, letters and exact numbers already. Round-tripped by msgspec, which keeps an
+    integer of any size (orjson stops at 64 bits)."""
     misfit = _json_misfit(expected)
     if misfit is not None:
         raise BadGrading(f"expected{misfit[0]}", JSON_EXPECTED, misfit[1])
@@ -308,8 +313,8 @@ _SORTED = msgspec.json.Encoder(order="sorted")
 
 
 def _json_misfit(value: Any, where: str = "") -> tuple[str, Any] | None:
-    """The first part of ``value`` JSON does not keep as it is, as (its path below the value, the part); None when
-    every part fits."""
+    """The first part of ``value`` JSON does not keep as it is, as (its path below the value, the
+    part); None when every part fits."""
     if value is None or isinstance(value, bool | str):
         return None
     if isinstance(value, int):
@@ -326,8 +331,8 @@ def _json_misfit(value: Any, where: str = "") -> tuple[str, Any] | None:
 
 
 def _schema(expected: Any, base: Path) -> dict[str, Any]:
-    """A JSON Schema given inline (a table) or as the path of a JSON file (relative to ``base``), checked against
-    its own metaschema now: a malformed schema is bad input, not a bad answer."""
+    """A JSON Schema given inline (a table) or as the path of a JSON file (relative to ``base``),
+    checked against its own metaschema now: a malformed schema is bad input, not a bad answer."""
     if isinstance(expected, str) and expected:
         refusal = _schema_files.get()
         if refusal is not None:
@@ -397,9 +402,9 @@ def _keyword_of(unresolved: str) -> str:
 
 
 def _unresolved_reference(schema: dict[str, Any], validator: Any) -> str | None:
-    """The first reference (``$ref``, ``$dynamicRef``) in ``schema`` that its validator could not follow, with why;
-    None when each one resolves. Every subschema is visited, and every schema a reference leads to, with the
-    resolver the validator would have there (``referencing``'s, over
+    """The first reference (``$ref``, ``$dynamicRef``) in ``schema`` that its validator could not
+    follow, with why; None when each one resolves. Every subschema is visited, and every schema a
+    reference leads to, with the resolver the validator would have there (``referencing``'s, over
     ``gradeanswers.local_schemas``): a reference that resolves nowhere would otherwise fail the
     grading of every answer, after the whole run was sent."""
     import referencing.exceptions
@@ -438,8 +443,8 @@ _REFERENCES = ("$ref", "$dynamicRef")
 
 
 def python_grader(grade: str, base: Path) -> Callable[..., Any]:
-    """The user's ``python:module:function``, imported (with ``base`` searched first, so a graders.py beside the
-    scenario is found); ``BadGrading`` when it is no importable callable."""
+    """The user's ``python:module:function``, imported (with ``base`` searched first, so a
+    graders.py beside the scenario is found); ``BadGrading`` when it is no importable callable."""
     module_name, function_name = _python_name(grade)
     added = str(base.resolve())
     _refuse_another_of_the_name(module_name.partition(".")[0], added, grade)
@@ -468,9 +473,10 @@ _PYTHON_SHAPE = "python:module:function, an importable module and a function in 
 
 
 def _refuse_another_of_the_name(top: str, base: str, grade: str) -> None:
-    """``BadGrading`` where ``base`` holds a module ``top`` while Python would take another of that name: one already
-    imported (a second graders.py beside another dataset would silently grade by the first) or one installed (a
-    jsonschema.py grader would stand in for the library kevload imports later). Python keeps one module per name."""
+    """``BadGrading`` where ``base`` holds a module ``top`` while Python would take another of that
+    name: one already imported (a second graders.py beside another dataset would silently grade by
+    the first) or one installed (a jsonschema.py grader would stand in for the library kevload
+    imports later). Python keeps one module per name."""
     found = importlib.machinery.PathFinder.find_spec(top, [base])
     if found is None:
         return
@@ -498,7 +504,8 @@ _imported_from: dict[
 
 
 def _spec_elsewhere(top: str, base: str) -> Any:
-    """The spec Python would import ``top`` by without ``base`` on its path (None: no such module)."""
+    """The spec Python would import ``top`` by without ``base`` on its path (None: no such
+    module)."""
     path = [p for p in sys.path if Path(p or ".").resolve() != Path(base)]
     builtin = importlib.machinery.BuiltinImporter.find_spec(
         top
@@ -507,7 +514,8 @@ def _spec_elsewhere(top: str, base: str) -> Any:
 
 
 def _where(spec: Any) -> tuple[str, ...]:
-    """A module's place: its file, or a namespace package's directories (which have no file), resolved."""
+    """A module's place: its file, or a namespace package's directories (which have no file),
+    resolved."""
     places = (
         [spec.origin]
         if spec.origin and spec.origin not in ("built-in", "frozen")
@@ -527,8 +535,9 @@ def _python_name(grade: str) -> tuple[str, str]:
 
 
 def module_home(grade: str) -> str | None:
-    """The directory the (imported) module of ``python:module:function`` was found from, absolute: the sys.path
-    entry a dotted name starts from. None for a module not imported or not from a file."""
+    """The directory the (imported) module of ``python:module:function`` was found from, absolute:
+    the sys.path entry a dotted name starts from. None for a module not imported or not from a
+    file."""
     module = sys.modules.get(_python_name(grade)[0])
     origin = getattr(getattr(module, "__spec__", None), "origin", None)
     if not origin or not Path(origin).is_file():

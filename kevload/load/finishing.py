@@ -1,5 +1,6 @@
 """Finishing a run directory: ``summary.json`` recomputed from the records on disk, and the end
-state in ``run.json`` (``runs.py`` makes and fills the directory, ``resuming.py`` takes one up again).
+state in ``run.json`` (``runs.py`` makes and fills the directory, ``resuming.py`` takes one up
+again).
 """
 
 from __future__ import annotations
@@ -42,15 +43,16 @@ def finish_run(
     unrecorded: int | None = None,
     trust_graders: bool = False,
 ) -> RunSummary:
-    """(Re)compute ``summary.json`` from the records on disk and, if given, record the end state in ``run.json``,
-    for the run and for the part of it that ends here, with the requests it sent that have no record
-    (``unrecorded``; None: not known, a worker was lost).
+    """(Re)compute ``summary.json`` from the records on disk and, if given, record the end state in
+    ``run.json``, for the run and for the part of it that ends here, with the requests it sent that
+    have no record (``unrecorded``; None: not known, a worker was lost).
 
-    ``trust_graders``: import the python graders run.json names (``gradings_of``): the run is this process's own,
-    or the user said so.
+    ``trust_graders``: import the python graders run.json names (``gradings_of``): the run is this
+    process's own, or the user said so.
 
-    A run that ends always leaves its end state, never ``running``: where no summary can be made of its records,
-    run.json says the state all the same and the run fails with a ``SummaryError`` (exit 3), whatever went wrong."""
+    A run that ends always leaves its end state, never ``running``: where no summary can be made of
+    its records, run.json says the state all the same and the run fails with a ``SummaryError``
+    (exit 3), whatever went wrong."""
     run = RunDir(run_dir)
     meta = meta if meta is not None else run.meta()
     if state is not None and meta.get("parts"):
@@ -151,8 +153,8 @@ def _with_cold_warm(
 
 
 def _asked_cells(meta: dict[str, Any]) -> list[tuple[str, str, int, float | None]] | None:
-    """Every probe at every level of the run, as ``summarize`` names the cells; None for a run from before
-    ``run.json`` listed its probes."""
+    """Every probe at every level of the run, as ``summarize`` names the cells; None for a run from
+    before ``run.json`` listed its probes."""
     if "probes" not in meta:
         return None
     load = meta["load"]
@@ -168,9 +170,9 @@ def _asked_cells(meta: dict[str, Any]) -> list[tuple[str, str, int, float | None
 
 
 def _unrecorded_windows(run_dir: Path, meta: dict[str, Any]) -> list[Window] | None:
-    """Where requests the records miss may have run: the windows of the parts that did not record every request
-    they sent (``overlap.unrecorded_windows``), one pass over their records; None when every part did, or for a
-    run from before run.json kept its parts."""
+    """Where requests the records miss may have run: the windows of the parts that did not record
+    every request they sent (``overlap.unrecorded_windows``), one pass over their records; None when
+    every part did, or for a run from before run.json kept its parts."""
     if "parts" not in meta:
         return None
     # A part that never wrote its end (killed, or running now) may have sent anything; one that did

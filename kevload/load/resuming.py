@@ -24,9 +24,10 @@ from kevload.words import OK
 def resumed_scenario(
     run_dir: Path, overrides: list[str], *, trust_graders: bool = False
 ) -> Scenario:
-    """The scenario a run in ``run_dir`` was started with, ``overrides`` applied, to ``--resume`` it: refused where
-    run.json cannot give back what the run sent (header values and URL credentials are stored as ***) or where its
-    datasets changed since, and where it names a python grader unless ``trust_graders`` (``recorded_scenario``)."""
+    """The scenario a run in ``run_dir`` was started with, ``overrides`` applied, to ``--resume``
+    it: refused where run.json cannot give back what the run sent (header values and URL credentials
+    are stored as ***) or where its datasets changed since, and where it names a python grader
+    unless ``trust_graders`` (``recorded_scenario``)."""
     run = RunDir.open(run_dir)
     meta = run.meta()
     raw = meta["scenario"]
@@ -68,10 +69,10 @@ def recorded_scenario(
     name: str = "scenario",
     graders: str = NAMES_ONLY,
 ) -> Scenario:
-    """The scenario of run.json (``raw``: its table, changed), its datasets read again as the run read them: refused
-    (ScenarioError) where a dataset changed since, so a probe's input is never taken from another file's lines.
-    ``graders``: what becomes of the python graders it names (``grading.python_graders``); by default they are
-    named, not imported."""
+    """The scenario of run.json (``raw``: its table, changed), its datasets read again as the run
+    read them: refused (ScenarioError) where a dataset changed since, so a probe's input is never
+    taken from another file's lines. ``graders``: what becomes of the python graders it names
+    (``grading.python_graders``); by default they are named, not imported."""
     meta = run.meta()
     with python_graders(graders):
         scenario = scenario_from_dict(
@@ -89,8 +90,8 @@ def resume_state(
 ) -> tuple[
     dict[str, Any], dict[engine.LevelKey, int], int, dict[engine.LevelKey, list[engine.Answer]]
 ]:
-    """The run's metadata, its counted probe samples per level, the next sequence number and what those
-    samples answered (for load.until_bound's stop rule)."""
+    """The run's metadata, its counted probe samples per level, the next sequence number and what
+    those samples answered (for load.until_bound's stop rule)."""
     run = RunDir(run_dir)
     meta = run.meta()
     already: dict[engine.LevelKey, int] = {}
@@ -108,10 +109,11 @@ def resume_state(
 
 
 def resumed_meta(meta: dict[str, Any], scenario: Scenario, run_dir: Path) -> dict[str, Any]:
-    """run.json's metadata for ``scenario`` to finish the run: refused (ScenarioError) where the scenario asks or
-    grades a probe otherwise than the run did (a --set of probes or params), since a cell holds the answers to one
-    input judged one way; and with the graders the scenario's (checked as --resume checks them, so imported only
-    when trusted), never run.json's ``grading`` table read as it stands."""
+    """run.json's metadata for ``scenario`` to finish the run: refused (ScenarioError) where the
+    scenario asks or grades a probe otherwise than the run did (a --set of probes or params), since
+    a cell holds the answers to one input judged one way; and with the graders the scenario's
+    (checked as --resume checks them, so imported only when trusted), never run.json's ``grading``
+    table read as it stands."""
     asked = {probe.id: probe_inputs(probe, scenario.params) for probe in scenario.probes}
     recorded = meta.get(
         "inputs"

@@ -1,9 +1,12 @@
-"""Run directories: create one (never on top of another run), resume one (cutting a torn tail), finish one
-(``summary.json`` and the end state in ``run.json``). ``run_scenario`` drives ``engine.run`` into a directory."""
+"""A run into its directory: ``run_scenario`` makes one (never on top of another run) or takes one
+up again (cutting a torn tail), writes run.json before anything is sent, and drives ``engine.run``
+or the workers into it; ``resuming.py`` reads back what a resume needs, ``finishing.py`` writes
+``summary.json`` and the end state."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import platform
 import sys
@@ -73,50 +76,45 @@ async def run_scenario(
     ray: str | None = None,
     levels: Sequence[Level] | None = None,
 ) -> RunResult:
-    """Run every probe at every level, writing records as they finish; returns once the summary is on disk.
+    """Run every probe at every level, writing records as they finish; returns once the summary is
+    on disk.
 
-    A directory that already holds a run is refused (``RunDirError``) unless ``resume`` — its records
-    are kept and only the probe samples missing from each level are sent, under the same run id — or
-    ``overwrite``, which removes that run's files and starts afresh. ``ray`` (``local``, ``auto`` or
-    ``host:port``) runs the workers as actors of that Ray cluster (``kevload.load.rayworkers``).
+    A directory that already holds a run is refused (``RunDirError``) unless ``resume`` — its
+    records are kept and only the probe samples missing from each level are sent, under the same run
+    id — or ``overwrite``, which removes that run's files and starts afresh. ``ray`` (``local``,
+    ``auto`` or ``host:port``) runs the workers as actors of that Ray cluster
+    (``kevload.load.rayworkers``).
 
     ``levels`` (concurrency, rate) — closed-loop ``(c, None)``, open-loop ``(0, r)``: send only
     these of the scenario's levels in this invocation, the others left to a later ``resume``
     (``kevload compare`` takes its targets level by level in turns). run.json records the scenario
     whole, so the run is one run of every level.
     """
-    run_dir = None if run_dir is None else Path(run_dir)
+    where = None if run_dir is None else Path(run_dir)
+    run = functools.partial(
+        _run_scenario,
+        scenario,
+        where,
+        on_record=on_record,
+        stop=stop,
+        resume=resume,
+        overwrite=overwrite,
+        levels=levels,
+    )
     if ray is None:
         if scenario.load.workers > 1:
             from kevload.load.workers import check_host
 
             check_host(scenario)
-        return await _run_scenario(
-            scenario,
-            run_dir,
-            on_record=on_record,
-            stop=stop,
-            resume=resume,
-            overwrite=overwrite,
-            levels=levels,
-        )
-    _check_ray(scenario, run_dir, resume=resume)
+        return await run()
+    _check_ray(scenario, where, resume=resume)
     from kevload.load import rayworkers
     from kevload.load.cluster import connect
 
     # Connected before the run directory exists: a cluster unfit for the run leaves nothing behind.
     with connect(ray) as ray_module:
         rayworkers.check_cluster(ray_module, scenario)
-        return await _run_scenario(
-            scenario,
-            run_dir,
-            on_record=on_record,
-            stop=stop,
-            resume=resume,
-            overwrite=overwrite,
-            cluster=(ray, ray_module),
-            levels=levels,
-        )
+        return await run(cluster=(ray, ray_module))
 
 
 def _check_ray(scenario: Scenario, run_dir: Path | None, *, resume: bool) -> None:
@@ -421,7 +419,8 @@ def only_levels(scenario: Scenario, levels: Sequence[Level]) -> Scenario:
 def refuse_existing(
     run_dir: Path, *, overwrite: bool = False, hint: str = "give a directory of its own"
 ) -> None:
-    """A directory that holds a run is never appended to by a new one: two runs would merge into one matrix."""
+    """A directory that holds a run is never appended to by a new one: two runs would merge into one
+    matrix."""
     run = RunDir(run_dir)
     if overwrite or not run.holds_run():
         return
@@ -435,8 +434,9 @@ def refuse_existing(
 async def _prefix_cache(
     scenario: Scenario, meta: dict[str, Any], api_key: str | None, run_id: str
 ) -> tuple[Scenario, prefixcache.CacheControl | None]:
-    """With load.prefix_cache: how cold samples are made (a resumed run keeps its method), on record in run.json
-    before anything is sent; under the marker method each round is a probe of its own, and run.json lists those."""
+    """With load.prefix_cache: how cold samples are made (a resumed run keeps its method), on record
+    in run.json before anything is sent; under the marker method each round is a probe of its own,
+    and run.json lists those."""
     if scenario.load.prefix_cache == "off":
         return scenario, None
     if meta.get("prefix_cache"):
@@ -497,8 +497,9 @@ def _run_meta(scenario: Scenario, run_id: str, secrets: list[str]) -> dict[str, 
 
 
 def _records_offset(meta: dict[str, Any]) -> float:
-    """Seconds from ``time.perf_counter`` to the run's records' clock: Unix time for runs with workers, none
-    for a run begun in one process (which keeps perf_counter times: one clock for every process of the host)."""
+    """Seconds from ``time.perf_counter`` to the run's records' clock: Unix time for runs with
+    workers, none for a run begun in one process (which keeps perf_counter times: one clock for
+    every process of the host)."""
     from kevload.load.workers import clock_offset
 
     return clock_offset() if meta["clock"].get("records") == "unix" else 0.0

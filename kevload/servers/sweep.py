@@ -1,4 +1,5 @@
-"""`kevload sweep`: one scenario across server settings (restarting the server) and scenario keys."""
+"""`kevload sweep`: one scenario across server settings (restarting the server) and scenario keys,
+run in this process (``raysweep`` runs the server settings as Ray tasks)."""
 
 from __future__ import annotations
 
@@ -59,17 +60,19 @@ async def run_sweep(
     elsewhere: Callable[..., Awaitable[list[dict[str, Any]]]] | None = None,
     judge: Judge | None = None,
 ) -> dict[str, Any]:
-    """Run every server setting × scenario setting; the server is stopped after each, however it ends.
+    """Run every server setting × scenario setting; the server is stopped after each, however it
+    ends.
 
-    Every setting gets a row: a server that does not start (not ready within ``ready_timeout``, None: 300 s or
-    the built-in target's own) fails its setting's rows and the sweep goes on; one that exited or stopped
-    answering its readiness URL by the end of a run fails that row, and its setting's later rows are ``not_run``;
-    a sweep stopped or ended by an error has a ``not_run`` row for each setting it did not reach.
+    Every setting gets a row: a server that does not start (not ready within ``ready_timeout``,
+    None: 300 s or the built-in target's own) fails its setting's rows and the sweep goes on; one
+    that exited or stopped answering its readiness URL by the end of a run fails that row, and its
+    setting's later rows are ``not_run``; a sweep stopped or ended by an error has a ``not_run`` row
+    for each setting it did not reach.
 
-    ``elsewhere`` runs the server settings instead of this loop, from the loaded scenario, and returns the rows
-    (``kevload.servers.raysweep``: side by side on a Ray cluster); the checks before and the matrix after are shared.
-    ``judge`` (``sweepref.judge``, with --reference) pairs each setting with its reference setting
-    once every setting has its row.
+    ``elsewhere`` runs the server settings instead of this loop, from the loaded scenario, and
+    returns the rows (``kevload.servers.raysweep``: side by side on a Ray cluster); the checks
+    before and the matrix after are shared. ``judge`` (``sweepref.judge``, with --reference) pairs
+    each setting with its reference setting once every setting has its row.
     """
     stop = stop or asyncio.Event()
     # A bad scenario, overrides or grid fail before any server starts.
@@ -244,8 +247,8 @@ async def _scenario_settings(
 
 @dataclass(frozen=True)
 class _Up:
-    """A server started for one setting: the scenario settings that point at it, and why it no longer serves
-    (``servers.trouble``; None while it does)."""
+    """A server started for one setting: the scenario settings that point at it, and why it no
+    longer serves (``servers.trouble``; None while it does)."""
 
     sets: dict[str, Any]
     failure: Callable[[], str | None]
@@ -254,9 +257,9 @@ class _Up:
 
 @contextlib.asynccontextmanager
 async def _server(setting: dict[str, Any], sweeping: _Sweeping) -> AsyncIterator[_Up | None]:
-    """Start the server for one setting (None: stopped while starting); it is stopped when the block ends,
-    however it ends, a cancel during its start included. A server that exits while in use has the rest of its
-    process group stopped at once, so the requests sent to it fail at once."""
+    """Start the server for one setting (None: stopped while starting); it is stopped when the block
+    ends, however it ends, a cancel during its start included. A server that exits while in use has
+    the rest of its process group stopped at once, so the requests sent to it fail at once."""
     if sweeping.builtin is not None:
         async with _builtin_server(setting, sweeping) as up:
             yield up
@@ -334,7 +337,8 @@ async def _command_server(
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:
-    """Consume the readiness thread's outcome when nobody awaits it any more (its awaiter was cancelled)."""
+    """Consume the readiness thread's outcome when nobody awaits it any more (its awaiter was
+    cancelled)."""
     if not future.cancelled():
         future.exception()
 

@@ -28,8 +28,8 @@ Judge = Callable[[list[dict[str, Any]]], tuple[list[dict[str, Any]], dict[str, A
 def setting_row(
     name: str, server: dict[str, Any], scenario: dict[str, Any], run_dir: Path, summary: RunSummary
 ) -> dict[str, Any]:
-    """One setting's row of sweep.json: its run, verdict and probe cells, and where it ran (its run.json's
-    ``machine`` and, for a built-in target, ``engine``)."""
+    """One setting's row of sweep.json: its run, verdict and probe cells, and where it ran (its
+    run.json's ``machine`` and, for a built-in target, ``engine``)."""
     run = RunDir(run_dir)
     meta = run.meta() if run.run_json.is_file() else {}
     return _row(
@@ -49,8 +49,8 @@ def setting_row(
 
 
 def server_failed(row: dict[str, Any], error: str) -> dict[str, Any]:
-    """A setting's row whose server exited or stopped answering its readiness URL by the end of its run: failed,
-    whatever its run alone says (kept as ``run_verdict``)."""
+    """A setting's row whose server exited or stopped answering its readiness URL by the end of its
+    run: failed, whatever its run alone says (kept as ``run_verdict``)."""
     return {
         **row,
         "verdict": "target_failed",
@@ -61,7 +61,8 @@ def server_failed(row: dict[str, Any], error: str) -> dict[str, Any]:
 
 
 def failed_row(server: dict[str, Any], scenario: dict[str, Any], error: str) -> dict[str, Any]:
-    """The row of a setting whose server did not start, or whose run failed: no cells, the reason instead."""
+    """The row of a setting whose server did not start, or whose run failed: no cells, the reason
+    instead."""
     return {
         "setting": label({**server, **scenario}),
         "server": server,
@@ -75,8 +76,8 @@ def failed_row(server: dict[str, Any], scenario: dict[str, Any], error: str) -> 
 
 
 def not_run_row(server: dict[str, Any], scenario: dict[str, Any], reason: str) -> dict[str, Any]:
-    """The row of a setting the sweep never ran, saying why: a setting missing from the matrix would read as
-    never asked for."""
+    """The row of a setting the sweep never ran, saying why: a setting missing from the matrix would
+    read as never asked for."""
     return {
         "setting": label({**server, **scenario}),
         "server": server,
@@ -90,7 +91,8 @@ def not_run_row(server: dict[str, Any], scenario: dict[str, Any], reason: str) -
 
 
 def every_setting(grid: Grid, rows: list[dict[str, Any]], reason: str) -> list[dict[str, Any]]:
-    """The rows in the grid's order, one per setting: a ``not_run`` row, for ``reason``, where none was made."""
+    """The rows in the grid's order, one per setting: a ``not_run`` row, for ``reason``, where none
+    was made."""
     made = {row["setting"]: row for row in rows}
     return [
         made.get(label({**s, **c})) or not_run_row(s, c, reason)
@@ -127,7 +129,8 @@ def write_sweep(
 
 
 class _Row(msgspec.Struct, frozen=True):
-    """What the matrix and the page read of a row of sweep.json (``read_sweep``); its cells by ``CellSummary``."""
+    """What the matrix and the page read of a row of sweep.json (``read_sweep``); its cells by
+    ``CellSummary``."""
 
     setting: str
     verdict: SweepVerdict
@@ -187,8 +190,9 @@ class _Reference(msgspec.Struct, frozen=True):
 
 
 def read_sweep(path: Path) -> dict[str, Any]:
-    """A sweep.json as written, checked against what ``sweep_markdown`` and the HTML page read of it: a key of
-    another type or missing (an edited file) is a ``RunDirError`` naming the file and the key (exit 2)."""
+    """A sweep.json as written, checked against what ``sweep_markdown`` and the HTML page read of
+    it: a key of another type or missing (an edited file) is a ``RunDirError`` naming the file and
+    the key (exit 2)."""
     sweep: dict[str, Any] = read_json(path)
     try:
         msgspec.convert(sweep, _Sweep)
@@ -203,9 +207,9 @@ def read_sweep(path: Path) -> dict[str, Any]:
 
 
 def sweep_markdown(sweep: dict[str, Any], *, reference: bool = True) -> str:
-    """Settings × levels; with an SLO, the highest level at SLO comes first: what a capacity planner reads. Settings,
-    probe ids and reasons may hold any character (a ``|`` or a line break would split the table): each cell and
-    note is escaped (``report.markdown_cell``). With ``reference`` and a sweep made with
+    """Settings × levels; with an SLO, the highest level at SLO comes first: what a capacity
+    planner reads. Settings, probe ids and reasons may hold any character (a ``|`` or a line break
+    would split the table): each cell and note is escaped (``report.markdown_cell``). With ``reference`` and a sweep made with
     --reference, each setting against its reference setting follows
     (``sweepview.reference_markdown``)."""
     md = markdown_cell

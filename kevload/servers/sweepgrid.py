@@ -66,8 +66,8 @@ class Grid:
 
 
 def _distinct(name: str, texts: list[str]) -> list[Any]:
-    """An axis's values, each once: two that read the same (4,4 or 0.5,0.50) would be one setting run twice,
-    under one label and into one run directory."""
+    """An axis's values, each once: two that read the same (4,4 or 0.5,0.50) would be one setting
+    run twice, under one label and into one run directory."""
     values = [toml_value(text) for text in texts]
     seen: dict[str, str] = {}
     for text, value in zip(texts, values, strict=True):
@@ -94,8 +94,9 @@ def label(setting: dict[str, Any]) -> str:
 
 
 def check_server_cmd(server_cmd: str, ready_url: str | None, axes: list[str]) -> None:
-    """Refuse a command kevload would run wrongly: no {port} (the server would listen where kevload does not
-    look), a placeholder that is neither {port} nor a --grid axis, or an axis the command never uses."""
+    """Refuse a command kevload would run wrongly: no {port} (the server would listen where kevload
+    does not look), a placeholder that is neither {port} nor a --grid axis, or an axis the command
+    never uses."""
     try:
         argv = shlex.split(server_cmd)
     except ValueError as exc:
@@ -132,10 +133,11 @@ def check_server_cmd(server_cmd: str, ready_url: str | None, axes: list[str]) ->
 
 
 def check_axes_used(builtin: str, axes: dict[str, list[Any]]) -> None:
-    """Refuse a target setting swept in vain: one whose values, the other axes held at any of theirs, give the
-    same command line and environment (the target has no such knob, or the values mean the same there, as 64
-    and 128 threads on two cores). Its rows would be labelled with settings that were never applied. The model
-    file and the port are used before the command line is made."""
+    """Refuse a target setting swept in vain: one whose values, the other axes held at any of
+    theirs, give the same command line and environment (the target has no such knob, or the values
+    mean the same there, as 64 and 128 threads on two cores). Its rows would be labelled with
+    settings that were never applied. The model file and the port are used before the command line
+    is made."""
     from kevload.servers.targets import TargetSettings, launch_key
 
     settings = combinations(axes)
@@ -156,8 +158,9 @@ def check_axes_used(builtin: str, axes: dict[str, list[Any]]) -> None:
 
 
 def server_argv(server_cmd: str, values: dict[str, Any]) -> list[str]:
-    """Split first, then fill each argument's placeholders: a value with spaces stays one argument and
-    braces that are not a placeholder (JSON such as '{"temperature": 0}') pass through unchanged."""
+    """Split first, then fill each argument's placeholders: a value with spaces stays one argument
+    and braces that are not a placeholder (JSON such as '{"temperature": 0}') pass through
+    unchanged."""
     return [_fill(arg, values) for arg in shlex.split(server_cmd)]
 
 
