@@ -209,9 +209,9 @@ def read_sweep(path: Path) -> dict[str, Any]:
 def sweep_markdown(sweep: dict[str, Any], *, reference: bool = True) -> str:
     """Settings × levels; with an SLO, the highest level at SLO comes first: what a capacity
     planner reads. Settings, probe ids and reasons may hold any character (a ``|`` or a line break
-    would split the table): each cell and note is escaped (``report.markdown_cell``). With ``reference`` and a sweep made with
-    --reference, each setting against its reference setting follows
-    (``sweepview.reference_markdown``)."""
+    would split the table): each cell and note is escaped (``report.markdown_cell``). With
+    ``reference`` and a sweep made with --reference, each setting against its reference setting
+    follows (``sweepview.reference_markdown``)."""
     md = markdown_cell
     levels = sweep["levels"]
     slo = any(row.get("slo") for row in sweep["rows"])
