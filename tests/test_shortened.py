@@ -2,7 +2,7 @@
 limit, otherwise cut so that the mark ends it and the quote is exactly the limit long."""
 
 from kevload.inputs.fieldrules import shown as scenario_show
-from kevload.inputs.grading import _cut
+from kevload.inputs.gradeanswers import _cut
 from kevload.inputs.wordsets import shortened
 from kevload.load.prefixcache import _shown as prefix_shown
 from kevload.records.summary import _shown as summary_shown

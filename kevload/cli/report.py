@@ -20,7 +20,7 @@ from kevload.cli.common import (
     write_metrics,
 )
 from kevload.errors import InputError
-from kevload.load.runs import finish_run
+from kevload.load.finishing import finish_run
 from kevload.outputs import exitcode
 from kevload.outputs.escaping import markdown_cell
 from kevload.outputs.terminal import FORMATS, render
@@ -131,7 +131,7 @@ def _echo_where(meta: dict[str, Any], fmt: str, echo: Callable[[str], Any]) -> N
 def _report_sweep(sweep_dir: Path, fmt: str, output: Path | None) -> None:
 
     from kevload.outputs.sweephtml import sweep_report
-    from kevload.servers.sweep import read_sweep, sweep_markdown
+    from kevload.servers.sweepfile import read_sweep, sweep_markdown
 
     sweep = read_sweep(sweep_dir / "sweep.json")
     renderers = {

@@ -20,7 +20,7 @@ from kevload.servers.sweepoptions import check_gate_options, check_servers, ray_
 from kevload.servers.targets import NAMES
 
 if TYPE_CHECKING:
-    from kevload.servers.sweep import Grid
+    from kevload.servers.sweepgrid import Grid
 
 
 @click.command("sweep")
@@ -119,7 +119,8 @@ def sweep_command(
     fail_on: str,
 ) -> None:
     """Run SCENARIO for every setting in the grid and print one matrix: settings × levels."""
-    from kevload.servers.sweep import Grid, run_sweep
+    from kevload.servers.sweep import run_sweep
+    from kevload.servers.sweepgrid import Grid
 
     grid = Grid.parse(list(grids))
     judge = _reference_judge(grid, reference, alpha, min_agreement, fail_on)
@@ -189,7 +190,7 @@ def _print_sweep(sweep: dict[str, Any], quiet: bool) -> None:
     """The matrix (and the table against the reference setting); quiet, a verdict line per setting
     and the gate's findings."""
     from kevload.outputs.sweepview import reference_table
-    from kevload.servers.sweep import sweep_markdown
+    from kevload.servers.sweepfile import sweep_markdown
 
     against = sweep.get("reference")
     if quiet:

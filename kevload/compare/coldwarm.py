@@ -146,7 +146,9 @@ def _graded_flips(rounds: list[Round], grade: Grade) -> tuple[int, int] | None:
     return (to_bad, to_good) if graded else None
 
 
-def _compare(probe: str, rounds: list[Round], method: str, grade: Grade | None) -> ColdWarm:
+def _kept_rounds(rounds: list[Round]) -> tuple[list[Round], int, int]:
+    """(the rounds compared, those left out because the server contradicts them, those kept whose
+    every sample the server gave its cached tokens for)."""
     kept: list[Round] = []
     contradicted = confirmed = 0
     for cold, warm in rounds:
@@ -157,12 +159,37 @@ def _compare(probe: str, rounds: list[Round], method: str, grade: Grade | None) 
             w.cached_tokens is not None and w.cached_tokens <= (cold.cached_tokens or 0)
             for w in warm
         ):
-            contradicted += (
-                1  # the server says a warm sample hit its cache no more than the cold one: not warm
-            )
+            # The server says a warm sample hit its cache no more than the cold one: not warm.
+            contradicted += 1
             continue
         confirmed += said
         kept.append((cold, warm))
+    return kept, contradicted, confirmed
+
+
+def _cache_effect(
+    kept: list[Round], same_input: bool, equal: int, unstable: int, cold_differs: int
+) -> bool | None:
+    """``ColdWarm.cache_effect`` of the rounds compared."""
+    key = _output
+    if not kept:
+        return None  # nothing compared, nothing claimed
+    if equal == len(kept):
+        return False
+    if same_input:
+        # Every cold answer answers the same input in the same (empty) cache, every warm one
+        # likewise: if either side disagrees among itself the server varies anyway, and a cold
+        # answer leaving the warm ones shows nothing.
+        warm_distinct = len({key(x) for _, w in kept for x in w})
+        return True if warm_distinct == 1 and len({key(c) for c, _ in kept}) == 1 else None
+    # Only rounds whose warm answers agree can show the cache; as many unstable ones make it
+    # noise.
+    return True if cold_differs > unstable else None
+
+
+def _compare(probe: str, rounds: list[Round], method: str, grade: Grade | None) -> ColdWarm:
+    """One probe's rounds compared, those the server contradicts left out."""
+    kept, contradicted, confirmed = _kept_rounds(rounds)
     key = _output
     equal = sum(key(c) == key(w[0]) for c, w in kept)
     unstable = sum(len({key(x) for x in w}) > 1 for _, w in kept)
@@ -179,21 +206,6 @@ def _compare(probe: str, rounds: list[Round], method: str, grade: Grade | None) 
         cold_differs = len(kept) - equal if warm_distinct == 1 else 0
     else:
         cold_differs = sum(key(c) != key(w[0]) and len({key(x) for x in w}) == 1 for c, w in kept)
-    differs = equal < len(kept)
-    if not kept:
-        effect: bool | None = None  # nothing compared, nothing claimed
-    elif not differs:
-        effect = False
-    elif same_input:
-        # Every cold answer answers the same input in the same (empty) cache, every warm one
-        # likewise: if either side
-        # disagrees among itself the server varies anyway, and a cold answer leaving the warm ones
-        # shows nothing.
-        effect = True if warm_distinct == 1 and len({key(c) for c, _ in kept}) == 1 else None
-    else:
-        # Only rounds whose warm answers agree can show the cache; as many unstable ones make it
-        # noise.
-        effect = True if cold_differs > unstable else None
     flips = None if grade is None else _graded_flips(kept, grade)
     return ColdWarm(
         probe=probe,
@@ -206,7 +218,7 @@ def _compare(probe: str, rounds: list[Round], method: str, grade: Grade | None) 
         equal_rounds=equal,
         warm_unstable_rounds=unstable,
         cold_differs_rounds=cold_differs,
-        cache_effect=effect,
+        cache_effect=_cache_effect(kept, same_input, equal, unstable, cold_differs),
         first_divergence_chars=min(divergence) if divergence else None,
         logprob_rounds=len(diffs),
         logprob_bitwise=all(equal for equal, _ in diffs) if diffs else None,

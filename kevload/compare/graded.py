@@ -25,11 +25,11 @@ from kevload.compare import signals
 from kevload.compare.cells import CellAccumulator, OutputKey
 from kevload.compare.stats import mcnemar_exact, wilson_interval
 from kevload.errors import ScenarioError
+from kevload.inputs.gradeanswers import GraderFailed
 from kevload.inputs.gradeworker import DEFAULT_TIMEOUT, BoundedGrader
 from kevload.inputs.grading import (
     IMPORT,
     BadGrading,
-    GraderFailed,
     Grading,
     python_graders,
     refused_from,

@@ -1,35 +1,28 @@
-"""The comparator's summary: a ``Reduction``'s cells against their serial reference, each a ``CellSummary``
-built field by field, and the ``RunSummary`` around them (the verdict is ``verdict.py``'s policy).
+"""The comparator's summary: a ``Reduction``'s cells against their serial reference, each a
+``CellSummary`` built field by field (``cellsummary.py``), and the ``RunSummary`` around them (the
+verdict is ``verdict.py``'s policy).
 
-Reading records is ``reader.py``, folding them into cells ``cells.py``, the logprob envelope ``envelope.py``,
-where outputs leave the serial one ``divergence.py``, agreement with it ``agreement.py``.
+Reading records is ``reader.py``, folding them into cells ``cells.py``, the logprob envelope
+``envelope.py``, where outputs leave the serial one ``divergence.py``, agreement with it
+``agreement.py``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import replace
-from typing import Any, cast
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
-from kevload.compare.agreement import agreement, logprob_agreement
 from kevload.compare.cells import CellAccumulator, CellKey, Reduction
+from kevload.compare.cellsummary import Level, cell_summary
 from kevload.compare.cuts import beside_cuts
-from kevload.compare.divergence import divergence
 from kevload.compare.graded import Grader, graded_cell, with_accuracy
 from kevload.compare.overlap import FullLoad, Window
-from kevload.compare.stats import drift_upper_bound
-from kevload.compare.turnwise import TurnAgreement, by_turn, first_divergent_turn
-from kevload.compare.verdict import (
-    UntilBound,
-    meets_slo,
-    probe_error_share,
-    run_verdict,
-    stop_reason,
-)
-from kevload.inputs.wordsets import DIVERGENCE_KINDS, SampleRole
-from kevload.records.servermetrics import Samples, cell_view
+from kevload.compare.turnwise import TurnAgreement, by_turn
+from kevload.compare.verdict import UntilBound, probe_error_share, run_verdict
+from kevload.records.servermetrics import Samples
 from kevload.records.summary import (
     CellSummary,
     RunSummary,
@@ -39,10 +32,25 @@ from kevload.records.summary import (
     levels_of,
 )
 
-AskedCell = tuple[
-    str, str, int, float | None
-]  # a probe cell a run asks for: probe, mode, concurrency, rate
-Level = tuple[int, float | None]  # concurrency, rate (open loop)
+# A probe cell a run asks for: probe, mode, concurrency, rate.
+AskedCell = tuple[str, str, int, float | None]
+
+
+@dataclass(frozen=True)
+class _CellRules:
+    """What every cell of one run is judged by: the run's asks, passed once to each cell.
+
+    Each probe cell says why it stopped (``stop_reason``): with ``until`` (``load.until_bound``,
+    ``load.max_samples``) the strategy's own rule, asked of the cell's records; without it
+    ``samples``."""
+
+    samples_asked: int | None
+    min_slo_attainment: float | None
+    until: UntilBound | None
+    full_loads: dict[CellKey, FullLoad]
+    server: Samples | None
+    grader: Grader | None
+    min_good_share: float | None
 
 
 def summarize(
@@ -61,37 +69,47 @@ def summarize(
 ) -> RunSummary:
     """The summary: ``cells`` (one per probe × role × mode × level), ``matrix`` and ``verdict``.
 
-    The error share and the target-failed rule count probe requests only: companions only shape
-    the batch, and their successes must not dilute the probe's failures. ``samples_asked`` is the
-    probe samples each cell was asked for (``load.samples``; None when a level runs for a duration
-    instead): a probe cell with fewer ok samples is ``short`` and the run cannot be ``deterministic``.
-    ``asked_cells`` are the probe cells the run asked for (probe, mode, concurrency, rate): one with no counted
-    sample at all has no cell, and is named in ``missing_cells`` (a run stopped before it, a level too short to
-    send anything); None when the run does not say (then only the cells on record are known).
+    ``samples_asked`` is the probe samples each cell was asked for (``load.samples``; None when a
+    level runs for a duration instead): a probe cell with fewer ok samples is ``short`` and the run
+    cannot be ``deterministic``. ``asked_cells`` are the probe cells the run asked for (probe, mode,
+    concurrency, rate): one with no counted sample at all is named in ``missing_cells``.
 
-    The verdict is ``verdict.run_verdict``'s.
+    With an SLO (the reduction's ``slo``) every cell has ``slo_attainment`` and ``goodput``; a probe
+    cell under ``min_slo_attainment`` is named in ``slo_failed_cells``. The verdict stays about
+    determinism: the SLO is a separate gate.
 
-    With an SLO (the reduction's ``slo``) every cell has ``slo_attainment`` (requests within every bound
-    over all its requests, failed ones included: a failed request met nothing) and ``goodput`` (those
-    requests per second of the cell's duration); a probe cell under ``min_slo_attainment`` is named in
-    ``slo_failed_cells``. The verdict stays about determinism: the SLO is a separate gate.
-
-    Each probe cell says why it stopped (``stop_reason``): with ``until_bound`` (``load.until_bound``,
-    ``load.max_samples``) the strategy's own rule, asked of the cell's records; without it ``samples``.
-
-    Each cell of a closed-loop level c ≥ 2 has ``full_load_share`` and ``samples_never_full`` (``overlap.FullLoad``);
-    ``unrecorded`` are the stretches in which requests the records miss may have run (``overlap.unrecorded_windows``;
-    None: the run recorded every request it sent, or does not say), whose samples are ``overlap_unknown`` instead.
-
-    ``server`` is what the server's ``/metrics`` said during the run (``servermetrics.read_samples``): each
-    cell gets the ``server_*`` fields of its own time window, from its first counted send to its last answer.
-
-    ``grader`` (the run's graders by probe id, bounded in time) grades each graded probe's cells and
-    the run per level (``kevload.compare.graded``); ``min_good_share`` (``load.min_good_share``) is
-    the good share under which a graded probe cell fails.
+    ``unrecorded`` are the stretches in which requests the records miss may have run
+    (``overlap.unrecorded_windows``; None: the run recorded every request it sent, or does not say).
+    ``server`` is what the server's ``/metrics`` said during the run
+    (``servermetrics.read_samples``). ``grader`` (the run's graders by probe id, bounded in time)
+    grades each graded probe's cells and the run per level (``kevload.compare.graded``);
+    ``min_good_share`` (``load.min_good_share``) is the good share under which a graded probe cell
+    fails.
     """
-    until = UntilBound(until_bound, samples_asked or 1, max_samples) if until_bound else None
-    full_loads = reduction.full_loads(unrecorded)
+    rules = _CellRules(
+        samples_asked=samples_asked,
+        min_slo_attainment=min_slo_attainment,
+        until=UntilBound(until_bound, samples_asked or 1, max_samples) if until_bound else None,
+        full_loads=reduction.full_loads(unrecorded),
+        server=server,
+        grader=grader,
+        min_good_share=min_good_share,
+    )
+    cells = _cell_summaries(reduction, rules)
+    probe_cells = [c for c in cells if c.role == "probe"]
+    run = replace(
+        _run_counts(reduction, cells, max_error_share, asked_cells),
+        samples_asked=samples_asked,
+        until_bound=until_bound,
+        min_slo_attainment=min_slo_attainment if reduction.slo else None,
+        slo_failed_cells=_slo_failed(probe_cells, reduction, min_slo_attainment),
+        **_cancel_findings(reduction, probe_cells),
+    )
+    return with_accuracy(run, grader, min_good_share) if grader is not None else run
+
+
+def _cell_summaries(reduction: Reduction, rules: _CellRules) -> list[CellSummary]:
+    """Every cell of the reduction, probes first, each group's levels in order against its first."""
     cells: list[CellSummary] = []
     groups: dict[tuple[str, str, str], list[Level]] = {}
     for probe, role, mode, concurrency, rate in reduction.cells:
@@ -100,40 +118,63 @@ def summarize(
         groups.items(), key=lambda g: (g[0][1] != "probe", g[0])
     ):
         levels.sort(key=lambda lv: level_order(*lv))
-        reference = reduction.cells[(probe, role, mode, *levels[0])]
         for level in levels:
-            cell = reduction.cells[(probe, role, mode, *level)]
-            summary = _cell_summary(
-                probe,
-                role,
-                mode,
-                level,
-                levels[0],
-                cell,
-                reference,
-                asked=samples_asked if role == "probe" else None,
-                min_slo_attainment=min_slo_attainment,
-                until=until,
-                full_load=full_loads.get((probe, role, mode, *level)),
-                server=server,
-                turns=_turns(
-                    reduction, (probe, role, mode, *level), (probe, role, mode, *levels[0])
-                ),
-            )
-            if reduction.cancel_planned:
-                summary = _with_cuts(
-                    summary, cell, reference, reduction.cuts.get((mode, *level), ())
-                )
-            if grader is not None and role == "probe" and probe in grader.gradings:
-                summary = graded_cell(
-                    summary,
-                    cell,
-                    reference,
-                    grader,
-                    serial=level == levels[0],
-                    min_good_share=min_good_share,
-                )
-            cells.append(summary)
+            cells.append(_judged_cell(reduction, rules, (probe, role, mode, *level), levels[0]))
+    return cells
+
+
+def _judged_cell(
+    reduction: Reduction, rules: _CellRules, key: CellKey, ref_level: Level
+) -> CellSummary:
+    """One cell's summary against the serial level's cell, with its cuts and its grades."""
+    probe, role, mode, concurrency, rate = key
+    level = (concurrency, rate)
+    serial_key: CellKey = (probe, role, mode, *ref_level)
+    cell, reference = reduction.cells[key], reduction.cells[serial_key]
+    summary = cell_summary(
+        probe,
+        role,
+        mode,
+        level,
+        ref_level,
+        cell,
+        reference,
+        asked=rules.samples_asked if role == "probe" else None,
+        min_slo_attainment=rules.min_slo_attainment,
+        until=rules.until,
+        full_load=rules.full_loads.get(key),
+        server=rules.server,
+        turns=_turns(reduction, key, serial_key),
+    )
+    if reduction.cancel_planned:
+        summary = _with_cuts(summary, cell, reference, reduction.cuts.get((mode, *level), ()))
+    grader = rules.grader
+    if grader is not None and role == "probe" and probe in grader.gradings:
+        summary = graded_cell(
+            summary,
+            cell,
+            reference,
+            grader,
+            serial=level == ref_level,
+            min_good_share=rules.min_good_share,
+        )
+    return summary
+
+
+def _run_counts(
+    reduction: Reduction,
+    cells: list[CellSummary],
+    max_error_share: float,
+    asked_cells: Iterable[AskedCell] | None,
+) -> RunSummary:
+    """The run's verdict, its counts and the cells each finding names (the verdict is
+    ``verdict.run_verdict``'s).
+
+    The error share and the target-failed rule count probe requests only: companions only shape
+    the batch, and their successes must not dilute the probe's failures. A probe cell the run asked
+    for with no counted sample at all has no cell, and is named in ``missing_cells`` (a run stopped
+    before it, a level too short to send anything); None when the run does not say what it asked.
+    """
     probe_cells = [c for c in cells if c.role == "probe"]
     companion_cells = [c for c in cells if c.role != "probe"]
     probe_requests = sum(c.requests for c in probe_cells)
@@ -141,16 +182,8 @@ def summarize(
     companion_requests = sum(c.requests for c in companion_cells)
     companion_errors = companion_requests - sum(c.ok for c in companion_cells)
     compared = any(c.logprob_samples for c in probe_cells)
-    missing = (
-        None
-        if asked_cells is None
-        else tuple(
-            f"{probe}@{mode}/{level_label(concurrency, rate)}"
-            for probe, mode, concurrency, rate in asked_cells
-            if (probe, "probe", mode, concurrency, rate) not in reduction.cells
-        )
-    )
-    run = RunSummary(
+    missing = _missing_cells(reduction, asked_cells)
+    return RunSummary(
         verdict=run_verdict(probe_cells, max_error_share=max_error_share, missing=missing),
         requests=probe_requests + companion_requests,
         ok=sum(c.ok for c in cells),
@@ -166,8 +199,6 @@ def summarize(
         companion_errors=companion_errors,
         companion_errors_by_type=_merge_counts(c.errors for c in companion_cells),
         max_error_share=max_error_share,
-        samples_asked=samples_asked,
-        until_bound=until_bound,
         drift_cells=tuple(c.name for c in probe_cells if c.drift),
         short_cells=tuple(c.name for c in probe_cells if c.short),
         missing_cells=missing,
@@ -180,36 +211,56 @@ def summarize(
         logprob_samples=sum(c.logprob_samples or 0 for c in probe_cells) if compared else None,
         matrix=distinct_matrix(probe_cells),
         slo=reduction.slo.bounds() if reduction.slo else None,
-        min_slo_attainment=min_slo_attainment if reduction.slo else None,
-        # Only an explicit minimum gates: without one the SLO is measured, not enforced.
-        slo_failed_cells=tuple(
-            c.name
-            for c in probe_cells
-            if min_slo_attainment is not None and reduction.slo and not c.meets_slo
-        ),
         server_limited_cells=tuple(c.name for c in probe_cells if c.server_note),
         cells=tuple(cells),
-        cancelled=sum(len(cuts) for cuts in reduction.cuts.values())
-        if reduction.cancel_planned
-        else None,
-        drift_beside_cancelled_cells=tuple(
-            c.name for c in probe_cells if c.drift_only_beside_cancelled
-        )
-        if reduction.cancel_planned
-        else None,
-        drift_with_cancelled_levels=_drift_with_cuts(probe_cells)
-        if reduction.cancel_planned
-        else None,
     )
-    return with_accuracy(run, grader, min_good_share) if grader is not None else run
+
+
+def _missing_cells(
+    reduction: Reduction, asked_cells: Iterable[AskedCell] | None
+) -> tuple[str, ...] | None:
+    """The probe cells asked for without a cell on record (``p1@single/c4``); None: not said."""
+    if asked_cells is None:
+        return None
+    return tuple(
+        f"{probe}@{mode}/{level_label(concurrency, rate)}"
+        for probe, mode, concurrency, rate in asked_cells
+        if (probe, "probe", mode, concurrency, rate) not in reduction.cells
+    )
+
+
+def _slo_failed(
+    probe_cells: list[CellSummary], reduction: Reduction, min_slo_attainment: float | None
+) -> tuple[str, ...]:
+    """Probe cells under the SLO's minimum attainment. Only an explicit minimum gates: without one
+    the SLO is measured, not enforced."""
+    if min_slo_attainment is None or not reduction.slo:
+        return ()
+    return tuple(c.name for c in probe_cells if not c.meets_slo)
+
+
+def _cancel_findings(reduction: Reduction, probe_cells: list[CellSummary]) -> dict[str, Any]:
+    """The run's cuts and what drifted beside them; None each where the run planned no cuts."""
+    if not reduction.cancel_planned:
+        none: dict[str, Any] = dict.fromkeys(
+            ("cancelled", "drift_beside_cancelled_cells", "drift_with_cancelled_levels")
+        )
+        return none
+    return {
+        "cancelled": sum(len(cuts) for cuts in reduction.cuts.values()),
+        "drift_beside_cancelled_cells": tuple(
+            c.name for c in probe_cells if c.drift_only_beside_cancelled
+        ),
+        "drift_with_cancelled_levels": _drift_with_cuts(probe_cells),
+    }
 
 
 def _with_cuts(
     summary: CellSummary, cell: CellAccumulator, reference: CellAccumulator, cuts: Iterable[float]
 ) -> CellSummary:
-    """A cell of a run that cut requests (``kevload.load.cancel``): a companion cell's own cuts; a probe cell's level's
-    cuts while its samples ran (first send to last answer: another probe's level of the same concurrency runs at
-    another time) and how its ok samples split beside them."""
+    """A cell of a run that cut requests (``kevload.load.cancel``): a companion cell's own cuts; a
+    probe cell's level's cuts while its samples ran (first send to last answer: another probe's
+    level of the same concurrency runs at another time) and how its ok samples split beside them."""
     if summary.role != "probe":
         return replace(summary, cancelled=cell.cancelled)
     cuts = [t for t in cuts if cell.t_start <= t <= cell.t_end]
@@ -231,10 +282,11 @@ def _with_cuts(
 
 
 def _drift_with_cuts(cells: list[CellSummary]) -> tuple[str, ...]:
-    """Probes (``p1@mixed``) that drifted only in levels where requests were cut, and there only beside the cuts (no
-    sample without a cut in its window left the serial output: a level that drifts by its shape, cut or not, drifts
-    there too), while a heavier loaded level of theirs with no cut held the serial output (``held_without_cuts``):
-    more load without cancellations, as evidence."""
+    """Probes (``p1@mixed``) that drifted only in levels where requests were cut, and there only
+    beside the cuts (no sample without a cut in its window left the serial output: a level that
+    drifts by its shape, cut or not, drifts there too), while a heavier loaded level of theirs with
+    no cut held the serial output (``held_without_cuts``): more load without cancellations, as
+    evidence."""
     found = []
     for (probe, mode), row in sorted(_by_probe(cells).items()):
         drifted = [c for c in row if c.drift]
@@ -255,10 +307,10 @@ def _by_probe(cells: Iterable[CellSummary]) -> dict[tuple[str, str], list[CellSu
 
 
 def distinct_matrix(cells: list[CellSummary]) -> dict[str, Any]:
-    """Probes × levels of distinct-output counts (-1 where a cell has no ok sample), as nested lists,
-    with the ok samples behind each count and whether the cell is short of the samples asked and whether
-    it shows latent drift, and its counted samples that never had c − 1 others in flight (None: not a closed-loop
-    level c ≥ 2)."""
+    """Probes × levels of distinct-output counts (-1 where a cell has no ok sample), as nested
+    lists, with the ok samples behind each count and whether the cell is short of the samples asked
+    and whether it shows latent drift, and its counted samples that never had c − 1 others in flight
+    (None: not a closed-loop level c ≥ 2)."""
     rows = sorted({(c.probe, c.mode) for c in cells})
     levels = levels_of(cells)
     distinct = np.full((len(rows), len(levels)), -1, dtype=np.int64)
@@ -310,163 +362,12 @@ def _grid(
     return grid
 
 
-def _cell_summary(
-    probe: str,
-    role: str,
-    mode: str,
-    level: Level,
-    ref_level: Level,
-    cell: CellAccumulator,
-    reference: CellAccumulator,
-    *,
-    asked: int | None,
-    min_slo_attainment: float | None,
-    until: UntilBound | None,
-    full_load: FullLoad | None,
-    server: Samples | None,
-    turns: tuple[TurnAgreement, ...] | None = None,
-) -> CellSummary:
-    """One cell against its serial reference (the group's first level), field by field.
-
-    ``full_load_share`` and ``samples_never_full`` (``overlap.FullLoad``: over the samples whose others the records
-    hold, ``overlap_unknown`` counting the rest) are None at an open-loop level (no c to reach) and at c = 1 (no
-    others to have: a serial sample is trivially full). With an SLO, attainment counts failed requests in its
-    denominator (they met no bound); goodput is over the cell's duration, like requests_per_s."""
-    ok = cell.ok
-    errors = sum(cell.errors.values())
-    serial = reference.modal()
-    modal = cell.modal()
-    counts = np.fromiter(cell.counts.values(), dtype=np.int64, count=len(cell.counts))
-    unseen = [h for h in cell.counts if h not in reference.counts]
-    unseen_requests = sum(cell.counts[h] for h in unseen)
-    divergent = 0 if serial is None else ok - cell.counts.get(serial, 0)
-    drift = ok > 0 and (len(cell.counts) > 1 or divergent > 0)
-    by_digest: dict[str | None, int] = {}
-    first_seen: dict[
-        str | None, int
-    ] = {}  # ties by the first request, as ``modal``: a file read in parts lists them alike
-    for (digest, finish), n in cell.counts.items():
-        by_digest[digest] = by_digest.get(digest, 0) + n
-        first_seen[digest] = min(
-            first_seen.get(digest, cell.first_seen[(digest, finish)]),
-            cell.first_seen[(digest, finish)],
-        )
-    duration = round(cell.t_end - cell.t_start, 6) if ok + errors else None
-    diverged = (
-        divergence(cell, reference.texts[serial], reference.tokens.get(serial), serial)
-        if drift and serial is not None and divergent
-        else None
-    )
-    agreed = agreement(cell, reference, serial)
-    logprobs = logprob_agreement(cell, reference, serial)
-    slo = _slo_numbers(cell, ok + errors, duration) if cell.slo is not None else None
-    view = cell_view(server, cell.t_start, cell.t_end, level[0])
-    return CellSummary(
-        probe=probe,
-        role=cast(SampleRole, role),  # a cell's role: no warm-up makes one (counts_in_cell)
-        mode=mode,
-        concurrency=level[0],
-        rate=level[1],
-        reference_level=level_label(*ref_level),
-        max_in_flight=cell.max_in_flight,
-        ok=ok,
-        asked=asked,
-        short=asked is not None and ok < asked,
-        errors=dict(sorted(cell.errors.items())),
-        reconnects=cell.reconnects,
-        distinct=len(cell.counts),
-        modal_share=round(float(counts.max()) / ok, 6) if ok else None,
-        new_vs_serial=len(unseen),
-        new_vs_serial_requests=unseen_requests,
-        overlap_with_serial=round((ok - unseen_requests) / ok, 6) if ok else None,
-        agrees_with_serial=modal == serial if ok else None,
-        divergent_requests=divergent,
-        divergence_kinds=diverged.kinds if diverged else dict.fromkeys(DIVERGENCE_KINDS, 0),
-        drift=drift,
-        stop_reason=stop_reason(
-            role=role, requests=ok + errors, errors=errors, drift=drift, asked=asked, until=until
-        ),
-        drift_rate=round(divergent / ok, 6) if ok and level != ref_level else None,
-        drift_rate_upper_95=round(drift_upper_bound(ok), 6) if ok and not drift else None,
-        first_divergence_chars=diverged.first_chars if diverged else None,
-        last_divergence_chars=diverged.last_chars if diverged else None,
-        first_divergence_tokens=diverged.first_tokens if diverged else None,
-        first_divergence_words=diverged.first_words if diverged else None,
-        modal_sha256=modal[0] if modal else None,
-        modal_finish_reason=modal[1] if modal else None,
-        output_hashes=tuple(
-            h
-            for h in sorted(by_digest, key=lambda h: (-by_digest[h], first_seen[h]))[:256]
-            if h is not None  # an ok record without its hash (a crafted file) has no hash to list
-        ),
-        output_tokens=cell.output_tokens,
-        duration_s=duration,
-        latency={
-            name: hist.summary() for name, hist in sorted(cell.latency.items()) if hist.n_total
-        },
-        full_load_share=None
-        if full_load is None or full_load.share is None
-        else round(full_load.share, 6),
-        samples_never_full=None if full_load is None else full_load.never_full,
-        overlap_unknown=None if full_load is None else full_load.unknown,
-        exact_match_rate=agreed.exact_match_rate,
-        exact_match_ci95=agreed.exact_match_ci95,
-        token_agreement=agreed.token_agreement,
-        token_agreement_ci95=agreed.token_agreement_ci95,
-        logprob_samples=logprobs.samples,
-        logprob_bitwise=logprobs.bitwise,
-        logprob_max_abs_diff=logprobs.max_abs_diff,
-        first_logprob_divergence_token=logprobs.first_divergence_token,
-        # Latent drift: every output has the serial text, yet the logprobs behind it differ. No
-        # claim either
-        # way where the logprobs make none (too few of the cell's samples had them, all alike).
-        latent_drift=None
-        if logprobs.bitwise is None
-        else bool(ok and not drift and not logprobs.bitwise),
-        logprobs_missing=logprobs.missing,
-        logprobs_partial=logprobs.partial,
-        logprob_nonfinite_samples=logprobs.nonfinite_samples,
-        findings=cell.findings or None,
-        example_offset=diverged.example_offset if diverged else None,
-        serial_example=diverged.serial_example if diverged else None,
-        divergent_example=diverged.divergent_example if diverged else None,
-        divergent_example_kind=diverged.divergent_example_kind if diverged else None,
-        serial_finish_reason=diverged.serial_finish_reason if diverged else None,
-        divergent_finish_reason=diverged.divergent_finish_reason if diverged else None,
-        requests_per_s=round((ok + errors) / duration, 3) if duration else None,
-        output_tokens_per_s=round(cell.output_tokens / duration, 3) if duration else None,
-        slo_met=cell.slo_met if slo else None,
-        slo_attainment=round(slo[0], 6) if slo else None,
-        goodput=slo[1] if slo else None,
-        meets_slo=meets_slo(slo[0], min_slo_attainment) if slo else None,
-        slo_unmeasured=cell.slo_unmeasured if slo else None,
-        slo_misses=dict(sorted(cell.slo_misses.items())) if slo else None,
-        server_view=view.get("server_view"),
-        server_samples=view.get("server_samples"),
-        server_running_max=view.get("server_running_max"),
-        server_running_mean=view.get("server_running_mean"),
-        server_waiting_max=view.get("server_waiting_max"),
-        server_prefix_cache_hits=view.get("server_prefix_cache_hits"),
-        server_kv_cache_usage_max=view.get("server_kv_cache_usage_max"),
-        server_note=view.get("server_note"),
-        turns=None if turns is None else tuple(t.to_json() for t in turns),
-        first_divergent_turn=None if turns is None else first_divergent_turn(turns),
-    )
-
-
 def _turns(reduction: Reduction, key: CellKey, serial: CellKey) -> tuple[TurnAgreement, ...] | None:
-    """A conversation cell's turns against the serial cell's (``turnwise.by_turn``); None for any other cell."""
+    """A conversation cell's turns against the serial cell's (``turnwise.by_turn``); None for any
+    other cell."""
     if key not in reduction.turns and serial not in reduction.turns:
         return None
     return by_turn(reduction.turns.get(key, {}), reduction.turns.get(serial, {}))
-
-
-def _slo_numbers(
-    cell: CellAccumulator, requests: int, duration_s: float | None
-) -> tuple[float, float | None]:
-    """(attainment, goodput): requests within every bound over all of them, and per second of the cell."""
-    attainment = cell.slo_met / requests if requests else 0.0
-    return attainment, round(cell.slo_met / duration_s, 3) if duration_s else None
 
 
 def _merge_counts(items: Iterable[dict[str, int]]) -> dict[str, int]:

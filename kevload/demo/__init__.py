@@ -28,7 +28,7 @@ from kevload.outputs import exitcode
 from kevload.records.store import default_run_dir
 from kevload.records.summary import RunSummary
 from kevload.servers.rollout import Outcome
-from kevload.servers.sweep import sweep_markdown
+from kevload.servers.sweepfile import sweep_markdown
 
 __all__ = ["Seen", "run_demo"]
 

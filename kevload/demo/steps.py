@@ -19,7 +19,9 @@ from kevload.inputs.scenario import Scenario, build_scenario, load_scenario
 from kevload.load.eventloop import until_stopped
 from kevload.load.runs import run_scenario
 from kevload.records.summary import RunSummary
-from kevload.servers.sweep import STOPPED, Grid, setting_row, write_sweep
+from kevload.servers.sweep import STOPPED
+from kevload.servers.sweepfile import setting_row, write_sweep
+from kevload.servers.sweepgrid import Grid
 from kevload.servers.targets import RunningTarget, TargetSettings, serving
 
 SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "demo.toml"

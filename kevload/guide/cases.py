@@ -32,7 +32,7 @@ from kevload.inputs.grading import (
 )
 from kevload.inputs.probe import iter_jsonl
 from kevload.inputs.trace import trace_rates
-from kevload.load.runs import recorded_scenario
+from kevload.load.resuming import recorded_scenario
 from kevload.records.rundir import RunDir
 from kevload.records.store import json_bytes
 from kevload.records.summary import CellSummary

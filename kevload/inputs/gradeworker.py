@@ -32,7 +32,8 @@ from typing import Any
 
 import msgspec
 
-from kevload.inputs.grading import PYTHON, GraderFailed, Grading, content_of, shown
+from kevload.inputs.gradeanswers import GraderFailed, content_of, shown
+from kevload.inputs.grading import PYTHON, Grading
 
 DEFAULT_TIMEOUT = (
     10.0  # seconds per answer: room for a grader that calls a checker, none for one that hangs

@@ -1,15 +1,18 @@
-"""Graders: whether an answer is good or bad, given what the probe expected (``expected``, ``grade``,
-``grade_tolerance`` on a probe). Pure functions of the answer's text, checked and compiled once at load.
+"""Graders: whether an answer is good or bad, given what the probe expected (``expected``,
+``grade``, ``grade_tolerance`` on a probe). Pure functions of the answer's text, checked and
+compiled once at load.
 
-A probe with neither ``expected`` nor ``grade`` is ungraded. ``expected`` alone picks the grader from its kind (a
-string: ``exact``, a number: ``number``, a list: ``one_of``); ``json``, ``json_schema`` and ``python:…`` graders
-may go without ``expected`` (``json``: the answer parses; ``json_schema``: the schema is ``expected``, a table or
-the path of a JSON file; ``python:module:function``: gets ``expected`` as run.json keeps it, None when absent).
+A probe with neither ``expected`` nor ``grade`` is ungraded. ``expected`` alone picks the grader
+from its kind (a string: ``exact``, a number: ``number``, a list: ``one_of``); ``json``,
+``json_schema`` and ``python:…`` graders may go without ``expected`` (``json``: the answer parses;
+``json_schema``: the schema is ``expected``, a table or the path of a JSON file;
+``python:module:function``: gets ``expected`` as run.json keeps it, None when absent).
 
 Grading runs once per distinct output of a cell (``kevload.compare.graded``), never per request.
 
-A python grader is code. It is imported from a scenario the user runs; graders read back from a run directory or a
-case file (data, perhaps downloaded from elsewhere) are imported only where the user says so (``python_graders``).
+A python grader is code. It is imported from a scenario the user runs; graders read back from a run
+directory or a case file (data, perhaps downloaded from elsewhere) are imported only where the user
+says so (``python_graders``).
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from __future__ import annotations
 import importlib
 import importlib.machinery
 import math
-import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,9 +33,8 @@ import msgspec
 import orjson
 import regex  # type: ignore[import-untyped]  # it ships no stubs
 
-from kevload.inputs.choices import choice_letter
-from kevload.inputs.numbers import MAX_DIGITS, bounds, exact_expected, json_form, last_exact, within
-from kevload.inputs.wordsets import shortened
+from kevload.inputs.gradeanswers import _cut, content_of, grade_answer, local_schemas, shown
+from kevload.inputs.numbers import MAX_DIGITS, bounds, exact_expected, json_form
 
 GRADES = ("exact", "contains", "regex", "one_of", "number", "choice", "json", "json_schema")
 PYTHON = "python:"
@@ -59,7 +60,6 @@ JSON_EXPECTED = (
     "and tables of them; no TOML date or time, no nan or inf), as run.json keeps it for kevload "
     "report"
 )
-_MAX_SHOWN = 120  # characters of an answer quoted in an error
 IMPORT = "import"  # python graders are imported (a scenario the user runs)
 NAMES_ONLY = (
     "names only"  # their names are checked, nothing imported (inputs read back, no answer graded)
@@ -69,9 +69,10 @@ _python_policy: ContextVar[str] = ContextVar("python_graders", default=IMPORT)
 
 @contextmanager
 def python_graders(policy: str) -> Iterator[None]:
-    """Within: python graders are imported (``IMPORT``), only their names checked (``NAMES_ONLY``), or refused with
-    ``policy`` as what was expected instead (any other text). A run.json or a case file can name any module and
-    function with arguments of its own making (``python:os:execl``): reading one must not run it unasked."""
+    """Within: python graders are imported (``IMPORT``), only their names checked (``NAMES_ONLY``),
+    or refused with ``policy`` as what was expected instead (any other text). A run.json or a case
+    file can name any module and function with arguments of its own making (``python:os:execl``):
+    reading one must not run it unasked."""
     token = _python_policy.set(policy)
     try:
         yield
@@ -106,8 +107,8 @@ def schema_refused_from(what: str) -> str:
 
 
 def refused_from(what: str) -> str:
-    """The policy that refuses python graders named in ``what`` (a run directory, a case file), saying how to allow
-    them."""
+    """The policy that refuses python graders named in ``what`` (a run directory, a case file),
+    saying how to allow them."""
     return (
         f"a grader that runs no code: {what} is data, and kevload imports the python graders it "
         f"names only with "
@@ -116,15 +117,12 @@ def refused_from(what: str) -> str:
 
 
 class BadGrading(Exception):
-    """A probe's grading keys do not fit: which key, what it expects, what it got (the caller names the source)."""
+    """A probe's grading keys do not fit: which key, what it expects, what it got (the caller names
+    the source)."""
 
     def __init__(self, key: str, expected: str, got: Any):
         super().__init__(key, expected, got)
         self.key, self.expected, self.got = key, expected, got
-
-
-class GraderFailed(Exception):
-    """A user's grader raised or returned something other than True or False: a finding on the answer, not a crash."""
 
 
 @dataclass(frozen=True)
@@ -155,8 +153,8 @@ class Grading:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any], base: Path) -> Grading:
-        """Read back from run.json, checked again (a python grader is imported again: from the directory the run
-        found it in, else from ``base`` first)."""
+        """Read back from run.json, checked again (a python grader is imported again: from the
+        directory the run found it in, else from ``base`` first)."""
         home = doc.get("dir")
         if home is not None and not (isinstance(home, str) and Path(home).is_absolute()):
             raise BadGrading(
@@ -177,17 +175,17 @@ class Grading:
         return grading
 
     def good(self, answer: str, probe: str = "", timeout: float | None = None) -> bool:
-        """Whether ``answer`` (the whole text a cell keeps for an output) of ``probe`` (its id) is good;
-        ``GraderFailed`` when a user's grader raises or returns no bool. ``timeout``: seconds a
-        regex may match (``TimeoutError`` past it); the other graders' bounds are
+        """Whether ``answer`` (the whole text a cell keeps for an output) of ``probe`` (its id) is
+        good; ``GraderFailed`` when a user's grader raises or returns no bool. ``timeout``: seconds
+        a regex may match (``TimeoutError`` past it); the other graders' bounds are
         ``gradeworker``'s."""
-        return _grade(self, content_of(answer), probe, timeout)
+        return grade_answer(self, content_of(answer), probe, timeout)
 
 
 def checked(expected: Any, grade: Any, tolerance: Any, base: Path) -> Grading | None:
-    """A probe's grading keys checked and made normal: None when the probe is ungraded (neither key given);
-    ``BadGrading`` naming the key otherwise. ``base`` is the directory a schema file or a python grader is found
-    from (the scenario's, or the dataset file's)."""
+    """A probe's grading keys checked and made normal: None when the probe is ungraded (neither key
+    given); ``BadGrading`` naming the key otherwise. ``base`` is the directory a schema file or a
+    python grader is found from (the scenario's, or the dataset file's)."""
     if expected is None and grade is None:
         if tolerance not in (None, 0, 0.0):
             raise BadGrading(
@@ -300,11 +298,11 @@ def _finite(value: Any) -> float | None:
 
 
 def _as_kept(expected: Any) -> Any:
-    """An ``expected`` that any value may be (``json``, ``json_schema``, ``python:``) as run.json keeps it (tables by
-    sorted key), so a grader sees the same value in the run and in `kevload report`; ``BadGrading`` naming the part
-    JSON would not keep as it is. The other graders' normal forms are strings, letters and exact
-    numbers already. Round-tripped by msgspec, which keeps an integer of any size (orjson stops at
-    64 bits)."""
+    """An ``expected`` that any value may be (``json``, ``json_schema``, ``python:``) as run.json
+    keeps it (tables by sorted key), so a grader sees the same value in the run and in `kevload
+    report`; ``BadGrading`` naming the part JSON would not keep as it is. The other graders' normal
+    forms are strings, letters and exact numbers already. Round-tripped by msgspec, which keeps an
+    integer of any size (orjson stops at 64 bits)."""
     misfit = _json_misfit(expected)
     if misfit is not None:
         raise BadGrading(f"expected{misfit[0]}", JSON_EXPECTED, misfit[1])
@@ -315,8 +313,8 @@ _SORTED = msgspec.json.Encoder(order="sorted")
 
 
 def _json_misfit(value: Any, where: str = "") -> tuple[str, Any] | None:
-    """The first part of ``value`` JSON does not keep as it is, as (its path below the value, the part); None when
-    every part fits."""
+    """The first part of ``value`` JSON does not keep as it is, as (its path below the value, the
+    part); None when every part fits."""
     if value is None or isinstance(value, bool | str):
         return None
     if isinstance(value, int):
@@ -333,8 +331,8 @@ def _json_misfit(value: Any, where: str = "") -> tuple[str, Any] | None:
 
 
 def _schema(expected: Any, base: Path) -> dict[str, Any]:
-    """A JSON Schema given inline (a table) or as the path of a JSON file (relative to ``base``), checked against
-    its own metaschema now: a malformed schema is bad input, not a bad answer."""
+    """A JSON Schema given inline (a table) or as the path of a JSON file (relative to ``base``),
+    checked against its own metaschema now: a malformed schema is bad input, not a bad answer."""
     if isinstance(expected, str) and expected:
         refusal = _schema_files.get()
         if refusal is not None:
@@ -404,10 +402,11 @@ def _keyword_of(unresolved: str) -> str:
 
 
 def _unresolved_reference(schema: dict[str, Any], validator: Any) -> str | None:
-    """The first reference (``$ref``, ``$dynamicRef``) in ``schema`` that its validator could not follow, with why;
-    None when each one resolves. Every subschema is visited, and every schema a reference leads to, with the
-    resolver the validator would have there (``referencing``'s, over ``_local_schemas``): a reference that resolves
-    nowhere would otherwise fail the grading of every answer, after the whole run was sent."""
+    """The first reference (``$ref``, ``$dynamicRef``) in ``schema`` that its validator could not
+    follow, with why; None when each one resolves. Every subschema is visited, and every schema a
+    reference leads to, with the resolver the validator would have there (``referencing``'s, over
+    ``gradeanswers.local_schemas``): a reference that resolves nowhere would otherwise fail the
+    grading of every answer, after the whole run was sent."""
     import referencing.exceptions
     import referencing.jsonschema
 
@@ -415,7 +414,7 @@ def _unresolved_reference(schema: dict[str, Any], validator: Any) -> str | None:
         validator.ID_OF(validator.META_SCHEMA) or "", default=referencing.Specification.OPAQUE
     )
     root = specification.create_resource(schema)
-    todo = [(root, _local_schemas().resolver_with_root(root))]
+    todo = [(root, local_schemas().resolver_with_root(root))]
     seen: set[int] = set()
     while todo:
         resource, resolver = todo.pop()
@@ -443,17 +442,9 @@ def _unresolved_reference(schema: dict[str, Any], validator: Any) -> str | None:
 _REFERENCES = ("$ref", "$dynamicRef")
 
 
-def _local_schemas() -> Any:
-    """The registry json_schema resolves references with: the JSON Schema metaschemas jsonschema ships, and nothing
-    retrieved (jsonschema's default registry fetches a remote reference over the network, for each answer graded)."""
-    from jsonschema_specifications import REGISTRY
-
-    return REGISTRY
-
-
 def python_grader(grade: str, base: Path) -> Callable[..., Any]:
-    """The user's ``python:module:function``, imported (with ``base`` searched first, so a graders.py beside the
-    scenario is found); ``BadGrading`` when it is no importable callable."""
+    """The user's ``python:module:function``, imported (with ``base`` searched first, so a
+    graders.py beside the scenario is found); ``BadGrading`` when it is no importable callable."""
     module_name, function_name = _python_name(grade)
     added = str(base.resolve())
     _refuse_another_of_the_name(module_name.partition(".")[0], added, grade)
@@ -482,9 +473,10 @@ _PYTHON_SHAPE = "python:module:function, an importable module and a function in 
 
 
 def _refuse_another_of_the_name(top: str, base: str, grade: str) -> None:
-    """``BadGrading`` where ``base`` holds a module ``top`` while Python would take another of that name: one already
-    imported (a second graders.py beside another dataset would silently grade by the first) or one installed (a
-    jsonschema.py grader would stand in for the library kevload imports later). Python keeps one module per name."""
+    """``BadGrading`` where ``base`` holds a module ``top`` while Python would take another of that
+    name: one already imported (a second graders.py beside another dataset would silently grade by
+    the first) or one installed (a jsonschema.py grader would stand in for the library kevload
+    imports later). Python keeps one module per name."""
     found = importlib.machinery.PathFinder.find_spec(top, [base])
     if found is None:
         return
@@ -512,7 +504,8 @@ _imported_from: dict[
 
 
 def _spec_elsewhere(top: str, base: str) -> Any:
-    """The spec Python would import ``top`` by without ``base`` on its path (None: no such module)."""
+    """The spec Python would import ``top`` by without ``base`` on its path (None: no such
+    module)."""
     path = [p for p in sys.path if Path(p or ".").resolve() != Path(base)]
     builtin = importlib.machinery.BuiltinImporter.find_spec(
         top
@@ -521,7 +514,8 @@ def _spec_elsewhere(top: str, base: str) -> Any:
 
 
 def _where(spec: Any) -> tuple[str, ...]:
-    """A module's place: its file, or a namespace package's directories (which have no file), resolved."""
+    """A module's place: its file, or a namespace package's directories (which have no file),
+    resolved."""
     places = (
         [spec.origin]
         if spec.origin and spec.origin not in ("built-in", "frozen")
@@ -541,165 +535,12 @@ def _python_name(grade: str) -> tuple[str, str]:
 
 
 def module_home(grade: str) -> str | None:
-    """The directory the (imported) module of ``python:module:function`` was found from, absolute: the sys.path
-    entry a dotted name starts from. None for a module not imported or not from a file."""
+    """The directory the (imported) module of ``python:module:function`` was found from, absolute:
+    the sys.path entry a dotted name starts from. None for a module not imported or not from a
+    file."""
     module = sys.modules.get(_python_name(grade)[0])
     origin = getattr(getattr(module, "__spec__", None), "origin", None)
     if not origin or not Path(origin).is_file():
         return None
     depth = _python_name(grade)[0].count(".") + (Path(origin).name == "__init__.py")
     return str(Path(origin).resolve().parents[depth])
-
-
-# The reasoning block ``store.answer_text`` puts before the content (what a model thought is not its
-# answer, and is
-# not graded). Mostly the tags alone; a reasoning that holds the closing tag line itself (or a
-# content that begins
-# like a block) would be cut at the wrong place, so there the block gives the reasoning's length
-# instead.
-REASONING_TAG = (
-    "<reasoning"  # what every block begins with: a text that does not is read back as it is
-)
-_BLOCK_OPEN, _BLOCK_CLOSE = f"{REASONING_TAG}>\n", "\n</reasoning>\n"
-_SIZED, _SIZED_END = f'{REASONING_TAG} chars="', '">\n'
-_SIZE_DIGITS = 15  # the most a written length has: a longer number is no block of kevload's (and int() is bounded)
-
-
-def with_reasoning(reasoning: str | None, rest: str) -> str:
-    """``rest`` (the content, then the tool calls) behind the block of ``reasoning``, such that ``content_of`` gives
-    exactly ``rest`` back and no other (reasoning, rest) gives the same text. The plain tags wherever they read back
-    right, so answers hash as they always did; the sized block only where they would not."""
-    if reasoning:
-        text = f"{_BLOCK_OPEN}{reasoning}{_BLOCK_CLOSE}{rest}"
-        # Read back right when the first closing tag line after the opening is the one written after
-        # the reasoning.
-        # One that comes earlier holds all of "</reasoning>" inside the reasoning: a reasoning
-        # without "<" (most) is
-        # read right, known by memchr, not by the tag's search (some 50 times slower, per request).
-        if "<" not in reasoning or text.find(_BLOCK_CLOSE, len(_BLOCK_OPEN)) == len(
-            _BLOCK_OPEN
-        ) + len(reasoning):
-            return text
-    elif content_of(rest) == rest:
-        return rest
-    reasoning = reasoning or ""
-    return f"{_SIZED}{len(reasoning)}{_SIZED_END}{reasoning}{_BLOCK_CLOSE}{rest}"
-
-
-def content_of(answer: str) -> str:
-    """The part of a cell's answer text (``store.answer_text``) that is graded: the content and tool calls, without
-    the reasoning block (``with_reasoning``)."""
-    if answer.startswith(_SIZED):
-        digits_end = answer.find(_SIZED_END, len(_SIZED), len(_SIZED) + _SIZE_DIGITS + 1)
-        digits = answer[len(_SIZED) : digits_end]
-        if digits_end > 0 and digits.isascii() and digits.isdigit():
-            end = digits_end + len(_SIZED_END) + int(digits)
-            if answer.startswith(_BLOCK_CLOSE, end):
-                return answer[end + len(_BLOCK_CLOSE) :]
-    elif answer.startswith(_BLOCK_OPEN):
-        end = answer.find(_BLOCK_CLOSE, len(_BLOCK_OPEN))
-        if end >= 0:
-            return answer[end + len(_BLOCK_CLOSE) :]
-    return answer
-
-
-def _grade(grading: Grading, text: str, probe: str, timeout: float | None = None) -> bool:
-    grade, expected = grading.grade, grading.expected
-    if grade == "exact":
-        return bool(text.strip() == expected.strip())
-    if grade == "contains":
-        return expected in text
-    if grade == "regex":
-        return regex.search(expected, text, timeout=timeout) is not None
-    if grade == "one_of":
-        return text.strip() in {x.strip() for x in expected}
-    if grade == "number":
-        value = last_exact(text)
-        return value is not None and within(value, *bounds(expected, grading.tolerance))
-    if grade == "choice":
-        return bool(choice_letter(text) == expected)
-    if grade in ("json", "json_schema"):
-        value = parse_json(text)
-        if value is _NOT_JSON:
-            return False
-        if grade == "json":
-            return expected is None or same_json(value, expected)
-        return _schema_grade(grading, value, text)
-    return _user_grade(grading, text, probe)
-
-
-def _schema_grade(grading: Grading, value: Any, text: str) -> bool:
-    """Whether ``value`` (the answer as JSON) is valid by the schema; ``GraderFailed`` when the validator raises
-    instead of answering (load resolved every reference, yet a schema can still fail: one that refers to itself
-    without end, ``{"$ref": "#"}``, recurses until Python stops it)."""
-    import jsonschema
-
-    schema = grading.expected
-    try:
-        return jsonschema.validators.validator_for(schema)(
-            schema, registry=_local_schemas()
-        ).is_valid(value)
-    except (
-        Exception
-    ) as exc:  # the validator's failure on this answer is a finding on it, as a python grader's is
-        raise GraderFailed(
-            f"json_schema raised {type(exc).__name__}: {_cut(str(exc))} on the answer {shown(text)}"
-        ) from None
-
-
-def _user_grade(grading: Grading, text: str, probe: str) -> bool:
-    assert grading.function is not None  # ``checked`` imported it
-    try:
-        result = grading.function(text, probe, grading.expected)
-    # The user's code, run in a process of its own (``gradeworker``): whatever it raises is a
-    # finding on this answer, sys.exit's SystemExit and a GeneratorExit too.
-    except BaseException as exc:  # noqa: BLE001
-        raise GraderFailed(
-            f"{grading.grade} raised {type(exc).__name__}: {exc} on the answer {shown(text)}"
-        ) from None
-    if result is not True and result is not False:
-        returned = repr(result)
-        raise GraderFailed(
-            f"{grading.grade} returned {returned[:_MAX_SHOWN]}, expected True or False, on the "
-            "answer "
-            f"{shown(text)}"
-        )
-    return result
-
-
-def shown(text: str) -> str:
-    return repr(_cut(text))
-
-
-def _cut(text: str) -> str:
-    return shortened(text, _MAX_SHOWN + len("…"))
-
-
-_NOT_JSON = object()
-_FENCE = re.compile(r"\A```[A-Za-z]*\n(.*)\n```\Z", re.DOTALL)
-
-
-def parse_json(text: str) -> Any:
-    """The answer as JSON (one Markdown code fence around it is dropped: models add one), or
-    ``_NOT_JSON``. Read by msgspec: an integer of any size is that integer (orjson reads one past 64
-    bits as a float near it, which equals no exact ``expected``); nesting past msgspec's depth is no
-    JSON, as past orjson's was."""
-    text = text.strip()
-    fenced = _FENCE.match(text)
-    try:
-        return msgspec.json.decode(fenced.group(1) if fenced else text)
-    except (msgspec.DecodeError, RecursionError):
-        return _NOT_JSON
-
-
-def same_json(a: Any, b: Any) -> bool:
-    """JSON equality: objects by keys, numbers by value (1 = 1.0), but true is no number (Python's True == 1)."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return a is b
-    if isinstance(a, int | float) and isinstance(b, int | float):
-        return a == b
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(same_json(a[k], b[k]) for k in a)
-    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
-        return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b, strict=True))
-    return type(a) is type(b) and a == b

@@ -10,7 +10,8 @@ from pathlib import Path
 from kevload.compare.stats import samples_for_bound
 from kevload.errors import InputError
 from kevload.inputs.scenario import Scenario, load_scenario, quickstart_scenario
-from kevload.load.runs import refuse_existing, resumed_scenario
+from kevload.load.resuming import resumed_scenario
+from kevload.load.runs import refuse_existing
 
 
 @dataclass(frozen=True)

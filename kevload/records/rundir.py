@@ -89,8 +89,9 @@ class RunDir:
         return doc
 
     def summary(self) -> RunSummary:
-        """``summary.json`` as it was last written (``runs.finish_run`` recomputes it from the records), read typed: a
-        key that does not fit its field, or one every summary has that is missing, is a ``RunDirError`` naming it."""
+        """``summary.json`` as it was last written (``finishing.finish_run`` recomputes it from the
+        records), read typed: a key that does not fit its field, or one every summary has that is
+        missing, is a ``RunDirError`` naming it."""
         return read_summary(self.summary_json)
 
     def records(self) -> Iterator[Record]:

@@ -18,7 +18,7 @@ import orjson
 
 from kevload.errors import RunDirError
 from kevload.inputs.conversation import ends_sample
-from kevload.inputs.grading import REASONING_TAG, with_reasoning
+from kevload.inputs.gradeanswers import REASONING_TAG, with_reasoning
 from kevload.inputs.wordsets import OK, Role
 
 RECORDS = "records.jsonl"
@@ -211,7 +211,7 @@ def answer_text(
     always did (short of a content that begins like a reasoning block itself). Otherwise the
     reasoning comes first in ``<reasoning>`` tags, then the content, then each tool call as
     ``<tool_call name="…">arguments</tool_call>``: a divergence inside the content keeps its
-    position after the reasoning block. The block is ``grading.with_reasoning``'s, which the graders
+    position after the reasoning block. The block is ``gradeanswers.with_reasoning``'s, which the graders
     read back: the reasoning and the rest are always told apart, even where a model writes these tag
     lines itself (the reasoning's length is then in the opening tag).
     """

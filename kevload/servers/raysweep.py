@@ -27,18 +27,9 @@ from kevload.inputs.scenario import Scenario
 from kevload.load.runs import refuse_existing, run_scenario
 from kevload.records.rundir import RunDir
 from kevload.servers.processes import free_port, start_server, trouble, wait_ready
-from kevload.servers.sweep import (
-    READY_TIMEOUT_S,
-    Grid,
-    _fill,
-    combinations,
-    failed_row,
-    label,
-    not_run_row,
-    server_argv,
-    server_failed,
-    setting_row,
-)
+from kevload.servers.sweep import READY_TIMEOUT_S
+from kevload.servers.sweepfile import failed_row, not_run_row, server_failed, setting_row
+from kevload.servers.sweepgrid import Grid, _fill, combinations, label, server_argv
 
 READY_URL = "http://127.0.0.1:{port}/health"  # as the sequential sweep's default
 POLL_S = 0.5  # how often a running task asks whether the sweep was stopped

@@ -19,9 +19,8 @@ from kevload.compare.rollout import Comparison
 from kevload.errors import InputError, RunDirError, TargetError
 from kevload.inputs.grading import IMPORT
 from kevload.inputs.scenario import Scenario, load_scenario
-from kevload.load import comparing
-from kevload.load import eventloop as aio  # the event-loop runner
-from kevload.load.runs import recorded_scenario
+from kevload.load import comparing, eventloop
+from kevload.load.resuming import recorded_scenario
 from kevload.outputs import comparison as shown
 from kevload.records.rundir import RunDir
 from kevload.records.store import read_json, write_json
@@ -101,26 +100,13 @@ def compare(
     """The whole command: the targets' runs, then the comparison written (compare.json, compare.md)
     and gated. Returns it with the signal that stopped the runs, if any; None for it when stopped
     while a built-in target started, before anything was sent."""
-    if resume:  # the reference it was started with, and its saved run if it had one
-        recorded = comparing.read_manifest(out)
-        reference = reference or recorded["reference"]
-        if reference_run is None and "reference_run" in recorded:
-            reference_run = Path(recorded["reference_run"])
+    if resume:
+        reference, reference_run = _resumed_reference(out, reference, reference_run)
     names = [t[0] for t in targets.targets]
     if reference_run is not None:
         names = [reference or "reference", *names]
     name = comparing.check_targets(names, reference)
-    if resume:
-        scenario = _resumed(out)
-    elif scenario_path is None:
-        raise InputError("missing SCENARIO (or --resume DIR)")
-    else:
-        scenario = load_scenario(scenario_path)
-        if out.exists() and any(out.iterdir()):
-            raise InputError(
-                f"--out {out}: not empty; give a directory of its own (or --resume {out})"
-            )
-    comparing.check_scenario(scenario)
+    scenario = _compared_scenario(scenario_path, out, resume)
     if reference_run is not None:  # read before anything is sent: its graders too
         saved = RunDir.open(reference_run)
         gradings_of(saved.meta(), saved.run_json, trust_graders=trust_graders)
@@ -147,11 +133,40 @@ def compare(
                 reference_run=reference_run,
             )
 
-    _, signum = aio.run(work)
+    _, signum = eventloop.run(work)
     if not (out / comparing.MANIFEST).is_file():
         return None, signum
     # Its own runs' python graders are imported; a saved reference run's only with trust_graders.
     return finish(out, rules, trust_graders=trust_graders, own=True), signum
+
+
+def _resumed_reference(
+    out: Path, reference: str | None, reference_run: Path | None
+) -> tuple[str | None, Path | None]:
+    """On --resume, the reference it was started with, and its saved run if it had one (unless
+    given again)."""
+    recorded = comparing.read_manifest(out)
+    reference = reference or recorded["reference"]
+    if reference_run is None and "reference_run" in recorded:
+        reference_run = Path(recorded["reference_run"])
+    return reference, reference_run
+
+
+def _compared_scenario(scenario_path: Path | None, out: Path, resume: bool) -> Scenario:
+    """The scenario the targets run: the one started with on --resume, else SCENARIO's, into an
+    empty --out; checked as a comparison needs it."""
+    if resume:
+        scenario = _resumed(out)
+    elif scenario_path is None:
+        raise InputError("missing SCENARIO (or --resume DIR)")
+    else:
+        scenario = load_scenario(scenario_path)
+        if out.exists() and any(out.iterdir()):
+            raise InputError(
+                f"--out {out}: not empty; give a directory of its own (or --resume {out})"
+            )
+    comparing.check_scenario(scenario)
+    return scenario
 
 
 def finish(

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from kevload.errors import InputError
 
 if TYPE_CHECKING:
-    from kevload.servers.sweep import Grid
+    from kevload.servers.sweepgrid import Grid
 
 
 def check_servers(grid: Grid, server_cmd: str | None, builtin: str | None) -> None:

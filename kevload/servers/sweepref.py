@@ -23,7 +23,7 @@ from kevload.errors import ScenarioError
 from kevload.exits import ExitCode
 from kevload.inputs.overrides import toml_value
 from kevload.load.comparing import read_side
-from kevload.servers.sweep import Grid, label
+from kevload.servers.sweepgrid import Grid, label
 
 # Axes that set the levels or the mode: a setting and its reference would have no level in common
 # to pair items at (and a run already holds each level against its own serial answer).

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from kevload.inputs.grading import GraderFailed, Grading, checked
+from kevload.inputs.gradeanswers import GraderFailed
+from kevload.inputs.grading import Grading, checked
 from tests.bounded import Kevload
 from tests.compare.test_graded import sum_probes, sums_server
 from tests.conftest import load_summary, write_scenario

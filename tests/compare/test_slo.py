@@ -18,7 +18,7 @@ from kevload.outputs.junit import junit_xml
 from kevload.outputs.markdown import markdown
 from kevload.outputs.metrics import metrics_text
 from kevload.records.summary import CellSummary, RunSummary
-from kevload.servers.sweep import max_level_at_slo, sweep_markdown
+from kevload.servers.sweepfile import max_level_at_slo, sweep_markdown
 from tests.conftest import (
     cells_by_level,
     filled,

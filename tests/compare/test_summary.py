@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from kevload.load.runs import finish_run
+from kevload.load.finishing import finish_run
 from kevload.outputs.baseline import compare_to_baseline, load_baseline
 from kevload.outputs.markdown import markdown
 from kevload.outputs.verdict import verdict_line

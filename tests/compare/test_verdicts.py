@@ -22,10 +22,10 @@ from kevload.outputs.celltext import cell_text
 from kevload.outputs.html import run_report
 from kevload.outputs.junit import junit_xml
 from kevload.outputs.markdown import markdown
+from kevload.outputs.sweepview import sweep_cell_text
 from kevload.outputs.terminal import render
 from kevload.outputs.verdict import verdict_line
 from kevload.records.summary import CellSummary, RunSummary
-from kevload.servers.sweep import sweep_cell_text
 from tests.conftest import (
     cells_by_level,
     crafted_times,

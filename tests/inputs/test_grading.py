@@ -15,14 +15,8 @@ from hypothesis import strategies as st
 
 from kevload.errors import ScenarioError
 from kevload.inputs.choices import choice_letter
-from kevload.inputs.grading import (
-    GRADES,
-    BadGrading,
-    GraderFailed,
-    Grading,
-    checked,
-    content_of,
-)
+from kevload.inputs.gradeanswers import GraderFailed, content_of
+from kevload.inputs.grading import GRADES, BadGrading, Grading, checked
 from kevload.inputs.numbers import last_number
 from kevload.inputs.scenario import load_scenario
 from kevload.records.store import answer_text, read_json, write_json

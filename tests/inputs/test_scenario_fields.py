@@ -330,15 +330,15 @@ def test_sweep_settings_equal_the_same_values_written_in_the_file(tmp_path, serv
 # Calls that build a scenario from TOML text or a raw table, and where each may be made: the user's
 # file and
 # --set text (load.invocation, for `kevload run`), a resumed run's table from run.json with the user's --set text
-# (runs.resumed_scenario), the
+# (resuming.resumed_scenario), the
 # sweep's and demo's one read of their scenario file, the grid's values (user text).
 # demo/steps.py reads two files: the demo scenario and the graded set's (scenarios/graded.toml);
 # overrides.py reads one --set value as TOML (toml_value); rollout.py, a comparison's one read of
 # its scenario file.
 ALLOWED = {
     "load_scenario": {"invocation.py": 1, "sweep.py": 1, "steps.py": 2, "rollout.py": 1},
-    "scenario_from_dict": {"runs.py": 1},
-    "apply_override": {"runs.py": 1},
+    "scenario_from_dict": {"resuming.py": 1},
+    "apply_override": {"resuming.py": 1},
     "tomllib.loads": {"sweep.py": 1, "overrides.py": 1},
 }
 

@@ -31,8 +31,8 @@ SIGNALS = pytest.mark.parametrize(
 REDUCE_IN_LOOP = (
     "import os, sys; from pathlib import Path; from kevload.load import eventloop; "
     "from kevload.compare import reader; "
-    "reader._PARALLEL_BYTES = 1; os.cpu_count = lambda: 4; from kevload.load.runs import "
-    "finish_run\n"
+    "reader._PARALLEL_BYTES = 1; os.cpu_count = lambda: 4; from kevload.load.finishing "
+    "import finish_run\n"
     "async def main(stop):\n"
     "    for _ in range(int(sys.argv[2])): finish_run(Path(sys.argv[1]))\n"
     "eventloop.run(main)"

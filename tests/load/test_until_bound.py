@@ -8,8 +8,8 @@ import pytest
 
 from kevload.compare.stats import drift_upper_bound, samples_for_bound
 from kevload.compare.verdict import UntilBound
+from kevload.load.finishing import finish_run
 from kevload.load.level import decide
-from kevload.load.runs import finish_run
 from kevload.load.schedule import PROBE, ClosedLoop
 from kevload.records.store import RECORDS, read_records
 from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario

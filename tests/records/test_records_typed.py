@@ -10,7 +10,7 @@ import shutil
 import orjson
 import pytest
 
-from kevload.load import runs
+from kevload.load import finishing
 from tests.conftest import cells_by_level, load_summary, run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
 
@@ -148,7 +148,7 @@ def test_a_run_whose_summary_fails_still_ends_in_its_final_state_and_never_exits
     def broken(*args, **kwargs):
         raise TypeError("unsupported operand type(s) for +=: 'int' and 'str'")
 
-    monkeypatch.setattr(runs, "summarize", broken)
+    monkeypatch.setattr(finishing, "summarize", broken)
     with FakeServer(Behaviour(latency=0.0)) as server:
         scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2)
         code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")

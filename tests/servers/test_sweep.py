@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from kevload.outputs.sweepview import sweep_cell_text
 from kevload.records.store import read_records
 from kevload.records.summary import row_cells
 from kevload.servers.processes import pid_alive, stop_group
-from kevload.servers.sweep import READY_TIMEOUT_S, sweep_cell_text
+from kevload.servers.sweep import READY_TIMEOUT_S
 from tests.conftest import run_cli, write_scenario
 
 

@@ -22,7 +22,7 @@ import kevload.servers.targets as targets
 from kevload.inputs.scenario import QUICKSTART, ScenarioError
 from kevload.records.store import read_records
 from kevload.servers.processes import pid_alive
-from kevload.servers.sweep import check_axes_used
+from kevload.servers.sweepgrid import check_axes_used
 from kevload.servers.targets import (
     ProvisionError,
     TargetSettings,
