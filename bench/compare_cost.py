@@ -44,7 +44,8 @@ def _timed(work: object) -> tuple[float, float]:
 
 
 def _records(run_dir: Path) -> int:
-    """The requests a run made: its records, more than the samples asked for, not the same count each time."""
+    """The requests a run made: its records, more than the samples asked for, not the same count
+    each time."""
     return sum(len(p.read_bytes().splitlines()) for p in RunDir(run_dir).record_files())
 
 

@@ -1,5 +1,5 @@
-"""How many calls one coordinator actor answers per second (``--ray local``): many callers at once, as many actors
-would call it, each call awaited; prints one JSON line."""
+"""How many calls one coordinator actor answers per second (``--ray local``): many callers at once,
+as many actors would call it, each call awaited; prints one JSON line."""
 
 from __future__ import annotations
 

@@ -103,8 +103,9 @@ async def main(
 
 
 def answer_to_next_send(spans: dict[int, list[tuple[float, float]]]) -> float | None:
-    """Median, over every answer, of the time to its worker's next send: with one slot per worker (c = workers),
-    each slot's step from its answer to its resend (with more slots another one's send may come first)."""
+    """Median, over every answer, of the time to its worker's next send: with one slot per worker (c
+    = workers), each slot's step from its answer to its resend (with more slots another one's send
+    may come first)."""
     gaps = []
     for worker in spans.values():
         rows = np.array(worker)

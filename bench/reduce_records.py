@@ -1,7 +1,7 @@
 """Time the comparator alone: records.jsonl → summary (matrices), as `kevload report` does it.
 
-An optional second argument is an SLO as JSON (``'{"ttft_ms": 500, "e2e_ms": 10000}'``): each record is then
-checked against its bounds too.
+An optional second argument is an SLO as JSON (``'{"ttft_ms": 500, "e2e_ms": 10000}'``): each record
+is then checked against its bounds too.
 """
 
 from __future__ import annotations

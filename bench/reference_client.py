@@ -1,6 +1,7 @@
 """The plain reference client: one aiohttp session, a semaphore, gather — the style of vLLM's and
 Thinking Machines' scripts. Deliberately nothing clever; kevload is measured against it, on the same
-event loop (``--loop``, uvloop by default as kevload's CLI runs), so the loop is not what is measured."""
+event loop (``--loop``, uvloop by default as kevload's CLI runs), so the loop is not what is
+measured."""
 
 from __future__ import annotations
 

@@ -6,9 +6,10 @@ run, alternating the clients (A B A B …), with absolute numbers for context.
 
 The ``until-bound`` section (alone: ``--only until-bound``) asks the built-in real targets how many
 probe requests ``--until-bound 5%`` takes: to name transformers' batching crosstalk, and to bound
-llama.cpp's drift rate below 5 % per level. The ``server-metrics`` section (``--only server-metrics``)
-measures what reading the server's own /metrics during a run costs the load. The ``throttle`` section
-(``--only throttle``) drives the design card's asyncio-throttle and the open loop's own schedule at one rate.
+llama.cpp's drift rate below 5 % per level. The ``server-metrics`` section (``--only
+server-metrics``) measures what reading the server's own /metrics during a run costs the load. The
+``throttle`` section (``--only throttle``) drives the design card's asyncio-throttle and the open
+loop's own schedule at one rate.
 """
 
 from __future__ import annotations
@@ -106,8 +107,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def throttle(repeats: int) -> dict:
-    """The design card's asyncio-throttle as the open loop's limiter, against kevload's schedule (about 8 s a
-    repeat). Imported here: asyncio-throttle is measured, not a dependency (``make bench`` installs it)."""
+    """The design card's asyncio-throttle as the open loop's limiter, against kevload's schedule
+    (about 8 s a repeat). Imported here: asyncio-throttle is measured, not a dependency (``make
+    bench`` installs it)."""
     from bench.throttle import measure, print_throttle
 
     result = measure(repeats=repeats)
@@ -135,13 +137,14 @@ def _write(results: dict, suffix: str = "") -> int:
 
 
 def scaling(endpoint: Endpoint, args: argparse.Namespace) -> dict:
-    """kevload in one process, on 2 (and 4, where the machine has the cores) worker processes, and as 2 Ray actors
-    of a ``--ray local`` cluster, alternated per round; then the step from an answer to the next send with one slot
-    per worker (c = workers), where each worker's next send is that slot's own.
+    """kevload in one process, on 2 (and 4, where the machine has the cores) worker processes, and
+    as 2 Ray actors of a ``--ray local`` cluster, alternated per round; then the step from an answer
+    to the next send with one slot per worker (c = workers), where each worker's next send is that
+    slot's own.
 
-    Each run gives its whole time (a Ray run's includes starting Ray, as a user's run does) and its in-run rate
-    (records over first send to last answer: what the load was once it ran), and through Ray the coordinator's
-    calls (one level a run).
+    Each run gives its whole time (a Ray run's includes starting Ray, as a user's run does) and its
+    in-run rate (records over first send to last answer: what the load was once it ran), and through
+    Ray the coordinator's calls (one level a run).
     """
     counts = [1, 2] + ([4] if (os.cpu_count() or 1) >= 4 else [])
     setups = [(f"workers={n}", ["--workers", str(n)]) for n in counts] + [
@@ -180,7 +183,8 @@ def scaling(endpoint: Endpoint, args: argparse.Namespace) -> dict:
 
 
 def coordinator_rate() -> float:
-    """Calls one coordinator actor answers per second, 64 callers at once (Ray's start not included)."""
+    """Calls one coordinator actor answers per second, 64 callers at once (Ray's start not
+    included)."""
     out, *_ = measured(
         [sys.executable, str(BENCH / "coordinator_rate.py")],
         env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -322,8 +326,8 @@ def run_kevload(
     loop: str = "uvloop",
     client: Path = BENCH / "kevload_client.py",
 ) -> dict:
-    """kevload's run of ``n`` requests at ``c``; ``client``: the script that drives it (the smoke test's check of
-    itself drives a deliberately slowed one)."""
+    """kevload's run of ``n`` requests at ``c``; ``client``: the script that drives it (the smoke
+    test's check of itself drives a deliberately slowed one)."""
     argv = [
         sys.executable,
         str(client),
@@ -493,8 +497,8 @@ UNTIL_RUNS = (
 
 
 def until_bound(bound: float = 0.05) -> list[dict]:
-    """Per real target and mode, one run with load.until_bound: each cell's n, why it stopped, its bound,
-    and every probe request sent (the uncounted ramp-up and tail copies included)."""
+    """Per real target and mode, one run with load.until_bound: each cell's n, why it stopped, its
+    bound, and every probe request sent (the uncounted ramp-up and tail copies included)."""
     from kevload.inputs.scenario import scenario_from_dict
     from kevload.load.runs import run_scenario
     from kevload.servers.targets import running_target
@@ -532,8 +536,8 @@ def until_bound(bound: float = 0.05) -> list[dict]:
 
 
 def _until_row(name: str, mode: str, run_dir: Path, summary, seconds: float) -> dict:
-    """One until-bound run as the table shows it: each probe cell's counted n and claim, from its ``RunSummary``,
-    beside every probe request its records show sent."""
+    """One until-bound run as the table shows it: each probe cell's counted n and claim, from its
+    ``RunSummary``, beside every probe request its records show sent."""
     from kevload.records.rundir import RunDir
 
     sent: dict[int, int] = {}
@@ -594,10 +598,11 @@ METRICS_INTERVALS = (None, 0.25, 0.1)
 
 
 def server_metrics_cost(rounds: int = 3) -> dict:
-    """What the sampler costs: the driver's CPU per read of a vLLM-sized page (about 560 lines), filtered and
-    parsed as a run does; llama.cpp's own CPU per /metrics read (idle, from /proc); and llama.cpp (4 slots,
-    2 threads) at c=4 with /metrics not read, read every 0.25 s and every 0.1 s, alternated per round (req/s
-    and e2e p50 of the cell: wall-clock figures, as noisy as the machine)."""
+    """What the sampler costs: the driver's CPU per read of a vLLM-sized page (about 560 lines),
+    filtered and parsed as a run does; llama.cpp's own CPU per /metrics read (idle, from /proc); and
+    llama.cpp (4 slots, 2 threads) at c=4 with /metrics not read, read every 0.25 s and every 0.1 s,
+    alternated per round (req/s and e2e p50 of the cell: wall-clock figures, as noisy as the
+    machine)."""
     from kevload.inputs.scenario import scenario_from_dict
     from kevload.load.runs import run_scenario
     from kevload.records import servermetrics
@@ -663,7 +668,8 @@ def server_metrics_cost(rounds: int = 3) -> dict:
 
 
 def _server_cpu_ms_per_read(pid: int, url: str, reads: int = 2000) -> float:
-    """The server process's CPU (user + system, all threads) per GET of ``url``, the server otherwise idle."""
+    """The server process's CPU (user + system, all threads) per GET of ``url``, the server
+    otherwise idle."""
     import urllib.request
 
     direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -680,7 +686,8 @@ def _server_cpu_ms_per_read(pid: int, url: str, reads: int = 2000) -> float:
 
 
 def _vllm_sized_page() -> str:
-    """A /metrics page the size of vLLM's: a few dozen gauges and counters, 14 histograms of 25 buckets."""
+    """A /metrics page the size of vLLM's: a few dozen gauges and counters, 14 histograms of 25
+    buckets."""
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
     registry, labels = CollectorRegistry(), ["model_name", "engine"]
@@ -724,9 +731,8 @@ def print_table(results: dict) -> None:
         f"(min–max)"
     )
     # µs/req: wall time per request (1e6 / req/s), the client's and the server's together on the
-    # shared cores; for
-    # kevload also in-run (first send to last answer, without start-up and summary), the figure the
-    # ratio is held to.
+    # shared cores; for kevload also in-run (first send to last answer, without start-up and
+    # summary), the figure the ratio is held to.
     header = (
         f"{'mode':11} {'client':10} {'req/s':>24} {'µs/req':>7} {'in-run req/s':>13} {'µs/req':>7} "
         f"{'× reference':>20} {'× wrk':>8} {'CPU s/1k req':>13} {'peak RSS':>9}"

@@ -1,13 +1,15 @@
-"""The design card's ``asyncio-throttle`` against the open loop's own schedule: lateness and CPU per send.
+"""The design card's ``asyncio-throttle`` against the open loop's own schedule: lateness and CPU per
+send.
 
-The open loop (and a trace replay) sends each request at a given moment; kevload keeps that moment against one fixed
-start (``loops.sleep_until``). ``asyncio_throttle.Throttler`` limits how many acquisitions fall in a sliding window
-instead, polling every ``retry_interval`` (10 ms by default). Both are driven here at one rate, with no request
-behind the send (the limiter alone is measured), in the configurations a rate limit can take: one send per 1/rate
-seconds (with the default 10 ms poll, and with one a tenth of that period), and ``rate`` sends per second. Lateness
-is each send's time minus its due time ``start + k/rate``; a negative one is a send made early (a burst the window
-allowed). A constant rate is all a limiter can be asked for: a trace's or Poisson arrivals' irregular moments are
-beyond it whatever its poll.
+The open loop (and a trace replay) sends each request at a given moment; kevload keeps that moment
+against one fixed start (``loops.sleep_until``). ``asyncio_throttle.Throttler`` limits how many
+acquisitions fall in a sliding window instead, polling every ``retry_interval`` (10 ms by default).
+Both are driven here at one rate, with no request behind the send (the limiter alone is measured),
+in the configurations a rate limit can take: one send per 1/rate seconds (with the default 10 ms
+poll, and with one a tenth of that period), and ``rate`` sends per second. Lateness is each send's
+time minus its due time ``start + k/rate``; a negative one is a send made early (a burst the window
+allowed). A constant rate is all a limiter can be asked for: a trace's or Poisson arrivals'
+irregular moments are beyond it whatever its poll.
 """
 
 from __future__ import annotations
@@ -45,8 +47,9 @@ async def _throttled(throttler: Throttler, rate: float, n: int) -> list[float]:
 
 
 def measure(rate: float = 200.0, n: int = 400, repeats: int = 3) -> dict:
-    """Per limiter: lateness p50/p99/max (ms), the share sent early, the rate achieved and CPU ms per 1,000 sends,
-    each the median of ``repeats`` runs (alternating the limiters, as the rest of the bench does)."""
+    """Per limiter: lateness p50/p99/max (ms), the share sent early, the rate achieved and CPU ms
+    per 1,000 sends, each the median of ``repeats`` runs (alternating the limiters, as the rest of
+    the bench does)."""
     limiters = {
         "kevload": lambda: _kevload(rate, n),
         "throttle(1 per 1/rate)": lambda: _throttled(Throttler(1, period=1 / rate), rate, n),

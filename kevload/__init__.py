@@ -1,4 +1,5 @@
-"""kevload: load-test OpenAI-compatible LLM servers and find out whether the same input gives the same output.
+"""kevload: load-test OpenAI-compatible LLM servers and find out whether the same input gives the
+same output.
 
 The Python API, importable from ``kevload`` itself::
 
@@ -18,8 +19,9 @@ The Python API, importable from ``kevload`` itself::
 - outcomes: ``ExitCode`` and ``exitcode`` (each command's result as one code), the error tree ``KevloadError`` →
   ``InputError`` (exit 2: ``ScenarioError``, ``RunDirError``) and ``TargetError`` (exit 3: ``ServerError``).
 
-Every path argument (a scenario file, a run directory, a summary, ``DiagnoseOptions``' files) is a str or a Path.
-Each name is imported on first use: ``import kevload`` (and so ``kevload --help``) loads none of them.
+Every path argument (a scenario file, a run directory, a summary, ``DiagnoseOptions``' files) is a
+str or a Path. Each name is imported on first use: ``import kevload`` (and so ``kevload --help``)
+loads none of them.
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
-"""kevload's own errors, one tree: what the user gave is wrong (``InputError``, exit 2) or the target failed
-(``TargetError``, exit 3). The CLI turns any ``KevloadError`` into ``kevload: error: <message>`` and its
-``exit_code`` in one place (``cli.main``); nothing below the CLI prints or exits.
+"""kevload's own errors, one tree: what the user gave is wrong (``InputError``, exit 2) or the
+target failed (``TargetError``, exit 3). The CLI turns any ``KevloadError`` into ``kevload: error:
+<message>`` and its ``exit_code`` in one place (``cli.main``); nothing below the CLI prints or
+exits.
 
-A new kind of error subclasses the branch whose exit code it needs; its message names the file, key or
-option and what was expected, on one line (a target error may add the end of the server's log under it).
+A new kind of error subclasses the branch whose exit code it needs; its message names the file, key
+or option and what was expected, on one line (a target error may add the end of the server's log
+under it).
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ class KevloadError(Exception):
 
 
 class InputError(KevloadError, ValueError):
-    """What the user gave is not what kevload expects: scenario, case files, coverage input, grid, messages,
-    options, a run directory, a target it cannot provision."""
+    """What the user gave is not what kevload expects: scenario, case files, coverage input, grid,
+    messages, options, a run directory, a target it cannot provision."""
 
     exit_code = ExitCode.USAGE
 
@@ -31,8 +33,8 @@ class TargetError(KevloadError, RuntimeError):
 
 
 class ScenarioError(InputError):
-    """A scenario (file or --set override) or other input file is not what kevload expects; the text says
-    where and why."""
+    """A scenario (file or --set override) or other input file is not what kevload expects; the text
+    says where and why."""
 
 
 class RunDirError(InputError):
@@ -48,14 +50,16 @@ class ServerError(TargetError):
 
 
 class SummaryError(KevloadError):
-    """A run's records are on disk but no summary could be made of them: its verdict is unknown, so exit 3 as for
-    ``inconclusive`` (never 1, which says nondeterminism was found). ``run.json`` holds the run's end state anyway."""
+    """A run's records are on disk but no summary could be made of them: its verdict is unknown, so
+    exit 3 as for ``inconclusive`` (never 1, which says nondeterminism was found). ``run.json``
+    holds the run's end state anyway."""
 
     exit_code = ExitCode.TARGET
 
 
 class ClusterError(KevloadError):
-    """A run lost a worker (its process was killed, a Ray actor or its node died): its evidence is short, so exit 3
-    as for ``inconclusive``; the records collected before stay in the run directory."""
+    """A run lost a worker (its process was killed, a Ray actor or its node died): its evidence is
+    short, so exit 3 as for ``inconclusive``; the records collected before stay in the run
+    directory."""
 
     exit_code = ExitCode.TARGET

@@ -18,8 +18,8 @@ class ExitCode(IntEnum):
 
 
 # What each code of `kevload run` means, in the one set of words `run --help`, the README's gate
-# table
-# and docs/nightly.md give (the first two held equal to it by a test, the third rendered from it).
+# table and docs/nightly.md give (the first two held equal to it by a test, the third rendered from
+# it).
 RUN_EXITS: Mapping[ExitCode, str] = {
     ExitCode.OK: "everything held: one output everywhere (against a `--baseline`: nothing "
     "regressed)",

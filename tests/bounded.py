@@ -1,5 +1,6 @@
-"""kevload as a real subprocess in its own process group, bounded by a kill timer (and a memory limit where
-asked): a stop, a hang or a runaway allocation under test can never outlive the test or take the machine down."""
+"""kevload as a real subprocess in its own process group, bounded by a kill timer (and a memory
+limit where asked): a stop, a hang or a runaway allocation under test can never outlive the test or
+take the machine down."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from pathlib import Path
 
 
 def cli(*setup: str) -> str:
-    """``python -c`` code that runs kevload's CLI (its arguments from the command line) after ``setup``."""
+    """``python -c`` code that runs kevload's CLI (its arguments from the command line) after
+    ``setup``."""
     return "; ".join(
         ("import os, sys", *setup, "from kevload.cli import main", "main(sys.argv[1:])")
     )
@@ -46,7 +48,8 @@ class Ended:
 
 
 class Kevload:
-    """``kevload ARGS`` (or ``python -c CODE ARGS``) started in a new session, so its pid is its group's id."""
+    """``kevload ARGS`` (or ``python -c CODE ARGS``) started in a new session, so its pid is its
+    group's id."""
 
     def __init__(
         self,
@@ -69,7 +72,8 @@ class Kevload:
         self.pgid = self.proc.pid
 
     def signal(self, signum: int, *, group: bool = False) -> float:
-        """Send ``signum`` to kevload (or to its whole group, as a CI's timeout does); returns when (monotonic)."""
+        """Send ``signum`` to kevload (or to its whole group, as a CI's timeout does); returns when
+        (monotonic)."""
         at = time.monotonic()
         if group:
             os.killpg(self.pgid, signum)
@@ -92,7 +96,8 @@ class Kevload:
         return [pid for pid, ppid, _, _ in processes() if ppid == self.proc.pid]
 
     def end(self, timeout: float) -> Ended:
-        """Wait for kevload to exit, at most ``timeout`` seconds; then kill whatever is left of its group."""
+        """Wait for kevload to exit, at most ``timeout`` seconds; then kill whatever is left of its
+        group."""
         try:
             stdout, stderr = self.proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -128,7 +133,8 @@ def group_members(pgid: int) -> list[str]:
 
 
 def processes() -> list[tuple[int, int, int, str]]:
-    """Live (not zombie) processes of this host as (pid, parent pid, process group, the start of the cmdline)."""
+    """Live (not zombie) processes of this host as (pid, parent pid, process group, the start of the
+    cmdline)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():

@@ -23,8 +23,7 @@ from kevload.servers.targets.cache import cache_root
 from tests.fakeserver import Behaviour, FakeServer
 
 # Every process this session starts inherits this mark in its environment (targets are started with
-# the
-# caller's environment), so the stray check below finds this session's servers and no other
+# the caller's environment), so the stray check below finds this session's servers and no other
 # session's.
 SESSION_MARK = f"KEVLOAD_TEST_SESSION={uuid.uuid4().hex}"
 os.environ["KEVLOAD_TEST_SESSION"] = SESSION_MARK.split("=", 1)[1]
@@ -32,7 +31,8 @@ os.environ["KEVLOAD_TEST_SESSION"] = SESSION_MARK.split("=", 1)[1]
 
 @pytest.fixture(scope="session", autouse=True)
 def no_stray_target_processes():
-    """After the whole session no server this session started from kevload's cache may still run, pass or fail."""
+    """After the whole session no server this session started from kevload's cache may still run,
+    pass or fail."""
     yield
     strays = []
     root = str(cache_root() / "targets")
@@ -96,14 +96,15 @@ def filled(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def reduce_rows(rows: Iterable[dict[str, Any]], **options: Any) -> Reduction:
-    """Crafted records (their JSON objects, or a records file's as read) reduced as the comparator reduces a file:
-    each filled in and checked as a line of one is (``store.RECORD_DECODER``), then folded."""
+    """Crafted records (their JSON objects, or a records file's as read) reduced as the comparator
+    reduces a file: each filled in and checked as a line of one is (``store.RECORD_DECODER``), then
+    folded."""
     return reduce_records((msgspec.convert(filled(row), Record) for row in rows), **options)
 
 
 def crafted_times(seq: int, level: int) -> dict[str, float]:
-    """Send and last-byte times for a crafted record: serial samples one after another, a level's samples all
-    in flight together, as at full load (so the overlap check has nothing to flag)."""
+    """Send and last-byte times for a crafted record: serial samples one after another, a level's
+    samples all in flight together, as at full load (so the overlap check has nothing to flag)."""
     if level == 1:
         return {"t_send": seq * 0.1, "t_last_byte": seq * 0.1 + 0.05}
     return {"t_send": level * 100 + seq * 0.001, "t_last_byte": level * 100 + 50}
@@ -158,7 +159,8 @@ def load_summary(run_dir: Path) -> dict:
 def cells_by_level(
     summary: dict | RunSummary, probe: str = "p1", role: str = "probe"
 ) -> dict[int, Any]:
-    """One probe's cells by concurrency: CellSummary objects from a RunSummary, dicts from summary.json."""
+    """One probe's cells by concurrency: CellSummary objects from a RunSummary, dicts from
+    summary.json."""
     if isinstance(summary, RunSummary):
         return {c.concurrency: c for c in summary.cells if c.probe == probe and c.role == role}
     return {

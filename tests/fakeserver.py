@@ -85,15 +85,14 @@ class Behaviour:
     # NaN.
     logprob_nonfinite: dict[int, float] = field(default_factory=dict)
     # This many logprob checks answered with this text and no logprob entry: llama.cpp sends a token
-    # that ends inside
-    # a UTF-8 character as "\ufffd" without one; "" is a sampler that picked the end token first.
+    # that ends inside a UTF-8 character as "\ufffd" without one; "" is a sampler that picked the
+    # end token first.
     empty_checks: int = 0
     empty_check_text: str = "\ufffd"
     logprobs_alone_only: bool = False  # logprobs only for a request that had no other in flight
     # Called on each request's arrival with its index and the requests now at the server (itself
-    # included); a number
-    # it returns holds that request so long instead of `latency`. Tests act through it at a chosen
-    # moment.
+    # included); a number it returns holds that request so long instead of `latency`. Tests act
+    # through it at a chosen moment.
     on_arrival: Callable[[int, int], float | None] | None = None
     # A fault by the request's X-Request-Id (its seq tells which worker sent it), where ``faults``
     # gives none.
@@ -112,23 +111,17 @@ class Behaviour:
     served_model: str | None = None
     listed_models: tuple[str, ...] | None = None  # what /v1/models lists instead of served_model
     # GET /metrics: None (404, no metrics), "vllm" or "llamacpp" (Prometheus text in that server's
-    # names, its
-    # gauges what the server is doing now), "garbage" (an HTML page), "malformed" (a known series, a
-    # bad value)
-    # or "hang" (never answers).
+    # names, its gauges what the server is doing now), "garbage" (an HTML page), "malformed" (a
+    # known series, a bad value) or "hang" (never answers).
     metrics: str | None = None
     # Conversations: an answer is a function of the whole chat (an earlier answer changes every
-    # later one), and it
-    # varies under load (another request overlapping it) only from this turn on (0-based: a request
-    # with more user
-    # messages than this); serially it stays the same.
+    # later one), and it varies under load (another request overlapping it) only from this turn on
+    # (0-based: a request with more user messages than this); serially it stays the same.
     drift_from_turn: int | None = None
     # Prefix cache, warm and cold on purpose (kevload.load.prefixcache). An answer is served from
-    # the cache when its
-    # prompt
-    # was seen since the last reset and the request does not say cache_prompt: false (llama.cpp
-    # keeps a slot's
-    # tokens after such a request too, so the next one may reuse them).
+    # the cache when its prompt was seen since the last reset and the request does not say
+    # cache_prompt: false (llama.cpp keeps a slot's tokens after such a request too, so the next one
+    # may reuse them).
     warm_differs: bool = False  # an answer served from the cache differs from one computed afresh
     chat_text: str | None = None  # a whole chat answer also carries completions' "text": this
     reset_endpoint: str | None = (
@@ -143,9 +136,8 @@ class Behaviour:
     )
     props: bool = False  # GET /props answers as llama.cpp's does
     # Outputs vary for a request that was held (before its answer is made) while a client closed
-    # another
-    # request's stream: a batch that changed under it because a neighbour was cancelled, and nothing
-    # else.
+    # another request's stream: a batch that changed under it because a neighbour was cancelled, and
+    # nothing else.
     drift_when_cancelled: bool = False
 
 
@@ -256,8 +248,8 @@ class FakeServer:
         chat = request.path.endswith("/chat/completions")
         if body.get("user") == LOGPROBS_CHECK_USER:
             # kevload's one capability check per run: answered, but neither recorded nor counted for
-            # faults,
-            # so the tests' fault tables and request lists stay those of the run's own requests.
+            # faults, so the tests' fault tables and request lists stay those of the run's own
+            # requests.
             self.checks += 1
             if self.checks <= b.empty_checks:
                 return web.json_response(
@@ -360,11 +352,9 @@ class FakeServer:
                 )
             except ConnectionError:
                 # The client went away mid-stream: the server's batch changes under what it held
-                # then. The close
-                # came after the last chunk that was written, and is seen only at the next write:
-                # requests that
-                # arrived in between may have come after it, so only those held before that last
-                # chunk drift.
+                # then. The close came after the last chunk that was written, and is seen only at
+                # the next write: requests that arrived in between may have come after it, so only
+                # those held before that last chunk drift.
                 self.disconnects.append((request.headers.get("X-Request-Id"), time.monotonic()))
                 for other in self._active.values():
                     if other["arrived"] < written[0]:
@@ -373,7 +363,8 @@ class FakeServer:
         return self._whole(body, text, chat, fault, logprobs, cached)
 
     async def _reset(self, request: web.Request) -> web.Response:
-        """vLLM's POST /reset_prefix_cache ({"success": …}) or SGLang's POST /flush_cache, where the test gives one."""
+        """vLLM's POST /reset_prefix_cache ({"success": …}) or SGLang's POST /flush_cache, where the
+        test gives one."""
         b = self.behaviour
         if b.reset_endpoint != request.path:
             return web.Response(status=404, text="404: Not Found")
@@ -392,7 +383,8 @@ class FakeServer:
         return web.json_response({"default_generation_settings": {"n_ctx": 2048}, "total_slots": 1})
 
     async def _admit(self, limit: int) -> None:
-        """Wait for one of ``limit`` places; a place freed goes to the request that has waited longest."""
+        """Wait for one of ``limit`` places; a place freed goes to the request that has waited
+        longest."""
         if self._admitted < limit and not self._queue:
             self._admitted += 1
             return
@@ -625,7 +617,8 @@ class FakeServer:
         return web.json_response(doc | account)
 
     def _cache_account(self, cached: int) -> dict[str, Any]:
-        """What the server says it served from its cache, as vLLM (usage) or llama.cpp (timings) says it."""
+        """What the server says it served from its cache, as vLLM (usage) or llama.cpp (timings)
+        says it."""
         b = self.behaviour
         if b.cached_tokens == "usage":
             return {

@@ -1,4 +1,5 @@
-"""The tests' independent view of a real server: stdlib only (urllib, threads, json), none of kevload's code.
+"""The tests' independent view of a real server: stdlib only (urllib, threads, json), none of
+kevload's code.
 
 A real server's behaviour is never expected of the engine: whether llama.cpp, transformers serve or
 vLLM drifts under batching depends on the CPU, the build and the timing. A test instead measures it
@@ -55,9 +56,9 @@ def _content(choice: dict) -> list[dict]:
 
 @dataclass(frozen=True)
 class Level:
-    """The answers of one concurrency level, against the serial ones as kevload defines the comparison:
-    the serial reference is the most common serial text (and, among its answers, the most common
-    logprob vector); the first of equally common ones counts."""
+    """The answers of one concurrency level, against the serial ones as kevload defines the
+    comparison: the serial reference is the most common serial text (and, among its answers, the
+    most common logprob vector); the first of equally common ones counts."""
 
     answers: tuple[Answer, ...]
     serial: tuple[Answer, ...]
@@ -89,8 +90,8 @@ class Level:
 
     @property
     def bitwise(self) -> bool | None:
-        """Where every answer has the serial text: whether its logprobs equal the serial reference's,
-        float for float (None: a text drifted, or logprobs were not sent)."""
+        """Where every answer has the serial text: whether its logprobs equal the serial
+        reference's, float for float (None: a text drifted, or logprobs were not sent)."""
         reference = self.reference.logprobs
         if self.drift or reference is None or any(a.logprobs is None for a in self.answers):
             return None
@@ -156,7 +157,8 @@ def chat(model: str, prompt: str, max_tokens: int, **params: object) -> dict:
 def alone_and_together(
     url: str, body: dict, *, n: int, k: int, companions: Iterable[dict] = ()
 ) -> Seen:
-    """``body`` sent ``n`` times alone, then ``n`` rounds of ``k`` copies at once beside ``companions``."""
+    """``body`` sent ``n`` times alone, then ``n`` rounds of ``k`` copies at once beside
+    ``companions``."""
     alone = [answer_of(post(url, body)) for _ in range(n)]
     together = [a for _ in range(n) for a in at_once(url, [body] * k, list(companions))[:k]]
     return seen({1: alone, k: together})
@@ -187,10 +189,12 @@ def at_once(url: str, bodies: list[dict], companions: list[dict]) -> list[Answer
 
 
 def seen_in(exchanges: Iterable[tuple[dict, bytes]], run_dir: Path, probe: str = "p1") -> Seen:
-    """The counted answers to ``probe`` among the exchanges a RecordingProxy kept of a run, by level.
+    """The counted answers to ``probe`` among the exchanges a RecordingProxy kept of a run, by
+    level.
 
     Only which request was which is read from the run's records (the nonce kevload put in the
-    ``user`` field, its level and whether it was counted); the answers are parsed from the raw bodies.
+    ``user`` field, its level and whether it was counted); the answers are parsed from the raw
+    bodies.
     """
     which = {}
     for path in sorted(Path(run_dir).glob("records*.jsonl")):

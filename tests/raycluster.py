@@ -1,5 +1,5 @@
-"""A Ray cluster on this host for tests: a head and optional extra nodes, each `ray start --block` with its own
-temp dir, stopped with SIGTERM; afterwards no process of the cluster may remain."""
+"""A Ray cluster on this host for tests: a head and optional extra nodes, each `ray start --block`
+with its own temp dir, stopped with SIGTERM; afterwards no process of the cluster may remain."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ _START_S = 60.0
 def ray_cluster(
     tmp: Path, *, nodes: int = 1, cpus: int = 1, resources: list[dict] | None = None
 ) -> Iterator[str]:
-    """Yields the head's address; ``resources[i]`` are node i's custom resources (node 0 is the head)."""
+    """Yields the head's address; ``resources[i]`` are node i's custom resources (node 0 is the
+    head)."""
     port = _free_port()
     address = f"127.0.0.1:{port}"
     procs: list[subprocess.Popen] = []

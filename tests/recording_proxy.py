@@ -1,4 +1,5 @@
-"""A plain HTTP proxy that keeps every raw response body: the tests' independent view of a real server."""
+"""A plain HTTP proxy that keeps every raw response body: the tests' independent view of a real
+server."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import urllib.request
 
 
 class RecordingProxy:
-    """Forwards POSTs to ``upstream`` (an http://host:port root) and stores (request body, response body);
-    GETs (/metrics, /health) are forwarded and not stored."""
+    """Forwards POSTs to ``upstream`` (an http://host:port root) and stores (request body, response
+    body); GETs (/metrics, /health) are forwarded and not stored."""
 
     def __init__(self, upstream: str):
         self.upstream = upstream.rstrip("/")

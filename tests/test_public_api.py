@@ -1,6 +1,7 @@
-"""The Python API as documented is the API: docs/architecture.md's list, ``kevload.__all__``, the names the lazy
-``__getattr__`` serves and the ``TYPE_CHECKING`` imports a type checker reads are one set, and every name imports.
-Each package that defines public names lists them in its ``__all__``."""
+"""The Python API as documented is the API: docs/architecture.md's list, ``kevload.__all__``, the
+names the lazy ``__getattr__`` serves and the ``TYPE_CHECKING`` imports a type checker reads are
+one set, and every name imports. Each package that defines public names lists them in its
+``__all__``."""
 
 import ast
 import importlib
@@ -22,7 +23,8 @@ def _documented() -> list[str]:
 
 
 def _type_checking_imports() -> dict[str, str]:
-    """Each name ``kevload/__init__.py`` imports under ``if TYPE_CHECKING:``, with the module it comes from."""
+    """Each name ``kevload/__init__.py`` imports under ``if TYPE_CHECKING:``, with the module it
+    comes from."""
     tree = ast.parse((ROOT / "__init__.py").read_text())
     block = next(
         node

@@ -9,8 +9,7 @@ from collections.abc import Iterable, Mapping
 from kevload.errors import InputError
 
 # Each option that sets scenario keys, with the keys it sets (run's, sweep's; --target: its server's
-# URL and
-# model, once the server is up).
+# URL and model, once the server is up).
 KEYS_OF: Mapping[str, tuple[str, ...]] = {
     "--url": ("target.base_url",),
     "--model": ("target.model",),

@@ -1,1 +1,2 @@
-"""Comparing: records folded into cells, each against its serial reference, into a verdict and a summary."""
+"""Comparing: records folded into cells, each against its serial reference, into a verdict and a
+summary."""

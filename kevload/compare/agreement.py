@@ -1,5 +1,6 @@
-"""Agreement with the serial reference: how often a cell's outputs are the serial one, how many of their tokens
-agree, and whether their per-token logprobs are the serial ones bitwise (latent drift when the text agrees)."""
+"""Agreement with the serial reference: how often a cell's outputs are the serial one, how many of
+their tokens agree, and whether their per-token logprobs are the serial ones bitwise (latent drift
+when the text agrees)."""
 
 from __future__ import annotations
 
@@ -39,9 +40,9 @@ def agreement(
     """How often and how far the cell's outputs agree with the serial one, with 95 % intervals.
 
     ``exact_match_rate``: share of ok samples whose output is the serial output (Wilson interval).
-    ``token_agreement``: per sample, the share of token positions equal to the serial output's before
-    the first divergence (common prefix over the longer length), averaged over the samples that have
-    tokens (interval: ``stats.mean_share_interval``).
+    ``token_agreement``: per sample, the share of token positions equal to the serial output's
+    before the first divergence (common prefix over the longer length), averaged over the samples
+    that have tokens (interval: ``stats.mean_share_interval``).
     """
     ok = cell.ok
     if not ok or serial is None:
@@ -101,7 +102,8 @@ def logprob_agreement(
         elif key == serial:
             upto, same = len(ref), True
         else:
-            continue  # another output without tokens: its positions cannot be lined up with the serial ones
+            # another output without tokens: its positions cannot be lined up with the serial ones
+            continue
         first, diff, covered = track.compare(ref, upto, same)
         samples += covered
         partial += track.n - covered

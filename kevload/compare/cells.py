@@ -32,13 +32,11 @@ CellKey = tuple[
     str, str, str, int, float | None
 ]  # probe, role, mode, concurrency, rate (open loop)
 # A conversation's turn kept until its sample ends: (turn, its answer given its history or None, the
-# text received,
-# its output tokens, its send, the SLO bounds it missed: ``slo_missed``).
+# text received, its output tokens, its send, the SLO bounds it missed: ``slo_missed``).
 KeptTurn = tuple[int, TurnAnswer | None, str, int, float, tuple[str, ...]]
 # A closed-loop level as its spans are pooled: mode, concurrency. Two probes' levels of one
-# concurrency never
-# overlap in time (a level ends only when nothing it sent is in flight), so pooling them adds no
-# "other".
+# concurrency never overlap in time (a level ends only when nothing it sent is in flight), so
+# pooling them adds no "other".
 SpanKey = tuple[str, int]
 OutputKey = tuple[
     str | None, str | None
@@ -87,8 +85,7 @@ class CellAccumulator:
         0  # ok requests whose answer held a value that did not fit its field (Record.findings)
     )
     # Probe cells: each ok sample's send and last-byte time, in turn, and its output beside it, so
-    # that the samples
-    # with a cut of their level in flight can be told from the others
+    # that the samples with a cut of their level in flight can be told from the others
     # (kevload.compare.cuts.beside_cuts).
     sample_spans: array[float] | None = None
     sample_outputs: list[OutputKey] | None = None
@@ -311,9 +308,8 @@ class Reduction:
         0  # requests on record that load.cancel_share chose to cut (0: the run cut nothing)
     )
     # The run asked for cuts (load.cancel_share > 0): only then is every probe sample's span kept,
-    # to tell the samples
-    # beside a cut from the others; it is memory that grows with the samples, which no other run
-    # should pay.
+    # to tell the samples beside a cut from the others; it is memory that grows with the samples,
+    # which no other run should pay.
     cuts_asked: bool = False
     # Conversations whose ending record this part has not read yet: their earlier turns, in order.
     talks: dict[str, list[KeptTurn]] = field(default_factory=dict)

@@ -68,15 +68,13 @@ class ColdWarm:
         int  # compared rounds whose warm answers disagree among themselves (marker method)
     )
     # Compared rounds whose cold answer leaves warm ones that agree among themselves: within the
-    # round under the
-    # marker, across rounds with the same input (there a round's one warm answer must be every
-    # round's).
+    # round under the marker, across rounds with the same input (there a round's one warm answer
+    # must be every round's).
     cold_differs_rounds: int
     # True: cold answers leave warm ones that agree among themselves (with the same input every
-    # round, cold ones that
-    # agree among themselves too); None: they differ, but the warm answers vary too, or (same input)
-    # the cold ones
-    # (the server varies anyway: no claim about its cache); False: cold is warm in every round.
+    # round, cold ones that agree among themselves too); None: they differ, but the warm answers
+    # vary too, or (same input) the cold ones (the server varies anyway: no claim about its cache);
+    # False: cold is warm in every round.
     cache_effect: bool | None
     first_divergence_chars: int | None  # earliest char where a cold answer leaves its warm one
     logprob_rounds: int  # compared rounds with logprobs on the cold and first warm answer

@@ -1,5 +1,5 @@
-"""Divergence text: where and how an output leaves the serial one — the first differing char, word and token,
-its kind (``token``, ``length``, ``finish``) — and the example window a summary shows."""
+"""Divergence text: where and how an output leaves the serial one — the first differing char, word
+and token, its kind (``token``, ``length``, ``finish``) — and the example window a summary shows."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ _EXAMPLE_CONTEXT = 150
 
 @dataclass(frozen=True)
 class Divergence:
-    """How a drifting cell's outputs leave the serial one (the ``CellSummary`` fields of the same names)."""
+    """How a drifting cell's outputs leave the serial one (the ``CellSummary`` fields of the same
+    names)."""
 
     kinds: dict[str, int]  # divergent requests by kind
     first_chars: int
@@ -79,10 +80,10 @@ def divergence_kind(
 ) -> DivergenceKind:
     """How ``other`` differs from the serial ``reference`` output.
 
-    ``finish``: the same text, ended for another reason (``finish_reason``). ``length``: one text is a
-    proper prefix of the other (stop / max_tokens handling leaking between requests). ``token``: they
-    differ inside their common length (numerics, sampling), or outside the text itself when text and
-    finish_reason are both the same (a hash over more than the text).
+    ``finish``: the same text, ended for another reason (``finish_reason``). ``length``: one text is
+    a proper prefix of the other (stop / max_tokens handling leaking between requests). ``token``:
+    they differ inside their common length (numerics, sampling), or outside the text itself when
+    text and finish_reason are both the same (a hash over more than the text).
     """
     if reference == other:
         return "finish" if reference_finish != other_finish else "token"
@@ -116,7 +117,8 @@ def _word_ends(text: str, at: int) -> bool:
 
 
 def common_prefix_length(a: str | Sequence[object], b: str | Sequence[object]) -> int:
-    """Index of the first differing element (chars or tokens); the shorter length when one extends the other."""
+    """Index of the first differing element (chars or tokens); the shorter length when one extends
+    the other."""
     n = min(len(a), len(b))
     if n == 0:
         return 0

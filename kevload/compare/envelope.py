@@ -1,5 +1,6 @@
-"""The logprob envelope: the per-token logprob vectors of one distinct output in one cell, kept in memory that
-does not grow with requests, compared exactly with the serial reference once it is known."""
+"""The logprob envelope: the per-token logprob vectors of one distinct output in one cell, kept in
+memory that does not grow with requests, compared exactly with the serial reference once it is
+known."""
 
 from __future__ import annotations
 
@@ -11,24 +12,25 @@ import numpy as np
 # (``store.spell_logprobs``).
 Logprob = float | str | None
 # Distinct logprob vectors counted per output, to pick the serial reference's most common one;
-# beyond
-# this the vectors still widen the envelope (so every comparison stays exact) but are not counted.
+# beyond this the vectors still widen the envelope (so every comparison stays exact) but are not
+# counted.
 _LOGPROB_VECTORS = 16
 # Differing vectors folded into the envelope together: one numpy pass per batch, not per record.
 _LOGPROB_BATCH = 256
 
 
 class LogprobTrack:
-    """The logprob vectors of one distinct output in one cell, in memory that does not grow with requests.
+    """The logprob vectors of one distinct output in one cell, in memory that does not grow with
+    requests.
 
-    Kept: how many vectors were seen and how many of each length, up to ``_LOGPROB_VECTORS`` distinct ones with
-    their counts (to choose the serial reference's most common vector), and the elementwise envelope of every vector —
-    minimum and maximum of the finite values, and which kinds of value (null, finite, NaN, −∞, +∞) any
-    vector had there. Against any reference chosen later, the envelope gives exactly whether every
-    vector is bitwise equal to it, the first position where one differs, and the largest absolute
-    difference between finite values (reached at the minimum or the maximum). So records can arrive in
-    any order and from any part of a split file: the comparison waits for ``summarize``, when the serial
-    reference is known.
+    Kept: how many vectors were seen and how many of each length, up to ``_LOGPROB_VECTORS``
+    distinct ones with their counts (to choose the serial reference's most common vector), and the
+    elementwise envelope of every vector — minimum and maximum of the finite values, and which kinds
+    of value (null, finite, NaN, −∞, +∞) any vector had there. Against any reference chosen later,
+    the envelope gives exactly whether every vector is bitwise equal to it, the first position where
+    one differs, and the largest absolute difference between finite values (reached at the minimum
+    or the maximum). So records can arrive in any order and from any part of a split file: the
+    comparison waits for ``summarize``, when the serial reference is known.
     """
 
     __slots__ = (
@@ -50,10 +52,8 @@ class LogprobTrack:
             tuple(vector): [1, seq]
         }  # vector -> [count, first seq]
         # Vectors other than a counted one wait here to be folded into the envelope in one batch.
-        # The
-        # envelope exists once a second, different vector was folded: until then the one counted
-        # vector
-        # is the envelope, and a bitwise-stable output costs one dict lookup per record.
+        # The envelope exists once a second, different vector was folded: until then the one counted
+        # vector is the envelope, and a bitwise-stable output costs one dict lookup per record.
         self.pending: list[Sequence[Logprob]] = []
         self.lo: np.ndarray | None = None
         self.hi: np.ndarray | None = None
@@ -108,18 +108,19 @@ class LogprobTrack:
     def compare(
         self, reference: Sequence[Logprob], upto: int, same_tokens: bool
     ) -> tuple[int | None, float | None, int]:
-        """(first position < ``upto`` where a vector differs from ``reference``, largest |difference| there, how
-        many vectors the comparison covers).
+        """(first position < ``upto`` where a vector differs from ``reference``, largest
+        |difference| there, how many vectors the comparison covers).
 
-        ``upto``: positions whose tokens agree with the reference's. Each position is compared over the vectors
-        that have it. The first position is None when every value given equals the reference's bitwise; vectors
-        whose tokens leave the reference's (``same_tokens`` False) differ at the first position they stop
-        agreeing. A vector with the reference's tokens but fewer entries (a server that left logprobs out) is
-        no evidence past its end: while its values agree it is not covered, and the comparison makes no claim
-        about it; a difference anywhere covers every vector (it is one). A position equals the reference's where
-        every vector has the reference's kind there (−∞ equals −∞, NaN equals NaN, null equals null) and, for a
-        finite reference, its value; the difference is taken between finite values only, since one against a
-        non-finite one has no size.
+        ``upto``: positions whose tokens agree with the reference's. Each position is compared over
+        the vectors that have it. The first position is None when every value given equals the
+        reference's bitwise; vectors whose tokens leave the reference's (``same_tokens`` False)
+        differ at the first position they stop agreeing. A vector with the reference's tokens but
+        fewer entries (a server that left logprobs out) is no evidence past its end: while its
+        values agree it is not covered, and the comparison makes no claim about it; a difference
+        anywhere covers every vector (it is one). A position equals the reference's where every
+        vector has the reference's kind there (−∞ equals −∞, NaN equals NaN, null equals null) and,
+        for a finite reference, its value; the difference is taken between finite values only, since
+        one against a non-finite one has no size.
         """
         self._flush()
         m = min(upto, len(reference), self.len_max)
@@ -188,11 +189,13 @@ _NULL, _FINITE, _NAN, _NEG_INF, _POS_INF = 1, 2, 4, 8, 16
 def _envelope(
     vectors: Sequence[Sequence[Logprob]], nonfinite: bool = False
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Vectors of one length as an envelope: (min, max of the finite values, kinds seen) per position.
+    """Vectors of one length as an envelope: (min, max of the finite values, kinds seen) per
+    position.
 
-    A null (a token the server gave no logprob for) becomes NaN and is neutral for min and max, as are
-    non-finite values. With ``nonfinite`` the vectors may hold the spellings of ``store.spell_logprobs``:
-    ``float()`` reads them back, and a spelled ``"NaN"`` is kept apart from a null.
+    A null (a token the server gave no logprob for) becomes NaN and is neutral for min and max, as
+    are non-finite values. With ``nonfinite`` the vectors may hold the spellings of
+    ``store.spell_logprobs``: ``float()`` reads them back, and a spelled ``"NaN"`` is kept apart
+    from a null.
     """
     if nonfinite:
         spelled_nan = np.array([[x == "NaN" for x in v] for v in vectors], dtype=bool).reshape(

@@ -1,5 +1,6 @@
-"""Good or bad, beside same or different: each graded probe cell's answers graded (once per distinct output, from the
-texts the cell already keeps), flips against the serial cell, and accuracy per level with the paired test.
+"""Good or bad, beside same or different: each graded probe cell's answers graded (once per distinct
+output, from the texts the cell already keeps), flips against the serial cell, and accuracy per
+level with the paired test.
 
 Definitions (docs/graded.md: "Good or bad: graded answers"):
 
@@ -40,18 +41,19 @@ from kevload.inputs.probe import Probe
 from kevload.records.store import Record
 from kevload.records.summary import CellSummary, RunSummary, level_label, level_order
 
-SIGNIFICANT = 0.05  # accuracy "fell" at a level: lower than serial over the paired probes, McNemar p under this
+# accuracy "fell" at a level: lower than serial over the paired probes, McNemar p under this
+SIGNIFICANT = 0.05
 _SHOWN = 300  # characters of a flipped answer (and the serial one) kept in the summary
 
 
 @dataclass
 class Grader:
-    """The run's graders by probe id, and each distinct output's grade once known: a text graded at one level is
-    not graded again at another (the serial cell's outputs are met at every level). Each answer is
-    graded within ``timeout`` seconds (``gradeworker``); a SIGINT/SIGTERM in the summary step (from
-    ``since``, a count of ``signals.signals_so_far``) cuts the grading short: every answer not graded by
-    then is ``grade_failed``, and the summary is made of the rest. Close it (``with``) to end its
-    worker process."""
+    """The run's graders by probe id, and each distinct output's grade once known: a text graded at
+    one level is not graded again at another (the serial cell's outputs are met at every level).
+    Each answer is graded within ``timeout`` seconds (``gradeworker``); a SIGINT/SIGTERM in the
+    summary step (from ``since``, a count of ``signals.signals_so_far``) cuts the grading short:
+    every answer not graded by then is ``grade_failed``, and the summary is made of the rest. Close
+    it (``with``) to end its worker process."""
 
     gradings: Mapping[str, Grading]
     timeout: float = DEFAULT_TIMEOUT
@@ -127,7 +129,8 @@ def graded_cell(
     serial: bool,
     min_good_share: float | None,
 ) -> CellSummary:
-    """A probe cell's graded figures (this module's definitions); ``serial``: the cell is its probe's reference."""
+    """A probe cell's graded figures (this module's definitions); ``serial``: the cell is its
+    probe's reference."""
     grades = grader.grades(summary.probe, cell)
     good, bad, failed = _tally(cell.counts, grades)
     ref_good, ref_bad, _ = _tally(reference.counts, grader.grades(summary.probe, reference))
@@ -183,7 +186,8 @@ def _flip_example(
     grades: Mapping[OutputKey, bool | None],
     serial_grade: str | None,
 ) -> tuple[str, str]:
-    """The most common flipped output (ties: the first seen) and the serial one, each cut to ``_SHOWN`` chars."""
+    """The most common flipped output (ties: the first seen) and the serial one, each cut to
+    ``_SHOWN`` chars."""
     flipped_to = serial_grade == "bad"
     key = max(
         (k for k, g in grades.items() if g is flipped_to),
@@ -195,7 +199,8 @@ def _flip_example(
 
 
 def with_accuracy(run: RunSummary, grader: Grader, min_good_share: float | None) -> RunSummary:
-    """The run's graded figures, from its graded probe cells alone (so a summary read back gives them again)."""
+    """The run's graded figures, from its graded probe cells alone (so a summary read back gives
+    them again)."""
     cells = [c for c in run.probe_cells() if c.graded_good is not None]
     levels = accuracy(cells)
     return replace(
@@ -210,16 +215,18 @@ def with_accuracy(run: RunSummary, grader: Grader, min_good_share: float | None)
 
 
 def probe_grade(cell: CellSummary) -> bool | None:
-    """A probe at a level: good when every answer there graded is good, bad with one bad; None with none graded."""
+    """A probe at a level: good when every answer there graded is good, bad with one bad; None with
+    none graded."""
     if not cell.graded_good and not cell.graded_bad:
         return None
     return not cell.graded_bad
 
 
 def accuracy(cells: Iterable[CellSummary]) -> list[dict[str, Any]]:
-    """One entry per mode and level over the graded probe cells: the probes graded there (``n``), those good, the
-    share with its Wilson 95 % interval, and against each probe's own serial level the discordant probes and the
-    exact McNemar p (None at the serial level itself). ``fell``: lower than serial with p < ``SIGNIFICANT``."""
+    """One entry per mode and level over the graded probe cells: the probes graded there (``n``),
+    those good, the share with its Wilson 95 % interval, and against each probe's own serial level
+    the discordant probes and the exact McNemar p (None at the serial level itself). ``fell``: lower
+    than serial with p < ``SIGNIFICANT``."""
     by_level: dict[tuple[str, int, float | None], dict[str, CellSummary]] = {}
     for c in cells:
         by_level.setdefault((c.mode, c.concurrency, c.rate), {})[c.probe] = c
@@ -267,7 +274,8 @@ def level_name(entry: Mapping[str, Any]) -> str:
 
 
 def grading_json(probes: Iterable[Probe]) -> dict[str, dict[str, Any]]:
-    """run.json's ``grading``: each graded probe's grader by probe id (a schema file already read into it)."""
+    """run.json's ``grading``: each graded probe's grader by probe id (a schema file already read
+    into it)."""
     return {
         p.id: Grading(p.grade, p.expected, p.grade_tolerance).to_json()
         for p in probes
@@ -278,9 +286,10 @@ def grading_json(probes: Iterable[Probe]) -> dict[str, dict[str, Any]]:
 def gradings_of(
     meta: Mapping[str, Any], where: Path, *, trust_graders: bool
 ) -> dict[str, Grading] | None:
-    """The graders run.json (``where``) keeps, checked again; None for a run without graded probes. A python grader
-    is imported again from the directory the run found it in only with ``trust_graders`` (the run is this process's
-    own, or the user said so): a run directory is data, and never the place code is imported from."""
+    """The graders run.json (``where``) keeps, checked again; None for a run without graded probes.
+    A python grader is imported again from the directory the run found it in only with
+    ``trust_graders`` (the run is this process's own, or the user said so): a run directory is data,
+    and never the place code is imported from."""
     docs = meta.get("grading")
     if not docs:
         return None

@@ -1,5 +1,5 @@
-"""Records files read into a ``Reduction``: in this process for a small file, split at line boundaries and read
-by spawned processes for a large one, whose parts merge."""
+"""Records files read into a ``Reduction``: in this process for a small file, split at line
+boundaries and read by spawned processes for a large one, whose parts merge."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ _Range = tuple[str, int, int | None, Slo | None, bool]
 def reduce_file(
     path: Path, workers: int | None = None, *, slo: Slo | None = None, cuts_asked: bool = False
 ) -> Reduction:
-    """Reduce a records file; large files are split at line boundaries and read by parallel processes.
-    ``cuts_asked``: the run asked for cancellations (``Reduction.cuts_asked``)."""
+    """Reduce a records file; large files are split at line boundaries and read by parallel
+    processes. ``cuts_asked``: the run asked for cancellations (``Reduction.cuts_asked``)."""
     workers = workers or os.cpu_count() or 1
     size = path.stat().st_size
     if workers < 2 or size < _PARALLEL_BYTES:
@@ -51,7 +51,8 @@ def reduce_file(
 def reduce_records(
     records: Iterable[Record], *, slo: Slo | None = None, cuts_asked: bool = False
 ) -> Reduction:
-    """Records as read typed (``store.read_typed``), spelled logprobs kept spelled, folded into a ``Reduction``."""
+    """Records as read typed (``store.read_typed``), spelled logprobs kept spelled, folded into a
+    ``Reduction``."""
     reduction = Reduction(slo=slo, cuts_asked=cuts_asked)
     for record in records:
         reduction.add(record)
@@ -72,12 +73,13 @@ def _line_cuts(path: Path, size: int, parts: int) -> list[int]:
 
 
 def _reduce_ranges(ranges: list[_Range]) -> list[Reduction]:
-    """Each range reduced in a process of its own, in order; a range whose process died is reduced here.
+    """Each range reduced in a process of its own, in order; a range whose process died is reduced
+    here.
 
-    Spawned, never forked: this runs inside the run's event loop, and a fork would inherit its signal
-    handling (a caught SIGTERM, so terminating the child does nothing) and the locks its threads hold. Every
-    wait is bounded: a part arrives or its process's end closes the pipe, and each process is joined with a
-    timeout, then killed.
+    Spawned, never forked: this runs inside the run's event loop, and a fork would inherit its
+    signal handling (a caught SIGTERM, so terminating the child does nothing) and the locks its
+    threads hold. Every wait is bounded: a part arrives or its process's end closes the pipe, and
+    each process is joined with a timeout, then killed.
     """
     context = multiprocessing.get_context("spawn")
     pipes, procs = [], []
@@ -88,7 +90,8 @@ def _reduce_ranges(ranges: list[_Range]) -> list[Reduction]:
                 target=_range_main, args=(send, args), name="kevload-reduce", daemon=True
             )
             proc.start()
-            send.close()  # the child holds the only write end: its end, however it comes, is an EOF here
+            # the child holds the only write end: its end, however it comes, is an EOF here
+            send.close()
             pipes.append(receive)
             procs.append(proc)
         answers: dict[int, tuple[Reduction | None, RunDirError | None] | None] = {}

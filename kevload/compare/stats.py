@@ -1,5 +1,5 @@
-"""Pure numeric helpers: confidence bounds for "no drift seen", agreement intervals and constant-memory latency
-quantiles."""
+"""Pure numeric helpers: confidence bounds for "no drift seen", agreement intervals and
+constant-memory latency quantiles."""
 
 from __future__ import annotations
 
@@ -55,7 +55,8 @@ def wilson_interval(successes: float, n: int, z: float = Z95) -> tuple[float, fl
 def mean_share_interval(
     shares: list[tuple[float, int]], z: float = Z95
 ) -> tuple[float, float, float] | None:
-    """Mean of per-sample shares in [0, 1], given as (share, how many samples had it), with its interval.
+    """Mean of per-sample shares in [0, 1], given as (share, how many samples had it), with its
+    interval.
 
     The interval is Wilson's with the summed shares as successes and the samples as trials. Any
     variable in [0, 1] with mean p has variance at most p(1 - p), the Bernoulli case Wilson assumes,
@@ -94,7 +95,8 @@ class LatencyHistogram:
             self._flush()
 
     def quantile(self, q: float) -> float:
-        """The ``q`` quantile (0–1): the geometric centre of the bin holding it, clamped to [min, max]."""
+        """The ``q`` quantile (0–1): the geometric centre of the bin holding it, clamped to [min,
+        max]."""
         self._flush()
         return self._quantile(np.cumsum(self._counts), q) if self.n else math.nan
 
@@ -146,9 +148,10 @@ class LatencyHistogram:
 
 
 def mcnemar_exact(good_to_bad: int, bad_to_good: int) -> float:
-    """Two-sided exact McNemar p-value for paired good/bad outcomes: under "no change", each of the n discordant
-    pairs goes either way with probability 1/2, so the smaller count is Binomial(n, 1/2); p is twice its lower
-    tail, at most 1 (1 with no discordant pair: nothing says the two differ)."""
+    """Two-sided exact McNemar p-value for paired good/bad outcomes: under "no change", each of the
+    n discordant pairs goes either way with probability 1/2, so the smaller count is Binomial(n,
+    1/2); p is twice its lower tail, at most 1 (1 with no discordant pair: nothing says the two
+    differ)."""
     n = good_to_bad + bad_to_good
     if n == 0:
         return 1.0

@@ -1,11 +1,12 @@
-"""Where a live conversation leaves the serial one: each turn's answers compared among the samples that were asked
-with the serial history, and the first turn at which one differs.
+"""Where a live conversation leaves the serial one: each turn's answers compared among the samples
+that were asked with the serial history, and the first turn at which one differs.
 
-A conversation sample's later turns are asked with the answers its earlier turns received, so once one answer
-differs every later turn of that sample has another history: comparing it with the serial answer would compare
-different questions. So turn *k* is compared only among the answers whose ``history_sha256`` is the serial one's
-at turn *k*; the first turn with a differing answer is where the conversation first left the serial path (before
-it, every answer given the serial history agreed, so every sample still had it).
+A conversation sample's later turns are asked with the answers its earlier turns received, so once
+one answer differs every later turn of that sample has another history: comparing it with the serial
+answer would compare different questions. So turn *k* is compared only among the answers whose
+``history_sha256`` is the serial one's at turn *k*; the first turn with a differing answer is where
+the conversation first left the serial path (before it, every answer given the serial history
+agreed, so every sample still had it).
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ class TurnAgreement:
 
 
 def serial_path(serial: Tally) -> dict[int, TurnAnswer]:
-    """The serial conversation, turn by turn: its most common history at each turn, and the most common answer
-    given that history (ties to the one first seen: the cell's samples in the order they ended)."""
+    """The serial conversation, turn by turn: its most common history at each turn, and the most
+    common answer given that history (ties to the one first seen: the cell's samples in the order
+    they ended)."""
     path = {}
     for turn, answers in serial.items():
         histories: dict[str | None, int] = {}
@@ -51,7 +53,8 @@ def serial_path(serial: Tally) -> dict[int, TurnAnswer]:
 
 
 def by_turn(cell: Tally, serial: Tally) -> tuple[TurnAgreement, ...]:
-    """Each turn of the serial conversation: the cell's answers given the serial history against the serial one."""
+    """Each turn of the serial conversation: the cell's answers given the serial history against the
+    serial one."""
     out = []
     for turn, reference in sorted(serial_path(serial).items()):
         same = {a: n for a, n in cell.get(turn, {}).items() if a[0] == reference[0]}
@@ -67,5 +70,6 @@ def by_turn(cell: Tally, serial: Tally) -> tuple[TurnAgreement, ...]:
 
 
 def first_divergent_turn(turns: tuple[TurnAgreement, ...]) -> int | None:
-    """The first turn (0-based) where an answer given the serial history differs from the serial one; None: none."""
+    """The first turn (0-based) where an answer given the serial history differs from the serial
+    one; None: none."""
     return next((t.turn for t in turns if t.differ), None)

@@ -50,7 +50,8 @@ def closing_line(name: str, runs: list[Ran]) -> str:
             if e["accuracy"] is not None
         )
         said.append(
-            f"graded accuracy {accuracy}, {len(graded.bad_cells or ())} answers turned bad under load"
+            f"graded accuracy {accuracy}, {len(graded.bad_cells or ())} answers turned bad under "
+            f"load"
         )
     return f"{label}: {'; '.join(said)}"
 
@@ -73,8 +74,8 @@ def _failure_words(name: str, ran: Ran) -> str:
 
 
 def where_lines(out: Path) -> list[str]:
-    """Where the demo's runs ran (their run.json's machine and engine), each once: its figures are this
-    machine's and these engines', and move with both."""
+    """Where the demo's runs ran (their run.json's machine and engine), each once: its figures are
+    this machine's and these engines', and move with both."""
     found = (where_text(read_json(path)) for path in sorted(out.glob("**/run.json")))
     lines = list(dict.fromkeys(w for w in found if w))
     return [f"measured on {w}" for w in lines] + (
@@ -129,8 +130,8 @@ def headline(label: str, steps: list[tuple[str, RunSummary]]) -> str:
 
 
 def _chars(first: int, drift: list[CellSummary]) -> str:
-    """Where the drifting outputs leave the serial one: ``at char 7`` when every one leaves it there (a window of
-    one point, which read "between char 7 and 7"), else ``between char 7 and 31``."""
+    """Where the drifting outputs leave the serial one: ``at char 7`` when every one leaves it there
+    (a window of one point, which read "between char 7 and 7"), else ``between char 7 and 31``."""
     last = max(
         (c.last_divergence_chars for c in drift if c.last_divergence_chars is not None),
         default=first,
@@ -182,8 +183,9 @@ def logprob_line(label: str, steps: list[tuple[str, RunSummary]]) -> str:
 
 
 def graded_lines(label: str, summary: RunSummary) -> list[str]:
-    """The graded step: one line per level (accuracy [CI], good→bad and bad→good against serial, McNemar p), then
-    the items load turned bad, by name; a target that failed says so after what was graded before."""
+    """The graded step: one line per level (accuracy [CI], good→bad and bad→good against serial,
+    McNemar p), then the items load turned bad, by name; a target that failed says so after what was
+    graded before."""
     lines = [
         f"{label} graded {entry['n']} items, {gradedview.level_text(entry)}"
         for entry in summary.accuracy or ()
@@ -200,7 +202,8 @@ def graded_lines(label: str, summary: RunSummary) -> list[str]:
 
 
 def sweep_lines(sweep: dict[str, Any]) -> list[str]:
-    """Per setting, what its outputs do against serial and what the highest level costs: the trade-off at a glance."""
+    """Per setting, what its outputs do against serial and what the highest level costs: the
+    trade-off at a glance."""
     lines = []
     for row in sweep["rows"]:
         cells = sorted(row_cells(row), key=lambda c: c.level_order)

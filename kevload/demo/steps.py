@@ -26,17 +26,15 @@ from kevload.servers.targets import RunningTarget, TargetSettings, serving
 
 SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "demo.toml"
 # Good or bad: a share of the shipped graded set at c=1 and c=4, graded per level against serial.
-# Two samples a cell
-# keep it to about two minutes a target on two cores; the unit of the per-level test is the probe,
-# not the sample.
+# Two samples a cell keep it to about two minutes a target on two cores; the unit of the per-level
+# test is the probe, not the sample.
 GRADED_SCENARIO = SCENARIO.with_name("graded.toml")
 GRADED_LEVELS = (1, 4)
 GRADED_SAMPLES = 2
 LABELS = {"llamacpp": "llama.cpp", "transformers": "transformers", "vllm": "vLLM"}
 # What each target runs with: four slots. vLLM in eager mode: torch.compile adds about 40 s to each
-# of its
-# three starts (the column and two sweep settings), minutes on a loaded machine; the demo has 15 in
-# all.
+# of its three starts (the column and two sweep settings), minutes on a loaded machine; the demo has
+# 15 in all.
 SETTINGS = {
     "llamacpp": TargetSettings(slots=4),
     "transformers": TargetSettings(slots=4),
@@ -110,8 +108,8 @@ def serial_seconds(steps: list[tuple[str, RunSummary]]) -> float | None:
 
 
 def graded_probes(probes: tuple[Probe, ...]) -> tuple[Probe, ...]:
-    """The demo's share of the graded set (ids ``kind-lang-i``): items 0 and 1 of every kind in both languages, and
-    item 2 of the sums and the counts — 24 probes."""
+    """The demo's share of the graded set (ids ``kind-lang-i``): items 0 and 1 of every kind in both
+    languages, and item 2 of the sums and the counts — 24 probes."""
 
     def kept(probe: Probe) -> bool:
         kind, _, index = probe.id.split("-")
@@ -121,8 +119,8 @@ def graded_probes(probes: tuple[Probe, ...]) -> tuple[Probe, ...]:
 
 
 def graded_scenario(url: str, model: str, timeout_s: float | None = None) -> Scenario:
-    """scenarios/graded.toml against the started target, on the demo's share of its items, levels and samples;
-    ``timeout_s`` its requests' timeout (None: the file's)."""
+    """scenarios/graded.toml against the started target, on the demo's share of its items, levels
+    and samples; ``timeout_s`` its requests' timeout (None: the file's)."""
     whole = load_scenario(GRADED_SCENARIO)
     target = replace(whole.target, base_url=url, model=model)
     return build_scenario(
@@ -291,8 +289,8 @@ async def run_sweep(
     ran: list[Ran],
     pace: Pace,
 ) -> dict[str, Any]:
-    """Step 2 at each max_num_seqs, as `kevload sweep --target NAME --grid max_num_seqs=…` runs it; the column's
-    own setting is its step 2 run, not run again."""
+    """Step 2 at each max_num_seqs, as `kevload sweep --target NAME --grid max_num_seqs=…` runs it;
+    the column's own setting is its step 2 run, not run again."""
     own = SETTINGS[name].slots
     rows = {
         own: setting_row(

@@ -87,8 +87,8 @@ async def rerun_cases(
     """
     out = (out or Path("results")) / f"cases-rerun-{new_run_id()}"
     # A case id is its probe's id, which may hold any character (a /, .., a NUL): each rerun's
-    # directory is named
-    # from it as a sweep names a setting's, inside ``out`` and apart from every other case's.
+    # directory is named from it as a sweep names a setting's, inside ``out`` and apart from every
+    # other case's.
     dirs = apart([case["id"] for case in cases])
     target = Target(base_url=url, model=model, api=api, timeout=timeout)
     results = []

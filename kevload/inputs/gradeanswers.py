@@ -36,11 +36,9 @@ def local_schemas() -> Any:
 
 
 # The reasoning block ``store.answer_text`` puts before the content (what a model thought is not its
-# answer, and is
-# not graded). Mostly the tags alone; a reasoning that holds the closing tag line itself (or a
-# content that begins
-# like a block) would be cut at the wrong place, so there the block gives the reasoning's length
-# instead.
+# answer, and is not graded). Mostly the tags alone; a reasoning that holds the closing tag line
+# itself (or a content that begins like a block) would be cut at the wrong place, so there the block
+# gives the reasoning's length instead.
 REASONING_TAG = (
     "<reasoning"  # what every block begins with: a text that does not is read back as it is
 )
@@ -58,10 +56,9 @@ def with_reasoning(reasoning: str | None, rest: str) -> str:
     if reasoning:
         text = f"{_BLOCK_OPEN}{reasoning}{_BLOCK_CLOSE}{rest}"
         # Read back right when the first closing tag line after the opening is the one written after
-        # the reasoning.
-        # One that comes earlier holds all of "</reasoning>" inside the reasoning: a reasoning
-        # without "<" (most) is
-        # read right, known by memchr, not by the tag's search (some 50 times slower, per request).
+        # the reasoning. One that comes earlier holds all of "</reasoning>" inside the reasoning: a
+        # reasoning without "<" (most) is read right, known by memchr, not by the tag's search (some
+        # 50 times slower, per request).
         if "<" not in reasoning or text.find(_BLOCK_CLOSE, len(_BLOCK_OPEN)) == len(
             _BLOCK_OPEN
         ) + len(reasoning):

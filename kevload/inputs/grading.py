@@ -53,8 +53,8 @@ _NEEDS: dict[str, str | None] = {
 LETTERS = "ABCDEFGHIJ"  # MMLU's four, MMLU-Pro's ten
 CHOICE_EXPECTED = f"one letter from {LETTERS[0]} to {LETTERS[-1]}"
 # run.json keeps ``expected`` as JSON and `kevload report` grades from it: a value JSON changes on
-# the way (a TOML date
-# becomes a string, nan null) would grade the same answers otherwise there than in the run.
+# the way (a TOML date becomes a string, nan null) would grade the same answers otherwise there than
+# in the run.
 JSON_EXPECTED = (
     "a value JSON keeps as it is (strings, finite numbers, integers of any size, booleans, lists "
     "and tables of them; no TOML date or time, no nan or inf), as run.json keeps it for kevload "

@@ -12,8 +12,7 @@ Role = Literal["probe", "companion", "warmup"]
 # The roles a dataset's lines and a cell can have: warm-ups make no cell.
 SampleRole = Literal["probe", "companion"]
 # ``ok`` is the one status compared; failures are transport words or ``http_<code>``, an open set,
-# so a status
-# is a ``str`` and only this word is named.
+# so a status is a ``str`` and only this word is named.
 OK = "ok"
 # The status (a word of kevload's) of a request kevload cut on purpose: neither compared nor an
 # error.
@@ -22,8 +21,8 @@ CANCELLED = "cancelled"
 Verdict = Literal["deterministic", "nondeterministic", "inconclusive", "target_failed"]
 VERDICTS: tuple[Verdict, ...] = get_args(Verdict)
 # A sweep row's verdict: its run's, or ``not_run`` for a setting the sweep never ran (it was
-# stopped, it ended at
-# an earlier setting, or that setting's server had already failed); the row's ``reason`` says which.
+# stopped, it ended at an earlier setting, or that setting's server had already failed); the row's
+# ``reason`` says which.
 SweepVerdict = Literal[Verdict, "not_run"]
 # How an output leaves the serial one (``divergence.divergence_kind``).
 DivergenceKind = Literal["token", "length", "finish"]

@@ -1,7 +1,8 @@
-"""Ray, imported only when asked for (``--ray ADDRESS``): connect to a cluster, or start one on this host.
+"""Ray, imported only when asked for (``--ray ADDRESS``): connect to a cluster, or start one on this
+host.
 
-kevload itself never imports Ray at module level; everything that uses it goes through ``connect``, which
-says how to install it when it is missing.
+kevload itself never imports Ray at module level; everything that uses it goes through ``connect``,
+which says how to install it when it is missing.
 """
 
 from __future__ import annotations
@@ -37,17 +38,17 @@ def import_ray(option: str = "--ray") -> Any:
 
 @contextmanager
 def connect(address: str, option: str = "--ray") -> Iterator[Any]:
-    """Connected to the cluster at ``address`` (``local``, ``auto`` or ``host:port``) for the block; yields ``ray``.
+    """Connected to the cluster at ``address`` (``local``, ``auto`` or ``host:port``) for the block;
+    yields ``ray``.
 
-    ``local`` starts a Ray instance with this machine's cores and stops it at the end; otherwise the cluster
-    keeps running and only this driver disconnects.
+    ``local`` starts a Ray instance with this machine's cores and stops it at the end; otherwise the
+    cluster keeps running and only this driver disconnects.
     """
     ray = import_ray(option)
     if not address:
         raise InputError(f"{option}: expected 'local', 'auto' or a cluster address host:port")
     # This kevload travels with the job (py_modules): every node runs the driver's code, whatever
-    # kevload it
-    # has installed, so the objects driver and actors pickle between them match.
+    # kevload it has installed, so the objects driver and actors pickle between them match.
     kwargs: dict[str, Any] = {
         "include_dashboard": False,
         "log_to_driver": False,
@@ -69,8 +70,7 @@ def connect(address: str, option: str = "--ray") -> Iterator[Any]:
         ) from None
     finally:
         # ray.init installs a SIGTERM handler that exits at once; kevload's own (a stop that keeps
-        # what was
-        # collected, exit 143) stays.
+        # what was collected, exit 143) stays.
         if sigterm is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, sigterm)
     try:

@@ -249,8 +249,8 @@ class EngineRun:
                 self.pools[index], seed=load.seed + index + 7919 * self.team.worker
             )
             # Open-loop rates replace the closed-loop concurrency levels when they are given; a
-            # trace's levels
-            # follow them, so the serial level c=1 is the reference its probes are held against.
+            # trace's levels follow them, so the serial level c=1 is the reference its probes are
+            # held against.
             levels: list[OpenLevel | ClosedLevel] = [
                 OpenLevel(self, probe, rate, picker) for rate in load.rate
             ] or [ClosedLevel(self, probe, c, picker) for c in load.concurrency]

@@ -52,11 +52,9 @@ def run(main: Callable[[asyncio.Event], Coroutine[Any, Any, T]]) -> tuple[T, int
         stop = asyncio.Event()
 
         # A Python-level handler, not loop.add_signal_handler: it runs at once, also while the loop
-        # is busy in
-        # synchronous work (the summary's reduction), where a loop callback would only run after
-        # ``main``
-        # returned and the signal would be lost. A signal also wakes a loop waiting for I/O (its
-        # wakeup fd).
+        # is busy in synchronous work (the summary's reduction), where a loop callback would only
+        # run after ``main`` returned and the signal would be lost. A signal also wakes a loop
+        # waiting for I/O (its wakeup fd).
         def on_signal(signum: int, _frame: Any) -> None:
             signal.signal(signum, on_second)
             received.append(signum)

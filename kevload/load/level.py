@@ -1,9 +1,11 @@
-"""One level's state and rules with no I/O (what h11 is to httpcore): its plan, the requests in flight, which
-send counts, the hold that keeps a worker sending while others still count, and the halt at a stop.
+"""One level's state and rules with no I/O (what h11 is to httpcore): its plan, the requests in
+flight, which send counts, the hold that keeps a worker sending while others still count, and the
+halt at a stop.
 
-Every way of reaching a level calls these methods and nothing else: the engine in one process directly; worker
-processes on one host under one lock, with ``STATE`` and the plan's ``COUNTERS`` kept in shared memory
-(``kevload.load.workers``); Ray actors each on a level of their own slots (``kevload.load.rayworkers``).
+Every way of reaching a level calls these methods and nothing else: the engine in one process
+directly; worker processes on one host under one lock, with ``STATE`` and the plan's ``COUNTERS``
+kept in shared memory (``kevload.load.workers``); Ray actors each on a level of their own slots
+(``kevload.load.rayworkers``).
 """
 
 from __future__ import annotations
@@ -17,12 +19,12 @@ Plan = ClosedLoop | OpenLoop
 
 
 def decide(plan: Plan, role: Role, others: int, at: float = 0.0) -> bool:
-    """The counted rule: whether a send of ``role`` made ``at`` seconds into the level, with ``others`` in
-    flight, counts; a counted send is noted on the plan.
+    """The counted rule: whether a send of ``role`` made ``at`` seconds into the level, with
+    ``others`` in flight, counts; a counted send is noted on the plan.
 
-    Closed loop: only at full load, exactly *c* − 1 others in flight, and only while the plan wants evidence
-    (past the ramp-up, samples or time left). Open loop: every send the schedule wants (past its ramp-up, no
-    warm-up): it promises a schedule, not a number in flight.
+    Closed loop: only at full load, exactly *c* − 1 others in flight, and only while the plan wants
+    evidence (past the ramp-up, samples or time left). Open loop: every send the schedule wants
+    (past its ramp-up, no warm-up): it promises a schedule, not a number in flight.
     """
     full = others == plan.concurrency - 1 if isinstance(plan, ClosedLoop) else True
     counted = full and plan.evidence(role, at)
@@ -43,15 +45,15 @@ class Claim:
 class Level:
     """The level's rules, applied to one count of requests in flight.
 
-    ``elsewhere``: slots of this level that other workers hold and this one does not see (Ray actors decide
-    alone); they are taken as busy, so a send counts when this worker's own slots are all in flight. The
-    records say afterwards whether they were (``kevload.compare.overlap``). ``held``: other workers still count, so
-    this one's slots keep the level full with uncounted sends after its own plan is done, until ``release_hold``.
+    ``elsewhere``: slots of this level that other workers hold and this one does not see (Ray actors
+    decide alone); they are taken as busy, so a send counts when this worker's own slots are all in
+    flight. The records say afterwards whether they were (``kevload.compare.overlap``). ``held``:
+    other workers still count, so this one's slots keep the level full with uncounted sends after
+    its own plan is done, until ``release_hold``.
     """
 
     # What worker processes share, by name, with the plan's COUNTERS (halted is the run's own flag;
-    # held and
-    # done_here are each worker's).
+    # held and done_here are each worker's).
     STATE = ("in_flight",)
 
     def __init__(self, plan: Plan, *, elsewhere: int = 0, held: bool = False):
@@ -83,7 +85,8 @@ class Level:
         return self.held
 
     def claim(self, role: Role, at: float = 0.0) -> Claim:
-        """A send going out now, ``at`` seconds into the level (scheduled, in the open loop): counted or not.
+        """A send going out now, ``at`` seconds into the level (scheduled, in the open loop):
+        counted or not.
 
         Counted only while the level is not halted: a stop ends the level around what is in flight.
         """
@@ -93,23 +96,25 @@ class Level:
         return Claim(role, others, counted)
 
     def claim_turn(self, first: Claim) -> Claim:
-        """A later turn of a conversation sample going out now. The sample's ``first`` claim (its first turn's) is
-        held until its last turn is answered, so the others in flight are the count but this sample; the turn
-        counts when the first did, it goes at full load again, and the level is not halted."""
+        """A later turn of a conversation sample going out now. The sample's ``first`` claim (its
+        first turn's) is held until its last turn is answered, so the others in flight are the count
+        but this sample; the turn counts when the first did, it goes at full load again, and the
+        level is not halted."""
         others = self.in_flight - 1 + self.elsewhere
         full = others == self.plan.concurrency - 1 if isinstance(self.plan, ClosedLoop) else True
         return Claim(first.role, others, first.counted and full and not self.halted)
 
     def release(self, claim: Claim) -> bool:
-        """Its answer is in (or it was cut): whether it still counts. A closed-loop answer that comes after a halt
-        lost its batch on the way (the other slots no longer resend), so it is no sample of full load."""
+        """Its answer is in (or it was cut): whether it still counts. A closed-loop answer that
+        comes after a halt lost its batch on the way (the other slots no longer resend), so it is no
+        sample of full load."""
         self.in_flight -= 1
         self.plan.returned(claim.role, claim.counted)
         return claim.counted and not (self.halted and isinstance(self.plan, ClosedLoop))
 
     def lost(self, claim: Claim) -> None:
-        """A counted claim, released, whose sample lost its full load on the way (a conversation's later turn,
-        ``claim_turn``): the plan wants another sample in its place."""
+        """A counted claim, released, whose sample lost its full load on the way (a conversation's
+        later turn, ``claim_turn``): the plan wants another sample in its place."""
         self.plan.lost(claim.role)
 
     def pause(self) -> None:
@@ -124,11 +129,13 @@ class Level:
             self.plan.slot_done(role)
 
     def answered(self, answer: Hashable | None) -> None:
-        """A counted probe's answer (sha256 and finish_reason, None for an error), for ``load.until_bound``."""
+        """A counted probe's answer (sha256 and finish_reason, None for an error), for
+        ``load.until_bound``."""
         self.plan.answered(answer)
 
     def release_hold(self) -> None:
-        """Every worker's plan is done: every slot here ends (a companion slot too, whose probe slot is elsewhere)."""
+        """Every worker's plan is done: every slot here ends (a companion slot too, whose probe slot
+        is elsewhere)."""
         self.held, self.released = False, True
 
     def halt(self) -> None:

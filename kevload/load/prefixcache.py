@@ -1,15 +1,17 @@
-"""Prefix cache warm and cold, on purpose (``load.prefix_cache = "cold_warm"``): how a cold sample is made, and
-what the cold and warm answers say side by side.
+"""Prefix cache warm and cold, on purpose (``load.prefix_cache = "cold_warm"``): how a cold sample
+is made, and what the cold and warm answers say side by side.
 
-Each round sends the probe serially, cold (its prefix not in the server's cache), then warm (the same input, just
-served). Cold is made by the server's own reset where it has one — vLLM's ``POST /reset_prefix_cache``, SGLang's
-``POST /flush_cache`` — by llama.cpp's per-request ``cache_prompt: false``, or, where the server has none of these,
-by a fresh marker opening the probe's whole input in every round (its first send is cold, the next two warm; all
-three compare the same input). ``load.cache_reset = "auto"`` probes the endpoints in that order and falls back.
+Each round sends the probe serially, cold (its prefix not in the server's cache), then warm (the
+same input, just served). Cold is made by the server's own reset where it has one — vLLM's ``POST
+/reset_prefix_cache``, SGLang's ``POST /flush_cache`` — by llama.cpp's per-request ``cache_prompt:
+false``, or, where the server has none of these, by a fresh marker opening the probe's whole input
+in every round (its first send is cold, the next two warm; all three compare the same input).
+``load.cache_reset = "auto"`` probes the endpoints in that order and falls back.
 
-A round's first sample is cold, the rest warm; a record says which in ``cache`` and keeps what the server said
-it served from its cache (``cached_tokens``: vLLM's ``usage.prompt_tokens_details.cached_tokens``, llama.cpp's
-``timings.cache_n``). ``kevload.compare.coldwarm`` reduces a run's records to the comparison.
+A round's first sample is cold, the rest warm; a record says which in ``cache`` and keeps what the
+server said it served from its cache (``cached_tokens``: vLLM's
+``usage.prompt_tokens_details.cached_tokens``, llama.cpp's ``timings.cache_n``).
+``kevload.compare.coldwarm`` reduces a run's records to the comparison.
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ _SGLANG_FLUSHED = "Cache flushed"
 
 
 class CacheResetError(TargetError):
-    """The server's reset failed mid-run: kevload cannot make the next sample cold, so the run stops (exit 3); no
-    cell is called drifted for it."""
+    """The server's reset failed mid-run: kevload cannot make the next sample cold, so the run stops
+    (exit 3); no cell is called drifted for it."""
 
 
 @dataclass(frozen=True)
@@ -63,14 +65,16 @@ def state_of(sample: int, method: str) -> CacheState:
 
 
 def origin(base_url: str) -> str:
-    """The server's root (``http://host:port``): where vLLM and SGLang put their resets and llama.cpp ``/props``."""
+    """The server's root (``http://host:port``): where vLLM and SGLang put their resets and
+    llama.cpp ``/props``."""
     parts = urlsplit(base_url)
     # Without a user:password@ (never sent in a URL); an IPv6 host keeps its brackets.
     return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], "", "", ""))
 
 
 class CacheControl:
-    """Makes each probe sample cold or warm: resets before a cold one, and the body fields each needs."""
+    """Makes each probe sample cold or warm: resets before a cold one, and the body fields each
+    needs."""
 
     def __init__(self, method: Method, scenario: Scenario, api_key: str | None):
         self.method = method
@@ -97,12 +101,14 @@ class CacheControl:
 
 
 async def pick_method(scenario: Scenario, api_key: str | None) -> Method:
-    """The method ``load.cache_reset`` names, or for ``auto`` the first the server has: its reset endpoints (one
-    that answers 200 has just reset the cache, which harms nothing before a run), llama.cpp (``GET /props`` with
-    its ``default_generation_settings``), else a marker. A reset named outright is checked the same way, and one the
-    server lacks stops the run before anything is sent (``CacheResetError``, exit 3): it would claim cold samples it
-    cannot make. ``cache_prompt`` named outright is used as asked, its ``why`` saying what ``/props`` answered; under
-    ``auto`` it is never picked where ``[params]`` sets ``cache_prompt`` itself (sent as written)."""
+    """The method ``load.cache_reset`` names, or for ``auto`` the first the server has: its reset
+    endpoints (one that answers 200 has just reset the cache, which harms nothing before a run),
+    llama.cpp (``GET /props`` with its ``default_generation_settings``), else a marker. A reset
+    named outright is checked the same way, and one the server lacks stops the run before anything
+    is sent (``CacheResetError``, exit 3): it would claim cold samples it cannot make.
+    ``cache_prompt`` named outright is used as asked, its ``why`` saying what ``/props`` answered;
+    under ``auto`` it is never picked where ``[params]`` sets ``cache_prompt`` itself (sent as
+    written)."""
     asked = scenario.load.cache_reset
     root, headers = origin(scenario.target.base_url), _headers(scenario, api_key)
     if asked == "marker":
@@ -149,13 +155,13 @@ async def pick_method(scenario: Scenario, api_key: str | None) -> Method:
 
 
 def marked_rounds(scenario: Scenario, run_id: str) -> Scenario:
-    """The marker method's scenario: each probe's rounds as probes of their own, ``<probe>@r<k>``, each a cold sample
-    and two warm ones, their text opened by a marker no earlier request carried (the run id is new, and the marker
-    names the probe: two probes with the same opening, a shared system message, would otherwise share it too)."""
+    """The marker method's scenario: each probe's rounds as probes of their own, ``<probe>@r<k>``,
+    each a cold sample and two warm ones, their text opened by a marker no earlier request carried
+    (the run id is new, and the marker names the probe: two probes with the same opening, a shared
+    system message, would otherwise share it too)."""
     rounds = scenario.load.samples // 2
     # The round first, then the probe: a server reuses the longest common prefix (llama.cpp to the
-    # token), so rounds
-    # and probes must part at once.
+    # token), so rounds and probes must part at once.
     probes = tuple(
         _marked(probe, f"[round {k} of {probe.id} in {run_id}] ", f"{probe.id}@r{k}")
         for probe in scenario.probes
@@ -167,8 +173,8 @@ def marked_rounds(scenario: Scenario, run_id: str) -> Scenario:
 
 
 def _marked(probe: Probe, marker: str, id: str) -> Probe:
-    """The probe with ``marker`` opening its whole input: the first message, not the last, or a system message
-    shared by every round would stay cached and the "cold" sample would reuse it."""
+    """The probe with ``marker`` opening its whole input: the first message, not the last, or a
+    system message shared by every round would stay cached and the "cold" sample would reuse it."""
     if probe.prompt is not None:
         return replace(probe, id=id, prompt=marker + probe.prompt)
     assert probe.messages is not None  # a prompt or a chat: load.prefix_cache takes no conversation
@@ -201,8 +207,8 @@ async def _post(url: str, headers: dict[str, str], timeout: float) -> tuple[bool
 
 
 async def _whole(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
-    """The whole body, or None past ``limit`` bytes: an answer is judged whole or not at all, never from a cut
-    (a refusal cut short no longer parses and would read as some other answer)."""
+    """The whole body, or None past ``limit`` bytes: an answer is judged whole or not at all, never
+    from a cut (a refusal cut short no longer parses and would read as some other answer)."""
     body = bytearray()
     async for chunk in response.content.iter_chunked(1 << 14):
         body += chunk
@@ -212,12 +218,13 @@ async def _whole(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
 
 
 def reset_answer(status: int, content_type: str, body: bytes | None) -> tuple[bool, str]:
-    """Whether a reset endpoint's answer says it reset the cache, and what it said (shortened for a line; the
-    decision is always taken on the whole body). A reset is a 200 with: an empty body (vLLM before it said
-    ``success``), a JSON object whose ``success`` is ``true`` or absent and whose ``error`` is absent or null (vLLM
-    answers ``{"success": false}`` when blocks are still held), or SGLang's plain text ``Cache flushed.`` (it refuses
-    with a 400). Anything else is no reset: JSON that is not such an object, a body that looks like JSON but does not
-    parse (cut or broken), other plain text, an HTML page (a web UI's answer to any path), a body over
+    """Whether a reset endpoint's answer says it reset the cache, and what it said (shortened for a
+    line; the decision is always taken on the whole body). A reset is a 200 with: an empty body
+    (vLLM before it said ``success``), a JSON object whose ``success`` is ``true`` or absent and
+    whose ``error`` is absent or null (vLLM answers ``{"success": false}`` when blocks are still
+    held), or SGLang's plain text ``Cache flushed.`` (it refuses with a 400). Anything else is no
+    reset: JSON that is not such an object, a body that looks like JSON but does not parse (cut or
+    broken), other plain text, an HTML page (a web UI's answer to any path), a body over
     ``MAX_RESET_BYTES``."""
     if status != 200:
         return False, f"{status}"
@@ -252,8 +259,8 @@ def reset_answer(status: int, content_type: str, body: bytes | None) -> tuple[bo
 
 
 async def _llamacpp(root: str, headers: dict[str, str]) -> tuple[bool, str]:
-    """Whether the server is llama.cpp's: its ``/props`` is a JSON object with a ``default_generation_settings``
-    object."""
+    """Whether the server is llama.cpp's: its ``/props`` is a JSON object with a
+    ``default_generation_settings`` object."""
     try:
         async with (
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=_PROBE_TIMEOUT_S)) as session,
@@ -293,8 +300,8 @@ def props_answer(status: int, body: bytes | None) -> tuple[bool, str]:
 
 
 def _shown(text: str, limit: int = 200) -> str:
-    """Text for a line: at most ``limit`` characters (its length said where cut), quoted so that no control
-    character reaches a terminal."""
+    """Text for a line: at most ``limit`` characters (its length said where cut), quoted so that no
+    control character reaches a terminal."""
     if len(text) <= limit:
         return repr(text)
     return f"{shortened(text, limit, mark='')!r}… ({len(text)} characters)"

@@ -1,6 +1,5 @@
-"""A trace level's schedule (``load.trace``, read by ``kevload.inputs.trace``): the trace's arrivals on its own clock,
-the
-probe at fixed points among them."""
+"""A trace level's schedule (``load.trace``, read by ``kevload.inputs.trace``): the trace's arrivals
+on its own clock, the probe at fixed points among them."""
 
 from __future__ import annotations
 
@@ -11,10 +10,11 @@ from kevload.load.schedule import COMPANION, PROBE, OpenLoop, Send
 
 
 class TraceLoop(OpenLoop):
-    """A trace level: the trace's arrivals at their offsets ÷ ``speedup``, each a companion of its own prompt, and
-    ``needed`` probes at fixed points, the k-th at (k + ½) ÷ ``needed`` of the replay's span past ``ramp_s``, so
-    each probe lands inside the traffic rather than before its first request or after its last, and counts. As
-    every open-loop level it keeps its schedule whatever the server does, and counts every send past ``ramp_s``."""
+    """A trace level: the trace's arrivals at their offsets ÷ ``speedup``, each a companion of its
+    own prompt, and ``needed`` probes at fixed points, the k-th at (k + ½) ÷ ``needed`` of the
+    replay's span past ``ramp_s``, so each probe lands inside the traffic rather than before its
+    first request or after its last, and counts. As every open-loop level it keeps its schedule
+    whatever the server does, and counts every send past ``ramp_s``."""
 
     def __init__(self, trace: TraceDataset, speedup: float, *, needed: int, ramp_s: float = 0.0):
         super().__init__(trace.rate(speedup), needed=needed, companions=True, ramp_s=ramp_s)

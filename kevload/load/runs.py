@@ -476,8 +476,7 @@ def _run_meta(scenario: Scenario, run_id: str, secrets: list[str]) -> dict[str, 
         # it.
         "inputs": {probe.id: probe_inputs(probe, scenario.params) for probe in scenario.probes},
         # Each graded probe's grader (kevload.inputs.grading): finish_run and `kevload report` grade
-        # from run.json
-        # alone.
+        # from run.json alone.
         **({"grading": gradings} if (gradings := grading_json(scenario.probes)) else {}),
         "target": redact(
             {

@@ -23,8 +23,9 @@ PROBE, COMPANION, WARMUP = get_args(Role)
 
 @dataclass(frozen=True, slots=True)
 class Send:
-    """One request to send: its role and, in the open loop, when it is due (seconds after the level's start);
-    ``item`` what it sends where the plan chooses that itself (a trace's request), else the probe or a companion."""
+    """One request to send: its role and, in the open loop, when it is due (seconds after the
+    level's start); ``item`` what it sends where the plan chooses that itself (a trace's request),
+    else the probe or a companion."""
 
     role: Role
     at: float | None = None
@@ -34,12 +35,12 @@ class Send:
 class ClosedLoop:
     """Level *c*: *c* slots, each sending its next request the moment its previous one returned.
 
-    A probe sample counts only when it is sent with exactly *c* − 1 others in flight (``kevload.load.level``
-    applies that rule; the plan says which sends are wanted as evidence). The ramp-up
-    (the first sends of a level, made while the slots fill) is sent but not counted; the probe
-    slots send until ``needed`` samples were sent at full load, and then keep the level full with
-    uncounted copies (the tail) until every counted sample is answered, so none of them sees its
-    batch shrink. In the companion modes one slot sends the probe and the other *c* − 1 send
+    A probe sample counts only when it is sent with exactly *c* − 1 others in flight
+    (``kevload.load.level`` applies that rule; the plan says which sends are wanted as evidence).
+    The ramp-up (the first sends of a level, made while the slots fill) is sent but not counted; the
+    probe slots send until ``needed`` samples were sent at full load, and then keep the level full
+    with uncounted copies (the tail) until every counted sample is answered, so none of them sees
+    its batch shrink. In the companion modes one slot sends the probe and the other *c* − 1 send
     companions for as long as the probe slot runs, which does the same.
 
     Times are ``at``, seconds since the slots started. For ``ramp_s`` seconds nothing counts (a
@@ -47,9 +48,10 @@ class ClosedLoop:
     full-load sample for that many seconds, however many that is, instead of ``needed`` ones.
 
     With ``until`` the number of samples is not fixed: the strategy is told each counted answer
-    (``answered``) and stops counting when ``until.reason`` says so. An answer diverges when it differs
-    from ``reference`` (the serial cell's modal answer), or, with no reference (the serial cell itself),
-    from the cell's first answer. ``prior`` are the answers a resumed level already has, in order.
+    (``answered``) and stops counting when ``until.reason`` says so. An answer diverges when it
+    differs from ``reference`` (the serial cell's modal answer), or, with no reference (the serial
+    cell itself), from the cell's first answer. ``prior`` are the answers a resumed level already
+    has, in order.
     """
 
     # The counters that change while the level runs, by name: what worker processes keep in shared
@@ -121,7 +123,8 @@ class ClosedLoop:
         return self.until.reason(self.counted, self.errors, self.diverged)
 
     def answered(self, answer: Hashable | None) -> None:
-        """A counted probe sample's answer: its output (sha256 and finish_reason), or None for an error."""
+        """A counted probe sample's answer: its output (sha256 and finish_reason), or None for an
+        error."""
         if answer is None:
             self.errors += 1
             return
@@ -132,13 +135,15 @@ class ClosedLoop:
         self.answers[answer] = self.answers.get(answer, 0) + 1
 
     def modal(self) -> Hashable | None:
-        """The most common ok answer, ties to the one first seen: the reference for the levels after this one."""
+        """The most common ok answer, ties to the one first seen: the reference for the levels after
+        this one."""
         return max(self.answers, key=self.answers.__getitem__, default=None)
 
     def evidence(self, role: Role, at: float = 0.0) -> bool:
-        """Whether a send of ``role`` made ``at`` seconds in is wanted as evidence, were it at full load (which
-        ``kevload.load.level`` decides): not a warm-up, past the ramp-up, and for a probe while samples (or time) are
-        still wanted. A companion counts after the ramp-up (companion cells describe the batch the probes saw)."""
+        """Whether a send of ``role`` made ``at`` seconds in is wanted as evidence, were it at full
+        load (which ``kevload.load.level`` decides): not a warm-up, past the ramp-up, and for a
+        probe while samples (or time) are still wanted. A companion counts after the ramp-up
+        (companion cells describe the batch the probes saw)."""
         return role != WARMUP and at >= self.ramp_s and (role != PROBE or self._wanted(at))
 
     def counts(self, role: Role) -> None:
@@ -152,8 +157,8 @@ class ClosedLoop:
             self._counted_in_flight -= 1
 
     def lost(self, role: Role) -> None:
-        """A counted send that did not stay at full load to its end (a conversation whose later turn went without
-        c − 1 others): no sample after all, so another is wanted in its place."""
+        """A counted send that did not stay at full load to its end (a conversation whose later turn
+        went without c − 1 others): no sample after all, so another is wanted in its place."""
         if role == PROBE:
             self.counted -= 1
 
@@ -162,7 +167,8 @@ class ClosedLoop:
             self._probe_slots_open -= 1
 
     def _wanted(self, at: float) -> bool:
-        """Whether a probe sent ``at`` seconds in would be evidence: past the ramp-up, samples or time left."""
+        """Whether a probe sent ``at`` seconds in would be evidence: past the ramp-up, samples or
+        time left."""
         if at < self.ramp_s:
             return False
         return at < self.ramp_s + self.duration if self.duration else self.wants_samples

@@ -90,9 +90,8 @@ class Sender:
         # load.prefix_cache = "cold_warm": makes each probe sample cold or warm before it is sent
         self.cache = cache
         # Request ids: <run_id>-<seq> in the run's first part, <run_id>-r<k>-<seq> in its k-th
-        # resume. A killed part
-        # may have sent requests it never recorded, so numbering on from the records alone could
-        # repeat an id.
+        # resume. A killed part may have sent requests it never recorded, so numbering on from the
+        # records alone could repeat an id.
         self.ids = run_id if part == 0 else f"{run_id}-r{part}"
         self.seq, self.step = (
             first_seq + worker,
@@ -342,8 +341,7 @@ class _Talk:
 
 
 # Every field an Outcome shares with a Record is copied by name, so a field added to both travels on
-# its own; read
-# in one call per request.
+# its own; read in one call per request.
 _FROM_OUTCOME = tuple(
     name for name in Record.__struct_fields__ if name in {g.name for g in fields(Outcome)}
 )

@@ -1,1 +1,2 @@
-"""What a run shows: terminal tables, Markdown, HTML, Prometheus and JUnit, graded views, the baseline."""
+"""What a run shows: terminal tables, Markdown, HTML, Prometheus and JUnit, graded views, the
+baseline."""

@@ -118,9 +118,9 @@ def judge(
 ) -> tuple[list[str], ExitCode]:
     """The ``--baseline`` gate: the lines it prints and its exit code (``exitcode.for_run``). A run
     whose target failed or gave too little evidence is compared with nothing: it exits TARGET on its
-    own. With ``run_dir`` and ``baseline_path`` (this run's directory, ``--baseline``) latency is judged once, on
-    the whole run's ratio (``_whole_run``); the per-cell latency lines are then notes, shown with
-    ``verbose``."""
+    own. With ``run_dir`` and ``baseline_path`` (this run's directory, ``--baseline``) latency is
+    judged once, on the whole run's ratio (``_whole_run``); the per-cell latency lines are then
+    notes, shown with ``verbose``."""
     if exitcode.for_summary(current) == ExitCode.TARGET:
         return [], exitcode.for_run(current, fail_on=fail_on)
     run_dirs = None if run_dir is None or baseline_path is None else (run_dir, baseline_path)
@@ -470,8 +470,7 @@ def _input_change(current: RunSummary, baseline: RunSummary, probe: str) -> str:
     parts = []
     if now.get("input") != then.get("input"):
         # A summary from before the grading was hashed apart hashed it with the input: where either
-        # run grades the
-        # probe, which of the two changed cannot be told.
+        # run grades the probe, which of the two changed cannot be told.
         lumped = "grading" not in then and (
             now.get("grading", UNGRADED) != UNGRADED or _graded_in(baseline, probe)
         )

@@ -58,8 +58,7 @@ def markdown_cell(text: str) -> str:
     ``&lt;`` would show as written, not as ``<``."""
     spelled, end = [], 0
     # A span holding a backslash is escaped whole, as before: in a code span "\\" shows as written,
-    # and
-    # a backslash before an escaped "|" would turn it back into the cell's end.
+    # and a backslash before an escaped "|" would turn it back into the cell's end.
     for span in (m for m in _CODE_SPAN.finditer(text) if "\\" not in m[0]):
         spelled.append(_MARKDOWN.sub(lambda m: _MARKDOWN_SPELLED[m[0]], text[end : span.start()]))
         spelled.append(_IN_CODE.sub(lambda m: _MARKDOWN_SPELLED[m[0]], span[0]))

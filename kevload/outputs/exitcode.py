@@ -68,8 +68,7 @@ def for_run(
         code = ExitCode.TARGET
     elif fail_on == "bad" and code == ExitCode.DRIFT:
         # Only answers load made worse fail: an answer graded bad where serial was all good, a level
-        # whose accuracy
-        # fell significantly, or a gate; drift whose answers stay good passes.
+        # whose accuracy fell significantly, or a gate; drift whose answers stay good passes.
         worse = summary.bad_cells or summary.accuracy_fell_levels or summary.warm_bad_probes
         code = (
             ExitCode.DRIFT
@@ -77,9 +76,8 @@ def for_run(
             else ExitCode.OK
         )
     # A baseline excuses only the drift it had too: a grader that raised (USAGE) and a cell under a
-    # gate of the run's
-    # own (the SLO, load.min_good_share) say nothing about drift, and stand as the run itself would
-    # have them.
+    # gate of the run's own (the SLO, load.min_good_share) say nothing about drift, and stand as the
+    # run itself would have them.
     if regressions is not None and code not in (ExitCode.TARGET, ExitCode.USAGE):
         gated = summary.slo_failed_cells or summary.good_share_failed_cells
         code = ExitCode.DRIFT if regressions or gated else ExitCode.OK

@@ -1,9 +1,9 @@
-"""Graded answers as reports show them (kevload.compare.graded's figures): the per-level accuracy table, each graded
-cell's
-line (flips with one flipped answer beside the serial one, drift whose answers all stay good), the gates' lines.
+"""Graded answers as reports show them (kevload.compare.graded's figures): the per-level accuracy
+table, each graded cell's line (flips with one flipped answer beside the serial one, drift whose
+answers all stay good), the gates' lines.
 
-A run of many probes (a dataset) shows the accuracy table instead of its matrix: hundreds of rows say less than one
-per level; the per-probe detail stays in summary.json and the HTML report."""
+A run of many probes (a dataset) shows the accuracy table instead of its matrix: hundreds of rows
+say less than one per level; the per-probe detail stays in summary.json and the HTML report."""
 
 from __future__ import annotations
 
@@ -34,8 +34,9 @@ def aggregate_only(summary: RunSummary) -> bool:
 
 
 def cell_mark(cell: CellSummary | None) -> str:
-    """The matrix cell's graded mark: `` ✗3`` for 3 answers load turned bad, `` ✓`` for drift whose answers all stay
-    good, `` ↑2`` for 2 turned good; empty for an ungraded cell or one with nothing to say."""
+    """The matrix cell's graded mark: `` ✗3`` for 3 answers load turned bad, `` ✓`` for drift whose
+    answers all stay good, `` ↑2`` for 2 turned good; empty for an ungraded cell or one with nothing
+    to say."""
     if cell is None or cell.graded_good is None:
         return ""
     if cell.flips_good_to_bad:
@@ -73,7 +74,8 @@ def accuracy_rows(summary: RunSummary) -> list[list[str]]:
 
 
 def level_text(entry: Mapping[str, Any]) -> str:
-    """One level of ``accuracy`` in a line (JUnit, the demo): accuracy with its interval, then against serial."""
+    """One level of ``accuracy`` in a line (JUnit, the demo): accuracy with its interval, then
+    against serial."""
     low, high = entry["ci95"]
     accuracy = (
         "-" if entry["accuracy"] is None else f"{entry['accuracy']:.1%} [{low:.1%}, {high:.1%}]"
@@ -140,7 +142,8 @@ def accuracy_markdown(summary: RunSummary) -> list[str]:
 
 
 def cell_line(cell: CellSummary) -> str | None:
-    """What a graded cell says beyond its counts, or None when it says nothing new (every answer good, no drift)."""
+    """What a graded cell says beyond its counts, or None when it says nothing new (every answer
+    good, no drift)."""
     if cell.graded_good is None:
         return None
     counts = f"{cell.graded_good} good, {cell.graded_bad} bad" + (
@@ -167,9 +170,9 @@ def cell_line(cell: CellSummary) -> str | None:
 
 
 def cell_figures(cell: CellSummary) -> str | None:
-    """A graded cell's figures in one line (JUnit, HTML): its good and bad answers with the good share and its
-    interval, and against serial the flips (or why none are counted), with one flipped answer beside the serial one;
-    None for an ungraded cell."""
+    """A graded cell's figures in one line (JUnit, HTML): its good and bad answers with the good
+    share and its interval, and against serial the flips (or why none are counted), with one flipped
+    answer beside the serial one; None for an ungraded cell."""
     if cell.graded_good is None:
         return None
     text = f"graded {cell.graded_good} good, {cell.graded_bad} bad" + (
@@ -193,14 +196,15 @@ def cell_figures(cell: CellSummary) -> str | None:
 
 
 def _quote(text: str | None) -> str:
-    """A server's answer quoted in a line: on one line, cut to 80 characters, its control characters spelled as every
-    output spells them (``escaping.visible``), whatever output the line goes to."""
+    """A server's answer quoted in a line: on one line, cut to 80 characters, its control characters
+    spelled as every output spells them (``escaping.visible``), whatever output the line goes to."""
     text = (text or "").replace("\n", "⏎")
     return f"'{visible(text if len(text) <= 80 else text[:79] + '…')}'"
 
 
 def lines(summary: RunSummary) -> list[str]:
-    """The graded lines under the tables: each cell's (a many-probe run: counts and a few names), then the gates."""
+    """The graded lines under the tables: each cell's (a many-probe run: counts and a few names),
+    then the gates."""
     if not graded(summary):
         return []
     cells = [c for c in summary.probe_cells() if c.graded_good is not None]
@@ -216,8 +220,8 @@ def lines(summary: RunSummary) -> list[str]:
 
 
 def turned_bad_lines(summary: RunSummary) -> list[str]:
-    """The probe cells where load turned a good serial answer bad, in one line (none without any): what
-    ``--fail-on bad`` fails on beside ``gate_lines``."""
+    """The probe cells where load turned a good serial answer bad, in one line (none without any):
+    what ``--fail-on bad`` fails on beside ``gate_lines``."""
     flipped = summary.bad_cells or ()
     return (
         [f"{len(flipped)} probe cells with answers load turned bad: {_names(flipped)}"]

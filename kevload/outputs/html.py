@@ -181,8 +181,7 @@ def _heat_legend(rows: dict[str, dict[str, CellSummary]], levels: list[str]) -> 
 
 
 # The matrix's marks beyond the colours (celltext.cell_text, gradedview.cell_mark): the legend
-# explains
-# each one a matrix shows, by the pattern that finds it in the cells' texts.
+# explains each one a matrix shows, by the pattern that finds it in the cells' texts.
 MATRIX_MARKS = (
     (r"DRIFT", "DRIFT: more than one distinct output"),
     (r"(?<![\w-])t\d", "t1: a conversation whose answers leave the serial ones at turn 1"),

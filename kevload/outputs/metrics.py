@@ -1,10 +1,11 @@
-"""A run's cells as Prometheus text exposition (version 0.0.4), for node_exporter's textfile collector and
-Pushgateway, so nightly determinism results land on the same Grafana boards as the servers.
+"""A run's cells as Prometheus text exposition (version 0.0.4), for node_exporter's textfile
+collector and Pushgateway, so nightly determinism results land on the same Grafana boards as the
+servers.
 
 Every value is a gauge or a summary: a run is a finished batch job, its counts describe that run and
 never grow afterwards, so counters (monotonic over a process's life) would misdescribe them. The
-file ends with ``# EOF``: a comment to the Prometheus text parsers (Go's expfmt, prometheus_client's)
-and the terminator OpenMetrics parsers require, so both read the same file.
+file ends with ``# EOF``: a comment to the Prometheus text parsers (Go's expfmt,
+prometheus_client's) and the terminator OpenMetrics parsers require, so both read the same file.
 """
 
 from __future__ import annotations
@@ -271,7 +272,8 @@ def metrics_text(summary: RunSummary, meta: dict[str, Any]) -> str:
 
 
 def write_metrics(path: Path, summary: RunSummary, meta: dict[str, Any]) -> None:
-    """Write atomically: the textfile collector may read at any moment and must never see half a file.
+    """Write atomically: the textfile collector may read at any moment and must never see half a
+    file.
 
     The temporary file sits beside the target (a rename is atomic only within one file system) and
     does not end in ``.prom``, so the collector never picks it up; it is created with the umask's
@@ -292,15 +294,16 @@ def write_metrics(path: Path, summary: RunSummary, meta: dict[str, Any]) -> None
 
 
 def escape_label(value: str) -> str:
-    """Label value escaping of the text format and OpenMetrics: backslash, double quote and newline; any other
-    character, a control character included, stands as itself between the quotes (both grammars allow it)."""
+    """Label value escaping of the text format and OpenMetrics: backslash, double quote and newline;
+    any other character, a control character included, stands as itself between the quotes (both
+    grammars allow it)."""
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def format_value(value: float | int | bool) -> str:
-    """Integers (and booleans) as integers; floats with repr, which round-trips every digit, and the non-finite
-    ones in the formats' spelling (``NaN``, ``+Inf``, ``-Inf``: a summary.json holds none, but a summary made in
-    the run has not been through JSON)."""
+    """Integers (and booleans) as integers; floats with repr, which round-trips every digit, and the
+    non-finite ones in the formats' spelling (``NaN``, ``+Inf``, ``-Inf``: a summary.json holds
+    none, but a summary made in the run has not been through JSON)."""
     if isinstance(value, bool | int):
         return str(int(value))
     value = float(value)
@@ -313,7 +316,8 @@ Sample = tuple[tuple[str, dict[str, str]], float | int | bool]  # ((name suffix,
 
 
 def _family(lines: list[str], field: Field, kind: str, samples: Iterable[Sample]) -> None:
-    """HELP, TYPE and the samples of one family, contiguous as both formats require; nothing if no sample."""
+    """HELP, TYPE and the samples of one family, contiguous as both formats require; nothing if no
+    sample."""
     body = [
         f"{field.name}{suffix}{{{_labels(labels)}}} {format_value(value)}"
         for (suffix, labels), value in samples

@@ -1,8 +1,10 @@
-"""Where a run ran: the host's CPU (its model, vector extensions and CPUs) and, when kevload started the server
-itself, the engine and torch versions that served it; ``run.json`` keeps both under ``machine`` and ``server``.
+"""Where a run ran: the host's CPU (its model, vector extensions and CPUs) and, when kevload started
+the server itself, the engine and torch versions that served it; ``run.json`` keeps both under
+``machine`` and ``server``.
 
-A real server's answers under batching move with both: vLLM's defaults drift on one CPU and hold bitwise on
-another (AVX-512 or AVX2 only), and with an engine's version. A figure without them cannot be compared.
+A real server's answers under batching move with both: vLLM's defaults drift on one CPU and hold
+bitwise on another (AVX-512 or AVX2 only), and with an engine's version. A figure without them
+cannot be compared.
 """
 
 from __future__ import annotations
@@ -20,18 +22,19 @@ _VECTOR_PREFIXES = ("avx", "amx", "sve", "neon", "asimd")
 _VECTOR_FLAGS = frozenset({"fma", "f16c", "sse4_2"})
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 
-# The built-in target serving the current task (kevload.servers.targets.serving sets it while its block
-# runs): {"url": its base URL, "target": its name, "engine": …, "version": …, …}. A context variable, not
-# an argument: run_scenario is reached from run, diagnose, cases, sweep and the demo alike, and only
-# the one place that starts a built-in target knows what it started.
+# The built-in target serving the current task (kevload.servers.targets.serving sets it while its
+# block runs): {"url": its base URL, "target": its name, "engine": …, "version": …, …}. A context
+# variable, not an argument: run_scenario is reached from run, diagnose, cases, sweep and the demo
+# alike, and only the one place that starts a built-in target knows what it started.
 SERVED: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar(
     "kevload_served", default=None
 )
 
 
 def cpu_from_cpuinfo(text: str, *, usable: int | None = None, arch: str = "") -> dict[str, Any]:
-    """The CPU a ``/proc/cpuinfo`` text describes: its model, its vector extensions (in the order the
-    kernel lists them), how many logical CPUs it lists and how many of them this process may use."""
+    """The CPU a ``/proc/cpuinfo`` text describes: its model, its vector extensions (in the order
+    the kernel lists them), how many logical CPUs it lists and how many of them this process may
+    use."""
     fields: dict[str, str] = {}
     cpus = 0
     for line in text.splitlines():
@@ -69,7 +72,8 @@ def this_machine(base_url: str) -> dict[str, Any]:
 
 
 def served(base_url: str) -> dict[str, Any] | None:
-    """The built-in target serving ``base_url`` in this task, as it was started (None: not one kevload started)."""
+    """The built-in target serving ``base_url`` in this task, as it was started (None: not one
+    kevload started)."""
     facts = SERVED.get()
     if facts is None or facts.get("url") != base_url:
         return None
@@ -77,7 +81,8 @@ def served(base_url: str) -> dict[str, Any] | None:
 
 
 def vector_text(vector: Iterable[str]) -> str:
-    """The vector extensions in a few words: ``AVX2, AVX-512 (BF16, VNNI), AMX`` or ``AVX2, no AVX-512``."""
+    """The vector extensions in a few words: ``AVX2, AVX-512 (BF16, VNNI), AMX`` or ``AVX2, no
+    AVX-512``."""
     have = set(vector)
     parts = ["AVX2"] if "avx2" in have else []
     if "avx512f" in have:
@@ -92,7 +97,8 @@ def vector_text(vector: Iterable[str]) -> str:
 
 
 def where_text(meta: Mapping[str, Any]) -> str | None:
-    """One line of where a run's server ran, from run.json (None for a run recorded before kevload kept it)."""
+    """One line of where a run's server ran, from run.json (None for a run recorded before kevload
+    kept it)."""
     machine = meta.get("machine")
     if not isinstance(machine, Mapping):
         return None
@@ -123,7 +129,7 @@ def engine_text(server: Mapping[str, Any]) -> str:
 
 
 def rows_where(rows: Iterable[Mapping[str, Any]]) -> list[str]:
-    """Where a sweep's rows ran (their ``machine`` and ``engine``), each line once: a Ray sweep's rows may
-    have run on several machines."""
+    """Where a sweep's rows ran (their ``machine`` and ``engine``), each line once: a Ray sweep's
+    rows may have run on several machines."""
     found = (where_text({"machine": r.get("machine"), "server": r.get("engine")}) for r in rows)
     return list(dict.fromkeys(w for w in found if w))

@@ -21,8 +21,8 @@ from kevload.records.summary import RunSummary
 
 @dataclass(frozen=True)
 class RunDir:
-    """The files of one run. Nothing is read until asked for: a ``RunDir`` of a directory that holds no run yet
-    names where its files go."""
+    """The files of one run. Nothing is read until asked for: a ``RunDir`` of a directory that holds
+    no run yet names where its files go."""
 
     path: Path
 
@@ -53,7 +53,8 @@ class RunDir:
         return self.path / RECORDS
 
     def record_files(self) -> list[Path]:
-        """Every records file: ``records.jsonl`` and, for a run with workers, ``records-<worker>.jsonl`` by worker."""
+        """Every records file: ``records.jsonl`` and, for a run with workers,
+        ``records-<worker>.jsonl`` by worker."""
         paths = [self.records_jsonl] if self.records_jsonl.is_file() else []
         workers = [
             p
@@ -67,7 +68,8 @@ class RunDir:
         return self.run_json.exists() or bool(self.record_files())
 
     def run_id(self) -> str | None:
-        """The run id of its records (None: none yet); records of two runs in one directory are a ``RunDirError``."""
+        """The run id of its records (None: none yet); records of two runs in one directory are a
+        ``RunDirError``."""
         ids = set().union(*(_run_ids(path) for path in self.record_files()))
         if len(ids) > 1:
             shown = ", ".join(sorted(ids)[:3]) + (", …" if len(ids) > 3 else "")
@@ -78,9 +80,9 @@ class RunDir:
         return next(iter(ids), None)
 
     def meta(self) -> dict[str, Any]:
-        """``run.json``: the scenario as run, its load, target, parts and end state, as written; the keys kevload
-        reads back from it checked typed first (``_RunJson``), so an edited one is a ``RunDirError`` naming the key,
-        never a traceback in whatever reads it later."""
+        """``run.json``: the scenario as run, its load, target, parts and end state, as written; the
+        keys kevload reads back from it checked typed first (``_RunJson``), so an edited one is a
+        ``RunDirError`` naming the key, never a traceback in whatever reads it later."""
         doc: dict[str, Any] = read_json(self.run_json)
         try:
             msgspec.convert(doc, _RunJson)
@@ -95,8 +97,8 @@ class RunDir:
         return read_summary(self.summary_json)
 
     def records(self) -> Iterator[Record]:
-        """Every record, typed, file after file, non-finite logprobs as floats (``Record.floats``); a line that is no
-        record is a ``RunDirError`` naming it."""
+        """Every record, typed, file after file, non-finite logprobs as floats (``Record.floats``);
+        a line that is no record is a ``RunDirError`` naming it."""
         for path in self.record_files():
             for record in read_typed(path):
                 yield record.floats()
@@ -138,8 +140,8 @@ class _Slo(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class _Load(msgspec.Struct):
-    """The keys of run.json's ``load`` that its readers use (the summary, resume, case sets), with their types;
-    the scenario's own rules checked them when the run began."""
+    """The keys of run.json's ``load`` that its readers use (the summary, resume, case sets), with
+    their types; the scenario's own rules checked them when the run began."""
 
     max_error_share: float
     mode: str = "single"
@@ -192,7 +194,8 @@ class _RunJson(msgspec.Struct):
 
 
 def _run_ids(path: Path) -> set[str]:
-    """The run ids in a records file, read fast: lines that start like the last one seen are not parsed."""
+    """The run ids in a records file, read fast: lines that start like the last one seen are not
+    parsed."""
     ids: set[str] = set()
     prefix = None
     with path.open("rb") as handle:
@@ -204,7 +207,9 @@ def _run_ids(path: Path) -> set[str]:
             except (orjson.JSONDecodeError, KeyError, TypeError):
                 continue  # a torn last line; the reader decides whether the file is readable
             if not isinstance(run_id, str):
-                continue  # no record (a list is no set member, null no name to sort): the typed reader names its line
+                # no record (a list is no set member, null no name to sort): the typed reader names
+                # its line
+                continue
             ids.add(run_id)
             # A Record is written with run_id first and no spaces: the same bytes open every line of
             # a run.
@@ -213,9 +218,10 @@ def _run_ids(path: Path) -> set[str]:
 
 
 def read_summary(path: str | os.PathLike[str], use: str = "") -> RunSummary:
-    """A ``summary.json``, from this version or an older one, read typed: a key whose value does not fit its field
-    (null latencies, a number for a hash), or one every summary has that is missing, is a ``RunDirError`` naming the
-    file and the key. ``use``: how the command names the file in the error (``--baseline: ``)."""
+    """A ``summary.json``, from this version or an older one, read typed: a key whose value does not
+    fit its field (null latencies, a number for a hash), or one every summary has that is missing,
+    is a ``RunDirError`` naming the file and the key. ``use``: how the command names the file in the
+    error (``--baseline: ``)."""
     doc = read_json(Path(path))
     expected = "expected a kevload summary.json"
     if not isinstance(doc, dict) or not isinstance(doc.get("cells"), list):
@@ -227,10 +233,11 @@ def read_summary(path: str | os.PathLike[str], use: str = "") -> RunSummary:
 
 
 def apart(labels: list[str]) -> dict[str, str]:
-    """Each label's file name: its characters that a file name holds as they are, the others as ``_``. Labels
-    that would share a name (target.model=org/m and org_m) get a hash of the label after it, so each setting
-    keeps its own directory and log, and a rerun of the same grid names them the same. One longer than a file name
-    may be (255 bytes, a log's ``server-`` and ``.log`` around it) is cut to fit, with the hash after it."""
+    """Each label's file name: its characters that a file name holds as they are, the others as
+    ``_``. Labels that would share a name (target.model=org/m and org_m) get a hash of the label
+    after it, so each setting keeps its own directory and log, and a rerun of the same grid names
+    them the same. One longer than a file name may be (255 bytes, a log's ``server-`` and ``.log``
+    around it) is cut to fit, with the hash after it."""
     plain = {name: _dirname(name) for name in labels}
     shared = Counter(plain.values())
     return {
@@ -241,7 +248,8 @@ def apart(labels: list[str]) -> dict[str, str]:
     }
 
 
-_NAME_BYTES = 200  # a label's file name at most: 255 bytes less the server log's "server-" and ".log", and room
+# a label's file name at most: 255 bytes less the server log's "server-" and ".log", and room
+_NAME_BYTES = 200
 
 
 def _cut(text: str, size: int) -> str:

@@ -1,5 +1,6 @@
-"""The server's own view of each level: its Prometheus ``/metrics`` sampled while a run runs, one line per
-sample in ``server-metrics.jsonl``, and read back per cell over the cell's time window (``cell_view``)."""
+"""The server's own view of each level: its Prometheus ``/metrics`` sampled while a run runs, one
+line per sample in ``server-metrics.jsonl``, and read back per cell over the cell's time window
+(``cell_view``)."""
 
 from __future__ import annotations
 
@@ -31,10 +32,10 @@ TIMEOUT_S = (
     2.0  # one poll's bound, connecting included: a hanging /metrics costs this, never the run
 )
 MAX_BYTES = 8 << 20
-PARSE_SHARE_INVERSE = 9  # after a parse of p seconds the next read waits 9·p: parsing takes a tenth of the time at most
+# after a parse of p seconds the next read waits 9·p: parsing takes a tenth of the time at most
+PARSE_SHARE_INVERSE = 9
 # The cell fields (summary.json, sweep.json rows): server_view False and the others None where the
-# server
-# publishes nothing.
+# server publishes nothing.
 CELL_FIELDS = (
     "server_view",
     "server_samples",
@@ -49,9 +50,10 @@ CELL_FIELDS = (
 
 @dataclass(frozen=True)
 class Names:
-    """What one server calls its numbers. Each field lists alternative series names, the first one published
-    wins (an older spelling after a newer one); a series with several label sets (vLLM labels per engine and
-    model) is summed over them, except the KV-cache share, whose largest value is taken."""
+    """What one server calls its numbers. Each field lists alternative series names, the first one
+    published wins (an older spelling after a newer one); a series with several label sets (vLLM
+    labels per engine and model) is summed over them, except the KV-cache share, whose largest value
+    is taken."""
 
     server: str
     running: tuple[str, ...]  # requests the server is running (its batch)
@@ -86,21 +88,16 @@ SERVERS = (
 )
 _VALUES = ("running", "waiting", "prefix_cache_hits", "kv_cache_usage")
 # Only the lines of series named above reach the parser: a vLLM page of ~600 lines costs ~17 ms to
-# parse
-# whole, which would stall the event loop that sends the load ten times a second.
+# parse whole, which would stall the event loop that sends the load ten times a second.
 _NAMES = frozenset(name for names in SERVERS for value in _VALUES for name in getattr(names, value))
 # A sample line's metric name, by the exposition format's grammar: blanks (spaces or tabs, any
-# number) or its
-# labels' brace end it. A prefix such as ``name + " "`` missed ``name<TAB>value``, which the format
-# allows.
+# number) or its labels' brace end it. A prefix such as ``name + " "`` missed ``name<TAB>value``,
+# which the format allows.
 _SAMPLE_NAME = re.compile(r"[ \t]*([a-zA-Z_:][a-zA-Z0-9_:]*)[ \t{]")
 # What each value may be: counts and the counter from 0 to 2^53 (a double's exact integers: past
-# them a count is
-# no longer one, and 1e300 would be written as an int of 300 digits, which JSON encoders refuse),
-# the KV share
-# from 0 to 1. A value outside is not a number of the view: NaN is how some exporters say "none", a
-# negative count
-# is impossible.
+# them a count is no longer one, and 1e300 would be written as an int of 300 digits, which JSON
+# encoders refuse), the KV share from 0 to 1. A value outside is not a number of the view: NaN is
+# how some exporters say "none", a negative count is impossible.
 _COUNT = (0.0, float(1 << 53), "a count, from 0 to 2^53")
 _RANGES = {
     "running": _COUNT,
@@ -115,8 +112,8 @@ _NOT_FOUND = "HTTP 404"
 
 
 def metrics_url(target: Target) -> str | None:
-    """Where the run reads the server's metrics (``target.metrics_url``): ``auto`` is the base URL's origin
-    plus ``/metrics``, ``""`` or ``off`` is nowhere, anything else the URL given."""
+    """Where the run reads the server's metrics (``target.metrics_url``): ``auto`` is the base URL's
+    origin plus ``/metrics``, ``""`` or ``off`` is nowhere, anything else the URL given."""
     if target.metrics_url in METRICS_OFF:
         return None
     if target.metrics_url != "auto":
@@ -126,16 +123,17 @@ def metrics_url(target: Target) -> str | None:
 
 
 def read_view(text: str, model: str | None = None) -> dict[str, Any] | None:
-    """One sample from a ``/metrics`` page: ``{"server": "vllm", "running": 4, "waiting": 0, …}`` (None for a
-    value that server does not publish), or None when the page has none of the servers' series. Raises
-    ``ValueError`` when one of those series' lines is not Prometheus text.
+    """One sample from a ``/metrics`` page: ``{"server": "vllm", "running": 4, "waiting": 0, …}``
+    (None for a value that server does not publish), or None when the page has none of the servers'
+    series. Raises ``ValueError`` when one of those series' lines is not Prometheus text.
 
-    A value outside its range (``_RANGES``: NaN, ±Inf, a negative count, a KV share over 1) is None too, and the
-    sample says what came under ``unfit`` (``{"running": "vllm:num_requests_running = -3.0 (…)"}``).
+    A value outside its range (``_RANGES``: NaN, ±Inf, a negative count, a KV share over 1) is None
+    too, and the sample says what came under ``unfit`` (``{"running": "vllm:num_requests_running =
+    -3.0 (…)"}``).
 
-    A series with label sets for ``model`` (``model_name``, as vLLM and SGLang label them) is read from those
-    alone: the page may speak for other models' servers too (a gateway). Without one (no such label, or the
-    target's model is an alias) every label set counts."""
+    A series with label sets for ``model`` (``model_name``, as vLLM and SGLang label them) is read
+    from those alone: the page may speak for other models' servers too (a gateway). Without one (no
+    such label, or the target's model is an alias) every label set counts."""
     # Lines end at \n alone, as the format says (splitlines would also cut a label value at \x85 or
     # \u2028).
     lines = [
@@ -173,18 +171,19 @@ def read_view(text: str, model: str | None = None) -> dict[str, Any] | None:
 
 
 class Sampler:
-    """Reads the target's metrics (``metrics_url``) every ``INTERVAL_S`` in the driver's event loop, one GET at a
-    time on a connection of its own, and appends each sample to ``run_dir/server-metrics.jsonl`` stamped with
-    ``clock()`` (the records' clock). ``info`` is what ``run.json`` keeps under ``server_metrics``; it is filled
-    in as the sampler learns.
+    """Reads the target's metrics (``metrics_url``) every ``INTERVAL_S`` in the driver's event loop,
+    one GET at a time on a connection of its own, and appends each sample to
+    ``run_dir/server-metrics.jsonl`` stamped with ``clock()`` (the records' clock). ``info`` is what
+    ``run.json`` keeps under ``server_metrics``; it is filled in as the sampler learns.
 
-    Nothing it meets fails the run. The first answer decides: a page without the known series, an HTTP error,
-    no answer within ``TIMEOUT_S`` or no connection make the metrics unavailable (``info["why"]``) and nothing
-    more is read. A page whose known lines do not parse decides nothing: reading goes on, and the reads that
-    failed so are written before the first that parses; where none does by the run's end, that is why the
-    metrics are unavailable. That is said in one line through ``warn``, once per URL and process, unless the URL was
-    only guessed (``auto``) and the server answered 404: most servers without metrics, nothing to warn about.
-    A later read that fails is a line with its ``error``.
+    Nothing it meets fails the run. The first answer decides: a page without the known series, an
+    HTTP error, no answer within ``TIMEOUT_S`` or no connection make the metrics unavailable
+    (``info["why"]``) and nothing more is read. A page whose known lines do not parse decides
+    nothing: reading goes on, and the reads that failed so are written before the first that parses;
+    where none does by the run's end, that is why the metrics are unavailable. That is said in one
+    line through ``warn``, once per URL and process, unless the URL was only guessed (``auto``) and
+    the server answered 404: most servers without metrics, nothing to warn about. A later read that
+    fails is a line with its ``error``.
     """
 
     def __init__(
@@ -255,9 +254,8 @@ class Sampler:
                         os.write(fd, line)
                     due += INTERVAL_S
                     # A read slower than the interval skips the reads it overran rather than
-                    # bunching them up, and
-                    # parsing (which holds the interpreter from the load's requests) takes a tenth
-                    # of the time at most.
+                    # bunching them up, and parsing (which holds the interpreter from the load's
+                    # requests) takes a tenth of the time at most.
                     due = max(due, loop.time() + PARSE_SHARE_INVERSE * self.parse_s)
                     await asyncio.sleep(due - loop.time())
             finally:
@@ -284,8 +282,7 @@ class Sampler:
         started = time.perf_counter()
         try:
             # In a thread: a page with many label sets of the series read takes long to parse, and
-            # the event loop
-            # that sends the load and stamps its answers must not wait for it.
+            # the event loop that sends the load and stamps its answers must not wait for it.
             view = await asyncio.to_thread(read_view, body.decode("utf-8", "replace"), self.model)
         except ValueError as exc:
             return _Unparsed(f"not Prometheus text ({exc})")
@@ -318,9 +315,10 @@ class Sampler:
 
 
 class _Unparsed(str):
-    """Why a read failed where the page came but one of the known series' lines did not parse: a later page may
-    (a value caught mid-write, an exporter's passing bug), so unlike an HTTP error or a page without the series it
-    does not decide that the server has no metrics. Only where no page of the run parses does it say so."""
+    """Why a read failed where the page came but one of the known series' lines did not parse: a
+    later page may (a value caught mid-write, an exporter's passing bug), so unlike an HTTP error or
+    a page without the series it does not decide that the server has no metrics. Only where no page
+    of the run parses does it say so."""
 
 
 @dataclass(frozen=True)
@@ -339,9 +337,8 @@ class Samples:
 
 
 # One line of ``server-metrics.jsonl`` as read back, with the ranges the sampler wrote it in
-# (``_RANGES``): a value
-# of another type or out of its range is no sample kevload wrote (an edited file), and no number a
-# cell may show.
+# (``_RANGES``): a value of another type or out of its range is no sample kevload wrote (an edited
+# file), and no number a cell may show.
 _Count = Annotated[float, msgspec.Meta(ge=_COUNT[0], le=_COUNT[1])] | None
 
 
@@ -359,8 +356,9 @@ _SAMPLE_DECODER = msgspec.json.Decoder(_SampleLine)
 
 
 def read_samples(run_dir: Path) -> Samples | None:
-    """The samples ``server-metrics.jsonl`` holds (reads that failed left out); None without the file. A line that is
-    no sample (a value of the wrong type or out of its range, no ``t``) is a ``RunDirError`` naming the line."""
+    """The samples ``server-metrics.jsonl`` holds (reads that failed left out); None without the
+    file. A line that is no sample (a value of the wrong type or out of its range, no ``t``) is a
+    ``RunDirError`` naming the line."""
     path = run_dir / SAMPLES
     if not path.is_file():
         return None
@@ -384,13 +382,14 @@ def read_samples(run_dir: Path) -> Samples | None:
 def cell_view(
     samples: Samples | None, t_start: float, t_end: float, concurrency: int
 ) -> dict[str, Any]:
-    """What the server said while one cell ran: the samples sent and answered from the cell's first counted send
-    to its last counted answer (the server read its numbers somewhere in between: a read that straddles the
-    window's edge may hold another cell's). Gauges: their largest value (and the mean of running) in that
-    window. The prefix-cache counter: its increase from the last sample answered before the window to the first
-    sent after it (a poll interval more on each side at most), none where it dropped anywhere in between (a
-    restart). Without samples only ``server_view`` (False); with samples but none in the window (a cell shorter
-    than the interval) ``server_samples`` 0 and nothing claimed."""
+    """What the server said while one cell ran: the samples sent and answered from the cell's first
+    counted send to its last counted answer (the server read its numbers somewhere in between: a
+    read that straddles the window's edge may hold another cell's). Gauges: their largest value (and
+    the mean of running) in that window. The prefix-cache counter: its increase from the last sample
+    answered before the window to the first sent after it (a poll interval more on each side at
+    most), none where it dropped anywhere in between (a restart). Without samples only
+    ``server_view`` (False); with samples but none in the window (a cell shorter than the interval)
+    ``server_samples`` 0 and nothing claimed."""
     if samples is None:
         return {"server_view": False}
     sent, answered = samples.t - samples.rtt / 2, samples.t + samples.rtt / 2
@@ -414,8 +413,8 @@ def cell_view(
     if math.isfinite(hits[0]) and math.isfinite(hits[-1]) and (np.diff(published) >= 0).all():
         out["server_prefix_cache_hits"] = _number(hits[-1] - hits[0])
     # The note says what the server never did in the whole window: a read that failed there may have
-    # been the
-    # moment it did (a /metrics that fails while the server is busy leaves only its idle moments).
+    # been the moment it did (a /metrics that fails while the server is busy leaves only its idle
+    # moments).
     failed = ((samples.failed >= t_start) & (samples.failed - TIMEOUT_S <= t_end)).any()
     out["server_note"] = (
         None
@@ -428,9 +427,10 @@ def cell_view(
 def server_note(
     concurrency: int, running_max: float | None, waiting_max: float | None
 ) -> str | None:
-    """``server ran ≤ 1 at a time, 3 waiting: …`` where the server held requests back at a level of *c* > 1:
-    it ran fewer than *c* at any sample while others waited in its queue. None otherwise, and where no read saw it
-    run anything: the cell's answers say it ran some, so those reads missed its work and bound nothing."""
+    """``server ran ≤ 1 at a time, 3 waiting: …`` where the server held requests back at a level of
+    *c* > 1: it ran fewer than *c* at any sample while others waited in its queue. None otherwise,
+    and where no read saw it run anything: the cell's answers say it ran some, so those reads missed
+    its work and bound nothing."""
     if running_max is None or waiting_max is None or concurrency <= 1 or running_max < 1:
         return None
     if running_max >= concurrency or waiting_max < 1:
@@ -445,8 +445,9 @@ def server_note(
 def _published(
     series: dict[str, list[float]], names: tuple[str, ...], value: str
 ) -> tuple[float | None, str | None]:
-    """The first of ``names`` the page publishes, combined over its label sets (the KV share: the largest, the
-    others: the sum), and what came where a label set's value, or the sum, is outside the value's range."""
+    """The first of ``names`` the page publishes, combined over its label sets (the KV share: the
+    largest, the others: the sum), and what came where a label set's value, or the sum, is outside
+    the value's range."""
     low, high, what = _RANGES[value]
     for name in names:
         if name in series:

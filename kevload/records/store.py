@@ -1,5 +1,6 @@
-"""Records and the files of a run: ``Record`` (one flushed line per request, read back typed by ``read_typed``),
-the tolerant reader, JSON written atomically, run-dir names, secrets redacted (``rundir.RunDir`` reads a run)."""
+"""Records and the files of a run: ``Record`` (one flushed line per request, read back typed by
+``read_typed``), the tolerant reader, JSON written atomically, run-dir names, secrets redacted
+(``rundir.RunDir`` reads a run)."""
 
 from __future__ import annotations
 
@@ -28,16 +29,14 @@ RESULTS = Path("results")
 
 
 # The ranges a record's values keep, checked where a records file is read (``RECORD_DECODER``): what
-# is out of them
-# is no record kevload wrote, and no number the comparator may add.
+# is out of them is no record kevload wrote, and no number the comparator may add.
 Count = Annotated[int, msgspec.Meta(ge=0)]
 # A clock reading (``time.perf_counter``, or Unix time in a run with workers): within ±10¹² s
-# (31,000 years), so that
-# any difference of two is a finite number of seconds; a larger one is no clock kevload read.
+# (31,000 years), so that any difference of two is a finite number of seconds; a larger one is no
+# clock kevload read.
 Time = Annotated[float, msgspec.Meta(ge=-1e12, le=1e12)]
 # A token count a server reported (usage): at most 2³¹ − 1, far beyond any context window; a larger
-# one is impossible,
-# and used as a number it would give tokens/s that are nonsense.
+# one is impossible, and used as a number it would give tokens/s that are nonsense.
 TOKEN_COUNT_MAX = 2**31 - 1
 TokenCount = Annotated[int, msgspec.Meta(ge=0, le=TOKEN_COUNT_MAX)]
 # How a logprob a JSON number cannot hold is spelled on disk (``spell_logprobs``).
@@ -59,12 +58,14 @@ class Message(TypedDict):
 
 
 class Record(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """One finished request, as written to ``records.jsonl``. Times are ``time.perf_counter`` seconds.
+    """One finished request, as written to ``records.jsonl``. Times are ``time.perf_counter``
+    seconds.
 
-    A msgspec struct: built once per request, written straight to its line (``record_line``) and read back typed,
-    with the ranges above, by ``RECORD_DECODER``. Keyword-only, so fields added later keep their place in the line
-    with a default (what a record of an older version, which lacks them, meant); a key this version does not know
-    is ignored. Not tracked by the garbage collector: a record holds plain values and never a cycle."""
+    A msgspec struct: built once per request, written straight to its line (``record_line``) and
+    read back typed, with the ranges above, by ``RECORD_DECODER``. Keyword-only, so fields added
+    later keep their place in the line with a default (what a record of an older version, which
+    lacks them, meant); a key this version does not know is ignored. Not tracked by the garbage
+    collector: a record holds plain values and never a cycle."""
 
     run_id: str
     seq: Count
@@ -76,12 +77,12 @@ class Record(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     sample: Annotated[int, msgspec.Meta(ge=-1)]  # from 0; -1: a warm-up of an open-loop level
     in_flight: Count  # other requests in flight when this one was sent
     # Sent at full load (closed loop: exactly concurrency - 1 others in flight); only these are
-    # compared. Records
-    # from before it were all counted.
+    # compared. Records from before it were all counted.
     counted: bool = True
     # Cap on requests in flight: c (closed loop), load.max_in_flight or None (open loop).
     max_in_flight: Count | None = None
-    status: str  # ``ok``, a transport failure (``timeout``, ``connect``, ``reset``, …) or ``http_<code>``
+    # ``ok``, a transport failure (``timeout``, ``connect``, ``reset``, …) or ``http_<code>``
+    status: str
     output: str | None
     sha256: str | None
     finish_reason: str | None
@@ -90,8 +91,7 @@ class Record(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     token_ids: list[Count] | None
     tokens: list[str] | None
     # Non-finite ones are floats in memory and spelled on disk (``spell_logprobs``); read back, the
-    # comparator takes
-    # them spelled, ``RunDir.records`` as floats again.
+    # comparator takes them spelled, ``RunDir.records`` as floats again.
     logprobs: list[float | Spelled | None] | None
     system_fingerprint: str | None
     t_scheduled: Time | None
@@ -132,17 +132,15 @@ class Record(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         None  # every answer and finish_reason through this turn, chained
     )
     # load.prefix_cache = "cold_warm" (kevload.load.prefixcache): whether kevload made this probe
-    # sample cold or warm,
-    # and
-    # how many prompt tokens the server said it served from its cache (None: it did not say).
+    # sample cold or warm, and how many prompt tokens the server said it served from its cache
+    # (None: it did not say).
     cache: str | None = None
     cached_tokens: TokenCount | None = None
     # A companion load.cancel_share chose to cut (kevload.load.cancel): ``cancelled`` if the cut
     # came before its answer.
     cancel_planned: bool = False
     # What the server sent that did not fit its field (``"<field>: <what was wrong and what
-    # came>"``): kept here,
-    # never used as a number. None: everything fitted.
+    # came>"``): kept here, never used as a number. None: everything fitted.
     findings: list[str] | None = None
 
     def __post_init__(self) -> None:
@@ -164,7 +162,8 @@ class Record(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             )
 
     def floats(self) -> Record:
-        """This record with spelled non-finite logprobs as floats again (as it was before it was written)."""
+        """This record with spelled non-finite logprobs as floats again (as it was before it was
+        written)."""
         if not self.logprob_nonfinite or not self.logprobs:
             return self
         return msgspec.structs.replace(
@@ -178,21 +177,23 @@ class Record(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
     @property
     def is_sample(self) -> bool:
-        """Whether a cell counts it as a sample (``counts_in_cell``): a conversation's by the record that ends it,
-        its earlier turns are none."""
+        """Whether a cell counts it as a sample (``counts_in_cell``): a conversation's by the record
+        that ends it, its earlier turns are none."""
         return counts_in_cell(self.role, self.counted) and ends_sample(
             self.turn, self.turns, self.status
         )
 
     @property
     def is_evidence(self) -> bool:
-        """A counted ok probe answer: what a cell's determinism claim rests on (a probe that is a sample, ok)."""
+        """A counted ok probe answer: what a cell's determinism claim rests on (a probe that is a
+        sample, ok)."""
         return self.role == "probe" and self.status == OK and self.is_sample
 
 
 def counts_in_cell(role: str, counted: bool) -> bool:
-    """The one rule of what a cell counts, probe or companion, ok or failed: a request sent at full load that is
-    no warm-up. Warm-ups and sends below full load (a level's ramp-up, its tail) are on record, and only that."""
+    """The one rule of what a cell counts, probe or companion, ok or failed: a request sent at full
+    load that is no warm-up. Warm-ups and sends below full load (a level's ramp-up, its tail) are on
+    record, and only that."""
     return counted and role != "warmup"
 
 
@@ -205,15 +206,16 @@ _ENCODER = msgspec.json.Encoder()
 def answer_text(
     output: str | None, reasoning: str | None = None, tool_calls: list[ToolCall] | None = None
 ) -> str:
-    """The one text that is compared (hashed into ``sha256``, shown at divergence points): the whole answer.
+    """The one text that is compared (hashed into ``sha256``, shown at divergence points): the whole
+    answer.
 
     Exactly the content when there is no reasoning and no tool call, so plain answers hash as they
     always did (short of a content that begins like a reasoning block itself). Otherwise the
     reasoning comes first in ``<reasoning>`` tags, then the content, then each tool call as
     ``<tool_call name="…">arguments</tool_call>``: a divergence inside the content keeps its
-    position after the reasoning block. The block is ``gradeanswers.with_reasoning``'s, which the graders
-    read back: the reasoning and the rest are always told apart, even where a model writes these tag
-    lines itself (the reasoning's length is then in the opening tag).
+    position after the reasoning block. The block is ``gradeanswers.with_reasoning``'s, which the
+    graders read back: the reasoning and the rest are always told apart, even where a model writes
+    these tag lines itself (the reasoning's length is then in the opening tag).
     """
     if not reasoning and not tool_calls and not (output and output.startswith(REASONING_TAG)):
         return output or ""
@@ -224,23 +226,25 @@ def answer_text(
 
 
 def spell_logprobs(values: list[float | Spelled | None]) -> list[float | Spelled | None]:
-    """Logprobs as a record keeps them: a non-finite one as the string ``"-Infinity"``, ``"Infinity"`` or
-    ``"NaN"`` (JSON has no such numbers, and orjson would write null, a missing logprob), every other
-    value as it is. ``float()`` of the string gives the value back; the comparator keeps NaN apart from null."""
+    """Logprobs as a record keeps them: a non-finite one as the string ``"-Infinity"``,
+    ``"Infinity"`` or ``"NaN"`` (JSON has no such numbers, and orjson would write null, a missing
+    logprob), every other value as it is. ``float()`` of the string gives the value back; the
+    comparator keeps NaN apart from null."""
     return [
         x if x is None or isinstance(x, str) or math.isfinite(x) else _spelling(x) for x in values
     ]
 
 
 def request_part(request_id: str | None, run_id: str) -> int:
-    """Which invocation of a run sent a request: 0 for ``<run_id>-<seq>``, k for the k-th ``--resume``'s
-    ``<run_id>-r<k>-<seq>``."""
+    """Which invocation of a run sent a request: 0 for ``<run_id>-<seq>``, k for the k-th
+    ``--resume``'s ``<run_id>-r<k>-<seq>``."""
     rest = (request_id or "")[len(run_id) + 1 :]
     return int(rest[1 : rest.index("-")]) if rest.startswith("r") else 0
 
 
 def new_run_id(kind: str = "") -> str:
-    """``<time>-<random>`` (``<kind>-<time>-<random>``): unique even for two runs started in the same second."""
+    """``<time>-<random>`` (``<kind>-<time>-<random>``): unique even for two runs started in the
+    same second."""
     name = time.strftime("%Y%m%d-%H%M%S") + "-" + _secrets.token_hex(3)
     return f"{kind}-{name}" if kind else name
 
@@ -251,21 +255,23 @@ def now_iso() -> str:
 
 
 def default_run_dir(kind: str = "", *, run_id: str | None = None) -> Path:
-    """Where a run (``results/<run-id>``) or a command's set of runs (``results/<kind>-<time>-<random>``) goes."""
+    """Where a run (``results/<run-id>``) or a command's set of runs
+    (``results/<kind>-<time>-<random>``) goes."""
     return RESULTS / (run_id or new_run_id(kind))
 
 
 def record_line(record: Record) -> bytes:
-    """One line of a records file, newline included; non-finite logprobs spelled (``spell_logprobs``), since msgspec,
-    as JSON must, would write them as null, a missing logprob."""
+    """One line of a records file, newline included; non-finite logprobs spelled
+    (``spell_logprobs``), since msgspec, as JSON must, would write them as null, a missing
+    logprob."""
     if record.logprob_nonfinite and record.logprobs:
         record = msgspec.structs.replace(record, logprobs=spell_logprobs(record.logprobs))
     return _ENCODER.encode(record) + b"\n"
 
 
 class RecordWriter:
-    """Appends one JSON line per record with a single unbuffered write, so a killed process
-    leaves every finished record on disk and at most one torn line at the end. A batch of lines already
+    """Appends one JSON line per record with a single unbuffered write, so a killed process leaves
+    every finished record on disk and at most one torn line at the end. A batch of lines already
     made (a Ray actor's, collected by the driver) goes the same way, one write for the batch."""
 
     def __init__(self, path: Path):
@@ -295,9 +301,10 @@ class RecordWriter:
 
 
 def read_records(path: Path, start: int = 0, end: int | None = None) -> Iterator[dict[str, Any]]:
-    """Stream a JSON-lines file back as its objects, unchecked (a records file and ``server-metrics.jsonl`` are read
-    typed, by ``read_typed``): every line, or those that begin in bytes [``start``, ``end``). A line that is not JSON
-    is an error, except the file's last line (what a process killed mid-write leaves torn), which is skipped."""
+    """Stream a JSON-lines file back as its objects, unchecked (a records file and
+    ``server-metrics.jsonl`` are read typed, by ``read_typed``): every line, or those that begin in
+    bytes [``start``, ``end``). A line that is not JSON is an error, except the file's last line
+    (what a process killed mid-write leaves torn), which is skipped."""
     return _lines(path, start, end, orjson.loads, orjson.JSONDecodeError)
 
 
@@ -308,12 +315,14 @@ def read_typed(
     *,
     decoder: msgspec.json.Decoder[Any] = RECORD_DECODER,
 ) -> Iterator[Any]:
-    """Stream a records file back as ``Record`` values, spelled logprobs kept spelled (``Record.floats``): every line,
-    or those that begin in bytes [``start``, ``end``) (a part read in parallel; ``start`` at a line's beginning).
-    A line that is no record (a value of the wrong type or out of its range, a field every version writes missing)
-    is a ``RunDirError`` naming the line and the field; a line that is not JSON too, except the file's last line
-    (what a run killed mid-write leaves torn), which is skipped; a part that ends before the file does has no last
-    line to excuse. Another JSON-lines file of a run is read typed the same way by its own ``decoder``."""
+    """Stream a records file back as ``Record`` values, spelled logprobs kept spelled
+    (``Record.floats``): every line, or those that begin in bytes [``start``, ``end``) (a part
+    read in parallel; ``start`` at a line's beginning). A line that is no record (a value of the
+    wrong type or out of its range, a field every version writes missing) is a ``RunDirError``
+    naming the line and the field; a line that is not JSON too, except the file's last line (what
+    a run killed mid-write leaves torn), which is skipped; a part that ends before the file does
+    has no last line to excuse. Another JSON-lines file of a run is read typed the same way by
+    its own ``decoder``."""
     return _lines(path, start, end, decoder.decode, msgspec.DecodeError)
 
 
@@ -347,7 +356,8 @@ def _lines(
 
 
 def cut_torn_tail(path: Path) -> int:
-    """Cut a torn last line (a run killed mid-write) so appending starts on a line of its own; returns bytes cut."""
+    """Cut a torn last line (a run killed mid-write) so appending starts on a line of its own;
+    returns bytes cut."""
     with path.open("r+b") as handle:
         size = handle.seek(0, os.SEEK_END)
         if size == 0:
@@ -407,7 +417,8 @@ def read_json(path: Path) -> Any:
 
 
 def url_userinfo(url: str) -> tuple[str, str | None]:
-    """``url`` without its ``user:password@``, and the Basic credential it stands for (None without one)."""
+    """``url`` without its ``user:password@``, and the Basic credential it stands for (None without
+    one)."""
     parts = urlsplit(url)
     userinfo, at, host = parts.netloc.rpartition("@")
     if not at:
@@ -418,7 +429,8 @@ def url_userinfo(url: str) -> tuple[str, str | None]:
 
 
 def url_secrets(url: str) -> list[str]:
-    """A ``user:password@`` in ``url`` in every form it might be written in: scrubbed like the API key."""
+    """A ``user:password@`` in ``url`` in every form it might be written in: scrubbed like the API
+    key."""
     userinfo, at, _ = urlsplit(url).netloc.rpartition("@")
     if not at:
         return []
@@ -427,7 +439,8 @@ def url_secrets(url: str) -> list[str]:
 
 
 def redact(value: Any, secrets: list[str]) -> Any:
-    """A copy with every header value masked (names kept) and every known secret string replaced by ***."""
+    """A copy with every header value masked (names kept) and every known secret string replaced by
+    ***."""
     if isinstance(value, dict):
         out = {}
         for key, item in value.items():

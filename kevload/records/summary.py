@@ -257,16 +257,13 @@ class CellSummary(_Json):
     duration_s: float | None = None
     latency: dict[str, dict[str, float]] = field(default_factory=dict)
     # Closed-loop levels c ≥ 2, from the records' send and last-byte times: the share of the counted
-    # samples' time
-    # during which c − 1 others of the level were in flight, and the counted samples that never had
-    # them
-    # (absent: an open-loop or serial level, nothing to reach).
+    # samples' time during which c − 1 others of the level were in flight, and the counted samples
+    # that never had them (absent: an open-loop or serial level, nothing to reach).
     full_load_share: float | None = written_with("samples_never_full")
     samples_never_full: int | None = written_with("samples_never_full")
     # Counted samples left out of both: they ran while requests a part of the run never recorded
-    # (killed, a worker
-    # lost) may have been in flight, so their others cannot be counted (absent: every request sent
-    # was recorded).
+    # (killed, a worker lost) may have been in flight, so their others cannot be counted (absent:
+    # every request sent was recorded).
     overlap_unknown: int | None = written_with("overlap_unknown")
     # Agreement with the serial output (exact matches; token positions where tokens exist), 95 %
     # intervals.
@@ -282,10 +279,8 @@ class CellSummary(_Json):
     # The serial text with other logprobs.
     latent_drift: bool | None = written_with("logprob_samples")
     # Where logprobs were asked for or returned: ok samples that asked and got none (or nulls only),
-    # ok samples
-    # with the serial tokens but fewer logprobs than tokens whose values given agree (no claim past
-    # their end),
-    # and ok samples with a logprob of -inf, inf or NaN.
+    # ok samples with the serial tokens but fewer logprobs than tokens whose values given agree (no
+    # claim past their end), and ok samples with a logprob of -inf, inf or NaN.
     logprobs_missing: int | None = written_with("logprobs_missing")
     logprobs_partial: int | None = written_with("logprobs_missing")
     logprob_nonfinite_samples: int | None = written_with("logprobs_missing")
@@ -311,9 +306,8 @@ class CellSummary(_Json):
     slo_unmeasured: int | None = written_with("slo_met")
     slo_misses: dict[str, int] | None = written_with("slo_met")
     # The server's own view while the cell ran (its /metrics, kevload.records.servermetrics):
-    # server_view says whether
-    # the
-    # run holds the server's samples (False: it published none, and the fields below are None).
+    # server_view says whether the run holds the server's samples (False: it published none, and the
+    # fields below are None).
     server_view: bool | None = written_with("server_view")
     server_samples: int | None = written_with("server_view")
     server_running_max: float | None = written_with("server_view")
@@ -324,43 +318,31 @@ class CellSummary(_Json):
     # "server ran ≤ 1 at a time, 3 waiting: …" where the server held requests back at a level.
     server_note: str | None = written_with("server_view")
     # A conversation cell (kevload.compare.turnwise): per turn, the answers asked with the serial
-    # history and how many
-    # of
-    # them differ from the serial answer; the first turn (0-based) where one does: where it leaves
-    # the serial one.
+    # history and how many of them differ from the serial answer; the first turn (0-based) where one
+    # does: where it leaves the serial one.
     turns: tuple[dict[str, int], ...] | None = written_with("turns")
     first_divergent_turn: int | None = written_with("turns")
     # Cut by kevload (load.cancel_share, kevload.load.cancel); absent where the run cut nothing. A
-    # companion cell: its
-    # requests cut. A probe cell: the requests of its level cut (counted or not) while its samples
-    # ran (first send
-    # to last answer), its ok samples with such a cut in flight (within beside_window_s of their
-    # send), and how many
-    # of those and of the others left the
+    # companion cell: its requests cut. A probe cell: the requests of its level cut (counted or not)
+    # while its samples ran (first send to last answer), its ok samples with such a cut in flight
+    # (within beside_window_s of their send), and how many of those and of the others left the
     # serial output; whether the divergent ones were all beside a cut, unlikely by chance (the
-    # one-sided Fisher
-    # p-value under kevload.compare.cuts.FINDING_P).
+    # one-sided Fisher p-value under kevload.compare.cuts.FINDING_P).
     cancelled: int | None = written_with("cancelled")
     beside_cancelled: int | None = written_with("cancelled")
     # A sample is beside a cut when one came within this long of its send: the cell's shortest ok
-    # flight, the same
-    # time for every sample (a longer flight meets more cuts).
+    # flight, the same time for every sample (a longer flight meets more cuts).
     beside_window_s: float | None = written_with("cancelled")
     divergent_beside_cancelled: int | None = written_with("cancelled")
     divergent_apart_from_cancelled: int | None = written_with("cancelled")
     cancel_p_value: float | None = written_with("cancelled")
     drift_only_beside_cancelled: bool | None = written_with("cancelled")
     # A graded probe's cell (kevload.compare.graded); absent for an ungraded one. Counted ok samples
-    # graded good and
-    # bad (and
-    # those whose own python grader failed: neither), the good share with its Wilson 95 % interval;
-    # the serial
-    # cell's grade (good, bad, or mixed: some of each); against it, samples graded bad where every
-    # serial answer was
-    # good and the reverse (None at the serial level itself, and where the serial answers are mixed
-    # or ungraded),
-    # with one flipped answer and the serial one beside it; whether the good share meets
-    # load.min_good_share.
+    # graded good and bad (and those whose own python grader failed: neither), the good share with
+    # its Wilson 95 % interval; the serial cell's grade (good, bad, or mixed: some of each); against
+    # it, samples graded bad where every serial answer was good and the reverse (None at the serial
+    # level itself, and where the serial answers are mixed or ungraded), with one flipped answer and
+    # the serial one beside it; whether the good share meets load.min_good_share.
     graded_good: int | None = written_with("graded_good")
     graded_bad: int | None = written_with("graded_good")
     grade_failed: int | None = written_with("graded_good")
@@ -452,12 +434,10 @@ class RunSummary(_Json):
     server_limited_cells: tuple[str, ...] | None = written_with("server_limited_cells")
     cells: tuple[CellSummary, ...] = ()
     # Per probe id, what it asked (probe.probe_inputs: hashes of its input and params, its
-    # max_tokens) and the hash
-    # of how it was graded, so a baseline tells a changed input from a changed server and pairs
-    # graded answers only
-    # under the same grader; absent in runs from before it was recorded (the grading hash: before it
-    # was apart). Under
-    # load.prefix_cache's marker method the ids are the probes', not their rounds'.
+    # max_tokens) and the hash of how it was graded, so a baseline tells a changed input from a
+    # changed server and pairs graded answers only under the same grader; absent in runs from before
+    # it was recorded (the grading hash: before it was apart). Under load.prefix_cache's marker
+    # method the ids are the probes', not their rounds'.
     inputs: dict[str, dict[str, str | int]] | None = written_with("inputs")
     run_id: str | None = None
     scenario: str | None = None
@@ -469,22 +449,17 @@ class RunSummary(_Json):
     # cold ones).
     warm_bad_probes: tuple[str, ...] | None = written_with("prefix_cache")
     # Requests kevload cut (load.cancel_share): neither answers nor errors; absent where the run cut
-    # nothing. The
-    # findings: probe cells whose divergent samples all had a cut in flight
-    # (CellSummary.drift_only_beside_cancelled),
-    # and probes (``p1@mixed``) that drifted only in levels with cuts while a loaded level without
-    # any held.
+    # nothing. The findings: probe cells whose divergent samples all had a cut in flight
+    # (CellSummary.drift_only_beside_cancelled), and probes (``p1@mixed``) that drifted only in
+    # levels with cuts while a loaded level without any held.
     cancelled: int | None = written_with("cancelled")
     drift_beside_cancelled_cells: tuple[str, ...] | None = written_with("cancelled")
     drift_with_cancelled_levels: tuple[str, ...] | None = written_with("cancelled")
     # Graded probes (kevload.compare.graded); absent without any. Per level, over the probes graded
-    # there: accuracy
-    # with its
-    # interval and the paired comparison with serial (good_to_bad, bad_to_good, the exact McNemar
-    # p). The probe cells
-    # where load turned a good answer bad; the levels whose accuracy fell significantly (p < 0.05);
-    # the probe cells
-    # under load.min_good_share; what a user's python grader did wrong (each naming its probe).
+    # there: accuracy with its interval and the paired comparison with serial (good_to_bad,
+    # bad_to_good, the exact McNemar p). The probe cells where load turned a good answer bad; the
+    # levels whose accuracy fell significantly (p < 0.05); the probe cells under
+    # load.min_good_share; what a user's python grader did wrong (each naming its probe).
     accuracy: tuple[dict[str, Any], ...] | None = written_with("accuracy")
     bad_cells: tuple[str, ...] | None = written_with("accuracy")
     accuracy_fell_levels: tuple[str, ...] | None = written_with("accuracy")

@@ -1,1 +1,2 @@
-"""Servers kevload starts: processes, the built-in real targets, sweeps of settings (local or Ray tasks)."""
+"""Servers kevload starts: processes, the built-in real targets, sweeps of settings (local or Ray
+tasks)."""

@@ -52,7 +52,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 def start_server(
     argv: list[str], log_path: Path, env: dict[str, str] | None = None
 ) -> ServerProcess:
-    """Launch ``argv`` in a new session (so one signal reaches every process it spawns), logging to a file."""
+    """Launch ``argv`` in a new session (so one signal reaches every process it spawns), logging to
+    a file."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         popen = subprocess.Popen(
@@ -78,9 +79,11 @@ def wait_ready(
     extra_check: Callable[[], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
 ) -> bool:
-    """Poll ``url`` until it answers 200; fail fast if the process dies. Stops the server on failure.
+    """Poll ``url`` until it answers 200; fail fast if the process dies. Stops the server on
+    failure.
 
-    Returns False, with the server stopped, as soon as ``cancelled()`` is true (checked between polls).
+    Returns False, with the server stopped, as soon as ``cancelled()`` is true (checked between
+    polls).
     """
     deadline = time.monotonic() + timeout
     last = "no answer yet"
@@ -124,9 +127,9 @@ def wait_ready(
 async def stop_when_gone(pid: int, every: float = 0.25) -> None:
     """Wait until the process ``pid`` has exited, then stop what is left of its group.
 
-    A server's children can outlive it: vLLM's engine core and worker (3 GB) do when its API server is killed,
-    and a child that inherited the listening socket would accept connections and never answer them. With the
-    group gone nothing is left running and every request fails at once.
+    A server's children can outlive it: vLLM's engine core and worker (3 GB) do when its API server
+    is killed, and a child that inherited the listening socket would accept connections and never
+    answer them. With the group gone nothing is left running and every request fails at once.
     """
     while pid_alive(pid):
         await asyncio.sleep(every)
@@ -137,8 +140,9 @@ EXITING_S = 1.0  # how long a server that refused its readiness URL is given to 
 
 
 def trouble(pid: int, health_url: str) -> str | None:
-    """Why a server that was ready can no longer serve, or None: its process exited, or it no longer answers
-    ``health_url`` with 200 (vLLM's API server lives on for a moment after its engine died, answering 500)."""
+    """Why a server that was ready can no longer serve, or None: its process exited, or it no longer
+    answers ``health_url`` with 200 (vLLM's API server lives on for a moment after its engine died,
+    answering 500)."""
     if not pid_alive(pid):
         return "exited"
     try:

@@ -334,8 +334,7 @@ def _by_probe(row: dict[str, Any]) -> dict[str, dict[str, CellSummary]]:
 
 
 # What sweep.json keeps of each probe cell (with its level label): enough for the matrix, the SLO
-# column and
-# the logprob evidence, under the names a run's summary.json gives them.
+# column and the logprob evidence, under the names a run's summary.json gives them.
 SWEEP_CELL_FIELDS = (
     "probe",
     "mode",

@@ -112,8 +112,7 @@ def check_server_cmd(server_cmd: str, ready_url: str | None, axes: list[str]) ->
     filled = PLACEHOLDER.sub(lambda m: "65535" if m[1] == "port" else "1", ready_url or "")
     if ready_url is not None and (problem := url_problem(filled)) is not None:
         # Polled by urllib once each server starts: a blank or an open IPv6 bracket would end the
-        # sweep in a
-        # traceback there, a port too large wait out --ready-timeout for every setting.
+        # sweep in a traceback there, a port too large wait out --ready-timeout for every setting.
         raise ScenarioError(
             "--ready-url: expected an http:// or https:// URL such as "
             f"http://127.0.0.1:{{port}}/health ({problem}), got {shown_url(ready_url)!r}"

@@ -62,9 +62,8 @@ class Outcome:
         0  # logprobs that were -Infinity, Infinity or NaN (Python servers write them)
     )
     # Prompt tokens the server says it served from its prefix cache:
-    # usage.prompt_tokens_details.cached_tokens (vLLM
-    # with --enable-prompt-tokens-details, OpenAI), or llama.cpp's timings.cache_n; None where it
-    # says nothing.
+    # usage.prompt_tokens_details.cached_tokens (vLLM with --enable-prompt-tokens-details, OpenAI),
+    # or llama.cpp's timings.cache_n; None where it says nothing.
     cached_tokens: int | None = None
     # What the server sent that does not fit its field (a count that is no non-negative integer, a
     # logprob above 0,
@@ -393,9 +392,8 @@ class _Accumulator:
             return carried
         for index, name, arguments in _tool_call_parts(delta.tool_calls):
             # Deltas of one call share its index: the name comes once, the arguments in pieces.
-            # Without
-            # an index, a delta naming a function starts the next call and any other continues the
-            # last.
+            # Without an index, a delta naming a function starts the next call and any other
+            # continues the last.
             if index is None:
                 index = (max(self.calls) + bool(name)) if self.calls else 0
             call = self.calls.setdefault(index, ["", []])

@@ -96,9 +96,8 @@ class Client:
         # The query stays after the path (Azure's ?api-version=…).
         self.url = urlunsplit(parts._replace(path=path))
         # Error texts can echo request headers back (some gateways do). No header name tells which
-        # values are
-        # credentials (Ocp-Apim-Subscription-Key, X-Auth, …), so every header value is scrubbed,
-        # with the key.
+        # values are credentials (Ocp-Apim-Subscription-Key, X-Auth, …), so every header value is
+        # scrubbed, with the key.
         self._secrets = [
             s for s in [api_key, *target.headers.values(), *url_secrets(target.base_url)] if s
         ]

@@ -22,29 +22,22 @@ class Malformed(ValueError):
 # --- the answer as the server sends it, typed (msgspec) ---
 #
 # Every answer is decoded once into these structs. The strict decoder is the fast path: a
-# well-formed answer is
-# typed and range-checked in C (measured on a vLLM-like chat body of 128 tokens with logprobs: 50 µs
-# against 90 µs
-# for orjson and dicts; 1.0 against 2.2 µs without logprobs; a stream chunk 0.5 against 0.9 µs).
-# Only an answer the
-# strict decoder refuses is read again field by field (``_lenient``): what is wrong in the text or
-# its finish_reason
-# makes it malformed, a wrong count, token id or logprob is a finding and the value is dropped.
+# well-formed answer is typed and range-checked in C (measured on a vLLM-like chat body of 128
+# tokens with logprobs: 50 µs against 90 µs for orjson and dicts; 1.0 against 2.2 µs without
+# logprobs; a stream chunk 0.5 against 0.9 µs). Only an answer the strict decoder refuses is read
+# again field by field (``_lenient``): what is wrong in the text or its finish_reason makes it
+# malformed, a wrong count, token id or logprob is a finding and the value is dropped.
 
 # A count or token id is a record's ``TokenCount``: no served model has 2**31 tokens of context, and
-# 10**30 would make
-# an absurd tokens/s. One range, so an answer the boundary let through is always a record the reader
-# takes back.
+# 10**30 would make an absurd tokens/s. One range, so an answer the boundary let through is always a
+# record the reader takes back.
 COUNT_CAP = TOKEN_COUNT_MAX + 1
 Count = TokenCount
 # A logprob is the log of a probability, so ≤ 0. Servers compute it in float32 (vLLM, SGLang:
-# log_softmax of the
-# logits; llama.cpp: log of a normalised softmax), whose rounding can put the top token a few 1e-7
-# above 0; 1e-3
-# is far above any such rounding and far below a value that means something. The spelled non-finite
-# values
-# (-Infinity, Infinity, NaN, read by ``_nonfinite_json``) are kept as they are: they are compared as
-# what they mean.
+# log_softmax of the logits; llama.cpp: log of a normalised softmax), whose rounding can put the top
+# token a few 1e-7 above 0; 1e-3 is far above any such rounding and far below a value that means
+# something. The spelled non-finite values (-Infinity, Infinity, NaN, read by ``_nonfinite_json``)
+# are kept as they are: they are compared as what they mean.
 LOGPROB_SLACK = 1e-3
 Logprob = Annotated[float, msgspec.Meta(le=LOGPROB_SLACK)]
 # Findings kept on one answer: a server that gets every chunk wrong says so in the first few.

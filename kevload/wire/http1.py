@@ -8,10 +8,11 @@ rules: a pool of keep-alive connections, one idle timer per wait ("no byte for T
 only after a clean, complete response, and one resend on a fresh connection when a reused one
 turns out to be closed.
 
-Requests are written in bursts (``LeanTransport.write``): the first made in an event-loop turn goes at once, those
-made after it in the same turn together, ``BURST`` at a time or when the turn is over. Written one by one, each write
-woke the idle server, which on shared cores preempted the client in the middle of its turn: a write took 15 µs of
-wall time for 7 µs of CPU, against 4.5 µs for 4.3 in bursts (nginx, c=64).
+Requests are written in bursts (``LeanTransport.write``): the first made in an event-loop turn goes
+at once, those made after it in the same turn together, ``BURST`` at a time or when the turn is
+over. Written one by one, each write woke the idle server, which on shared cores preempted the
+client in the middle of its turn: a write took 15 µs of wall time for 7 µs of CPU, against 4.5 µs
+for 4.3 in bursts (nginx, c=64).
 """
 
 from __future__ import annotations
@@ -35,19 +36,17 @@ from kevload.wire.transport import (
 )
 
 # Requests written together at most: enough that the server is woken once for many, few enough that
-# a request waits
-# for no more than BURST - 1 others to be made. Measured in-run at nginx, c=64, alternated with one
-# write each: 8 ran
-# 1.30×, a request waiting 0.11 ms at the median and 0.74 ms at the 99th percentile between being
-# made and written; a
-# whole turn (about 32) ran 1.34× for waits of 0.95 and 2.3 ms. The first request of a turn goes at
-# once: one alone
-# in its turn (c=1) would otherwise wait for the turn's end, and ran 30 % slower so.
+# a request waits for no more than BURST - 1 others to be made. Measured in-run at nginx, c=64,
+# alternated with one write each: 8 ran 1.30×, a request waiting 0.11 ms at the median and 0.74 ms
+# at the 99th percentile between being made and written; a whole turn (about 32) ran 1.34× for waits
+# of 0.95 and 2.3 ms. The first request of a turn goes at once: one alone in its turn (c=1) would
+# otherwise wait for the turn's end, and ran 30 % slower so.
 BURST = 8
 
 
 class LeanTransport:
-    """Keep-alive connections to one host:port; a connection is reused only after a clean, full response."""
+    """Keep-alive connections to one host:port; a connection is reused only after a clean, full
+    response."""
 
     def __init__(self, endpoint: Endpoint):
         parts = urlsplit(endpoint.url)
@@ -102,8 +101,8 @@ class LeanTransport:
         return await conn.request(payload, self, reconnects)
 
     def write(self, conn: _Connection, payload: bytes) -> None:
-        """``payload`` goes out on ``conn``: at once if it is the first of this loop turn, else with the requests made
-        after that one, once ``BURST`` are waiting or when the turn is over."""
+        """``payload`` goes out on ``conn``: at once if it is the first of this loop turn, else with
+        the requests made after that one, once ``BURST`` are waiting or when the turn is over."""
         if not self._flush_queued:
             self._flush_queued = True
             conn.loop.call_soon(self._turn_over)
@@ -124,9 +123,8 @@ class LeanTransport:
         outgoing, self._outgoing = self._outgoing, []
         for conn, payload in outgoing:
             # A request cut or failed meanwhile (its connection closed, or the server's close
-            # already seen) is not
-            # sent: its caller has the error, and a reused connection's request goes again on a
-            # fresh one.
+            # already seen) is not sent: its caller has the error, and a reused connection's request
+            # goes again on a fresh one.
             transport = conn.transport
             if transport is not None and conn.error is None and not transport.is_closing():
                 transport.write(payload)
@@ -231,10 +229,12 @@ class _Response:
 class _State(enum.Enum):
     """Where a connection is in its request/response cycle (httpcore's ``HTTPConnectionState``)."""
 
-    IDLE = "idle"  # open, no response outstanding: reused if the last response kept the connection alive
+    # open, no response outstanding: reused if the last response kept the connection alive
+    IDLE = "idle"
     HEAD = "head"  # a request sent, its response's head not complete yet
     BODY = "body"  # the head in, the body arriving
-    CLOSED = "closed"  # ended with no response outstanding (a close-delimited body ends so): never reused
+    # ended with no response outstanding (a close-delimited body ends so): never reused
+    CLOSED = "closed"
 
 
 class _Stop(Exception):
@@ -272,7 +272,8 @@ class _Connection(asyncio.Protocol):
     # --- asyncio.Protocol ---
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # create_connection's transport, a Transport; asyncio.Protocol's signature says BaseTransport.
+        # create_connection's transport, a Transport; asyncio.Protocol's signature says
+        # BaseTransport.
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
@@ -411,8 +412,8 @@ class _Connection(asyncio.Protocol):
     # --- internals ---
 
     def _ended(self) -> None:
-        """The peer closed, or the connection was lost: a response in progress is cut, unless the close is what
-        ends its body."""
+        """The peer closed, or the connection was lost: a response in progress is cut, unless the
+        close is what ends its body."""
         self.keep_alive = False
         if self.state is _State.BODY and self.until_close and self.error is None:
             self.state = _State.CLOSED

@@ -20,14 +20,12 @@ T = TypeVar("T")
 
 
 # The ``user`` field of the one request that checks whether a server returns logprobs, so logs (and
-# the
-# test server) can tell it from the run's own requests.
+# the test server) can tell it from the run's own requests.
 LOGPROBS_CHECK_USER = "kevload-logprobs-check"
 # An ok answer without logprobs may still come from a server that returns them: llama.cpp sends a
-# token that ends
-# inside a UTF-8 character as text ("\ufffd") with no logprob entry, and a sampler may pick the end
-# token first.
-# So the check is sent again, this many times in all, before it says the server returns none.
+# token that ends inside a UTF-8 character as text ("\ufffd") with no logprob entry, and a sampler
+# may pick the end token first. So the check is sent again, this many times in all, before it says
+# the server returns none.
 LOGPROBS_CHECK_TRIES = 3
 
 

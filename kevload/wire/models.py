@@ -1,6 +1,7 @@
-"""The model names a server serves (``GET {base_url}/models``), asked when it refuses the one a run names:
-"http_404" alone leaves a user guessing; "it serves '/root/.cache/…/SmolLM2'" does not. Nothing it answers is
-trusted: a body that is not an OpenAI model list, or is over ``MAX_MODELS_BYTES``, gives no names."""
+"""The model names a server serves (``GET {base_url}/models``), asked when it refuses the one a run
+names: "http_404" alone leaves a user guessing; "it serves '/root/.cache/…/SmolLM2'" does not.
+Nothing it answers is trusted: a body that is not an OpenAI model list, or is over
+``MAX_MODELS_BYTES``, gives no names."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from kevload.records.store import url_userinfo
 
 MAX_MODELS_BYTES = 1 << 20
 MODELS_TIMEOUT_S = 10.0
-# What a server answers a request naming a model it does not serve: vLLM 404, transformers serve 400.
+# What a server answers a request naming a model it does not serve: vLLM 404, transformers serve
+# 400.
 REFUSAL_STATUSES = ("http_400", "http_404")
 
 

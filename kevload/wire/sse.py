@@ -17,11 +17,11 @@ class SSEParser:
 
     Follows the WHATWG rules that matter for OpenAI-style streams: lines end in LF, CRLF or CR;
     lines starting with ':' are comments (keep-alives); several ``data:`` lines in one event are
-    joined with LF; an ``event:`` field names the event's type; an event ends at a blank line (one the stream
-    ends without is dropped, so the end of a stream needs no call of its own).
-    Other fields (id, retry) are ignored. One deliberate difference from the spec: an event that
-    names a type but has no data is still delivered (as the OpenAI SDKs do), because a bare
-    ``event: error`` still means the stream failed.
+    joined with LF; an ``event:`` field names the event's type; an event ends at a blank line (one
+    the stream ends without is dropped, so the end of a stream needs no call of its own). Other
+    fields (id, retry) are ignored. One deliberate difference from the spec: an event that names a
+    type but has no data is still delivered (as the OpenAI SDKs do), because a bare ``event: error``
+    still means the stream failed.
     """
 
     __slots__ = ("_buffer", "_data", "_event", "_pending_cr")

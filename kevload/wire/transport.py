@@ -1,4 +1,5 @@
-"""How bytes move: the ``Transport`` interface, the failure statuses it raises, and its aiohttp backend.
+"""How bytes move: the ``Transport`` interface, the failure statuses it raises, and its aiohttp
+backend.
 
 A transport sends one POST to the endpoint it was built for and hands back the status, the
 headers and a body to read whole or as a stream of byte chunks. Each backend maps its own
@@ -77,19 +78,21 @@ class Response(Protocol):
         """Names in lower case."""
 
     def chunks(self) -> AsyncIterator[bytes]:
-        """The body as it arrives; raises ``TransportError`` (``TooLarge`` past the endpoint's limit)."""
+        """The body as it arrives; raises ``TransportError`` (``TooLarge`` past the endpoint's
+        limit)."""
 
     async def read(self) -> bytes:
         """The whole body."""
 
     def close(self) -> None:
-        """Done with the response: a connection whose body was read in full is kept, any other is closed."""
+        """Done with the response: a connection whose body was read in full is kept, any other is
+        closed."""
 
 
 class Transport(Protocol):
     async def send(self, body: bytes, headers: Mapping[str, str] | None = None) -> Response:
-        """POST ``body`` with ``headers`` besides the endpoint's (the same on a resend) and return once
-        the response head is in; raises ``TransportError``."""
+        """POST ``body`` with ``headers`` besides the endpoint's (the same on a resend) and return
+        once the response head is in; raises ``TransportError``."""
 
     async def aclose(self) -> None:
         """Close every connection."""
@@ -130,7 +133,8 @@ def _aiohttp_errors(timeout: float, reconnects: int = 0) -> Iterator[None]:
 
 
 def _malformed_payload(exc: aiohttp.ClientPayloadError) -> bool:
-    """A body that breaks its framing (a bad chunk size) is malformed; one that stops short is a reset."""
+    """A body that breaks its framing (a bad chunk size) is malformed; one that stops short is a
+    reset."""
     cause = exc.__cause__ or exc.__context__
     return (
         "chunk" in str(cause or exc).lower() and "not enough data" not in str(cause or exc).lower()
@@ -176,9 +180,8 @@ class AiohttpTransport:
                 )
         except ConnectionReset as exc:
             # A reused connection the server had closed: the request never reached it (RFC 9112
-            # §9.3.1),
-            # so it goes once more on a connection opened for it; a fresh connection's failure
-            # stands.
+            # §9.3.1), so it goes once more on a connection opened for it; a fresh connection's
+            # failure stands.
             if not (seen.reused and _nothing_arrived(exc)):
                 raise
             if self._fresh is None:

@@ -1,5 +1,6 @@
-"""`make bench`'s tables from its rows: every client's row in the throughput table, and the until-bound rows from a
-run's typed summary and its records. The bench itself talks to real targets for minutes; these are its pure parts."""
+"""`make bench`'s tables from its rows: every client's row in the throughput table, and the
+until-bound rows from a run's typed summary and its records. The bench itself talks to real targets
+for minutes; these are its pure parts."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The Python API importable from ``kevload``: each documented name is the object its module defines, and
-``import kevload`` loads none of them until asked (``kevload --help`` stays quick)."""
+"""The Python API importable from ``kevload``: each documented name is the object its module
+defines, and ``import kevload`` loads none of them until asked (``kevload --help`` stays quick)."""
 
 from __future__ import annotations
 
@@ -44,8 +44,8 @@ def test_a_scenario_loaded_through_the_api_is_the_scenario_type():
 
 
 def test_a_summary_read_back_equals_the_one_the_run_made(tmp_path, server):
-    """Sequence fields are tuples in memory; read from JSON, those a run writes only sometimes (default None) were
-    left as lists, and the two summaries compared unequal."""
+    """Sequence fields are tuples in memory; read from JSON, those a run writes only sometimes
+    (default None) were left as lists, and the two summaries compared unequal."""
     server.behaviour.drift_at = 2  # drift: the optional per-cell and per-run lists are written
     scenario = kevload.load_scenario(
         write_scenario(tmp_path / "s.toml", server.url, samples=4, concurrency=[1, 2])

@@ -1,6 +1,7 @@
-"""A URL that cannot be sent to as written is bad input wherever it is given: exit 2 before anything is sent, one line
-naming the option or the file and key, and what was expected. Never a traceback mid-run (exit 1, the drift code), and
-never a request line the server refuses (a copy-pasted trailing blank sent raw: http_400, exit 3)."""
+"""A URL that cannot be sent to as written is bad input wherever it is given: exit 2 before anything
+is sent, one line naming the option or the file and key, and what was expected. Never a traceback
+mid-run (exit 1, the drift code), and never a request line the server refuses (a copy-pasted
+trailing blank sent raw: http_400, exit 3)."""
 
 from __future__ import annotations
 

@@ -146,8 +146,7 @@ def test_sweep_lines_say_what_each_setting_keeps_and_what_it_costs():
 
 def test_a_sweep_line_never_speaks_for_a_setting_whose_server_died():
     # Its server died at c=4: nothing answered there, the requests failed at once. No "serial text
-    # at c=1,4", no
-    # throughput of failures: the line says the setting failed and why.
+    # at c=1,4", no throughput of failures: the line says the setting failed and why.
     sweep = {
         "rows": [
             {
@@ -202,8 +201,7 @@ def test_the_graded_step_prints_accuracy_per_level_and_the_flips_of_a_server_who
 
     def sums_only(prompt: str, overlap: int) -> str:
         # Right on the English additions serially (sum-en-0: 9 + 2, sum-en-1: 14 + 23), one too many
-        # under load;
-        # every other item answered with nothing it wants.
+        # under load; every other item answered with nothing it wants.
         found = re.match(r"What is (\d+) \+ (\d+)\?", prompt)
         if not found:
             return "I do not know."

@@ -1,5 +1,5 @@
-"""One error tree: every kind of kevload error, raised anywhere under any command, reaches
-the user as ``kevload: error: <message>`` and its exit code, from the one handler in ``cli.main``."""
+"""One error tree: every kind of kevload error, raised anywhere under any command, reaches the user
+as ``kevload: error: <message>`` and its exit code, from the one handler in ``cli.main``."""
 
 from __future__ import annotations
 
@@ -82,7 +82,8 @@ def test_provision_error_in_a_nested_group_exits_2_in_one_line(monkeypatch):
 
 
 def test_target_error_exits_3_with_the_server_log_under_its_line(tmp_path):
-    """A server that dies while starting is the target failing (3), not bad input; its log follows the line."""
+    """A server that dies while starting is the target failing (3), not bad input; its log follows
+    the line."""
     scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1")
     # The message is made when it runs, so it is in the server's output, not in its command line.
     died = f'{sys.executable} -c \'import sys; print("no such " + "model"); sys.exit(1)\' {{port}} {{slots}}'

@@ -1,4 +1,5 @@
-"""Every command's --help reads as written: click prints help text verbatim, so a `%%` would show as two."""
+"""Every command's --help reads as written: click prints help text verbatim, so a `%%` would show as
+two."""
 
 from __future__ import annotations
 

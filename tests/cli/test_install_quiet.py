@@ -1,7 +1,7 @@
-"""`pip install -e .` (make install) prints nothing under --quiet: setuptools' meta path finder, its strategy for a
-top-level package whose layout it must guess, announces itself with a warning that pip shows as a
-BuildBackendWarning block even under --quiet. setup.cfg's package_dir says the layout, and the editable install is a
-plain .pth file, which says nothing."""
+"""`pip install -e .` (make install) prints nothing under --quiet: setuptools' meta path finder, its
+strategy for a top-level package whose layout it must guess, announces itself with a warning that
+pip shows as a BuildBackendWarning block even under --quiet. setup.cfg's package_dir says the
+layout, and the editable install is a plain .pth file, which says nothing."""
 
 from __future__ import annotations
 

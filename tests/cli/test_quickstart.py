@@ -1,4 +1,5 @@
-"""`kevload run --url URL --model NAME [--prompt TEXT]`: the quickstart scenario with no file and no TOML quoting."""
+"""`kevload run --url URL --model NAME [--prompt TEXT]`: the quickstart scenario with no file and no
+TOML quoting."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""`kevload run --quiet`, what a nightly CI log shows: whatever makes the exit code non-zero is printed, one line each,
-in the full table's words. A job that fails on a gate the verdict line does not mention (load.min_good_share, answers
-turned bad under --fail-on bad, a grader that raised) would otherwise show "deterministic: …" and fail."""
+"""`kevload run --quiet`, what a nightly CI log shows: whatever makes the exit code non-zero is
+printed, one line each, in the full table's words. A job that fails on a gate the verdict line does
+not mention (load.min_good_share, answers turned bad under --fail-on bad, a grader that raised)
+would otherwise show "deterministic: …" and fail."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""Absurd numbers get exit 2 and a message naming the key (or option) and its bound, before anything is allocated in
-proportion to them. Each runs as a real kevload in its own process group, under a kill timer and a 1 GiB memory
-limit, with starting a process made to fail, so a bound that regresses fails here instead of taking the machine down."""
+"""Absurd numbers get exit 2 and a message naming the key (or option) and its bound, before anything
+is allocated in proportion to them. Each runs as a real kevload in its own process group, under a
+kill timer and a 1 GiB memory limit, with starting a process made to fail, so a bound that regresses
+fails here instead of taking the machine down."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 from tests.bounded import NO_PROCESSES, NO_START, Kevload, cli
 from tests.conftest import write_scenario
 
-NOWHERE = "http://127.0.0.1:9/v1"  # nothing listens: a value that got past its check would fail on the network
+# nothing listens: a value that got past its check would fail on the network
+NOWHERE = "http://127.0.0.1:9/v1"
 MEMORY_MB = 1024
 
 

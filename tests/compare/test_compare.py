@@ -1,4 +1,5 @@
-"""The comparator's pure parts: the parallel file reader agrees with the serial one; prefixes; bounds."""
+"""The comparator's pure parts: the parallel file reader agrees with the serial one; prefixes;
+bounds."""
 
 from __future__ import annotations
 

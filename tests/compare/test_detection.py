@@ -1,4 +1,5 @@
-"""Each kind of drift is found where it exists and nowhere else, against a server with known behaviour."""
+"""Each kind of drift is found where it exists and nowhere else, against a server with known
+behaviour."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""Graded answers against servers whose truth is known: flips good→bad and bad→good counted exactly, drift whose
-answers stay good told apart from answers load made bad, accuracy per level with the exact McNemar test, the gates
-(--fail-on bad, load.min_good_share), a grader that raises, and every graded figure recomputed by `kevload report`."""
+"""Graded answers against servers whose truth is known: flips good→bad and bad→good counted exactly,
+drift whose answers stay good told apart from answers load made bad, accuracy per level with the
+exact McNemar test, the gates (--fail-on bad, load.min_good_share), a grader that raises, and every
+graded figure recomputed by `kevload report`."""
 
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ WRONG_UNDER_LOAD = {
 
 
 def sums_server(prompt: str, overlap: int) -> str:
-    """Right serially, in a sentence; under load (another request at the server) the bare number, one too many for
-    an even a: the known subset load makes wrong."""
+    """Right serially, in a sentence; under load (another request at the server) the bare number,
+    one too many for an even a: the known subset load makes wrong."""
     a, b = map(int, re.findall(r"\d+", prompt))
     if overlap < 2:
         return f"The sum is {a + b}."
@@ -161,8 +162,8 @@ def test_a_server_wrong_serially_and_right_under_load_flips_bad_to_good(tmp_path
 def test_fail_on_bad_cannot_judge_a_probe_whose_serial_answers_are_mixed_and_min_good_share_gates_it(
     tmp_path, server
 ):
-    """docs/graded.md: no flip is counted against a mixed serial cell, so --fail-on bad passes a probe gone from 2
-    good of 4 serially to 0 of 4 under load; load.min_good_share fails it."""
+    """docs/graded.md: no flip is counted against a mixed serial cell, so --fail-on bad passes a
+    probe gone from 2 good of 4 serially to 0 of 4 under load; load.min_good_share fails it."""
     import itertools
 
     turns = itertools.count()
@@ -245,8 +246,8 @@ GRADER = "def check(answer, probe, expected):\n    return answer.split()[-1].rst
 
 def _python_graded_run(tmp_path: Path, server, module: str, *, dataset: bool = False) -> Path:
     """A run started from ``tmp_path`` of ``suite/s.toml`` (a relative path), its probes graded by
-    ``python:MODULE:check`` written beside the scenario, or beside its dataset ``suite/data/items.jsonl``; the module
-    is then forgotten, as by a new process."""
+    ``python:MODULE:check`` written beside the scenario, or beside its dataset
+    ``suite/data/items.jsonl``; the module is then forgotten, as by a new process."""
     import sys
 
     suite = tmp_path / "suite"
@@ -289,8 +290,9 @@ def test_report_with_trust_graders_finds_a_python_grader_where_the_run_found_it_
 def test_report_imports_no_code_a_run_directory_names_without_trust_graders(
     tmp_path, server, monkeypatch
 ):
-    """A run directory is data (a CI artifact, a colleague's upload): one whose run.json names a module in the run
-    directory itself, with no scenario to find it from, must not get it imported by `kevload report`."""
+    """A run directory is data (a CI artifact, a colleague's upload): one whose run.json names a
+    module in the run directory itself, with no scenario to find it from, must not get it imported
+    by `kevload report`."""
     import sys
 
     monkeypatch.chdir(tmp_path)
@@ -784,9 +786,8 @@ def test_under_fail_on_bad_a_baseline_fails_new_drift_only_where_answers_turned_
     tmp_path, server
 ):
     # Last night every level gave one answer. Tonight c=4 is reworded: new drift, every answer still
-    # right — the
-    # gate "fail only when answers get worse" passes it, baseline or not; wrong answers under load
-    # fail it.
+    # right — the gate "fail only when answers get worse" passes it, baseline or not; wrong answers
+    # under load fail it.
     code, _, _ = _run(tmp_path, server, lambda p, o: _reworded(p, 0), out="last")
     assert code == 0
     code, out, _ = _run(

@@ -1,9 +1,10 @@
-"""Logprob claims at the edges: non-finite numbers in a body, logprobs for only some samples, logprobs null or
-cut short under load (missing, not different), and one way of stating positions in every renderer.
+"""Logprob claims at the edges: non-finite numbers in a body, logprobs for only some samples,
+logprobs null or cut short under load (missing, not different), and one way of stating positions in
+every renderer.
 
-Each claim is tried against a server built to make it false: the fake server writes -inf, inf and NaN
-the way Python's ``json.dumps`` does (``-Infinity``, ``Infinity``, ``NaN``), or returns logprobs only
-to a request that had no other in flight.
+Each claim is tried against a server built to make it false: the fake server writes -inf, inf and
+NaN the way Python's ``json.dumps`` does (``-Infinity``, ``Infinity``, ``NaN``), or returns logprobs
+only to a request that had no other in flight.
 """
 
 from __future__ import annotations
@@ -167,7 +168,8 @@ def test_nonfinite_logprobs_end_to_end(tmp_path, backend, api, stream):
 
 
 class Records(logprob_records.Records):
-    """Records as the engine writes them: logprobs spelled as it spells them, and the params that asked."""
+    """Records as the engine writes them: logprobs spelled as it spells them, and the params that
+    asked."""
 
     def add(
         self,
@@ -259,7 +261,8 @@ def table_text(summary: RunSummary) -> str:
 
 
 def gap_records(loaded: list) -> Records:
-    """Serial: 6 samples with logprobs. c=4: 6 samples with the serial text, two of them with ``loaded``."""
+    """Serial: 6 samples with logprobs. c=4: 6 samples with the serial text, two of them with
+    ``loaded``."""
     serial = [-1.0, -2.0, -3.0, -4.0]
     records = Records().add(TEXT, n=6, tokens=TOKENS, logprobs=serial)
     return records.add(TEXT, n=2, level=4, tokens=TOKENS, logprobs=loaded).add(
@@ -459,7 +462,8 @@ def test_baseline_neither_calls_a_gap_a_regression_nor_lets_it_hide_one():
 
 def test_every_format_states_one_divergence_at_the_same_position():
     serial = "alpha bravo charlie delta echo foxtrot golf hotel india"
-    other = "alpha bravo charlie delta echo foxtrot golf hotel zulu"  # leaves serial at char 50, token 8
+    # leaves serial at char 50, token 8
+    other = "alpha bravo charlie delta echo foxtrot golf hotel zulu"
     tokens = list(range(9))
     records = Records().add(serial, n=4, tokens=tokens, logprobs=[-1.0] * 9)
     records.add(serial, n=1, level=2, tokens=tokens, logprobs=[-1.0] * 9)
@@ -561,8 +565,9 @@ def test_the_docs_state_the_position_convention_once():
 
 
 class _NullWhenCrowded(FakeServer):
-    """Per-token logprobs as numbers to a request that ran alone (the capability check, serial samples), and
-    ``"logprob": null`` on every token to one that had others beside it: a server that gives no values under load."""
+    """Per-token logprobs as numbers to a request that ran alone (the capability check, serial
+    samples), and ``"logprob": null`` on every token to one that had others beside it: a server that
+    gives no values under load."""
 
     def _logprobs(self, body, text, overlap):
         values = super()._logprobs(body, text, overlap)
@@ -570,8 +575,8 @@ class _NullWhenCrowded(FakeServer):
 
 
 class _CutWhenCrowded(FakeServer):
-    """The serial logprobs in full; under load the same numbers for the first two tokens only, the rest left out
-    (fewer entries than tokens, the text unchanged)."""
+    """The serial logprobs in full; under load the same numbers for the first two tokens only, the
+    rest left out (fewer entries than tokens, the text unchanged)."""
 
     def _logprobs(self, body, text, overlap):
         self._cut = overlap > 1

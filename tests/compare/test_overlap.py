@@ -1,6 +1,6 @@
-"""Level c really was level c: the share of each counted sample's life with c − 1 others in flight and the samples
-that never had them, from the records' send and last-byte times alone (after a kill, the others it left unrecorded
-unknown, not missing)."""
+"""Level c really was level c: the share of each counted sample's life with c − 1 others in flight
+and the samples that never had them, from the records' send and last-byte times alone (after a kill,
+the others it left unrecorded unknown, not missing)."""
 
 from __future__ import annotations
 
@@ -137,7 +137,8 @@ def test_samples_in_an_unrecorded_window_are_unknown_and_the_others_still_checke
 
 
 def test_unix_times_keep_microseconds():
-    """Worker records carry Unix seconds (~1.7e9): a 5 ms request with a 20 µs gap is still measured."""
+    """Worker records carry Unix seconds (~1.7e9): a 5 ms request with a 20 µs gap is still
+    measured."""
     t = 1.7e9
     level = [(t, t + 0.005), (t - 0.001, t + 0.002), (t + 0.00202, t + 0.01)]
     full = _full_load(level, [0], 2)
@@ -145,7 +146,8 @@ def test_unix_times_keep_microseconds():
 
 
 def test_sweep_matches_counting_every_moment():
-    """Against a brute-force count on a grid: random integer spans, so ties and requests of no length abound."""
+    """Against a brute-force count on a grid: random integer spans, so ties and requests of no
+    length abound."""
     rng = np.random.default_rng(7)
     for _ in range(200):
         n = int(rng.integers(1, 12))
@@ -171,11 +173,13 @@ def test_sweep_matches_counting_every_moment():
 
 
 class _RefusesCompanionsAtEachProbe(FakeServer):
-    """A server that never runs the probe beside a companion, while kevload sees one in flight at every send.
+    """A server that never runs the probe beside a companion, while kevload sees one in flight at
+    every send.
 
-    A companion's first attempt is held until the next probe arrives, and then refused (429, Retry-After
-    0.75 s); its retry is answered at once. So every probe is sent with the companion in flight — counted,
-    ``in_flight: 1`` — and runs alone: the companion's record is its retry, 0.75 s later, after the probe's 0.3 s.
+    A companion's first attempt is held until the next probe arrives, and then refused (429,
+    Retry-After 0.75 s); its retry is answered at once. So every probe is sent with the companion in
+    flight — counted, ``in_flight: 1`` — and runs alone: the companion's record is its retry, 0.75 s
+    later, after the probe's 0.3 s.
     """
 
     def __init__(self) -> None:
@@ -269,8 +273,9 @@ def test_a_healthy_run_is_at_full_load(tmp_path, server):
 
 
 def test_a_part_that_never_finished_leaves_its_last_samples_unknown(tmp_path, server):
-    """A run killed at its end: run.json's part has no end, and the records of the requests in flight are gone.
-    report leaves the samples that may have run beside them out of the check and says so."""
+    """A run killed at its end: run.json's part has no end, and the records of the requests in
+    flight are gone. report leaves the samples that may have run beside them out of the check and
+    says so."""
     server.behaviour.latency = 0.05
     scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=6)
     assert run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")[0] == 0
@@ -305,7 +310,8 @@ def test_open_loop_levels_have_no_full_load(tmp_path, server):
 
 
 def test_workers_full_load_is_computed_over_every_workers_records(tmp_path, server):
-    """Mixed c=3 on two workers: the probe and one companion slot on worker 0, the other companion on worker 1."""
+    """Mixed c=3 on two workers: the probe and one companion slot on worker 0, the other companion
+    on worker 1."""
     server.behaviour.latency = 0.2
     scenario = write_scenario(
         tmp_path / "s.toml", server.url, mode="mixed", concurrency=[1, 3], samples=4, workers=2
@@ -325,7 +331,8 @@ def test_workers_full_load_is_computed_over_every_workers_records(tmp_path, serv
 
 
 def _never_full_at_server(visits: list[list], rows: list[dict]) -> int:
-    """Counted records of a level c ≥ 2 that had c − 1 others at the server at no moment of their time there."""
+    """Counted records of a level c ≥ 2 that had c − 1 others at the server at no moment of their
+    time there."""
     spans = {visit[0]: (visit[2], visit[3]) for visit in visits}
     never = 0
     for r in rows:
@@ -350,9 +357,9 @@ def _never_full_at_server(visits: list[list], rows: list[dict]) -> int:
 
 
 def test_samples_whose_others_a_kill_left_unrecorded_are_not_called_never_full(tmp_path):
-    """kill -9 mid-level while one slot's request is held 3 s at the server: the samples sent beside it had 3 others
-    (the held one among them) but the held one's record was never written. After --resume the cell must not say
-    they "never had 3 others in flight"."""
+    """kill -9 mid-level while one slot's request is held 3 s at the server: the samples sent beside
+    it had 3 others (the held one among them) but the held one's record was never written. After
+    --resume the cell must not say they "never had 3 others in flight"."""
     with FakeServer(Behaviour(latency=0.02)) as server:
         scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[4], samples=300)
         started: list[subprocess.Popen] = []

@@ -1,5 +1,6 @@
-"""Goodput and SLOs: per-request bounds checked exactly in the comparator, shown everywhere, gating JUnit
-and the exit code when a minimum attainment is given, and the highest level at SLO in sweeps."""
+"""Goodput and SLOs: per-request bounds checked exactly in the comparator, shown everywhere, gating
+JUnit and the exit code when a minimum attainment is given, and the highest level at SLO in
+sweeps."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Typed summaries: summary.json written before the types existed reads back into ``RunSummary`` and writes out byte
-for byte the same; the comparator's typed result is that same file; it counts every request sent beside those it
-counts as evidence."""
+"""Typed summaries: summary.json written before the types existed reads back into ``RunSummary`` and
+writes out byte for byte the same; the comparator's typed result is that same file; it counts every
+request sent beside those it counts as evidence."""
 
 from __future__ import annotations
 
@@ -21,8 +21,7 @@ from kevload.records.summary import CellSummary, RunSummary
 from tests.conftest import load_summary, run_cli, write_scenario
 
 # Run directories written by kevload at 9f9b5f5, before summary.py: a mixed run with companions,
-# drift, a
-# probe error, a short cell and an SLO; an open-loop run with rates.
+# drift, a probe error, a short cell and an SLO; an open-loop run with rates.
 FIXTURES = Path(__file__).parents[1] / "data" / "summaries"
 RUNS = ("mixed", "open")
 
@@ -89,7 +88,8 @@ def test_summary_recomputed_from_old_records_is_the_old_file(tmp_path, run):
 
 
 def test_fields_written_only_beside_their_anchor():
-    """A cell without drift has no example keys, one without an SLO no SLO keys: as before the types."""
+    """A cell without drift has no example keys, one without an SLO no SLO keys: as before the
+    types."""
     doc = json.loads((FIXTURES / "mixed" / "summary.json").read_bytes())
     summary = RunSummary.from_json(doc)
     clean = next(c for c in summary.probe_cells() if not c.drift).to_json()
@@ -106,8 +106,8 @@ def test_fields_written_only_beside_their_anchor():
 
 
 def test_summary_older_than_its_fields_loads_and_renders(tmp_path):
-    """A summary.json from before SLOs, divergence kinds, reconnects and the probe/companion split loads as a
-    baseline; a key this version does not know is left out rather than refused."""
+    """A summary.json from before SLOs, divergence kinds, reconnects and the probe/companion split
+    loads as a baseline; a key this version does not know is left out rather than refused."""
     doc = json.loads((FIXTURES / "mixed" / "summary.json").read_bytes())
     newer_run = (
         "probe_requests",
@@ -180,9 +180,9 @@ def _rows(run_dir: Path) -> list[dict]:
 
 
 def test_requests_count_every_request_the_run_sent(tmp_path, server):
-    """A run with two warm-ups and c=4 sends more requests than it counts as evidence (the ramp-up and
-    the tail of each level): summary.json says both, and run.json's `records` is what was sent, never
-    the counted number alone (which once made 26 sent requests read as 16)."""
+    """A run with two warm-ups and c=4 sends more requests than it counts as evidence (the ramp-up
+    and the tail of each level): summary.json says both, and run.json's `records` is what was sent,
+    never the counted number alone (which once made 26 sent requests read as 16)."""
     server.behaviour.latency = 0.05
     scenario = write_scenario(
         tmp_path / "s.toml", server.url, concurrency=[1, 4], samples=8, warmup=2

@@ -1,9 +1,10 @@
-"""What a cell and a run say is true and checkable from the records (probe errors counted as probe errors,
-divergence kinds, word positions, the divergence example, "1 distinct, all ≠ serial", reconnects).
+"""What a cell and a run say is true and checkable from the records (probe errors counted as probe
+errors, divergence kinds, word positions, the divergence example, "1 distinct, all ≠ serial",
+reconnects).
 
 The comparator tests build record lists directly: no server, exact expected numbers. One end-to-end
-run through the CLI shows probe errors counted apart with a server whose probe requests time out while companions
-succeed.
+run through the CLI shows probe errors counted apart with a server whose probe requests time out
+while companions succeed.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Case sets: build from runs (append-only, per target), rerun under the recorded load, report transitions."""
+"""Case sets: build from runs (append-only, per target), rerun under the recorded load, report
+transitions."""
 
 from __future__ import annotations
 
@@ -88,7 +89,8 @@ def test_build_rerun_transitions(tmp_path, server):
 
 
 def test_a_case_belongs_to_its_target(tmp_path):
-    """The same prompt and params against another server are other cases, not duplicates dropped in silence."""
+    """The same prompt and params against another server are other cases, not duplicates dropped in
+    silence."""
     with FakeServer(Behaviour()) as same_a, FakeServer(Behaviour(version="other-model")) as other:
         for name, srv in (("a1", same_a), ("a2", same_a), ("b", other)):
             scenario = write_scenario(
@@ -250,8 +252,8 @@ def test_rerun_reproduces_mixed_load(tmp_path):
 
 
 def first_companions(run_dir: Path, probe: str) -> list[str]:
-    """The first two companions of ``probe``'s top level (a rerun sends the serial level first): its two
-    companion slots send right before the probe's."""
+    """The first two companions of ``probe``'s top level (a rerun sends the serial level first): its
+    two companion slots send right before the probe's."""
     records = sorted(
         (json.loads(line) for line in (run_dir / "records.jsonl").read_text().splitlines()),
         key=lambda r: r["seq"],
@@ -341,7 +343,8 @@ def test_open_loop_case_is_rerun_at_its_rate(tmp_path, server):
 
 
 def test_a_case_in_the_guides_own_format(tmp_path, server):
-    """The guide's template (outputs as plain strings, concurrency in params) reruns and is compared too."""
+    """The guide's template (outputs as plain strings, concurrency in params) reruns and is compared
+    too."""
     cases_path = tmp_path / "kev_cases.jsonl"
     cases_path.write_text(
         json.dumps(
@@ -458,9 +461,8 @@ def test_a_case_of_the_wrong_types_exits_2_naming_its_line_and_key_before_anythi
         tmp_path / "reruns",
     )
     # Before: a traceback after every case was sent (a verdict no build writes, outputs [{}]) or
-    # before (an id that
-    # is no text, a level that is no count), or exit 1 with outputs {"a": 1} read as the recorded
-    # answer "a".
+    # before (an id that is no text, a level that is no count), or exit 1 with outputs {"a": 1} read
+    # as the recorded answer "a".
     assert code == 2, output
     assert f"{path}:2: case" in output and key in output, output
     assert server.requests == [] and not (tmp_path / "reruns").exists()
@@ -649,8 +651,9 @@ def test_build_of_a_dataset_run_graded_by_python_names_its_grader_without_import
 def test_a_case_file_python_grader_is_imported_only_with_trust_graders_from_where_its_run_found_it(
     tmp_path, server, monkeypatch
 ):
-    """A case file is data: its python grader is refused (nothing imported) without --trust-graders; with it, the
-    grader is found where the run found it (the case keeps that directory), whatever directory the rerun runs in."""
+    """A case file is data: its python grader is refused (nothing imported) without --trust-graders;
+    with it, the grader is found where the run found it (the case keeps that directory), whatever
+    directory the rerun runs in."""
     import sys
 
     suite = tmp_path / "suite"
@@ -699,10 +702,11 @@ def test_a_case_file_python_grader_is_imported_only_with_trust_graders_from_wher
 
 def test_case_unstable_against_serial_stays_unstable_on_an_unchanged_server(tmp_path):
     """A server that gives one other answer whenever two requests overlap: the run's c=2 cell reads
-    `1 all≠serial` (DRIFT, exit 1) and `cases build` records that case as unstable. `cases rerun` against
-    the very same server sends the case at c=2 only, sees one distinct answer (the same batched one it
-    recorded: `matches recorded`) and reported `unstable→stable`, exit 0: a fix that never happened. The
-    rerun now sends the serial level too and judges the c=2 cell against it, as the run did."""
+    `1 all≠serial` (DRIFT, exit 1) and `cases build` records that case as unstable. `cases rerun`
+    against the very same server sends the case at c=2 only, sees one distinct answer (the same
+    batched one it recorded: `matches recorded`) and reported `unstable→stable`, exit 0: a fix that
+    never happened. The rerun now sends the serial level too and judges the c=2 cell against it, as
+    the run did."""
     with FakeServer(Behaviour(latency=0.1, drift_at=2, batched_variant=True)) as server:
         scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=4)
         assert run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")[0] == 1

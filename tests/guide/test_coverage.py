@@ -93,7 +93,8 @@ def test_bad_line_names_file_and_line(tmp_path, files):
 
 
 def test_production_log_with_bad_and_torn_lines(tmp_path, files):
-    """A few broken lines and a torn last line are skipped and counted; the statistics cover the rest."""
+    """A few broken lines and a torn last line are skipped and counted; the statistics cover the
+    rest."""
     _, train = files
     log = tmp_path / "online.jsonl"
     good = [json.dumps(x, ensure_ascii=False) for x in ONLINE]

@@ -59,7 +59,8 @@ def evidence(
     data: DataResult | None = None,
     **steps: StepResult,
 ) -> Evidence:
-    """CLEAN with some steps replaced (keyword = step key) or left out (``drop``), in the order measured."""
+    """CLEAN with some steps replaced (keyword = step key) or left out (``drop``), in the order
+    measured."""
     merged = {**CLEAN, **steps}
     return Evidence(
         steps=tuple(s for k, s in merged.items() if k not in drop),

@@ -316,8 +316,7 @@ def test_diagnose_says_the_server_serialized_the_levels(tmp_path):
 
 def test_diagnose_grades_each_steps_answers_beside_its_distinct_count(tmp_path, server):
     # Right serially ("The answer is 42."), a wrong number once others are in flight: each step says
-    # how many answers
-    # were good and bad, and the concurrency steps how many load turned bad.
+    # how many answers were good and bad, and the concurrency steps how many load turned bad.
     server.behaviour.latency = 0.1
     server.behaviour.answer_for = lambda prompt, overlap: (
         "The answer is 42." if overlap < 2 else "43"

@@ -1,8 +1,9 @@
-"""Conversations against a crafted server whose truth is known: answers that depend on the whole chat and drift under
-load only from a chosen turn on. The matrix must name exactly that turn, the serial cell must stay bitwise, each
-turn's record must carry the history it was asked with, and the counted rule must hold per sample. A cell's example,
-turn tally and throughput are those of whole conversations; a failed conversation is called a conversation, not a
-request; `cases build` leaves conversations out, saying why."""
+"""Conversations against a crafted server whose truth is known: answers that depend on the whole
+chat and drift under load only from a chosen turn on. The matrix must name exactly that turn, the
+serial cell must stay bitwise, each turn's record must carry the history it was asked with, and the
+counted rule must hold per sample. A cell's example, turn tally and throughput are those of whole
+conversations; a failed conversation is called a conversation, not a request; `cases build` leaves
+conversations out, saying why."""
 
 from __future__ import annotations
 
@@ -261,7 +262,8 @@ def test_bad_conversation_tables_exit_2_naming_the_key(tmp_path, probe, load, me
 
 
 def test_nothing_is_sent_after_a_stop_mid_conversation(tmp_path):
-    """A stop while turn 1 is in flight: its answer is recorded uncounted, and turns 2 and 3 are never sent."""
+    """A stop while turn 1 is in flight: its answer is recorded uncounted, and turns 2 and 3 are
+    never sent."""
     stop = asyncio.Event()
 
     async def collect(fake: FakeServer) -> list[Record]:
@@ -293,8 +295,8 @@ def test_nothing_is_sent_after_a_stop_mid_conversation(tmp_path):
 
 
 def test_resume_sends_the_conversations_a_run_lacks(tmp_path):
-    """A run cut after one turn of its third serial conversation: --resume counts the two whole ones it has (not their
-    turns) and sends the rest, whole conversations again."""
+    """A run cut after one turn of its third serial conversation: --resume counts the two whole ones
+    it has (not their turns) and sends the rest, whole conversations again."""
     probe = {"id": "c1", "turns": TURNS, "max_tokens": 8}
     with FakeServer(Behaviour(words=6)) as fake:
         scenario = write_scenario(
@@ -327,15 +329,16 @@ def test_resume_sends_the_conversations_a_run_lacks(tmp_path):
     assert sum(r["concurrency"] == 1 for r in records) == 3 * len(TURNS) + 1
     assert [c["ok"] for c in load_summary(run)["cells"]] == [3, 3]
     # The cut conversation's first turn stays on disk, counted when sent, but it never ended: no
-    # sample, so the
-    # per-turn tally leaves it out (it once counted 4 answers at turn 0 in a cell of 3).
+    # sample, so the per-turn tally leaves it out (it once counted 4 answers at turn 0 in a cell of
+    # 3).
     for cell in load_summary(run)["cells"]:
         assert [t["same_history"] for t in cell["turns"]] == [3] * len(TURNS), cell["turns"]
 
 
 class DriftsAtTurnOne(FakeServer):
-    """Answers as the fake server does, except turn 1 (a request with two user messages): under load (another
-    request overlapping it) it gets a random tail. Every other turn, given the same chat, answers the same."""
+    """Answers as the fake server does, except turn 1 (a request with two user messages): under load
+    (another request overlapping it) it gets a random tail. Every other turn, given the same chat,
+    answers the same."""
 
     def _answer(self, body: dict[str, Any], prompt: str, state: dict[str, Any]) -> str:
         text = super()._answer(body, prompt, state)
@@ -348,9 +351,10 @@ class DriftsAtTurnOne(FakeServer):
 
 
 def test_turn_tally_leaves_out_conversations_that_are_no_sample(tmp_path):
-    """Companion conversations at c=3: those still talking when the probe's level ends send their later turns with
-    fewer others in flight, so they end uncounted; their earlier turns were counted when sent and went into the
-    companion cell's turn tally, more answers at turn 0 than the cell has conversations."""
+    """Companion conversations at c=3: those still talking when the probe's level ends send their
+    later turns with fewer others in flight, so they end uncounted; their earlier turns were counted
+    when sent and went into the companion cell's turn tally, more answers at turn 0 than the cell
+    has conversations."""
     (tmp_path / "chats.jsonl").write_text(
         "".join(
             json.dumps(
@@ -394,10 +398,11 @@ def test_turn_tally_leaves_out_conversations_that_are_no_sample(tmp_path):
 
 
 def test_a_drift_in_an_answer_the_file_replaces_shows_in_the_example(tmp_path):
-    """``trip``'s shape: turn 1's answer is given, so the history of turn 2 holds the given text, not the answer
-    turn 1 received. A server that drifts only at turn 1: the cell rightly drifts (the conversation hashes differ),
-    but its example and first divergence were taken from a transcript built of the last turn's history, where turn
-    1's answer is not: both examples the same text, "first divergence at char N" where nothing differs."""
+    """``trip``'s shape: turn 1's answer is given, so the history of turn 2 holds the given text,
+    not the answer turn 1 received. A server that drifts only at turn 1: the cell rightly drifts
+    (the conversation hashes differ), but its example and first divergence were taken from a
+    transcript built of the last turn's history, where turn 1's answer is not: both examples the
+    same text, "first divergence at char N" where nothing differs."""
     probe = {
         "id": "trip",
         "turns": ["a", {"user": "b", "assistant": "Given."}, "c"],
@@ -427,8 +432,9 @@ def test_a_drift_in_an_answer_the_file_replaces_shows_in_the_example(tmp_path):
 def test_the_report_of_a_large_conversation_run_read_in_parts_is_the_one_read_whole(
     tmp_path, monkeypatch
 ):
-    """A large records file is read by parallel processes in parts: a conversation's turns may fall in two parts.
-    The cells (samples, turns, examples) must be those of the file read in one piece."""
+    """A large records file is read by parallel processes in parts: a conversation's turns may fall
+    in two parts. The cells (samples, turns, examples) must be those of the file read in one
+    piece."""
     (tmp_path / "chats.jsonl").write_text(
         "".join(
             json.dumps({"id": f"k{i}", "turns": [f"Hello {i}", "More", "Bye"], "max_tokens": 6})
@@ -480,8 +486,9 @@ def test_a_line_with_turns_and_a_messages_that_is_no_list_is_an_error_not_a_trac
 
 
 def test_failed_conversations_are_not_called_requests(tmp_path):
-    """Two conversations of four turns, each failing at its last turn: 8 requests sent, 2 failed. The verdict read
-    "target failed: 2 of 2 probe requests failed" and the companions' line counted conversations as requests too."""
+    """Two conversations of four turns, each failing at its last turn: 8 requests sent, 2 failed.
+    The verdict read "target failed: 2 of 2 probe requests failed" and the companions' line counted
+    conversations as requests too."""
     (tmp_path / "chats.jsonl").write_text(
         "".join(
             json.dumps({"id": f"k{i}", "turns": [f"Hello {i}", "More", "Bye"], "max_tokens": 6})
@@ -522,9 +529,10 @@ def test_failed_conversations_are_not_called_requests(tmp_path):
 
 
 def test_cases_build_leaves_a_conversation_out_saying_why(tmp_path):
-    """A case is one request's input, asked again alone: `cases build` wrote a conversation probe's cells as cases
-    with input null and the last turn's answers as the outputs (a cell that drifted at turn 1 and agreed at its last
-    turn read "unstable" with one output), and `cases rerun` then refused its own file."""
+    """A case is one request's input, asked again alone: `cases build` wrote a conversation probe's
+    cells as cases with input null and the last turn's answers as the outputs (a cell that drifted
+    at turn 1 and agreed at its last turn read "unstable" with one output), and `cases rerun` then
+    refused its own file."""
     probe = {"id": "c1", "turns": ["a", "b", "c"], "max_tokens": 8}
     with DriftsAtTurnOne(Behaviour(words=6)) as fake:
         scenario = write_scenario(
@@ -545,10 +553,11 @@ def test_cases_build_leaves_a_conversation_out_saying_why(tmp_path):
 
 
 def test_a_sample_that_loses_full_load_mid_conversation_is_replaced(tmp_path):
-    """c=2, one slot's turn answered 429 and retried after 0.3 s: meanwhile the other slot's next turn went alone,
-    so its conversation, counted at its first turn, ended uncounted. The level had already counted it as one of its
-    samples and sent no other: the cell came out short, "2 of 3 asked ok (no errors: the run was cut short)", an
-    inconclusive verdict for a run that was neither cut nor short of answers."""
+    """c=2, one slot's turn answered 429 and retried after 0.3 s: meanwhile the other slot's next
+    turn went alone, so its conversation, counted at its first turn, ended uncounted. The level had
+    already counted it as one of its samples and sent no other: the cell came out short, "2 of 3
+    asked ok (no errors: the run was cut short)", an inconclusive verdict for a run that was neither
+    cut nor short of answers."""
     with FakeServer(
         Behaviour(words=6, faults=[None] * 12 + ["http_429"], retry_after="0.3")
     ) as fake:
@@ -573,8 +582,9 @@ def test_a_sample_that_loses_full_load_mid_conversation_is_replaced(tmp_path):
 
 
 def test_a_conversation_cells_throughput_spans_whole_conversations(tmp_path):
-    """A cell's duration (and so req/s, tok/s) ran from its first sample's last turn: at c=1, 3 conversations of 4
-    turns read as if the first had taken one turn's time, and tok/s counted the last turns' tokens only."""
+    """A cell's duration (and so req/s, tok/s) ran from its first sample's last turn: at c=1, 3
+    conversations of 4 turns read as if the first had taken one turn's time, and tok/s counted the
+    last turns' tokens only."""
     with FakeServer(Behaviour(words=6, latency=0.05)) as fake:
         scenario = write_scenario(
             tmp_path / "s.toml",
@@ -594,8 +604,9 @@ def test_a_conversation_cells_throughput_spans_whole_conversations(tmp_path):
 
 
 class CutAtTurnZero(FakeServer):
-    """The same text at every turn as the fake server gives, but turn 0 under load ends "length" instead of "stop":
-    the conversations differ there (their hashes chain each turn's finish_reason), their texts do not."""
+    """The same text at every turn as the fake server gives, but turn 0 under load ends "length"
+    instead of "stop": the conversations differ there (their hashes chain each turn's
+    finish_reason), their texts do not."""
 
     def _whole(
         self, body: dict[str, Any], text: str, chat: bool, fault: str | None, *rest: Any
@@ -612,8 +623,8 @@ class CutAtTurnZero(FakeServer):
 
 
 def test_a_conversation_that_differs_only_in_an_earlier_finish_reason_shows_it(tmp_path):
-    """A drifting cell whose conversations differ only in turn 0's finish_reason: its example was two identical
-    transcripts and 'first divergence at char N' past where both end, kind token."""
+    """A drifting cell whose conversations differ only in turn 0's finish_reason: its example was
+    two identical transcripts and 'first divergence at char N' past where both end, kind token."""
     with CutAtTurnZero(Behaviour(words=6, latency=0.05)) as fake:
         scenario = write_scenario(
             tmp_path / "s.toml",

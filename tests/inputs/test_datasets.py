@@ -1,4 +1,5 @@
-"""Probes and companions from JSONL datasets: chosen by a seed, hashed into run.json, every line checked."""
+"""Probes and companions from JSONL datasets: chosen by a seed, hashed into run.json, every line
+checked."""
 
 from __future__ import annotations
 
@@ -254,10 +255,10 @@ def test_a_byte_order_mark_past_the_start_is_no_json(tmp_path, server):
 
 
 def test_companion_line_with_bad_messages_is_refused_before_anything_is_sent(tmp_path, server):
-    """The docs: 'Every line is checked before anything is sent (a bad one: exit 2 naming file:line)'.
-    A companion line whose messages lack `content` passed the check; with api = "completions" the
-    companion slot died on it and the probe slot then sent uncounted copies forever (the run hung,
-    about 20 requests a second, no record counted)."""
+    """The docs: 'Every line is checked before anything is sent (a bad one: exit 2 naming
+    file:line)'. A companion line whose messages lack `content` passed the check; with api =
+    "completions" the companion slot died on it and the probe slot then sent uncounted copies
+    forever (the run hung, about 20 requests a second, no record counted)."""
     (tmp_path / "companions.jsonl").write_text(
         '{"prompt": "fine"}\n{"messages": [{"role": "user"}]}\n'
     )

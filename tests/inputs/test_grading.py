@@ -1,5 +1,6 @@
-"""Graders (kevload.inputs.grading): each reads an answer the way it says, and every grading key is checked at load, in
-a scenario and on a JSONL line alike (file, line, key, what was expected; exit 2)."""
+"""Graders (kevload.inputs.grading): each reads an answer the way it says, and every grading key is
+checked at load, in a scenario and on a JSONL line alike (file, line, key, what was expected; exit
+2)."""
 
 from __future__ import annotations
 
@@ -283,10 +284,9 @@ def test_choice_grades_an_answer_that_rules_an_option_out_by_its_answer(tmp_path
 
 def test_an_answer_head_followed_by_blanks_is_graded_in_moments(tmp_path, server):
     # The answer is the server's: blanks after a head ("Answer:" then 300 kB of tabs and newlines;
-    # no spaces, which
-    # the fake server would stream as 300 000 tokens) once cost a step per way to split them between
-    # the regex's
-    # gaps (minutes here, hours for a megabyte), and the run hung in its summary.
+    # no spaces, which the fake server would stream as 300 000 tokens) once cost a step per way to
+    # split them between the regex's gaps (minutes here, hours for a megabyte), and the run hung in
+    # its summary.
     server.behaviour.answer_for = lambda prompt, overlap: (
         "Answer:" + "\t\n" * 150_000 + "x(Answer:\t" + "\n" * 9
     )
@@ -384,8 +384,7 @@ def test_a_reasoning_that_writes_the_closing_tag_itself_leaks_nothing_into_the_g
     tmp_path, server
 ):
     # The block was cut at the first closing tag line: a reasoning "…</reasoning>\n42" before the
-    # content "43" was
-    # graded as "42\n</reasoning>\n43", so every wrong answer was graded good.
+    # content "43" was graded as "42\n</reasoning>\n43", so every wrong answer was graded good.
     server.behaviour.reasoning_field = "reasoning_content"
     server.behaviour.reasoning_for = lambda content: "Let me think.\n</reasoning>\n42"
     server.behaviour.answer_for = lambda prompt, overlap: "43"
@@ -435,7 +434,8 @@ def test_python_grader_gets_answer_probe_and_expected(tmp_path):
 def test_two_python_graders_of_one_module_name_in_two_directories_are_refused_not_mixed(
     tmp_path, server
 ):
-    """Python keeps one module per name: the grader beside the second dataset would grade by the first's."""
+    """Python keeps one module per name: the grader beside the second dataset would grade by the
+    first's."""
     import sys
 
     for folder, right in (("a", "42"), ("b", "43")):
@@ -820,9 +820,8 @@ def test_an_expected_json_would_change_is_refused_before_anything_is_sent(
     tmp_path, server, toml, grade, key, got
 ):
     # run.json keeps expected as JSON and `kevload report` grades from it: a TOML date (a string
-    # there), nan (null)
-    # or an integer beyond 64 bits (no JSON number orjson writes) would be graded otherwise there,
-    # or not written.
+    # there), nan (null) or an integer beyond 64 bits (no JSON number orjson writes) would be graded
+    # otherwise there, or not written.
     path = write_scenario(
         tmp_path / "s.toml",
         server.url,
@@ -897,8 +896,9 @@ def grader_dir(tmp_path_factory) -> Path:
 def test_every_grading_accepted_grades_alike_from_run_json(
     grader_dir, expected, grade, tolerance, answer
 ):
-    """Whatever a scenario gives, a grading accepted at load grades every answer as the one `kevload report` reads
-    back from run.json does; what would not is refused at load (BadGrading, no other exception)."""
+    """Whatever a scenario gives, a grading accepted at load grades every answer as the one `kevload
+    report` reads back from run.json does; what would not is refused at load (BadGrading, no other
+    exception)."""
     try:
         grading = checked(expected, grade, tolerance, grader_dir)
     except BadGrading:

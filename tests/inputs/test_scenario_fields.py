@@ -1,6 +1,6 @@
-"""The scenario's rules come from its dataclass fields: every field is checked the same way in a file, through
-``Scenario.with_setting`` and in a scenario built in code, and the cases below are generated from the fields,
-so a new field with a rule is covered without a new test."""
+"""The scenario's rules come from its dataclass fields: every field is checked the same way in a
+file, through ``Scenario.with_setting`` and in a scenario built in code, and the cases below are
+generated from the fields, so a new field with a rule is covered without a new test."""
 
 from __future__ import annotations
 
@@ -27,8 +27,7 @@ from kevload.inputs.scenariokeys import Load, Ramp, Slo, Target
 from tests.conftest import run_cli, write_scenario
 
 # Where each dataclass's table sits in a scenario file. The base has a ramp and a stream, so every
-# table exists
-# and every single bad value below is the only thing wrong.
+# table exists and every single bad value below is the only thing wrong.
 WHERE = {
     Target: ("target",),
     Probe: ("probes", 0),
@@ -82,7 +81,8 @@ def _file_error(raw: dict[str, Any]) -> str:
 
 
 def _code_error(cls: type, key: str, value: Any) -> str:
-    """The same value set on a valid scenario in code: the setter, or (probes are no setting) a replaced probe."""
+    """The same value set on a valid scenario in code: the setter, or (probes are no setting) a
+    replaced probe."""
     good = scenario_from_dict(json.loads(json.dumps(BASE)), source="t.toml")
     with pytest.raises(ScenarioError) as caught:
         if cls is Probe:
@@ -122,7 +122,8 @@ def test_a_word_outside_a_literal_names_the_key_and_the_words(cls, f, hint):
 
 
 def _outside(f, hint) -> list[Any]:
-    """Values just outside the field's bounds (for a list, one bad item), and an empty one where one is refused."""
+    """Values just outside the field's bounds (for a list, one bad item), and an empty one where one
+    is refused."""
     rule, whole = rule_of(f), (get_args(hint)[0] if get_origin(hint) is tuple else hint) is int
     values = []
     if rule.min is not None:
@@ -174,7 +175,8 @@ CHECKED_ELSEWHERE = {
 
 
 def test_every_number_has_an_upper_bound():
-    """A number without one can ask for anything: 10⁸ slots, a needle of a terabyte, a seed JSON cannot hold."""
+    """A number without one can ask for anything: 10⁸ slots, a needle of a terabyte, a seed JSON
+    cannot hold."""
     numbers = [
         (cls, f)
         for cls, f, hint in _fields(lambda f, cls: True)
@@ -329,7 +331,8 @@ def test_sweep_settings_equal_the_same_values_written_in_the_file(tmp_path, serv
 
 # Calls that build a scenario from TOML text or a raw table, and where each may be made: the user's
 # file and
-# --set text (load.invocation, for `kevload run`), a resumed run's table from run.json with the user's --set text
+# --set text (load.invocation, for `kevload run`), a resumed run's table from run.json with the
+# user's --set text
 # (resuming.resumed_scenario), the
 # sweep's and demo's one read of their scenario file, the grid's values (user text).
 # demo/steps.py reads two files: the demo scenario and the graded set's (scenarios/graded.toml);
@@ -344,7 +347,8 @@ ALLOWED = {
 
 
 def test_no_module_formats_toml_to_build_a_scenario():
-    """Scenarios in code are built from objects: a file is read once, settings go through with_settings."""
+    """Scenarios in code are built from objects: a file is read once, settings go through
+    with_settings."""
     found: dict[tuple[str, str], int] = {}
     for path in sorted((Path(__file__).parents[2] / "kevload").rglob("*.py")):
         if path.name == "scenario.py":

@@ -1,5 +1,6 @@
-"""Trace replay (load.trace): the trace's clock kept in the records, its lengths as the server sees them, its hash ids
-as shared prefixes, the probe's drift found where the trace crowds the server, bad traces refused by file:line."""
+"""Trace replay (load.trace): the trace's clock kept in the records, its lengths as the server sees
+them, its hash ids as shared prefixes, the probe's drift found where the trace crowds the server,
+bad traces refused by file:line."""
 
 from __future__ import annotations
 
@@ -37,8 +38,7 @@ def replay(tmp_path: Path, url: str, trace: Path, **load) -> tuple[list[dict], d
 
 
 # A burst of three requests at 1 s (where the first of two probes lands: span 4 s, probes at ¼ and ¾
-# of it) and a
-# quiet stretch at 3 s (where the second lands).
+# of it) and a quiet stretch at 3 s (where the second lands).
 BURST = [(0, 8, 4, []), (1000, 8, 4, []), (1000, 8, 4, []), (1000, 8, 4, []), (4000, 8, 4, [])]
 
 
@@ -320,8 +320,9 @@ def traced_run(tmp_path: Path, url: str, **load) -> Path:
 
 
 def test_a_trace_cells_case_reruns_the_trace(tmp_path, server):
-    """A case built from a trace level that drifted was rerun as the probe alone at the replay's mean rate, with no
-    trace behind it: the drift went away and `cases rerun` said `unstable→stable`, a fix that never happened."""
+    """A case built from a trace level that drifted was rerun as the probe alone at the replay's
+    mean rate, with no trace behind it: the drift went away and `cases rerun` said
+    `unstable→stable`, a fix that never happened."""
     server.behaviour.latency = 0.3
     server.behaviour.drift_at = 3
     traced_run(tmp_path, server.url, samples=2, trace_speedup=[2])
@@ -356,8 +357,8 @@ def test_a_trace_cells_case_reruns_the_trace(tmp_path, server):
 
 
 def test_cases_build_of_a_stable_trace_run(tmp_path, server):
-    """A stable trace run's cells (the serial c=1 and the trace's r=…) made `cases build` end in a TypeError, and a
-    drifting one noted the serial cell `unstable only at concurrency ≥ 0`."""
+    """A stable trace run's cells (the serial c=1 and the trace's r=…) made `cases build` end in a
+    TypeError, and a drifting one noted the serial cell `unstable only at concurrency ≥ 0`."""
     traced_run(tmp_path, server.url, samples=2, trace_speedup=[2])
     cases_path = tmp_path / "cases.jsonl"
     code, output = run_cli("cases", "build", tmp_path / "run", "-o", cases_path)
@@ -376,8 +377,9 @@ def test_cases_build_of_a_stable_trace_run(tmp_path, server):
 
 
 def test_ramp_s_keeps_every_probe_of_a_trace_level(tmp_path, server):
-    """With load.ramp_s the probes the trace put inside the ramp were sent but never counted: the cell had fewer
-    samples than asked and the summary said `short … (no errors: the run was cut short)` of a complete run."""
+    """With load.ramp_s the probes the trace put inside the ramp were sent but never counted: the
+    cell had fewer samples than asked and the summary said `short … (no errors: the run was cut
+    short)` of a complete run."""
     run = traced_run(tmp_path, server.url, samples=4, trace_speedup=[2], ramp_s=1)
     summary = load_summary(run)
     (cell,) = [c for c in summary["cells"] if c["role"] == "probe" and c["rate"] is not None]
@@ -413,8 +415,8 @@ def test_a_ramp_as_long_as_the_replay_is_refused(tmp_path):
 
 
 def test_burstgpt_failed_requests_are_skipped_and_counted(tmp_path, server):
-    """BurstGPT's own files (BurstGPT_1.csv, _2.csv) hold failed requests as `Response tokens` 0: every line was
-    refused there (exit 2), so the trace the docs name could not be replayed."""
+    """BurstGPT's own files (BurstGPT_1.csv, _2.csv) hold failed requests as `Response tokens` 0:
+    every line was refused there (exit 2), so the trace the docs name could not be replayed."""
     trace = tmp_path / "burst.csv"
     trace.write_text(
         "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
@@ -442,8 +444,8 @@ def test_burstgpt_failed_requests_are_skipped_and_counted(tmp_path, server):
 
 
 def test_a_replay_rate_that_rounds_to_nothing_is_refused(tmp_path):
-    """A trace over centuries labelled its level `r=0/s` and waited for its first probe for ever; two speed-ups
-    of the same rounded rate would share one cell."""
+    """A trace over centuries labelled its level `r=0/s` and waited for its first probe for ever;
+    two speed-ups of the same rounded rate would share one cell."""
     mooncake(tmp_path / "t.jsonl", [(0, 5, 2, []), (10**13, 5, 2, [])])
     scenario = write_scenario(
         tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], trace="t.jsonl"
@@ -460,8 +462,9 @@ def test_a_replay_rate_that_rounds_to_nothing_is_refused(tmp_path):
 
 @pytest.mark.e2e
 def test_the_words_that_are_two_tokens_opening_a_prompt_are_the_docs():
-    """docs/workloads.md says every word is one token after a space and 11 are two without one, so a prompt opening
-    with one counts one more: checked against the built-in model's own vocabulary (converted once, cached)."""
+    """docs/workloads.md says every word is one token after a space and 11 are two without one, so a
+    prompt opening with one counts one more: checked against the built-in model's own vocabulary
+    (converted once, cached)."""
     from kevload.servers.targets.transformers_serve import model_dir
 
     vocab = json.loads((model_dir(log=lambda _: None) / "tokenizer.json").read_text())["model"][
@@ -476,8 +479,9 @@ def test_the_words_that_are_two_tokens_opening_a_prompt_are_the_docs():
 
 
 def test_a_sweeps_setting_is_checked_against_the_trace(tmp_path):
-    """`sweep --grid load.ramp_s=…` (Scenario.with_settings) set a ramp longer than the replay, or a speed-up whose
-    rate rounds to 0, past the checks a file's own keys get: its probes fell before the ramp or never came."""
+    """`sweep --grid load.ramp_s=…` (Scenario.with_settings) set a ramp longer than the replay, or a
+    speed-up whose rate rounds to 0, past the checks a file's own keys get: its probes fell before
+    the ramp or never came."""
     mooncake(tmp_path / "t.jsonl", BURST)
     scenario = load_scenario(
         write_scenario(

@@ -1,6 +1,7 @@
-"""load.trace_tokenizer: a replay's prompts fitted to the model's own tokenizer.json. The words it splits are
-dropped, the prompts then encode to the trace's input lengths exactly (and run.json says what the check found),
-worker processes send the same words, and a bad tokenizer is refused (exit 2, file and key)."""
+"""load.trace_tokenizer: a replay's prompts fitted to the model's own tokenizer.json. The words it
+splits are dropped, the prompts then encode to the trace's input lengths exactly (and run.json says
+what the check found), worker processes send the same words, and a bad tokenizer is refused (exit 2,
+file and key)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ SPLIT = tuple(w for w in VOCABULARY if len(w) >= 7)
 
 
 def wordpiece(path: Path, split: tuple[str, ...] = SPLIT, *, whole: bool = True) -> Path:
-    """A tokenizer.json that makes every vocabulary word one token except ``split`` (two pieces each); with
-    ``whole`` false, every word is spelled letter by letter."""
+    """A tokenizer.json that makes every vocabulary word one token except ``split`` (two pieces
+    each); with ``whole`` false, every word is spelled letter by letter."""
     vocab = {"[UNK]": 0}
     for word in VOCABULARY:
         if not whole:
@@ -207,8 +208,8 @@ def test_resume_refuses_a_changed_tokenizer(tmp_path, server):
 
 
 def test_the_words_travel_with_the_trace_not_the_tokenizer(tmp_path):
-    """What a worker process or a Ray host gets is the pickled trace: it makes the driver's prompts without the
-    tokenizer file and without the tokenizers package."""
+    """What a worker process or a Ray host gets is the pickled trace: it makes the driver's prompts
+    without the tokenizer file and without the tokenizers package."""
     tok = wordpiece(tmp_path / "tokenizer.json")
     fitted = read_trace(
         mooncake(tmp_path / "t.jsonl", ROWS),
@@ -255,7 +256,8 @@ def fitted(tmp_path: Path, tokenizer: Path):
 
 
 def word_level(path: Path, vocab: dict[str, int]) -> Path:
-    """A tokenizer.json of whole words, ``[UNK]`` for the others (an error where ``vocab`` lacks it)."""
+    """A tokenizer.json of whole words, ``[UNK]`` for the others (an error where ``vocab`` lacks
+    it)."""
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.save(str(path))
@@ -263,7 +265,8 @@ def word_level(path: Path, vocab: dict[str, int]) -> Path:
 
 
 def run_with(tmp_path: Path, tokenizer: str) -> tuple[int, str]:
-    """``kevload run`` of a trace with ``load.trace_tokenizer = tokenizer`` (a file in ``tmp_path``)."""
+    """``kevload run`` of a trace with ``load.trace_tokenizer = tokenizer`` (a file in
+    ``tmp_path``)."""
     mooncake(tmp_path / "t.jsonl", ROWS)
     scenario = write_scenario(
         tmp_path / "s.toml",
@@ -276,8 +279,8 @@ def run_with(tmp_path: Path, tokenizer: str) -> tuple[int, str]:
 
 
 def test_a_tokenizer_whose_encode_raises_exits_2(tmp_path):
-    """A WordLevel tokenizer without its unknown token raises on any word it lacks: kevload ended in a traceback
-    (exit 1), not the refusal naming the file and the key."""
+    """A WordLevel tokenizer without its unknown token raises on any word it lacks: kevload ended in
+    a traceback (exit 1), not the refusal naming the file and the key."""
     word_level(tmp_path / "tok.json", {w: i for i, w in enumerate(VOCABULARY[:100])})
     code, output = run_with(tmp_path, "tok.json")
     assert (
@@ -288,9 +291,10 @@ def test_a_tokenizer_whose_encode_raises_exits_2(tmp_path):
 
 
 def test_the_files_truncation_and_padding_are_not_the_servers(tmp_path):
-    """A tokenizer.json saved with truncation (max_length 40) made `checked` say 10 of the 12 prompts were off by
-    up to -67 tokens, all of which encode at their lengths exactly; one saved with fixed padding had every word
-    refused as not one token. A server counts a prompt whole and unpadded."""
+    """A tokenizer.json saved with truncation (max_length 40) made `checked` say 10 of the 12
+    prompts were off by up to -67 tokens, all of which encode at their lengths exactly; one saved
+    with fixed padding had every word refused as not one token. A server counts a prompt whole and
+    unpadded."""
     whole = wordpiece(tmp_path / "whole.json")
     truncating = wordpiece(tmp_path / "trunc.json")
     doc = json.loads(truncating.read_text())
@@ -315,8 +319,9 @@ def test_the_files_truncation_and_padding_are_not_the_servers(tmp_path):
 
 
 def test_a_file_too_large_for_a_tokenizer_is_refused_unread(tmp_path):
-    """A model's weights named by mistake (a .gguf, GBs) were read whole into memory: a MemoryError's traceback
-    where memory is bounded, the host's memory otherwise. A sparse file: nothing of it is on disk."""
+    """A model's weights named by mistake (a .gguf, GBs) were read whole into memory: a
+    MemoryError's traceback where memory is bounded, the host's memory otherwise. A sparse file:
+    nothing of it is on disk."""
     with (tmp_path / "model.gguf").open("wb") as handle:
         handle.truncate(4 << 30)
     code, output = run_with(tmp_path, "model.gguf")
@@ -328,9 +333,10 @@ def test_a_file_too_large_for_a_tokenizer_is_refused_unread(tmp_path):
 
 
 def test_words_the_tokenizer_does_not_know_are_not_kept(tmp_path):
-    """A tokenizer that knows none of the words makes each its one unknown token: kevload kept all 188 (`words`
-    188, nothing dropped) of a file that is no tokenizer for English text, and every prompt it sent was the same
-    tokens, so a server's prefix cache reused what the trace never shared."""
+    """A tokenizer that knows none of the words makes each its one unknown token: kevload kept all
+    188 (`words` 188, nothing dropped) of a file that is no tokenizer for English text, and every
+    prompt it sent was the same tokens, so a server's prefix cache reused what the trace never
+    shared."""
     word_level(tmp_path / "tok.json", {"[UNK]": 0})
     code, output = run_with(tmp_path, "tok.json")
     assert code == 2 and "at least 32 of kevload's 188), got 0" in output, output
@@ -344,8 +350,9 @@ def test_words_the_tokenizer_does_not_know_are_not_kept(tmp_path):
 
 
 def test_a_trace_cells_case_reruns_with_the_runs_tokenizer(tmp_path, server):
-    """`cases build` of a tokenizer-fitted trace level kept the trace but not load.trace_tokenizer: `cases rerun`
-    replayed the built-in words, prompts the run never sent (a split word's line one token longer)."""
+    """`cases build` of a tokenizer-fitted trace level kept the trace but not load.trace_tokenizer:
+    `cases rerun` replayed the built-in words, prompts the run never sent (a split word's line one
+    token longer)."""
     wordpiece(tmp_path / "tokenizer.json")
     traced_run(tmp_path, server.url, samples=2, trace_speedup=[2], trace_tokenizer="tokenizer.json")
     cases_path = tmp_path / "cases.jsonl"
@@ -382,8 +389,9 @@ def test_a_trace_cells_case_reruns_with_the_runs_tokenizer(tmp_path, server):
 
 
 def test_resume_refuses_other_words_from_the_same_tokenizer_file(tmp_path, server):
-    """--resume compared the tokenizer file's hash alone: a first part whose kevload (or tokenizers) kept other
-    words from the same file (run.json's dropped) was resumed with prompts it never sent."""
+    """--resume compared the tokenizer file's hash alone: a first part whose kevload (or tokenizers)
+    kept other words from the same file (run.json's dropped) was resumed with prompts it never
+    sent."""
     wordpiece(tmp_path / "tokenizer.json")
     run = traced_run(
         tmp_path, server.url, samples=2, trace_speedup=[4], trace_tokenizer="tokenizer.json"

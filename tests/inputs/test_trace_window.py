@@ -1,6 +1,7 @@
-"""load.trace_window_s: a part of a long trace replayed, its seconds counted from the trace's first line. The
-window's requests and no others are sent, on a clock that starts at the first of them; run.json, --resume and
-`cases build` keep the window; a window that is not [from, to] is refused (exit 2)."""
+"""load.trace_window_s: a part of a long trace replayed, its seconds counted from the trace's first
+line. The window's requests and no others are sent, on a clock that starts at the first of them;
+run.json, --resume and `cases build` keep the window; a window that is not [from, to] is refused
+(exit 2)."""
 
 from __future__ import annotations
 
@@ -136,8 +137,8 @@ def burstgpt(path, rows):
 
 
 def test_a_request_exactly_at_from_or_to_is_in_or_out_with_float_timestamps(tmp_path):
-    """16.4 − 5.3 is 11.099999999999998 in floats: the request 11.1 s after the first line was left out of a window
-    from 11.1 s, and kept in one to 11.1 s."""
+    """16.4 − 5.3 is 11.099999999999998 in floats: the request 11.1 s after the first line was left
+    out of a window from 11.1 s, and kept in one to 11.1 s."""
     path = burstgpt(
         tmp_path / "t.csv", [(5.3, 8, 4), (6, 8, 4), (16.4, 8, 4), (17, 8, 4), (18, 8, 4)]
     )
@@ -152,9 +153,10 @@ def test_a_request_exactly_at_from_or_to_is_in_or_out_with_float_timestamps(tmp_
 
 
 def test_a_failed_first_line_out_of_time_order_is_refused(tmp_path):
-    """The trace's first line is the window's origin even when it is a failed request (BurstGPT's Response tokens
-    0), and such lines were never checked for time order: a failed first line at 50 s before lines at 0 s moved
-    every window 50 s, silently (no window: the lines replayed as if in order)."""
+    """The trace's first line is the window's origin even when it is a failed request (BurstGPT's
+    Response tokens 0), and such lines were never checked for time order: a failed first line at 50
+    s before lines at 0 s moved every window 50 s, silently (no window: the lines replayed as if in
+    order)."""
     path = burstgpt(tmp_path / "t.csv", [(50, 8, 0), (0, 8, 4), (5, 8, 4), (10, 8, 4)])
     for window in (None, (0.0, 20.0)):
         with pytest.raises(
@@ -172,8 +174,8 @@ def test_a_failed_first_line_out_of_time_order_is_refused(tmp_path):
 
 
 def test_resume_refusal_says_what_changed(tmp_path, server):
-    """A --resume with another window (or block_tokens) was refused as "expected (A), got A": the same file, seed
-    and count on both sides, nothing saying which input differs."""
+    """A --resume with another window (or block_tokens) was refused as "expected (A), got A": the
+    same file, seed and count on both sides, nothing saying which input differs."""
     scenario = write_scenario(
         tmp_path / "s.toml",
         server.url,

@@ -1,5 +1,5 @@
-"""Conversations, cancellations, trace replay and the prefix cache side by side: combinations whose claims would not
-hold are refused before anything is sent."""
+"""Conversations, cancellations, trace replay and the prefix cache side by side: combinations whose
+claims would not hold are refused before anything is sent."""
 
 from __future__ import annotations
 
@@ -75,8 +75,9 @@ def test_combinations_without_a_true_claim_exit_2(tmp_path, probe, load, message
 
 
 def test_a_cancelled_companion_conversation_ends_at_the_turn_the_cut_reached(tmp_path):
-    """A companion conversation chosen to be cut is abandoned in its first turn, as a user closing the tab ends
-    the chat: that turn is cancelled and no later turn of it is sent; conversations not chosen run every turn."""
+    """A companion conversation chosen to be cut is abandoned in its first turn, as a user closing
+    the tab ends the chat: that turn is cancelled and no later turn of it is sent; conversations not
+    chosen run every turn."""
     (tmp_path / "talks.jsonl").write_text(
         '{"id": "t", "turns": ["one", "two", "three"], "max_tokens": 8}\n'
     )
@@ -106,8 +107,9 @@ def test_a_cancelled_companion_conversation_ends_at_the_turn_the_cut_reached(tmp
 
 
 def test_a_case_from_a_cancelled_run_is_rerun_with_its_cuts(tmp_path):
-    """A case keeps the load it was found in: a probe that drifted only beside cancelled companions, rerun among
-    the same companions but none of them cut, would be called fixed (unstable→stable) by a load it never had."""
+    """A case keeps the load it was found in: a probe that drifted only beside cancelled companions,
+    rerun among the same companions but none of them cut, would be called fixed (unstable→stable) by
+    a load it never had."""
     scenario = write_scenario(
         tmp_path / "s.toml",
         "",
@@ -161,9 +163,10 @@ def test_a_case_from_a_cancelled_run_is_rerun_with_its_cuts(tmp_path):
 
 
 def test_a_conversation_is_within_the_slo_only_if_every_turn_was(tmp_path):
-    """A conversation cell's latency is its last turn's, but the SLO's attainment counts requests within every bound:
-    a conversation whose first turn took 400 ms was counted within `e2e_ms = 200` (100%, 'met') on its quick last
-    turn. Each bound an earlier turn missed counts against its conversation, once."""
+    """A conversation cell's latency is its last turn's, but the SLO's attainment counts requests
+    within every bound: a conversation whose first turn took 400 ms was counted within `e2e_ms =
+    200` (100%, 'met') on its quick last turn. Each bound an earlier turn missed counts against its
+    conversation, once."""
     scenario = write_scenario(
         tmp_path / "s.toml",
         "",
@@ -197,8 +200,8 @@ def test_a_conversation_is_within_the_slo_only_if_every_turn_was(tmp_path):
 def _talks(
     samples: list[tuple[int, list[tuple[float, float]], str]], cuts: list[float]
 ) -> list[dict]:
-    """Crafted records of conversation probe c: each sample (level, its turns' (send, last byte), its answers' tag)
-    two turns long; companions of c=2 cut at ``cuts``."""
+    """Crafted records of conversation probe c: each sample (level, its turns' (send, last byte),
+    its answers' tag) two turns long; companions of c=2 cut at ``cuts``."""
     rows: list[dict] = []
 
     def add(**fields) -> None:
@@ -256,10 +259,11 @@ def _talks(
 
 
 def test_a_conversation_sample_is_beside_a_cut_by_its_whole_flight_from_its_first_send():
-    """A conversation sample's output is the whole conversation: whether a cut came beside it is measured from its
-    first turn's send over the cell's shortest conversation, as its span. Measured on its last turn alone, four
-    conversations that diverged in a long first turn with no cut near (a cut only in their last turn, 5 s after
-    they began) were 'beside' those cuts, and kevload found that the probe 'drifted only beside cancellations'."""
+    """A conversation sample's output is the whole conversation: whether a cut came beside it is
+    measured from its first turn's send over the cell's shortest conversation, as its span. Measured
+    on its last turn alone, four conversations that diverged in a long first turn with no cut near
+    (a cut only in their last turn, 5 s after they began) were 'beside' those cuts, and kevload
+    found that the probe 'drifted only beside cancellations'."""
     serial = [
         (1, [(10.0 * k, 10.0 * k + 0.2), (10.0 * k + 0.2, 10.0 * k + 0.4)], "s") for k in range(4)
     ]
@@ -288,9 +292,10 @@ def test_a_conversation_sample_is_beside_a_cut_by_its_whole_flight_from_its_firs
 
 
 def test_a_companion_conversation_is_cut_by_time_from_its_first_send(tmp_path):
-    """load.cancel_after_s cuts a chosen companion so many seconds after its send; a conversation's send is its first
-    turn's, as a user who closes the tab 0.25 s into the chat. Each turn once had a clock of its own: turns of 0.15 s
-    never reached 0.25 s, and no chosen conversation was ever cut."""
+    """load.cancel_after_s cuts a chosen companion so many seconds after its send; a conversation's
+    send is its first turn's, as a user who closes the tab 0.25 s into the chat. Each turn once had
+    a clock of its own: turns of 0.15 s never reached 0.25 s, and no chosen conversation was ever
+    cut."""
     (tmp_path / "talks.jsonl").write_text(
         '{"id": "t", "turns": ["one", "two", "three"], "max_tokens": 8}\n'
     )
@@ -315,8 +320,8 @@ def test_a_companion_conversation_is_cut_by_time_from_its_first_send(tmp_path):
 def _talks_cut(
     tmp_path, behaviour: Behaviour, **load
 ) -> tuple[FakeServer, list[dict], dict[str, list[dict]]]:
-    """A mixed run among the companion conversations of talks.jsonl (written by the test) with ``load``'s cuts: the
-    server, the companion records, and those records by conversation."""
+    """A mixed run among the companion conversations of talks.jsonl (written by the test) with
+    ``load``'s cuts: the server, the companion records, and those records by conversation."""
     scenario = write_scenario(
         tmp_path / "s.toml", "", mode="mixed", companions="talks.jsonl", **load
     )

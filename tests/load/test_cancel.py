@@ -1,13 +1,14 @@
-"""Cancelled requests: companions the client abandons mid-answer, against crafted servers whose truth is known —
-one that drifts only when a neighbour's stream is closed, one that drifts under load whatever is cut, one that never
-drifts, one that drifts on its slow (queued) answers or only in batches of two — and against crafted records for the
-level finding.
+"""Cancelled requests: companions the client abandons mid-answer, against crafted servers whose
+truth is known — one that drifts only when a neighbour's stream is closed, one that drifts under
+load whatever is cut, one that never drifts, one that drifts on its slow (queued) answers or only in
+batches of two — and against crafted records for the level finding.
 
-Each claim is checked from the records: which companions were chosen (``cancel_planned``), which were cut (status
-``cancelled``, the cut's time and chunks), what the server saw (its disconnects) and how the probe's samples split
-beside the cuts. An answer whose end arrived with (or before) its cut-off chunk, or before a cut by time, is whole,
-not cancelled: vLLM sends the last token and its finish_reason in one chunk, and a fast server's last chunks come in
-one read. A cut is never an error, in the summary or in the HTML report's timeline.
+Each claim is checked from the records: which companions were chosen (``cancel_planned``), which
+were cut (status ``cancelled``, the cut's time and chunks), what the server saw (its disconnects)
+and how the probe's samples split beside the cuts. An answer whose end arrived with (or before) its
+cut-off chunk, or before a cut by time, is whole, not cancelled: vLLM sends the last token and its
+finish_reason in one chunk, and a fast server's last chunks come in one read. A cut is never an
+error, in the summary or in the HTML report's timeline.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from tests.fakeserver import WORDS, Behaviour, FakeServer
 
 
 def reduce_cut(rows):
-    """Records of a run that asked for cuts, reduced as ``kevload report`` reduces them (run.json's cancel_share)."""
+    """Records of a run that asked for cuts, reduced as ``kevload report`` reduces them (run.json's
+    cancel_share)."""
     return reduce_rows(rows, cuts_asked=True)
 
 
@@ -95,8 +97,7 @@ def test_a_cut_by_time_closes_the_stream_and_the_slot_sends_its_next_at_once(tmp
         assert 1 <= r["chunks"] < 8 and "after 0.2 s" in r["error"]
     assert len(server.disconnects) == len(cut)
     # The closed loop keeps c − 1 others: each counted probe sample had 3 others in flight at its
-    # send, and the
-    # cut companions' spans (until the cut) keep the level full.
+    # send, and the cut companions' spans (until the cut) keep the level full.
     probes = [r for r in rows if r["role"] == "probe" and r["concurrency"] == 4 and r["counted"]]
     assert probes and all(r["in_flight"] == 3 for r in probes)
     cell = cells_by_level(summary)[4]
@@ -175,8 +176,7 @@ def test_a_server_that_drifts_only_when_a_neighbour_is_cancelled_gives_the_findi
         cell["divergent_beside_cancelled"],
     )
     # `kevload report` reads the run again, knowing from run.json that it cut (only then are sample
-    # spans kept): the
-    # same split and findings.
+    # spans kept): the same split and findings.
     code, again = run_cli("report", tmp_path / "run", "--format", "json")
     assert code == 1, again  # the verdict's exit code: nondeterministic
     again = json.loads(again)
@@ -228,8 +228,8 @@ def test_no_cancellation_fields_when_nothing_was_cut(tmp_path):
 def crafted_row(
     rows: list[dict], role: str, level: int, output: str | None, status: str = "ok", **extra
 ) -> None:
-    """One crafted record of probe p1's run appended to ``rows``: at a level c ≥ 2 every request is in flight
-    together (sent in turn, all answered 50 s in), serially one after another."""
+    """One crafted record of probe p1's run appended to ``rows``: at a level c ≥ 2 every request is
+    in flight together (sent in turn, all answered 50 s in), serially one after another."""
     seq = len(rows)
     base = level * 100.0
     rows.append(
@@ -254,8 +254,9 @@ def crafted_row(
 
 
 def crafted(level_cuts: dict[int, int], drifting: set[int]) -> list[dict]:
-    """Probe p1 at each level (8 samples, all in flight together), companions beside it, ``level_cuts[c]`` of them
-    cut; the probe's answers differ from serial at the levels in ``drifting``."""
+    """Probe p1 at each level (8 samples, all in flight together), companions beside it,
+    ``level_cuts[c]`` of them cut; the probe's answers differ from serial at the levels in
+    ``drifting``."""
     rows: list[dict] = []
 
     def add(*args, **extra) -> None:
@@ -528,8 +529,8 @@ def test_parts_of_a_records_file_merge_to_the_whole_run():
 
 
 class WholeAnswerServer(FakeServer):
-    """Streams as vLLM does, the finish_reason on the chunk of the last token (``together``: the whole stream in
-    one write, as a fast server's last chunks reach the client in one read)."""
+    """Streams as vLLM does, the finish_reason on the chunk of the last token (``together``: the
+    whole stream in one write, as a fast server's last chunks reach the client in one read)."""
 
     def __init__(self, behaviour: Behaviour, *, together: bool = False):
         super().__init__(behaviour)
@@ -591,8 +592,8 @@ def test_an_answer_whose_end_came_in_the_same_read_as_its_cut_off_chunk_is_ok(tm
 
 
 def quiet_seed(share: float, quiet: str, busy: str, quiet_n: int, busy_n: int) -> int:
-    """A seed whose plan chooses none of the first ``quiet_n`` companions at level ``quiet`` and one of the first
-    ``busy_n`` at ``busy``."""
+    """A seed whose plan chooses none of the first ``quiet_n`` companions at level ``quiet`` and one
+    of the first ``busy_n`` at ``busy``."""
     for seed in range(10_000):
         plan = CancelPlan.of(share, None, 1, seed)
         if not any(plan.chosen("p1", quiet, 0, k) for k in range(quiet_n)) and any(
@@ -604,9 +605,8 @@ def quiet_seed(share: float, quiet: str, busy: str, quiet_n: int, busy_n: int) -
 
 def test_no_level_finding_when_the_level_that_held_was_a_lighter_load(tmp_path):
     # The server drifts once 3 requests overlap, whatever is cut: c=2 holds, c=4 drifts, cuts or
-    # none. The seed
-    # cuts nothing at c=2 and something at c=4, so "drifted only in levels with cancellations" would
-    # be said.
+    # none. The seed cuts nothing at c=2 and something at c=4, so "drifted only in levels with
+    # cancellations" would be said.
     seed = quiet_seed(0.05, "c=2", "c=4", 40, 10)
     behaviour = Behaviour(latency=0.02, chunk_delay=0.005, words=6, drift_at=3)
     with FakeServer(behaviour) as server:
@@ -633,8 +633,8 @@ def test_no_level_finding_when_the_level_that_held_was_a_lighter_load(tmp_path):
 
 
 def crafted_levels(levels: dict[int, tuple[int, str]]) -> list[dict]:
-    """Probe p1 at each level (8 samples in flight together) and companions, ``levels[c]``: (cuts, "serial",
-    "drift" or "failed")."""
+    """Probe p1 at each level (8 samples in flight together) and companions, ``levels[c]``: (cuts,
+    "serial", "drift" or "failed")."""
     rows: list[dict] = []
 
     def add(*args, **extra) -> None:
@@ -691,8 +691,9 @@ def test_the_runs_total_of_cuts_is_printed_when_every_companion_was_cut(tmp_path
 
 
 class SlowAnswersDrift(FakeServer):
-    """Under load, some requests are held long (queued: 0.6 s against 0.01 s); those answer otherwise, whatever is
-    cut. A slow probe sample's flight meets most of the cuts of its level, a fast one's few."""
+    """Under load, some requests are held long (queued: 0.6 s against 0.01 s); those answer
+    otherwise, whatever is cut. A slow probe sample's flight meets most of the cuts of its level, a
+    fast one's few."""
 
     def __init__(self):
         rng = random.Random(7)
@@ -773,7 +774,8 @@ def test_no_level_finding_when_the_drifting_level_drifted_apart_from_its_cuts(tm
 
 
 class SlowDone(FakeServer):
-    """Sends the whole answer and its finish_reason at once, then waits 0.5 s before [DONE] (a gateway's pace)."""
+    """Sends the whole answer and its finish_reason at once, then waits 0.5 s before [DONE] (a
+    gateway's pace)."""
 
     async def _stream(
         self, request, body, text, chat, fault, logprobs=None, cached=0, written=None

@@ -1,7 +1,7 @@
-"""End to end on real vLLM (its CPU build): a companion kevload cuts is aborted by the server, which names it by
-kevload's X-Request-Id in its log and stops decoding it. The same vLLM (one start less in CI) then serves
-scenarios/prefix_cache.toml, whose cold samples it makes with its own reset (tests/load/test_prefix_cache_e2e.py
-has the llama.cpp half and the checks)."""
+"""End to end on real vLLM (its CPU build): a companion kevload cuts is aborted by the server, which
+names it by kevload's X-Request-Id in its log and stops decoding it. The same vLLM (one start less
+in CI) then serves scenarios/prefix_cache.toml, whose cold samples it makes with its own reset
+(tests/load/test_prefix_cache_e2e.py has the llama.cpp half and the checks)."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ PROBE = [
     {"id": "p1", "prompt": "Write a short story about a robot learning to paint.", "max_tokens": 16}
 ]
 # Companions long enough that a cut after 2 tokens is always mid-answer, even where a loaded machine
-# delays the
-# client's reading of the 2nd token by seconds (an answer the server has finished is not aborted).
+# delays the client's reading of the 2nd token by seconds (an answer the server has finished is not
+# aborted).
 COMPANIONS = "\n".join(
     f'{{"prompt": "Tell a long story about the number {n}.", "max_tokens": 256}}' for n in range(4)
 )
@@ -80,8 +80,9 @@ def test_vllm_aborts_each_request_kevload_cuts(tmp_path, vllm_eager):
 
 
 def _not_yet_aborted(log_path, cut, wait_s=30.0):
-    """For each of ``cut`` the server's log has not named as aborted within ``wait_s``: its request id, the
-    chunks kevload read and what the log says of it (so that a failure tells a late abort from none).
+    """For each of ``cut`` the server's log has not named as aborted within ``wait_s``: its request
+    id, the chunks kevload read and what the log says of it (so that a failure tells a late abort
+    from none).
 
     The server learns of a cut when it sees the connection close, which may be after kevload has
     finished the run (the last cut of a run races the run's end), so the log is read until every cut

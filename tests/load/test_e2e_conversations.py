@@ -1,7 +1,7 @@
-"""End to end on the built-in llama.cpp target: a live three-turn conversation at c=1 and c=2, each turn asked with
-the answers the server actually gave, every counted turn at full load, and the turn where a conversation first left
-the serial one (or none) as an independent parse of the same requests finds it (whether llama.cpp holds under
-batching is this CPU's to say, not the test's)."""
+"""End to end on the built-in llama.cpp target: a live three-turn conversation at c=1 and c=2, each
+turn asked with the answers the server actually gave, every counted turn at full load, and the turn
+where a conversation first left the serial one (or none) as an independent parse of the same
+requests finds it (whether llama.cpp holds under batching is this CPU's to say, not the test's)."""
 
 from __future__ import annotations
 

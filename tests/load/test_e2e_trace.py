@@ -1,5 +1,5 @@
-"""Trace replay on llama.cpp: the synthetic prompts reach the server at the trace's lengths (exactly, with the
-model's own tokenizer), on the trace's clock."""
+"""Trace replay on llama.cpp: the synthetic prompts reach the server at the trace's lengths
+(exactly, with the model's own tokenizer), on the trace's clock."""
 
 from __future__ import annotations
 
@@ -79,9 +79,8 @@ def test_llamacpp_counts_every_prompt_at_its_length_with_the_models_tokenizer(tm
         "morning guy garden autumn island village corner kitchen shoe dance sport".split()
     )
     # BurstGPT lines have no hash ids: each prompt opens with words of its own. A seed under which
-    # the built-in
-    # words open some of them with a split word, and not all (found, not assumed: the same on any
-    # machine).
+    # the built-in words open some of them with a split word, and not all (found, not assumed: the
+    # same on any machine).
     trace = tmp_path / "t.csv"
     trace.write_text(
         "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
@@ -123,8 +122,7 @@ def test_llamacpp_counts_every_prompt_at_its_length_with_the_models_tokenizer(tm
             assert [r["status"] for r in companions] == ["ok"] * 8
             extra[name] = [r["prompt_tokens"] - (12 + i) for i, r in enumerate(companions)]
     # The built-in words: one token more where a split word opens the prompt. Fitted: every line at
-    # its length plus
-    # the one constant (the chat template).
+    # its length plus the one constant (the chat template).
     template = min(extra["plain"])
     assert extra["plain"] == [template + split for split in opens_split(seed)]
     assert extra["fitted"] == [template] * 8

@@ -1,5 +1,5 @@
-"""The engine's pieces: the retry policy, the stop condition, and a bug in one sender that surfaces as
-itself from the record stream (the level's task group cancels the other senders, unrecorded)."""
+"""The engine's pieces: the retry policy, the stop condition, and a bug in one sender that surfaces
+as itself from the record stream (the level's task group cancels the other senders, unrecorded)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Every cell's evidence is what it claims: levels never overlap, c really is in flight, one run per directory."""
+"""Every cell's evidence is what it claims: levels never overlap, c really is in flight, one run per
+directory."""
 
 from __future__ import annotations
 
@@ -54,9 +55,8 @@ def test_leftover_companions_never_reach_the_next_cell(tmp_path, server, monkeyp
     assert serial["ok"] == 3 and serial["distinct"] == 1 and serial["drift"] is False, output
     assert all(r["in_flight"] == 0 for r in rows if r["concurrency"] == 1 and r["counted"])
     # A level ends only when nothing it sent is in flight: each request of a cell is sent after
-    # every
-    # request of the cell before it came back. Cells run c=1, 4, 1, 4 and records are numbered in
-    # send order.
+    # every request of the cell before it came back. Cells run c=1, 4, 1, 4 and records are numbered
+    # in send order.
     cells: list[list[dict]] = []
     for r in sorted(rows, key=lambda r: r["seq"]):
         if not cells or cells[-1][0]["concurrency"] != r["concurrency"]:
@@ -123,7 +123,8 @@ def test_every_counted_probe_is_sent_with_c_minus_1_others(tmp_path, server, mod
 
 
 class _RoleFaults(FakeServer):
-    """Fails requests for one prompt (the probe's or the companions') with a 500 after ``fail_delay``."""
+    """Fails requests for one prompt (the probe's or the companions') with a 500 after
+    ``fail_delay``."""
 
     def __init__(self, fail_probe: bool, fail_delay: float):
         super().__init__()
@@ -204,7 +205,8 @@ def test_report_refuses_records_of_two_runs(tmp_path, server):
 
 
 def test_default_directories_are_unique_within_one_second(monkeypatch):
-    """The directories diagnose-<time> and cases-rerun-<time> used to collide for two starts in one second."""
+    """The directories diagnose-<time> and cases-rerun-<time> used to collide for two starts in one
+    second."""
     from kevload.guide.diagnose import DiagnoseOptions, _Diagnoser
     from kevload.inputs.probe import Probe
 
@@ -249,7 +251,8 @@ def test_open_loop_cells_keep_max_in_flight_apart_from_concurrency(tmp_path, ser
 
 
 def test_engine_run_yields_records_without_a_run_directory(tmp_path, server):
-    """engine.run is a plain async iterator: no files, every record in send order of sequence numbers."""
+    """engine.run is a plain async iterator: no files, every record in send order of sequence
+    numbers."""
     scenario = load_scenario(
         write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=3)
     )
@@ -370,9 +373,10 @@ class _Overlap(FakeServer):
 
 def test_counted_sample_is_never_alone_at_the_server_while_another_slot_backs_off(tmp_path):
     """The docs: 'every counted probe sample is sent with exactly c−1 other requests in flight', and
-    '"In flight" means sent by kevload and not yet answered'. With --retries, a 429 is answered, yet the
-    slot that got it sits out Retry-After (1 s) still counted in flight: the other slot's samples in that
-    second are recorded as counted at c=2 (in_flight 1) while the server works on them alone."""
+    '"In flight" means sent by kevload and not yet answered'. With --retries, a 429 is answered, yet
+    the slot that got it sits out Retry-After (1 s) still counted in flight: the other slot's
+    samples in that second are recorded as counted at c=2 (in_flight 1) while the server works on
+    them alone."""
     faults = [None] * 9 + ["http_429"]
     with _Overlap(Behaviour(latency=0.3, faults=faults, retry_after="1")) as server:
         scenario = write_scenario(

@@ -1,7 +1,8 @@
-"""The level's promise proved without a process: N simulated workers drive ``kevload.load.level.Level`` through
-random answer orders, retry back-offs, stops and resumes, one shared level (worker processes) or one level per
-worker with a coordinator's hold (Ray actors). Each rule is one step of the event loop (an answer and the slot's
-resend are one, as in the engine; a level's start is one instant for every worker)."""
+"""The level's promise proved without a process: N simulated workers drive
+``kevload.load.level.Level`` through random answer orders, retry back-offs, stops and resumes, one
+shared level (worker processes) or one level per worker with a coordinator's hold (Ray actors). Each
+rule is one step of the event loop (an answer and the slot's resend are one, as in the engine; a
+level's start is one instant for every worker)."""
 
 from __future__ import annotations
 
@@ -112,8 +113,8 @@ class LevelMachine(RuleBasedStateMachine):
         self.next_id += 1
 
     def _coordinate(self) -> None:
-        """The Ray coordinator's one call per actor and level: an actor whose own plan is done says so; once all
-        have, every actor's hold is let go."""
+        """The Ray coordinator's one call per actor and level: an actor whose own plan is done says
+        so; once all have, every actor's hold is let go."""
         if self.shared:
             return
         self.done |= {w for w, worker in enumerate(self.team) if worker.level.done_here}
@@ -122,8 +123,9 @@ class LevelMachine(RuleBasedStateMachine):
                 worker.level.release_hold()
 
     def _end_step(self) -> None:
-        """After each step: every request in flight notes the others around it; a level whose workers all ended and
-        whose requests are all answered gives way to the next (the barrier)."""
+        """After each step: every request in flight notes the others around it; a level whose
+        workers all ended and whose requests are all answered gives way to the next (the
+        barrier)."""
         live = len(self.flight) - sum(r.paused for r in self.flight.values())
         for request in self.flight.values():
             request.fewest = min(request.fewest, live - (not request.paused))
@@ -254,8 +256,9 @@ TestLevelMachine = LevelMachine.TestCase
 
 
 def test_worker_processes_share_exactly_the_declared_state():
-    """Two workers' levels over one shared array see one count and one plan: what STATE and COUNTERS name, and
-    every counter a level changes as it runs is among them (a new one is shared on purpose or the test fails)."""
+    """Two workers' levels over one shared array see one count and one plan: what STATE and COUNTERS
+    name, and every counter a level changes as it runs is among them (a new one is shared on purpose
+    or the test fails)."""
     import multiprocessing
 
     from kevload.load.workers import _STATE_SIZE, SharedLevel

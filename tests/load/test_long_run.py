@@ -51,9 +51,7 @@ def test_hundred_thousand_requests(tmp_path):
     )  # plus the ramp-up and tail sends of the level, recorded but not counted
     assert result["distinct"] == 1
     # No per-request objects kept after they are written: a record kept per request (a Record and
-    # its strings
-    # are over a kilobyte) would add more than 80 MB over the last 80,000. The allocator's own
-    # growth, which
-    # levels off (+4 MB at 40,000 requests, +6-7 MB at 100,000, +7 MB at 200,000 on the same run),
-    # stays below.
+    # its strings are over a kilobyte) would add more than 80 MB over the last 80,000. The
+    # allocator's own growth, which levels off (+4 MB at 40,000 requests, +6-7 MB at 100,000, +7 MB
+    # at 200,000 on the same run), stays below.
     assert result["rss_end_mb"] - result["rss_at_mark_mb"] <= 16, result

@@ -1,6 +1,7 @@
-"""load.prefix_cache = "cold_warm" against crafted servers whose cache is known: a cache effect is named where the
-server's warm answers differ from its cold ones and nowhere else, cold is made the way the run says, and the
-server's own account of what it cached decides which rounds are claimed."""
+"""load.prefix_cache = "cold_warm" against crafted servers whose cache is known: a cache effect is
+named where the server's warm answers differ from its cold ones and nowhere else, cold is made
+the way the run says, and the server's own account of what it cached decides which rounds are
+claimed."""
 
 from __future__ import annotations
 
@@ -514,7 +515,8 @@ def test_the_cli_says_a_failed_reset_in_one_line_and_exits_3(tmp_path):
 
 
 class _LongRefusal(FakeServer):
-    """A vLLM whose resets after the first ``ok`` are refused with a long answer (blocks held, and much said)."""
+    """A vLLM whose resets after the first ``ok`` are refused with a long answer (blocks held, and
+    much said)."""
 
     def __init__(self, behaviour: Behaviour, ok: int):
         super().__init__(behaviour)
@@ -660,7 +662,8 @@ def test_each_marker_round_of_a_graded_probe_is_graded_by_its_probes_grader(tmp_
 
 
 def run_probes(tmp_path, server: FakeServer, probes: list[dict], **load):
-    """A cold_warm run of ``probes`` against ``server``, 8 samples unless ``load`` says: its summary and records."""
+    """A cold_warm run of ``probes`` against ``server``, 8 samples unless ``load`` says: its summary
+    and records."""
     raw = {
         "target": {"base_url": server.url, "model": "fake"},
         "params": {"temperature": 0},
@@ -676,11 +679,9 @@ def run_probes(tmp_path, server: FakeServer, probes: list[dict], **load):
 
 def test_a_marker_is_new_for_every_probe_not_only_every_round(tmp_path):
     # Two probes with the same input at two lengths. The marker named the round and the run only, so
-    # the second
-    # probe's "cold" sample was the first probe's input again, served from the cache, and its rounds
-    # said "cold =
-    # warm in every round; no cache effect" of a server whose cached answers all differ from
-    # computed ones.
+    # the second probe's "cold" sample was the first probe's input again, served from the cache, and
+    # its rounds said "cold = warm in every round; no cache effect" of a server whose cached answers
+    # all differ from computed ones.
     probes = [
         {"id": "short", "prompt": "tell me a story about a robot", "max_tokens": 4},
         {"id": "long", "prompt": "tell me a story about a robot", "max_tokens": 12},
@@ -725,7 +726,8 @@ def test_markers_differ_across_probes_from_their_opening(tmp_path):
 
 
 class _Glitch(FakeServer):
-    """No cache effect at all; one answer, the third request's (a cold sample), differs: a server that varies anyway."""
+    """No cache effect at all; one answer, the third request's (a cold sample), differs: a server
+    that varies anyway."""
 
     def _answer(self, body, prompt, state):
         text = super()._answer(body, prompt, state)
@@ -734,9 +736,8 @@ class _Glitch(FakeServer):
 
 def test_one_cold_answer_that_differs_from_the_other_cold_ones_is_no_cache_effect(tmp_path):
     # Every round sends the same input after a reset, so the cold answers answer one question in one
-    # state: when they
-    # disagree among themselves the server varies anyway, and a differing cold answer says nothing
-    # of the cache.
+    # state: when they disagree among themselves the server varies anyway, and a differing cold
+    # answer says nothing of the cache.
     probes = [{"id": "p1", "prompt": "tell me a story about a robot", "max_tokens": 12}]
     with _Glitch(Behaviour(reset_endpoint="/reset_prefix_cache", cached_tokens="usage")) as server:
         summary, _ = run_probes(tmp_path, server, probes)
@@ -755,10 +756,9 @@ def test_one_cold_answer_that_differs_from_the_other_cold_ones_is_no_cache_effec
 
 def test_diagnose_makes_no_cache_claim_where_its_run_makes_none(tmp_path):
     # The docs: diagnose's cache_effect "is the runs' cache_effect". On a server whose answers vary
-    # serially with
-    # every randomness field fixed, the cache step's run says null (warm answers vary too: no claim
-    # about the cache);
-    # diagnose said false, "no cache effect", a claim its run did not make.
+    # serially with every randomness field fixed, the cache step's run says null (warm answers vary
+    # too: no claim about the cache); diagnose said false, "no cache effect", a claim its run did
+    # not make.
     with FakeServer(
         Behaviour(always_drift=True, reset_endpoint="/reset_prefix_cache", cached_tokens="usage")
     ) as s:
@@ -792,7 +792,8 @@ def test_diagnose_makes_no_cache_claim_where_its_run_makes_none(tmp_path):
 
 
 class _WebUi(FakeServer):
-    """No reset of any kind; like a server with a web UI, it answers every unknown path with its HTML page, 200."""
+    """No reset of any kind; like a server with a web UI, it answers every unknown path with its
+    HTML page, 200."""
 
     async def _reset(self, request):
         from aiohttp import web
@@ -804,8 +805,7 @@ class _WebUi(FakeServer):
 
 def test_an_html_page_answering_the_reset_is_no_reset(tmp_path):
     # "auto" took the page's 200 for a reset: the run said "cold made by reset_prefix_cache" and
-    # every cold sample
-    # after the first was served from the cache.
+    # every cold sample after the first was served from the cache.
     probes = [{"id": "p1", "prompt": "tell me a story about a robot", "max_tokens": 12}]
     with _WebUi(Behaviour(warm_differs=True)) as server:
         summary, records = run_probes(tmp_path, server, probes)
@@ -817,9 +817,8 @@ def test_an_html_page_answering_the_reset_is_no_reset(tmp_path):
 
 def test_a_ramp_up_is_refused_with_cold_warm(tmp_path):
     # A ramp-up's uncounted sends came first: under the marker each round's counted "cold" sample
-    # was its input's
-    # fourth send, served from the cache, and a server whose cached answers all differ was called
-    # deterministic.
+    # was its input's fourth send, served from the cache, and a server whose cached answers all
+    # differ was called deterministic.
     raw = {
         "target": {"base_url": "http://127.0.0.1:9/v1", "model": "fake"},
         "load": {
@@ -838,9 +837,8 @@ def test_a_ramp_up_is_refused_with_cold_warm(tmp_path):
 
 def test_cache_prompt_named_on_a_server_that_is_not_llamacpp_says_it_was_not_confirmed(tmp_path):
     # The docs said a method named outright that the server lacks stops the run (exit 3).
-    # cache_prompt is sent as
-    # asked (a llama.cpp behind a proxy that passes only /v1 has no /props to show): the run says
-    # so.
+    # cache_prompt is sent as asked (a llama.cpp behind a proxy that passes only /v1 has no /props
+    # to show): the run says so.
     probes = [{"id": "p1", "prompt": "tell me a story about a robot", "max_tokens": 12}]
     with FakeServer(Behaviour()) as server:
         summary, _ = run_probes(tmp_path, server, probes, cache_reset="cache_prompt")
@@ -852,8 +850,9 @@ def test_cache_prompt_named_on_a_server_that_is_not_llamacpp_says_it_was_not_con
 
 
 class _Pattern(FakeServer):
-    """No cache at all; answers by arrival: (marker rounds of 3) round 0's and round 1's cold answers differ from
-    their agreeing warm ones, round 2's cold and second warm answers differ from its first warm one."""
+    """No cache at all; answers by arrival: (marker rounds of 3) round 0's and round 1's cold
+    answers differ from their agreeing warm ones, round 2's cold and second warm answers differ from
+    its first warm one."""
 
     odd = {0: " x", 3: " x", 6: " z", 8: " y"}
 
@@ -863,9 +862,8 @@ class _Pattern(FakeServer):
 
 def test_diagnose_counts_a_marker_round_whose_warm_answers_disagree_as_unstable_only(tmp_path):
     # diagnose's cold_differs_rounds is "rounds whose cold answer leaves warm ones that agree":
-    # round 2's warm
-    # answers disagree, so it is unstable, not cold-differs too (it was counted as both: 3 of 3
-    # rounds).
+    # round 2's warm answers disagree, so it is unstable, not cold-differs too (it was counted as
+    # both: 3 of 3 rounds).
     probes = [{"id": "p1", "prompt": "tell me a story about a robot", "max_tokens": 12}]
     with _Pattern(Behaviour()) as server:
         summary, _ = run_probes(tmp_path, server, probes, samples=6)
@@ -881,9 +879,8 @@ def test_diagnose_counts_a_marker_round_whose_warm_answers_disagree_as_unstable_
 
 def test_diagnose_counts_no_unstable_warm_round_where_the_warm_answers_all_agree(tmp_path):
     # Same input every round (a reset), one odd cold answer: the warm answers all agree, so no round
-    # is "warm
-    # unstable" (it was counted as one); the cold answer that left them is the one cold-differs
-    # round.
+    # is "warm unstable" (it was counted as one); the cold answer that left them is the one
+    # cold-differs round.
     probes = [{"id": "p1", "prompt": "tell me a story about a robot", "max_tokens": 12}]
     with _Glitch(Behaviour(reset_endpoint="/reset_prefix_cache")) as server:
         summary, _ = run_probes(tmp_path, server, probes, samples=6)
@@ -894,9 +891,8 @@ def test_diagnose_counts_no_unstable_warm_round_where_the_warm_answers_all_agree
 
 def test_a_marker_run_against_its_baseline_sees_no_change_on_an_unchanged_server(tmp_path):
     # Under the marker each run's rounds carry its own run id, so their inputs, and the answers,
-    # differ from the
-    # baseline's: --baseline called every answer "never seen in the baseline: the model or server
-    # changed".
+    # differ from the baseline's: --baseline called every answer "never seen in the baseline: the
+    # model or server changed".
     probes = [{"id": "p1", "prompt": "tell me a story about a robot", "max_tokens": 12}]
     with FakeServer(Behaviour()) as server:
         before, _ = run_probes(tmp_path / "a", server, probes)
@@ -907,8 +903,8 @@ def test_a_marker_run_against_its_baseline_sees_no_change_on_an_unchanged_server
 
 def test_a_case_built_from_a_cold_warm_run_is_rerun_cold_and_warm(tmp_path):
     # The case kept the cell's cold and warm answers (two outputs: "unstable") but not how they were
-    # made: its rerun
-    # sent the probe warm every time and called the unchanged server "unstable→stable".
+    # made: its rerun sent the probe warm every time and called the unchanged server
+    # "unstable→stable".
     probes = [{"id": "p1", "prompt": "tell me a story about a robot", "max_tokens": 12}]
     with FakeServer(Behaviour(warm_differs=True, reset_endpoint="/reset_prefix_cache")) as server:
         run_probes(tmp_path, server, probes)
@@ -938,10 +934,9 @@ def test_a_named_reset_the_server_lacks_stops_the_run_before_it_sends_anything(t
 
 def test_diagnose_keeps_the_users_cache_prompt_false_and_blames_no_cache(tmp_path):
     # The user's requests say cache_prompt: false and their answers are stable. The cache step
-    # picked llama.cpp's
-    # cache_prompt method, sent its warm samples cache_prompt: true over the user's false, and the
-    # verdict was
-    # "cache", next "disable prompt caching": what the user already does.
+    # picked llama.cpp's cache_prompt method, sent its warm samples cache_prompt: true over the
+    # user's false, and the verdict was "cache", next "disable prompt caching": what the user
+    # already does.
     with FakeServer(Behaviour(warm_differs=True, props=True, cached_tokens="timings")) as server:
         CliRunner().invoke(
             main,
@@ -990,7 +985,8 @@ def test_params_that_set_cache_prompt_are_sent_as_written_under_auto(tmp_path):
 
 
 class _SaysOnlyWarm(FakeServer):
-    """Its cache keeps nothing; it says what it reused on every other answer only (the warm samples'): 0 tokens."""
+    """Its cache keeps nothing; it says what it reused on every other answer only (the warm
+    samples'): 0 tokens."""
 
     calls = 0
 
@@ -1003,9 +999,8 @@ class _SaysOnlyWarm(FakeServer):
 
 def test_a_warm_sample_the_server_says_reused_nothing_is_not_claimed_warm(tmp_path):
     # The cold answers said nothing, so the rounds were compared on kevload's word although the
-    # server said each
-    # warm sample reused 0 prompt tokens: "cold = warm in every round; no cache effect" of a cache
-    # that was off.
+    # server said each warm sample reused 0 prompt tokens: "cold = warm in every round; no cache
+    # effect" of a cache that was off.
     probes = [{"id": "p1", "prompt": "tell me a story about a robot", "max_tokens": 12}]
     with _SaysOnlyWarm(
         Behaviour(reset_endpoint="/reset_prefix_cache", cached_tokens="usage")

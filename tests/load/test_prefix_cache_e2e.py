@@ -1,8 +1,9 @@
-"""scenarios/prefix_cache.toml as it stands, on the built-in real servers: each finds its own way to make a sample
-cold (llama.cpp's cache_prompt, vLLM's reset), and kevload's comparison of cold and warm says what the raw
-answers say (read apart from kevload, through a RecordingProxy): which samples the server said came from its
-cache, which rounds it confirmed or contradicted, which answers were equal. vLLM's test is in
-tests/load/test_e2e_cancel.py, on that file's vLLM (one start less)."""
+"""scenarios/prefix_cache.toml as it stands, on the built-in real servers: each finds its own way to
+make a sample cold (llama.cpp's cache_prompt, vLLM's reset), and kevload's comparison of cold and
+warm says what the raw answers say (read apart from kevload, through a RecordingProxy): which
+samples the server said came from its cache, which rounds it confirmed or contradicted, which
+answers were equal. vLLM's test is in tests/load/test_e2e_cancel.py, on that file's vLLM (one start
+less)."""
 
 from __future__ import annotations
 

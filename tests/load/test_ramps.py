@@ -1,4 +1,5 @@
-"""Stepped ramps (``load.ramp``) expand into ordinary levels; ``load.ramp_s`` sends at load without counting."""
+"""Stepped ramps (``load.ramp``) expand into ordinary levels; ``load.ramp_s`` sends at load without
+counting."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ BASE = {
 
 
 def _ramp_scenario(path, url, **load):
-    """A scenario file whose levels come from ``load.ramp`` alone (write_scenario always writes concurrency)."""
+    """A scenario file whose levels come from ``load.ramp`` alone (write_scenario always writes
+    concurrency)."""
     scenario = write_scenario(path, url, **load)
     text = scenario.read_text()
     assert "concurrency = [1, 4]\n" in text
@@ -213,7 +215,8 @@ def test_open_loop_ramp_up_is_scheduled_and_not_counted():
 
 
 def test_closed_loop_ramp_against_a_server(tmp_path, server):
-    """ramp 1→4 step 1, every_s: four timed cells; counted probes at exactly c−1 others; ramp_s sends uncounted."""
+    """ramp 1→4 step 1, every_s: four timed cells; counted probes at exactly c−1 others; ramp_s
+    sends uncounted."""
     server.behaviour.latency = 0.1
     ramp_s, every_s = 0.3, 0.6
     scenario = _ramp_scenario(
@@ -230,7 +233,8 @@ def test_closed_loop_ramp_against_a_server(tmp_path, server):
         c["concurrency"]: c for c in load_summary(tmp_path / "run")["cells"] if c["role"] == "probe"
     }
     assert sorted(cells) == [1, 2, 3, 4]
-    slack = 0.1  # between a slot's clock reading and the send it stamps: scheduling noise on a busy machine
+    # between a slot's clock reading and the send it stamps: scheduling noise on a busy machine
+    slack = 0.1
     for c, cell in cells.items():
         level = [r for r in rows if r["concurrency"] == c]
         counted = [r for r in level if r["counted"]]

@@ -1,5 +1,6 @@
-"""Workers as Ray actors: the local workers' promises hold across actors, and kevload without Ray never
-imports it. The cluster tests share one Ray cluster on this host (``tests/raycluster.py``); the two-node one is e2e."""
+"""Workers as Ray actors: the local workers' promises hold across actors, and kevload without Ray
+never imports it. The cluster tests share one Ray cluster on this host (``tests/raycluster.py``);
+the two-node one is e2e."""
 
 from __future__ import annotations
 
@@ -241,9 +242,9 @@ def test_a_dead_actor_ends_the_run_with_a_kevload_error(tmp_path, server, cluste
 def test_an_actor_with_only_companion_slots_keeps_them_past_target_timeout(
     tmp_path, server, cluster
 ):
-    """Mixed mode, c = 2, on two Ray actors (test_workers has it on worker processes): actor 1 holds the companion
-    slot, decides alone and is done from the start; its companion must run (uncounted hold or counted) until actor
-    0's probe slot is done, never be cut as a timeout."""
+    """Mixed mode, c = 2, on two Ray actors (test_workers has it on worker processes): actor 1 holds
+    the companion slot, decides alone and is done from the start; its companion must run (uncounted
+    hold or counted) until actor 0's probe slot is done, never be cut as a timeout."""
     server.behaviour.latency = 0.15
     scenario = write_scenario(
         tmp_path / "s.toml",
@@ -269,8 +270,9 @@ def test_an_actor_with_only_companion_slots_keeps_them_past_target_timeout(
 def test_a_back_off_on_one_actor_flags_the_samples_the_other_counted_meanwhile(
     tmp_path, server, cluster
 ):
-    """Actor 0's first request gets a 429 with Retry-After: 1 and backs off a second; actor 1 decides alone (actor
-    0's slot taken as busy) and counts samples meanwhile with one request in flight: the cell must say so."""
+    """Actor 0's first request gets a 429 with Retry-After: 1 and backs off a second; actor 1
+    decides alone (actor 0's slot taken as busy) and counts samples meanwhile with one request in
+    flight: the cell must say so."""
     first = []
 
     def fault_for(request_id):
@@ -306,8 +308,8 @@ def test_a_back_off_on_one_actor_flags_the_samples_the_other_counted_meanwhile(
 
 @pytest.mark.parametrize("mode", ["needle"])
 def test_companion_modes_on_actors_give_the_verdict_of_one_process(tmp_path, server, cluster, mode):
-    """The probe slot on actor 0, companions on actors 0 and 1: drift at three in flight is found as in one
-    process, and no counted probe sample lacks its batch."""
+    """The probe slot on actor 0, companions on actors 0 and 1: drift at three in flight is found as
+    in one process, and no counted probe sample lacks its batch."""
     server.behaviour.latency = 0.1
     server.behaviour.drift_at = 3
     server.behaviour.batched_variant = True
@@ -336,7 +338,8 @@ def test_companion_modes_on_actors_give_the_verdict_of_one_process(tmp_path, ser
 
 @pytest.mark.e2e
 def test_two_nodes_give_the_verdicts_of_one_process(tmp_path, tmp_path_factory, server):
-    """Workers on both nodes of a two-node cluster (separate Ray temp dirs on this host); no Ray process left."""
+    """Workers on both nodes of a two-node cluster (separate Ray temp dirs on this host); no Ray
+    process left."""
     pytest.importorskip("ray")
     server.behaviour.latency = 0.3
     server.behaviour.drift_at = 4

@@ -1,5 +1,6 @@
-"""--resume: a stopped run finishes with nothing sent twice and nothing counted twice, a level complete on disk is
-never sent again, and what was kept off the disk (a password in base_url) is asked for, never replaced by its mask."""
+"""--resume: a stopped run finishes with nothing sent twice and nothing counted twice, a level
+complete on disk is never sent again, and what was kept off the disk (a password in base_url) is
+asked for, never replaced by its mask."""
 
 from __future__ import annotations
 
@@ -71,7 +72,8 @@ def test_signal_stops_cleanly_and_resume_finishes(tmp_path, server, signum, code
 
 
 class _BasicAuth(FakeServer):
-    """401 unless the request carries Basic user:s3cret-pw (what a base_url user:password@ stands for)."""
+    """401 unless the request carries Basic user:s3cret-pw (what a base_url user:password@ stands
+    for)."""
 
     def __init__(self):
         super().__init__()
@@ -85,9 +87,9 @@ class _BasicAuth(FakeServer):
 
 
 def test_resume_of_a_run_with_url_credentials_never_sends_the_redacted_placeholder(tmp_path):
-    """The docs: a user:password@ in base_url is written nowhere (***). Resuming such a run from run.json
-    would send 'Basic ***:' and end 'target failed': it is refused (exit 2, one line) until the URL is
-    given again, and then the real credential goes out."""
+    """The docs: a user:password@ in base_url is written nowhere (***). Resuming such a run from
+    run.json would send 'Basic ***:' and end 'target failed': it is refused (exit 2, one line) until
+    the URL is given again, and then the real credential goes out."""
     with _BasicAuth() as server:
         url = server.url.replace("http://", "http://user:s3cret-pw@")
         scenario = write_scenario(tmp_path / "s.toml", url, concurrency=[1], samples=4)
@@ -140,8 +142,9 @@ def _cut_run(tmp_path: Path, server, probes: list[dict]) -> Path:
 def test_resume_refuses_a_scenario_that_asks_or_grades_otherwise_than_the_run(
     tmp_path, server, change, changed
 ):
-    """A cell holds the answers to one input judged one way: a --set on --resume that changes either would mix two
-    inputs in a cell (drift the server never made) or grade half of it by another rule."""
+    """A cell holds the answers to one input judged one way: a --set on --resume that changes either
+    would mix two inputs in a cell (drift the server never made) or grade half of it by another
+    rule."""
     run = _cut_run(tmp_path, server, [{"id": "p1", "prompt": "Say something.", "expected": "x"}])
     before = len(server.requests)
     code, output = run_cli("run", "--resume", run, "--quiet", "--set", change)
@@ -150,8 +153,8 @@ def test_resume_refuses_a_scenario_that_asks_or_grades_otherwise_than_the_run(
 
 
 def test_resume_grades_by_the_scenario_not_by_a_grading_table_run_json_was_given(tmp_path, server):
-    """run.json's grading table is data: a resume grades by its scenario's graders (checked as --resume checks them),
-    so a python grader written into the table alone is never imported."""
+    """run.json's grading table is data: a resume grades by its scenario's graders (checked as
+    --resume checks them), so a python grader written into the table alone is never imported."""
     import sys
 
     run = _cut_run(tmp_path, server, [{"id": "p1", "prompt": "Say something.", "expected": "x"}])
@@ -192,9 +195,10 @@ def test_resume_with_a_url_that_cannot_be_sent_to_is_refused_naming_the_key(tmp_
 
 
 def test_resume_of_a_duration_run_does_not_resend_completed_levels(tmp_path, server):
-    """The docs: '`kevload run --resume DIR` finishes an interrupted one'. A run with load.duration killed
-    in its second rate level is resumed: the first level, complete on disk, is sent again for its whole
-    duration, and its cell then counts both (twice the requests, a duration spanning the gap)."""
+    """The docs: '`kevload run --resume DIR` finishes an interrupted one'. A run with load.duration
+    killed in its second rate level is resumed: the first level, complete on disk, is sent again for
+    its whole duration, and its cell then counts both (twice the requests, a duration spanning the
+    gap)."""
     server.behaviour.latency = 0.01
     scenario = write_scenario(
         tmp_path / "s.toml", server.url, rate=[8, 16], duration=1.0, samples=1

@@ -1,5 +1,6 @@
-"""A stop mid-level: a counted sample kept its c − 1 companions at the server for its whole time there,
-in one process and with worker processes (Ray actors: tests/load/test_ray.py). The server's own log is the proof."""
+"""A stop mid-level: a counted sample kept its c − 1 companions at the server for its whole time
+there, in one process and with worker processes (Ray actors: tests/load/test_ray.py). The server's
+own log is the proof."""
 
 from __future__ import annotations
 
@@ -21,15 +22,16 @@ ROOT = Path(__file__).resolve().parents[2]
 HOLD_S = (
     1.0  # the request arriving as the stop comes is held this long: the others end long before it
 )
-GAP_S = 0.25  # the longest a counted sample may run with fewer than c − 1 others: a resend's gap, never a stop's
+# the longest a counted sample may run with fewer than c − 1 others: a resend's gap, never a stop's
+GAP_S = 0.25
 
 
 def signal_mid_level(
     tmp_path: Path, server, signum: int, *run_args: str, hold: float | None = None
 ) -> tuple[int, str, str]:
-    """Run c=4 in a process group of its own; at the tenth arrival that finds four requests at the server (mid-level)
-    send ``signum`` to the group and hold the arriving request ``hold`` seconds. Returns the exit code, the output and
-    that request's id."""
+    """Run c=4 in a process group of its own; at the tenth arrival that finds four requests at the
+    server (mid-level) send ``signum`` to the group and hold the arriving request ``hold`` seconds.
+    Returns the exit code, the output and that request's id."""
     server.behaviour.latency = 0.02
     scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[4], samples=400)
     started: list[subprocess.Popen] = []
@@ -76,8 +78,8 @@ def signal_mid_level(
 
 
 def stop_mid_level(tmp_path: Path, server, *run_args: str) -> list[dict]:
-    """Ctrl-C mid-level (``signal_mid_level``), the arriving request held ``HOLD_S``; returns the run's records once
-    every counted one is shown to have kept its batch."""
+    """Ctrl-C mid-level (``signal_mid_level``), the arriving request held ``HOLD_S``; returns the
+    run's records once every counted one is shown to have kept its batch."""
     code, output, held_id = signal_mid_level(
         tmp_path, server, signal.SIGINT, *run_args, hold=HOLD_S
     )
@@ -90,8 +92,9 @@ def stop_mid_level(tmp_path: Path, server, *run_args: str) -> list[dict]:
 
 
 def check_full_batches(visits: list[list], rows: list[dict]) -> None:
-    """Every counted record at level c had c − 1 others at the server for its whole time there (from the server's
-    log of arrivals and finishes), but for stretches of at most ``GAP_S``: a slot's gap between answer and resend."""
+    """Every counted record at level c had c − 1 others at the server for its whole time there (from
+    the server's log of arrivals and finishes), but for stretches of at most ``GAP_S``: a slot's gap
+    between answer and resend."""
     spans = {visit[0]: (visit[2], visit[3]) for visit in visits}
     assert len(spans) == len(visits)  # one visit per request id: nothing here is retried or resent
     for r in rows:
@@ -108,7 +111,8 @@ def check_full_batches(visits: list[list], rows: list[dict]) -> None:
 def _longest_short(
     arrived: float, finished: float, others: list[tuple[float, float | None]], need: int
 ) -> float:
-    """The longest stretch of [arrived, finished] during which fewer than ``need`` of ``others`` were at the server."""
+    """The longest stretch of [arrived, finished] during which fewer than ``need`` of ``others``
+    were at the server."""
     events = []
     for start, end in others:
         lo, hi = max(start, arrived), min(math.inf if end is None else end, finished)
@@ -146,8 +150,9 @@ def test_longest_short_stretch():
 
 
 def test_the_ray_driver_uncounts_closed_loop_answers_after_its_stop():
-    """An actor hears of a stop a message later than the driver stopped the run, each at its own moment: the driver
-    applies the rule to what it writes after its stop, by each record's answer time."""
+    """An actor hears of a stop a message later than the driver stopped the run, each at its own
+    moment: the driver applies the rule to what it writes after its stop, by each record's answer
+    time."""
     rows = [
         {"run_id": "r", "seq": 0, "counted": True, "rate": None, "t_last_byte": 9.5, "output": "é"},
         {

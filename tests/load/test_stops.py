@@ -1,8 +1,8 @@
-"""Stops: SIGINT and SIGTERM end every command the same way (130 or 143, records kept, run.json finished with its
-state, summary written), at once, with nothing sent after the stop and no process left behind; a stop during the
-logprobs check is a stop too; a run stopped before a level (or an answer) was measured claims neither a verdict on
-it nor a failed target. Each kevload runs as a real subprocess in its own process group with a kill timer
-(tests.bounded)."""
+"""Stops: SIGINT and SIGTERM end every command the same way (130 or 143, records kept, run.json
+finished with its state, summary written), at once, with nothing sent after the stop and no process
+left behind; a stop during the logprobs check is a stop too; a run stopped before a level (or an
+answer) was measured claims neither a verdict on it nor a failed target. Each kevload runs as a real
+subprocess in its own process group with a kill timer (tests.bounded)."""
 
 from __future__ import annotations
 
@@ -25,9 +25,8 @@ SIGNALS = pytest.mark.parametrize(
 )
 
 # Reduces a run directory N times inside kevload's event loop, its SIGINT/SIGTERM handlers
-# installed, with the
-# parallel reduction forced (four processes): a reduction that forks the loop's process hangs in
-# about one of four.
+# installed, with the parallel reduction forced (four processes): a reduction that forks the loop's
+# process hangs in about one of four.
 REDUCE_IN_LOOP = (
     "import os, sys; from pathlib import Path; from kevload.load import eventloop; "
     "from kevload.compare import reader; "
@@ -80,7 +79,8 @@ def test_sigterm_while_the_summary_is_reduced(tmp_path, server, group):
 
 
 def _stopped(kevload: Kevload, server, signum: int, *, group: bool = False, timeout: float = 10.0):
-    """Signal kevload once the server has seen a request; returns how it ended and when the signal went."""
+    """Signal kevload once the server has seen a request; returns how it ended and when the signal
+    went."""
     kevload.wait_for(lambda: len(server.requests) >= 1, timeout=60)
     at = kevload.signal(signum, group=group)
     ended = kevload.end(timeout=timeout)  # a stop that waits for the next arrival fails here
@@ -94,7 +94,8 @@ def _stopped(kevload: Kevload, server, signum: int, *, group: bool = False, time
 
 
 def _finished_interrupted(run_dir, server) -> None:
-    """Records kept (one per request the server saw), run.json finished as interrupted, the summary written."""
+    """Records kept (one per request the server saw), run.json finished as interrupted, the summary
+    written."""
     assert len(list(RunDir(run_dir).record_dicts())) == len(server.requests) > 0
     assert json.loads((run_dir / "run.json").read_text())["state"] == "interrupted"
     assert load_summary(run_dir)["state"] == "interrupted"
@@ -112,8 +113,8 @@ def test_an_open_loop_level_stops_at_once(tmp_path, server, signum, rate):
 
 @SIGNALS
 def test_a_warm_up_in_flight_gets_the_grace_not_the_timeout(tmp_path, server, signum):
-    """A warm-up is a request in flight like any other: a stop gives it 2 s, not target.timeout, it is recorded as
-    cut, and no further warm-up is sent."""
+    """A warm-up is a request in flight like any other: a stop gives it 2 s, not target.timeout, it
+    is recorded as cut, and no further warm-up is sent."""
     server.behaviour.on_arrival = lambda index, at_server: (
         20.0 if index == 0 else None
     )  # the first warm-up, held
@@ -137,8 +138,9 @@ def test_a_warm_up_in_flight_gets_the_grace_not_the_timeout(tmp_path, server, si
 
 @SIGNALS
 def test_a_closed_loop_request_the_stop_cuts_is_recorded_not_lost(tmp_path, server, signum):
-    """Requests still in flight when the stop's grace ends are cancelled: each keeps a record (uncounted), so the
-    records hold every request the server saw, and the overlap check misses none of them."""
+    """Requests still in flight when the stop's grace ends are cancelled: each keeps a record
+    (uncounted), so the records hold every request the server saw, and the overlap check misses none
+    of them."""
     server.behaviour.on_arrival = lambda index, at_server: (
         20.0 if index >= 8 else None
     )  # c=1 done, c=4's held
@@ -312,9 +314,8 @@ def test_a_worker_killed_while_it_waits_at_a_barrier_ends_the_run(tmp_path, serv
 
 def test_a_worker_that_never_reports_after_a_halt_is_killed_not_waited_for(tmp_path, server):
     # A worker killed while it held the level's shared lock leaves the other blocked on the lock,
-    # alive, never
-    # seeing the halt: stopped with SIGSTOP here, it is the same for the driver, which waited for it
-    # for ever.
+    # alive, never seeing the halt: stopped with SIGSTOP here, it is the same for the driver, which
+    # waited for it for ever.
     server.behaviour.latency = 0.3
     out = tmp_path / "run"
     scenario = write_scenario(
@@ -336,8 +337,9 @@ def test_a_worker_that_never_reports_after_a_halt_is_killed_not_waited_for(tmp_p
 
 
 def _interrupted(tmp_path, on_full, *, concurrency, samples=6):
-    """kevload run in its own group; ``on_full(kevload)`` is called at the server when ``concurrency`` requests are
-    there (held 30 s: no answer comes before the stop). Returns how kevload ended."""
+    """kevload run in its own group; ``on_full(kevload)`` is called at the server when
+    ``concurrency`` requests are there (held 30 s: no answer comes before the stop). Returns how
+    kevload ended."""
     with FakeServer(Behaviour(latency=0.02)) as server:
         scenario = write_scenario(
             tmp_path / "s.toml", server.url, concurrency=concurrency, samples=samples
@@ -390,7 +392,8 @@ def test_a_stop_before_any_answer_is_no_target_failure(tmp_path):
 
 
 class _HoldsTheCheck(FakeServer):
-    """Holds kevload's one logprobs capability check 20 s (a server busy loading, say); answers the rest at once."""
+    """Holds kevload's one logprobs capability check 20 s (a server busy loading, say); answers the
+    rest at once."""
 
     def __init__(self, behaviour=None):
         super().__init__(behaviour)
@@ -407,8 +410,8 @@ class _HoldsTheCheck(FakeServer):
 
 
 def test_sigterm_during_the_logprobs_check_stops_at_once(tmp_path):
-    """The docs: a stop ends run at once, requests in flight get 2 s to finish. The start-up check is a request in
-    flight too: a CI job's timeout must not wait for target.timeout."""
+    """The docs: a stop ends run at once, requests in flight get 2 s to finish. The start-up check
+    is a request in flight too: a CI job's timeout must not wait for target.timeout."""
     with _HoldsTheCheck(Behaviour(latency=0.02)) as server:
         scenario = write_scenario(
             tmp_path / "s.toml", server.url, concurrency=[1, 2], samples=4, target={"timeout": 30}

@@ -1,4 +1,5 @@
-"""load.until_bound: each cell samples until drift is seen or its drift-rate bound is strong, at most max_samples."""
+"""load.until_bound: each cell samples until drift is seen or its drift-rate bound is strong, at
+most max_samples."""
 
 from __future__ import annotations
 

@@ -32,7 +32,8 @@ def _rows(run_dir: Path) -> list[dict]:
 
 
 def run_child(*args: object, timeout: float) -> subprocess.CompletedProcess:
-    """``kevload`` as a child process of its own (its workers or actors its own children), bounded in time."""
+    """``kevload`` as a child process of its own (its workers or actors its own children), bounded
+    in time."""
     return subprocess.run(
         [sys.executable, "-m", "kevload", *map(str, args)],
         cwd=ROOT,
@@ -53,10 +54,12 @@ def _children() -> list[str]:
 
 
 def _check_levels(rows: list[dict], workers: int, levels: int) -> None:
-    """Every counted probe saw c − 1 others across all workers, and no level overlapped the next (wall clock).
+    """Every counted probe saw c − 1 others across all workers, and no level overlapped the next
+    (wall clock).
 
-    Consecutive levels differ in concurrency in these tests, so sorted by send time each level is one run of
-    records of one concurrency, and ``levels`` such runs show that none began before the one before it ended.
+    Consecutive levels differ in concurrency in these tests, so sorted by send time each level is
+    one run of records of one concurrency, and ``levels`` such runs show that none began before the
+    one before it ended.
     """
     assert {r["worker"] for r in rows} == set(range(workers))
     assert len({r["seq"] for r in rows}) == len(rows)  # one number per send, across workers
@@ -163,10 +166,11 @@ def test_stop_ends_every_worker_and_resume_finishes_the_run(tmp_path, server):
 
 
 def test_a_worker_with_only_companion_slots_keeps_them_past_target_timeout(tmp_path, server):
-    """Mixed mode, c = 2, two workers: worker 0 has the probe slot, worker 1 one companion slot and no probe slot.
-    Worker 1's drain began at the level's start (no probe of its own to wait for) and cut its companion in flight
-    target.timeout seconds later, recorded as a companion "timeout" of the server's ("cut: … after the level's
-    probes were done") while the probes still counted and the server answered every request in 0.15 s."""
+    """Mixed mode, c = 2, two workers: worker 0 has the probe slot, worker 1 one companion slot and
+    no probe slot. Worker 1's drain began at the level's start (no probe of its own to wait for) and
+    cut its companion in flight target.timeout seconds later, recorded as a companion "timeout" of
+    the server's ("cut: … after the level's probes were done") while the probes still counted and
+    the server answered every request in 0.15 s."""
     server.behaviour.latency = 0.15
     scenario = write_scenario(
         tmp_path / "s.toml",
@@ -208,8 +212,9 @@ def test_bad_worker_settings_are_refused(tmp_path, load, message):
 
 
 def check_c_in_flight(tmp_path: Path, server, mode: str, *run_args: str) -> tuple[Path, list[dict]]:
-    """The server sees c at once (drift_at=c) only if the level's c is really in flight across both workers
-    (processes, or Ray actors with ``run_args``); returns the run directory and its records."""
+    """The server sees c at once (drift_at=c) only if the level's c is really in flight across both
+    workers (processes, or Ray actors with ``run_args``); returns the run directory and its
+    records."""
     server.behaviour.latency = 0.3
     server.behaviour.drift_at = 4
     server.behaviour.batched_variant = True

@@ -1,7 +1,7 @@
-"""How wide a page lays out in headless Chromium at a given window width: the document's scrollWidth and
-clientWidth (the window less a vertical scrollbar), and every box on it that scrolls sideways (a table wrapper
-or code block whose content is wider than the box). A page fits when the first is at most the second and no box
-scrolls."""
+"""How wide a page lays out in headless Chromium at a given window width: the document's scrollWidth
+and clientWidth (the window less a vertical scrollbar), and every box on it that scrolls sideways (a
+table wrapper or code block whose content is wider than the box). A page fits when the first is at
+most the second and no box scrolls."""
 
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ class Width:
 
 
 def page_width(page: Path, work: Path, window: int = 1400) -> Width:
-    """``page`` measured in a ``window``-px-wide Chromium; a copy of it is measured, beside it (so its relative
-    links, a docs site's stylesheets, still resolve)."""
+    """``page`` measured in a ``window``-px-wide Chromium; a copy of it is measured, beside it (so
+    its relative links, a docs site's stylesheets, still resolve)."""
     assert CHROMIUM, "chromium is installed by `make test` (Debian package chromium)"
     work.mkdir(parents=True, exist_ok=True)
     copy = page.with_name(f"measured-{page.name}")

@@ -1,5 +1,5 @@
-"""The --baseline gate against one small reference rule, over pairs of baseline and current summaries: cells added,
-removed, changed, failed, their inputs changed."""
+"""The --baseline gate against one small reference rule, over pairs of baseline and current
+summaries: cells added, removed, changed, failed, their inputs changed."""
 
 from __future__ import annotations
 

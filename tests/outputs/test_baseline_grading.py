@@ -1,5 +1,6 @@
-"""A baseline against a run that grades its probes otherwise: how a probe is graded is no input (the server is asked
-the same, so drift and outputs are still compared), and grades by another rule are paired with nothing."""
+"""A baseline against a run that grades its probes otherwise: how a probe is graded is no input (the
+server is asked the same, so drift and outputs are still compared), and grades by another rule are
+paired with nothing."""
 
 from __future__ import annotations
 
@@ -31,8 +32,7 @@ def _run(tmp_path, server, name: str, *args: str, **probe) -> tuple[int, str]:
 
 def test_grading_a_probe_the_baseline_did_not_grade_keeps_the_drift_comparison(tmp_path, server):
     # Last night the probe was ungraded and drifted at c=4; tonight the same prompt gets an expected
-    # answer. The
-    # server was asked the same: its drift is the drift the baseline had, no news.
+    # answer. The server was asked the same: its drift is the drift the baseline had, no news.
     assert _run(tmp_path, server, "ungraded")[0] == 1
     code, output = _run(
         tmp_path, server, "graded", "--baseline", str(tmp_path / "ungraded"), expected=42
@@ -43,9 +43,8 @@ def test_grading_a_probe_the_baseline_did_not_grade_keeps_the_drift_comparison(t
 
 def test_a_fixed_expected_keeps_the_drift_comparison_and_pairs_no_grades(tmp_path, server):
     # The baseline graded against a wrong expected (43): serial "bad", c=4 "good". Fixed to 42, the
-    # same answers
-    # grade the other way: paired, that would read as an accuracy lost at c=4, which no change of
-    # the server made.
+    # same answers grade the other way: paired, that would read as an accuracy lost at c=4, which no
+    # change of the server made.
     assert _run(tmp_path, server, "wrong", expected=43)[0] == 1
     code, output = _run(
         tmp_path, server, "fixed", "--baseline", str(tmp_path / "wrong"), expected=42
@@ -89,8 +88,8 @@ def test_a_baseline_that_hashed_grading_with_the_input_says_it_cannot_tell_them_
 
 def test_an_ungraded_probes_input_hash_is_the_one_earlier_versions_recorded():
     # Recorded by the version that hashed the grading keys with the input: an ungraded probe's
-    # hashes must not
-    # change, or every nightly against an older baseline would read as a changed input.
+    # hashes must not change, or every nightly against an older baseline would read as a changed
+    # input.
     asked = probe_inputs(Probe(id="p1", prompt="Say something.", max_tokens=16), {"temperature": 0})
     assert asked == {
         "input": "3e16abdada235dc272344845d1dbba77f3c9d9a94649997e367ab95e2294f4d7",

@@ -64,7 +64,8 @@ def families(text: str) -> dict:
 
 
 def assert_strict_escapes(text: str) -> None:
-    """Go's parser (node_exporter, Pushgateway) rejects escapes other than \\\\, \\" and \\n; Python's does not."""
+    """Go's parser (node_exporter, Pushgateway) rejects escapes other than \\\\, \\" and \\n;
+    Python's does not."""
     for line in text.splitlines():
         if line.startswith("#"):
             continue
@@ -209,7 +210,8 @@ def test_run_metrics_parse_and_equal_the_summary(run):
 
 
 def test_report_writes_the_same_metrics_from_the_records(run):
-    """No server (it stopped with the fixture), no summary.json: the records alone give the same file."""
+    """No server (it stopped with the fixture), no summary.json: the records alone give the same
+    file."""
     (run / "run" / "summary.json").unlink()
     code, output = run_cli(
         "report", run / "run", "--format", "json", "--metrics", run / "report.prom"

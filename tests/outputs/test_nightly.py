@@ -106,8 +106,7 @@ def test_junit_xml_is_valid_and_names_the_drift(tmp_path, server):
 
 def test_drift_in_cells_the_baseline_lacks_is_a_regression(tmp_path, server):
     # Last night: p1 at c=1 and c=2, steady. Tonight a new probe and a new level, and the server
-    # drifts from 3 in
-    # flight on: both drift only at c=4, which the baseline never had.
+    # drifts from 3 in flight on: both drift only at c=4, which the baseline never had.
     server.behaviour.latency = 0.1
     probes = [
         {"id": "p1", "prompt": "Say something.", "max_tokens": 16},
@@ -272,9 +271,10 @@ def test_a_baseline_missing_a_key_every_summary_has_exits_2_naming_it(tmp_path, 
 
 
 def test_known_drift_against_its_own_baseline_is_no_news(tmp_path):
-    """The docs: 'drift the baseline already had is not news'. The same server, run twice, with crosstalk
-    at c=4 both nights: tonight's random c=4 outputs differ from last night's, and kevload calls that
-    'REGRESSION unseen_output …: the model or server changed' with exit 1, although nothing changed."""
+    """The docs: 'drift the baseline already had is not news'. The same server, run twice, with
+    crosstalk at c=4 both nights: tonight's random c=4 outputs differ from last night's, and kevload
+    calls that 'REGRESSION unseen_output …: the model or server changed' with exit 1, although
+    nothing changed."""
     with FakeServer(Behaviour(drift_at=3, latency=0.1)) as server:
         scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 4], samples=8)
         assert run_cli("run", scenario, "--out", tmp_path / "night1", "--quiet")[0] == 1

@@ -1,5 +1,6 @@
-"""Every output a run writes reads back with its format's own parser, whatever the probe id and the server's
-outputs hold: control characters (legal in JSON and TOML), markup, quotes, CDATA ends, line breaks and pipes."""
+"""Every output a run writes reads back with its format's own parser, whatever the probe id and the
+server's outputs hold: control characters (legal in JSON and TOML), markup, quotes, CDATA ends, line
+breaks and pipes."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ HOSTILE = "p\x00\x01\x1b[31m<b>&amp;\"'</script>]]>\n|x[/x]\x7f\x85\ufffe\\|"
 
 
 class _HostileServer(FakeServer):
-    """Its outputs carry every such character too (and drift at c=4, so they reach the divergence examples)."""
+    """Its outputs carry every such character too (and drift at c=4, so they reach the divergence
+    examples)."""
 
     def _answer(self, body, prompt, state):
         return HOSTILE + " " + super()._answer(body, prompt, state)
@@ -136,7 +138,8 @@ def test_html_report_holds_no_injected_tag(hostile_run):
 
 
 def _cells(row: str) -> list[str]:
-    """A Markdown table row's cells as a GFM renderer splits them: at each | not escaped by a backslash."""
+    """A Markdown table row's cells as a GFM renderer splits them: at each | not escaped by a
+    backslash."""
     cells, cell = [], ""
     for token in re.findall(r"\\.|[^\\|]+|\|", row.strip()[1:-1]):
         if token == "|":
@@ -239,9 +242,8 @@ def test_any_text_stays_in_its_markdown_cell(cells):
 
 def test_a_flipped_answer_is_spelled_as_every_output_spells_control_characters(tmp_path, server):
     # Right alone, a hostile answer under load: each output quotes the flipped answer beside the
-    # serial one, with
-    # its control characters spelled as JSON escapes (\u001b) as everything else is, not as Python's
-    # repr (\x1b).
+    # serial one, with its control characters spelled as JSON escapes (\u001b) as everything else
+    # is, not as Python's repr (\x1b).
     server.behaviour.latency = 0.1
     server.behaviour.answer_for = lambda prompt, overlap: (
         "right" if overlap < 2 else "wrong\x1b[2J\x7f\x85<b>"

@@ -1,6 +1,7 @@
-"""Every HTML page kevload writes fits a 1400 px window without sideways scrolling, measured in headless Chromium
-(the run's report, a graded run's with long answers in its graded section, a sweep's, and the docs site's widest
-pages), and the matrix's legend explains every mark the matrix shows."""
+"""Every HTML page kevload writes fits a 1400 px window without sideways scrolling, measured in
+headless Chromium (the run's report, a graded run's with long answers in its graded section, a
+sweep's, and the docs site's widest pages), and the matrix's legend explains every mark the matrix
+shows."""
 
 from __future__ import annotations
 

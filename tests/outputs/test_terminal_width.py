@@ -1,4 +1,5 @@
-"""The terminal tables at 80 columns (most CI logs) and at 200: every probe named in full, no cell cut to "…"."""
+"""The terminal tables at 80 columns (most CI logs) and at 200: every probe named in full, no cell
+cut to "…"."""
 
 from __future__ import annotations
 

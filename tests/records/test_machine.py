@@ -1,5 +1,6 @@
-"""Where a run ran: the CPU read from /proc/cpuinfo's text (crafted here for CPUs this host is not), what
-run.json keeps of it and of the built-in target that served the run, and the one line reports show."""
+"""Where a run ran: the CPU read from /proc/cpuinfo's text (crafted here for CPUs this host is not),
+what run.json keeps of it and of the built-in target that served the run, and the one line reports
+show."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Records read typed, with their ranges: a records file either summarizes or is refused naming its line (exit 2),
-a run whose server sent a count of the wrong type still ends summarized and in a final state, and records of an
-older version still read."""
+"""Records read typed, with their ranges: a records file either summarizes or is refused naming its
+line (exit 2), a run whose server sent a count of the wrong type still ends summarized and in a
+final state, and records of an older version still read."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from tests.fakeserver import Behaviour, FakeServer
 
 
 class _Counts(FakeServer):
-    """Answers whole, with ``usage.completion_tokens`` replaced by ``value`` (stream and non-stream alike)."""
+    """Answers whole, with ``usage.completion_tokens`` replaced by ``value`` (stream and non-stream
+    alike)."""
 
     def __init__(self, value: object):
         super().__init__(Behaviour(latency=0.0))

@@ -1,4 +1,5 @@
-"""Records read back typed: the typed reader inverts the writer, and ``RunDir`` is how a run is read."""
+"""Records read back typed: the typed reader inverts the writer, and ``RunDir`` is how a run is
+read."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
-"""The server's own view of each level: its /metrics sampled during the run, kept on disk, read back per cell.
+"""The server's own view of each level: its /metrics sampled during the run, kept on disk, read back
+per cell.
 
-The fake server's gauges are what it is doing (requests holding one of its places, requests in its queue), so
-what a cell says the server ran can be checked against a server whose batch limit the test sets."""
+The fake server's gauges are what it is doing (requests holding one of its places, requests in its
+queue), so what a cell says the server ran can be checked against a server whose batch limit the
+test sets."""
 
 from __future__ import annotations
 
@@ -60,9 +62,8 @@ vllm:e2e_request_latency_seconds_bucket{le="+Inf",model_name="m"} 4.0
 
 def test_a_vllm_page_is_summed_over_its_engines():
     # Running and waiting add up across label sets; the KV share is the fullest engine's; a series
-    # whose name
-    # only starts like a known one (waiting_by_reason) and the older spelling of a present one are
-    # not read.
+    # whose name only starts like a known one (waiting_by_reason) and the older spelling of a
+    # present one are not read.
     assert read_view(VLLM_PAGE) == {
         "server": "vllm",
         "running": 4,
@@ -429,7 +430,8 @@ def test_sweep_rows_carry_the_server_view(tmp_path):
 
 @pytest.mark.e2e
 def test_llamacpp_says_what_it_ran(tmp_path):
-    """The built-in llama.cpp (started with --metrics): 2 slots at c=4 run ≤ 2 at a time, the others deferred."""
+    """The built-in llama.cpp (started with --metrics): 2 slots at c=4 run ≤ 2 at a time, the others
+    deferred."""
     from kevload.servers.targets import running_target
     from tests.rawclient import assert_cells_agree, seen_in
     from tests.recording_proxy import RecordingProxy
@@ -467,9 +469,8 @@ def test_llamacpp_says_what_it_ran(tmp_path):
 
 def test_a_counter_that_resets_inside_the_window_claims_no_increase():
     # The server restarted mid-cell (50 → 60, then from 0 up to 70): the cell served at least 10 +
-    # 70 prompt
-    # tokens from the cache, yet its two ends say 70 − 50 = 20. Only a counter that never drops is
-    # an increase.
+    # 70 prompt tokens from the cache, yet its two ends say 70 − 50 = 20. Only a counter that never
+    # drops is an increase.
     samples = _samples([0.0, 1.0, 2.0, 3.0, 4.0], running=[1, 1, 1, 1, 1], hits=[50, 60, 0, 5, 70])
     assert "server_prefix_cache_hits" not in cell_view(samples, 0.5, 3.5, 1)
     # A read that did not carry the counter says nothing about it: the reads around it still count.
@@ -479,11 +480,9 @@ def test_a_counter_that_resets_inside_the_window_claims_no_increase():
 
 def test_a_read_answered_late_counts_for_no_cell_it_straddles(tmp_path):
     # A /metrics that answers late (held until the server is busy, at most 1.5 s) gives the numbers
-    # of its answer.
-    # The read sent before the serial level is answered once c=4 runs: "4 running", yet its
-    # midpoint, where the
-    # sample was stamped, lies inside the serial cell. At c=1 the server never ran more than one
-    # request.
+    # of its answer. The read sent before the serial level is answered once c=4 runs: "4 running",
+    # yet its midpoint, where the sample was stamped, lies inside the serial cell. At c=1 the server
+    # never ran more than one request.
     fake = FakeServer(Behaviour(latency=0.2, metrics="vllm"))
     vllm_page = fake._metrics
 
@@ -536,12 +535,13 @@ def test_another_models_series_on_the_page_are_not_this_servers(tmp_path):
 
 
 def _stepping_server(state: dict, lagging: bool = False) -> FakeServer:
-    """A server that admits its queue at each scheduler step (every 0.3 s), all of it at once: four run together for
-    0.2 s, then the next four wait for the next step. Its /metrics fails (500) while two or more run, so the reads
-    that succeed see only the queue: "0 running, 4 waiting". ``state["most"]``: the most it really ran at once.
+    """A server that admits its queue at each scheduler step (every 0.3 s), all of it at once: four
+    run together for 0.2 s, then the next four wait for the next step. Its /metrics fails (500)
+    while two or more run, so the reads that succeed see only the queue: "0 running, 4 waiting".
+    ``state["most"]``: the most it really ran at once.
 
-    ``lagging``: its /metrics never fails but its gauges lag, set as each step begins, before it admits the queue:
-    every read says "0 running" and counts the running requests as waiting."""
+    ``lagging``: its /metrics never fails but its gauges lag, set as each step begins, before it
+    admits the queue: every read says "0 running" and counts the running requests as waiting."""
     fake = FakeServer(Behaviour(metrics="vllm"))
     state.update(running=0, waiting=0, most=0)
 
@@ -577,8 +577,7 @@ def _stepping_server(state: dict, lagging: bool = False) -> FakeServer:
 
 def test_a_level_whose_reads_failed_under_load_is_not_said_to_be_serialized(tmp_path):
     # It ran four at a time; the reads that would say so failed, and a cell whose reads failed
-    # cannot say what the
-    # server never did.
+    # cannot say what the server never did.
     state: dict = {}
     with _stepping_server(state) as fake:
         code, output, summary = _run(tmp_path, fake, samples=8)
@@ -591,8 +590,7 @@ def test_a_level_whose_reads_failed_under_load_is_not_said_to_be_serialized(tmp_
 
 def test_reads_that_never_saw_the_server_run_anything_bound_nothing(tmp_path):
     # Every read says "0 running, 4 waiting" while the cell got its answers: the server ran them,
-    # and the reads
-    # missed it. "Ran ≤ 0 at a time" is false on its face.
+    # and the reads missed it. "Ran ≤ 0 at a time" is false on its face.
     state: dict = {}
     with _stepping_server(state, lagging=True) as fake:
         code, output, summary = _run(tmp_path, fake, samples=8)
@@ -627,10 +625,8 @@ def test_a_sweep_cell_says_the_server_ran_at_most_n_only_where_that_is_known(tmp
 
 def test_a_huge_metrics_page_never_stalls_the_requests_it_times(tmp_path):
     # A page with 60,000 label sets of a series kevload reads (a gateway's, say): ~1 s to parse.
-    # Parsed on the event
-    # loop that stamps the answers, every answer waiting behind a parse took that long too (p50 1.4
-    # s). The server
-    # answers in 0.1 s; so must the run say it did.
+    # Parsed on the event loop that stamps the answers, every answer waiting behind a parse took
+    # that long too (p50 1.4 s). The server answers in 0.1 s; so must the run say it did.
     fake = FakeServer(Behaviour(latency=0.1, metrics="vllm"))
     vllm_page = fake._metrics
     crowd = "".join(
@@ -648,8 +644,7 @@ def test_a_huge_metrics_page_never_stalls_the_requests_it_times(tmp_path):
     for cell in summary["cells"]:
         assert cell["latency"]["e2e"]["p50"] < 0.3, cell["latency"]["e2e"]
     # The page is still read (as often as parsing it leaves the run nine tenths of the time), unless
-    # the run ended
-    # before the first parse did, on a machine busy enough.
+    # the run ended before the first parse did, on a machine busy enough.
     meta = json.loads((tmp_path / "run" / "run.json").read_text())["server_metrics"]
     assert meta["available"] is True or meta["why"] == "no answer before the run ended", meta
 
@@ -715,8 +710,8 @@ def test_a_value_outside_its_range_is_no_number_and_says_what_came(line, unfit):
 
 
 class _TabbedVllm(FakeServer):
-    """A vLLM whose /metrics separates each name from its value by a tab, as the exposition format allows, and
-    whose first ``broken`` pages hold a running line that does not parse."""
+    """A vLLM whose /metrics separates each name from its value by a tab, as the exposition format
+    allows, and whose first ``broken`` pages hold a running line that does not parse."""
 
     def __init__(self, behaviour: Behaviour, broken: int = 0, running: str | None = None):
         super().__init__(behaviour)

@@ -1,5 +1,6 @@
-"""End to end on the built-in real servers (llama.cpp, transformers serve): kevload's cells agree with an
-independent parse of the same requests (tests/rawclient.py), whatever the servers do on this CPU."""
+"""End to end on the built-in real servers (llama.cpp, transformers serve): kevload's cells agree
+with an independent parse of the same requests (tests/rawclient.py), whatever the servers do on this
+CPU."""
 
 from __future__ import annotations
 
@@ -40,8 +41,8 @@ def transformers():
 def _run(
     tmp_path: Path, target, name: str, *, params: dict, fail_on: str = "drift", **load
 ) -> tuple[int, dict, Seen, list[tuple[dict, bytes]]]:
-    """A run of the probe on ``target`` through a RecordingProxy: its exit code, its cells by level, and
-    what the independent parse of the same requests saw, checked to agree with the cells."""
+    """A run of the probe on ``target`` through a RecordingProxy: its exit code, its cells by level,
+    and what the independent parse of the same requests saw, checked to agree with the cells."""
     with RecordingProxy(target.url.removesuffix("/v1")) as proxy:
         scenario = write_scenario(
             tmp_path / f"{name}.toml",
@@ -65,8 +66,8 @@ def _run(
 
 # What the servers do (sampling varies or not, batching moves the answers or not) is this CPU's and
 # this build's to say: each test asserts that kevload says what the answers it got say (_run), never
-# what the engine ought to do. tests/servers/test_independent_check.py runs the same check on crafted
-# servers that hold and that drift.
+# what the engine ought to do. tests/servers/test_independent_check.py runs the same check on
+# crafted servers that hold and that drift.
 
 
 def test_llamacpp_unseeded_sampling_is_counted_as_its_answers_say(tmp_path, llamacpp):

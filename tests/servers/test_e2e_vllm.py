@@ -1,6 +1,7 @@
-"""End to end on real vLLM (its CPU build): what kevload says of it agrees with an independent parse of the same
-requests (tests/rawclient.py), whether vLLM drifts under batching on this CPU or holds bitwise; one sequence at a
-time runs one at a time by the server's own account; a vLLM that dies mid-run ends the run at once."""
+"""End to end on real vLLM (its CPU build): what kevload says of it agrees with an independent parse
+of the same requests (tests/rawclient.py), whether vLLM drifts under batching on this CPU or holds
+bitwise; one sequence at a time runs one at a time by the server's own account; a vLLM that dies
+mid-run ends the run at once."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ QUIET = {"log": lambda message: None}
 
 @pytest.fixture(scope="module")
 def vllm_one():
-    """max_num_seqs=1, eager (this setting does not need the compiled path): one request decoded at a time."""
+    """max_num_seqs=1, eager (this setting does not need the compiled path): one request decoded at
+    a time."""
     with running_target("vllm", max_num_seqs=1, enforce_eager=True, **QUIET) as target:
         yield target
     assert not pid_alive(target.pid)
@@ -60,8 +62,7 @@ def test_one_sequence_at_a_time_agrees_with_the_requests_it_made(tmp_path, vllm_
     assert code == (1 if seen.drift or seen.latent else 0), output
     print(f"vLLM max_num_seqs=1: drift {seen.drift}, latent {seen.latent}")
     # kevload did hold c requests in flight; the server's batch limit is what made them one at a
-    # time,
-    # as the server's own view says: never more than one running, the others waiting.
+    # time, as the server's own view says: never more than one running, the others waiting.
     counted = [
         r
         for r in read_records(tmp_path / "one" / "records.jsonl")
@@ -118,7 +119,8 @@ def test_diagnose_on_vllm_defaults_agrees_with_the_requests_it_made(tmp_path):
             "4",
             "--timeout",
             "120",
-            # Every step, whatever an earlier one found: the concurrency steps are what this is about.
+            # Every step, whatever an earlier one found: the concurrency steps are what this is
+            # about.
             "--all",
             "--json",
             tmp_path / "d.json",
@@ -133,7 +135,8 @@ def test_diagnose_on_vllm_defaults_agrees_with_the_requests_it_made(tmp_path):
     single = steps["concurrency_single"]
     cells = cells_by_level(load_summary(tmp_path / "d" / "concurrency_single"), probe="probe")
     assert cells[1]["logprob_samples"] == 3, cells[1]  # vLLM's logprobs were compared, not skipped
-    # What this CPU did, for the log (pytest -rP): the closing note of a CI run says which kind it had.
+    # What this CPU did, for the log (pytest -rP): the closing note of a CI run says which kind it
+    # had.
     print(
         f"vLLM defaults: {diagnosis['verdict']}; c=4 drift {single.of(4).drift}, latent "
         f"{single.of(4).latent}, bitwise {single.of(4).bitwise}; server ran ≤ "

@@ -1,7 +1,8 @@
-"""The independent check the real-server tests rest on (tests/rawclient.py), against crafted servers whose
-truth is known: it sees drift where the server drifts and none where it holds, and kevload's verdicts agree
-with it both ways. So both branches of every real-server test (the engine drifts on this CPU, or holds
-bitwise) are exercised on every machine, whichever one the real engine takes here."""
+"""The independent check the real-server tests rest on (tests/rawclient.py), against crafted servers
+whose truth is known: it sees drift where the server drifts and none where it holds, and kevload's
+verdicts agree with it both ways. So both branches of every real-server test (the engine drifts on
+this CPU, or holds bitwise) are exercised on every machine, whichever one the real engine takes
+here."""
 
 from __future__ import annotations
 

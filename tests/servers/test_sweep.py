@@ -163,7 +163,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _server_script(tmp_path: Path) -> Path:
-    """A server command that records its arguments, then serves the fake server on the port it was given."""
+    """A server command that records its arguments, then serves the fake server on the port it was
+    given."""
     script = tmp_path / "srv.py"
     script.write_text(
         textwrap.dedent(f"""
@@ -450,9 +451,8 @@ def test_a_server_that_fails_to_start_fails_its_setting_and_the_sweep_goes_on(tm
     )
     assert code == 3 and "cannot allocate the KV cache" in output, output
     # Too large a batch for the memory fails that setting alone (both its rows, with the server's
-    # last words);
-    # the settings around it ran (minutes each, on a real server), and the sweep went through the
-    # grid.
+    # last words); the settings around it ran (minutes each, on a real server), and the sweep went
+    # through the grid.
     sweep = json.loads((tmp_path / "sw" / "sweep.json").read_text())
     assert [(r["setting"], r["verdict"]) for r in sweep["rows"]] == [
         ("n=1000,load.mode=single", "deterministic"),
@@ -517,7 +517,8 @@ web.run_app(app, host="127.0.0.1", port=args.port, print=None)
 
 
 def sick_server(tmp_path: Path, scenario: Path, how: str = "exit") -> tuple[str, int]:
-    """The sick server's command, and how many requests one run of ``scenario`` sends (counted on a healthy one)."""
+    """The sick server's command, and how many requests one run of ``scenario`` sends (counted on a
+    healthy one)."""
     (tmp_path / "sick.py").write_text(SICK_SERVER)
     cmd = f"{sys.executable} {tmp_path / 'sick.py'} --port {{port}} --after {{n}} --how {how}"
     code, output = run_cli(
@@ -633,9 +634,8 @@ def test_settings_whose_directory_names_collide_are_named_apart(tmp_path, server
 
 def test_a_sweep_ended_by_an_error_gives_every_setting_a_row(tmp_path):
     # The second setting's server command cannot be run: that ends the sweep (it is the command, so
-    # every setting
-    # would fail alike, exit 2); the first keeps its row, and the two it never ran say why, in every
-    # view.
+    # every setting would fail alike, exit 2); the first keeps its row, and the two it never ran say
+    # why, in every view.
     scenario = write_scenario(
         tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], samples=2
     )

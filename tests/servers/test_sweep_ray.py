@@ -1,5 +1,6 @@
-"""`kevload sweep --ray`: server settings as Ray tasks on a real local cluster, the same matrix as the sequential
-sweep, a failed setting failing only its rows, Ctrl-C keeping finished rows and leaving no server."""
+"""`kevload sweep --ray`: server settings as Ray tasks on a real local cluster, the same matrix as
+the sequential sweep, a failed setting failing only its rows, Ctrl-C keeping finished rows and
+leaving no server."""
 
 from __future__ import annotations
 
@@ -125,9 +126,8 @@ def test_ray_sweep_gives_the_sequential_matrix(tmp_path, cluster):
 
 def test_a_failed_setting_fails_only_its_rows(tmp_path, cluster, monkeypatch):
     # drift=oops: the server exits at start (argparse wants an int). KEVLOAD_RAY_DRIVER_ONLY: the
-    # key is not on
-    # the node, so that run fails there; the setting's next run still gets its turn on the same
-    # server.
+    # key is not on the node, so that run fails there; the setting's next run still gets its turn on
+    # the same server.
     monkeypatch.setenv("KEVLOAD_RAY_DRIVER_ONLY", "fake-key")
     scenario = write_scenario(
         tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1, 2], samples=2
@@ -285,10 +285,8 @@ def _script(path: Path, body: str) -> Path:
 
 def test_ctrl_c_keeps_finished_rows_and_stops_every_server(tmp_path, cluster):
     # kind=fast serves at once; kind=hang never gets ready, so Ctrl-C lands while its task waits for
-    # it. Both run
-    # under a shell, as launch scripts do: the server is a grandchild, which only stopping its group
-    # ends (Ray,
-    # killing a task's worker, ends the worker's children only).
+    # it. Both run under a shell, as launch scripts do: the server is a grandchild, which only
+    # stopping its group ends (Ray, killing a task's worker, ends the worker's children only).
     pid_file = tmp_path / "hang.pid"
     script = _script(
         tmp_path / "srv.py",
@@ -367,8 +365,8 @@ def test_ctrl_c_keeps_finished_rows_and_stops_every_server(tmp_path, cluster):
 @pytest.mark.e2e
 def test_two_nodes_run_two_settings_side_by_side(tmp_path, tmp_path_factory, monkeypatch):
     # Each server gets ready only once the other one runs too: settings run one after another would
-    # never get
-    # there (the script gives up after 90 s), so two ok rows prove they ran at the same time.
+    # never get there (the script gives up after 90 s), so two ok rows prove they ran at the same
+    # time.
     script = _script(
         tmp_path / "srv.py",
         f"""

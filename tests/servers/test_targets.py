@@ -1,5 +1,5 @@
-"""The built-in targets' shape, `--target` on run/diagnose/cases/sweep and `kevload demo` under Ctrl-C,
-without building a real server.
+"""The built-in targets' shape, `--target` on run/diagnose/cases/sweep and `kevload demo` under
+Ctrl-C, without building a real server.
 
 A stand-in target (the fake server as its own process) goes through the same start/wait/stop path
 as llama.cpp, transformers and vLLM do, so what these tests show about processes holds for them too.
@@ -264,8 +264,9 @@ def _fake_command(latency: float = 0.3, spawned: list[TargetSettings] | None = N
 
 
 def _dying(marker: Path):
-    """A target whose process serves through a child and waits, as vLLM's API server has its engine: killed,
-    it leaves the child serving on, unless its whole group is stopped. It writes its pid to ``marker``."""
+    """A target whose process serves through a child and waits, as vLLM's API server has its engine:
+    killed, it leaves the child serving on, unless its whole group is stopped. It writes its pid to
+    ``marker``."""
 
     def command(settings: TargetSettings, port: int, log) -> Launch:
         code = (
@@ -553,8 +554,8 @@ def _never_ready(marker: Path):
 
 
 def _signal_when(ready, pid, signum: int, done: threading.Event) -> threading.Thread:
-    """Send ``signum`` to ``pid()`` once ``ready()`` holds (a user's Ctrl-C, a crash, the OOM killer);
-    polls, never waits on a clock."""
+    """Send ``signum`` to ``pid()`` once ``ready()`` holds (a user's Ctrl-C, a crash, the OOM
+    killer); polls, never waits on a clock."""
 
     def watch() -> None:
         while not done.is_set():

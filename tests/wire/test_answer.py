@@ -1,4 +1,5 @@
-"""The compared output is the whole answer: reasoning, content and tool calls; failed answers are typed.
+"""The compared output is the whole answer: reasoning, content and tool calls; failed answers are
+typed.
 
 Servers answer as vLLM and SGLang do: reasoning in ``reasoning_content`` or ``reasoning`` beside the
 content, tool calls in the message or streamed as deltas by index, ``finish_reason: "abort"`` /

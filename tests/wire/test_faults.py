@@ -1,5 +1,5 @@
-"""Failures get their type, are counted as the server sent them, and never enter the comparison; retries only when
-asked, marked on the record, after the server's Retry-After."""
+"""Failures get their type, are counted as the server sent them, and never enter the comparison;
+retries only when asked, marked on the record, after the server's Retry-After."""
 
 from __future__ import annotations
 

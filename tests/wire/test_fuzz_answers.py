@@ -6,8 +6,9 @@ stream whole. Fewer examples are served whole runs by one in-process server whos
 per example: each ends with an exit code that means what it says (the same answer every time is
 never nondeterminism), a final state, a summary.json, and ``kevload report`` equal to it.
 
-/metrics pages and reset answers are decoded in servermetrics.py and prefixcache.py; their boundaries get the same
-treatment there (``metrics_pages`` and ``reset_answers`` below are the strategies to feed them).
+/metrics pages and reset answers are decoded in servermetrics.py and prefixcache.py; their
+boundaries get the same treatment there (``metrics_pages`` and ``reset_answers`` below are the
+strategies to feed them).
 """
 
 from __future__ import annotations
@@ -121,7 +122,8 @@ def choices(draw, stream: bool):
 
 @st.composite
 def answers(draw, stream: bool = False):
-    """An answer document, near the OpenAI shape (any field may hold any JSON value) or anything at all."""
+    """An answer document, near the OpenAI shape (any field may hold any JSON value) or anything at
+    all."""
     if draw(st.integers(0, 9)) == 0:
         return draw(json_values)
     return draw(
@@ -164,7 +166,8 @@ reset_answers = st.binary(max_size=200) | json_values.map(encoded)  # for prefix
 
 
 def drive(coroutine):
-    """The decoding coroutines await only their body iterator, which never suspends here: run them without a loop."""
+    """The decoding coroutines await only their body iterator, which never suspends here: run them
+    without a loop."""
     try:
         while True:
             coroutine.send(None)

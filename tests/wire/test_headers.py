@@ -1,5 +1,5 @@
-"""Header values and the API key are never stored: run.json keeps the names, error texts are scrubbed, resume asks
-for them again."""
+"""Header values and the API key are never stored: run.json keeps the names, error texts are
+scrubbed, resume asks for them again."""
 
 from __future__ import annotations
 

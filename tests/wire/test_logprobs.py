@@ -1,9 +1,9 @@
 """Per-token logprobs: asked for, read, compared with the serial reference; latent drift; agreement
 rates with intervals.
 
-The comparator tests build records directly (exact expected numbers, no server). The end-to-end tests
-use the fake server with logprobs that are a fixed function of word and position, or that move (the
-text staying put) once requests overlap: ``logprob_drift_at``.
+The comparator tests build records directly (exact expected numbers, no server). The end-to-end
+tests use the fake server with logprobs that are a fixed function of word and position, or that move
+(the text staying put) once requests overlap: ``logprob_drift_at``.
 """
 
 from __future__ import annotations
@@ -402,10 +402,8 @@ def test_ask_for_logprobs_falls_back_when_the_server_ignores_the_field(server):
 
 def test_a_check_answered_without_logprobs_is_sent_again_before_it_says_there_are_none(server):
     # llama.cpp at T=0.8 answered the demo's diagnose check "Say hi." with "\ufffd" (a token ending
-    # inside a
-    # character) and no logprob entry, 2 times in 60: "no per-token logprobs", and the whole
-    # diagnosis compared
-    # text only although every later answer carried logprobs.
+    # inside a character) and no logprob entry, 2 times in 60: "no per-token logprobs", and the
+    # whole diagnosis compared text only although every later answer carried logprobs.
     server.behaviour.empty_checks = 2
     said: list[str] = []
     scenario, info = asyncio.run(ask_for_logprobs(scenario_for(server.url), None, said.append))
@@ -474,8 +472,7 @@ def test_bitwise_stable_server(tmp_path, server, api, stream):
 @pytest.fixture
 def latent_server():
     # Text fixed; from token 3 on the logprobs move once 2 requests overlap. Long latency: overlap
-    # at c=4
-    # does not depend on a quiet machine.
+    # at c=4 does not depend on a quiet machine.
     with FakeServer(Behaviour(logprob_drift_at=2, latency=0.3)) as fake:
         yield fake
 

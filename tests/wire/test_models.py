@@ -1,4 +1,5 @@
-"""What a server's /models answer gives: names only from an OpenAI model list, nothing from anything else."""
+"""What a server's /models answer gives: names only from an OpenAI model list, nothing from anything
+else."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""kevload talks to targets directly: proxies from the environment are never used (docs/running.md says so)."""
+"""kevload talks to targets directly: proxies from the environment are never used (docs/running.md
+says so)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Every request carries X-Request-Id, its record keeps it as request_id, and `report --request` finds it."""
+"""Every request carries X-Request-Id, its record keeps it as request_id, and `report --request`
+finds it."""
 
 from __future__ import annotations
 
@@ -53,8 +54,9 @@ def test_the_server_sees_exactly_the_ids_the_records_hold(tmp_path, server, back
 
 
 def kill_and_resume(tmp_path: Path, server, run_args: list[str], resume_args: list[str]) -> None:
-    """``kill -9`` mid-level, while requests are in flight that the run never records, then ``--resume``; the
-    server saw every X-Request-Id and every ``user`` nonce once, and each record has an id of its own."""
+    """``kill -9`` mid-level, while requests are in flight that the run never records, then
+    ``--resume``; the server saw every X-Request-Id and every ``user`` nonce once, and each record
+    has an id of its own."""
     code, output, _ = signal_mid_level(tmp_path, server, signal.SIGKILL, *run_args)
     assert code == -signal.SIGKILL, output
     run_dir = tmp_path / "run"

@@ -1,5 +1,6 @@
-"""A value the server sends that does not fit its field (a count that is no count, a logprob above 0, a token id
-below 0) is a finding on the record and is dropped: never used as a number, never a traceback, never exit 1."""
+"""A value the server sends that does not fit its field (a count that is no count, a logprob above
+0, a token id below 0) is a finding on the record and is dropped: never used as a number, never a
+traceback, never exit 1."""
 
 from __future__ import annotations
 
@@ -177,7 +178,8 @@ def test_text_and_finish_reason_of_the_wrong_type_stay_malformed():
 
 
 class _Counts(FakeServer):
-    """Every answer says its completion_tokens as ``value``, whole or streamed (the text is the usual one)."""
+    """Every answer says its completion_tokens as ``value``, whole or streamed (the text is the
+    usual one)."""
 
     value: object = None
 

@@ -31,7 +31,8 @@ REQUEST = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream
 
 
 class RawServer:
-    """An asyncio TCP server on 127.0.0.1 in its own thread, so both a test's event loop and the CLI can use it.
+    """An asyncio TCP server on 127.0.0.1 in its own thread, so both a test's event loop and the CLI
+    can use it.
 
     ``handler(reader, writer, server)`` serves one connection; ``connections`` and ``requests``
     count what arrived, ``heads`` keeps each request head.
@@ -245,9 +246,10 @@ def _answer_with(extra_head: bytes, body: bytes):
 
 @pytest.mark.parametrize("backend", ["lean", "aiohttp"])
 def test_gzip_answer_to_a_request_without_accept_encoding(backend):
-    """RFC 9110 §12.5.3: a request without Accept-Encoding accepts any content coding, so a server (or a
-    proxy in front of it) may gzip its answers. The lean client sent no Accept-Encoding, got gzip and
-    recorded every answer as 'malformed' (exit 3, target failed); aiohttp decompressed them."""
+    """RFC 9110 §12.5.3: a request without Accept-Encoding accepts any content coding, so a server
+    (or a proxy in front of it) may gzip its answers. The lean client sent no Accept-Encoding, got
+    gzip and recorded every answer as 'malformed' (exit 3, target failed); aiohttp decompressed
+    them."""
 
     async def gzip_unless_refused(reader, writer, server):
         while True:
@@ -274,9 +276,9 @@ def test_gzip_answer_to_a_request_without_accept_encoding(backend):
 
 @pytest.mark.parametrize("backend", ["lean", "aiohttp"])
 def test_a_large_response_header_within_the_head_limit(backend):
-    """transport.MAX_HEAD_BYTES (64 KiB) is 'the most response-head bytes a transport accepts'. aiohttp
-    stopped at 8190 bytes per header line, so a 12 kB header (a debug or cookie header behind a
-    gateway) made every https answer 'malformed' while the lean client took it."""
+    """transport.MAX_HEAD_BYTES (64 KiB) is 'the most response-head bytes a transport accepts'.
+    aiohttp stopped at 8190 bytes per header line, so a 12 kB header (a debug or cookie header
+    behind a gateway) made every https answer 'malformed' while the lean client took it."""
     with RawServer(_answer_with(b"X-Debug: " + b"a" * 12000 + b"\r\n", BODY)) as server:
         outcomes = run(exchange(server.url(), backend, count=2))
     assert [(o.status, o.output) for o in outcomes] == [("ok", "hi")] * 2, [

@@ -1,6 +1,8 @@
-"""Built-in real targets (llama.cpp server, transformers serve, vLLM): provision, start on 127.0.0.1, stop.
+"""Built-in real targets (llama.cpp server, transformers serve, vLLM): provision, start on
+127.0.0.1, stop.
 
-``async with local_target("llamacpp", slots=4) as url:`` gives a base URL for the duration of the block.
+``async with local_target("llamacpp", slots=4) as url:`` gives a base URL for the duration of the
+block.
 """
 
 from __future__ import annotations
@@ -105,7 +107,8 @@ class RunningTarget:
         return doc
 
     def failure(self) -> ServerError | None:
-        """None while the target still serves; otherwise which target, what went wrong and how its log ends."""
+        """None while the target still serves; otherwise which target, what went wrong and how its
+        log ends."""
         reason = trouble(self.pid, f"http://{HOST}:{self.port}/health")
         if reason is None:
             return None
@@ -144,8 +147,8 @@ def settings_of(name: str) -> tuple[str, ...]:
 
 
 def refuse_missing_settings(name: str, settings: TargetSettings) -> None:
-    """A setting given (not its default) that ``name`` does not have is refused: dropped silently, it would be in
-    the run's record and a sweep's row labels, never in the server."""
+    """A setting given (not its default) that ``name`` does not have is refused: dropped silently,
+    it would be in the run's record and a sweep's row labels, never in the server."""
     default = TargetSettings()
     have = settings_of(name)
     for field_name in _PROBES:
@@ -165,8 +168,8 @@ def start_target(
     on_spawn: Callable[[RunningTarget], None] | None = None,
     ready_timeout: float | None = None,
 ) -> RunningTarget:
-    """Provision (first time only), start and wait until the target answers (within ``ready_timeout`` seconds;
-    None: the target's own bound); the process outlives this call.
+    """Provision (first time only), start and wait until the target answers (within
+    ``ready_timeout`` seconds; None: the target's own bound); the process outlives this call.
 
     ``on_spawn`` learns of the process as soon as it exists, before the wait for readiness: a caller
     that must stop early (Ctrl-C) can stop it, which also ends the wait.
@@ -212,7 +215,8 @@ def stop_target(target: RunningTarget | int) -> None:
 def running_target(
     name: str, log: Callable[[str], None] = print, **options: Any
 ) -> Iterator[RunningTarget]:
-    """Synchronous form for tests and scripts: the target is stopped when the block ends, however it ends."""
+    """Synchronous form for tests and scripts: the target is stopped when the block ends, however it
+    ends."""
     target = start_target(name, TargetSettings.from_options(options), log=log)
     try:
         yield target
@@ -241,7 +245,8 @@ async def serving(
     stop: asyncio.Event,
     ready_timeout: float | None = None,
 ) -> AsyncIterator[RunningTarget | None]:
-    """A target for the block (None if ``stop`` came first), stopped when the block ends, however it ends.
+    """A target for the block (None if ``stop`` came first), stopped when the block ends, however it
+    ends.
 
     Starting blocks (provisioning, then polling for readiness), so it runs in a thread. Stopping the
     spawned process is what ends that wait early: whichever of the thread (``on_spawn``) and this
@@ -296,7 +301,8 @@ async def on_target(
     log: Callable[[str], None],
     stop: asyncio.Event,
 ) -> tuple[_T | None, ServerError | None]:
-    """``work(target)`` with the built-in target running (``--target`` of run, diagnose, cases rerun).
+    """``work(target)`` with the built-in target running (``--target`` of run, diagnose, cases
+    rerun).
 
     Returns its result (None when stopped while the target started) and, when the target stopped
     serving before ``work`` was done, the error to report once the result is shown.
@@ -311,7 +317,8 @@ async def on_target(
 async def _abandon(
     start: asyncio.Future[RunningTarget], spawned: list[RunningTarget], abandoned: threading.Event
 ) -> None:
-    """Stop whatever the start spawned (or will) and wait for its thread to end: a thread cannot be interrupted."""
+    """Stop whatever the start spawned (or will) and wait for its thread to end: a thread cannot be
+    interrupted."""
     abandoned.set()
     for target in list(spawned):
         await asyncio.to_thread(stop_target, target)
@@ -331,7 +338,8 @@ def save_state(target: RunningTarget) -> Path:
 
 
 def status_target(name: str) -> dict[str, Any] | None:
-    """The recorded state of a target started by ``kevload target start``, with ``running`` checked live."""
+    """The recorded state of a target started by ``kevload target start``, with ``running`` checked
+    live."""
     path = _state_dir() / f"{name}.json"
     if not path.is_file():
         return None
@@ -351,7 +359,8 @@ def _state_dir() -> Path:
 
 
 def _warm_up(url: str, model: str) -> None:
-    """One tiny request: some servers answer /health before the model can serve (lazy load, first-call setup)."""
+    """One tiny request: some servers answer /health before the model can serve (lazy load,
+    first-call setup)."""
     body = json.dumps(
         {
             "model": model,

@@ -1,7 +1,9 @@
-"""What every built-in target shares: the settings users tune, and how a target says how to start it.
+"""What every built-in target shares: the settings users tune, and how a target says how to start
+it.
 
-Each target module (``llamacpp``, ``transformers_serve``, ``vllm``) has one ``command(settings, port, log)``
-that provisions what it needs and returns a ``Launch``; the package starts, waits and stops.
+Each target module (``llamacpp``, ``transformers_serve``, ``vllm``) has one ``command(settings,
+port, log)`` that provisions what it needs and returns a ``Launch``; the package starts, waits and
+stops.
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ ALIASES = {"max_num_seqs": "slots", "prefix_caching": "cache_prompt"}
 class TargetSettings:
     """What users tune and sweep. ``None`` means the server's own default.
 
-    One knob, one field, whichever server: ``slots`` is the most requests decoded together (llama.cpp
-    ``--parallel``, vLLM ``--max-num-seqs``), ``cache_prompt`` the reuse of a prompt's KV cache
-    (llama.cpp ``--cache-prompt``, vLLM prefix caching); ``ALIASES`` takes the vLLM names for them.
+    One knob, one field, whichever server: ``slots`` is the most requests decoded together
+    (llama.cpp ``--parallel``, vLLM ``--max-num-seqs``), ``cache_prompt`` the reuse of a prompt's KV
+    cache (llama.cpp ``--cache-prompt``, vLLM prefix caching); ``ALIASES`` takes the vLLM names for
+    them.
     """
 
     slots: int = field(default=4, metadata={"min": 1})
@@ -48,7 +51,8 @@ class TargetSettings:
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> TargetSettings:
-        """Settings from user input (CLI, --grid, Python keywords): unknown names and wrong types are refused."""
+        """Settings from user input (CLI, --grid, Python keywords): unknown names and wrong types
+        are refused."""
         known = {f.name: f for f in fields(cls)}
         given: dict[str, Any] = {}
         for name, value in options.items():
@@ -78,7 +82,8 @@ _KINDS = {"int": (int, "an integer"), "bool": (bool, "true or false"), "str": (s
 
 
 def _checked(spec: Any, name: str, value: Any) -> Any:
-    """The value if it has the field's type (``None`` where the field allows it); a clear error otherwise."""
+    """The value if it has the field's type (``None`` where the field allows it); a clear error
+    otherwise."""
     kinds = [part.strip() for part in str(spec.type).split("|")]
     if value is None and "None" in kinds:
         return None

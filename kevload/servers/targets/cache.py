@@ -116,8 +116,8 @@ def run_logged(
 
 @contextlib.contextmanager
 def heartbeat(log: Callable[[str], None], what: str, every: float = 30.0) -> Iterator[None]:
-    """While the block runs, say every ``every`` seconds what is still going on and for how long so far:
-    a wait of minutes (an install, a build, a model compiling) must not look like a hang."""
+    """While the block runs, say every ``every`` seconds what is still going on and for how long so
+    far: a wait of minutes (an install, a build, a model compiling) must not look like a hang."""
     done = threading.Event()
     started = time.monotonic()
 

