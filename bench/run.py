@@ -40,7 +40,8 @@ GUIDELLM_VENV = (
 )
 WRK_LUA = (
     'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-    'wrk.body = \'{"model": "bench", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 20}\'\n'
+    'wrk.body = \'{"model": "bench", "messages": [{"role": "user", "content": "hi"}], '
+    '"max_tokens": 20}\'\n'
 )
 
 
@@ -719,7 +720,8 @@ def print_server_metrics(cost: dict) -> None:
     )
     for name, row in cost["llamacpp_c4"].items():
         print(
-            f"  /metrics {name}: {row['rps_median']:.2f} req/s ({', '.join(f'{r:.2f}' for r in row['rps'])}), "
+            f"  /metrics {name}: {row['rps_median']:.2f} req/s "
+            f"({', '.join(f'{r:.2f}' for r in row['rps'])}), "
             f"e2e p50 {row['e2e_p50_median_s'] * 1000:.0f} ms, samples per cell {row['samples']}"
         )
 

@@ -6,18 +6,25 @@ The Python API, importable from ``kevload`` itself::
     import asyncio
     import kevload
 
-    scenario = kevload.load_scenario("scenarios/quickstart.toml", ['target.base_url="http://127.0.0.1:8080/v1"'])
-    summary = asyncio.run(kevload.run_scenario(scenario)).summary  # a RunSummary, also written to summary.json
-    raise SystemExit(kevload.exitcode.for_run(summary))            # 0 held, 1 drift, 3 inconclusive
+    scenario = kevload.load_scenario(
+        "scenarios/quickstart.toml", ['target.base_url="http://127.0.0.1:8080/v1"']
+    )
+    # a RunSummary, also written to summary.json
+    summary = asyncio.run(kevload.run_scenario(scenario)).summary
+    # 0 held, 1 drift, 3 inconclusive
+    raise SystemExit(kevload.exitcode.for_run(summary))
 
-- scenarios: ``load_scenario`` (a TOML file and ``key=value`` overrides), ``build_scenario`` (in code, from a
-  ``Target``, ``Probe``\\ s and a ``Load``), ``Scenario`` (frozen; ``with_settings`` for a typed change);
-- running: ``run_scenario`` (records and ``summary.json`` in a run directory, resumable), ``diagnose`` with
-  ``DiagnoseOptions`` (the guide's steps);
-- reading: ``RunDir`` (a run directory: records, run.json, summary.json), ``read_summary``, ``summarize``
-  (records folded into a ``RunSummary`` again), ``RunSummary`` and ``CellSummary`` (frozen, ``to_json``);
-- outcomes: ``ExitCode`` and ``exitcode`` (each command's result as one code), the error tree ``KevloadError`` →
-  ``InputError`` (exit 2: ``ScenarioError``, ``RunDirError``) and ``TargetError`` (exit 3: ``ServerError``).
+- scenarios: ``load_scenario`` (a TOML file and ``key=value`` overrides), ``build_scenario`` (in
+  code, from a ``Target``, ``Probe``\\ s and a ``Load``), ``Scenario`` (frozen; ``with_settings``
+  for a typed change);
+- running: ``run_scenario`` (records and ``summary.json`` in a run directory, resumable),
+  ``diagnose`` with ``DiagnoseOptions`` (the guide's steps);
+- reading: ``RunDir`` (a run directory: records, run.json, summary.json), ``read_summary``,
+  ``summarize`` (records folded into a ``RunSummary`` again), ``RunSummary`` and ``CellSummary``
+  (frozen, ``to_json``);
+- outcomes: ``ExitCode`` and ``exitcode`` (each command's result as one code), the error tree
+  ``KevloadError`` → ``InputError`` (exit 2: ``ScenarioError``, ``RunDirError``) and
+  ``TargetError`` (exit 3: ``ServerError``).
 
 Every path argument (a scenario file, a run directory, a summary, ``DiagnoseOptions``' files) is a
 str or a Path. Each name is imported on first use: ``import kevload`` (and so ``kevload --help``)

@@ -456,7 +456,8 @@ class FakeServer:
                 "# TYPE vllm:kv_cache_usage_perc gauge",
                 f'vllm:kv_cache_usage_perc{{engine="0",model_name="fake"}} {running / 8}',
                 "# TYPE vllm:prefix_cache_hits counter",
-                f'vllm:prefix_cache_hits_total{{engine="0",model_name="fake"}} {self.prefix_hits}.0',
+                'vllm:prefix_cache_hits_total{engine="0",model_name="fake"} '
+                f"{self.prefix_hits}.0",
                 "# TYPE vllm:time_to_first_token_seconds histogram",
                 'vllm:time_to_first_token_seconds_bucket{le="0.1",model_name="fake"} 3.0',
                 'vllm:time_to_first_token_seconds_bucket{le="+Inf",model_name="fake"} 4.0',
@@ -465,7 +466,8 @@ class FakeServer:
         return web.Response(status=404, text="404: Not Found")
 
     def _logprobs(self, body: dict[str, Any], text: str, overlap: int) -> list[float] | None:
-        """One logprob per word-token when the request asks (and the server supports it), else None."""
+        """One logprob per word-token when the request asks (and the server supports it), else
+        None."""
         b = self.behaviour
         if (
             not b.logprobs_supported
@@ -764,7 +766,8 @@ async def _health(request: web.Request) -> web.Response:
 
 
 def main() -> None:
-    """Run the fake server as its own process, for sweeps that restart the server between settings."""
+    """Run the fake server as its own process, for sweeps that restart the server between
+    settings."""
     import argparse
     import signal
 

@@ -79,7 +79,8 @@ class Level:
 
     @property
     def divergence_chars(self) -> tuple[int, int] | None:
-        """Where the answers other than the serial one leave it: the first and the last character."""
+        """Where the answers other than the serial one leave it: the first and the last
+        character."""
         reference = self.reference.text
         points = [
             len(os.path.commonprefix([reference, a.text]))

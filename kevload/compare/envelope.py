@@ -166,7 +166,8 @@ class LogprobTrack:
             self._fold(*_envelope(group, self.nonfinite))
 
     def _fold(self, lo: np.ndarray, hi: np.ndarray, kinds: np.ndarray) -> None:
-        """Widen the envelope by another one; positions only one of them has are padded neutrally."""
+        """Widen the envelope by another one; positions only one of them has are padded
+        neutrally."""
         if self.lo is None or self.hi is None or self.kinds is None:  # all three or none
             # Until now every vector was the one counted: the envelope starts as that vector.
             self.lo, self.hi, self.kinds = _envelope([next(iter(self.vectors))], self.nonfinite)

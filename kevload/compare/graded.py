@@ -4,14 +4,17 @@ level with the paired test.
 
 Definitions (docs/graded.md: "Good or bad: graded answers"):
 
-- A cell's ``graded_good`` / ``graded_bad``: its counted ok samples whose answer is graded good / bad.
-- ``serial_grade``: ``good`` when every graded serial sample is good, ``bad`` when every one is bad, ``mixed``
-  otherwise. ``flips_good_to_bad``: samples graded bad in a cell whose serial grade is good; ``flips_bad_to_good``
-  the reverse. Against a mixed serial grade neither is counted (None): which serial answer a sample "was" is unknown.
-- Per level, the unit is the probe: a probe is good at a level when every counted answer it got there is graded good
-  (one bad answer makes it bad), and it is paired with itself at its serial level. ``good_to_bad`` / ``bad_to_good``
-  count probes; the exact McNemar test is over those discordant probes. Samples of one probe are not independent (a
-  greedy server gives the same text again), so they are never the unit of a test.
+- A cell's ``graded_good`` / ``graded_bad``: its counted ok samples whose answer is graded good /
+  bad.
+- ``serial_grade``: ``good`` when every graded serial sample is good, ``bad`` when every one is
+  bad, ``mixed`` otherwise. ``flips_good_to_bad``: samples graded bad in a cell whose serial grade
+  is good; ``flips_bad_to_good`` the reverse. Against a mixed serial grade neither is counted
+  (None): which serial answer a sample "was" is unknown.
+- Per level, the unit is the probe: a probe is good at a level when every counted answer it got
+  there is graded good (one bad answer makes it bad), and it is paired with itself at its serial
+  level. ``good_to_bad`` / ``bad_to_good`` count probes; the exact McNemar test is over those
+  discordant probes. Samples of one probe are not independent (a greedy server gives the same text
+  again), so they are never the unit of a test.
 """
 
 from __future__ import annotations

@@ -95,7 +95,8 @@ def headline(label: str, steps: list[tuple[str, RunSummary]]) -> str:
     base_distinct = baseline and max(c.distinct for c in baseline.probe_cells())
     sampling = f"T=0.8 without seed: {base_distinct} distinct in serial calls; " if baseline else ""
     if any(s.verdict == "target_failed" for _, s in steps):
-        return f"{label}: target failed ({', '.join(f'{k}: {v}' for k, v in steps[-1][1].errors_by_type.items())})"
+        errors = ", ".join(f"{k}: {v}" for k, v in steps[-1][1].errors_by_type.items())
+        return f"{label}: target failed ({errors})"
     if not cells:
         return f"{label}: {sampling}stopped before the fixed-parameter steps"
     drift = [c for c in cells if c.drift]
@@ -140,7 +141,8 @@ def _chars(first: int, drift: list[CellSummary]) -> str:
 
 
 def logprob_line(label: str, steps: list[tuple[str, RunSummary]]) -> str:
-    """What the per-token logprobs of the fixed-parameter steps say against serial, level by level."""
+    """What the per-token logprobs of the fixed-parameter steps say against serial, level by
+    level."""
     cells = [
         c
         for name, s in steps

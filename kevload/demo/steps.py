@@ -97,7 +97,8 @@ class Pace:
 
 
 def serial_seconds(steps: list[tuple[str, RunSummary]]) -> float | None:
-    """The slowest answered serial request (e2e seconds) of the steps' serial cells; None if none."""
+    """The slowest answered serial request (e2e seconds) of the steps' serial cells; None if
+    none."""
     times = [
         c.latency.get("e2e", {}).get("max")
         for _, s in steps
@@ -167,7 +168,8 @@ async def run_target(
     ran: list[Ran],
     timeout_floor: float,
 ) -> tuple[list[tuple[str, RunSummary]], RunSummary | None]:
-    """The steps' runs, and the graded run (None where it did not run); every run also onto ``ran``."""
+    """The steps' runs, and the graded run (None where it did not run); every run also onto
+    ``ran``."""
     log = log_to(console)
     done: list[tuple[str, RunSummary]] = []
     graded = None

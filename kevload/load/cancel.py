@@ -23,7 +23,8 @@ from kevload.wire.client import CancelAt
 
 @dataclass(frozen=True, slots=True)
 class CancelPlan:
-    """``load.cancel_share`` of a level's companions, chosen by ``load.seed``, each cut at ``at``."""
+    """``load.cancel_share`` of a level's companions, chosen by ``load.seed``, each cut at
+    ``at``."""
 
     share: float
     at: CancelAt

@@ -35,7 +35,8 @@ def decide(plan: Plan, role: Role, others: int, at: float = 0.0) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """A send as the level saw it: its role, the others in flight when it went, whether it counts."""
+    """A send as the level saw it: its role, the others in flight when it went, whether it
+    counts."""
 
     role: Role
     others: int
@@ -118,7 +119,8 @@ class Level:
         self.plan.lost(claim.role)
 
     def pause(self) -> None:
-        """A request left the wire for a while (a retry's back-off): it is not in flight meanwhile."""
+        """A request left the wire for a while (a retry's back-off): it is not in flight
+        meanwhile."""
         self.in_flight -= 1
 
     def resume(self) -> None:

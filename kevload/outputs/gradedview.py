@@ -165,7 +165,10 @@ def cell_line(cell: CellSummary) -> str | None:
     if cell.drift and cell.graded_good and not cell.graded_bad and not cell.grade_failed:
         return f"{cell.label}: drift, every answer still good ({counts})"
     if cell.drift:
-        return f"{cell.label}: drift, answers as {cell.serial_grade or 'ungraded'} as serial ({counts})"
+        return (
+            f"{cell.label}: drift, answers as {cell.serial_grade or 'ungraded'} as serial "
+            f"({counts})"
+        )
     return None
 
 
@@ -191,7 +194,10 @@ def cell_figures(cell: CellSummary) -> str | None:
         f"{cell.flips_bad_to_good} bad→good"
     )
     if cell.flip_answer is not None:
-        text += f"; e.g. {_quote(cell.flip_answer)} where serial answered {_quote(cell.flip_serial_answer)}"
+        text += (
+            f"; e.g. {_quote(cell.flip_answer)} "
+            f"where serial answered {_quote(cell.flip_serial_answer)}"
+        )
     return text
 
 

@@ -155,7 +155,8 @@ class Record(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             or self.history is None
         ):
             raise ValueError(
-                f"a turn of a conversation of {self.turns} turns needs turn (0 to {self.turns - 1}), "
+                f"a turn of a conversation of {self.turns} turns needs turn "
+                f"(0 to {self.turns - 1}), "
                 f"conversation and history; got turn {self.turn}, conversation "
                 f"{self.conversation!r}, "
                 f"history {'null' if self.history is None else 'given'}"

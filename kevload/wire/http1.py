@@ -238,7 +238,8 @@ class _State(enum.Enum):
 
 
 class _Stop(Exception):
-    """Raised in a parser callback to stop parsing; the reason is already in ``_Connection.error``."""
+    """Raised in a parser callback to stop parsing; the reason is already in
+    ``_Connection.error``."""
 
 
 class _Connection(asyncio.Protocol):

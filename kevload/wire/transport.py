@@ -27,7 +27,8 @@ MAX_HEAD_BYTES = 65536
 
 
 class TransportError(Exception):
-    """A request that produced no usable HTTP response; ``status`` is the record status it maps to."""
+    """A request that produced no usable HTTP response; ``status`` is the record status it maps
+    to."""
 
     status = "reset"
 
@@ -198,7 +199,8 @@ class AiohttpTransport:
 
 
 def _nothing_arrived(exc: ConnectionReset) -> bool:
-    """Whether the connection ended before any byte of the response (aiohttp keeps a started head)."""
+    """Whether the connection ended before any byte of the response (aiohttp keeps a started
+    head)."""
     cause = exc.__cause__
     if isinstance(cause, aiohttp.ServerDisconnectedError):
         return isinstance(cause.message, str)

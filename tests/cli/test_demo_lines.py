@@ -36,8 +36,8 @@ def test_logprob_line_bitwise_everywhere():
         ),
     )
     assert (
-        line
-        == "llama.cpp logprobs: bitwise equal to serial in all 2 fixed-param cells (c=1,4; 16 samples compared)"
+        line == "llama.cpp logprobs: bitwise equal to serial in all 2 fixed-param cells "
+        "(c=1,4; 16 samples compared)"
     )
 
 

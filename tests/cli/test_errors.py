@@ -85,8 +85,12 @@ def test_target_error_exits_3_with_the_server_log_under_its_line(tmp_path):
     """A server that dies while starting is the target failing (3), not bad input; its log follows
     the line."""
     scenario = write_scenario(tmp_path / "s.toml", "http://127.0.0.1:9/v1")
-    # The message is made when it runs, so it is in the server's output, not in its command line.
-    died = f'{sys.executable} -c \'import sys; print("no such " + "model"); sys.exit(1)\' {{port}} {{slots}}'
+    # The message is made when it runs, so it is in the server's output, not in its command
+    # line.
+    died = (
+        f"{sys.executable} -c "
+        '\'import sys; print("no such " + "model"); sys.exit(1)\' {port} {slots}'
+    )
     code, output = run_cli(
         "sweep", scenario, "--server-cmd", died, "--grid", "slots=1", "--out", tmp_path / "sw"
     )

@@ -159,7 +159,7 @@ def test_a_server_wrong_serially_and_right_under_load_flips_bad_to_good(tmp_path
     assert code == 0  # answers got better: no failure under --fail-on bad
 
 
-def test_fail_on_bad_cannot_judge_a_probe_whose_serial_answers_are_mixed_and_min_good_share_gates_it(
+def test_fail_on_bad_cannot_judge_a_probe_with_mixed_serial_answers_and_min_good_share_gates_it(
     tmp_path, server
 ):
     """docs/graded.md: no flip is counted against a mixed serial cell, so --fail-on bad passes a
@@ -212,7 +212,7 @@ def test_min_good_share_gates_a_cell_whose_answers_are_too_often_bad(tmp_path, s
     )
 
 
-def test_a_grader_that_raises_is_named_with_its_probe_and_exits_2_and_report_grades_again_once_fixed(
+def test_a_grader_that_raises_is_named_with_its_probe_exits_2_and_report_grades_again_once_fixed(
     tmp_path, server
 ):
     graders = tmp_path / "kevload_test_graders_raise.py"
@@ -241,7 +241,10 @@ def test_a_grader_that_raises_is_named_with_its_probe_and_exits_2_and_report_gra
     assert fixed["accuracy"][1]["good_to_bad"] == 3
 
 
-GRADER = "def check(answer, probe, expected):\n    return answer.split()[-1].rstrip('.') == str(int(expected))\n"
+GRADER = (
+    "def check(answer, probe, expected):\n"
+    "    return answer.split()[-1].rstrip('.') == str(int(expected))\n"
+)
 
 
 def _python_graded_run(tmp_path: Path, server, module: str, *, dataset: bool = False) -> Path:
@@ -702,7 +705,7 @@ def test_junit_fails_a_level_whose_accuracy_fell_and_a_cell_under_min_good_share
     assert doc["@failures"] == 8 + 1 + 1  # the cells turned bad, the gate, the level
 
 
-def test_the_html_report_shows_accuracy_per_level_and_each_cells_flips_with_the_servers_text_escaped(
+def test_the_html_report_shows_accuracy_per_level_and_each_cells_flips_with_server_text_escaped(
     tmp_path, server
 ):
     import html as markup

@@ -242,7 +242,10 @@ def test_counted_probes_the_server_ran_alone_are_flagged(tmp_path):
     # Every request it sent is on record: nothing is left out of the check as unknown.
     assert json.loads((run_dir / "run.json").read_text())["parts"][0]["unrecorded"] == 0
     assert "overlap_unknown" not in cells[2]
-    note = "p1 (mixed) c=2: † 3 of 3 counted samples never had 1 other in flight; 1 other for 0.0% of their time"
+    note = (
+        "p1 (mixed) c=2: † 3 of 3 counted samples never had 1 other in flight; "
+        "1 other for 0.0% of their time"
+    )
     code, table = run_cli("report", run_dir)
     assert (
         note in " ".join(table.split()) and "1 †" in table

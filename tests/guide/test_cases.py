@@ -188,7 +188,8 @@ def test_rerun_notices_a_changed_answer_and_accepts_it(tmp_path, server):
 
 
 def test_rerun_reproduces_mixed_load(tmp_path):
-    """A case found unstable among mixed companions is rerun among the same companions, not alone."""
+    """A case found unstable among mixed companions is rerun among the same companions, not
+    alone."""
     behaviour = Behaviour(drift_when_mixed=True, latency=0.1)
     probes = [
         {"id": "p1", "prompt": "Say something.", "max_tokens": 16},

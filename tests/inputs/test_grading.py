@@ -462,7 +462,7 @@ def test_two_python_graders_of_one_module_name_in_two_directories_are_refused_no
     assert f"{tmp_path / 'a' / 'kevload_test_twin.py'}" in output and f"{tmp_path / 'b'}" in output
 
 
-def test_a_namespace_package_of_one_name_in_two_directories_is_refused_and_the_same_one_again_is_not(
+def test_a_namespace_package_of_one_name_in_two_directories_is_refused_and_the_same_one_is_not(
     tmp_path,
 ):
     import sys
@@ -731,7 +731,8 @@ def test_report_of_a_run_json_whose_schema_reference_resolves_nowhere_is_bad_inp
 def test_dataset_line_grading_errors_name_file_and_line(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text(
-        '{"prompt": "1+1?", "expected": 2}\n{"prompt": "2+2?", "expected": "four", "grade": "number"}\n'
+        '{"prompt": "1+1?", "expected": 2}\n'
+        '{"prompt": "2+2?", "expected": "four", "grade": "number"}\n'
     )
     path = write_scenario(
         tmp_path / "s.toml", "http://127.0.0.1:9/v1", probes=[{"dataset": "d.jsonl"}]

@@ -148,7 +148,8 @@ def test_prompt_blocks_are_shared_by_hash_id_and_cut_to_length():
     "text, error",
     [
         (
-            '{"timestamp": 0, "input_length": 5, "output_length": 2}\n{"timestamp": 10, "input_length": 5}\n',
+            '{"timestamp": 0, "input_length": 5, "output_length": 2}\n'
+            '{"timestamp": 10, "input_length": 5}\n',
             "t.jsonl:2: load.trace: output_length: expected an integer from 1 to 10,000,000 "
             "(tokens), got nothing",
         ),
@@ -157,8 +158,8 @@ def test_prompt_blocks_are_shared_by_hash_id_and_cut_to_length():
             "t.jsonl:2: load.trace: expected one JSON object a line (JSONL)",
         ),
         (
-            '{"timestamp": 9, "input_length": 5, "output_length": 2}\n\n{"timestamp": 3, "input_length": 5, '
-            '"output_length": 2}\n',
+            '{"timestamp": 9, "input_length": 5, "output_length": 2}\n\n'
+            '{"timestamp": 3, "input_length": 5, "output_length": 2}\n',
             "t.jsonl:3: load.trace: expected arrivals in time order, this one is earlier than "
             "line 1's",
         ),

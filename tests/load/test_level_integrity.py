@@ -360,7 +360,8 @@ def test_open_loop_schedule():
 
 
 class _Overlap(FakeServer):
-    """Notes, per request nonce, the most requests the server worked on at once while answering it."""
+    """Notes, per request nonce, the most requests the server worked on at once while answering
+    it."""
 
     def __init__(self, behaviour):
         super().__init__(behaviour)

@@ -198,7 +198,8 @@ class LevelMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.stopped and not self.flight and self.index < len(self.levels))
     @rule()
     def resume(self) -> None:
-        """--resume: the stopped level again, for the samples it still lacks (the records' count)."""
+        """--resume: the stopped level again, for the samples it still lacks (the records'
+        count)."""
         self.stopped = False
         if self.kept.get(self.index, 0) >= self.samples:
             self.index += 1

@@ -216,14 +216,15 @@ def test_bad_cold_warm_loads_are_refused_naming_the_key(load, key):
 def test_bad_input_exits_2_with_one_line(tmp_path):
     path = tmp_path / "s.toml"
     path.write_text(
-        '[target]\nbase_url = "http://127.0.0.1:9/v1"\nmodel = "m"\n[load]\nprefix_cache = "cold_warm"\n'
-        'concurrency = [1, 2]\n[[probes]]\nid = "p"\nprompt = "x"\nmax_tokens = 2\n'
+        '[target]\nbase_url = "http://127.0.0.1:9/v1"\nmodel = "m"\n'
+        '[load]\nprefix_cache = "cold_warm"\nconcurrency = [1, 2]\n'
+        '[[probes]]\nid = "p"\nprompt = "x"\nmax_tokens = 2\n'
     )
     result = CliRunner().invoke(main, ["run", str(path)])
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == [
-        f'kevload: error: {path}: load.concurrency: expected [1] with load.prefix_cache = "cold_warm" (cold and warm '
-        "are compared serially), got [1, 2]"
+        f"kevload: error: {path}: load.concurrency: expected [1] with "
+        'load.prefix_cache = "cold_warm" (cold and warm are compared serially), got [1, 2]'
     ]
 
 
@@ -499,8 +500,9 @@ def test_the_cli_says_a_failed_reset_in_one_line_and_exits_3(tmp_path):
     path = tmp_path / "s.toml"
     with FakeServer(Behaviour(reset_endpoint="/flush_cache", reset_fails_after=2)) as server:
         path.write_text(
-            f'[target]\nbase_url = "{server.url}"\nmodel = "m"\n[load]\nprefix_cache = "cold_warm"\n'
-            'samples = 4\n[[probes]]\nid = "p"\nprompt = "x"\nmax_tokens = 2\n'
+            f'[target]\nbase_url = "{server.url}"\nmodel = "m"\n'
+            '[load]\nprefix_cache = "cold_warm"\nsamples = 4\n'
+            '[[probes]]\nid = "p"\nprompt = "x"\nmax_tokens = 2\n'
         )
         result = CliRunner().invoke(
             main, ["run", str(path), "--out", str(tmp_path / "run"), "--quiet"]
@@ -537,8 +539,9 @@ def test_a_long_refused_reset_mid_run_stops_it_with_exit_3(tmp_path):
     )
     with _LongRefusal(behaviour, ok=2) as server:
         path.write_text(
-            f'[target]\nbase_url = "{server.url}"\nmodel = "m"\n[load]\nprefix_cache = "cold_warm"\n'
-            'samples = 8\n[[probes]]\nid = "p"\nprompt = "x"\nmax_tokens = 2\n'
+            f'[target]\nbase_url = "{server.url}"\nmodel = "m"\n'
+            '[load]\nprefix_cache = "cold_warm"\nsamples = 8\n'
+            '[[probes]]\nid = "p"\nprompt = "x"\nmax_tokens = 2\n'
         )
         result = CliRunner().invoke(
             main, ["run", str(path), "--out", str(tmp_path / "run"), "--quiet"]

@@ -129,7 +129,8 @@ def test_stable_server_passes_with_workers_as_with_one(tmp_path, server):
 
 
 def test_open_loop_splits_one_schedule(tmp_path, server):
-    """Worker w takes arrivals w, w+N, …; every arrival keeps its absolute time on one shared start."""
+    """Worker w takes arrivals w, w+N, …; every arrival keeps its absolute time on one shared
+    start."""
     server.behaviour.latency = 0.02
     scenario = write_scenario(tmp_path / "s.toml", server.url, rate=[20], samples=12, workers=2)
     code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")

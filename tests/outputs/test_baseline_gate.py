@@ -102,8 +102,8 @@ def test_the_baseline_gate_follows_its_rule(before, after, inputs_before, inputs
     said = {line.split(" ")[2].rstrip(":") for line in lines if line.startswith("REGRESSION ")}
     assert said == regressed, lines
     assert (
-        lines[-1]
-        == f"against baseline b: {sum(line.startswith('REGRESSION ') for line in lines)} regression(s)"
+        lines[-1] == "against baseline b: "
+        f"{sum(line.startswith('REGRESSION ') for line in lines)} regression(s)"
     )
     # Every cell with nothing in the baseline to hold it against is said, drifting or not, and named
     # for why.

@@ -312,8 +312,8 @@ def test_unwritable_metrics_path_fails_before_any_request(tmp_path, server):
     )
     assert code == 2
     assert (
-        output.strip()
-        == f"kevload: error: --metrics {missing}: expected a file in an existing, writable directory"
+        output.strip() == f"kevload: error: --metrics {missing}: "
+        "expected a file in an existing, writable directory"
     )
     assert server.requests == []
     code, output = run_cli("report", tmp_path / "r", "--metrics", missing)

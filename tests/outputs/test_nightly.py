@@ -1,4 +1,5 @@
-"""Nightly use: baselines catch change in both directions, JUnit XML is valid and says what drifted."""
+"""Nightly use: baselines catch change in both directions, JUnit XML is valid and says what
+drifted."""
 
 from __future__ import annotations
 

@@ -213,7 +213,8 @@ def _kill_engine_when_answering(run_dir: Path, killed: list[int], done: threadin
 
 
 def _engine_core(port: str) -> int | None:
-    """The pid of the engine core whose API server (its process group's leader) listens on ``port``."""
+    """The pid of the engine core whose API server (its process group's leader) listens on
+    ``port``."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue

@@ -63,7 +63,10 @@ def test_sweep_server_setting_and_scenario_key(tmp_path):
 
 def test_sweep_cells_carry_the_logprob_evidence_of_a_run(tmp_path):
     # The fake server's logprobs (not its text) move once `lp` requests overlap: the setting swept.
-    cmd = f"{sys.executable} -m tests.fakeserver --port {{port}} --latency 0.05 --logprob-drift-at {{lp}}"
+    cmd = (
+        f"{sys.executable} -m tests.fakeserver --port {{port}} --latency 0.05 "
+        "--logprob-drift-at {lp}"
+    )
     scenario = write_scenario(
         tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1, 4], samples=6
     )
@@ -219,7 +222,8 @@ def test_json_and_spaces_in_the_server_cmd(tmp_path):
     )
     cmd = (
         f"{sys.executable} {_server_script(tmp_path)} {{port}} "
-        """--override-generation-config '{"temperature": 0}' --tag 'slots {slots} of {"x": {slots}}'"""
+        """--override-generation-config '{"temperature": 0}' """
+        """--tag 'slots {slots} of {"x": {slots}}'"""
     )
     code, output = run_cli(
         "sweep", scenario, "--server-cmd", cmd, "--grid", "slots=3", "--out", tmp_path / "sw"
@@ -261,7 +265,10 @@ def test_cancel_while_the_server_starts_leaves_no_server(tmp_path, signum, code)
         tmp_path / "s.toml", "http://127.0.0.1:9/v1", concurrency=[1], samples=2
     )
     pid_file = tmp_path / "server.pid"
-    script = f"import os, sys, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    script = (
+        f"import os, sys, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+        "time.sleep(120)"
+    )
     cmd = f"{sys.executable} -c {shlex.quote(script)} {{port}}"
     proc = subprocess.Popen(
         [
@@ -347,7 +354,8 @@ async def chat(request):
         os._exit(7)
     await asyncio.sleep(0.05)
     return web.json_response({"id": "x", "object": "chat.completion", "model": "fake", "choices": [
-        {"index": 0, "message": {"role": "assistant", "content": "same"}, "finish_reason": "stop"}]})
+        {"index": 0, "message": {"role": "assistant", "content": "same"},
+         "finish_reason": "stop"}]})
 async def health(request):
     return web.json_response({})
 app = web.Application()
@@ -478,9 +486,8 @@ def test_a_server_that_fails_to_start_fails_its_setting_and_the_sweep_goes_on(tm
 
 
 # A server that answers `--after` requests, then fails as `--how` says, right as its last answer
-# leaves: it exits
-# (`exit`), or its readiness URL turns 503 (`503`). `--after -1`: it never gets ready (it never
-# listens).
+# leaves: it exits (`exit`), or its readiness URL turns 503 (`503`). `--after -1`: it never gets
+# ready (it never listens).
 SICK_SERVER = """
 import argparse, os, time
 from aiohttp import web
@@ -499,9 +506,11 @@ async def chat(request):
     served += 1
     print(f"served {served}", flush=True)
     last = served == args.after
-    sick = sick or (last and args.how == "503")  # before the answer leaves: once it is in, /health says 503
-    response = web.json_response({"id": "x", "object": "chat.completion", "model": "fake", "choices": [
-        {"index": 0, "message": {"role": "assistant", "content": "same"}, "finish_reason": "stop"}]})
+    # before the answer leaves: once it is in, /health says 503
+    sick = sick or (last and args.how == "503")
+    response = web.json_response({"id": "x", "object": "chat.completion", "model": "fake",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "same"},
+                     "finish_reason": "stop"}]})
     if last and args.how == "exit":
         await response.prepare(request)
         await response.write_eof()

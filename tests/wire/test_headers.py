@@ -27,7 +27,8 @@ HEADER_SECRET = "hdr-kevload-test-91ab77c0"
 
 
 class EchoHeaders(FakeServer):
-    """Answers its first request with a 401 that echoes every request header, as some gateways do."""
+    """Answers its first request with a 401 that echoes every request header, as some gateways
+    do."""
 
     def __init__(self):
         super().__init__()

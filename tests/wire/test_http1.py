@@ -1,4 +1,5 @@
-"""kevload's own HTTP/1.1 client against raw servers that answer in every framing the spec allows."""
+"""kevload's own HTTP/1.1 client against raw servers that answer in every framing the spec
+allows."""
 
 from __future__ import annotations
 

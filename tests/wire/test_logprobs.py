@@ -327,7 +327,8 @@ def test_client_keeps_logprobs_aligned_with_their_tokens():
 
     acc = _Accumulator()
     for event in (
-        b'{"choices": [{"logprobs": {"tokens": ["a", " b", " c"], "token_logprobs": [null, -0.5]}}]}',
+        b'{"choices": [{"logprobs": {"tokens": ["a", " b", " c"], '
+        b'"token_logprobs": [null, -0.5]}}]}',
         b'{"choices": [{"logprobs": {"content": [{"token": " d", "logprob": -1, "id": 4}]}}]}',
     ):
         answer = _STRICT.decode(event)

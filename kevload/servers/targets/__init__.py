@@ -121,7 +121,8 @@ class RunningTarget:
 def launch_key(
     name: str, settings: TargetSettings
 ) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...], str]:
-    """What starting ``name`` with ``settings`` runs: its command line, environment and model name."""
+    """What starting ``name`` with ``settings`` runs: its command line, environment and model
+    name."""
     made = LAUNCHES[name](Path("/venv"), Path("/model"), settings, 1)
     return made.argv, tuple(sorted(made.env.items())), made.model
 

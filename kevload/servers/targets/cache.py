@@ -103,7 +103,8 @@ def run_logged(
     cwd: Path | None = None,
     env: dict[str, str] | None = None,
 ) -> None:
-    """Run a build step; on failure raise with the tail of its output, which is where the reason is."""
+    """Run a build step; on failure raise with the tail of its output, which is where the reason
+    is."""
     log(f"{what} …")
     with heartbeat(log, what):
         proc = subprocess.run(

@@ -1,4 +1,5 @@
-"""llama.cpp's ``llama-server``, built once from the sources vendored in llama-cpp-python's sdist."""
+"""llama.cpp's ``llama-server``, built once from the sources vendored in llama-cpp-python's
+sdist."""
 
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ BUILD = f"{VERSION}-{hashlib.sha256(' '.join(_CMAKE_FLAGS).encode()).hexdigest()
 
 
 def command(settings: TargetSettings, port: int, log: Log) -> Launch:
-    """Build ``llama-server`` on first use, then the command line that serves the model on ``port``."""
+    """Build ``llama-server`` on first use, then the command line that serves the model on
+    ``port``."""
     gguf = settings.model_file()  # a missing model file is named before any build starts
     return launch(server_binary(log), gguf, settings, port)
 
@@ -89,7 +91,8 @@ def launch(binary: Path, gguf: Path, s: TargetSettings, port: int) -> Launch:
 
 
 def server_binary(log: Callable[[str], None] = print) -> Path:
-    """Path to a working ``llama-server``, building it on first use (about 11 minutes on 2 cores)."""
+    """Path to a working ``llama-server``, building it on first use (about 11 minutes on 2
+    cores)."""
     dest = cache_root() / "targets" / "llamacpp" / BUILD
     build_once(dest, lambda root: _build(root, log), log=log)
     return dest / "bin" / "llama-server"

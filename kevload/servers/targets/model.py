@@ -16,7 +16,8 @@ MODEL_NAME = "SmolLM2-135M-Instruct"
 
 
 def default_gguf() -> Path:
-    """Locate the GGUF inside the installed wheel without importing it (its module needs ``llm``)."""
+    """Locate the GGUF inside the installed wheel without importing it (its module needs
+    ``llm``)."""
     try:
         dist = importlib.metadata.distribution(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:

@@ -114,7 +114,8 @@ def refuse_batch_invariant(env: Mapping[str, str]) -> None:
 
 
 def cores(threads: int) -> str:
-    """The CPU ids vLLM binds its OpenMP threads to: the first ``threads`` this process may run on."""
+    """The CPU ids vLLM binds its OpenMP threads to: the first ``threads`` this process may run
+    on."""
     allowed = sorted(os.sched_getaffinity(0))
     return ",".join(str(cpu) for cpu in allowed[: max(threads, 1)])
 
