@@ -392,7 +392,7 @@ def _met(side: Side, level: LevelId) -> int | None:
 
 
 def _graded(side: Side, name: str) -> bool:
-    return bool(side.gradings) and name in side.gradings  # type: ignore[operator]
+    return side.gradings is not None and name in side.gradings
 
 
 def _answered(cell: CellAccumulator | None) -> bool:

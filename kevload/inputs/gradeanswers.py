@@ -9,7 +9,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-import regex  # type: ignore[import-untyped]  # it ships no stubs
+import regex
 
 from kevload.inputs.choices import choice_letter
 from kevload.inputs.numbers import bounds, last_exact, within

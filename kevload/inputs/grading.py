@@ -31,7 +31,7 @@ from typing import Any
 
 import msgspec
 import orjson
-import regex  # type: ignore[import-untyped]  # it ships no stubs
+import regex
 
 from kevload.inputs.gradeanswers import _cut, content_of, grade_answer, local_schemas, shown
 from kevload.inputs.numbers import MAX_DIGITS, bounds, exact_expected, json_form

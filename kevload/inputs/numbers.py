@@ -182,8 +182,15 @@ def _power(base: Decimal, exponent: int) -> Exact:
     if base == 0:
         raise _TooBig  # 0⁻¹ has no value
     # A ratio of integers: 1/raised with both scaled by raised's decimal places (1.5⁻¹ = 10/15).
-    places = max(-raised.as_tuple().exponent, 0)  # type: ignore[operator]
+    places = max(-_exponent(raised), 0)
     return _EXACT.scaleb(Decimal(1), places), _EXACT.scaleb(raised, places)
+
+
+def _exponent(value: Decimal) -> int:
+    """A finite Decimal's exponent (``as_tuple`` types it with NaN's and infinity's marks too)."""
+    exponent = value.as_tuple().exponent
+    assert isinstance(exponent, int), value  # every value here is finite
+    return exponent
 
 
 def _times(a: Decimal, b: Decimal) -> Decimal:
@@ -199,8 +206,8 @@ def _span(*values: Decimal) -> None:
     finite = [v for v in values if v != 0]
     if finite:
         top = max(v.adjusted() for v in finite)
-        bottom = min(v.as_tuple().exponent for v in finite)
-        if top - bottom + 1 > MAX_DIGITS:  # type: ignore[operator]
+        bottom = min(_exponent(v) for v in finite)
+        if top - bottom + 1 > MAX_DIGITS:
             raise _TooBig
 
 
