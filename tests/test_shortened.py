@@ -1,4 +1,4 @@
-"""``words.shortened``, the one way a message quotes a value that may be long: whole up to its
+"""``wordsets.shortened``, the one way a message quotes a value that may be long: whole up to its
 limit, otherwise cut so that the mark ends it and the quote is exactly the limit long."""
 
 from kevload.inputs.fieldrules import shown as scenario_show

@@ -57,9 +57,9 @@ async def run_demo(
     """Run the steps against each target in turn, then compare those that answered item by item;
     the exit code for what was seen (``exitcode.for_demo``).
 
-    Once ``stop`` is set (Ctrl-C under ``aio.run``) the step in progress finishes with what it has,
-    nothing new starts, servers are stopped, and what was collected is still shown. The last lines
-    say, one per target, what it found or which step failed and why (``closing_line``).
+    Once ``stop`` is set (Ctrl-C under ``eventloop.run``) the step in progress finishes with what it
+    has, nothing new starts, servers are stopped, and what was collected is still shown. The last
+    lines say, one per target, what it found or which step failed and why (``closing_line``).
     """
     out = out or default_run_dir("demo")
     seen = Seen()
