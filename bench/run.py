@@ -28,9 +28,8 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-STEP_REQUESTS = (
-    2000  # per run measuring the step from an answer to the next send (one slot per worker)
-)
+# per run measuring the step from an answer to the next send (one slot per worker)
+STEP_REQUESTS = 2000
 sys.path.insert(0, str(ROOT))
 
 from kevload.servers.processes import free_port, start_server, stop_group, wait_ready  # noqa: E402

@@ -36,9 +36,8 @@ class Behaviour:
     """What the server does; tests set these fields before (or between) runs."""
 
     latency: float = 0.02  # seconds each request is held, so concurrent requests overlap
-    latency_per_overlap: float = (
-        0.0  # extra seconds per other request in flight on arrival: slower under load
-    )
+    # extra seconds per other request in flight on arrival: slower under load
+    latency_per_overlap: float = 0.0
     words: int = 12
     sampling: bool = False  # temperature > 0 without a seed gives random outputs
     seed_honoured: bool = True  # a fixed seed makes sampling repeatable
@@ -64,23 +63,20 @@ class Behaviour:
     # ("reasoning_content" or "reasoning") beside the content; tool calls instead of content.
     reasoning_field: str | None = None
     reasoning_varies: bool = False  # the reasoning differs on every request, the content does not
-    reasoning_for: Callable[[str], str] | None = (
-        None  # the reasoning for an answer's content, where a test says it
-    )
+    # the reasoning for an answer's content, where a test says it
+    reasoning_for: Callable[[str], str] | None = None
     tool_calls: int = 0  # answer with this many tool calls (content null), arguments from the words
     tool_args_vary: bool = False  # the tool calls' arguments differ on every request
     version: str = ""  # a "model version": another version answers every prompt differently
     # Per-token logprobs, when a request asks for them: a fixed function of the word and its
     # position.
     logprobs_supported: bool = True  # False: the field is ignored, as transformers serve does
-    logprob_drift_at: int | None = (
-        None  # logprobs (not the text) vary once this many requests overlap …
-    )
+    # logprobs (not the text) vary once this many requests overlap …
+    logprob_drift_at: int | None = None
     logprob_diverge_at: int = 3  # … from this token on
     logprob_ids: bool = False  # chat entries carry the token "id", as llama.cpp's do
-    completions_logprobs: str = (
-        "openai"  # completions: "openai" (tokens/token_logprobs) or "content" (llama.cpp)
-    )
+    # completions: "openai" (tokens/token_logprobs) or "content" (llama.cpp)
+    completions_logprobs: str = "openai"
     # Position -> a logprob put there (-inf, inf, nan): json.dumps writes them -Infinity, Infinity,
     # NaN.
     logprob_nonfinite: dict[int, float] = field(default_factory=dict)
@@ -124,16 +120,13 @@ class Behaviour:
     # may reuse them).
     warm_differs: bool = False  # an answer served from the cache differs from one computed afresh
     chat_text: str | None = None  # a whole chat answer also carries completions' "text": this
-    reset_endpoint: str | None = (
-        None  # "/reset_prefix_cache" (vLLM) or "/flush_cache" (SGLang): POST empties the cache
-    )
+    # "/reset_prefix_cache" (vLLM) or "/flush_cache" (SGLang): POST empties the cache
+    reset_endpoint: str | None = None
     reset_lies: bool = False  # the reset answers as if it worked and empties nothing
-    reset_fails_after: int | None = (
-        None  # resets after this many answer 500 (a reset failing mid-run)
-    )
-    cached_tokens: str | None = (
-        None  # say what was served from the cache: "usage" (vLLM) or "timings" (llama.cpp)
-    )
+    # resets after this many answer 500 (a reset failing mid-run)
+    reset_fails_after: int | None = None
+    # say what was served from the cache: "usage" (vLLM) or "timings" (llama.cpp)
+    cached_tokens: str | None = None
     props: bool = False  # GET /props answers as llama.cpp's does
     # Outputs vary for a request that was held (before its answer is made) while a client closed
     # another request's stream: a batch that changed under it because a neighbour was cancelled, and
@@ -158,9 +151,8 @@ class FakeServer:
         self._queue: collections.deque[asyncio.Future] = (
             collections.deque()
         )  # requests waiting for a place
-        self.prefix_hits = (
-            0  # prompt words answered from the "cache": a prompt seen before, counted on admission
-        )
+        # prompt words answered from the "cache": a prompt seen before, counted on admission
+        self.prefix_hits = 0
         self.metrics_polls = 0
         self.resets = 0  # POSTs to the reset endpoint answered
         # Streams the client closed before their end: (X-Request-Id, time.monotonic() when the

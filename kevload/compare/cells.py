@@ -81,9 +81,8 @@ class CellAccumulator:
     # nothing to check).
     spans: array[float] | None = None
     cancelled: int = 0  # requests kevload cut (load.cancel_share): neither answers nor errors
-    findings: int = (
-        0  # ok requests whose answer held a value that did not fit its field (Record.findings)
-    )
+    # ok requests whose answer held a value that did not fit its field (Record.findings)
+    findings: int = 0
     # Probe cells: each ok sample's send and last-byte time, in turn, and its output beside it, so
     # that the samples with a cut of their level in flight can be told from the others
     # (kevload.compare.cuts.beside_cuts).
@@ -304,9 +303,8 @@ class Reduction:
     # Every cut of a level (load.cancel_share), counted or not: the times its requests were
     # cancelled.
     cuts: dict[CutKey, array[float]] = field(default_factory=dict)
-    cancel_planned: int = (
-        0  # requests on record that load.cancel_share chose to cut (0: the run cut nothing)
-    )
+    # requests on record that load.cancel_share chose to cut (0: the run cut nothing)
+    cancel_planned: int = 0
     # The run asked for cuts (load.cancel_share > 0): only then is every probe sample's span kept,
     # to tell the samples beside a cut from the others; it is memory that grows with the samples,
     # which no other run should pay.

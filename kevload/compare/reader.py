@@ -104,9 +104,8 @@ def _reduce_ranges(ranges: list[_Range]) -> list[Reduction]:
                 try:
                     answers[index] = pipe.recv()
                 except EOFError:
-                    answers[index] = (
-                        None  # the process died before its part was in (OOM killer, kill -9)
-                    )
+                    # the process died before its part was in (OOM killer, kill -9)
+                    answers[index] = None
     except BaseException:  # a second Ctrl-C, say: nobody waits for the parts any more
         for proc in procs:
             proc.kill()

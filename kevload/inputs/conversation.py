@@ -20,17 +20,15 @@ from typing import Any
 
 import orjson
 
-MAX_TURNS = (
-    64  # a conversation's turns: each record keeps its history, so a record grows with the turn
-)
+# a conversation's turns: each record keeps its history, so a record grows with the turn
+MAX_TURNS = 64
 
 
 @dataclass(frozen=True)
 class Turn:
     user: str
-    assistant: str | None = (
-        None  # given: used as the history after this turn instead of the answer received
-    )
+    # given: used as the history after this turn instead of the answer received
+    assistant: str | None = None
 
 
 class BadTurns(ValueError):

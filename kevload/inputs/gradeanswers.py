@@ -39,9 +39,8 @@ def local_schemas() -> Any:
 # answer, and is not graded). Mostly the tags alone; a reasoning that holds the closing tag line
 # itself (or a content that begins like a block) would be cut at the wrong place, so there the block
 # gives the reasoning's length instead.
-REASONING_TAG = (
-    "<reasoning"  # what every block begins with: a text that does not is read back as it is
-)
+# what every block begins with: a text that does not is read back as it is
+REASONING_TAG = "<reasoning"
 _BLOCK_OPEN, _BLOCK_CLOSE = f"{REASONING_TAG}>\n", "\n</reasoning>\n"
 _SIZED, _SIZED_END = f'{REASONING_TAG} chars="', '">\n'
 # the most a written length has: a longer number is no block of kevload's (and int() is bounded)

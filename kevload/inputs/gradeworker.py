@@ -35,9 +35,8 @@ import msgspec
 from kevload.inputs.gradeanswers import GraderFailed, content_of, shown
 from kevload.inputs.grading import PYTHON, Grading
 
-DEFAULT_TIMEOUT = (
-    10.0  # seconds per answer: room for a grader that calls a checker, none for one that hangs
-)
+# seconds per answer: room for a grader that calls a checker, none for one that hangs
+DEFAULT_TIMEOUT = 10.0
 _OUT_OF_PROCESS = ("json_schema",)
 _HEADER = 4  # bytes of a frame's length, big-endian
 

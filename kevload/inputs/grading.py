@@ -61,9 +61,8 @@ JSON_EXPECTED = (
     "report"
 )
 IMPORT = "import"  # python graders are imported (a scenario the user runs)
-NAMES_ONLY = (
-    "names only"  # their names are checked, nothing imported (inputs read back, no answer graded)
-)
+# their names are checked, nothing imported (inputs read back, no answer graded)
+NAMES_ONLY = "names only"
 _python_policy: ContextVar[str] = ContextVar("python_graders", default=IMPORT)
 
 

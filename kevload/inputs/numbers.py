@@ -62,12 +62,10 @@ _CURRENCY = (
     "$¢£¤¥\u058f\u060b\u09f2\u09f3\u0e3f\u17db\u20a0-\u20c0"
     "\ufdfc\ufe69\uff04\uffe0\uffe1\uffe5\uffe6"
 )
-_NO_SPACES = (
-    "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"  # kana, CJK, hangul
-)
-_THOUSANDS = (
-    " \u00a0\u2009\u202f"  # a space, no-break, thin and narrow no-break: "1 000", "12 345 678"
-)
+# kana, CJK, hangul
+_NO_SPACES = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
+# a space, no-break, thin and narrow no-break: "1 000", "12 345 678"
+_THOUSANDS = " \u00a0\u2009\u202f"
 _SUPERSCRIPT = "⁰¹²³⁴⁵⁶⁷⁸⁹"
 _SUBSCRIPT = "₀₁₂₃₄₅₆₇₈₉"
 _VULGAR = "\u00bc-\u00be\u2150-\u215e\u2189"  # ¼ ½ ¾ ⅐ … ⅞ ↉

@@ -38,9 +38,8 @@ MAX_RATE = 100_000  # open-loop requests per second
 MAX_SAMPLES = 10_000_000  # requests of one kind per cell: samples, warm-ups, max_samples
 MAX_SECONDS = 7 * 86_400  # any time in seconds (a week); SLO bounds in milliseconds are finite
 MAX_CHARS = 4_000_000  # characters of a needle or a prefix (about a million tokens)
-MAX_WORKERS = (
-    1024  # worker processes or Ray actors of one run (without Ray, 4 a core: kevload.load.workers)
-)
+# worker processes or Ray actors of one run (without Ray, 4 a core: kevload.load.workers)
+MAX_WORKERS = 1024
 MAX_RETRIES = 100  # retries of one 429/503 (each waits up to 10 s)
 SEED_BOUNDS = {
     "min": -(2**63),

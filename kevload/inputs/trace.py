@@ -86,9 +86,8 @@ class TraceDataset(Dataset):
     block_tokens: int = 512
     prompts: str = "words"
     failed: int = 0  # BurstGPT's failed requests (0 response tokens): lines not replayed
-    window_s: tuple[float, float] | None = (
-        None  # the part of the trace replayed, in seconds after its first line
-    )
+    # the part of the trace replayed, in seconds after its first line
+    window_s: tuple[float, float] | None = None
     tokenizer: dict[str, Any] | None = None
     requests: tuple[TraceRequest, ...] = field(default=(), repr=False, compare=False)
     # What the prompts are drawn from; travels with the trace to worker processes and Ray hosts (no

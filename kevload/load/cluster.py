@@ -19,9 +19,8 @@ from typing import Any
 from kevload.errors import InputError
 
 LOCAL = "local"  # start a Ray instance on this machine for the run, stopped with it
-AUTO = (
-    "auto"  # the cluster this machine already belongs to (RAY_ADDRESS or the one `ray start` left)
-)
+# the cluster this machine already belongs to (RAY_ADDRESS or the one `ray start` left)
+AUTO = "auto"
 _REACH_S = 5.0
 
 

@@ -198,9 +198,8 @@ class EngineRun:
             self.load.seed,
         )
         self.aborted = False
-        self._stopped_at: float | None = (
-            None  # one grace period from the stop, however many groups wait
-        )
+        # one grace period from the stop, however many groups wait
+        self._stopped_at: float | None = None
         self._ready: collections.deque[Record] = collections.deque()
         self._wake = asyncio.Event()
 

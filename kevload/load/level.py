@@ -63,13 +63,11 @@ class Level:
         self.in_flight = 0
         self.halted = False
         self.held = held
-        self.released = (
-            False  # the hold was let go: every worker's plan is done, so is the level here
-        )
+        # the hold was let go: every worker's plan is done, so is the level here
+        self.released = False
         self.done_here = False  # this worker's own plan is done: nothing of it counts any more
-        self.on_done: Callable[[], None] | None = (
-            None  # told once done_here is set (a Ray actor tells the others)
-        )
+        # told once done_here is set (a Ray actor tells the others)
+        self.on_done: Callable[[], None] | None = None
 
     def next(self, role: Role, at: float = 0.0) -> bool:
         """Whether the closed-loop slot of ``role`` sends again ``at`` seconds into the level."""

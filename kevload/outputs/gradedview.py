@@ -17,9 +17,8 @@ from kevload.compare.graded import level_name
 from kevload.outputs.escaping import visible
 from kevload.records.summary import CellSummary, RunSummary, label_of
 
-MATRIX_ROWS = (
-    20  # graded probes past which the terminal shows the accuracy table instead of the matrix
-)
+# graded probes past which the terminal shows the accuracy table instead of the matrix
+MATRIX_ROWS = 20
 _LISTED = 5  # cells a many-probe run lists by name under a finding (the rest are counted)
 ACCURACY_COLUMNS = ("level", "n", "accuracy [95% CI]", "good→bad", "bad→good", "McNemar p")
 

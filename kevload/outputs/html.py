@@ -38,9 +38,8 @@ from kevload.records.summary import (
 STABLE = "#2e7d32"
 DRIFT = "#c62828"
 SHORT = "#ef6c00"  # no drift seen, but fewer ok samples than asked: no claim either way
-LATENT = (
-    "#6a1b9a"  # the serial text, other per-token logprobs: numerics differ, no token flipped yet
-)
+# the serial text, other per-token logprobs: numerics differ, no token flipped yet
+LATENT = "#6a1b9a"
 EMPTY = "#9e9e9e"
 
 _CSS = """

@@ -28,9 +28,8 @@ from kevload.records.store import read_typed, url_userinfo
 
 SAMPLES = "server-metrics.jsonl"
 INTERVAL_S = 0.1  # how often /metrics is read: a cell of a second still gets about ten samples
-TIMEOUT_S = (
-    2.0  # one poll's bound, connecting included: a hanging /metrics costs this, never the run
-)
+# one poll's bound, connecting included: a hanging /metrics costs this, never the run
+TIMEOUT_S = 2.0
 MAX_BYTES = 8 << 20
 # after a parse of p seconds the next read waits 9·p: parsing takes a tenth of the time at most
 PARSE_SHARE_INVERSE = 9

@@ -108,12 +108,10 @@ class Record(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     reasoning: str | None = None
     tool_calls: list[ToolCall] | None = None
     reconnects: Count = 0
-    request_id: str | None = (
-        None  # sent as X-Request-Id (``<run_id>[-r<resume>]-<seq>``): joins it with server logs
-    )
-    worker: Count | None = (
-        None  # which worker process sent it (runs with load.workers > 1; None: one process)
-    )
+    # sent as X-Request-Id (``<run_id>[-r<resume>]-<seq>``): joins it with server logs
+    request_id: str | None = None
+    # which worker process sent it (runs with load.workers > 1; None: one process)
+    worker: Count | None = None
     # Logprobs that are -inf, inf or NaN; ``logprobs`` then spells them as JSON cannot
     # (``spell_logprobs``).
     logprob_nonfinite: Count = 0
@@ -121,16 +119,13 @@ class Record(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     # is no turn of one.
     turn: Count | None = None  # its index, from 0
     turns: Annotated[int, msgspec.Meta(ge=1)] | None = None  # the conversation's turns
-    conversation: str | None = (
-        None  # the request_id of the sample's first turn: what ties its turns together
-    )
-    history: list[Message] | None = (
-        None  # the messages sent: every earlier turn as answered, then this one
-    )
+    # the request_id of the sample's first turn: what ties its turns together
+    conversation: str | None = None
+    # the messages sent: every earlier turn as answered, then this one
+    history: list[Message] | None = None
     history_sha256: str | None = None  # of ``history``: turns with one hash were asked the same
-    conversation_sha256: str | None = (
-        None  # every answer and finish_reason through this turn, chained
-    )
+    # every answer and finish_reason through this turn, chained
+    conversation_sha256: str | None = None
     # load.prefix_cache = "cold_warm" (kevload.load.prefixcache): whether kevload made this probe
     # sample cold or warm, and how many prompt tokens the server said it served from its cache
     # (None: it did not say).

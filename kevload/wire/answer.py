@@ -58,9 +58,8 @@ class Outcome:
     reasoning: str | None = None
     tool_calls: list[ToolCall] | None = None
     reconnects: int = 0  # 1: resent on a fresh connection after a reused one had closed
-    logprob_nonfinite: int = (
-        0  # logprobs that were -Infinity, Infinity or NaN (Python servers write them)
-    )
+    # logprobs that were -Infinity, Infinity or NaN (Python servers write them)
+    logprob_nonfinite: int = 0
     # Prompt tokens the server says it served from its prefix cache:
     # usage.prompt_tokens_details.cached_tokens (vLLM with --enable-prompt-tokens-details, OpenAI),
     # or llama.cpp's timings.cache_n; None where it says nothing.
@@ -345,13 +344,11 @@ class _Accumulator:
         # A piece was read with non-finite numbers (``decoding._nonfinite_json``): only then can a
         # logprob be -inf, inf or NaN.
         self.nonfinite = False
-        self.timings: Timings | None = (
-            None  # llama.cpp's: its cache_n is the prompt tokens it reused
-        )
+        # llama.cpp's: its cache_n is the prompt tokens it reused
+        self.timings: Timings | None = None
         self.findings: list[str] = []
-        self.token_limit = (
-            token_limit  # the request's max_tokens: no completion_tokens count can be above it
-        )
+        # the request's max_tokens: no completion_tokens count can be above it
+        self.token_limit = token_limit
 
     def take_message(self, choice: Choice, api: str) -> None:
         """A whole (non-streamed) choice."""

@@ -38,9 +38,8 @@ sender.record = record
 sys.argv[0] = {client!r}
 runpy.run_path({client!r}, run_name="__main__")
 """
-SLOW_S = (
-    100e-6  # more than doubles kevload's time per request on this machine (near 65 µs a whole run)
-)
+# more than doubles kevload's time per request on this machine (near 65 µs a whole run)
+SLOW_S = 100e-6
 
 
 def test_kevload_is_not_grossly_slower_than_the_reference_client():

@@ -50,9 +50,8 @@ def test_fixed_seed_converges(tmp_path, server):
 
 def test_drift_only_when_crowded(tmp_path, server):
     server.behaviour.drift_at = 3
-    server.behaviour.latency = (
-        0.1  # long enough that concurrent requests surely overlap on a busy machine
-    )
+    # long enough that concurrent requests surely overlap on a busy machine
+    server.behaviour.latency = 0.1
     code, _, summary = run(tmp_path, server, concurrency=[1, 2, 4], samples=8)
     assert code == 1
     cells = cells_by_level(summary)

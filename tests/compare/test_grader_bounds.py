@@ -103,9 +103,8 @@ def test_a_grader_that_ends_its_process_is_grade_failed(tmp_path, server):
 def test_a_looping_python_grader_is_cut_at_grade_timeout_once_and_not_called_again(
     tmp_path, server
 ):
-    grader = (
-        f"def check(answer, probe, expected):\n    while answer == '4': pass\n{_RIGHT}"  # s0, s1
-    )
+    # s0, s1
+    grader = f"def check(answer, probe, expected):\n    while answer == '4': pass\n{_RIGHT}"
     started = time.monotonic()
     code, out = _graded_run(tmp_path, server, grader, grade_timeout=0.5)
     assert code == 2, out

@@ -36,9 +36,8 @@ def diagnose(tmp_path, server, *extra, params='{"temperature": 0.8}'):
 
 
 def test_stable(tmp_path, server):
-    server.behaviour.logprobs_supported = (
-        False  # text only: what a stable verdict rests on without logprobs
-    )
+    # text only: what a stable verdict rests on without logprobs
+    server.behaviour.logprobs_supported = False
     code, output, d = diagnose(tmp_path, server)
     assert code == 0, output
     assert d["verdict"] == "stable"

@@ -37,9 +37,8 @@ def test_leftover_companions_never_reach_the_next_cell(tmp_path, server, monkeyp
     """Companions still running when p1's c=4 cell ends used to overlap p2's serial cell."""
     monkeypatch.setenv("KEVLOAD_HTTP", backend)
     server.behaviour.drift_when_mixed = True
-    server.behaviour.latency = (
-        0.3  # non-streaming requests held long: cancelled ones outlive the cell
-    )
+    # non-streaming requests held long: cancelled ones outlive the cell
+    server.behaviour.latency = 0.3
     scenario = write_scenario(
         tmp_path / "s.toml",
         server.url,
@@ -71,9 +70,8 @@ def test_single_mode_reaches_c_even_with_fewer_samples(tmp_path, server):
     """A level of c=8 with 4 samples used to reach at most 4 in flight (3 others)."""
     server.behaviour.latency = 0.3
     server.behaviour.drift_at = 8
-    server.behaviour.batched_variant = (
-        True  # the server answers differently once it holds 8 at once
-    )
+    # the server answers differently once it holds 8 at once
+    server.behaviour.batched_variant = True
     scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1, 8], samples=4)
     code, output = run_cli("run", scenario, "--out", tmp_path / "run", "--quiet")
     assert code == 1, output

@@ -28,9 +28,8 @@ class Request:
         int  # the fewest others in flight at the end of any step of its life (a start is one step)
     )
     paused: bool = False
-    was_paused: bool = (
-        False  # a back-off anywhere during its life: the batch around it may have shrunk
-    )
+    # a back-off anywhere during its life: the batch around it may have shrunk
+    was_paused: bool = False
 
 
 @dataclass

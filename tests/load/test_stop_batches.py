@@ -19,9 +19,8 @@ from kevload.records.rundir import RunDir
 from tests.conftest import write_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
-HOLD_S = (
-    1.0  # the request arriving as the stop comes is held this long: the others end long before it
-)
+# the request arriving as the stop comes is held this long: the others end long before it
+HOLD_S = 1.0
 # the longest a counted sample may run with fewer than c − 1 others: a resend's gap, never a stop's
 GAP_S = 0.25
 
