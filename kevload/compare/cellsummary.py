@@ -18,7 +18,7 @@ from kevload.compare.stats import drift_upper_bound
 from kevload.compare.turnwise import TurnAgreement, first_divergent_turn
 from kevload.compare.verdict import UntilBound, meets_slo, stop_reason
 from kevload.inputs.wordsets import DIVERGENCE_KINDS, SampleRole
-from kevload.records.servermetrics import Samples, cell_view
+from kevload.records.servermetrics import CELL_FIELDS, Samples, cell_view
 from kevload.records.summary import CellSummary, level_label
 
 Level = tuple[int, float | None]  # concurrency, rate (open loop)
@@ -85,19 +85,7 @@ def _server_fields(
 ) -> dict[str, Any]:
     """What the server said while the cell ran (``cell_view``): None each field it does not set."""
     view = cell_view(server, cell.t_start, cell.t_end, concurrency)
-    return {name: view.get(name) for name in _SERVER_FIELDS}
-
-
-_SERVER_FIELDS = (
-    "server_view",
-    "server_samples",
-    "server_running_max",
-    "server_running_mean",
-    "server_waiting_max",
-    "server_prefix_cache_hits",
-    "server_kv_cache_usage_max",
-    "server_note",
-)
+    return {name: view.get(name) for name in CELL_FIELDS}
 
 
 def _output_fields(
