@@ -448,10 +448,17 @@ class _Accumulator:
             {"name": name, "arguments": "".join(pieces)}
             for _, (name, pieces) in sorted(self.calls.items())
         ] or None
-        answered = bool(output or reasoning or tool_calls)
-        status, error = _status(finish_reason, complete=complete, answered=answered)
+        # The per-request path: a named finish that is no failure is ok, asked without a call.
+        if finish_reason is not None and finish_reason not in _FAILED_FINISH:
+            status, error = "ok", None
+        else:
+            answered = bool(output or reasoning or tool_calls)
+            status, error = _status(finish_reason, complete=complete, answered=answered)
         usage = self.usage or Usage()
-        completion_tokens = self._completion_tokens(usage)
+        completion_tokens = usage.completion_tokens
+        limit = self.token_limit
+        if completion_tokens is not None and limit is not None and completion_tokens > limit:
+            completion_tokens = self._over_limit(completion_tokens, limit)
         nonfinite = (
             sum(1 for x in self.logprobs if x is not None and not math.isfinite(x))
             if self.nonfinite and self.logprobs
@@ -480,17 +487,12 @@ class _Accumulator:
             **fields,
         )
 
-    def _completion_tokens(self, usage: Usage) -> int | None:
-        """The server's count of the answer's tokens, None where it is above the request's limit (a
-        finding)."""
-        count = usage.completion_tokens
-        if count is not None and self.token_limit is not None and count > self.token_limit:
-            self.findings.append(
-                f"usage.completion_tokens: expected at most the request's max_tokens "
-                f"({self.token_limit}), got {count}"
-            )
-            return None
-        return count
+    def _over_limit(self, count: int, limit: int) -> None:
+        """A count of the answer's tokens above the request's limit: a finding, and no count."""
+        self.findings.append(
+            f"usage.completion_tokens: expected at most the request's max_tokens ({limit}), "
+            f"got {count}"
+        )
 
 
 def _status(finish_reason: str | None, *, complete: bool, answered: bool) -> tuple[str, str | None]:
