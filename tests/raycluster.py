@@ -38,7 +38,8 @@ def ray_cluster(
                 else ["--address", address]
             )
             extra = (resources or [])[node] if node < len(resources or []) else {}
-            log = open(tmp / f"ray{node}.log", "wb")  # noqa: SIM115 - the process owns it until it ends
+            # The process owns the log until it ends.
+            log = open(tmp / f"ray{node}.log", "wb")  # noqa: SIM115
             procs.append(
                 subprocess.Popen(
                     [

@@ -213,9 +213,10 @@ async def _stopped(
 def _outcome(future: asyncio.Future[dict[str, Any]]) -> dict[str, Any]:
     """A task's result; a task that died (its worker or node lost) fails its setting like a server
     that did."""
+    # Ray's errors for a lost task are many: any of them fails only this setting.
     try:
         return future.result()
-    except Exception as exc:  # noqa: BLE001 - Ray's errors for a lost task: any of them fails only this setting
+    except Exception as exc:  # noqa: BLE001
         return {"error": f"the Ray task failed: {_first_line(exc)}", "runs": []}
 
 
@@ -356,9 +357,10 @@ async def _run(name: str, scenario: Scenario, run_dir: Path, stop: asyncio.Event
     numbered); a run that fails is a failed row, and the next run still gets its turn."""
     started = time.time()
     error = None
+    # Any failure of one run fails only its row, with its message.
     try:
         await run_scenario(scenario, run_dir, stop=stop)
-    except Exception as exc:  # noqa: BLE001 - any failure of one run fails only its row, with its message
+    except Exception as exc:  # noqa: BLE001
         error = (
             f"the run failed: {_first_line(exc)}" if not isinstance(exc, KevloadError) else str(exc)
         )

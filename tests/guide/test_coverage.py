@@ -78,7 +78,10 @@ def test_js_divergence_by_hand():
     import math
 
     p, q, m = [1 / 3] * 3, [0.5, 0.5, 0.0], [5 / 12, 5 / 12, 1 / 6]
-    kl = lambda a, b: sum(x * math.log2(x / y) for x, y in zip(a, b, strict=True) if x > 0)  # noqa: E731
+
+    def kl(a: list[float], b: list[float]) -> float:
+        return sum(x * math.log2(x / y) for x, y in zip(a, b, strict=True) if x > 0)
+
     expected = 0.5 * kl(p, m) + 0.5 * kl(q, m)
     got = label_shift({"a": 1, "b": 1, "c": 1}, {"a": 1, "b": 1})["js_divergence"]
     assert got == pytest.approx(expected, abs=1e-6)
