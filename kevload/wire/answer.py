@@ -458,7 +458,8 @@ class _Accumulator:
         completion_tokens = usage.completion_tokens
         limit = self.token_limit
         if completion_tokens is not None and limit is not None and completion_tokens > limit:
-            completion_tokens = self._over_limit(completion_tokens, limit)
+            self._over_limit(completion_tokens, limit)
+            completion_tokens = None
         nonfinite = (
             sum(1 for x in self.logprobs if x is not None and not math.isfinite(x))
             if self.nonfinite and self.logprobs
