@@ -73,6 +73,8 @@ class ItemResult:
     at_token: int | None
     logprob_first: int | None  # latent: the first token whose logprob differs
     logprob_diff: float | None  # latent: the largest absolute difference
+    # the reference's text, and logprobs for it on both sides: latent or not could be told
+    logprobs_compared: bool
     new: int  # candidate samples with a text the reference never gave
     labels: tuple[list[int], list[int]]  # each reference and candidate sample's text, as a label
     graded: tuple[bool, bool] | None  # (reference good, candidate good); None: not graded on both
@@ -94,6 +96,7 @@ class LevelComparison:
     reference_self_agreement: float | None
     classes: dict[str, int]
     latent: int
+    latent_checked: int  # items with the reference's text whose logprobs both sides sent
     latent_max_logprob_diff: float | None
     latent_first_token: int | None
     first_divergence_chars_median: float | None
@@ -242,6 +245,7 @@ def _parting_figures(results: Sequence[ItemResult]) -> dict[str, Any]:
     return {
         "classes": classes,
         "latent": len(latent),
+        "latent_checked": sum(r.logprobs_compared for r in results),
         "latent_max_logprob_diff": max(
             (r.logprob_diff for r in latent if r.logprob_diff is not None), default=None
         ),
@@ -309,11 +313,12 @@ def compare_item(
             graded = (ref_good, cand_good)
     first = diff = at_char = at_token = None
     example = None
+    compared = False
     if outside:
         other = max(outside, key=lambda k: (cand.counts[k], -cand.first_seen[k]))
         at_char, at_token, example = _parting(name, ref, ref_modal, cand, other)
     else:
-        first, diff = _logprob_parting(ref, cand, cand_modal)
+        compared, first, diff = _logprob_parting(ref, cand, cand_modal)
     kind = _kind(bool(outside), first is not None, graded)
     if example is not None:
         example = Parted(kind=kind, **{k: v for k, v in asdict(example).items() if k != "kind"})
@@ -327,6 +332,7 @@ def compare_item(
         at_token=at_token,
         logprob_first=first,
         logprob_diff=diff,
+        logprobs_compared=compared,
         new=sum(cand.counts[k] for k in outside),
         labels=(_labels(ref, label), _labels(cand, label)),
         graded=graded,
@@ -364,18 +370,18 @@ def _parting(
 
 def _logprob_parting(
     ref: CellAccumulator, cand: CellAccumulator, key: OutputKey
-) -> tuple[int | None, float | None]:
-    """For the candidate's modal text, which the reference gave too: the first token whose logprob
-    differs from the reference's modal vector for that text, and the largest difference (None, None:
-    nothing to compare)."""
+) -> tuple[bool, int | None, float | None]:
+    """For the candidate's modal text, which the reference gave too: whether both sent logprobs
+    for it, the first token whose logprob differs from the reference's modal vector for that text,
+    and the largest difference (None, None where they are equal or there is nothing to compare)."""
     track = cand.logprobs.get(key)
     ref_key = key if key in ref.counts else next(k for k in ref.counts if k[0] == key[0])
     ref_track = ref.logprobs.get(ref_key)
     if track is None or ref_track is None:
-        return None, None
+        return False, None, None
     vector = ref_track.modal()
     first, diff, _ = track.compare(vector, len(vector), True)
-    return first, None if first is None or diff is None else float(f"{diff:.6g}")
+    return True, first, None if first is None or diff is None else float(f"{diff:.6g}")
 
 
 def _grade(grader: Grader, name: str, cell: CellAccumulator) -> bool | None:

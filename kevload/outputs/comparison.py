@@ -32,6 +32,25 @@ def _ratio(level: LevelComparison) -> str:
     return "-" if ratio is None else f"{ratio:.2f}"
 
 
+def _latent(level: LevelComparison) -> str:
+    """``2 of 17``: latent items among those with the reference's text whose logprobs both sides
+    sent."""
+    return f"{level.latent} of {level.latent_checked}"
+
+
+def _unchecked(comparison: Comparison) -> Iterator[str]:
+    """Per candidate, how many items with the reference's text could not be told latent or not: a
+    side sent no logprobs, so ``identical`` there is of the text alone."""
+    for candidate in comparison.candidates:
+        same = sum(lv.classes["identical"] + lv.latent for lv in candidate.levels)
+        unchecked = same - sum(lv.latent_checked for lv in candidate.levels)
+        if unchecked:
+            yield (
+                f"{candidate.name}: {unchecked} of {same} item-levels with the reference's text "
+                "not checked for latent drift (no logprobs from a side)"
+            )
+
+
 def _level(level: LevelComparison) -> str:
     """``c=4``; ``mixed/c=4`` in another mode than single."""
     return level.label if level.mode == "single" else f"{level.mode}/{level.label}"
@@ -72,7 +91,8 @@ def table(comparison: Comparison, result: GateResult | None = None) -> str:
             lines.append(_cut(f"  {where}:", WIDTH))
             lines.append(_cut(f"    ref  {example.reference!r}", WIDTH))
             lines.append(_cut(f"    cand {example.candidate!r}", WIDTH))
-    lines += [_cut(f"note: {note}", WIDTH) for note in comparison.notes]
+    for note in [*comparison.notes, *_unchecked(comparison)]:
+        lines += textwrap.wrap(visible(f"note: {note}"), WIDTH, subsequent_indent="  ")
     if result is not None:
         for line in result.lines:  # wrapped, not cut: a finding's reason is at its end
             lines += textwrap.wrap(visible(line), WIDTH, subsequent_indent="  ")
@@ -85,7 +105,7 @@ def markdown(comparison: Comparison, result: GateResult | None = None) -> str:
     out = [
         f"# Compared with {markdown_cell(comparison.reference)}",
         "",
-        "| candidate | level | items | agreement (95%) | latent | accuracy ref → cand "
+        "| candidate | level | items | agreement (95%) | latent (of checked) | accuracy ref → cand "
         "| good→bad / bad→good | McNemar p | p50 ratio (95%) |",
         "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |",
     ]
@@ -100,7 +120,7 @@ def markdown(comparison: Comparison, result: GateResult | None = None) -> str:
         )
         out.append(
             f"| {markdown_cell(candidate.name)} | {level.mode}/{level.label} | {level.items} "
-            f"| {_pct(level.agreement)} ({_pct(ci[0])}–{_pct(ci[1])}) | {level.latent} "
+            f"| {_pct(level.agreement)} ({_pct(ci[0])}–{_pct(ci[1])}) | {_latent(level)} "
             f"| {accuracy} | {level.good_to_bad} / {level.bad_to_good} | {_p(level.mcnemar_p)} "
             f"| {_ratio(level)} ({_p(lat[0])}–{_p(lat[1])}) |"
         )
@@ -112,7 +132,8 @@ def markdown(comparison: Comparison, result: GateResult | None = None) -> str:
     ]
     if parted:
         out += ["", "Items that parted:", "", *parted]
-    out += ["", *(f"- note: {markdown_cell(n)}" for n in comparison.notes)]
+    notes = [*comparison.notes, *_unchecked(comparison)]
+    out += ["", *(f"- note: {markdown_cell(n)}" for n in notes)]
     if result is not None:
         out += [f"- {markdown_cell(line)}" for line in result.lines]
         out.append(f"- gate: exit {int(result.code)}")
@@ -225,7 +246,7 @@ def html_page(comparison: Comparison, result: GateResult) -> str:
     by side with the first divergence marked, then the gate's findings."""
     rows = "".join(
         f"<tr><td>{_h(c.name)}</td><td>{_h(_level(lv))}</td><td>{lv.items}</td>"
-        f"<td>{_pct(lv.agreement)}</td><td>{lv.latent}</td>"
+        f"<td>{_pct(lv.agreement)}</td><td>{_latent(lv)}</td>"
         f"<td>{_pct(lv.accuracy_reference)} → {_pct(lv.accuracy_candidate)}</td>"
         f"<td>{lv.good_to_bad} / {lv.bad_to_good}</td><td>{_p(lv.mcnemar_p)}</td>"
         f"<td>{_ratio(lv)}</td></tr>"
@@ -244,10 +265,11 @@ def html_page(comparison: Comparison, result: GateResult) -> str:
         f"<!doctype html><html lang=en><head><meta charset=utf-8><title>compared with "
         f"{_h(comparison.reference)}</title><style>{_CSS}</style></head><body>"
         f"<h1>Compared with {_h(comparison.reference)}</h1><table><tr><th>candidate</th>"
-        "<th>level</th><th>items</th><th>agreement</th><th>latent</th><th>accuracy ref → cand</th>"
+        "<th>level</th><th>items</th><th>agreement</th><th>latent (of checked)</th>"
+        "<th>accuracy ref → cand</th>"
         f"<th>good→bad / bad→good</th><th>McNemar p</th><th>p50 ratio</th></tr>{rows}</table>"
         f"<h2>Items that parted</h2>{parted or '<p>None.</p>'}"
         f"<h2>Gate: exit {int(result.code)}</h2>{findings}"
-        + "".join(f"<p>note: {_h(n)}</p>" for n in comparison.notes)
+        + "".join(f"<p>note: {_h(n)}</p>" for n in [*comparison.notes, *_unchecked(comparison)])
         + "</body></html>\n"
     )

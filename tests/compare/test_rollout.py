@@ -16,6 +16,8 @@ from kevload.compare.rollout import compare_sides
 from kevload.compare.sides import fold_side
 from kevload.exits import ExitCode
 from kevload.inputs.grading import checked
+from kevload.outputs.comparison import markdown as comparison_markdown
+from kevload.outputs.comparison import table as comparison_table
 from kevload.records.store import Record
 from tests.conftest import filled
 
@@ -124,6 +126,7 @@ def test_a_new_version_with_planted_items_is_counted_exactly_and_fails():
     assert level.accuracy_reference == 1.0 and level.accuracy_candidate == 0.8
     assert level.agreement == (SUMS - 14) / SUMS  # the wrong and the reworded parted
     assert level.latent_first_token == 2 and level.latent_max_logprob_diff == 1e-4
+    assert level.latent_checked == 17 + 9  # every item with the old text: both sent logprobs
     assert level.parted["good_to_bad"] == [f"sum{i}" for i in range(8)]
     low, high = level.latency["latency_p50_ratio_ci95"]
     assert low < 1.3 < high and 1.15 < level.latency["latency_p50_ratio"] < 1.45
@@ -164,6 +167,24 @@ def test_wrong_only_under_load_parts_at_c4_alone():
     # --min-agreement allows some parted items, not all of them.
     assert gate(comparison, GateRules(min_agreement=0.5)).code == ExitCode.DRIFT
     assert comparison.matrix[1]["agreement"] == [[1.0, 0.0], [0.0, 1.0]]
+
+
+def test_a_side_without_logprobs_leaves_latent_unchecked_and_says_so():
+    # Three items with the reference's text: two with logprobs on both sides (one moved), one where
+    # the candidate sent none. Latent is one of two checked, never one of three.
+    ref = [(f"p{i}", f"answer {i}", 1, 0.1, vector(i)) for i in range(3)]
+    cand = [
+        ("p0", "answer 0", 1, 0.1, vector(0)),
+        ("p1", "answer 1", 1, 0.1, vector(1, 1e-3)),
+        ("p2", "answer 2", 1, 0.1),
+    ]
+    comparison = compare_sides([side("old", ref), side("new", cand)], "old")
+    (level,) = comparison.candidates[0].levels
+    assert (level.latent, level.latent_checked, level.classes["identical"]) == (1, 2, 2)
+    assert level.to_json()["latent_checked"] == 2
+    note = "new: 1 of 3 item-levels with the reference's text not checked for latent drift"
+    assert note in " ".join(comparison_table(comparison).split())
+    assert "| 1 of 2 |" in comparison_markdown(comparison)
 
 
 def chance_side(name: str, rng: random.Random, items: int = 30, samples: int = 5) -> object:
