@@ -34,8 +34,9 @@ from kevload.servers.targets import NAMES
     "--target",
     "builtins",
     multiple=True,
-    metavar="NAME=BUILTIN",
-    help=f"A built-in target started for the comparison ({', '.join(NAMES)}).",
+    metavar="NAME=BUILTIN[:KEY=VALUE,…]",
+    help=f"A built-in target started for the comparison ({', '.join(NAMES)}), with settings as "
+    "`kevload target start` takes them: one=llamacpp:slots=1.",
 )
 @click.option(
     "--model",

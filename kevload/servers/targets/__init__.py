@@ -284,7 +284,8 @@ async def serving(
         facts = await asyncio.to_thread(
             engine_facts, name, target.argv, f"llama-cpp-python {llamacpp.VERSION}"
         )
-        served = SERVED.set({"url": target.url, **facts})
+        facts["settings"] = settings.changed()
+        served = SERVED.set({**SERVED.get(), target.url: facts})
         try:
             yield target
         finally:

@@ -67,6 +67,16 @@ class TargetSettings:
             given[field_name] = _checked(known[field_name], name, value)
         return cls(**given)
 
+    def changed(self) -> dict[str, Any]:
+        """The settings that differ from the defaults, as run.json's ``server.settings`` keeps
+        them."""
+        default = TargetSettings()
+        return {
+            f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
+            for f in fields(self)
+            if getattr(self, f.name) != getattr(default, f.name)
+        }
+
     def model_file(self) -> Path:
         """The GGUF to serve: the user's own, or the bundled SmolLM2."""
         gguf = Path(self.gguf).expanduser().resolve() if self.gguf else default_gguf()
