@@ -13,6 +13,7 @@ target's run resumed) and ``kevload report DIR`` recomputes it."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,8 @@ from kevload.records.store import Record, now_iso, read_json, write_json
 
 MANIFEST = "compare-run.json"
 COMPARE = "compare.json"
+# What a comparison writes beside its targets' run directories (``servers.rollout.finish``).
+OWN_FILES = (MANIFEST, COMPARE, "compare.md", "compare.html", "gate.json")
 
 
 @dataclass(frozen=True)
@@ -137,8 +140,17 @@ async def run_comparison(
 
 
 def target_dirs(names: Sequence[str], out: Path) -> dict[str, Path]:
-    """Each target's run directory: ``out/<name>``, its name made a file name (``rundir.apart``)."""
-    return {name: out / file for name, file in apart(list(names)).items()}
+    """Each target's run directory: ``out/<name>``, its name made a file name (``rundir.apart``).
+    A name that is one of the comparison's own files (a target called ``compare.json``) gets its
+    hash after it, as two names that would share a directory do: the file and the directory would
+    otherwise be one path."""
+    return {name: out / _not_own(name, file) for name, file in apart(list(names)).items()}
+
+
+def _not_own(name: str, file: str) -> str:
+    if file.lower() not in OWN_FILES:  # lower: a file system that ignores case holds one of each
+        return file
+    return f"{file}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
 def write_manifest(

@@ -346,3 +346,20 @@ def test_a_saved_reference_runs_python_graders_are_imported_only_when_trusted(
         "levels"
     ]
     assert level["graded"] == level["items"] > 0 and level["accuracy_reference"] == 1.0
+
+
+@pytest.mark.parametrize("name", ["compare.json", "compare-run.json", "gate.json", "Compare.md"])
+def test_a_target_named_like_one_of_the_comparisons_files_gets_a_directory_of_its_own(
+    tmp_path, servers, name
+):
+    old, new = servers
+    path = write_scenario(tmp_path / "s.toml", old.url, probes=sums()[:2], concurrency=[1])
+    code, output = run_cli(
+        "compare", path, "--url", f"{name}={old.url}", "--url", f"new={new.url}",
+        "--out", tmp_path / "cmp",
+    )  # fmt: skip
+    assert code == 0, output
+    assert _doc(tmp_path)["reference"] == name
+    manifest = json.loads((tmp_path / "cmp" / "compare-run.json").read_text())
+    (run_dir,) = [t["run_dir"] for t in manifest["targets"] if t["name"] == name]
+    assert run_dir.startswith(f"{name}-") and (tmp_path / "cmp" / run_dir / "run.json").is_file()
