@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import sys
 
 import pytest
 
@@ -363,3 +364,27 @@ def test_a_target_named_like_one_of_the_comparisons_files_gets_a_directory_of_it
     manifest = json.loads((tmp_path / "cmp" / "compare-run.json").read_text())
     (run_dir,) = [t["run_dir"] for t in manifest["targets"] if t["name"] == name]
     assert run_dir.startswith(f"{name}-") and (tmp_path / "cmp" / run_dir / "run.json").is_file()
+
+
+def test_a_comparison_against_a_saved_run_resumes_with_its_own_scenario(
+    tmp_path, monkeypatch, servers
+):
+    from tests.compare.test_graded import _python_graded_run, sum_probes
+
+    old, new = servers
+    monkeypatch.chdir(tmp_path)
+    # The saved run grades by a python grader; the comparison's own scenario by `expected`.
+    saved = _python_graded_run(tmp_path, old, "kevload_test_compare_resumed")
+    new.behaviour.answer_for = old.behaviour.answer_for
+    probes = [{k: v for k, v in p.items() if k != "grade"} for p in sum_probes()]
+    write_scenario(tmp_path / "own.toml", new.url, probes=probes, samples=2, concurrency=[1])
+    args = ["--reference-run", saved, "--url", f"new={new.url}", "--trust-graders"]
+    code, output = run_cli("compare", "own.toml", *args, "--out", "cmp")
+    assert code == 0, output
+    code, output = run_cli("compare", "--resume", "cmp", "--trust-graders")
+    assert code == 0, output
+    # Without --trust-graders the saved run's grader is refused, and never imported to be refused.
+    sys.modules.pop("kevload_test_compare_resumed", None)
+    code, output = run_cli("compare", "--resume", "cmp")
+    assert code == 2 and "--trust-graders" in output, output
+    assert "kevload_test_compare_resumed" not in sys.modules
