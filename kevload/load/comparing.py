@@ -23,6 +23,7 @@ from kevload.compare.graded import gradings_of
 from kevload.compare.rollout import Comparison, compare_sides
 from kevload.compare.sides import Side, fold_side
 from kevload.errors import InputError, RunDirError, SummaryError, TargetError
+from kevload.inputs.probe import probe_inputs
 from kevload.inputs.scenario import Scenario
 from kevload.inputs.scenariokeys import Slo
 from kevload.load.runs import Level, RunResult, run_scenario
@@ -84,6 +85,29 @@ def check_scenario(scenario: Scenario) -> None:
             f"{scenario.source}: load.until_bound: compare sends every target the same samples; "
             "set load.samples instead"
         )
+
+
+# What a probe asks the server (``probe.probe_inputs``); its grading is the reference's either way.
+_ASKED = ("input", "params", "max_tokens")
+
+
+def check_reference_run(scenario: Scenario, meta: dict[str, Any], where: Path) -> None:
+    """A saved reference run stands for the reference only where it was asked what the candidates
+    are: a probe both have, asked otherwise (another prompt, params or max_tokens), would pair
+    answers to two questions, so it is refused (``InputError``) before anything is sent. A run
+    from before inputs were recorded has nothing to check."""
+    recorded = meta.get("inputs") or {}
+    for probe in scenario.probes:
+        then = recorded.get(probe.id)
+        if then is None:  # the saved run lacks the probe: its items are missing, evidence short
+            continue
+        now = probe_inputs(probe, scenario.params)
+        changed = [key for key in _ASKED if key in then and then[key] != now[key]]
+        if changed:
+            raise InputError(
+                f"--reference-run {where}: probe {probe.id!r} was asked otherwise there (its "
+                f"{', '.join(changed)} differ from the scenario's); save a run of this scenario"
+            )
 
 
 async def run_comparison(

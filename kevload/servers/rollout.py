@@ -109,6 +109,7 @@ def compare(
     scenario = _compared_scenario(scenario_path, out, resume)
     if reference_run is not None:  # read before anything is sent: its graders too
         saved = RunDir.open(reference_run)
+        comparing.check_reference_run(scenario, saved.meta(), reference_run)
         gradings_of(saved.meta(), saved.run_json, trust_graders=trust_graders)
 
     async def work(stop: asyncio.Event) -> None:

@@ -388,3 +388,18 @@ def test_a_comparison_against_a_saved_run_resumes_with_its_own_scenario(
     code, output = run_cli("compare", "--resume", "cmp")
     assert code == 2 and "--trust-graders" in output, output
     assert "kevload_test_compare_resumed" not in sys.modules
+
+
+def test_a_saved_reference_run_that_was_asked_otherwise_is_refused(tmp_path, servers):
+    old, new = servers
+    # The same ids, other questions: sum0 asks 0+5 in the saved run and 0+2 in the scenario.
+    other = [{**p, "prompt": p["prompt"].replace("+2", "+5")} for p in sums()[:4]]
+    saved = write_scenario(tmp_path / "saved.toml", old.url, probes=other, concurrency=[1])
+    assert run_cli("run", saved, "--out", tmp_path / "saved", "--quiet")[0] == 0
+    path = write_scenario(tmp_path / "s.toml", old.url, probes=sums()[:4], concurrency=[1])
+    code, output = run_cli(
+        "compare", path, "--reference-run", tmp_path / "saved", "--url", f"new={new.url}",
+        "--out", tmp_path / "cmp",
+    )  # fmt: skip
+    assert code == 2 and "probe 'sum0' was asked otherwise" in output, output
+    assert not (tmp_path / "cmp").exists()
