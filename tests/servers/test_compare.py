@@ -403,3 +403,22 @@ def test_a_saved_reference_run_that_was_asked_otherwise_is_refused(tmp_path, ser
     )  # fmt: skip
     assert code == 2 and "probe 'sum0' was asked otherwise" in output, output
     assert not (tmp_path / "cmp").exists()
+
+
+def test_the_table_fits_80_columns_where_names_and_answers_are_wide_characters(tmp_path, servers):
+    from rich.cells import cell_len
+
+    old, new = servers
+    old.behaviour.answer_for = lambda p, o: "答案是" * 30
+    new.behaviour.answer_for = lambda p, o: "答案不是" * 30
+    probes = [{"id": "问题" * 20, "prompt": "一加一等于几？"}]
+    path = write_scenario(tmp_path / "s.toml", old.url, probes=probes, concurrency=[1], samples=2)
+    code, output = run_cli(
+        "compare", path, "--url", f"{'旧服务器' * 10}={old.url}",
+        "--url", f"{'新服务器' * 10}={new.url}", "--out", tmp_path / "cmp",
+    )  # fmt: skip
+    assert code == 1, output
+    lines = output.splitlines()
+    assert all(cell_len(line) <= 80 for line in lines), [x for x in lines if cell_len(x) > 80]
+    row = next(line for line in lines if line.startswith("新服务器"))
+    assert cell_len(row[: row.index(" c=1")]) == 13  # the name's column, as wide as the header's
