@@ -80,6 +80,14 @@ def check_scenario(scenario: Scenario) -> None:
             "or rates; a trace's replay is not compared yet (run it with `kevload run` per "
             "server)"
         )
+    if scenario.load.prefix_cache != "off" and scenario.load.cache_reset in ("auto", "marker"):
+        # The marker carries each run's own id: every target would be asked another input.
+        raise InputError(
+            f"{scenario.source}: load.cache_reset = {scenario.load.cache_reset!r}: the marker "
+            "method opens each probe with its run's id, so the targets would be asked different "
+            "inputs; set load.cache_reset to the targets' reset (reset_prefix_cache, flush_cache "
+            "or cache_prompt)"
+        )
     if scenario.load.until_bound is not None:
         raise InputError(
             f"{scenario.source}: load.until_bound: compare sends every target the same samples; "

@@ -422,3 +422,23 @@ def test_the_table_fits_80_columns_where_names_and_answers_are_wide_characters(t
     assert all(cell_len(line) <= 80 for line in lines), [x for x in lines if cell_len(x) > 80]
     row = next(line for line in lines if line.startswith("新服务器"))
     assert cell_len(row[: row.index(" c=1")]) == 13  # the name's column, as wide as the header's
+
+
+@pytest.mark.parametrize("cache_reset", ["marker", "auto"])
+def test_a_prefix_cache_scenario_whose_cold_samples_may_be_marked_is_refused(
+    tmp_path, servers, cache_reset
+):
+    # A marker opens each probe with its run's id: two identical servers would be asked two
+    # different inputs and read as answering differently.
+    old, new = servers
+    code, output = _compare(
+        tmp_path,
+        old,
+        new,
+        concurrency=[1],
+        samples=2,
+        prefix_cache="cold_warm",
+        cache_reset=cache_reset,
+    )
+    assert code == 2 and "load.cache_reset" in output, output
+    assert not (tmp_path / "cmp").exists()
