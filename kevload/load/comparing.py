@@ -13,6 +13,7 @@ target's run resumed) and ``kevload report DIR`` recomputes it."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from kevload.compare.graded import gradings_of
 from kevload.compare.rollout import Comparison, compare_sides
 from kevload.compare.sides import Side, fold_side
 from kevload.errors import InputError, RunDirError, SummaryError, TargetError
+from kevload.inputs.probe import probe_inputs
 from kevload.inputs.scenario import Scenario
 from kevload.inputs.scenariokeys import Slo
 from kevload.load.runs import Level, RunResult, run_scenario
@@ -30,6 +32,8 @@ from kevload.records.store import Record, now_iso, read_json, write_json
 
 MANIFEST = "compare-run.json"
 COMPARE = "compare.json"
+# What a comparison writes beside its targets' run directories (``servers.rollout.finish``).
+OWN_FILES = (MANIFEST, COMPARE, "compare.md", "compare.html", "gate.json")
 
 
 @dataclass(frozen=True)
@@ -76,11 +80,42 @@ def check_scenario(scenario: Scenario) -> None:
             "or rates; a trace's replay is not compared yet (run it with `kevload run` per "
             "server)"
         )
+    if scenario.load.prefix_cache != "off" and scenario.load.cache_reset in ("auto", "marker"):
+        # The marker carries each run's own id: every target would be asked another input.
+        raise InputError(
+            f"{scenario.source}: load.cache_reset = {scenario.load.cache_reset!r}: the marker "
+            "method opens each probe with its run's id, so the targets would be asked different "
+            "inputs; set load.cache_reset to the targets' reset (reset_prefix_cache, flush_cache "
+            "or cache_prompt)"
+        )
     if scenario.load.until_bound is not None:
         raise InputError(
             f"{scenario.source}: load.until_bound: compare sends every target the same samples; "
             "set load.samples instead"
         )
+
+
+# What a probe asks the server (``probe.probe_inputs``); its grading is the reference's either way.
+_ASKED = ("input", "params", "max_tokens")
+
+
+def check_reference_run(scenario: Scenario, meta: dict[str, Any], where: Path) -> None:
+    """A saved reference run stands for the reference only where it was asked what the candidates
+    are: a probe both have, asked otherwise (another prompt, params or max_tokens), would pair
+    answers to two questions, so it is refused (``InputError``) before anything is sent. A run
+    from before inputs were recorded has nothing to check."""
+    recorded = meta.get("inputs") or {}
+    for probe in scenario.probes:
+        then = recorded.get(probe.id)
+        if then is None:  # the saved run lacks the probe: its items are missing, evidence short
+            continue
+        now = probe_inputs(probe, scenario.params)
+        changed = [key for key in _ASKED if key in then and then[key] != now[key]]
+        if changed:
+            raise InputError(
+                f"--reference-run {where}: probe {probe.id!r} was asked otherwise there (its "
+                f"{', '.join(changed)} differ from the scenario's); save a run of this scenario"
+            )
 
 
 async def run_comparison(
@@ -137,8 +172,17 @@ async def run_comparison(
 
 
 def target_dirs(names: Sequence[str], out: Path) -> dict[str, Path]:
-    """Each target's run directory: ``out/<name>``, its name made a file name (``rundir.apart``)."""
-    return {name: out / file for name, file in apart(list(names)).items()}
+    """Each target's run directory: ``out/<name>``, its name made a file name (``rundir.apart``).
+    A name that is one of the comparison's own files (a target called ``compare.json``) gets its
+    hash after it, as two names that would share a directory do: the file and the directory would
+    otherwise be one path."""
+    return {name: out / _not_own(name, file) for name, file in apart(list(names)).items()}
+
+
+def _not_own(name: str, file: str) -> str:
+    if file.lower() not in OWN_FILES:  # lower: a file system that ignores case holds one of each
+        return file
+    return f"{file}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
 def write_manifest(

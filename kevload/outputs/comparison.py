@@ -6,8 +6,9 @@ JUnit (a testcase per candidate × level) and OpenMetrics text; ``compare.json``
 from __future__ import annotations
 
 import html
-import textwrap
 from collections.abc import Iterator
+
+from rich.cells import cell_len, chop_cells, set_cell_size
 
 from kevload.compare.gate import GateResult
 from kevload.compare.rollout import CandidateComparison, Comparison, LevelComparison
@@ -57,8 +58,30 @@ def _level(level: LevelComparison) -> str:
 
 
 def _cut(text: str, width: int) -> str:
+    """``text`` in at most ``width`` terminal columns, counted as a terminal shows them: a wide
+    character (CJK, most emoji) takes two, so a name's characters are no measure of its width."""
     text = visible(text).replace("\n", "⏎")
-    return text if len(text) <= width else text[: width - 1] + "…"
+    return text if cell_len(text) <= width else set_cell_size(text, width - 1) + "…"
+
+
+def _column(text: str, width: int) -> str:
+    """``text`` cut to and padded out to exactly ``width`` columns: a table column."""
+    return set_cell_size(_cut(text, width), width)
+
+
+def _wrapped(text: str) -> list[str]:
+    """A finding in lines of at most ``WIDTH`` columns, broken between words (a word wider than a
+    line inside it), the later lines indented; wrapped, not cut: its reason is at its end."""
+    lines: list[str] = []
+    line = ""
+    for word in visible(text).split():
+        for piece in chop_cells(word, WIDTH - 2):
+            joined = f"{line} {piece}" if line.strip() else line + piece
+            if line.strip() and cell_len(joined) > WIDTH:
+                lines.append(line)
+                joined = "  " + piece
+            line = joined
+    return [*lines, line] if line else lines
 
 
 def _rows(comparison: Comparison) -> Iterator[tuple[CandidateComparison, LevelComparison]]:
@@ -79,7 +102,7 @@ def table(comparison: Comparison, result: GateResult | None = None) -> str:
         )
         flips = f"{level.good_to_bad}/{level.bad_to_good}" if level.graded else "-"
         lines.append(
-            f"{_cut(candidate.name, 13):<13} {_cut(_level(level), 10):<10} {level.items:>5} "
+            f"{_column(candidate.name, 13)} {_column(_level(level), 10)} {level.items:>5} "
             f"{_pct(level.agreement):>6} {accuracy:>17} {flips:>8} {_p(level.mcnemar_p):>7} "
             f"{_ratio(level):>6}"
         )
@@ -94,8 +117,8 @@ def table(comparison: Comparison, result: GateResult | None = None) -> str:
     for note in [*comparison.notes, *_unchecked(comparison)]:
         lines += textwrap.wrap(visible(f"note: {note}"), WIDTH, subsequent_indent="  ")
     if result is not None:
-        for line in result.lines:  # wrapped, not cut: a finding's reason is at its end
-            lines += textwrap.wrap(visible(line), WIDTH, subsequent_indent="  ")
+        for line in result.lines:
+            lines += _wrapped(line)
         lines.append(f"gate: exit {int(result.code)}")
     return "\n".join(lines)
 

@@ -132,6 +132,7 @@ def compare(
     scenario = _compared_scenario(scenario_path, out, resume)
     if reference_run is not None:  # read before anything is sent: its graders too
         saved = RunDir.open(reference_run)
+        comparing.check_reference_run(scenario, saved.meta(), reference_run)
         gradings_of(saved.meta(), saved.run_json, trust_graders=trust_graders)
 
     async def work(stop: asyncio.Event) -> None:
@@ -248,9 +249,13 @@ async def _target_scenario(
 
 
 def _resumed(out: Path) -> Scenario:
-    """The scenario of a stopped comparison: that of the first of its runs that began."""
+    """The scenario of a stopped comparison: that of the first of its own runs that began. A saved
+    --reference-run is not one: its scenario may grade or ask otherwise, and its python graders
+    are imported only with --trust-graders."""
     doc = comparing.read_manifest(out)
     for target in doc["targets"]:
+        if "reference_run" in doc and target["name"] == doc["reference"]:
+            continue
         run = RunDir(out / target["run_dir"])
         if run.run_json.is_file():
             return recorded_scenario(run, graders=IMPORT)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import sys
 
 import pytest
 
@@ -366,3 +367,98 @@ def test_a_saved_reference_runs_python_graders_are_imported_only_when_trusted(
         "levels"
     ]
     assert level["graded"] == level["items"] > 0 and level["accuracy_reference"] == 1.0
+
+
+@pytest.mark.parametrize("name", ["compare.json", "compare-run.json", "gate.json", "Compare.md"])
+def test_a_target_named_like_one_of_the_comparisons_files_gets_a_directory_of_its_own(
+    tmp_path, servers, name
+):
+    old, new = servers
+    path = write_scenario(tmp_path / "s.toml", old.url, probes=sums()[:2], concurrency=[1])
+    code, output = run_cli(
+        "compare", path, "--url", f"{name}={old.url}", "--url", f"new={new.url}",
+        "--out", tmp_path / "cmp",
+    )  # fmt: skip
+    assert code == 0, output
+    assert _doc(tmp_path)["reference"] == name
+    manifest = json.loads((tmp_path / "cmp" / "compare-run.json").read_text())
+    (run_dir,) = [t["run_dir"] for t in manifest["targets"] if t["name"] == name]
+    assert run_dir.startswith(f"{name}-") and (tmp_path / "cmp" / run_dir / "run.json").is_file()
+
+
+def test_a_comparison_against_a_saved_run_resumes_with_its_own_scenario(
+    tmp_path, monkeypatch, servers
+):
+    from tests.compare.test_graded import _python_graded_run, sum_probes
+
+    old, new = servers
+    monkeypatch.chdir(tmp_path)
+    # The saved run grades by a python grader; the comparison's own scenario by `expected`.
+    saved = _python_graded_run(tmp_path, old, "kevload_test_compare_resumed")
+    new.behaviour.answer_for = old.behaviour.answer_for
+    probes = [{k: v for k, v in p.items() if k != "grade"} for p in sum_probes()]
+    write_scenario(tmp_path / "own.toml", new.url, probes=probes, samples=2, concurrency=[1])
+    args = ["--reference-run", saved, "--url", f"new={new.url}", "--trust-graders"]
+    code, output = run_cli("compare", "own.toml", *args, "--out", "cmp")
+    assert code == 0, output
+    code, output = run_cli("compare", "--resume", "cmp", "--trust-graders")
+    assert code == 0, output
+    # Without --trust-graders the saved run's grader is refused, and never imported to be refused.
+    sys.modules.pop("kevload_test_compare_resumed", None)
+    code, output = run_cli("compare", "--resume", "cmp")
+    assert code == 2 and "--trust-graders" in output, output
+    assert "kevload_test_compare_resumed" not in sys.modules
+
+
+def test_a_saved_reference_run_that_was_asked_otherwise_is_refused(tmp_path, servers):
+    old, new = servers
+    # The same ids, other questions: sum0 asks 0+5 in the saved run and 0+2 in the scenario.
+    other = [{**p, "prompt": p["prompt"].replace("+2", "+5")} for p in sums()[:4]]
+    saved = write_scenario(tmp_path / "saved.toml", old.url, probes=other, concurrency=[1])
+    assert run_cli("run", saved, "--out", tmp_path / "saved", "--quiet")[0] == 0
+    path = write_scenario(tmp_path / "s.toml", old.url, probes=sums()[:4], concurrency=[1])
+    code, output = run_cli(
+        "compare", path, "--reference-run", tmp_path / "saved", "--url", f"new={new.url}",
+        "--out", tmp_path / "cmp",
+    )  # fmt: skip
+    assert code == 2 and "probe 'sum0' was asked otherwise" in output, output
+    assert not (tmp_path / "cmp").exists()
+
+
+def test_the_table_fits_80_columns_where_names_and_answers_are_wide_characters(tmp_path, servers):
+    from rich.cells import cell_len
+
+    old, new = servers
+    old.behaviour.answer_for = lambda p, o: "答案是" * 30
+    new.behaviour.answer_for = lambda p, o: "答案不是" * 30
+    probes = [{"id": "问题" * 20, "prompt": "一加一等于几？"}]
+    path = write_scenario(tmp_path / "s.toml", old.url, probes=probes, concurrency=[1], samples=2)
+    code, output = run_cli(
+        "compare", path, "--url", f"{'旧服务器' * 10}={old.url}",
+        "--url", f"{'新服务器' * 10}={new.url}", "--out", tmp_path / "cmp",
+    )  # fmt: skip
+    assert code == 1, output
+    lines = output.splitlines()
+    assert all(cell_len(line) <= 80 for line in lines), [x for x in lines if cell_len(x) > 80]
+    row = next(line for line in lines if line.startswith("新服务器"))
+    assert cell_len(row[: row.index(" c=1")]) == 13  # the name's column, as wide as the header's
+
+
+@pytest.mark.parametrize("cache_reset", ["marker", "auto"])
+def test_a_prefix_cache_scenario_whose_cold_samples_may_be_marked_is_refused(
+    tmp_path, servers, cache_reset
+):
+    # A marker opens each probe with its run's id: two identical servers would be asked two
+    # different inputs and read as answering differently.
+    old, new = servers
+    code, output = _compare(
+        tmp_path,
+        old,
+        new,
+        concurrency=[1],
+        samples=2,
+        prefix_cache="cold_warm",
+        cache_reset=cache_reset,
+    )
+    assert code == 2 and "load.cache_reset" in output, output
+    assert not (tmp_path / "cmp").exists()
