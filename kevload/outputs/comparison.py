@@ -115,7 +115,7 @@ def table(comparison: Comparison, result: GateResult | None = None) -> str:
             lines.append(_cut(f"    ref  {example.reference!r}", WIDTH))
             lines.append(_cut(f"    cand {example.candidate!r}", WIDTH))
     for note in [*comparison.notes, *_unchecked(comparison)]:
-        lines += textwrap.wrap(visible(f"note: {note}"), WIDTH, subsequent_indent="  ")
+        lines += _wrapped(f"note: {note}")
     if result is not None:
         for line in result.lines:
             lines += _wrapped(line)
