@@ -49,9 +49,10 @@ def closing_line(name: str, runs: list[Ran]) -> str:
             for e in graded.accuracy
             if e["accuracy"] is not None
         )
+        bad = len(graded.bad_cells or ())
         said.append(
-            f"graded accuracy {accuracy}, {len(graded.bad_cells or ())} answers turned bad under "
-            f"load"
+            f"graded accuracy {accuracy}, "
+            f"{bad} answer{'' if bad == 1 else 's'} turned bad under load"
         )
     return f"{label}: {'; '.join(said)}"
 
