@@ -13,6 +13,7 @@ target's run resumed) and ``kevload report DIR`` recomputes it."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,9 @@ from kevload.records.rundir import RunDir, apart
 from kevload.records.store import Record, now_iso, read_json, write_json
 
 MANIFEST = "compare-run.json"
+COMPLETE = "complete"
+# A run that ended complete without some of its scenario's levels (the gate: evidence short).
+PARTIAL = "partial"
 COMPARE = "compare.json"
 # What a comparison writes beside its targets' run directories (``servers.rollout.finish``).
 OWN_FILES = (MANIFEST, COMPARE, "compare.md", "compare.html", "gate.json")
@@ -247,7 +251,22 @@ def read_side(name: str, run_dir: Path, *, trust_graders: bool) -> Side:
     meta = run.meta()
     gradings = gradings_of(meta, run.run_json, trust_graders=trust_graders)
     slo = Slo(**meta["load"]["slo"]) if meta["load"].get("slo") else None
-    return fold_side(name, run.records(), gradings=gradings, state=meta.get("state"), slo=slo)
+    side = fold_side(name, run.records(), gradings=gradings, state=meta.get("state"), slo=slo)
+    if side.state == COMPLETE and unsent_levels(meta, side):
+        # A stop between two turns can end a run complete without its later levels: on both sides
+        # alike, nothing would pair them, and the gate would pass what was never compared.
+        return dataclasses.replace(side, state=PARTIAL)
+    return side
+
+
+def unsent_levels(meta: dict[str, Any], side: Side) -> list[str]:
+    """The levels of the run's scenario (run.json's ``load``) of which ``side`` holds no record."""
+    load = meta.get("load") or {}
+    planned = [(0, r) for r in load.get("rate") or []] or [
+        (c, None) for c in load.get("concurrency") or []
+    ]
+    ran = {(c, r) for _, c, r in side.levels()}
+    return [f"c={c}" if r is None else f"r={r:g}/s" for c, r in planned if (c, r) not in ran]
 
 
 def finish_comparison(
@@ -274,6 +293,10 @@ def finish_comparison(
         )
     if doc.get("together"):
         notes.append("every target ran at the same time (--together)")
+    for t, side in zip(doc["targets"], sides, strict=True):
+        if side.state == PARTIAL:
+            unsent = unsent_levels(RunDir(out / t["run_dir"]).meta(), side)
+            notes.append(f"{side.name}: no record at {', '.join(unsent)}: the run never sent them")
     comparison = compare_sides(sides, doc["reference"], seed=seed, notes=notes)
     write_json(out / COMPARE, comparison.to_json())
     return comparison

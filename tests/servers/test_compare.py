@@ -198,6 +198,23 @@ def test_a_stopped_comparison_resumes_where_it_stopped(tmp_path, servers):
     assert [lv["items"] for lv in levels] == [3, 3] and all(lv["agreement"] == 1.0 for lv in levels)
 
 
+def test_a_level_neither_side_sent_is_evidence_short_not_a_pass(tmp_path, servers):
+    # Both runs ended complete without their c=2 records (a stop between two turns can do it):
+    # nothing pairs c=2, and report must not pass what was never compared.
+    code, output = _compare(tmp_path, *servers, probes=sums()[:2], concurrency=[1, 2], samples=2)
+    assert code == 0, output
+    for name in ("old", "new"):
+        records = tmp_path / "cmp" / name / "records.jsonl"
+        kept = [x for x in records.read_text().splitlines() if '"concurrency":1,' in x]
+        assert kept and len(kept) < len(records.read_text().splitlines())
+        records.write_text("\n".join(kept) + "\n")
+        (tmp_path / "cmp" / name / "summary.json").unlink(missing_ok=True)
+    code, output = run_cli("report", tmp_path / "cmp")
+    assert code == 3, output
+    assert "new: run ended partial" in output and "old: run ended partial" in output
+    assert "new: no record at c=2: the run never sent them" in " ".join(output.split())
+
+
 def test_a_built_in_targets_settings_are_read_from_its_spec():
     given = rollout.given(
         ["a=http://127.0.0.1:9/v1"], ["b=llamacpp:slots=1, cache_prompt=false"], []
