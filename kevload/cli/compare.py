@@ -36,7 +36,7 @@ from kevload.servers.targets import NAMES
     multiple=True,
     metavar="NAME=BUILTIN[:KEY=VALUE,…]",
     help=f"A built-in target started for the comparison ({', '.join(NAMES)}), with settings as "
-    "`kevload target start` takes them: one=llamacpp:slots=1.",
+    "run's --target-set names them: one=llamacpp:slots=1,cache_prompt=false.",
 )
 @click.option(
     "--model",
