@@ -24,6 +24,7 @@ from kevload.demo.steps import (
     run_target,
     serial_seconds,
 )
+from kevload.errors import ProvisionError, TargetError
 from kevload.outputs import exitcode
 from kevload.records.store import default_run_dir
 from kevload.records.summary import RunSummary
@@ -43,6 +44,8 @@ class Seen:
     ran: dict[str, list[Ran]] = field(default_factory=dict)
     paces: dict[str, Pace] = field(default_factory=dict)
     compared: Outcome | None = None
+    # a target whose server did not start (or restart), and why: the others still run
+    not_started: dict[str, str] = field(default_factory=dict)
 
 
 async def run_demo(
@@ -69,19 +72,26 @@ async def run_demo(
         await _one_target(name, samples, out, console, stop, seen, timeout_floor)
     answered = [n for n in names if _answered(seen, n)]
     if len(answered) > 1 and not stop.is_set():
-        seen.compared = await agreement.run_agreement(
-            answered, out / "compare", console, stop, seen.paces
-        )
+        try:
+            seen.compared = await agreement.run_agreement(
+                answered, out / "compare", console, stop, seen.paces
+            )
+        except (ProvisionError, TargetError) as exc:
+            seen.not_started["compare"] = str(exc).splitlines()[0]
     _show(seen, out, console, stop)
     failed = any(r.summary.verdict == "target_failed" for runs in seen.ran.values() for r in runs)
     failed |= any(
         row["verdict"] == "target_failed" for sweep in seen.sweeps.values() for row in sweep["rows"]
     )
-    failed |= agreement.failed(seen.compared)
+    failed |= agreement.failed(seen.compared) or bool(seen.not_started)
     code = exitcode.for_demo(target_failed=failed)
     console.print("\n[bold]in short[/bold]")
     for name, runs in seen.ran.items():
-        console.print(lines.closing_line(name, runs), markup=False, highlight=False)
+        said = lines.closing_line(name, runs, seen.not_started.get(name))
+        console.print(said, markup=False, highlight=False)
+    if "compare" in seen.not_started:
+        said = f"engines compared: a server did not start again: {seen.not_started['compare']}"
+        console.print(said, markup=False, highlight=False)
     if seen.compared is not None:
         console.print(agreement.closing_line(seen.compared), markup=False, highlight=False)
     if not stop.is_set():  # a stopped demo exits 130 or 143, as its signal says
@@ -104,9 +114,25 @@ async def _one_target(
         f"[bold]{LABELS[name]}[/bold]: starting (the first start builds or installs it) …"
     )
     seen.ran[name] = []
-    seen.results[name], graded_run = await run_target(
-        name, samples, out, console, stop, seen.ran[name], timeout_floor
-    )
+    try:
+        seen.results[name], graded_run = await run_target(
+            name, samples, out, console, stop, seen.ran[name], timeout_floor
+        )
+    except (ProvisionError, TargetError) as exc:
+        # One engine that will not start (a failed build, a server that exits) is that target's
+        # finding; the other targets' steps are still worth their minutes.
+        seen.not_started[name] = str(exc).splitlines()[0]
+        console.print(f"  {LABELS[name]}: {seen.not_started[name]}", style="red", markup=False)
+        # What ran before a restart failed (the batching-off rerun's) is kept, as run_target keeps
+        # it: the steps that answered, and the graded run.
+        ran = seen.ran[name]
+        seen.results[name] = [
+            (r.name, r.summary) for r in ran if r.name != "graded" and r.summary.probe_cells()
+        ]
+        graded_run = next((r.summary for r in ran if r.name == "graded"), None)
+        if graded_run is not None:
+            seen.graded[name] = graded_run
+        return
     if graded_run is not None:
         seen.graded[name] = graded_run
     seen.paces[name] = pace = Pace(timeout_floor, serial_seconds(seen.results[name]))
@@ -120,7 +146,11 @@ async def _one_target(
 def _answered(seen: Seen, name: str) -> bool:
     """A target worth comparing: its steps ran and none failed."""
     runs = seen.ran.get(name, [])
-    return bool(runs) and all(r.summary.verdict != "target_failed" for r in runs)
+    return (
+        bool(runs)
+        and name not in seen.not_started
+        and all(r.summary.verdict != "target_failed" for r in runs)
+    )
 
 
 def _show(seen: Seen, out: Path, console: Console, stop: asyncio.Event) -> None:

@@ -25,14 +25,24 @@ from kevload.records.summary import (
 )
 
 
-def closing_line(name: str, runs: list[Ran]) -> str:
-    """What one target's runs found, in a line; where one failed, the first such step and why."""
+def closing_line(name: str, runs: list[Ran], not_started: str | None = None) -> str:
+    """What one target's runs found, in a line; where one failed, the first such step and why;
+    where its server did not start (``not_started``: why), that."""
     label = LABELS[name]
     failed = next((r for r in runs if r.summary.verdict == "target_failed"), None)
     if failed is not None:
         return f"{label} {failed.name}: {_failure_words(name, failed)}"
+    if not_started is not None and not runs:
+        return f"{label}: did not start: {not_started}"
     if not runs:
         return f"{label}: nothing ran (stopped before its first step answered)"
+    if not_started is not None:
+        return f"{_found(label, runs)}; then a restart failed: {not_started}"
+    return _found(label, runs)
+
+
+def _found(label: str, runs: list[Ran]) -> str:
+    """What a target's runs found, none of them failed: drift, graded accuracy."""
     fixed = [c for r in runs if r.name[0] in "23" for c in r.summary.probe_cells()]
     drift = sorted({c.concurrency for c in fixed if c.drift})
     said = [

@@ -330,6 +330,51 @@ def test_a_steps_timeout_follows_the_servers_serial_pace_above_its_floor():
     assert Pace(10, serial_s=20.0).timeout(4, max_tokens=48) == 240  # 1.5 × the story's 32 tokens
 
 
+def test_a_target_that_does_not_start_is_its_closing_line_and_the_others_still_run(
+    monkeypatch, tmp_path
+):
+    from tests.fakeserver import Behaviour, FakeServer
+
+    with FakeServer(Behaviour(latency=0.01)) as server:
+        code, printed = _demo_against(
+            server,
+            ["transformers", "llamacpp"],
+            monkeypatch,
+            tmp_path,
+            floor=10,
+            not_starting=frozenset({"transformers"}),
+        )
+    closing = printed.split("in short\n", 1)[1].splitlines()
+    assert code == 3, printed
+    assert closing[0] == "transformers: did not start: transformers exited during startup (exit 1)"
+    assert closing[1].startswith("llama.cpp: fixed params stable under batching; graded accuracy")
+    assert closing[2] == "exit 3: a target failed a step (said above)"
+    assert (tmp_path / "llamacpp-graded" / "summary.json").is_file()
+    assert "engines compared" not in printed  # one engine answered: nothing to compare
+
+
+def test_a_restart_that_fails_keeps_what_the_target_answered_before(monkeypatch, tmp_path):
+    from tests.fakeserver import Behaviour, FakeServer
+
+    # It drifts once two requests overlap: the demo reruns it with batching off, a restart.
+    with FakeServer(Behaviour(latency=0.05, drift_at=2)) as server:
+        code, printed = _demo_against(
+            server,
+            ["transformers"],
+            monkeypatch,
+            tmp_path,
+            floor=10,
+            not_restarting=frozenset({"transformers"}),  # its batching-off rerun
+        )
+    closing = printed.split("in short\n", 1)[1].splitlines()
+    assert code == 3, printed
+    assert closing[0].startswith("transformers: fixed params drift at c=2,4; graded")
+    assert closing[0].endswith(
+        "; then a restart failed: transformers exited during startup (exit 1)"
+    ), closing
+    assert "transformers: distinct outputs" in printed  # its matrix is still shown
+
+
 def _demo_against(
     server,
     names,
@@ -339,6 +384,8 @@ def _demo_against(
     floor: float,
     slow_graded: frozenset[str] = frozenset(),
     items: int = 1,
+    not_starting: frozenset[str] = frozenset(),
+    not_restarting: frozenset[str] = frozenset(),
 ):
     """run_demo with `serving` giving a crafted server for every target (``server``, or a dict of
     them by target name), the graded step on ``items`` items of the demo's share, diagnose left
@@ -355,8 +402,15 @@ def _demo_against(
 
     servers = server if isinstance(server, dict) else {n: server for n in names}
 
+    starts: dict[str, int] = {}
+
     @contextlib.asynccontextmanager
     async def crafted(name, settings, **kwargs):
+        starts[name] = starts.get(name, 0) + 1
+        if name in not_starting or (name in not_restarting and starts[name] > 1):
+            from kevload.errors import ServerError
+
+            raise ServerError(f"{name} exited during startup (exit 1)\nits log's last lines")
         url = servers[name].url
         yield types.SimpleNamespace(name=name, url=url, model="m", failure=lambda: None)
 
