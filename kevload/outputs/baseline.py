@@ -74,6 +74,7 @@ ChangeKind = Literal[
     "accuracy_lost",
     "accuracy_gained",
     "grading_changed",
+    "warm_turned_bad",
 ]
 FailOn = Literal["drift", "latent", "bad"]
 
@@ -197,7 +198,24 @@ def compare_to_baseline(
         for key, before in old.items()
         if key not in current_keys
     ]
-    return changes + accuracy_changes(current, baseline)
+    return changes + accuracy_changes(current, baseline) + warm_changes(current, baseline)
+
+
+def warm_changes(current: RunSummary, baseline: RunSummary) -> list[Change]:
+    """Probes whose warm answers the prefix cache turned bad (``warm_bad_probes``) where the
+    baseline's did not: an answer made wrong is news under any rule, and the cold/warm pairing is
+    the run's own, so the baseline excuses only the probes it had turn bad too."""
+    before = set(baseline.warm_bad_probes or ())
+    return [
+        Change(
+            "warm_turned_bad",
+            probe,
+            "the warm prefix cache turned its answer bad (its round's cold answer good); "
+            "the baseline's warm answers stayed good",
+        )
+        for probe in current.warm_bad_probes or ()
+        if probe not in before
+    ]
 
 
 @dataclass(frozen=True)

@@ -1015,6 +1015,33 @@ def test_a_warm_sample_the_server_says_reused_nothing_is_not_claimed_warm(tmp_pa
     assert (c["rounds"], c["contradicted"], c["cache_effect"]) == (0, 4, None)
 
 
+def test_warm_answers_turned_bad_against_a_baseline_are_a_regression_unless_it_had_them(
+    tmp_path, server
+):
+    from tests.conftest import run_cli, write_scenario
+
+    server.behaviour.reset_endpoint = "/reset_prefix_cache"
+    probe = {"id": "p1", "prompt": "tell me a story", "grade": "regex"}
+    probe["expected"] = r"\A(?!.*warmcache)"  # good: no "warmcache" (the warm answers' mark)
+    path = write_scenario(
+        tmp_path / "s.toml", server.url, probes=[probe], concurrency=[1], samples=8,
+        prefix_cache="cold_warm",
+    )  # fmt: skip
+    assert run_cli("run", path, "--out", tmp_path / "good")[0] == 0  # warm answers as cold ones
+    server.behaviour.warm_differs = True
+    code, out = run_cli(
+        "run", path, "--out", tmp_path / "bad", "--baseline", tmp_path / "good", "--fail-on", "bad"
+    )
+    assert code == 1, out
+    assert "REGRESSION warm_turned_bad p1: the warm prefix cache turned its answer bad" in out
+    # Against a baseline whose warm answers turned bad too, it is no news.
+    code, out = run_cli(
+        "run", path, "--out", tmp_path / "again", "--baseline", tmp_path / "bad",
+        "--fail-on", "bad",
+    )  # fmt: skip
+    assert "warm_turned_bad" not in out, out
+
+
 @pytest.mark.parametrize("reset", ["/reset_prefix_cache", None], ids=["reset", "marker"])
 def test_warm_answers_graded_bad_where_cold_ones_are_good_fail_fail_on_bad(tmp_path, server, reset):
     """Every cold answer right, every warm one wrong: each round is a serial sample (the cells see a
