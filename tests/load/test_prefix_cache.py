@@ -1034,6 +1034,8 @@ def test_warm_answers_turned_bad_against_a_baseline_are_a_regression_unless_it_h
     )
     assert code == 1, out
     assert "REGRESSION warm_turned_bad p1: the warm prefix cache turned its answer bad" in out
+    code, page = run_cli("report", tmp_path / "bad", "--format", "html")
+    assert code == 1 and "the warm cache turned 4 answers bad" in page  # the page says it too
     # Against a baseline whose warm answers turned bad too, it is no news.
     code, out = run_cli(
         "run", path, "--out", tmp_path / "again", "--baseline", tmp_path / "bad",
