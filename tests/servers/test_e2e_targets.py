@@ -4,6 +4,7 @@ CPU."""
 
 from __future__ import annotations
 
+import json
 import urllib.request
 from pathlib import Path
 
@@ -157,7 +158,7 @@ def test_target_is_stopped_when_the_block_fails():
     assert not pid_alive(target.pid)
 
 
-def test_target_cli_start_status_stop():
+def test_target_cli_start_status_stop(tmp_path):
     import subprocess
     import sys
 
@@ -175,6 +176,15 @@ def test_target_cli_start_status_stop():
         assert status[0] == 0 and url in status[1] and "slots=2" in status[1]
         with urllib.request.urlopen(url.removesuffix("/v1") + "/health", timeout=10) as response:
             assert response.status == 200
+        # A run sent to it by URL (another process than the one that started it) names it.
+        probes = [{"id": "p", "prompt": "Say hi.", "max_tokens": 4}]
+        path = write_scenario(
+            tmp_path / "s.toml", url, probes=probes, concurrency=[1], samples=1,
+            target={"timeout": 120},
+        )  # fmt: skip
+        assert run_cli("run", path, "--out", tmp_path / "r", "--quiet")[0] == 0
+        server = json.loads((tmp_path / "r" / "run.json").read_text())["server"]
+        assert server["target"] == "llamacpp" and server["settings"] == {"slots": 2}
     finally:
         stopped = run_cli("target", "stop", "llamacpp")
     assert stopped[0] == 0 and "stopped" in stopped[1]
