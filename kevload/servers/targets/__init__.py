@@ -80,9 +80,11 @@ __all__ = [
     "refuse_missing_settings",
     "running_target",
     "save_state",
-    "settings_of",
+    "served_facts",
     "serving",
+    "settings_of",
     "start_target",
+    "started_targets",
     "status_target",
     "stop_target",
 ]
