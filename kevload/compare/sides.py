@@ -86,6 +86,9 @@ class Side:
     # Requests within every bound of the run's SLO at each level, probes and companions (None: no
     # SLO).
     slo_met: dict[LevelId, int] | None = None
+    # Levels of its run's scenario it holds no record of (``c=2``), in a run that ended complete
+    # (its state then ``partial``): nothing pairs them.
+    unsent: list[str] = field(default_factory=list)
 
     def levels(self) -> list[LevelId]:
         return sorted(set(self.items) | set(self.load), key=level_key)

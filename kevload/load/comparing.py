@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kevload.compare.gate import COMPLETE
 from kevload.compare.graded import gradings_of
 from kevload.compare.rollout import Comparison, compare_sides
 from kevload.compare.sides import Side, fold_side
@@ -32,7 +33,6 @@ from kevload.records.rundir import RunDir, apart
 from kevload.records.store import Record, now_iso, read_json, write_json
 
 MANIFEST = "compare-run.json"
-COMPLETE = "complete"
 # A run that ended complete without some of its scenario's levels (the gate: evidence short).
 PARTIAL = "partial"
 COMPARE = "compare.json"
@@ -252,10 +252,10 @@ def read_side(name: str, run_dir: Path, *, trust_graders: bool) -> Side:
     gradings = gradings_of(meta, run.run_json, trust_graders=trust_graders)
     slo = Slo(**meta["load"]["slo"]) if meta["load"].get("slo") else None
     side = fold_side(name, run.records(), gradings=gradings, state=meta.get("state"), slo=slo)
-    if side.state == COMPLETE and unsent_levels(meta, side):
+    if side.state == COMPLETE and (unsent := unsent_levels(meta, side)):
         # A stop between two turns can end a run complete without its later levels: on both sides
         # alike, nothing would pair them, and the gate would pass what was never compared.
-        return dataclasses.replace(side, state=PARTIAL)
+        return dataclasses.replace(side, state=PARTIAL, unsent=unsent)
     return side
 
 
@@ -293,10 +293,11 @@ def finish_comparison(
         )
     if doc.get("together"):
         notes.append("every target ran at the same time (--together)")
-    for t, side in zip(doc["targets"], sides, strict=True):
-        if side.state == PARTIAL:
-            unsent = unsent_levels(RunDir(out / t["run_dir"]).meta(), side)
-            notes.append(f"{side.name}: no record at {', '.join(unsent)}: the run never sent them")
+    notes += [
+        f"{side.name}: no record at {', '.join(side.unsent)}: the run never sent them"
+        for side in sides
+        if side.unsent
+    ]
     comparison = compare_sides(sides, doc["reference"], seed=seed, notes=notes)
     write_json(out / COMPARE, comparison.to_json())
     return comparison
