@@ -113,28 +113,22 @@ async def _one_target(
     console.print(
         f"[bold]{LABELS[name]}[/bold]: starting (the first start builds or installs it) …"
     )
-    seen.ran[name] = []
+    seen.ran[name], seen.results[name] = [], []
     try:
-        seen.results[name], graded_run = await run_target(
-            name, samples, out, console, stop, seen.ran[name], timeout_floor
+        await run_target(
+            name, samples, out, console, stop, seen.ran[name], seen.results[name], timeout_floor
         )
     except (ProvisionError, TargetError) as exc:
         # One engine that will not start (a failed build, a server that exits) is that target's
-        # finding; the other targets' steps are still worth their minutes.
+        # finding; the other targets' steps are still worth their minutes, and what it answered
+        # before a restart failed (the batching-off rerun's) is kept.
         seen.not_started[name] = str(exc).splitlines()[0]
         console.print(f"  {LABELS[name]}: {seen.not_started[name]}", style="red", markup=False)
-        # What ran before a restart failed (the batching-off rerun's) is kept, as run_target keeps
-        # it: the steps that answered, and the graded run.
-        ran = seen.ran[name]
-        seen.results[name] = [
-            (r.name, r.summary) for r in ran if r.name != "graded" and r.summary.probe_cells()
-        ]
-        graded_run = next((r.summary for r in ran if r.name == "graded"), None)
-        if graded_run is not None:
-            seen.graded[name] = graded_run
-        return
+    graded_run = next((r.summary for r in seen.ran[name] if r.name == "graded"), None)
     if graded_run is not None:
         seen.graded[name] = graded_run
+    if name in seen.not_started:
+        return
     seen.paces[name] = pace = Pace(timeout_floor, serial_seconds(seen.results[name]))
     step2 = next((s for step, s in seen.results[name] if step == STEPS[1].name), None)
     if name in SWEEP_SLOTS and step2 is not None and not stop.is_set():

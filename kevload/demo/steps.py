@@ -166,20 +166,19 @@ async def run_target(
     console: Console,
     stop: asyncio.Event,
     ran: list[Ran],
+    done: list[tuple[str, RunSummary]],
     timeout_floor: float,
-) -> tuple[list[tuple[str, RunSummary]], RunSummary | None]:
-    """The steps' runs, and the graded run (None where it did not run); every run also onto
-    ``ran``."""
+) -> None:
+    """Every run onto ``ran`` (the graded one named ``graded``), the steps that answered onto
+    ``done``: as they come, so a server that fails to restart midway leaves what ran before."""
     log = log_to(console)
-    done: list[tuple[str, RunSummary]] = []
-    graded = None
     pace = Pace(timeout_floor)
     async with serving(name, SETTINGS[name], log=log, stop=stop) as target:
         if target is None:
-            return done, graded
+            return
         for i, step in enumerate(STEPS):
             if stop.is_set():
-                return done, graded
+                return
             run = await _run_step(
                 target, step, samples, out / f"{name}-step{i + 1}", console, stop, pace
             )
@@ -187,12 +186,11 @@ async def run_target(
             _keep(done, step.name, run.summary)
             pace = Pace(timeout_floor, serial_seconds(done))
         if stop.is_set():
-            return done, graded
+            return
         graded_run = await run_graded(
             target.url, target.model, out / f"{name}-graded", console, stop, pace
         )
         ran.append(graded_run)
-        graded = graded_run.summary
         if name in SWEEP_SLOTS:
             # Its sweep below is the guide's next step (a smaller max batch size); diagnose would
             # cost minutes more (several on a loaded machine) than the demo's 15 allow.
@@ -202,11 +200,10 @@ async def run_target(
                 style="dim",
             )
             await _say_if_failed(target, console)
-            return done, graded
+            return
         await _diagnose(target, out, console, stop, pace)
     if not stop.is_set():
         await _rerun_unbatched(name, samples, out, console, stop, ran, done, pace)
-    return done, graded
 
 
 async def _rerun_unbatched(
