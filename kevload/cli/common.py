@@ -16,7 +16,6 @@ import click
 from rich.console import Console
 
 from kevload.errors import InputError
-from kevload.inputs.overrides import toml_value
 from kevload.load import eventloop
 from kevload.outputs.escaping import visible
 from kevload.records.rundir import RunDir
@@ -74,15 +73,10 @@ def target_settings(builtin: str | None, target_sets: tuple[str, ...]) -> Target
         if target_sets:
             raise InputError("--target-set: only with --target NAME")
         return None
-    options = {}
-    for spec in target_sets:
-        key, sep, value = spec.partition("=")
-        if not sep or not key.strip():
-            raise InputError(
-                f"--target-set {spec!r}: expected KEY=VALUE, e.g. --target-set max_num_seqs=1"
-            )
-        options[key.strip()] = toml_value(value)
-    return TargetSettings.from_options(options)
+    return TargetSettings.from_pairs(
+        target_sets,
+        lambda spec: f"--target-set {spec!r}: expected KEY=VALUE, e.g. --target-set max_num_seqs=1",
+    )
 
 
 trust_graders_option = click.option(

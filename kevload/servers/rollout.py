@@ -10,7 +10,6 @@ import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
@@ -19,7 +18,6 @@ from kevload.compare.graded import gradings_of
 from kevload.compare.rollout import Comparison
 from kevload.errors import InputError, RunDirError, TargetError
 from kevload.inputs.grading import IMPORT
-from kevload.inputs.overrides import toml_value
 from kevload.inputs.scenario import Scenario, load_scenario
 from kevload.load import comparing, eventloop
 from kevload.load.resuming import recorded_scenario
@@ -95,14 +93,11 @@ def builtin_settings(name: str, spec: str) -> tuple[str, TargetSettings]:
             f"--target {name}={spec}: expected a built-in target ({', '.join(NAMES)}), "
             "optionally with settings, e.g. llamacpp:slots=1"
         )
-    options: dict[str, Any] = {}
-    for pair in filter(None, (p.strip() for p in given.split(","))):
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise InputError(f"--target {name}={spec}: expected KEY=VALUE settings, got {pair!r}")
-        options[key.strip()] = toml_value(value.strip())
+    pairs = filter(None, (p.strip() for p in given.split(",")))
     try:
-        return builtin, TargetSettings.from_options(options)
+        return builtin, TargetSettings.from_pairs(
+            pairs, lambda pair: f"expected KEY=VALUE settings, got {pair!r}"
+        )
     except InputError as exc:
         raise InputError(f"--target {name}={spec}: {exc}") from None
 

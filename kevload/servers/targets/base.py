@@ -9,12 +9,13 @@ stops.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
 from kevload.errors import ProvisionError
+from kevload.inputs.overrides import toml_value
 from kevload.servers.targets.model import default_gguf
 
 HOST = "127.0.0.1"
@@ -66,6 +67,19 @@ class TargetSettings:
                 )
             given[field_name] = _checked(known[field_name], name, value)
         return cls(**given)
+
+    @classmethod
+    def from_pairs(cls, pairs: Iterable[str], refuse: Callable[[str], str]) -> TargetSettings:
+        """Settings from ``KEY=VALUE`` texts, VALUE as TOML (``--target-set``, ``compare
+        --target NAME=BUILTIN:…``); a text that is no pair is an error, ``refuse(text)`` its
+        message."""
+        options: dict[str, Any] = {}
+        for pair in pairs:
+            key, sep, value = pair.partition("=")
+            if not sep or not key.strip():
+                raise ProvisionError(refuse(pair))
+            options[key.strip()] = toml_value(value.strip())
+        return cls.from_options(options)
 
     def changed(self) -> dict[str, Any]:
         """The settings that differ from the defaults, as run.json's ``server.settings`` keeps
