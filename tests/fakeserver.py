@@ -761,7 +761,6 @@ def main() -> None:
     """Run the fake server as its own process, for sweeps that restart the server between
     settings."""
     import argparse
-    import signal
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
@@ -774,7 +773,15 @@ def main() -> None:
             drift_at=args.drift_at, latency=args.latency, logprob_drift_at=args.logprob_drift_at
         )
     )
-    server.port = args.port
+    serve_until_sigterm(server, args.port)
+
+
+def serve_until_sigterm(server: FakeServer, port: int) -> None:
+    """Serve on ``port`` until the process gets SIGTERM: a crafted server as a process of its own
+    (a sweep's ``--server-cmd``)."""
+    import signal
+
+    server.port = port
     server.start()
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())

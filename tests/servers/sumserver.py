@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import argparse
 import re
-import signal
-import threading
 
-from tests.fakeserver import Behaviour, FakeServer
+from tests.fakeserver import Behaviour, FakeServer, serve_until_sigterm
 
 
 def answer(wrong: int):
@@ -27,12 +25,7 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.01)
     args = parser.parse_args()
     server = FakeServer(Behaviour(answer_for=answer(args.wrong), latency=args.latency))
-    server.port = args.port
-    server.start()
-    stopped = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
-    stopped.wait()
-    server.stop()
+    serve_until_sigterm(server, args.port)
 
 
 if __name__ == "__main__":
