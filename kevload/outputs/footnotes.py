@@ -29,7 +29,7 @@ def footnotes(summary: RunSummary) -> list[str]:
     the companions' errors (reported beside the probes', never mixed into them)."""
     notes = []
     for c in summary.probe_cells():
-        name = f"{c.label}"
+        name = c.label
         if c.drift:
             kinds = kinds_text(c)
             notes.append(f"{name}: {cell_phrase(c)}" + (f"; kinds: {kinds}" if kinds else ""))
