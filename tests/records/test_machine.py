@@ -141,6 +141,10 @@ def test_a_run_by_url_to_a_target_start_target_names_it_and_a_dead_one_is_not_cl
     (tmp_path / "cache" / "run" / "llamacpp.json").write_text(json.dumps(state))
     assert run_cli("run", scenario, "--out", tmp_path / "r2", "--quiet")[0] == 0
     assert "server" not in json.loads((tmp_path / "r2" / "run.json").read_text())
+    # A state file cut short names nothing, and stops nothing.
+    (tmp_path / "cache" / "run" / "llamacpp.json").write_text('{"name": "llamacpp", "pid": ')
+    assert run_cli("run", scenario, "--out", tmp_path / "r3", "--quiet")[0] == 0
+    assert "server" not in json.loads((tmp_path / "r3" / "run.json").read_text())
 
 
 def test_report_html_and_sweep_say_where_the_run_ran(tmp_path, server):

@@ -355,9 +355,13 @@ def started_targets() -> dict[str, dict[str, Any]]:
     if not (cache_root() / "run").is_dir():  # nothing was ever started: create nothing
         return found
     for name in NAMES:
-        doc = status_target(name)
-        if doc is not None and doc["running"] and isinstance(doc.get("server"), dict):
-            found[str(doc["url"])] = doc["server"]
+        try:
+            doc = status_target(name)
+            if doc is not None and doc["running"] and isinstance(doc.get("server"), dict):
+                found[str(doc["url"])] = doc["server"]
+        except (OSError, ValueError, KeyError, TypeError):
+            # A state file cut short or edited by hand names no server; the run goes on without.
+            continue
     return found
 
 
